@@ -1,0 +1,1 @@
+"""Build-time machinery: enumerator, codegen, nvcc/ninja driver, manifest and wheel assembly."""

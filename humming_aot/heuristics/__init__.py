@@ -1,0 +1,15 @@
+"""Tile selection: per-arch M-interval tables (data in catalog/tiles.toml) and split-K sizing.
+
+Shared by the run time (which tile serves this problem) and the enumerator (which tiles a catalog
+compiles). Python branches on arch here and in catalog/ only.
+"""
+from humming_aot.heuristics.tiles import (
+    arch_tile_table,
+    select_tile,
+    smem_bytes,
+    smem_limit,
+    split_k_factor,
+    table_arch_for,
+)
+
+__all__ = ["arch_tile_table", "select_tile", "smem_bytes", "smem_limit", "split_k_factor", "table_arch_for"]

@@ -1,0 +1,79 @@
+"""Tile tables per arch, the shared-memory formula of the mma.sync body, and split-K sizing."""
+from __future__ import annotations
+
+import functools
+
+from humming_aot.catalog_data import load_toml
+from humming_aot.spec import TileConfig, parse_arch
+
+# The mma.sync body stages up to this many scale (and zero-point) rows per 64-wide K stage:
+# 64 / 16, for the smallest group size it accepts.
+MAX_SCALE_ROWS_PER_STAGE = 4
+
+
+def table_arch_for(arch: str) -> str:
+    """The tiles.toml table that serves a target: exact name, then the plain arch, then the
+    nearest lower arch of the same major (sm87 -> sm86 -> sm80)."""
+    tables = load_toml("tiles.toml")["arch"]
+    if arch in tables:
+        return arch
+    number, _suffix = parse_arch(arch)
+    candidates = sorted(
+        (parse_arch(name)[0], name) for name in tables if parse_arch(name)[0] // 10 == number // 10
+    )
+    lower = [name for num, name in candidates if num <= number]
+    if lower:
+        return lower[-1]
+    raise ValueError(
+        f"no tile table for arch {arch!r}: tiles.toml has {sorted(tables)}; add one for this arch"
+    )
+
+
+@functools.cache
+def arch_tile_table(arch: str) -> tuple[tuple[int, TileConfig], ...]:
+    """((max_m, tile), ...) in M order for an arch."""
+    entry = load_toml("tiles.toml")["arch"][table_arch_for(arch)]
+    table = []
+    for row in entry["tiles"]:
+        row = dict(row)
+        max_m = row.pop("max_m")
+        table.append((max_m, TileConfig(**row)))
+    return tuple(table)
+
+
+def smem_limit(arch: str) -> int:
+    return int(load_toml("tiles.toml")["arch"][table_arch_for(arch)]["smem_limit"])
+
+
+def smem_bytes(tile: TileConfig, w_bits: int, has_zero_point: bool) -> int:
+    """Dynamic shared memory of one CTA of the mma.sync body (must equal the C++ kSmemBytes; the
+    generated source static_asserts it)."""
+    a_bytes = tile.block_m * tile.block_k * 2
+    w_bytes = tile.block_n * tile.block_k * w_bits // 8
+    scale_bytes = MAX_SCALE_ROWS_PER_STAGE * tile.block_n * 2
+    zp_bytes = scale_bytes if has_zero_point else 0
+    return tile.stages * (a_bytes + w_bytes + scale_bytes + zp_bytes)
+
+
+def select_tile(arch: str, m: int) -> TileConfig:
+    """The table's tile for a problem with m rows."""
+    for max_m, tile in arch_tile_table(arch):
+        if m <= max_m:
+            return tile
+    return arch_tile_table(arch)[-1][1]
+
+
+def split_k_factor(*, m: int, n: int, k: int, tile: TileConfig, num_sms: int, max_tiles: int) -> int:
+    """How many K slices to split each output tile into, so that small problems fill the GPU.
+
+    Splits only when the output tiles leave SMs idle; keeps at least 4 K tiles (of 64) per slice
+    so that the pipeline has work; never more tiles than there are split-K counters.
+    """
+    tiles = -(-m // tile.block_m) * -(-n // tile.block_n)
+    if tiles > max_tiles:
+        return 1
+    k_tiles = k // tile.block_k
+    # aim at ~2 CTAs per SM for the small tiles, ~1 wave for the big ones
+    target_ctas = num_sms * (2 if tile.threads <= 128 else 1)
+    splits = max(1, min(target_ctas // max(tiles, 1), k_tiles // 4, 16))
+    return splits

@@ -1,0 +1,244 @@
+"""What a kernel computes (GemmSpec), how it is tiled (TileConfig), and which compiled kernel that
+is (KernelKey, with a name grammar that round-trips).
+
+Nothing here depends on torch or on a GPU: the enumerator, codegen, the CLI and the run time all
+share these types. Support rules live in ``support.py``; tile choices in ``heuristics/``.
+
+Kernel names have fixed, ``_``-separated fields (``-`` separates parts inside a field)::
+
+    gemm_dense_sm90a_mma_a-bf16_w-s4-g-bf16_o-bf16_16x128x64_w1x2_s8
+    |    |     |     |   |      |            |      |         |    stages
+    |    |     |     |   |      |            |      |         warps (M x N)
+    |    |     |     |   |      |            |      block M x N x K
+    |    |     |     |   |      |            output dtype
+    |    |     |     |   |      weight: element, scale granularity, scale dtype[, zero point]
+    |    |     |     |   activation dtype
+    |    |     |     mma kind
+    |    |     target arch
+    |    gemm type
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from enum import Enum
+
+# Canonical dtype names <-> the short forms used in kernel names.
+DTYPE_SHORT = {
+    "float16": "f16",
+    "bfloat16": "bf16",
+    "float32": "f32",
+    "float8e4m3": "e4m3",
+    "float8e5m2": "e5m2",
+    "float8e8m0": "ue8m0",
+    "float4e2m1": "e2m1",
+    "int4": "s4",
+    "uint4": "u4",
+    "int8": "s8",
+    "uint8": "u8",
+}
+DTYPE_LONG = {short: long for long, short in DTYPE_SHORT.items()}
+
+_ARCH_RE = re.compile(r"^sm(\d{2,3})([af]?)$")
+
+
+class GemmType(str, Enum):
+    """Which rows of the activation meet which weight."""
+
+    DENSE = "dense"
+    """out[M, N] = a[M, K] @ w[N, K]^T: one weight for every row."""
+
+
+class ScaleGranularity(str, Enum):
+    """How weight scales are shared along K and N (as compiled into a kernel)."""
+
+    GROUP = "g"
+    """One scale per output channel per group of K; the group size is a run-time argument, and a
+    per-channel scale is the group that spans all of K."""
+
+
+class ZeroPoint(str, Enum):
+    """How the weight's zero point is given."""
+
+    NONE = "none"
+    """Symmetric: the implicit zero point of the element format (2^(b-1) for GPTQ-style ints)."""
+    INTEGER = "zpi"
+    """An explicit integer zero point per scale group (AWQ-style uint codes)."""
+
+
+class MmaKind(str, Enum):
+    """The tensor-core instruction family a kernel body is written on."""
+
+    MMA_SYNC = "mma"
+    """Warp-level mma.sync (SM80+ for bf16), the portable body."""
+
+
+def parse_arch(arch: str) -> tuple[int, str]:
+    """'sm90a' -> (90, 'a'); raises ValueError for anything else."""
+    m = _ARCH_RE.match(arch)
+    if not m:
+        raise ValueError(
+            f"arch {arch!r} is not a CUDA target name: expected e.g. 'sm80', 'sm89', 'sm90a', 'sm120'"
+        )
+    return int(m.group(1)), m.group(2)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class GemmSpec:
+    """What is computed: operand formats and the gemm type (no shapes, no tiles)."""
+
+    gemm_type: GemmType = GemmType.DENSE
+    a_dtype: str  # activation dtype, canonical name ("bfloat16")
+    w_dtype: str  # weight element format ("int4", "uint4", "int8")
+    w_scale: ScaleGranularity = ScaleGranularity.GROUP
+    w_scale_dtype: str  # dtype the scales are stored in
+    w_zero_point: ZeroPoint = ZeroPoint.NONE
+    out_dtype: str
+
+    def __post_init__(self) -> None:
+        for field in ("a_dtype", "w_dtype", "w_scale_dtype", "out_dtype"):
+            value = getattr(self, field)
+            if value not in DTYPE_SHORT:
+                raise ValueError(f"GemmSpec.{field}={value!r} is not a known dtype name")
+
+    @property
+    def w_bits(self) -> int:
+        return int(re.sub(r"\D", "", self.w_dtype))
+
+    @property
+    def weight_field(self) -> str:
+        parts = ["w", DTYPE_SHORT[self.w_dtype], self.w_scale.value, DTYPE_SHORT[self.w_scale_dtype]]
+        if self.w_zero_point is not ZeroPoint.NONE:
+            parts.append(self.w_zero_point.value)
+        return "-".join(parts)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class TileConfig:
+    """How a kernel tiles the problem. Every field is compiled in."""
+
+    mma: MmaKind = MmaKind.MMA_SYNC
+    block_m: int  # rows of the output per CTA, multiple of 16
+    block_n: int  # columns per CTA, = 64 * warps_n (one packed 64-column unit per warp)
+    block_k: int = 64  # K per pipeline stage
+    warps_m: int
+    warps_n: int
+    stages: int  # cp.async pipeline depth
+
+    def __post_init__(self) -> None:
+        if self.block_m % (16 * self.warps_m):
+            raise ValueError(f"block_m={self.block_m} is not a multiple of 16 * warps_m={self.warps_m}")
+        if self.block_n != 64 * self.warps_n:
+            raise ValueError(f"block_n={self.block_n} must be 64 * warps_n ({64 * self.warps_n})")
+        if self.block_k != 64:
+            raise ValueError(f"block_k={self.block_k}: the mma.sync body is written for block_k=64")
+        if self.stages < 2:
+            raise ValueError(f"stages={self.stages}: a pipeline needs at least 2 stages")
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * self.warps_n
+
+    @property
+    def field(self) -> str:
+        return f"{self.block_m}x{self.block_n}x{self.block_k}_w{self.warps_m}x{self.warps_n}_s{self.stages}"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class KernelKey:
+    """One compiled kernel: target arch + what it computes + how it is tiled."""
+
+    arch: str  # "sm90a", "sm80", ...
+    spec: GemmSpec
+    tile: TileConfig
+
+    def __post_init__(self) -> None:
+        parse_arch(self.arch)
+
+    @property
+    def name(self) -> str:
+        s = self.spec
+        return "_".join(
+            [
+                "gemm",
+                s.gemm_type.value,
+                self.arch,
+                self.tile.mma.value,
+                f"a-{DTYPE_SHORT[s.a_dtype]}",
+                s.weight_field,
+                f"o-{DTYPE_SHORT[s.out_dtype]}",
+                self.tile.field,
+            ]
+        )
+
+    def __str__(self) -> str:
+        return self.name
+
+    @classmethod
+    def from_name(cls, name: str) -> "KernelKey":
+        """Inverse of ``.name``; raises ValueError naming the field that does not parse."""
+        return _parse_name(name)
+
+    def __lt__(self, other: "KernelKey") -> bool:
+        return self.name < other.name
+
+
+def _short_to_long(name: str, short: str, what: str) -> str:
+    if short not in DTYPE_LONG:
+        raise ValueError(f"{name!r}: {what} {short!r} is not a known dtype short name")
+    return DTYPE_LONG[short]
+
+
+def _enum_value(enum: type[Enum], value: str, name: str, what: str):
+    try:
+        return enum(value)
+    except ValueError:
+        allowed = ", ".join(repr(e.value) for e in enum)
+        raise ValueError(f"{name!r}: {what} {value!r} is not one of {allowed}") from None
+
+
+_BLOCK_RE = re.compile(r"^(\d+)x(\d+)x(\d+)$")
+_WARPS_RE = re.compile(r"^w(\d+)x(\d+)$")
+_STAGES_RE = re.compile(r"^s(\d+)$")
+
+
+def _parse_name(name: str) -> KernelKey:
+    fields = name.split("_")
+    if len(fields) != 10 or fields[0] != "gemm":
+        raise ValueError(
+            f"{name!r} is not a kernel name: expected 10 '_'-separated fields starting with 'gemm'"
+        )
+    _, gemm_type, arch, mma, a_field, w_field, o_field, block, warps, stages = fields
+    if not a_field.startswith("a-") or not o_field.startswith("o-"):
+        raise ValueError(f"{name!r}: activation and output fields must read 'a-<dtype>' and 'o-<dtype>'")
+    w_parts = w_field.split("-")
+    if w_parts[0] != "w" or len(w_parts) not in (4, 5):
+        raise ValueError(f"{name!r}: weight field {w_field!r} must read 'w-<elem>-<scale>-<scale dtype>[-<zp>]'")
+    zero_point = _enum_value(ZeroPoint, w_parts[4], name, "zero point") if len(w_parts) == 5 else ZeroPoint.NONE
+    if zero_point is ZeroPoint.NONE and len(w_parts) == 5:
+        raise ValueError(f"{name!r}: a symmetric weight has no zero-point part")
+    spec = GemmSpec(
+        gemm_type=_enum_value(GemmType, gemm_type, name, "gemm type"),
+        a_dtype=_short_to_long(name, a_field[2:], "activation dtype"),
+        w_dtype=_short_to_long(name, w_parts[1], "weight dtype"),
+        w_scale=_enum_value(ScaleGranularity, w_parts[2], name, "scale granularity"),
+        w_scale_dtype=_short_to_long(name, w_parts[3], "scale dtype"),
+        w_zero_point=zero_point,
+        out_dtype=_short_to_long(name, o_field[2:], "output dtype"),
+    )
+    mb, mw, ms = _BLOCK_RE.match(block), _WARPS_RE.match(warps), _STAGES_RE.match(stages)
+    if not (mb and mw and ms):
+        raise ValueError(f"{name!r}: tile fields must read '<M>x<N>x<K>_w<M>x<N>_s<stages>'")
+    tile = TileConfig(
+        mma=_enum_value(MmaKind, mma, name, "mma kind"),
+        block_m=int(mb.group(1)),
+        block_n=int(mb.group(2)),
+        block_k=int(mb.group(3)),
+        warps_m=int(mw.group(1)),
+        warps_n=int(mw.group(2)),
+        stages=int(ms.group(1)),
+    )
+    key = KernelKey(arch=arch, spec=spec, tile=tile)
+    if key.name != name:  # e.g. leading zeros in a number
+        raise ValueError(f"{name!r} is not in canonical form (expected {key.name!r})")
+    return key
