@@ -171,6 +171,11 @@ class KernelKey:
             ]
         )
 
+    @property
+    def symbol(self) -> str:
+        """The kernel's C symbol (the name with '-' spelled '_'); the exact name is in its metadata."""
+        return kernel_symbol(self.name)
+
     def __str__(self) -> str:
         return self.name
 
@@ -181,6 +186,11 @@ class KernelKey:
 
     def __lt__(self, other: "KernelKey") -> bool:
         return self.name < other.name
+
+
+def kernel_symbol(name: str) -> str:
+    """C identifier of the kernel named `name`: '-' is not allowed in identifiers."""
+    return name.replace("-", "_")
 
 
 def _short_to_long(name: str, short: str, what: str) -> str:

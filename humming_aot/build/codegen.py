@@ -48,7 +48,7 @@ static_assert(Kernel::kThreads == {tile.threads}, "thread count differs from the
 static_assert(humming_aot::kernel::kParamsVersion == {PARAMS_VERSION}, "GemmParams version differs from codegen");
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, Kernel::kMinBlocksPerSm)
-{name}(const __grid_constant__ humming_aot::kernel::GemmParams params) {{
+{key.symbol}(const __grid_constant__ humming_aot::kernel::GemmParams params) {{
   Kernel::run(params);
 }}
 

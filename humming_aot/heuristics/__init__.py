@@ -5,6 +5,7 @@ compiles). Python branches on arch here and in catalog/ only.
 """
 from humming_aot.heuristics.tiles import (
     arch_tile_table,
+    ctas_per_sm,
     select_tile,
     smem_bytes,
     smem_limit,
@@ -12,4 +13,4 @@ from humming_aot.heuristics.tiles import (
     table_arch_for,
 )
 
-__all__ = ["arch_tile_table", "select_tile", "smem_bytes", "smem_limit", "split_k_factor", "table_arch_for"]
+__all__ = ["arch_tile_table", "ctas_per_sm", "select_tile", "smem_bytes", "smem_limit", "split_k_factor", "table_arch_for"]

@@ -63,17 +63,24 @@ def select_tile(arch: str, m: int) -> TileConfig:
     return arch_tile_table(arch)[-1][1]
 
 
-def split_k_factor(*, m: int, n: int, k: int, tile: TileConfig, num_sms: int, max_tiles: int) -> int:
+def split_k_factor(*, m: int, n: int, k: int, tile: TileConfig, num_sms: int, max_tiles: int,
+                   ctas_per_sm: int = 2) -> int:
     """How many K slices to split each output tile into, so that small problems fill the GPU.
 
-    Splits only when the output tiles leave SMs idle; keeps at least 4 K tiles (of 64) per slice
-    so that the pipeline has work; never more tiles than there are split-K counters.
+    Splits only when the output tiles leave CTA slots idle (num_sms * ctas_per_sm); keeps at least
+    4 K tiles (of 64) per slice so that the pipeline has work; at most 16 slices; never more
+    output tiles than there are split-K counters.
     """
     tiles = -(-m // tile.block_m) * -(-n // tile.block_n)
     if tiles > max_tiles:
         return 1
     k_tiles = k // tile.block_k
-    # aim at ~2 CTAs per SM for the small tiles, ~1 wave for the big ones
-    target_ctas = num_sms * (2 if tile.threads <= 128 else 1)
-    splits = max(1, min(target_ctas // max(tiles, 1), k_tiles // 4, 16))
-    return splits
+    slots = num_sms * max(1, ctas_per_sm)
+    return max(1, min(slots // max(tiles, 1), k_tiles // 4, 16))
+
+
+def ctas_per_sm(tile: TileConfig, smem: int, smem_per_sm: int, max_warps_per_sm: int = 64) -> int:
+    """Resident CTAs per SM allowed by shared memory and warps (registers are not modelled)."""
+    by_smem = smem_per_sm // max(smem + 1024, 1)  # the driver reserves 1 KiB per CTA
+    by_warps = max_warps_per_sm // (tile.threads // 32)
+    return max(1, min(by_smem, by_warps, 8))

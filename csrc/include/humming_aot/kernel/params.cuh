@@ -1,0 +1,44 @@
+#pragma once
+// Host <-> device contract of every GEMM kernel: the one Params struct passed by value, and the
+// metadata each compiled kernel exports so the launcher can check it against the manifest.
+// Layout changes bump kParamsVersion (and humming_aot.build.codegen.PARAMS_VERSION).
+
+#include <humming_aot/numerics/types.cuh>
+
+namespace humming_aot::kernel {
+
+inline constexpr u32 kParamsVersion = 1;
+inline constexpr u32 kMetadataMagic = 0x544F4148u;  // "HAOT" little-endian
+
+// Packed by humming_aot.ops with struct format "<8Q2q6i" (104 bytes).
+struct GemmParams {
+  const void* a;             // (m, k) activation, row stride lda elements, 16-byte aligned rows
+  const void* w;             // (k / 16, n * bits / 2) int32, the packed weight (humming_aot.pack)
+  const void* w_scale;       // (k / group, n) activation dtype, permuted per 64-column unit
+  const void* w_zero_point;  // same layout as w_scale (zero point as a value), or nullptr
+  const void* bias;          // (n) activation dtype, or nullptr
+  void* out;                 // (m, n) activation dtype, row stride ldo elements
+  float* workspace;          // (k_splits, m, n) fp32 split-K partial sums; unused when k_splits == 1
+  int* tile_counters;        // split-K arrival counters, one per output tile, zero between launches
+  i64 lda;                   // elements between activation rows
+  i64 ldo;                   // elements between output rows
+  int m, n, k;               // problem size; n % 64 == 0, k % 64 == 0
+  int group_size;            // K elements per scale group (k for per-channel scales)
+  int k_splits;              // slices of K per output tile (gridDim.y)
+  int reserved;              // keeps the struct a multiple of 8 bytes; must be 0
+};
+static_assert(sizeof(GemmParams) == 104, "GemmParams must match the Python struct format <8Q2q6i");
+
+// Exported as `extern "C" __constant__ KernelMetadata humming_aot_kernel_metadata` (256 bytes).
+struct KernelMetadata {
+  u32 magic;           // kMetadataMagic
+  u32 params_version;  // kParamsVersion the kernel was compiled against
+  u32 params_bytes;    // sizeof(GemmParams)
+  u32 threads;         // threads per CTA
+  u32 smem_bytes;      // dynamic shared memory per CTA
+  u32 block_m, block_n, block_k;
+  char name[224];           // the KernelKey name (also the kernel's symbol)
+};
+static_assert(sizeof(KernelMetadata) == 256, "KernelMetadata is read back as 256 bytes");
+
+}  // namespace humming_aot::kernel

@@ -1,0 +1,29 @@
+#pragma once
+// Global -> shared copies with cp.async (SM80+): 16-byte chunks that bypass L1, zero-filled when
+// the source is out of bounds, grouped so a multistage pipeline can wait for the oldest stage.
+
+#include <humming_aot/numerics/types.cuh>
+
+namespace humming_aot::memory {
+
+__device__ __forceinline__ u32 shared_address(const void* ptr) {
+  u64 addr;
+  asm("cvta.to.shared.u64 %0, %1;" : "=l"(addr) : "l"(ptr));
+  return static_cast<u32>(addr);
+}
+
+// Copy 16 bytes, or write 16 zero bytes when !valid (the source is then not read).
+__device__ __forceinline__ void cp_async_16(u32 smem_addr, const void* gmem, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_bytes));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Wait until at most kPending committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+}  // namespace humming_aot::memory

@@ -1,0 +1,22 @@
+#pragma once
+// Shared -> register loads for the mma.sync body: ldmatrix for activation fragments and 16-byte
+// vector loads for packed weights and scales. SM75+ (ldmatrix).
+
+#include <humming_aot/numerics/types.cuh>
+
+namespace humming_aot::memory {
+
+// Four 8x8 b16 matrices; lane l supplies the row address of matrix l / 8.
+__device__ __forceinline__ void ldmatrix_x4(u32 (&frag)[4], u32 smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(frag[0]), "=r"(frag[1]), "=r"(frag[2]), "=r"(frag[3])
+               : "r"(smem_addr));
+}
+
+__device__ __forceinline__ void lds_128(u32 (&v)[4], u32 smem_addr) {
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+               : "r"(smem_addr));
+}
+
+}  // namespace humming_aot::memory

@@ -1,0 +1,29 @@
+#pragma once
+// Warp-level m16n8k16 tensor-core MMA with fp32 accumulation, f16 or bf16 operands (SM80+).
+// Fragment layouts: PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type".
+// A: a[0] (row g, k 2t..2t+1), a[1] (row g+8), a[2] (row g, k 2t+8..), a[3] (row g+8, k 2t+8..);
+// B: b[0] (k 2t..2t+1, col g), b[1] (k 2t+8..2t+9, col g); C: c[0..1] (row g, cols 2t, 2t+1),
+// c[2..3] (row g+8), with g = lane / 4, t = lane % 4.
+
+#include <humming_aot/numerics/types.cuh>
+
+namespace humming_aot::mma {
+
+template <class Act>
+__device__ __forceinline__ void mma_m16n8k16(float (&c)[4], const u32 (&a)[4], const u32 (&b)[2]) {
+  if constexpr (Act::kIsBFloat16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+}
+
+}  // namespace humming_aot::mma

@@ -1,0 +1,89 @@
+#pragma once
+// Integer weight codes -> MMA B fragments of the activation dtype, with the group scale and zero
+// point applied: w = (q - z) * s, rounded once to the activation dtype (bitwise what
+// humming_aot.pack's `dequantized()` returns). Stage: registers, between the shared-memory load
+// of a packed weight word and the mma. SM80+.
+//
+// Packed word layout (humming_aot.pack): for one 16 (k) x 16 (n) tile, lane (g = lane / 4,
+// t = lane % 4) holds the 8 values it feeds to two m16n8k16 B fragments: n = g and n = 8 + g,
+// k = 2t, 2t+1, 2t+8, 2t+9.
+//  - 4-bit: one word; nibble i holds (k = 2t + (i >= 4) + 8 * (i & 1), n = 8 * ((i >> 1) & 1) + g),
+//    so `(word >> 4s) & 0x000F000F` is the pair for register s of the two fragments.
+//  - 8-bit: two words, word h for n = 8h + g; byte i holds k = 2t + (i & 1) + 8 * (i >> 1).
+// Integer -> float uses the magic-number trick: OR-ing a code into the mantissa of 2^m gives
+// 2^m + q exactly, and one subtraction of (2^m + z) leaves q - z.
+
+#include <humming_aot/numerics/packed_half2.cuh>
+
+namespace humming_aot::numerics {
+
+template <class Act, int kBits, ZeroPointKind kZeroPoint>
+struct IntDequantizer {
+  static_assert(kBits == 4 || kBits == 8, "the mma.sync body packs 4- and 8-bit codes");
+  static_assert(kBits == 4 || kZeroPoint == ZeroPointKind::kImplicit,
+                "explicit zero points are packed for 4-bit codes only");
+  using H2 = PackedHalf2<Act>;
+
+  static constexpr int kWordsPerTile = kBits / 4;  // 32-bit words per lane per 16x16 tile
+  static constexpr int kImplicitZero = 1 << (kBits - 1);
+  // bf16 cannot hold 128 + q for 8-bit q: those go through fp32 (2^23 + q).
+  static constexpr bool kViaFloat32 = Act::kIsBFloat16 && kBits == 8;
+  static constexpr u32 kMagic2 = Act::kMagicBits | (Act::kMagicBits << 16);
+
+  // The value subtracted from (magic + q): magic + zero point, per lane pair.
+  static __device__ __forceinline__ u32 implicit_offset2() {
+    constexpr u32 bits = Act::kIsBFloat16 ? 0x4300u + kImplicitZero : 0x6400u + kImplicitZero;
+    return bits | (bits << 16);  // exact: magic + z stays on the integer grid of the magic
+  }
+
+  // Dequantize one 16x16 tile for one lane.
+  //   words:   kWordsPerTile packed words
+  //   scale2:  (s(n = g), s(n = 8 + g)) packed pair of this lane's two columns
+  //   zero2:   same for the zero point (ignored for kImplicit)
+  //   frag:    frag[h][r], register r (0: k = 2t..2t+1, 1: k = 2t+8..2t+9) of the n = 8h + g fragment
+  static __device__ __forceinline__ void dequantize(const u32 (&words)[kWordsPerTile], u32 scale2,
+                                                    u32 zero2, u32 (&frag)[2][2]) {
+    const u32 scale_h[2] = {H2::broadcast_low(scale2), H2::broadcast_high(scale2)};
+    if constexpr (kBits == 4) {
+      u32 offset_h[2];
+      if constexpr (kZeroPoint == ZeroPointKind::kImplicit) {
+        offset_h[0] = offset_h[1] = implicit_offset2();
+      } else {
+        offset_h[0] = H2::add(H2::broadcast_low(zero2), kMagic2);
+        offset_h[1] = H2::add(H2::broadcast_high(zero2), kMagic2);
+      }
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const int h = s >> 1, r = s & 1;
+        u32 x;
+        // (word >> 4s) & 0x000F000F | magic2: lop3 with LUT (a & b) | c
+        asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(x) : "r"(words[0] >> (4 * s)), "n"(0x000F000F), "n"(kMagic2));
+        frag[h][r] = H2::mul(H2::sub(x, offset_h[h]), scale_h[h]);
+      }
+    } else if constexpr (!kViaFloat32) {
+      const u32 offset2 = implicit_offset2();
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const u32 lo = __byte_perm(words[h], 0x64646464u, 0x4140);
+        const u32 hi = __byte_perm(words[h], 0x64646464u, 0x4342);
+        frag[h][0] = H2::mul(H2::sub(lo, offset2), scale_h[h]);
+        frag[h][1] = H2::mul(H2::sub(hi, offset2), scale_h[h]);
+      }
+    } else {
+      constexpr float kOffset = 8388608.0f + kImplicitZero;  // 2^23 + z
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float v[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          v[i] = __uint_as_float(__byte_perm(words[h], 0x4B000000u, 0x7440 + i)) - kOffset;
+        }
+        // |q - z| <= 255 fits bf16's 8 significant bits: both conversions are exact
+        frag[h][0] = H2::mul(H2::from_floats(v[0], v[1]), scale_h[h]);
+        frag[h][1] = H2::mul(H2::from_floats(v[2], v[3]), scale_h[h]);
+      }
+    }
+  }
+};
+
+}  // namespace humming_aot::numerics

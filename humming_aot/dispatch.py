@@ -1,0 +1,182 @@
+"""Select -> obtain -> launch for one GEMM on a CUDA device (the run-time path behind ops.gemm).
+
+select:  heuristics' tile for (arch, M) -> KernelKey
+obtain:  in-memory cache -> the installed catalog (manifest + sha256) -> (JIT: issue #4) or an
+         error that names the missing key and the `humming-aot build` command that adds it
+launch:  one GemmParams struct by value, on torch's current stream (CUDA-graph capturable)
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import struct
+import threading
+
+import torch
+
+from humming_aot import heuristics
+from humming_aot.spec import GemmSpec, KernelKey, TileConfig
+
+# GemmParams (csrc/include/humming_aot/kernel/params.cuh): 8 pointers, lda, ldo, 6 ints.
+_PARAMS = struct.Struct("<8Q2q6i")
+# Split-K arrival counters per (device, stream): one int per output tile, reset by the kernel.
+SPLIT_K_COUNTERS = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceInfo:
+    index: int
+    name: str
+    capability: tuple[int, int]
+    num_sms: int
+    smem_per_sm: int
+    arches: tuple[str, ...]  # catalog arches that can serve this GPU, best first
+
+
+@functools.cache
+def device_info(index: int) -> DeviceInfo:
+    from humming_aot import arch
+
+    props = torch.cuda.get_device_properties(index)
+    capability = (props.major, props.minor)
+    return DeviceInfo(
+        index=index,
+        name=props.name,
+        capability=capability,
+        num_sms=props.multi_processor_count,
+        smem_per_sm=int(getattr(props, "shared_memory_per_multiprocessor", 0) or 101376),
+        arches=tuple(arch.serving_arches(capability)),
+    )
+
+
+class KernelNotAvailableError(RuntimeError):
+    """No compiled kernel for a request, and run-time compilation is unavailable or off."""
+
+
+def _missing_kernel_error(key: KernelKey, info: DeviceInfo, reason: str) -> KernelNotAvailableError:
+    return KernelNotAvailableError(
+        f"no compiled kernel {key.name} for {info.name} (compute capability "
+        f"{info.capability[0]}.{info.capability[1]}): {reason}. Build a wheel that includes it with "
+        f"`humming-aot build --arch {key.arch} --catalog default` and install that wheel"
+    )
+
+
+def _catalog_key(spec: GemmSpec, info: DeviceInfo, m: int) -> KernelKey:
+    """The key to run: the table's tile where the catalog has it, else the catalog's nearest tile
+    for the same spec and arch (a smoke wheel serves every M with its one tile)."""
+    from humming_aot.catalog import installed_catalog
+
+    catalog = installed_catalog()
+    preferred = KernelKey(arch=info.arches[0], spec=spec, tile=heuristics.select_tile(info.arches[0], m))
+    if catalog is None:
+        raise _missing_kernel_error(preferred, info, "no kernel catalog is installed")
+    for arch in info.arches:
+        key = KernelKey(arch=arch, spec=spec, tile=heuristics.select_tile(arch, m))
+        if catalog.lookup(key.name) is not None:
+            return key
+    for arch in info.arches:
+        same_spec = [
+            key for key in map(KernelKey.from_name, catalog.keys_for(arch)) if key.spec == spec
+        ]
+        if same_spec:
+            # smallest tile that covers m, else the largest
+            return min(same_spec, key=lambda k: (k.tile.block_m < m, abs(k.tile.block_m - m), k.name))
+    raise _missing_kernel_error(
+        preferred, info, f"the installed catalog has no kernel for this format on {', '.join(info.arches)}"
+    )
+
+
+_lock = threading.Lock()
+_selected: dict[tuple, tuple[KernelKey, object]] = {}
+_counters: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def obtain(spec: GemmSpec, device_index: int, m: int, tile: TileConfig | None = None):
+    """(KernelKey, LoadedKernel) for this problem; cached per (spec, device, table tile)."""
+    from humming_aot import kernels
+    from humming_aot.catalog import installed_catalog
+
+    info = device_info(device_index)
+    table_tile = tile or heuristics.select_tile(info.arches[0], m)
+    cache_key = (spec, device_index, table_tile, tile is not None)
+    hit = _selected.get(cache_key)
+    if hit is not None:
+        return hit
+    with _lock:
+        if tile is not None:
+            key = KernelKey(arch=info.arches[0], spec=spec, tile=tile)
+        else:
+            key = _catalog_key(spec, info, m)
+        catalog = installed_catalog()
+        entry = catalog.lookup(key.name) if catalog is not None else None
+        if entry is None:
+            raise _missing_kernel_error(key, info, "it is not in the installed catalog")
+        loaded = kernels.get_loaded(
+            key.name,
+            device_index,
+            lambda: kernels.load_kernel_image(
+                catalog.read_image(key.name), name=key.name, expected=entry, device=device_index
+            ),
+        )
+        _selected[cache_key] = (key, loaded)
+        return key, loaded
+
+
+def _split_k_counters(device: torch.device, stream: int) -> torch.Tensor:
+    slot = (device.index, stream)
+    counters = _counters.get(slot)
+    if counters is None:
+        counters = torch.zeros(SPLIT_K_COUNTERS, dtype=torch.int32, device=device)
+        _counters[slot] = counters
+    return counters
+
+
+def launch_gemm(a: torch.Tensor, packed, bias: torch.Tensor | None, spec: GemmSpec,
+                tile: TileConfig | None = None, out: torch.Tensor | None = None,
+                splits: int | None = None) -> torch.Tensor:
+    """out = a @ dequant(packed)^T (+ bias) on a's device. `a` is (M, K) with unit column stride;
+    `out`, if given, is a contiguous (M, N) tensor of a's dtype (tests pass a NaN-filled one)."""
+    from humming_aot import _launcher
+
+    m, k = a.shape
+    n = packed.n
+    if out is None:
+        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    if m == 0:
+        return out
+    device_index = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    key, kernel = obtain(spec, device_index, m, tile)
+    tile = key.tile
+    info = device_info(device_index)
+    if splits is None:
+        resident = heuristics.ctas_per_sm(tile, kernel.smem_bytes, info.smem_per_sm)
+        splits = heuristics.split_k_factor(
+            m=m, n=n, k=k, tile=tile, num_sms=info.num_sms, max_tiles=SPLIT_K_COUNTERS, ctas_per_sm=resident
+        )
+    elif not 1 <= splits <= k // tile.block_k or (splits > 1 and -(-m // tile.block_m) * -(-n // tile.block_n) > SPLIT_K_COUNTERS):
+        raise ValueError(f"splits={splits} must be in [1, K / {tile.block_k}] with at most {SPLIT_K_COUNTERS} tiles")
+    stream = torch.cuda.current_stream(a.device).cuda_stream
+    workspace = counters = None
+    if splits > 1:
+        workspace = torch.empty((splits, m, n), dtype=torch.float32, device=a.device)
+        counters = _split_k_counters(a.device, stream)
+    params = _PARAMS.pack(
+        a.data_ptr(),
+        packed.w.data_ptr(),
+        packed.w_scale.data_ptr(),
+        0 if packed.w_zero_point is None else packed.w_zero_point.data_ptr(),
+        0 if bias is None else bias.data_ptr(),
+        out.data_ptr(),
+        0 if workspace is None else workspace.data_ptr(),
+        0 if counters is None else counters.data_ptr(),
+        a.stride(0),
+        out.stride(0),
+        m, n, k, packed.group_size, splits, 0,
+    )
+    m_tiles = -(-m // tile.block_m)
+    n_tiles = -(-n // tile.block_n)
+    _launcher.launch(
+        kernel.kernel, (m_tiles * n_tiles, splits, 1), (kernel.threads, 1, 1), kernel.smem_bytes,
+        stream, params, device_index,
+    )
+    return out

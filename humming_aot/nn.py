@@ -1,0 +1,59 @@
+"""nn.Module front end: QuantizedLinear (a drop-in for nn.Linear with a quantized weight)."""
+from __future__ import annotations
+
+import torch
+
+from humming_aot import ops
+from humming_aot.pack import PackedWeight, pack
+
+
+class QuantizedLinear(torch.nn.Module):
+    """y = x @ dequant(W)^T (+ b) with W packed once for the kernels.
+
+    The packed tensors are registered as buffers, so ``.to(device)`` moves them and
+    ``state_dict()`` holds them.
+    """
+
+    def __init__(self, packed: PackedWeight, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.in_features = packed.k
+        self.out_features = packed.n
+        self._meta = {
+            "n": packed.n, "k": packed.k, "group_size": packed.group_size, "w_dtype": packed.w_dtype,
+            "act_dtype": packed.act_dtype, "format": packed.format,
+        }
+        self.register_buffer("w", packed.w)
+        self.register_buffer("w_scale", packed.w_scale)
+        self.register_buffer("w_zero_point", packed.w_zero_point)
+        self.register_buffer("bias", None if bias is None else bias.to(packed.act_dtype))
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, fmt: str, act_dtype: torch.dtype | None = None) -> "QuantizedLinear":
+        """Quantize an nn.Linear's weight with `fmt` (e.g. "int4:g128") and pack it.
+
+        act_dtype defaults to the linear's dtype when it is float16 or bfloat16, else bfloat16.
+        """
+        from humming_aot.quant import quantize
+
+        if not isinstance(linear, torch.nn.Linear):
+            raise TypeError(f"from_linear: expected torch.nn.Linear, got {type(linear).__name__}")
+        weight = linear.weight.detach()
+        if act_dtype is None:
+            act_dtype = weight.dtype if weight.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+        packed = pack(quantize(weight.float(), fmt), act_dtype=act_dtype)
+        bias = None if linear.bias is None else linear.bias.detach().to(act_dtype)
+        return cls(packed, bias)
+
+    @property
+    def packed(self) -> PackedWeight:
+        m = self._meta
+        return PackedWeight(
+            w=self.w, w_scale=self.w_scale, w_zero_point=self.w_zero_point, n=m["n"], k=m["k"],
+            group_size=m["group_size"], w_dtype=m["w_dtype"], act_dtype=m["act_dtype"], format=m["format"],
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.gemm(x, self.packed, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, format={self._meta['format']!r}"

@@ -1,0 +1,155 @@
+"""Public GEMM ops, registered as torch custom ops (with fake implementations, so torch.compile
+traces them and CUDA graphs capture them).
+
+A public op reads: validate -> build spec -> (dispatch: select -> obtain -> launch). CUDA tensors
+run a precompiled kernel; CPU tensors run the exact reference path (dequantize + float64 matmul,
+one rounding to the output dtype), so integrations and CI work without a GPU.
+"""
+from __future__ import annotations
+
+import torch
+
+from humming_aot.pack import PackedWeight, unpack
+from humming_aot.spec import GemmSpec, TileConfig, ZeroPoint
+
+_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def gemm_spec(packed: PackedWeight) -> GemmSpec:
+    """The GemmSpec of a dense GEMM with this packed weight (output and scales in the act dtype)."""
+    act = _DTYPE_NAMES[packed.act_dtype]
+    return GemmSpec(
+        a_dtype=act,
+        w_dtype=packed.w_dtype,
+        w_scale_dtype=act,
+        w_zero_point=packed.zero_point,
+        out_dtype=act,
+    )
+
+
+def _validate(a: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) -> None:
+    if not isinstance(packed, PackedWeight):
+        raise TypeError(f"gemm: expected a PackedWeight from humming_aot.pack(), got {type(packed).__name__}")
+    if not isinstance(a, torch.Tensor):
+        raise TypeError(f"gemm: a must be a torch.Tensor, got {type(a).__name__}")
+    if a.dtype != packed.act_dtype:
+        raise ValueError(
+            f"gemm: a.dtype={a.dtype} but the weight was packed for {packed.act_dtype} activations: "
+            f"cast a with a.to({packed.act_dtype}) or pack the weight with act_dtype={a.dtype}"
+        )
+    if a.dim() < 1 or a.shape[-1] != packed.k:
+        raise ValueError(
+            f"gemm: a has shape {tuple(a.shape)}; its last dimension must be the weight's K={packed.k}"
+        )
+    if a.device != packed.device:
+        raise ValueError(
+            f"gemm: a is on {a.device} but the packed weight is on {packed.device}: move one of them "
+            "(PackedWeight.to(device))"
+        )
+    if a.numel() and a.stride(-1) != 1:
+        raise ValueError(
+            f"gemm: a must have unit stride along K (got strides {a.stride()}): pass a.contiguous()"
+        )
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or bias.shape != (packed.n,):
+            shape = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
+            raise ValueError(f"gemm: bias must be a tensor of shape ({packed.n},), got {shape}")
+        if bias.dtype != packed.act_dtype or bias.device != a.device or not bias.is_contiguous():
+            raise ValueError(
+                f"gemm: bias must be a contiguous {packed.act_dtype} tensor on {a.device}, got "
+                f"{bias.dtype} on {bias.device}{'' if bias.is_contiguous() else ' (non-contiguous)'}"
+            )
+    if a.is_cuda:
+        _validate_cuda(a, packed)
+
+
+def _validate_cuda(a: torch.Tensor, packed: PackedWeight) -> None:
+    from humming_aot import dispatch, support
+
+    a2 = a.reshape(-1, packed.k) if a.dim() != 2 else a
+    if a2.numel() and (a2.data_ptr() % 16 or (a2.shape[0] > 1 and a2.stride(0) % 8)):
+        raise ValueError(
+            "gemm: a's rows must start on 16-byte boundaries (data pointer and row stride a multiple "
+            f"of 8 elements; got row stride {a2.stride(0)}): pass a.contiguous()"
+        )
+    info = dispatch.device_info(a.device.index if a.device.index is not None else torch.cuda.current_device())
+    spec = gemm_spec(packed)
+    reasons = [support.why_unsupported(spec, arch) for arch in info.arches]
+    if all(reasons):
+        raise ValueError(f"gemm: not supported on {info.name}: {reasons[0]}")
+
+
+def _reference(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size):
+    packed = PackedWeight(
+        w=w, w_scale=w_scale, w_zero_point=w_zero_point, n=n, k=k, group_size=group_size,
+        w_dtype=w_dtype, act_dtype=a.dtype, format="",
+    )
+    w_eff = packed.dequantized().to(torch.float64)
+    out = a.reshape(-1, k).to(torch.float64) @ w_eff.t()
+    if bias is not None:
+        out = out + bias.to(torch.float64)
+    return out.to(a.dtype).reshape(*a.shape[:-1], n)
+
+
+@torch.library.custom_op("humming_aot::gemm_wna16", mutates_args=())
+def _gemm_wna16(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    w_zero_point: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    w_dtype: str,
+    n: int,
+    k: int,
+    group_size: int,
+) -> torch.Tensor:
+    if not a.is_cuda:
+        return _reference(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size)
+    from humming_aot import dispatch
+
+    packed = PackedWeight(
+        w=w, w_scale=w_scale, w_zero_point=w_zero_point, n=n, k=k, group_size=group_size,
+        w_dtype=w_dtype, act_dtype=a.dtype, format="",
+    )
+    a2 = a.reshape(-1, k)
+    out = dispatch.launch_gemm(a2, packed, bias, gemm_spec(packed))
+    return out.reshape(*a.shape[:-1], n)
+
+
+@_gemm_wna16.register_fake
+def _gemm_wna16_fake(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size):
+    return a.new_empty((*a.shape[:-1], n))
+
+
+def gemm(a: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """out = a @ dequant(w)^T (+ bias).
+
+    a:      (..., K) float16 or bfloat16 (the dtype the weight was packed for), unit stride along K
+    packed: PackedWeight from humming_aot.pack(), on a's device
+    bias:   (N,) in a's dtype, or None
+    returns (..., N) in a's dtype
+    """
+    _validate(a, packed, bias)
+    return torch.ops.humming_aot.gemm_wna16(
+        a, packed.w, packed.w_scale, packed.w_zero_point, bias, packed.w_dtype, packed.n, packed.k,
+        packed.group_size,
+    )
+
+
+def gemm_with_tile(a: torch.Tensor, packed: PackedWeight, tile: TileConfig | str,
+                   bias: torch.Tensor | None = None, splits: int | None = None) -> torch.Tensor:
+    """gemm with a forced tile (for tuning and benchmarks; the kernel must be in the catalog)."""
+    from humming_aot import dispatch
+    from humming_aot.spec import KernelKey
+
+    _validate(a, packed, bias)
+    if not a.is_cuda:
+        raise ValueError("gemm_with_tile: a forced tile only means something on a CUDA device")
+    if isinstance(tile, str):
+        probe = KernelKey.from_name(f"gemm_dense_sm80_mma_a-bf16_w-s4-g-bf16_o-bf16_{tile}")
+        tile = probe.tile
+    out = dispatch.launch_gemm(a.reshape(-1, packed.k), packed, bias, gemm_spec(packed), tile=tile, splits=splits)
+    return out.reshape(*a.shape[:-1], packed.n)
+
+
+__all__ = ["gemm", "gemm_spec", "gemm_with_tile", "ZeroPoint", "unpack"]

@@ -1,0 +1,141 @@
+"""Every catalog kernel of the WnA16 mma.sync family against a float64 reference of exactly the
+operands it multiplies (STYLE G6): fresh random data per run, NaN-poisoned outputs, odd shapes,
+split-K, bias, CUDA-graph capture, two runs bitwise equal."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import humming_aot
+from humming_aot import dispatch, ops
+from humming_aot.catalog import installed_catalog
+from humming_aot.spec import KernelKey, ZeroPoint
+from humming_aot.testing.numerics import assert_bitwise_equal, assert_gemm_close, reference_gemm
+
+M_VALUES = (1, 3, 16, 129, 1024, 4096)
+# (N, K): the minimum alignment, then non-power-of-two multiples (the last also splits K)
+SHAPES = ((64, 128), (448, 384), (1344, 1152))
+GROUPS = (32, 128, None)  # None = per channel
+
+
+def _device_keys() -> list:
+    if not torch.cuda.is_available():
+        return [pytest.param(None, id="no-gpu")]
+    catalog = installed_catalog()
+    if catalog is None:
+        return [pytest.param(None, id="no-catalog")]
+    arches = dispatch.device_info(torch.cuda.current_device()).arches
+    names = [name for arch in arches for name in catalog.keys_for(arch)]
+    return [pytest.param(KernelKey.from_name(name), id=name) for name in sorted(names)]
+
+
+def _format(key: KernelKey, group: int | None) -> str:
+    gran = "channel" if group is None else f"g{group}"
+    element = key.spec.w_dtype
+    return f"{element}:{gran}:zp" if key.spec.w_zero_point is ZeroPoint.INTEGER else f"{element}:{gran}"
+
+
+def _seed() -> int:
+    return int.from_bytes(os.urandom(4), "little")
+
+
+def _make_weight(key, n, k, group, gen):
+    act = getattr(torch, key.spec.a_dtype)
+    w = torch.randn(n, k, device="cuda", generator=gen) * 0.05
+    return humming_aot.pack(humming_aot.quantize(w, _format(key, group)), act_dtype=act)
+
+
+def _run(key, a, packed, bias):
+    out = torch.full((a.shape[0], packed.n), float("nan"), dtype=a.dtype, device=a.device)
+    return dispatch.launch_gemm(a, packed, bias, ops.gemm_spec(packed), tile=key.tile, out=out)
+
+
+@pytest.mark.parametrize("key", _device_keys())
+def test_kernel_matches_float64_reference(key):
+    assert key is not None, "a GPU is present but no kernel catalog is installed: build one (tools/device_check.sh)"
+    act = getattr(torch, key.spec.a_dtype)
+    for n, k in SHAPES:
+        for group in GROUPS:
+            seed = _seed()
+            gen = torch.Generator(device="cuda").manual_seed(seed)
+            packed = _make_weight(key, n, k, group, gen)
+            w_eff = packed.dequantized()
+            for m in M_VALUES:
+                a = torch.randn(m, k, device="cuda", generator=gen).to(act)
+                bias = (torch.randn(n, device="cuda", generator=gen) * 0.5).to(act) if m % 2 else None
+                out = _run(key, a, packed, bias)
+                context = f"key={key.name} m={m} n={n} k={k} group={group} seed={seed}"
+                ref = reference_gemm(a, w_eff, bias)
+                assert_gemm_close(out, ref, a=a, w_eff=w_eff, bias=bias, context=context)
+                assert_bitwise_equal(out, _run(key, a, packed, bias), context)
+
+
+@pytest.mark.parametrize("key", _device_keys())
+def test_exact_grid_inputs_are_bitwise_exact(key):
+    """Small-integer activations and power-of-two scales: every product and partial sum is exact in
+    fp32, so the kernel must equal the float64 reference rounded once."""
+    assert key is not None, "no kernel catalog"
+    m, n, k = 37, 192, 256
+    seed = _seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    act = getattr(torch, key.spec.a_dtype)
+    w = torch.randint(-7, 8, (n, k), device="cuda", generator=gen).float()
+    packed = humming_aot.pack(humming_aot.quantize(w, _format(key, 64)), act_dtype=act)
+    # force power-of-two scales so (q - z) * s is exact and small
+    packed.w_scale.copy_(torch.exp2(torch.randint(-3, 1, packed.w_scale.shape, device="cuda", generator=gen)).to(act))
+    a = torch.randint(-3, 4, (m, k), device="cuda", generator=gen).to(act)
+    out = _run(key, a, packed, None)
+    ref = reference_gemm(a, packed.dequantized(), None).to(act)
+    assert_bitwise_equal(out, ref, f"key={key.name} seed={seed}")
+
+
+def test_public_gemm_cuda_graph_and_split_k():
+    """The public op (heuristic tile choice, split-K for small M) inside a CUDA graph equals eager."""
+    n, k = 4096, 4096
+    w = torch.randn(n, k, device="cuda") * 0.02
+    packed = humming_aot.pack(humming_aot.quantize(w, "int4:g128"), act_dtype=torch.bfloat16)
+    for m in (1, 16, 200):
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        eager = ops.gemm(a, packed)
+        graph = torch.cuda.CUDAGraph()
+        static_out = None
+        ops.gemm(a, packed)  # warm up outside capture
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            static_out = ops.gemm(a, packed)
+        static_out.fill_(float("nan"))
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        assert_bitwise_equal(static_out, eager, f"graph replay m={m}")
+        ref = reference_gemm(a, packed.dequantized(), None)
+        assert_gemm_close(eager, ref, a=a, w_eff=packed.dequantized(), context=f"public gemm m={m}")
+
+
+def test_quantized_linear_and_leading_dims():
+    lin = torch.nn.Linear(512, 320, bias=True).cuda().to(torch.float16)
+    q = humming_aot.nn.QuantizedLinear.from_linear(lin, "uint4:g64:zp")
+    x = torch.randn(2, 5, 512, device="cuda", dtype=torch.float16)
+    y = q(x)
+    assert y.shape == (2, 5, 320) and y.dtype == torch.float16
+    w_eff = q.packed.dequantized()
+    ref = reference_gemm(x.reshape(-1, 512), w_eff, q.bias)
+    assert_gemm_close(y.reshape(-1, 320), ref, a=x.reshape(-1, 512), w_eff=w_eff, bias=q.bias, context="QuantizedLinear")
+
+
+def test_torch_compile_traces_the_op():
+    w = torch.randn(256, 512, device="cuda") * 0.02
+    packed = humming_aot.pack(humming_aot.quantize(w, "int8:channel"), act_dtype=torch.bfloat16)
+    a = torch.randn(33, 512, device="cuda", dtype=torch.bfloat16)
+    fn = torch.compile(lambda x: ops.gemm(x, packed) * 2, fullgraph=True)
+    assert_bitwise_equal(fn(a), ops.gemm(a, packed) * 2, "torch.compile")
+
+
+def test_pack_on_gpu_matches_cpu_reference():
+    from humming_aot.pack import pack_codes, reference_pack_codes
+
+    for bits in (4, 8):
+        u = torch.randint(0, 2**bits, (320, 256))
+        assert torch.equal(pack_codes(u.cuda(), bits).cpu(), reference_pack_codes(u, bits))

@@ -1,0 +1,80 @@
+"""The public op on CPU tensors (exact reference path), its fake implementation, QuantizedLinear,
+and every bad-input error, all before any kernel launch."""
+import pytest
+import torch
+
+import humming_aot
+from humming_aot import ops
+
+
+def _packed(fmt="int4:g128", n=192, k=256, act=torch.bfloat16, seed=0):
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
+    return humming_aot.pack(humming_aot.quantize(w, fmt), act_dtype=act)
+
+
+@pytest.mark.parametrize("fmt", ["int4:g128", "uint4:g32:zp", "int8:channel"])
+@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
+def test_cpu_path_is_dequantize_plus_float64_matmul(fmt, act):
+    packed = _packed(fmt, act=act)
+    gen = torch.Generator().manual_seed(1)
+    a = torch.randn(5, 256, generator=gen).to(act)
+    bias = torch.randn(192, generator=gen).to(act)
+    out = ops.gemm(a, packed, bias)
+    ref = (a.double() @ packed.dequantized().double().t() + bias.double()).to(act)
+    assert out.dtype == act and out.shape == (5, 192)
+    assert torch.equal(out, ref)
+
+
+def test_leading_dims_and_empty_m():
+    packed = _packed()
+    a = torch.randn(2, 3, 256).to(torch.bfloat16)
+    assert ops.gemm(a, packed).shape == (2, 3, 192)
+    assert ops.gemm(torch.empty(0, 256, dtype=torch.bfloat16), packed).shape == (0, 192)
+
+
+def test_fake_impl_traces_under_torch_compile():
+    packed = _packed()
+    a = torch.randn(4, 256).to(torch.bfloat16)
+    fn = torch.compile(lambda x: ops.gemm(x, packed), fullgraph=True, backend="eager")
+    assert torch.equal(fn(a), ops.gemm(a, packed))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fa = mode.from_tensor(a)
+        out = torch.ops.humming_aot.gemm_wna16(
+            fa, mode.from_tensor(packed.w), mode.from_tensor(packed.w_scale), None, None,
+            packed.w_dtype, packed.n, packed.k, packed.group_size,
+        )
+        assert out.shape == (4, 192) and out.dtype == torch.bfloat16
+
+
+def test_quantized_linear_from_linear_matches_reference():
+    lin = torch.nn.Linear(256, 128, bias=True)
+    q = humming_aot.nn.QuantizedLinear.from_linear(lin, "int4:g64")
+    x = torch.randn(3, 256)
+    with pytest.raises(ValueError, match="dtype"):
+        q(x)  # float32 activations: the weight was packed for bfloat16
+    y = q(x.to(torch.bfloat16))
+    ref = (x.to(torch.bfloat16).double() @ q.packed.dequantized().double().t() + q.bias.double()).to(torch.bfloat16)
+    assert torch.equal(y, ref)
+
+
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda p: (torch.randn(4, 256), p, None), "a.dtype=torch.float32"),
+        (lambda p: (torch.randn(4, 128).bfloat16(), p, None), "K=256"),
+        (lambda p: (torch.randn(256, 4).bfloat16().t(), p, None), "unit stride"),
+        (lambda p: (torch.randn(4, 256).bfloat16(), p, torch.randn(7).bfloat16()), r"bias must be a tensor of shape \(192,\)"),
+        (lambda p: (torch.randn(4, 256).bfloat16(), p, torch.randn(192)), "bias must be a contiguous"),
+    ],
+)
+def test_bad_inputs_raise_clear_value_errors(make, match):
+    a, packed, bias = make(_packed())
+    with pytest.raises(ValueError, match=match):
+        ops.gemm(a, packed, bias)
+
+
+def test_wrong_weight_type_is_a_type_error():
+    with pytest.raises(TypeError, match="PackedWeight"):
+        ops.gemm(torch.randn(2, 256).bfloat16(), object())
