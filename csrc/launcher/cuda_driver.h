@@ -1,0 +1,155 @@
+#pragma once
+// The slice of the CUDA driver API that the launcher uses, declared here instead of including
+// <cuda.h> so that the extension builds without a CUDA toolkit and imports without a driver.
+// libcuda.so.1 is dlopen'ed on first use (once per process, thread-safe); every failure becomes a
+// C++ exception that module.cpp turns into humming_aot._C.CudaError / DriverNotFoundError.
+// Invariant: the enum values and type sizes below equal <cuda.h>'s (tests/unit/test_launcher.py
+// compiles a static_assert check against the toolkit's header when one is installed).
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace humming_aot::launcher::cu {
+
+// ---- Types (ABI of the public driver API, CUDA 12.0+) ----
+
+enum CUresult : int {
+  CUDA_SUCCESS = 0,
+  CUDA_ERROR_INVALID_VALUE = 1,
+  CUDA_ERROR_NOT_INITIALIZED = 3,
+  CUDA_ERROR_STUB_LIBRARY = 34,
+  CUDA_ERROR_NO_DEVICE = 100,
+  CUDA_ERROR_INVALID_DEVICE = 101,
+  CUDA_ERROR_NO_BINARY_FOR_GPU = 209,
+  CUDA_ERROR_INVALID_HANDLE = 400,
+  CUDA_ERROR_NOT_FOUND = 500,
+};
+
+enum CUdevice_attribute : int {
+  CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
+  CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
+  CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
+  CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97,
+};
+
+enum CUfunction_attribute : int {
+  CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0,
+  CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3,
+  CU_FUNC_ATTRIBUTE_NUM_REGS = 4,
+  CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,
+};
+
+// Only passed as null arrays: the launcher uses no JIT or library-load options.
+enum CUjit_option : int {};
+enum CUlibraryOption : int {};
+
+using CUdevice = int;
+using CUdeviceptr = unsigned long long;  // NOTE: 64-bit on every platform the driver supports
+using CUcontext = struct CUctx_st*;
+using CUlibrary = struct CUlib_st*;
+using CUkernel = struct CUkern_st*;
+using CUfunction = struct CUfunc_st*;  // a CUkernel may be passed where a CUfunction is expected
+using CUstream = struct CUstream_st*;
+
+// ---- Entry points (exported names; the _v2 suffix where the driver exports one) ----
+
+using PFN_cuGetErrorName = CUresult (*)(CUresult error, const char** name);
+using PFN_cuGetErrorString = CUresult (*)(CUresult error, const char** text);
+using PFN_cuInit = CUresult (*)(unsigned int flags);
+using PFN_cuDriverGetVersion = CUresult (*)(int* version);
+using PFN_cuDeviceGet = CUresult (*)(CUdevice* device, int ordinal);
+using PFN_cuDeviceGetAttribute = CUresult (*)(int* value, CUdevice_attribute attribute, CUdevice device);
+using PFN_cuDevicePrimaryCtxRetain = CUresult (*)(CUcontext* context, CUdevice device);
+using PFN_cuCtxGetCurrent = CUresult (*)(CUcontext* context);
+using PFN_cuCtxSetCurrent = CUresult (*)(CUcontext context);
+using PFN_cuLibraryLoadData = CUresult (*)(CUlibrary* library, const void* image, CUjit_option* jit_options,
+                                           void** jit_option_values, unsigned int num_jit_options,
+                                           CUlibraryOption* library_options, void** library_option_values,
+                                           unsigned int num_library_options);
+using PFN_cuLibraryUnload = CUresult (*)(CUlibrary library);
+using PFN_cuLibraryGetKernel = CUresult (*)(CUkernel* kernel, CUlibrary library, const char* name);
+using PFN_cuLibraryGetGlobal = CUresult (*)(CUdeviceptr* pointer, std::size_t* bytes, CUlibrary library,
+                                            const char* name);
+using PFN_cuKernelSetAttribute = CUresult (*)(CUfunction_attribute attribute, int value, CUkernel kernel,
+                                              CUdevice device);
+using PFN_cuKernelGetAttribute = CUresult (*)(int* value, CUfunction_attribute attribute, CUkernel kernel,
+                                              CUdevice device);
+using PFN_cuLaunchKernel = CUresult (*)(CUfunction function, unsigned int grid_x, unsigned int grid_y,
+                                        unsigned int grid_z, unsigned int block_x, unsigned int block_y,
+                                        unsigned int block_z, unsigned int dynamic_smem_bytes, CUstream stream,
+                                        void** kernel_params, void** extra);
+using PFN_cuMemcpyDtoH_v2 = CUresult (*)(void* host, CUdeviceptr device, std::size_t bytes);
+
+// Resolved entry points. Every member is non-null once driver() returned.
+struct DriverApi {
+  PFN_cuGetErrorName cuGetErrorName;
+  PFN_cuGetErrorString cuGetErrorString;
+  PFN_cuInit cuInit;
+  PFN_cuDriverGetVersion cuDriverGetVersion;
+  PFN_cuDeviceGet cuDeviceGet;
+  PFN_cuDeviceGetAttribute cuDeviceGetAttribute;
+  PFN_cuDevicePrimaryCtxRetain cuDevicePrimaryCtxRetain;
+  PFN_cuCtxGetCurrent cuCtxGetCurrent;
+  PFN_cuCtxSetCurrent cuCtxSetCurrent;
+  PFN_cuLibraryLoadData cuLibraryLoadData;
+  PFN_cuLibraryUnload cuLibraryUnload;
+  PFN_cuLibraryGetKernel cuLibraryGetKernel;
+  PFN_cuLibraryGetGlobal cuLibraryGetGlobal;
+  PFN_cuKernelSetAttribute cuKernelSetAttribute;
+  PFN_cuKernelGetAttribute cuKernelGetAttribute;
+  PFN_cuLaunchKernel cuLaunchKernel;
+  PFN_cuMemcpyDtoH_v2 cuMemcpyDtoH_v2;
+};
+
+// ---- Errors ----
+
+// A driver call returned something other than CUDA_SUCCESS.
+// what(): "<call>(<context>): <CUDA_ERROR_NAME> (<driver's description>)".
+class CudaError : public std::runtime_error {
+ public:
+  CudaError(CUresult code, std::string error_name, const std::string& message)
+      : std::runtime_error(message), code_(code), error_name_(std::move(error_name)) {}
+  CUresult code() const noexcept { return code_; }
+  const std::string& error_name() const noexcept { return error_name_; }
+
+ private:
+  CUresult code_;
+  std::string error_name_;
+};
+
+// libcuda.so.1 could not be loaded, or it lacks an entry point the launcher needs.
+class DriverNotFound : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// ---- Access ----
+
+// The loaded and initialised (cuInit) driver. Throws DriverNotFound, or CudaError when cuInit failed.
+const DriverApi& driver();
+
+// cuDriverGetVersion of the loaded driver (e.g. 13000; 0 if it would not say). Needs no device, so it
+// also works where cuInit failed. Throws DriverNotFound when libcuda.so.1 cannot be loaded.
+int driver_version();
+
+// Whether driver() would succeed. Loads the driver on first call; never throws.
+bool driver_available() noexcept;
+
+// Why driver() would fail ("" when it would not). Never throws.
+std::string driver_unavailable_reason();
+
+// Throws CudaError for `result`, naming the call and its context (e.g. "kernel gemm_dense_...").
+[[noreturn]] void throw_cuda_error(const DriverApi& api, CUresult result, const char* call,
+                                   const std::string& context);
+
+// Cold-path check: throws CudaError unless `result` is CUDA_SUCCESS.
+inline void check(const DriverApi& api, CUresult result, const char* call, const std::string& context) {
+  if (result != CUDA_SUCCESS) {
+    throw_cuda_error(api, result, call, context);
+  }
+}
+
+}  // namespace humming_aot::launcher::cu

@@ -1,0 +1,306 @@
+// humming_aot._C: the pybind11 launcher. Loads kernel images with context-independent
+// cuLibraryLoadData, reads their self-description and launches them with one Params struct passed
+// by value. No torch and no CUDA headers: streams, devices and handles cross as Python ints, and
+// the driver is dlopen'ed on first use (cuda_driver.h), so `import humming_aot._C` needs no GPU.
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda_driver.h"
+#include "device_context.h"
+#include "image_format.h"
+
+namespace py = pybind11;
+
+namespace humming_aot::launcher {
+namespace {
+
+using Dim3 = std::array<unsigned int, 3>;
+
+// Python exception types, created once in PYBIND11_MODULE and owned by the module.
+PyObject* g_cuda_error_type = nullptr;
+PyObject* g_driver_not_found_type = nullptr;
+
+template <typename Handle>
+Handle to_handle(std::uint64_t value, const char* kind) {
+  if (value == 0) {
+    throw py::value_error(std::string("the ") + kind + " handle is 0: pass the value that load_library / " +
+                          "get_kernel returned");
+  }
+  return reinterpret_cast<Handle>(static_cast<std::uintptr_t>(value));
+}
+
+template <typename Handle>
+std::uint64_t from_handle(Handle handle) {
+  return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(handle));
+}
+
+// Read-only view of a bytes-like object without copying. bytes take a fast path with no buffer
+// export; anything else (bytearray, memoryview, ctypes structure) must be C-contiguous.
+// Construct and destroy with the GIL held.
+class ByteView {
+ public:
+  explicit ByteView(py::handle object) {
+    if (PyBytes_CheckExact(object.ptr())) {
+      data_ = reinterpret_cast<const unsigned char*>(PyBytes_AS_STRING(object.ptr()));
+      size_ = static_cast<std::size_t>(PyBytes_GET_SIZE(object.ptr()));
+      return;
+    }
+    if (PyObject_GetBuffer(object.ptr(), &view_, PyBUF_SIMPLE) != 0) {
+      throw py::error_already_set();
+    }
+    exported_ = true;
+    data_ = static_cast<const unsigned char*>(view_.buf);
+    size_ = static_cast<std::size_t>(view_.len);
+  }
+  ByteView(const ByteView&) = delete;
+  ByteView& operator=(const ByteView&) = delete;
+  ~ByteView() {
+    if (exported_) {
+      PyBuffer_Release(&view_);
+    }
+  }
+  const unsigned char* data() const { return data_; }
+  std::size_t size() const { return size_; }
+
+ private:
+  Py_buffer view_{};
+  bool exported_ = false;
+  const unsigned char* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+std::string dim3_text(const Dim3& dim) {
+  return "(" + std::to_string(dim[0]) + ", " + std::to_string(dim[1]) + ", " + std::to_string(dim[2]) + ")";
+}
+
+std::string device_text(int device) {
+  return "device " + std::to_string(device);
+}
+
+// ---- The Python-visible functions ----
+
+int driver_version() {
+  return cu::driver_version();
+}
+
+std::string image_problem_of(const py::buffer& image) {
+  const ByteView bytes(image);
+  return image_problem(bytes.data(), bytes.size());
+}
+
+std::uint64_t load_library(const py::buffer& image, const std::string& what) {
+  const ByteView bytes(image);
+  const std::string problem = image_problem(bytes.data(), bytes.size());
+  if (!problem.empty()) {
+    throw py::value_error("load_library(" + what + "): " + problem);
+  }
+  const cu::DriverApi& api = cu::driver();
+  cu::CUlibrary library = nullptr;
+  {
+    py::gil_scoped_release no_gil;  // loading may take milliseconds (eager module loading)
+    // The driver reads 64-bit header fields; a memoryview slice may start anywhere.
+    std::vector<std::uint64_t> aligned;
+    const void* data = bytes.data();
+    if (reinterpret_cast<std::uintptr_t>(data) % alignof(std::uint64_t) != 0) {
+      aligned.resize((bytes.size() + sizeof(std::uint64_t) - 1) / sizeof(std::uint64_t));
+      std::memcpy(aligned.data(), bytes.data(), bytes.size());
+      data = aligned.data();
+    }
+    // No options: the driver copies the image, so the caller's bytes may be freed afterwards.
+    cu::check(api, api.cuLibraryLoadData(&library, data, nullptr, nullptr, 0, nullptr, nullptr, 0),
+              "cuLibraryLoadData", what);
+  }
+  return from_handle(library);
+}
+
+void unload_library(std::uint64_t library) {
+  const auto handle = to_handle<cu::CUlibrary>(library, "library");
+  const cu::DriverApi& api = cu::driver();
+  cu::check(api, api.cuLibraryUnload(handle), "cuLibraryUnload", "");
+}
+
+std::uint64_t get_kernel(std::uint64_t library, const std::string& name) {
+  const auto handle = to_handle<cu::CUlibrary>(library, "library");
+  const cu::DriverApi& api = cu::driver();
+  cu::CUkernel kernel = nullptr;
+  cu::check(api, api.cuLibraryGetKernel(&kernel, handle, name.c_str()), "cuLibraryGetKernel", name);
+  return from_handle(kernel);
+}
+
+py::bytes read_global(std::uint64_t library, const std::string& name, int device) {
+  const auto handle = to_handle<cu::CUlibrary>(library, "library");
+  const cu::DriverApi& api = cu::driver();
+  std::string contents;
+  {
+    // NOTE: cuMemcpyDtoH is synchronous (it waits for the legacy default stream) and is not
+    // allowed during CUDA-graph capture: load kernels before capturing, as warm-up runs do.
+    py::gil_scoped_release no_gil;
+    ensure_current_context(api, device);
+    cu::CUdeviceptr pointer = 0;
+    std::size_t bytes = 0;
+    cu::check(api, api.cuLibraryGetGlobal(&pointer, &bytes, handle, name.c_str()), "cuLibraryGetGlobal",
+              name + ", " + device_text(device));
+    contents.resize(bytes);
+    if (bytes > 0) {
+      cu::check(api, api.cuMemcpyDtoH_v2(contents.data(), pointer, bytes), "cuMemcpyDtoH",
+                name + ", " + std::to_string(bytes) + " bytes, " + device_text(device));
+    }
+  }
+  return py::bytes(contents);
+}
+
+void set_max_dynamic_smem(std::uint64_t kernel, int device, int nbytes) {
+  const auto handle = to_handle<cu::CUkernel>(kernel, "kernel");
+  const cu::DriverApi& api = cu::driver();
+  const cu::CUdevice dev = device_handle(api, device);
+  cu::check(api, api.cuKernelSetAttribute(cu::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes, handle, dev),
+            "cuKernelSetAttribute",
+            "MAX_DYNAMIC_SHARED_SIZE_BYTES = " + std::to_string(nbytes) + ", " + device_text(device));
+}
+
+int kernel_attribute(std::uint64_t kernel, int attribute, int device) {
+  const auto handle = to_handle<cu::CUkernel>(kernel, "kernel");
+  const cu::DriverApi& api = cu::driver();
+  const cu::CUdevice dev = device_handle(api, device);
+  int value = 0;
+  cu::check(api, api.cuKernelGetAttribute(&value, static_cast<cu::CUfunction_attribute>(attribute), handle, dev),
+            "cuKernelGetAttribute", "attribute " + std::to_string(attribute) + ", " + device_text(device));
+  return value;
+}
+
+int device_attribute(int device, int attribute) {
+  const cu::DriverApi& api = cu::driver();
+  const cu::CUdevice dev = device_handle(api, device);
+  int value = 0;
+  cu::check(api, api.cuDeviceGetAttribute(&value, static_cast<cu::CUdevice_attribute>(attribute), dev),
+            "cuDeviceGetAttribute", "attribute " + std::to_string(attribute) + ", " + device_text(device));
+  return value;
+}
+
+// The hot path: no allocation and one cuCtxGetCurrent besides the launch itself.
+void launch(std::uint64_t kernel, const Dim3& grid, const Dim3& block, unsigned int smem, std::uint64_t stream,
+            const py::buffer& params, int device) {
+  const auto function = to_handle<cu::CUfunction>(kernel, "kernel");
+  const ByteView param_bytes(params);
+  if (param_bytes.size() == 0) {
+    throw py::value_error("launch: params is empty; pass the bytes of the kernel's Params struct");
+  }
+  const cu::DriverApi& api = cu::driver();
+  ensure_current_context(api, device);
+  // The kernel takes one struct by value: kernelParams holds a single pointer to its bytes, which
+  // the driver copies before cuLaunchKernel returns.
+  void* kernel_params[] = {const_cast<unsigned char*>(param_bytes.data())};
+  const cu::CUresult result =
+      api.cuLaunchKernel(function, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
+                         reinterpret_cast<cu::CUstream>(static_cast<std::uintptr_t>(stream)), kernel_params, nullptr);
+  if (result != cu::CUDA_SUCCESS) {
+    cu::throw_cuda_error(api, result, "cuLaunchKernel",
+                         "grid " + dim3_text(grid) + ", block " + dim3_text(block) + ", smem " +
+                             std::to_string(smem) + " bytes, params " + std::to_string(param_bytes.size()) +
+                             " bytes, " + device_text(device));
+  }
+}
+
+// ---- Exceptions ----
+
+PyObject* new_exception_type(const char* name, const char* doc, PyObject* base) {
+  py::dict attributes;
+  attributes["code"] = py::none();
+  attributes["error_name"] = py::none();
+  PyObject* type = PyErr_NewExceptionWithDoc(name, doc, base, attributes.ptr());
+  if (type == nullptr) {
+    throw py::error_already_set();
+  }
+  return type;
+}
+
+void raise_cuda_error(const cu::CudaError& error) {
+  PyObject* exception = PyObject_CallFunction(g_cuda_error_type, "s", error.what());
+  if (exception == nullptr) {
+    return;  // the failure to build the exception is the error now set
+  }
+  py::object owned = py::reinterpret_steal<py::object>(exception);
+  owned.attr("code") = static_cast<int>(error.code());
+  owned.attr("error_name") = error.error_name();
+  PyErr_SetObject(g_cuda_error_type, exception);
+}
+
+void translate_exception(std::exception_ptr pending) {
+  try {
+    std::rethrow_exception(pending);
+  } catch (const cu::CudaError& error) {
+    raise_cuda_error(error);
+  } catch (const cu::DriverNotFound& error) {
+    PyErr_SetString(g_driver_not_found_type, error.what());
+  }
+}
+
+}  // namespace
+}  // namespace humming_aot::launcher
+
+PYBIND11_MODULE(_C, m) {
+  namespace hl = humming_aot::launcher;
+  m.doc() =
+      "humming_aot's kernel launcher: CUDA driver calls through a libcuda.so.1 loaded on first use. "
+      "Handles (library, kernel, stream) are Python ints; every driver failure raises CudaError.";
+
+  hl::g_cuda_error_type = hl::new_exception_type(
+      "humming_aot._C.CudaError",
+      "A CUDA driver call failed. The message names the call, what it was doing, the error name and "
+      "the driver's description; `code` is the CUresult (None when the driver is missing) and "
+      "`error_name` its name, e.g. 'CUDA_ERROR_NO_BINARY_FOR_GPU'.",
+      PyExc_RuntimeError);
+  hl::g_driver_not_found_type = hl::new_exception_type(
+      "humming_aot._C.DriverNotFoundError",
+      "No usable NVIDIA driver: libcuda.so.1 could not be loaded (the message has dlerror's text) or "
+      "lacks an entry point humming_aot needs. Raised by the first call that needs the driver, never at "
+      "import.",
+      hl::g_cuda_error_type);
+  m.attr("CudaError") = py::reinterpret_borrow<py::object>(hl::g_cuda_error_type);
+  m.attr("DriverNotFoundError") = py::reinterpret_borrow<py::object>(hl::g_driver_not_found_type);
+  py::register_local_exception_translator(&hl::translate_exception);
+
+  m.def("driver_available", &humming_aot::launcher::cu::driver_available,
+        "Whether a usable driver is present: loads libcuda.so.1 and runs cuInit(0) on the first call. "
+        "Never raises.");
+  m.def("driver_unavailable_reason", &humming_aot::launcher::cu::driver_unavailable_reason,
+        "Why driver_available() is False ('' when it is True). Never raises.");
+  m.def("driver_version", &hl::driver_version,
+        "cuDriverGetVersion (e.g. 13000 for a CUDA 13.0 driver; 0 if the driver would not say).");
+  m.def("image_problem", &hl::image_problem_of, py::arg("image"),
+        "'' when `image` (bytes-like) is a complete fatbin or cubin, else what is wrong with it. "
+        "load_library runs the same check. Needs no driver.");
+  m.def("load_library", &hl::load_library, py::arg("image"), py::arg("what"),
+        "cuLibraryLoadData on a fatbin or cubin (bytes-like; copied by the driver). Context-independent. "
+        "`what` names the image in error messages, e.g. 'kernel gemm_dense_...'. Returns the CUlibrary.");
+  m.def("unload_library", &hl::unload_library, py::arg("library"), "cuLibraryUnload.");
+  m.def("get_kernel", &hl::get_kernel, py::arg("library"), py::arg("name"),
+        "cuLibraryGetKernel: the CUkernel (an int) of the extern \"C\" kernel `name`.");
+  m.def("read_global", &hl::read_global, py::arg("library"), py::arg("name"), py::arg("device"),
+        "The bytes of the __device__ / __constant__ variable `name` as loaded on `device` "
+        "(cuLibraryGetGlobal + synchronous cuMemcpyDtoH; makes the device's primary context current "
+        "if the thread has none).");
+  m.def("set_max_dynamic_smem", &hl::set_max_dynamic_smem, py::arg("kernel"), py::arg("device"),
+        py::arg("nbytes"),
+        "cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes) for `device`.");
+  m.def("kernel_attribute", &hl::kernel_attribute, py::arg("kernel"), py::arg("attribute"), py::arg("device"),
+        "cuKernelGetAttribute (CUfunction_attribute values: MAX_THREADS_PER_BLOCK 0, LOCAL_SIZE_BYTES 3, "
+        "NUM_REGS 4, MAX_DYNAMIC_SHARED_SIZE_BYTES 8).");
+  m.def("device_attribute", &hl::device_attribute, py::arg("device"), py::arg("attribute"),
+        "cuDeviceGetAttribute (CUdevice_attribute values: MULTIPROCESSOR_COUNT 16, "
+        "COMPUTE_CAPABILITY_MAJOR 75, COMPUTE_CAPABILITY_MINOR 76, MAX_SHARED_MEMORY_PER_BLOCK_OPTIN 97).");
+  m.def("launch", &hl::launch, py::arg("kernel"), py::arg("grid"), py::arg("block"), py::arg("smem"),
+        py::arg("stream"), py::arg("params"), py::arg("device"),
+        "cuLaunchKernel of a CUkernel whose single argument is a struct passed by value; `params` holds "
+        "its bytes (bytes-like, not copied). grid and block are (x, y, z); smem is dynamic shared memory "
+        "in bytes; stream is a CUstream as an int (torch.cuda.current_stream().cuda_stream; 0 = legacy "
+        "default stream). If the thread has no current context, `device`'s primary context is made "
+        "current first. Asynchronous: errors inside the kernel surface at the next synchronisation.");
+}

@@ -1,0 +1,195 @@
+"""Thin Python face of the launcher extension ``humming_aot._C``.
+
+The extension is imported on first use, not at ``import humming_aot``; when it is missing (a source
+checkout that was never built) the first use raises an ImportError that says how to build it.
+Importing the extension needs no driver or GPU: ``libcuda.so.1`` is loaded by the first call that
+needs it, and its absence raises :class:`DriverNotFoundError` there.
+
+Handles (library, kernel, stream) are plain ints. Every driver failure raises :class:`CudaError`
+(a RuntimeError) whose message names the call, what it was doing, the CUDA error name and the
+driver's description; ``.code`` holds the CUresult and ``.error_name`` its name.
+
+Callers go through this module's functions (``_launcher.launch(...)``), never through ``_C``
+directly, so that tests can replace them with fakes.
+"""
+from __future__ import annotations
+
+import enum
+from types import ModuleType
+
+# Anything with the C-contiguous buffer protocol (also ctypes structures); bytes take the fastest path.
+BytesLike = bytes | bytearray | memoryview
+
+__all__ = [
+    "CudaError",
+    "DeviceAttribute",
+    "DriverNotFoundError",
+    "FunctionAttribute",
+    "device_attribute",
+    "driver_available",
+    "driver_unavailable_reason",
+    "driver_version",
+    "get_kernel",
+    "image_problem",
+    "kernel_attribute",
+    "launch",
+    "load_library",
+    "read_global",
+    "set_max_dynamic_smem",
+    "unload_library",
+]
+
+_extension: ModuleType | None = None
+
+
+def _c() -> ModuleType:
+    global _extension
+    if _extension is None:
+        try:
+            from humming_aot import _C
+        except ImportError as error:
+            raise ImportError(
+                "humming_aot's launcher extension humming_aot._C is not built or cannot be loaded "
+                f"({error}). In a source checkout run `pip install -e .` or "
+                "`python setup.py build_ext --inplace`; otherwise reinstall the humming_aot wheel for this "
+                "Python version."
+            ) from error
+        _extension = _C
+    return _extension
+
+
+def __getattr__(name: str):
+    # The exception classes live in the extension; importing it here keeps `import _launcher` free.
+    if name in ("CudaError", "DriverNotFoundError"):
+        return getattr(_c(), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class FunctionAttribute(enum.IntEnum):
+    """CUfunction_attribute values for :func:`kernel_attribute` (CUDA driver API ABI)."""
+
+    MAX_THREADS_PER_BLOCK = 0
+    """Most threads per block a launch may use (limited by registers and launch bounds)."""
+    SHARED_SIZE_BYTES = 1
+    """Static shared memory per block, in bytes."""
+    CONST_SIZE_BYTES = 2
+    """User __constant__ memory of the kernel, in bytes."""
+    LOCAL_SIZE_BYTES = 3
+    """Local memory per thread, in bytes (non-zero means register spills or stack arrays)."""
+    NUM_REGS = 4
+    """Registers per thread."""
+    PTX_VERSION = 5
+    """PTX ISA version the kernel was compiled for (major * 10 + minor)."""
+    BINARY_VERSION = 6
+    """SASS architecture of the loaded binary (major * 10 + minor, e.g. 90)."""
+    MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+    """Most dynamic shared memory a launch may ask for, in bytes (set by set_max_dynamic_smem)."""
+
+
+class DeviceAttribute(enum.IntEnum):
+    """CUdevice_attribute values for :func:`device_attribute` (CUDA driver API ABI)."""
+
+    MAX_THREADS_PER_BLOCK = 1
+    """Most threads per block."""
+    WARP_SIZE = 10
+    """Threads per warp."""
+    MULTIPROCESSOR_COUNT = 16
+    """Streaming multiprocessors (SMs)."""
+    L2_CACHE_SIZE = 38
+    """L2 cache, in bytes."""
+    COMPUTE_CAPABILITY_MAJOR = 75
+    """Compute capability, major (9 for sm_90)."""
+    COMPUTE_CAPABILITY_MINOR = 76
+    """Compute capability, minor (0 for sm_90)."""
+    MAX_SHARED_MEMORY_PER_MULTIPROCESSOR = 81
+    """Shared memory per SM, in bytes."""
+    MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
+    """Most shared memory one block may opt in to, in bytes (the limit for set_max_dynamic_smem)."""
+
+
+def driver_available() -> bool:
+    """Whether a usable NVIDIA driver is present (libcuda.so.1 loads, cuInit(0) succeeds).
+
+    Never raises for a missing driver (only ImportError when the extension itself is not built).
+    """
+    return _c().driver_available()
+
+
+def driver_unavailable_reason() -> str:
+    """Why :func:`driver_available` is False, e.g. dlopen's error text; '' when it is True."""
+    return _c().driver_unavailable_reason()
+
+
+def driver_version() -> int:
+    """cuDriverGetVersion: 1000 * major + 10 * minor of the driver's CUDA version (13000 for 13.0)."""
+    return _c().driver_version()
+
+
+def image_problem(image: BytesLike) -> str:
+    """'' when ``image`` is a complete fatbin or cubin, else what is wrong with it. Needs no driver."""
+    return _c().image_problem(image)
+
+
+def load_library(image: BytesLike, what: str) -> int:
+    """Load a fatbin or cubin (bytes-like; the driver keeps its own copy); returns the CUlibrary.
+
+    Context-independent (cuLibraryLoadData): the library serves every device and context. ``what``
+    names the image in error messages, e.g. ``"kernel gemm_dense_sm90a_..."``. Raises ValueError for
+    an image that is not a complete fatbin / cubin, CudaError (e.g. CUDA_ERROR_NO_BINARY_FOR_GPU)
+    when the driver refuses it.
+    """
+    return _c().load_library(image, what)
+
+
+def unload_library(library: int) -> None:
+    """cuLibraryUnload: every kernel handle obtained from ``library`` becomes invalid."""
+    _c().unload_library(library)
+
+
+def get_kernel(library: int, name: str) -> int:
+    """The CUkernel of the ``extern "C"`` kernel ``name`` in ``library`` (CUDA_ERROR_NOT_FOUND if absent)."""
+    return _c().get_kernel(library, name)
+
+
+def read_global(library: int, name: str, device: int) -> bytes:
+    """The bytes of the ``__constant__`` / ``__device__`` variable ``name`` as loaded on ``device``.
+
+    Synchronous (cuMemcpyDtoH), so not allowed during CUDA-graph capture. Makes ``device``'s primary
+    context current when the calling thread has no current context.
+    """
+    return _c().read_global(library, name, device)
+
+
+def set_max_dynamic_smem(kernel: int, device: int, nbytes: int) -> None:
+    """Allow launches of ``kernel`` on ``device`` to use up to ``nbytes`` of dynamic shared memory."""
+    _c().set_max_dynamic_smem(kernel, device, nbytes)
+
+
+def kernel_attribute(kernel: int, attribute: int, device: int) -> int:
+    """cuKernelGetAttribute; ``attribute`` is a :class:`FunctionAttribute`."""
+    return _c().kernel_attribute(kernel, attribute, device)
+
+
+def device_attribute(device: int, attribute: int) -> int:
+    """cuDeviceGetAttribute; ``attribute`` is a :class:`DeviceAttribute`."""
+    return _c().device_attribute(device, attribute)
+
+
+def launch(
+    kernel: int,
+    grid: tuple[int, int, int],
+    block: tuple[int, int, int],
+    smem: int,
+    stream: int,
+    params: BytesLike,
+    device: int,
+) -> None:
+    """Launch ``kernel`` asynchronously on ``stream``; ``params`` are the bytes of its one by-value struct.
+
+    ``grid`` and ``block`` are (x, y, z) counts; ``smem`` is dynamic shared memory in bytes (at most
+    what :func:`set_max_dynamic_smem` allowed); ``stream`` is a CUstream as an int
+    (``torch.cuda.current_stream(device).cuda_stream``; 0 is the legacy default stream of the
+    current context). ``params`` must be exactly the kernel's parameter size: the driver reads that
+    many bytes. If the thread has no current context, ``device``'s primary context is made current.
+    """
+    (_extension or _c()).launch(kernel, grid, block, smem, stream, params, device)
