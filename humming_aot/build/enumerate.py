@@ -1,0 +1,214 @@
+"""The enumerator: catalog families x archs x tiles -> the sorted KernelKeys a build compiles.
+
+A catalog file (``catalog/default.toml``, ``catalog/smoke.toml`` or any file of the same shape)
+lists *families*: a support pairing, optional subsets of its activation / weight dtypes, the archs,
+and the tiles ("table" = every tile of the arch's table in tiles.toml, or a list of tile fields
+such as "16x128x64_w1x2_s8"). Tiles whose shared memory exceeds the arch's limit for a spec are
+left out. The result is deterministic: same files in, same sorted list out.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import tomllib
+from pathlib import Path
+
+from humming_aot import heuristics, support
+from humming_aot.arch import validate_target
+from humming_aot.catalog_data import catalog_file, load_toml
+from humming_aot.spec import GemmSpec, KernelKey, TileConfig, ZeroPoint
+
+logger = logging.getLogger(__name__)
+
+BUILTIN_CATALOGS = ("default", "smoke")
+_FAMILY_KEYS = {"pairing", "doc", "archs", "a_dtype", "w_dtype", "tiles"}
+_TILE_FIELD_RE = re.compile(r"^(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_s(\d+)$")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Family:
+    """One [[family]] of a catalog file, validated against support.toml."""
+
+    index: int  # position in the file, for messages
+    pairing: support.Pairing
+    archs: tuple[str, ...]
+    a_dtypes: tuple[str, ...] | None  # None: every a_dtype of the pairing
+    w_dtypes: tuple[str, ...] | None
+    tiles: str | tuple[TileConfig, ...]  # "table" or explicit tiles
+
+    def specs(self) -> list[GemmSpec]:
+        return self.pairing.specs(
+            a_dtypes=list(self.a_dtypes) if self.a_dtypes is not None else None,
+            w_dtypes=list(self.w_dtypes) if self.w_dtypes is not None else None,
+        )
+
+    def tiles_for(self, arch: str) -> list[TileConfig]:
+        if self.tiles == "table":
+            seen = []
+            for _, tile in heuristics.arch_tile_table(arch):
+                if tile not in seen:
+                    seen.append(tile)
+            return seen
+        return list(self.tiles)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class SkippedTile:
+    """A (family, arch, spec, tile) left out because its shared memory exceeds the arch's limit."""
+
+    name: str  # the kernel name it would have had
+    smem_bytes: int
+    smem_limit: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Enumeration:
+    catalog: str  # label: 'default', 'smoke' or the file's stem
+    archs: tuple[str, ...]  # as requested (sorted)
+    keys: tuple[KernelKey, ...]  # sorted by name, no duplicates
+    skipped: tuple[SkippedTile, ...]  # sorted by name
+
+
+def parse_tile_field(text: str) -> TileConfig:
+    """'16x128x64_w1x2_s8' -> TileConfig (the tile part of a kernel name)."""
+    m = _TILE_FIELD_RE.match(text)
+    if not m:
+        raise ValueError(f"tile {text!r} does not read '<M>x<N>x<K>_w<warps M>x<warps N>_s<stages>'")
+    bm, bn, bk, wm, wn, stages = (int(g) for g in m.groups())
+    tile = TileConfig(block_m=bm, block_n=bn, block_k=bk, warps_m=wm, warps_n=wn, stages=stages)
+    if tile.field != text:
+        raise ValueError(f"tile {text!r} is not in canonical form (expected {tile.field!r})")
+    return tile
+
+
+def catalog_label(catalog: str) -> str:
+    """The name a catalog goes by in manifests and summaries: 'default', 'smoke' or a file stem."""
+    return catalog if catalog in BUILTIN_CATALOGS else Path(catalog).stem
+
+
+def _load_catalog_toml(catalog: str) -> tuple[Path, dict]:
+    if catalog in BUILTIN_CATALOGS:
+        return catalog_file(catalog), load_toml(f"{catalog}.toml")
+    path = Path(catalog)
+    if not path.is_file():
+        raise ValueError(
+            f"unknown catalog {catalog!r}: use one of {', '.join(BUILTIN_CATALOGS)} or the path of a "
+            "catalog .toml file"
+        )
+    with path.open("rb") as f:
+        try:
+            data = tomllib.load(f)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"catalog file {path} is not valid TOML: {e}") from None
+    if data.get("schema_version") != 1:
+        raise ValueError(f"catalog file {path}: schema_version {data.get('schema_version')!r} is not 1")
+    return path, data
+
+
+def _parse_family(path: Path, index: int, entry: dict) -> Family:
+    where = f"{path.name}: family {index + 1}"
+    unknown = sorted(set(entry) - _FAMILY_KEYS)
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {unknown} (allowed: {sorted(_FAMILY_KEYS)})")
+    if "pairing" not in entry:
+        raise ValueError(f"{where}: has no 'pairing'")
+    try:
+        pairing = support.pairing_by_name(entry["pairing"])
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    archs = tuple(entry.get("archs", pairing.archs))
+    for arch in archs:
+        validate_target(arch)
+        if arch not in pairing.archs:
+            raise ValueError(
+                f"{where}: arch {arch} is not allowed by pairing {pairing.name!r} "
+                f"(it covers {', '.join(pairing.archs)})"
+            )
+    tiles = entry.get("tiles", "table")
+    if tiles != "table":
+        if isinstance(tiles, str) or not tiles:
+            raise ValueError(f"{where}: tiles must be \"table\" or a non-empty list of tile fields")
+        try:
+            tiles = tuple(parse_tile_field(t) for t in tiles)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+    family = Family(
+        index=index,
+        pairing=pairing,
+        archs=archs,
+        a_dtypes=tuple(entry["a_dtype"]) if "a_dtype" in entry else None,
+        w_dtypes=tuple(entry["w_dtype"]) if "w_dtype" in entry else None,
+        tiles=tiles,
+    )
+    try:
+        family.specs()  # checks the dtype subsets against the pairing
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    return family
+
+
+def load_families(catalog: str) -> list[Family]:
+    """The validated families of a catalog ('default', 'smoke' or a path to a .toml file)."""
+    path, data = _load_catalog_toml(catalog)
+    families = data.get("family", [])
+    if not families:
+        raise ValueError(f"catalog file {path} has no [[family]] entries")
+    return [_parse_family(path, i, entry) for i, entry in enumerate(families)]
+
+
+def catalog_archs(catalog: str) -> list[str]:
+    """Every arch some family of the catalog covers, in numeric order."""
+    archs = {arch for family in load_families(catalog) for arch in family.archs}
+    return sorted(archs, key=support.arch_sort_key)
+
+
+def enumerate_catalog(catalog: str = "default", archs: list[str] | None = None) -> Enumeration:
+    """Expand a catalog for some archs (None: every arch it covers) into sorted KernelKeys."""
+    families = load_families(catalog)
+    covered = sorted({a for f in families for a in f.archs}, key=support.arch_sort_key)
+    wanted = sorted(set(covered if archs is None else archs), key=support.arch_sort_key)
+    if not wanted:
+        raise ValueError("no arch given: name at least one target, e.g. sm90a")
+    for arch in wanted:
+        validate_target(arch)
+    keys: dict[str, KernelKey] = {}
+    skipped: dict[str, SkippedTile] = {}
+    for family in families:
+        for arch in (a for a in family.archs if a in wanted):
+            limit = heuristics.smem_limit(arch)
+            for spec in family.specs():
+                if not support.is_supported(spec, arch):  # a family never widens support.toml
+                    raise AssertionError(support.why_unsupported(spec, arch))
+                for tile in family.tiles_for(arch):
+                    key = KernelKey(arch=arch, spec=spec, tile=tile)
+                    smem = heuristics.smem_bytes(tile, spec.w_bits, spec.w_zero_point is not ZeroPoint.NONE)
+                    if smem > limit:
+                        skipped[key.name] = SkippedTile(name=key.name, smem_bytes=smem, smem_limit=limit)
+                        logger.info("skipping %s: %d bytes of shared memory > %d on %s", key.name, smem, limit, arch)
+                    else:
+                        keys[key.name] = key
+    empty = [arch for arch in wanted if not any(k.arch == arch for k in keys.values())]
+    uncovered = [arch for arch in empty if arch not in covered]
+    if uncovered:
+        raise ValueError(
+            f"catalog {catalog_label(catalog)!r} has no kernels for {', '.join(uncovered)}: "
+            f"it covers {', '.join(covered)}"
+        )
+    if empty:
+        raise ValueError(
+            f"catalog {catalog_label(catalog)!r} has no kernels for {', '.join(empty)}: every tile it "
+            f"lists there exceeds the shared-memory limit ({heuristics.smem_limit(empty[0])} bytes on "
+            f"{empty[0]}); list smaller tiles (fewer stages) for that arch"
+        )
+    return Enumeration(
+        catalog=catalog_label(catalog),
+        archs=tuple(wanted),
+        keys=tuple(keys[name] for name in sorted(keys)),
+        skipped=tuple(skipped[name] for name in sorted(set(skipped) - set(keys))),
+    )
+
+
+def enumerate_keys(catalog: str = "default", archs: list[str] | None = None) -> list[KernelKey]:
+    """The sorted, duplicate-free KernelKeys of a catalog for some archs (None: all it covers)."""
+    return list(enumerate_catalog(catalog, archs).keys)

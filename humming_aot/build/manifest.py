@@ -1,0 +1,101 @@
+"""manifest.json: what a built catalog holds, and the sha256 of every kernel file.
+
+Written by the build, read by ``humming_aot.catalog`` at run time. The bytes are a function of the
+inputs only (sorted keys, no timestamps, no absolute paths), so the same kernels give the same
+manifest byte for byte.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from humming_aot._version import __version__
+from humming_aot.build import codegen
+from humming_aot.spec import KernelKey
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+KERNELS_DIR = "kernels"
+_TOP_FIELDS = ("schema_version", "package_version", "cuda_version", "toolkit", "catalog", "archs",
+               "params_version", "kernels")
+_ENTRY_FIELDS = ("file", "sha256", "arch", "toolkit", "smem_bytes", "threads", "params_version")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def kernel_file(name: str) -> str:
+    """A kernel's file, relative to the catalog directory."""
+    return f"{KERNELS_DIR}/{name}.fatbin"
+
+
+def build_manifest(
+    *,
+    keys: list[KernelKey],
+    fatbins: dict[str, Path],
+    cuda_version: str,
+    toolkit: str,
+    catalog: str,
+    archs: list[str],
+) -> dict:
+    """The manifest for compiled ``keys`` (``fatbins``: key name -> compiled file)."""
+    kernels = {}
+    for key in sorted(keys):
+        kernels[key.name] = {
+            "file": kernel_file(key.name),
+            "sha256": sha256_file(fatbins[key.name]),
+            "arch": key.arch,
+            "toolkit": toolkit,
+            "smem_bytes": codegen.kernel_smem_bytes(key),
+            "threads": key.tile.threads,
+            "params_version": codegen.PARAMS_VERSION,
+        }
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "package_version": __version__,
+        "cuda_version": cuda_version,
+        "toolkit": toolkit,
+        "catalog": catalog,
+        "archs": sorted(set(archs)),
+        "params_version": codegen.PARAMS_VERSION,
+        "kernels": kernels,
+    }
+
+
+def manifest_bytes(manifest: dict) -> bytes:
+    return (json.dumps(manifest, sort_keys=True, indent=2, ensure_ascii=True) + "\n").encode()
+
+
+def write_manifest(manifest: dict, path: Path) -> Path:
+    """Write atomically (a reader never sees half a manifest)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(manifest_bytes(manifest))
+    os.replace(tmp, path)
+    return path
+
+
+def manifest_problems(manifest: object) -> list[str]:
+    """What is structurally wrong with a parsed manifest (empty when it is well formed)."""
+    if not isinstance(manifest, dict):
+        return ["the top level is not a JSON object"]
+    if manifest.get("schema_version") != SCHEMA_VERSION:
+        return [f"schema_version is {manifest.get('schema_version')!r}, this humming_aot reads {SCHEMA_VERSION}"]
+    problems = [f"missing field {f!r}" for f in _TOP_FIELDS if f not in manifest]
+    kernels = manifest.get("kernels", {})
+    if not isinstance(kernels, dict):
+        return problems + ["'kernels' is not an object"]
+    for name, entry in sorted(kernels.items()):
+        missing = [f for f in _ENTRY_FIELDS if not isinstance(entry, dict) or f not in entry]
+        if missing:
+            problems.append(f"kernel {name!r} lacks {', '.join(missing)}")
+        elif entry["file"] != kernel_file(name):
+            problems.append(f"kernel {name!r} points at {entry['file']!r}, expected {kernel_file(name)!r}")
+    return problems

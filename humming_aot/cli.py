@@ -1,0 +1,181 @@
+"""The `humming-aot` command: build a wheel (or the in-place catalog), list the installed catalog,
+and report what this machine's GPU can use.
+
+Errors a user can cause (a bad arch, an unknown catalog, no nvcc) print one line and exit 2;
+a kernel that fails to compile prints nvcc's output and exits 1. HUMMING_AOT_LOG_LEVEL=DEBUG shows
+tracebacks instead.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from humming_aot import env
+from humming_aot._version import __version__
+
+EXIT_USAGE = 2
+EXIT_BUILD_FAILED = 1
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse would print the usage too)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _jobs(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"-j {text!r} is not a positive number of parallel nvcc jobs")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _ArgumentParser(prog="humming-aot", description="humming_aot: precompiled quantized GEMM kernels")
+    parser.add_argument("--version", action="version", version=f"humming_aot {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_ArgumentParser)
+
+    build = sub.add_parser("build", help="compile a kernel catalog into a wheel (or in place)")
+    build.add_argument("--arch", action="append", required=True, metavar="ARCH",
+                       help="target to compile for, e.g. sm80, sm89, sm90a, sm120 (repeat for several)")
+    build.add_argument("--catalog", default="default", metavar="default|smoke|PATH",
+                       help="which kernels: a built-in catalog name or a catalog .toml file (default: default)")
+    build.add_argument("-j", "--jobs", type=_jobs, default=None, help="parallel nvcc jobs (default: CPU count)")
+    build.add_argument("--out", type=Path, default=Path("dist"), help="directory for the wheel (default: ./dist)")
+    build.add_argument("--build-dir", type=Path, default=None,
+                       help="intermediate files, reused by later builds (default: ./build/humming_aot_kernels)")
+    build.add_argument("--inplace", action="store_true",
+                       help="write kernels + manifest into this checkout's humming_aot/_catalog instead of a wheel")
+
+    listing = sub.add_parser("list", help="show the kernels of the installed catalog")
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
+
+    sub.add_parser("info", help="show this machine's GPUs and which catalog arch serves each")
+    return parser
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    from humming_aot.build.wheel import WHEEL_SIZE_BUDGET, build
+
+    summary = build(archs=args.arch, catalog=args.catalog, jobs=args.jobs, out_dir=args.out,
+                    build_dir=args.build_dir, inplace=args.inplace, stream=sys.stderr)
+    per_arch = ", ".join(f"{arch}: {n}" for arch, n in summary.kernels_per_arch.items())
+    print(f"built {_count(summary.kernels, 'kernel')} ({per_arch}) of catalog {summary.catalog!r} with CUDA "
+          f"{summary.cuda_version} in {summary.seconds:.1f} s")
+    if summary.skipped_tiles:
+        print(f"left out {summary.skipped_tiles} tiles whose shared memory exceeds their arch's limit")
+    if summary.wheel is None:
+        print(f"catalog written to {summary.catalog_dir}")
+    else:
+        print(f"wheel: {summary.wheel} ({summary.wheel_bytes:,} bytes)")
+        if summary.wheel_bytes > WHEEL_SIZE_BUDGET:
+            print(f"warning: the wheel exceeds PyPI's default {WHEEL_SIZE_BUDGET:,}-byte file limit", file=sys.stderr)
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from humming_aot.catalog import installed_catalog
+
+    catalog = installed_catalog()
+    if args.json:
+        data = {"catalogs": [], "archs": {}}
+        if catalog is not None:
+            data["catalogs"] = [
+                {"directory": str(m.directory), "catalog": m.catalog, "cuda_version": m.cuda_version,
+                 "toolkit": m.toolkit, "kernels": m.kernel_count} for m in catalog.manifests
+            ]
+            data["archs"] = {arch: catalog.keys_for(arch) for arch in catalog.archs}
+        print(json.dumps(data, indent=2, sort_keys=True))
+        return 0
+    if catalog is None:
+        print("no kernel catalog is installed: every kernel would be compiled at run time (JIT); "
+              "build one with `humming-aot build --arch <sm..>`")
+        return 0
+    for m in catalog.manifests:
+        print(f"catalog {m.catalog!r} in {m.directory}: {_count(m.kernel_count, 'kernel')}, "
+              f"CUDA {m.cuda_version} ({m.toolkit})")
+    for arch in catalog.archs:
+        names = catalog.keys_for(arch)
+        print(f"{arch}: {_count(len(names), 'kernel')}")
+        for name in names:
+            print(f"  {name}")
+    return 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from humming_aot.arch import archs_for_capability, serving_arch
+    from humming_aot.catalog import installed_catalog
+
+    print(f"humming_aot {__version__}")
+    catalog = installed_catalog()
+    catalog_archs = catalog.archs if catalog is not None else []
+    if catalog is None:
+        print("catalog: none installed (kernels would be compiled at run time)")
+    else:
+        print(f"catalog: {_count(len(catalog), 'kernel')} for {', '.join(catalog_archs)} "
+              f"(CUDA {', '.join(sorted({m.cuda_version for m in catalog.manifests}))})")
+    try:
+        import torch
+    except ImportError:
+        print("GPU: unknown (torch is not importable)")
+        torch = None
+    if torch is not None:
+        if not torch.cuda.is_available():
+            cuda = torch.version.cuda or "none (CPU-only build)"
+            print(f"GPU: no CUDA GPU visible (torch {torch.__version__}, CUDA {cuda})")
+        for index in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
+            major, minor = torch.cuda.get_device_capability(index)
+            arch = serving_arch(catalog_archs, major, minor)
+            served = f"served by catalog arch {arch}" if arch else (
+                f"no catalog arch serves it (would use {', '.join(archs_for_capability(major, minor))})")
+            print(f"GPU {index}: {torch.cuda.get_device_name(index)}, compute capability {major}.{minor}, {served}")
+    print(f"JIT: {'enabled' if env.jit_enabled() else 'disabled (HUMMING_AOT_JIT=0)'}; cache {env.cache_dir()}")
+    return 0
+
+
+_COMMANDS = {"build": _cmd_build, "list": _cmd_list, "info": _cmd_info}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from humming_aot.build.ninja import CompileError, FatbinTargetError
+    from humming_aot.catalog import CatalogIntegrityError
+
+    try:
+        level = env.log_level()
+    except ValueError as e:
+        print(f"humming-aot: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(level=level, format="%(name)s: %(levelname)s: %(message)s")
+    args = _parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except (CompileError, FatbinTargetError, CatalogIntegrityError) as e:
+        if level <= logging.DEBUG:
+            raise
+        print(f"humming-aot: error: {e}", file=sys.stderr)
+        return EXIT_BUILD_FAILED
+    except (ValueError, FileNotFoundError) as e:
+        if level <= logging.DEBUG:
+            raise
+        print(f"humming-aot: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("humming-aot: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `humming-aot list | head`: stop quietly (Python docs, "Note on SIGPIPE")
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

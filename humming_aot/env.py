@@ -1,0 +1,139 @@
+"""Every environment variable humming_aot reads, declared once with its default and meaning.
+
+This is the only module that touches ``os.environ``. Other modules call the accessors below
+(``jit_enabled()``, ``cache_dir()``, ...), so a reader finds every knob here and ``humming-aot info``
+can print them all from ``VARIABLES``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class EnvVar:
+    """One environment variable: its name, the value used when it is unset or empty, and what it does."""
+
+    name: str
+    default: str | None
+    doc: str
+
+    def get(self) -> str | None:
+        """The variable's value; the default when it is unset or set to the empty string."""
+        value = os.environ.get(self.name)
+        return self.default if value is None or value == "" else value
+
+    def is_set(self) -> bool:
+        return bool(os.environ.get(self.name))
+
+
+VARIABLES: dict[str, EnvVar] = {}
+
+
+def _declare(name: str, default: str | None, doc: str) -> EnvVar:
+    if name in VARIABLES:
+        raise RuntimeError(f"environment variable {name} is declared twice")
+    var = EnvVar(name=name, default=default, doc=doc)
+    VARIABLES[name] = var
+    return var
+
+
+CATALOG_DIR = _declare(
+    "HUMMING_AOT_CATALOG_DIR",
+    None,
+    "Extra kernel catalog directories (each holding manifest.json and kernels/, as written by "
+    "`humming-aot build --inplace` or unpacked from a wheel's humming_aot/_catalog), separated by "
+    "os.pathsep. Searched before the catalog packaged with humming_aot; the first match of a kernel "
+    "name wins.",
+)
+JIT = _declare(
+    "HUMMING_AOT_JIT",
+    "1",
+    "'1' (default): a kernel missing from the catalog is compiled at run time with NVRTC. '0': "
+    "run-time compilation is forbidden and a missing kernel is an error that names it and the "
+    "`humming-aot build` command that would add it (strict air-gapped use).",
+)
+CACHE_DIR = _declare(
+    "HUMMING_AOT_CACHE_DIR",
+    "~/.cache/humming_aot",
+    "Directory of the JIT disk cache (content-hash keyed cubins). Use a node-local path on clusters.",
+)
+NVCC = _declare(
+    "HUMMING_AOT_NVCC",
+    None,
+    "Path of the nvcc used by `humming-aot build`; default: nvcc on PATH, then $CUDA_HOME/bin/nvcc, "
+    "then /usr/local/cuda/bin/nvcc.",
+)
+LOG_LEVEL = _declare(
+    "HUMMING_AOT_LOG_LEVEL",
+    "WARNING",
+    "Level of the 'humming_aot' logger: DEBUG, INFO, WARNING, ERROR or CRITICAL. At DEBUG the CLI "
+    "also prints tracebacks for errors it would otherwise report in one line.",
+)
+CUDA_HOME = _declare(
+    "CUDA_HOME",
+    None,
+    "Not ours, read only as a fallback: the CUDA toolkit root whose bin/nvcc `humming-aot build` "
+    "uses when HUMMING_AOT_NVCC is unset and no nvcc is on PATH.",
+)
+
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def catalog_dirs() -> list[Path]:
+    """The HUMMING_AOT_CATALOG_DIR entries, in search order (empty when unset)."""
+    value = CATALOG_DIR.get()
+    if value is None:
+        return []
+    return [Path(part).expanduser() for part in value.split(os.pathsep) if part]
+
+
+def jit_enabled() -> bool:
+    """Whether a kernel missing from the catalog may be compiled at run time."""
+    value = JIT.get()
+    if value not in ("0", "1"):
+        raise ValueError(
+            f"HUMMING_AOT_JIT={value!r} is not '0' or '1': set it to '0' to forbid run-time "
+            "compilation or '1' (the default) to allow it"
+        )
+    return value == "1"
+
+
+def cache_dir() -> Path:
+    """The JIT disk cache directory (not created here)."""
+    return Path(CACHE_DIR.get()).expanduser()
+
+
+def nvcc_override() -> Path | None:
+    """HUMMING_AOT_NVCC as a path, or None when unset."""
+    value = NVCC.get()
+    return Path(value).expanduser() if value is not None else None
+
+
+def cuda_home() -> Path | None:
+    value = CUDA_HOME.get()
+    return Path(value).expanduser() if value is not None else None
+
+
+def log_level() -> int:
+    """HUMMING_AOT_LOG_LEVEL as a ``logging`` level number."""
+    value = LOG_LEVEL.get().upper()
+    if value not in _LOG_LEVELS:
+        raise ValueError(
+            f"HUMMING_AOT_LOG_LEVEL={LOG_LEVEL.get()!r} is not a log level: use one of {', '.join(_LOG_LEVELS)}"
+        )
+    return getattr(logging, value)
+
+
+def subprocess_env(**overrides: str) -> dict[str, str]:
+    """A copy of the process environment with ``overrides`` applied, for child processes."""
+    env = dict(os.environ)
+    env.update(overrides)
+    return env
+
+
+def describe() -> list[tuple[str, str | None, bool, str]]:
+    """(name, effective value, whether it is set, doc) for every declared variable, in declaration order."""
+    return [(var.name, var.get(), var.is_set(), var.doc) for var in VARIABLES.values()]

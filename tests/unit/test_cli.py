@@ -1,0 +1,190 @@
+"""`humming-aot` argument and user errors (one line, exit 2), list/info output, and env.py."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from humming_aot import cli, env
+from humming_aot.build import ninja as driver
+from humming_aot.build.enumerate import enumerate_keys
+from humming_aot.build.manifest import MANIFEST_NAME, build_manifest, write_manifest
+from humming_aot.catalog import installed_catalog
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch):
+    for name in env.VARIABLES:
+        if name.startswith("HUMMING_AOT_"):
+            monkeypatch.delenv(name, raising=False)
+    installed_catalog.cache_clear()
+    monkeypatch.setattr("humming_aot.catalog.PACKAGE_CATALOG_DIR", Path("/nonexistent/_catalog"))
+    yield
+    installed_catalog.cache_clear()
+
+
+def run_cli(capsys, *argv):
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as e:  # argparse
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, *fragments):
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+@pytest.mark.parametrize(
+    "argv,fragments",
+    [
+        ([], ["required: command"]),
+        (["frobnicate"], ["invalid choice: 'frobnicate'"]),
+        (["build"], ["humming-aot build: error", "--arch"]),
+        (["build", "--arch", "sm91"], ["arch 'sm91' is not a target", "sm90a"]),
+        (["build", "--arch", "hopper"], ["'hopper' is not a CUDA target name"]),
+        (["build", "--arch", "sm75"], ["no kernels for sm75", "it covers sm80"]),
+        (["build", "--arch", "sm80", "--catalog", "tiny"], ["unknown catalog 'tiny'"]),
+        (["build", "--arch", "sm80", "-j", "0"], ["-j '0' is not a positive number"]),
+        (["build", "--arch", "sm80", "-j", "many"], ["-j 'many'"]),
+        (["list", "--verbose"], ["unrecognized arguments: --verbose"]),
+    ],
+)
+def test_argument_errors(capsys, argv, fragments):
+    code, out, err = run_cli(capsys, *argv)
+    assert_one_line_error(code, err, *fragments)
+
+
+def test_nvcc_missing(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.setattr(driver, "DEFAULT_CUDA_ROOTS", ())
+    code, out, err = run_cli(capsys, "build", "--arch", "sm80", "--catalog", "smoke", "--out", str(tmp_path))
+    assert_one_line_error(code, err, "nvcc not found", "HUMMING_AOT_NVCC")
+
+
+def test_nvcc_override_not_executable(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("HUMMING_AOT_NVCC", str(tmp_path / "no-nvcc"))
+    code, out, err = run_cli(capsys, "build", "--arch", "sm80", "--catalog", "smoke", "--out", str(tmp_path))
+    assert_one_line_error(code, err, f"HUMMING_AOT_NVCC={tmp_path / 'no-nvcc'} is not an executable file")
+
+
+def test_compile_failure_exits_1_with_nvcc_output(capsys, monkeypatch):
+    def failing_build(**kwargs):
+        raise driver.CompileError("nvcc failed for gemm_x:\nsrc/gemm_x.cu(1): error: boom")
+
+    monkeypatch.setattr("humming_aot.build.wheel.build", failing_build)
+    code, out, err = run_cli(capsys, "build", "--arch", "sm80")
+    assert code == 1
+    assert "nvcc failed for gemm_x" in err and "error: boom" in err and "Traceback" not in err
+
+
+def test_bad_env_values(capsys, monkeypatch):
+    monkeypatch.setenv("HUMMING_AOT_JIT", "yes")
+    code, out, err = run_cli(capsys, "info")
+    assert_one_line_error(code, err, "HUMMING_AOT_JIT='yes' is not '0' or '1'")
+    monkeypatch.setenv("HUMMING_AOT_LOG_LEVEL", "LOUD")
+    code, out, err = run_cli(capsys, "list")
+    assert_one_line_error(code, err, "HUMMING_AOT_LOG_LEVEL='LOUD' is not a log level")
+
+
+def test_list_without_catalog(capsys):
+    code, out, err = run_cli(capsys, "list")
+    assert code == 0 and "no kernel catalog is installed" in out
+    code, out, err = run_cli(capsys, "list", "--json")
+    assert code == 0 and json.loads(out) == {"archs": {}, "catalogs": []}
+
+
+@pytest.fixture
+def catalog_dir(tmp_path, monkeypatch):
+    keys = enumerate_keys("smoke", ["sm80", "sm90a"])
+    (tmp_path / "kernels").mkdir()
+    fatbins = {}
+    for key in keys:
+        fatbins[key.name] = tmp_path / "kernels" / f"{key.name}.fatbin"
+        fatbins[key.name].write_bytes(key.name.encode())
+    manifest = build_manifest(keys=keys, fatbins=fatbins, cuda_version="13.0", toolkit="Cuda compilation tools, "
+                              "release 13.0, V13.0.88", catalog="smoke", archs=["sm80", "sm90a"])
+    write_manifest(manifest, tmp_path / MANIFEST_NAME)
+    monkeypatch.setenv("HUMMING_AOT_CATALOG_DIR", str(tmp_path))
+    return keys
+
+
+def test_list_with_catalog(capsys, catalog_dir):
+    code, out, err = run_cli(capsys, "list")
+    assert code == 0
+    assert "catalog 'smoke'" in out and "2 kernels, CUDA 13.0" in out
+    assert "sm80: 1 kernel\n" in out and "sm90a: 1 kernel\n" in out
+    for key in catalog_dir:
+        assert f"  {key.name}\n" in out
+    code, out, err = run_cli(capsys, "list", "--json")
+    data = json.loads(out)
+    assert data["archs"] == {key.arch: [key.name] for key in catalog_dir}
+    assert data["catalogs"][0]["cuda_version"] == "13.0"
+
+
+def test_info_without_gpu(capsys, catalog_dir):
+    code, out, err = run_cli(capsys, "info")
+    assert code == 0
+    assert "catalog: 2 kernels for sm80, sm90a (CUDA 13.0)" in out
+    import torch
+
+    if not torch.cuda.is_available():
+        assert "GPU: no CUDA GPU visible" in out
+    assert "JIT: enabled" in out
+
+
+def test_python_dash_m(tmp_path):
+    repo = Path(__file__).resolve().parents[2]
+    result = subprocess.run([sys.executable, "-m", "humming_aot", "--version"], cwd=repo,
+                            capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.startswith("humming_aot ")
+
+
+# --- env.py ------------------------------------------------------------------------------------
+
+
+def test_env_defaults():
+    assert env.jit_enabled() is True
+    assert env.cache_dir() == Path("~/.cache/humming_aot").expanduser()
+    assert env.catalog_dirs() == []
+    assert env.nvcc_override() is None
+    assert env.log_level() == 30
+
+
+def test_env_values(monkeypatch, tmp_path):
+    monkeypatch.setenv("HUMMING_AOT_JIT", "0")
+    monkeypatch.setenv("HUMMING_AOT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HUMMING_AOT_CATALOG_DIR", f"{tmp_path / 'a'}:{tmp_path / 'b'}")
+    monkeypatch.setenv("HUMMING_AOT_LOG_LEVEL", "debug")
+    assert env.jit_enabled() is False
+    assert env.cache_dir() == tmp_path / "cache"
+    assert env.catalog_dirs() == [tmp_path / "a", tmp_path / "b"]
+    assert env.log_level() == 10
+    monkeypatch.setenv("HUMMING_AOT_JIT", "")  # empty means unset
+    assert env.jit_enabled() is True
+
+
+def test_every_variable_is_documented():
+    for name, value, is_set, doc in env.describe():
+        assert name.startswith("HUMMING_AOT_") or name == "CUDA_HOME"
+        assert len(doc) > 40
+    assert {"HUMMING_AOT_CATALOG_DIR", "HUMMING_AOT_JIT", "HUMMING_AOT_CACHE_DIR", "HUMMING_AOT_NVCC",
+            "HUMMING_AOT_LOG_LEVEL"} <= set(env.VARIABLES)
+
+
+def test_only_env_reads_os_environ():
+    package = Path(cli.__file__).resolve().parent
+    readers = sorted(
+        str(p.relative_to(package)) for p in package.rglob("*.py")
+        if "os.environ" in p.read_text() or "os.getenv" in p.read_text()
+    )
+    assert readers == ["env.py"]

@@ -1,0 +1,97 @@
+"""KernelKey names: every catalog key round-trips; malformed names raise ValueError naming the field."""
+from __future__ import annotations
+
+import pytest
+
+from humming_aot.build.enumerate import enumerate_keys
+from humming_aot.spec import GemmSpec, KernelKey, TileConfig, ZeroPoint, parse_arch
+
+DEFAULT_KEYS = enumerate_keys("default")
+SMOKE_KEYS = enumerate_keys("smoke")
+GOOD = "gemm_dense_sm90a_mma_a-bf16_w-s4-g-bf16_o-bf16_16x128x64_w1x2_s8"
+
+
+@pytest.mark.parametrize("key", DEFAULT_KEYS + SMOKE_KEYS, ids=str)
+def test_name_round_trip(key):
+    parsed = KernelKey.from_name(key.name)
+    assert parsed == key
+    assert parsed.name == key.name
+    assert str(parsed) == key.name
+
+
+def test_round_trip_covers_every_field_value():
+    names = {k.name for k in DEFAULT_KEYS}
+    assert len(names) == len(DEFAULT_KEYS)
+    assert {k.spec.w_zero_point for k in DEFAULT_KEYS} == {ZeroPoint.NONE, ZeroPoint.INTEGER}
+    assert {k.spec.a_dtype for k in DEFAULT_KEYS} == {"float16", "bfloat16"}
+    assert len({k.tile for k in DEFAULT_KEYS}) > 1
+
+
+def test_good_name_parses():
+    key = KernelKey.from_name(GOOD)
+    assert key.arch == "sm90a"
+    assert key.spec == GemmSpec(a_dtype="bfloat16", w_dtype="int4", w_scale_dtype="bfloat16", out_dtype="bfloat16")
+    assert key.tile == TileConfig(block_m=16, block_n=128, warps_m=1, warps_n=2, stages=8)
+    assert key.tile.threads == 64
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "gemm",
+        GOOD.replace("gemm_", "conv_", 1),
+        GOOD + "_extra",
+        GOOD.replace("_dense_", "_sparse_"),
+        GOOD.replace("sm90a", "sm9x"),
+        GOOD.replace("sm90a", "sm90z"),
+        GOOD.replace("_mma_", "_wgmma_"),
+        GOOD.replace("a-bf16", "a-bf17"),
+        GOOD.replace("a-bf16", "act-bf16"),
+        GOOD.replace("o-bf16", "out-bf16"),
+        GOOD.replace("w-s4-g-bf16", "w-s4-g"),
+        GOOD.replace("w-s4-g-bf16", "w-s4-x-bf16"),
+        GOOD.replace("w-s4-g-bf16", "w-q4-g-bf16"),
+        GOOD.replace("w-s4-g-bf16", "w-s4-g-bf16-none"),  # symmetric: no zero-point part
+        GOOD.replace("w-s4-g-bf16", "w-s4-g-bf16-zpf"),
+        GOOD.replace("w-s4-g-bf16", "v-s4-g-bf16"),
+        GOOD.replace("16x128x64", "16x128"),
+        GOOD.replace("16x128x64", "016x128x64"),  # not canonical
+        GOOD.replace("16x128x64", "16x192x64"),  # block_n != 64 * warps_n
+        GOOD.replace("16x128x64", "16x128x32"),  # block_k must be 64
+        GOOD.replace("16x128x64", "24x128x64"),  # block_m not a multiple of 16
+        GOOD.replace("_w1x2_", "_1x2_"),
+        GOOD.replace("_s8", "_s1"),  # fewer than 2 stages
+        GOOD.replace("_s8", "_8"),
+    ],
+)
+def test_bad_names_raise(name):
+    with pytest.raises(ValueError):
+        KernelKey.from_name(name)
+
+
+def test_bad_name_message_names_the_field():
+    with pytest.raises(ValueError, match="weight dtype 'q4'"):
+        KernelKey.from_name(GOOD.replace("w-s4", "w-q4"))
+    with pytest.raises(ValueError, match="canonical"):
+        KernelKey.from_name(GOOD.replace("16x128x64", "016x128x64"))
+
+
+@pytest.mark.parametrize("arch,expected", [("sm80", (80, "")), ("sm90a", (90, "a")), ("sm100f", (100, "f"))])
+def test_parse_arch(arch, expected):
+    assert parse_arch(arch) == expected
+
+
+@pytest.mark.parametrize("arch", ["", "90a", "sm_90a", "sm9", "SM90", "sm90b", "sm1000"])
+def test_parse_arch_rejects(arch):
+    with pytest.raises(ValueError, match="not a CUDA target name"):
+        parse_arch(arch)
+
+
+def test_unknown_dtype_in_spec():
+    with pytest.raises(ValueError, match="a_dtype"):
+        GemmSpec(a_dtype="float13", w_dtype="int4", w_scale_dtype="bfloat16", out_dtype="bfloat16")
+
+
+def test_keys_sort_by_name():
+    assert sorted(reversed(DEFAULT_KEYS)) == DEFAULT_KEYS

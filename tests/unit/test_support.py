@@ -1,0 +1,283 @@
+"""support.py (pairings, reasons, problem rules, README table) and arch.py (who serves a GPU)."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from humming_aot import arch as arch_mod
+from humming_aot import support
+from humming_aot.spec import DTYPE_SHORT, GemmSpec, ZeroPoint
+
+BF16_INT4 = GemmSpec(a_dtype="bfloat16", w_dtype="int4", w_scale_dtype="bfloat16", out_dtype="bfloat16")
+BF16_INT4_ZP = GemmSpec(
+    a_dtype="bfloat16", w_dtype="int4", w_scale_dtype="bfloat16", w_zero_point=ZeroPoint.INTEGER, out_dtype="bfloat16"
+)
+
+
+@pytest.fixture
+def fake_support(monkeypatch):
+    """Swap support.toml for a dict; returns a setter."""
+
+    def install(*pairings):
+        monkeypatch.setattr(support, "load_toml", lambda name: {"schema_version": 1, "pairing": list(pairings)})
+        support.pairings.cache_clear()
+
+    yield install
+    support.pairings.cache_clear()
+
+
+def _pairing(**overrides):
+    entry = {
+        "name": "p", "archs": ["sm80"], "a_dtype": ["bfloat16"], "w_dtype": ["int4"], "w_scale": ["g"],
+        "w_scale_dtype": "same_as_a", "w_zero_point": ["none"], "out_dtype": "same_as_a", "rules": [],
+    }
+    entry.update(overrides)
+    return entry
+
+
+# --- pairings from catalog/support.toml ------------------------------------------------------
+
+
+@pytest.mark.parametrize("pairing", support.pairings(), ids=lambda p: p.name)
+def test_every_pairing_tuple_is_supported_on_its_archs(pairing):
+    specs = pairing.specs()
+    assert specs
+    for arch, spec in itertools.product(pairing.archs, specs):
+        assert support.is_supported(spec, arch)
+        assert support.why_unsupported(spec, arch) is None
+        assert support.pairing_for(spec, arch) is not None
+
+
+def test_same_as_a_ties_scale_and_output_dtype():
+    for spec in support.supported_specs("sm80"):
+        assert spec.w_scale_dtype == spec.a_dtype and spec.out_dtype == spec.a_dtype
+    mixed = GemmSpec(a_dtype="bfloat16", w_dtype="int4", w_scale_dtype="float16", out_dtype="bfloat16")
+    reason = support.why_unsupported(mixed, "sm80")
+    assert "w_scale_dtype = a_dtype (bfloat16) (got float16)" in reason
+
+
+def test_pairing_for_names_the_pairing():
+    assert support.pairing_for(BF16_INT4, "sm90a").name == "wna16_int_symmetric"
+    uint4 = GemmSpec(a_dtype="float16", w_dtype="uint4", w_scale_dtype="float16",
+                     w_zero_point=ZeroPoint.INTEGER, out_dtype="float16")
+    assert support.pairing_for(uint4, "sm80").name == "wna16_uint_zero_point"
+    assert support.pairing_for(BF16_INT4_ZP, "sm90a") is None
+
+
+def test_reason_for_unsupported_tuple_names_pairing_and_alternatives():
+    reason = support.why_unsupported(BF16_INT4_ZP, "sm90a")
+    assert reason.startswith("no pairing allows a=bfloat16 w=int4")
+    assert "zero_point=zpi out=bfloat16 on sm90a" in reason
+    assert "'wna16_int_symmetric'" in reason and "w_zero_point in [none] (got zpi)" in reason
+    assert "allowed weight formats for bfloat16 activations on sm90a" in reason
+    assert "uint4 (zero point zpi, pairing wna16_uint_zero_point)" in reason
+
+
+def test_reason_for_arch_without_pairings_lists_the_archs():
+    reason = support.why_unsupported(BF16_INT4, "sm75")
+    assert reason.startswith("arch sm75 has no pairing")
+    assert "sm80, sm86, sm89, sm90a, sm120" in reason  # numeric order
+
+
+def test_reason_for_bad_arch_name():
+    assert "not a CUDA target name" in support.why_unsupported(BF16_INT4, "hopper")
+
+
+def test_reason_for_unknown_activation_lists_allowed_ones():
+    fp8 = GemmSpec(a_dtype="float8e4m3", w_dtype="int4", w_scale_dtype="float8e4m3", out_dtype="float8e4m3")
+    reason = support.why_unsupported(fp8, "sm89")
+    assert "a_dtype in [float16, bfloat16] (got float8e4m3)" in reason
+    assert "activation dtypes allowed on sm89: bfloat16, float16" in reason
+
+
+def test_is_supported_agrees_with_why_unsupported_everywhere():
+    dtypes = ["float16", "bfloat16", "int4", "uint4", "int8", "float8e4m3"]
+    archs = support.supported_archs() + ["sm75", "sm90", "sm121a"]
+    for a, w, zp, arch in itertools.product(dtypes, dtypes, list(ZeroPoint), archs):
+        spec = GemmSpec(a_dtype=a, w_dtype=w, w_scale_dtype=a, w_zero_point=zp, out_dtype=a)
+        reason = support.why_unsupported(spec, arch)
+        assert support.is_supported(spec, arch) == (reason is None)
+        assert reason is None or len(reason) > 20
+
+
+def test_supported_specs_sorted_unique_and_supported():
+    for arch in support.supported_archs():
+        specs = support.supported_specs(arch)
+        assert len(specs) == len(set(specs)) == 6
+        assert specs == sorted(specs, key=support._spec_sort_key)
+        assert all(support.is_supported(s, arch) for s in specs)
+    assert support.supported_specs("sm75") == []
+
+
+# --- problem rules -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("group", [16, 32, 64, 128, 192, 256, 1024, None, -1])
+def test_group_sizes_that_fit(group):
+    assert support.problem_errors(BF16_INT4, "sm90a", 1, 4096, 3072, group) == []
+
+
+@pytest.mark.parametrize("group", [8, 24, 48, 96, 100, 0, -2])
+def test_group_sizes_that_do_not_fit(group):
+    errors = support.problem_errors(BF16_INT4, "sm90a", 1, 4096, 3072, group)
+    assert any("group_size_fits_k_tiles" in e for e in errors), errors
+
+
+def test_per_channel_group_equal_to_k_fits():
+    assert support.problem_errors(BF16_INT4, "sm80", 7, 128, 576, 576) == []
+
+
+def test_problem_errors_say_what_and_what_to_do():
+    errors = support.problem_errors(BF16_INT4, "sm90a", 1, 100, 4160, 128)
+    assert len(errors) == 2
+    n_error, group_error = errors
+    assert n_error.startswith("N=100 is not a multiple of 64: pad the weight's output channels")
+    assert "[rule n_multiple_of_64 of pairing wna16_int_symmetric]" in n_error
+    assert group_error.startswith("K=4160 is not a multiple of the group size 128")
+
+
+def test_k_not_multiple_of_64():
+    errors = support.problem_errors(BF16_INT4, "sm80", 1, 128, 100, None)
+    assert len(errors) == 1 and errors[0].startswith("K=100 is not a multiple of 64")
+
+
+def test_problem_errors_for_unsupported_spec_is_the_reason():
+    errors = support.problem_errors(BF16_INT4_ZP, "sm90a", 1, 128, 128, 128)
+    assert errors == [support.why_unsupported(BF16_INT4_ZP, "sm90a")]
+
+
+def test_empty_or_negative_shape():
+    assert "negative" in support.problem_errors(BF16_INT4, "sm80", -1, 128, 128, 128)[0]
+    assert support.problem_errors(BF16_INT4, "sm80", 0, 128, 128, 128) == []
+
+
+def test_every_predicate_is_documented_and_used():
+    used = {rule for p in support.pairings() for rule in p.rules}
+    assert used == set(support.PREDICATES)
+    for name, predicate in support.PREDICATES.items():
+        assert predicate.__doc__, name
+        assert predicate(support.ProblemShape(m=1, n=128, k=128, group_size=64)) is None
+
+
+# --- support.toml validation ---------------------------------------------------------------
+
+
+def test_unknown_rule_is_rejected(fake_support):
+    fake_support(_pairing(rules=["k_is_prime"]))
+    with pytest.raises(ValueError, match="rule 'k_is_prime' is not a predicate"):
+        support.pairings()
+
+
+def test_unknown_dtype_is_rejected(fake_support):
+    fake_support(_pairing(w_dtype=["int5"]))
+    with pytest.raises(ValueError, match="w_dtype 'int5' is not a known dtype"):
+        support.pairings()
+
+
+def test_unknown_key_is_rejected(fake_support):
+    fake_support(_pairing(colour="red"))
+    with pytest.raises(ValueError, match="unknown keys \\['colour'\\]"):
+        support.pairings()
+
+
+def test_duplicate_pairing_names_are_rejected(fake_support):
+    fake_support(_pairing(), _pairing())
+    with pytest.raises(ValueError, match="more than once"):
+        support.pairings()
+
+
+def test_reason_when_allowed_only_on_other_archs(fake_support):
+    fake_support(_pairing(name="narrow", archs=["sm90a"]), _pairing(name="other", w_dtype=["int8"], archs=["sm80"]))
+    reason = support.why_unsupported(BF16_INT4, "sm80")
+    assert reason == (
+        "pairing 'narrow' allows a=bfloat16 w=int4 scale=group/bfloat16 zero_point=none out=bfloat16 "
+        "only on sm90a, not on sm80"
+    )
+
+
+def test_explicit_dtype_lists(fake_support):
+    fake_support(_pairing(w_scale_dtype=["float16", "bfloat16"], out_dtype="float16"))
+    specs = support.pairings()[0].specs()
+    assert {(s.w_scale_dtype, s.out_dtype) for s in specs} == {("float16", "float16"), ("bfloat16", "float16")}
+
+
+# --- README table ------------------------------------------------------------------------------
+
+
+def test_markdown_table_lists_every_pairing_and_rule():
+    text = support.render_support_markdown()
+    for p in support.pairings():
+        assert f"`{p.name}`" in text
+        for arch in p.archs:
+            assert arch in text
+    for rule in support.PREDICATES:
+        assert f"`{rule}`" in text
+    assert text == support.render_support_markdown()
+
+
+def test_replace_support_section():
+    readme = f"# t\n\n{support.SUPPORT_TABLE_START}\nstale\n{support.SUPPORT_TABLE_END}\n\ntail\n"
+    updated = support.replace_support_section(readme)
+    assert "stale" not in updated and updated.endswith(f"{support.SUPPORT_TABLE_END}\n\ntail\n")
+    assert support.replace_support_section(updated) == updated
+    with pytest.raises(ValueError, match="markers"):
+        support.replace_support_section("# no markers\n")
+
+
+# --- arch.py -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cc,expected",
+    [
+        ((9, 0), ["sm90a", "sm90"]),
+        ((8, 6), ["sm86", "sm80"]),
+        ((8, 9), ["sm89", "sm86", "sm80"]),
+        ((8, 0), ["sm80"]),
+        ((7, 5), ["sm75"]),
+        ((10, 0), ["sm100a", "sm100"]),
+        ((10, 3), ["sm103a", "sm103", "sm100"]),
+        ((12, 0), ["sm120a", "sm120"]),
+        ((12, 1), ["sm121a", "sm121", "sm120"]),
+        ((6, 1), []),
+    ],
+)
+def test_archs_for_capability(cc, expected):
+    assert arch_mod.archs_for_capability(*cc) == expected
+
+
+def test_serving_arches_takes_a_capability_tuple():
+    assert arch_mod.serving_arches((8, 9)) == ["sm89", "sm86", "sm80"]
+
+
+def test_serving_arch_picks_best_available():
+    assert arch_mod.serving_arch(["sm80", "sm86", "sm89", "sm90a", "sm120"], 8, 9) == "sm89"
+    assert arch_mod.serving_arch(["sm80", "sm90a"], 8, 9) == "sm80"
+    assert arch_mod.serving_arch(["sm80", "sm90a"], 9, 0) == "sm90a"
+    assert arch_mod.serving_arch(["sm90a"], 10, 0) is None  # 'a' targets serve exactly their CC
+    assert arch_mod.serving_arch(["sm120"], 12, 1) == "sm120"
+
+
+@pytest.mark.parametrize(
+    "arch,flags",
+    [
+        ("sm90a", ["-gencode=arch=compute_90a,code=sm_90a"]),
+        ("sm80", ["-gencode=arch=compute_80,code=sm_80"]),
+        ("sm120", ["-gencode=arch=compute_120,code=sm_120"]),
+        ("sm100f", ["-gencode=arch=compute_100f,code=sm_100f"]),
+    ],
+)
+def test_nvcc_gencode_is_sass_only(arch, flags):
+    assert arch_mod.nvcc_gencode(arch) == flags
+
+
+@pytest.mark.parametrize("arch", ["sm91", "sm80a", "sm89f", "sm70", "sm_90"])
+def test_unknown_targets_are_rejected(arch):
+    with pytest.raises(ValueError):
+        arch_mod.validate_target(arch)
+
+
+def test_known_targets_cover_the_support_matrix():
+    assert set(support.supported_archs()) <= set(arch_mod.known_targets())
+    assert set(DTYPE_SHORT) >= {d for p in support.pairings() for d in p.a_dtype}
