@@ -1,0 +1,167 @@
+"""The one timing helper (STYLE G7): CUDA-graph replays timed with CUDA events, over inputs
+rotated through enough buffer sets that every call starts with a cold L2, median of repeats.
+
+Benchmarks never assert: a timing that cannot be taken is reported, not raised, by the caller.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+__all__ = [
+    "l2_cache_bytes",
+    "buffer_sets_for_cold_l2",
+    "time_cuda_graph",
+    "gemm_flops",
+    "tflops",
+    "gbps",
+]
+
+_TARGET_REPLAY_US = 2000.0  # auto `inner`: make one replay about this long so event overhead vanishes
+_MAX_CALLS_PER_GRAPH = 512  # bound the captured graph (its launch and memory) for tiny kernels
+
+
+def l2_cache_bytes(device: torch.device | int | None = None) -> int:
+    """The L2 size of ``device`` (default: the current CUDA device), in bytes."""
+    return int(torch.cuda.get_device_properties(_device_index(device)).L2_cache_size)
+
+
+def buffer_sets_for_cold_l2(bytes_per_set: int, device: torch.device | int | None = None, l2_multiple: float = 2.0) -> int:
+    """How many distinct buffer sets (each ``bytes_per_set`` bytes: everything one call reads and
+    writes) a rotation needs so that the bytes touched between two uses of the same set exceed
+    ``l2_multiple`` x L2 (counting the set's own call, so a single set already that large is
+    enough: it evicts itself)."""
+    if bytes_per_set <= 0:
+        raise ValueError(f"bytes_per_set must be positive, got {bytes_per_set}")
+    return max(1, math.ceil(l2_multiple * l2_cache_bytes(device) / bytes_per_set))
+
+
+def time_cuda_graph(
+    fn_per_buffer: Sequence[Callable[[], Any]],
+    repeats: int = 30,
+    inner: int | None = None,
+    warmup_replays: int = 3,
+    warmup_passes: int = 2,
+) -> dict[str, Any]:
+    """Per-call GPU time of a rotation of closures, from CUDA-graph replays.
+
+    Args:
+        fn_per_buffer: one closure per buffer set, each doing one call on its own inputs; their
+            count should come from ``buffer_sets_for_cold_l2`` so each call meets a cold L2. They
+            must be CUDA-graph capturable after being called once eagerly (lazy set-up, JIT
+            compiles and allocator growth happen in that eager warm-up, outside the timing).
+        repeats: timed replays; the statistics are over these.
+        inner: passes over the rotation inside one graph (calls per replay = inner x sets).
+            ``None`` picks it from an eager timing so that one replay lasts about 2 ms.
+        warmup_replays: untimed replays before the timed ones.
+        warmup_passes: eager passes over the rotation before capture.
+
+    Returns:
+        ``{"median_us", "p10_us", "p90_us", "samples_us", "calls_per_replay", "mode"}``: times per
+        call in microseconds; ``mode`` is ``"graph"``, or ``"eager: <why>"`` when capture failed and
+        the closures were timed as an eager loop between events instead (which adds host launch
+        time whenever the GPU outruns the CPU).
+    """
+    fns = list(fn_per_buffer)
+    if not fns:
+        raise ValueError("time_cuda_graph needs at least one closure")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up off the default stream, as graph capture asks
+        for _ in range(max(1, warmup_passes)):
+            for fn in fns:
+                fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+
+    if inner is None:
+        inner = _auto_inner(fns)
+    calls_per_replay = inner * len(fns)
+
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for _ in range(inner):
+                for fn in fns:
+                    fn()
+        mode = "graph"
+        run = graph.replay
+    except Exception as exc:  # noqa: BLE001 - any capture failure falls back to eager timing
+        torch.cuda.synchronize()
+        mode = f"eager: capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})"
+        graph = None
+
+        def run() -> None:
+            for _ in range(inner):
+                for fn in fns:
+                    fn()
+
+    for _ in range(warmup_replays):
+        run()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    for start, end in zip(starts, ends):
+        start.record()
+        run()
+        end.record()
+    torch.cuda.synchronize()
+    samples = [start.elapsed_time(end) * 1e3 / calls_per_replay for start, end in zip(starts, ends)]
+    del graph
+    return {
+        "median_us": statistics.median(samples),
+        "p10_us": _quantile(samples, 0.10),
+        "p90_us": _quantile(samples, 0.90),
+        "samples_us": samples,
+        "calls_per_replay": calls_per_replay,
+        "mode": mode,
+    }
+
+
+def _auto_inner(fns: Sequence[Callable[[], Any]]) -> int:
+    """Passes per replay so a replay lasts ~_TARGET_REPLAY_US, from one eager pass (an upper bound
+    on GPU time when launch-bound, so this errs towards fewer passes)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for fn in fns:
+        fn()
+    end.record()
+    end.synchronize()
+    pass_us = max(start.elapsed_time(end) * 1e3, 1e-3)
+    by_time = math.ceil(_TARGET_REPLAY_US / pass_us)
+    by_size = max(1, _MAX_CALLS_PER_GRAPH // len(fns))
+    return max(1, min(by_time, by_size))
+
+
+def _quantile(samples: Sequence[float], q: float) -> float:
+    ordered = sorted(samples)
+    pos = q * (len(ordered) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def _device_index(device: torch.device | int | None) -> int:
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def gemm_flops(m: int, n: int, k: int) -> int:
+    """Multiply-adds of an (M, K) x (K, N) GEMM, counted as 2 flops each."""
+    return 2 * m * n * k
+
+
+def tflops(flops: float, us: float) -> float:
+    """TFLOP/s of ``flops`` done in ``us`` microseconds."""
+    return flops / (us * 1e-6) / 1e12 if us > 0 else math.nan
+
+
+def gbps(nbytes: float, us: float) -> float:
+    """GB/s (10^9 bytes) of ``nbytes`` moved in ``us`` microseconds."""
+    return nbytes / (us * 1e-6) / 1e9 if us > 0 else math.nan

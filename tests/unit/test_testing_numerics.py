@@ -1,0 +1,224 @@
+"""The tolerance helper itself (humming_aot.testing.numerics), on the CPU: it must pass rounding
+noise (a different summation order, a correctly rounded result) and fail real errors (a wrong
+element, an unwritten NaN element, 16-bit accumulation, a wrong scale group, a systematic bias)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from humming_aot.testing import numerics
+from humming_aot.testing.numerics import (
+    ACCUMULATION_ERROR_MULTIPLIER,
+    assert_bitwise_equal,
+    assert_gemm_close,
+    poison_like,
+    random_activation,
+    reference_gemm,
+    ulp,
+)
+
+OUT_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+SEED = 1234
+
+
+def _operands(m: int, n: int, k: int, dtype: torch.dtype, seed: int = SEED):
+    gen = torch.Generator().manual_seed(seed)
+    a = random_activation(m, k, dtype, "cpu", gen)
+    w_eff = random_activation(n, k, dtype, "cpu", gen)
+    return a, w_eff
+
+
+def _split_k_fp32(a: torch.Tensor, w_eff: torch.Tensor, chunk: int, out_dtype: torch.dtype, accumulate_in: torch.dtype = torch.float32):
+    """A kernel-like GEMM: per-chunk fp32 products, summed in ``accumulate_in``, rounded once."""
+    acc = torch.zeros(a.shape[0], w_eff.shape[0], dtype=accumulate_in)
+    for start in range(0, a.shape[1], chunk):
+        part = a[:, start : start + chunk].float() @ w_eff[:, start : start + chunk].float().T
+        acc = (acc.float() + part).to(accumulate_in)
+    return acc.to(out_dtype)
+
+
+def test_reference_gemm_is_float64_matmul_with_bias():
+    a, w_eff = _operands(5, 7, 32, torch.bfloat16)
+    bias = torch.randn(7, generator=torch.Generator().manual_seed(1)).bfloat16()
+    ref = reference_gemm(a, w_eff, bias)
+    assert ref.dtype == torch.float64 and ref.shape == (5, 7)
+    manual = a.double() @ w_eff.double().T + bias.double()
+    assert torch.equal(ref, manual)
+
+
+@pytest.mark.parametrize("dtype", OUT_DTYPES, ids=str)
+def test_passes_torch_matmul_and_correct_rounding(dtype):
+    a, w_eff = _operands(48, 80, 512, dtype)
+    ref = reference_gemm(a, w_eff)
+    assert_gemm_close(torch.matmul(a, w_eff.T), ref, a=a, w_eff=w_eff, context=f"torch seed={SEED}")
+    assert_gemm_close(ref.to(dtype), ref, a=a, w_eff=w_eff, context=f"rounded seed={SEED}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("chunk", [16, 64, 4096], ids=lambda c: f"chunk{c}")
+def test_passes_other_fp32_summation_orders(dtype, chunk):
+    a, w_eff = _operands(32, 64, 4096, dtype)
+    out = _split_k_fp32(a, w_eff, chunk, dtype)
+    assert_gemm_close(out, reference_gemm(a, w_eff), a=a, w_eff=w_eff, accumulation="fp32", context=f"chunk={chunk}")
+
+
+def test_passes_with_bias():
+    a, w_eff = _operands(16, 32, 256, torch.bfloat16)
+    bias = (torch.randn(32, generator=torch.Generator().manual_seed(2)) * 10).bfloat16()
+    out = (a.float() @ w_eff.float().T + bias.float()).bfloat16()  # one rounding, like an epilogue
+    assert_gemm_close(out, reference_gemm(a, w_eff, bias), a=a, w_eff=w_eff, bias=bias)
+
+
+def test_passes_exact_small_integer_operands():
+    gen = torch.Generator().manual_seed(3)
+    a = torch.randint(-4, 5, (8, 64), generator=gen).bfloat16()
+    w_eff = torch.randint(-8, 8, (16, 64), generator=gen).bfloat16()
+    ref = reference_gemm(a, w_eff)
+    assert_gemm_close(ref.to(torch.bfloat16), ref, a=a, w_eff=w_eff)
+
+
+@pytest.mark.parametrize("dtype", OUT_DTYPES, ids=str)
+def test_fails_on_one_wrong_element_and_names_it(dtype):
+    a, w_eff = _operands(24, 40, 256, dtype)
+    ref = reference_gemm(a, w_eff)
+    out = torch.matmul(a, w_eff.T)
+    out[7, 11] += 0.1 * ref.abs().max().item()  # ~13 ulps at the largest magnitude in bf16
+    with pytest.raises(AssertionError) as failure:
+        assert_gemm_close(out, ref, a=a, w_eff=w_eff, context="key=demo seed=1234")
+    message = str(failure.value)
+    assert "key=demo seed=1234" in message
+    assert "(7, 11)" in message
+    assert "1 of 960 elements" in message
+
+
+def test_fails_on_unwritten_nan():
+    a, w_eff = _operands(8, 16, 64, torch.bfloat16)
+    out = torch.matmul(a, w_eff.T)
+    out[2, 3] = math.nan
+    with pytest.raises(AssertionError, match=r"(?s)NaN/Inf mismatch at 1 of 128.*\(2, 3\)"):
+        assert_gemm_close(out, reference_gemm(a, w_eff), a=a, w_eff=w_eff)
+
+
+def test_passes_matching_nan_and_inf():
+    a, w_eff = _operands(4, 6, 32, torch.float32)
+    a[1, 0] = math.nan  # row 1 is NaN everywhere
+    a[2, 0] = math.inf
+    w_eff[:, 0] = 1.0  # so row 2 is +Inf everywhere
+    ref = reference_gemm(a, w_eff)
+    out = ref.float()
+    assert torch.isnan(out[1]).all() and torch.isposinf(out[2]).all()
+    assert_gemm_close(out, ref, a=a, w_eff=w_eff)
+    out[2, 0] = -math.inf
+    with pytest.raises(AssertionError, match="NaN/Inf mismatch"):
+        assert_gemm_close(out, ref, a=a, w_eff=w_eff)
+
+
+def test_overflow_to_inf_is_expected_where_the_rounded_reference_overflows():
+    a = torch.full((2, 4), 200.0, dtype=torch.float16)
+    w_eff = torch.full((3, 4), 200.0, dtype=torch.float16)  # 4 * 40000 > 65504
+    ref = reference_gemm(a, w_eff)
+    assert_gemm_close(torch.matmul(a, w_eff.T), ref, a=a, w_eff=w_eff)
+
+
+def test_fails_on_16bit_accumulation():
+    a, w_eff = _operands(64, 96, 8192, torch.bfloat16)
+    out = _split_k_fp32(a, w_eff, 16, torch.bfloat16, accumulate_in=torch.bfloat16)
+    with pytest.raises(AssertionError, match="exceed"):
+        assert_gemm_close(out, reference_gemm(a, w_eff), a=a, w_eff=w_eff, context="bf16 accumulators")
+
+
+def test_fails_on_one_wrong_scale_group():
+    a, w_eff = _operands(16, 64, 512, torch.bfloat16)
+    w_kernel = w_eff.clone()
+    w_kernel[5, 128:256] *= 1.5  # one group dequantized with its neighbour's scale
+    out = torch.matmul(a, w_kernel.T)
+    with pytest.raises(AssertionError):
+        assert_gemm_close(out, reference_gemm(a, w_eff), a=a, w_eff=w_eff, context="wrong scale")
+
+
+def test_fails_on_systematic_bias_below_the_elementwise_bound():
+    a, w_eff = _operands(64, 128, 256, torch.bfloat16)
+    ref = reference_gemm(a, w_eff)
+    base_max = (torch.matmul(a, w_eff.T).double() - ref).abs().max().item()
+    m_acc = ACCUMULATION_ERROR_MULTIPLIER["fp32"]
+    out = (ref + 0.8 * m_acc * base_max).to(torch.bfloat16)  # every element off by the same amount
+    err = (out.double() - ref).abs()
+    assert (err <= m_acc * base_max + ulp(ref, torch.bfloat16)).all(), "precondition: within the elementwise bound"
+    with pytest.raises(AssertionError, match="RMS error is not"):
+        assert_gemm_close(out, ref, a=a, w_eff=w_eff)
+
+
+def test_unknown_accumulation_mode_is_an_error():
+    a, w_eff = _operands(2, 2, 8, torch.bfloat16)
+    with pytest.raises(KeyError, match="ACCUMULATION_ERROR_MULTIPLIER"):
+        assert_gemm_close(torch.matmul(a, w_eff.T), reference_gemm(a, w_eff), a=a, w_eff=w_eff, accumulation="fp17")
+
+
+def test_bad_arguments():
+    a, w_eff = _operands(2, 3, 8, torch.bfloat16)
+    ref = reference_gemm(a, w_eff)
+    with pytest.raises(ValueError, match="same K"):
+        reference_gemm(a, w_eff[:, :4])
+    with pytest.raises(ValueError, match="shape mismatch"):
+        assert_gemm_close(ref[:1].bfloat16(), ref[:1], a=a, w_eff=w_eff)
+    with pytest.raises(TypeError, match="float64"):
+        assert_gemm_close(ref.bfloat16(), ref.float(), a=a, w_eff=w_eff)
+    with pytest.raises(TypeError, match="assert_bitwise_equal"):
+        assert_gemm_close(ref.to(torch.int32), ref, a=a, w_eff=w_eff)
+
+
+def test_baseline_flags_are_restored():
+    flags = torch.backends.cuda.matmul
+    before = (flags.allow_tf32, flags.allow_bf16_reduced_precision_reduction)
+    a, w_eff = _operands(4, 4, 16, torch.bfloat16)
+    assert_gemm_close(torch.matmul(a, w_eff.T), reference_gemm(a, w_eff), a=a, w_eff=w_eff)
+    assert (flags.allow_tf32, flags.allow_bf16_reduced_precision_reduction) == before
+
+
+def test_multiplier_table_is_the_only_source():
+    # M_acc lives in one table; the helper reads it at call time.
+    assert ACCUMULATION_ERROR_MULTIPLIER["fp32"] == 4.0
+    assert numerics.ACCUMULATION_ERROR_MULTIPLIER is ACCUMULATION_ERROR_MULTIPLIER
+
+
+@pytest.mark.parametrize(
+    ("value", "dtype", "expected"),
+    [
+        (1.0, torch.bfloat16, 2.0**-7),
+        (3.0, torch.bfloat16, 2.0**-6),
+        (-1024.0, torch.float16, 1.0),
+        (1.0, torch.float32, 2.0**-23),
+        (0.0, torch.bfloat16, 2.0**-133),  # the subnormal spacing
+        (1e-30, torch.float16, 2.0**-24),
+    ],
+)
+def test_ulp(value, dtype, expected):
+    assert ulp(torch.tensor([value], dtype=torch.float64), dtype).item() == expected
+
+
+def test_assert_bitwise_equal():
+    x = torch.tensor([1.0, math.nan, 0.0], dtype=torch.bfloat16)
+    assert_bitwise_equal(x, x.clone(), "same")
+    with pytest.raises(AssertionError, match=r"(?s)\[signed zero\] 1 of 3 elements differ bitwise.*\(2,\)"):
+        assert_bitwise_equal(x, torch.tensor([1.0, math.nan, -0.0], dtype=torch.bfloat16), "signed zero")
+    with pytest.raises(AssertionError, match="not comparable"):
+        assert_bitwise_equal(x, x.float(), "dtype")
+    assert_bitwise_equal(torch.arange(6, dtype=torch.int32).reshape(2, 3), torch.arange(6, dtype=torch.int32).reshape(2, 3))
+
+
+def test_poison_like():
+    poisoned = poison_like((3, 4), torch.bfloat16, "cpu")
+    assert poisoned.shape == (3, 4) and poisoned.dtype == torch.bfloat16 and torch.isnan(poisoned).all()
+    assert (poison_like([2], torch.int32) == torch.iinfo(torch.int32).min).all()
+
+
+def test_random_activation_is_fresh_per_call_and_seeded():
+    gen = torch.Generator().manual_seed(7)
+    first = random_activation(4, 16, torch.bfloat16, "cpu", gen)
+    second = random_activation(4, 16, torch.bfloat16, "cpu", gen)
+    assert first.shape == (4, 16) and first.dtype == torch.bfloat16
+    assert not torch.equal(first, second)
+    again = random_activation(4, 16, torch.bfloat16, "cpu", torch.Generator().manual_seed(7))
+    assert_bitwise_equal(first, again, "same seed, same data")

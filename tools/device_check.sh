@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# The one script run on the GPU box (H200): build in place, run the GPU tests, benchmark.
+#
+#   tools/device_check.sh OUTDIR
+#   DEVICE_STEPS=catalog,tests tools/device_check.sh OUTDIR      # only some steps
+#
+# Steps (DEVICE_STEPS, comma list, default all, in this order):
+#   env       nvidia-smi, python / torch / nvcc versions            -> summary.txt (top)
+#   wheels    install carried wheels from ./.whl/ into /tmp/site    -> build.log
+#   launcher  python3 setup.py build_ext --inplace -j 16            -> build.log
+#   catalog   python3 -m humming_aot build --arch sm90a --inplace   -> build.log (timed)
+#   tests     pytest tests/gpu -m gpu                               -> tests.log, tests.xml
+#   bench     tools/bench/bench_gemm.py (extra args: $BENCH_ARGS)  -> bench.log, bench.json
+#   cold      tools/bench/cold_start.py (extra args: $COLD_ARGS)   -> bench.log, cold_start.json
+# Other knobs: HUMMING_AOT_DEVICE_CATALOG (default "default"), DEVICE_ARCH (default sm90a),
+# DEVICE_JOBS (default 16), PYTEST_ARGS (extra pytest arguments).
+#
+# A failing step does not stop the next; each step's exit code and duration go to summary.txt
+# as soon as it ends (so a run cut short still says how far it got). At most 7 files are written
+# to OUTDIR: summary.txt build.log tests.log tests.xml bench.log bench.json cold_start.json.
+# Nothing is written outside the repository and /tmp.
+set -uo pipefail
+
+if [[ $# -ne 1 ]]; then
+    echo "usage: $0 OUTDIR" >&2
+    exit 2
+fi
+mkdir -p "$1"
+OUTDIR=$(cd "$1" && pwd)
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO" || exit 2
+
+ALL_STEPS=env,wheels,launcher,catalog,tests,bench,cold
+STEPS=",${DEVICE_STEPS:-$ALL_STEPS},"
+ARCH=${DEVICE_ARCH:-sm90a}
+JOBS=${DEVICE_JOBS:-16}
+CATALOG=${HUMMING_AOT_DEVICE_CATALOG:-default}
+SITE=/tmp/site
+SUMMARY="$OUTDIR/summary.txt"
+
+STEP_LIST=${DEVICE_STEPS:-$ALL_STEPS}
+for step in ${STEP_LIST//,/ }; do
+    if [[ ",$ALL_STEPS," != *",$step,"* ]]; then
+        echo "unknown step '$step' in DEVICE_STEPS; expected some of $ALL_STEPS" >&2
+        exit 2
+    fi
+done
+
+# The checkout first (in-place builds), then the carried wheels (humming-kernels for the benchmark).
+export PYTHONPATH="$REPO:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONDONTWRITEBYTECODE=1
+
+declare -a RESULTS=()
+TABLE_HEADER=$(printf '%-9s %4s %9s  %s' step rc seconds log)
+echo "device_check $(date -u +%FT%TZ)  repo $REPO  steps ${DEVICE_STEPS:-$ALL_STEPS}" >"$SUMMARY"
+
+wanted() { [[ "$STEPS" == *",$1,"* ]]; }
+
+# run_step NAME LOGFILE COMMAND...: run, append output to LOGFILE, record rc and seconds.
+run_step() {
+    local name=$1 log=$2
+    shift 2
+    local start end rc
+    start=$(date +%s.%N)
+    {
+        echo
+        echo "=== [$name] $(date -u +%FT%TZ): $*"
+    } >>"$log"
+    "$@" >>"$log" 2>&1
+    rc=$?
+    end=$(date +%s.%N)
+    local secs
+    secs=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
+    echo "=== [$name] exit $rc after ${secs}s" >>"$log"
+    local row
+    row=$(printf '%-9s %4s %9s  %s' "$name" "$rc" "$secs" "$(basename "$log")")
+    [[ ${#RESULTS[@]} -eq 0 ]] && printf '\n%s\n' "$TABLE_HEADER" >>"$SUMMARY"
+    RESULTS+=("$row")
+    echo "$row" >>"$SUMMARY"
+    echo "[$name] exit $rc (${secs}s), log: $(basename "$log")"
+    return 0
+}
+
+step_env() {
+    nvidia-smi
+    echo
+    python3 - <<'PY'
+import platform, sys
+import torch
+print("python", sys.version.split()[0], platform.machine())
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    props = torch.cuda.get_device_properties(0)
+    print("device", props.name, "sm%d%d" % (props.major, props.minor), "SMs", props.multi_processor_count,
+          "L2", props.L2_cache_size, "mem", props.total_memory)
+PY
+    nvcc --version | tail -n 2
+    python3 -m pytest --version
+    echo "git sha: $(git -C "$REPO" rev-parse --verify -q HEAD 2>/dev/null || echo n/a)"
+}
+
+step_wheels() {
+    shopt -s nullglob
+    local wheels=("$REPO"/.whl/*.whl)
+    shopt -u nullglob
+    if [[ ${#wheels[@]} -eq 0 ]]; then
+        echo "no .whl/*.whl carried: nothing to install"
+        return 0
+    fi
+    printf '  %s\n' "${wheels[@]##*/}"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "${wheels[@]}"
+}
+
+step_launcher() { python3 setup.py build_ext --inplace -j "$JOBS"; }
+
+step_catalog() {
+    local start=$SECONDS
+    python3 -m humming_aot build --arch "$ARCH" --catalog "$CATALOG" --inplace -j "$JOBS"
+    local rc=$?
+    echo "catalog build ($ARCH, $CATALOG, -j $JOBS): $((SECONDS - start)) s wall, exit $rc"
+    return $rc
+}
+
+step_tests() {
+    # shellcheck disable=SC2086 # PYTEST_ARGS is a word list on purpose
+    python3 -m pytest tests/gpu -m gpu -q -x --timeout 900 -p no:cacheprovider \
+        --junitxml "$OUTDIR/tests.xml" ${PYTEST_ARGS:-}
+}
+
+step_bench() {
+    # shellcheck disable=SC2086
+    python3 tools/bench/bench_gemm.py --json "$OUTDIR/bench.json" ${BENCH_ARGS:-}
+}
+
+step_cold() {
+    # shellcheck disable=SC2086
+    python3 tools/bench/cold_start.py --json "$OUTDIR/cold_start.json" ${COLD_ARGS:-}
+}
+
+# summary.txt: the environment first, then one row per step, appended as each step ends.
+wanted env && run_step env "$SUMMARY" step_env
+wanted wheels && run_step wheels "$OUTDIR/build.log" step_wheels
+wanted launcher && run_step launcher "$OUTDIR/build.log" step_launcher
+wanted catalog && run_step catalog "$OUTDIR/build.log" step_catalog
+wanted tests && run_step tests "$OUTDIR/tests.log" step_tests
+wanted bench && run_step bench "$OUTDIR/bench.log" step_bench
+wanted cold && run_step cold "$OUTDIR/bench.log" step_cold
+
+echo
+echo "summary ($SUMMARY):"
+echo "$TABLE_HEADER"
+printf '%s\n' "${RESULTS[@]}"
+failed=0
+for row in "${RESULTS[@]}"; do
+    read -r _ rc _ <<<"$row"
+    [[ "$rc" != 0 ]] && failed=1
+done
+exit $failed
