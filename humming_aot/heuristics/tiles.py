@@ -75,7 +75,9 @@ def split_k_factor(*, m: int, n: int, k: int, tile: TileConfig, num_sms: int, ma
     if tiles > max_tiles:
         return 1
     k_tiles = k // tile.block_k
-    slots = num_sms * max(1, ctas_per_sm)
+    # Measured on an H200 (docs/PERFORMANCE.md): filling every resident slot makes the slices so
+    # short that their prologue and reduction dominate; ~4 CTAs per SM is the sweet spot.
+    slots = num_sms * max(1, min(ctas_per_sm, 4))
     return max(1, min(slots // max(tiles, 1), k_tiles // 4, 16))
 
 

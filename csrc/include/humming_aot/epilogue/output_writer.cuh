@@ -72,17 +72,26 @@ struct OutputWriter {
     __syncthreads();
     if (!*arrival_flag) return;
     __threadfence();  // acquire: see every other slice's partials
-    for_each_pair(row0, col0, [&](int, int, int, int row, int col) {
-      if (row < p.m && col < p.n) {
-        float v0 = 0.f, v1 = 0.f;
-        for (int s = 0; s < p.k_splits; ++s) {
-          const float2 v = __ldcg(reinterpret_cast<const float2*>(p.workspace + s * slice_stride +
-                                                                   static_cast<i64>(row) * p.n + col));
-          v0 += v.x;
-          v1 += v.y;
+    // Sum the slices in order 0..k_splits-1 into the (reused) accumulators. Slices are the outer
+    // loop so that each pass issues all of its independent loads before any add waits on one.
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
+    for (int s = 0; s < p.k_splits; ++s) {
+      const float* slice = p.workspace + s * slice_stride;
+      for_each_pair(row0, col0, [&](int mi, int ni, int half, int row, int col) {
+        if (row < p.m && col < p.n) {
+          const float2 v = __ldcg(reinterpret_cast<const float2*>(slice + static_cast<i64>(row) * p.n + col));
+          acc[mi][ni][2 * half] += v.x;
+          acc[mi][ni][2 * half + 1] += v.y;
         }
-        store(p, row, col, v0, v1);
-      }
+      });
+    }
+    for_each_pair(row0, col0, [&](int mi, int ni, int half, int row, int col) {
+      if (row < p.m && col < p.n) store(p, row, col, acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1]);
     });
     if (threadIdx.x == 0) p.tile_counters[tile_index] = 0;  // ready for the next launch
   }

@@ -57,108 +57,187 @@ struct DenseMmaSync {
   using Scheduler = schedule::TileScheduler<kBlockM, kBlockN, kBlockK>;
   using Writer = epilogue::OutputWriter<Act, kMTiles, kNTiles>;
 
-  // Where the scale rows of one K tile start, and how the 16-row K steps map onto them.
+  // How the 16-row K steps of a staged K tile map onto its staged scale rows.
   struct GroupWalk {
-    int group_size;
     int step_shift;  // scale row of step kk = kk >> step_shift (group >= 64: always row 0)
-    __device__ __forceinline__ explicit GroupWalk(int group) : group_size(group) {
+    __device__ __forceinline__ explicit GroupWalk(int group) {
       step_shift = group >= 64 ? 2 : (group == 32 ? 1 : 0);
     }
-    __device__ __forceinline__ int first_row(int k_tile) const { return k_tile * kBlockK / group_size; }
-    __device__ __forceinline__ int rows() const { return group_size >= 64 ? 1 : kBlockK / group_size; }
   };
 
-  // Issue the cp.async copies of K tile `k_tile` into stage buffer `stage`.
-  static __device__ __forceinline__ void load_stage(const GemmParams& p, char* stage, int k_tile, int m0, int n0,
-                                                    const GroupWalk& walk) {
-    const int tid = threadIdx.x;
-    const u32 a_smem = memory::shared_address(stage);
+  // Per-thread cp.async issuer of the pipeline stages. Every source pointer and predicate is
+  // computed once per CTA; a stage load only adds the K offset, so the main loop carries no
+  // 64-bit multiplies or divisions. Stages must be loaded in K order (advance() after each).
+  struct StageLoader {
+    static constexpr int kAChunks = kBlockM * 8;                     // 16-byte chunks per stage
+    static constexpr int kWChunksPerStep = kUnits * 8 * kBits;
+    static constexpr int kWChunks = kK16Steps * kWChunksPerStep;
+    static constexpr int kSChunksPerRow = kBlockN / 8;
+    static constexpr int kSChunks = kScaleRows * kSChunksPerRow;
+    static constexpr int kAIters = (kAChunks + kThreads - 1) / kThreads;
+    static constexpr int kWIters = (kWChunks + kThreads - 1) / kThreads;
+    static constexpr int kSIters = (kSChunks + kThreads - 1) / kThreads;
+
+    const char* a_src[kAIters];  // this thread's activation chunks at the current K tile
+    u32 a_valid;                 // bit it: row in range
+    const u32* w_src[kWIters];   // packed weight chunks at the current K tile
+    u32 w_valid;                 // bit it: unit in range
+    i64 w_tile_words;            // words between consecutive K tiles of the packed weight
+    const char* s_src;           // first scale row of the current K tile, this thread's column chunk
+    const char* z_src;
+    i64 s_row_bytes;             // bytes between scale rows (2 n)
+    int rows;                    // scale rows per K tile
+    int tiles_per_row;           // K tiles per scale row (group >= 64), else 0
+    int tile_in_row;             // position of the current K tile in its scale row
+    bool s_valid;                // this thread's scale column chunk is in range
+
+    static __device__ __forceinline__ int chunk(int it) { return static_cast<int>(threadIdx.x) + it * kThreads; }
+
+    __device__ __forceinline__ StageLoader(const GemmParams& p, int m0, int n0, int k_tile) {
+      const char* a = static_cast<const char*>(p.a) + 2 * static_cast<i64>(k_tile) * kBlockK;
+      a_valid = 0;
+#pragma unroll
+      for (int it = 0; it < kAIters; ++it) {
+        const int i = chunk(it), row = i >> 3;
+        const bool valid = (kAChunks % kThreads == 0 || i < kAChunks) && m0 + row < p.m;
+        a_valid |= static_cast<u32>(valid) << it;
+        a_src[it] = a + 2 * ((valid ? m0 + row : 0) * p.lda + (i & 7) * 8);
+      }
+      const int units_total = p.n >> 6;
+      const i64 row_words = static_cast<i64>(units_total) * 32 * kBits;
+      w_tile_words = kK16Steps * row_words;
+      const u32* w = static_cast<const u32*>(p.w) + (n0 >> 6) * 32 * kBits + k_tile * w_tile_words;
+      w_valid = 0;
+#pragma unroll
+      for (int it = 0; it < kWIters; ++it) {
+        const int i = chunk(it), kk = i / kWChunksPerStep, rem = i % kWChunksPerStep;
+        const bool valid = (kWChunks % kThreads == 0 || i < kWChunks) && (n0 >> 6) + rem / (8 * kBits) < units_total;
+        w_valid |= static_cast<u32>(valid) << it;
+        w_src[it] = w + (valid ? kk * row_words + rem * 4 : 0);
+      }
+      const int group = p.group_size;
+      rows = group >= kBlockK ? 1 : kBlockK / group;
+      tiles_per_row = group >= kBlockK ? group / kBlockK : 0;
+      tile_in_row = group >= kBlockK ? k_tile % tiles_per_row : 0;
+      const int row0 = group >= kBlockK ? k_tile / tiles_per_row : k_tile * rows;
+      s_row_bytes = 2 * static_cast<i64>(p.n);
+      const int col = n0 + (static_cast<int>(threadIdx.x) % kSChunksPerRow) * 8;
+      s_valid = col < p.n;
+      const i64 offset = s_valid ? row0 * s_row_bytes + 2 * col : 0;
+      s_src = static_cast<const char*>(p.w_scale) + offset;
+      z_src = kHasZeroPoint ? static_cast<const char*>(p.w_zero_point) + offset : nullptr;
+    }
+
+    // Issue the copies of the current K tile into `stage`.
+    __device__ __forceinline__ void load(char* stage) const {
+      const u32 a_smem = memory::shared_address(stage);
+      const u32 w_smem = a_smem + kABytes;
+      const u32 s_smem = w_smem + kWBytes;
+      const u32 z_smem = s_smem + kSBytes;
+      // activations: chunk c of row r lives at r * 8 + (c ^ (r & 7)), conflict-free for ldmatrix
+#pragma unroll
+      for (int it = 0; it < kAIters; ++it) {
+        const int i = chunk(it), row = i >> 3;
+        if (kAChunks % kThreads == 0 || i < kAChunks) {
+          memory::cp_async_16(a_smem + 16 * (row * 8 + ((i & 7) ^ (row & 7))), a_src[it], (a_valid >> it) & 1);
+        }
+      }
+#pragma unroll
+      for (int it = 0; it < kWIters; ++it) {
+        const int i = chunk(it);
+        if (kWChunks % kThreads == 0 || i < kWChunks) memory::cp_async_16(w_smem + 16 * i, w_src[it], (w_valid >> it) & 1);
+      }
+#pragma unroll
+      for (int it = 0; it < kSIters; ++it) {
+        const int i = chunk(it), r = i / kSChunksPerRow, c = i % kSChunksPerRow;
+        if ((kSChunks % kThreads == 0 || i < kSChunks) && r < rows) {
+          // threads of one column chunk share s_src; row r is r rows further down
+          const i64 offset = s_valid ? r * s_row_bytes : 0;
+          memory::cp_async_16(s_smem + 2 * (r * kBlockN + c * 8), s_src + offset, s_valid);
+          if constexpr (kHasZeroPoint) memory::cp_async_16(z_smem + 2 * (r * kBlockN + c * 8), z_src + offset, s_valid);
+        }
+      }
+    }
+
+    // Move every source to the next K tile.
+    __device__ __forceinline__ void advance() {
+#pragma unroll
+      for (int it = 0; it < kAIters; ++it) a_src[it] += 2 * kBlockK;
+#pragma unroll
+      for (int it = 0; it < kWIters; ++it) w_src[it] += w_tile_words;
+      int next_rows = rows;
+      if (tiles_per_row > 0) {
+        next_rows = ++tile_in_row == tiles_per_row ? 1 : 0;
+        if (next_rows) tile_in_row = 0;
+      }
+      if (s_valid) {
+        s_src += next_rows * s_row_bytes;
+        if constexpr (kHasZeroPoint) z_src += next_rows * s_row_bytes;
+      }
+    }
+  };
+
+  // Everything a warp reads from shared memory for one 16-row K step.
+  struct StepFragments {
+    u32 a[kMTiles][4];       // m16k16 activation fragments
+    u32 w[kWordsPerLane];    // packed weight words of the warp's unit: tile j at [j * kBits / 4]
+    u32 scale[4];            // scale pair of tile j: (n = 16 j + g, n = 16 j + 8 + g)
+    u32 zero[4];             // zero-point pairs, like scale (kHasZeroPoint only)
+  };
+
+  static __device__ __forceinline__ void load_step(u32 stage_smem, int kk, int warp_m, int warp_n,
+                                                   const GroupWalk& walk, StepFragments& f) {
+    const int lane = threadIdx.x & 31;
+    const u32 a_smem = stage_smem;
     const u32 w_smem = a_smem + kABytes;
     const u32 s_smem = w_smem + kWBytes;
     const u32 z_smem = s_smem + kSBytes;
-    // activations: 8 chunks of 16 bytes per row; chunk c of row r lives at r * 8 + (c ^ (r & 7))
-    const char* a = static_cast<const char*>(p.a);
 #pragma unroll
-    for (int i = tid; i < kBlockM * 8; i += kThreads) {
-      const int row = i >> 3, chunk = i & 7;
-      const int grow = m0 + row;
-      const bool valid = grow < p.m;
-      const char* src = valid ? a + 2 * (grow * p.lda + k_tile * kBlockK + chunk * 8) : a;
-      memory::cp_async_16(a_smem + 16 * (row * 8 + (chunk ^ (row & 7))), src, valid);
+    for (int mi = 0; mi < kMTiles; ++mi) {
+      const int row = warp_m * kWarpRows + mi * 16 + (lane & 15);
+      const int chunk = 2 * kk + (lane >> 4);
+      memory::ldmatrix_x4(f.a[mi], a_smem + 16 * (row * 8 + (chunk ^ (row & 7))));
     }
-    // packed weights: per 16-row K step, kUnits consecutive units of 32 lanes x kBits words
-    constexpr int kChunksPerStep = kUnits * 8 * kBits;
-    const int units_total = p.n / 64;
-    const i64 row_words = static_cast<i64>(units_total) * 32 * kBits;
-    const u32* w = static_cast<const u32*>(p.w) + (n0 / 64) * 32 * kBits;
 #pragma unroll
-    for (int i = tid; i < kK16Steps * kChunksPerStep; i += kThreads) {
-      const int kk = i / kChunksPerStep, rem = i % kChunksPerStep;
-      const bool valid = n0 / 64 + rem / (8 * kBits) < units_total;
-      const u32* src = valid ? w + (k_tile * kK16Steps + kk) * row_words + rem * 4 : w;
-      memory::cp_async_16(w_smem + 16 * i, src, valid);
+    for (int v = 0; v < kWordsPerLane / 4; ++v) {
+      u32 vec[4];
+      memory::lds_128(vec, w_smem + 16 * (((kk * kUnits + warp_n) * 32 + lane) * (kWordsPerLane / 4) + v));
+#pragma unroll
+      for (int e = 0; e < 4; ++e) f.w[4 * v + e] = vec[e];
     }
-    // scale (and zero-point) rows covering this K tile
-    const int row0 = walk.first_row(k_tile);
-    const int rows = walk.rows();
-    constexpr int kChunksPerRow = kBlockN / 8;
-    for (int i = tid; i < rows * kChunksPerRow; i += kThreads) {
-      const int r = i / kChunksPerRow, c = i % kChunksPerRow;
-      const int col = n0 + c * 8;
-      const bool valid = col < p.n;
-      const i64 offset = valid ? (static_cast<i64>(row0 + r) * p.n + col) * 2 : 0;
-      memory::cp_async_16(s_smem + 2 * (r * kBlockN + c * 8), static_cast<const char*>(p.w_scale) + offset, valid);
-      if constexpr (kHasZeroPoint) {
-        memory::cp_async_16(z_smem + 2 * (r * kBlockN + c * 8), static_cast<const char*>(p.w_zero_point) + offset,
-                            valid);
+    const int scale_row = kk >> walk.step_shift;
+    const u32 scale_offset = 2 * (scale_row * kBlockN + warp_n * 64 + (lane >> 2) * 8);
+    memory::lds_128(f.scale, s_smem + scale_offset);
+    if constexpr (kHasZeroPoint) memory::lds_128(f.zero, z_smem + scale_offset);
+  }
+
+  static __device__ __forceinline__ void multiply_step(const StepFragments& f, float (&acc)[kMTiles][kNTiles][4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      u32 tile_words[Dequantizer::kWordsPerTile];
+#pragma unroll
+      for (int e = 0; e < Dequantizer::kWordsPerTile; ++e) tile_words[e] = f.w[j * Dequantizer::kWordsPerTile + e];
+      u32 b_frag[2][2];
+      Dequantizer::dequantize(tile_words, f.scale[j], kHasZeroPoint ? f.zero[j] : 0u, b_frag);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi) mma::mma_m16n8k16<Act>(acc[mi][2 * j + h], f.a[mi], b_frag[h]);
       }
     }
   }
 
-  // Multiply one staged K tile into the warp's accumulators.
+  // Multiply one staged K tile into the warp's accumulators; the shared-memory reads of step
+  // kk + 1 are issued before the dequant and mma of step kk (register double buffering).
   static __device__ __forceinline__ void compute_stage(const char* stage, int warp_m, int warp_n,
                                                        const GroupWalk& walk, float (&acc)[kMTiles][kNTiles][4]) {
-    const int lane = threadIdx.x & 31;
-    const u32 a_smem = memory::shared_address(stage);
-    const u32 w_smem = a_smem + kABytes;
-    const u32 s_smem = w_smem + kWBytes;
-    const u32 z_smem = s_smem + kSBytes;
+    const u32 stage_smem = memory::shared_address(stage);
+    StepFragments frags[2];
+    load_step(stage_smem, 0, warp_m, warp_n, walk, frags[0]);
 #pragma unroll
     for (int kk = 0; kk < kK16Steps; ++kk) {
-      u32 a_frag[kMTiles][4];
-#pragma unroll
-      for (int mi = 0; mi < kMTiles; ++mi) {
-        const int row = warp_m * kWarpRows + mi * 16 + (lane & 15);
-        const int chunk = 2 * kk + (lane >> 4);
-        memory::ldmatrix_x4(a_frag[mi], a_smem + 16 * (row * 8 + (chunk ^ (row & 7))));
-      }
-      u32 words[kWordsPerLane];
-#pragma unroll
-      for (int v = 0; v < kWordsPerLane / 4; ++v) {
-        u32 vec[4];
-        memory::lds_128(vec, w_smem + 16 * (((kk * kUnits + warp_n) * 32 + lane) * (kWordsPerLane / 4) + v));
-#pragma unroll
-        for (int e = 0; e < 4; ++e) words[4 * v + e] = vec[e];
-      }
-      // this lane's 8 columns of the unit: pair j = (n = 16 j + g, n = 16 j + 8 + g)
-      const int scale_row = kk >> walk.step_shift;
-      const u32 scale_offset = 2 * (scale_row * kBlockN + warp_n * 64 + (lane >> 2) * 8);
-      u32 scales[4], zeros[4] = {0, 0, 0, 0};
-      memory::lds_128(scales, s_smem + scale_offset);
-      if constexpr (kHasZeroPoint) memory::lds_128(zeros, z_smem + scale_offset);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        u32 tile_words[Dequantizer::kWordsPerTile];
-#pragma unroll
-        for (int e = 0; e < Dequantizer::kWordsPerTile; ++e) tile_words[e] = words[j * Dequantizer::kWordsPerTile + e];
-        u32 b_frag[2][2];
-        Dequantizer::dequantize(tile_words, scales[j], zeros[j], b_frag);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-#pragma unroll
-          for (int mi = 0; mi < kMTiles; ++mi) mma::mma_m16n8k16<Act>(acc[mi][2 * j + h], a_frag[mi], b_frag[h]);
-        }
-      }
+      if (kk + 1 < kK16Steps) load_step(stage_smem, kk + 1, warp_m, warp_n, walk, frags[(kk + 1) & 1]);
+      multiply_step(frags[kk & 1], acc);
     }
   }
 
@@ -180,9 +259,13 @@ struct DenseMmaSync {
         for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
 
     const int count = tile.k_tile_end - tile.k_tile_begin;
+    StageLoader loader(p, m0, n0, tile.k_tile_begin);
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      if (s < count) load_stage(p, smem + s * kStageBytes, tile.k_tile_begin + s, m0, n0, walk);
+      if (s < count) {
+        loader.load(smem + s * kStageBytes);
+        loader.advance();
+      }
       memory::cp_async_commit();
     }
     int compute_slot = 0, load_slot = kStages - 1;
@@ -190,7 +273,8 @@ struct DenseMmaSync {
       memory::cp_async_wait<kStages - 2>();
       __syncthreads();  // stage `it` landed for every thread; stage `it - 1` is free to refill
       if (it + kStages - 1 < count) {
-        load_stage(p, smem + load_slot * kStageBytes, tile.k_tile_begin + it + kStages - 1, m0, n0, walk);
+        loader.load(smem + load_slot * kStageBytes);
+        loader.advance();
       }
       memory::cp_async_commit();
       compute_stage(smem + compute_slot * kStageBytes, warp_m, warp_n, walk, acc);

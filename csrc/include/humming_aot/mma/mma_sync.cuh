@@ -9,16 +9,18 @@
 
 namespace humming_aot::mma {
 
+// Not volatile: a pure register operation, so the compiler may schedule shared-memory loads of the
+// next K step (volatile asm) around it.
 template <class Act>
 __device__ __forceinline__ void mma_m16n8k16(float (&c)[4], const u32 (&a)[4], const u32 (&b)[2]) {
   if constexpr (Act::kIsBFloat16) {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
         "{%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
   } else {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
         "{%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
