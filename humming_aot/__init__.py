@@ -14,11 +14,11 @@ _LAZY_ATTRS = {
     "dequantize": ("humming_aot.quant", "dequantize"),
     "WeightFormat": ("humming_aot.quant", "WeightFormat"),
     "QuantizedWeight": ("humming_aot.quant", "QuantizedWeight"),
-    "pack": ("humming_aot.pack", "pack"),
-    "unpack": ("humming_aot.pack", "unpack"),
-    "PackedWeight": ("humming_aot.pack", "PackedWeight"),
+    "pack": ("humming_aot.packing", "pack"),
+    "unpack": ("humming_aot.packing", "unpack"),
+    "PackedWeight": ("humming_aot.packing", "PackedWeight"),
 }
-_LAZY_MODULES = {"formats", "quant", "ops", "nn", "pack", "spec", "support", "catalog", "heuristics", "testing"}
+_LAZY_MODULES = {"formats", "quant", "ops", "nn", "packing", "spec", "support", "catalog", "heuristics", "testing"}
 
 __all__ = ["__version__", *_LAZY_ATTRS, *sorted(_LAZY_MODULES)]
 

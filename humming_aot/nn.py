@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from humming_aot import ops
-from humming_aot.pack import PackedWeight, pack
+from humming_aot.packing import PackedWeight, pack
 
 
 class QuantizedLinear(torch.nn.Module):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from humming_aot.pack import PackedWeight, unpack
+from humming_aot.packing import PackedWeight, unpack
 from humming_aot.spec import GemmSpec, TileConfig, ZeroPoint
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -59,20 +59,20 @@ def _validate(a: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) 
                 f"gemm: bias must be a contiguous {packed.act_dtype} tensor on {a.device}, got "
                 f"{bias.dtype} on {bias.device}{'' if bias.is_contiguous() else ' (non-contiguous)'}"
             )
-    if a.is_cuda:
-        _validate_cuda(a, packed)
 
 
-def _validate_cuda(a: torch.Tensor, packed: PackedWeight) -> None:
+def _validate_cuda(a2: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) -> None:
+    """Checks that need real pointers or the device (run inside the op, never traced)."""
     from humming_aot import dispatch, support
 
-    a2 = a.reshape(-1, packed.k) if a.dim() != 2 else a
+    if bias is not None and bias.data_ptr() % 4:
+        raise ValueError("gemm: bias must start on a 4-byte boundary: pass bias.contiguous().clone()")
     if a2.numel() and (a2.data_ptr() % 16 or (a2.shape[0] > 1 and a2.stride(0) % 8)):
         raise ValueError(
             "gemm: a's rows must start on 16-byte boundaries (data pointer and row stride a multiple "
             f"of 8 elements; got row stride {a2.stride(0)}): pass a.contiguous()"
         )
-    info = dispatch.device_info(a.device.index if a.device.index is not None else torch.cuda.current_device())
+    info = dispatch.device_info(a2.device.index if a2.device.index is not None else torch.cuda.current_device())
     spec = gemm_spec(packed)
     reasons = [support.why_unsupported(spec, arch) for arch in info.arches]
     if all(reasons):
@@ -91,20 +91,21 @@ def _reference(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size):
     return out.to(a.dtype).reshape(*a.shape[:-1], n)
 
 
-@torch.library.custom_op("humming_aot::gemm_wna16", mutates_args=())
-def _gemm_wna16(
-    a: torch.Tensor,
-    w: torch.Tensor,
-    w_scale: torch.Tensor,
-    w_zero_point: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    w_dtype: str,
-    n: int,
-    k: int,
-    group_size: int,
-) -> torch.Tensor:
-    if not a.is_cuda:
-        return _reference(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size)
+# Registered with the low-level torch.library API rather than torch.library.custom_op: the latter
+# wraps the implementation in a dynamo-disable shim whose first call imports torch._dynamo (1.5-4 s),
+# which would dominate the cold start of the first GEMM.
+_LIBRARY = torch.library.Library("humming_aot", "DEF")
+_LIBRARY.define(
+    "gemm_wna16(Tensor a, Tensor w, Tensor w_scale, Tensor? w_zero_point, Tensor? bias, str w_dtype, "
+    "int n, int k, int group_size) -> Tensor"
+)
+
+
+def _gemm_wna16_cpu(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size):
+    return _reference(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size)
+
+
+def _gemm_wna16_cuda(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size):
     from humming_aot import dispatch
 
     packed = PackedWeight(
@@ -112,13 +113,18 @@ def _gemm_wna16(
         w_dtype=w_dtype, act_dtype=a.dtype, format="",
     )
     a2 = a.reshape(-1, k)
+    _validate_cuda(a2, packed, bias)
     out = dispatch.launch_gemm(a2, packed, bias, gemm_spec(packed))
     return out.reshape(*a.shape[:-1], n)
 
 
-@_gemm_wna16.register_fake
 def _gemm_wna16_fake(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size):
     return a.new_empty((*a.shape[:-1], n))
+
+
+_LIBRARY.impl("gemm_wna16", _gemm_wna16_cpu, "CPU")
+_LIBRARY.impl("gemm_wna16", _gemm_wna16_cuda, "CUDA")
+torch.library.register_fake("humming_aot::gemm_wna16", _gemm_wna16_fake, lib=_LIBRARY)
 
 
 def gemm(a: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -145,6 +151,7 @@ def gemm_with_tile(a: torch.Tensor, packed: PackedWeight, tile: TileConfig | str
     _validate(a, packed, bias)
     if not a.is_cuda:
         raise ValueError("gemm_with_tile: a forced tile only means something on a CUDA device")
+    _validate_cuda(a.reshape(-1, packed.k), packed, bias)
     if isinstance(tile, str):
         probe = KernelKey.from_name(f"gemm_dense_sm80_mma_a-bf16_w-s4-g-bf16_o-bf16_{tile}")
         tile = probe.tile

@@ -130,9 +130,9 @@ def _group_size(qw, k: int) -> int:
 
 def check_packable(n: int, k: int, group_size: int) -> None:
     """The alignment rule of the mma.sync kernels, as clear errors (also used by ops)."""
-    from humming_aot.support import PREDICATES
+    from humming_aot.support import PREDICATES, ProblemShape
 
-    problem = {"m": 1, "n": n, "k": k, "group_size": group_size}
+    problem = ProblemShape(m=1, n=n, k=k, group_size=group_size)
     errors = [msg for check in PREDICATES.values() if (msg := check(problem))]
     if errors:
         raise ValueError("cannot pack this weight for the mma.sync kernels: " + "; ".join(errors))

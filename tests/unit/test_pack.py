@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import humming_aot
-from humming_aot.pack import (
+from humming_aot.packing import (
     pack_codes,
     permute_unit_columns,
     reference_pack_codes,
