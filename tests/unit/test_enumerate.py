@@ -73,7 +73,7 @@ def test_table_tiles_kept_exactly_when_they_fit():
 def test_smoke_catalog_has_one_kernel_per_arch():
     keys = enumerate_keys("smoke")
     assert Counter(k.arch for k in keys) == {a: 1 for a in catalog_archs("smoke")}
-    assert {k.tile.field for k in keys} == {"16x128x64_w1x2_s8"}
+    assert {k.tile.field for k in keys} == {"16x128x64_w1x2_s4"}
 
 
 def test_subset_and_explicit_tiles(tmp_path):

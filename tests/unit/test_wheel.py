@@ -121,7 +121,7 @@ def test_smoke_wheel_installs_into_a_fresh_venv(tmp_path):
     assert location.strip().startswith(str(venv))
     listing = run(str(venv / "bin" / "humming-aot"), "list")
     assert "sm80: 1 kernel" in listing
-    assert "gemm_dense_sm80_mma_a-bf16_w-s4-g-bf16_o-bf16_16x128x64_w1x2_s8" in listing
+    assert "gemm_dense_sm80_mma_a-bf16_w-s4-g-bf16_o-bf16_16x128x64_w1x2_s4" in listing
     # every image in the installed catalog verifies against its manifest
     run(str(python), "-c", "from humming_aot.catalog import installed_catalog as c; "
                            "[c().read_image(n) for n in c().entries]")
