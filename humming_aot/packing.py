@@ -79,11 +79,39 @@ class PackedWeight:
         )
 
     def dequantized(self) -> torch.Tensor:
-        """(N, K) act_dtype: exactly the weight the kernel multiplies with, (q - z) * s rounded once."""
+        """(N, K) act_dtype: exactly the weight the kernel multiplies with, (q - z) * s rounded once.
+
+        Computed by the reference ``humming_aot.dequantize`` of the packed codes with the
+        act-dtype scales the kernel reads, so the format semantics live in one place.
+        """
+        return _reference_dequantize(self).to(self.act_dtype)
+
+    def as_quantized_weight(self):
+        """The canonical QuantizedWeight of exactly what the kernel reads (act-dtype scales)."""
+        from humming_aot.quant import QuantizedWeight, ScaleGranularity, WeightFormat, ZeroPointKind
+
         codes, scales, zeros = unpack(self)
-        groups = torch.arange(self.k, device=codes.device) // self.group_size
-        value = codes.float() - zeros.float()[:, groups]
-        return (value * scales.float()[:, groups]).to(self.act_dtype)
+        bits = self.bits
+        if self.w_zero_point is None:  # offset code u -> two's complement code of u - 2^(b-1)
+            codes = (codes - (1 << (bits - 1))) & ((1 << bits) - 1)
+        fmt = WeightFormat(
+            element=self.w_dtype,
+            granularity=ScaleGranularity.GROUP,
+            group_size=self.group_size,
+            zero_point=ZeroPointKind.NONE if self.w_zero_point is None else ZeroPointKind.INTEGER,
+        )
+        return QuantizedWeight(
+            format=fmt,
+            codes=codes.to(torch.uint8),
+            scales=scales.float().contiguous(),
+            zero_points=None if self.w_zero_point is None else zeros.to(torch.uint8).contiguous(),
+        )
+
+
+def _reference_dequantize(packed: PackedWeight) -> torch.Tensor:
+    from humming_aot.quant import dequantize
+
+    return dequantize(packed.as_quantized_weight())
 
 
 def _offset_codes(qw) -> tuple[torch.Tensor, torch.Tensor | None, str]:
