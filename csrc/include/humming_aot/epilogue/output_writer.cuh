@@ -35,6 +35,15 @@ struct OutputWriter {
     }
   }
 
+  static __device__ __forceinline__ void zero(Accumulators& acc) {
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
+  }
+
   static __device__ __forceinline__ void store(const kernel::GemmParams& p, int row, int col, float v0, float v1) {
     if (p.bias != nullptr) {
       float b0, b1;
@@ -74,12 +83,7 @@ struct OutputWriter {
     __threadfence();  // acquire: see every other slice's partials
     // Sum the slices in order 0..k_splits-1 into the (reused) accumulators. Slices are the outer
     // loop so that each pass issues all of its independent loads before any add waits on one.
-#pragma unroll
-    for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-      for (int ni = 0; ni < kNTiles; ++ni)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
+    zero(acc);
     for (int s = 0; s < p.k_splits; ++s) {
       const float* slice = p.workspace + s * slice_stride;
       for_each_pair(row0, col0, [&](int mi, int ni, int half, int row, int col) {

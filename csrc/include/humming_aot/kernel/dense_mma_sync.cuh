@@ -251,12 +251,7 @@ struct DenseMmaSync {
     const GroupWalk walk(p.group_size);
 
     float acc[kMTiles][kNTiles][4];
-#pragma unroll
-    for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-      for (int ni = 0; ni < kNTiles; ++ni)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
+    Writer::zero(acc);
 
     const int count = tile.k_tile_end - tile.k_tile_begin;
     StageLoader loader(p, m0, n0, tile.k_tile_begin);
