@@ -66,6 +66,13 @@ NVCC = _declare(
     "Path of the nvcc used by `humming-aot build`; default: nvcc on PATH, then $CUDA_HOME/bin/nvcc, "
     "then /usr/local/cuda/bin/nvcc.",
 )
+NVRTC = _declare(
+    "HUMMING_AOT_NVRTC",
+    None,
+    "Path of the libnvrtc.so the JIT loads (or of the directory holding it). Default: the pip package "
+    "nvidia-cuda-nvrtc (site-packages/nvidia/cu13/lib, then nvidia/cuda_nvrtc/lib), then "
+    "$CUDA_HOME/lib64, then /usr/local/cuda/lib64.",
+)
 LOG_LEVEL = _declare(
     "HUMMING_AOT_LOG_LEVEL",
     "WARNING",
@@ -76,7 +83,8 @@ CUDA_HOME = _declare(
     "CUDA_HOME",
     None,
     "Not ours, read only as a fallback: the CUDA toolkit root whose bin/nvcc `humming-aot build` "
-    "uses when HUMMING_AOT_NVCC is unset and no nvcc is on PATH.",
+    "uses when HUMMING_AOT_NVCC is unset and no nvcc is on PATH, and whose lib64/libnvrtc.so the "
+    "JIT uses when HUMMING_AOT_NVRTC is unset and no nvidia-cuda-nvrtc pip package is installed.",
 )
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -109,6 +117,12 @@ def cache_dir() -> Path:
 def nvcc_override() -> Path | None:
     """HUMMING_AOT_NVCC as a path, or None when unset."""
     value = NVCC.get()
+    return Path(value).expanduser() if value is not None else None
+
+
+def nvrtc_override() -> Path | None:
+    """HUMMING_AOT_NVRTC as a path (a libnvrtc.so file or its directory), or None when unset."""
+    value = NVRTC.get()
     return Path(value).expanduser() if value is not None else None
 
 

@@ -65,8 +65,26 @@ def test_table_tiles_kept_exactly_when_they_fit():
                 name = KernelKey(arch=arch, spec=spec, tile=tile).name
                 assert (name in kept) == (smem <= limit), name
                 assert (name in skipped) == (smem > limit), name
-    # the smem rule does bite: 8-bit weights with the 3-stage 128x256 tile exceed ~99 KB on sm86
-    assert any("sm86" in s.name and "w-s8" in s.name for s in enumeration.skipped)
+    assert all(s.smem_bytes > s.smem_limit for s in enumeration.skipped)
+
+
+def test_tiles_over_the_arch_smem_limit_are_left_out(tmp_path):
+    # 8-bit weights with a 6-stage 64x256 tile need 156 KB: over sm86's ~99 KB, under sm80's 163 KB
+    catalog = _write_catalog_toml(tmp_path / "big.toml", """
+[[family]]
+pairing = "wna16_int_symmetric"
+archs = ["sm80", "sm86"]
+w_dtype = ["int8"]
+a_dtype = ["bfloat16"]
+tiles = ["64x256x64_w1x4_s6", "16x128x64_w1x2_s4"]
+""")
+    enumeration = enumerate_catalog(str(catalog), ["sm80", "sm86"])
+    assert sorted(k.arch + " " + k.tile.field for k in enumeration.keys) == [
+        "sm80 16x128x64_w1x2_s4", "sm80 64x256x64_w1x4_s6", "sm86 16x128x64_w1x2_s4"
+    ]
+    assert [s.name for s in enumeration.skipped] == [
+        "gemm_dense_sm86_mma_a-bf16_w-s8-g-bf16_o-bf16_64x256x64_w1x4_s6"
+    ]
     assert all(s.smem_bytes > s.smem_limit for s in enumeration.skipped)
 
 
