@@ -1,5 +1,5 @@
 """The `humming-aot` command: build a wheel (or the in-place catalog), list the installed catalog,
-and report what this machine's GPU can use.
+report what this machine's GPU can use, and check the JIT fallback (doctor).
 
 Errors a user can cause (a bad arch, an unknown catalog, no nvcc) print one line and exit 2;
 a kernel that fails to compile prints nvcc's output and exits 1. HUMMING_AOT_LOG_LEVEL=DEBUG shows
@@ -61,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument("--json", action="store_true", help="machine-readable output")
 
     sub.add_parser("info", help="show this machine's GPUs and which catalog arch serves each")
+    sub.add_parser("doctor", help="check the run-time compiler (NVRTC), headers, JIT cache and catalog vs GPU")
     return parser
 
 
@@ -112,6 +113,26 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gpus() -> tuple[list[tuple[int, str, int, int]], str | None]:
+    """[(index, name, major, minor)] of the visible CUDA GPUs, or ([], why there are none)."""
+    try:
+        import torch
+    except ImportError:
+        return [], "unknown (torch is not importable)"
+    if not torch.cuda.is_available():
+        cuda = torch.version.cuda or "none (CPU-only build)"
+        return [], f"no CUDA GPU visible (torch {torch.__version__}, CUDA {cuda})"
+    return [(i, torch.cuda.get_device_name(i), *torch.cuda.get_device_capability(i))
+            for i in range(torch.cuda.device_count())], None
+
+
+def _catalog_line(catalog) -> str:
+    if catalog is None:
+        return "catalog: none installed (kernels would be compiled at run time)"
+    return (f"catalog: {_count(len(catalog), 'kernel')} for {', '.join(catalog.archs)} "
+            f"(CUDA {', '.join(sorted({m.cuda_version for m in catalog.manifests}))})")
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
     from humming_aot.arch import archs_for_capability, serving_arch
     from humming_aot.catalog import installed_catalog
@@ -119,31 +140,89 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"humming_aot {__version__}")
     catalog = installed_catalog()
     catalog_archs = catalog.archs if catalog is not None else []
-    if catalog is None:
-        print("catalog: none installed (kernels would be compiled at run time)")
-    else:
-        print(f"catalog: {_count(len(catalog), 'kernel')} for {', '.join(catalog_archs)} "
-              f"(CUDA {', '.join(sorted({m.cuda_version for m in catalog.manifests}))})")
-    try:
-        import torch
-    except ImportError:
-        print("GPU: unknown (torch is not importable)")
-        torch = None
-    if torch is not None:
-        if not torch.cuda.is_available():
-            cuda = torch.version.cuda or "none (CPU-only build)"
-            print(f"GPU: no CUDA GPU visible (torch {torch.__version__}, CUDA {cuda})")
-        for index in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
-            major, minor = torch.cuda.get_device_capability(index)
-            arch = serving_arch(catalog_archs, major, minor)
-            served = f"served by catalog arch {arch}" if arch else (
-                f"no catalog arch serves it (would use {', '.join(archs_for_capability(major, minor))})")
-            print(f"GPU {index}: {torch.cuda.get_device_name(index)}, compute capability {major}.{minor}, {served}")
+    print(_catalog_line(catalog))
+    gpus, no_gpu = _gpus()
+    if no_gpu:
+        print(f"GPU: {no_gpu}")
+    for index, name, major, minor in gpus:
+        arch = serving_arch(catalog_archs, major, minor)
+        served = f"served by catalog arch {arch}" if arch else (
+            f"no catalog arch serves it (would use {', '.join(archs_for_capability(major, minor))})")
+        print(f"GPU {index}: {name}, compute capability {major}.{minor}, {served}")
     print(f"JIT: {'enabled' if env.jit_enabled() else 'disabled (HUMMING_AOT_JIT=0)'}; cache {env.cache_dir()}")
     return 0
 
 
-_COMMANDS = {"build": _cmd_build, "list": _cmd_list, "info": _cmd_info}
+def _size(nbytes: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if nbytes < 1024 or unit == "GiB":
+            return f"{nbytes} {unit}" if unit == "bytes" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    raise AssertionError("unreachable")
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    """Everything the JIT fallback needs, one line each; always exits 0 (problems are reported)."""
+    from humming_aot.arch import archs_for_capability, serving_arch
+    from humming_aot.build.ninja import find_include_dir
+    from humming_aot.catalog import installed_catalog
+    from humming_aot.jit import cache, nvrtc
+    from humming_aot.support import supported_archs
+
+    print(f"humming_aot {__version__}")
+    nvrtc_ok = False
+    try:
+        lib = nvrtc.load_nvrtc()
+        archs = lib.supported_archs()
+        targets = f"sm_{min(archs)}..sm_{max(archs)}"
+        print(f"NVRTC: {lib.version_string} at {lib.path} (from {lib.source}; targets {targets})")
+        nvrtc_ok = True
+    except (nvrtc.NvrtcNotFoundError, nvrtc.NvrtcError) as e:
+        print(f"NVRTC: not found: {e}")
+    try:
+        include_dir = find_include_dir()
+        headers = sorted((include_dir / "humming_aot").rglob("*.cuh"))
+        print(f"headers: {include_dir} ({_count(len(headers), 'header')} under humming_aot/)")
+        headers_ok = True
+    except FileNotFoundError as e:
+        print(f"headers: missing: {e}")
+        headers_ok = False
+    use = cache.usage()
+    held = f"{_count(use.entries, 'kernel')}, {_size(use.bytes)}" if use.exists else "not created yet"
+    print(f"JIT cache: {use.root} ({held}; set HUMMING_AOT_CACHE_DIR to move it)")
+    try:
+        enabled = env.jit_enabled()
+    except ValueError as e:
+        print(f"JIT: {e}")
+        enabled = False
+    else:
+        if not enabled:
+            print("JIT: off (HUMMING_AOT_JIT=0): a kernel outside the catalog is an error naming the build command")
+        elif nvrtc_ok and headers_ok:
+            print("JIT: allowed (HUMMING_AOT_JIT=1) and ready: kernels outside the catalog are compiled and cached")
+        else:
+            print("JIT: allowed (HUMMING_AOT_JIT=1) but not ready: fix NVRTC / headers above, or every kernel "
+                  "must come from the catalog")
+    catalog = installed_catalog()
+    print(_catalog_line(catalog))
+    gpus, no_gpu = _gpus()
+    if no_gpu:
+        print(f"GPU: {no_gpu}")
+    for index, name, major, minor in gpus:
+        arch = serving_arch(catalog.archs if catalog is not None else [], major, minor)
+        served = f"catalog arch {arch} serves it" if arch else "no catalog arch serves it"
+        jit_archs = [a for a in archs_for_capability(major, minor) if a in supported_archs()]
+        if not jit_archs:
+            fallback = "humming_aot supports no arch of this GPU"
+        elif enabled and nvrtc_ok and headers_ok:
+            fallback = f"the JIT compiles missing kernels for {jit_archs[0]}"
+        else:
+            fallback = "no JIT fallback"
+        print(f"GPU {index}: {name}, compute capability {major}.{minor}: {served}; {fallback}")
+    return 0
+
+
+_COMMANDS = {"build": _cmd_build, "list": _cmd_list, "info": _cmd_info, "doctor": _cmd_doctor}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,9 @@
 """Select -> obtain -> launch for one GEMM on a CUDA device (the run-time path behind ops.gemm).
 
 select:  heuristics' tile for (arch, M) -> KernelKey
-obtain:  in-memory cache -> the installed catalog (manifest + sha256) -> (JIT: issue #4) or an
-         error that names the missing key and the `humming-aot build` command that adds it
+obtain:  in-memory cache -> the installed catalog (manifest + sha256) -> JIT disk cache -> NVRTC
+         compile, or (HUMMING_AOT_JIT=0) an error that names the missing key and the
+         `humming-aot build` command that adds it (humming_aot.obtain)
 launch:  one GemmParams struct by value, on torch's current stream (CUDA-graph capturable)
 """
 from __future__ import annotations
@@ -15,6 +16,8 @@ import threading
 import torch
 
 from humming_aot import heuristics
+from humming_aot import obtain as _obtain
+from humming_aot.obtain import KernelNotAvailableError  # noqa: F401  (raised from here, part of the API)
 from humming_aot.spec import GemmSpec, KernelKey, TileConfig
 
 # GemmParams (csrc/include/humming_aot/kernel/params.cuh): 8 pointers, lda, ldo, 6 ints.
@@ -49,53 +52,17 @@ def device_info(index: int) -> DeviceInfo:
     )
 
 
-class KernelNotAvailableError(RuntimeError):
-    """No compiled kernel for a request, and run-time compilation is unavailable or off."""
-
-
-def _missing_kernel_error(key: KernelKey, info: DeviceInfo, reason: str) -> KernelNotAvailableError:
-    return KernelNotAvailableError(
-        f"no compiled kernel {key.name} for {info.name} (compute capability "
-        f"{info.capability[0]}.{info.capability[1]}): {reason}. Build a wheel that includes it with "
-        f"`humming-aot build --arch {key.arch} --catalog default` and install that wheel"
-    )
-
-
-def _catalog_key(spec: GemmSpec, info: DeviceInfo, m: int) -> KernelKey:
-    """The key to run: the table's tile where the catalog has it, else the catalog's nearest tile
-    for the same spec and arch (a smoke wheel serves every M with its one tile)."""
-    from humming_aot.catalog import installed_catalog
-
-    catalog = installed_catalog()
-    preferred = KernelKey(arch=info.arches[0], spec=spec, tile=heuristics.select_tile(info.arches[0], m))
-    if catalog is None:
-        raise _missing_kernel_error(preferred, info, "no kernel catalog is installed")
-    for arch in info.arches:
-        key = KernelKey(arch=arch, spec=spec, tile=heuristics.select_tile(arch, m))
-        if catalog.lookup(key.name) is not None:
-            return key
-    for arch in info.arches:
-        same_spec = [
-            key for key in map(KernelKey.from_name, catalog.keys_for(arch)) if key.spec == spec
-        ]
-        if same_spec:
-            # smallest tile that covers m, else the largest
-            return min(same_spec, key=lambda k: (k.tile.block_m < m, abs(k.tile.block_m - m), k.name))
-    raise _missing_kernel_error(
-        preferred, info, f"the installed catalog has no kernel for this format on {', '.join(info.arches)}"
-    )
-
-
 _lock = threading.Lock()
 _selected: dict[tuple, tuple[KernelKey, object]] = {}
 _counters: dict[tuple[int, int], torch.Tensor] = {}
 
 
 def obtain(spec: GemmSpec, device_index: int, m: int, tile: TileConfig | None = None):
-    """(KernelKey, LoadedKernel) for this problem; cached per (spec, device, table tile)."""
-    from humming_aot import kernels
-    from humming_aot.catalog import installed_catalog
+    """(KernelKey, LoadedKernel) for this problem; cached per (spec, device, table tile).
 
+    Which key and where its image comes from (catalog, JIT cache, NVRTC) is ``humming_aot.obtain``'s
+    job; a first call that compiles blocks other first calls of this process for its duration.
+    """
     info = device_info(device_index)
     table_tile = tile or heuristics.select_tile(info.arches[0], m)
     cache_key = (spec, device_index, table_tile, tile is not None)
@@ -103,23 +70,12 @@ def obtain(spec: GemmSpec, device_index: int, m: int, tile: TileConfig | None = 
     if hit is not None:
         return hit
     with _lock:
-        if tile is not None:
-            key = KernelKey(arch=info.arches[0], spec=spec, tile=tile)
-        else:
-            key = _catalog_key(spec, info, m)
-        catalog = installed_catalog()
-        entry = catalog.lookup(key.name) if catalog is not None else None
-        if entry is None:
-            raise _missing_kernel_error(key, info, "it is not in the installed catalog")
-        loaded = kernels.get_loaded(
-            key.name,
-            device_index,
-            lambda: kernels.load_kernel_image(
-                catalog.read_image(key.name), name=key.name, expected=entry, device=device_index
-            ),
-        )
-        _selected[cache_key] = (key, loaded)
-        return key, loaded
+        hit = _selected.get(cache_key)
+        if hit is None:
+            key = _obtain.select_key(spec, info, m, tile)
+            hit = (key, _obtain.load(key, info))
+            _selected[cache_key] = hit
+        return hit
 
 
 def _split_k_counters(device: torch.device, stream: int) -> torch.Tensor:
@@ -133,9 +89,11 @@ def _split_k_counters(device: torch.device, stream: int) -> torch.Tensor:
 
 def launch_gemm(a: torch.Tensor, packed, bias: torch.Tensor | None, spec: GemmSpec,
                 tile: TileConfig | None = None, out: torch.Tensor | None = None,
-                splits: int | None = None) -> torch.Tensor:
+                splits: int | None = None, kernel: tuple[KernelKey, object] | None = None) -> torch.Tensor:
     """out = a @ dequant(packed)^T (+ bias) on a's device. `a` is (M, K) with unit column stride;
-    `out`, if given, is a contiguous (M, N) tensor of a's dtype (tests pass a NaN-filled one)."""
+    `out`, if given, is a contiguous (M, N) tensor of a's dtype (tests pass a NaN-filled one).
+    `kernel`, if given, is the (KernelKey, LoadedKernel) to launch instead of the one ``obtain``
+    picks (tests compare two builds of one key through this)."""
     m, k = a.shape
     n = packed.n
     if out is None:
@@ -143,7 +101,7 @@ def launch_gemm(a: torch.Tensor, packed, bias: torch.Tensor | None, spec: GemmSp
     if m == 0:
         return out
     device_index = a.device.index if a.device.index is not None else torch.cuda.current_device()
-    key, kernel = obtain(spec, device_index, m, tile)
+    key, kernel = kernel if kernel is not None else obtain(spec, device_index, m, tile)
     tile = key.tile
     info = device_info(device_index)
     if splits is None:

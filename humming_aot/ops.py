@@ -144,7 +144,8 @@ def gemm(a: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None
 
 def gemm_with_tile(a: torch.Tensor, packed: PackedWeight, tile: TileConfig | str,
                    bias: torch.Tensor | None = None, splits: int | None = None) -> torch.Tensor:
-    """gemm with a forced tile (for tuning and benchmarks; the kernel must be in the catalog)."""
+    """gemm with a forced tile (for tuning and benchmarks): the catalog's kernel of that tile, else
+    the JIT's (an error naming the kernel when HUMMING_AOT_JIT=0)."""
     from humming_aot import dispatch
     from humming_aot.spec import KernelKey
 

@@ -188,3 +188,38 @@ def test_only_env_reads_os_environ():
         if "os.environ" in p.read_text() or "os.getenv" in p.read_text()
     )
     assert readers == ["env.py"]
+
+
+# --- doctor ------------------------------------------------------------------------------------
+
+
+def test_doctor_reports_nvrtc_headers_cache_and_jit(capsys, monkeypatch, tmp_path):
+    cache_dir = tmp_path / "cache"
+    monkeypatch.setenv("HUMMING_AOT_CACHE_DIR", str(cache_dir))
+    code, out, err = run_cli(capsys, "doctor")
+    assert code == 0, err
+    assert "NVRTC: 13." in out and "libnvrtc.so" in out and "(from pip;" in out
+    assert f"headers: {driver.find_include_dir()} (" in out
+    assert f"JIT cache: {cache_dir} (not created yet" in out
+    assert "JIT: allowed (HUMMING_AOT_JIT=1) and ready" in out
+    assert "catalog: none installed" in out
+    import torch
+
+    if not torch.cuda.is_available():
+        assert "GPU: no CUDA GPU visible" in out
+    (cache_dir / "kernels" / "sm80").mkdir(parents=True)
+    (cache_dir / "kernels" / "sm80" / "k.cubin").write_bytes(b"\0" * 2048)
+    code, out, err = run_cli(capsys, "doctor")
+    assert f"JIT cache: {cache_dir} (1 kernel, 2.0 KiB;" in out
+
+
+def test_doctor_reports_problems_and_still_exits_0(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("HUMMING_AOT_NVRTC", str(tmp_path / "no_nvrtc"))
+    monkeypatch.setenv("HUMMING_AOT_JIT", "0")
+    code, out, err = run_cli(capsys, "doctor")
+    assert code == 0, err
+    assert "NVRTC: not found: HUMMING_AOT_NVRTC=" in out
+    assert "JIT: off (HUMMING_AOT_JIT=0)" in out
+    monkeypatch.setenv("HUMMING_AOT_JIT", "maybe")
+    code, out, err = run_cli(capsys, "doctor")
+    assert code == 0 and "JIT: HUMMING_AOT_JIT='maybe' is not '0' or '1'" in out
