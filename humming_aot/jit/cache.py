@@ -41,6 +41,21 @@ from humming_aot.spec import KernelKey
 
 logger = logging.getLogger("humming_aot.jit")
 
+
+def _make_compiles_visible() -> None:
+    """A run-time compile must never be silent (it reads as a hang): when the application has not
+    configured logging, give this logger its own stderr handler at HUMMING_AOT_LOG_LEVEL or INFO,
+    whichever is lower. An application that configures logging keeps full control."""
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    from humming_aot import env
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("humming_aot: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(min(env.log_level(), logging.INFO))
+    logger.propagate = False
+
 LAYOUT_VERSION = 1  # bump when the entry format or the key material changes
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
@@ -235,6 +250,7 @@ def obtain(key: KernelKey, *, include_dir: Path, nvrtc_lib: nvrtc.Nvrtc) -> Cach
 def _compile(key: KernelKey, source: str, options: tuple[str, ...], include_dir: Path,
              nvrtc_lib: nvrtc.Nvrtc) -> tuple[bytes, float]:
     nvrtc.check_arch_supported(nvrtc_lib, key.arch)
+    _make_compiles_visible()
     logger.info("compiling %s with NVRTC %s (not in the kernel catalog; this takes a few seconds)",
                 key.name, nvrtc_lib.version_string)
     start = time.monotonic()
