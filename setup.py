@@ -1,7 +1,7 @@
 """Builds humming_aot: the launcher extension humming_aot._C, plus the CUDA headers and catalog data.
 
 Metadata lives in pyproject.toml. This file adds what setuptools cannot say declaratively:
-- the pybind11 extension (defined once in humming_aot/build/extension.py),
+- the pybind11 extension (defined once in humming_aot/aot/extension.py),
 - a build_py that copies csrc/include/humming_aot/** to humming_aot/include/humming_aot/** and
   catalog/*.toml to humming_aot/catalog_files/*.toml in the build tree (never in the source tree),
 - prebuilt kernels under humming_aot/_catalog/** (manifest.json, fatbins) when present.
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent
 
 def _load_extension_module():
     # By file path, so that building does not execute humming_aot/__init__.py.
-    path = ROOT / "humming_aot" / "build" / "extension.py"
+    path = ROOT / "humming_aot" / "aot" / "extension.py"
     spec = importlib.util.spec_from_file_location("_humming_aot_build_extension", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

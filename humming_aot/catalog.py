@@ -2,7 +2,7 @@
 HUMMING_AOT_CATALOG_DIR, read through their manifest.json.
 
 A catalog directory holds ``manifest.json`` and ``kernels/<name>.fatbin`` (see
-``humming_aot.build.manifest``). Directories are searched in order: each HUMMING_AOT_CATALOG_DIR
+``humming_aot.aot.manifest``). Directories are searched in order: each HUMMING_AOT_CATALOG_DIR
 entry, then the package's ``humming_aot/_catalog`` (put there by the wheel, or by
 ``humming-aot build --inplace`` in a checkout); the first directory holding a kernel name serves
 it. Every image is checked against its manifest sha256 when read; a mismatch is an error naming
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from humming_aot import env
 from humming_aot._version import __version__
-from humming_aot.build import codegen
-from humming_aot.build.manifest import MANIFEST_NAME, manifest_problems
+from humming_aot.aot import codegen
+from humming_aot.aot.manifest import MANIFEST_NAME, manifest_problems
 from humming_aot.spec import KernelKey
 
 logger = logging.getLogger(__name__)
@@ -184,7 +184,7 @@ def test_keys(arch: str, tier: str = "smoke", catalog: str = "default") -> list[
     tier "smoke": one tile per GemmSpec (the smallest); "full": every kernel. An arch the catalog
     does not cover gives no keys.
     """
-    from humming_aot.build.enumerate import catalog_archs, enumerate_keys
+    from humming_aot.aot.enumerate import catalog_archs, enumerate_keys
 
     if tier not in ("smoke", "full"):
         raise ValueError(f"tier {tier!r} is not 'smoke' or 'full'")

@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from humming_aot.build.wheel import WHEEL_SIZE_BUDGET, build
+    from humming_aot.aot.wheel import WHEEL_SIZE_BUDGET, build
 
     summary = build(archs=args.arch, catalog=args.catalog, jobs=args.jobs, out_dir=args.out,
                     build_dir=args.build_dir, inplace=args.inplace, stream=sys.stderr)
@@ -164,7 +164,7 @@ def _size(nbytes: int) -> str:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     """Everything the JIT fallback needs, one line each; always exits 0 (problems are reported)."""
     from humming_aot.arch import archs_for_capability, serving_arch
-    from humming_aot.build.ninja import find_include_dir
+    from humming_aot.aot.ninja import find_include_dir
     from humming_aot.catalog import installed_catalog
     from humming_aot.jit import cache, nvrtc
     from humming_aot.support import supported_archs
@@ -226,7 +226,7 @@ _COMMANDS = {"build": _cmd_build, "list": _cmd_list, "info": _cmd_info, "doctor"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from humming_aot.build.ninja import CompileError, FatbinTargetError
+    from humming_aot.aot.ninja import CompileError, FatbinTargetError
     from humming_aot.catalog import CatalogIntegrityError
 
     try:

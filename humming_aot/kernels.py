@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from humming_aot import _launcher
 from humming_aot.spec import kernel_symbol
-from humming_aot.build import codegen
+from humming_aot.aot import codegen
 
 __all__ = [
     "KERNEL_METADATA_BYTES",

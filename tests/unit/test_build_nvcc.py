@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from humming_aot.build import ninja as driver
-from humming_aot.build.enumerate import enumerate_keys
+from humming_aot.aot import ninja as driver
+from humming_aot.aot.enumerate import enumerate_keys
 from humming_aot.spec import KernelKey, parse_arch
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from humming_aot import cli, env
-from humming_aot.build import ninja as driver
-from humming_aot.build.enumerate import enumerate_keys
-from humming_aot.build.manifest import MANIFEST_NAME, build_manifest, write_manifest
+from humming_aot.aot import ninja as driver
+from humming_aot.aot.enumerate import enumerate_keys
+from humming_aot.aot.manifest import MANIFEST_NAME, build_manifest, write_manifest
 from humming_aot.catalog import installed_catalog
 
 
@@ -81,7 +81,7 @@ def test_compile_failure_exits_1_with_nvcc_output(capsys, monkeypatch):
     def failing_build(**kwargs):
         raise driver.CompileError("nvcc failed for gemm_x:\nsrc/gemm_x.cu(1): error: boom")
 
-    monkeypatch.setattr("humming_aot.build.wheel.build", failing_build)
+    monkeypatch.setattr("humming_aot.aot.wheel.build", failing_build)
     code, out, err = run_cli(capsys, "build", "--arch", "sm80")
     assert code == 1
     assert "nvcc failed for gemm_x" in err and "error: boom" in err and "Traceback" not in err

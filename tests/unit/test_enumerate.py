@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from humming_aot import heuristics, support
-from humming_aot.build import codegen
-from humming_aot.build.enumerate import (
+from humming_aot.aot import codegen
+from humming_aot.aot.enumerate import (
     catalog_archs,
     enumerate_catalog,
     enumerate_keys,
     parse_tile_field,
 )
-from humming_aot.build.manifest import (
+from humming_aot.aot.manifest import (
     MANIFEST_NAME,
     build_manifest,
     manifest_bytes,

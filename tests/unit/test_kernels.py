@@ -11,7 +11,7 @@ import pytest
 
 from humming_aot.spec import kernel_symbol
 from humming_aot import _launcher, kernels
-from humming_aot.build import codegen
+from humming_aot.aot import codegen
 
 NAME = "gemm_dense_sm80_mma_a-f16_w-s4-g128_o-f16_16x64x64_s4"
 MANIFEST_ENTRY = {"file": f"{NAME}.fatbin", "sha256": "0" * 64, "threads": 128, "smem_bytes": 49_152}

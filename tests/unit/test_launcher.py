@@ -42,7 +42,7 @@ def extension():
         return
     if importlib.util.find_spec("pybind11") is None:
         pytest.skip("humming_aot._C is not built and pybind11 is missing, so it cannot be built here")
-    from humming_aot.build.extension import build_launcher_extension
+    from humming_aot.aot.extension import build_launcher_extension
 
     build_dir = Path(tempfile.mkdtemp(prefix="humming_aot_launcher_"))
     so_path = build_launcher_extension(build_dir)
@@ -246,7 +246,7 @@ def test_driver_api_values_match_cuda_h(tmp_path):
 def test_build_launcher_extension_into_a_directory(tmp_path):
     if importlib.util.find_spec("pybind11") is None:
         pytest.skip("pybind11 is missing")
-    from humming_aot.build.extension import build_launcher_extension
+    from humming_aot.aot.extension import build_launcher_extension
 
     built = build_launcher_extension(tmp_path)
     assert built.is_file()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from humming_aot._version import __version__
-from humming_aot.build import wheel
+from humming_aot.aot import wheel
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,7 +1,7 @@
 #pragma once
 // Host <-> device contract of every GEMM kernel: the one Params struct passed by value, and the
 // metadata each compiled kernel exports so the launcher can check it against the manifest.
-// Layout changes bump kParamsVersion (and humming_aot.build.codegen.PARAMS_VERSION).
+// Layout changes bump kParamsVersion (and humming_aot.aot.codegen.PARAMS_VERSION).
 
 #include <humming_aot/numerics/types.cuh>
 

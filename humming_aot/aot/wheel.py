@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import TextIO
 
 from humming_aot._version import __version__
-from humming_aot.build.enumerate import enumerate_catalog
-from humming_aot.build.manifest import KERNELS_DIR, MANIFEST_NAME, build_manifest, write_manifest
-from humming_aot.build.ninja import CompileError, compile_keys, nvcc_info
+from humming_aot.aot.enumerate import enumerate_catalog
+from humming_aot.aot.manifest import KERNELS_DIR, MANIFEST_NAME, build_manifest, write_manifest
+from humming_aot.aot.ninja import CompileError, compile_keys, nvcc_info
 from humming_aot.support import arch_sort_key
 
 DIST_NAME = "humming_aot"
@@ -90,7 +90,7 @@ def package_files(package_dir: Path = PACKAGE_DIR) -> dict[str, Path]:
 def data_files() -> dict[str, Path]:
     """Headers -> humming_aot/include/humming_aot/**, catalog data -> humming_aot/catalog_files/
     (the mapping setup.py uses too)."""
-    from humming_aot.build.extension import package_data_files
+    from humming_aot.aot.extension import package_data_files
 
     return package_data_files()
 
@@ -116,7 +116,7 @@ def _dist_info(version: str, tag: str) -> dict[str, bytes]:
     ])
     wheel = "\n".join([
         "Wheel-Version: 1.0",
-        f"Generator: humming_aot.build.wheel {__version__}",
+        f"Generator: humming_aot.aot.wheel {__version__}",
         "Root-Is-Purelib: false",
         f"Tag: {tag}",
         "",
@@ -176,7 +176,7 @@ def _install_inplace(catalog_dir: Path, manifest: dict, target: Path) -> None:
 def _build_launcher(build_dir: Path) -> Path:
     from setuptools.errors import CompileError as SetuptoolsCompileError, LinkError
 
-    from humming_aot.build.extension import build_launcher_extension
+    from humming_aot.aot.extension import build_launcher_extension
 
     try:
         return Path(build_launcher_extension(build_dir))

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from humming_aot._version import __version__
-from humming_aot.build import codegen
+from humming_aot.aot import codegen
 from humming_aot.spec import KernelKey
 
 SCHEMA_VERSION = 1
