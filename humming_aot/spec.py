@@ -123,6 +123,7 @@ class TileConfig:
     block_k: int = 64  # K per pipeline stage
     warps_m: int
     warps_n: int
+    warps_k: int = 1  # warps splitting each stage's K steps (their partial sums meet in shared memory)
     stages: int  # cp.async pipeline depth
 
     def __post_init__(self) -> None:
@@ -130,6 +131,8 @@ class TileConfig:
             raise ValueError(f"block_m={self.block_m} is not a multiple of 16 * warps_m={self.warps_m}")
         if self.block_n != 64 * self.warps_n:
             raise ValueError(f"block_n={self.block_n} must be 64 * warps_n ({64 * self.warps_n})")
+        if self.warps_k not in (1, 2, 4):
+            raise ValueError(f"warps_k={self.warps_k}: the 4 K steps of a 64-wide stage split over 1, 2 or 4 warps")
         if self.block_k != 64:
             raise ValueError(f"block_k={self.block_k}: the mma.sync body is written for block_k=64")
         if self.stages < 2:
@@ -137,11 +140,12 @@ class TileConfig:
 
     @property
     def threads(self) -> int:
-        return 32 * self.warps_m * self.warps_n
+        return 32 * self.warps_m * self.warps_n * self.warps_k
 
     @property
     def field(self) -> str:
-        return f"{self.block_m}x{self.block_n}x{self.block_k}_w{self.warps_m}x{self.warps_n}_s{self.stages}"
+        warps = f"w{self.warps_m}x{self.warps_n}" + (f"x{self.warps_k}" if self.warps_k > 1 else "")
+        return f"{self.block_m}x{self.block_n}x{self.block_k}_{warps}_s{self.stages}"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -208,7 +212,7 @@ def _enum_value(enum: type[Enum], value: str, name: str, what: str):
 
 
 _BLOCK_RE = re.compile(r"^(\d+)x(\d+)x(\d+)$")
-_WARPS_RE = re.compile(r"^w(\d+)x(\d+)$")
+_WARPS_RE = re.compile(r"^w(\d+)x(\d+)(?:x(\d+))?$")
 _STAGES_RE = re.compile(r"^s(\d+)$")
 
 
@@ -238,7 +242,7 @@ def _parse_name(name: str) -> KernelKey:
     )
     mb, mw, ms = _BLOCK_RE.match(block), _WARPS_RE.match(warps), _STAGES_RE.match(stages)
     if not (mb and mw and ms):
-        raise ValueError(f"{name!r}: tile fields must read '<M>x<N>x<K>_w<M>x<N>_s<stages>'")
+        raise ValueError(f"{name!r}: tile fields must read '<M>x<N>x<K>_w<M>x<N>[x<K>]_s<stages>'")
     tile = TileConfig(
         mma=_enum_value(MmaKind, mma, name, "mma kind"),
         block_m=int(mb.group(1)),
@@ -246,6 +250,7 @@ def _parse_name(name: str) -> KernelKey:
         block_k=int(mb.group(3)),
         warps_m=int(mw.group(1)),
         warps_n=int(mw.group(2)),
+        warps_k=int(mw.group(3) or 1),
         stages=int(ms.group(1)),
     )
     key = KernelKey(arch=arch, spec=spec, tile=tile)

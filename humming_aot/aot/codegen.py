@@ -40,7 +40,7 @@ using Kernel = humming_aot::kernel::DenseMmaSync<
     {_ACT_TYPES[spec.a_dtype]},  // activation, scale and output dtype
     {spec.w_bits},  // weight bits
     {_ZERO_POINT[spec.w_zero_point]},
-    {tile.block_m}, {tile.block_n}, {tile.warps_m}, {tile.warps_n}, {tile.stages}>;
+    {tile.block_m}, {tile.block_n}, {tile.warps_m}, {tile.warps_n}, {tile.warps_k}, {tile.stages}>;
 }}  // namespace
 
 static_assert(Kernel::kSmemBytes == {smem}, "shared memory differs from humming_aot.heuristics.smem_bytes");

@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 BUILTIN_CATALOGS = ("default", "smoke")
 _FAMILY_KEYS = {"pairing", "doc", "archs", "a_dtype", "w_dtype", "tiles"}
-_TILE_FIELD_RE = re.compile(r"^(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_s(\d+)$")
+_TILE_FIELD_RE = re.compile(r"^(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)(?:x(\d+))?_s(\d+)$")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -74,9 +74,9 @@ def parse_tile_field(text: str) -> TileConfig:
     """'16x128x64_w1x2_s8' -> TileConfig (the tile part of a kernel name)."""
     m = _TILE_FIELD_RE.match(text)
     if not m:
-        raise ValueError(f"tile {text!r} does not read '<M>x<N>x<K>_w<warps M>x<warps N>_s<stages>'")
-    bm, bn, bk, wm, wn, stages = (int(g) for g in m.groups())
-    tile = TileConfig(block_m=bm, block_n=bn, block_k=bk, warps_m=wm, warps_n=wn, stages=stages)
+        raise ValueError(f"tile {text!r} does not read '<M>x<N>x<K>_w<warps M>x<warps N>[x<warps K>]_s<stages>'")
+    bm, bn, bk, wm, wn, wk, stages = (int(g or 1) for g in m.groups())
+    tile = TileConfig(block_m=bm, block_n=bn, block_k=bk, warps_m=wm, warps_n=wn, warps_k=wk, stages=stages)
     if tile.field != text:
         raise ValueError(f"tile {text!r} is not in canonical form (expected {tile.field!r})")
     return tile

@@ -52,7 +52,12 @@ def smem_bytes(tile: TileConfig, w_bits: int, has_zero_point: bool) -> int:
     w_bytes = tile.block_n * tile.block_k * w_bits // 8
     scale_bytes = MAX_SCALE_ROWS_PER_STAGE * tile.block_n * 2
     zp_bytes = scale_bytes if has_zero_point else 0
-    return tile.stages * (a_bytes + w_bytes + scale_bytes + zp_bytes)
+    pipeline = tile.stages * (a_bytes + w_bytes + scale_bytes + zp_bytes)
+    # warps_k > 1: after the K loop, warps 1.. of each K group park their fp32 accumulators
+    # (block_m / warps_m / 16 m16 fragments x 8 n8 fragments x 4 floats x 32 lanes) in the same
+    # shared memory for warp 0 of the group to add up
+    reduction = (tile.warps_k - 1) * tile.warps_m * tile.warps_n * (tile.block_m // tile.warps_m // 16) * 4096
+    return max(pipeline, reduction)
 
 
 def select_tile(arch: str, m: int) -> TileConfig:

@@ -49,10 +49,10 @@ struct KernelMetadata {
   char name[224];
 };
 template <class T, int kBits, numerics::ZeroPointKind kZp, int kBlockM, int kBlockN, int kWarpsM, int kWarpsN,
-          int kStages>
+          int kWarpsK, int kStages>
 struct DenseMmaSync {
   FAILURE_HOOK
-  static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
+  static constexpr int kThreads = 32 * kWarpsM * kWarpsN * kWarpsK;
   static constexpr int kMinBlocksPerSm = 1;
   static constexpr int kScaleRows = kZp == numerics::ZeroPointKind::kInteger ? 2 : 1;
   static constexpr int kSmemBytes = kStages * (kBlockM * 64 * 2 + kBlockN * 64 * kBits / 8 + kScaleRows * 4 * kBlockN * 2);

@@ -95,3 +95,12 @@ def test_unknown_dtype_in_spec():
 
 def test_keys_sort_by_name():
     assert sorted(reversed(DEFAULT_KEYS)) == DEFAULT_KEYS
+
+
+def test_warps_along_k_round_trip_and_default():
+    name = "gemm_dense_sm90a_mma_a-bf16_w-s4-g-bf16_o-bf16_16x128x64_w1x2x4_s4"
+    key = KernelKey.from_name(name)
+    assert key.tile.warps_k == 4 and key.tile.threads == 256 and key.name == name
+    assert KernelKey.from_name(GOOD).tile.warps_k == 1  # omitted when 1
+    with pytest.raises(ValueError, match="canonical"):
+        KernelKey.from_name(GOOD.replace("_w1x2_", "_w1x2x1_"))

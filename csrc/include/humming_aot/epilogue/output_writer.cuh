@@ -55,10 +55,12 @@ struct OutputWriter {
     *dst = H2::from_floats(v0, v1);
   }
 
-  // Write the tile (k_splits == 1), or take part in the split-K reduction.
+  // Write the tile (k_splits == 1), or take part in the split-K reduction. Every thread of the CTA
+  // calls this; only `owner` threads hold accumulators of the tile (the others only synchronize).
   static __device__ __forceinline__ void write(const kernel::GemmParams& p, Accumulators& acc, int row0,
-                                               int col0, int tile_index, int* arrival_flag) {
+                                               int col0, int tile_index, int* arrival_flag, bool owner) {
     if (p.k_splits == 1) {
+      if (!owner) return;
       for_each_pair(row0, col0, [&](int mi, int ni, int half, int row, int col) {
         if (row < p.m && col < p.n) store(p, row, col, acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1]);
       });
@@ -67,7 +69,7 @@ struct OutputWriter {
     const i64 slice_stride = static_cast<i64>(p.m) * p.n;
     float* partial = p.workspace + blockIdx.y * slice_stride;
     for_each_pair(row0, col0, [&](int mi, int ni, int half, int row, int col) {
-      if (row < p.m && col < p.n) {
+      if (owner && row < p.m && col < p.n) {
         float2 v = make_float2(acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1]);
         __stcg(reinterpret_cast<float2*>(partial + static_cast<i64>(row) * p.n + col), v);
       }
@@ -79,7 +81,7 @@ struct OutputWriter {
       *arrival_flag = (arrived == p.k_splits - 1);
     }
     __syncthreads();
-    if (!*arrival_flag) return;
+    if (!*arrival_flag || !owner) return;  // thread 0 is an owner: it resets the counter below
     __threadfence();  // acquire: see every other slice's partials
     // Sum the slices in order 0..k_splits-1 into the (reused) accumulators. Slices are the outer
     // loop so that each pass issues all of its independent loads before any add waits on one.

@@ -24,11 +24,12 @@ template <class Act,                       // Float16 or BFloat16: activation, s
           numerics::ZeroPointKind kZeroPoint,
           int kBlockM,                     // output rows per CTA
           int kBlockN,                     // output columns per CTA (64 per warp along N)
-          int kWarpsM, int kWarpsN,        // warp grid of the CTA
+          int kWarpsM, int kWarpsN,        // warp grid of the CTA over the output tile
+          int kWarpsK,                     // warps sharing each stage's K steps (1, 2 or 4)
           int kStages>                     // cp.async pipeline depth
 struct DenseMmaSync {
   static constexpr int kBlockK = 64;
-  static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
+  static constexpr int kThreads = 32 * kWarpsM * kWarpsN * kWarpsK;
   static constexpr int kMinBlocksPerSm = 1;
   static constexpr int kWarpRows = kBlockM / kWarpsM;
   static constexpr int kMTiles = kWarpRows / 16;      // m16 fragments per warp
@@ -42,6 +43,7 @@ struct DenseMmaSync {
   static_assert(kBlockM % (16 * kWarpsM) == 0, "each warp needs whole m16 fragments");
   static_assert(kBlockN == 64 * kWarpsN, "one packed 64-column unit per warp along N");
   static_assert(kStages >= 2, "a pipeline needs two stages");
+  static_assert(kK16Steps % kWarpsK == 0, "the K steps of a stage split evenly over the K warps");
   static_assert(kThreads <= 1024, "too many warps");
 
   // Shared memory of one pipeline stage, in bytes; every part is a multiple of 16.
@@ -50,7 +52,9 @@ struct DenseMmaSync {
   static constexpr int kSBytes = kScaleRows * kBlockN * 2;            // (4, kBlockN) permuted scales
   static constexpr int kZBytes = kHasZeroPoint ? kSBytes : 0;         // zero points, like scales
   static constexpr int kStageBytes = kABytes + kWBytes + kSBytes + kZBytes;
-  static constexpr int kSmemBytes = kStages * kStageBytes;
+  // warps_k > 1: warps 1.. of each K group park their accumulators here after the K loop
+  static constexpr int kReductionBytes = (kWarpsK - 1) * kWarpsM * kWarpsN * kMTiles * kNTiles * 4 * 32 * 4;
+  static constexpr int kSmemBytes = kStages * kStageBytes > kReductionBytes ? kStages * kStageBytes : kReductionBytes;
 
   using H2 = numerics::PackedHalf2<Act>;
   using Dequantizer = numerics::IntDequantizer<Act, kBits, kZeroPoint>;
@@ -227,17 +231,53 @@ struct DenseMmaSync {
     }
   }
 
-  // Multiply one staged K tile into the warp's accumulators; the shared-memory reads of step
-  // kk + 1 are issued before the dequant and mma of step kk (register double buffering).
-  static __device__ __forceinline__ void compute_stage(const char* stage, int warp_m, int warp_n,
+  // Multiply this warp's K steps of one staged K tile (kk = warp_k, warp_k + kWarpsK, ...) into its
+  // accumulators; the shared-memory reads of the next step are issued before the dequant and mma
+  // of the current one (register double buffering).
+  static __device__ __forceinline__ void compute_stage(const char* stage, int warp_m, int warp_n, int warp_k,
                                                        const GroupWalk& walk, float (&acc)[kMTiles][kNTiles][4]) {
+    constexpr int kSteps = kK16Steps / kWarpsK;
     const u32 stage_smem = memory::shared_address(stage);
     StepFragments frags[2];
-    load_step(stage_smem, 0, warp_m, warp_n, walk, frags[0]);
+    load_step(stage_smem, warp_k, warp_m, warp_n, walk, frags[0]);
 #pragma unroll
-    for (int kk = 0; kk < kK16Steps; ++kk) {
-      if (kk + 1 < kK16Steps) load_step(stage_smem, kk + 1, warp_m, warp_n, walk, frags[(kk + 1) & 1]);
-      multiply_step(frags[kk & 1], acc);
+    for (int i = 0; i < kSteps; ++i) {
+      if (i + 1 < kSteps) load_step(stage_smem, warp_k + (i + 1) * kWarpsK, warp_m, warp_n, walk, frags[(i + 1) & 1]);
+      multiply_step(frags[i & 1], acc);
+    }
+  }
+
+  // Add the accumulators of K warps 1.. into K warp 0 of each (warp_m, warp_n), in K-warp order
+  // (deterministic). Reuses the pipeline's shared memory: every cp.async has landed and been read.
+  static __device__ __forceinline__ void reduce_over_k_warps(char* smem, int warp_mn, int warp_k,
+                                                             float (&acc)[kMTiles][kNTiles][4]) {
+    if constexpr (kWarpsK > 1) {
+      constexpr int kValues = kMTiles * kNTiles * 4;  // floats per lane
+      float* parked = reinterpret_cast<float*>(smem);  // (kWarpsK - 1, kWarpsM * kWarpsN, kValues, 32)
+      const int lane = threadIdx.x & 31;
+      __syncthreads();
+      if (warp_k > 0) {
+        float* mine = parked + ((warp_k - 1) * kWarpsM * kWarpsN + warp_mn) * kValues * 32 + lane;
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+          for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) mine[((mi * kNTiles + ni) * 4 + e) * 32] = acc[mi][ni][e];
+      }
+      __syncthreads();
+      if (warp_k == 0) {
+#pragma unroll
+        for (int other = 1; other < kWarpsK; ++other) {
+          const float* theirs = parked + ((other - 1) * kWarpsM * kWarpsN + warp_mn) * kValues * 32 + lane;
+#pragma unroll
+          for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) acc[mi][ni][e] += theirs[((mi * kNTiles + ni) * 4 + e) * 32];
+        }
+      }
     }
   }
 
@@ -247,7 +287,8 @@ struct DenseMmaSync {
     const Scheduler tile(p.m, p.n, p.k, p.k_splits);
     const int m0 = tile.m_tile * kBlockM, n0 = tile.n_tile * kBlockN;
     const int warp = threadIdx.x >> 5;
-    const int warp_m = warp / kWarpsN, warp_n = warp % kWarpsN;
+    const int warp_k = warp / (kWarpsM * kWarpsN), warp_mn = warp % (kWarpsM * kWarpsN);
+    const int warp_m = warp_mn / kWarpsN, warp_n = warp_mn % kWarpsN;
     const GroupWalk walk(p.group_size);
 
     float acc[kMTiles][kNTiles][4];
@@ -272,13 +313,14 @@ struct DenseMmaSync {
         loader.advance();
       }
       memory::cp_async_commit();
-      compute_stage(smem + compute_slot * kStageBytes, warp_m, warp_n, walk, acc);
+      compute_stage(smem + compute_slot * kStageBytes, warp_m, warp_n, warp_k, walk, acc);
       compute_slot = compute_slot + 1 == kStages ? 0 : compute_slot + 1;
       load_slot = load_slot + 1 == kStages ? 0 : load_slot + 1;
     }
     memory::cp_async_wait<0>();
+    reduce_over_k_warps(smem, warp_mn, warp_k, acc);
 
-    Writer::write(p, acc, m0 + warp_m * kWarpRows, n0 + warp_n * 64, tile.tile_index, &arrival_flag);
+    Writer::write(p, acc, m0 + warp_m * kWarpRows, n0 + warp_n * 64, tile.tile_index, &arrival_flag, warp_k == 0);
   }
 };
 
