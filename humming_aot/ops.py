@@ -7,6 +7,8 @@ one rounding to the output dtype), so integrations and CI work without a GPU.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from humming_aot.packing import PackedWeight, unpack
@@ -63,8 +65,6 @@ def _validate(a: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) 
 
 def _validate_cuda(a2: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) -> None:
     """Checks that need real pointers or the device (run inside the op, never traced)."""
-    from humming_aot import dispatch, support
-
     if bias is not None and bias.data_ptr() % 4:
         raise ValueError("gemm: bias must start on a 4-byte boundary: pass bias.contiguous().clone()")
     if a2.numel() and (a2.data_ptr() % 16 or (a2.shape[0] > 1 and a2.stride(0) % 8)):
@@ -72,11 +72,21 @@ def _validate_cuda(a2: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | 
             "gemm: a's rows must start on 16-byte boundaries (data pointer and row stride a multiple "
             f"of 8 elements; got row stride {a2.stride(0)}): pass a.contiguous()"
         )
-    info = dispatch.device_info(a2.device.index if a2.device.index is not None else torch.cuda.current_device())
-    spec = gemm_spec(packed)
+    device = a2.device.index if a2.device.index is not None else torch.cuda.current_device()
+    reason = _unsupported_on_device(gemm_spec(packed), device)
+    if reason:
+        raise ValueError(reason)
+
+
+@functools.cache
+def _unsupported_on_device(spec: GemmSpec, device: int) -> str | None:
+    """Why no arch serving this GPU supports `spec` (None if one does); cached, so the support
+    matrix is walked once per (spec, device), not on every call."""
+    from humming_aot import dispatch, support
+
+    info = dispatch.device_info(device)
     reasons = [support.why_unsupported(spec, arch) for arch in info.arches]
-    if all(reasons):
-        raise ValueError(f"gemm: not supported on {info.name}: {reasons[0]}")
+    return f"gemm: not supported on {info.name}: {reasons[0]}" if all(reasons) else None
 
 
 def _reference(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size):
