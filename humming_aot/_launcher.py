@@ -36,6 +36,7 @@ __all__ = [
     "load_library",
     "read_global",
     "set_max_dynamic_smem",
+    "supports_programmatic_launch",
     "unload_library",
 ]
 
@@ -115,6 +116,13 @@ def driver_available() -> bool:
     return _c().driver_available()
 
 
+def supports_programmatic_launch() -> bool:
+    """Whether :func:`launch` can honour ``programmatic_dependent_launch=True``: a usable driver with
+    cuLaunchKernelEx. Says nothing about the device (PDL needs sm_90+). Never raises for a missing driver.
+    """
+    return _c().supports_programmatic_launch()
+
+
 def driver_unavailable_reason() -> str:
     """Why :func:`driver_available` is False, e.g. dlopen's error text; '' when it is True."""
     return _c().driver_unavailable_reason()
@@ -183,6 +191,8 @@ def launch(
     stream: int,
     params: BytesLike,
     device: int,
+    *,
+    programmatic_dependent_launch: bool = False,
 ) -> None:
     """Launch ``kernel`` asynchronously on ``stream``; ``params`` are the bytes of its one by-value struct.
 
@@ -191,5 +201,13 @@ def launch(
     (``torch.cuda.current_stream(device).cuda_stream``; 0 is the legacy default stream of the
     current context). ``params`` must be exactly the kernel's parameter size: the driver reads that
     many bytes. If the thread has no current context, ``device``'s primary context is made current.
+
+    ``programmatic_dependent_launch=True`` (ask for it on sm_90+ devices only) launches with
+    Programmatic Dependent Launch: the kernel may start while the previous kernel in ``stream``
+    finishes, so it must execute ``griddepcontrol.wait`` before reading what that kernel writes.
+    Without cuLaunchKernelEx in the driver (:func:`supports_programmatic_launch`) it is an ordinary
+    launch; results are the same either way.
     """
-    (_extension or _c()).launch(kernel, grid, block, smem, stream, params, device)
+    (_extension or _c()).launch(
+        kernel, grid, block, smem, stream, params, device, programmatic_dependent_launch=programmatic_dependent_launch
+    )

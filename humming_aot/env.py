@@ -55,6 +55,14 @@ JIT = _declare(
     "run-time compilation is forbidden and a missing kernel is an error that names it and the "
     "`humming-aot build` command that would add it (strict air-gapped use).",
 )
+PDL = _declare(
+    "HUMMING_AOT_PDL",
+    "1",
+    "'1', 'true' or 'on' (default): on sm_90+ GPUs kernels are launched with Programmatic Dependent "
+    "Launch, so a GEMM's prologue (barrier setup, descriptor prefetch) overlaps the tail of the "
+    "kernel before it in the stream. '0', 'false' or 'off': ordinary launches, e.g. to rule PDL out "
+    "while debugging. Results are the same either way. Read when a kernel is first loaded on a device.",
+)
 CACHE_DIR = _declare(
     "HUMMING_AOT_CACHE_DIR",
     "~/.cache/humming_aot",
@@ -88,6 +96,8 @@ CUDA_HOME = _declare(
 )
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_PDL_ON = ("1", "true", "on")
+_PDL_OFF = ("0", "false", "off")
 
 
 def catalog_dirs() -> list[Path]:
@@ -107,6 +117,17 @@ def jit_enabled() -> bool:
             "compilation or '1' (the default) to allow it"
         )
     return value == "1"
+
+
+def pdl_enabled() -> bool:
+    """Whether kernels on sm_90+ GPUs may be launched with Programmatic Dependent Launch."""
+    value = PDL.get()
+    if value.lower() not in _PDL_ON + _PDL_OFF:
+        raise ValueError(
+            f"HUMMING_AOT_PDL={value!r} is not one of 0/false/off or 1/true/on: set it to '0' to launch "
+            "without Programmatic Dependent Launch or '1' (the default) to use it on sm_90+ GPUs"
+        )
+    return value.lower() in _PDL_ON
 
 
 def cache_dir() -> Path:

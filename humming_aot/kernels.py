@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from humming_aot import _launcher
+from humming_aot import _launcher, env
 from humming_aot.spec import kernel_symbol
 from humming_aot.aot import codegen
 
@@ -106,11 +106,14 @@ class LoadedKernel:
     smem_bytes: int  # dynamic shared memory per block, in bytes (already allowed on `device`)
     params_bytes: int  # size of the Params struct each launch passes
     device: int  # CUDA device ordinal the kernel was prepared for
+    # Launch with Programmatic Dependent Launch: HUMMING_AOT_PDL is on and `device` is sm_90+
+    programmatic_launch: bool = False
 
     def launch(self, grid: tuple[int, int, int], stream: int, params: bytes) -> None:
         """Launch on ``stream`` (a CUstream int, e.g. ``torch.cuda.current_stream().cuda_stream``).
 
-        ``params`` are the bytes of the kernel's Params struct, exactly ``params_bytes`` long.
+        ``params`` are the bytes of the kernel's Params struct, exactly ``params_bytes`` long. With
+        ``programmatic_launch`` the kernel may start while the previous kernel in ``stream`` finishes.
         """
         if len(params) != self.params_bytes:
             raise ValueError(
@@ -118,7 +121,10 @@ class LoadedKernel:
                 "the Python Params layout differs from the C++ GemmParams"
             )
         try:
-            _launcher.launch(self.kernel, grid, (self.threads, 1, 1), self.smem_bytes, stream, params, self.device)
+            _launcher.launch(
+                self.kernel, grid, (self.threads, 1, 1), self.smem_bytes, stream, params, self.device,
+                programmatic_dependent_launch=self.programmatic_launch,
+            )
         except Exception as error:
             error.add_note(f"launching kernel {self.name} on device {self.device}")
             raise
@@ -231,7 +237,8 @@ def load_kernel_image(
     ``expected`` is the manifest entry (see :func:`check_kernel_metadata`). On any failure the library
     is unloaded again and the error propagates: KernelMetadataError for a metadata mismatch,
     ``_launcher.CudaError`` for a driver failure (e.g. CUDA_ERROR_NO_BINARY_FOR_GPU when the image
-    has no code for this GPU), ``_launcher.DriverNotFoundError`` without a driver.
+    has no code for this GPU), ``_launcher.DriverNotFoundError`` without a driver, ValueError for a
+    bad HUMMING_AOT_PDL.
     """
     library = _launcher.load_library(image, f"kernel {name}")
     try:
@@ -239,6 +246,7 @@ def load_kernel_image(
         metadata = parse_kernel_metadata(_launcher.read_global(library, KERNEL_METADATA_SYMBOL, device), kernel=name)
         check_kernel_metadata(metadata, name=name, expected=expected)
         _allow_dynamic_smem(kernel, name=name, device=device, nbytes=metadata.smem_bytes)
+        programmatic_launch = _use_programmatic_launch(device)
     except BaseException as error:
         if not isinstance(error, KernelMetadataError):
             error.add_note(f"while loading kernel {name} on device {device}")
@@ -255,6 +263,14 @@ def load_kernel_image(
         smem_bytes=metadata.smem_bytes,
         params_bytes=metadata.params_bytes,
         device=device,
+        programmatic_launch=programmatic_launch,
+    )
+
+
+def _use_programmatic_launch(device: int) -> bool:
+    # griddepcontrol (the wait / launch_dependents pair PDL relies on) exists from sm_90 on.
+    return env.pdl_enabled() and (
+        _launcher.device_attribute(device, _launcher.DeviceAttribute.COMPUTE_CAPABILITY_MAJOR) >= 9
     )
 
 

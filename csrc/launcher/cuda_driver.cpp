@@ -94,6 +94,7 @@ DriverState load_driver() {
   resolve(handle, "cuKernelGetAttribute", api.cuKernelGetAttribute, missing);
   resolve(handle, "cuLaunchKernel", api.cuLaunchKernel, missing);
   resolve(handle, "cuMemcpyDtoH_v2", api.cuMemcpyDtoH_v2, missing);
+  api.cuLaunchKernelEx = reinterpret_cast<PFN_cuLaunchKernelEx>(dlsym(handle, "cuLaunchKernelEx"));  // optional
 
   if (api.cuDriverGetVersion != nullptr && api.cuDriverGetVersion(&state.version) != CUDA_SUCCESS) {
     state.version = 0;
@@ -148,6 +149,15 @@ int driver_version() {
 bool driver_available() noexcept {
   try {
     return driver_state().status == DriverStatus::kReady;
+  } catch (...) {  // only std::bad_alloc while building the state
+    return false;
+  }
+}
+
+bool programmatic_launch_available() noexcept {
+  try {
+    const DriverState& state = driver_state();
+    return state.status == DriverStatus::kReady && state.api.cuLaunchKernelEx != nullptr;
   } catch (...) {  // only std::bad_alloc while building the state
     return false;
   }

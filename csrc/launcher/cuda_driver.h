@@ -54,6 +54,49 @@ using CUkernel = struct CUkern_st*;
 using CUfunction = struct CUfunc_st*;  // a CUkernel may be passed where a CUfunction is expected
 using CUstream = struct CUstream_st*;
 
+// cuLaunchKernelEx's configuration. Only the one attribute the launcher sets is declared; the
+// driver reads every attribute as an (id, 64-byte value) record, whatever the id.
+enum CUlaunchAttributeID : int {
+  // value.programmaticStreamSerializationAllowed = 1: the kernel may start before the previous
+  // kernel in its stream has finished (Programmatic Dependent Launch, sm_90+); it must execute
+  // griddepcontrol.wait before touching memory that kernel writes.
+  CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6,
+};
+
+// alignas(8): <cuda.h>'s union also holds pointer and 64-bit members.
+union alignas(8) CUlaunchAttributeValue {
+  char pad[64];
+  int programmaticStreamSerializationAllowed;
+};
+
+struct CUlaunchAttribute {
+  CUlaunchAttributeID id;
+  char pad[8 - sizeof(CUlaunchAttributeID)];
+  CUlaunchAttributeValue value;
+};
+
+struct CUlaunchConfig {
+  unsigned int gridDimX;
+  unsigned int gridDimY;
+  unsigned int gridDimZ;
+  unsigned int blockDimX;
+  unsigned int blockDimY;
+  unsigned int blockDimZ;
+  unsigned int sharedMemBytes;  // dynamic shared memory per block, in bytes
+  CUstream hStream;
+  CUlaunchAttribute* attrs;  // numAttrs records; may be null when numAttrs is 0
+  unsigned int numAttrs;
+};
+
+// The driver reads these records by <cuda.h>'s layout (LP64, the only ABI libcuda.so.1 ships for).
+static_assert(sizeof(CUlaunchAttributeValue) == 64 && alignof(CUlaunchAttributeValue) == 8,
+              "CUlaunchAttributeValue is <cuda.h>'s 64-byte, 8-byte aligned union");
+static_assert(offsetof(CUlaunchAttribute, value) == 8 && sizeof(CUlaunchAttribute) == 72,
+              "CUlaunchAttribute is a 4-byte id, 4 bytes of padding and the 64-byte value");
+static_assert(offsetof(CUlaunchConfig, hStream) == 32 && offsetof(CUlaunchConfig, attrs) == 40 &&
+                  offsetof(CUlaunchConfig, numAttrs) == 48 && sizeof(CUlaunchConfig) == 56,
+              "CUlaunchConfig is seven unsigned ints, then the stream, attrs and numAttrs at 8-byte alignment");
+
 // ---- Entry points (exported names; the _v2 suffix where the driver exports one) ----
 
 using PFN_cuGetErrorName = CUresult (*)(CUresult error, const char** name);
@@ -81,9 +124,11 @@ using PFN_cuLaunchKernel = CUresult (*)(CUfunction function, unsigned int grid_x
                                         unsigned int grid_z, unsigned int block_x, unsigned int block_y,
                                         unsigned int block_z, unsigned int dynamic_smem_bytes, CUstream stream,
                                         void** kernel_params, void** extra);
+using PFN_cuLaunchKernelEx = CUresult (*)(const CUlaunchConfig* config, CUfunction function, void** kernel_params,
+                                          void** extra);
 using PFN_cuMemcpyDtoH_v2 = CUresult (*)(void* host, CUdeviceptr device, std::size_t bytes);
 
-// Resolved entry points. Every member is non-null once driver() returned.
+// Resolved entry points. Every member is non-null once driver() returned, except those marked optional.
 struct DriverApi {
   PFN_cuGetErrorName cuGetErrorName;
   PFN_cuGetErrorString cuGetErrorString;
@@ -102,6 +147,9 @@ struct DriverApi {
   PFN_cuKernelGetAttribute cuKernelGetAttribute;
   PFN_cuLaunchKernel cuLaunchKernel;
   PFN_cuMemcpyDtoH_v2 cuMemcpyDtoH_v2;
+  // Optional (null when the driver lacks it): only Programmatic Dependent Launch needs it, and that is
+  // an overlap optimization, so its absence degrades to cuLaunchKernel instead of refusing the driver.
+  PFN_cuLaunchKernelEx cuLaunchKernelEx;
 };
 
 // ---- Errors ----
@@ -137,6 +185,10 @@ int driver_version();
 
 // Whether driver() would succeed. Loads the driver on first call; never throws.
 bool driver_available() noexcept;
+
+// Whether driver() would succeed and its cuLaunchKernelEx is resolved, so that a launch can ask for
+// Programmatic Dependent Launch (the device must also be sm_90+). Never throws.
+bool programmatic_launch_available() noexcept;
 
 // Why driver() would fail ("" when it would not). Never throws.
 std::string driver_unavailable_reason();

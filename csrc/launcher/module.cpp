@@ -186,7 +186,7 @@ int device_attribute(int device, int attribute) {
 
 // The hot path: no allocation and one cuCtxGetCurrent besides the launch itself.
 void launch(std::uint64_t kernel, const Dim3& grid, const Dim3& block, unsigned int smem, std::uint64_t stream,
-            const py::buffer& params, int device) {
+            const py::buffer& params, int device, bool programmatic_dependent_launch) {
   const auto function = to_handle<cu::CUfunction>(kernel, "kernel");
   const ByteView param_bytes(params);
   if (param_bytes.size() == 0) {
@@ -194,14 +194,28 @@ void launch(std::uint64_t kernel, const Dim3& grid, const Dim3& block, unsigned 
   }
   const cu::DriverApi& api = cu::driver();
   ensure_current_context(api, device);
+  const auto cu_stream = reinterpret_cast<cu::CUstream>(static_cast<std::uintptr_t>(stream));
   // The kernel takes one struct by value: kernelParams holds a single pointer to its bytes, which
-  // the driver copies before cuLaunchKernel returns.
+  // the driver copies before the launch call returns.
   void* kernel_params[] = {const_cast<unsigned char*>(param_bytes.data())};
-  const cu::CUresult result =
-      api.cuLaunchKernel(function, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
-                         reinterpret_cast<cu::CUstream>(static_cast<std::uintptr_t>(stream)), kernel_params, nullptr);
+  const char* call = "cuLaunchKernel";
+  cu::CUresult result;
+  // Without cuLaunchKernelEx the launch is merely serialized as usual: PDL only overlaps this
+  // kernel's prologue with the previous kernel's tail, results do not depend on it.
+  if (programmatic_dependent_launch && api.cuLaunchKernelEx != nullptr) {
+    call = "cuLaunchKernelEx";
+    cu::CUlaunchAttribute attribute{};
+    attribute.id = cu::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attribute.value.programmaticStreamSerializationAllowed = 1;
+    const cu::CUlaunchConfig config{grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, cu_stream,
+                                    &attribute, 1};
+    result = api.cuLaunchKernelEx(&config, function, kernel_params, nullptr);
+  } else {
+    result = api.cuLaunchKernel(function, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, cu_stream,
+                                kernel_params, nullptr);
+  }
   if (result != cu::CUDA_SUCCESS) {
-    cu::throw_cuda_error(api, result, "cuLaunchKernel",
+    cu::throw_cuda_error(api, result, call,
                          "grid " + dim3_text(grid) + ", block " + dim3_text(block) + ", smem " +
                              std::to_string(smem) + " bytes, params " + std::to_string(param_bytes.size()) +
                              " bytes, " + device_text(device));
@@ -270,6 +284,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("driver_available", &humming_aot::launcher::cu::driver_available,
         "Whether a usable driver is present: loads libcuda.so.1 and runs cuInit(0) on the first call. "
         "Never raises.");
+  m.def("supports_programmatic_launch", &humming_aot::launcher::cu::programmatic_launch_available,
+        "Whether launch(..., programmatic_dependent_launch=True) can use Programmatic Dependent Launch: "
+        "the driver is usable and has cuLaunchKernelEx. Says nothing about the device (PDL needs sm_90+). "
+        "Never raises.");
   m.def("driver_unavailable_reason", &humming_aot::launcher::cu::driver_unavailable_reason,
         "Why driver_available() is False ('' when it is True). Never raises.");
   m.def("driver_version", &hl::driver_version,
@@ -297,10 +315,15 @@ PYBIND11_MODULE(_C, m) {
         "cuDeviceGetAttribute (CUdevice_attribute values: MULTIPROCESSOR_COUNT 16, "
         "COMPUTE_CAPABILITY_MAJOR 75, COMPUTE_CAPABILITY_MINOR 76, MAX_SHARED_MEMORY_PER_BLOCK_OPTIN 97).");
   m.def("launch", &hl::launch, py::arg("kernel"), py::arg("grid"), py::arg("block"), py::arg("smem"),
-        py::arg("stream"), py::arg("params"), py::arg("device"),
+        py::arg("stream"), py::arg("params"), py::arg("device"), py::kw_only(),
+        py::arg("programmatic_dependent_launch") = false,
         "cuLaunchKernel of a CUkernel whose single argument is a struct passed by value; `params` holds "
         "its bytes (bytes-like, not copied). grid and block are (x, y, z); smem is dynamic shared memory "
         "in bytes; stream is a CUstream as an int (torch.cuda.current_stream().cuda_stream; 0 = legacy "
         "default stream). If the thread has no current context, `device`'s primary context is made "
-        "current first. Asynchronous: errors inside the kernel surface at the next synchronisation.");
+        "current first. Asynchronous: errors inside the kernel surface at the next synchronisation. "
+        "programmatic_dependent_launch=True launches through cuLaunchKernelEx with "
+        "CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (ask for it on sm_90+ devices only; the "
+        "kernel must execute griddepcontrol.wait before reading what the previous kernel in the stream "
+        "writes); without cuLaunchKernelEx in the driver it falls back to cuLaunchKernel.");
 }

@@ -158,6 +158,7 @@ def test_env_defaults():
     assert env.catalog_dirs() == []
     assert env.nvcc_override() is None
     assert env.log_level() == 30
+    assert env.pdl_enabled() is True
 
 
 def test_env_values(monkeypatch, tmp_path):
@@ -173,12 +174,30 @@ def test_env_values(monkeypatch, tmp_path):
     assert env.jit_enabled() is True
 
 
+@pytest.mark.parametrize(
+    ("value", "enabled"),
+    [("1", True), ("true", True), ("on", True), ("On", True), ("", True),
+     ("0", False), ("false", False), ("off", False), ("OFF", False)],
+)
+def test_env_pdl_switch(monkeypatch, value, enabled):
+    monkeypatch.setenv("HUMMING_AOT_PDL", value)
+    assert env.pdl_enabled() is enabled
+
+
+@pytest.mark.parametrize("value", ["yes", "2", "disable", " 0"])
+def test_env_pdl_refuses_other_values(monkeypatch, value):
+    monkeypatch.setenv("HUMMING_AOT_PDL", value)
+    with pytest.raises(ValueError, match=f"HUMMING_AOT_PDL={value!r} is not one of 0/false/off or 1/true/on") as caught:
+        env.pdl_enabled()
+    assert "set it to '0'" in str(caught.value)  # says what to do
+
+
 def test_every_variable_is_documented():
     for name, value, is_set, doc in env.describe():
         assert name.startswith("HUMMING_AOT_") or name == "CUDA_HOME"
         assert len(doc) > 40
     assert {"HUMMING_AOT_CATALOG_DIR", "HUMMING_AOT_JIT", "HUMMING_AOT_CACHE_DIR", "HUMMING_AOT_NVCC",
-            "HUMMING_AOT_LOG_LEVEL"} <= set(env.VARIABLES)
+            "HUMMING_AOT_LOG_LEVEL", "HUMMING_AOT_PDL"} <= set(env.VARIABLES)
 
 
 def test_only_env_reads_os_environ():

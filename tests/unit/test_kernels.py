@@ -36,10 +36,15 @@ def metadata_bytes(**overrides) -> bytes:
 class FakeLauncher:
     """Stands in for humming_aot._launcher: one 'library' per load, holding one kernel and its metadata."""
 
-    def __init__(self, metadata: bytes, *, kernel_names=(kernel_symbol(NAME),), fail_on: str | None = None):
+    def __init__(self, metadata: bytes, *, kernel_names=(kernel_symbol(NAME),), fail_on: str | None = None,
+                 compute_capability_major: int = 8):
         self.metadata = metadata
         self.kernel_names = kernel_names
         self.fail_on = fail_on
+        self.attributes = {
+            _launcher.DeviceAttribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: 232_448,
+            _launcher.DeviceAttribute.COMPUTE_CAPABILITY_MAJOR: compute_capability_major,
+        }
         self.loaded: dict[int, bytes] = {}
         self.unloaded: list[int] = []
         self.smem_calls: list[tuple[int, int, int]] = []
@@ -77,11 +82,10 @@ class FakeLauncher:
         self.smem_calls.append((kernel, device, nbytes))
 
     def device_attribute(self, device, attribute):
-        assert attribute == _launcher.DeviceAttribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
-        return 232_448
+        return self.attributes[attribute]
 
-    def launch(self, kernel, grid, block, smem, stream, params, device):
-        self.launches.append((kernel, grid, block, smem, stream, params, device))
+    def launch(self, kernel, grid, block, smem, stream, params, device, *, programmatic_dependent_launch=False):
+        self.launches.append((kernel, grid, block, smem, stream, params, device, programmatic_dependent_launch))
 
     def install(self, monkeypatch) -> FakeLauncher:
         for name in ("load_library", "unload_library", "get_kernel", "read_global", "set_max_dynamic_smem",
@@ -91,7 +95,8 @@ class FakeLauncher:
 
 
 @pytest.fixture(autouse=True)
-def empty_cache():
+def empty_cache(monkeypatch):
+    monkeypatch.delenv("HUMMING_AOT_PDL", raising=False)  # the default, whatever the caller's shell says
     kernels.clear_loaded_kernels()
     yield
     kernels.clear_loaded_kernels()
@@ -247,7 +252,31 @@ def test_launch_passes_the_kernel_configuration(monkeypatch):
     loaded = load(device=3)
     params = bytes(192)
     loaded.launch((7, 2, 1), 0xABC, params)
-    assert fake.launches == [(loaded.kernel, (7, 2, 1), (128, 1, 1), 49_152, 0xABC, params, 3)]
+    assert fake.launches == [(loaded.kernel, (7, 2, 1), (128, 1, 1), 49_152, 0xABC, params, 3, False)]
+
+
+@pytest.mark.parametrize(
+    ("major", "setting", "programmatic"),
+    [(8, None, False), (9, None, True), (10, None, True), (9, "1", True), (9, "on", True), (9, "0", False),
+     (9, "off", False), (9, "FALSE", False), (8, "1", False)],
+    ids=str,
+)
+def test_programmatic_launch_needs_sm90_and_the_setting(monkeypatch, major, setting, programmatic):
+    fake = FakeLauncher(metadata_bytes(), compute_capability_major=major).install(monkeypatch)
+    if setting is not None:
+        monkeypatch.setenv("HUMMING_AOT_PDL", setting)
+    loaded = load()
+    assert loaded.programmatic_launch is programmatic
+    loaded.launch((1, 1, 1), 0, bytes(192))
+    assert fake.launches[-1][-1] is programmatic  # passed as programmatic_dependent_launch
+
+
+def test_bad_pdl_setting_fails_the_load(monkeypatch):
+    fake = FakeLauncher(metadata_bytes(), compute_capability_major=9).install(monkeypatch)
+    monkeypatch.setenv("HUMMING_AOT_PDL", "maybe")
+    with pytest.raises(ValueError, match="HUMMING_AOT_PDL='maybe' is not one of 0/false/off or 1/true/on"):
+        load()
+    assert fake.unloaded == list(fake.loaded)
 
 
 def test_launch_refuses_params_of_the_wrong_size(monkeypatch):
@@ -262,7 +291,7 @@ def test_launch_failure_names_the_kernel(monkeypatch):
     fake = FakeLauncher(metadata_bytes()).install(monkeypatch)
     loaded = load()
 
-    def failing_launch(*args):
+    def failing_launch(*args, **kwargs):
         raise RuntimeError("cuLaunchKernel(grid (1, 1, 1), ...): CUDA_ERROR_INVALID_VALUE (invalid argument)")
 
     monkeypatch.setattr(_launcher, "launch", failing_launch)

@@ -2,7 +2,8 @@
 
 What runs here: the import needs no driver; every CUDA entry point raises the clear "no NVIDIA
 driver" error instead of crashing; images are checked before they reach the driver; the driver-API
-values declared in csrc/launcher agree with the toolkit's cuda.h. The GPU path is covered by tests/gpu.
+values and struct layouts declared in csrc/launcher agree with the toolkit's cuda.h. The GPU path is
+covered by tests/gpu.
 """
 from __future__ import annotations
 
@@ -100,6 +101,18 @@ def test_driver_is_reported_missing(no_driver):
     assert "libcuda.so.1" in reason  # dlerror's text names the library it could not open
 
 
+def test_programmatic_launch_is_unsupported_without_a_driver(no_driver, monkeypatch):
+    assert no_driver.supports_programmatic_launch() is False  # a bool, not DriverNotFoundError
+    monkeypatch.setattr(_launcher, "_extension", no_driver)
+    assert _launcher.supports_programmatic_launch() is False
+
+
+def test_programmatic_launch_needs_a_usable_driver(extension):
+    supported = extension.supports_programmatic_launch()
+    assert isinstance(supported, bool)
+    assert not supported or extension.driver_available()
+
+
 _DRIVER_CALLS = {
     "driver_version": lambda c: c.driver_version(),
     "load_library": lambda c: c.load_library(_fatbin(), "kernel gemm_test"),
@@ -110,6 +123,9 @@ _DRIVER_CALLS = {
     "kernel_attribute": lambda c: c.kernel_attribute(1, _launcher.FunctionAttribute.NUM_REGS, 0),
     "device_attribute": lambda c: c.device_attribute(0, _launcher.DeviceAttribute.MULTIPROCESSOR_COUNT),
     "launch": lambda c: c.launch(1, (1, 1, 1), (128, 1, 1), 0, 0, b"\0" * 64, 0),
+    "launch-programmatic": lambda c: c.launch(
+        1, (1, 1, 1), (128, 1, 1), 0, 0, b"\0" * 64, 0, programmatic_dependent_launch=True
+    ),
 }
 
 
@@ -128,6 +144,8 @@ def test_python_wrapper_reexports_the_extension(no_driver, monkeypatch):
     assert _launcher.driver_available() is False
     with pytest.raises(_launcher.DriverNotFoundError, match="no NVIDIA driver"):
         _launcher.load_library(_fatbin(), "kernel gemm_test")
+    with pytest.raises(_launcher.DriverNotFoundError, match="no NVIDIA driver"):
+        _launcher.launch(1, (1, 1, 1), (128, 1, 1), 0, 0, b"\0" * 64, 0, programmatic_dependent_launch=True)
 
 
 def test_wrapper_says_how_to_build_a_missing_extension(monkeypatch):
@@ -196,6 +214,16 @@ def test_launch_refuses_null_kernel_and_empty_params(extension):
         extension.launch(1, (1, 1), (128, 1, 1), 0, 0, b"\0" * 8, 0)  # grid needs three dims
 
 
+def test_launch_takes_programmatic_dependent_launch_by_keyword_only(extension):
+    # The arguments are checked before the driver is needed, so this runs with or without one.
+    with pytest.raises(ValueError, match="kernel handle is 0"):
+        extension.launch(0, (1, 1, 1), (128, 1, 1), 0, 0, b"\0" * 8, 0, programmatic_dependent_launch=True)
+    with pytest.raises(ValueError, match="kernel handle is 0"):
+        extension.launch(0, (1, 1, 1), (128, 1, 1), 0, 0, b"\0" * 8, 0, programmatic_dependent_launch=False)
+    with pytest.raises(TypeError):
+        extension.launch(0, (1, 1, 1), (128, 1, 1), 0, 0, b"\0" * 8, 0, True)
+
+
 def test_driver_api_values_match_cuda_h(tmp_path):
     """The types and enum values declared in csrc/launcher/cuda_driver.h equal the toolkit's."""
     compiler = shutil.which("g++") or shutil.which("c++")
@@ -215,6 +243,7 @@ def test_driver_api_values_match_cuda_h(tmp_path):
             "CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK", "CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES",
             "CU_FUNC_ATTRIBUTE_NUM_REGS", "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES",
         ],
+        "CUlaunchAttributeID": ["CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION"],
     }
     checks = [f"static_assert((int)hcu::{n} == (int)::{n}, \"{n}\");" for group in names.values() for n in group]
     checks += [
@@ -229,6 +258,22 @@ def test_driver_api_values_match_cuda_h(tmp_path):
                          ("CUdevice_attribute", "CUdevice_attribute"), ("CUfunction_attribute", "CUfunction_attribute"),
                          ("CUcontext", "CUcontext"), ("CUstream", "CUstream")]:
         checks.append(f"static_assert(sizeof(hcu::{ours}) == sizeof(::{theirs}), \"sizeof {ours}\");")
+    # cuLaunchKernelEx reads these records by <cuda.h>'s layout: every member at the same offset and size.
+    layouts = {
+        "CUlaunchAttributeValue": ["programmaticStreamSerializationAllowed"],
+        "CUlaunchAttribute": ["id", "value"],
+        "CUlaunchConfig": ["gridDimX", "gridDimY", "gridDimZ", "blockDimX", "blockDimY", "blockDimZ",
+                           "sharedMemBytes", "hStream", "attrs", "numAttrs"],
+    }
+    for struct_name, members in layouts.items():
+        for what in ("sizeof", "alignof"):
+            checks.append(f"static_assert({what}(hcu::{struct_name}) == {what}(::{struct_name}), "
+                          f"\"{what} {struct_name}\");")
+        checks += [
+            f"static_assert(offsetof(hcu::{struct_name}, {member}) == offsetof(::{struct_name}, {member}) && "
+            f"sizeof(hcu::{struct_name}::{member}) == sizeof(::{struct_name}::{member}), \"{struct_name}::{member}\");"
+            for member in members
+        ]
     source = tmp_path / "abi_check.cpp"
     source.write_text(
         "#include <cuda.h>\n"
