@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from humming_aot.aot import codegen
 from humming_aot.aot import ninja as driver
 from humming_aot.aot.enumerate import enumerate_keys
 from humming_aot.spec import KernelKey, parse_arch
@@ -41,7 +42,7 @@ struct BFloat16 {};
 enum class ZeroPointKind { kImplicit, kInteger };
 }  // namespace humming_aot::numerics
 namespace humming_aot::kernel {
-inline constexpr unsigned kParamsVersion = 1;
+inline constexpr unsigned kParamsVersion = PARAMS_VERSION;
 inline constexpr unsigned kMetadataMagic = 0x544F4148u;
 struct GemmParams { int* out; int m; };
 struct KernelMetadata {
@@ -68,7 +69,8 @@ def write_stand_in(include_dir: Path, *, fail_bits: int | None = None, version: 
     header = include_dir / "humming_aot" / "kernel" / "dense_mma_sync.cuh"
     header.parent.mkdir(parents=True, exist_ok=True)
     hook = f'static_assert(kBits != {fail_bits}, "stand-in failure for {fail_bits}-bit weights");' if fail_bits else ""
-    header.write_text(_STAND_IN.replace("FAILURE_HOOK", hook).replace("VERSION", str(version)))
+    text = _STAND_IN.replace("PARAMS_VERSION", str(codegen.PARAMS_VERSION))
+    header.write_text(text.replace("FAILURE_HOOK", hook).replace("VERSION", str(version)))
     return include_dir
 
 

@@ -13,8 +13,10 @@
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/memory/cp_async.cuh>
 #include <humming_aot/memory/shared_fragments.cuh>
+#include <humming_aot/memory/stage_loader.cuh>
 #include <humming_aot/mma/mma_sync.cuh>
 #include <humming_aot/numerics/int_dequantizer.cuh>
+#include <humming_aot/schedule/grid_dependency.cuh>
 #include <humming_aot/schedule/tile_scheduler.cuh>
 
 namespace humming_aot::kernel {
@@ -36,7 +38,6 @@ struct DenseMmaSync {
   static constexpr int kNTiles = 8;                   // n8 fragments per warp (one 64-column unit)
   static constexpr int kUnits = kBlockN / 64;         // packed 64-column units per CTA
   static constexpr int kK16Steps = kBlockK / 16;
-  static constexpr int kScaleRows = 4;                // scale rows staged per K tile (group >= 16)
   static constexpr bool kHasZeroPoint = kZeroPoint == numerics::ZeroPointKind::kInteger;
   static constexpr int kWordsPerLane = kBits;         // per (16-row K step, unit): 4 tiles x kBits / 4
 
@@ -46,12 +47,13 @@ struct DenseMmaSync {
   static_assert(kK16Steps % kWarpsK == 0, "the K steps of a stage split evenly over the K warps");
   static_assert(kThreads <= 1024, "too many warps");
 
-  // Shared memory of one pipeline stage, in bytes; every part is a multiple of 16.
-  static constexpr int kABytes = kBlockM * kBlockK * 2;               // (kBlockM, 64) swizzled rows
-  static constexpr int kWBytes = kBlockN * kBlockK * kBits / 8;       // (4, kUnits, 32 lanes, kBits words)
-  static constexpr int kSBytes = kScaleRows * kBlockN * 2;            // (4, kBlockN) permuted scales
-  static constexpr int kZBytes = kHasZeroPoint ? kSBytes : 0;         // zero points, like scales
-  static constexpr int kStageBytes = kABytes + kWBytes + kSBytes + kZBytes;
+  // Shared memory of one pipeline stage (memory/stage_loader.cuh has the layout).
+  using Layout = memory::StageLayout<kBlockM, kBlockN, kBits, kHasZeroPoint>;
+  using StageLoader = memory::StageLoader<kBlockM, kBlockN, kBits, kHasZeroPoint, kThreads>;
+  static constexpr int kABytes = Layout::kABytes;
+  static constexpr int kWBytes = Layout::kWBytes;
+  static constexpr int kSBytes = Layout::kSBytes;
+  static constexpr int kStageBytes = Layout::kBytes;
   // warps_k > 1: warps 1.. of each K group park their accumulators here after the K loop
   static constexpr int kReductionBytes = (kWarpsK - 1) * kWarpsM * kWarpsN * kMTiles * kNTiles * 4 * 32 * 4;
   static constexpr int kSmemBytes = kStages * kStageBytes > kReductionBytes ? kStages * kStageBytes : kReductionBytes;
@@ -60,126 +62,6 @@ struct DenseMmaSync {
   using Dequantizer = numerics::IntDequantizer<Act, kBits, kZeroPoint>;
   using Scheduler = schedule::TileScheduler<kBlockM, kBlockN, kBlockK>;
   using Writer = epilogue::OutputWriter<Act, kMTiles, kNTiles>;
-
-  // How the 16-row K steps of a staged K tile map onto its staged scale rows.
-  struct GroupWalk {
-    int step_shift;  // scale row of step kk = kk >> step_shift (group >= 64: always row 0)
-    __device__ __forceinline__ explicit GroupWalk(int group) {
-      step_shift = group >= 64 ? 2 : (group == 32 ? 1 : 0);
-    }
-  };
-
-  // Per-thread cp.async issuer of the pipeline stages. Every source pointer and predicate is
-  // computed once per CTA; a stage load only adds the K offset, so the main loop carries no
-  // 64-bit multiplies or divisions. Stages must be loaded in K order (advance() after each).
-  struct StageLoader {
-    static constexpr int kAChunks = kBlockM * 8;                     // 16-byte chunks per stage
-    static constexpr int kWChunksPerStep = kUnits * 8 * kBits;
-    static constexpr int kWChunks = kK16Steps * kWChunksPerStep;
-    static constexpr int kSChunksPerRow = kBlockN / 8;
-    static constexpr int kSChunks = kScaleRows * kSChunksPerRow;
-    static constexpr int kAIters = (kAChunks + kThreads - 1) / kThreads;
-    static constexpr int kWIters = (kWChunks + kThreads - 1) / kThreads;
-    static constexpr int kSIters = (kSChunks + kThreads - 1) / kThreads;
-
-    const char* a_src[kAIters];  // this thread's activation chunks at the current K tile
-    u32 a_valid;                 // bit it: row in range
-    const u32* w_src[kWIters];   // packed weight chunks at the current K tile
-    u32 w_valid;                 // bit it: unit in range
-    i64 w_tile_words;            // words between consecutive K tiles of the packed weight
-    const char* s_src;           // first scale row of the current K tile, this thread's column chunk
-    const char* z_src;
-    i64 s_row_bytes;             // bytes between scale rows (2 n)
-    int rows;                    // scale rows per K tile
-    int tiles_per_row;           // K tiles per scale row (group >= 64), else 0
-    int tile_in_row;             // position of the current K tile in its scale row
-    bool s_valid;                // this thread's scale column chunk is in range
-
-    static __device__ __forceinline__ int chunk(int it) { return static_cast<int>(threadIdx.x) + it * kThreads; }
-
-    __device__ __forceinline__ StageLoader(const GemmParams& p, int m0, int n0, int k_tile) {
-      const char* a = static_cast<const char*>(p.a) + 2 * static_cast<i64>(k_tile) * kBlockK;
-      a_valid = 0;
-#pragma unroll
-      for (int it = 0; it < kAIters; ++it) {
-        const int i = chunk(it), row = i >> 3;
-        const bool valid = (kAChunks % kThreads == 0 || i < kAChunks) && m0 + row < p.m;
-        a_valid |= static_cast<u32>(valid) << it;
-        a_src[it] = a + 2 * ((valid ? m0 + row : 0) * p.lda + (i & 7) * 8);
-      }
-      const int units_total = p.n >> 6;
-      const i64 row_words = static_cast<i64>(units_total) * 32 * kBits;
-      w_tile_words = kK16Steps * row_words;
-      const u32* w = static_cast<const u32*>(p.w) + (n0 >> 6) * 32 * kBits + k_tile * w_tile_words;
-      w_valid = 0;
-#pragma unroll
-      for (int it = 0; it < kWIters; ++it) {
-        const int i = chunk(it), kk = i / kWChunksPerStep, rem = i % kWChunksPerStep;
-        const bool valid = (kWChunks % kThreads == 0 || i < kWChunks) && (n0 >> 6) + rem / (8 * kBits) < units_total;
-        w_valid |= static_cast<u32>(valid) << it;
-        w_src[it] = w + (valid ? kk * row_words + rem * 4 : 0);
-      }
-      const int group = p.group_size;
-      rows = group >= kBlockK ? 1 : kBlockK / group;
-      tiles_per_row = group >= kBlockK ? group / kBlockK : 0;
-      tile_in_row = group >= kBlockK ? k_tile % tiles_per_row : 0;
-      const int row0 = group >= kBlockK ? k_tile / tiles_per_row : k_tile * rows;
-      s_row_bytes = 2 * static_cast<i64>(p.n);
-      const int col = n0 + (static_cast<int>(threadIdx.x) % kSChunksPerRow) * 8;
-      s_valid = col < p.n;
-      const i64 offset = s_valid ? row0 * s_row_bytes + 2 * col : 0;
-      s_src = static_cast<const char*>(p.w_scale) + offset;
-      z_src = kHasZeroPoint ? static_cast<const char*>(p.w_zero_point) + offset : nullptr;
-    }
-
-    // Issue the copies of the current K tile into `stage`.
-    __device__ __forceinline__ void load(char* stage) const {
-      const u32 a_smem = memory::shared_address(stage);
-      const u32 w_smem = a_smem + kABytes;
-      const u32 s_smem = w_smem + kWBytes;
-      const u32 z_smem = s_smem + kSBytes;
-      // activations: chunk c of row r lives at r * 8 + (c ^ (r & 7)), conflict-free for ldmatrix
-#pragma unroll
-      for (int it = 0; it < kAIters; ++it) {
-        const int i = chunk(it), row = i >> 3;
-        if (kAChunks % kThreads == 0 || i < kAChunks) {
-          memory::cp_async_16(a_smem + 16 * (row * 8 + ((i & 7) ^ (row & 7))), a_src[it], (a_valid >> it) & 1);
-        }
-      }
-#pragma unroll
-      for (int it = 0; it < kWIters; ++it) {
-        const int i = chunk(it);
-        if (kWChunks % kThreads == 0 || i < kWChunks) memory::cp_async_16(w_smem + 16 * i, w_src[it], (w_valid >> it) & 1);
-      }
-#pragma unroll
-      for (int it = 0; it < kSIters; ++it) {
-        const int i = chunk(it), r = i / kSChunksPerRow, c = i % kSChunksPerRow;
-        if ((kSChunks % kThreads == 0 || i < kSChunks) && r < rows) {
-          // threads of one column chunk share s_src; row r is r rows further down
-          const i64 offset = s_valid ? r * s_row_bytes : 0;
-          memory::cp_async_16(s_smem + 2 * (r * kBlockN + c * 8), s_src + offset, s_valid);
-          if constexpr (kHasZeroPoint) memory::cp_async_16(z_smem + 2 * (r * kBlockN + c * 8), z_src + offset, s_valid);
-        }
-      }
-    }
-
-    // Move every source to the next K tile.
-    __device__ __forceinline__ void advance() {
-#pragma unroll
-      for (int it = 0; it < kAIters; ++it) a_src[it] += 2 * kBlockK;
-#pragma unroll
-      for (int it = 0; it < kWIters; ++it) w_src[it] += w_tile_words;
-      int next_rows = rows;
-      if (tiles_per_row > 0) {
-        next_rows = ++tile_in_row == tiles_per_row ? 1 : 0;
-        if (next_rows) tile_in_row = 0;
-      }
-      if (s_valid) {
-        s_src += next_rows * s_row_bytes;
-        if constexpr (kHasZeroPoint) z_src += next_rows * s_row_bytes;
-      }
-    }
-  };
 
   // Everything a warp reads from shared memory for one 16-row K step.
   struct StepFragments {
@@ -190,7 +72,7 @@ struct DenseMmaSync {
   };
 
   static __device__ __forceinline__ void load_step(u32 stage_smem, int kk, int warp_m, int warp_n,
-                                                   const GroupWalk& walk, StepFragments& f) {
+                                                   const memory::GroupWalk& walk, StepFragments& f) {
     const int lane = threadIdx.x & 31;
     const u32 a_smem = stage_smem;
     const u32 w_smem = a_smem + kABytes;
@@ -235,7 +117,7 @@ struct DenseMmaSync {
   // accumulators; the shared-memory reads of the next step are issued before the dequant and mma
   // of the current one (register double buffering).
   static __device__ __forceinline__ void compute_stage(const char* stage, int warp_m, int warp_n, int warp_k,
-                                                       const GroupWalk& walk, float (&acc)[kMTiles][kNTiles][4]) {
+                                                       const memory::GroupWalk& walk, float (&acc)[kMTiles][kNTiles][4]) {
     constexpr int kSteps = kK16Steps / kWarpsK;
     const u32 stage_smem = memory::shared_address(stage);
     StepFragments frags[2];
@@ -289,18 +171,29 @@ struct DenseMmaSync {
     const int warp = threadIdx.x >> 5;
     const int warp_k = warp / (kWarpsM * kWarpsN), warp_mn = warp % (kWarpsM * kWarpsN);
     const int warp_m = warp_mn / kWarpsN, warp_n = warp_mn % kWarpsN;
-    const GroupWalk walk(p.group_size);
+    const memory::GroupWalk walk(p.group_size);
 
     float acc[kMTiles][kNTiles][4];
     Writer::zero(acc);
 
     const int count = tile.k_tile_end - tile.k_tile_begin;
+    const u32 smem_base = memory::shared_address(smem);
     StageLoader loader(p, m0, n0, tile.k_tile_begin);
+    // The prologue's weights are fetched before waiting for the upstream kernel (they are never
+    // written by one, see schedule/grid_dependency.cuh); they join the first stage's cp.async group.
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < count) {
-        loader.load(smem + s * kStageBytes);
-        loader.advance();
+        loader.load_weights(smem_base + s * kStageBytes);
+        loader.advance_weights();
+      }
+    }
+    schedule::wait_for_upstream_grid();
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < count) {
+        loader.load_activations(smem_base + s * kStageBytes);
+        loader.advance_activations();
       }
       memory::cp_async_commit();
     }
@@ -309,7 +202,7 @@ struct DenseMmaSync {
       memory::cp_async_wait<kStages - 2>();
       __syncthreads();  // stage `it` landed for every thread; stage `it - 1` is free to refill
       if (it + kStages - 1 < count) {
-        loader.load(smem + load_slot * kStageBytes);
+        loader.load(smem_base + load_slot * kStageBytes);
         loader.advance();
       }
       memory::cp_async_commit();
@@ -317,6 +210,10 @@ struct DenseMmaSync {
       compute_slot = compute_slot + 1 == kStages ? 0 : compute_slot + 1;
       load_slot = load_slot + 1 == kStages ? 0 : load_slot + 1;
     }
+    // The next kernel may now be scheduled into the slots this grid leaves as it finishes, and
+    // prefetch its weights during this epilogue. Not earlier: its CTAs would then be placed while
+    // this grid still runs, wherever slots happen to be free, and pile up on some SMs.
+    schedule::release_dependent_grid();
     memory::cp_async_wait<0>();
     reduce_over_k_warps(smem, warp_mn, warp_k, acc);
 

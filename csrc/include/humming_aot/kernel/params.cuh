@@ -1,13 +1,15 @@
 #pragma once
 // Host <-> device contract of every GEMM kernel: the one Params struct passed by value, and the
 // metadata each compiled kernel exports so the launcher can check it against the manifest.
-// Layout changes bump kParamsVersion (and humming_aot.aot.codegen.PARAMS_VERSION).
+// Contract changes bump kParamsVersion (and humming_aot.aot.codegen.PARAMS_VERSION); version 2:
+// every kernel calls schedule::wait_for_upstream_grid() before touching upstream data, which makes
+// it safe to launch with programmatic dependent launch.
 
 #include <humming_aot/numerics/types.cuh>
 
 namespace humming_aot::kernel {
 
-inline constexpr u32 kParamsVersion = 1;
+inline constexpr u32 kParamsVersion = 2;
 inline constexpr u32 kMetadataMagic = 0x544F4148u;  // "HAOT" little-endian
 
 // Packed by humming_aot.ops with struct format "<8Q2q6i" (104 bytes).

@@ -1,0 +1,168 @@
+#pragma once
+// The Hopper dense mixed-input GEMM body: out[m, n] = a[m, k] @ dequant(w)[n, k]^T (+ bias) on
+// wgmma (SM90a), same operands, packed weight layout, run-time shapes and alignment rules as the
+// mma.sync body (kernel/dense_mma_sync.cuh).
+//
+// Operands are swapped: the dequantized weights are the wgmma A operand, from registers (64
+// weight channels per warpgroup), the activations are the B operand, read from shared memory by
+// descriptor (kBlockM tokens = the wgmma N). The packed 16 x 16 weight tile that gives a lane its
+// two mma.sync B fragments gives it exactly its wgmma A fragment, so the weights are packed once
+// for both bodies. One CTA computes kBlockM tokens x kBlockN channels over a slice of K with
+// kBlockN / 64 warpgroups; every thread loads (cp.async, kStages deep) and computes.
+//
+// Per 16-wide K step a warp dequantizes one packed tile (its 16 channels) and issues one
+// m64 x kBlockM x 16 wgmma; the dequant of step i + 1 overlaps the wgmma of step i.
+
+#include <humming_aot/epilogue/column_major_writer.cuh>
+#include <humming_aot/kernel/params.cuh>
+#include <humming_aot/memory/cp_async.cuh>
+#include <humming_aot/memory/stage_loader.cuh>
+#include <humming_aot/mma/wgmma.cuh>
+#include <humming_aot/numerics/int_dequantizer.cuh>
+#include <humming_aot/schedule/grid_dependency.cuh>
+#include <humming_aot/schedule/tile_scheduler.cuh>
+
+namespace humming_aot::kernel {
+
+template <class Act,                // Float16 or BFloat16: activation, scale and output dtype
+          int kBits,                // weight code bits: 4 or 8
+          numerics::ZeroPointKind kZeroPoint,
+          int kBlockM,              // tokens per CTA: the wgmma N (64, 128 or 256)
+          int kBlockN,              // weight channels per CTA: 64 per warpgroup
+          int kStages>              // cp.async pipeline depth
+struct DenseWgmma {
+  static constexpr int kBlockK = 64;
+  static constexpr int kWarpGroups = kBlockN / 64;
+  static constexpr int kThreads = 128 * kWarpGroups;
+  static constexpr int kK16Steps = kBlockK / 16;
+  static constexpr bool kHasZeroPoint = kZeroPoint == numerics::ZeroPointKind::kInteger;
+
+  static_assert(kBlockN % 64 == 0 && kWarpGroups >= 1 && kWarpGroups <= 4, "one to four warpgroups of 64 channels");
+  static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 256, "wgmma wrappers exist for N = 64, 128, 256");
+  // The stage refilled at iteration i is the one read two iterations earlier (see run()).
+  static_assert(kStages >= 3, "the wgmma pipeline keeps one stage between the loads and the reads");
+
+  using Layout = memory::StageLayout<kBlockM, kBlockN, kBits, kHasZeroPoint>;
+  using StageLoader = memory::StageLoader<kBlockM, kBlockN, kBits, kHasZeroPoint, kThreads>;
+  using Dequantizer = numerics::IntDequantizer<Act, kBits, kZeroPoint>;
+  using Mma = mma::Wgmma<Act, kBlockM>;
+  using Scheduler = schedule::TileScheduler<kBlockM, kBlockN, kBlockK>;
+  using Writer = epilogue::ColumnMajorWriter<Act, kBlockM, kBlockN, kThreads>;
+
+  // Stages start on 1024-byte boundaries (the 128-byte swizzle repeats every 8 rows of 128 bytes).
+  static constexpr int kStageBytes = (Layout::kBytes + 1023) / 1024 * 1024;
+  static constexpr int kPipelineBytes = kStages * kStageBytes;
+  // +1024: the dynamic shared memory base is aligned up to 1024 bytes at run time.
+  static constexpr int kSmemBytes =
+      (kPipelineBytes > Writer::kStagingBytes ? kPipelineBytes : Writer::kStagingBytes) + 1024;
+
+  static constexpr int kAccumulators = Mma::kAccumulators;
+  // Two CTAs per SM (at most 128 registers per thread) when the accumulators leave room.
+  static constexpr int kMinBlocksPerSm = kThreads <= 256 && kAccumulators <= 64 ? 2 : 1;
+
+  // Dequantize this warp's 16 x 16 weight tile of K step kk into wgmma A fragment registers.
+  static __device__ __forceinline__ void dequantize_step(u32 stage_smem, int kk, const memory::GroupWalk& walk,
+                                                         u32 (&a)[4]) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int unit = warp >> 2, tile = warp & 3;
+    const u32 w_smem = stage_smem + Layout::kABytes;
+    const u32 s_smem = w_smem + Layout::kWBytes;
+    const u32 z_smem = s_smem + Layout::kSBytes;
+    // lane's kBits words of (kk, unit) hold the unit's 4 tiles; tile j starts at byte j * kBits
+    u32 words[Dequantizer::kWordsPerTile];
+    const u32 w_addr = w_smem + 4 * (((kk * Layout::kUnits + unit) * 32 + lane) * kBits) + tile * kBits;
+    if constexpr (Dequantizer::kWordsPerTile == 1) {
+      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(words[0]) : "r"(w_addr));
+    } else {
+      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(words[0]), "=r"(words[1]) : "r"(w_addr));
+    }
+    // scale pair of the tile: (channel 16 tile + g, 16 tile + 8 + g), permuted per unit
+    const int scale_row = kk >> walk.step_shift;
+    const u32 s_offset = 2 * (scale_row * kBlockN + unit * 64 + (lane >> 2) * 8 + 2 * tile);
+    u32 scale2, zero2 = 0;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(scale2) : "r"(s_smem + s_offset));
+    if constexpr (kHasZeroPoint) asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(zero2) : "r"(z_smem + s_offset));
+    u32 frag[2][2];  // frag[h][r]: channel g + 8 h, K half r
+    Dequantizer::dequantize(words, scale2, zero2, frag);
+    a[0] = frag[0][0];
+    a[1] = frag[1][0];
+    a[2] = frag[0][1];
+    a[3] = frag[1][1];
+  }
+
+  static __device__ __forceinline__ void run(const GemmParams& p) {
+    extern __shared__ __align__(1024) char smem_raw[];
+    __shared__ int arrival_flag;
+    const u32 raw_base = memory::shared_address(smem_raw);
+    const u32 smem_base = (raw_base + 1023u) & ~1023u;
+    char* smem = smem_raw + (smem_base - raw_base);
+
+    const Scheduler tile(p.m, p.n, p.k, p.k_splits);
+    const int m0 = tile.m_tile * kBlockM, n0 = tile.n_tile * kBlockN;
+    const memory::GroupWalk walk(p.group_size);
+
+    float acc[kAccumulators];
+#pragma unroll
+    for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.f;
+
+    // Pipeline: K tile i lives in slot i % kStages. Loads run kStages - 2 tiles ahead, so the
+    // slot refilled at iteration i was read at iteration i - 2, whose wgmma every warpgroup has
+    // waited for (wait_group<1> after each step) before the barrier of iteration i.
+    constexpr int kAhead = kStages - 2;
+    const int count = tile.k_tile_end - tile.k_tile_begin;
+    StageLoader loader(p, m0, n0, tile.k_tile_begin);
+#pragma unroll
+    for (int s = 0; s < kAhead; ++s) {
+      if (s < count) {
+        loader.load_weights(smem_base + s * kStageBytes);
+        loader.advance_weights();
+      }
+    }
+    schedule::wait_for_upstream_grid();
+#pragma unroll
+    for (int s = 0; s < kAhead; ++s) {
+      if (s < count) {
+        loader.load_activations(smem_base + s * kStageBytes);
+        loader.advance_activations();
+      }
+      memory::cp_async_commit();
+    }
+
+    int compute_slot = 0, load_slot = kAhead;
+    u32 a[2][4];
+    for (int it = 0; it < count; ++it) {
+      memory::cp_async_wait<kAhead - 1>();
+      mma::fence_shared_for_async_proxy();  // cp.async wrote the tile; wgmma reads it as the async proxy
+      __syncthreads();  // tile `it` landed for every thread; slot of tile `it - 2` is free
+      if (it + kAhead < count) {
+        loader.load(smem_base + load_slot * kStageBytes);
+        loader.advance();
+      }
+      memory::cp_async_commit();
+      const u32 stage_smem = smem_base + compute_slot * kStageBytes;
+#pragma unroll
+      for (int kk = 0; kk < kK16Steps; ++kk) {
+        // a[kk & 1] was last read by the wgmma two steps back, complete after the previous wait
+        dequantize_step(stage_smem, kk, walk, a[kk & 1]);
+        mma::wgmma_fence();
+        Mma::mma(acc, a[kk & 1], mma::k_major_sw128_descriptor(stage_smem + 32 * kk));
+        mma::wgmma_commit_group();
+        mma::wgmma_wait_group<1>();
+      }
+      compute_slot = compute_slot + 1 == kStages ? 0 : compute_slot + 1;
+      load_slot = load_slot + 1 == kStages ? 0 : load_slot + 1;
+    }
+    // The next kernel may now be scheduled into the slots this grid leaves as it finishes, and
+    // prefetch its weights during this epilogue. Not earlier: its CTAs would then be placed while
+    // this grid still runs, wherever slots happen to be free, and pile up on some SMs.
+    schedule::release_dependent_grid();
+    mma::wgmma_wait_group<0>();
+    mma::wgmma_fence_operands(acc);
+    memory::cp_async_wait<0>();
+    __syncthreads();  // every warpgroup is done with the pipeline's shared memory
+
+    Writer::write(p, acc, m0, n0, tile.tile_index, &arrival_flag, smem);
+  }
+};
+
+}  // namespace humming_aot::kernel

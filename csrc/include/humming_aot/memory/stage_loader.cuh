@@ -1,0 +1,171 @@
+#pragma once
+// Global -> shared loads of one pipeline stage of the dense mixed-input GEMM: a 64-wide K tile of
+// activations (swizzled 128-byte rows), packed weights, scales and zero points, issued with
+// cp.async by every thread of the CTA. Shared by the mma.sync and the wgmma bodies. SM80+.
+//
+// Stage layout (byte offsets from the stage base):
+//   [0, kABytes)              activations, (kBlockM rows, 8 chunks of 16 bytes); chunk c of row r
+//                             lives at r * 8 + (c ^ (r & 7)): conflict-free for ldmatrix, and the
+//                             128-byte swizzle of wgmma when the stage base is 1024-byte aligned
+//   [kABytes, + kWBytes)      packed weights, (4 K steps, kUnits, 32 lanes, kBits words)
+//   [.., + kSBytes)           scales, (4 rows, kBlockN), permuted per 64-column unit
+//   [.., + kZBytes)           zero points like scales (kHasZeroPoint only)
+
+#include <humming_aot/kernel/params.cuh>
+#include <humming_aot/memory/cp_async.cuh>
+
+namespace humming_aot::memory {
+
+template <int kBlockM, int kBlockN, int kBits, bool kHasZeroPoint>
+struct StageLayout {
+  static constexpr int kBlockK = 64;
+  static constexpr int kK16Steps = kBlockK / 16;
+  static constexpr int kUnits = kBlockN / 64;  // packed 64-column units per CTA
+  static constexpr int kScaleRows = 4;         // scale rows staged per K tile (group >= 16)
+  static constexpr int kABytes = kBlockM * kBlockK * 2;
+  static constexpr int kWBytes = kBlockN * kBlockK * kBits / 8;
+  static constexpr int kSBytes = kScaleRows * kBlockN * 2;
+  static constexpr int kZBytes = kHasZeroPoint ? kSBytes : 0;
+  static constexpr int kBytes = kABytes + kWBytes + kSBytes + kZBytes;  // every part a multiple of 16
+  static_assert(kBlockN % 64 == 0, "weights are packed in 64-column units");
+};
+
+// How the 16-row K steps of a staged K tile map onto its staged scale rows.
+struct GroupWalk {
+  int step_shift;  // scale row of step kk = kk >> step_shift (group >= 64: always row 0)
+  __device__ __forceinline__ explicit GroupWalk(int group) { step_shift = group >= 64 ? 2 : (group == 32 ? 1 : 0); }
+};
+
+// Per-thread cp.async issuer of the pipeline stages. Every source pointer and predicate is
+// computed once per CTA; a stage load only adds the K offset, so the main loop carries no 64-bit
+// multiplies or divisions. Stages must be loaded in K order (advance() after each).
+template <int kBlockM, int kBlockN, int kBits, bool kHasZeroPoint, int kThreads>
+struct StageLoader {
+  using Layout = StageLayout<kBlockM, kBlockN, kBits, kHasZeroPoint>;
+  static constexpr int kBlockK = Layout::kBlockK;
+  static constexpr int kAChunks = kBlockM * 8;  // 16-byte chunks per stage
+  static constexpr int kWChunksPerStep = Layout::kUnits * 8 * kBits;
+  static constexpr int kWChunks = Layout::kK16Steps * kWChunksPerStep;
+  static constexpr int kSChunksPerRow = kBlockN / 8;
+  static constexpr int kSChunks = Layout::kScaleRows * kSChunksPerRow;
+  static constexpr int kAIters = (kAChunks + kThreads - 1) / kThreads;
+  static constexpr int kWIters = (kWChunks + kThreads - 1) / kThreads;
+  static constexpr int kSIters = (kSChunks + kThreads - 1) / kThreads;
+  static_assert(kAIters <= 32 && kWIters <= 32, "validity bits are kept in one 32-bit mask");
+
+  const char* a_src[kAIters];  // this thread's activation chunks at the current K tile
+  u32 a_valid;                 // bit it: row in range
+  const u32* w_src[kWIters];   // packed weight chunks at the current K tile
+  u32 w_valid;                 // bit it: unit in range
+  i64 w_tile_words;            // words between consecutive K tiles of the packed weight
+  const char* s_src;           // first scale row of the current K tile, this thread's column chunk
+  const char* z_src;
+  i64 s_row_bytes;             // bytes between scale rows (2 n)
+  int rows;                    // scale rows per K tile
+  int tiles_per_row;           // K tiles per scale row (group >= 64), else 0
+  int tile_in_row;             // position of the current K tile in its scale row
+  bool s_valid;                // this thread's scale column chunk is in range
+
+  static __device__ __forceinline__ int chunk(int it) { return static_cast<int>(threadIdx.x) + it * kThreads; }
+
+  __device__ __forceinline__ StageLoader(const kernel::GemmParams& p, int m0, int n0, int k_tile) {
+    const char* a = static_cast<const char*>(p.a) + 2 * static_cast<i64>(k_tile) * kBlockK;
+    a_valid = 0;
+#pragma unroll
+    for (int it = 0; it < kAIters; ++it) {
+      const int i = chunk(it), row = i >> 3;
+      const bool valid = (kAChunks % kThreads == 0 || i < kAChunks) && m0 + row < p.m;
+      a_valid |= static_cast<u32>(valid) << it;
+      a_src[it] = a + 2 * ((valid ? m0 + row : 0) * p.lda + (i & 7) * 8);
+    }
+    const int units_total = p.n >> 6;
+    const i64 row_words = static_cast<i64>(units_total) * 32 * kBits;
+    w_tile_words = Layout::kK16Steps * row_words;
+    const u32* w = static_cast<const u32*>(p.w) + (n0 >> 6) * 32 * kBits + k_tile * w_tile_words;
+    w_valid = 0;
+#pragma unroll
+    for (int it = 0; it < kWIters; ++it) {
+      const int i = chunk(it), kk = i / kWChunksPerStep, rem = i % kWChunksPerStep;
+      const bool valid = (kWChunks % kThreads == 0 || i < kWChunks) && (n0 >> 6) + rem / (8 * kBits) < units_total;
+      w_valid |= static_cast<u32>(valid) << it;
+      w_src[it] = w + (valid ? kk * row_words + rem * 4 : 0);
+    }
+    const int group = p.group_size;
+    rows = group >= kBlockK ? 1 : kBlockK / group;
+    tiles_per_row = group >= kBlockK ? group / kBlockK : 0;
+    tile_in_row = group >= kBlockK ? k_tile % tiles_per_row : 0;
+    const int row0 = group >= kBlockK ? k_tile / tiles_per_row : k_tile * rows;
+    s_row_bytes = 2 * static_cast<i64>(p.n);
+    const int col = n0 + (static_cast<int>(threadIdx.x) % kSChunksPerRow) * 8;
+    s_valid = col < p.n;
+    const i64 offset = s_valid ? row0 * s_row_bytes + 2 * col : 0;
+    s_src = static_cast<const char*>(p.w_scale) + offset;
+    z_src = kHasZeroPoint ? static_cast<const char*>(p.w_zero_point) + offset : nullptr;
+  }
+
+  // Issue the copies of the activations of the current K tile into the stage at `stage_smem`.
+  __device__ __forceinline__ void load_activations(u32 stage_smem) const {
+#pragma unroll
+    for (int it = 0; it < kAIters; ++it) {
+      const int i = chunk(it), row = i >> 3;
+      if (kAChunks % kThreads == 0 || i < kAChunks) {
+        cp_async_16(stage_smem + 16 * (row * 8 + ((i & 7) ^ (row & 7))), a_src[it], (a_valid >> it) & 1);
+      }
+    }
+  }
+
+  // Issue the copies of the weights, scales and zero points of the current K tile.
+  __device__ __forceinline__ void load_weights(u32 stage_smem) const {
+    const u32 w_smem = stage_smem + Layout::kABytes;
+    const u32 s_smem = w_smem + Layout::kWBytes;
+    const u32 z_smem = s_smem + Layout::kSBytes;
+#pragma unroll
+    for (int it = 0; it < kWIters; ++it) {
+      const int i = chunk(it);
+      if (kWChunks % kThreads == 0 || i < kWChunks) cp_async_16(w_smem + 16 * i, w_src[it], (w_valid >> it) & 1);
+    }
+#pragma unroll
+    for (int it = 0; it < kSIters; ++it) {
+      const int i = chunk(it), r = i / kSChunksPerRow, c = i % kSChunksPerRow;
+      if ((kSChunks % kThreads == 0 || i < kSChunks) && r < rows) {
+        // threads of one column chunk share s_src; row r is r rows further down
+        const i64 offset = s_valid ? r * s_row_bytes : 0;
+        cp_async_16(s_smem + 2 * (r * kBlockN + c * 8), s_src + offset, s_valid);
+        if constexpr (kHasZeroPoint) cp_async_16(z_smem + 2 * (r * kBlockN + c * 8), z_src + offset, s_valid);
+      }
+    }
+  }
+
+  __device__ __forceinline__ void load(u32 stage_smem) const {
+    load_activations(stage_smem);
+    load_weights(stage_smem);
+  }
+
+  // Move the activation sources to the next K tile.
+  __device__ __forceinline__ void advance_activations() {
+#pragma unroll
+    for (int it = 0; it < kAIters; ++it) a_src[it] += 2 * kBlockK;
+  }
+
+  // Move the weight, scale and zero-point sources to the next K tile.
+  __device__ __forceinline__ void advance_weights() {
+#pragma unroll
+    for (int it = 0; it < kWIters; ++it) w_src[it] += w_tile_words;
+    int next_rows = rows;
+    if (tiles_per_row > 0) {
+      next_rows = ++tile_in_row == tiles_per_row ? 1 : 0;
+      if (next_rows) tile_in_row = 0;
+    }
+    if (s_valid) {
+      s_src += next_rows * s_row_bytes;
+      if constexpr (kHasZeroPoint) z_src += next_rows * s_row_bytes;
+    }
+  }
+
+  __device__ __forceinline__ void advance() {
+    advance_activations();
+    advance_weights();
+  }
+};
+
+}  // namespace humming_aot::memory
