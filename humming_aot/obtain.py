@@ -45,7 +45,7 @@ def build_hint(key: KernelKey) -> str:
     family = (
         f'family = [{{ pairing = "{pairing.name if pairing else "<pairing from catalog/support.toml>"}", '
         f'archs = ["{key.arch}"], a_dtype = ["{key.spec.a_dtype}"], w_dtype = ["{key.spec.w_dtype}"], '
-        f'tiles = ["{key.tile.field}"] }}]'
+        f'tiles = ["{key.tile.label}"] }}]'
     )
     return (
         "it is not in the default catalog: write a catalog file (e.g. my_kernels.toml) holding the two lines\n"
@@ -76,6 +76,14 @@ def _jit_usable(arch: str) -> tuple[bool, str]:
     return jit.jit_available(arch)
 
 
+def _key_if_valid(arch: str, spec: GemmSpec, tile: TileConfig) -> KernelKey | None:
+    """The key, or None where the tile's body does not exist for the arch (wgmma off sm90a)."""
+    try:
+        return KernelKey(arch=arch, spec=spec, tile=tile)
+    except ValueError:
+        return None
+
+
 def select_key(spec: GemmSpec, info: "DeviceInfo", m: int, tile: TileConfig | None = None) -> KernelKey:
     """The key to run for ``m`` rows (``tile``: forced, for tuning), without loading anything."""
     from humming_aot.catalog import installed_catalog
@@ -83,14 +91,14 @@ def select_key(spec: GemmSpec, info: "DeviceInfo", m: int, tile: TileConfig | No
     catalog = installed_catalog()
     if tile is not None:
         for arch in info.arches:
-            key = KernelKey(arch=arch, spec=spec, tile=tile)
-            if catalog is not None and catalog.lookup(key.name) is not None:
+            key = _key_if_valid(arch, spec, tile)
+            if key is not None and catalog is not None and catalog.lookup(key.name) is not None:
                 return key
         return KernelKey(arch=jit_arch(spec, info), spec=spec, tile=tile)
     if catalog is not None:
         for arch in info.arches:
-            key = KernelKey(arch=arch, spec=spec, tile=heuristics.select_tile(arch, m))
-            if catalog.lookup(key.name) is not None:
+            key = _key_if_valid(arch, spec, heuristics.select_tile(arch, m))
+            if key is not None and catalog.lookup(key.name) is not None:
                 return key
     arch = jit_arch(spec, info)
     preferred = KernelKey(arch=arch, spec=spec, tile=heuristics.select_tile(arch, m))

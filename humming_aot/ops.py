@@ -155,17 +155,17 @@ def gemm(a: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None
 def gemm_with_tile(a: torch.Tensor, packed: PackedWeight, tile: TileConfig | str,
                    bias: torch.Tensor | None = None, splits: int | None = None) -> torch.Tensor:
     """gemm with a forced tile (for tuning and benchmarks): the catalog's kernel of that tile, else
-    the JIT's (an error naming the kernel when HUMMING_AOT_JIT=0)."""
+    the JIT's (an error naming the kernel when HUMMING_AOT_JIT=0). ``tile`` may be a TileConfig
+    or its label ('16x128x64_w1x2_s4', 'wgmma:128x256x64_w1x16_s4')."""
     from humming_aot import dispatch
-    from humming_aot.spec import KernelKey
+    from humming_aot.aot.enumerate import parse_tile_field
 
     _validate(a, packed, bias)
     if not a.is_cuda:
         raise ValueError("gemm_with_tile: a forced tile only means something on a CUDA device")
     _validate_cuda(a.reshape(-1, packed.k), packed, bias)
     if isinstance(tile, str):
-        probe = KernelKey.from_name(f"gemm_dense_sm80_mma_a-bf16_w-s4-g-bf16_o-bf16_{tile}")
-        tile = probe.tile
+        tile = parse_tile_field(tile)
     out = dispatch.launch_gemm(a.reshape(-1, packed.k), packed, bias, gemm_spec(packed), tile=tile, splits=splits)
     return out.reshape(*a.shape[:-1], packed.n)
 

@@ -71,6 +71,9 @@ class MmaKind(str, Enum):
 
     MMA_SYNC = "mma"
     """Warp-level mma.sync (SM80+ for bf16), the portable body."""
+    WGMMA = "wgmma"
+    """Warpgroup-level wgmma.mma_async (sm90a only): dequantized weights from registers, activations
+    from shared memory; block_m is the wgmma N (tokens), 64 weight channels per warpgroup."""
 
 
 def parse_arch(arch: str) -> tuple[int, str]:
@@ -118,8 +121,8 @@ class TileConfig:
     """How a kernel tiles the problem. Every field is compiled in."""
 
     mma: MmaKind = MmaKind.MMA_SYNC
-    block_m: int  # rows of the output per CTA, multiple of 16
-    block_n: int  # columns per CTA, = 64 * warps_n (one packed 64-column unit per warp)
+    block_m: int  # rows of the output per CTA (mma.sync: multiple of 16; wgmma: 64, 128 or 256)
+    block_n: int  # columns per CTA (mma.sync: 64 * warps_n; wgmma: 16 * warps_n, 64 per warpgroup)
     block_k: int = 64  # K per pipeline stage
     warps_m: int
     warps_n: int
@@ -127,16 +130,32 @@ class TileConfig:
     stages: int  # cp.async pipeline depth
 
     def __post_init__(self) -> None:
+        if self.block_k != 64:
+            raise ValueError(f"block_k={self.block_k}: the kernel bodies are written for block_k=64")
+        if self.mma is MmaKind.WGMMA:
+            self._check_wgmma()
+            return
         if self.block_m % (16 * self.warps_m):
             raise ValueError(f"block_m={self.block_m} is not a multiple of 16 * warps_m={self.warps_m}")
         if self.block_n != 64 * self.warps_n:
             raise ValueError(f"block_n={self.block_n} must be 64 * warps_n ({64 * self.warps_n})")
         if self.warps_k not in (1, 2, 4):
             raise ValueError(f"warps_k={self.warps_k}: the 4 K steps of a 64-wide stage split over 1, 2 or 4 warps")
-        if self.block_k != 64:
-            raise ValueError(f"block_k={self.block_k}: the mma.sync body is written for block_k=64")
         if self.stages < 2:
             raise ValueError(f"stages={self.stages}: a pipeline needs at least 2 stages")
+
+    def _check_wgmma(self) -> None:
+        if self.block_m not in (64, 128, 256):
+            raise ValueError(f"block_m={self.block_m}: the wgmma body takes 64, 128 or 256 tokens per CTA")
+        if self.warps_m != 1 or self.warps_k != 1 or self.warps_n not in (4, 8, 12, 16):
+            raise ValueError(
+                f"warps {self.warps_m}x{self.warps_n}x{self.warps_k}: the wgmma body runs 1 x (4 per warpgroup) "
+                "warps, one to four warpgroups"
+            )
+        if self.block_n != 16 * self.warps_n:
+            raise ValueError(f"block_n={self.block_n} must be 64 per warpgroup ({16 * self.warps_n})")
+        if self.stages < 3:
+            raise ValueError(f"stages={self.stages}: the wgmma pipeline needs at least 3 stages")
 
     @property
     def threads(self) -> int:
@@ -144,8 +163,14 @@ class TileConfig:
 
     @property
     def field(self) -> str:
+        """The tile part of a kernel name (the mma kind is a field of its own there)."""
         warps = f"w{self.warps_m}x{self.warps_n}" + (f"x{self.warps_k}" if self.warps_k > 1 else "")
         return f"{self.block_m}x{self.block_n}x{self.block_k}_{warps}_s{self.stages}"
+
+    @property
+    def label(self) -> str:
+        """How catalogs and tools name the tile: the field, prefixed 'wgmma:' for the wgmma body."""
+        return self.field if self.mma is MmaKind.MMA_SYNC else f"{self.mma.value}:{self.field}"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -158,6 +183,8 @@ class KernelKey:
 
     def __post_init__(self) -> None:
         parse_arch(self.arch)
+        if self.tile.mma is MmaKind.WGMMA and self.arch != "sm90a":
+            raise ValueError(f"arch {self.arch!r}: wgmma kernels exist only for sm90a")
 
     @property
     def name(self) -> str:

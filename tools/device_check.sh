@@ -4,20 +4,23 @@
 #   tools/device_check.sh OUTDIR
 #   DEVICE_STEPS=catalog,tests tools/device_check.sh OUTDIR      # only some steps
 #
-# Steps (DEVICE_STEPS, comma list, default all, in this order):
+# Steps (DEVICE_STEPS, comma list, default all but tune, in this order):
 #   env       nvidia-smi, python / torch / nvcc versions            -> summary.txt (top)
 #   wheels    install carried wheels from ./.whl/ into /tmp/site    -> build.log
 #   launcher  python3 setup.py build_ext --inplace -j 16            -> build.log
 #   catalog   python3 -m humming_aot build --arch sm90a --inplace   -> build.log (timed)
 #   tests     pytest tests/gpu -m gpu                               -> tests.log, tests.xml
+#   tune      tools/bench/tune_tiles.py (extra args: $TUNE_ARGS)   -> tune.log, tune.json
 #   bench     tools/bench/bench_gemm.py (extra args: $BENCH_ARGS)  -> bench.log, bench.json
 #   cold      tools/bench/cold_start.py (extra args: $COLD_ARGS)   -> bench.log, cold_start.json
 # Other knobs: HUMMING_AOT_DEVICE_CATALOG (default "default"), DEVICE_ARCH (default sm90a),
 # DEVICE_JOBS (default 16), PYTEST_ARGS (extra pytest arguments).
 #
 # A failing step does not stop the next; each step's exit code and duration go to summary.txt
-# as soon as it ends (so a run cut short still says how far it got). At most 7 files are written
-# to OUTDIR: summary.txt build.log tests.log tests.xml bench.log bench.json cold_start.json.
+# as soon as it ends (so a run cut short still says how far it got). At most 9 files are written
+# to OUTDIR: summary.txt build.log tests.log tests.xml tune.log tune.json bench.log bench.json
+# cold_start.json. The tune step only makes sense with a catalog of tile variants
+# (HUMMING_AOT_DEVICE_CATALOG=catalog/tuning_sm90a.toml); it is not in the default step list.
 # Nothing is written outside the repository and /tmp.
 set -uo pipefail
 
@@ -30,15 +33,16 @@ OUTDIR=$(cd "$1" && pwd)
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO" || exit 2
 
-ALL_STEPS=env,wheels,launcher,catalog,tests,bench,cold
-STEPS=",${DEVICE_STEPS:-$ALL_STEPS},"
+ALL_STEPS=env,wheels,launcher,catalog,tests,tune,bench,cold
+DEFAULT_STEPS=env,wheels,launcher,catalog,tests,bench,cold
+STEPS=",${DEVICE_STEPS:-$DEFAULT_STEPS},"
 ARCH=${DEVICE_ARCH:-sm90a}
 JOBS=${DEVICE_JOBS:-16}
 CATALOG=${HUMMING_AOT_DEVICE_CATALOG:-default}
 SITE=/tmp/site
 SUMMARY="$OUTDIR/summary.txt"
 
-STEP_LIST=${DEVICE_STEPS:-$ALL_STEPS}
+STEP_LIST=${DEVICE_STEPS:-$DEFAULT_STEPS}
 for step in ${STEP_LIST//,/ }; do
     if [[ ",$ALL_STEPS," != *",$step,"* ]]; then
         echo "unknown step '$step' in DEVICE_STEPS; expected some of $ALL_STEPS" >&2
@@ -52,7 +56,7 @@ export PYTHONDONTWRITEBYTECODE=1
 
 declare -a RESULTS=()
 TABLE_HEADER=$(printf '%-9s %4s %9s  %s' step rc seconds log)
-echo "device_check $(date -u +%FT%TZ)  repo $REPO  steps ${DEVICE_STEPS:-$ALL_STEPS}" >"$SUMMARY"
+echo "device_check $(date -u +%FT%TZ)  repo $REPO  steps ${DEVICE_STEPS:-$DEFAULT_STEPS}" >"$SUMMARY"
 
 wanted() { [[ "$STEPS" == *",$1,"* ]]; }
 
@@ -127,6 +131,11 @@ step_tests() {
         --junitxml "$OUTDIR/tests.xml" ${PYTEST_ARGS:-}
 }
 
+step_tune() {
+    # shellcheck disable=SC2086
+    python3 tools/bench/tune_tiles.py --json "$OUTDIR/tune.json" ${TUNE_ARGS:-}
+}
+
 step_bench() {
     # shellcheck disable=SC2086
     python3 tools/bench/bench_gemm.py --json "$OUTDIR/bench.json" ${BENCH_ARGS:-}
@@ -143,6 +152,7 @@ wanted wheels && run_step wheels "$OUTDIR/build.log" step_wheels
 wanted launcher && run_step launcher "$OUTDIR/build.log" step_launcher
 wanted catalog && run_step catalog "$OUTDIR/build.log" step_catalog
 wanted tests && run_step tests "$OUTDIR/tests.log" step_tests
+wanted tune && run_step tune "$OUTDIR/tune.log" step_tune
 wanted bench && run_step bench "$OUTDIR/bench.log" step_bench
 wanted cold && run_step cold "$OUTDIR/bench.log" step_cold
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from humming_aot import heuristics, support
 from humming_aot.arch import validate_target
 from humming_aot.catalog_data import catalog_file, load_toml
-from humming_aot.spec import GemmSpec, KernelKey, TileConfig, ZeroPoint
+from humming_aot.spec import GemmSpec, KernelKey, MmaKind, TileConfig, ZeroPoint
 
 logger = logging.getLogger(__name__)
 
@@ -71,14 +71,22 @@ class Enumeration:
 
 
 def parse_tile_field(text: str) -> TileConfig:
-    """'16x128x64_w1x2_s8' -> TileConfig (the tile part of a kernel name)."""
-    m = _TILE_FIELD_RE.match(text)
+    """'16x128x64_w1x2_s8' (mma.sync) or 'wgmma:256x128x64_w1x8_s5' -> TileConfig (inverse of
+    TileConfig.label)."""
+    mma_text, _, field = text.rpartition(":")
+    m = _TILE_FIELD_RE.match(field)
     if not m:
-        raise ValueError(f"tile {text!r} does not read '<M>x<N>x<K>_w<warps M>x<warps N>[x<warps K>]_s<stages>'")
+        raise ValueError(
+            f"tile {text!r} does not read '[wgmma:]<M>x<N>x<K>_w<warps M>x<warps N>[x<warps K>]_s<stages>'"
+        )
+    try:
+        mma = MmaKind(mma_text) if mma_text else MmaKind.MMA_SYNC
+    except ValueError:
+        raise ValueError(f"tile {text!r}: {mma_text!r} is not an mma kind ({', '.join(k.value for k in MmaKind)})") from None
     bm, bn, bk, wm, wn, wk, stages = (int(g or 1) for g in m.groups())
-    tile = TileConfig(block_m=bm, block_n=bn, block_k=bk, warps_m=wm, warps_n=wn, warps_k=wk, stages=stages)
-    if tile.field != text:
-        raise ValueError(f"tile {text!r} is not in canonical form (expected {tile.field!r})")
+    tile = TileConfig(mma=mma, block_m=bm, block_n=bn, block_k=bk, warps_m=wm, warps_n=wn, warps_k=wk, stages=stages)
+    if tile.label != text:
+        raise ValueError(f"tile {text!r} is not in canonical form (expected {tile.label!r})")
     return tile
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 
 from humming_aot.catalog_data import load_toml
-from humming_aot.spec import TileConfig, parse_arch
+from humming_aot.spec import MmaKind, TileConfig, parse_arch
 
 # The mma.sync body stages up to this many scale (and zero-point) rows per 64-wide K stage:
 # 64 / 16, for the smallest group size it accepts.
@@ -18,8 +18,10 @@ def table_arch_for(arch: str) -> str:
     if arch in tables:
         return arch
     number, _suffix = parse_arch(arch)
+    # an arch-specific table ('a': wgmma tiles) serves only its own arch
     candidates = sorted(
-        (parse_arch(name)[0], name) for name in tables if parse_arch(name)[0] // 10 == number // 10
+        (parse_arch(name)[0], name) for name in tables
+        if parse_arch(name)[0] // 10 == number // 10 and (parse_arch(name)[1] != "a" or name == arch)
     )
     lower = [name for num, name in candidates if num <= number]
     if lower:
@@ -37,7 +39,8 @@ def arch_tile_table(arch: str) -> tuple[tuple[int, TileConfig], ...]:
     for row in entry["tiles"]:
         row = dict(row)
         max_m = row.pop("max_m")
-        table.append((max_m, TileConfig(**row)))
+        mma = MmaKind(row.pop("mma", MmaKind.MMA_SYNC.value))
+        table.append((max_m, TileConfig(mma=mma, **row)))
     return tuple(table)
 
 
@@ -46,13 +49,20 @@ def smem_limit(arch: str) -> int:
 
 
 def smem_bytes(tile: TileConfig, w_bits: int, has_zero_point: bool) -> int:
-    """Dynamic shared memory of one CTA of the mma.sync body (must equal the C++ kSmemBytes; the
+    """Dynamic shared memory of one CTA (must equal the C++ kSmemBytes of the tile's body; the
     generated source static_asserts it)."""
     a_bytes = tile.block_m * tile.block_k * 2
     w_bytes = tile.block_n * tile.block_k * w_bits // 8
     scale_bytes = MAX_SCALE_ROWS_PER_STAGE * tile.block_n * 2
     zp_bytes = scale_bytes if has_zero_point else 0
-    pipeline = tile.stages * (a_bytes + w_bytes + scale_bytes + zp_bytes)
+    stage = a_bytes + w_bytes + scale_bytes + zp_bytes
+    if tile.mma is MmaKind.WGMMA:
+        # stages on 1024-byte boundaries (128-byte swizzle); the epilogue stages the output tile
+        # (rows padded by 16 bytes) in the same memory; +1024 to align the base at run time
+        pipeline = tile.stages * (-(-stage // 1024) * 1024)
+        staging = tile.block_m * (tile.block_n + 8) * 2
+        return max(pipeline, staging) + 1024
+    pipeline = tile.stages * stage
     # warps_k > 1: after the K loop, warps 1.. of each K group park their fp32 accumulators
     # (block_m / warps_m / 16 m16 fragments x 8 n8 fragments x 4 floats x 32 lanes) in the same
     # shared memory for warp 0 of the group to add up

@@ -139,3 +139,47 @@ def test_pack_on_gpu_matches_cpu_reference():
     for bits in (4, 8):
         u = torch.randint(0, 2**bits, (320, 256))
         assert torch.equal(pack_codes(u.cuda(), bits).cpu(), reference_pack_codes(u, bits))
+
+
+@pytest.mark.parametrize("m", (1, 16, 200, 1024))
+def test_back_to_back_gemms_see_their_inputs(m):
+    """Each GEMM reads the previous one's output, launched back to back (programmatic dependent
+    launch on SM90+: the next kernel starts early and must wait before reading activations or
+    writing anything), eagerly and replayed from a CUDA graph."""
+    layers = 4
+    seed = _seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    packs = [humming_aot.pack(humming_aot.quantize(torch.randn(2048, 2048, device="cuda", generator=gen) * 0.03,
+                                                   "int4:g128"), act_dtype=torch.bfloat16) for _ in range(layers)]
+    spec = ops.gemm_spec(packs[0])
+    key, loaded = dispatch.obtain(spec, torch.cuda.current_device(), m)
+    if torch.cuda.get_device_capability()[0] >= 9:
+        assert loaded.programmatic_launch, f"{key.name} is not launched with programmatic dependent launch"
+    x = torch.randn(m, 2048, device="cuda", generator=gen).to(torch.bfloat16)
+    outs = [torch.full((m, 2048), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in range(layers)]
+
+    def chain():
+        h = x
+        for packed, out in zip(packs, outs):
+            h = dispatch.launch_gemm(h, packed, None, spec, out=out)
+
+    def check(where):
+        torch.cuda.synchronize()
+        h = x
+        for i, (packed, out) in enumerate(zip(packs, outs)):
+            ref = reference_gemm(h, packed.dequantized(), None)
+            assert_gemm_close(out, ref, a=h, w_eff=packed.dequantized(), context=f"{where} layer {i} m={m} seed={seed}")
+            h = out
+
+    chain()
+    check("eager")
+    eager = [out.clone() for out in outs]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    for out in outs:
+        out.fill_(float("nan"))
+    graph.replay()
+    check("graph")
+    for i, (out, ref) in enumerate(zip(outs, eager)):
+        assert_bitwise_equal(out, ref, f"graph vs eager layer {i} m={m} seed={seed}")

@@ -25,7 +25,7 @@ from humming_aot.aot.manifest import (
     write_manifest,
 )
 from humming_aot.catalog import Catalog, CatalogIntegrityError, installed_catalog, test_keys
-from humming_aot.spec import KernelKey, ZeroPoint
+from humming_aot.spec import KernelKey, MmaKind, ZeroPoint
 
 TOOLKIT = "Cuda compilation tools, release 13.0, V13.0.88"
 
@@ -136,13 +136,27 @@ tiles = ["128x256x64_w2x4_s8"]
 
 
 @pytest.mark.parametrize(
-    "field", ["16x128x64_w1x2_s8", "128x256x64_w2x4_s3", "64x128x64_w2x2_s4"]
+    "field",
+    ["16x128x64_w1x2_s8", "128x256x64_w2x4_s3", "64x128x64_w2x2_s4", "wgmma:256x128x64_w1x8_s5",
+     "wgmma:128x256x64_w1x16_s4"],
 )
 def test_parse_tile_field_round_trip(field):
-    assert parse_tile_field(field).field == field
+    assert parse_tile_field(field).label == field
 
 
-@pytest.mark.parametrize("field", ["16x128_w1x2_s8", "16x128x64_w1x2", "16x128x64_w1x3_s8", "016x128x64_w1x2_s8"])
+def test_wgmma_tile_field_sets_the_mma_kind():
+    tile = parse_tile_field("wgmma:256x128x64_w1x8_s5")
+    assert tile.mma is MmaKind.WGMMA and tile.threads == 256 and tile.field == "256x128x64_w1x8_s5"
+    assert parse_tile_field("16x128x64_w1x2_s8").mma is MmaKind.MMA_SYNC
+
+
+@pytest.mark.parametrize(
+    "field",
+    ["16x128_w1x2_s8", "16x128x64_w1x2", "16x128x64_w1x3_s8", "016x128x64_w1x2_s8",
+     "mma:16x128x64_w1x2_s8",  # not canonical: the portable body has no prefix
+     "tcgen05:128x128x64_w1x8_s5", "wgmma:16x128x64_w1x2_s4", "wgmma:256x128x64_w1x8_s2",
+     "wgmma:256x128x64_w2x8_s4", "wgmma:256x256x64_w1x8_s4", "wgmma:192x128x64_w1x8_s4"],
+)
 def test_parse_tile_field_rejects(field):
     with pytest.raises(ValueError):
         parse_tile_field(field)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from humming_aot.aot.enumerate import enumerate_keys
-from humming_aot.spec import GemmSpec, KernelKey, TileConfig, ZeroPoint, parse_arch
+from humming_aot.spec import GemmSpec, KernelKey, MmaKind, TileConfig, ZeroPoint, parse_arch
 
 DEFAULT_KEYS = enumerate_keys("default")
 SMOKE_KEYS = enumerate_keys("smoke")
@@ -104,3 +104,28 @@ def test_warps_along_k_round_trip_and_default():
     assert KernelKey.from_name(GOOD).tile.warps_k == 1  # omitted when 1
     with pytest.raises(ValueError, match="canonical"):
         KernelKey.from_name(GOOD.replace("_w1x2_", "_w1x2x1_"))
+
+
+WGMMA = "gemm_dense_sm90a_wgmma_a-bf16_w-s4-g-bf16_o-bf16_256x128x64_w1x8_s5"
+
+
+def test_wgmma_name_round_trips():
+    key = KernelKey.from_name(WGMMA)
+    assert key.tile.mma is MmaKind.WGMMA and key.tile.threads == 256 and key.name == WGMMA
+    assert key.tile.label == "wgmma:256x128x64_w1x8_s5"
+
+
+@pytest.mark.parametrize(
+    "name,match",
+    [
+        (WGMMA.replace("sm90a", "sm80"), "wgmma kernels exist only for sm90a"),
+        (WGMMA.replace("256x128x64", "96x128x64"), "64, 128 or 256 tokens"),
+        (WGMMA.replace("256x128x64", "256x192x64"), "64 per warpgroup"),
+        (WGMMA.replace("_w1x8_", "_w2x8_"), "one to four warpgroups"),
+        (WGMMA.replace("_w1x8_", "_w1x6_"), "one to four warpgroups"),
+        (WGMMA.replace("_s5", "_s2"), "at least 3 stages"),
+    ],
+)
+def test_bad_wgmma_tiles_raise(name, match):
+    with pytest.raises(ValueError, match=match):
+        KernelKey.from_name(name)

@@ -55,14 +55,14 @@ def main() -> None:
                     ]
                     timing = time_cuda_graph(fns, repeats=args.repeats)
                 except Exception as error:  # a combination the kernel rejects: report and go on
-                    print(f"m={m} {tile.field} splits={split}: {type(error).__name__}: {error}")
+                    print(f"m={m} {tile.label} splits={split}: {type(error).__name__}: {error}")
                     continue
-                row = {"m": m, "n": n, "k": k, "tile": tile.field, "splits": split, "us": timing["median_us"],
+                row = {"m": m, "n": n, "k": k, "tile": tile.label, "splits": split, "us": timing["median_us"],
                        "tflops": tflops(gemm_flops(m, n, k), timing["median_us"])}
                 results.append(row)
                 if best is None or row["us"] < best["us"]:
                     best = row
-                print(f"m={m:5d} {tile.field:24s} splits={split:>4s} {row['us']:9.2f} us {row['tflops']:7.1f} TFLOP/s", flush=True)
+                print(f"m={m:5d} {tile.label:30s} splits={split:>4s} {row['us']:9.2f} us {row['tflops']:7.1f} TFLOP/s", flush=True)
         if best:
             print(f"BEST m={m}: {best['tile']} splits={best['splits']} {best['us']:.2f} us", flush=True)
     if args.json_path:
