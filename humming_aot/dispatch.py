@@ -57,14 +57,16 @@ _selected: dict[tuple, tuple[KernelKey, object]] = {}
 _counters: dict[tuple[int, int], torch.Tensor] = {}
 
 
-def obtain(spec: GemmSpec, device_index: int, m: int, tile: TileConfig | None = None):
-    """(KernelKey, LoadedKernel) for this problem; cached per (spec, device, table tile).
+def obtain(spec: GemmSpec, device_index: int, m: int, tile: TileConfig | None = None,
+           k: int | None = None, group: int | None = None):
+    """(KernelKey, LoadedKernel) for this problem; cached per (spec, device, table tile). K and the
+    group size, when given, steer the table away from a tile they do not fit (heuristics.tile_fits).
 
     Which key and where its image comes from (catalog, JIT cache, NVRTC) is ``humming_aot.obtain``'s
     job; a first call that compiles blocks other first calls of this process for its duration.
     """
     info = device_info(device_index)
-    table_tile = tile or heuristics.select_tile(info.arches[0], m)
+    table_tile = tile or heuristics.select_tile(info.arches[0], m, k, group)
     cache_key = (spec, device_index, table_tile, tile is not None)
     hit = _selected.get(cache_key)
     if hit is not None:
@@ -72,7 +74,7 @@ def obtain(spec: GemmSpec, device_index: int, m: int, tile: TileConfig | None = 
     with _lock:
         hit = _selected.get(cache_key)
         if hit is None:
-            key = _obtain.select_key(spec, info, m, tile)
+            key = _obtain.select_key(spec, info, m, tile, k, group)
             hit = (key, _obtain.load(key, info))
             _selected[cache_key] = hit
         return hit
@@ -101,13 +103,20 @@ def launch_gemm(a: torch.Tensor, packed, bias: torch.Tensor | None, spec: GemmSp
     if m == 0:
         return out
     device_index = a.device.index if a.device.index is not None else torch.cuda.current_device()
-    key, kernel = kernel if kernel is not None else obtain(spec, device_index, m, tile)
+    key, kernel = kernel if kernel is not None else obtain(spec, device_index, m, tile, k, packed.group_size)
     tile = key.tile
+    if not heuristics.tile_fits(tile, k, packed.group_size):
+        raise ValueError(
+            f"tile {tile.label} stages {tile.block_k} of K at a time: it needs K % {tile.block_k} == 0 and a group "
+            f"size that divides {tile.block_k} or is a multiple of it (K={k}, group={packed.group_size}); use "
+            f"{heuristics.narrow_twin(tile).label}"
+        )
     info = device_info(device_index)
     if splits is None:
         resident = heuristics.ctas_per_sm(tile, kernel.smem_bytes, info.smem_per_sm)
         splits = heuristics.split_k_factor(
-            m=m, n=n, k=k, tile=tile, num_sms=info.num_sms, max_tiles=SPLIT_K_COUNTERS, ctas_per_sm=resident
+            m=m, n=n, k=k, tile=tile, num_sms=info.num_sms, max_tiles=SPLIT_K_COUNTERS, ctas_per_sm=resident,
+            target_ctas_per_sm=heuristics.split_ctas_per_sm(key.arch, m, tile),
         )
     elif not 1 <= splits <= k // tile.block_k or (splits > 1 and -(-m // tile.block_m) * -(-n // tile.block_n) > SPLIT_K_COUNTERS):
         raise ValueError(f"splits={splits} must be in [1, K / {tile.block_k}] with at most {SPLIT_K_COUNTERS} tiles")

@@ -84,8 +84,10 @@ def _key_if_valid(arch: str, spec: GemmSpec, tile: TileConfig) -> KernelKey | No
         return None
 
 
-def select_key(spec: GemmSpec, info: "DeviceInfo", m: int, tile: TileConfig | None = None) -> KernelKey:
-    """The key to run for ``m`` rows (``tile``: forced, for tuning), without loading anything."""
+def select_key(spec: GemmSpec, info: "DeviceInfo", m: int, tile: TileConfig | None = None,
+               k: int | None = None, group: int | None = None) -> KernelKey:
+    """The key to run for ``m`` rows (``tile``: forced, for tuning), without loading anything; K
+    and the group size, when given, rule out table tiles they do not fit."""
     from humming_aot.catalog import installed_catalog
 
     catalog = installed_catalog()
@@ -97,21 +99,24 @@ def select_key(spec: GemmSpec, info: "DeviceInfo", m: int, tile: TileConfig | No
         return KernelKey(arch=jit_arch(spec, info), spec=spec, tile=tile)
     if catalog is not None:
         for arch in info.arches:
-            key = _key_if_valid(arch, spec, heuristics.select_tile(arch, m))
+            key = _key_if_valid(arch, spec, heuristics.select_tile(arch, m, k, group))
             if key is not None and catalog.lookup(key.name) is not None:
                 return key
     arch = jit_arch(spec, info)
-    preferred = KernelKey(arch=arch, spec=spec, tile=heuristics.select_tile(arch, m))
+    preferred = KernelKey(arch=arch, spec=spec, tile=heuristics.select_tile(arch, m, k, group))
     usable, reason = _jit_usable(arch)
     if usable:  # the table's tile compiled once beats a catalog tile made for another M
         return preferred
     if catalog is None:
         raise missing_kernel_error(preferred, info, f"no kernel catalog is installed and {reason}")
     for arch in info.arches:
-        same_spec = [key for key in map(KernelKey.from_name, catalog.keys_for(arch)) if key.spec == spec]
+        same_spec = [
+            key for key in map(KernelKey.from_name, catalog.keys_for(arch))
+            if key.spec == spec and (k is None or group is None or heuristics.tile_fits(key.tile, k, group))
+        ]
         if same_spec:
             # smallest tile that covers m, else the largest
-            return min(same_spec, key=lambda k: (k.tile.block_m < m, abs(k.tile.block_m - m), k.name))
+            return min(same_spec, key=lambda c: (c.tile.block_m < m, abs(c.tile.block_m - m), c.name))
     raise missing_kernel_error(
         preferred, info,
         f"the installed catalog has no kernel for this format on {', '.join(info.arches)} and {reason}",

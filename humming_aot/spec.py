@@ -123,15 +123,17 @@ class TileConfig:
     mma: MmaKind = MmaKind.MMA_SYNC
     block_m: int  # rows of the output per CTA (mma.sync: multiple of 16; wgmma: 64, 128 or 256)
     block_n: int  # columns per CTA (mma.sync: 64 * warps_n; wgmma: 16 * warps_n, 64 per warpgroup)
-    block_k: int = 64  # K per pipeline stage
+    block_k: int = 64  # K per pipeline stage (mma.sync: 64 or 128; wgmma: 64)
     warps_m: int
     warps_n: int
     warps_k: int = 1  # warps splitting each stage's K steps (their partial sums meet in shared memory)
     stages: int  # cp.async pipeline depth
 
     def __post_init__(self) -> None:
-        if self.block_k != 64:
-            raise ValueError(f"block_k={self.block_k}: the kernel bodies are written for block_k=64")
+        if self.block_k not in (64, 128) or (self.mma is MmaKind.WGMMA and self.block_k != 64):
+            raise ValueError(
+                f"block_k={self.block_k}: the mma.sync body takes 64 or 128 K per stage, the wgmma body 64"
+            )
         if self.mma is MmaKind.WGMMA:
             self._check_wgmma()
             return
@@ -140,7 +142,7 @@ class TileConfig:
         if self.block_n != 64 * self.warps_n:
             raise ValueError(f"block_n={self.block_n} must be 64 * warps_n ({64 * self.warps_n})")
         if self.warps_k not in (1, 2, 4):
-            raise ValueError(f"warps_k={self.warps_k}: the 4 K steps of a 64-wide stage split over 1, 2 or 4 warps")
+            raise ValueError(f"warps_k={self.warps_k}: the K steps of a stage split over 1, 2 or 4 warps")
         if self.stages < 2:
             raise ValueError(f"stages={self.stages}: a pipeline needs at least 2 stages")
 

@@ -37,7 +37,7 @@ def kernel_source(key: KernelKey) -> str:
     {_ACT_TYPES[spec.a_dtype]},  // activation, scale and output dtype
     {spec.w_bits},  // weight bits
     {_ZERO_POINT[spec.w_zero_point]},
-    {tile.block_m}, {tile.block_n}, {tile.warps_m}, {tile.warps_n}, {tile.warps_k}, {tile.stages}>"""
+    {tile.block_m}, {tile.block_n}, {tile.block_k}, {tile.warps_m}, {tile.warps_n}, {tile.warps_k}, {tile.stages}>"""
     elif tile.mma is MmaKind.WGMMA:
         header = "dense_wgmma.cuh"
         kernel = f"""humming_aot::kernel::DenseWgmma<

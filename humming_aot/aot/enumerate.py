@@ -44,13 +44,15 @@ class Family:
         )
 
     def tiles_for(self, arch: str) -> list[TileConfig]:
-        if self.tiles == "table":
-            seen = []
-            for _, tile in heuristics.arch_tile_table(arch):
-                if tile not in seen:
-                    seen.append(tile)
-            return seen
-        return list(self.tiles)
+        """The family's tiles for an arch; a 128-wide-K tile brings its 64-wide twin, which serves
+        the shapes and group sizes it does not fit (heuristics.tile_fits)."""
+        listed = [tile for _, tile in heuristics.arch_tile_table(arch)] if self.tiles == "table" else list(self.tiles)
+        seen = []
+        for tile in listed:
+            for t in (tile, heuristics.narrow_twin(tile)):
+                if t not in seen:
+                    seen.append(t)
+        return seen
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -6,11 +6,25 @@ compiles). Python branches on arch here and in catalog/ only.
 from humming_aot.heuristics.tiles import (
     arch_tile_table,
     ctas_per_sm,
+    narrow_twin,
     select_tile,
     smem_bytes,
     smem_limit,
+    split_ctas_per_sm,
     split_k_factor,
     table_arch_for,
+    tile_fits,
 )
 
-__all__ = ["arch_tile_table", "ctas_per_sm", "select_tile", "smem_bytes", "smem_limit", "split_k_factor", "table_arch_for"]
+__all__ = [
+    "arch_tile_table",
+    "ctas_per_sm",
+    "narrow_twin",
+    "select_tile",
+    "smem_bytes",
+    "smem_limit",
+    "split_ctas_per_sm",
+    "split_k_factor",
+    "table_arch_for",
+    "tile_fits",
+]

@@ -1,14 +1,12 @@
 """Tile tables per arch, the shared-memory formula of the mma.sync body, and split-K sizing."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from humming_aot.catalog_data import load_toml
 from humming_aot.spec import MmaKind, TileConfig, parse_arch
 
-# The mma.sync body stages up to this many scale (and zero-point) rows per 64-wide K stage:
-# 64 / 16, for the smallest group size it accepts.
-MAX_SCALE_ROWS_PER_STAGE = 4
 
 
 def table_arch_for(arch: str) -> str:
@@ -31,17 +29,39 @@ def table_arch_for(arch: str) -> str:
     )
 
 
+# Split-K aims at this many resident CTAs per SM unless a table row says otherwise (measured on
+# an H200 for 2-warp 16-row tiles: filling every slot made the slices too short).
+DEFAULT_SPLIT_CTAS_PER_SM = 4
+
+
 @functools.cache
-def arch_tile_table(arch: str) -> tuple[tuple[int, TileConfig], ...]:
-    """((max_m, tile), ...) in M order for an arch."""
+def _table_rows(arch: str) -> tuple[tuple[int, TileConfig, int], ...]:
+    """((max_m, tile, split-K CTAs per SM), ...) in M order for an arch."""
     entry = load_toml("tiles.toml")["arch"][table_arch_for(arch)]
-    table = []
+    rows = []
     for row in entry["tiles"]:
         row = dict(row)
         max_m = row.pop("max_m")
+        split = row.pop("split_ctas_per_sm", DEFAULT_SPLIT_CTAS_PER_SM)
         mma = MmaKind(row.pop("mma", MmaKind.MMA_SYNC.value))
-        table.append((max_m, TileConfig(mma=mma, **row)))
-    return tuple(table)
+        rows.append((max_m, TileConfig(mma=mma, **row), split))
+    return tuple(rows)
+
+
+def arch_tile_table(arch: str) -> tuple[tuple[int, TileConfig], ...]:
+    """((max_m, tile), ...) in M order for an arch."""
+    return tuple((max_m, tile) for max_m, tile, _ in _table_rows(arch))
+
+
+def split_ctas_per_sm(arch: str, m: int, tile: TileConfig) -> int:
+    """How many CTAs per SM split-K should aim at for ``tile`` serving m rows: the value of the
+    table row that holds the tile (or its 128-wide original) for m, else the first row holding
+    it, else the default."""
+    rows = [row for row in _table_rows(arch) if tile in (row[1], narrow_twin(row[1]))]
+    for max_m, _, split in rows:
+        if m <= max_m:
+            return split
+    return rows[-1][2] if rows else DEFAULT_SPLIT_CTAS_PER_SM
 
 
 def smem_limit(arch: str) -> int:
@@ -53,7 +73,8 @@ def smem_bytes(tile: TileConfig, w_bits: int, has_zero_point: bool) -> int:
     generated source static_asserts it)."""
     a_bytes = tile.block_m * tile.block_k * 2
     w_bytes = tile.block_n * tile.block_k * w_bits // 8
-    scale_bytes = MAX_SCALE_ROWS_PER_STAGE * tile.block_n * 2
+    # up to block_k / 16 scale (and zero-point) rows per stage, for the smallest group size (16)
+    scale_bytes = tile.block_k // 16 * tile.block_n * 2
     zp_bytes = scale_bytes if has_zero_point else 0
     stage = a_bytes + w_bytes + scale_bytes + zp_bytes
     if tile.mma is MmaKind.WGMMA:
@@ -70,30 +91,43 @@ def smem_bytes(tile: TileConfig, w_bits: int, has_zero_point: bool) -> int:
     return max(pipeline, reduction)
 
 
-def select_tile(arch: str, m: int) -> TileConfig:
-    """The table's tile for a problem with m rows."""
-    for max_m, tile in arch_tile_table(arch):
-        if m <= max_m:
-            return tile
-    return arch_tile_table(arch)[-1][1]
+def tile_fits(tile: TileConfig, k: int, group: int) -> bool:
+    """Whether a tile's K stages line up with K and the scale groups: K a multiple of block_k, and
+    each group either inside one stage (a divisor of block_k) or whole stages (a multiple)."""
+    return k % tile.block_k == 0 and (tile.block_k % group == 0 or group % tile.block_k == 0)
+
+
+def narrow_twin(tile: TileConfig) -> TileConfig:
+    """The 64-wide-K tile that serves problems a 128-wide tile does not fit (tile_fits); every
+    catalog with a 128-wide tile also holds this twin."""
+    return dataclasses.replace(tile, block_k=64) if tile.block_k != 64 else tile
+
+
+def select_tile(arch: str, m: int, k: int | None = None, group: int | None = None) -> TileConfig:
+    """The table's tile for a problem with m rows (and, when given, K and group size: a 128-wide
+    tile that does not fit them gives way to its 64-wide twin)."""
+    tile = next((tile for max_m, tile in arch_tile_table(arch) if m <= max_m), arch_tile_table(arch)[-1][1])
+    if k is not None and group is not None and not tile_fits(tile, k, group):
+        return narrow_twin(tile)
+    return tile
 
 
 def split_k_factor(*, m: int, n: int, k: int, tile: TileConfig, num_sms: int, max_tiles: int,
-                   ctas_per_sm: int = 2) -> int:
+                   ctas_per_sm: int = 2, target_ctas_per_sm: int = DEFAULT_SPLIT_CTAS_PER_SM) -> int:
     """How many K slices to split each output tile into, so that small problems fill the GPU.
 
-    Splits only when the output tiles leave CTA slots idle (num_sms * ctas_per_sm); keeps at least
-    4 K tiles (of 64) per slice so that the pipeline has work; at most 16 slices; never more
-    output tiles than there are split-K counters.
+    Splits only when the output tiles leave CTA slots idle: num_sms * min(ctas_per_sm (what
+    fits), target_ctas_per_sm (the table row's choice, split_ctas_per_sm)); keeps at least 256 of
+    K per slice so that the pipeline has work; at most 16 slices; never more output tiles than
+    there are split-K counters.
     """
     tiles = -(-m // tile.block_m) * -(-n // tile.block_n)
     if tiles > max_tiles:
         return 1
-    k_tiles = k // tile.block_k
     # Measured on an H200 (docs/PERFORMANCE.md): filling every resident slot makes the slices so
-    # short that their prologue and reduction dominate; ~4 CTAs per SM is the sweet spot.
-    slots = num_sms * max(1, min(ctas_per_sm, 4))
-    return max(1, min(slots // max(tiles, 1), k_tiles // 4, 16))
+    # short that their prologue and reduction dominate.
+    slots = num_sms * max(1, min(ctas_per_sm, target_ctas_per_sm))
+    return max(1, min(slots // max(tiles, 1), k // 256, 16))
 
 
 def ctas_per_sm(tile: TileConfig, smem: int, smem_per_sm: int, max_warps_per_sm: int = 64) -> int:

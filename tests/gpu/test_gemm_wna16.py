@@ -183,3 +183,27 @@ def test_back_to_back_gemms_see_their_inputs(m):
     check("graph")
     for i, (out, ref) in enumerate(zip(outs, eager)):
         assert_bitwise_equal(out, ref, f"graph vs eager layer {i} m={m} seed={seed}")
+
+
+@pytest.mark.parametrize("k,group", [(1088, 64), (1152, 192), (1088, None)])
+def test_shapes_a_wide_k_tile_does_not_fit_use_its_twin(k, group):
+    """K = 17 x 64 or a group straddling 128-wide stages: the public op must not pick a 128-wide
+    K tile (it would read past K or mix groups), and forcing one is a clear error."""
+    from humming_aot import heuristics
+
+    n, m = 320, 1
+    seed = _seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    fmt = "int4:channel" if group is None else f"int4:g{group}"
+    packed = humming_aot.pack(humming_aot.quantize(torch.randn(n, k, device="cuda", generator=gen) * 0.05, fmt),
+                              act_dtype=torch.bfloat16)
+    a = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    key, _ = dispatch.obtain(ops.gemm_spec(packed), torch.cuda.current_device(), m, k=k, group=packed.group_size)
+    assert heuristics.tile_fits(key.tile, k, packed.group_size), key.name
+    out = ops.gemm(a, packed)
+    ref = reference_gemm(a, packed.dequantized(), None)
+    assert_gemm_close(out, ref, a=a, w_eff=packed.dequantized(), context=f"k={k} group={group} seed={seed}")
+    wide = heuristics.select_tile(dispatch.device_info(torch.cuda.current_device()).arches[0], m)
+    if wide.block_k == 128:
+        with pytest.raises(ValueError, match="needs K % 128 == 0"):
+            ops.gemm_with_tile(a, packed, wide)

@@ -49,14 +49,14 @@ struct KernelMetadata {
   unsigned magic, params_version, params_bytes, threads, smem_bytes, block_m, block_n, block_k;
   char name[224];
 };
-template <class T, int kBits, numerics::ZeroPointKind kZp, int kBlockM, int kBlockN, int kWarpsM, int kWarpsN,
-          int kWarpsK, int kStages>
+template <class T, int kBits, numerics::ZeroPointKind kZp, int kBlockM, int kBlockN, int kBlockK, int kWarpsM,
+          int kWarpsN, int kWarpsK, int kStages>
 struct DenseMmaSync {
   FAILURE_HOOK
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN * kWarpsK;
   static constexpr int kMinBlocksPerSm = 1;
   static constexpr int kScaleRows = kZp == numerics::ZeroPointKind::kInteger ? 2 : 1;
-  static constexpr int kSmemBytes = kStages * (kBlockM * 64 * 2 + kBlockN * 64 * kBits / 8 + kScaleRows * 4 * kBlockN * 2);
+  static constexpr int kSmemBytes = kStages * (kBlockM * kBlockK * 2 + kBlockN * kBlockK * kBits / 8 + kScaleRows * (kBlockK / 16) * kBlockN * 2);
   __device__ static void run(const GemmParams& p) {
     if (threadIdx.x == 0) p.out[blockIdx.x] = kBits * p.m + VERSION;
   }

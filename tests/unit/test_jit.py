@@ -393,7 +393,8 @@ def test_jit_off_falls_back_to_a_catalog_tile(fake_gpu, compiles, monkeypatch):
 
 def test_jit_off_names_the_missing_key_and_the_default_build_command(fake_gpu, monkeypatch):
     monkeypatch.setenv("HUMMING_AOT_JIT", "0")
-    key = bf16_int4_key("sm90a", "32x128x64_w1x2_s6")  # in the default catalog, not in the installed one
+    # in the default catalog (the table's tile for M = 100), not in the installed one
+    key = KernelKey(arch="sm90a", spec=_spec(), tile=heuristics.select_tile("sm90a", 100))
     with pytest.raises(dispatch.KernelNotAvailableError) as error:
         dispatch.obtain(_spec(), 0, 100, tile=key.tile)
     text = str(error.value)

@@ -7,6 +7,7 @@
 // the partials in slice order 0..k_splits-1, writes the output and resets the counter. SM90.
 
 #include <humming_aot/kernel/params.cuh>
+#include <humming_aot/epilogue/split_k_arrival.cuh>
 #include <humming_aot/numerics/packed_half2.cuh>
 
 namespace humming_aot::epilogue {
@@ -82,15 +83,7 @@ struct ColumnMajorWriter {
     for_each([&](int i, int token, int col) {
       if (m0 + token < p.m && n0 + col < p.n) __stcg(partial + static_cast<i64>(m0 + token) * p.n + n0 + col, acc[i]);
     });
-    __threadfence();  // partials visible device-wide before the arrival is counted
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const int arrived = atomicAdd(p.tile_counters + tile_index, 1);
-      *arrival_flag = (arrived == p.k_splits - 1);
-    }
-    __syncthreads();
-    if (!*arrival_flag) return;
-    __threadfence();  // acquire: see every other slice's partials
+    if (!arrive_last_at_tile(p.tile_counters + tile_index, p.k_splits, arrival_flag)) return;
     // Slices outer, accumulators inner: each pass issues all of its independent loads first.
 #pragma unroll
     for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.f;

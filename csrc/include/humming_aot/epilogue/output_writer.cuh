@@ -6,6 +6,7 @@
 // SM80+.
 
 #include <humming_aot/kernel/params.cuh>
+#include <humming_aot/epilogue/split_k_arrival.cuh>
 #include <humming_aot/numerics/packed_half2.cuh>
 
 namespace humming_aot::epilogue {
@@ -74,15 +75,8 @@ struct OutputWriter {
         __stcg(reinterpret_cast<float2*>(partial + static_cast<i64>(row) * p.n + col), v);
       }
     });
-    __threadfence();  // partials visible device-wide before the arrival is counted
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const int arrived = atomicAdd(p.tile_counters + tile_index, 1);
-      *arrival_flag = (arrived == p.k_splits - 1);
-    }
-    __syncthreads();
-    if (!*arrival_flag || !owner) return;  // thread 0 is an owner: it resets the counter below
-    __threadfence();  // acquire: see every other slice's partials
+    const bool last = arrive_last_at_tile(p.tile_counters + tile_index, p.k_splits, arrival_flag);
+    if (!last || !owner) return;  // thread 0 is an owner: it resets the counter below
     // Sum the slices in order 0..k_splits-1 into the (reused) accumulators. Slices are the outer
     // loop so that each pass issues all of its independent loads before any add waits on one.
     zero(acc);

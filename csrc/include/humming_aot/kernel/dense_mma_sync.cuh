@@ -2,12 +2,15 @@
 // The portable dense mixed-input GEMM body: out[m, n] = a[m, k] @ dequant(w)[n, k]^T (+ bias),
 // 16-bit activations, integer weight codes with per-group scales (and zero points), fp32
 // accumulation on mma.sync m16n8k16. SM80+. M, N, K and the group size are run-time values:
-// N % 64 == 0, K % 64 == 0, group a multiple of 16 that divides 64 or is a multiple of 64.
+// N % 64 == 0, K % kBlockK == 0, group a multiple of 16 that divides kBlockK or is a multiple of
+// it (humming_aot.heuristics.tile_fits; a 128-wide tile has a 64-wide twin for the rest).
 //
-// One CTA computes a kBlockM x kBlockN output tile over a slice of K. kWarpsM x kWarpsN warps;
-// each warp owns kBlockM / kWarpsM rows and one packed 64-column unit. A kStages-deep cp.async
-// pipeline stages 64-wide K tiles of activations (swizzled rows), packed weights, scales and zero
-// points; each warp dequantizes its weights in registers right before the mma.
+// One CTA computes a kBlockM x kBlockN output tile over a slice of K. kWarpsM x kWarpsN x kWarpsK
+// warps; each warp owns kBlockM / kWarpsM rows, one packed 64-column unit and every kWarpsK-th
+// 16-wide K step of a stage. A kStages-deep cp.async pipeline stages kBlockK-wide K tiles of
+// activations (swizzled rows), packed weights, scales and zero points; each warp dequantizes its
+// weights in registers right before the mma. 128-wide stages halve the per-stage cost (barrier,
+// copies, address updates) per weight, which is what small M, with 4 K warps, is bound by.
 
 #include <humming_aot/epilogue/output_writer.cuh>
 #include <humming_aot/kernel/params.cuh>
@@ -26,11 +29,11 @@ template <class Act,                       // Float16 or BFloat16: activation, s
           numerics::ZeroPointKind kZeroPoint,
           int kBlockM,                     // output rows per CTA
           int kBlockN,                     // output columns per CTA (64 per warp along N)
+          int kBlockK,                     // K per pipeline stage: 64 or 128
           int kWarpsM, int kWarpsN,        // warp grid of the CTA over the output tile
           int kWarpsK,                     // warps sharing each stage's K steps (1, 2 or 4)
           int kStages>                     // cp.async pipeline depth
 struct DenseMmaSync {
-  static constexpr int kBlockK = 64;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN * kWarpsK;
   static constexpr int kMinBlocksPerSm = 1;
   static constexpr int kWarpRows = kBlockM / kWarpsM;
@@ -48,8 +51,9 @@ struct DenseMmaSync {
   static_assert(kThreads <= 1024, "too many warps");
 
   // Shared memory of one pipeline stage (memory/stage_loader.cuh has the layout).
-  using Layout = memory::StageLayout<kBlockM, kBlockN, kBits, kHasZeroPoint>;
-  using StageLoader = memory::StageLoader<kBlockM, kBlockN, kBits, kHasZeroPoint, kThreads>;
+  using Walk = memory::GroupWalk<kBlockK>;
+  using Layout = memory::StageLayout<kBlockM, kBlockN, kBlockK, kBits, kHasZeroPoint>;
+  using StageLoader = memory::StageLoader<kBlockM, kBlockN, kBlockK, kBits, kHasZeroPoint, kThreads>;
   static constexpr int kABytes = Layout::kABytes;
   static constexpr int kWBytes = Layout::kWBytes;
   static constexpr int kSBytes = Layout::kSBytes;
@@ -67,44 +71,73 @@ struct DenseMmaSync {
   struct StepFragments {
     u32 a[kMTiles][4];       // m16k16 activation fragments
     u32 w[kWordsPerLane];    // packed weight words of the warp's unit: tile j at [j * kBits / 4]
-    u32 scale[4];            // scale pair of tile j: (n = 16 j + g, n = 16 j + 8 + g)
-    u32 zero[4];             // zero-point pairs, like scale (kHasZeroPoint only)
   };
 
-  static __device__ __forceinline__ void load_step(u32 stage_smem, int kk, int warp_m, int warp_n,
-                                                   const memory::GroupWalk& walk, StepFragments& f) {
-    const int lane = threadIdx.x & 31;
-    const u32 a_smem = stage_smem;
-    const u32 w_smem = a_smem + kABytes;
-    const u32 s_smem = w_smem + kWBytes;
-    const u32 z_smem = s_smem + kSBytes;
+  using Pairs = typename Dequantizer::Pairs;
+  // Small-M tiles are bound by the dequant and get the once-per-stage scale path; large warp
+  // tiles amortize the dequant over many mma and would only pay for it in registers.
+  static constexpr bool kHoistScales = kMTiles <= 2;
+
+  static constexpr int kSteps = kK16Steps / kWarpsK;  // K steps per warp per stage
+
+  // This thread's shared-memory offsets inside a stage, computed once per CTA so that a stage
+  // only adds its base: the K steps kk = warp_k + i * kWarpsK it multiplies (i < kSteps).
+  struct StepOffsets {
+    u32 a[kSteps][kMTiles];  // ldmatrix row address of each m16 fragment
+    u32 w[kSteps];           // the lane's packed words of the warp's unit
+    u32 s[kSteps];           // the lane's scale pairs (scale row of the step); zero points at + kSBytes
+
+    __device__ __forceinline__ StepOffsets(int warp_m, int warp_n, int warp_k, const Walk& walk) {
+      const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int mi = 0; mi < kMTiles; ++mi) {
-      const int row = warp_m * kWarpRows + mi * 16 + (lane & 15);
-      const int chunk = 2 * kk + (lane >> 4);
-      memory::ldmatrix_x4(f.a[mi], a_smem + 16 * (row * 8 + (chunk ^ (row & 7))));
+      for (int i = 0; i < kSteps; ++i) {
+        const int kk = warp_k + i * kWarpsK;
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi) {
+          const int row = warp_m * kWarpRows + mi * 16 + (lane & 15);
+          a[i][mi] = Layout::a_chunk_offset(row, 2 * kk + (lane >> 4));
+        }
+        w[i] = kABytes + 16 * (((kk * kUnits + warp_n) * 32 + lane) * (kWordsPerLane / 4));
+        s[i] = kABytes + kWBytes + 2 * ((kk >> walk.step_shift) * kBlockN + warp_n * 64 + (lane >> 2) * 8);
+        // opaque to the compiler, which would otherwise recompute them from threadIdx every stage
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi) asm volatile("" : "+r"(a[i][mi]));
+        asm volatile("" : "+r"(w[i]), "+r"(s[i]));
+      }
     }
+  };
+
+  // The scale (and zero-point) pairs of the warp's 4 tiles at `addr` (a staged scale row).
+  static __device__ __forceinline__ void load_pairs(u32 addr, Pairs (&pairs)[4]) {
+    u32 scale[4], zero[4] = {0u, 0u, 0u, 0u};
+    memory::lds_128(scale, addr);
+    if constexpr (kHasZeroPoint) memory::lds_128(zero, addr + kSBytes);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) pairs[j] = Dequantizer::prepare(scale[j], zero[j]);
+  }
+
+  // The activation fragments and packed weight words of the warp's step i.
+  static __device__ __forceinline__ void load_step(u32 stage_smem, const StepOffsets& off, int i, StepFragments& f) {
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi) memory::ldmatrix_x4(f.a[mi], stage_smem + off.a[i][mi]);
 #pragma unroll
     for (int v = 0; v < kWordsPerLane / 4; ++v) {
       u32 vec[4];
-      memory::lds_128(vec, w_smem + 16 * (((kk * kUnits + warp_n) * 32 + lane) * (kWordsPerLane / 4) + v));
+      memory::lds_128(vec, stage_smem + off.w[i] + 16 * v);
 #pragma unroll
       for (int e = 0; e < 4; ++e) f.w[4 * v + e] = vec[e];
     }
-    const int scale_row = kk >> walk.step_shift;
-    const u32 scale_offset = 2 * (scale_row * kBlockN + warp_n * 64 + (lane >> 2) * 8);
-    memory::lds_128(f.scale, s_smem + scale_offset);
-    if constexpr (kHasZeroPoint) memory::lds_128(f.zero, z_smem + scale_offset);
   }
 
-  static __device__ __forceinline__ void multiply_step(const StepFragments& f, float (&acc)[kMTiles][kNTiles][4]) {
+  static __device__ __forceinline__ void multiply_step(const StepFragments& f, const Pairs (&pairs)[4],
+                                                       float (&acc)[kMTiles][kNTiles][4]) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       u32 tile_words[Dequantizer::kWordsPerTile];
 #pragma unroll
       for (int e = 0; e < Dequantizer::kWordsPerTile; ++e) tile_words[e] = f.w[j * Dequantizer::kWordsPerTile + e];
       u32 b_frag[2][2];
-      Dequantizer::dequantize(tile_words, f.scale[j], kHasZeroPoint ? f.zero[j] : 0u, b_frag);
+      Dequantizer::apply(tile_words, pairs[j], b_frag);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -113,19 +146,22 @@ struct DenseMmaSync {
     }
   }
 
-  // Multiply this warp's K steps of one staged K tile (kk = warp_k, warp_k + kWarpsK, ...) into its
-  // accumulators; the shared-memory reads of the next step are issued before the dequant and mma
-  // of the current one (register double buffering).
-  static __device__ __forceinline__ void compute_stage(const char* stage, int warp_m, int warp_n, int warp_k,
-                                                       const memory::GroupWalk& walk, float (&acc)[kMTiles][kNTiles][4]) {
-    constexpr int kSteps = kK16Steps / kWarpsK;
-    const u32 stage_smem = memory::shared_address(stage);
+  // Multiply this warp's K steps of one staged K tile into its accumulators; the shared-memory
+  // reads of the next step are issued before the dequant and mma of the current one (register
+  // double buffering). kOneScaleRow: every step of the stage uses scale row 0 (group >= kBlockK),
+  // so its pairs are loaded and broadcast once per stage.
+  template <bool kOneScaleRow>
+  static __device__ __forceinline__ void compute_stage(u32 stage_smem, const StepOffsets& off,
+                                                       float (&acc)[kMTiles][kNTiles][4]) {
+    Pairs pairs[4];
+    if constexpr (kOneScaleRow) load_pairs(stage_smem + off.s[0], pairs);
     StepFragments frags[2];
-    load_step(stage_smem, warp_k, warp_m, warp_n, walk, frags[0]);
+    load_step(stage_smem, off, 0, frags[0]);
 #pragma unroll
     for (int i = 0; i < kSteps; ++i) {
-      if (i + 1 < kSteps) load_step(stage_smem, warp_k + (i + 1) * kWarpsK, warp_m, warp_n, walk, frags[(i + 1) & 1]);
-      multiply_step(frags[i & 1], acc);
+      if (i + 1 < kSteps) load_step(stage_smem, off, i + 1, frags[(i + 1) & 1]);
+      if constexpr (!kOneScaleRow) load_pairs(stage_smem + off.s[i], pairs);
+      multiply_step(frags[i & 1], pairs, acc);
     }
   }
 
@@ -171,7 +207,9 @@ struct DenseMmaSync {
     const int warp = threadIdx.x >> 5;
     const int warp_k = warp / (kWarpsM * kWarpsN), warp_mn = warp % (kWarpsM * kWarpsN);
     const int warp_m = warp_mn / kWarpsN, warp_n = warp_mn % kWarpsN;
-    const memory::GroupWalk walk(p.group_size);
+    const Walk walk(p.group_size);
+    const bool one_scale_row = ((kK16Steps - 1) >> walk.step_shift) == 0;
+    const StepOffsets offsets(warp_m, warp_n, warp_k, walk);
 
     float acc[kMTiles][kNTiles][4];
     Writer::zero(acc);
@@ -206,7 +244,12 @@ struct DenseMmaSync {
         loader.advance();
       }
       memory::cp_async_commit();
-      compute_stage(smem + compute_slot * kStageBytes, warp_m, warp_n, warp_k, walk, acc);
+      const u32 stage_smem = smem_base + compute_slot * kStageBytes;
+      if (kHoistScales && one_scale_row) {
+        compute_stage<true>(stage_smem, offsets, acc);
+      } else {
+        compute_stage<false>(stage_smem, offsets, acc);
+      }
       compute_slot = compute_slot + 1 == kStages ? 0 : compute_slot + 1;
       load_slot = load_slot + 1 == kStages ? 0 : load_slot + 1;
     }

@@ -42,8 +42,8 @@ struct DenseWgmma {
   // The stage refilled at iteration i is the one read two iterations earlier (see run()).
   static_assert(kStages >= 3, "the wgmma pipeline keeps one stage between the loads and the reads");
 
-  using Layout = memory::StageLayout<kBlockM, kBlockN, kBits, kHasZeroPoint>;
-  using StageLoader = memory::StageLoader<kBlockM, kBlockN, kBits, kHasZeroPoint, kThreads>;
+  using Layout = memory::StageLayout<kBlockM, kBlockN, kBlockK, kBits, kHasZeroPoint>;
+  using StageLoader = memory::StageLoader<kBlockM, kBlockN, kBlockK, kBits, kHasZeroPoint, kThreads>;
   using Dequantizer = numerics::IntDequantizer<Act, kBits, kZeroPoint>;
   using Mma = mma::Wgmma<Act, kBlockM>;
   using Scheduler = schedule::TileScheduler<kBlockM, kBlockN, kBlockK>;
@@ -61,7 +61,7 @@ struct DenseWgmma {
   static constexpr int kMinBlocksPerSm = kThreads <= 256 && kAccumulators <= 64 ? 2 : 1;
 
   // Dequantize this warp's 16 x 16 weight tile of K step kk into wgmma A fragment registers.
-  static __device__ __forceinline__ void dequantize_step(u32 stage_smem, int kk, const memory::GroupWalk& walk,
+  static __device__ __forceinline__ void dequantize_step(u32 stage_smem, int kk, const memory::GroupWalk<kBlockK>& walk,
                                                          u32 (&a)[4]) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int unit = warp >> 2, tile = warp & 3;
@@ -99,7 +99,7 @@ struct DenseWgmma {
 
     const Scheduler tile(p.m, p.n, p.k, p.k_splits);
     const int m0 = tile.m_tile * kBlockM, n0 = tile.n_tile * kBlockN;
-    const memory::GroupWalk walk(p.group_size);
+    const memory::GroupWalk<kBlockK> walk(p.group_size);
 
     float acc[kAccumulators];
 #pragma unroll

@@ -1,14 +1,15 @@
 #pragma once
-// Global -> shared loads of one pipeline stage of the dense mixed-input GEMM: a 64-wide K tile of
-// activations (swizzled 128-byte rows), packed weights, scales and zero points, issued with
-// cp.async by every thread of the CTA. Shared by the mma.sync and the wgmma bodies. SM80+.
+// Global -> shared loads of one pipeline stage of the dense mixed-input GEMM: a K tile (64 or 128
+// wide) of activations (swizzled 128-byte rows), packed weights, scales and zero points, issued
+// with cp.async by every thread of the CTA. Shared by the mma.sync and the wgmma bodies. SM80+.
 //
 // Stage layout (byte offsets from the stage base):
-//   [0, kABytes)              activations, (kBlockM rows, 8 chunks of 16 bytes); chunk c of row r
-//                             lives at r * 8 + (c ^ (r & 7)): conflict-free for ldmatrix, and the
-//                             128-byte swizzle of wgmma when the stage base is 1024-byte aligned
-//   [kABytes, + kWBytes)      packed weights, (4 K steps, kUnits, 32 lanes, kBits words)
-//   [.., + kSBytes)           scales, (4 rows, kBlockN), permuted per 64-column unit
+//   [0, kABytes)              activations, kBlockK / 64 sub-tiles of (kBlockM rows, 8 chunks of
+//                             16 bytes) for 64 K each; chunk c of row r lives at r * 8 + (c ^ (r & 7)):
+//                             conflict-free for ldmatrix, and the 128-byte swizzle of wgmma when
+//                             the stage base is 1024-byte aligned
+//   [kABytes, + kWBytes)      packed weights, (kBlockK / 16 K steps, kUnits, 32 lanes, kBits words)
+//   [.., + kSBytes)           scales, (kBlockK / 16 rows, kBlockN), permuted per 64-column unit
 //   [.., + kZBytes)           zero points like scales (kHasZeroPoint only)
 
 #include <humming_aot/kernel/params.cuh>
@@ -16,34 +17,45 @@
 
 namespace humming_aot::memory {
 
-template <int kBlockM, int kBlockN, int kBits, bool kHasZeroPoint>
+template <int kBlockM, int kBlockN, int kBlockK, int kBits, bool kHasZeroPoint>
 struct StageLayout {
-  static constexpr int kBlockK = 64;
   static constexpr int kK16Steps = kBlockK / 16;
-  static constexpr int kUnits = kBlockN / 64;  // packed 64-column units per CTA
-  static constexpr int kScaleRows = 4;         // scale rows staged per K tile (group >= 16)
+  static constexpr int kASubTiles = kBlockK / 64;      // 64-wide K sub-tiles of the activations
+  static constexpr int kASubTileBytes = kBlockM * 128;
+  static constexpr int kUnits = kBlockN / 64;          // packed 64-column units per CTA
+  static constexpr int kScaleRows = kBlockK / 16;      // scale rows staged per K tile (group >= 16)
   static constexpr int kABytes = kBlockM * kBlockK * 2;
   static constexpr int kWBytes = kBlockN * kBlockK * kBits / 8;
   static constexpr int kSBytes = kScaleRows * kBlockN * 2;
   static constexpr int kZBytes = kHasZeroPoint ? kSBytes : 0;
   static constexpr int kBytes = kABytes + kWBytes + kSBytes + kZBytes;  // every part a multiple of 16
   static_assert(kBlockN % 64 == 0, "weights are packed in 64-column units");
+  static_assert(kBlockK == 64 || kBlockK == 128, "K tiles are 64 or 128 wide");
+
+  // Shared-memory byte offset of 16-byte chunk `chunk` (0 .. kBlockK / 8) of activation row `row`.
+  static __device__ __forceinline__ u32 a_chunk_offset(int row, int chunk) {
+    return (chunk >> 3) * kASubTileBytes + 16 * (row * 8 + ((chunk & 7) ^ (row & 7)));
+  }
 };
 
 // How the 16-row K steps of a staged K tile map onto its staged scale rows.
+template <int kBlockK>
 struct GroupWalk {
-  int step_shift;  // scale row of step kk = kk >> step_shift (group >= 64: always row 0)
-  __device__ __forceinline__ explicit GroupWalk(int group) { step_shift = group >= 64 ? 2 : (group == 32 ? 1 : 0); }
+  int step_shift;  // scale row of step kk = kk >> step_shift (group >= kBlockK: always row 0)
+  __device__ __forceinline__ explicit GroupWalk(int group) {
+    const int span = group < kBlockK ? group : kBlockK;  // K of one staged scale row
+    step_shift = span >= 128 ? 3 : (span == 64 ? 2 : (span == 32 ? 1 : 0));
+  }
 };
 
 // Per-thread cp.async issuer of the pipeline stages. Every source pointer and predicate is
 // computed once per CTA; a stage load only adds the K offset, so the main loop carries no 64-bit
 // multiplies or divisions. Stages must be loaded in K order (advance() after each).
-template <int kBlockM, int kBlockN, int kBits, bool kHasZeroPoint, int kThreads>
+template <int kBlockM, int kBlockN, int kBlockK, int kBits, bool kHasZeroPoint, int kThreads>
 struct StageLoader {
-  using Layout = StageLayout<kBlockM, kBlockN, kBits, kHasZeroPoint>;
-  static constexpr int kBlockK = Layout::kBlockK;
-  static constexpr int kAChunks = kBlockM * 8;  // 16-byte chunks per stage
+  using Layout = StageLayout<kBlockM, kBlockN, kBlockK, kBits, kHasZeroPoint>;
+  static constexpr int kRowChunks = kBlockK / 8;  // 16-byte chunks per activation row
+  static constexpr int kAChunks = kBlockM * kRowChunks;  // 16-byte chunks per stage
   static constexpr int kWChunksPerStep = Layout::kUnits * 8 * kBits;
   static constexpr int kWChunks = Layout::kK16Steps * kWChunksPerStep;
   static constexpr int kSChunksPerRow = kBlockN / 8;
@@ -73,10 +85,10 @@ struct StageLoader {
     a_valid = 0;
 #pragma unroll
     for (int it = 0; it < kAIters; ++it) {
-      const int i = chunk(it), row = i >> 3;
+      const int i = chunk(it), row = i / kRowChunks;
       const bool valid = (kAChunks % kThreads == 0 || i < kAChunks) && m0 + row < p.m;
       a_valid |= static_cast<u32>(valid) << it;
-      a_src[it] = a + 2 * ((valid ? m0 + row : 0) * p.lda + (i & 7) * 8);
+      a_src[it] = a + 2 * ((valid ? m0 + row : 0) * p.lda + (i % kRowChunks) * 8);
     }
     const int units_total = p.n >> 6;
     const i64 row_words = static_cast<i64>(units_total) * 32 * kBits;
@@ -104,12 +116,14 @@ struct StageLoader {
   }
 
   // Issue the copies of the activations of the current K tile into the stage at `stage_smem`.
+  // Rows past M are not loaded: whatever shared memory holds there only reaches output rows
+  // (tokens) that are never stored.
   __device__ __forceinline__ void load_activations(u32 stage_smem) const {
 #pragma unroll
     for (int it = 0; it < kAIters; ++it) {
-      const int i = chunk(it), row = i >> 3;
-      if (kAChunks % kThreads == 0 || i < kAChunks) {
-        cp_async_16(stage_smem + 16 * (row * 8 + ((i & 7) ^ (row & 7))), a_src[it], (a_valid >> it) & 1);
+      const int i = chunk(it), row = i / kRowChunks;
+      if ((kAChunks % kThreads == 0 || i < kAChunks) && ((a_valid >> it) & 1)) {
+        cp_async_16(stage_smem + Layout::a_chunk_offset(row, i % kRowChunks), a_src[it], true);
       }
     }
   }

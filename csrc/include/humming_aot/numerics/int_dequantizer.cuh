@@ -36,38 +36,49 @@ struct IntDequantizer {
     return bits | (bits << 16);  // exact: magic + z stays on the integer grid of the magic
   }
 
-  // Dequantize one 16x16 tile for one lane.
-  //   words:   kWordsPerTile packed words
+  // A tile's scale and offset, each broadcast to both 16-bit lanes for its two columns
+  // (h = 0: n = g, h = 1: n = 8 + g). Prepared once per scale row: a body whose K steps share
+  // one row prepares them once per stage instead of once per step.
+  struct Pairs {
+    u32 scale_h[2];
+    u32 offset_h[2];  // magic + zero point (4-bit explicit zero points only)
+  };
+
   //   scale2:  (s(n = g), s(n = 8 + g)) packed pair of this lane's two columns
   //   zero2:   same for the zero point (ignored for kImplicit)
+  static __device__ __forceinline__ Pairs prepare(u32 scale2, u32 zero2) {
+    Pairs p;
+    p.scale_h[0] = H2::broadcast_low(scale2);
+    p.scale_h[1] = H2::broadcast_high(scale2);
+    if constexpr (kBits == 4 && kZeroPoint != ZeroPointKind::kImplicit) {
+      p.offset_h[0] = H2::add(H2::broadcast_low(zero2), kMagic2);
+      p.offset_h[1] = H2::add(H2::broadcast_high(zero2), kMagic2);
+    } else {
+      p.offset_h[0] = p.offset_h[1] = implicit_offset2();
+    }
+    return p;
+  }
+
+  // Dequantize one 16x16 tile for one lane.
+  //   words:   kWordsPerTile packed words
   //   frag:    frag[h][r], register r (0: k = 2t..2t+1, 1: k = 2t+8..2t+9) of the n = 8h + g fragment
-  static __device__ __forceinline__ void dequantize(const u32 (&words)[kWordsPerTile], u32 scale2,
-                                                    u32 zero2, u32 (&frag)[2][2]) {
-    const u32 scale_h[2] = {H2::broadcast_low(scale2), H2::broadcast_high(scale2)};
+  static __device__ __forceinline__ void apply(const u32 (&words)[kWordsPerTile], const Pairs& p, u32 (&frag)[2][2]) {
     if constexpr (kBits == 4) {
-      u32 offset_h[2];
-      if constexpr (kZeroPoint == ZeroPointKind::kImplicit) {
-        offset_h[0] = offset_h[1] = implicit_offset2();
-      } else {
-        offset_h[0] = H2::add(H2::broadcast_low(zero2), kMagic2);
-        offset_h[1] = H2::add(H2::broadcast_high(zero2), kMagic2);
-      }
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         const int h = s >> 1, r = s & 1;
         u32 x;
         // (word >> 4s) & 0x000F000F | magic2: lop3 with LUT (a & b) | c
         asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(x) : "r"(words[0] >> (4 * s)), "n"(0x000F000F), "n"(kMagic2));
-        frag[h][r] = H2::mul(H2::sub(x, offset_h[h]), scale_h[h]);
+        frag[h][r] = H2::mul(H2::sub(x, p.offset_h[h]), p.scale_h[h]);
       }
     } else if constexpr (!kViaFloat32) {
-      const u32 offset2 = implicit_offset2();
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const u32 lo = __byte_perm(words[h], 0x64646464u, 0x4140);
         const u32 hi = __byte_perm(words[h], 0x64646464u, 0x4342);
-        frag[h][0] = H2::mul(H2::sub(lo, offset2), scale_h[h]);
-        frag[h][1] = H2::mul(H2::sub(hi, offset2), scale_h[h]);
+        frag[h][0] = H2::mul(H2::sub(lo, p.offset_h[h]), p.scale_h[h]);
+        frag[h][1] = H2::mul(H2::sub(hi, p.offset_h[h]), p.scale_h[h]);
       }
     } else {
       constexpr float kOffset = 8388608.0f + kImplicitZero;  // 2^23 + z
@@ -79,10 +90,15 @@ struct IntDequantizer {
           v[i] = __uint_as_float(__byte_perm(words[h], 0x4B000000u, 0x7440 + i)) - kOffset;
         }
         // |q - z| <= 255 fits bf16's 8 significant bits: both conversions are exact
-        frag[h][0] = H2::mul(H2::from_floats(v[0], v[1]), scale_h[h]);
-        frag[h][1] = H2::mul(H2::from_floats(v[2], v[3]), scale_h[h]);
+        frag[h][0] = H2::mul(H2::from_floats(v[0], v[1]), p.scale_h[h]);
+        frag[h][1] = H2::mul(H2::from_floats(v[2], v[3]), p.scale_h[h]);
       }
     }
+  }
+
+  static __device__ __forceinline__ void dequantize(const u32 (&words)[kWordsPerTile], u32 scale2, u32 zero2,
+                                                    u32 (&frag)[2][2]) {
+    apply(words, prepare(scale2, zero2), frag);
   }
 };
 

@@ -1,0 +1,68 @@
+"""Tile tables and the K-stage fit rule: which tile serves a problem, and the 64-wide twin that
+takes over where a 128-wide tile does not line up with K or the scale groups."""
+from __future__ import annotations
+
+import pytest
+
+from humming_aot import heuristics
+from humming_aot.aot.enumerate import enumerate_keys, parse_tile_field
+from humming_aot.spec import KernelKey, MmaKind
+
+WIDE = parse_tile_field("16x128x128_w1x2x4_s4")
+
+
+@pytest.mark.parametrize(
+    "k,group,fits",
+    [
+        (8192, 128, True), (8192, 64, True), (8192, 32, True), (8192, 16, True), (8192, 256, True),
+        (8192, 8192, True),  # per channel, K a multiple of 128
+        (1088, 64, False),  # K = 17 x 64: the last 128-wide stage would be half empty
+        (1152, 192, False),  # a group that straddles 128-wide stages
+        (1088, 1088, False),
+    ],
+)
+def test_tile_fits_128_wide_stages(k, group, fits):
+    assert heuristics.tile_fits(WIDE, k, group) is fits
+    assert heuristics.tile_fits(heuristics.narrow_twin(WIDE), k, group)  # the twin takes every legal shape
+
+
+def test_narrow_twin_only_changes_block_k():
+    twin = heuristics.narrow_twin(WIDE)
+    assert twin.label == "16x128x64_w1x2x4_s4"
+    assert heuristics.narrow_twin(twin) == twin
+
+
+def test_select_tile_falls_back_to_the_twin_for_shapes_the_table_tile_does_not_fit():
+    table_tile = heuristics.select_tile("sm90a", 1)
+    assert heuristics.select_tile("sm90a", 1, k=8192, group=128) == table_tile
+    fallback = heuristics.select_tile("sm90a", 1, k=1088, group=64)
+    assert heuristics.tile_fits(fallback, 1088, 64)
+    assert fallback == heuristics.narrow_twin(table_tile)
+
+
+def test_every_catalog_with_a_wide_tile_holds_its_twin():
+    keys = enumerate_keys("default")
+    names = {key.name for key in keys}
+    wide = [key for key in keys if key.tile.block_k == 128]
+    assert wide, "the default catalog has no 128-wide-K tile: this test no longer checks anything"
+    for key in wide:
+        twin = KernelKey(arch=key.arch, spec=key.spec, tile=heuristics.narrow_twin(key.tile))
+        assert twin.name in names, f"{key.name} has no 64-wide twin in the default catalog"
+
+
+@pytest.mark.parametrize(
+    "label,match",
+    [
+        ("16x128x32_w1x2_s4", "64 or 128 K per stage"),
+        ("wgmma:128x128x128_w1x8_s4", "the wgmma body 64"),
+    ],
+)
+def test_block_k_rules(label, match):
+    with pytest.raises(ValueError, match=match):
+        parse_tile_field(label)
+
+
+def test_smem_grows_with_block_k():
+    narrow = heuristics.narrow_twin(WIDE)
+    assert heuristics.smem_bytes(WIDE, 4, False) == 2 * heuristics.smem_bytes(narrow, 4, False)
+    assert parse_tile_field("wgmma:128x128x64_w1x8_s4").mma is MmaKind.WGMMA
