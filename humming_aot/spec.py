@@ -121,7 +121,7 @@ class TileConfig:
     """How a kernel tiles the problem. Every field is compiled in."""
 
     mma: MmaKind = MmaKind.MMA_SYNC
-    block_m: int  # rows of the output per CTA (mma.sync: multiple of 16; wgmma: 64, 128 or 256)
+    block_m: int  # rows of the output per CTA (mma.sync: multiple of 16, or 8 = swapped operands; wgmma: 64, 128 or 256)
     block_n: int  # columns per CTA (mma.sync: 64 * warps_n; wgmma: 16 * warps_n, 64 per warpgroup)
     block_k: int = 64  # K per pipeline stage (mma.sync: 64 or 128; wgmma: 64)
     warps_m: int
@@ -137,8 +137,11 @@ class TileConfig:
         if self.mma is MmaKind.WGMMA:
             self._check_wgmma()
             return
-        if self.block_m % (16 * self.warps_m):
-            raise ValueError(f"block_m={self.block_m} is not a multiple of 16 * warps_m={self.warps_m}")
+        if self.block_m % (16 * self.warps_m) and not (self.block_m == 8 and self.warps_m == 1):
+            raise ValueError(
+                f"block_m={self.block_m} is not a multiple of 16 * warps_m={self.warps_m} (or 8 with one warp "
+                "along M: the swapped-operand tile for M <= 8)"
+            )
         if self.block_n != 64 * self.warps_n:
             raise ValueError(f"block_n={self.block_n} must be 64 * warps_n ({64 * self.warps_n})")
         if self.warps_k not in (1, 2, 4):

@@ -85,9 +85,11 @@ def smem_bytes(tile: TileConfig, w_bits: int, has_zero_point: bool) -> int:
         return max(pipeline, staging) + 1024
     pipeline = tile.stages * stage
     # warps_k > 1: after the K loop, warps 1.. of each K group park their fp32 accumulators
-    # (block_m / warps_m / 16 m16 fragments x 8 n8 fragments x 4 floats x 32 lanes) in the same
-    # shared memory for warp 0 of the group to add up
-    reduction = (tile.warps_k - 1) * tile.warps_m * tile.warps_n * (tile.block_m // tile.warps_m // 16) * 4096
+    # (block_m / warps_m / 16 m16 fragments x 8 n8 fragments x 4 floats, or 4 m16n8 fragments x 4
+    # floats for the swapped block_m = 8 tile, x 32 lanes) in the same shared memory for warp 0 of
+    # the group to add up
+    floats_per_lane = 16 if tile.block_m == 8 else (tile.block_m // tile.warps_m // 16) * 32
+    reduction = (tile.warps_k - 1) * tile.warps_m * tile.warps_n * floats_per_lane * 32 * 4
     return max(pipeline, reduction)
 
 

@@ -129,3 +129,11 @@ def test_wgmma_name_round_trips():
 def test_bad_wgmma_tiles_raise(name, match):
     with pytest.raises(ValueError, match=match):
         KernelKey.from_name(name)
+
+
+def test_swapped_operand_tile_takes_block_m_8_with_one_warp_along_m():
+    name = "gemm_dense_sm90a_mma_a-bf16_w-s4-g-bf16_o-bf16_8x128x128_w1x2x4_s3"
+    key = KernelKey.from_name(name)
+    assert (key.tile.block_m, key.tile.block_k, key.tile.warps_k, key.tile.threads) == (8, 128, 4, 256)
+    with pytest.raises(ValueError, match="swapped-operand tile"):
+        KernelKey.from_name(name.replace("_w1x2x4_", "_w2x1x4_").replace("8x128x128", "8x64x128"))

@@ -12,18 +12,14 @@
 
 namespace humming_aot::epilogue {
 
-// kTokens x kColumns output tile, kThreads threads in warpgroups of 128; warpgroup wg holds
-// columns 64 wg + [0, 64) in the wgmma m64nN accumulator layout: acc[4 j + e] is column
-// 64 wg + 16 w + g + 8 (e >> 1), token 8 j + 2 t + (e & 1) (w: warp in the warpgroup,
-// g = lane / 4, t = lane % 4).
-template <class Act, int kTokens, int kColumns, int kThreads>
-struct ColumnMajorWriter {
+// Where a thread's accumulators sit in the tile, for the wgmma body: kThreads threads in
+// warpgroups of 128, warpgroup wg holding columns 64 wg + [0, 64) in the wgmma m64nN layout:
+// acc[4 j + e] is column 64 wg + 16 w + g + 8 (e >> 1), token 8 j + 2 t + (e & 1) (w: warp in
+// the warpgroup, g = lane / 4, t = lane % 4).
+template <int kTokens>
+struct WarpgroupFragments {
   static constexpr int kAccumulators = kTokens / 2;
-  static constexpr int kRowElems = kColumns + 8;  // staged row stride: +16 bytes against bank conflicts
-  static constexpr int kStagingBytes = kTokens * kRowElems * 2;
-  using H2 = numerics::PackedHalf2<Act>;
-
-  // Visit each accumulator with its (token, column) inside the tile.
+  static __device__ __forceinline__ bool owner() { return true; }
   template <class Fn>
   static __device__ __forceinline__ void for_each(Fn&& fn) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -32,6 +28,39 @@ struct ColumnMajorWriter {
 #pragma unroll
     for (int i = 0; i < kAccumulators; ++i) fn(i, token0 + 8 * (i >> 2) + (i & 1), col0 + 8 * ((i >> 1) & 1));
   }
+};
+
+// The same for the mma.sync body with swapped operands (8 tokens as the mma N): kWarpsN warps
+// along N, each holding one 64-column unit as four m16n8 fragments, acc[4 j + e] at column
+// 64 warp_n + 16 j + g + 8 (e >> 1), token 2 t + (e & 1); warps past kWarpsN (the K warps that
+// handed their sums to K warp 0) own nothing.
+template <int kWarpsN>
+struct SwappedMmaFragments {
+  static constexpr int kAccumulators = 16;
+  static __device__ __forceinline__ bool owner() { return (threadIdx.x >> 5) < kWarpsN; }
+  template <class Fn>
+  static __device__ __forceinline__ void for_each(Fn&& fn) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int col0 = 64 * warp + (lane >> 2);
+    const int token0 = 2 * (lane & 3);
+#pragma unroll
+    for (int i = 0; i < kAccumulators; ++i) fn(i, token0 + (i & 1), col0 + 16 * (i >> 2) + 8 * ((i >> 1) & 1));
+  }
+};
+
+// kTokens x kColumns output tile written by kThreads threads whose accumulators Fragments
+// places (Fragments::for_each(fn(index, token, column)), Fragments::owner()).
+template <class Act, int kTokens, int kColumns, int kThreads, class Fragments>
+struct ColumnMajorWriter {
+  static constexpr int kAccumulators = Fragments::kAccumulators;
+  static constexpr int kRowElems = kColumns + 8;  // staged row stride: +16 bytes against bank conflicts
+  static constexpr int kStagingBytes = kTokens * kRowElems * 2;
+  using H2 = numerics::PackedHalf2<Act>;
+
+  template <class Fn>
+  static __device__ __forceinline__ void for_each(Fn&& fn) {
+    if (Fragments::owner()) Fragments::for_each(fn);
+  }
 
   static __device__ __forceinline__ u32 round_to_bits(float v) { return H2::from_floats(v, 0.f) & 0xFFFFu; }
 
@@ -39,19 +68,13 @@ struct ColumnMajorWriter {
   static __device__ __forceinline__ void store_tile(const kernel::GemmParams& p, const float (&acc)[kAccumulators],
                                                     int m0, int n0, char* staging) {
     unsigned short* tile = reinterpret_cast<unsigned short*>(staging);
-    float bias[2] = {0.f, 0.f};
-    if (p.bias != nullptr) {
-      for_each([&](int i, int, int col) {
-        if (i < 4 && (i & 1) == 0 && n0 + col < p.n) {
-          float lo, hi;
-          const unsigned short bits = static_cast<const unsigned short*>(p.bias)[n0 + col];
-          H2::to_floats(static_cast<u32>(bits), lo, hi);
-          bias[i >> 1] = lo;
-        }
-      });
-    }
     for_each([&](int i, int token, int col) {
-      tile[token * kRowElems + col] = static_cast<unsigned short>(round_to_bits(acc[i] + bias[(i >> 1) & 1]));
+      float bias = 0.f;
+      if (p.bias != nullptr && n0 + col < p.n) {
+        float hi;
+        H2::to_floats(static_cast<u32>(static_cast<const unsigned short*>(p.bias)[n0 + col]), bias, hi);
+      }
+      tile[token * kRowElems + col] = static_cast<unsigned short>(round_to_bits(acc[i] + bias));
     });
     __syncthreads();
     constexpr int kChunksPerRow = kColumns / 8;

@@ -12,6 +12,7 @@
 // weights in registers right before the mma. 128-wide stages halve the per-stage cost (barrier,
 // copies, address updates) per weight, which is what small M, with 4 K warps, is bound by.
 
+#include <humming_aot/epilogue/column_major_writer.cuh>
 #include <humming_aot/epilogue/output_writer.cuh>
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/memory/cp_async.cuh>
@@ -27,7 +28,7 @@ namespace humming_aot::kernel {
 template <class Act,                       // Float16 or BFloat16: activation, scale and output dtype
           int kBits,                       // weight code bits: 4 or 8
           numerics::ZeroPointKind kZeroPoint,
-          int kBlockM,                     // output rows per CTA
+          int kBlockM,                     // output rows per CTA; 8: swapped operands (see below)
           int kBlockN,                     // output columns per CTA (64 per warp along N)
           int kBlockK,                     // K per pipeline stage: 64 or 128
           int kWarpsM, int kWarpsN,        // warp grid of the CTA over the output tile
@@ -36,15 +37,19 @@ template <class Act,                       // Float16 or BFloat16: activation, s
 struct DenseMmaSync {
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN * kWarpsK;
   static constexpr int kMinBlocksPerSm = 1;
+  // kBlockM == 8 swaps the operands: the dequantized 16 x 16 weight tiles are the mma A operand
+  // (the packed tile is exactly an A fragment) and the 8 tokens the n8 B operand, so a weight
+  // tile costs one mma instead of two when M <= 8.
+  static constexpr bool kSwapped = kBlockM == 8;
   static constexpr int kWarpRows = kBlockM / kWarpsM;
-  static constexpr int kMTiles = kWarpRows / 16;      // m16 fragments per warp
-  static constexpr int kNTiles = 8;                   // n8 fragments per warp (one 64-column unit)
+  static constexpr int kMTiles = kSwapped ? 1 : kWarpRows / 16;  // m16 fragments per warp
+  static constexpr int kNTiles = kSwapped ? 4 : 8;  // accumulator fragments per m16 (swapped: per weight tile)
   static constexpr int kUnits = kBlockN / 64;         // packed 64-column units per CTA
   static constexpr int kK16Steps = kBlockK / 16;
   static constexpr bool kHasZeroPoint = kZeroPoint == numerics::ZeroPointKind::kInteger;
   static constexpr int kWordsPerLane = kBits;         // per (16-row K step, unit): 4 tiles x kBits / 4
 
-  static_assert(kBlockM % (16 * kWarpsM) == 0, "each warp needs whole m16 fragments");
+  static_assert(kBlockM % (16 * kWarpsM) == 0 || (kSwapped && kWarpsM == 1), "each warp needs whole m16 fragments");
   static_assert(kBlockN == 64 * kWarpsN, "one packed 64-column unit per warp along N");
   static_assert(kStages >= 2, "a pipeline needs two stages");
   static_assert(kK16Steps % kWarpsK == 0, "the K steps of a stage split evenly over the K warps");
@@ -66,11 +71,14 @@ struct DenseMmaSync {
   using Dequantizer = numerics::IntDequantizer<Act, kBits, kZeroPoint>;
   using Scheduler = schedule::TileScheduler<kBlockM, kBlockN, kBlockK>;
   using Writer = epilogue::OutputWriter<Act, kMTiles, kNTiles>;
+  using SwappedWriter = epilogue::ColumnMajorWriter<Act, kBlockM, kBlockN, kThreads,
+                                                    epilogue::SwappedMmaFragments<kWarpsN>>;
+  static_assert(!kSwapped || SwappedWriter::kStagingBytes <= kStages * kStageBytes, "staging must fit");
 
   // Everything a warp reads from shared memory for one 16-row K step.
   struct StepFragments {
-    u32 a[kMTiles][4];       // m16k16 activation fragments
-    u32 w[kWordsPerLane];    // packed weight words of the warp's unit: tile j at [j * kBits / 4]
+    u32 a[kMTiles][kSwapped ? 2 : 4];  // m16k16 activation fragments (swapped: the k16n8 B fragment)
+    u32 w[kWordsPerLane];              // packed weight words of the warp's unit: tile j at [j * kBits / 4]
   };
 
   using Pairs = typename Dequantizer::Pairs;
@@ -94,8 +102,12 @@ struct DenseMmaSync {
         const int kk = warp_k + i * kWarpsK;
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi) {
-          const int row = warp_m * kWarpRows + mi * 16 + (lane & 15);
-          a[i][mi] = Layout::a_chunk_offset(row, 2 * kk + (lane >> 4));
+          if constexpr (kSwapped) {  // ldmatrix x2: lanes 0-7 rows of k 0-7, lanes 8-15 rows of k 8-15
+            a[i][mi] = Layout::a_chunk_offset(lane & 7, 2 * kk + ((lane >> 3) & 1));
+          } else {
+            const int row = warp_m * kWarpRows + mi * 16 + (lane & 15);
+            a[i][mi] = Layout::a_chunk_offset(row, 2 * kk + (lane >> 4));
+          }
         }
         w[i] = kABytes + 16 * (((kk * kUnits + warp_n) * 32 + lane) * (kWordsPerLane / 4));
         s[i] = kABytes + kWBytes + 2 * ((kk >> walk.step_shift) * kBlockN + warp_n * 64 + (lane >> 2) * 8);
@@ -119,7 +131,13 @@ struct DenseMmaSync {
   // The activation fragments and packed weight words of the warp's step i.
   static __device__ __forceinline__ void load_step(u32 stage_smem, const StepOffsets& off, int i, StepFragments& f) {
 #pragma unroll
-    for (int mi = 0; mi < kMTiles; ++mi) memory::ldmatrix_x4(f.a[mi], stage_smem + off.a[i][mi]);
+    for (int mi = 0; mi < kMTiles; ++mi) {
+      if constexpr (kSwapped) {
+        memory::ldmatrix_x2(f.a[mi], stage_smem + off.a[i][mi]);
+      } else {
+        memory::ldmatrix_x4(f.a[mi], stage_smem + off.a[i][mi]);
+      }
+    }
 #pragma unroll
     for (int v = 0; v < kWordsPerLane / 4; ++v) {
       u32 vec[4];
@@ -138,10 +156,16 @@ struct DenseMmaSync {
       for (int e = 0; e < Dequantizer::kWordsPerTile; ++e) tile_words[e] = f.w[j * Dequantizer::kWordsPerTile + e];
       u32 b_frag[2][2];
       Dequantizer::apply(tile_words, pairs[j], b_frag);
+      if constexpr (kSwapped) {
+        // B fragment (k 2t.., n g), (k 2t+8.., n g) of n8 halves h = the A fragment's row halves
+        const u32 a_frag[4] = {b_frag[0][0], b_frag[1][0], b_frag[0][1], b_frag[1][1]};
+        mma::mma_m16n8k16<Act>(acc[0][j], a_frag, f.a[0]);
+      } else {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
+        for (int h = 0; h < 2; ++h) {
 #pragma unroll
-        for (int mi = 0; mi < kMTiles; ++mi) mma::mma_m16n8k16<Act>(acc[mi][2 * j + h], f.a[mi], b_frag[h]);
+          for (int mi = 0; mi < kMTiles; ++mi) mma::mma_m16n8k16<Act>(acc[mi][2 * j + h], f.a[mi], b_frag[h]);
+        }
       }
     }
   }
@@ -260,7 +284,12 @@ struct DenseMmaSync {
     memory::cp_async_wait<0>();
     reduce_over_k_warps(smem, warp_mn, warp_k, acc);
 
-    Writer::write(p, acc, m0 + warp_m * kWarpRows, n0 + warp_n * 64, tile.tile_index, &arrival_flag, warp_k == 0);
+    if constexpr (kSwapped) {
+      __syncthreads();  // the writer stages the tile where K warps parked their sums
+      SwappedWriter::write(p, reinterpret_cast<float(&)[16]>(acc[0]), m0, n0, tile.tile_index, &arrival_flag, smem);
+    } else {
+      Writer::write(p, acc, m0 + warp_m * kWarpRows, n0 + warp_n * 64, tile.tile_index, &arrival_flag, warp_k == 0);
+    }
   }
 };
 

@@ -47,7 +47,7 @@ struct DenseWgmma {
   using Dequantizer = numerics::IntDequantizer<Act, kBits, kZeroPoint>;
   using Mma = mma::Wgmma<Act, kBlockM>;
   using Scheduler = schedule::TileScheduler<kBlockM, kBlockN, kBlockK>;
-  using Writer = epilogue::ColumnMajorWriter<Act, kBlockM, kBlockN, kThreads>;
+  using Writer = epilogue::ColumnMajorWriter<Act, kBlockM, kBlockN, kThreads, epilogue::WarpgroupFragments<kBlockM>>;
 
   // Stages start on 1024-byte boundaries (the 128-byte swizzle repeats every 8 rows of 128 bytes).
   static constexpr int kStageBytes = (Layout::kBytes + 1023) / 1024 * 1024;

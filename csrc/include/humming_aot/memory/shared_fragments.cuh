@@ -13,6 +13,13 @@ __device__ __forceinline__ void ldmatrix_x4(u32 (&frag)[4], u32 smem_addr) {
                : "r"(smem_addr));
 }
 
+// Two 8x8 b16 matrices; lanes 0-15 supply the row addresses (lane l: matrix l / 8).
+__device__ __forceinline__ void ldmatrix_x2(u32 (&frag)[2], u32 smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(frag[0]), "=r"(frag[1])
+               : "r"(smem_addr));
+}
+
 __device__ __forceinline__ void lds_128(u32 (&v)[4], u32 smem_addr) {
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])

@@ -66,16 +66,22 @@ struct StageLoader {
   static_assert(kAIters <= 32 && kWIters <= 32, "validity bits are kept in one 32-bit mask");
 
   const char* a_src[kAIters];  // this thread's activation chunks at the current K tile
-  u32 a_valid;                 // bit it: row in range
+  u32 a_dst[kAIters];          // their shared-memory offsets inside a stage
+  u32 a_valid;                 // bit it: a chunk of this thread, in a row < M
   const u32* w_src[kWIters];   // packed weight chunks at the current K tile
-  u32 w_valid;                 // bit it: unit in range
+  u32 w_dst;                   // shared-memory offset of chunk 0 (chunk it is kThreads * 16 it further)
+  u32 w_issue;                 // bit it: chunk it exists
+  u32 w_valid;                 // bit it: its unit is in range (else it is zero-filled)
   i64 w_tile_words;            // words between consecutive K tiles of the packed weight
   const char* s_src;           // first scale row of the current K tile, this thread's column chunk
   const char* z_src;
   i64 s_row_bytes;             // bytes between scale rows (2 n)
-  int rows;                    // scale rows per K tile
+  i64 s_offset[kSIters];       // chunk it's row offset from s_src
+  u32 s_dst[kSIters];          // chunk it's shared-memory offset inside the scale block
+  u32 s_issue;                 // bit it: chunk it exists, its row is staged and its columns < N
   int tiles_per_row;           // K tiles per scale row (group >= 64), else 0
   int tile_in_row;             // position of the current K tile in its scale row
+  int rows;                    // scale rows per K tile
   bool s_valid;                // this thread's scale column chunk is in range
 
   static __device__ __forceinline__ int chunk(int it) { return static_cast<int>(threadIdx.x) + it * kThreads; }
@@ -89,19 +95,24 @@ struct StageLoader {
       const bool valid = (kAChunks % kThreads == 0 || i < kAChunks) && m0 + row < p.m;
       a_valid |= static_cast<u32>(valid) << it;
       a_src[it] = a + 2 * ((valid ? m0 + row : 0) * p.lda + (i % kRowChunks) * 8);
+      a_dst[it] = Layout::a_chunk_offset(row, i % kRowChunks);
     }
     const int units_total = p.n >> 6;
     const i64 row_words = static_cast<i64>(units_total) * 32 * kBits;
     w_tile_words = Layout::kK16Steps * row_words;
     const u32* w = static_cast<const u32*>(p.w) + (n0 >> 6) * 32 * kBits + k_tile * w_tile_words;
-    w_valid = 0;
+    w_valid = w_issue = 0;
 #pragma unroll
     for (int it = 0; it < kWIters; ++it) {
       const int i = chunk(it), kk = i / kWChunksPerStep, rem = i % kWChunksPerStep;
-      const bool valid = (kWChunks % kThreads == 0 || i < kWChunks) && (n0 >> 6) + rem / (8 * kBits) < units_total;
+      const bool exists = kWChunks % kThreads == 0 || i < kWChunks;
+      const bool valid = exists && (n0 >> 6) + rem / (8 * kBits) < units_total;
+      w_issue |= static_cast<u32>(exists) << it;
       w_valid |= static_cast<u32>(valid) << it;
       w_src[it] = w + (valid ? kk * row_words + rem * 4 : 0);
     }
+    w_dst = 16 * threadIdx.x;
+    asm volatile("" : "+r"(w_dst));  // kept, not recomputed from threadIdx every stage
     const int group = p.group_size;
     rows = group >= kBlockK ? 1 : kBlockK / group;
     tiles_per_row = group >= kBlockK ? group / kBlockK : 0;
@@ -113,6 +124,16 @@ struct StageLoader {
     const i64 offset = s_valid ? row0 * s_row_bytes + 2 * col : 0;
     s_src = static_cast<const char*>(p.w_scale) + offset;
     z_src = kHasZeroPoint ? static_cast<const char*>(p.w_zero_point) + offset : nullptr;
+    s_issue = 0;
+#pragma unroll
+    for (int it = 0; it < kSIters; ++it) {
+      // threads of one column chunk share s_src; row r is r rows further down
+      const int i = chunk(it), r = i / kSChunksPerRow, c = i % kSChunksPerRow;
+      const bool issue = (kSChunks % kThreads == 0 || i < kSChunks) && r < rows && s_valid;
+      s_issue |= static_cast<u32>(issue) << it;
+      s_offset[it] = issue ? r * s_row_bytes : 0;
+      s_dst[it] = 2 * (r * kBlockN + c * 8);
+    }
   }
 
   // Issue the copies of the activations of the current K tile into the stage at `stage_smem`.
@@ -121,31 +142,25 @@ struct StageLoader {
   __device__ __forceinline__ void load_activations(u32 stage_smem) const {
 #pragma unroll
     for (int it = 0; it < kAIters; ++it) {
-      const int i = chunk(it), row = i / kRowChunks;
-      if ((kAChunks % kThreads == 0 || i < kAChunks) && ((a_valid >> it) & 1)) {
-        cp_async_16(stage_smem + Layout::a_chunk_offset(row, i % kRowChunks), a_src[it], true);
-      }
+      if ((a_valid >> it) & 1) cp_async_16(stage_smem + a_dst[it], a_src[it], true);
     }
   }
 
   // Issue the copies of the weights, scales and zero points of the current K tile.
   __device__ __forceinline__ void load_weights(u32 stage_smem) const {
-    const u32 w_smem = stage_smem + Layout::kABytes;
-    const u32 s_smem = w_smem + Layout::kWBytes;
+    const u32 w_smem = stage_smem + Layout::kABytes + w_dst;
+    const u32 s_smem = stage_smem + Layout::kABytes + Layout::kWBytes;
     const u32 z_smem = s_smem + Layout::kSBytes;
 #pragma unroll
     for (int it = 0; it < kWIters; ++it) {
-      const int i = chunk(it);
-      if (kWChunks % kThreads == 0 || i < kWChunks) cp_async_16(w_smem + 16 * i, w_src[it], (w_valid >> it) & 1);
+      if ((w_issue >> it) & 1) cp_async_16(w_smem + 16 * kThreads * it, w_src[it], (w_valid >> it) & 1);
     }
+    // Scale chunks of columns >= N are not loaded: they only reach outputs that are never stored.
 #pragma unroll
     for (int it = 0; it < kSIters; ++it) {
-      const int i = chunk(it), r = i / kSChunksPerRow, c = i % kSChunksPerRow;
-      if ((kSChunks % kThreads == 0 || i < kSChunks) && r < rows) {
-        // threads of one column chunk share s_src; row r is r rows further down
-        const i64 offset = s_valid ? r * s_row_bytes : 0;
-        cp_async_16(s_smem + 2 * (r * kBlockN + c * 8), s_src + offset, s_valid);
-        if constexpr (kHasZeroPoint) cp_async_16(z_smem + 2 * (r * kBlockN + c * 8), z_src + offset, s_valid);
+      if ((s_issue >> it) & 1) {
+        cp_async_16(s_smem + s_dst[it], s_src + s_offset[it], true);
+        if constexpr (kHasZeroPoint) cp_async_16(z_smem + s_dst[it], z_src + s_offset[it], true);
       }
     }
   }
