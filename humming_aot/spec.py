@@ -32,10 +32,8 @@ DTYPE_SHORT = {
     "float8e5m2": "e5m2",
     "float8e8m0": "ue8m0",
     "float4e2m1": "e2m1",
-    "int4": "s4",
-    "uint4": "u4",
-    "int8": "s8",
-    "uint8": "u8",
+    **{f"int{bits}": f"s{bits}" for bits in range(1, 9)},
+    **{f"uint{bits}": f"u{bits}" for bits in range(1, 9)},
 }
 DTYPE_LONG = {short: long for long, short in DTYPE_SHORT.items()}
 

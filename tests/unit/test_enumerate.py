@@ -100,6 +100,7 @@ def test_subset_and_explicit_tiles(tmp_path):
 pairing = "wna16_uint_zero_point"
 archs = ["sm89"]
 a_dtype = ["float16"]
+w_dtype = ["uint4"]
 tiles = ["32x128x64_w1x2_s6", "16x128x64_w1x2_s8"]
 """)
     enumeration = enumerate_catalog(catalog, ["sm89"])

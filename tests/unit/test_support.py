@@ -104,7 +104,8 @@ def test_is_supported_agrees_with_why_unsupported_everywhere():
 def test_supported_specs_sorted_unique_and_supported():
     for arch in support.supported_archs():
         specs = support.supported_specs(arch)
-        assert len(specs) == len(set(specs)) == 6
+        # 2 activation dtypes x (int1..int8 symmetric + uint1..uint8 with a zero point)
+        assert len(specs) == len(set(specs)) == 32
         assert specs == sorted(specs, key=support._spec_sort_key)
         assert all(support.is_supported(s, arch) for s in specs)
     assert support.supported_specs("sm75") == []
@@ -170,8 +171,8 @@ def test_unknown_rule_is_rejected(fake_support):
 
 
 def test_unknown_dtype_is_rejected(fake_support):
-    fake_support(_pairing(w_dtype=["int5"]))
-    with pytest.raises(ValueError, match="w_dtype 'int5' is not a known dtype"):
+    fake_support(_pairing(w_dtype=["int9"]))
+    with pytest.raises(ValueError, match="w_dtype 'int9' is not a known dtype"):
         support.pairings()
 
 

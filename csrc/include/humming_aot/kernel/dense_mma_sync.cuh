@@ -26,7 +26,7 @@
 namespace humming_aot::kernel {
 
 template <class Act,                       // Float16 or BFloat16: activation, scale and output dtype
-          int kBits,                       // weight code bits: 4 or 8
+          int kBits,                       // weight code bits: 1 to 8
           numerics::ZeroPointKind kZeroPoint,
           int kBlockM,                     // output rows per CTA; 8: swapped operands (see below)
           int kBlockN,                     // output columns per CTA (64 per warp along N)
@@ -47,7 +47,7 @@ struct DenseMmaSync {
   static constexpr int kUnits = kBlockN / 64;         // packed 64-column units per CTA
   static constexpr int kK16Steps = kBlockK / 16;
   static constexpr bool kHasZeroPoint = kZeroPoint == numerics::ZeroPointKind::kInteger;
-  static constexpr int kWordsPerLane = kBits;         // per (16-row K step, unit): 4 tiles x kBits / 4
+  static constexpr int kWordsPerLane = kBits;         // stored words per (16-row K step, unit, lane)
 
   static_assert(kBlockM % (16 * kWarpsM) == 0 || (kSwapped && kWarpsM == 1), "each warp needs whole m16 fragments");
   static_assert(kBlockN == 64 * kWarpsN, "one packed 64-column unit per warp along N");
@@ -69,6 +69,7 @@ struct DenseMmaSync {
 
   using H2 = numerics::PackedHalf2<Act>;
   using Dequantizer = numerics::IntDequantizer<Act, kBits, kZeroPoint>;
+  using Codes = numerics::PackedCodes<kBits>;
   using Scheduler = schedule::TileScheduler<kBlockM, kBlockN, kBlockK>;
   using Writer = epilogue::OutputWriter<Act, kMTiles, kNTiles>;
   using SwappedWriter = epilogue::ColumnMajorWriter<Act, kBlockM, kBlockN, kThreads,
@@ -78,7 +79,7 @@ struct DenseMmaSync {
   // Everything a warp reads from shared memory for one 16-row K step.
   struct StepFragments {
     u32 a[kMTiles][kSwapped ? 2 : 4];  // m16k16 activation fragments (swapped: the k16n8 B fragment)
-    u32 w[kWordsPerLane];              // packed weight words of the warp's unit: tile j at [j * kBits / 4]
+    u32 w[kWordsPerLane];              // the lane's stored weight words of the warp's unit
   };
 
   using Pairs = typename Dequantizer::Pairs;
@@ -109,7 +110,7 @@ struct DenseMmaSync {
             a[i][mi] = Layout::a_chunk_offset(row, 2 * kk + (lane >> 4));
           }
         }
-        w[i] = kABytes + 16 * (((kk * kUnits + warp_n) * 32 + lane) * (kWordsPerLane / 4));
+        w[i] = kABytes + 4 * (((kk * kUnits + warp_n) * 32 + lane) * kWordsPerLane);
         s[i] = kABytes + kWBytes + 2 * ((kk >> walk.step_shift) * kBlockN + warp_n * 64 + (lane >> 2) * 8);
         // opaque to the compiler, which would otherwise recompute them from threadIdx every stage
 #pragma unroll
@@ -138,22 +139,18 @@ struct DenseMmaSync {
         memory::ldmatrix_x4(f.a[mi], stage_smem + off.a[i][mi]);
       }
     }
-#pragma unroll
-    for (int v = 0; v < kWordsPerLane / 4; ++v) {
-      u32 vec[4];
-      memory::lds_128(vec, stage_smem + off.w[i] + 16 * v);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) f.w[4 * v + e] = vec[e];
-    }
+    memory::lds_words(f.w, stage_smem + off.w[i]);
   }
 
   static __device__ __forceinline__ void multiply_step(const StepFragments& f, const Pairs (&pairs)[4],
                                                        float (&acc)[kMTiles][kNTiles][4]) {
+    u32 padded[Codes::kPaddedWords];
+    Codes::unfold(f.w, padded);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       u32 tile_words[Dequantizer::kWordsPerTile];
 #pragma unroll
-      for (int e = 0; e < Dequantizer::kWordsPerTile; ++e) tile_words[e] = f.w[j * Dequantizer::kWordsPerTile + e];
+      for (int e = 0; e < Dequantizer::kWordsPerTile; ++e) tile_words[e] = padded[j * Dequantizer::kWordsPerTile + e];
       u32 b_frag[2][2];
       Dequantizer::apply(tile_words, pairs[j], b_frag);
       if constexpr (kSwapped) {

@@ -16,6 +16,7 @@
 #include <humming_aot/epilogue/column_major_writer.cuh>
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/memory/cp_async.cuh>
+#include <humming_aot/memory/shared_fragments.cuh>
 #include <humming_aot/memory/stage_loader.cuh>
 #include <humming_aot/mma/wgmma.cuh>
 #include <humming_aot/numerics/int_dequantizer.cuh>
@@ -25,7 +26,7 @@
 namespace humming_aot::kernel {
 
 template <class Act,                // Float16 or BFloat16: activation, scale and output dtype
-          int kBits,                // weight code bits: 4 or 8
+          int kBits,                // weight code bits: 1 to 8
           numerics::ZeroPointKind kZeroPoint,
           int kBlockM,              // tokens per CTA: the wgmma N (64, 128 or 256)
           int kBlockN,              // weight channels per CTA: 64 per warpgroup
@@ -45,6 +46,7 @@ struct DenseWgmma {
   using Layout = memory::StageLayout<kBlockM, kBlockN, kBlockK, kBits, kHasZeroPoint>;
   using StageLoader = memory::StageLoader<kBlockM, kBlockN, kBlockK, kBits, kHasZeroPoint, kThreads>;
   using Dequantizer = numerics::IntDequantizer<Act, kBits, kZeroPoint>;
+  using Codes = numerics::PackedCodes<kBits>;
   using Mma = mma::Wgmma<Act, kBlockM>;
   using Scheduler = schedule::TileScheduler<kBlockM, kBlockN, kBlockK>;
   using Writer = epilogue::ColumnMajorWriter<Act, kBlockM, kBlockN, kThreads, epilogue::WarpgroupFragments<kBlockM>>;
@@ -68,13 +70,23 @@ struct DenseWgmma {
     const u32 w_smem = stage_smem + Layout::kABytes;
     const u32 s_smem = w_smem + Layout::kWBytes;
     const u32 z_smem = s_smem + Layout::kSBytes;
-    // lane's kBits words of (kk, unit) hold the unit's 4 tiles; tile j starts at byte j * kBits
+    // the lane's kBits stored words of (kk, unit) hold the unit's 4 tiles
     u32 words[Dequantizer::kWordsPerTile];
-    const u32 w_addr = w_smem + 4 * (((kk * Layout::kUnits + unit) * 32 + lane) * kBits) + tile * kBits;
-    if constexpr (Dequantizer::kWordsPerTile == 1) {
-      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(words[0]) : "r"(w_addr));
-    } else {
-      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(words[0]), "=r"(words[1]) : "r"(w_addr));
+    const u32 w_addr = w_smem + 4 * (((kk * Layout::kUnits + unit) * 32 + lane) * kBits);
+    if constexpr (kBits == 4 || kBits == 8) {  // tile j is stored as is, at byte j * kBits
+      memory::lds_words(words, w_addr + tile * kBits);
+    } else {  // folded widths: unfold all 4 tiles, keep this warp's
+      u32 stored[kBits], padded[Codes::kPaddedWords];
+      memory::lds_words(stored, w_addr);
+      Codes::unfold(stored, padded);
+      // select with constant indices (a run-time index would put `padded` in local memory)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int e = 0; e < Dequantizer::kWordsPerTile; ++e) {
+          if (j == tile) words[e] = padded[j * Dequantizer::kWordsPerTile + e];
+        }
+      }
     }
     // scale pair of the tile: (channel 16 tile + g, 16 tile + 8 + g), permuted per unit
     const int scale_row = kk >> walk.step_shift;

@@ -20,6 +20,28 @@ __device__ __forceinline__ void ldmatrix_x2(u32 (&frag)[2], u32 smem_addr) {
                : "r"(smem_addr));
 }
 
+// `kWords` consecutive 32-bit words at `smem_addr` (4-byte aligned; 16 bytes at a time where
+// kWords and the address allow, which the packed-weight layout guarantees for kWords % 4 == 0).
+template <int kWords>
+__device__ __forceinline__ void lds_words(u32 (&v)[kWords], u32 smem_addr) {
+  if constexpr (kWords % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < kWords; i += 4) {
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(v[i]), "=r"(v[i + 1]), "=r"(v[i + 2]), "=r"(v[i + 3])
+                   : "r"(smem_addr + 4 * i));
+    }
+  } else if constexpr (kWords % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < kWords; i += 2) {
+      asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v[i]), "=r"(v[i + 1]) : "r"(smem_addr + 4 * i));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v[i]) : "r"(smem_addr + 4 * i));
+  }
+}
+
 __device__ __forceinline__ void lds_128(u32 (&v)[4], u32 smem_addr) {
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])

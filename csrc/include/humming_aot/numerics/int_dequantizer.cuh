@@ -10,24 +10,27 @@
 //  - 4-bit: one word; nibble i holds (k = 2t + (i >= 4) + 8 * (i & 1), n = 8 * ((i >> 1) & 1) + g),
 //    so `(word >> 4s) & 0x000F000F` is the pair for register s of the two fragments.
 //  - 8-bit: two words, word h for n = 8h + g; byte i holds k = 2t + (i & 1) + 8 * (i >> 1).
+//  Other widths arrive here as such padded words (numerics/packed_codes.cuh unfolds them).
 // Integer -> float uses the magic-number trick: OR-ing a code into the mantissa of 2^m gives
 // 2^m + q exactly, and one subtraction of (2^m + z) leaves q - z.
 
+#include <humming_aot/numerics/packed_codes.cuh>
 #include <humming_aot/numerics/packed_half2.cuh>
 
 namespace humming_aot::numerics {
 
+// kBits: 1 to 8. Codes of up to 4 bits are dequantized from nibble words, wider ones from byte
+// words (numerics/packed_codes.cuh unfolds the stored words into those first).
 template <class Act, int kBits, ZeroPointKind kZeroPoint>
 struct IntDequantizer {
-  static_assert(kBits == 4 || kBits == 8, "the mma.sync body packs 4- and 8-bit codes");
-  static_assert(kBits == 4 || kZeroPoint == ZeroPointKind::kImplicit,
-                "explicit zero points are packed for 4-bit codes only");
   using H2 = PackedHalf2<Act>;
+  static constexpr int kLaneBits = PackedCodes<kBits>::kLaneBits;
 
-  static constexpr int kWordsPerTile = kBits / 4;  // 32-bit words per lane per 16x16 tile
+  static constexpr int kWordsPerTile = kLaneBits / 4;  // padded words per lane per 16x16 tile
   static constexpr int kImplicitZero = 1 << (kBits - 1);
-  // bf16 cannot hold 128 + q for 8-bit q: those go through fp32 (2^23 + q).
-  static constexpr bool kViaFloat32 = Act::kIsBFloat16 && kBits == 8;
+  // bf16 cannot hold 128 + q for codes of more than 7 bits: byte codes go through fp32 (2^23 + q).
+  static constexpr bool kViaFloat32 = Act::kIsBFloat16 && kLaneBits == 8;
+  static constexpr bool kExplicitZero = kZeroPoint != ZeroPointKind::kImplicit;
   static constexpr u32 kMagic2 = Act::kMagicBits | (Act::kMagicBits << 16);
 
   // The value subtracted from (magic + q): magic + zero point, per lane pair.
@@ -41,7 +44,8 @@ struct IntDequantizer {
   // one row prepares them once per stage instead of once per step.
   struct Pairs {
     u32 scale_h[2];
-    u32 offset_h[2];  // magic + zero point (4-bit explicit zero points only)
+    u32 offset_h[2];   // magic + zero point, both lanes
+    float offset_f[2];  // 2^23 + zero point (kViaFloat32 with explicit zero points)
   };
 
   //   scale2:  (s(n = g), s(n = 8 + g)) packed pair of this lane's two columns
@@ -50,11 +54,17 @@ struct IntDequantizer {
     Pairs p;
     p.scale_h[0] = H2::broadcast_low(scale2);
     p.scale_h[1] = H2::broadcast_high(scale2);
-    if constexpr (kBits == 4 && kZeroPoint != ZeroPointKind::kImplicit) {
+    if constexpr (kExplicitZero && kViaFloat32) {
+      float z0, z1;
+      H2::to_floats(zero2, z0, z1);
+      p.offset_f[0] = 8388608.0f + z0;  // exact: z is an integer below 256
+      p.offset_f[1] = 8388608.0f + z1;
+    } else if constexpr (kExplicitZero) {
       p.offset_h[0] = H2::add(H2::broadcast_low(zero2), kMagic2);
       p.offset_h[1] = H2::add(H2::broadcast_high(zero2), kMagic2);
     } else {
       p.offset_h[0] = p.offset_h[1] = implicit_offset2();
+      p.offset_f[0] = p.offset_f[1] = 8388608.0f + kImplicitZero;
     }
     return p;
   }
@@ -63,7 +73,7 @@ struct IntDequantizer {
   //   words:   kWordsPerTile packed words
   //   frag:    frag[h][r], register r (0: k = 2t..2t+1, 1: k = 2t+8..2t+9) of the n = 8h + g fragment
   static __device__ __forceinline__ void apply(const u32 (&words)[kWordsPerTile], const Pairs& p, u32 (&frag)[2][2]) {
-    if constexpr (kBits == 4) {
+    if constexpr (kLaneBits == 4) {
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         const int h = s >> 1, r = s & 1;
@@ -81,13 +91,12 @@ struct IntDequantizer {
         frag[h][1] = H2::mul(H2::sub(hi, p.offset_h[h]), p.scale_h[h]);
       }
     } else {
-      constexpr float kOffset = 8388608.0f + kImplicitZero;  // 2^23 + z
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float v[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          v[i] = __uint_as_float(__byte_perm(words[h], 0x4B000000u, 0x7440 + i)) - kOffset;
+        for (int i = 0; i < 4; ++i) {  // (2^23 + q) - (2^23 + z)
+          v[i] = __uint_as_float(__byte_perm(words[h], 0x4B000000u, 0x7440 + i)) - p.offset_f[h];
         }
         // |q - z| <= 255 fits bf16's 8 significant bits: both conversions are exact
         frag[h][0] = H2::mul(H2::from_floats(v[0], v[1]), p.scale_h[h]);
