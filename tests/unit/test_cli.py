@@ -51,7 +51,7 @@ def assert_one_line_error(code, err, *fragments):
         (["build"], ["humming-aot build: error", "--arch"]),
         (["build", "--arch", "sm91"], ["arch 'sm91' is not a target", "sm90a"]),
         (["build", "--arch", "hopper"], ["'hopper' is not a CUDA target name"]),
-        (["build", "--arch", "sm75"], ["no kernels for sm75", "it covers sm80"]),
+        (["build", "--arch", "sm70"], ["arch 'sm70' is not a target"]),
         (["build", "--arch", "sm80", "--catalog", "tiny"], ["unknown catalog 'tiny'"]),
         (["build", "--arch", "sm80", "-j", "0"], ["-j '0' is not a positive number"]),
         (["build", "--arch", "sm80", "-j", "many"], ["-j 'many'"]),

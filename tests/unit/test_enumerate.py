@@ -343,6 +343,6 @@ def test_test_keys_tiers():
     smallest = min(k.tile.block_m for k in full)
     assert all(k.tile.block_m == smallest for k in smoke)
     assert smoke == sorted(smoke)
-    assert test_keys("sm75") == []
+    assert test_keys("sm100a") == []
     with pytest.raises(ValueError, match="tier"):
         test_keys("sm90a", "medium")

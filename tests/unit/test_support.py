@@ -75,9 +75,17 @@ def test_reason_for_unsupported_tuple_names_pairing_and_alternatives():
 
 
 def test_reason_for_arch_without_pairings_lists_the_archs():
+    reason = support.why_unsupported(BF16_INT4, "sm100a")
+    assert reason.startswith("arch sm100a has no pairing")
+    assert "sm75, sm80, sm86, sm89, sm90a, sm120" in reason  # numeric order
+
+
+def test_turing_takes_float16_activations_only():
+    assert not support.is_supported(BF16_INT4, "sm75")
     reason = support.why_unsupported(BF16_INT4, "sm75")
-    assert reason.startswith("arch sm75 has no pairing")
-    assert "sm80, sm86, sm89, sm90a, sm120" in reason  # numeric order
+    assert "only on sm80, sm86, sm89, sm90a, sm120, not on sm75" in reason
+    specs = support.supported_specs("sm75")
+    assert len(specs) == 16 and {s.a_dtype for s in specs} == {"float16"}
 
 
 def test_reason_for_bad_arch_name():
@@ -93,7 +101,7 @@ def test_reason_for_unknown_activation_lists_allowed_ones():
 
 def test_is_supported_agrees_with_why_unsupported_everywhere():
     dtypes = ["float16", "bfloat16", "int4", "uint4", "int8", "float8e4m3"]
-    archs = support.supported_archs() + ["sm75", "sm90", "sm121a"]
+    archs = support.supported_archs() + ["sm90", "sm100a", "sm121a"]
     for a, w, zp, arch in itertools.product(dtypes, dtypes, list(ZeroPoint), archs):
         spec = GemmSpec(a_dtype=a, w_dtype=w, w_scale_dtype=a, w_zero_point=zp, out_dtype=a)
         reason = support.why_unsupported(spec, arch)
@@ -104,11 +112,11 @@ def test_is_supported_agrees_with_why_unsupported_everywhere():
 def test_supported_specs_sorted_unique_and_supported():
     for arch in support.supported_archs():
         specs = support.supported_specs(arch)
-        # 2 activation dtypes x (int1..int8 symmetric + uint1..uint8 with a zero point)
-        assert len(specs) == len(set(specs)) == 32
+        # (2 activation dtypes, float16 only on sm75) x (int1..int8 symmetric + uint1..uint8 with zero points)
+        assert len(specs) == len(set(specs)) == (16 if arch == "sm75" else 32)
         assert specs == sorted(specs, key=support._spec_sort_key)
         assert all(support.is_supported(s, arch) for s in specs)
-    assert support.supported_specs("sm75") == []
+    assert support.supported_specs("sm70") == []
 
 
 # --- problem rules -----------------------------------------------------------------------------

@@ -10,9 +10,20 @@
 namespace humming_aot::mma {
 
 // Not volatile: a pure register operation, so the compiler may schedule shared-memory loads of the
-// next K step (volatile asm) around it.
+// next K step (volatile asm) around it. SM75 has m16n8k8 for f16 only: there the k16 product is
+// two k8 products (a[0..1] with b[0], then a[2..3] with b[1]), and bf16 does not compile.
 template <class Act>
 __device__ __forceinline__ void mma_m16n8k16(float (&c)[4], const u32 (&a)[4], const u32 (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  static_assert(!Act::kIsBFloat16, "bf16 mma needs SM80; SM75 kernels take float16 activations");
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[2 * half]), "r"(a[2 * half + 1]), "r"(b[half]));
+  }
+  return;
+#endif
   if constexpr (Act::kIsBFloat16) {
     asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "

@@ -35,6 +35,14 @@ struct PackedHalf2 {
   // Round two floats to one packed pair: `lo` in bits 0-15, `hi` in bits 16-31.
   static __device__ __forceinline__ u32 from_floats(float lo, float hi) {
     u32 d;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    // no packed cvt before SM80 (and no bf16 there: SM75 kernels are float16)
+    unsigned short l, h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(l) : "f"(lo));
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(hi));
+    asm("mov.b32 %0, {%1, %2};" : "=r"(d) : "h"(l), "h"(h));
+    return d;
+#endif
     if constexpr (Act::kIsBFloat16) {
       asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
     } else {
