@@ -6,6 +6,7 @@ import pytest
 
 from humming_aot import heuristics
 from humming_aot.aot.enumerate import enumerate_keys, parse_tile_field
+from humming_aot.heuristics.tiles import DEFAULT_SPLIT_CTAS_PER_SM
 from humming_aot.spec import KernelKey, MmaKind
 
 WIDE = parse_tile_field("16x128x128_w1x2x4_s4")
@@ -66,3 +67,23 @@ def test_smem_grows_with_block_k():
     narrow = heuristics.narrow_twin(WIDE)
     assert heuristics.smem_bytes(WIDE, 4, False) == 2 * heuristics.smem_bytes(narrow, 4, False)
     assert parse_tile_field("wgmma:128x128x64_w1x8_s4").mma is MmaKind.WGMMA
+
+
+def test_split_k_aims_at_the_rows_resident_ctas():
+    tile = heuristics.select_tile("sm90a", 1)
+    target = heuristics.split_ctas_per_sm("sm90a", 1, tile)
+    assert target == 2  # tiles.toml: 8-warp decode tiles, two CTAs per SM
+    # 64 output tiles of 8192 columns on 132 SMs: 264 slots / 64 tiles -> 4 slices
+    assert heuristics.split_k_factor(m=1, n=8192, k=8192, tile=tile, num_sms=132, max_tiles=4096,
+                                     ctas_per_sm=4, target_ctas_per_sm=target) == 4
+    # what fits on the SM caps the target; never fewer than 256 of K per slice, never over 16
+    assert heuristics.split_k_factor(m=1, n=8192, k=8192, tile=tile, num_sms=132, max_tiles=4096,
+                                     ctas_per_sm=1, target_ctas_per_sm=target) == 2
+    assert heuristics.split_k_factor(m=1, n=128, k=1024, tile=tile, num_sms=132, max_tiles=4096,
+                                     ctas_per_sm=4, target_ctas_per_sm=4) == 4
+    assert heuristics.split_k_factor(m=1, n=128, k=65536, tile=tile, num_sms=132, max_tiles=4096,
+                                     ctas_per_sm=4, target_ctas_per_sm=4) == 16
+    # a tile that only serves as a twin takes its original's row; unknown tiles the default
+    assert heuristics.split_ctas_per_sm("sm90a", 1, heuristics.narrow_twin(tile)) == target
+    assert heuristics.split_ctas_per_sm("sm90a", 1, parse_tile_field("64x64x64_w1x1_s2")) == \
+        DEFAULT_SPLIT_CTAS_PER_SM

@@ -52,10 +52,12 @@ from humming_aot.testing.bench import (  # noqa: E402 - after the path fix above
 DEFAULT_SHAPES = "8192x8192,4096x14336,14336x4096"  # N x K: the anchor, then a 7-8B MLP's down / up
 DEFAULT_MS = "1,16,64,256,1024,4096,8192"
 ALL_IMPLS = ("humming_aot", "torch_bf16", "torch_int4pack", "torch_int8pack", "humming")
-# humming-kernels weight_config per humming_aot format (Humming stores int4 as uint4 codes).
+# humming-kernels weight_config per humming_aot format (Humming stores symmetric int-b weights as
+# uint-b codes with the implicit zero point 2^(b-1)). Only int4:g128, uint4:g128:zp and
+# int8:channel were timed side by side so far; the other widths follow the same convention.
 HUMMING_WEIGHT_CONFIG = {
-    "int4:g128": {"dtype": "uint4", "group_size": 128},
-    "uint4:g128:zp": {"dtype": "uint4", "group_size": 128, "has_zero_point": True},
+    **{f"int{b}:g128": {"dtype": f"uint{b}", "group_size": 128} for b in range(1, 9)},
+    **{f"uint{b}:g128:zp": {"dtype": f"uint{b}", "group_size": 128, "has_zero_point": True} for b in range(1, 9)},
     "int8:channel": {"dtype": "uint8", "group_size": 0},
 }
 _POINT_BUDGET_S = 5.0  # seconds of GPU time one (impl, M) point may take before repeats shrink
