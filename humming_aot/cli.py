@@ -73,6 +73,9 @@ def _cmd_build(args: argparse.Namespace) -> int:
     per_arch = ", ".join(f"{arch}: {n}" for arch, n in summary.kernels_per_arch.items())
     print(f"built {_count(summary.kernels, 'kernel')} ({per_arch}) of catalog {summary.catalog!r} with CUDA "
           f"{summary.cuda_version} in {summary.seconds:.1f} s")
+    for arch, count in summary.kernels_per_arch.items():
+        print(f"  {arch}: {_count(count, 'kernel')}, {summary.fatbin_bytes_per_arch[arch]:,} bytes of fatbins, "
+              f"{summary.nvcc_seconds_per_arch[arch]:.1f} nvcc-seconds")
     if summary.skipped_tiles:
         print(f"left out {summary.skipped_tiles} tiles whose shared memory exceeds their arch's limit")
     if summary.wheel is None:

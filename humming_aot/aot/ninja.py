@@ -306,6 +306,25 @@ class CompileResult:
     seconds: float
 
 
+def kernel_build_seconds(out_dir: Path) -> dict[str, float]:
+    """Seconds nvcc took for each kernel under ``out_dir`` (key name -> seconds), from ninja's own
+    log (the newest entry per output; kernels built by an earlier run keep that run's time)."""
+    log = Path(out_dir) / ".ninja_log"
+    seconds: dict[str, float] = {}
+    if not log.is_file():
+        return seconds
+    for line in log.read_text().splitlines():
+        fields = line.split("\t")
+        if line.startswith("#") or len(fields) < 4 or not fields[3].endswith(".fatbin"):
+            continue
+        try:
+            start_ms, end_ms = int(fields[0]), int(fields[1])
+        except ValueError:
+            continue
+        seconds[Path(fields[3]).stem] = (end_ms - start_ms) / 1000.0
+    return seconds
+
+
 def compile_keys(
     keys: list[KernelKey],
     out_dir: Path,

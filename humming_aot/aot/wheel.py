@@ -23,7 +23,7 @@ from typing import TextIO
 from humming_aot._version import __version__
 from humming_aot.aot.enumerate import enumerate_catalog
 from humming_aot.aot.manifest import KERNELS_DIR, MANIFEST_NAME, build_manifest, write_manifest
-from humming_aot.aot.ninja import CompileError, compile_keys, nvcc_info
+from humming_aot.aot.ninja import CompileError, compile_keys, kernel_build_seconds, nvcc_info
 from humming_aot.support import arch_sort_key
 
 DIST_NAME = "humming_aot"
@@ -39,6 +39,8 @@ _SKIPPED_SUFFIXES = (".pyc", ".pyo", ".so", ".pyd", ".tmp")
 class BuildSummary:
     catalog: str
     kernels_per_arch: dict[str, int]
+    fatbin_bytes_per_arch: dict[str, int]  # what each arch adds to the wheel, before compression
+    nvcc_seconds_per_arch: dict[str, float]  # summed over its kernels (ninja's log; CPU, not wall)
     skipped_tiles: int  # tiles left out for shared memory
     seconds: float
     cuda_version: str
@@ -228,9 +230,17 @@ def build(
             files, out_dir, version=local_version(info.cuda_version, list(enumeration.archs)), tag=wheel_tag()
         )
     per_arch = Counter(key.arch for key in enumeration.keys)
+    nvcc_seconds = kernel_build_seconds(build_dir)
+    fatbin_bytes: Counter = Counter()
+    compile_seconds: Counter = Counter()
+    for key in enumeration.keys:
+        fatbin_bytes[key.arch] += result.fatbins[key.name].stat().st_size
+        compile_seconds[key.arch] += nvcc_seconds.get(key.name, 0.0)
     return BuildSummary(
         catalog=enumeration.catalog,
         kernels_per_arch={arch: per_arch[arch] for arch in enumeration.archs},
+        fatbin_bytes_per_arch={arch: fatbin_bytes[arch] for arch in enumeration.archs},
+        nvcc_seconds_per_arch={arch: compile_seconds[arch] for arch in enumeration.archs},
         skipped_tiles=len(enumeration.skipped),
         seconds=time.monotonic() - start,
         cuda_version=info.cuda_version,

@@ -306,3 +306,16 @@ def test_turing_and_hopper_bodies_compile_with_the_real_headers(tmp_path):
         (entry,) = driver.read_fatbin(result.fatbins[key.name].read_bytes())
         number, suffix = parse_arch(key.arch)
         assert (entry.kind, entry.sm, entry.suffix, entry.elf_sm) == (driver.KIND_ELF, number, suffix, number)
+
+
+def test_kernel_build_seconds_reads_the_newest_ninja_log_entry(tmp_path):
+    (tmp_path / ".ninja_log").write_text(
+        "# ninja log v5\n"
+        "0\t1500\t0\tkernels/a.fatbin\tdeadbeef\n"
+        "10\t20\t0\tbuild.ninja\tcafe\n"
+        "2000\t2250\t0\tkernels/a.fatbin\tdeadbeef\n"
+        "0\t3000\t0\tkernels/b.fatbin\tfeed\n"
+        "garbage line\n"
+    )
+    assert driver.kernel_build_seconds(tmp_path) == {"a": 0.25, "b": 3.0}
+    assert driver.kernel_build_seconds(tmp_path / "missing") == {}

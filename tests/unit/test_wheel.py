@@ -6,6 +6,7 @@ import csv
 import hashlib
 import io
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -102,6 +103,10 @@ def test_smoke_wheel_installs_into_a_fresh_venv(tmp_path):
     (path,) = (tmp_path / "dist").glob("*.whl")
     assert path.name == f"humming_aot-{__version__}+cu130.sm80-{wheel.wheel_tag()}.whl"
     assert "built 1 kernel (sm80: 1)" in build.stdout and f"{path.stat().st_size:,} bytes" in build.stdout
+    per_arch = re.search(r"^  sm80: 1 kernel, ([\d,]+) bytes of fatbins, ([\d.]+) nvcc-seconds$", build.stdout, re.M)
+    assert per_arch, build.stdout
+    assert 10_000 < int(per_arch.group(1).replace(",", "")) < path.stat().st_size * 4
+    assert float(per_arch.group(2)) > 0
     names = _check_record(path)
     assert "humming_aot/_catalog/manifest.json" in names
     assert any(n.startswith("humming_aot/_C.") and n.endswith(".so") for n in names)
