@@ -48,20 +48,28 @@ def _table_rows(arch: str) -> tuple[tuple[int, TileConfig, int], ...]:
     return tuple(rows)
 
 
+@functools.cache
 def arch_tile_table(arch: str) -> tuple[tuple[int, TileConfig], ...]:
     """((max_m, tile), ...) in M order for an arch."""
     return tuple((max_m, tile) for max_m, tile, _ in _table_rows(arch))
 
 
+@functools.cache
+def _split_rows(arch: str, tile: TileConfig) -> tuple[tuple[int, int], ...]:
+    """((max_m, split-K CTAs per SM), ...) of the table rows holding ``tile`` or its 128-wide original."""
+    return tuple((max_m, split) for max_m, row_tile, split in _table_rows(arch)
+                 if tile in (row_tile, narrow_twin(row_tile)))
+
+
 def split_ctas_per_sm(arch: str, m: int, tile: TileConfig) -> int:
     """How many CTAs per SM split-K should aim at for ``tile`` serving m rows: the value of the
-    table row that holds the tile (or its 128-wide original) for m, else the first row holding
-    it, else the default."""
-    rows = [row for row in _table_rows(arch) if tile in (row[1], narrow_twin(row[1]))]
-    for max_m, _, split in rows:
+    table row that holds the tile (or its 128-wide original) for m, else the last row holding
+    it, else the default. (On every launch: the rows are looked up once per (arch, tile).)"""
+    rows = _split_rows(arch, tile)
+    for max_m, split in rows:
         if m <= max_m:
             return split
-    return rows[-1][2] if rows else DEFAULT_SPLIT_CTAS_PER_SM
+    return rows[-1][1] if rows else DEFAULT_SPLIT_CTAS_PER_SM
 
 
 def smem_limit(arch: str) -> int:

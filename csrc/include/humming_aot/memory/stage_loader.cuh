@@ -20,7 +20,6 @@ namespace humming_aot::memory {
 template <int kBlockM, int kBlockN, int kBlockK, int kBits, bool kHasZeroPoint>
 struct StageLayout {
   static constexpr int kK16Steps = kBlockK / 16;
-  static constexpr int kASubTiles = kBlockK / 64;      // 64-wide K sub-tiles of the activations
   static constexpr int kASubTileBytes = kBlockM * 128;
   static constexpr int kUnits = kBlockN / 64;          // packed 64-column units per CTA
   static constexpr int kScaleRows = kBlockK / 16;      // scale rows staged per K tile (group >= 16)

@@ -15,13 +15,8 @@
 // Not yet used by a kernel body: the weight dequantizer for float formats is the next step
 // (issue #5). Plain integer code, compiled on the host by tests/unit/test_float_codes.py.
 
+#include <humming_aot/numerics/host_device.cuh>
 #include <humming_aot/numerics/types.cuh>
-
-#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-#define HUMMING_AOT_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define HUMMING_AOT_HOST_DEVICE inline
-#endif
 
 namespace humming_aot::numerics {
 
@@ -56,4 +51,3 @@ struct FloatCodes {
 
 }  // namespace humming_aot::numerics
 
-#undef HUMMING_AOT_HOST_DEVICE

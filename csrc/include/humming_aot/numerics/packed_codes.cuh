@@ -6,13 +6,8 @@
 // words into the spare high bits of the others, and unfold() undoes that with shifts and masks.
 // Plain integer code, usable on the host too (tests/unit/test_packed_codes.py compiles it there).
 
+#include <humming_aot/numerics/host_device.cuh>
 #include <humming_aot/numerics/types.cuh>
-
-#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-#define HUMMING_AOT_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define HUMMING_AOT_HOST_DEVICE inline
-#endif
 
 namespace humming_aot::numerics {
 
@@ -65,4 +60,3 @@ struct PackedCodes {
 
 }  // namespace humming_aot::numerics
 
-#undef HUMMING_AOT_HOST_DEVICE
