@@ -20,8 +20,8 @@ from humming_aot import obtain as _obtain
 from humming_aot.obtain import KernelNotAvailableError  # noqa: F401  (raised from here, part of the API)
 from humming_aot.spec import GemmSpec, KernelKey, TileConfig
 
-# GemmParams (csrc/include/humming_aot/kernel/params.cuh): 8 pointers, lda, ldo, 6 ints.
-_PARAMS = struct.Struct("<8Q2q6i")
+# GemmParams (csrc/include/humming_aot/kernel/params.cuh): 8 pointers, lda, ldo, 5 ints, 1 float.
+_PARAMS = struct.Struct("<8Q2q5if")
 # Split-K arrival counters per (device, stream): one int per output tile, reset by the kernel.
 SPLIT_K_COUNTERS = 4096
 
@@ -136,7 +136,7 @@ def launch_gemm(a: torch.Tensor, packed, bias: torch.Tensor | None, spec: GemmSp
         0 if counters is None else counters.data_ptr(),
         a.stride(0),
         out.stride(0),
-        m, n, k, packed.group_size, splits, 0,
+        m, n, k, packed.group_size, splits, packed.global_scale,
     )
     m_tiles = -(-m // tile.block_m)
     n_tiles = -(-n // tile.block_n)

@@ -89,12 +89,12 @@ def _unsupported_on_device(spec: GemmSpec, device: int) -> str | None:
     return f"gemm: not supported on {info.name}: {reasons[0]}" if all(reasons) else None
 
 
-def _reference(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size):
+def _reference(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size, global_scale):
     packed = PackedWeight(
         w=w, w_scale=w_scale, w_zero_point=w_zero_point, n=n, k=k, group_size=group_size,
-        w_dtype=w_dtype, act_dtype=a.dtype, format="",
+        w_dtype=w_dtype, act_dtype=a.dtype, format="", global_scale=global_scale,
     )
-    w_eff = packed.dequantized().to(torch.float64)
+    w_eff = packed.effective_weight()
     out = a.reshape(-1, k).to(torch.float64) @ w_eff.t()
     if bias is not None:
         out = out + bias.to(torch.float64)
@@ -107,20 +107,20 @@ def _reference(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size):
 _LIBRARY = torch.library.Library("humming_aot", "DEF")
 _LIBRARY.define(
     "gemm_wna16(Tensor a, Tensor w, Tensor w_scale, Tensor? w_zero_point, Tensor? bias, str w_dtype, "
-    "int n, int k, int group_size) -> Tensor"
+    "int n, int k, int group_size, float global_scale) -> Tensor"
 )
 
 
-def _gemm_wna16_cpu(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size):
-    return _reference(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size)
+def _gemm_wna16_cpu(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size, global_scale):
+    return _reference(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size, global_scale)
 
 
-def _gemm_wna16_cuda(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size):
+def _gemm_wna16_cuda(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size, global_scale):
     from humming_aot import dispatch
 
     packed = PackedWeight(
         w=w, w_scale=w_scale, w_zero_point=w_zero_point, n=n, k=k, group_size=group_size,
-        w_dtype=w_dtype, act_dtype=a.dtype, format="",
+        w_dtype=w_dtype, act_dtype=a.dtype, format="", global_scale=global_scale,
     )
     a2 = a.reshape(-1, k)
     _validate_cuda(a2, packed, bias)
@@ -128,7 +128,7 @@ def _gemm_wna16_cuda(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_siz
     return out.reshape(*a.shape[:-1], n)
 
 
-def _gemm_wna16_fake(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size):
+def _gemm_wna16_fake(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size, global_scale):
     return a.new_empty((*a.shape[:-1], n))
 
 
@@ -148,7 +148,7 @@ def gemm(a: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None
     _validate(a, packed, bias)
     return torch.ops.humming_aot.gemm_wna16(
         a, packed.w, packed.w_scale, packed.w_zero_point, bias, packed.w_dtype, packed.n, packed.k,
-        packed.group_size,
+        packed.group_size, packed.global_scale,
     )
 
 

@@ -1,11 +1,12 @@
-"""Canonical quantized weights -> the layout the mma.sync kernels read (and back).
+"""Canonical quantized weights -> the layout the kernels read (and back).
 
 Packing runs once at load, on whatever device the weight is on (on a GPU it is a handful of torch
 kernels: views, permutes and shifts). ``reference_pack_codes`` is an independent element-by-element
 statement of the same layout for the tests; ``unpack`` inverts ``pack``.
 
-Layout (read by csrc/include/humming_aot/kernel/dense_mma_sync.cuh and
-numerics/int_dequantizer.cuh): the weight is cut into 16 (k) x 64 (n) units. In each unit, lane
+Layout (read by csrc/include/humming_aot/kernel/dense_mma_sync.cuh and dense_wgmma.cuh, decoded
+by numerics/int_dequantizer.cuh and float_dequantizer.cuh): every b-bit code is placed the same
+way, whether it is an integer or a float's sign / exponent / mantissa bits. The weight is cut into 16 (k) x 64 (n) units. In each unit, lane
 ``l`` of a warp (g = l // 4, t = l % 4) owns, for each of the four 16-column tiles j, the 8 values
 it feeds to two m16n8k16 B fragments: columns n = 16 j + 8 h + g (h = 0, 1) and rows
 k = 2 t + p + 8 q (p, q = 0, 1).
@@ -31,6 +32,7 @@ load gives a lane the scales of its 8 columns.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -39,17 +41,23 @@ from humming_aot.spec import ZeroPoint
 # Packed-layout constants (mirrored by the C++ headers named above).
 UNIT_N = 64
 UNIT_K = 16
-_KERNEL_WEIGHT_FORMATS = {f"{sign}int{bits}": bits for sign in ("", "u") for bits in range(1, 9)}
+_INT_WEIGHT_FORMATS = {f"{sign}int{bits}": bits for sign in ("", "u") for bits in range(1, 9)}
+_FLOAT_WEIGHT_FORMATS = {f"float{1 + e + m}e{e}m{m}": 1 + e + m for e in range(8) for m in range(8) if 2 <= 1 + e + m <= 8}
+_KERNEL_WEIGHT_FORMATS = {**_INT_WEIGHT_FORMATS, **_FLOAT_WEIGHT_FORMATS}
 _ACT_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_ACT_EXPONENT_BITS = {torch.float16: 5, torch.bfloat16: 8}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class PackedWeight:
     """A weight in kernel layout, on one device.
 
-    w:            (K / 16, N * bits / 2) int32, packed offset codes (see the module docstring)
+    w:            (K / 16, N * bits / 2) int32, packed codes (see the module docstring): offset
+                  integer codes, or the sign / exponent / mantissa bits of float codes
     w_scale:      (K / group_size, N) act_dtype, unit-permuted
     w_zero_point: (K / group_size, N) act_dtype, unit-permuted, or None (symmetric)
+    global_scale: fp32 factor the kernel applies to every output before the bias (the NVFP4
+                  global scale, or a per-tensor scale; 1.0 when the format has none)
     """
 
     w: torch.Tensor
@@ -58,13 +66,18 @@ class PackedWeight:
     n: int
     k: int
     group_size: int
-    w_dtype: str  # "int1".."int8" (symmetric) or "uint1".."uint8" (with a zero point)
+    w_dtype: str  # "int1".."int8" (symmetric), "uint1".."uint8" (with a zero point), "float4e2m1", ...
     act_dtype: torch.dtype
     format: str  # the WeightFormat string it was packed from
+    global_scale: float = 1.0
 
     @property
     def bits(self) -> int:
         return _KERNEL_WEIGHT_FORMATS[self.w_dtype]
+
+    @property
+    def is_float(self) -> bool:
+        return self.w_dtype in _FLOAT_WEIGHT_FORMATS
 
     @property
     def zero_point(self) -> ZeroPoint:
@@ -89,20 +102,27 @@ class PackedWeight:
         )
 
     def dequantized(self) -> torch.Tensor:
-        """(N, K) act_dtype: exactly the weight the kernel multiplies with, (q - z) * s rounded once.
+        """(N, K) act_dtype: exactly the weight the kernel multiplies with, (q - z) * s or
+        decode(code) * s rounded once (the global scale is not in it: see effective_weight).
 
         Computed by the reference ``humming_aot.dequantize`` of the packed codes with the
         act-dtype scales the kernel reads, so the format semantics live in one place.
         """
         return _reference_dequantize(self).to(self.act_dtype)
 
+    def effective_weight(self) -> torch.Tensor:
+        """(N, K) float64: dequantized() times the global scale, so that a float64 ``a @ W^T``
+        with it is exactly what the kernel computes before its fp32 rounding."""
+        return self.dequantized().to(torch.float64) * self.global_scale
+
     def as_quantized_weight(self):
-        """The canonical QuantizedWeight of exactly what the kernel reads (act-dtype scales)."""
+        """The canonical QuantizedWeight of exactly what the kernel multiplies with (act-dtype
+        scales; the global scale is left out, as in dequantized())."""
         from humming_aot.quant import QuantizedWeight, ScaleGranularity, WeightFormat, ZeroPointKind
 
         codes, scales, zeros = unpack(self)
         bits = self.bits
-        if self.w_zero_point is None:  # offset code u -> two's complement code of u - 2^(b-1)
+        if not self.is_float and self.w_zero_point is None:  # offset code u -> two's complement code of u - 2^(b-1)
             codes = (codes - (1 << (bits - 1))) & ((1 << bits) - 1)
         fmt = WeightFormat(
             element=self.w_dtype,
@@ -124,22 +144,30 @@ def _reference_dequantize(packed: PackedWeight) -> torch.Tensor:
     return dequantize(packed.as_quantized_weight())
 
 
-def _offset_codes(qw) -> tuple[torch.Tensor, torch.Tensor | None, str]:
-    """(N, K) unsigned codes u and (N, G) integer zero points for the kernel's (u - z) * s.
+def _kernel_codes(qw, act_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None, str]:
+    """(N, K) codes as the kernel reads them and (N, G) integer zero points (or None).
 
-    Symmetric signed codes become offset codes u = c + 2^(b-1) with the implicit zero point
-    2^(b-1), which is how GPTQ checkpoints store them.
+    Symmetric signed integer codes become offset codes u = c + 2^(b-1) with the implicit zero
+    point 2^(b-1), which is how GPTQ checkpoints store them. Float codes stay as they are.
     """
     fmt = qw.format
     element = fmt.element
     if element not in _KERNEL_WEIGHT_FORMATS:
         raise ValueError(
-            f"pack: weight format {str(fmt)!r} has element {element!r}; the mma.sync kernels take "
-            f"{sorted(_KERNEL_WEIGHT_FORMATS)} (more formats: issue #5)"
+            f"pack: weight format {str(fmt)!r} has element {element!r}, which no kernel reads: use "
+            "int1..int8, uint1..uint8 (with :zp) or a signed float float{B}e{E}m{M} of at most 8 bits"
         )
     bits = _KERNEL_WEIGHT_FORMATS[element]
     codes = qw.codes.to(torch.int32)
     has_zero_point = qw.zero_points is not None
+    if element in _FLOAT_WEIGHT_FORMATS:
+        _check_float_fits(element, act_dtype)
+        return codes, None, element
+    if qw.zero_points is not None and qw.zero_points.dtype != torch.uint8:  # ZeroPointKind.FLOAT
+        raise ValueError(
+            f"pack: {str(fmt)!r} has float (HQQ-style) zero points, which no kernel reads yet: use an "
+            f"integer zero point ('uint{bits}:...:zp')"
+        )
     if element.startswith("int"):
         if has_zero_point:
             raise ValueError(f"pack: signed {element} with a zero point is not packed; use uint{bits}:...:zp")
@@ -152,58 +180,148 @@ def _offset_codes(qw) -> tuple[torch.Tensor, torch.Tensor | None, str]:
     return codes, qw.zero_points.to(torch.int32), element
 
 
-def _group_size(qw, k: int) -> int:
+def _check_float_fits(element: str, act_dtype: torch.dtype) -> None:
+    """Float weights are decoded into the activation dtype, which must hold every code exactly."""
+    from humming_aot import formats
+
+    elem = formats.get(element)
+    act_exp = _ACT_EXPONENT_BITS[act_dtype]
+    name = _ACT_DTYPES[act_dtype]
+    if elem.exponent_bits > act_exp or (elem.exponent_bits == act_exp and not elem.has_inf):
+        raise ValueError(
+            f"pack: {element} values do not all fit {name} (its {act_exp} exponent bits{'' if elem.exponent_bits > act_exp else ' hold inf/NaN in the top binade'}): "
+            "pack for bfloat16 activations, or use a format with fewer exponent bits"
+        )
+
+
+def _scale_compensation(element: str, act_dtype: torch.dtype) -> int:
+    """The power of two the float dequantizer multiplies scales by before using them
+    (csrc/include/humming_aot/numerics/float_codes.cuh, kScaleCompensation)."""
+    from humming_aot import formats
+
+    elem = formats.get(element)
+    if elem.exponent_bits == 0:
+        return 0
+    target_bias = 127 if act_dtype == torch.bfloat16 else 15
+    compensation = target_bias - elem.exponent_bias
+    return compensation - compensation // 2
+
+
+def _kernel_scales(qw, n: int, k: int) -> tuple[torch.Tensor, int, float]:
+    """(N, K / group) float32 scales the kernel applies per group, the group size, and the global
+    scale it applies to the fp32 sums.
+
+    Channel and group scales are used as they are; block scales are repeated over the block's
+    channels; a tensor scale becomes the global scale (over unit group scales, so that no rounding
+    to the activation dtype touches it); GROUP_WITH_GLOBAL keeps its global scale global.
+    """
     from humming_aot.quant import ScaleGranularity
 
-    gran = qw.format.granularity
+    fmt = qw.format
+    gran = fmt.granularity
+    scales = qw.scales.to(torch.float32)
     if gran is ScaleGranularity.CHANNEL:
-        return k
+        return scales.reshape(n, 1), k, 1.0
     if gran is ScaleGranularity.GROUP:
-        return int(qw.format.group_size)
-    raise ValueError(
-        f"pack: scale granularity {gran.value!r} of {str(qw.format)!r} has no mma.sync kernel; "
-        "use per-group ('g128') or per-channel ('channel') scales"
-    )
+        return scales.reshape(n, k // fmt.group_size), int(fmt.group_size), 1.0
+    if gran is ScaleGranularity.GROUP_WITH_GLOBAL:
+        return scales.reshape(n, k // fmt.group_size), int(fmt.group_size), float(qw.global_scale.reshape(()))
+    if gran is ScaleGranularity.TENSOR:
+        if qw.zero_points is not None:
+            raise ValueError("pack: a tensor scale with zero points has no kernel; use channel or group scales")
+        return torch.ones((n, 1), dtype=torch.float32, device=scales.device), k, float(scales.reshape(()))
+    if gran is ScaleGranularity.BLOCK:
+        group = int(fmt.group_size)
+        if k % group:
+            raise ValueError(
+                f"pack: K={k} is not a multiple of the block's K extent {group}: the kernels apply block "
+                "scales as group scales, which need whole groups"
+            )
+        if qw.zero_points is not None:
+            raise ValueError("pack: block scales with zero points have no kernel; use group scales")
+        return scales.repeat_interleave(int(fmt.block_n), dim=0)[:n], group, 1.0
+    raise ValueError(f"pack: scale granularity {gran.value!r} of {str(fmt)!r} has no kernel")
 
 
 def check_packable(n: int, k: int, group_size: int) -> None:
-    """The alignment rule of the mma.sync kernels, as clear errors (also used by ops)."""
+    """The alignment rule of the kernels, as clear errors (also used by ops)."""
     from humming_aot.support import PREDICATES, ProblemShape
 
     problem = ProblemShape(m=1, n=n, k=k, group_size=group_size)
     errors = [msg for check in PREDICATES.values() if (msg := check(problem))]
     if errors:
-        raise ValueError("cannot pack this weight for the mma.sync kernels: " + "; ".join(errors))
+        raise ValueError("cannot pack this weight for the kernels: " + "; ".join(errors))
+
+
+def _act_scales(scales: torch.Tensor, act_dtype: torch.dtype, element: str) -> tuple[torch.Tensor, int]:
+    """Scales in the activation dtype, times a power of two 2^j (the caller divides the global
+    scale by it, which is exact): j keeps the dequantized weights and the float dequantizer's
+    pre-multiplied scales finite, and lifts small scales out of the subnormal range where they
+    would lose precision (float16 scales of fp8 weights, MX exponents below 2^-14). Rounding is
+    to nearest; a scale that still overflows or flushes to zero is refused."""
+    from humming_aot import formats
+
+    name = _ACT_DTYPES[act_dtype]
+    if not bool(torch.isfinite(scales).all()) or not bool((scales > 0).all()):
+        raise ValueError("pack: the weight scales must be positive and finite")
+    finfo = torch.finfo(act_dtype)
+    if element in _FLOAT_WEIGHT_FORMATS:
+        elem = formats.get(element)
+        largest = max(elem.max_value, 2.0 ** _scale_compensation(element, act_dtype))
+        smallest = elem.smallest_positive
+    else:
+        largest, smallest = float((1 << _KERNEL_WEIGHT_FORMATS[element]) - 1), 1.0  # |q - z|
+    s_max = float(scales.max()) if scales.numel() else 1.0
+    s_min = float(scales.min()) if scales.numel() else 1.0
+    # the largest j with s_max * 2^j * largest inside the range, and the j that makes the
+    # smallest nonzero weight (and so every scale) normal
+    j_max = math.floor(math.log2(finfo.max / (s_max * largest)))
+    j_min = max(0, math.ceil(math.log2(finfo.tiny / (s_min * min(smallest, 1.0)))))
+    shift = min(j_min, j_max)
+    converted = (scales * 2.0**shift).to(act_dtype)
+    if converted.numel() and float(converted.max()) * largest > finfo.max:  # rounded up past the edge
+        shift -= 1
+        converted = (scales * 2.0**shift).to(act_dtype)
+    if not bool(torch.isfinite(converted).all()) or bool((converted == 0).any()):
+        raise ValueError(
+            f"pack: the weight scales span {s_min:g} to {s_max:g}, more than {name} (the dtype the kernel "
+            "applies them in) holds at once: pack for bfloat16 activations, or rescale the weight"
+        )
+    return converted, shift
 
 
 def pack(qw, act_dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None) -> PackedWeight:
     """Repack a canonical ``QuantizedWeight`` (N x K) into kernel layout for `act_dtype` activations.
 
-    Scales (and zero points) are converted to `act_dtype` (round to nearest); ``dequantized()``
-    returns the exact operand the kernel then uses.
+    Scales (and zero points) are converted to `act_dtype` (round to nearest: exact for float16,
+    bfloat16, float8e4m3 and float8e8m0 scales), times a power of two that keeps them in its
+    normal range (the global scale takes the inverse); block scales become group scales, a
+    tensor or NVFP4 global scale becomes ``global_scale`` (applied in fp32 to the sums).
+    ``dequantized()`` and ``effective_weight()`` return the exact operand the kernel then uses.
     """
     if act_dtype not in _ACT_DTYPES:
         raise ValueError(f"pack: act_dtype={act_dtype} is not supported; use torch.float16 or torch.bfloat16")
     if qw.codes.dim() != 2:
         raise ValueError(f"pack: expected a dense (N, K) weight, got codes of shape {tuple(qw.codes.shape)}")
     n, k = qw.codes.shape
-    group_size = _group_size(qw, k)
+    codes, zeros, element = _kernel_codes(qw, act_dtype)
+    scales, group_size, global_scale = _kernel_scales(qw, n, k)
     check_packable(n, k, group_size)
+    if not math.isfinite(global_scale) or global_scale <= 0:
+        raise ValueError(f"pack: the global scale must be positive and finite, got {global_scale}")
     target = torch.device(device) if device is not None else qw.codes.device
-    codes, zeros, element = _offset_codes(qw)
     codes = codes.to(target)
-    scales = qw.scales.to(target, torch.float32).reshape(n, k // group_size)
-    if not torch.isfinite(scales).all():
-        raise ValueError("pack: the weight scales contain NaN or Inf")
+    scales, shift = _act_scales(scales.to(target), act_dtype, element)
+    global_scale = global_scale * 2.0**-shift
     bits = _KERNEL_WEIGHT_FORMATS[element]
     w = pack_codes(codes, bits)
-    w_scale = permute_unit_columns(scales.to(act_dtype).t().contiguous())
+    w_scale = permute_unit_columns(scales.t().contiguous())
     w_zero_point = None
     if zeros is not None:
         w_zero_point = permute_unit_columns(zeros.to(target).reshape(n, -1).to(act_dtype).t().contiguous())
     return PackedWeight(
         w=w, w_scale=w_scale, w_zero_point=w_zero_point, n=n, k=k, group_size=group_size,
-        w_dtype=element, act_dtype=act_dtype, format=str(qw.format),
+        w_dtype=element, act_dtype=act_dtype, format=str(qw.format), global_scale=global_scale,
     )
 
 
@@ -322,15 +440,18 @@ def unpermute_unit_columns(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(rows, n // 64, 8, 4, 2).permute(0, 1, 3, 4, 2).reshape(rows, n)
 
 
-def unpack(packed: PackedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(codes (N, K) int32 offset codes, scales (N, G) act dtype, zero points (N, G)).
+def unpack(packed: PackedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(codes (N, K) int32 as the kernel reads them, scales (N, G) act dtype, zero points (N, G)).
 
-    For symmetric formats the zero point is the implicit 2^(bits-1).
+    Integer codes are offset codes, and for symmetric formats the zero point is the implicit
+    2^(bits-1); float codes have no zero point (None).
     """
     n, k = packed.n, packed.k
     codes = unpack_codes(packed.w, n, k, packed.bits)
     scales = unpermute_unit_columns(packed.w_scale).t()
-    if packed.w_zero_point is None:
+    if packed.is_float:
+        zeros = None
+    elif packed.w_zero_point is None:
         zeros = torch.full_like(scales, float(1 << (packed.bits - 1)))
     else:
         zeros = unpermute_unit_columns(packed.w_zero_point).t()

@@ -28,16 +28,17 @@ DTYPE_SHORT = {
     "float16": "f16",
     "bfloat16": "bf16",
     "float32": "f32",
-    "float8e4m3": "e4m3",
-    "float8e5m2": "e5m2",
     "float8e8m0": "ue8m0",
-    "float4e2m1": "e2m1",
+    # signed small floats float{B}e{E}m{M} (B = 1 + E + M <= 8; E = 0: sign-magnitude integers)
+    **{f"float{1 + e + m}e{e}m{m}": f"e{e}m{m}" for e in range(8) for m in range(8) if 2 <= 1 + e + m <= 8},
     **{f"int{bits}": f"s{bits}" for bits in range(1, 9)},
     **{f"uint{bits}": f"u{bits}" for bits in range(1, 9)},
 }
 DTYPE_LONG = {short: long for long, short in DTYPE_SHORT.items()}
 
 _ARCH_RE = re.compile(r"^sm(\d{2,3})([af]?)$")
+_BITS_RE = re.compile(r"^(?:u?int|float)(\d)")
+_FLOAT_RE = re.compile(r"^float\de(\d)m(\d)$")
 
 
 class GemmType(str, Enum):
@@ -90,7 +91,7 @@ class GemmSpec:
 
     gemm_type: GemmType = GemmType.DENSE
     a_dtype: str  # activation dtype, canonical name ("bfloat16")
-    w_dtype: str  # weight element format ("int4", "uint4", "int8")
+    w_dtype: str  # weight element format ("int4", "uint4", "int8", "float4e2m1")
     w_scale: ScaleGranularity = ScaleGranularity.GROUP
     w_scale_dtype: str  # dtype the scales are stored in
     w_zero_point: ZeroPoint = ZeroPoint.NONE
@@ -104,7 +105,21 @@ class GemmSpec:
 
     @property
     def w_bits(self) -> int:
-        return int(re.sub(r"\D", "", self.w_dtype))
+        """Bits per weight code: 4 for int4, uint4 and float4e2m1."""
+        return int(_BITS_RE.match(self.w_dtype).group(1))
+
+    @property
+    def w_is_float(self) -> bool:
+        """Sign / exponent / mantissa weight codes (float{B}e{E}m{M}) rather than integers."""
+        return self.w_dtype.startswith("float")
+
+    @property
+    def w_exp_man(self) -> tuple[int, int]:
+        """(E, M) of a float weight format (float4e2m1 -> (2, 1)); ValueError for integers."""
+        m = _FLOAT_RE.match(self.w_dtype)
+        if m is None:
+            raise ValueError(f"{self.w_dtype} is not a float weight format")
+        return int(m.group(1)), int(m.group(2))
 
     @property
     def weight_field(self) -> str:

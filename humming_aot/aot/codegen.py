@@ -10,8 +10,9 @@ from humming_aot.spec import KernelKey, MmaKind, ZeroPoint
 
 # Bumped whenever the host <-> kernel contract changes (checked against each kernel's metadata):
 # 1: GemmParams; 2: kernels wait on griddepcontrol before reading upstream data, so the launcher
-# may launch them with programmatic dependent launch (older images must not be launched so).
-PARAMS_VERSION = 2
+# may launch them with programmatic dependent launch (older images must not be launched so);
+# 3: the last GemmParams field is the fp32 global weight scale (version 2 kernels ignore it).
+PARAMS_VERSION = 3
 
 _ACT_TYPES = {"float16": "humming_aot::numerics::Float16", "bfloat16": "humming_aot::numerics::BFloat16"}
 _ZERO_POINT = {
@@ -22,6 +23,16 @@ _ZERO_POINT = {
 
 def kernel_smem_bytes(key: KernelKey) -> int:
     return smem_bytes(key.tile, key.spec.w_bits, key.spec.w_zero_point is not ZeroPoint.NONE)
+
+
+def weight_codes(spec) -> str:
+    """The C++ weight code family of a spec (csrc/include/humming_aot/numerics/weight_codes.cuh)."""
+    if spec.w_is_float:
+        exp, man = spec.w_exp_man
+        if spec.w_zero_point is not ZeroPoint.NONE:
+            raise ValueError(f"{spec.w_dtype} weights take no zero point")
+        return f"humming_aot::numerics::FloatWeights<{exp}, {man}>"
+    return f"humming_aot::numerics::IntWeights<{spec.w_bits}>"
 
 
 def kernel_source(key: KernelKey) -> str:
@@ -42,7 +53,7 @@ def kernel_source(key: KernelKey) -> str:
         raise ValueError(f"{key.name}: no kernel body for mma kind {tile.mma.value!r}")
     kernel = f"""humming_aot::kernel::{body}<
     {_ACT_TYPES[spec.a_dtype]},  // activation, scale and output dtype
-    {spec.w_bits},  // weight bits
+    {weight_codes(spec)},  // weight codes: {spec.w_dtype}
     {_ZERO_POINT[spec.w_zero_point]},
     {", ".join(map(str, tile_args))}>"""
     return f"""\

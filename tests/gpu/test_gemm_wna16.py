@@ -1,6 +1,7 @@
-"""Every catalog kernel of the WnA16 mma.sync family against a float64 reference of exactly the
-operands it multiplies (STYLE G6): fresh random data per run, NaN-poisoned outputs, odd shapes,
-split-K, bias, CUDA-graph capture, two runs bitwise equal."""
+"""Every catalog kernel of the WnA16 families (integer and float weights, mma.sync and wgmma
+bodies) against a float64 reference of exactly the operands it multiplies (STYLE G6): fresh
+random data per run, NaN-poisoned outputs, odd shapes, split-K, bias, CUDA-graph capture, two runs
+bitwise equal; and every weight format of the public API (MX, NVFP4, tensor and block scales)."""
 from __future__ import annotations
 
 import os
@@ -15,9 +16,9 @@ from humming_aot.spec import KernelKey, ZeroPoint
 from humming_aot.testing.numerics import assert_bitwise_equal, assert_gemm_close, reference_gemm
 
 M_VALUES = (1, 3, 16, 129, 1024, 4096)
-# (N, K): the minimum alignment, then non-power-of-two multiples (the last also splits K)
-SHAPES = ((64, 128), (448, 384), (1344, 1152))
-GROUPS = (32, 128, None)  # None = per channel
+# (N, K, group): the minimum alignment, then non-power-of-two multiples (the last also splits K),
+# each with another scale group (None = per channel)
+CASES = ((64, 128, 32), (448, 384, 128), (1344, 1152, None), (192, 640, 64))
 
 
 def _device_keys() -> list:
@@ -33,7 +34,7 @@ def _device_keys() -> list:
 
 def _format(key: KernelKey, group: int | None) -> str:
     gran = "channel" if group is None else f"g{group}"
-    element = key.spec.w_dtype
+    element = key.spec.w_dtype  # int4, uint4 (with :zp), float4e2m1, ...: float32 scales
     return f"{element}:{gran}:zp" if key.spec.w_zero_point is ZeroPoint.INTEGER else f"{element}:{gran}"
 
 
@@ -56,20 +57,19 @@ def _run(key, a, packed, bias):
 def test_kernel_matches_float64_reference(key):
     assert key is not None, "a GPU is present but no kernel catalog is installed: build one (tools/device_check.sh)"
     act = getattr(torch, key.spec.a_dtype)
-    for n, k in SHAPES:
-        for group in GROUPS:
-            seed = _seed()
-            gen = torch.Generator(device="cuda").manual_seed(seed)
-            packed = _make_weight(key, n, k, group, gen)
-            w_eff = packed.dequantized()
-            for m in M_VALUES:
-                a = torch.randn(m, k, device="cuda", generator=gen).to(act)
-                bias = (torch.randn(n, device="cuda", generator=gen) * 0.5).to(act) if m % 2 else None
-                out = _run(key, a, packed, bias)
-                context = f"key={key.name} m={m} n={n} k={k} group={group} seed={seed}"
-                ref = reference_gemm(a, w_eff, bias)
-                assert_gemm_close(out, ref, a=a, w_eff=w_eff, bias=bias, context=context)
-                assert_bitwise_equal(out, _run(key, a, packed, bias), context)
+    for n, k, group in CASES:
+        seed = _seed()
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        packed = _make_weight(key, n, k, group, gen)
+        w_eff = packed.effective_weight()
+        for m in M_VALUES:
+            a = torch.randn(m, k, device="cuda", generator=gen).to(act)
+            bias = (torch.randn(n, device="cuda", generator=gen) * 0.5).to(act) if m % 2 else None
+            out = _run(key, a, packed, bias)
+            context = f"key={key.name} m={m} n={n} k={k} group={group} seed={seed}"
+            ref = reference_gemm(a, w_eff, bias)
+            assert_gemm_close(out, ref, a=a, w_eff=w_eff, bias=bias, context=context)
+            assert_bitwise_equal(out, _run(key, a, packed, bias), context)
 
 
 @pytest.mark.parametrize("key", _device_keys())
@@ -87,8 +87,36 @@ def test_exact_grid_inputs_are_bitwise_exact(key):
     packed.w_scale.copy_(torch.exp2(torch.randint(-3, 1, packed.w_scale.shape, device="cuda", generator=gen)).to(act))
     a = torch.randint(-3, 4, (m, k), device="cuda", generator=gen).to(act)
     out = _run(key, a, packed, None)
-    ref = reference_gemm(a, packed.dequantized(), None).to(act)
+    ref = reference_gemm(a, packed.effective_weight(), None).to(act)
     assert_bitwise_equal(out, ref, f"key={key.name} seed={seed}")
+
+
+PUBLIC_FORMATS = ("mxfp4", "nvfp4", "mxfp8", "mxfp6e2m3", "float8e4m3:tensor", "float8e4m3:b128x128",
+                  "float8e5m2:channel", "int4:tensor", "int8:b64x128", "float4e0m3:g16")
+
+
+@pytest.mark.parametrize("act", (torch.bfloat16, torch.float16))
+@pytest.mark.parametrize("fmt", PUBLIC_FORMATS)
+def test_public_formats_through_the_op(fmt, act):
+    """Microscaled, two-level, tensor and block formats through pack + ops.gemm (heuristic tile,
+    split-K at small M): the output equals the float64 product with humming_aot.dequantize's
+    weights where the format's scales are exact in the activation dtype (MX, NVFP4: the global
+    scale is applied to the fp32 sums), and the kernel's own operand always."""
+    n, k = 384, 1024
+    seed = _seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    qw = humming_aot.quantize(torch.randn(n, k, device="cuda", generator=gen) * 0.05, fmt)
+    packed = humming_aot.pack(qw, act_dtype=act)
+    w_eff = packed.effective_weight()
+    if qw.format.scale_dtype in ("float8e8m0", "float8e4m3"):
+        # NVFP4's dequantize rounds decode * scale * global to float32 once; MX is exact
+        torch.testing.assert_close(w_eff, humming_aot.dequantize(qw).double(), rtol=2**-23, atol=0)
+    for m in (1, 3, 16, 129, 1024):
+        a = torch.randn(m, k, device="cuda", generator=gen).to(act)
+        bias = (torch.randn(n, device="cuda", generator=gen) * 0.5).to(act) if m % 2 else None
+        out = ops.gemm(a, packed, bias)
+        context = f"fmt={fmt} act={act} m={m} seed={seed}"
+        assert_gemm_close(out, reference_gemm(a, w_eff, bias), a=a, w_eff=w_eff, bias=bias, context=context)
 
 
 def test_public_gemm_cuda_graph_and_split_k():
@@ -110,8 +138,8 @@ def test_public_gemm_cuda_graph_and_split_k():
             graph.replay()
         torch.cuda.synchronize()
         assert_bitwise_equal(static_out, eager, f"graph replay m={m}")
-        ref = reference_gemm(a, packed.dequantized(), None)
-        assert_gemm_close(eager, ref, a=a, w_eff=packed.dequantized(), context=f"public gemm m={m}")
+        ref = reference_gemm(a, packed.effective_weight(), None)
+        assert_gemm_close(eager, ref, a=a, w_eff=packed.effective_weight(), context=f"public gemm m={m}")
 
 
 def test_quantized_linear_and_leading_dims():
@@ -120,7 +148,7 @@ def test_quantized_linear_and_leading_dims():
     x = torch.randn(2, 5, 512, device="cuda", dtype=torch.float16)
     y = q(x)
     assert y.shape == (2, 5, 320) and y.dtype == torch.float16
-    w_eff = q.packed.dequantized()
+    w_eff = q.packed.effective_weight()
     ref = reference_gemm(x.reshape(-1, 512), w_eff, q.bias)
     assert_gemm_close(y.reshape(-1, 320), ref, a=x.reshape(-1, 512), w_eff=w_eff, bias=q.bias, context="QuantizedLinear")
 
@@ -167,8 +195,8 @@ def test_back_to_back_gemms_see_their_inputs(m):
         torch.cuda.synchronize()
         h = x
         for i, (packed, out) in enumerate(zip(packs, outs)):
-            ref = reference_gemm(h, packed.dequantized(), None)
-            assert_gemm_close(out, ref, a=h, w_eff=packed.dequantized(), context=f"{where} layer {i} m={m} seed={seed}")
+            ref = reference_gemm(h, packed.effective_weight(), None)
+            assert_gemm_close(out, ref, a=h, w_eff=packed.effective_weight(), context=f"{where} layer {i} m={m} seed={seed}")
             h = out
 
     chain()
@@ -201,8 +229,8 @@ def test_shapes_a_wide_k_tile_does_not_fit_use_its_twin(k, group):
     key, _ = dispatch.obtain(ops.gemm_spec(packed), torch.cuda.current_device(), m, k=k, group=packed.group_size)
     assert heuristics.tile_fits(key.tile, k, packed.group_size), key.name
     out = ops.gemm(a, packed)
-    ref = reference_gemm(a, packed.dequantized(), None)
-    assert_gemm_close(out, ref, a=a, w_eff=packed.dequantized(), context=f"k={k} group={group} seed={seed}")
+    ref = reference_gemm(a, packed.effective_weight(), None)
+    assert_gemm_close(out, ref, a=a, w_eff=packed.effective_weight(), context=f"k={k} group={group} seed={seed}")
     wide = heuristics.select_tile(dispatch.device_info(torch.cuda.current_device()).arches[0], m)
     if wide.block_k == 128:
         with pytest.raises(ValueError, match="needs K % 128 == 0"):

@@ -40,6 +40,8 @@ namespace humming_aot::numerics {
 struct Float16 {};
 struct BFloat16 {};
 enum class ZeroPointKind { kImplicit, kInteger };
+template <int kBits_> struct IntWeights { static constexpr int kBits = kBits_; };
+template <int kExp, int kMan> struct FloatWeights { static constexpr int kBits = 1 + kExp + kMan; };
 }  // namespace humming_aot::numerics
 namespace humming_aot::kernel {
 inline constexpr unsigned kParamsVersion = PARAMS_VERSION;
@@ -49,9 +51,10 @@ struct KernelMetadata {
   unsigned magic, params_version, params_bytes, threads, smem_bytes, block_m, block_n, block_k;
   char name[224];
 };
-template <class T, int kBits, numerics::ZeroPointKind kZp, int kBlockM, int kBlockN, int kBlockK, int kWarpsM,
+template <class T, class Weights, numerics::ZeroPointKind kZp, int kBlockM, int kBlockN, int kBlockK, int kWarpsM,
           int kWarpsN, int kWarpsK, int kStages>
 struct DenseMmaSync {
+  static constexpr int kBits = Weights::kBits;
   FAILURE_HOOK
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN * kWarpsK;
   static constexpr int kMinBlocksPerSm = 1;
@@ -292,13 +295,17 @@ def test_smoke_catalog_compiles_for_sm80_sm89_sm90a(tmp_path):
 @pytest.mark.slow
 @needs_nvcc
 def test_turing_and_hopper_bodies_compile_with_the_real_headers(tmp_path):
-    """SM75 (float16 on m16n8k8, synchronous copies), every weight width's unfolding, and the
-    wgmma body: one default-catalog kernel each, compiled by nvcc into an sm_75 / sm_90a fatbin."""
+    """SM75 (float16 on m16n8k8, synchronous copies), every weight width's unfolding, the float
+    dequantizer (placed codes, sign-magnitude codes) and the wgmma body: one default-catalog kernel
+    each, compiled by nvcc into an sm_75 / sm_90a fatbin."""
     default = {key.name: key for key in enumerate_keys("default", ["sm75", "sm90a"])}
     names = [
         "gemm_dense_sm75_mma_a-f16_w-s3-g-f16_o-f16_16x128x64_w1x2x2_s3",
         "gemm_dense_sm75_mma_a-f16_w-u6-g-f16-zpi_o-f16_64x128x64_w1x2_s2",
+        "gemm_dense_sm75_mma_a-f16_w-e0m3-g-f16_o-f16_16x128x64_w1x2x2_s3",
         "gemm_dense_sm90a_wgmma_a-bf16_w-u5-g-bf16-zpi_o-bf16_64x128x64_w1x8_s6",
+        "gemm_dense_sm90a_wgmma_a-bf16_w-e3m2-g-bf16_o-bf16_64x128x64_w1x8_s6",
+        "gemm_dense_sm90a_mma_a-f16_w-e2m1-g-f16_o-f16_32x128x128_w1x2x4_s4",
     ]
     keys = [default[name] for name in names]  # KeyError: the default catalog lost one of them
     result = driver.compile_keys(keys, tmp_path, jobs=2, stream=io.StringIO())

@@ -43,7 +43,7 @@ def test_fake_impl_traces_under_torch_compile():
         fa = mode.from_tensor(a)
         out = torch.ops.humming_aot.gemm_wna16(
             fa, mode.from_tensor(packed.w), mode.from_tensor(packed.w_scale), None, None,
-            packed.w_dtype, packed.n, packed.k, packed.group_size,
+            packed.w_dtype, packed.n, packed.k, packed.group_size, packed.global_scale,
         )
         assert out.shape == (4, 192) and out.dtype == torch.bfloat16
 
@@ -78,3 +78,26 @@ def test_bad_inputs_raise_clear_value_errors(make, match):
 def test_wrong_weight_type_is_a_type_error():
     with pytest.raises(TypeError, match="PackedWeight"):
         ops.gemm(torch.randn(2, 256).bfloat16(), object())
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8", "float4e0m3:g32:s=float8e8m0"])
+def test_cpu_gemm_with_float_weights_is_the_reference_rounded_once(fmt):
+    """Float weights whose scales the activation dtype holds exactly: the CPU op equals the float64
+    product with humming_aot.dequantize's weights, rounded once to bfloat16."""
+    gen = torch.Generator().manual_seed(5)
+    qw = humming_aot.quantize(torch.randn(128, 256, generator=gen) * 0.05, fmt)
+    packed = humming_aot.pack(qw, act_dtype=torch.bfloat16)
+    a = torch.randn(7, 256, generator=gen).to(torch.bfloat16)
+    expected = (a.double() @ humming_aot.dequantize(qw).double().T).to(torch.bfloat16)
+    assert torch.equal(ops.gemm(a, packed), expected)
+
+
+def test_cpu_gemm_applies_the_global_scale():
+    gen = torch.Generator().manual_seed(6)
+    qw = humming_aot.quantize(torch.randn(128, 256, generator=gen) * 0.05, "nvfp4")
+    packed = humming_aot.pack(qw, act_dtype=torch.bfloat16)
+    assert packed.global_scale == float(qw.global_scale)
+    a = torch.randn(5, 256, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(128, generator=gen).to(torch.bfloat16)
+    w = packed.dequantized().double() * packed.global_scale
+    assert torch.equal(ops.gemm(a, packed, bias), (a.double() @ w.T + bias.double()).to(torch.bfloat16))

@@ -81,6 +81,64 @@ def test_pack_rejects_unsupported_element_and_act_dtype():
     qw = humming_aot.quantize(torch.randn(128, 128), "int4:g128")
     with pytest.raises(ValueError, match="act_dtype"):
         humming_aot.pack(qw, act_dtype=torch.float32)
-    qw8 = humming_aot.quantize(torch.randn(128, 128), "float8e4m3:channel")
-    with pytest.raises(ValueError, match="float8e4m3"):
-        humming_aot.pack(qw8, act_dtype=torch.bfloat16)
+    # a finite-only E5 format would put its top binade on float16's inf and NaN
+    qw7 = humming_aot.quantize(torch.randn(128, 128), "float7e5m1:channel")
+    with pytest.raises(ValueError, match="float7e5m1 values do not all fit float16"):
+        humming_aot.pack(qw7, act_dtype=torch.float16)
+    humming_aot.pack(qw7, act_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="float \\(HQQ-style\\) zero points"):
+        humming_aot.pack(humming_aot.quantize(torch.randn(128, 128), "uint4:g64:zpf"), act_dtype=torch.float16)
+
+
+def test_pack_moves_scale_range_into_the_global_scale_and_refuses_what_cannot_fit():
+    w = torch.randn(128, 128, generator=torch.Generator().manual_seed(3))
+    for fmt, factor in (("mxfp4", 2.0**40), ("float4e2m1:g32:s=float16", 5000.0), ("float8e5m2:g64", 1e-3)):
+        qw = humming_aot.quantize(w * factor, fmt)
+        packed = humming_aot.pack(qw, act_dtype=torch.float16)
+        scales = unpack(packed)[1].float()
+        assert torch.isfinite(scales).all() and (scales >= torch.finfo(torch.float16).tiny).all(), fmt
+        # a power of two moved between the group scales and the global scale changes no value
+        exact = qw.format.scale_dtype in ("float8e8m0", "float8e4m3")  # code x scale fits float16's 11 bits
+        ref = humming_aot.dequantize(qw).double()
+        err = (packed.effective_weight() - ref).abs()
+        assert (err == 0).all() if exact else (err <= ref.abs() * 2**-10).all(), fmt
+    # scales spanning 2^60 do not fit float16's range at once
+    wide = w.clone()
+    wide[0] *= 2.0**30
+    wide[64] *= 2.0**-30
+    with pytest.raises(ValueError, match="more than float16"):
+        humming_aot.pack(humming_aot.quantize(wide, "mxfp4"), act_dtype=torch.float16)
+    humming_aot.pack(humming_aot.quantize(wide, "mxfp4"), act_dtype=torch.bfloat16)
+
+
+FLOAT_FORMATS = ["mxfp4", "nvfp4", "mxfp8", "mxfp6e3m2", "float8e5m2:g64", "float4e0m3:g32", "float2e1m0:g128",
+                 "float8e4m3:tensor", "float8e4m3:b128x128", "float5e2m2:channel", "float8e7m0:g64"]
+
+
+@pytest.mark.parametrize("fmt", FLOAT_FORMATS)
+@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
+def test_float_weights_pack_their_codes_and_dequantize_exactly(fmt, act):
+    """Float codes are packed as they are; with 16-bit, e4m3 or e8m0 scales (MX, NVFP4) the
+    kernel's operand times the global scale is exactly humming_aot.dequantize in float64."""
+    from humming_aot import formats
+
+    gen = torch.Generator().manual_seed(11)
+    w = torch.randn(192, 256, generator=gen) * 0.05
+    qw = humming_aot.quantize(w, fmt)
+    if act == torch.float16 and formats.get(qw.format.element).exponent_bits > 4 and qw.format.element != "float8e5m2":
+        with pytest.raises(ValueError, match="do not all fit float16"):
+            humming_aot.pack(qw, act_dtype=act)
+        return
+    packed = humming_aot.pack(qw, act_dtype=act)
+    codes, scales, zeros = unpack(packed)
+    assert zeros is None and packed.is_float and packed.w_dtype == qw.format.element
+    assert torch.equal(codes, qw.codes.to(torch.int32))
+    value = formats.get(packed.w_dtype).decode(codes).double()
+    idx = torch.arange(256) // packed.group_size
+    assert torch.equal(packed.dequantized(), (value * scales.double()[:, idx]).to(act))
+    reference = humming_aot.dequantize(qw).double()
+    if qw.format.scale_dtype in ("float8e8m0", "float8e4m3") or qw.format.granularity.value == "tensor":
+        # exact scales: only dequantize's own float32 product with the global scale rounds
+        torch.testing.assert_close(packed.effective_weight(), reference, rtol=2**-23, atol=0)
+    else:  # float32 scales round to act once, and so does the product (to a float16 subnormal at worst)
+        assert ((packed.effective_weight() - reference).abs() <= reference.abs() * 2**-7 + 2**-24).all()

@@ -19,20 +19,36 @@ _PROGRAM = r"""
 #include <cstdio>
 #include <humming_aot/numerics/packed_codes.cuh>
 using humming_aot::u32;
+template <int kBits, int kTile>
+void unfold_tile(const u32 (&p)[kBits], u32* out) {
+  using Codes = humming_aot::numerics::PackedCodes<kBits>;
+  u32 tile[Codes::kTileWords];
+  Codes::template unfold_tile<kTile>(p, tile);
+  for (int e = 0; e < Codes::kTileWords; ++e) out[kTile * Codes::kTileWords + e] = tile[e];
+}
 template <int kBits>
-int run() {
+int run(bool by_tile) {
   using Codes = humming_aot::numerics::PackedCodes<kBits>;
   u32 p[kBits], out[Codes::kPaddedWords];
   while (true) {
     for (int i = 0; i < kBits; ++i) if (std::scanf("%x", &p[i]) != 1) return 0;
-    Codes::unfold(p, out);
+    if (by_tile) {  // each tile from only the stored words tile_sources() names
+      unfold_tile<kBits, 0>(p, out);
+      unfold_tile<kBits, 1>(p, out);
+      unfold_tile<kBits, 2>(p, out);
+      unfold_tile<kBits, 3>(p, out);
+    } else {
+      Codes::unfold(p, out);
+    }
     for (int i = 0; i < Codes::kPaddedWords; ++i) std::printf("%08x%c", out[i], i + 1 < Codes::kPaddedWords ? ' ' : '\n');
   }
 }
 int main(int argc, char** argv) {
+  const bool by_tile = argc > 2;
   switch (argv[1][0] - '0') {
-    case 1: return run<1>(); case 2: return run<2>(); case 3: return run<3>(); case 4: return run<4>();
-    case 5: return run<5>(); case 6: return run<6>(); case 7: return run<7>(); case 8: return run<8>();
+    case 1: return run<1>(by_tile); case 2: return run<2>(by_tile); case 3: return run<3>(by_tile);
+    case 4: return run<4>(by_tile); case 5: return run<5>(by_tile); case 6: return run<6>(by_tile);
+    case 7: return run<7>(by_tile); case 8: return run<8>(by_tile);
   }
   return 2;
 }
@@ -74,6 +90,20 @@ def test_kernel_unfold_matches_the_packed_layout(unfold_program, bits):
     # and the padded words hold the codes themselves
     assert torch.equal(packing._codes_from_padded(got.reshape(k // 16, n // 64, 32, -1), n, k, lane_bits),
                        codes.to(torch.int32))
+
+
+@pytest.mark.parametrize("bits", range(1, 9))
+def test_each_tile_unfolds_from_only_its_source_words(unfold_program, bits):
+    """unfold_tile<j> reads only the stored words tile_sources(j) names (the wgmma body loads no
+    others): it must still give exactly tile j's padded words, for random stored words."""
+    gen = torch.Generator().manual_seed(100 + bits)
+    stored = torch.randint(0, 2**32, (512, bits), generator=gen, dtype=torch.int64)
+    text = "\n".join(" ".join(f"{int(x):08x}" for x in row) for row in stored.tolist()) + "\n"
+    full = subprocess.run([str(unfold_program), str(bits)], input=text, capture_output=True, text=True, check=True)
+    tiles = subprocess.run([str(unfold_program), str(bits), "tiles"], input=text, capture_output=True, text=True,
+                           check=True)
+    assert len(full.stdout.splitlines()) == 512
+    assert tiles.stdout == full.stdout
 
 
 @pytest.mark.parametrize("bits", range(1, 9))

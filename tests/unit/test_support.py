@@ -85,7 +85,19 @@ def test_turing_takes_float16_activations_only():
     reason = support.why_unsupported(BF16_INT4, "sm75")
     assert "only on sm80, sm86, sm89, sm90a, sm120, not on sm75" in reason
     specs = support.supported_specs("sm75")
-    assert len(specs) == 16 and {s.a_dtype for s in specs} == {"float16"}
+    assert len(specs) == 16 + 30 and {s.a_dtype for s in specs} == {"float16"}
+
+
+def test_float_weights_float16_only_where_it_holds_every_code():
+    def spec(act, w):
+        return GemmSpec(a_dtype=act, w_dtype=w, w_scale_dtype=act, out_dtype=act)
+
+    for w in ("float4e2m1", "float8e4m3", "float8e5m2", "float4e0m3", "float6e3m2"):
+        assert support.is_supported(spec("float16", w), "sm89") and support.is_supported(spec("bfloat16", w), "sm89")
+    for w in ("float7e5m1", "float8e6m1", "float8e7m0"):
+        assert support.is_supported(spec("bfloat16", w), "sm90a")
+        reason = support.why_unsupported(spec("float16", w), "sm90a")
+        assert reason is not None and w in reason
 
 
 def test_reason_for_bad_arch_name():
@@ -112,8 +124,10 @@ def test_is_supported_agrees_with_why_unsupported_everywhere():
 def test_supported_specs_sorted_unique_and_supported():
     for arch in support.supported_archs():
         specs = support.supported_specs(arch)
-        # (2 activation dtypes, float16 only on sm75) x (int1..int8 symmetric + uint1..uint8 with zero points)
-        assert len(specs) == len(set(specs)) == (16 if arch == "sm75" else 32)
+        # (2 activation dtypes, float16 only on sm75) x (int1..int8 symmetric + uint1..uint8 with zero
+        # points), + float weights: every signed eXmY of 2..8 bits for bfloat16 (35), those float16
+        # holds exactly for float16 (30: E <= 4, and float8e5m2)
+        assert len(specs) == len(set(specs)) == (16 + 30 if arch == "sm75" else 32 + 35 + 30)
         assert specs == sorted(specs, key=support._spec_sort_key)
         assert all(support.is_supported(s, arch) for s in specs)
     assert support.supported_specs("sm70") == []

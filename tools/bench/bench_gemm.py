@@ -53,12 +53,18 @@ DEFAULT_SHAPES = "8192x8192,4096x14336,14336x4096"  # N x K: the anchor, then a 
 DEFAULT_MS = "1,16,64,256,1024,4096,8192"
 ALL_IMPLS = ("humming_aot", "torch_bf16", "torch_int4pack", "torch_int8pack", "humming")
 # humming-kernels weight_config per humming_aot format (Humming stores symmetric int-b weights as
-# uint-b codes with the implicit zero point 2^(b-1)). Only int4:g128, uint4:g128:zp and
-# int8:channel were timed side by side so far; the other widths follow the same convention.
+# uint-b codes with the implicit zero point 2^(b-1); group scales default to the activation dtype).
 HUMMING_WEIGHT_CONFIG = {
     **{f"int{b}:g128": {"dtype": f"uint{b}", "group_size": 128} for b in range(1, 9)},
     **{f"uint{b}:g128:zp": {"dtype": f"uint{b}", "group_size": 128, "has_zero_point": True} for b in range(1, 9)},
     "int8:channel": {"dtype": "uint8", "group_size": 0},
+    "float4e2m1:g128": {"dtype": "float4e2m1", "group_size": 128},
+    "float4e2m1:g32": {"dtype": "float4e2m1", "group_size": 32},
+    "mxfp4": {"dtype": "float4e2m1", "group_size": 32, "scale_dtype": "float8e8m0"},
+    "nvfp4": {"dtype": "float4e2m1", "group_size": 16, "scale_dtype": "float8e4m3", "scale_2_type": "tensor"},
+    "mxfp8": {"dtype": "float8e4m3", "group_size": 32, "scale_dtype": "float8e8m0"},
+    "float8e4m3:channel": {"dtype": "float8e4m3", "group_size": 0},
+    "float8e4m3:g128": {"dtype": "float8e4m3", "group_size": 128},
 }
 _POINT_BUDGET_S = 5.0  # seconds of GPU time one (impl, M) point may take before repeats shrink
 _RELERR_WARN = 2e-2  # a guard, not a tolerance: far above bf16 rounding, far below a wrong result
@@ -149,7 +155,7 @@ def prepare_humming_aot(w: torch.Tensor, fmt: str, dtype: torch.dtype, copies: i
         weight_bytes=int(packed[0].nbytes),
         weights=packed,
         call=call,
-        reference_weight=packed[0].dequantized().to(device=w.device, dtype=dtype),
+        reference_weight=packed[0].effective_weight().to(device=w.device, dtype=dtype),
         tile=tile,
         note=note,
     )

@@ -1,10 +1,11 @@
 #pragma once
 // Epilogue of the wgmma body, whose accumulators hold the output transposed: rows are output
-// columns (weight channels), columns are output rows (tokens). fp32 accumulators (+ bias) ->
-// activation dtype -> a tile in shared memory -> 16-byte row stores to global memory, with the
-// same deterministic split-K reduction as epilogue/output_writer.cuh: each K slice stores its
-// fp32 partial tile in the workspace, and the CTA that arrives last at the tile's counter sums
-// the partials in slice order 0..k_splits-1, writes the output and resets the counter. SM90.
+// columns (weight channels), columns are output rows (tokens). fp32 accumulators x global scale
+// (+ bias) -> activation dtype -> a tile in shared memory -> 16-byte row stores to global memory,
+// with the same deterministic split-K reduction as epilogue/output_writer.cuh: each K slice
+// stores its fp32 partial tile in the workspace, and the CTA that arrives last at the tile's
+// counter sums the partials in slice order 0..k_splits-1, writes the output and resets the
+// counter. SM90.
 
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/epilogue/split_k_arrival.cuh>
@@ -64,7 +65,7 @@ struct ColumnMajorWriter {
 
   static __device__ __forceinline__ u32 round_to_bits(float v) { return H2::from_floats(v, 0.f) & 0xFFFFu; }
 
-  // acc (+ bias) rounded into the staging tile, then copied row by row to the output.
+  // acc x global scale (+ bias) rounded into the staging tile, then copied row by row to the output.
   static __device__ __forceinline__ void store_tile(const kernel::GemmParams& p, const float (&acc)[kAccumulators],
                                                     int m0, int n0, char* staging) {
     unsigned short* tile = reinterpret_cast<unsigned short*>(staging);
@@ -74,7 +75,7 @@ struct ColumnMajorWriter {
         float hi;
         H2::to_floats(static_cast<u32>(static_cast<const unsigned short*>(p.bias)[n0 + col]), bias, hi);
       }
-      tile[token * kRowElems + col] = static_cast<unsigned short>(round_to_bits(acc[i] + bias));
+      tile[token * kRowElems + col] = static_cast<unsigned short>(round_to_bits(acc[i] * p.global_scale + bias));
     });
     __syncthreads();
     constexpr int kChunksPerRow = kColumns / 8;

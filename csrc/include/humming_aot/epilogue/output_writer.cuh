@@ -1,9 +1,9 @@
 #pragma once
-// Epilogue of the mma.sync body: fp32 accumulators (+ bias) -> activation dtype -> global, with a
-// deterministic split-K reduction. Each K slice stores its fp32 partial tile in the workspace; the
-// CTA that arrives last at the tile's counter sums the partials in slice order 0..k_splits-1
-// (so the result does not depend on arrival order), writes the output and resets the counter.
-// SM80+.
+// Epilogue of the mma.sync body: fp32 accumulators x global scale (+ bias) -> activation dtype ->
+// global memory, with a deterministic split-K reduction. Each K slice stores its fp32 partial
+// tile in the workspace; the CTA that arrives last at the tile's counter sums the partials in
+// slice order 0..k_splits-1 (so the result does not depend on arrival order), writes the output
+// and resets the counter. SM80+.
 
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/epilogue/split_k_arrival.cuh>
@@ -46,6 +46,8 @@ struct OutputWriter {
   }
 
   static __device__ __forceinline__ void store(const kernel::GemmParams& p, int row, int col, float v0, float v1) {
+    v0 *= p.global_scale;
+    v1 *= p.global_scale;
     if (p.bias != nullptr) {
       float b0, b1;
       H2::to_floats(*reinterpret_cast<const u32*>(static_cast<const char*>(p.bias) + 2 * col), b0, b1);

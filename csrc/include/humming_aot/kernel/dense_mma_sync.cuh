@@ -1,9 +1,10 @@
 #pragma once
 // The portable dense mixed-input GEMM body: out[m, n] = a[m, k] @ dequant(w)[n, k]^T (+ bias),
-// 16-bit activations, integer weight codes with per-group scales (and zero points), fp32
-// accumulation on mma.sync m16n8k16. SM80+. M, N, K and the group size are run-time values:
-// N % 64 == 0, K % kBlockK == 0, group a multiple of 16 that divides kBlockK or is a multiple of
-// it (humming_aot.heuristics.tile_fits; a 128-wide tile has a 64-wide twin for the rest).
+// 16-bit activations, integer or small-float weight codes with per-group scales (and integer
+// zero points), a global fp32 scale, fp32 accumulation on mma.sync m16n8k16. SM80+. M, N, K
+// and the group size are run-time values: N % 64 == 0, K % kBlockK == 0, group a multiple of 16
+// that divides kBlockK or is a multiple of it (humming_aot.heuristics.tile_fits; a 128-wide tile
+// has a 64-wide twin for the rest).
 //
 // One CTA computes a kBlockM x kBlockN output tile over a slice of K. kWarpsM x kWarpsN x kWarpsK
 // warps; each warp owns kBlockM / kWarpsM rows, one packed 64-column unit and every kWarpsK-th
@@ -19,14 +20,14 @@
 #include <humming_aot/memory/shared_fragments.cuh>
 #include <humming_aot/memory/stage_loader.cuh>
 #include <humming_aot/mma/mma_sync.cuh>
-#include <humming_aot/numerics/int_dequantizer.cuh>
+#include <humming_aot/numerics/weight_codes.cuh>
 #include <humming_aot/schedule/grid_dependency.cuh>
 #include <humming_aot/schedule/tile_scheduler.cuh>
 
 namespace humming_aot::kernel {
 
 template <class Act,                       // Float16 or BFloat16: activation, scale and output dtype
-          int kBits,                       // weight code bits: 1 to 8
+          class Weights,                   // numerics::IntWeights<bits> or FloatWeights<exp, man>
           numerics::ZeroPointKind kZeroPoint,
           int kBlockM,                     // output rows per CTA; 8: swapped operands (see below)
           int kBlockN,                     // output columns per CTA (64 per warp along N)
@@ -35,6 +36,7 @@ template <class Act,                       // Float16 or BFloat16: activation, s
           int kWarpsK,                     // warps sharing each stage's K steps (1, 2 or 4)
           int kStages>                     // cp.async pipeline depth
 struct DenseMmaSync {
+  static constexpr int kBits = Weights::kBits;  // weight code bits: 1 to 8
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN * kWarpsK;
   static constexpr int kMinBlocksPerSm = 1;
   // kBlockM == 8 swaps the operands: the dequantized 16 x 16 weight tiles are the mma A operand
@@ -68,7 +70,7 @@ struct DenseMmaSync {
   static constexpr int kSmemBytes = kStages * kStageBytes > kReductionBytes ? kStages * kStageBytes : kReductionBytes;
 
   using H2 = numerics::PackedHalf2<Act>;
-  using Dequantizer = numerics::IntDequantizer<Act, kBits, kZeroPoint>;
+  using Dequantizer = typename Weights::template Dequantizer<Act, kZeroPoint>;
   using Codes = numerics::PackedCodes<kBits>;
   using Scheduler = schedule::TileScheduler<kBlockM, kBlockN, kBlockK>;
   using Writer = epilogue::OutputWriter<Act, kMTiles, kNTiles>;

@@ -19,19 +19,20 @@
 #include <humming_aot/memory/shared_fragments.cuh>
 #include <humming_aot/memory/stage_loader.cuh>
 #include <humming_aot/mma/wgmma.cuh>
-#include <humming_aot/numerics/int_dequantizer.cuh>
+#include <humming_aot/numerics/weight_codes.cuh>
 #include <humming_aot/schedule/grid_dependency.cuh>
 #include <humming_aot/schedule/tile_scheduler.cuh>
 
 namespace humming_aot::kernel {
 
 template <class Act,                // Float16 or BFloat16: activation, scale and output dtype
-          int kBits,                // weight code bits: 1 to 8
+          class Weights,            // numerics::IntWeights<bits> or FloatWeights<exp, man>
           numerics::ZeroPointKind kZeroPoint,
           int kBlockM,              // tokens per CTA: the wgmma N (64, 128 or 256)
           int kBlockN,              // weight channels per CTA: 64 per warpgroup
           int kStages>              // cp.async pipeline depth
 struct DenseWgmma {
+  static constexpr int kBits = Weights::kBits;  // weight code bits: 1 to 8
   static constexpr int kBlockK = 64;
   static constexpr int kWarpGroups = kBlockN / 64;
   static constexpr int kThreads = 128 * kWarpGroups;
@@ -45,7 +46,7 @@ struct DenseWgmma {
 
   using Layout = memory::StageLayout<kBlockM, kBlockN, kBlockK, kBits, kHasZeroPoint>;
   using StageLoader = memory::StageLoader<kBlockM, kBlockN, kBlockK, kBits, kHasZeroPoint, kThreads>;
-  using Dequantizer = numerics::IntDequantizer<Act, kBits, kZeroPoint>;
+  using Dequantizer = typename Weights::template Dequantizer<Act, kZeroPoint>;
   using Codes = numerics::PackedCodes<kBits>;
   using Mma = mma::Wgmma<Act, kBlockM>;
   using Scheduler = schedule::TileScheduler<kBlockM, kBlockN, kBlockK>;
@@ -62,6 +63,21 @@ struct DenseWgmma {
   // Two CTAs per SM (at most 128 registers per thread) when the accumulators leave room.
   static constexpr int kMinBlocksPerSm = kThreads <= 256 && kAccumulators <= 64 ? 2 : 1;
 
+  // The padded words of tile kTile from the lane's stored words at w_addr, reading only the
+  // stored words that tile is made of (numerics/packed_codes.cuh, tile_sources).
+  template <int kTile>
+  static __device__ __forceinline__ void unfold_tile(u32 w_addr, u32 (&words)[Dequantizer::kWordsPerTile]) {
+    u32 stored[kBits];
+#pragma unroll
+    for (int i = 0; i < kBits; ++i) {
+      stored[i] = 0u;
+      if ((Codes::tile_sources(kTile) >> i) & 1u) {
+        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(stored[i]) : "r"(w_addr + 4 * i));
+      }
+    }
+    Codes::template unfold_tile<kTile>(stored, words);
+  }
+
   // Dequantize this warp's 16 x 16 weight tile of K step kk into wgmma A fragment registers.
   static __device__ __forceinline__ void dequantize_step(u32 stage_smem, int kk, const memory::GroupWalk<kBlockK>& walk,
                                                          u32 (&a)[4]) {
@@ -75,17 +91,15 @@ struct DenseWgmma {
     const u32 w_addr = w_smem + 4 * (((kk * Layout::kUnits + unit) * 32 + lane) * kBits);
     if constexpr (kBits == 4 || kBits == 8) {  // tile j is stored as is, at byte j * kBits
       memory::lds_words(words, w_addr + tile * kBits);
-    } else {  // folded widths: unfold all 4 tiles, keep this warp's
-      u32 stored[kBits], padded[Codes::kPaddedWords];
-      memory::lds_words(stored, w_addr);
-      Codes::unfold(stored, padded);
-      // select with constant indices (a run-time index would put `padded` in local memory)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-#pragma unroll
-        for (int e = 0; e < Dequantizer::kWordsPerTile; ++e) {
-          if (j == tile) words[e] = padded[j * Dequantizer::kWordsPerTile + e];
-        }
+    } else {  // folded widths: load and unfold only what this warp's tile is made of
+      if (tile == 0) {  // warp-uniform
+        unfold_tile<0>(w_addr, words);
+      } else if (tile == 1) {
+        unfold_tile<1>(w_addr, words);
+      } else if (tile == 2) {
+        unfold_tile<2>(w_addr, words);
+      } else {
+        unfold_tile<3>(w_addr, words);
       }
     }
     // scale pair of the tile: (channel 16 tile + g, 16 tile + 8 + g), permuted per unit

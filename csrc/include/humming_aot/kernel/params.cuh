@@ -3,16 +3,17 @@
 // metadata each compiled kernel exports so the launcher can check it against the manifest.
 // Contract changes bump kParamsVersion (and humming_aot.aot.codegen.PARAMS_VERSION); version 2:
 // every kernel calls schedule::wait_for_upstream_grid() before touching upstream data, which makes
-// it safe to launch with programmatic dependent launch.
+// it safe to launch with programmatic dependent launch; version 3: the last field is the fp32
+// global weight scale (it was a reserved 0).
 
 #include <humming_aot/numerics/types.cuh>
 
 namespace humming_aot::kernel {
 
-inline constexpr u32 kParamsVersion = 2;
+inline constexpr u32 kParamsVersion = 3;
 inline constexpr u32 kMetadataMagic = 0x544F4148u;  // "HAOT" little-endian
 
-// Packed by humming_aot.ops with struct format "<8Q2q6i" (104 bytes).
+// Packed by humming_aot.dispatch with struct format "<8Q2q5if" (104 bytes).
 struct GemmParams {
   const void* a;             // (m, k) activation, row stride lda elements, 16-byte aligned rows
   const void* w;             // (k / 16, n * bits / 2) int32, the packed weight (humming_aot/packing.py)
@@ -27,9 +28,9 @@ struct GemmParams {
   int m, n, k;               // problem size; n % 64 == 0, k % 64 == 0
   int group_size;            // K elements per scale group (k for per-channel scales)
   int k_splits;              // slices of K per output tile (gridDim.y)
-  int reserved;              // keeps the struct a multiple of 8 bytes; must be 0
+  float global_scale;        // multiplies every output before the bias (1 when the weight has none)
 };
-static_assert(sizeof(GemmParams) == 104, "GemmParams must match the Python struct format <8Q2q6i");
+static_assert(sizeof(GemmParams) == 104, "GemmParams must match the Python struct format <8Q2q5if");
 
 // Exported as `extern "C" __constant__ KernelMetadata humming_aot_kernel_metadata` (256 bytes).
 struct KernelMetadata {

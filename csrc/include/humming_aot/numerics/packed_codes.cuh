@@ -19,6 +19,31 @@ struct PackedCodes {
   static constexpr u32 kOnes4 = 0x11111111u;                   // bit 0 of every nibble
   static constexpr u32 kOnes8 = 0x01010101u;                   // bit 0 of every byte
 
+  static constexpr int kTileWords = kPaddedWords / 4;  // padded words per 16x16 tile
+
+  // Bit i set: stored word i goes into a padded word of tile j. A body that dequantizes one
+  // tile per warp (the wgmma body) loads only these words and unfolds only that tile.
+  static HUMMING_AOT_HOST_DEVICE constexpr u32 tile_sources(int j) {
+    constexpr u32 kAll = (1u << kBits) - 1u;
+    if constexpr (kBits == 4) return 1u << j;
+    if constexpr (kBits == 8) return 3u << (2 * j);
+    if constexpr (kBits == 1) return 1u;
+    if constexpr (kBits == 2) return 1u << (j / 2);
+    if constexpr (kBits == 3) return j < 3 ? 1u << j : kAll;
+    // 5 to 7: byte words 2j and 2j + 1; those past kBits gather bits from every stored word
+    return 2 * j + 1 < kBits ? 3u << (2 * j) : kAll;
+  }
+
+  // The padded words of tile kTile alone, from the stored words tile_sources(kTile) names (the
+  // others are not read).
+  template <int kTile>
+  static HUMMING_AOT_HOST_DEVICE void unfold_tile(const u32 (&p)[kBits], u32 (&out)[kTileWords]) {
+    u32 source[kBits], padded[kPaddedWords];
+    for (int i = 0; i < kBits; ++i) source[i] = (tile_sources(kTile) >> i) & 1u ? p[i] : 0u;
+    unfold(source, padded);
+    for (int e = 0; e < kTileWords; ++e) out[e] = padded[kTile * kTileWords + e];
+  }
+
   // p: the lane's kBits stored words of one K step; out: its padded words (tile j: words
   // [j * kPaddedWords / 4, (j + 1) * kPaddedWords / 4)).
   static HUMMING_AOT_HOST_DEVICE void unfold(const u32 (&p)[kBits], u32 (&out)[kPaddedWords]) {
