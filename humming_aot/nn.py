@@ -21,6 +21,7 @@ class QuantizedLinear(torch.nn.Module):
         self._meta = {
             "n": packed.n, "k": packed.k, "group_size": packed.group_size, "w_dtype": packed.w_dtype,
             "act_dtype": packed.act_dtype, "format": packed.format, "global_scale": packed.global_scale,
+            "float_zero_point": packed.float_zero_point,
         }
         self.register_buffer("w", packed.w)
         self.register_buffer("w_scale", packed.w_scale)
@@ -50,7 +51,7 @@ class QuantizedLinear(torch.nn.Module):
         return PackedWeight(
             w=self.w, w_scale=self.w_scale, w_zero_point=self.w_zero_point, n=m["n"], k=m["k"],
             group_size=m["group_size"], w_dtype=m["w_dtype"], act_dtype=m["act_dtype"], format=m["format"],
-            global_scale=m["global_scale"],
+            global_scale=m["global_scale"], float_zero_point=m["float_zero_point"],
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

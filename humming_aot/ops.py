@@ -89,10 +89,11 @@ def _unsupported_on_device(spec: GemmSpec, device: int) -> str | None:
     return f"gemm: not supported on {info.name}: {reasons[0]}" if all(reasons) else None
 
 
-def _reference(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size, global_scale):
+def _reference(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size, global_scale, float_zero_point):
     packed = PackedWeight(
         w=w, w_scale=w_scale, w_zero_point=w_zero_point, n=n, k=k, group_size=group_size,
         w_dtype=w_dtype, act_dtype=a.dtype, format="", global_scale=global_scale,
+        float_zero_point=float_zero_point,
     )
     w_eff = packed.effective_weight()
     out = a.reshape(-1, k).to(torch.float64) @ w_eff.t()
@@ -107,20 +108,21 @@ def _reference(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size, glo
 _LIBRARY = torch.library.Library("humming_aot", "DEF")
 _LIBRARY.define(
     "gemm_wna16(Tensor a, Tensor w, Tensor w_scale, Tensor? w_zero_point, Tensor? bias, str w_dtype, "
-    "int n, int k, int group_size, float global_scale) -> Tensor"
+    "int n, int k, int group_size, float global_scale, bool float_zero_point) -> Tensor"
 )
 
 
-def _gemm_wna16_cpu(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size, global_scale):
-    return _reference(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size, global_scale)
+def _gemm_wna16_cpu(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size, global_scale, float_zero_point):
+    return _reference(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size, global_scale, float_zero_point)
 
 
-def _gemm_wna16_cuda(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size, global_scale):
+def _gemm_wna16_cuda(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size, global_scale, float_zero_point):
     from humming_aot import dispatch
 
     packed = PackedWeight(
         w=w, w_scale=w_scale, w_zero_point=w_zero_point, n=n, k=k, group_size=group_size,
         w_dtype=w_dtype, act_dtype=a.dtype, format="", global_scale=global_scale,
+        float_zero_point=float_zero_point,
     )
     a2 = a.reshape(-1, k)
     _validate_cuda(a2, packed, bias)
@@ -128,7 +130,7 @@ def _gemm_wna16_cuda(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_siz
     return out.reshape(*a.shape[:-1], n)
 
 
-def _gemm_wna16_fake(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size, global_scale):
+def _gemm_wna16_fake(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size, global_scale, float_zero_point):
     return a.new_empty((*a.shape[:-1], n))
 
 
@@ -148,7 +150,7 @@ def gemm(a: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None
     _validate(a, packed, bias)
     return torch.ops.humming_aot.gemm_wna16(
         a, packed.w, packed.w_scale, packed.w_zero_point, bias, packed.w_dtype, packed.n, packed.k,
-        packed.group_size, packed.global_scale,
+        packed.group_size, packed.global_scale, packed.float_zero_point,
     )
 
 

@@ -56,6 +56,8 @@ class PackedWeight:
                   integer codes, or the sign / exponent / mantissa bits of float codes
     w_scale:      (K / group_size, N) act_dtype, unit-permuted
     w_zero_point: (K / group_size, N) act_dtype, unit-permuted, or None (symmetric)
+    float_zero_point: w_zero_point holds float (HQQ-style) zero points, applied as
+                  round(round(q - z) * s) in act_dtype, instead of integer ones
     global_scale: fp32 factor the kernel applies to every output before the bias (the NVFP4
                   global scale, or a per-tensor scale; 1.0 when the format has none)
     """
@@ -70,6 +72,7 @@ class PackedWeight:
     act_dtype: torch.dtype
     format: str  # the WeightFormat string it was packed from
     global_scale: float = 1.0
+    float_zero_point: bool = False
 
     @property
     def bits(self) -> int:
@@ -81,7 +84,9 @@ class PackedWeight:
 
     @property
     def zero_point(self) -> ZeroPoint:
-        return ZeroPoint.NONE if self.w_zero_point is None else ZeroPoint.INTEGER
+        if self.w_zero_point is None:
+            return ZeroPoint.NONE
+        return ZeroPoint.FLOAT if self.float_zero_point else ZeroPoint.INTEGER
 
     @property
     def device(self) -> torch.device:
@@ -106,8 +111,14 @@ class PackedWeight:
         decode(code) * s rounded once (the global scale is not in it: see effective_weight).
 
         Computed by the reference ``humming_aot.dequantize`` of the packed codes with the
-        act-dtype scales the kernel reads, so the format semantics live in one place.
+        act-dtype scales the kernel reads, so the format semantics live in one place. Float zero
+        points round twice, as the kernel does: round(round(q - z) * s).
         """
+        if self.float_zero_point:
+            codes, scales, zeros = unpack(self)
+            idx = torch.arange(self.k, device=codes.device) // self.group_size
+            shifted = (codes.double() - zeros.double()[:, idx]).to(self.act_dtype)
+            return (shifted.double() * scales.double()[:, idx]).to(self.act_dtype)
         return _reference_dequantize(self).to(self.act_dtype)
 
     def effective_weight(self) -> torch.Tensor:
@@ -124,18 +135,22 @@ class PackedWeight:
         bits = self.bits
         if not self.is_float and self.w_zero_point is None:  # offset code u -> two's complement code of u - 2^(b-1)
             codes = (codes - (1 << (bits - 1))) & ((1 << bits) - 1)
+        kind = {ZeroPoint.NONE: ZeroPointKind.NONE, ZeroPoint.INTEGER: ZeroPointKind.INTEGER,
+                ZeroPoint.FLOAT: ZeroPointKind.FLOAT}[self.zero_point]
         fmt = WeightFormat(
             element=self.w_dtype,
             granularity=ScaleGranularity.GROUP,
             group_size=self.group_size,
-            zero_point=ZeroPointKind.NONE if self.w_zero_point is None else ZeroPointKind.INTEGER,
+            zero_point=kind,
+            scale_dtype=_ACT_DTYPES[self.act_dtype] if kind is ZeroPointKind.FLOAT else "float32",
         )
-        return QuantizedWeight(
-            format=fmt,
-            codes=codes.to(torch.uint8),
-            scales=scales.float().contiguous(),
-            zero_points=None if self.w_zero_point is None else zeros.to(torch.uint8).contiguous(),
-        )
+        if kind is ZeroPointKind.NONE:
+            zero_points = None
+        else:
+            zero_points = zeros.float() if kind is ZeroPointKind.FLOAT else zeros.to(torch.uint8)
+            zero_points = zero_points.contiguous()
+        return QuantizedWeight(format=fmt, codes=codes.to(torch.uint8), scales=scales.float().contiguous(),
+                               zero_points=zero_points)
 
 
 def _reference_dequantize(packed: PackedWeight) -> torch.Tensor:
@@ -145,7 +160,7 @@ def _reference_dequantize(packed: PackedWeight) -> torch.Tensor:
 
 
 def _kernel_codes(qw, act_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None, str]:
-    """(N, K) codes as the kernel reads them and (N, G) integer zero points (or None).
+    """(N, K) codes as the kernel reads them and (N, G) zero points (int32 or float32; or None).
 
     Symmetric signed integer codes become offset codes u = c + 2^(b-1) with the implicit zero
     point 2^(b-1), which is how GPTQ checkpoints store them. Float codes stay as they are.
@@ -163,11 +178,6 @@ def _kernel_codes(qw, act_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tenso
     if element in _FLOAT_WEIGHT_FORMATS:
         _check_float_fits(element, act_dtype)
         return codes, None, element
-    if qw.zero_points is not None and qw.zero_points.dtype != torch.uint8:  # ZeroPointKind.FLOAT
-        raise ValueError(
-            f"pack: {str(fmt)!r} has float (HQQ-style) zero points, which no kernel reads yet: use an "
-            f"integer zero point ('uint{bits}:...:zp')"
-        )
     if element.startswith("int"):
         if has_zero_point:
             raise ValueError(f"pack: signed {element} with a zero point is not packed; use uint{bits}:...:zp")
@@ -177,6 +187,8 @@ def _kernel_codes(qw, act_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tenso
             f"pack: {element} without a zero point has no kernel; quantize as 'int{bits}:...' "
             f"(symmetric) or 'uint{bits}:...:zp'"
         )
+    if qw.zero_points.dtype != torch.uint8:  # ZeroPointKind.FLOAT: HQQ-style
+        return codes, qw.zero_points.to(torch.float32), element
     return codes, qw.zero_points.to(torch.int32), element
 
 
@@ -317,11 +329,16 @@ def pack(qw, act_dtype: torch.dtype = torch.bfloat16, device: torch.device | str
     w = pack_codes(codes, bits)
     w_scale = permute_unit_columns(scales.t().contiguous())
     w_zero_point = None
+    float_zero_point = zeros is not None and zeros.dtype == torch.float32
     if zeros is not None:
-        w_zero_point = permute_unit_columns(zeros.to(target).reshape(n, -1).to(act_dtype).t().contiguous())
+        zeros = zeros.to(target).reshape(n, -1)
+        if float_zero_point and not bool(torch.isfinite(zeros.to(act_dtype)).all()):
+            raise ValueError(f"pack: float zero points overflow {_ACT_DTYPES[act_dtype]}; pack for bfloat16 activations")
+        w_zero_point = permute_unit_columns(zeros.to(act_dtype).t().contiguous())
     return PackedWeight(
         w=w, w_scale=w_scale, w_zero_point=w_zero_point, n=n, k=k, group_size=group_size,
         w_dtype=element, act_dtype=act_dtype, format=str(qw.format), global_scale=global_scale,
+        float_zero_point=float_zero_point,
     )
 
 

@@ -63,6 +63,8 @@ class ZeroPoint(str, Enum):
     """Symmetric: the implicit zero point of the element format (2^(b-1) for GPTQ-style ints)."""
     INTEGER = "zpi"
     """An explicit integer zero point per scale group (AWQ-style uint codes)."""
+    FLOAT = "zpf"
+    """A float zero point per scale group (HQQ-style uint codes), in the scale dtype."""
 
 
 class MmaKind(str, Enum):

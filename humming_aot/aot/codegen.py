@@ -18,6 +18,7 @@ _ACT_TYPES = {"float16": "humming_aot::numerics::Float16", "bfloat16": "humming_
 _ZERO_POINT = {
     ZeroPoint.NONE: "humming_aot::numerics::ZeroPointKind::kImplicit",
     ZeroPoint.INTEGER: "humming_aot::numerics::ZeroPointKind::kInteger",
+    ZeroPoint.FLOAT: "humming_aot::numerics::ZeroPointKind::kFloat",
 }
 
 

@@ -34,8 +34,9 @@ def _device_keys() -> list:
 
 def _format(key: KernelKey, group: int | None) -> str:
     gran = "channel" if group is None else f"g{group}"
-    element = key.spec.w_dtype  # int4, uint4 (with :zp), float4e2m1, ...: float32 scales
-    return f"{element}:{gran}:zp" if key.spec.w_zero_point is ZeroPoint.INTEGER else f"{element}:{gran}"
+    element = key.spec.w_dtype  # int4, uint4 (with :zp or :zpf), float4e2m1, ...: float32 scales
+    suffix = {ZeroPoint.NONE: "", ZeroPoint.INTEGER: ":zp", ZeroPoint.FLOAT: ":zpf"}[key.spec.w_zero_point]
+    return f"{element}:{gran}{suffix}"
 
 
 def _seed() -> int:

@@ -43,7 +43,7 @@ def test_fake_impl_traces_under_torch_compile():
         fa = mode.from_tensor(a)
         out = torch.ops.humming_aot.gemm_wna16(
             fa, mode.from_tensor(packed.w), mode.from_tensor(packed.w_scale), None, None,
-            packed.w_dtype, packed.n, packed.k, packed.group_size, packed.global_scale,
+            packed.w_dtype, packed.n, packed.k, packed.group_size, packed.global_scale, packed.float_zero_point,
         )
         assert out.shape == (4, 192) and out.dtype == torch.bfloat16
 

@@ -86,8 +86,6 @@ def test_pack_rejects_unsupported_element_and_act_dtype():
     with pytest.raises(ValueError, match="float7e5m1 values do not all fit float16"):
         humming_aot.pack(qw7, act_dtype=torch.float16)
     humming_aot.pack(qw7, act_dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="float \\(HQQ-style\\) zero points"):
-        humming_aot.pack(humming_aot.quantize(torch.randn(128, 128), "uint4:g64:zpf"), act_dtype=torch.float16)
 
 
 def test_pack_moves_scale_range_into_the_global_scale_and_refuses_what_cannot_fit():
@@ -142,3 +140,27 @@ def test_float_weights_pack_their_codes_and_dequantize_exactly(fmt, act):
         torch.testing.assert_close(packed.effective_weight(), reference, rtol=2**-23, atol=0)
     else:  # float32 scales round to act once, and so does the product (to a float16 subnormal at worst)
         assert ((packed.effective_weight() - reference).abs() <= reference.abs() * 2**-7 + 2**-24).all()
+
+
+@pytest.mark.parametrize("fmt", ["uint4:g64:zpf", "uint8:channel:zpf:s=bfloat16", "uint3:g32:zpf:s=float16"])
+@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
+def test_float_zero_points_round_twice_like_the_kernel(fmt, act):
+    """HQQ-style zero points: the kernel computes q - z and then (q - z) * s in the activation
+    dtype, each rounded once; dequantized() says exactly that, and stays within two roundings of
+    humming_aot.dequantize."""
+    gen = torch.Generator().manual_seed(21)
+    qw = humming_aot.quantize(torch.randn(192, 256, generator=gen) * 0.05, fmt)
+    packed = humming_aot.pack(qw, act_dtype=act)
+    assert packed.float_zero_point and packed.zero_point.value == "zpf"
+    codes, scales, zeros = unpack(packed)
+    assert torch.equal(codes, qw.codes.to(torch.int32))
+    assert torch.equal(zeros, qw.zero_points.reshape(zeros.shape).to(act))
+    idx = torch.arange(256) // packed.group_size
+    shifted = (codes.double() - zeros.double()[:, idx]).to(act).double()
+    assert torch.equal(packed.dequantized(), (shifted * scales.double()[:, idx]).to(act))
+    ref = humming_aot.dequantize(qw).double()
+    step = scales.double()[:, idx] * 2 ** packed.bits  # |q - z| * s is at most this
+    eps = 2**-7 if act == torch.bfloat16 else 2**-10
+    assert ((packed.effective_weight() - ref).abs() <= 3 * eps * step).all()
+    again = packed.as_quantized_weight()
+    assert again.format.zero_point.value == "float" and again.zero_points.dtype == torch.float32

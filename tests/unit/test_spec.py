@@ -22,7 +22,8 @@ def test_name_round_trip(key):
 def test_round_trip_covers_every_field_value():
     names = {k.name for k in DEFAULT_KEYS}
     assert len(names) == len(DEFAULT_KEYS)
-    assert {k.spec.w_zero_point for k in DEFAULT_KEYS} == {ZeroPoint.NONE, ZeroPoint.INTEGER}
+    assert {k.spec.w_zero_point for k in DEFAULT_KEYS} == set(ZeroPoint)
+    assert {k.spec.w_is_float for k in DEFAULT_KEYS} == {False, True}
     assert {k.spec.a_dtype for k in DEFAULT_KEYS} == {"float16", "bfloat16"}
     assert len({k.tile for k in DEFAULT_KEYS}) > 1
 
@@ -53,7 +54,7 @@ def test_good_name_parses():
         GOOD.replace("w-s4-g-bf16", "w-s4-x-bf16"),
         GOOD.replace("w-s4-g-bf16", "w-q4-g-bf16"),
         GOOD.replace("w-s4-g-bf16", "w-s4-g-bf16-none"),  # symmetric: no zero-point part
-        GOOD.replace("w-s4-g-bf16", "w-s4-g-bf16-zpf"),
+        GOOD.replace("w-s4-g-bf16", "w-s4-g-bf16-zpx"),  # no such zero point
         GOOD.replace("w-s4-g-bf16", "v-s4-g-bf16"),
         GOOD.replace("16x128x64", "16x128"),
         GOOD.replace("16x128x64", "016x128x64"),  # not canonical

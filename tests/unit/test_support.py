@@ -85,7 +85,7 @@ def test_turing_takes_float16_activations_only():
     reason = support.why_unsupported(BF16_INT4, "sm75")
     assert "only on sm80, sm86, sm89, sm90a, sm120, not on sm75" in reason
     specs = support.supported_specs("sm75")
-    assert len(specs) == 16 + 30 and {s.a_dtype for s in specs} == {"float16"}
+    assert len(specs) == 24 + 30 and {s.a_dtype for s in specs} == {"float16"}
 
 
 def test_float_weights_float16_only_where_it_holds_every_code():
@@ -124,10 +124,10 @@ def test_is_supported_agrees_with_why_unsupported_everywhere():
 def test_supported_specs_sorted_unique_and_supported():
     for arch in support.supported_archs():
         specs = support.supported_specs(arch)
-        # (2 activation dtypes, float16 only on sm75) x (int1..int8 symmetric + uint1..uint8 with zero
-        # points), + float weights: every signed eXmY of 2..8 bits for bfloat16 (35), those float16
-        # holds exactly for float16 (30: E <= 4, and float8e5m2)
-        assert len(specs) == len(set(specs)) == (16 + 30 if arch == "sm75" else 32 + 35 + 30)
+        # (2 activation dtypes, float16 only on sm75) x (int1..int8 symmetric + uint1..uint8 with
+        # integer or float zero points), + float weights: every signed eXmY of 2..8 bits for
+        # bfloat16 (35), those float16 holds exactly for float16 (30: E <= 4, and float8e5m2)
+        assert len(specs) == len(set(specs)) == (24 + 30 if arch == "sm75" else 48 + 35 + 30)
         assert specs == sorted(specs, key=support._spec_sort_key)
         assert all(support.is_supported(s, arch) for s in specs)
     assert support.supported_specs("sm70") == []

@@ -48,7 +48,7 @@ struct DenseMmaSync {
   static constexpr int kNTiles = kSwapped ? 4 : 8;  // accumulator fragments per m16 (swapped: per weight tile)
   static constexpr int kUnits = kBlockN / 64;         // packed 64-column units per CTA
   static constexpr int kK16Steps = kBlockK / 16;
-  static constexpr bool kHasZeroPoint = kZeroPoint == numerics::ZeroPointKind::kInteger;
+  static constexpr bool kHasZeroPoint = kZeroPoint != numerics::ZeroPointKind::kImplicit;
   static constexpr int kWordsPerLane = kBits;         // stored words per (16-row K step, unit, lane)
 
   static_assert(kBlockM % (16 * kWarpsM) == 0 || (kSwapped && kWarpsM == 1), "each warp needs whole m16 fragments");

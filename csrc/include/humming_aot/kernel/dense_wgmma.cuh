@@ -37,7 +37,7 @@ struct DenseWgmma {
   static constexpr int kWarpGroups = kBlockN / 64;
   static constexpr int kThreads = 128 * kWarpGroups;
   static constexpr int kK16Steps = kBlockK / 16;
-  static constexpr bool kHasZeroPoint = kZeroPoint == numerics::ZeroPointKind::kInteger;
+  static constexpr bool kHasZeroPoint = kZeroPoint != numerics::ZeroPointKind::kImplicit;
 
   static_assert(kBlockN % 64 == 0 && kWarpGroups >= 1 && kWarpGroups <= 4, "one to four warpgroups of 64 channels");
   static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 256, "wgmma wrappers exist for N = 64, 128, 256");
@@ -62,6 +62,12 @@ struct DenseWgmma {
   static constexpr int kAccumulators = Mma::kAccumulators;
   // Two CTAs per SM (at most 128 registers per thread) when the accumulators leave room.
   static constexpr int kMinBlocksPerSm = kThreads <= 256 && kAccumulators <= 64 ? 2 : 1;
+
+  // Folded widths: unfolding every tile of a K step to use one costs the most for 5-bit codes
+  // (three of the eight byte words gather bits from five words), so 5-bit warps unfold only
+  // their own tile, behind a warp-uniform branch. For 1-3, 6 and 7 bits the branch cost more than
+  // it saved (docs/PERFORMANCE.md section 10: int3 at M = 4096 went from 956 to 1110 us).
+  static constexpr bool kUnfoldOwnTileOnly = kBits == 5;
 
   // The padded words of tile kTile from the lane's stored words at w_addr, reading only the
   // stored words that tile is made of (numerics/packed_codes.cuh, tile_sources).
@@ -91,7 +97,7 @@ struct DenseWgmma {
     const u32 w_addr = w_smem + 4 * (((kk * Layout::kUnits + unit) * 32 + lane) * kBits);
     if constexpr (kBits == 4 || kBits == 8) {  // tile j is stored as is, at byte j * kBits
       memory::lds_words(words, w_addr + tile * kBits);
-    } else {  // folded widths: load and unfold only what this warp's tile is made of
+    } else if constexpr (kUnfoldOwnTileOnly) {  // load and unfold only what this warp's tile is made of
       if (tile == 0) {  // warp-uniform
         unfold_tile<0>(w_addr, words);
       } else if (tile == 1) {
@@ -100,6 +106,18 @@ struct DenseWgmma {
         unfold_tile<2>(w_addr, words);
       } else {
         unfold_tile<3>(w_addr, words);
+      }
+    } else {  // unfold all 4 tiles, keep this warp's
+      u32 stored[kBits], padded[Codes::kPaddedWords];
+      memory::lds_words(stored, w_addr);
+      Codes::unfold(stored, padded);
+      // select with constant indices (a run-time index would put `padded` in local memory)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int e = 0; e < Dequantizer::kWordsPerTile; ++e) {
+          if (j == tile) words[e] = padded[j * Dequantizer::kWordsPerTile + e];
+        }
       }
     }
     // scale pair of the tile: (channel 16 tile + g, 16 tile + 8 + g), permuted per unit

@@ -12,7 +12,9 @@
 //  - 8-bit: two words, word h for n = 8h + g; byte i holds k = 2t + (i & 1) + 8 * (i >> 1).
 //  Other widths arrive here as such padded words (numerics/packed_codes.cuh unfolds them).
 // Integer -> float uses the magic-number trick: OR-ing a code into the mantissa of 2^m gives
-// 2^m + q exactly, and one subtraction of (2^m + z) leaves q - z.
+// 2^m + q exactly, and one subtraction of (2^m + z) leaves q - z. A float zero point (kFloat)
+// cannot join the magic (its fraction would be lost): q is made exact first, then q - z and
+// (q - z) * s each round once in the activation dtype.
 
 #include <humming_aot/numerics/packed_codes.cuh>
 #include <humming_aot/numerics/packed_half2.cuh>
@@ -31,6 +33,7 @@ struct IntDequantizer {
   // bf16 cannot hold 128 + q for codes of more than 7 bits: byte codes go through fp32 (2^23 + q).
   static constexpr bool kViaFloat32 = Act::kIsBFloat16 && kLaneBits == 8;
   static constexpr bool kExplicitZero = kZeroPoint != ZeroPointKind::kImplicit;
+  static constexpr bool kFloatZero = kZeroPoint == ZeroPointKind::kFloat;
   static constexpr u32 kMagic2 = Act::kMagicBits | (Act::kMagicBits << 16);
 
   // The value subtracted from (magic + q): magic + zero point, per lane pair.
@@ -44,7 +47,7 @@ struct IntDequantizer {
   // one row prepares them once per stage instead of once per step.
   struct Pairs {
     u32 scale_h[2];
-    u32 offset_h[2];   // magic + zero point, both lanes
+    u32 offset_h[2];   // magic + zero point, both lanes (kFloat: the zero point alone)
     float offset_f[2];  // 2^23 + zero point (kViaFloat32 with explicit zero points)
   };
 
@@ -54,7 +57,10 @@ struct IntDequantizer {
     Pairs p;
     p.scale_h[0] = H2::broadcast_low(scale2);
     p.scale_h[1] = H2::broadcast_high(scale2);
-    if constexpr (kExplicitZero && kViaFloat32) {
+    if constexpr (kFloatZero) {
+      p.offset_h[0] = H2::broadcast_low(zero2);
+      p.offset_h[1] = H2::broadcast_high(zero2);
+    } else if constexpr (kExplicitZero && kViaFloat32) {
       float z0, z1;
       H2::to_floats(zero2, z0, z1);
       p.offset_f[0] = 8388608.0f + z0;  // exact: z is an integer below 256
@@ -69,6 +75,15 @@ struct IntDequantizer {
     return p;
   }
 
+  // magic + q pair (exact) -> w pair of the n = 8h + g column.
+  static __device__ __forceinline__ u32 finish(u32 magic_q, const Pairs& p, int h) {
+    if constexpr (kFloatZero) {
+      return H2::mul(H2::sub(H2::sub(magic_q, kMagic2), p.offset_h[h]), p.scale_h[h]);
+    } else {
+      return H2::mul(H2::sub(magic_q, p.offset_h[h]), p.scale_h[h]);
+    }
+  }
+
   // Dequantize one 16x16 tile for one lane.
   //   words:   kWordsPerTile packed words
   //   frag:    frag[h][r], register r (0: k = 2t..2t+1, 1: k = 2t+8..2t+9) of the n = 8h + g fragment
@@ -80,15 +95,24 @@ struct IntDequantizer {
         u32 x;
         // (word >> 4s) & 0x000F000F | magic2: lop3 with LUT (a & b) | c
         asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(x) : "r"(words[0] >> (4 * s)), "n"(0x000F000F), "n"(kMagic2));
-        frag[h][r] = H2::mul(H2::sub(x, p.offset_h[h]), p.scale_h[h]);
+        frag[h][r] = finish(x, p, h);
       }
     } else if constexpr (!kViaFloat32) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const u32 lo = __byte_perm(words[h], 0x64646464u, 0x4140);
         const u32 hi = __byte_perm(words[h], 0x64646464u, 0x4342);
-        frag[h][0] = H2::mul(H2::sub(lo, p.offset_h[h]), p.scale_h[h]);
-        frag[h][1] = H2::mul(H2::sub(hi, p.offset_h[h]), p.scale_h[h]);
+        frag[h][0] = finish(lo, p, h);
+        frag[h][1] = finish(hi, p, h);
+      }
+    } else if constexpr (kFloatZero) {  // bf16 byte codes: q exact through fp32 (bf16 holds 0..255)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float q[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = __uint_as_float(__byte_perm(words[h], 0x4B000000u, 0x7440 + i)) - 8388608.0f;
+        frag[h][0] = H2::mul(H2::sub(H2::from_floats(q[0], q[1]), p.offset_h[h]), p.scale_h[h]);
+        frag[h][1] = H2::mul(H2::sub(H2::from_floats(q[2], q[3]), p.offset_h[h]), p.scale_h[h]);
       }
     } else {
 #pragma unroll

@@ -30,6 +30,8 @@ struct BFloat16 {
 enum class ZeroPointKind {
   kImplicit,  // symmetric: zero point 2^(bits-1), a compile-time constant
   kInteger,   // explicit zero point per scale group, stored as a value of the activation dtype
+  kFloat,     // a float (HQQ-style) zero point per scale group, in the activation dtype:
+              // w = round(round(q - z) * s), each step rounded to the activation dtype
 };
 
 }  // namespace numerics
