@@ -208,15 +208,14 @@ def _check_float_fits(element: str, act_dtype: torch.dtype) -> None:
 
 def _scale_compensation(element: str, act_dtype: torch.dtype) -> int:
     """The power of two the float dequantizer multiplies scales by before using them
-    (csrc/include/humming_aot/numerics/float_codes.cuh, kScaleCompensation)."""
+    (csrc/include/humming_aot/numerics/float_codes.cuh, kCompensation); 0 for E = 0 codes."""
     from humming_aot import formats
 
     elem = formats.get(element)
     if elem.exponent_bits == 0:
         return 0
     target_bias = 127 if act_dtype == torch.bfloat16 else 15
-    compensation = target_bias - elem.exponent_bias
-    return compensation - compensation // 2
+    return target_bias - elem.exponent_bias
 
 
 def _kernel_scales(qw, n: int, k: int) -> tuple[torch.Tensor, int, float]:

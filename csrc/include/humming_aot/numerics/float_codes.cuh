@@ -3,17 +3,15 @@
 // the bits of a 16-bit activation-dtype number, by placing the code's exponent and mantissa
 // fields at the bottom of the target's: for every normal and subnormal code the placed number
 // is the code's value times 2^-kCompensation exactly (kCompensation = target bias - code bias),
-// so a dequantizer multiplies by 2^kCodeCompensation (a power of two: exact) and by a scale
-// pre-multiplied by 2^kScaleCompensation; the two halves keep both factors inside the target's
-// range. Codes that encode NaN or Inf place as finite numbers (the quantizer never produces
-// them), except in IEEE-like formats with the target's exponent width, where they stay Inf and
-// NaN. Needs kExp <= the target's exponent bits and kMan <= its
-// mantissa bits (float16: E <= 5, M <= 10; bfloat16: E <= 8, M <= 7), and a code with the
-// target's exponent width must be IEEE-like (a finite-only one would put its top binade on the
-// target's Inf/NaN); kExp = 0 (sign-magnitude integers) takes the integer path instead.
+// so a dequantizer multiplies it by a scale pre-multiplied by 2^kCompensation
+// (numerics/float_dequantizer.cuh). Codes that encode NaN or Inf place as finite numbers (the
+// quantizer never produces them), except in IEEE-like formats with the target's exponent width,
+// where they stay Inf and NaN. Needs kExp <= the target's exponent bits and kMan <= its mantissa
+// bits (float16: E <= 5, M <= 10; bfloat16: E <= 8, M <= 7), and a code with the target's
+// exponent width must be IEEE-like (a finite-only one would put its top binade on the target's
+// Inf/NaN); kExp = 0 (sign-magnitude integers) takes the integer path instead.
 //
-// Not yet used by a kernel body: the weight dequantizer for float formats is the next step
-// (issue #5). Plain integer code, compiled on the host by tests/unit/test_float_codes.py.
+// Plain integer code, compiled on the host by tests/unit/test_float_codes.py.
 
 #include <humming_aot/numerics/host_device.cuh>
 #include <humming_aot/numerics/types.cuh>
@@ -30,8 +28,6 @@ struct FloatCodes {
   static constexpr int kCodeBias = (1 << (kExp - 1)) - 1;
   static constexpr int kTargetBias = (1 << (kTargetExp - 1)) - 1;
   static constexpr int kCompensation = kTargetBias - kCodeBias;  // value = placed * 2^kCompensation
-  static constexpr int kCodeCompensation = kCompensation / 2;
-  static constexpr int kScaleCompensation = kCompensation - kCodeCompensation;
   static constexpr u32 kMagnitudeMask = (1u << (kBits - 1)) - 1u;
   static constexpr int kShift = kTargetMan - kMan;
 

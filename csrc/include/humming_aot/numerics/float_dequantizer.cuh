@@ -6,11 +6,12 @@
 // fragment layout and interface (Pairs, prepare, apply, dequantize) as numerics/int_dequantizer.cuh.
 //
 // kExp >= 1: numerics/float_codes.cuh places a code's fields at the bottom of the target's, which
-// is the code's value times 2^-c exactly (c: the bias difference); the dequantizer multiplies by
-// 2^(c/2) (exact) and by the scale pre-multiplied by 2^(c - c/2) (exact while it stays in range:
-// humming_aot.packing checks that at pack time). Two roundings cannot happen: only the last
-// multiply is inexact. kExp = 0: the magnitude goes through the magic number (as integer codes
-// do) and the sign bit is OR-ed in.
+// is the code's value times 2^-c exactly (c: the bias difference, a subnormal for small codes),
+// and the dequantizer multiplies it by the scale pre-multiplied by 2^c once per scale pair:
+// exact, because humming_aot.packing keeps s x 2^c finite (it moves a power of two into the
+// global scale when it would not be). One rounding, in the only multiply per weight pair.
+// kExp = 0: the magnitude goes through the magic number (as integer codes do) and the sign bit
+// is OR-ed in.
 
 #include <humming_aot/numerics/float_codes.cuh>
 #include <humming_aot/numerics/packed_codes.cuh>
@@ -26,14 +27,11 @@ HUMMING_AOT_HOST_DEVICE constexpr u32 power_of_two_pair(int e) {
 }
 
 template <int kExp, int kMan, bool kToBFloat16>
-struct FloatCompensation {  // how far placed codes are from their values, split in two halves
-  using Placement = FloatCodes<kExp, kMan, kToBFloat16>;
-  static constexpr int kCode = Placement::kCodeCompensation;
-  static constexpr int kScale = Placement::kScaleCompensation;
+struct FloatCompensation {  // how far placed codes are from their values: value = placed x 2^kScale
+  static constexpr int kScale = FloatCodes<kExp, kMan, kToBFloat16>::kCompensation;
 };
 template <int kMan, bool kToBFloat16>
 struct FloatCompensation<0, kMan, kToBFloat16> {  // sign-magnitude integers are not placed
-  static constexpr int kCode = 0;
   static constexpr int kScale = 0;
 };
 
@@ -45,13 +43,12 @@ struct FloatDequantizer {
   static constexpr int kLaneBits = PackedCodes<kBits>::kLaneBits;
   static constexpr int kWordsPerTile = kLaneBits / 4;  // padded words per lane per 16x16 tile
   using Compensation = FloatCompensation<kExp, kMan, Act::kIsBFloat16>;
-  static constexpr u32 kCodeFactor2 = power_of_two_pair<Act>(Compensation::kCode);
   static constexpr u32 kScaleFactor2 = power_of_two_pair<Act>(Compensation::kScale);
   static constexpr u32 kMagnitude2 = ((1u << (kBits - 1)) - 1u) * 0x00010001u;
   static constexpr u32 kMagic2 = Act::kMagicBits | (Act::kMagicBits << 16);
 
   struct Pairs {
-    u32 scale_h[2];  // scale x 2^(scale compensation) of columns g (h = 0) and 8 + g (h = 1), both lanes
+    u32 scale_h[2];  // scale x 2^(compensation) of columns g (h = 0) and 8 + g (h = 1), both lanes
   };
 
   //   scale2: (s(n = g), s(n = 8 + g)) packed pair of this lane's two columns; zero2: unused
@@ -76,7 +73,6 @@ struct FloatDequantizer {
       v = H2::sub(v, kMagic2) | ((pair << (16 - kBits)) & H2::kSignMask2);
     } else {
       v = FloatCodes<kExp, kMan, Act::kIsBFloat16>::place_pair(pair);
-      if constexpr (Compensation::kCode != 0) v = H2::mul(v, kCodeFactor2);
     }
     return H2::mul(v, scale2);
   }
