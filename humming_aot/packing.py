@@ -20,7 +20,9 @@ k = 2 t + p + 8 q (p, q = 0, 1).
 - b-bit codes, 4 < b < 8: laid out as 8-bit codes in "byte words" V_w (w = 2 j + h, the 8-bit
   layout), the last 8 - b of them folded into the spare high bits of the first b: b = 7: bit w
   of each byte of V_7 in bit 7 of that byte of P_w; b = 6: bits 2w, 2w+1 of V_6 in bits 6, 7 of
-  P_w and those of V_7 in P_{3+w} (w < 3); b = 5: bit w of V_5, V_6, V_7 in bits 5, 6, 7 of P_w.
+  P_w and those of V_7 in P_{3+w} (w < 3); b = 5: the 15 bits of V_5, V_6, V_7 fill bits 5-7
+  of P_0..P_4 in order, in runs (bits 0-2 of V_5 in bits 5-7 of P_0, bits 3-4 in bits 5-6 of
+  P_1, bit 0 of V_6 in bit 7 of P_1, ...: _FIVE_BIT_HOMES), so each is gathered from 2-3 words.
   numerics/packed_codes.cuh unfolds them (one shift and mask per word, a few more for the
   folded words) before the 4- or 8-bit dequantization.
 
@@ -380,6 +382,13 @@ def _codes_from_padded(words: torch.Tensor, n: int, k: int, lane_bits: int) -> t
 
 _ONES4 = 0x11111111  # bit 0 of every nibble
 _ONES8 = 0x01010101  # bit 0 of every byte
+# 5-bit codes: where bit r of each byte of the folded byte words V_5, V_6, V_7 is stored, as
+# (stored word P_i, bit of that byte); bits 5-7 of P_0..P_4 filled in order.
+_FIVE_BIT_HOMES = {
+    5: [(0, 5), (0, 6), (0, 7), (1, 5), (1, 6)],
+    6: [(1, 7), (2, 5), (2, 6), (2, 7), (3, 5)],
+    7: [(3, 6), (3, 7), (4, 5), (4, 6), (4, 7)],
+}
 
 
 def _fold(pad: torch.Tensor, bits: int) -> torch.Tensor:
@@ -399,8 +408,10 @@ def _fold(pad: torch.Tensor, bits: int) -> torch.Tensor:
         out = [w[i] | ((w[6] >> 2 * i) & 3 * _ONES8) << 6 for i in range(3)]
         out += [w[3 + i] | ((w[7] >> 2 * i) & 3 * _ONES8) << 6 for i in range(3)]
     else:  # 5
-        out = [w[i] | ((w[5] >> i) & _ONES8) << 5 | ((w[6] >> i) & _ONES8) << 6 | ((w[7] >> i) & _ONES8) << 7
-               for i in range(5)]
+        out = [w[i] for i in range(5)]
+        for word, homes in _FIVE_BIT_HOMES.items():
+            for bit, (stored, shift) in enumerate(homes):
+                out[stored] = out[stored] | ((w[word] >> bit) & _ONES8) << shift
     return torch.stack(out, dim=-1)
 
 
@@ -425,8 +436,8 @@ def _unfold(p: torch.Tensor, bits: int) -> torch.Tensor:
             for base in (0, 3):
                 out.append(sum((w[base + i] >> (6 - 2 * i)) & ((3 * _ONES8) << 2 * i) for i in range(3)))
         else:  # 5
-            for c in range(3):
-                out.append(sum((w[i] >> (5 + c - i)) & (_ONES8 << i) for i in range(5)))
+            for word, homes in _FIVE_BIT_HOMES.items():
+                out.append(sum(((w[stored] >> shift) & _ONES8) << bit for bit, (stored, shift) in enumerate(homes)))
     return torch.stack(out, dim=-1)
 
 
@@ -483,7 +494,9 @@ def _bit_home(bits: int, word: int, bit: int) -> tuple[int, int]:
         return 0, word
     if bits == 2:
         return word // 2, 2 * (word % 2) + bit
-    if bits == 3 or bits == 7 or bits == 5:  # bit r of the folded word lives in stored word r
+    if bits == 5:
+        return _FIVE_BIT_HOMES[word][bit]
+    if bits == 3 or bits == 7:  # bit r of the folded word lives in stored word r
         return bit, bits + (word - bits)
     # bits == 6: V_6 in P_0..P_2, V_7 in P_3..P_5, two bits each
     return 3 * (word - 6) + bit // 2, 6 + bit % 2

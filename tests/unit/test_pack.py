@@ -164,3 +164,11 @@ def test_float_zero_points_round_twice_like_the_kernel(fmt, act):
     assert ((packed.effective_weight() - ref).abs() <= 3 * eps * step).all()
     again = packed.as_quantized_weight()
     assert again.format.zero_point.value == "float" and again.zero_points.dtype == torch.float32
+
+
+def test_five_bit_fold_fills_every_spare_bit_once():
+    """The 15 bits of V_5..V_7 go to bits 5-7 of P_0..P_4, each exactly once (no collisions)."""
+    from humming_aot.packing import _FIVE_BIT_HOMES
+
+    homes = [home for word in (5, 6, 7) for home in _FIVE_BIT_HOMES[word]]
+    assert sorted(homes) == [(i, b) for i in range(5) for b in (5, 6, 7)]

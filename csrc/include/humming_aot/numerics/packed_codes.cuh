@@ -30,7 +30,9 @@ struct PackedCodes {
     if constexpr (kBits == 1) return 1u;
     if constexpr (kBits == 2) return 1u << (j / 2);
     if constexpr (kBits == 3) return j < 3 ? 1u << j : kAll;
-    // 5 to 7: byte words 2j and 2j + 1; those past kBits gather bits from every stored word
+    // 5: V_4 from P_4, V_5 from P_0 and P_1, V_6 from P_1..P_3, V_7 from P_3 and P_4
+    if constexpr (kBits == 5) return j < 2 ? 3u << (2 * j) : j == 2 ? 0x13u : 0x1Eu;
+    // 6 and 7: byte words 2j and 2j + 1; the last tile's folded words gather from every stored word
     return 2 * j + 1 < kBits ? 3u << (2 * j) : kAll;
   }
 
@@ -72,12 +74,10 @@ struct PackedCodes {
           for (int i = 0; i < 3; ++i) v |= (p[3 * f + i] >> (6 - 2 * i)) & ((3u * kOnes8) << (2 * i));
           out[6 + f] = v;
         }
-      } else {  // 5
-        for (int c = 0; c < 3; ++c) {
-          u32 v = 0;
-          for (int i = 0; i < 5; ++i) v |= (p[i] >> (5 + c - i)) & (kOnes8 << i);
-          out[5 + c] = v;
-        }
+      } else {  // 5: bits 5-7 of P_0..P_4 hold V_5, V_6, V_7 in runs (packing._FIVE_BIT_HOMES)
+        out[5] = ((p[0] >> 5) & (7u * kOnes8)) | ((p[1] >> 2) & (0x18u * kOnes8));
+        out[6] = ((p[1] >> 7) & kOnes8) | ((p[2] >> 4) & (0x0Eu * kOnes8)) | ((p[3] >> 1) & (0x10u * kOnes8));
+        out[7] = ((p[3] >> 6) & (3u * kOnes8)) | ((p[4] >> 3) & (0x1Cu * kOnes8));
       }
     }
   }
