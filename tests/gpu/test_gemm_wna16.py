@@ -163,7 +163,7 @@ def test_torch_compile_traces_the_op():
 
 
 def test_pack_on_gpu_matches_cpu_reference():
-    from humming_aot.packing import pack_codes, reference_pack_codes
+    from humming_aot.packed_layout import pack_codes, reference_pack_codes
 
     for bits in (4, 8):
         u = torch.randint(0, 2**bits, (320, 256))

@@ -4,14 +4,14 @@ import pytest
 import torch
 
 import humming_aot
-from humming_aot.packing import (
+from humming_aot.packed_layout import (
     pack_codes,
     permute_unit_columns,
     reference_pack_codes,
-    unpack,
     unpack_codes,
     unpermute_unit_columns,
 )
+from humming_aot.packing import unpack
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -168,7 +168,7 @@ def test_float_zero_points_round_twice_like_the_kernel(fmt, act):
 
 def test_five_bit_fold_fills_every_spare_bit_once():
     """The 15 bits of V_5..V_7 go to bits 5-7 of P_0..P_4, each exactly once (no collisions)."""
-    from humming_aot.packing import _FIVE_BIT_HOMES
+    from humming_aot.packed_layout import _FIVE_BIT_HOMES
 
     homes = [home for word in (5, 6, 7) for home in _FIVE_BIT_HOMES[word]]
     assert sorted(homes) == [(i, b) for i in range(5) for b in (5, 6, 7)]

@@ -1,5 +1,5 @@
 """The kernel's own unfolding of stored weight words (csrc/include/humming_aot/numerics/
-packed_codes.cuh, compiled for the host) against the packing (humming_aot/packing.py): for every
+packed_codes.cuh, compiled for the host) against the packing (humming_aot/packed_layout.py): for every
 code width 1..8 and every code value, the padded nibble or byte words the dequantizer reads are
 exactly those of the 4- or 8-bit layout."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from humming_aot import packing
+from humming_aot import packed_layout as packing
 
 INCLUDE = Path(__file__).resolve().parents[2] / "csrc" / "include"
 

@@ -16,7 +16,7 @@ inline constexpr u32 kMetadataMagic = 0x544F4148u;  // "HAOT" little-endian
 // Packed by humming_aot.dispatch with struct format "<8Q2q5if" (104 bytes).
 struct GemmParams {
   const void* a;             // (m, k) activation, row stride lda elements, 16-byte aligned rows
-  const void* w;             // (k / 16, n * bits / 2) int32, the packed weight (humming_aot/packing.py)
+  const void* w;             // (k / 16, n * bits / 2) int32, the packed weight (humming_aot/packed_layout.py)
   const void* w_scale;       // (k / group, n) activation dtype, permuted per 64-column unit
   const void* w_zero_point;  // same layout as w_scale (zero point as a value), or nullptr
   const void* bias;          // (n) activation dtype, or nullptr

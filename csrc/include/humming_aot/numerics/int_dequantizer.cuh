@@ -4,7 +4,7 @@
 // PackedWeight.dequantized() in humming_aot/packing.py returns). Stage: registers, between the shared-memory load
 // of a packed weight word and the mma. SM80+.
 //
-// Packed word layout (humming_aot/packing.py): for one 16 (k) x 16 (n) tile, lane (g = lane / 4,
+// Packed word layout (humming_aot/packed_layout.py): for one 16 (k) x 16 (n) tile, lane (g = lane / 4,
 // t = lane % 4) holds the 8 values it feeds to two m16n8k16 B fragments: n = g and n = 8 + g,
 // k = 2t, 2t+1, 2t+8, 2t+9.
 //  - 4-bit: one word; nibble i holds (k = 2t + (i >= 4) + 8 * (i & 1), n = 8 * ((i >> 1) & 1) + g),

@@ -1,5 +1,5 @@
 #pragma once
-// b-bit weight codes as stored in the packed weight (humming_aot/packing.py) -> the padded
+// b-bit weight codes as stored in the packed weight (humming_aot/packed_layout.py) -> the padded
 // words the dequantizer reads: 4 "nibble words" (one per 16x16 tile, 8 codes of up to 4 bits)
 // for b <= 4, 8 "byte words" (two per tile, 4 codes of up to 8 bits) for 4 < b <= 8. For b = 4
 // and b = 8 the stored words are the padded words; other widths fold the padding of the last
@@ -74,7 +74,7 @@ struct PackedCodes {
           for (int i = 0; i < 3; ++i) v |= (p[3 * f + i] >> (6 - 2 * i)) & ((3u * kOnes8) << (2 * i));
           out[6 + f] = v;
         }
-      } else {  // 5: bits 5-7 of P_0..P_4 hold V_5, V_6, V_7 in runs (packing._FIVE_BIT_HOMES)
+      } else {  // 5: bits 5-7 of P_0..P_4 hold V_5, V_6, V_7 in runs (packed_layout._FIVE_BIT_HOMES)
         out[5] = ((p[0] >> 5) & (7u * kOnes8)) | ((p[1] >> 2) & (0x18u * kOnes8));
         out[6] = ((p[1] >> 7) & kOnes8) | ((p[2] >> 4) & (0x0Eu * kOnes8)) | ((p[3] >> 1) & (0x10u * kOnes8));
         out[7] = ((p[3] >> 6) & (3u * kOnes8)) | ((p[4] >> 3) & (0x1Cu * kOnes8));
