@@ -296,8 +296,8 @@ def test_smoke_catalog_compiles_for_sm80_sm89_sm90a(tmp_path):
 @needs_nvcc
 def test_turing_and_hopper_bodies_compile_with_the_real_headers(tmp_path):
     """SM75 (float16 on m16n8k8, synchronous copies), every weight width's unfolding, the float
-    dequantizer (placed codes, sign-magnitude codes) and the wgmma body: one default-catalog kernel
-    each, compiled by nvcc into an sm_75 / sm_90a fatbin."""
+    dequantizer (placed codes, sign-magnitude codes), float zero points and the wgmma body: one
+    default-catalog kernel each, compiled by nvcc into an sm_75 / sm_90a fatbin."""
     default = {key.name: key for key in enumerate_keys("default", ["sm75", "sm90a"])}
     names = [
         "gemm_dense_sm75_mma_a-f16_w-s3-g-f16_o-f16_16x128x64_w1x2x2_s3",
@@ -306,6 +306,7 @@ def test_turing_and_hopper_bodies_compile_with_the_real_headers(tmp_path):
         "gemm_dense_sm90a_wgmma_a-bf16_w-u5-g-bf16-zpi_o-bf16_64x128x64_w1x8_s6",
         "gemm_dense_sm90a_wgmma_a-bf16_w-e3m2-g-bf16_o-bf16_64x128x64_w1x8_s6",
         "gemm_dense_sm90a_mma_a-f16_w-e2m1-g-f16_o-f16_32x128x128_w1x2x4_s4",
+        "gemm_dense_sm90a_wgmma_a-bf16_w-u8-g-bf16-zpf_o-bf16_128x128x64_w1x8_s4",
     ]
     keys = [default[name] for name in names]  # KeyError: the default catalog lost one of them
     result = driver.compile_keys(keys, tmp_path, jobs=2, stream=io.StringIO())

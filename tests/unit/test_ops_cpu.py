@@ -105,3 +105,35 @@ def test_cpu_gemm_applies_the_global_scale():
     bias = torch.randn(128, generator=gen).to(torch.bfloat16)
     w = packed.dequantized().double() * packed.global_scale
     assert torch.equal(ops.gemm(a, packed, bias), (a.double() @ w.T + bias.double()).to(torch.bfloat16))
+
+
+def _every_supported_spec():
+    from humming_aot import support
+
+    specs = {spec for arch in support.supported_archs() for spec in support.supported_specs(arch)}
+    return [pytest.param(s, id=f"{s.a_dtype}-{s.w_dtype}-{s.w_zero_point.value}") for s in sorted(specs, key=str)]
+
+
+@pytest.mark.parametrize("spec", _every_supported_spec())
+def test_every_supported_pairing_matches_dequantize_on_cpu(spec):
+    """Every (activation, weight, zero point) the support matrix allows: quantize with scales in
+    the activation dtype, pack, and the CPU op. The op is the float64 product with the packed
+    operand, rounded once; that operand is humming_aot.dequantize's weight up to the roundings
+    the kernel makes in the activation dtype (one; two with float zero points)."""
+    act = getattr(torch, spec.a_dtype)
+    zp = {"none": "", "zpi": ":zp", "zpf": ":zpf"}[spec.w_zero_point.value]
+    gen = torch.Generator().manual_seed(len(spec.w_dtype) + 7 * len(zp))
+    qw = humming_aot.quantize(torch.randn(128, 256, generator=gen) * 0.05, f"{spec.w_dtype}:g64{zp}:s={spec.a_dtype}")
+    packed = humming_aot.pack(qw, act_dtype=act)
+    assert ops.gemm_spec(packed) == spec
+    a = torch.randn(3, 256, generator=gen).to(act)
+    out = ops.gemm(a, packed)
+    assert torch.equal(out, (a.double() @ packed.effective_weight().t()).to(act))
+    reference = humming_aot.dequantize(qw).double()
+    eps = 2.0**-8 if act == torch.bfloat16 else 2.0**-11  # half an ulp, relative
+    roundings = 2 if zp == ":zpf" else 1
+    idx = torch.arange(256) // 64
+    scale = qw.scales.double()[:, idx]
+    # the second rounding (q - z) is relative to |q - z| <= 2^b, i.e. to 2^b x scale
+    bound = eps * (reference.abs() + (roundings - 1) * scale * 2**packed.bits) + 2.0**-24 * (act == torch.float16)
+    assert ((packed.effective_weight() - reference).abs() <= bound).all()
