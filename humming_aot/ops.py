@@ -89,14 +89,19 @@ def _unsupported_on_device(spec: GemmSpec, device: int) -> str | None:
     return f"gemm: not supported on {info.name}: {reasons[0]}" if all(reasons) else None
 
 
-def _reference(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size, global_scale, float_zero_point):
-    packed = PackedWeight(
+def _op_packed(a, w, w_scale, w_zero_point, w_dtype, n, k, group_size, global_scale, float_zero_point):
+    """The PackedWeight the op's flat arguments describe (the op takes tensors and scalars only)."""
+    return PackedWeight(
         w=w, w_scale=w_scale, w_zero_point=w_zero_point, n=n, k=k, group_size=group_size,
         w_dtype=w_dtype, act_dtype=a.dtype, format="", global_scale=global_scale,
         float_zero_point=float_zero_point,
     )
-    w_eff = packed.effective_weight()
-    out = a.reshape(-1, k).to(torch.float64) @ w_eff.t()
+
+
+def _gemm_wna16_cpu(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size, global_scale, float_zero_point):
+    """The exact reference: float64 product with the kernel's operand, rounded once."""
+    packed = _op_packed(a, w, w_scale, w_zero_point, w_dtype, n, k, group_size, global_scale, float_zero_point)
+    out = a.reshape(-1, k).to(torch.float64) @ packed.effective_weight().t()
     if bias is not None:
         out = out + bias.to(torch.float64)
     return out.to(a.dtype).reshape(*a.shape[:-1], n)
@@ -112,18 +117,10 @@ _LIBRARY.define(
 )
 
 
-def _gemm_wna16_cpu(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size, global_scale, float_zero_point):
-    return _reference(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size, global_scale, float_zero_point)
-
-
 def _gemm_wna16_cuda(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size, global_scale, float_zero_point):
     from humming_aot import dispatch
 
-    packed = PackedWeight(
-        w=w, w_scale=w_scale, w_zero_point=w_zero_point, n=n, k=k, group_size=group_size,
-        w_dtype=w_dtype, act_dtype=a.dtype, format="", global_scale=global_scale,
-        float_zero_point=float_zero_point,
-    )
+    packed = _op_packed(a, w, w_scale, w_zero_point, w_dtype, n, k, group_size, global_scale, float_zero_point)
     a2 = a.reshape(-1, k)
     _validate_cuda(a2, packed, bias)
     out = dispatch.launch_gemm(a2, packed, bias, gemm_spec(packed))

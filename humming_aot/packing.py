@@ -15,11 +15,10 @@ import math
 import torch
 
 from humming_aot.packed_layout import pack_codes, permute_unit_columns, unpack_codes, unpermute_unit_columns
-from humming_aot.spec import ZeroPoint
+from humming_aot.spec import FLOAT_WEIGHT_DTYPES, INT_WEIGHT_DTYPES, ZeroPoint, code_bits
 
-_INT_WEIGHT_FORMATS = {f"{sign}int{bits}": bits for sign in ("", "u") for bits in range(1, 9)}
-_FLOAT_WEIGHT_FORMATS = {f"float{1 + e + m}e{e}m{m}": 1 + e + m for e in range(8) for m in range(8) if 2 <= 1 + e + m <= 8}
-_KERNEL_WEIGHT_FORMATS = {**_INT_WEIGHT_FORMATS, **_FLOAT_WEIGHT_FORMATS}
+_FLOAT_WEIGHT_FORMATS = frozenset(FLOAT_WEIGHT_DTYPES)
+_KERNEL_WEIGHT_FORMATS = {name: code_bits(name) for name in INT_WEIGHT_DTYPES + FLOAT_WEIGHT_DTYPES}
 _ACT_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _ACT_EXPONENT_BITS = {torch.float16: 5, torch.bfloat16: 8}
 
@@ -163,7 +162,7 @@ def _kernel_codes(qw, act_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tenso
             f"pack: {element} without a zero point has no kernel; quantize as 'int{bits}:...' "
             f"(symmetric) or 'uint{bits}:...:zp'"
         )
-    if qw.zero_points.dtype != torch.uint8:  # ZeroPointKind.FLOAT: HQQ-style
+    if qw.format.zero_point.value == "float":  # HQQ-style (quant.ZeroPointKind.FLOAT)
         return codes, qw.zero_points.to(torch.float32), element
     return codes, qw.zero_points.to(torch.int32), element
 

@@ -23,16 +23,21 @@ import dataclasses
 import re
 from enum import Enum
 
+# Weight code formats a kernel reads: integers of 1-8 bits, and signed floats float{B}e{E}m{M}
+# (B = 1 + E + M, 2 <= B <= 8; E = 0: sign-magnitude integers).
+INT_WEIGHT_DTYPES = tuple(f"{sign}int{bits}" for sign in ("", "u") for bits in range(1, 9))
+FLOAT_WEIGHT_DTYPES = tuple(
+    f"float{1 + e + m}e{e}m{m}" for e in range(8) for m in range(8) if 2 <= 1 + e + m <= 8
+)
+
 # Canonical dtype names <-> the short forms used in kernel names.
 DTYPE_SHORT = {
     "float16": "f16",
     "bfloat16": "bf16",
     "float32": "f32",
     "float8e8m0": "ue8m0",
-    # signed small floats float{B}e{E}m{M} (B = 1 + E + M <= 8; E = 0: sign-magnitude integers)
-    **{f"float{1 + e + m}e{e}m{m}": f"e{e}m{m}" for e in range(8) for m in range(8) if 2 <= 1 + e + m <= 8},
-    **{f"int{bits}": f"s{bits}" for bits in range(1, 9)},
-    **{f"uint{bits}": f"u{bits}" for bits in range(1, 9)},
+    **{name: name[len("float") + 1:] for name in FLOAT_WEIGHT_DTYPES},  # float4e2m1 -> e2m1
+    **{name: ("u" if name.startswith("u") else "s") + name[-1] for name in INT_WEIGHT_DTYPES},  # int4 -> s4
 }
 DTYPE_LONG = {short: long for long, short in DTYPE_SHORT.items()}
 
@@ -77,6 +82,11 @@ class MmaKind(str, Enum):
     from shared memory; block_m is the wgmma N (tokens), 64 weight channels per warpgroup."""
 
 
+def code_bits(w_dtype: str) -> int:
+    """Bits per code of a weight dtype of INT_WEIGHT_DTYPES or FLOAT_WEIGHT_DTYPES."""
+    return int(_BITS_RE.match(w_dtype).group(1))
+
+
 def parse_arch(arch: str) -> tuple[int, str]:
     """'sm90a' -> (90, 'a'); raises ValueError for anything else."""
     m = _ARCH_RE.match(arch)
@@ -108,7 +118,7 @@ class GemmSpec:
     @property
     def w_bits(self) -> int:
         """Bits per weight code: 4 for int4, uint4 and float4e2m1."""
-        return int(_BITS_RE.match(self.w_dtype).group(1))
+        return code_bits(self.w_dtype)
 
     @property
     def w_is_float(self) -> bool:
