@@ -148,16 +148,16 @@ class TileConfig:
     mma: MmaKind = MmaKind.MMA_SYNC
     block_m: int  # rows of the output per CTA (mma.sync: multiple of 16, or 8 = swapped operands; wgmma: 64, 128 or 256)
     block_n: int  # columns per CTA (mma.sync: 64 * warps_n; wgmma: 16 * warps_n, 64 per warpgroup)
-    block_k: int = 64  # K per pipeline stage (mma.sync: 64 or 128; wgmma: 64)
+    block_k: int = 64  # K per pipeline stage (mma.sync: 64, 128, 256 or 512; wgmma: 64)
     warps_m: int
     warps_n: int
     warps_k: int = 1  # warps splitting each stage's K steps (their partial sums meet in shared memory)
     stages: int  # cp.async pipeline depth
 
     def __post_init__(self) -> None:
-        if self.block_k not in (64, 128) or (self.mma is MmaKind.WGMMA and self.block_k != 64):
+        if self.block_k not in (64, 128, 256, 512) or (self.mma is MmaKind.WGMMA and self.block_k != 64):
             raise ValueError(
-                f"block_k={self.block_k}: the mma.sync body takes 64 or 128 K per stage, the wgmma body 64"
+                f"block_k={self.block_k}: the mma.sync body takes 64, 128, 256 or 512 K per stage, the wgmma body 64"
             )
         if self.mma is MmaKind.WGMMA:
             self._check_wgmma()

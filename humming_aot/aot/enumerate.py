@@ -44,7 +44,7 @@ class Family:
         )
 
     def tiles_for(self, arch: str) -> list[TileConfig]:
-        """The family's tiles for an arch; a 128-wide-K tile brings its 64-wide twin, which serves
+        """The family's tiles for an arch; a tile wider than 64 in K brings its 64-wide twin, which serves
         the shapes and group sizes it does not fit (heuristics.tile_fits)."""
         listed = [tile for _, tile in heuristics.arch_tile_table(arch)] if self.tiles == "table" else list(self.tiles)
         seen = []

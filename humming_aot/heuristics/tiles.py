@@ -56,14 +56,14 @@ def arch_tile_table(arch: str) -> tuple[tuple[int, TileConfig], ...]:
 
 @functools.cache
 def _split_rows(arch: str, tile: TileConfig) -> tuple[tuple[int, int], ...]:
-    """((max_m, split-K CTAs per SM), ...) of the table rows holding ``tile`` or its 128-wide original."""
+    """((max_m, split-K CTAs per SM), ...) of the table rows holding ``tile`` or its wide-K original."""
     return tuple((max_m, split) for max_m, row_tile, split in _table_rows(arch)
                  if tile in (row_tile, narrow_twin(row_tile)))
 
 
 def split_ctas_per_sm(arch: str, m: int, tile: TileConfig) -> int:
     """How many CTAs per SM split-K should aim at for ``tile`` serving m rows: the value of the
-    table row that holds the tile (or its 128-wide original) for m, else the last row holding
+    table row that holds the tile (or its wide-K original) for m, else the last row holding
     it, else the default. (On every launch: the rows are looked up once per (arch, tile).)"""
     rows = _split_rows(arch, tile)
     for max_m, split in rows:
@@ -92,12 +92,15 @@ def smem_bytes(tile: TileConfig, w_bits: int, has_zero_point: bool) -> int:
         staging = tile.block_m * (tile.block_n + 8) * 2
         return max(pipeline, staging) + 1024
     pipeline = tile.stages * stage
-    # warps_k > 1: after the K loop, warps 1.. of each K group park their fp32 accumulators
-    # (block_m / warps_m / 16 m16 fragments x 8 n8 fragments x 4 floats, or 4 m16n8 fragments x 4
-    # floats for the swapped block_m = 8 tile, x 32 lanes) in the same shared memory for warp 0 of
-    # the group to add up
-    floats_per_lane = 16 if tile.block_m == 8 else (tile.block_m // tile.warps_m // 16) * 32
-    reduction = (tile.warps_k - 1) * tile.warps_m * tile.warps_n * floats_per_lane * 32 * 4
+    # warps_k > 1: after the K loop the K warps park their fp32 accumulators (block_m / warps_m /
+    # 16 m16 fragments x 8 n8 fragments x 4 floats, x 32 lanes) in the same shared memory, every
+    # K warp of a group (each then adds up and writes its share of the columns); the swapped
+    # block_m = 8 tile parks warps 1.. only (4 m16n8 fragments x 4 floats) for warp 0 to add up
+    if tile.block_m == 8:
+        parked_warps, floats_per_lane = tile.warps_k - 1, 16
+    else:
+        parked_warps, floats_per_lane = tile.warps_k, (tile.block_m // tile.warps_m // 16) * 32
+    reduction = parked_warps * tile.warps_m * tile.warps_n * floats_per_lane * 32 * 4 if tile.warps_k > 1 else 0
     return max(pipeline, reduction)
 
 
@@ -108,13 +111,13 @@ def tile_fits(tile: TileConfig, k: int, group: int) -> bool:
 
 
 def narrow_twin(tile: TileConfig) -> TileConfig:
-    """The 64-wide-K tile that serves problems a 128-wide tile does not fit (tile_fits); every
-    catalog with a 128-wide tile also holds this twin."""
+    """The 64-wide-K tile that serves problems a wider (128- to 512-wide) tile does not fit
+    (tile_fits); every catalog with a wider tile also holds this twin."""
     return dataclasses.replace(tile, block_k=64) if tile.block_k != 64 else tile
 
 
 def select_tile(arch: str, m: int, k: int | None = None, group: int | None = None) -> TileConfig:
-    """The table's tile for a problem with m rows (and, when given, K and group size: a 128-wide
+    """The table's tile for a problem with m rows (and, when given, K and group size: a wide-K
     tile that does not fit them gives way to its 64-wide twin)."""
     tile = next((tile for max_m, tile in arch_tile_table(arch) if m <= max_m), arch_tile_table(arch)[-1][1])
     if k is not None and group is not None and not tile_fits(tile, k, group):

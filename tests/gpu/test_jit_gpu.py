@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import humming_aot
-from humming_aot import dispatch, jit, kernels, ops
+from humming_aot import dispatch, heuristics, jit, kernels, ops
 from humming_aot import obtain as kernel_obtain
 from humming_aot.aot.enumerate import parse_tile_field
 from humming_aot.catalog import installed_catalog
@@ -44,17 +44,19 @@ def _format(key: KernelKey, group: int | None) -> str:
 
 
 def _catalog_key(device: int, mma: MmaKind) -> KernelKey:
-    """A catalog kernel of one body for this GPU: for mma.sync the smoke tile if the catalog has
-    it, else the first key of that body."""
+    """A catalog kernel of one body for this GPU whose K stages fit every problem of PROBLEMS: for
+    mma.sync the smoke tile if the catalog has it, else the first such key of that body (K warps
+    first: nvcc and NVRTC schedule their shared epilogue differently)."""
     catalog = installed_catalog()
     assert catalog is not None, "a GPU is present but no kernel catalog is installed: build one (tools/device_check.sh)"
     names = [name for arch in dispatch.device_info(device).arches for name in catalog.keys_for(arch)
-             if KernelKey.from_name(name).tile.mma is mma]
+             if KernelKey.from_name(name).tile.mma is mma
+             and all(heuristics.tile_fits(KernelKey.from_name(name).tile, k, group or k) for _, _, k, group, _ in PROBLEMS)]
     if not names and mma is MmaKind.WGMMA and dispatch.device_info(device).arches[0] != "sm90a":
         pytest.skip(f"wgmma kernels exist only for sm90a, not {dispatch.device_info(device).name}")
     assert names, f"the installed catalog has no {mma.value} kernel for {dispatch.device_info(device).name}"
     smoke = [name for name in names if name.endswith(SMOKE_TILE) and "_a-bf16_w-s4-" in name]
-    return KernelKey.from_name((smoke or sorted(names))[0])
+    return KernelKey.from_name((smoke or sorted(names, key=lambda name: KernelKey.from_name(name).tile.warps_k == 1))[0])
 
 
 @pytest.mark.parametrize("mma", list(MmaKind), ids=lambda kind: kind.value)

@@ -158,7 +158,7 @@ def _nvcc_missing() -> bool:
     [bf16_int4_key(arch) for arch in ARCHS]
     + [KernelKey.from_name("gemm_dense_sm90a_wgmma_a-bf16_w-s4-g-bf16_o-bf16_256x128x64_w1x8_s5"),
        KernelKey.from_name("gemm_dense_sm89_mma_a-f16_w-e4m3-g-f16_o-f16_16x128x64_w1x2_s4"),
-       KernelKey.from_name("gemm_dense_sm90a_mma_a-bf16_w-u4-g-bf16-zpf_o-bf16_16x128x128_w1x2x4_s3")],
+       KernelKey.from_name("gemm_dense_sm90a_mma_a-bf16_w-u4-g-bf16-zpf_o-bf16_16x128x256_w1x2_s2")],
     ids=str,
 )
 def test_nvrtc_cubin_matches_the_nvcc_build(key, tmp_path):
@@ -175,11 +175,12 @@ def test_nvrtc_cubin_matches_the_nvcc_build(key, tmp_path):
     metadata = ours.symbol_bytes(kernels.KERNEL_METADATA_SYMBOL)
     assert metadata == theirs.symbol_bytes(kernels.KERNEL_METADATA_SYMBOL)
     assert kernels.parse_kernel_metadata(metadata, kernel=key.name).name == key.name
-    # Same compiler release: the mma.sync kernel's SASS is byte-identical (so the GPU output is too).
-    # The wgmma kernel is scheduled differently by NVRTC and nvcc 13.0.88 (same instructions, other
-    # order); tests/gpu/test_jit_gpu.py compares the two builds' outputs bitwise on the GPU.
+    # Same compiler release: an mma.sync kernel with one K warp has byte-identical SASS (so the GPU
+    # output is too). The wgmma kernel, and mma.sync kernels whose K warps share the epilogue, are
+    # scheduled differently by NVRTC and nvcc 13.0.88 (the same code, other instruction choices);
+    # tests/gpu/test_jit_gpu.py compares the two builds' outputs bitwise on the GPU.
     lib, toolkit = nvrtc.load_nvrtc(), driver.nvcc_info().toolkit
-    if lib.release and f"V{lib.release}" in toolkit and key.tile.mma is MmaKind.MMA_SYNC:
+    if lib.release and f"V{lib.release}" in toolkit and key.tile.mma is MmaKind.MMA_SYNC and key.tile.warps_k == 1:
         text = f".text.{key.symbol}"
         assert ours.section_bytes(text) == theirs.section_bytes(text), f"SASS differs from {toolkit}"
 

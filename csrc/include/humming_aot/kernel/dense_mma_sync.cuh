@@ -7,11 +7,12 @@
 // has a 64-wide twin for the rest).
 //
 // One CTA computes a kBlockM x kBlockN output tile over a slice of K. kWarpsM x kWarpsN x kWarpsK
-// warps; each warp owns kBlockM / kWarpsM rows, one packed 64-column unit and every kWarpsK-th
-// 16-wide K step of a stage. A kStages-deep cp.async pipeline stages kBlockK-wide K tiles of
+// warps; each warp owns kBlockM / kWarpsM rows, one packed 64-column unit and a contiguous run of
+// kBlockK / 16 / kWarpsK of a stage's 16-wide K steps (inside one scale group whenever the group
+// spans that run, so its scales are read once per stage). A kStages-deep cp.async pipeline stages kBlockK-wide K tiles of
 // activations (swizzled rows), packed weights, scales and zero points; each warp dequantizes its
-// weights in registers right before the mma. 128-wide stages halve the per-stage cost (barrier,
-// copies, address updates) per weight, which is what small M, with 4 K warps, is bound by.
+// weights in registers right before the mma. Wider stages (128 to 512) cut the per-stage cost
+// (barrier, copies, address updates) per weight, which is what small M, with 4 K warps, is bound by.
 
 #include <humming_aot/epilogue/column_major_writer.cuh>
 #include <humming_aot/epilogue/output_writer.cuh>
@@ -31,14 +32,16 @@ template <class Act,                       // Float16 or BFloat16: activation, s
           numerics::ZeroPointKind kZeroPoint,
           int kBlockM,                     // output rows per CTA; 8: swapped operands (see below)
           int kBlockN,                     // output columns per CTA (64 per warp along N)
-          int kBlockK,                     // K per pipeline stage: 64 or 128
+          int kBlockK,                     // K per pipeline stage: 64, 128, 256 or 512
           int kWarpsM, int kWarpsN,        // warp grid of the CTA over the output tile
           int kWarpsK,                     // warps sharing each stage's K steps (1, 2 or 4)
           int kStages>                     // cp.async pipeline depth
 struct DenseMmaSync {
   static constexpr int kBits = Weights::kBits;  // weight code bits: 1 to 8
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN * kWarpsK;
-  static constexpr int kMinBlocksPerSm = 1;
+  // Small-M tiles of 8 warps run two CTAs per SM (split-K sizes its slices for that): hold
+  // ptxas to the 128 registers that allows (8-bit codes with 256-wide stages would take ~135).
+  static constexpr int kMinBlocksPerSm = kThreads == 256 && kBlockM <= 16 ? 2 : 1;
   // kBlockM == 8 swaps the operands: the dequantized 16 x 16 weight tiles are the mma A operand
   // (the packed tile is exactly an A fragment) and the 8 tokens the n8 B operand, so a weight
   // tile costs one mma instead of two when M <= 8.
@@ -65,8 +68,13 @@ struct DenseMmaSync {
   static constexpr int kWBytes = Layout::kWBytes;
   static constexpr int kSBytes = Layout::kSBytes;
   static constexpr int kStageBytes = Layout::kBytes;
-  // warps_k > 1: warps 1.. of each K group park their accumulators here after the K loop
-  static constexpr int kReductionBytes = (kWarpsK - 1) * kWarpsM * kWarpsN * kMTiles * kNTiles * 4 * 32 * 4;
+  // warps_k > 1: the K warps park their accumulators here after the K loop (every K warp, each
+  // then sums and writes its share of the n8 fragments; swapped: warps 1.. for warp 0 to sum)
+  static constexpr int kParkedWarps = kWarpsK == 1 ? 0 : (kSwapped ? kWarpsK - 1 : kWarpsK);
+  static constexpr int kReductionBytes = kParkedWarps * kWarpsM * kWarpsN * kMTiles * kNTiles * 4 * 32 * 4;
+  // n8 fragments of the warp tile each K warp sums and writes (kWarpsK > 1, not swapped)
+  static constexpr int kShareTiles = kNTiles / kWarpsK;
+  static_assert(kSwapped || kNTiles % kWarpsK == 0, "the K warps share the n8 fragments evenly");
   static constexpr int kSmemBytes = kStages * kStageBytes > kReductionBytes ? kStages * kStageBytes : kReductionBytes;
 
   using H2 = numerics::PackedHalf2<Act>;
@@ -74,6 +82,7 @@ struct DenseMmaSync {
   using Codes = numerics::PackedCodes<kBits>;
   using Scheduler = schedule::TileScheduler<kBlockM, kBlockN, kBlockK>;
   using Writer = epilogue::OutputWriter<Act, kMTiles, kNTiles>;
+  using ShareWriter = epilogue::OutputWriter<Act, kMTiles, kShareTiles>;
   using SwappedWriter = epilogue::ColumnMajorWriter<Act, kBlockM, kBlockN, kThreads,
                                                     epilogue::SwappedMmaFragments<kWarpsN>>;
   static_assert(!kSwapped || SwappedWriter::kStagingBytes <= kStages * kStageBytes, "staging must fit");
@@ -92,7 +101,7 @@ struct DenseMmaSync {
   static constexpr int kSteps = kK16Steps / kWarpsK;  // K steps per warp per stage
 
   // This thread's shared-memory offsets inside a stage, computed once per CTA so that a stage
-  // only adds its base: the K steps kk = warp_k + i * kWarpsK it multiplies (i < kSteps).
+  // only adds its base: the K steps kk = warp_k * kSteps + i it multiplies (i < kSteps).
   struct StepOffsets {
     u32 a[kSteps][kMTiles];  // ldmatrix row address of each m16 fragment
     u32 w[kSteps];           // the lane's packed words of the warp's unit
@@ -102,7 +111,7 @@ struct DenseMmaSync {
       const int lane = threadIdx.x & 31;
 #pragma unroll
       for (int i = 0; i < kSteps; ++i) {
-        const int kk = warp_k + i * kWarpsK;
+        const int kk = warp_k * kSteps + i;
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi) {
           if constexpr (kSwapped) {  // ldmatrix x2: lanes 0-7 rows of k 0-7, lanes 8-15 rows of k 8-15
@@ -171,8 +180,8 @@ struct DenseMmaSync {
 
   // Multiply this warp's K steps of one staged K tile into its accumulators; the shared-memory
   // reads of the next step are issued before the dequant and mma of the current one (register
-  // double buffering). kOneScaleRow: every step of the stage uses scale row 0 (group >= kBlockK),
-  // so its pairs are loaded and broadcast once per stage.
+  // double buffering). kOneScaleRow: every step of this warp uses the same scale row (its run of
+  // steps lies inside one group), so its pairs are loaded and broadcast once per stage.
   template <bool kOneScaleRow>
   static __device__ __forceinline__ void compute_stage(u32 stage_smem, const StepOffsets& off,
                                                        float (&acc)[kMTiles][kNTiles][4]) {
@@ -188,7 +197,7 @@ struct DenseMmaSync {
     }
   }
 
-  // Add the accumulators of K warps 1.. into K warp 0 of each (warp_m, warp_n), in K-warp order
+  // Swapped tile: add the accumulators of K warps 1.. into K warp 0 of each (warp_m, warp_n), in K-warp order
   // (deterministic). Reuses the pipeline's shared memory: every cp.async has landed and been read.
   static __device__ __forceinline__ void reduce_over_k_warps(char* smem, int warp_mn, int warp_k,
                                                              float (&acc)[kMTiles][kNTiles][4]) {
@@ -222,6 +231,44 @@ struct DenseMmaSync {
     }
   }
 
+  // Every K warp parks its accumulators; then K warp w adds up, in K-warp order (deterministic:
+  // the same order as one warp accumulating them), n8 fragments [w * kShareTiles, + kShareTiles)
+  // over all K warps of its (warp_m, warp_n), into `share`. The split-K stores and the last
+  // CTA's reduction then run on every warp of the CTA instead of one warp per K group.
+  static __device__ __forceinline__ void share_over_k_warps(char* smem, int warp_mn, int warp_k,
+                                                            const float (&acc)[kMTiles][kNTiles][4],
+                                                            float (&share)[kMTiles][kShareTiles][4]) {
+    constexpr int kValues = kMTiles * kNTiles * 4;  // floats per lane
+    float* parked = reinterpret_cast<float*>(smem);  // (kWarpsK, kWarpsM * kWarpsN, kValues, 32)
+    const int lane = threadIdx.x & 31;
+    __syncthreads();
+    float* mine = parked + (warp_k * kWarpsM * kWarpsN + warp_mn) * kValues * 32 + lane;
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mine[((mi * kNTiles + ni) * 4 + e) * 32] = acc[mi][ni][e];
+    __syncthreads();
+    const float* column = parked + warp_mn * kValues * 32 + lane + warp_k * kShareTiles * 4 * 32;
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+      for (int nj = 0; nj < kShareTiles; ++nj)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) share[mi][nj][e] = column[((mi * kNTiles + nj) * 4 + e) * 32];
+#pragma unroll
+    for (int other = 1; other < kWarpsK; ++other) {
+      const float* theirs = column + other * kWarpsM * kWarpsN * kValues * 32;
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+        for (int nj = 0; nj < kShareTiles; ++nj)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) share[mi][nj][e] += theirs[((mi * kNTiles + nj) * 4 + e) * 32];
+    }
+  }
+
   static __device__ __forceinline__ void run(const GemmParams& p) {
     extern __shared__ __align__(128) char smem[];
     __shared__ int arrival_flag;
@@ -231,7 +278,11 @@ struct DenseMmaSync {
     const int warp_k = warp / (kWarpsM * kWarpsN), warp_mn = warp % (kWarpsM * kWarpsN);
     const int warp_m = warp_mn / kWarpsN, warp_n = warp_mn % kWarpsN;
     const Walk walk(p.group_size);
-    const bool one_scale_row = ((kK16Steps - 1) >> walk.step_shift) == 0;
+    // Every warp's run of K steps [warp_k * kSteps, + kSteps) lies in one scale row: runs and
+    // groups are powers of two steps long, so a run no longer than a group never straddles one
+    // (a CTA-uniform test, which keeps the branch below uniform).
+    static_assert((kSteps & (kSteps - 1)) == 0, "K steps per warp: a power of two");
+    const bool one_scale_row = kSteps <= (1 << walk.step_shift);
     const StepOffsets offsets(warp_m, warp_n, warp_k, walk);
 
     float acc[kMTiles][kNTiles][4];
@@ -281,13 +332,17 @@ struct DenseMmaSync {
     // this grid still runs, wherever slots happen to be free, and pile up on some SMs.
     schedule::release_dependent_grid();
     memory::cp_async_wait<0>();
-    reduce_over_k_warps(smem, warp_mn, warp_k, acc);
-
     if constexpr (kSwapped) {
+      reduce_over_k_warps(smem, warp_mn, warp_k, acc);
       __syncthreads();  // the writer stages the tile where K warps parked their sums
       SwappedWriter::write(p, reinterpret_cast<float(&)[16]>(acc[0]), m0, n0, tile.tile_index, &arrival_flag, smem);
+    } else if constexpr (kWarpsK > 1) {
+      float share[kMTiles][kShareTiles][4];
+      share_over_k_warps(smem, warp_mn, warp_k, acc, share);
+      ShareWriter::write(p, share, m0 + warp_m * kWarpRows, n0 + warp_n * 64 + 8 * kShareTiles * warp_k,
+                         tile.tile_index, &arrival_flag, true);
     } else {
-      Writer::write(p, acc, m0 + warp_m * kWarpRows, n0 + warp_n * 64, tile.tile_index, &arrival_flag, warp_k == 0);
+      Writer::write(p, acc, m0 + warp_m * kWarpRows, n0 + warp_n * 64, tile.tile_index, &arrival_flag, true);
     }
   }
 };

@@ -1,6 +1,6 @@
 #pragma once
-// Global -> shared loads of one pipeline stage of the dense mixed-input GEMM: a K tile (64 or 128
-// wide) of activations (swizzled 128-byte rows), packed weights, scales and zero points, issued
+// Global -> shared loads of one pipeline stage of the dense mixed-input GEMM: a K tile (64 to 512
+// wide, a power of two) of activations (swizzled 128-byte rows), packed weights, scales and zero points, issued
 // with cp.async by every thread of the CTA. Shared by the mma.sync and the wgmma bodies. SM80+.
 //
 // Stage layout (byte offsets from the stage base):
@@ -29,7 +29,7 @@ struct StageLayout {
   static constexpr int kZBytes = kHasZeroPoint ? kSBytes : 0;
   static constexpr int kBytes = kABytes + kWBytes + kSBytes + kZBytes;  // every part a multiple of 16
   static_assert(kBlockN % 64 == 0, "weights are packed in 64-column units");
-  static_assert(kBlockK == 64 || kBlockK == 128, "K tiles are 64 or 128 wide");
+  static_assert(kBlockK == 64 || kBlockK == 128 || kBlockK == 256 || kBlockK == 512, "K tiles are 64 to 512 wide");
 
   // Shared-memory byte offset of 16-byte chunk `chunk` (0 .. kBlockK / 8) of activation row `row`.
   static __device__ __forceinline__ u32 a_chunk_offset(int row, int chunk) {
@@ -43,7 +43,7 @@ struct GroupWalk {
   int step_shift;  // scale row of step kk = kk >> step_shift (group >= kBlockK: always row 0)
   __device__ __forceinline__ explicit GroupWalk(int group) {
     const int span = group < kBlockK ? group : kBlockK;  // K of one staged scale row
-    step_shift = span >= 128 ? 3 : (span == 64 ? 2 : (span == 32 ? 1 : 0));
+    step_shift = span >= 512 ? 5 : span == 256 ? 4 : span == 128 ? 3 : span == 64 ? 2 : span == 32 ? 1 : 0;
   }
 };
 
@@ -83,15 +83,16 @@ struct StageLoader {
   int rows;                    // scale rows per K tile
   bool s_valid;                // this thread's scale column chunk is in range
 
-  static __device__ __forceinline__ int chunk(int it) { return static_cast<int>(threadIdx.x) + it * kThreads; }
+  // Unsigned: divisions by the tile constants below then compile to plain shifts and masks.
+  static __device__ __forceinline__ u32 chunk(int it) { return threadIdx.x + static_cast<u32>(it * kThreads); }
 
   __device__ __forceinline__ StageLoader(const kernel::GemmParams& p, int m0, int n0, int k_tile) {
     const char* a = static_cast<const char*>(p.a) + 2 * static_cast<i64>(k_tile) * kBlockK;
     a_valid = 0;
 #pragma unroll
     for (int it = 0; it < kAIters; ++it) {
-      const int i = chunk(it), row = i / kRowChunks;
-      const bool valid = (kAChunks % kThreads == 0 || i < kAChunks) && m0 + row < p.m;
+      const u32 i = chunk(it), row = i / kRowChunks;
+      const bool valid = (kAChunks % kThreads == 0 || i < kAChunks) && m0 + static_cast<int>(row) < p.m;
       a_valid |= static_cast<u32>(valid) << it;
       a_src[it] = a + 2 * ((valid ? m0 + row : 0) * p.lda + (i % kRowChunks) * 8);
       a_dst[it] = Layout::a_chunk_offset(row, i % kRowChunks);
@@ -103,9 +104,9 @@ struct StageLoader {
     w_valid = w_issue = 0;
 #pragma unroll
     for (int it = 0; it < kWIters; ++it) {
-      const int i = chunk(it), kk = i / kWChunksPerStep, rem = i % kWChunksPerStep;
+      const u32 i = chunk(it), kk = i / kWChunksPerStep, rem = i % kWChunksPerStep;
       const bool exists = kWChunks % kThreads == 0 || i < kWChunks;
-      const bool valid = exists && (n0 >> 6) + rem / (8 * kBits) < units_total;
+      const bool valid = exists && (n0 >> 6) + static_cast<int>(rem / (8 * kBits)) < units_total;
       w_issue |= static_cast<u32>(exists) << it;
       w_valid |= static_cast<u32>(valid) << it;
       w_src[it] = w + (valid ? kk * row_words + rem * 4 : 0);
@@ -118,7 +119,7 @@ struct StageLoader {
     tile_in_row = group >= kBlockK ? k_tile % tiles_per_row : 0;
     const int row0 = group >= kBlockK ? k_tile / tiles_per_row : k_tile * rows;
     s_row_bytes = 2 * static_cast<i64>(p.n);
-    const int col = n0 + (static_cast<int>(threadIdx.x) % kSChunksPerRow) * 8;
+    const int col = n0 + static_cast<int>(threadIdx.x % kSChunksPerRow) * 8;
     s_valid = col < p.n;
     const i64 offset = s_valid ? row0 * s_row_bytes + 2 * col : 0;
     s_src = static_cast<const char*>(p.w_scale) + offset;
@@ -127,8 +128,8 @@ struct StageLoader {
 #pragma unroll
     for (int it = 0; it < kSIters; ++it) {
       // threads of one column chunk share s_src; row r is r rows further down
-      const int i = chunk(it), r = i / kSChunksPerRow, c = i % kSChunksPerRow;
-      const bool issue = (kSChunks % kThreads == 0 || i < kSChunks) && r < rows && s_valid;
+      const u32 i = chunk(it), r = i / kSChunksPerRow, c = i % kSChunksPerRow;
+      const bool issue = (kSChunks % kThreads == 0 || i < kSChunks) && static_cast<int>(r) < rows && s_valid;
       s_issue |= static_cast<u32>(issue) << it;
       s_offset[it] = issue ? r * s_row_bytes : 0;
       s_dst[it] = 2 * (r * kBlockN + c * 8);

@@ -14,21 +14,31 @@ struct TileScheduler {
   int m_tile, n_tile, tile_index;  // tile_index = m_tile * n_tiles + n_tile (split-K counter slot)
   int k_tile_begin, k_tile_end;    // this CTA's K tiles [begin, end)
 
+  // Unsigned arithmetic throughout: every value is non-negative, and signed division by the
+  // tile constants would cost sign fix-ups in every thread of every CTA.
   __device__ __forceinline__ TileScheduler(int m, int n, int k, int k_splits) {
-    const int m_tiles = (m + kBlockM - 1) / kBlockM;
-    const int n_tiles = (n + kBlockN - 1) / kBlockN;
-    const int tile = blockIdx.x;
-    const int group_size = kGroupM * n_tiles;
-    const int first_m = (tile / group_size) * kGroupM;
-    const int group_rows = min(m_tiles - first_m, kGroupM);
-    const int in_group = tile % group_size;
-    m_tile = first_m + in_group % group_rows;
-    n_tile = in_group / group_rows;
-    tile_index = m_tile * n_tiles + n_tile;
-    const int k_tiles = k / kBlockK;
-    const int per_split = (k_tiles + k_splits - 1) / k_splits;
-    k_tile_begin = blockIdx.y * per_split;
-    k_tile_end = min(k_tiles, k_tile_begin + per_split);
+    const u32 m_tiles = (static_cast<u32>(m) + kBlockM - 1) / kBlockM;
+    const u32 n_tiles = (static_cast<u32>(n) + kBlockN - 1) / kBlockN;
+    const u32 tile = blockIdx.x;
+    if (m_tiles == 1) {  // small M: one row of tiles, no raster groups to find
+      m_tile = 0;
+      n_tile = static_cast<int>(tile);
+    } else {
+      const u32 group_size = kGroupM * n_tiles;
+      const u32 first_m = (tile / group_size) * kGroupM;
+      const u32 rows_left = m_tiles - first_m;  // (explicit: min() of unsigned differs between nvcc and NVRTC)
+      const u32 group_rows = rows_left < kGroupM ? rows_left : static_cast<u32>(kGroupM);
+      const u32 in_group = tile % group_size;
+      m_tile = static_cast<int>(first_m + in_group % group_rows);
+      n_tile = static_cast<int>(in_group / group_rows);
+    }
+    tile_index = m_tile * static_cast<int>(n_tiles) + n_tile;
+    const u32 k_tiles = static_cast<u32>(k) / kBlockK;
+    const u32 splits = static_cast<u32>(k_splits);
+    const u32 per_split = splits == 1 ? k_tiles : (k_tiles + splits - 1) / splits;
+    const u32 begin = blockIdx.y * per_split;
+    k_tile_begin = static_cast<int>(begin);
+    k_tile_end = static_cast<int>(begin + per_split < k_tiles ? begin + per_split : k_tiles);
   }
 };
 
