@@ -112,8 +112,13 @@ def tile_fits(tile: TileConfig, k: int, group: int) -> bool:
 
 def narrow_twin(tile: TileConfig) -> TileConfig:
     """The 64-wide-K tile that serves problems a wider (128- to 512-wide) tile does not fit
-    (tile_fits); every catalog with a wider tile also holds this twin."""
-    return dataclasses.replace(tile, block_k=64) if tile.block_k != 64 else tile
+    (tile_fits); every catalog with a wider tile also holds this twin. It keeps at least 3
+    stages: two 64-wide stages hold too little in flight (measured 23.8 vs 17.5 us at M = 1 on
+    an H200, docs/PERFORMANCE.md section 11), and 3 of them take less shared memory than 2 of
+    the wide tile's."""
+    if tile.block_k == 64:
+        return tile
+    return dataclasses.replace(tile, block_k=64, stages=max(tile.stages, 3))
 
 
 def select_tile(arch: str, m: int, k: int | None = None, group: int | None = None) -> TileConfig:

@@ -29,10 +29,11 @@ def test_tile_fits_128_wide_stages(k, group, fits):
     assert heuristics.tile_fits(heuristics.narrow_twin(WIDE), k, group)  # the twin takes every legal shape
 
 
-def test_narrow_twin_only_changes_block_k():
+def test_narrow_twin_is_64_wide_with_at_least_three_stages():
     twin = heuristics.narrow_twin(WIDE)
     assert twin.label == "16x128x64_w1x2x4_s4"
     assert heuristics.narrow_twin(twin) == twin
+    assert heuristics.narrow_twin(parse_tile_field("16x128x256_w1x2x4_s2")).label == "16x128x64_w1x2x4_s3"
 
 
 def test_select_tile_falls_back_to_the_twin_for_shapes_the_table_tile_does_not_fit():

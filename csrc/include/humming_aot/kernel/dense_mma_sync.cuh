@@ -181,9 +181,11 @@ struct DenseMmaSync {
   // Multiply this warp's K steps of one staged K tile into its accumulators; the shared-memory
   // reads of the next step are issued before the dequant and mma of the current one (register
   // double buffering). kOneScaleRow: every step of this warp uses the same scale row (its run of
-  // steps lies inside one group), so its pairs are loaded and broadcast once per stage.
+  // steps lies inside one group), so its pairs are loaded and broadcast once per stage. Otherwise
+  // a new row starts every row_steps_mask + 1 steps of the warp's run (a power of two that divides
+  // the run, whose start is a multiple of its length), and the pairs are reloaded only then.
   template <bool kOneScaleRow>
-  static __device__ __forceinline__ void compute_stage(u32 stage_smem, const StepOffsets& off,
+  static __device__ __forceinline__ void compute_stage(u32 stage_smem, const StepOffsets& off, int row_steps_mask,
                                                        float (&acc)[kMTiles][kNTiles][4]) {
     Pairs pairs[4];
     if constexpr (kOneScaleRow) load_pairs(stage_smem + off.s[0], pairs);
@@ -192,7 +194,9 @@ struct DenseMmaSync {
 #pragma unroll
     for (int i = 0; i < kSteps; ++i) {
       if (i + 1 < kSteps) load_step(stage_smem, off, i + 1, frags[(i + 1) & 1]);
-      if constexpr (!kOneScaleRow) load_pairs(stage_smem + off.s[i], pairs);
+      if constexpr (!kOneScaleRow) {
+        if ((i & row_steps_mask) == 0) load_pairs(stage_smem + off.s[i], pairs);
+      }
       multiply_step(frags[i & 1], pairs, acc);
     }
   }
@@ -320,9 +324,9 @@ struct DenseMmaSync {
       memory::cp_async_commit();
       const u32 stage_smem = smem_base + compute_slot * kStageBytes;
       if (kHoistScales && one_scale_row) {
-        compute_stage<true>(stage_smem, offsets, acc);
+        compute_stage<true>(stage_smem, offsets, 0, acc);
       } else {
-        compute_stage<false>(stage_smem, offsets, acc);
+        compute_stage<false>(stage_smem, offsets, (1 << walk.step_shift) - 1, acc);
       }
       compute_slot = compute_slot + 1 == kStages ? 0 : compute_slot + 1;
       load_slot = load_slot + 1 == kStages ? 0 : load_slot + 1;
