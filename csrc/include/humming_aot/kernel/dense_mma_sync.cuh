@@ -201,75 +201,77 @@ struct DenseMmaSync {
     }
   }
 
-  // Swapped tile: add the accumulators of K warps 1.. into K warp 0 of each (warp_m, warp_n), in K-warp order
-  // (deterministic). Reuses the pipeline's shared memory: every cp.async has landed and been read.
-  static __device__ __forceinline__ void reduce_over_k_warps(char* smem, int warp_mn, int warp_k,
-                                                             float (&acc)[kMTiles][kNTiles][4]) {
-    if constexpr (kWarpsK > 1) {
-      constexpr int kValues = kMTiles * kNTiles * 4;  // floats per lane
-      float* parked = reinterpret_cast<float*>(smem);  // (kWarpsK - 1, kWarpsM * kWarpsN, kValues, 32)
-      const int lane = threadIdx.x & 31;
-      __syncthreads();
-      if (warp_k > 0) {
-        float* mine = parked + ((warp_k - 1) * kWarpsM * kWarpsN + warp_mn) * kValues * 32 + lane;
-#pragma unroll
-        for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-          for (int ni = 0; ni < kNTiles; ++ni)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) mine[((mi * kNTiles + ni) * 4 + e) * 32] = acc[mi][ni][e];
-      }
-      __syncthreads();
-      if (warp_k == 0) {
-#pragma unroll
-        for (int other = 1; other < kWarpsK; ++other) {
-          const float* theirs = parked + ((other - 1) * kWarpsM * kWarpsN + warp_mn) * kValues * 32 + lane;
-#pragma unroll
-          for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-            for (int ni = 0; ni < kNTiles; ++ni)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) acc[mi][ni][e] += theirs[((mi * kNTiles + ni) * 4 + e) * 32];
-        }
-      }
-    }
-  }
+  // Parked accumulators (K warps > 1; reuses the pipeline's shared memory once every cp.async
+  // has landed and been read): slot-major (slot, kWarpsM * kWarpsN, kParkedValues, 32 lanes) floats.
+  static constexpr int kParkedValues = kMTiles * kNTiles * 4;  // floats per lane of one warp
 
-  // Every K warp parks its accumulators; then K warp w adds up, in K-warp order (deterministic:
-  // the same order as one warp accumulating them), n8 fragments [w * kShareTiles, + kShareTiles)
-  // over all K warps of its (warp_m, warp_n), into `share`. The split-K stores and the last
-  // CTA's reduction then run on every warp of the CTA instead of one warp per K group.
-  static __device__ __forceinline__ void share_over_k_warps(char* smem, int warp_mn, int warp_k,
-                                                            const float (&acc)[kMTiles][kNTiles][4],
-                                                            float (&share)[kMTiles][kShareTiles][4]) {
-    constexpr int kValues = kMTiles * kNTiles * 4;  // floats per lane
-    float* parked = reinterpret_cast<float*>(smem);  // (kWarpsK, kWarpsM * kWarpsN, kValues, 32)
-    const int lane = threadIdx.x & 31;
-    __syncthreads();
-    float* mine = parked + (warp_k * kWarpsM * kWarpsN + warp_mn) * kValues * 32 + lane;
+  // This lane's first float in `slot` of the warps (warp_m, warp_n) = warp_mn.
+  static __device__ __forceinline__ float* parked_lane(char* smem, int slot, int warp_mn) {
+    return reinterpret_cast<float*>(smem) + (slot * kWarpsM * kWarpsN + warp_mn) * kParkedValues * 32 +
+           (threadIdx.x & 31);
+  }
+  // Offset of value (mi, ni, e) from a lane's first float.
+  static __device__ __forceinline__ int parked_offset(int mi, int ni, int e) { return ((mi * kNTiles + ni) * 4 + e) * 32; }
+
+  static __device__ __forceinline__ void park(float* lane_slot, const float (&acc)[kMTiles][kNTiles][4]) {
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
       for (int ni = 0; ni < kNTiles; ++ni)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) mine[((mi * kNTiles + ni) * 4 + e) * 32] = acc[mi][ni][e];
+        for (int e = 0; e < 4; ++e) lane_slot[parked_offset(mi, ni, e)] = acc[mi][ni][e];
+  }
+
+  // Swapped tile: K warps 1.. park their accumulators (slots 0..) and K warp 0 of each (warp_m,
+  // warp_n) adds them to its own in K-warp order (deterministic).
+  static __device__ __forceinline__ void reduce_over_k_warps(char* smem, int warp_mn, int warp_k,
+                                                             float (&acc)[kMTiles][kNTiles][4]) {
+    if constexpr (kWarpsK > 1) {
+      __syncthreads();
+      if (warp_k > 0) park(parked_lane(smem, warp_k - 1, warp_mn), acc);
+      __syncthreads();
+      if (warp_k == 0) {
+#pragma unroll
+        for (int other = 1; other < kWarpsK; ++other) {
+          const float* theirs = parked_lane(smem, other - 1, warp_mn);
+#pragma unroll
+          for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) acc[mi][ni][e] += theirs[parked_offset(mi, ni, e)];
+        }
+      }
+    }
+  }
+
+  // Every K warp parks its accumulators (slot = its K index); then K warp w adds up, in K-warp
+  // order (deterministic: the order one warp accumulating them would use), n8 fragments
+  // [w * kShareTiles, + kShareTiles) over all K warps of its (warp_m, warp_n), into `share`. The
+  // split-K stores and the last CTA's reduction then run on every warp of the CTA instead of one
+  // warp per K group.
+  static __device__ __forceinline__ void share_over_k_warps(char* smem, int warp_mn, int warp_k,
+                                                            const float (&acc)[kMTiles][kNTiles][4],
+                                                            float (&share)[kMTiles][kShareTiles][4]) {
     __syncthreads();
-    const float* column = parked + warp_mn * kValues * 32 + lane + warp_k * kShareTiles * 4 * 32;
+    park(parked_lane(smem, warp_k, warp_mn), acc);
+    __syncthreads();
+    const float* column = parked_lane(smem, 0, warp_mn) + parked_offset(0, warp_k * kShareTiles, 0);
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
       for (int nj = 0; nj < kShareTiles; ++nj)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) share[mi][nj][e] = column[((mi * kNTiles + nj) * 4 + e) * 32];
+        for (int e = 0; e < 4; ++e) share[mi][nj][e] = column[parked_offset(mi, nj, e)];
 #pragma unroll
     for (int other = 1; other < kWarpsK; ++other) {
-      const float* theirs = column + other * kWarpsM * kWarpsN * kValues * 32;
+      const float* theirs = column + other * kWarpsM * kWarpsN * kParkedValues * 32;
 #pragma unroll
       for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
         for (int nj = 0; nj < kShareTiles; ++nj)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) share[mi][nj][e] += theirs[((mi * kNTiles + nj) * 4 + e) * 32];
+          for (int e = 0; e < 4; ++e) share[mi][nj][e] += theirs[parked_offset(mi, nj, e)];
     }
   }
 
