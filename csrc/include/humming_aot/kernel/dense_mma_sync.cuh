@@ -3,16 +3,17 @@
 // 16-bit activations, integer or small-float weight codes with per-group scales (and integer
 // zero points), a global fp32 scale, fp32 accumulation on mma.sync m16n8k16. SM80+. M, N, K
 // and the group size are run-time values: N % 64 == 0, K % kBlockK == 0, group a multiple of 16
-// that divides kBlockK or is a multiple of it (humming_aot.heuristics.tile_fits; a 128-wide tile
-// has a 64-wide twin for the rest).
+// that divides kBlockK or is a multiple of it (humming_aot.heuristics.tile_fits; a tile wider
+// than 64 in K has a 64-wide twin for the rest).
 //
 // One CTA computes a kBlockM x kBlockN output tile over a slice of K. kWarpsM x kWarpsN x kWarpsK
 // warps; each warp owns kBlockM / kWarpsM rows, one packed 64-column unit and a contiguous run of
-// kBlockK / 16 / kWarpsK of a stage's 16-wide K steps (inside one scale group whenever the group
-// spans that run, so its scales are read once per stage). A kStages-deep cp.async pipeline stages kBlockK-wide K tiles of
-// activations (swizzled rows), packed weights, scales and zero points; each warp dequantizes its
-// weights in registers right before the mma. Wider stages (128 to 512) cut the per-stage cost
-// (barrier, copies, address updates) per weight, which is what small M, with 4 K warps, is bound by.
+// kBlockK / 16 / kWarpsK of a stage's 16-wide K steps (its scales are read once per group it
+// meets, so once per stage when the group spans the run). A kStages-deep cp.async pipeline
+// stages kBlockK-wide K tiles of activations (swizzled rows), packed weights, scales and zero
+// points; each warp dequantizes its weights in registers right before the mma. Wider stages
+// (128 to 512) cut the per-stage cost (barrier, copies, address updates) per weight, which is
+// what small M, with 4 K warps, is bound by.
 
 #include <humming_aot/epilogue/column_major_writer.cuh>
 #include <humming_aot/epilogue/output_writer.cuh>
