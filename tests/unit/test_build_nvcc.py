@@ -18,10 +18,11 @@ import pytest
 from humming_aot.aot import codegen
 from humming_aot.aot import ninja as driver
 from humming_aot.aot.enumerate import enumerate_keys
-from humming_aot.spec import KernelKey, parse_arch
+from humming_aot.spec import KernelKey, ZeroPoint, code_bits, parse_arch
 
 REPO = Path(__file__).resolve().parents[2]
 REAL_HEADER = REPO / "csrc" / "include" / "humming_aot" / "kernel" / "dense_mma_sync.cuh"
+H100_SMEM_PER_SM = 233472  # 228 KiB of shared memory per SM on H100 / H200
 
 
 def _nvcc_or_none():
@@ -327,3 +328,34 @@ def test_kernel_build_seconds_reads_the_newest_ninja_log_entry(tmp_path):
     )
     assert driver.kernel_build_seconds(tmp_path) == {"a": 0.25, "b": 3.0}
     assert driver.kernel_build_seconds(tmp_path / "missing") == {}
+
+
+@pytest.mark.slow
+@needs_nvcc
+def test_small_m_tiles_fit_two_ctas_per_sm_without_spills(tmp_path):
+    """The sm90a table's 16-row tile runs two 8-warp CTAs per SM (split-K is sized for that): for
+    every code width and the heaviest dequantizers, ptxas must keep it within the 128 registers
+    that allows (its __launch_bounds__) without spilling, and two CTAs' shared memory must fit."""
+    from humming_aot import heuristics
+
+    tile = heuristics.select_tile("sm90a", 16)
+    assert (tile.block_m, tile.warps_m * tile.warps_n * tile.warps_k) == (16, 8), tile.label
+    specs = [f"a-bf16_w-s{bits}-g-bf16" for bits in range(1, 9)] + [
+        "a-bf16_w-e2m1-g-bf16", "a-bf16_w-e4m3-g-bf16", "a-f16_w-u8-g-f16-zpi", "a-bf16_w-u8-g-bf16-zpf"]
+    for spec in specs:
+        key = KernelKey.from_name(f"gemm_dense_sm90a_mma_{spec}_o-{spec.split('_')[0][2:]}_{tile.label}")
+        source = tmp_path / f"{key.symbol}.cu"
+        source.write_text(codegen.kernel_source(key))
+        flags = ["-cubin" if flag == "-fatbin" else flag for flag in driver.NVCC_FLAGS]
+        result = subprocess.run(
+            [str(driver.find_nvcc()), *flags, "-Xptxas", "-v", "-I", str(driver.find_include_dir()),
+             *driver.nvcc_gencode(key.arch), "-o", str(tmp_path / f"{key.symbol}.cubin"), str(source)],
+            capture_output=True, text=True, check=True,
+        )
+        report = result.stdout + result.stderr
+        registers = [int(word) for line in report.splitlines() if "Used" in line
+                     for word, unit in zip(line.split(), line.split()[1:]) if unit.startswith("registers")]
+        assert registers and registers[0] <= 128, f"{key.name}: {report}"
+        assert "0 bytes spill stores" in report and "0 bytes spill loads" in report, f"{key.name}: {report}"
+        smem = heuristics.smem_bytes(tile, code_bits(key.spec.w_dtype), key.spec.w_zero_point is not ZeroPoint.NONE)
+        assert heuristics.ctas_per_sm(tile, smem, H100_SMEM_PER_SM) >= 2, f"{key.name}: {smem} bytes of shared memory"
