@@ -14,7 +14,8 @@
 #   bench     tools/bench/bench_gemm.py (extra args: $BENCH_ARGS)  -> bench.log, bench.json
 #   cold      tools/bench/cold_start.py (extra args: $COLD_ARGS)   -> bench.log, cold_start.json
 # Other knobs: HUMMING_AOT_DEVICE_CATALOG (default "default"), DEVICE_ARCH (default sm90a),
-# DEVICE_JOBS (default 16), PYTEST_ARGS (extra pytest arguments).
+# DEVICE_JOBS (default 16), PYTEST_ARGS (extra pytest arguments). The *_ARGS values are split
+# with shell quoting rules: PYTEST_ARGS="-k 'not fuzz'" passes -k and "not fuzz".
 #
 # A failing step does not stop the next; each step's exit code and duration go to summary.txt
 # as soon as it ends (so a run cut short still says how far it got). At most 9 files are written
@@ -59,6 +60,12 @@ TABLE_HEADER=$(printf '%-9s %4s %9s  %s' step rc seconds log)
 echo "device_check $(date -u +%FT%TZ)  repo $REPO  steps ${DEVICE_STEPS:-$DEFAULT_STEPS}" >"$SUMMARY"
 
 wanted() { [[ "$STEPS" == *",$1,"* ]]; }
+
+# split_args VALUE: print VALUE's words one per line, split with shell quoting rules (shlex),
+# so that an argument with spaces survives an environment variable.
+split_args() {
+    python3 -c 'import shlex, sys; print("\n".join(shlex.split(sys.argv[1])))' "$1"
+}
 
 # run_step NAME LOGFILE COMMAND...: run, append output to LOGFILE, record rc and seconds.
 run_step() {
@@ -126,24 +133,28 @@ step_catalog() {
 }
 
 step_tests() {
-    # shellcheck disable=SC2086 # PYTEST_ARGS is a word list on purpose
+    local -a extra=()
+    [[ -n "${PYTEST_ARGS:-}" ]] && mapfile -t extra < <(split_args "$PYTEST_ARGS")
     python3 -m pytest tests/gpu -m gpu -q -x --timeout 900 -p no:cacheprovider \
-        --junitxml "$OUTDIR/tests.xml" ${PYTEST_ARGS:-}
+        --junitxml "$OUTDIR/tests.xml" "${extra[@]}"
 }
 
 step_tune() {
-    # shellcheck disable=SC2086
-    python3 tools/bench/tune_tiles.py --json "$OUTDIR/tune.json" ${TUNE_ARGS:-}
+    local -a extra=()
+    [[ -n "${TUNE_ARGS:-}" ]] && mapfile -t extra < <(split_args "$TUNE_ARGS")
+    python3 tools/bench/tune_tiles.py --json "$OUTDIR/tune.json" "${extra[@]}"
 }
 
 step_bench() {
-    # shellcheck disable=SC2086
-    python3 tools/bench/bench_gemm.py --json "$OUTDIR/bench.json" ${BENCH_ARGS:-}
+    local -a extra=()
+    [[ -n "${BENCH_ARGS:-}" ]] && mapfile -t extra < <(split_args "$BENCH_ARGS")
+    python3 tools/bench/bench_gemm.py --json "$OUTDIR/bench.json" "${extra[@]}"
 }
 
 step_cold() {
-    # shellcheck disable=SC2086
-    python3 tools/bench/cold_start.py --json "$OUTDIR/cold_start.json" ${COLD_ARGS:-}
+    local -a extra=()
+    [[ -n "${COLD_ARGS:-}" ]] && mapfile -t extra < <(split_args "$COLD_ARGS")
+    python3 tools/bench/cold_start.py --json "$OUTDIR/cold_start.json" "${extra[@]}"
 }
 
 # summary.txt: the environment first, then one row per step, appended as each step ends.
