@@ -49,14 +49,14 @@ def _catalog_key(device: int, mma: MmaKind) -> KernelKey:
     first: nvcc and NVRTC schedule their shared epilogue differently)."""
     catalog = installed_catalog()
     assert catalog is not None, "a GPU is present but no kernel catalog is installed: build one (tools/device_check.sh)"
-    names = [name for arch in dispatch.device_info(device).arches for name in catalog.keys_for(arch)
-             if KernelKey.from_name(name).tile.mma is mma
-             and all(heuristics.tile_fits(KernelKey.from_name(name).tile, k, group or k) for _, _, k, group, _ in PROBLEMS)]
-    if not names and mma is MmaKind.WGMMA and dispatch.device_info(device).arches[0] != "sm90a":
+    keys = [KernelKey.from_name(name) for arch in dispatch.device_info(device).arches for name in catalog.keys_for(arch)]
+    fitting = [key for key in keys if key.tile.mma is mma
+               and all(heuristics.tile_fits(key.tile, k, group or k) for _, _, k, group, _ in PROBLEMS)]
+    if not fitting and mma is MmaKind.WGMMA and dispatch.device_info(device).arches[0] != "sm90a":
         pytest.skip(f"wgmma kernels exist only for sm90a, not {dispatch.device_info(device).name}")
-    assert names, f"the installed catalog has no {mma.value} kernel for {dispatch.device_info(device).name}"
-    smoke = [name for name in names if name.endswith(SMOKE_TILE) and "_a-bf16_w-s4-" in name]
-    return KernelKey.from_name((smoke or sorted(names, key=lambda name: KernelKey.from_name(name).tile.warps_k == 1))[0])
+    assert fitting, f"the installed catalog has no {mma.value} kernel for {dispatch.device_info(device).name}"
+    smoke = [key for key in fitting if key.name.endswith(SMOKE_TILE) and "_a-bf16_w-s4-" in key.name]
+    return (smoke or sorted(fitting, key=lambda key: (key.tile.warps_k == 1, key.name)))[0]
 
 
 @pytest.mark.parametrize("mma", list(MmaKind), ids=lambda kind: kind.value)

@@ -340,10 +340,11 @@ def test_small_m_tiles_fit_two_ctas_per_sm_without_spills(tmp_path):
 
     tile = heuristics.select_tile("sm90a", 16)
     assert (tile.block_m, tile.warps_m * tile.warps_n * tile.warps_k) == (16, 8), tile.label
-    specs = [f"a-bf16_w-s{bits}-g-bf16" for bits in range(1, 9)] + [
-        "a-bf16_w-e2m1-g-bf16", "a-bf16_w-e4m3-g-bf16", "a-f16_w-u8-g-f16-zpi", "a-bf16_w-u8-g-bf16-zpf"]
-    for spec in specs:
-        key = KernelKey.from_name(f"gemm_dense_sm90a_mma_{spec}_o-{spec.split('_')[0][2:]}_{tile.label}")
+    # (activation, weight code + scale + zero point) of the key names
+    specs = [("bf16", f"s{bits}-g-bf16") for bits in range(1, 9)] + [
+        ("bf16", "e2m1-g-bf16"), ("bf16", "e4m3-g-bf16"), ("f16", "u8-g-f16-zpi"), ("bf16", "u8-g-bf16-zpf")]
+    for act, weight in specs:
+        key = KernelKey.from_name(f"gemm_dense_sm90a_mma_a-{act}_w-{weight}_o-{act}_{tile.label}")
         source = tmp_path / f"{key.symbol}.cu"
         source.write_text(codegen.kernel_source(key))
         flags = ["-cubin" if flag == "-fatbin" else flag for flag in driver.NVCC_FLAGS]

@@ -59,11 +59,10 @@ struct OutputWriter {
   }
 
   // Write the tile (k_splits == 1), or take part in the split-K reduction. Every thread of the CTA
-  // calls this; only `owner` threads hold accumulators of the tile (the others only synchronize).
+  // calls this, each with its own fragments of the tile.
   static __device__ __forceinline__ void write(const kernel::GemmParams& p, Accumulators& acc, int row0,
-                                               int col0, int tile_index, int* arrival_flag, bool owner) {
+                                               int col0, int tile_index, int* arrival_flag) {
     if (p.k_splits == 1) {
-      if (!owner) return;
       for_each_pair(row0, col0, [&](int mi, int ni, int half, int row, int col) {
         if (row < p.m && col < p.n) store(p, row, col, acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1]);
       });
@@ -72,13 +71,13 @@ struct OutputWriter {
     const i64 slice_stride = static_cast<i64>(p.m) * p.n;
     float* partial = p.workspace + blockIdx.y * slice_stride;
     for_each_pair(row0, col0, [&](int mi, int ni, int half, int row, int col) {
-      if (owner && row < p.m && col < p.n) {
+      if (row < p.m && col < p.n) {
         float2 v = make_float2(acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1]);
         __stcg(reinterpret_cast<float2*>(partial + static_cast<i64>(row) * p.n + col), v);
       }
     });
     const bool last = arrive_last_at_tile(p.tile_counters + tile_index, p.k_splits, arrival_flag);
-    if (!last || !owner) return;  // thread 0 is an owner: it resets the counter below
+    if (!last) return;
     // Sum the slices in order 0..k_splits-1 into the (reused) accumulators. Slices are the outer
     // loop so that each pass issues all of its independent loads before any add waits on one.
     zero(acc);

@@ -223,6 +223,21 @@ struct DenseMmaSync {
         for (int e = 0; e < 4; ++e) lane_slot[parked_offset(mi, ni, e)] = acc[mi][ni][e];
   }
 
+  // sum[mi][nj][e] += (kAssign: =) the value (mi, ni0 + nj, e) parked at lane_slot.
+  template <bool kAssign, int kTiles>
+  static __device__ __forceinline__ void gather_parked(const float* lane_slot, int ni0,
+                                                       float (&sum)[kMTiles][kTiles][4]) {
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+      for (int nj = 0; nj < kTiles; ++nj)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float v = lane_slot[parked_offset(mi, ni0 + nj, e)];
+          sum[mi][nj][e] = kAssign ? v : sum[mi][nj][e] + v;
+        }
+  }
+
   // Swapped tile: K warps 1.. park their accumulators (slots 0..) and K warp 0 of each (warp_m,
   // warp_n) adds them to its own in K-warp order (deterministic).
   static __device__ __forceinline__ void reduce_over_k_warps(char* smem, int warp_mn, int warp_k,
@@ -233,15 +248,7 @@ struct DenseMmaSync {
       __syncthreads();
       if (warp_k == 0) {
 #pragma unroll
-        for (int other = 1; other < kWarpsK; ++other) {
-          const float* theirs = parked_lane(smem, other - 1, warp_mn);
-#pragma unroll
-          for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-            for (int ni = 0; ni < kNTiles; ++ni)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) acc[mi][ni][e] += theirs[parked_offset(mi, ni, e)];
-        }
+        for (int other = 1; other < kWarpsK; ++other) gather_parked<false>(parked_lane(smem, other - 1, warp_mn), 0, acc);
       }
     }
   }
@@ -257,22 +264,10 @@ struct DenseMmaSync {
     __syncthreads();
     park(parked_lane(smem, warp_k, warp_mn), acc);
     __syncthreads();
-    const float* column = parked_lane(smem, 0, warp_mn) + parked_offset(0, warp_k * kShareTiles, 0);
-#pragma unroll
-    for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-      for (int nj = 0; nj < kShareTiles; ++nj)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) share[mi][nj][e] = column[parked_offset(mi, nj, e)];
+    gather_parked<true>(parked_lane(smem, 0, warp_mn), warp_k * kShareTiles, share);
 #pragma unroll
     for (int other = 1; other < kWarpsK; ++other) {
-      const float* theirs = column + other * kWarpsM * kWarpsN * kParkedValues * 32;
-#pragma unroll
-      for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-        for (int nj = 0; nj < kShareTiles; ++nj)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) share[mi][nj][e] += theirs[parked_offset(mi, nj, e)];
+      gather_parked<false>(parked_lane(smem, other, warp_mn), warp_k * kShareTiles, share);
     }
   }
 
@@ -298,24 +293,7 @@ struct DenseMmaSync {
     const int count = tile.k_tile_end - tile.k_tile_begin;
     const u32 smem_base = memory::shared_address(smem);
     StageLoader loader(p, m0, n0, tile.k_tile_begin);
-    // The prologue's weights are fetched before waiting for the upstream kernel (they are never
-    // written by one, see schedule/grid_dependency.cuh); they join the first stage's cp.async group.
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < count) {
-        loader.load_weights(smem_base + s * kStageBytes);
-        loader.advance_weights();
-      }
-    }
-    schedule::wait_for_upstream_grid();
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < count) {
-        loader.load_activations(smem_base + s * kStageBytes);
-        loader.advance_activations();
-      }
-      memory::cp_async_commit();
-    }
+    loader.template load_prologue<kStages - 1, kStageBytes>(smem_base, count);
     int compute_slot = 0, load_slot = kStages - 1;
     for (int it = 0; it < count; ++it) {
       memory::cp_async_wait<kStages - 2>();
@@ -347,9 +325,9 @@ struct DenseMmaSync {
       float share[kMTiles][kShareTiles][4];
       share_over_k_warps(smem, warp_mn, warp_k, acc, share);
       ShareWriter::write(p, share, m0 + warp_m * kWarpRows, n0 + warp_n * 64 + 8 * kShareTiles * warp_k,
-                         tile.tile_index, &arrival_flag, true);
+                         tile.tile_index, &arrival_flag);
     } else {
-      Writer::write(p, acc, m0 + warp_m * kWarpRows, n0 + warp_n * 64, tile.tile_index, &arrival_flag, true);
+      Writer::write(p, acc, m0 + warp_m * kWarpRows, n0 + warp_n * 64, tile.tile_index, &arrival_flag);
     }
   }
 };

@@ -155,22 +155,7 @@ struct DenseWgmma {
     constexpr int kAhead = kStages - 2;
     const int count = tile.k_tile_end - tile.k_tile_begin;
     StageLoader loader(p, m0, n0, tile.k_tile_begin);
-#pragma unroll
-    for (int s = 0; s < kAhead; ++s) {
-      if (s < count) {
-        loader.load_weights(smem_base + s * kStageBytes);
-        loader.advance_weights();
-      }
-    }
-    schedule::wait_for_upstream_grid();
-#pragma unroll
-    for (int s = 0; s < kAhead; ++s) {
-      if (s < count) {
-        loader.load_activations(smem_base + s * kStageBytes);
-        loader.advance_activations();
-      }
-      memory::cp_async_commit();
-    }
+    loader.template load_prologue<kAhead, kStageBytes>(smem_base, count);
 
     int compute_slot = 0, load_slot = kAhead;
     u32 a[2][4];

@@ -14,6 +14,7 @@
 
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/memory/cp_async.cuh>
+#include <humming_aot/schedule/grid_dependency.cuh>
 
 namespace humming_aot::memory {
 
@@ -168,6 +169,30 @@ struct StageLoader {
   __device__ __forceinline__ void load(u32 stage_smem) const {
     load_activations(stage_smem);
     load_weights(stage_smem);
+  }
+
+  // The pipeline's prologue: stages 0 .. kAhead - 1 at smem_base + s * kStageBytes (those of
+  // the `count` K tiles this CTA has), one cp.async group each. The weights, scales and zero
+  // points are fetched before waiting for the upstream grid (no kernel writes them,
+  // schedule/grid_dependency.cuh) and join the first stage's group; the activations after it.
+  template <int kAhead, int kStageBytes>
+  __device__ __forceinline__ void load_prologue(u32 smem_base, int count) {
+#pragma unroll
+    for (int s = 0; s < kAhead; ++s) {
+      if (s < count) {
+        load_weights(smem_base + s * kStageBytes);
+        advance_weights();
+      }
+    }
+    schedule::wait_for_upstream_grid();
+#pragma unroll
+    for (int s = 0; s < kAhead; ++s) {
+      if (s < count) {
+        load_activations(smem_base + s * kStageBytes);
+        advance_activations();
+      }
+      cp_async_commit();
+    }
   }
 
   // Move the activation sources to the next K tile.

@@ -70,19 +70,23 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&d)[kCount]) {
                : __VA_ARGS__                                                                          \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc))
 
+// The same for the activation dtype Act: the instruction's type suffix follows it.
+#define HUMMING_AOT_WGMMA_FOR_ACT(kN, OPERANDS, ...)                 \
+  if constexpr (Act::kIsBFloat16) {                                    \
+    HUMMING_AOT_WGMMA(kN, "bf16.bf16", OPERANDS, __VA_ARGS__);         \
+  } else {                                                             \
+    HUMMING_AOT_WGMMA(kN, "f16.f16", OPERANDS, __VA_ARGS__);           \
+  }
+
 template <class Act, int kN>
 struct Wgmma;
 
+// d += a * B(desc), N = 64, 128 or 256
 template <class Act>
 struct Wgmma<Act, 64> {
   static constexpr int kAccumulators = 32;
-  // d += a * B(desc); the instruction's type suffix follows the activation dtype
   static __device__ __forceinline__ void mma(float (&d)[32], const u32 (&a)[4], u64 desc) {
-    if constexpr (Act::kIsBFloat16) {
-      HUMMING_AOT_WGMMA(64, "bf16.bf16", HUMMING_AOT_WGMMA_OPERANDS_32, HUMMING_AOT_WGMMA_D32(0));
-    } else {
-      HUMMING_AOT_WGMMA(64, "f16.f16", HUMMING_AOT_WGMMA_OPERANDS_32, HUMMING_AOT_WGMMA_D32(0));
-    }
+    HUMMING_AOT_WGMMA_FOR_ACT(64, HUMMING_AOT_WGMMA_OPERANDS_32, HUMMING_AOT_WGMMA_D32(0))
   }
 };
 
@@ -90,13 +94,7 @@ template <class Act>
 struct Wgmma<Act, 128> {
   static constexpr int kAccumulators = 64;
   static __device__ __forceinline__ void mma(float (&d)[64], const u32 (&a)[4], u64 desc) {
-    if constexpr (Act::kIsBFloat16) {
-      HUMMING_AOT_WGMMA(128, "bf16.bf16", HUMMING_AOT_WGMMA_OPERANDS_64, HUMMING_AOT_WGMMA_D32(0),
-                        HUMMING_AOT_WGMMA_D32(32));
-    } else {
-      HUMMING_AOT_WGMMA(128, "f16.f16", HUMMING_AOT_WGMMA_OPERANDS_64, HUMMING_AOT_WGMMA_D32(0),
-                        HUMMING_AOT_WGMMA_D32(32));
-    }
+    HUMMING_AOT_WGMMA_FOR_ACT(128, HUMMING_AOT_WGMMA_OPERANDS_64, HUMMING_AOT_WGMMA_D32(0), HUMMING_AOT_WGMMA_D32(32))
   }
 };
 
@@ -104,16 +102,12 @@ template <class Act>
 struct Wgmma<Act, 256> {
   static constexpr int kAccumulators = 128;
   static __device__ __forceinline__ void mma(float (&d)[128], const u32 (&a)[4], u64 desc) {
-    if constexpr (Act::kIsBFloat16) {
-      HUMMING_AOT_WGMMA(256, "bf16.bf16", HUMMING_AOT_WGMMA_OPERANDS_128, HUMMING_AOT_WGMMA_D32(0),
-                        HUMMING_AOT_WGMMA_D32(32), HUMMING_AOT_WGMMA_D32(64), HUMMING_AOT_WGMMA_D32(96));
-    } else {
-      HUMMING_AOT_WGMMA(256, "f16.f16", HUMMING_AOT_WGMMA_OPERANDS_128, HUMMING_AOT_WGMMA_D32(0),
-                        HUMMING_AOT_WGMMA_D32(32), HUMMING_AOT_WGMMA_D32(64), HUMMING_AOT_WGMMA_D32(96));
-    }
+    HUMMING_AOT_WGMMA_FOR_ACT(256, HUMMING_AOT_WGMMA_OPERANDS_128, HUMMING_AOT_WGMMA_D32(0), HUMMING_AOT_WGMMA_D32(32),
+                              HUMMING_AOT_WGMMA_D32(64), HUMMING_AOT_WGMMA_D32(96))
   }
 };
 
+#undef HUMMING_AOT_WGMMA_FOR_ACT
 #undef HUMMING_AOT_WGMMA
 #undef HUMMING_AOT_WGMMA_OPERANDS_128
 #undef HUMMING_AOT_WGMMA_OPERANDS_64
