@@ -92,12 +92,11 @@ def smem_bytes(tile: TileConfig, w_bits: int, has_zero_point: bool) -> int:
         staging = tile.block_m * (tile.block_n + 8) * 2
         return max(pipeline, staging) + 1024
     pipeline = tile.stages * stage
-    # warps_k > 1: after the K loop the K warps park their fp32 accumulators (block_m / warps_m /
-    # 16 m16 fragments x 8 n8 fragments x 4 floats, x 32 lanes) in the same shared memory, every
-    # K warp of a group (each then adds up and writes its share of the columns); the swapped
-    # block_m = 8 tile parks warps 1.. only (4 m16n8 fragments x 4 floats) for warp 0 to add up
+    # warps_k > 1: after the K loop every K warp parks its fp32 accumulators (block_m / warps_m /
+    # 16 m16 fragments x 8 n8 fragments x 4 floats, x 32 lanes; the swapped block_m = 8 tile: 4
+    # m16n8 fragments x 4 floats) in the same shared memory, then adds up and writes its share
     swapped = tile.block_m == 8
-    parked_warps = 0 if tile.warps_k == 1 else tile.warps_k - 1 if swapped else tile.warps_k
+    parked_warps = 0 if tile.warps_k == 1 else tile.warps_k
     floats_per_lane = 16 if swapped else (tile.block_m // tile.warps_m // 16) * 32
     reduction = parked_warps * tile.warps_m * tile.warps_n * floats_per_lane * 32 * 4
     return max(pipeline, reduction)

@@ -20,7 +20,6 @@ namespace humming_aot::epilogue {
 template <int kTokens>
 struct WarpgroupFragments {
   static constexpr int kAccumulators = kTokens / 2;
-  static __device__ __forceinline__ bool owner() { return true; }
   template <class Fn>
   static __device__ __forceinline__ void for_each(Fn&& fn) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -31,26 +30,8 @@ struct WarpgroupFragments {
   }
 };
 
-// The same for the mma.sync body with swapped operands (8 tokens as the mma N): kWarpsN warps
-// along N, each holding one 64-column unit as four m16n8 fragments, acc[4 j + e] at column
-// 64 warp_n + 16 j + g + 8 (e >> 1), token 2 t + (e & 1); warps past kWarpsN (the K warps that
-// handed their sums to K warp 0) own nothing.
-template <int kWarpsN>
-struct SwappedMmaFragments {
-  static constexpr int kAccumulators = 16;
-  static __device__ __forceinline__ bool owner() { return (threadIdx.x >> 5) < kWarpsN; }
-  template <class Fn>
-  static __device__ __forceinline__ void for_each(Fn&& fn) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int col0 = 64 * warp + (lane >> 2);
-    const int token0 = 2 * (lane & 3);
-#pragma unroll
-    for (int i = 0; i < kAccumulators; ++i) fn(i, token0 + (i & 1), col0 + 16 * (i >> 2) + 8 * ((i >> 1) & 1));
-  }
-};
-
 // kTokens x kColumns output tile written by kThreads threads whose accumulators Fragments
-// places (Fragments::for_each(fn(index, token, column)), Fragments::owner()).
+// places (Fragments::for_each(fn(index, token, column))).
 template <class Act, int kTokens, int kColumns, int kThreads, class Fragments>
 struct ColumnMajorWriter {
   static constexpr int kAccumulators = Fragments::kAccumulators;
@@ -60,7 +41,7 @@ struct ColumnMajorWriter {
 
   template <class Fn>
   static __device__ __forceinline__ void for_each(Fn&& fn) {
-    if (Fragments::owner()) Fragments::for_each(fn);
+    Fragments::for_each(fn);
   }
 
   static __device__ __forceinline__ u32 round_to_bits(float v) { return H2::from_floats(v, 0.f) & 0xFFFFu; }

@@ -15,8 +15,8 @@
 // (128 to 512) cut the per-stage cost (barrier, copies, address updates) per weight, which is
 // what small M, with 4 K warps, is bound by.
 
-#include <humming_aot/epilogue/column_major_writer.cuh>
 #include <humming_aot/epilogue/output_writer.cuh>
+#include <humming_aot/epilogue/swapped_output_writer.cuh>
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/memory/cp_async.cuh>
 #include <humming_aot/memory/shared_fragments.cuh>
@@ -69,13 +69,15 @@ struct DenseMmaSync {
   static constexpr int kWBytes = Layout::kWBytes;
   static constexpr int kSBytes = Layout::kSBytes;
   static constexpr int kStageBytes = Layout::kBytes;
-  // warps_k > 1: the K warps park their accumulators here after the K loop (every K warp, each
-  // then sums and writes its share of the n8 fragments; swapped: warps 1.. for warp 0 to sum)
-  static constexpr int kParkedWarps = kWarpsK == 1 ? 0 : (kSwapped ? kWarpsK - 1 : kWarpsK);
+  // warps_k > 1: every K warp parks its accumulators here after the K loop, then sums and
+  // writes its share of the fragments
+  static constexpr int kParkedWarps = kWarpsK == 1 ? 0 : kWarpsK;
   static constexpr int kReductionBytes = kParkedWarps * kWarpsM * kWarpsN * kMTiles * kNTiles * 4 * 32 * 4;
-  // n8 fragments of the warp tile each K warp sums and writes (kWarpsK > 1, not swapped)
+  // accumulator fragments of the warp tile each K warp sums and writes (kWarpsK > 1), and the
+  // output columns one of them spans (an n8 fragment; swapped: a 16-channel weight tile)
   static constexpr int kShareTiles = kNTiles / kWarpsK;
-  static_assert(kSwapped || kNTiles % kWarpsK == 0, "the K warps share the n8 fragments evenly");
+  static constexpr int kTileColumns = kSwapped ? 16 : 8;
+  static_assert(kNTiles % kWarpsK == 0, "the K warps share the fragments evenly");
   static constexpr int kSmemBytes = kStages * kStageBytes > kReductionBytes ? kStages * kStageBytes : kReductionBytes;
 
   using H2 = numerics::PackedHalf2<Act>;
@@ -84,9 +86,8 @@ struct DenseMmaSync {
   using Scheduler = schedule::TileScheduler<kBlockM, kBlockN, kBlockK>;
   using Writer = epilogue::OutputWriter<Act, kMTiles, kNTiles>;
   using ShareWriter = epilogue::OutputWriter<Act, kMTiles, kShareTiles>;
-  using SwappedWriter = epilogue::ColumnMajorWriter<Act, kBlockM, kBlockN, kThreads,
-                                                    epilogue::SwappedMmaFragments<kWarpsN>>;
-  static_assert(!kSwapped || SwappedWriter::kStagingBytes <= kStages * kStageBytes, "staging must fit");
+  using SwappedWriter = epilogue::SwappedOutputWriter<Act, kNTiles>;
+  using SwappedShareWriter = epilogue::SwappedOutputWriter<Act, kShareTiles>;
 
   // Everything a warp reads from shared memory for one 16-row K step.
   struct StepFragments {
@@ -238,23 +239,8 @@ struct DenseMmaSync {
         }
   }
 
-  // Swapped tile: K warps 1.. park their accumulators (slots 0..) and K warp 0 of each (warp_m,
-  // warp_n) adds them to its own in K-warp order (deterministic).
-  static __device__ __forceinline__ void reduce_over_k_warps(char* smem, int warp_mn, int warp_k,
-                                                             float (&acc)[kMTiles][kNTiles][4]) {
-    if constexpr (kWarpsK > 1) {
-      __syncthreads();
-      if (warp_k > 0) park(parked_lane(smem, warp_k - 1, warp_mn), acc);
-      __syncthreads();
-      if (warp_k == 0) {
-#pragma unroll
-        for (int other = 1; other < kWarpsK; ++other) gather_parked<false>(parked_lane(smem, other - 1, warp_mn), 0, acc);
-      }
-    }
-  }
-
   // Every K warp parks its accumulators (slot = its K index); then K warp w adds up, in K-warp
-  // order (deterministic: the order one warp accumulating them would use), n8 fragments
+  // order (deterministic: the order one warp accumulating them would use), fragments
   // [w * kShareTiles, + kShareTiles) over all K warps of its (warp_m, warp_n), into `share`. The
   // split-K stores and the last CTA's reduction then run on every warp of the CTA instead of one
   // warp per K group.
@@ -317,15 +303,17 @@ struct DenseMmaSync {
     // this grid still runs, wherever slots happen to be free, and pile up on some SMs.
     schedule::release_dependent_grid();
     memory::cp_async_wait<0>();
-    if constexpr (kSwapped) {
-      reduce_over_k_warps(smem, warp_mn, warp_k, acc);
-      __syncthreads();  // the writer stages the tile where K warps parked their sums
-      SwappedWriter::write(p, reinterpret_cast<float(&)[16]>(acc[0]), m0, n0, tile.tile_index, &arrival_flag, smem);
-    } else if constexpr (kWarpsK > 1) {
+    if constexpr (kWarpsK > 1) {
       float share[kMTiles][kShareTiles][4];
       share_over_k_warps(smem, warp_mn, warp_k, acc, share);
-      ShareWriter::write(p, share, m0 + warp_m * kWarpRows, n0 + warp_n * 64 + 8 * kShareTiles * warp_k,
-                         tile.tile_index, &arrival_flag);
+      const int col0 = n0 + warp_n * 64 + kTileColumns * kShareTiles * warp_k;
+      if constexpr (kSwapped) {
+        SwappedShareWriter::write(p, share[0], m0, col0, tile.tile_index, &arrival_flag);
+      } else {
+        ShareWriter::write(p, share, m0 + warp_m * kWarpRows, col0, tile.tile_index, &arrival_flag);
+      }
+    } else if constexpr (kSwapped) {
+      SwappedWriter::write(p, acc[0], m0, n0 + warp_n * 64, tile.tile_index, &arrival_flag);
     } else {
       Writer::write(p, acc, m0 + warp_m * kWarpRows, n0 + warp_n * 64, tile.tile_index, &arrival_flag);
     }

@@ -1,0 +1,83 @@
+#pragma once
+// Epilogue of the mma.sync body with swapped operands (8-row tiles, M <= 8): its accumulators
+// hold the output transposed, m16n8 fragments whose 16 rows are output columns (weight
+// channels) and whose 8 columns are output rows (tokens). fp32 accumulators x global scale
+// (+ bias) -> activation dtype -> global memory, with the deterministic split-K reduction of
+// epilogue/output_writer.cuh: each K slice stores its fp32 partials in the workspace, and the
+// CTA that arrives last at the tile's counter sums them in slice order 0..k_splits-1, writes
+// the output and resets the counter. Every lane writes its own values in place: a tile of at
+// most 8 rows gains nothing from being staged for wider stores, and staging would cost a CTA
+// barrier behind the slowest warp. SM80+.
+
+#include <humming_aot/kernel/params.cuh>
+#include <humming_aot/epilogue/split_k_arrival.cuh>
+#include <humming_aot/numerics/packed_half2.cuh>
+
+namespace humming_aot::epilogue {
+
+// kTiles m16n8 fragments of one warp; fragment j covers output columns col0 + 16 j + [0, 16)
+// and rows token0 + [0, 8).
+template <class Act, int kTiles>
+struct SwappedOutputWriter {
+  using H2 = numerics::PackedHalf2<Act>;
+  using Accumulators = float[kTiles][4];
+
+  // Visit every value this lane owns: acc[j][e] is output row token0 + 2t + (e & 1), column
+  // col0 + 16 j + g + 8 (e >> 1) (g = lane / 4, t = lane % 4).
+  template <class Fn>
+  static __device__ __forceinline__ void for_each(int token0, int col0, Fn&& fn) {
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) fn(j, e, token0 + 2 * t + (e & 1), col0 + 16 * j + g + 8 * (e >> 1));
+    }
+  }
+
+  static __device__ __forceinline__ void store(const kernel::GemmParams& p, int token, int col, float v) {
+    v *= p.global_scale;
+    if (p.bias != nullptr) {
+      float bias, unused;
+      H2::to_floats(static_cast<u32>(static_cast<const unsigned short*>(p.bias)[col]), bias, unused);
+      v += bias;
+    }
+    static_cast<unsigned short*>(p.out)[static_cast<i64>(token) * p.ldo + col] =
+        static_cast<unsigned short>(H2::from_floats(v, 0.f) & 0xFFFFu);
+  }
+
+  // Write the warp's fragments (k_splits == 1), or take part in the split-K reduction. Every
+  // thread of the CTA calls this, each with its own fragments of the tile.
+  static __device__ __forceinline__ void write(const kernel::GemmParams& p, Accumulators& acc, int token0, int col0,
+                                               int tile_index, int* arrival_flag) {
+    if (p.k_splits == 1) {
+      for_each(token0, col0, [&](int j, int e, int token, int col) {
+        if (token < p.m && col < p.n) store(p, token, col, acc[j][e]);
+      });
+      return;
+    }
+    const i64 slice_stride = static_cast<i64>(p.m) * p.n;
+    float* partial = p.workspace + blockIdx.y * slice_stride;
+    for_each(token0, col0, [&](int j, int e, int token, int col) {
+      if (token < p.m && col < p.n) __stcg(partial + static_cast<i64>(token) * p.n + col, acc[j][e]);
+    });
+    if (!arrive_last_at_tile(p.tile_counters + tile_index, p.k_splits, arrival_flag)) return;
+    // Slices outer: each pass issues all of its independent loads before any add waits on one.
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+    for (int s = 0; s < p.k_splits; ++s) {
+      const float* slice = p.workspace + s * slice_stride;
+      for_each(token0, col0, [&](int j, int e, int token, int col) {
+        if (token < p.m && col < p.n) acc[j][e] += __ldcg(slice + static_cast<i64>(token) * p.n + col);
+      });
+    }
+    for_each(token0, col0, [&](int j, int e, int token, int col) {
+      if (token < p.m && col < p.n) store(p, token, col, acc[j][e]);
+    });
+    if (threadIdx.x == 0) p.tile_counters[tile_index] = 0;  // ready for the next launch
+  }
+};
+
+}  // namespace humming_aot::epilogue
