@@ -169,4 +169,19 @@ def gemm_with_tile(a: torch.Tensor, packed: PackedWeight, tile: TileConfig | str
     return out.reshape(*a.shape[:-1], packed.n)
 
 
-__all__ = ["gemm", "gemm_spec", "gemm_with_tile", "ZeroPoint", "unpack"]
+def effective_weight(packed: PackedWeight, m: int) -> torch.Tensor:
+    """(N, K) float64: the weight ``gemm`` multiplies m rows of activations with, on the packed
+    weight's device, times its global scale, so that ``a @ W^T`` in float64 is exactly what the
+    kernel computes before its fp32 roundings (for tests and error analysis). The kernel the
+    dispatcher picks for m decides whether the scales are rounded with the weights
+    (``KernelKey.scales_in_fp32``); the CPU path rounds them."""
+    if not packed.device.type == "cuda":
+        return packed.effective_weight()
+    from humming_aot import dispatch
+
+    device_index = packed.device.index if packed.device.index is not None else torch.cuda.current_device()
+    key, _ = dispatch.obtain(gemm_spec(packed), device_index, m, k=packed.k, group=packed.group_size)
+    return packed.effective_weight(scales_in_fp32=key.scales_in_fp32)
+
+
+__all__ = ["effective_weight", "gemm", "gemm_spec", "gemm_with_tile", "ZeroPoint", "unpack"]

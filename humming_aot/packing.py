@@ -96,9 +96,24 @@ class PackedWeight:
             return (shifted.double() * scales.double()[:, idx]).to(self.act_dtype)
         return _reference_dequantize(self).to(self.act_dtype)
 
-    def effective_weight(self) -> torch.Tensor:
-        """(N, K) float64: dequantized() times the global scale, so that a float64 ``a @ W^T``
-        with it is exactly what the kernel computes before its fp32 rounding."""
+    def effective_weight(self, *, scales_in_fp32: bool = False) -> torch.Tensor:
+        """(N, K) float64: the weight a kernel multiplies with, times the global scale, so that a
+        float64 ``a @ W^T`` with it is exactly what the kernel computes before its fp32 rounding.
+
+        By default that is dequantized(): (q - z) * s (or decode(code) * s) rounded once to
+        act_dtype. A kernel whose ``KernelKey.scales_in_fp32`` is true multiplies the exact q - z
+        and applies s to its fp32 sums: ``scales_in_fp32=True`` gives its weight, (q - z) * s
+        unrounded (integer codes without float zero points only). ``humming_aot.ops
+        .effective_weight`` picks the right one for a GEMM of m rows.
+        """
+        if scales_in_fp32:
+            if self.is_float or self.float_zero_point:
+                raise ValueError(
+                    f"scales_in_fp32: no kernel applies the scales of {self.w_dtype} weights"
+                    f"{' with float zero points' if self.float_zero_point else ''} to fp32 sums (only integer "
+                    "codes without float zero points); use the default, rounded weight"
+                )
+            return _reference_dequantize(self).to(torch.float64) * self.global_scale  # exact in float32
         return self.dequantized().to(torch.float64) * self.global_scale
 
     def as_quantized_weight(self):

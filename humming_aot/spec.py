@@ -237,6 +237,21 @@ class KernelKey:
         """The kernel's C symbol (the name with '-' spelled '_'); the exact name is in its metadata."""
         return kernel_symbol(self.name)
 
+    @property
+    def scales_in_fp32(self) -> bool:
+        """Whether the kernel applies the weight scales to fp32 partial sums, so that the weight it
+        multiplies with is (q - z) * s unrounded, instead of (q - z) * s rounded once to the
+        activation dtype (``PackedWeight.effective_weight(scales_in_fp32=...)`` gives either).
+        The swapped-operand 8-row mma.sync tile does so for integer codes without a float zero
+        point (kernel/dense_mma_sync.cuh, kScalesInFp32; the generated source checks that both
+        sides agree)."""
+        return (
+            self.tile.mma is MmaKind.MMA_SYNC
+            and self.tile.block_m == 8
+            and not self.spec.w_is_float
+            and self.spec.w_zero_point is not ZeroPoint.FLOAT
+        )
+
     def __str__(self) -> str:
         return self.name
 

@@ -67,6 +67,7 @@ using Kernel = {kernel};
 
 static_assert(Kernel::kSmemBytes == {smem}, "shared memory differs from humming_aot.heuristics.smem_bytes");
 static_assert(Kernel::kThreads == {tile.threads}, "thread count differs from the TileConfig");
+static_assert(Kernel::kScalesInFp32 == {"true" if key.scales_in_fp32 else "false"}, "scale rounding differs from KernelKey.scales_in_fp32");
 static_assert(humming_aot::kernel::kParamsVersion == {PARAMS_VERSION}, "GemmParams version differs from codegen");
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, Kernel::kMinBlocksPerSm)

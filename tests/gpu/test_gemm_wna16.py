@@ -68,7 +68,7 @@ def test_kernel_matches_float64_reference(key):
         seed = _seed()
         gen = torch.Generator(device="cuda").manual_seed(seed)
         packed = _make_weight(key, n, k, group, gen)
-        w_eff = packed.effective_weight()
+        w_eff = packed.effective_weight(scales_in_fp32=key.scales_in_fp32)
         for m in M_VALUES:
             a = torch.randn(m, k, device="cuda", generator=gen).to(act)
             bias = (torch.randn(n, device="cuda", generator=gen) * 0.5).to(act) if m % 2 else None
@@ -94,8 +94,44 @@ def test_exact_grid_inputs_are_bitwise_exact(key):
     packed.w_scale.copy_(torch.exp2(torch.randint(-3, 1, packed.w_scale.shape, device="cuda", generator=gen)).to(act))
     a = torch.randint(-3, 4, (m, k), device="cuda", generator=gen).to(act)
     out = _run(key, a, packed, None)
-    ref = reference_gemm(a, packed.effective_weight(), None).to(act)
+    ref = reference_gemm(a, packed.effective_weight(scales_in_fp32=key.scales_in_fp32), None).to(act)
     assert_bitwise_equal(out, ref, f"key={key.name} seed={seed}")
+
+
+def _integer_keys() -> list:
+    """The device keys with integer codes and no float zero point: the kernels whose scales may
+    be applied either way (KernelKey.scales_in_fp32)."""
+    keys = _device_keys()
+    if keys[0].values[0] is None:
+        return keys
+    return [param for param in keys
+            if not param.values[0].spec.w_is_float and param.values[0].spec.w_zero_point is not ZeroPoint.FLOAT]
+
+
+@pytest.mark.parametrize("key", _integer_keys())
+def test_scale_rounding_is_the_kernels_own(key):
+    """Scales with 8 significant bits, so that (q - z) * s often does not fit bf16: the kernel
+    equals its own operand model (KernelKey.scales_in_fp32: unrounded (q - z) * s, or rounded
+    once to the activation dtype) bitwise on exact-grid inputs, and with bf16 activations the
+    other model's result differs for codes of 3 bits or more, so that this test tells the two
+    apart (1- and 2-bit codes have |q - z| <= 2: both models hold the same weights)."""
+    assert key is not None, "no kernel catalog"
+    m, n, k = 37, 192, 256
+    seed = _seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    act = getattr(torch, key.spec.a_dtype)
+    w = torch.randint(-7, 8, (n, k), device="cuda", generator=gen).float()
+    packed = humming_aot.pack(humming_aot.quantize(w, _format(key, 64)), act_dtype=act)
+    mantissa = 1 + torch.randint(0, 128, packed.w_scale.shape, device="cuda", generator=gen) / 128
+    exponent = torch.randint(-3, 1, packed.w_scale.shape, device="cuda", generator=gen)
+    packed.w_scale.copy_((mantissa * torch.exp2(exponent)).to(act))  # exact in bf16 and f16
+    a = torch.randint(-3, 4, (m, k), device="cuda", generator=gen).to(act)
+    out = _run(key, a, packed, None)
+    own = reference_gemm(a, packed.effective_weight(scales_in_fp32=key.scales_in_fp32), None).to(act)
+    assert_bitwise_equal(out, own, f"key={key.name} scales_in_fp32={key.scales_in_fp32} seed={seed}")
+    if act is torch.bfloat16 and key.spec.w_bits >= 3:
+        other = reference_gemm(a, packed.effective_weight(scales_in_fp32=not key.scales_in_fp32), None).to(act)
+        assert not torch.equal(own, other), f"key={key.name} seed={seed}: both scale models gave one result"
 
 
 PUBLIC_FORMATS = ("mxfp4", "nvfp4", "mxfp8", "mxfp6e2m3", "float8e4m3:tensor", "float8e4m3:b128x128",
@@ -114,11 +150,11 @@ def test_public_formats_through_the_op(fmt, act):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     qw = humming_aot.quantize(torch.randn(n, k, device="cuda", generator=gen) * 0.05, fmt)
     packed = humming_aot.pack(qw, act_dtype=act)
-    w_eff = packed.effective_weight()
     if qw.format.scale_dtype in ("float8e8m0", "float8e4m3"):
         # NVFP4's dequantize rounds decode * scale * global to float32 once; MX is exact
-        torch.testing.assert_close(w_eff, humming_aot.dequantize(qw).double(), rtol=2**-23, atol=0)
+        torch.testing.assert_close(packed.effective_weight(), humming_aot.dequantize(qw).double(), rtol=2**-23, atol=0)
     for m in (1, 3, 16, 129, 1024):
+        w_eff = ops.effective_weight(packed, m)
         a = torch.randn(m, k, device="cuda", generator=gen).to(act)
         bias = (torch.randn(n, device="cuda", generator=gen) * 0.5).to(act) if m % 2 else None
         out = ops.gemm(a, packed, bias)
@@ -145,8 +181,8 @@ def test_public_gemm_cuda_graph_and_split_k():
             graph.replay()
         torch.cuda.synchronize()
         assert_bitwise_equal(static_out, eager, f"graph replay m={m}")
-        ref = reference_gemm(a, packed.effective_weight(), None)
-        assert_gemm_close(eager, ref, a=a, w_eff=packed.effective_weight(), context=f"public gemm m={m}")
+        w_eff = ops.effective_weight(packed, m)
+        assert_gemm_close(eager, reference_gemm(a, w_eff, None), a=a, w_eff=w_eff, context=f"public gemm m={m}")
 
 
 def test_quantized_linear_and_leading_dims():
@@ -155,7 +191,7 @@ def test_quantized_linear_and_leading_dims():
     x = torch.randn(2, 5, 512, device="cuda", dtype=torch.float16)
     y = q(x)
     assert y.shape == (2, 5, 320) and y.dtype == torch.float16
-    w_eff = q.packed.effective_weight()
+    w_eff = ops.effective_weight(q.packed, 10)
     ref = reference_gemm(x.reshape(-1, 512), w_eff, q.bias)
     assert_gemm_close(y.reshape(-1, 320), ref, a=x.reshape(-1, 512), w_eff=w_eff, bias=q.bias, context="QuantizedLinear")
 
@@ -202,8 +238,9 @@ def test_back_to_back_gemms_see_their_inputs(m):
         torch.cuda.synchronize()
         h = x
         for i, (packed, out) in enumerate(zip(packs, outs)):
-            ref = reference_gemm(h, packed.effective_weight(), None)
-            assert_gemm_close(out, ref, a=h, w_eff=packed.effective_weight(), context=f"{where} layer {i} m={m} seed={seed}")
+            w_eff = ops.effective_weight(packed, m)
+            ref = reference_gemm(h, w_eff, None)
+            assert_gemm_close(out, ref, a=h, w_eff=w_eff, context=f"{where} layer {i} m={m} seed={seed}")
             h = out
 
     chain()
@@ -236,8 +273,8 @@ def test_shapes_a_wide_k_tile_does_not_fit_use_its_twin(k, group):
     key, _ = dispatch.obtain(ops.gemm_spec(packed), torch.cuda.current_device(), m, k=k, group=packed.group_size)
     assert heuristics.tile_fits(key.tile, k, packed.group_size), key.name
     out = ops.gemm(a, packed)
-    ref = reference_gemm(a, packed.effective_weight(), None)
-    assert_gemm_close(out, ref, a=a, w_eff=packed.effective_weight(), context=f"k={k} group={group} seed={seed}")
+    w_eff = packed.effective_weight(scales_in_fp32=key.scales_in_fp32)
+    assert_gemm_close(out, reference_gemm(a, w_eff, None), a=a, w_eff=w_eff, context=f"k={k} group={group} seed={seed}")
     wide = heuristics.select_tile(dispatch.device_info(torch.cuda.current_device()).arches[0], m)
     if wide.block_k > 64:
         with pytest.raises(ValueError, match=f"needs K % {wide.block_k} == 0"):

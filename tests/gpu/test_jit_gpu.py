@@ -105,7 +105,7 @@ def test_a_tile_outside_the_catalog_is_served_by_the_jit(tmp_path):
     in_catalog = [a for a in info.arches
                   if catalog is not None and catalog.lookup(KernelKey(arch=a, spec=spec, tile=tile).name)]
     assert not in_catalog, f"{JIT_ONLY_TILE} is in the installed catalog for {in_catalog}: pick another tile"
-    w_eff = packed.effective_weight()
+    w_eff = packed.effective_weight(scales_in_fp32=key.scales_in_fp32)
     for m in (1, 16, 77):
         seed = _seed()
         gen = torch.Generator(device="cuda").manual_seed(seed)

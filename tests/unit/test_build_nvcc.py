@@ -59,6 +59,7 @@ struct DenseMmaSync {
   FAILURE_HOOK
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN * kWarpsK;
   static constexpr int kMinBlocksPerSm = 1;
+  static constexpr bool kScalesInFp32 = kBlockM == 8;  // the smoke keys' integer codes
   static constexpr int kScaleRows = kZp == numerics::ZeroPointKind::kInteger ? 2 : 1;
   static constexpr int kSmemBytes = kStages * (kBlockM * kBlockK * 2 + kBlockN * kBlockK * kBits / 8 + kScaleRows * (kBlockK / 16) * kBlockN * 2);
   __device__ static void run(const GemmParams& p) {
@@ -332,14 +333,16 @@ def test_kernel_build_seconds_reads_the_newest_ninja_log_entry(tmp_path):
 
 @pytest.mark.slow
 @needs_nvcc
-def test_small_m_tiles_fit_two_ctas_per_sm_without_spills(tmp_path):
-    """The sm90a table's 16-row tile runs two 8-warp CTAs per SM (split-K is sized for that): for
-    every code width and the heaviest dequantizers, ptxas must keep it within the 128 registers
-    that allows (its __launch_bounds__) without spilling, and two CTAs' shared memory must fit."""
+@pytest.mark.parametrize("m,block_m", [(1, 8), (16, 16)])
+def test_small_m_tiles_fit_two_ctas_per_sm_without_spills(tmp_path, m, block_m):
+    """The sm90a table's 8-row (swapped, scales applied to fp32 sums for integer codes) and 16-row
+    tiles run two 8-warp CTAs per SM (split-K is sized for that): for every code width and the
+    heaviest dequantizers, ptxas must keep them within the 128 registers that allows (their
+    __launch_bounds__) without spilling, and two CTAs' shared memory must fit."""
     from humming_aot import heuristics
 
-    tile = heuristics.select_tile("sm90a", 16)
-    assert (tile.block_m, tile.warps_m * tile.warps_n * tile.warps_k) == (16, 8), tile.label
+    tile = heuristics.select_tile("sm90a", m)
+    assert (tile.block_m, tile.warps_m * tile.warps_n * tile.warps_k) == (block_m, 8), tile.label
     # (activation, weight code + scale + zero point) of the key names
     specs = [("bf16", f"s{bits}-g-bf16") for bits in range(1, 9)] + [
         ("bf16", "e2m1-g-bf16"), ("bf16", "e4m3-g-bf16"), ("f16", "u8-g-f16-zpi"), ("bf16", "u8-g-bf16-zpf")]

@@ -137,3 +137,11 @@ def test_every_supported_pairing_matches_dequantize_on_cpu(spec):
     # the second rounding (q - z) is relative to |q - z| <= 2^b, i.e. to 2^b x scale
     bound = eps * (reference.abs() + (roundings - 1) * scale * 2**packed.bits) + 2.0**-24 * (act == torch.float16)
     assert ((packed.effective_weight() - reference).abs() <= bound).all()
+
+
+def test_effective_weight_of_a_cpu_gemm_is_the_rounded_operand():
+    """ops.effective_weight names the weight the dispatched kernel multiplies with; the CPU path
+    is the reference with scales rounded into the weights, whatever M."""
+    packed = humming_aot.pack(humming_aot.quantize(torch.randn(128, 256) * 0.05, "int4:g64"), act_dtype=torch.bfloat16)
+    for m in (1, 8, 100):
+        assert torch.equal(ops.effective_weight(packed, m), packed.effective_weight())

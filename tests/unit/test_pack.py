@@ -172,3 +172,29 @@ def test_five_bit_fold_fills_every_spare_bit_once():
 
     homes = [home for word in (5, 6, 7) for home in _FIVE_BIT_HOMES[word]]
     assert sorted(homes) == [(i, b) for i in range(5) for b in (5, 6, 7)]
+
+
+@pytest.mark.parametrize("fmt", ["int4:g128", "uint8:g64:zp", "int5:channel", "int3:tensor"])
+@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
+def test_effective_weight_with_scales_in_fp32_is_the_unrounded_product(fmt, act):
+    """The kernels of KernelKey.scales_in_fp32 multiply q - z exactly and apply s to fp32 sums:
+    their weight is (q - z) * s x global in float64, with no rounding to the activation dtype;
+    the default weight is that product rounded once (and they differ for bf16 group scales)."""
+    gen = torch.Generator().manual_seed(5)
+    qw = humming_aot.quantize(torch.randn(192, 256, generator=gen) * 0.05, fmt)
+    packed = humming_aot.pack(qw, act_dtype=act)
+    codes, scales, zeros = unpack(packed)
+    idx = torch.arange(256) // packed.group_size
+    zero = (1 << (packed.bits - 1)) if zeros is None else zeros.double()[:, idx]
+    exact = (codes.double() - zero) * scales.double()[:, idx] * packed.global_scale
+    assert torch.equal(packed.effective_weight(scales_in_fp32=True), exact)
+    assert torch.equal(packed.effective_weight(), exact.div(packed.global_scale).to(act).double() * packed.global_scale)
+    if act == torch.bfloat16 and not fmt.endswith(":tensor"):  # a tensor scale is a power of two here
+        assert not torch.equal(packed.effective_weight(scales_in_fp32=True), packed.effective_weight())
+
+
+@pytest.mark.parametrize("fmt", ["float4e2m1:g32", "uint4:g64:zpf"])
+def test_effective_weight_with_scales_in_fp32_refuses_what_no_kernel_does(fmt):
+    packed = humming_aot.pack(humming_aot.quantize(torch.randn(64, 128) * 0.05, fmt), act_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="to fp32 sums"):
+        packed.effective_weight(scales_in_fp32=True)

@@ -138,3 +138,28 @@ def test_swapped_operand_tile_takes_block_m_8_with_one_warp_along_m():
     assert (key.tile.block_m, key.tile.block_k, key.tile.warps_k, key.tile.threads) == (8, 128, 4, 256)
     with pytest.raises(ValueError, match="swapped-operand tile"):
         KernelKey.from_name(name.replace("_w1x2x4_", "_w2x1x4_").replace("8x128x128", "8x64x128"))
+
+
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("gemm_dense_sm90a_mma_a-bf16_w-s4-g-bf16_o-bf16_8x128x256_w1x2x4_s2", True),
+        ("gemm_dense_sm90a_mma_a-f16_w-u8-g-f16-zpi_o-f16_8x128x64_w1x2x4_s3", True),
+        ("gemm_dense_sm80_mma_a-bf16_w-s1-g-bf16_o-bf16_8x128x128_w1x2x4_s3", True),
+        ("gemm_dense_sm90a_mma_a-bf16_w-u4-g-bf16-zpf_o-bf16_8x128x256_w1x2x4_s2", False),  # q - z rounds
+        ("gemm_dense_sm90a_mma_a-bf16_w-e2m1-g-bf16_o-bf16_8x128x256_w1x2x4_s2", False),  # placing multiply
+        ("gemm_dense_sm90a_mma_a-bf16_w-s4-g-bf16_o-bf16_16x128x256_w1x2x4_s2", False),  # no registers
+        (WGMMA, False),
+    ],
+)
+def test_scales_in_fp32_only_for_the_swapped_tile_with_integer_codes(name, expected):
+    assert KernelKey.from_name(name).scales_in_fp32 is expected
+
+
+def test_default_catalog_holds_kernels_of_both_scale_models():
+    """The sm90a table serves M <= 8 with fp32-scaled integer kernels and everything else rounded."""
+    sm90a = [key for key in DEFAULT_KEYS if key.arch == "sm90a"]
+    scaled = [key for key in sm90a if key.scales_in_fp32]
+    assert scaled and all(key.tile.block_m == 8 for key in scaled)
+    assert {key.spec.w_dtype for key in scaled} >= {f"int{bits}" for bits in range(1, 9)}
+    assert any(key.tile.block_m == 8 and not key.scales_in_fp32 for key in sm90a)  # float codes

@@ -96,9 +96,18 @@ struct DenseMmaSync {
   };
 
   using Pairs = typename Dequantizer::Pairs;
+  using Accumulators = float[kMTiles][kNTiles][4];
   // Small-M tiles are bound by the dequant and get the once-per-stage scale path; large warp
   // tiles amortize the dequant over many mma and would only pay for it in registers.
   static constexpr bool kHoistScales = kMTiles <= 2;
+  // The swapped tile with integer codes (no float zero point) applies the group scales to fp32
+  // sums: the mma multiplies q - z (exact in the activation dtype) into per-run partial sums,
+  // and each run of a warp's K steps inside one scale group adds partial x s to the accumulators
+  // once (16 fp32 fma per run instead of 64 packed multiplies on 256-wide stages). The weight
+  // the kernel multiplies with is then (q - z) * s unrounded; humming_aot.spec.KernelKey
+  // .scales_in_fp32 says so to the host (the generated source static_asserts that they agree).
+  // The 16-row tile has no registers for the partial sums (two CTAs per SM need <= 128).
+  static constexpr bool kScalesInFp32 = kSwapped && Dequantizer::kUnscaledExact;
 
   static constexpr int kSteps = kK16Steps / kWarpsK;  // K steps per warp per stage
 
@@ -133,13 +142,26 @@ struct DenseMmaSync {
     }
   };
 
-  // The scale (and zero-point) pairs of the warp's 4 tiles at `addr` (a staged scale row).
-  static __device__ __forceinline__ void load_pairs(u32 addr, Pairs (&pairs)[4]) {
+  // The scale (and zero-point) pairs of the warp's 4 tiles at `addr` (a staged scale row), and
+  // (kScalesInFp32) the scales as floats: scale_f[j][h] for the rows g + 8 h of weight tile j.
+  static __device__ __forceinline__ void load_pairs(u32 addr, Pairs (&pairs)[4], float (&scale_f)[4][2]) {
     u32 scale[4], zero[4] = {0u, 0u, 0u, 0u};
     memory::lds_128(scale, addr);
     if constexpr (kHasZeroPoint) memory::lds_128(zero, addr + kSBytes);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) pairs[j] = Dequantizer::prepare(scale[j], zero[j]);
+    for (int j = 0; j < 4; ++j) {
+      pairs[j] = Dequantizer::prepare(scale[j], zero[j]);
+      if constexpr (kScalesInFp32) H2::to_floats(scale[j], scale_f[j][0], scale_f[j][1]);
+    }
+  }
+
+  // kScalesInFp32: acc += partial x the scale of its row (c[0..1] row g, c[2..3] row g + 8).
+  static __device__ __forceinline__ void add_scaled(const Accumulators& partial, const float (&scale_f)[4][2],
+                                                    Accumulators& acc) {
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[0][j][e] = fmaf(scale_f[j][e >> 1], partial[0][j][e], acc[0][j][e]);
   }
 
   // The activation fragments and packed weight words of the warp's step i.
@@ -156,7 +178,7 @@ struct DenseMmaSync {
   }
 
   static __device__ __forceinline__ void multiply_step(const StepFragments& f, const Pairs (&pairs)[4],
-                                                       float (&acc)[kMTiles][kNTiles][4]) {
+                                                       Accumulators& acc) {
     u32 padded[Codes::kPaddedWords];
     Codes::unfold(f.w, padded);
 #pragma unroll
@@ -165,7 +187,11 @@ struct DenseMmaSync {
 #pragma unroll
       for (int e = 0; e < Dequantizer::kWordsPerTile; ++e) tile_words[e] = padded[j * Dequantizer::kWordsPerTile + e];
       u32 b_frag[2][2];
-      Dequantizer::apply(tile_words, pairs[j], b_frag);
+      if constexpr (kScalesInFp32) {
+        Dequantizer::apply_unscaled(tile_words, pairs[j], b_frag);
+      } else {
+        Dequantizer::apply(tile_words, pairs[j], b_frag);
+      }
       if constexpr (kSwapped) {
         // B fragment (k 2t.., n g), (k 2t+8.., n g) of n8 halves h = the A fragment's row halves
         const u32 a_frag[4] = {b_frag[0][0], b_frag[1][0], b_frag[0][1], b_frag[1][1]};
@@ -186,21 +212,36 @@ struct DenseMmaSync {
   // steps lies inside one group), so its pairs are loaded and broadcast once per stage. Otherwise
   // a new row starts every row_steps_mask + 1 steps of the warp's run (a power of two that divides
   // the run, whose start is a multiple of its length), and the pairs are reloaded only then.
+  // kScalesInFp32: the steps of one scale row multiply into `partial` (zeroed when the row
+  // starts: ptxas turns the first step's mma into one without an accumulator input), which joins
+  // the accumulators, scaled, when the row ends.
   template <bool kOneScaleRow>
   static __device__ __forceinline__ void compute_stage(u32 stage_smem, const StepOffsets& off, int row_steps_mask,
-                                                       float (&acc)[kMTiles][kNTiles][4]) {
+                                                       Accumulators& acc) {
     Pairs pairs[4];
-    if constexpr (kOneScaleRow) load_pairs(stage_smem + off.s[0], pairs);
+    float scale_f[4][2];
+    Accumulators partial;
+    if constexpr (kOneScaleRow) load_pairs(stage_smem + off.s[0], pairs, scale_f);
     StepFragments frags[2];
     load_step(stage_smem, off, 0, frags[0]);
 #pragma unroll
     for (int i = 0; i < kSteps; ++i) {
       if (i + 1 < kSteps) load_step(stage_smem, off, i + 1, frags[(i + 1) & 1]);
-      if constexpr (!kOneScaleRow) {
-        if ((i & row_steps_mask) == 0) load_pairs(stage_smem + off.s[i], pairs);
+      const bool row_starts = kOneScaleRow ? i == 0 : (i & row_steps_mask) == 0;
+      if (row_starts) {
+        if constexpr (kScalesInFp32) {
+          if (i > 0) add_scaled(partial, scale_f, acc);
+          Writer::zero(partial);
+        }
+        if constexpr (!kOneScaleRow) load_pairs(stage_smem + off.s[i], pairs, scale_f);
       }
-      multiply_step(frags[i & 1], pairs, acc);
+      if constexpr (kScalesInFp32) {
+        multiply_step(frags[i & 1], pairs, partial);
+      } else {
+        multiply_step(frags[i & 1], pairs, acc);
+      }
     }
+    if constexpr (kScalesInFp32) add_scaled(partial, scale_f, acc);
   }
 
   // Parked accumulators (K warps > 1; reuses the pipeline's shared memory once every cp.async

@@ -62,6 +62,8 @@ struct DenseWgmma {
   static constexpr int kAccumulators = Mma::kAccumulators;
   // Two CTAs per SM (at most 128 registers per thread) when the accumulators leave room.
   static constexpr int kMinBlocksPerSm = kThreads <= 256 && kAccumulators <= 64 ? 2 : 1;
+  // the weights are rounded to the activation dtype with their scales (KernelKey.scales_in_fp32)
+  static constexpr bool kScalesInFp32 = false;
 
   // Folded widths: unfolding every tile of a K step to use one costs the most for 5-bit codes
   // (three of the eight byte words gather bits from five words), so 5-bit warps unfold only

@@ -46,6 +46,8 @@ struct FloatDequantizer {
   static constexpr u32 kScaleFactor2 = power_of_two_pair<Act>(Compensation::kScale);
   static constexpr u32 kMagnitude2 = ((1u << (kBits - 1)) - 1u) * 0x00010001u;
   static constexpr u32 kMagic2 = Act::kMagicBits | (Act::kMagicBits << 16);
+  // no unscaled decode: the scale multiply also undoes the placement (x 2^c), so it stays
+  static constexpr bool kUnscaledExact = false;
 
   struct Pairs {
     u32 scale_h[2];  // scale x 2^(compensation) of columns g (h = 0) and 8 + g (h = 1), both lanes

@@ -14,7 +14,9 @@
 // Integer -> float uses the magic-number trick: OR-ing a code into the mantissa of 2^m gives
 // 2^m + q exactly, and one subtraction of (2^m + z) leaves q - z. A float zero point (kFloat)
 // cannot join the magic (its fraction would be lost): q is made exact first, then q - z and
-// (q - z) * s each round once in the activation dtype.
+// (q - z) * s each round once in the activation dtype. Without a float zero point, q - z is exact
+// in the activation dtype, and apply_unscaled returns it for bodies that apply the scale to fp32
+// sums instead (kernel/dense_mma_sync.cuh, kScalesInFp32).
 
 #include <humming_aot/numerics/packed_codes.cuh>
 #include <humming_aot/numerics/packed_half2.cuh>
@@ -30,11 +32,16 @@ struct IntDequantizer {
 
   static constexpr int kWordsPerTile = kLaneBits / 4;  // padded words per lane per 16x16 tile
   static constexpr int kImplicitZero = 1 << (kBits - 1);
-  // bf16 cannot hold 128 + q for codes of more than 7 bits: byte codes go through fp32 (2^23 + q).
-  static constexpr bool kViaFloat32 = Act::kIsBFloat16 && kLaneBits == 8;
+  // bf16 holds 128 + q exactly only for q < 128: 8-bit codes go through fp32 (2^23 + q). Byte
+  // codes of 5 to 7 bits take the magic as 4-bit codes do (their unfolded bytes are below 128).
+  static constexpr bool kViaFloat32 = Act::kIsBFloat16 && kBits == 8;
+  // the magic's high byte in every byte: byte_perm of a code byte below it gives magic + q
+  static constexpr u32 kMagicHighBytes = (Act::kMagicBits >> 8) * 0x01010101u;
   static constexpr bool kExplicitZero = kZeroPoint != ZeroPointKind::kImplicit;
   static constexpr bool kFloatZero = kZeroPoint == ZeroPointKind::kFloat;
   static constexpr u32 kMagic2 = Act::kMagicBits | (Act::kMagicBits << 16);
+  // q - z is exact in the activation dtype (|q - z| < 256), so apply_unscaled is available
+  static constexpr bool kUnscaledExact = !kFloatZero;
 
   // The value subtracted from (magic + q): magic + zero point, per lane pair.
   static __device__ __forceinline__ u32 implicit_offset2() {
@@ -75,19 +82,34 @@ struct IntDequantizer {
     return p;
   }
 
-  // magic + q pair (exact) -> w pair of the n = 8h + g column.
+  // magic + q pair (exact) -> w pair of the n = 8h + g column (kScaled = false: q - z, exact).
+  template <bool kScaled>
   static __device__ __forceinline__ u32 finish(u32 magic_q, const Pairs& p, int h) {
     if constexpr (kFloatZero) {
+      static_assert(kScaled, "q - z rounds with a float zero point: the scale must follow in the same dtype");
       return H2::mul(H2::sub(H2::sub(magic_q, kMagic2), p.offset_h[h]), p.scale_h[h]);
-    } else {
+    } else if constexpr (kScaled) {
       return H2::mul(H2::sub(magic_q, p.offset_h[h]), p.scale_h[h]);
+    } else {
+      return H2::sub(magic_q, p.offset_h[h]);
     }
   }
 
-  // Dequantize one 16x16 tile for one lane.
+  // Dequantize one 16x16 tile for one lane: w = (q - z) * s.
   //   words:   kWordsPerTile packed words
   //   frag:    frag[h][r], register r (0: k = 2t..2t+1, 1: k = 2t+8..2t+9) of the n = 8h + g fragment
   static __device__ __forceinline__ void apply(const u32 (&words)[kWordsPerTile], const Pairs& p, u32 (&frag)[2][2]) {
+    decode<true>(words, p, frag);
+  }
+
+  // The same without the scale: q - z, exact (kUnscaledExact); the caller scales the fp32 sums.
+  static __device__ __forceinline__ void apply_unscaled(const u32 (&words)[kWordsPerTile], const Pairs& p,
+                                                        u32 (&frag)[2][2]) {
+    decode<false>(words, p, frag);
+  }
+
+  template <bool kScaled>
+  static __device__ __forceinline__ void decode(const u32 (&words)[kWordsPerTile], const Pairs& p, u32 (&frag)[2][2]) {
     if constexpr (kLaneBits == 4) {
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
@@ -95,17 +117,18 @@ struct IntDequantizer {
         u32 x;
         // (word >> 4s) & 0x000F000F | magic2: lop3 with LUT (a & b) | c
         asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(x) : "r"(words[0] >> (4 * s)), "n"(0x000F000F), "n"(kMagic2));
-        frag[h][r] = finish(x, p, h);
+        frag[h][r] = finish<kScaled>(x, p, h);
       }
     } else if constexpr (!kViaFloat32) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const u32 lo = __byte_perm(words[h], 0x64646464u, 0x4140);
-        const u32 hi = __byte_perm(words[h], 0x64646464u, 0x4342);
-        frag[h][0] = finish(lo, p, h);
-        frag[h][1] = finish(hi, p, h);
+        const u32 lo = __byte_perm(words[h], kMagicHighBytes, 0x4140);
+        const u32 hi = __byte_perm(words[h], kMagicHighBytes, 0x4342);
+        frag[h][0] = finish<kScaled>(lo, p, h);
+        frag[h][1] = finish<kScaled>(hi, p, h);
       }
     } else if constexpr (kFloatZero) {  // bf16 byte codes: q exact through fp32 (bf16 holds 0..255)
+      static_assert(kScaled, "q - z rounds with a float zero point: the scale must follow in the same dtype");
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float q[4];
@@ -123,8 +146,12 @@ struct IntDequantizer {
           v[i] = __uint_as_float(__byte_perm(words[h], 0x4B000000u, 0x7440 + i)) - p.offset_f[h];
         }
         // |q - z| <= 255 fits bf16's 8 significant bits: both conversions are exact
-        frag[h][0] = H2::mul(H2::from_floats(v[0], v[1]), p.scale_h[h]);
-        frag[h][1] = H2::mul(H2::from_floats(v[2], v[3]), p.scale_h[h]);
+        frag[h][0] = H2::from_floats(v[0], v[1]);
+        frag[h][1] = H2::from_floats(v[2], v[3]);
+        if constexpr (kScaled) {
+          frag[h][0] = H2::mul(frag[h][0], p.scale_h[h]);
+          frag[h][1] = H2::mul(frag[h][1], p.scale_h[h]);
+        }
       }
     }
   }
