@@ -115,8 +115,11 @@ struct IntDequantizer {
       for (int s = 0; s < 4; ++s) {
         const int h = s >> 1, r = s & 1;
         u32 x;
-        // (word >> 4s) & 0x000F000F | magic2: lop3 with LUT (a & b) | c
-        asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(x) : "r"(words[0] >> (4 * s)), "n"(0x000F000F), "n"(kMagic2));
+        // (word >> 4s) & code mask | magic2: lop3 with LUT (a & b) | c (the mask also drops the
+        // bits above a code of fewer than 4 bits, which unfolding leaves undefined)
+        asm("lop3.b32 %0, %1, %2, %3, 0xEA;"
+            : "=r"(x)
+            : "r"(words[0] >> (4 * s)), "n"(PackedCodes<kBits>::kCodeMask2), "n"(kMagic2));
         frag[h][r] = finish<kScaled>(x, p, h);
       }
     } else if constexpr (!kViaFloat32) {

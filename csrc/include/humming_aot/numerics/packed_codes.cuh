@@ -4,6 +4,9 @@
 // for b <= 4, 8 "byte words" (two per tile, 4 codes of up to 8 bits) for 4 < b <= 8. For b = 4
 // and b = 8 the stored words are the padded words; other widths fold the padding of the last
 // words into the spare high bits of the others, and unfold() undoes that with shifts and masks.
+// For codes of 1 to 3 bits, the nibble bits above the code are left as they fall (the fold's
+// bits or the next code's): the dequantizers mask every code with kCodeMask2 anyway, which saves
+// a mask per padded word.
 // Plain integer code, usable on the host too (tests/unit/test_packed_codes.py compiles it there).
 
 #include <humming_aot/numerics/host_device.cuh>
@@ -18,6 +21,8 @@ struct PackedCodes {
   static constexpr int kPaddedWords = kLaneBits == 4 ? 4 : 8;  // per lane per 16-row K step (4 tiles)
   static constexpr u32 kOnes4 = 0x11111111u;                   // bit 0 of every nibble
   static constexpr u32 kOnes8 = 0x01010101u;                   // bit 0 of every byte
+  // the code bits of a nibble-lane pair (bits [0, kBits) and [16, 16 + kBits)), for kBits <= 4
+  static constexpr u32 kCodeMask2 = ((1u << (kBits < 4 ? kBits : 4)) - 1u) * 0x00010001u;
 
   static constexpr int kTileWords = kPaddedWords / 4;  // padded words per 16x16 tile
 
@@ -51,15 +56,15 @@ struct PackedCodes {
   static HUMMING_AOT_HOST_DEVICE void unfold(const u32 (&p)[kBits], u32 (&out)[kPaddedWords]) {
     if constexpr (kBits == 4 || kBits == 8) {
       for (int i = 0; i < kBits; ++i) out[i] = p[i];
-    } else if constexpr (kBits == 1) {
-      for (int j = 0; j < 4; ++j) out[j] = (p[0] >> j) & kOnes4;
-    } else if constexpr (kBits == 2) {
-      out[0] = p[0] & 0x33333333u;
-      out[1] = (p[0] >> 2) & 0x33333333u;
-      out[2] = p[1] & 0x33333333u;
-      out[3] = (p[1] >> 2) & 0x33333333u;
-    } else if constexpr (kBits == 3) {
-      for (int j = 0; j < 3; ++j) out[j] = p[j] & 0x77777777u;
+    } else if constexpr (kBits == 1) {  // nibble bits 1-3 undefined (see kCodeMask2)
+      for (int j = 0; j < 4; ++j) out[j] = p[0] >> j;
+    } else if constexpr (kBits == 2) {  // nibble bits 2-3 undefined
+      out[0] = p[0];
+      out[1] = p[0] >> 2;
+      out[2] = p[1];
+      out[3] = p[1] >> 2;
+    } else if constexpr (kBits == 3) {  // nibble bit 3 of words 0-2 undefined
+      for (int j = 0; j < 3; ++j) out[j] = p[j];
       out[3] = ((p[0] >> 3) & kOnes4) | ((p[1] >> 2) & (kOnes4 << 1)) | ((p[2] >> 1) & (kOnes4 << 2));
     } else {
       constexpr u32 kLow = ((1u << kBits) - 1u) * kOnes8;
