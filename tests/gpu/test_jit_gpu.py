@@ -43,26 +43,33 @@ def _format(key: KernelKey, group: int | None) -> str:
     return f"{key.spec.w_dtype}:{granularity}{zp}"
 
 
-def _catalog_key(device: int, mma: MmaKind) -> KernelKey:
+def _catalog_key(device: int, mma: MmaKind, scales_in_fp32: bool = False) -> KernelKey:
     """A catalog kernel of one body for this GPU whose K stages fit every problem of PROBLEMS: for
     mma.sync the smoke tile if the catalog has it, else the first such key of that body (K warps
-    first: nvcc and NVRTC schedule their shared epilogue differently)."""
+    first: nvcc and NVRTC schedule their shared epilogue differently); with scales_in_fp32, the
+    first key that applies its scales to fp32 sums (the swapped 8-row tile's integer kernels)."""
     catalog = installed_catalog()
     assert catalog is not None, "a GPU is present but no kernel catalog is installed: build one (tools/device_check.sh)"
     keys = [KernelKey.from_name(name) for arch in dispatch.device_info(device).arches for name in catalog.keys_for(arch)]
-    fitting = [key for key in keys if key.tile.mma is mma
+    fitting = [key for key in keys if key.tile.mma is mma and key.scales_in_fp32 == scales_in_fp32
                and all(heuristics.tile_fits(key.tile, k, group or k) for _, _, k, group, _ in PROBLEMS)]
     if not fitting and mma is MmaKind.WGMMA and dispatch.device_info(device).arches[0] != "sm90a":
         pytest.skip(f"wgmma kernels exist only for sm90a, not {dispatch.device_info(device).name}")
-    assert fitting, f"the installed catalog has no {mma.value} kernel for {dispatch.device_info(device).name}"
+    if not fitting and scales_in_fp32 and dispatch.device_info(device).arches[0] != "sm90a":
+        pytest.skip(f"the default tables put the fp32-scale 8-row tile in sm90a catalogs only, "
+                    f"not for {dispatch.device_info(device).name}")
+    assert fitting, (f"the installed catalog has no {mma.value} kernel (scales_in_fp32={scales_in_fp32}) for "
+                     f"{dispatch.device_info(device).name}")
     smoke = [key for key in fitting if key.name.endswith(SMOKE_TILE) and "_a-bf16_w-s4-" in key.name]
     return (smoke or sorted(fitting, key=lambda key: (key.tile.warps_k == 1, key.name)))[0]
 
 
-@pytest.mark.parametrize("mma", list(MmaKind), ids=lambda kind: kind.value)
-def test_nvrtc_kernel_is_bitwise_equal_to_the_catalog_kernel(mma):
+@pytest.mark.parametrize("mma,scales_in_fp32", [(MmaKind.MMA_SYNC, False), (MmaKind.MMA_SYNC, True),
+                                                (MmaKind.WGMMA, False)],
+                         ids=["mma", "mma-scales-in-fp32", "wgmma"])
+def test_nvrtc_kernel_is_bitwise_equal_to_the_catalog_kernel(mma, scales_in_fp32):
     device = torch.cuda.current_device()
-    key = _catalog_key(device, mma)
+    key = _catalog_key(device, mma, scales_in_fp32)
     catalog = installed_catalog()
     aot = kernels.load_kernel_image(catalog.read_image(key.name), name=key.name, expected=catalog.lookup(key.name),
                                     device=device)
