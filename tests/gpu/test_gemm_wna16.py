@@ -84,18 +84,26 @@ def test_exact_grid_inputs_are_bitwise_exact(key):
     """Small-integer activations and power-of-two scales: every product and partial sum is exact in
     fp32, so the kernel must equal the float64 reference rounded once."""
     assert key is not None, "no kernel catalog"
-    m, n, k = 37, 192, 256
     seed = _seed()
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+    packed, a = _exact_grid_problem(key, torch.Generator(device="cuda").manual_seed(seed), scale_mantissa_bits=0)
+    out = _run(key, a, packed, None)
+    ref = reference_gemm(a, packed.effective_weight(scales_in_fp32=key.scales_in_fp32), None).to(a.dtype)
+    assert_bitwise_equal(out, ref, f"key={key.name} seed={seed}")
+
+
+def _exact_grid_problem(key, gen, scale_mantissa_bits: int):
+    """(packed, a) for a 37 x 192 x 256 problem whose products and fp32 sums are exact: weights
+    and activations small integers, scales 2^e x (1 + j / 128) for e in [-3, 0] and j drawn below
+    2^scale_mantissa_bits (0: powers of two), all exact in bf16 and f16."""
+    m, n, k = 37, 192, 256
     act = getattr(torch, key.spec.a_dtype)
     w = torch.randint(-7, 8, (n, k), device="cuda", generator=gen).float()
     packed = humming_aot.pack(humming_aot.quantize(w, _format(key, 64)), act_dtype=act)
-    # force power-of-two scales so (q - z) * s is exact and small
-    packed.w_scale.copy_(torch.exp2(torch.randint(-3, 1, packed.w_scale.shape, device="cuda", generator=gen)).to(act))
+    mantissa = 1 + torch.randint(0, 2**scale_mantissa_bits, packed.w_scale.shape, device="cuda", generator=gen) / 128
+    exponent = torch.randint(-3, 1, packed.w_scale.shape, device="cuda", generator=gen)
+    packed.w_scale.copy_((mantissa * torch.exp2(exponent)).to(act))
     a = torch.randint(-3, 4, (m, k), device="cuda", generator=gen).to(act)
-    out = _run(key, a, packed, None)
-    ref = reference_gemm(a, packed.effective_weight(scales_in_fp32=key.scales_in_fp32), None).to(act)
-    assert_bitwise_equal(out, ref, f"key={key.name} seed={seed}")
+    return packed, a
 
 
 def _integer_keys() -> list:
@@ -116,21 +124,13 @@ def test_scale_rounding_is_the_kernels_own(key):
     other model's result differs for codes of 3 bits or more, so that this test tells the two
     apart (1- and 2-bit codes have |q - z| <= 2: both models hold the same weights)."""
     assert key is not None, "no kernel catalog"
-    m, n, k = 37, 192, 256
     seed = _seed()
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    act = getattr(torch, key.spec.a_dtype)
-    w = torch.randint(-7, 8, (n, k), device="cuda", generator=gen).float()
-    packed = humming_aot.pack(humming_aot.quantize(w, _format(key, 64)), act_dtype=act)
-    mantissa = 1 + torch.randint(0, 128, packed.w_scale.shape, device="cuda", generator=gen) / 128
-    exponent = torch.randint(-3, 1, packed.w_scale.shape, device="cuda", generator=gen)
-    packed.w_scale.copy_((mantissa * torch.exp2(exponent)).to(act))  # exact in bf16 and f16
-    a = torch.randint(-3, 4, (m, k), device="cuda", generator=gen).to(act)
+    packed, a = _exact_grid_problem(key, torch.Generator(device="cuda").manual_seed(seed), scale_mantissa_bits=7)
     out = _run(key, a, packed, None)
-    own = reference_gemm(a, packed.effective_weight(scales_in_fp32=key.scales_in_fp32), None).to(act)
+    own = reference_gemm(a, packed.effective_weight(scales_in_fp32=key.scales_in_fp32), None).to(a.dtype)
     assert_bitwise_equal(out, own, f"key={key.name} scales_in_fp32={key.scales_in_fp32} seed={seed}")
-    if act is torch.bfloat16 and key.spec.w_bits >= 3:
-        other = reference_gemm(a, packed.effective_weight(scales_in_fp32=not key.scales_in_fp32), None).to(act)
+    if a.dtype is torch.bfloat16 and key.spec.w_bits >= 3:
+        other = reference_gemm(a, packed.effective_weight(scales_in_fp32=not key.scales_in_fp32), None).to(a.dtype)
         assert not torch.equal(own, other), f"key={key.name} seed={seed}: both scale models gave one result"
 
 
