@@ -175,12 +175,15 @@ def effective_weight(packed: PackedWeight, m: int) -> torch.Tensor:
     kernel computes before its fp32 roundings (for tests and error analysis). The kernel the
     dispatcher picks for m decides whether the scales are rounded with the weights
     (``KernelKey.scales_in_fp32``); the CPU path rounds them."""
-    if not packed.device.type == "cuda":
+    if packed.device.type != "cuda":
         return packed.effective_weight()
     from humming_aot import dispatch
+    from humming_aot import obtain as kernel_obtain
 
     device_index = packed.device.index if packed.device.index is not None else torch.cuda.current_device()
-    key, _ = dispatch.obtain(gemm_spec(packed), device_index, m, k=packed.k, group=packed.group_size)
+    # the key dispatch.obtain would load for this problem, without loading (or compiling) it
+    key = kernel_obtain.select_key(gemm_spec(packed), dispatch.device_info(device_index), m, k=packed.k,
+                                   group=packed.group_size)
     return packed.effective_weight(scales_in_fp32=key.scales_in_fp32)
 
 

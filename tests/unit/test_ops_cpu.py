@@ -145,3 +145,27 @@ def test_effective_weight_of_a_cpu_gemm_is_the_rounded_operand():
     packed = humming_aot.pack(humming_aot.quantize(torch.randn(128, 256) * 0.05, "int4:g64"), act_dtype=torch.bfloat16)
     for m in (1, 8, 100):
         assert torch.equal(ops.effective_weight(packed, m), packed.effective_weight())
+
+
+def test_effective_weight_on_cuda_asks_the_dispatcher_for_the_key_without_loading_it(monkeypatch):
+    """The CUDA branch (no GPU here: the dispatcher's pieces are stand-ins): the key that
+    obtain.select_key picks for (spec, device, m, K, group) decides the scale model."""
+    import types
+
+    from humming_aot import dispatch
+    from humming_aot import obtain as kernel_obtain
+
+    asked = []
+
+    def select_key(spec, info, m, tile=None, k=None, group=None):
+        asked.append((spec, info, m, tile, k, group))
+        return types.SimpleNamespace(scales_in_fp32=m <= 8)
+
+    monkeypatch.setattr(kernel_obtain, "select_key", select_key)
+    monkeypatch.setattr(dispatch, "device_info", lambda index: f"device {index}")
+    monkeypatch.setattr(ops, "gemm_spec", lambda packed: "spec")
+    packed = types.SimpleNamespace(device=torch.device("cuda", 1), k=4096, group_size=128,
+                                   effective_weight=lambda scales_in_fp32=False: ("weight", scales_in_fp32))
+    assert ops.effective_weight(packed, 8) == ("weight", True)
+    assert ops.effective_weight(packed, 9) == ("weight", False)
+    assert asked == [("spec", "device 1", 8, None, 4096, 128), ("spec", "device 1", 9, None, 4096, 128)]
