@@ -39,18 +39,13 @@ struct ColumnMajorWriter {
   static constexpr int kStagingBytes = kTokens * kRowElems * 2;
   using H2 = numerics::PackedHalf2<Act>;
 
-  template <class Fn>
-  static __device__ __forceinline__ void for_each(Fn&& fn) {
-    Fragments::for_each(fn);
-  }
-
   static __device__ __forceinline__ u32 round_to_bits(float v) { return H2::from_floats(v, 0.f) & 0xFFFFu; }
 
   // acc x global scale (+ bias) rounded into the staging tile, then copied row by row to the output.
   static __device__ __forceinline__ void store_tile(const kernel::GemmParams& p, const float (&acc)[kAccumulators],
                                                     int m0, int n0, char* staging) {
     unsigned short* tile = reinterpret_cast<unsigned short*>(staging);
-    for_each([&](int i, int token, int col) {
+    Fragments::for_each([&](int i, int token, int col) {
       float bias = 0.f;
       if (p.bias != nullptr && n0 + col < p.n) {
         float hi;
@@ -85,7 +80,7 @@ struct ColumnMajorWriter {
     }
     const i64 slice_stride = static_cast<i64>(p.m) * p.n;
     float* partial = p.workspace + blockIdx.y * slice_stride;
-    for_each([&](int i, int token, int col) {
+    Fragments::for_each([&](int i, int token, int col) {
       if (m0 + token < p.m && n0 + col < p.n) __stcg(partial + static_cast<i64>(m0 + token) * p.n + n0 + col, acc[i]);
     });
     if (!arrive_last_at_tile(p.tile_counters + tile_index, p.k_splits, arrival_flag)) return;
@@ -94,7 +89,7 @@ struct ColumnMajorWriter {
     for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.f;
     for (int s = 0; s < p.k_splits; ++s) {
       const float* slice = p.workspace + s * slice_stride;
-      for_each([&](int i, int token, int col) {
+      Fragments::for_each([&](int i, int token, int col) {
         if (m0 + token < p.m && n0 + col < p.n) acc[i] += __ldcg(slice + static_cast<i64>(m0 + token) * p.n + n0 + col);
       });
     }

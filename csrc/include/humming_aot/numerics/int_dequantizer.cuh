@@ -45,7 +45,7 @@ struct IntDequantizer {
 
   // The value subtracted from (magic + q): magic + zero point, per lane pair.
   static __device__ __forceinline__ u32 implicit_offset2() {
-    constexpr u32 bits = Act::kIsBFloat16 ? 0x4300u + kImplicitZero : 0x6400u + kImplicitZero;
+    constexpr u32 bits = Act::kMagicBits + kImplicitZero;
     return bits | (bits << 16);  // exact: magic + z stays on the integer grid of the magic
   }
 
