@@ -92,10 +92,11 @@ def test_exact_grid_inputs_are_bitwise_exact(key):
 
 
 def _exact_grid_problem(key, gen, scale_mantissa_bits: int):
-    """(packed, a) for a 37 x 192 x 256 problem whose products and fp32 sums are exact: weights
-    and activations small integers, scales 2^e x (1 + j / 128) for e in [-3, 0] and j drawn below
-    2^scale_mantissa_bits (0: powers of two), all exact in bf16 and f16."""
-    m, n, k = 37, 192, 256
+    """(packed, a) for a 37 x 192 x K problem (K = 256, or the key's K stage if wider) whose
+    products and fp32 sums are exact: weights and activations small integers, scales
+    2^e x (1 + j / 128) for e in [-3, 0] and j drawn below 2^scale_mantissa_bits (0: powers of
+    two), all exact in bf16 and f16."""
+    m, n, k = 37, 192, max(256, key.tile.block_k)
     act = getattr(torch, key.spec.a_dtype)
     w = torch.randint(-7, 8, (n, k), device="cuda", generator=gen).float()
     packed = humming_aot.pack(humming_aot.quantize(w, _format(key, 64)), act_dtype=act)

@@ -108,6 +108,12 @@ struct DenseMmaSync {
   // .scales_in_fp32 says so to the host (the generated source static_asserts that they agree).
   // The 16-row tile has no registers for the partial sums (two CTAs per SM need <= 128).
   static constexpr bool kScalesInFp32 = kSwapped && Dequantizer::kUnscaledExact;
+  // With bf16 and the implicit zero point the mma takes bias + q straight from the lop3 (no
+  // subtraction per register pair; numerics/int_dequantizer.cuh, biased decode), and each step
+  // adds one mma of the constant (bias + z) fragment into `offset`, which the run subtracts from
+  // its partial sums before the scale. The partial sums are ~2^7 larger than without the bias,
+  // which costs a bf16 result nothing; exact-grid inputs stay exact.
+  static constexpr bool kFoldsOffset = kScalesInFp32 && Dequantizer::kFoldsOffset;
 
   static constexpr int kSteps = kK16Steps / kWarpsK;  // K steps per warp per stage
 
@@ -155,13 +161,17 @@ struct DenseMmaSync {
     }
   }
 
-  // kScalesInFp32: acc += partial x the scale of its row (c[0..1] row g, c[2..3] row g + 8).
-  static __device__ __forceinline__ void add_scaled(const Accumulators& partial, const float (&scale_f)[4][2],
-                                                    Accumulators& acc) {
+  // kScalesInFp32: acc += (partial - offset) x the scale of its row (c[0..1] row g, c[2..3] row
+  // g + 8); offset is zero unless kFoldsOffset.
+  static __device__ __forceinline__ void add_scaled(const Accumulators& partial, const float (&offset)[4],
+                                                    const float (&scale_f)[4][2], Accumulators& acc) {
 #pragma unroll
     for (int j = 0; j < kNTiles; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[0][j][e] = fmaf(scale_f[j][e >> 1], partial[0][j][e], acc[0][j][e]);
+      for (int e = 0; e < 4; ++e) {
+        const float unscaled = kFoldsOffset ? partial[0][j][e] - offset[e] : partial[0][j][e];
+        acc[0][j][e] = fmaf(scale_f[j][e >> 1], unscaled, acc[0][j][e]);
+      }
   }
 
   // The activation fragments and packed weight words of the warp's step i.
@@ -177,17 +187,26 @@ struct DenseMmaSync {
     memory::lds_words(f.w, stage_smem + off.w[i]);
   }
 
+  // offset: kFoldsOffset's sum of (bias + z) x a over the run (untouched otherwise).
   static __device__ __forceinline__ void multiply_step(const StepFragments& f, const Pairs (&pairs)[4],
-                                                       Accumulators& acc) {
+                                                       Accumulators& acc, float (&offset)[4]) {
     u32 padded[Codes::kPaddedWords];
     Codes::unfold(f.w, padded);
+    if constexpr (kFoldsOffset) {
+      // the A fragment order of the swapped mma below: (h, r) = (0, 0), (1, 0), (0, 1), (1, 1)
+      const u32 offset_frag[4] = {Dequantizer::offset_pair(0), Dequantizer::offset_pair(2),
+                                  Dequantizer::offset_pair(1), Dequantizer::offset_pair(3)};
+      mma::mma_m16n8k16<Act>(offset, offset_frag, f.a[0]);
+    }
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       u32 tile_words[Dequantizer::kWordsPerTile];
 #pragma unroll
       for (int e = 0; e < Dequantizer::kWordsPerTile; ++e) tile_words[e] = padded[j * Dequantizer::kWordsPerTile + e];
       u32 b_frag[2][2];
-      if constexpr (kScalesInFp32) {
+      if constexpr (kFoldsOffset) {
+        Dequantizer::apply_biased(tile_words, b_frag);
+      } else if constexpr (kScalesInFp32) {
         Dequantizer::apply_unscaled(tile_words, pairs[j], b_frag);
       } else {
         Dequantizer::apply(tile_words, pairs[j], b_frag);
@@ -221,6 +240,7 @@ struct DenseMmaSync {
     Pairs pairs[4];
     float scale_f[4][2];
     Accumulators partial;
+    float offset[4] = {0.f, 0.f, 0.f, 0.f};
     if constexpr (kOneScaleRow) load_pairs(stage_smem + off.s[0], pairs, scale_f);
     StepFragments frags[2];
     load_step(stage_smem, off, 0, frags[0]);
@@ -230,18 +250,20 @@ struct DenseMmaSync {
       const bool row_starts = kOneScaleRow ? i == 0 : (i & row_steps_mask) == 0;
       if (row_starts) {
         if constexpr (kScalesInFp32) {
-          if (i > 0) add_scaled(partial, scale_f, acc);
+          if (i > 0) add_scaled(partial, offset, scale_f, acc);
           Writer::zero(partial);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) offset[e] = 0.f;
         }
         if constexpr (!kOneScaleRow) load_pairs(stage_smem + off.s[i], pairs, scale_f);
       }
       if constexpr (kScalesInFp32) {
-        multiply_step(frags[i & 1], pairs, partial);
+        multiply_step(frags[i & 1], pairs, partial, offset);
       } else {
-        multiply_step(frags[i & 1], pairs, acc);
+        multiply_step(frags[i & 1], pairs, acc, offset);
       }
     }
-    if constexpr (kScalesInFp32) add_scaled(partial, scale_f, acc);
+    if constexpr (kScalesInFp32) add_scaled(partial, offset, scale_f, acc);
   }
 
   // Parked accumulators (K warps > 1; reuses the pipeline's shared memory once every cp.async

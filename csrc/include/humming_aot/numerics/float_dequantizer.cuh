@@ -48,6 +48,7 @@ struct FloatDequantizer {
   static constexpr u32 kMagic2 = Act::kMagicBits | (Act::kMagicBits << 16);
   // no unscaled decode: the scale multiply also undoes the placement (x 2^c), so it stays
   static constexpr bool kUnscaledExact = false;
+  static constexpr bool kFoldsOffset = false;  // no biased decode (numerics/int_dequantizer.cuh)
 
   struct Pairs {
     u32 scale_h[2];  // scale x 2^(compensation) of columns g (h = 0) and 8 + g (h = 1), both lanes

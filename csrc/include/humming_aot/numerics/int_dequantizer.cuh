@@ -17,6 +17,12 @@
 // (q - z) * s each round once in the activation dtype. Without a float zero point, q - z is exact
 // in the activation dtype, and apply_unscaled returns it for bodies that apply the scale to fp32
 // sums instead (kernel/dense_mma_sync.cuh, kScalesInFp32).
+// Biased decode (kFoldsOffset: bf16, implicit zero point, codes of up to 7 bits, for bodies that
+// scale fp32 sums): the magic stays in. Register s of a tile reads its code at a bit position p_s
+// of the 16-bit lane where the code's unit is 1, so it holds bias_s + q exactly, with
+// bias_s = 2^(7 - p_s). Codes of up to 3 bits then sit where they are read in half of the
+// registers (no shift) and no subtraction follows: the body subtracts sum (bias + z) x a, one
+// mma of the constant offset_pair() fragment with the same activations, from the fp32 sums.
 
 #include <humming_aot/numerics/packed_codes.cuh>
 #include <humming_aot/numerics/packed_half2.cuh>
@@ -42,6 +48,50 @@ struct IntDequantizer {
   static constexpr u32 kMagic2 = Act::kMagicBits | (Act::kMagicBits << 16);
   // q - z is exact in the activation dtype (|q - z| < 256), so apply_unscaled is available
   static constexpr bool kUnscaledExact = !kFloatZero;
+
+  // Biased decode (see the top of the file). bf16 only: fp16's magic (1024) would put ~10 bits
+  // of bias into the fp32 sums before the subtraction, too close to an fp16 result's precision.
+  static constexpr bool kFoldsOffset = Act::kIsBFloat16 && !kExplicitZero && !kViaFloat32;
+  // Nibble register s (code at bit 4s of the padded word): the right shift that brings it to
+  // bit biased_position(s), whose mantissa bits hold the whole code (bf16: bits 0-6).
+  static HUMMING_AOT_HOST_DEVICE constexpr int biased_shift(int s) { return kBits == 4 ? 8 * (s >> 1) + (s & 1) : 8 * (s >> 1); }
+  static HUMMING_AOT_HOST_DEVICE constexpr int biased_position(int s) { return kLaneBits == 8 ? 0 : kBits == 4 ? 3 * (s & 1) : 4 * (s & 1); }
+  // bf16 bits of a positive integer below 256 (exact: at most 8 significant bits)
+  static HUMMING_AOT_HOST_DEVICE constexpr u32 bf16_bits_of(int v) {
+    int e = 0;
+    while ((v >> (e + 1)) != 0) ++e;
+    return (static_cast<u32>(127 + e) << 7) | (static_cast<u32>(v << (7 - e)) & 0x7Fu);
+  }
+  // register s's magic (2^(7 - p), both lanes) and the offset fragment's pair (bias + z)
+  static HUMMING_AOT_HOST_DEVICE constexpr u32 biased_magic2(int s) { return bf16_bits_of(128 >> biased_position(s)) * 0x00010001u; }
+  static HUMMING_AOT_HOST_DEVICE constexpr u32 offset_pair(int s) { return bf16_bits_of((128 >> biased_position(s)) + kImplicitZero) * 0x00010001u; }
+
+  template <int s>
+  static __device__ __forceinline__ u32 biased_register(u32 word) {
+    u32 x;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;"
+        : "=r"(x)
+        : "r"(word >> biased_shift(s)), "n"(PackedCodes<kBits>::kCodeMask2 << biased_position(s)),
+          "n"(biased_magic2(s)));
+    return x;
+  }
+
+  // bias_s + q for register s = 2h + r of one 16x16 tile (frag[h][r] as in apply), exact.
+  static __device__ __forceinline__ void apply_biased(const u32 (&words)[kWordsPerTile], u32 (&frag)[2][2]) {
+    static_assert(kFoldsOffset, "the biased decode is for bf16 codes of up to 7 bits with the implicit zero point");
+    if constexpr (kLaneBits == 4) {
+      frag[0][0] = biased_register<0>(words[0]);
+      frag[0][1] = biased_register<1>(words[0]);
+      frag[1][0] = biased_register<2>(words[0]);
+      frag[1][1] = biased_register<3>(words[0]);
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // 128 + q: bias 128 in every register
+        frag[h][0] = __byte_perm(words[h], kMagicHighBytes, 0x4140);
+        frag[h][1] = __byte_perm(words[h], kMagicHighBytes, 0x4342);
+      }
+    }
+  }
 
   // The value subtracted from (magic + q): magic + zero point, per lane pair.
   static __device__ __forceinline__ u32 implicit_offset2() {
