@@ -193,6 +193,7 @@ def launch(
     device: int,
     *,
     programmatic_dependent_launch: bool = False,
+    cluster: tuple[int, int, int] = (1, 1, 1),
 ) -> None:
     """Launch ``kernel`` asynchronously on ``stream``; ``params`` are the bytes of its one by-value struct.
 
@@ -207,7 +208,12 @@ def launch(
     finishes, so it must execute ``griddepcontrol.wait`` before reading what that kernel writes.
     Without cuLaunchKernelEx in the driver (:func:`supports_programmatic_launch`) it is an ordinary
     launch; results are the same either way.
+
+    ``cluster`` other than (1, 1, 1) launches thread-block clusters of that shape (sm_90+ devices;
+    each grid dimension must be a multiple of it): a kernel may rely on its cluster, so without
+    cuLaunchKernelEx this raises ValueError instead of launching without one.
     """
     (_extension or _c()).launch(
-        kernel, grid, block, smem, stream, params, device, programmatic_dependent_launch=programmatic_dependent_launch
+        kernel, grid, block, smem, stream, params, device, programmatic_dependent_launch=programmatic_dependent_launch,
+        cluster=cluster,
     )

@@ -89,13 +89,21 @@ def _split_k_counters(device: torch.device, stream: int) -> torch.Tensor:
     return counters
 
 
+# Clusters of up to 8 CTAs are portable (larger ones need an opt-in per kernel, and fit fewer GPCs).
+MAX_CLUSTER_SPLITS = 8
+
+
 def launch_gemm(a: torch.Tensor, packed, bias: torch.Tensor | None, spec: GemmSpec,
                 tile: TileConfig | None = None, out: torch.Tensor | None = None,
-                splits: int | None = None, kernel: tuple[KernelKey, object] | None = None) -> torch.Tensor:
+                splits: int | None = None, kernel: tuple[KernelKey, object] | None = None,
+                cluster_reduction: bool | None = None) -> torch.Tensor:
     """out = a @ dequant(packed)^T (+ bias) on a's device. `a` is (M, K) with unit column stride;
     `out`, if given, is a contiguous (M, N) tensor of a's dtype (tests pass a NaN-filled one).
     `kernel`, if given, is the (KernelKey, LoadedKernel) to launch instead of the one ``obtain``
-    picks (tests compare two builds of one key through this)."""
+    picks (tests compare two builds of one key through this). `cluster_reduction`: whether the
+    split-K slices are summed inside a thread-block cluster (KernelKey.reduces_splits_in_cluster)
+    instead of through the global workspace; None takes it wherever the kernel, the device and
+    the split count (2 to 8, the portable cluster sizes) allow it. Both give the same bits."""
     m, k = a.shape
     n = packed.n
     if out is None:
@@ -120,9 +128,18 @@ def launch_gemm(a: torch.Tensor, packed, bias: torch.Tensor | None, spec: GemmSp
         )
     elif not 1 <= splits <= k // tile.block_k or (splits > 1 and -(-m // tile.block_m) * -(-n // tile.block_n) > SPLIT_K_COUNTERS):
         raise ValueError(f"splits={splits} must be in [1, K / {tile.block_k}] with at most {SPLIT_K_COUNTERS} tiles")
+    clustered = (key.reduces_splits_in_cluster and kernel.cluster_launch
+                 and 2 <= splits <= MAX_CLUSTER_SPLITS)
+    if cluster_reduction and not clustered:
+        raise ValueError(
+            f"cluster_reduction=True but kernel {key.name} with splits={splits} cannot sum its K slices in a "
+            f"cluster (that needs KernelKey.reduces_splits_in_cluster, an sm_90+ device and 2 <= splits <= "
+            f"{MAX_CLUSTER_SPLITS})"
+        )
+    clustered = clustered and cluster_reduction is not False
     stream = torch.cuda.current_stream(a.device).cuda_stream
     workspace = counters = None
-    if splits > 1:
+    if splits > 1 and not clustered:
         workspace = torch.empty((splits, m, n), dtype=torch.float32, device=a.device)
         counters = _split_k_counters(a.device, stream)
     params = _PARAMS.pack(
@@ -140,5 +157,5 @@ def launch_gemm(a: torch.Tensor, packed, bias: torch.Tensor | None, spec: GemmSp
     )
     m_tiles = -(-m // tile.block_m)
     n_tiles = -(-n // tile.block_n)
-    kernel.launch((m_tiles * n_tiles, splits, 1), stream, params)
+    kernel.launch((m_tiles * n_tiles, splits, 1), stream, params, cluster=(1, splits, 1) if clustered else (1, 1, 1))
     return out

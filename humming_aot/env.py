@@ -63,6 +63,15 @@ PDL = _declare(
     "kernel before it in the stream. '0', 'false' or 'off': ordinary launches, e.g. to rule PDL out "
     "while debugging. Results are the same either way. Read when a kernel is first loaded on a device.",
 )
+CLUSTERS = _declare(
+    "HUMMING_AOT_CLUSTERS",
+    "1",
+    "'1', 'true' or 'on' (default): on sm_90+ GPUs the kernels that can (the 8-row tiles of M <= 8) sum "
+    "their split-K slices inside a thread-block cluster, through distributed shared memory. '0', "
+    "'false' or 'off': through the global workspace, as every other kernel does, e.g. to rule clusters "
+    "out while debugging. Results are the same bits either way. Read when a kernel is first loaded on "
+    "a device.",
+)
 CACHE_DIR = _declare(
     "HUMMING_AOT_CACHE_DIR",
     "~/.cache/humming_aot",
@@ -126,6 +135,17 @@ def pdl_enabled() -> bool:
         raise ValueError(
             f"HUMMING_AOT_PDL={value!r} is not one of 0/false/off or 1/true/on: set it to '0' to launch "
             "without Programmatic Dependent Launch or '1' (the default) to use it on sm_90+ GPUs"
+        )
+    return value.lower() in _PDL_ON
+
+
+def clusters_enabled() -> bool:
+    """Whether kernels on sm_90+ GPUs may sum their split-K slices inside a thread-block cluster."""
+    value = CLUSTERS.get()
+    if value.lower() not in _PDL_ON + _PDL_OFF:
+        raise ValueError(
+            f"HUMMING_AOT_CLUSTERS={value!r} is not one of 0/false/off or 1/true/on: set it to '0' to reduce "
+            "split-K slices through the global workspace or '1' (the default) to use clusters on sm_90+ GPUs"
         )
     return value.lower() in _PDL_ON
 

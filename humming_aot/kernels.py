@@ -108,13 +108,23 @@ class LoadedKernel:
     device: int  # CUDA device ordinal the kernel was prepared for
     # Launch with Programmatic Dependent Launch: HUMMING_AOT_PDL is on and `device` is sm_90+
     programmatic_launch: bool = False
+    # Thread-block clusters can be launched: `device` is sm_90+ and the driver has cuLaunchKernelEx
+    cluster_launch: bool = False
 
-    def launch(self, grid: tuple[int, int, int], stream: int, params: bytes) -> None:
+    def launch(self, grid: tuple[int, int, int], stream: int, params: bytes,
+               cluster: tuple[int, int, int] = (1, 1, 1)) -> None:
         """Launch on ``stream`` (a CUstream int, e.g. ``torch.cuda.current_stream().cuda_stream``).
 
         ``params`` are the bytes of the kernel's Params struct, exactly ``params_bytes`` long. With
         ``programmatic_launch`` the kernel may start while the previous kernel in ``stream`` finishes.
+        ``cluster`` other than (1, 1, 1) (only where ``cluster_launch``) groups the CTAs into
+        thread-block clusters of that shape.
         """
+        if cluster != (1, 1, 1) and not self.cluster_launch:
+            raise ValueError(
+                f"kernel {self.name}: cluster {cluster} asked on device {self.device}, which cannot launch "
+                "thread-block clusters (they need an sm_90+ device and a driver with cuLaunchKernelEx)"
+            )
         if len(params) != self.params_bytes:
             raise ValueError(
                 f"kernel {self.name}: params are {len(params)} bytes but the kernel takes {self.params_bytes}; "
@@ -123,7 +133,7 @@ class LoadedKernel:
         try:
             _launcher.launch(
                 self.kernel, grid, (self.threads, 1, 1), self.smem_bytes, stream, params, self.device,
-                programmatic_dependent_launch=self.programmatic_launch,
+                programmatic_dependent_launch=self.programmatic_launch, cluster=cluster,
             )
         except Exception as error:
             error.add_note(f"launching kernel {self.name} on device {self.device}")
@@ -238,7 +248,7 @@ def load_kernel_image(
     is unloaded again and the error propagates: KernelMetadataError for a metadata mismatch,
     ``_launcher.CudaError`` for a driver failure (e.g. CUDA_ERROR_NO_BINARY_FOR_GPU when the image
     has no code for this GPU), ``_launcher.DriverNotFoundError`` without a driver, ValueError for a
-    bad HUMMING_AOT_PDL.
+    bad HUMMING_AOT_PDL or HUMMING_AOT_CLUSTERS.
     """
     library = _launcher.load_library(image, f"kernel {name}")
     try:
@@ -247,6 +257,7 @@ def load_kernel_image(
         check_kernel_metadata(metadata, name=name, expected=expected)
         _allow_dynamic_smem(kernel, name=name, device=device, nbytes=metadata.smem_bytes)
         programmatic_launch = _use_programmatic_launch(device)
+        cluster_launch = _can_launch_clusters(device)
     except BaseException as error:
         if not isinstance(error, KernelMetadataError):
             error.add_note(f"while loading kernel {name} on device {device}")
@@ -264,6 +275,14 @@ def load_kernel_image(
         params_bytes=metadata.params_bytes,
         device=device,
         programmatic_launch=programmatic_launch,
+        cluster_launch=cluster_launch,
+    )
+
+
+def _can_launch_clusters(device: int) -> bool:
+    # thread-block clusters exist from sm_90 on, and only cuLaunchKernelEx takes their shape
+    return env.clusters_enabled() and _launcher.supports_programmatic_launch() and (
+        _launcher.device_attribute(device, _launcher.DeviceAttribute.COMPUTE_CAPABILITY_MAJOR) >= 9
     )
 
 

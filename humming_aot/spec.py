@@ -252,6 +252,15 @@ class KernelKey:
             and self.spec.w_zero_point is not ZeroPoint.FLOAT
         )
 
+    @property
+    def reduces_splits_in_cluster(self) -> bool:
+        """Whether the kernel sums its split-K slices inside a thread-block cluster when launched
+        with cluster dims (1, k_splits, 1): through distributed shared memory, without the global
+        workspace and counters (epilogue/cluster_exchange.cuh). The swapped-operand 8-row mma.sync
+        tile does so when compiled for sm_90 or later; launched without clusters, it uses the
+        workspace as every other kernel does."""
+        return self.tile.mma is MmaKind.MMA_SYNC and self.tile.block_m == 8 and parse_arch(self.arch)[0] >= 90
+
     def __str__(self) -> str:
         return self.name
 

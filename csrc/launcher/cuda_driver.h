@@ -54,19 +54,34 @@ using CUkernel = struct CUkern_st*;
 using CUfunction = struct CUfunc_st*;  // a CUkernel may be passed where a CUfunction is expected
 using CUstream = struct CUstream_st*;
 
-// cuLaunchKernelEx's configuration. Only the one attribute the launcher sets is declared; the
+// cuLaunchKernelEx's configuration. Only the attributes the launcher sets are declared; the
 // driver reads every attribute as an (id, 64-byte value) record, whatever the id.
 enum CUlaunchAttributeID : int {
+  // value.clusterDim: the grid is tiled into thread-block clusters of this shape (sm_90+), whose
+  // CTAs run together on one GPC and share their shared memory.
+  CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4,
+  // value.clusterSchedulingPolicyPreference: how the clusters are placed on the GPCs
+  CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE = 5,
   // value.programmaticStreamSerializationAllowed = 1: the kernel may start before the previous
   // kernel in its stream has finished (Programmatic Dependent Launch, sm_90+); it must execute
   // griddepcontrol.wait before touching memory that kernel writes.
   CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6,
 };
 
+enum CUclusterSchedulingPolicy : int {
+  CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING = 2,  // fill the GPCs evenly (the default spreads)
+};
+
 // alignas(8): <cuda.h>'s union also holds pointer and 64-bit members.
 union alignas(8) CUlaunchAttributeValue {
   char pad[64];
+  struct {
+    unsigned int x;
+    unsigned int y;
+    unsigned int z;
+  } clusterDim;
   int programmaticStreamSerializationAllowed;
+  CUclusterSchedulingPolicy clusterSchedulingPolicyPreference;
 };
 
 struct CUlaunchAttribute {

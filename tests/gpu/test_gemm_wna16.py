@@ -79,6 +79,44 @@ def test_kernel_matches_float64_reference(key):
             assert_bitwise_equal(out, _run(key, a, packed, bias), context)
 
 
+def _cluster_keys() -> list:
+    """The device keys that sum their split-K slices in a thread-block cluster (sm_90+ 8-row tiles)."""
+    keys = _device_keys()
+    if keys[0].values[0] is None:
+        return keys
+    return [param for param in keys if param.values[0].reduces_splits_in_cluster]
+
+
+@pytest.mark.parametrize("key", _cluster_keys())
+def test_cluster_and_workspace_split_k_give_the_same_bits(key):
+    """Launched with its K slices as one thread-block cluster, the 8-row tile sums them through
+    distributed shared memory instead of the global workspace: for every cluster size (2 to 8
+    slices) and M up to 8, both reductions give the same bits, close to the float64 reference."""
+    assert key is not None, "no kernel catalog"
+    assert dispatch.device_info(torch.cuda.current_device()).arches[0].startswith(("sm9", "sm1")), (
+        "an sm_90+ device serves keys that reduce in a cluster")
+    act = getattr(torch, key.spec.a_dtype)
+    seed = _seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    n, k = 320, 8 * max(128, key.tile.block_k)  # N: two full 128-column tiles and a part one
+    packed = _make_weight(key, n, k, 64, gen)
+    w_eff = packed.effective_weight(scales_in_fp32=key.scales_in_fp32)
+    spec = ops.gemm_spec(packed)
+    for m in (1, 7):
+        a = torch.randn(m, k, device="cuda", generator=gen).to(act)
+        bias = (torch.randn(n, device="cuda", generator=gen) * 0.5).to(act) if m == 7 else None
+        ref = reference_gemm(a, w_eff, bias)
+        for splits in (2, 3, 5, 8):
+            outs = []
+            for clustered in (True, False):
+                out = torch.full((m, n), float("nan"), dtype=act, device="cuda")
+                outs.append(dispatch.launch_gemm(a, packed, bias, spec, tile=key.tile, out=out, splits=splits,
+                                                 cluster_reduction=clustered))
+            context = f"key={key.name} m={m} n={n} k={k} splits={splits} seed={seed}"
+            assert_gemm_close(outs[0], ref, a=a, w_eff=w_eff, bias=bias, context=context)
+            assert_bitwise_equal(outs[0], outs[1], context)
+
+
 @pytest.mark.parametrize("key", _device_keys())
 def test_exact_grid_inputs_are_bitwise_exact(key):
     """Small-integer activations and power-of-two scales: every product and partial sum is exact in

@@ -192,12 +192,25 @@ def test_env_pdl_refuses_other_values(monkeypatch, value):
     assert "set it to '0'" in str(caught.value)  # says what to do
 
 
+@pytest.mark.parametrize(("value", "enabled"), [("1", True), ("", True), ("ON", True), ("0", False), ("off", False)])
+def test_env_clusters_switch(monkeypatch, value, enabled):
+    monkeypatch.setenv("HUMMING_AOT_CLUSTERS", value)
+    assert env.clusters_enabled() is enabled
+
+
+def test_env_clusters_refuses_other_values(monkeypatch):
+    monkeypatch.setenv("HUMMING_AOT_CLUSTERS", "2")
+    with pytest.raises(ValueError, match="HUMMING_AOT_CLUSTERS='2' is not one of 0/false/off or 1/true/on") as caught:
+        env.clusters_enabled()
+    assert "set it to '0'" in str(caught.value)
+
+
 def test_every_variable_is_documented():
     for name, value, is_set, doc in env.describe():
         assert name.startswith("HUMMING_AOT_") or name == "CUDA_HOME"
         assert len(doc) > 40
     assert {"HUMMING_AOT_CATALOG_DIR", "HUMMING_AOT_JIT", "HUMMING_AOT_CACHE_DIR", "HUMMING_AOT_NVCC",
-            "HUMMING_AOT_LOG_LEVEL", "HUMMING_AOT_PDL"} <= set(env.VARIABLES)
+            "HUMMING_AOT_LOG_LEVEL", "HUMMING_AOT_PDL", "HUMMING_AOT_CLUSTERS"} <= set(env.VARIABLES)
 
 
 def test_only_env_reads_os_environ():

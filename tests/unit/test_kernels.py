@@ -49,6 +49,8 @@ class FakeLauncher:
         self.unloaded: list[int] = []
         self.smem_calls: list[tuple[int, int, int]] = []
         self.launches: list[tuple] = []
+        self.clusters: list[tuple[int, int, int]] = []  # the cluster shape of each launch
+        self.has_launch_ex = True  # what supports_programmatic_launch says (the driver has cuLaunchKernelEx)
         self._next = 0x1000
 
     def _maybe_fail(self, call: str) -> None:
@@ -84,12 +86,17 @@ class FakeLauncher:
     def device_attribute(self, device, attribute):
         return self.attributes[attribute]
 
-    def launch(self, kernel, grid, block, smem, stream, params, device, *, programmatic_dependent_launch=False):
+    def launch(self, kernel, grid, block, smem, stream, params, device, *, programmatic_dependent_launch=False,
+               cluster=(1, 1, 1)):
         self.launches.append((kernel, grid, block, smem, stream, params, device, programmatic_dependent_launch))
+        self.clusters.append(cluster)
+
+    def supports_programmatic_launch(self) -> bool:
+        return self.has_launch_ex
 
     def install(self, monkeypatch) -> FakeLauncher:
         for name in ("load_library", "unload_library", "get_kernel", "read_global", "set_max_dynamic_smem",
-                     "device_attribute", "launch"):
+                     "device_attribute", "launch", "supports_programmatic_launch"):
             monkeypatch.setattr(_launcher, name, getattr(self, name))
         return self
 
@@ -97,6 +104,7 @@ class FakeLauncher:
 @pytest.fixture(autouse=True)
 def empty_cache(monkeypatch):
     monkeypatch.delenv("HUMMING_AOT_PDL", raising=False)  # the default, whatever the caller's shell says
+    monkeypatch.delenv("HUMMING_AOT_CLUSTERS", raising=False)
     kernels.clear_loaded_kernels()
     yield
     kernels.clear_loaded_kernels()
@@ -269,6 +277,39 @@ def test_programmatic_launch_needs_sm90_and_the_setting(monkeypatch, major, sett
     assert loaded.programmatic_launch is programmatic
     loaded.launch((1, 1, 1), 0, bytes(192))
     assert fake.launches[-1][-1] is programmatic  # passed as programmatic_dependent_launch
+
+
+@pytest.mark.parametrize(
+    ("major", "launch_ex", "setting", "clusters"),
+    [(8, True, None, False), (9, True, None, True), (12, True, None, True), (9, False, None, False),
+     (9, True, "0", False), (9, True, "on", True), (8, True, "1", False)],
+    ids=str,
+)
+def test_cluster_launch_needs_sm90_launch_ex_and_the_setting(monkeypatch, major, launch_ex, setting, clusters):
+    fake = FakeLauncher(metadata_bytes(), compute_capability_major=major).install(monkeypatch)
+    fake.has_launch_ex = launch_ex
+    if setting is not None:
+        monkeypatch.setenv("HUMMING_AOT_CLUSTERS", setting)
+    loaded = load()
+    assert loaded.cluster_launch is clusters
+    loaded.launch((4, 2, 1), 0, bytes(192))
+    assert fake.clusters[-1] == (1, 1, 1)  # no cluster unless asked
+    if clusters:
+        loaded.launch((4, 2, 1), 0, bytes(192), cluster=(1, 2, 1))
+        assert fake.clusters[-1] == (1, 2, 1)
+    else:
+        with pytest.raises(ValueError, match=f"kernel {NAME}: cluster \\(1, 2, 1\\) asked on device 0, which cannot "
+                                             "launch thread-block clusters"):
+            loaded.launch((4, 2, 1), 0, bytes(192), cluster=(1, 2, 1))
+        assert len(fake.launches) == 1
+
+
+def test_bad_cluster_setting_fails_the_load(monkeypatch):
+    fake = FakeLauncher(metadata_bytes(), compute_capability_major=9).install(monkeypatch)
+    monkeypatch.setenv("HUMMING_AOT_CLUSTERS", "sometimes")
+    with pytest.raises(ValueError, match="HUMMING_AOT_CLUSTERS='sometimes' is not one of 0/false/off or 1/true/on"):
+        load()
+    assert fake.unloaded == list(fake.loaded)
 
 
 def test_bad_pdl_setting_fails_the_load(monkeypatch):

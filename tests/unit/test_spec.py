@@ -156,6 +156,21 @@ def test_scales_in_fp32_only_for_the_swapped_tile_with_integer_codes(name, expec
     assert KernelKey.from_name(name).scales_in_fp32 is expected
 
 
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("gemm_dense_sm90a_mma_a-bf16_w-s4-g-bf16_o-bf16_8x128x256_w1x2x4_s2", True),
+        ("gemm_dense_sm90_mma_a-f16_w-e2m1-g-f16_o-f16_8x128x64_w1x2_s3", True),
+        ("gemm_dense_sm120_mma_a-bf16_w-u4-g-bf16-zpf_o-bf16_8x128x256_w1x2x4_s2", True),
+        ("gemm_dense_sm89_mma_a-bf16_w-s4-g-bf16_o-bf16_8x128x256_w1x2x4_s2", False),  # no clusters before sm_90
+        ("gemm_dense_sm90a_mma_a-bf16_w-s4-g-bf16_o-bf16_16x128x256_w1x2x4_s2", False),  # the 16-row tile
+        (WGMMA, False),
+    ],
+)
+def test_only_the_8_row_tile_on_sm90_and_later_reduces_in_a_cluster(name, expected):
+    assert KernelKey.from_name(name).reduces_splits_in_cluster is expected
+
+
 def test_default_catalog_holds_kernels_of_both_scale_models():
     """The sm90a table serves M <= 8 with fp32-scaled integer kernels and everything else rounded."""
     sm90a = [key for key in DEFAULT_KEYS if key.arch == "sm90a"]

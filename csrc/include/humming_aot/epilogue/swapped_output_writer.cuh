@@ -10,7 +10,9 @@
 // barrier behind the slowest warp. SM80+.
 
 #include <humming_aot/kernel/params.cuh>
+#include <humming_aot/epilogue/cluster_exchange.cuh>
 #include <humming_aot/epilogue/split_k_arrival.cuh>
+#include <humming_aot/numerics/host_device.cuh>
 #include <humming_aot/numerics/packed_half2.cuh>
 
 namespace humming_aot::epilogue {
@@ -77,6 +79,53 @@ struct SwappedOutputWriter {
       if (token < p.m && col < p.n) store(p, token, col, acc[j][e]);
     });
     if (threadIdx.x == 0) p.tile_counters[tile_index] = 0;  // ready for the next launch
+  }
+
+  // Shared-memory bytes write_in_cluster needs for a CTA of kWarps warps.
+  static HUMMING_AOT_HOST_DEVICE constexpr int exchange_bytes(int warps) { return warps * kTiles * 32 * 16; }
+
+  // The split-K reduction inside a thread-block cluster (epilogue/cluster_exchange.cuh), taken
+  // when the launch made the tile's K slices one cluster (its size is k_splits > 1); returns
+  // false, having done nothing, otherwise (then call write). Every thread of the CTA calls it.
+  //   exchange: shared::cta address of exchange_bytes(warps) bytes of this CTA's shared memory,
+  //             free once every warp of the CTA is done with what it holds
+  //   slot:     this warp's index in the CTA (each warp holds one share of the tile)
+  // Warp `slot` of the CTA of rank r sums its share over the slices iff slot % k_splits == r, in
+  // slice order from zero as write() does (same bits), and writes it.
+  static __device__ __forceinline__ bool write_in_cluster(const kernel::GemmParams& p, const Accumulators& acc,
+                                                          int token0, int col0, u32 exchange, int slot) {
+    if (!cluster::kAvailable || p.k_splits == 1 || cluster::size() != static_cast<u32>(p.k_splits)) return false;
+    const u32 mine = exchange + (slot * kTiles * 32 + (threadIdx.x & 31)) * 16;  // fragment j at + 512 j
+    __syncthreads();  // every warp is done with the scratch's previous contents
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) cluster::store4(mine + 512 * j, acc[j]);
+    cluster::arrive();
+    cluster::wait();
+    const bool owner = slot % p.k_splits == static_cast<int>(cluster::rank());  // warp-uniform
+    float sum[kTiles][4];
+    if (owner) {
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sum[j][e] = 0.f;
+      for (int s = 0; s < p.k_splits; ++s) {
+#pragma unroll
+        for (int j = 0; j < kTiles; ++j) {
+          float v[4];
+          cluster::load4(mine + 512 * j, static_cast<u32>(s), v);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sum[j][e] += v[e];
+        }
+      }
+    }
+    cluster::arrive();  // done reading the other slices' shared memory
+    if (owner) {
+      for_each(token0, col0, [&](int j, int e, int token, int col) {
+        if (token < p.m && col < p.n) store(p, token, col, sum[j][e]);
+      });
+    }
+    cluster::wait();  // no CTA leaves while another may still read its shared memory
+    return true;
   }
 };
 

@@ -88,6 +88,9 @@ struct DenseMmaSync {
   using ShareWriter = epilogue::OutputWriter<Act, kMTiles, kShareTiles>;
   using SwappedWriter = epilogue::SwappedOutputWriter<Act, kNTiles>;
   using SwappedShareWriter = epilogue::SwappedOutputWriter<Act, kShareTiles>;
+  static_assert(!kSwapped || (kWarpsK > 1 ? SwappedShareWriter::exchange_bytes(kThreads / 32)
+                                         : SwappedWriter::exchange_bytes(kThreads / 32)) <= kSmemBytes,
+                "the in-cluster split-K reduction exchanges the warps' shares through the pipeline's shared memory");
 
   // Everything a warp reads from shared memory for one 16-row K step.
   struct StepFragments {
@@ -371,12 +374,16 @@ struct DenseMmaSync {
       share_over_k_warps(smem, warp_mn, warp_k, acc, share);
       const int col0 = n0 + warp_n * 64 + kTileColumns * kShareTiles * warp_k;
       if constexpr (kSwapped) {
-        SwappedShareWriter::write(p, share[0], m0, col0, tile.tile_index, &arrival_flag);
+        if (!SwappedShareWriter::write_in_cluster(p, share[0], m0, col0, smem_base, warp)) {
+          SwappedShareWriter::write(p, share[0], m0, col0, tile.tile_index, &arrival_flag);
+        }
       } else {
         ShareWriter::write(p, share, m0 + warp_m * kWarpRows, col0, tile.tile_index, &arrival_flag);
       }
     } else if constexpr (kSwapped) {
-      SwappedWriter::write(p, acc[0], m0, n0 + warp_n * 64, tile.tile_index, &arrival_flag);
+      if (!SwappedWriter::write_in_cluster(p, acc[0], m0, n0 + warp_n * 64, smem_base, warp)) {
+        SwappedWriter::write(p, acc[0], m0, n0 + warp_n * 64, tile.tile_index, &arrival_flag);
+      }
     } else {
       Writer::write(p, acc, m0 + warp_m * kWarpRows, n0 + warp_n * 64, tile.tile_index, &arrival_flag);
     }
