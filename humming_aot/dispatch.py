@@ -66,7 +66,7 @@ def obtain(spec: GemmSpec, device_index: int, m: int, tile: TileConfig | None = 
     job; a first call that compiles blocks other first calls of this process for its duration.
     """
     info = device_info(device_index)
-    table_tile = tile or heuristics.select_tile(info.arches[0], m, k, group)
+    table_tile = tile or heuristics.select_tile(info.arches[0], m, k, group, spec.w_bits)
     cache_key = (spec, device_index, table_tile, tile is not None)
     hit = _selected.get(cache_key)
     if hit is not None:

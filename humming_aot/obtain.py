@@ -99,11 +99,11 @@ def select_key(spec: GemmSpec, info: "DeviceInfo", m: int, tile: TileConfig | No
         return KernelKey(arch=jit_arch(spec, info), spec=spec, tile=tile)
     if catalog is not None:
         for arch in info.arches:
-            key = _key_if_valid(arch, spec, heuristics.select_tile(arch, m, k, group))
+            key = _key_if_valid(arch, spec, heuristics.select_tile(arch, m, k, group, spec.w_bits))
             if key is not None and catalog.lookup(key.name) is not None:
                 return key
     arch = jit_arch(spec, info)
-    preferred = KernelKey(arch=arch, spec=spec, tile=heuristics.select_tile(arch, m, k, group))
+    preferred = KernelKey(arch=arch, spec=spec, tile=heuristics.select_tile(arch, m, k, group, spec.w_bits))
     usable, reason = _jit_usable(arch)
     if usable:  # the table's tile compiled once beats a catalog tile made for another M
         return preferred

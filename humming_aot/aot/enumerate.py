@@ -43,10 +43,12 @@ class Family:
             w_dtypes=list(self.w_dtypes) if self.w_dtypes is not None else None,
         )
 
-    def tiles_for(self, arch: str) -> list[TileConfig]:
-        """The family's tiles for an arch; a tile wider than 64 in K brings its 64-wide twin, which serves
-        the shapes and group sizes it does not fit (heuristics.tile_fits)."""
-        listed = [tile for _, tile in heuristics.arch_tile_table(arch)] if self.tiles == "table" else list(self.tiles)
+    def tiles_for(self, arch: str, w_bits: int) -> list[TileConfig]:
+        """The family's tiles for an arch and w_bits-bit codes (the table's rows for such codes); a tile
+        wider than 64 in K brings its 64-wide twin, which serves the shapes and group sizes it does
+        not fit (heuristics.tile_fits)."""
+        listed = ([tile for _, tile in heuristics.arch_tile_table(arch, w_bits)] if self.tiles == "table"
+                  else list(self.tiles))
         seen = []
         for tile in listed:
             for t in (tile, heuristics.narrow_twin(tile)):
@@ -190,7 +192,7 @@ def enumerate_catalog(catalog: str = "default", archs: list[str] | None = None) 
             for spec in family.specs():
                 if not support.is_supported(spec, arch):  # a family never widens support.toml
                     raise AssertionError(support.why_unsupported(spec, arch))
-                for tile in family.tiles_for(arch):
+                for tile in family.tiles_for(arch, spec.w_bits):
                     key = KernelKey(arch=arch, spec=spec, tile=tile)
                     smem = heuristics.smem_bytes(tile, spec.w_bits, spec.w_zero_point is not ZeroPoint.NONE)
                     if smem > limit:

@@ -35,29 +35,32 @@ DEFAULT_SPLIT_CTAS_PER_SM = 4
 
 
 @functools.cache
-def _table_rows(arch: str) -> tuple[tuple[int, TileConfig, int], ...]:
-    """((max_m, tile, split-K CTAs per SM), ...) in M order for an arch."""
+def _table_rows(arch: str) -> tuple[tuple[int, TileConfig, int, int], ...]:
+    """((max_m, tile, split-K CTAs per SM, max_w_bits), ...) in M order for an arch."""
     entry = load_toml("tiles.toml")["arch"][table_arch_for(arch)]
     rows = []
     for row in entry["tiles"]:
         row = dict(row)
         max_m = row.pop("max_m")
         split = row.pop("split_ctas_per_sm", DEFAULT_SPLIT_CTAS_PER_SM)
+        max_w_bits = row.pop("max_w_bits", 8)
         mma = MmaKind(row.pop("mma", MmaKind.MMA_SYNC.value))
-        rows.append((max_m, TileConfig(mma=mma, **row), split))
+        rows.append((max_m, TileConfig(mma=mma, **row), split, max_w_bits))
     return tuple(rows)
 
 
 @functools.cache
-def arch_tile_table(arch: str) -> tuple[tuple[int, TileConfig], ...]:
-    """((max_m, tile), ...) in M order for an arch."""
-    return tuple((max_m, tile) for max_m, tile, _ in _table_rows(arch))
+def arch_tile_table(arch: str, w_bits: int = 8) -> tuple[tuple[int, TileConfig], ...]:
+    """((max_m, tile), ...) in M order for an arch and weight codes of w_bits bits: the rows
+    without max_w_bits, and those whose max_w_bits admits the codes (a row for narrow codes
+    comes before the general row it overrides)."""
+    return tuple((max_m, tile) for max_m, tile, _, max_w_bits in _table_rows(arch) if w_bits <= max_w_bits)
 
 
 @functools.cache
 def _split_rows(arch: str, tile: TileConfig) -> tuple[tuple[int, int], ...]:
     """((max_m, split-K CTAs per SM), ...) of the table rows holding ``tile`` or its wide-K original."""
-    return tuple((max_m, split) for max_m, row_tile, split in _table_rows(arch)
+    return tuple((max_m, split) for max_m, row_tile, split, _ in _table_rows(arch)
                  if tile in (row_tile, narrow_twin(row_tile)))
 
 
@@ -119,13 +122,16 @@ def narrow_twin(tile: TileConfig) -> TileConfig:
     return dataclasses.replace(tile, block_k=64, stages=max(tile.stages, 3))
 
 
-def select_tile(arch: str, m: int, k: int | None = None, group: int | None = None) -> TileConfig:
-    """The table's tile for a problem with m rows (and, when given, K and group size: a wide-K
-    tile that does not fit them gives way to its 64-wide twin)."""
-    tile = next((tile for max_m, tile in arch_tile_table(arch) if m <= max_m), arch_tile_table(arch)[-1][1])
-    if k is not None and group is not None and not tile_fits(tile, k, group):
-        return narrow_twin(tile)
-    return tile
+def select_tile(arch: str, m: int, k: int | None = None, group: int | None = None, w_bits: int = 8) -> TileConfig:
+    """The table's tile for a problem with m rows and w_bits-bit weight codes (and, when given, K
+    and group size: a wide-K tile that does not fit them gives way to the general row it overrides
+    for narrow codes, if that one fits, else to its own 64-wide twin)."""
+    table = arch_tile_table(arch, w_bits)
+    row_m = next((max_m for max_m, _ in table if m <= max_m), table[-1][0])
+    candidates = [tile for max_m, tile in table if max_m == row_m]
+    if k is None or group is None:
+        return candidates[0]
+    return next((tile for tile in candidates if tile_fits(tile, k, group)), narrow_twin(candidates[0]))
 
 
 def split_k_factor(*, m: int, n: int, k: int, tile: TileConfig, num_sms: int, max_tiles: int,

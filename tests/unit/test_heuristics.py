@@ -44,6 +44,29 @@ def test_select_tile_falls_back_to_the_twin_for_shapes_the_table_tile_does_not_f
     assert fallback == heuristics.narrow_twin(table_tile)
 
 
+def test_rows_for_narrow_codes_override_the_general_row():
+    """sm90a stages 512 of K at a time for 1- and 2-bit codes at M <= 8; where K is not a multiple
+    of 512, the general row's 256-wide tile serves them (not the 64-wide twin); wider codes and
+    larger M never see the narrow-code row."""
+    narrow = heuristics.select_tile("sm90a", 1, k=8192, group=128, w_bits=1)
+    assert (narrow.block_m, narrow.block_k) == (8, 512)
+    assert heuristics.select_tile("sm90a", 8, k=8192, group=128, w_bits=2) == narrow
+    assert heuristics.select_tile("sm90a", 1, w_bits=2) == narrow
+    general = heuristics.select_tile("sm90a", 1, k=8192, group=128, w_bits=3)
+    assert (general.block_m, general.block_k) == (8, 256)
+    assert heuristics.select_tile("sm90a", 1, k=11008, group=128, w_bits=1) == general  # 43 x 256
+    assert heuristics.select_tile("sm90a", 1, k=1088, group=64, w_bits=1) == heuristics.narrow_twin(narrow)
+    assert heuristics.select_tile("sm90a", 9, w_bits=1) == heuristics.select_tile("sm90a", 9, w_bits=8)
+    assert narrow not in [tile for _, tile in heuristics.arch_tile_table("sm90a", 3)]
+
+
+def test_the_catalog_builds_narrow_code_tiles_for_narrow_codes_only():
+    keys = enumerate_keys("default", ["sm90a"])
+    narrow = [key for key in keys if key.tile.block_m == 8 and key.tile.block_k == 512]
+    assert {key.spec.w_bits for key in narrow} == {1, 2}
+    assert {key.spec.w_dtype for key in narrow} >= {"int1", "int2", "uint1", "uint2"}
+
+
 def test_every_catalog_with_a_wide_tile_holds_its_twin():
     keys = enumerate_keys("default")
     names = {key.name for key in keys}

@@ -51,7 +51,7 @@ def main() -> None:
     else:
         packs = [humming_aot.pack(humming_aot.quantize(w, args.format), act_dtype=act) for w in weights]
         arch = dispatch.device_info(torch.cuda.current_device()).arches[0]
-        tile = args.tile or heuristics.select_tile(arch, args.m)
+        tile = args.tile or heuristics.select_tile(arch, args.m, w_bits=ops.gemm_spec(packs[0]).w_bits)
         calls = [lambda p=p: ops.gemm_with_tile(a, p, tile, splits=args.splits) for p in packs]
     for call in calls:  # warm-up: compiles, allocations
         call()
