@@ -5,7 +5,9 @@
 // (+ bias) -> activation dtype -> global memory, with the deterministic split-K reduction of
 // epilogue/output_writer.cuh: each K slice stores its fp32 partials in the workspace, and the
 // CTA that arrives last at the tile's counter sums them in slice order 0..k_splits-1, writes
-// the output and resets the counter. Every lane writes its own values in place: a tile of at
+// the output and resets the counter; or, on sm_90+ when the launch made the K slices one
+// thread-block cluster, write_in_cluster sums them through distributed shared memory in the
+// same order (same bits). Every lane writes its own values in place: a tile of at
 // most 8 rows gains nothing from being staged for wider stores, and staging would cost a CTA
 // barrier behind the slowest warp. SM80+.
 
