@@ -12,7 +12,7 @@ from humming_aot.spec import KernelKey, MmaKind, ZeroPoint
 # 1: GemmParams; 2: kernels wait on griddepcontrol before reading upstream data, so the launcher
 # may launch them with programmatic dependent launch (older images must not be launched so);
 # 3: the last GemmParams field is the fp32 global weight scale (version 2 kernels ignore it).
-PARAMS_VERSION = 3
+PARAMS_VERSION = 4
 
 _ACT_TYPES = {"float16": "humming_aot::numerics::Float16", "bfloat16": "humming_aot::numerics::BFloat16"}
 _ZERO_POINT = {

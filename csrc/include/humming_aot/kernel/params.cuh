@@ -4,13 +4,15 @@
 // Contract changes bump kParamsVersion (and humming_aot.aot.codegen.PARAMS_VERSION); version 2:
 // every kernel calls schedule::wait_for_upstream_grid() before touching upstream data, which makes
 // it safe to launch with programmatic dependent launch; version 3: the last field is the fp32
-// global weight scale (it was a reserved 0).
+// global weight scale (it was a reserved 0); version 4: the 8-row tiles of sm_90+ launched with
+// cluster dims (1, k_splits, 1) sum their K slices inside the cluster and get no workspace or
+// counters (epilogue/cluster_exchange.cuh).
 
 #include <humming_aot/numerics/types.cuh>
 
 namespace humming_aot::kernel {
 
-inline constexpr u32 kParamsVersion = 3;
+inline constexpr u32 kParamsVersion = 4;
 inline constexpr u32 kMetadataMagic = 0x544F4148u;  // "HAOT" little-endian
 
 // Packed by humming_aot.dispatch with struct format "<8Q2q5if" (104 bytes).
@@ -21,8 +23,10 @@ struct GemmParams {
   const void* w_zero_point;  // same layout as w_scale (zero point as a value), or nullptr
   const void* bias;          // (n) activation dtype, or nullptr
   void* out;                 // (m, n) activation dtype, row stride ldo elements
-  float* workspace;          // (k_splits, m, n) fp32 split-K partial sums; unused when k_splits == 1
+  float* workspace;          // (k_splits, m, n) fp32 split-K partial sums; unused (may be nullptr) when
+                             // k_splits == 1 or the K slices are one cluster (version 4)
   int* tile_counters;        // split-K arrival counters, one per output tile, zero between launches
+                             // (nullptr where the workspace is)
   i64 lda;                   // elements between activation rows
   i64 ldo;                   // elements between output rows
   int m, n, k;               // problem size; n % 64 == 0, k % 64 == 0
