@@ -10,7 +10,7 @@
 #   launcher  python3 setup.py build_ext --inplace -j 16            -> build.log
 #   catalog   python3 -m humming_aot build --arch sm90a --inplace   -> build.log (timed)
 #   tests     pytest tests/gpu -m gpu                               -> tests.log, tests.xml
-#   tune      tools/bench/tune_tiles.py (extra args: $TUNE_ARGS)   -> tune.log, tune.json
+#   tune      tools/bench/tune_tiles.py (extra args: $TUNE_ARGS)   -> bench.log, tune.json
 #   bench     tools/bench/bench_gemm.py (extra args: $BENCH_ARGS)  -> bench.log, bench.json
 #   cold      tools/bench/cold_start.py (extra args: $COLD_ARGS)   -> bench.log, cold_start.json
 # Other knobs: HUMMING_AOT_DEVICE_CATALOG (default "default"), DEVICE_ARCH (default sm90a),
@@ -18,9 +18,10 @@
 # with shell quoting rules: PYTEST_ARGS="-k 'not fuzz'" passes -k and "not fuzz".
 #
 # A failing step does not stop the next; each step's exit code and duration go to summary.txt
-# as soon as it ends (so a run cut short still says how far it got). At most 9 files are written
-# to OUTDIR: summary.txt build.log tests.log tests.xml tune.log tune.json bench.log bench.json
-# cold_start.json. The tune step only makes sense with a catalog of tile variants
+# as soon as it ends (so a run cut short still says how far it got). At most 8 files are written
+# to OUTDIR, as many as the device tool brings back: summary.txt build.log tests.log tests.xml
+# bench.log (the tune, bench and cold steps) tune.json bench.json cold_start.json. The tune step
+# only makes sense with a catalog of tile variants
 # (HUMMING_AOT_DEVICE_CATALOG=catalog/tuning_sm90a.toml); it is not in the default step list.
 # Nothing is written outside the repository and /tmp.
 set -uo pipefail
@@ -163,7 +164,7 @@ wanted wheels && run_step wheels "$OUTDIR/build.log" step_wheels
 wanted launcher && run_step launcher "$OUTDIR/build.log" step_launcher
 wanted catalog && run_step catalog "$OUTDIR/build.log" step_catalog
 wanted tests && run_step tests "$OUTDIR/tests.log" step_tests
-wanted tune && run_step tune "$OUTDIR/tune.log" step_tune
+wanted tune && run_step tune "$OUTDIR/bench.log" step_tune
 wanted bench && run_step bench "$OUTDIR/bench.log" step_bench
 wanted cold && run_step cold "$OUTDIR/bench.log" step_cold
 
