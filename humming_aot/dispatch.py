@@ -128,15 +128,14 @@ def launch_gemm(a: torch.Tensor, packed, bias: torch.Tensor | None, spec: GemmSp
         )
     elif not 1 <= splits <= k // tile.block_k or (splits > 1 and -(-m // tile.block_m) * -(-n // tile.block_n) > SPLIT_K_COUNTERS):
         raise ValueError(f"splits={splits} must be in [1, K / {tile.block_k}] with at most {SPLIT_K_COUNTERS} tiles")
-    clustered = (key.reduces_splits_in_cluster and kernel.cluster_launch
-                 and 2 <= splits <= MAX_CLUSTER_SPLITS)
-    if cluster_reduction and not clustered:
+    can_cluster = key.reduces_splits_in_cluster and kernel.cluster_launch and 2 <= splits <= MAX_CLUSTER_SPLITS
+    if cluster_reduction and not can_cluster:
         raise ValueError(
             f"cluster_reduction=True but kernel {key.name} with splits={splits} cannot sum its K slices in a "
             f"cluster (that needs KernelKey.reduces_splits_in_cluster, an sm_90+ device and 2 <= splits <= "
             f"{MAX_CLUSTER_SPLITS})"
         )
-    clustered = clustered and cluster_reduction is not False
+    clustered = can_cluster and cluster_reduction is not False
     stream = torch.cuda.current_stream(a.device).cuda_stream
     workspace = counters = None
     if splits > 1 and not clustered:

@@ -105,8 +105,8 @@ CUDA_HOME = _declare(
 )
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-_PDL_ON = ("1", "true", "on")
-_PDL_OFF = ("0", "false", "off")
+_ON = ("1", "true", "on")
+_OFF = ("0", "false", "off")
 
 
 def catalog_dirs() -> list[Path]:
@@ -128,26 +128,26 @@ def jit_enabled() -> bool:
     return value == "1"
 
 
+def _switch(var: EnvVar, off_means: str, on_means: str) -> bool:
+    """An on/off variable: 1/true/on or 0/false/off in any case; anything else is an error that
+    says what either setting does."""
+    value = var.get()
+    if value.lower() not in _ON + _OFF:
+        raise ValueError(
+            f"{var.name}={value!r} is not one of 0/false/off or 1/true/on: set it to '0' to {off_means} "
+            f"or '1' (the default) to {on_means}"
+        )
+    return value.lower() in _ON
+
+
 def pdl_enabled() -> bool:
     """Whether kernels on sm_90+ GPUs may be launched with Programmatic Dependent Launch."""
-    value = PDL.get()
-    if value.lower() not in _PDL_ON + _PDL_OFF:
-        raise ValueError(
-            f"HUMMING_AOT_PDL={value!r} is not one of 0/false/off or 1/true/on: set it to '0' to launch "
-            "without Programmatic Dependent Launch or '1' (the default) to use it on sm_90+ GPUs"
-        )
-    return value.lower() in _PDL_ON
+    return _switch(PDL, "launch without Programmatic Dependent Launch", "use it on sm_90+ GPUs")
 
 
 def clusters_enabled() -> bool:
     """Whether kernels on sm_90+ GPUs may sum their split-K slices inside a thread-block cluster."""
-    value = CLUSTERS.get()
-    if value.lower() not in _PDL_ON + _PDL_OFF:
-        raise ValueError(
-            f"HUMMING_AOT_CLUSTERS={value!r} is not one of 0/false/off or 1/true/on: set it to '0' to reduce "
-            "split-K slices through the global workspace or '1' (the default) to use clusters on sm_90+ GPUs"
-        )
-    return value.lower() in _PDL_ON
+    return _switch(CLUSTERS, "reduce split-K slices through the global workspace", "use clusters on sm_90+ GPUs")
 
 
 def cache_dir() -> Path:

@@ -256,8 +256,7 @@ def load_kernel_image(
         metadata = parse_kernel_metadata(_launcher.read_global(library, KERNEL_METADATA_SYMBOL, device), kernel=name)
         check_kernel_metadata(metadata, name=name, expected=expected)
         _allow_dynamic_smem(kernel, name=name, device=device, nbytes=metadata.smem_bytes)
-        programmatic_launch = _use_programmatic_launch(device)
-        cluster_launch = _can_launch_clusters(device)
+        programmatic_launch, cluster_launch = _launch_features(device)
     except BaseException as error:
         if not isinstance(error, KernelMetadataError):
             error.add_note(f"while loading kernel {name} on device {device}")
@@ -279,18 +278,15 @@ def load_kernel_image(
     )
 
 
-def _can_launch_clusters(device: int) -> bool:
-    # thread-block clusters exist from sm_90 on, and only cuLaunchKernelEx takes their shape
-    return env.clusters_enabled() and _launcher.supports_programmatic_launch() and (
+def _launch_features(device: int) -> tuple[bool, bool]:
+    """(Programmatic Dependent Launch, thread-block clusters) for kernels on ``device``: both exist
+    from sm_90 on (griddepcontrol; clusters), each has its setting, and only cuLaunchKernelEx
+    takes a cluster shape."""
+    pdl, clusters = env.pdl_enabled(), env.clusters_enabled()
+    sm90 = (pdl or clusters) and (
         _launcher.device_attribute(device, _launcher.DeviceAttribute.COMPUTE_CAPABILITY_MAJOR) >= 9
     )
-
-
-def _use_programmatic_launch(device: int) -> bool:
-    # griddepcontrol (the wait / launch_dependents pair PDL relies on) exists from sm_90 on.
-    return env.pdl_enabled() and (
-        _launcher.device_attribute(device, _launcher.DeviceAttribute.COMPUTE_CAPABILITY_MAJOR) >= 9
-    )
+    return pdl and sm90, clusters and sm90 and _launcher.supports_programmatic_launch()
 
 
 def _allow_dynamic_smem(kernel: int, *, name: str, device: int, nbytes: int) -> None:

@@ -304,18 +304,11 @@ def test_cluster_launch_needs_sm90_launch_ex_and_the_setting(monkeypatch, major,
         assert len(fake.launches) == 1
 
 
-def test_bad_cluster_setting_fails_the_load(monkeypatch):
+@pytest.mark.parametrize(("variable", "value"), [("HUMMING_AOT_PDL", "maybe"), ("HUMMING_AOT_CLUSTERS", "sometimes")])
+def test_a_bad_launch_setting_fails_the_load(monkeypatch, variable, value):
     fake = FakeLauncher(metadata_bytes(), compute_capability_major=9).install(monkeypatch)
-    monkeypatch.setenv("HUMMING_AOT_CLUSTERS", "sometimes")
-    with pytest.raises(ValueError, match="HUMMING_AOT_CLUSTERS='sometimes' is not one of 0/false/off or 1/true/on"):
-        load()
-    assert fake.unloaded == list(fake.loaded)
-
-
-def test_bad_pdl_setting_fails_the_load(monkeypatch):
-    fake = FakeLauncher(metadata_bytes(), compute_capability_major=9).install(monkeypatch)
-    monkeypatch.setenv("HUMMING_AOT_PDL", "maybe")
-    with pytest.raises(ValueError, match="HUMMING_AOT_PDL='maybe' is not one of 0/false/off or 1/true/on"):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValueError, match=f"{variable}={value!r} is not one of 0/false/off or 1/true/on"):
         load()
     assert fake.unloaded == list(fake.loaded)
 
