@@ -103,7 +103,9 @@ struct SwappedOutputWriter {
     for (int j = 0; j < kTiles; ++j) cluster::store4(mine + 512 * j, acc[j]);
     cluster::arrive();
     cluster::wait();
-    const bool owner = slot % p.k_splits == static_cast<int>(cluster::rank());  // warp-uniform
+    int owner_rank = slot;  // slot % k_splits, without a division (slot < 32, k_splits <= 8)
+    while (owner_rank >= p.k_splits) owner_rank -= p.k_splits;
+    const bool owner = owner_rank == static_cast<int>(cluster::rank());  // warp-uniform
     float sum[kTiles][4];
     if (owner) {
 #pragma unroll

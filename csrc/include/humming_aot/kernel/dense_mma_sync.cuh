@@ -127,8 +127,12 @@ struct DenseMmaSync {
     u32 w[kSteps];           // the lane's packed words of the warp's unit
     u32 s[kSteps];           // the lane's scale pairs (scale row of the step); zero points at + kSBytes
 
+    StepOffsets() = default;
     __device__ __forceinline__ StepOffsets(int warp_m, int warp_n, int warp_k, const Walk& walk) {
-      const int lane = threadIdx.x & 31;
+      int lane = threadIdx.x & 31, step_shift = walk.step_shift;
+      // inputs opaque too: the work below then stays where the caller put it (after the
+      // prologue's first copies) instead of being hoisted ahead of them
+      asm volatile("" : "+r"(lane), "+r"(warp_m), "+r"(warp_n), "+r"(warp_k), "+r"(step_shift));
 #pragma unroll
       for (int i = 0; i < kSteps; ++i) {
         const int kk = warp_k * kSteps + i;
@@ -142,7 +146,7 @@ struct DenseMmaSync {
           }
         }
         w[i] = kABytes + 4 * (((kk * kUnits + warp_n) * 32 + lane) * kWordsPerLane);
-        s[i] = kABytes + kWBytes + 2 * ((kk >> walk.step_shift) * kBlockN + warp_n * 64 + (lane >> 2) * 8);
+        s[i] = kABytes + kWBytes + 2 * ((kk >> step_shift) * kBlockN + warp_n * 64 + (lane >> 2) * 8);
         // opaque to the compiler, which would otherwise recompute them from threadIdx every stage
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi) asm volatile("" : "+r"(a[i][mi]));
@@ -328,6 +332,8 @@ struct DenseMmaSync {
     __shared__ int arrival_flag;
     const Scheduler tile(p.m, p.n, p.k, p.k_splits);
     const int m0 = tile.m_tile * kBlockM, n0 = tile.n_tile * kBlockN;
+    const int count = tile.k_tile_end - tile.k_tile_begin;
+    const u32 smem_base = memory::shared_address(smem);
     const int warp = threadIdx.x >> 5;
     const int warp_k = warp / (kWarpsM * kWarpsN), warp_mn = warp % (kWarpsM * kWarpsN);
     const int warp_m = warp_mn / kWarpsN, warp_n = warp_mn % kWarpsN;
@@ -337,15 +343,17 @@ struct DenseMmaSync {
     // (a CTA-uniform test, which keeps the branch below uniform).
     static_assert((kSteps & (kSteps - 1)) == 0, "K steps per warp: a power of two");
     const bool one_scale_row = kSteps <= (1 << walk.step_shift);
-    const StepOffsets offsets(warp_m, warp_n, warp_k, walk);
 
+    // The first stages' weights leave before this thread's shared-memory offsets are worked out
+    // (the prologue's setup step), which only the first stage's compute needs.
+    StageLoader loader(p, n0, tile.k_tile_begin);
+    StepOffsets offsets;
+    loader.template load_prologue<kStages - 1, kStageBytes>(p, m0, n0, tile.k_tile_begin, smem_base, count, [&] {
+      offsets = StepOffsets(warp_m, warp_n, warp_k, walk);
+    });
     float acc[kMTiles][kNTiles][4];
     Writer::zero(acc);
 
-    const int count = tile.k_tile_end - tile.k_tile_begin;
-    const u32 smem_base = memory::shared_address(smem);
-    StageLoader loader(p, m0, n0, tile.k_tile_begin);
-    loader.template load_prologue<kStages - 1, kStageBytes>(smem_base, count);
     int compute_slot = 0, load_slot = kStages - 1;
     for (int it = 0; it < count; ++it) {
       memory::cp_async_wait<kStages - 2>();

@@ -51,6 +51,12 @@ struct GroupWalk {
 // Per-thread cp.async issuer of the pipeline stages. Every source pointer and predicate is
 // computed once per CTA; a stage load only adds the K offset, so the main loop carries no 64-bit
 // multiplies or divisions. Stages must be loaded in K order (advance() after each).
+//
+// Set up in three parts, in the order load_prologue() issues the first stages: the constructor
+// computes only the packed-weight sources (they need nothing but the tile), so the first DRAM
+// requests leave within a few dozen instructions of the kernel's start; the scale sources (a
+// division for groups wider than a stage) and the activation sources follow inside
+// load_prologue(), which must be called once before load() or advance().
 template <int kBlockM, int kBlockN, int kBlockK, int kBits, bool kHasZeroPoint, int kThreads>
 struct StageLoader {
   using Layout = StageLayout<kBlockM, kBlockN, kBlockK, kBits, kHasZeroPoint>;
@@ -63,41 +69,35 @@ struct StageLoader {
   static constexpr int kAIters = (kAChunks + kThreads - 1) / kThreads;
   static constexpr int kWIters = (kWChunks + kThreads - 1) / kThreads;
   static constexpr int kSIters = (kSChunks + kThreads - 1) / kThreads;
+  // scale rows that one pass of the CTA's threads covers
+  static constexpr int kSRowsPerIter = kThreads / kSChunksPerRow;
   static_assert(kAIters <= 32 && kWIters <= 32, "validity bits are kept in one 32-bit mask");
+  static_assert(kThreads % kSChunksPerRow == 0, "every pass over the scale chunks starts a new scale row");
 
   const char* a_src[kAIters];  // this thread's activation chunks at the current K tile
   u32 a_dst[kAIters];          // their shared-memory offsets inside a stage
   u32 a_valid;                 // bit it: a chunk of this thread, in a row < M
+  int a_iters;                 // passes with a row < M for some thread (CTA-uniform)
   const u32* w_src[kWIters];   // packed weight chunks at the current K tile
   u32 w_dst;                   // shared-memory offset of chunk 0 (chunk it is kThreads * 16 it further)
   u32 w_issue;                 // bit it: chunk it exists
   u32 w_valid;                 // bit it: its unit is in range (else it is zero-filled)
   i64 w_tile_words;            // words between consecutive K tiles of the packed weight
-  const char* s_src;           // first scale row of the current K tile, this thread's column chunk
+  const char* s_src;           // this thread's first scale chunk (pass 0) at the current K tile
   const char* z_src;
   i64 s_row_bytes;             // bytes between scale rows (2 n)
-  i64 s_offset[kSIters];       // chunk it's row offset from s_src
-  u32 s_dst[kSIters];          // chunk it's shared-memory offset inside the scale block
-  u32 s_issue;                 // bit it: chunk it exists, its row is staged and its columns < N
-  int tiles_per_row;           // K tiles per scale row (group >= 64), else 0
+  u32 s_dst;                   // pass 0's shared-memory offset inside the scale block
+  u32 s_issue;                 // bit it: pass it's chunk exists, its row is staged and its columns < N
+  int s_iters;                 // passes that stage some row (CTA-uniform)
+  int tiles_per_row;           // K tiles per scale row (group >= kBlockK), else 0
   int tile_in_row;             // position of the current K tile in its scale row
   int rows;                    // scale rows per K tile
-  bool s_valid;                // this thread's scale column chunk is in range
 
   // Unsigned: divisions by the tile constants below then compile to plain shifts and masks.
   static __device__ __forceinline__ u32 chunk(int it) { return threadIdx.x + static_cast<u32>(it * kThreads); }
 
-  __device__ __forceinline__ StageLoader(const kernel::GemmParams& p, int m0, int n0, int k_tile) {
-    const char* a = static_cast<const char*>(p.a) + 2 * static_cast<i64>(k_tile) * kBlockK;
-    a_valid = 0;
-#pragma unroll
-    for (int it = 0; it < kAIters; ++it) {
-      const u32 i = chunk(it), row = i / kRowChunks;
-      const bool valid = (kAChunks % kThreads == 0 || i < kAChunks) && m0 + static_cast<int>(row) < p.m;
-      a_valid |= static_cast<u32>(valid) << it;
-      a_src[it] = a + 2 * ((valid ? m0 + row : 0) * p.lda + (i % kRowChunks) * 8);
-      a_dst[it] = Layout::a_chunk_offset(row, i % kRowChunks);
-    }
+  // The packed-weight sources of K tile k_tile of the CTA's columns from n0.
+  __device__ __forceinline__ StageLoader(const kernel::GemmParams& p, int n0, int k_tile) {
     const int units_total = p.n >> 6;
     const i64 row_words = static_cast<i64>(units_total) * 32 * kBits;
     w_tile_words = Layout::kK16Steps * row_words;
@@ -114,77 +114,126 @@ struct StageLoader {
     }
     w_dst = 16 * threadIdx.x;
     asm volatile("" : "+r"(w_dst));  // kept, not recomputed from threadIdx every stage
-    const int group = p.group_size;
-    rows = group >= kBlockK ? 1 : kBlockK / group;
-    tiles_per_row = group >= kBlockK ? group / kBlockK : 0;
-    tile_in_row = group >= kBlockK ? k_tile % tiles_per_row : 0;
-    const int row0 = group >= kBlockK ? k_tile / tiles_per_row : k_tile * rows;
+  }
+
+  // The scale and zero-point sources of K tile k_tile. A group narrower than a stage divides it
+  // (humming_aot.heuristics.tile_fits), so it is a power of two and needs no division.
+  __device__ __forceinline__ void init_scales(const kernel::GemmParams& p, int n0, int k_tile) {
+    const u32 group = static_cast<u32>(p.group_size), tile = static_cast<u32>(k_tile);
+    u32 row0;
+    if (group >= kBlockK) {
+      rows = 1;
+      tiles_per_row = static_cast<int>(group / kBlockK);
+      row0 = tile / static_cast<u32>(tiles_per_row);
+      tile_in_row = static_cast<int>(tile - row0 * static_cast<u32>(tiles_per_row));
+    } else {
+      rows = kBlockK >> (31 - __clz(group));
+      tiles_per_row = tile_in_row = 0;
+      row0 = tile * static_cast<u32>(rows);
+    }
+    s_iters = (rows * kSChunksPerRow + kThreads - 1) / kThreads;
     s_row_bytes = 2 * static_cast<i64>(p.n);
-    const int col = n0 + static_cast<int>(threadIdx.x % kSChunksPerRow) * 8;
-    s_valid = col < p.n;
-    const i64 offset = s_valid ? row0 * s_row_bytes + 2 * col : 0;
+    // threads of one column chunk share a column; pass it reads row r0 + it * kSRowsPerIter
+    const u32 r0 = threadIdx.x / kSChunksPerRow, c = threadIdx.x % kSChunksPerRow;
+    const int col = n0 + static_cast<int>(c) * 8;
+    const bool col_valid = col < p.n;
+    const i64 offset = col_valid ? (row0 + r0) * s_row_bytes + 2 * col : 0;
     s_src = static_cast<const char*>(p.w_scale) + offset;
     z_src = kHasZeroPoint ? static_cast<const char*>(p.w_zero_point) + offset : nullptr;
+    s_dst = 2 * (r0 * kBlockN + c * 8);
     s_issue = 0;
 #pragma unroll
     for (int it = 0; it < kSIters; ++it) {
-      // threads of one column chunk share s_src; row r is r rows further down
-      const u32 i = chunk(it), r = i / kSChunksPerRow, c = i % kSChunksPerRow;
-      const bool issue = (kSChunks % kThreads == 0 || i < kSChunks) && static_cast<int>(r) < rows && s_valid;
+      const u32 i = chunk(it), r = i / kSChunksPerRow;
+      const bool issue = (kSChunks % kThreads == 0 || i < kSChunks) && static_cast<int>(r) < rows && col_valid;
       s_issue |= static_cast<u32>(issue) << it;
-      s_offset[it] = issue ? r * s_row_bytes : 0;
-      s_dst[it] = 2 * (r * kBlockN + c * 8);
+    }
+  }
+
+  // The activation sources of K tile k_tile of the CTA's rows from m0.
+  __device__ __forceinline__ void init_activations(const kernel::GemmParams& p, int m0, int k_tile) {
+    const char* a = static_cast<const char*>(p.a) + 2 * static_cast<i64>(k_tile) * kBlockK;
+    const int rows_left = p.m - m0;
+    a_iters = rows_left >= kBlockM ? kAIters : (rows_left * kRowChunks + kThreads - 1) / kThreads;
+    a_valid = 0;
+#pragma unroll
+    for (int it = 0; it < kAIters; ++it) {
+      const u32 i = chunk(it), row = i / kRowChunks;
+      const bool valid = (kAChunks % kThreads == 0 || i < kAChunks) && static_cast<int>(row) < rows_left;
+      a_valid |= static_cast<u32>(valid) << it;
+      a_src[it] = a + 2 * ((valid ? m0 + row : 0) * p.lda + (i % kRowChunks) * 8);
+      a_dst[it] = Layout::a_chunk_offset(row, i % kRowChunks);
     }
   }
 
   // Issue the copies of the activations of the current K tile into the stage at `stage_smem`.
   // Rows past M are not loaded: whatever shared memory holds there only reaches output rows
-  // (tokens) that are never stored.
+  // (tokens) that are never stored. Passes whose rows are all past M are skipped as a whole.
   __device__ __forceinline__ void load_activations(u32 stage_smem) const {
 #pragma unroll
     for (int it = 0; it < kAIters; ++it) {
-      if ((a_valid >> it) & 1) cp_async_16(stage_smem + a_dst[it], a_src[it], true);
+      if (it < a_iters && ((a_valid >> it) & 1)) cp_async_16(stage_smem + a_dst[it], a_src[it], true);
     }
   }
 
-  // Issue the copies of the weights, scales and zero points of the current K tile.
-  __device__ __forceinline__ void load_weights(u32 stage_smem) const {
+  // Issue the copies of the packed weights of the current K tile.
+  __device__ __forceinline__ void load_packed(u32 stage_smem) const {
     const u32 w_smem = stage_smem + Layout::kABytes + w_dst;
-    const u32 s_smem = stage_smem + Layout::kABytes + Layout::kWBytes;
-    const u32 z_smem = s_smem + Layout::kSBytes;
 #pragma unroll
     for (int it = 0; it < kWIters; ++it) {
       if ((w_issue >> it) & 1) cp_async_16(w_smem + 16 * kThreads * it, w_src[it], (w_valid >> it) & 1);
     }
-    // Scale chunks of columns >= N are not loaded: they only reach outputs that are never stored.
+  }
+
+  // Issue the copies of the scales and zero points of the current K tile. Chunks of columns >= N
+  // are not loaded: they only reach outputs that are never stored.
+  __device__ __forceinline__ void load_scales(u32 stage_smem) const {
+    const u32 s_smem = stage_smem + Layout::kABytes + Layout::kWBytes + s_dst;
 #pragma unroll
     for (int it = 0; it < kSIters; ++it) {
-      if ((s_issue >> it) & 1) {
-        cp_async_16(s_smem + s_dst[it], s_src + s_offset[it], true);
-        if constexpr (kHasZeroPoint) cp_async_16(z_smem + s_dst[it], z_src + s_offset[it], true);
+      if (it < s_iters && ((s_issue >> it) & 1)) {
+        const i64 pass = static_cast<i64>(it) * kSRowsPerIter * s_row_bytes;
+        const u32 dst = s_smem + 2 * it * kSRowsPerIter * kBlockN;
+        cp_async_16(dst, s_src + pass, true);
+        if constexpr (kHasZeroPoint) cp_async_16(dst + Layout::kSBytes, z_src + pass, true);
       }
     }
   }
 
   __device__ __forceinline__ void load(u32 stage_smem) const {
     load_activations(stage_smem);
-    load_weights(stage_smem);
+    load_packed(stage_smem);
+    load_scales(stage_smem);
   }
 
-  // The pipeline's prologue: stages 0 .. kAhead - 1 at smem_base + s * kStageBytes (those of
-  // the `count` K tiles this CTA has), one cp.async group each. The weights, scales and zero
-  // points are fetched before waiting for the upstream grid (no kernel writes them,
-  // schedule/grid_dependency.cuh) and join the first stage's group; the activations after it.
-  template <int kAhead, int kStageBytes>
-  __device__ __forceinline__ void load_prologue(u32 smem_base, int count) {
+  // The pipeline's prologue for the CTA's K tiles from k_tile: stages 0 .. kAhead - 1 at
+  // smem_base + s * kStageBytes (those of the `count` K tiles this CTA has), one cp.async group
+  // each. In the order that gets the first DRAM requests out soonest: the packed weights, then
+  // the scales and zero points (fetched before waiting for the upstream grid: no kernel writes
+  // them, schedule/grid_dependency.cuh; they join the first stage's group), then `setup()` (the
+  // caller's own per-thread setup, done while those copies fly and the upstream grid finishes),
+  // then the wait for the upstream grid and the activations.
+  template <int kAhead, int kStageBytes, class Setup>
+  __device__ __forceinline__ void load_prologue(const kernel::GemmParams& p, int m0, int n0, int k_tile,
+                                                u32 smem_base, int count, Setup&& setup) {
 #pragma unroll
     for (int s = 0; s < kAhead; ++s) {
       if (s < count) {
-        load_weights(smem_base + s * kStageBytes);
-        advance_weights();
+        load_packed(smem_base + s * kStageBytes);
+        advance_packed();
       }
     }
+    init_scales(p, n0, k_tile);
+#pragma unroll
+    for (int s = 0; s < kAhead; ++s) {
+      if (s < count) {
+        load_scales(smem_base + s * kStageBytes);
+        advance_scales();
+      }
+    }
+    setup();
     schedule::wait_for_upstream_grid();
+    init_activations(p, m0, k_tile);
 #pragma unroll
     for (int s = 0; s < kAhead; ++s) {
       if (s < count) {
@@ -201,24 +250,27 @@ struct StageLoader {
     for (int it = 0; it < kAIters; ++it) a_src[it] += 2 * kBlockK;
   }
 
-  // Move the weight, scale and zero-point sources to the next K tile.
-  __device__ __forceinline__ void advance_weights() {
+  // Move the packed-weight sources to the next K tile.
+  __device__ __forceinline__ void advance_packed() {
 #pragma unroll
     for (int it = 0; it < kWIters; ++it) w_src[it] += w_tile_words;
+  }
+
+  // Move the scale and zero-point sources to the next K tile.
+  __device__ __forceinline__ void advance_scales() {
     int next_rows = rows;
     if (tiles_per_row > 0) {
       next_rows = ++tile_in_row == tiles_per_row ? 1 : 0;
       if (next_rows) tile_in_row = 0;
     }
-    if (s_valid) {
-      s_src += next_rows * s_row_bytes;
-      if constexpr (kHasZeroPoint) z_src += next_rows * s_row_bytes;
-    }
+    s_src += next_rows * s_row_bytes;
+    if constexpr (kHasZeroPoint) z_src += next_rows * s_row_bytes;
   }
 
   __device__ __forceinline__ void advance() {
     advance_activations();
-    advance_weights();
+    advance_packed();
+    advance_scales();
   }
 };
 
