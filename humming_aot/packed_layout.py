@@ -14,8 +14,10 @@ n = 16 j + 8 h + g (h = 0, 1) and rows k = 2 t + p + 8 q (p, q = 0, 1).
 - 8-bit codes: two int32 words per (lane, j), word h; byte i = 2 q + p.
 - b-bit codes, b < 4: laid out as 4-bit codes in "nibble words" U_j (the 4-bit layout), whose
   unused high bits are then folded into b stored words P: b = 2: P_0 = U_0 | U_1 << 2,
-  P_1 = U_2 | U_3 << 2; b = 1: P_0 = U_0 | U_1 << 1 | U_2 << 2 | U_3 << 3; b = 3: P_j = U_j with
-  bit j of each nibble of U_3 in bit 3 of that nibble (j < 3).
+  P_1 = U_2 | U_3 << 2; b = 3: P_j = U_j with bit j of each nibble of U_3 in bit 3 of that
+  nibble (j < 3); b = 1: nibble s of each 16-bit half of U_j in bit 4 j + s of that half of P_0
+  (a tile's four codes side by side: P_0 >> 4 j holds them at bits 0-3, where the bf16 biased
+  decode reads each in place).
 - b-bit codes, 4 < b < 8: laid out as 8-bit codes in "byte words" V_w (w = 2 j + h, the 8-bit
   layout), the last 8 - b of them folded into the spare high bits of the first b: b = 7: bit w
   of each byte of V_7 in bit 7 of that byte of P_w; b = 6: bits 2w, 2w+1 of V_6 in bits 6, 7 of
@@ -93,7 +95,7 @@ def _fold(pad: torch.Tensor, bits: int) -> torch.Tensor:
     if bits in (4, 8):
         return pad
     if bits == 1:
-        out = [w[0] | w[1] << 1 | w[2] << 2 | w[3] << 3]
+        out = [sum(((w[j] >> 4 * s) & 0x00010001) << (4 * j + s) for j in range(4) for s in range(4))]
     elif bits == 2:
         out = [w[0] | w[1] << 2, w[2] | w[3] << 2]
     elif bits == 3:
@@ -117,7 +119,7 @@ def _unfold(p: torch.Tensor, bits: int) -> torch.Tensor:
     if bits in (4, 8):
         return p
     if bits == 1:
-        out = [(w[0] >> j) & _ONES4 for j in range(4)]
+        out = [sum(((w[0] >> (4 * j + s)) & 0x00010001) << 4 * s for s in range(4)) for j in range(4)]
     elif bits == 2:
         out = [w[0] & 0x33333333, (w[0] >> 2) & 0x33333333, w[1] & 0x33333333, (w[1] >> 2) & 0x33333333]
     elif bits == 3:
@@ -168,8 +170,8 @@ def _bit_home(bits: int, word: int, bit: int) -> tuple[int, int]:
     (stored word, shift of the bit inside the nibble or byte). The module docstring in table form."""
     if bits in (4, 8) or word < {1: 0, 2: 0, 3: 3, 5: 5, 6: 6, 7: 7}[bits]:
         return word, bit
-    if bits == 1:
-        return 0, word
+    if bits == 1:  # reference_pack_codes places 1-bit codes itself (not nibble-relative)
+        return 0, 0
     if bits == 2:
         return word // 2, 2 * (word % 2) + bit
     if bits == 5:
@@ -202,7 +204,11 @@ def reference_pack_codes(u: torch.Tensor, bits: int) -> torch.Tensor:
         for bit in range(bits):
             stored, shift = _bit_home(bits, word, bit)
             sel = padded_word == word
-            values = ((codes[sel] >> bit) & 1) << (lane_bits * slot[sel] + shift)
+            if bits == 1:  # 16-bit half slot // 4, bit 4 j + s there (s = slot % 4)
+                position = 16 * (slot[sel] // 4) + 4 * word + slot[sel] % 4
+            else:
+                position = lane_bits * slot[sel] + shift
+            values = ((codes[sel] >> bit) & 1) << position
             col = (unit[sel] * 32 + lane[sel]) * bits + stored
             flat.index_put_((kstep[sel] * out.shape[1] + col,), values, accumulate=True)
     out = torch.where(out >= 2**31, out - 2**32, out)

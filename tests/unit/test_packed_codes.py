@@ -2,7 +2,7 @@
 packed_codes.cuh, compiled for the host) against the packing (humming_aot/packed_layout.py): for every
 code width 1..8 and every code value, the padded nibble or byte words the dequantizer reads are
 exactly those of the 4- or 8-bit layout (in the code bits of each nibble, for codes of 1 to 3
-bits: the dequantizers mask the rest)."""
+bits: the dequantizers mask the rest; 1-bit codes at bit s of a register s, not 4 s)."""
 from __future__ import annotations
 
 import shutil
@@ -87,6 +87,8 @@ def test_kernel_unfold_matches_the_packed_layout(unfold_program, bits):
     lane_bits = 4 if bits <= 4 else 8
     expected = packing._padded_words(codes, lane_bits).reshape(-1, 4 if lane_bits == 4 else 8)
     assert got.shape == expected.shape
+    if bits == 1:  # the kernel's 1-bit padded words hold register s at bit s (kRegisterSpacing), not 4 s
+        got = sum(((got >> s) & 0x00010001) << 4 * s for s in range(4))
     # codes of 1 to 3 bits: the nibble bits above the code are undefined (the dequantizers mask them)
     got = got & (((1 << bits) - 1) * 0x11111111 if bits < 4 else 0xFFFFFFFF)
     assert torch.equal(got, expected), f"{bits}-bit: {(got != expected).sum().item()} padded words differ"

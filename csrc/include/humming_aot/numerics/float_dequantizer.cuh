@@ -40,6 +40,7 @@ struct FloatDequantizer {
   using H2 = PackedHalf2<Act>;
   static constexpr int kBits = 1 + kExp + kMan;
   static_assert(kBits >= 2 && kBits <= 8, "2- to 8-bit float codes");
+  static_assert(PackedCodes<kBits>::kRegisterSpacing == 4, "float codes read nibble s at bit 4 s");
   static constexpr int kLaneBits = PackedCodes<kBits>::kLaneBits;
   static constexpr int kWordsPerTile = kLaneBits / 4;  // padded words per lane per 16x16 tile
   using Compensation = FloatCompensation<kExp, kMan, Act::kIsBFloat16>;

@@ -20,8 +20,9 @@
 // Biased decode (kFoldsOffset: bf16, implicit zero point, codes of up to 7 bits, for bodies that
 // scale fp32 sums): the magic stays in. Register s of a tile reads its code at a bit position p_s
 // of the 16-bit lane where the code's unit is 1, so it holds bias_s + q exactly, with
-// bias_s = 2^(7 - p_s). Codes of up to 3 bits then sit where they are read in half of the
-// registers (no shift) and no subtraction follows: the body subtracts sum (bias + z) x a, one
+// bias_s = 2^(7 - p_s). Codes of 2 and 3 bits then sit where they are read in half of the
+// registers (no shift), 1-bit codes in all four (p_s = s, their packing's point), and no
+// subtraction follows: the body subtracts sum (bias + z) x a, one
 // mma of the constant offset_pair() fragment with the same activations, from the fp32 sums.
 
 #include <humming_aot/numerics/packed_codes.cuh>
@@ -52,10 +53,15 @@ struct IntDequantizer {
   // Biased decode (see the top of the file). bf16 only: fp16's magic (1024) would put ~10 bits
   // of bias into the fp32 sums before the subtraction, too close to an fp16 result's precision.
   static constexpr bool kFoldsOffset = Act::kIsBFloat16 && !kExplicitZero && !kViaFloat32;
-  // Nibble register s (code at bit 4s of the padded word): the right shift that brings it to
-  // bit biased_position(s), whose mantissa bits hold the whole code (bf16: bits 0-6).
-  static HUMMING_AOT_HOST_DEVICE constexpr int biased_shift(int s) { return kBits == 4 ? 8 * (s >> 1) + (s & 1) : 8 * (s >> 1); }
-  static HUMMING_AOT_HOST_DEVICE constexpr int biased_position(int s) { return kLaneBits == 8 ? 0 : kBits == 4 ? 3 * (s & 1) : 4 * (s & 1); }
+  // Nibble register s (code at bit 4s of the padded word; bit s for 1-bit codes): the right
+  // shift that brings it to bit biased_position(s), whose mantissa bits hold the whole code
+  // (bf16: bits 0-6). 1-bit codes are read in place, each register at a bias of its own.
+  static HUMMING_AOT_HOST_DEVICE constexpr int biased_shift(int s) {
+    return kBits == 1 ? 0 : kBits == 4 ? 8 * (s >> 1) + (s & 1) : 8 * (s >> 1);
+  }
+  static HUMMING_AOT_HOST_DEVICE constexpr int biased_position(int s) {
+    return kLaneBits == 8 ? 0 : kBits == 1 ? s : kBits == 4 ? 3 * (s & 1) : 4 * (s & 1);
+  }
   // bf16 bits of a positive integer below 256 (exact: at most 8 significant bits)
   static HUMMING_AOT_HOST_DEVICE constexpr u32 bf16_bits_of(int v) {
     int e = 0;
@@ -169,7 +175,8 @@ struct IntDequantizer {
         // bits above a code of fewer than 4 bits, which unfolding leaves undefined)
         asm("lop3.b32 %0, %1, %2, %3, 0xEA;"
             : "=r"(x)
-            : "r"(words[0] >> (4 * s)), "n"(PackedCodes<kBits>::kCodeMask2), "n"(kMagic2));
+            : "r"(words[0] >> (PackedCodes<kBits>::kRegisterSpacing * s)), "n"(PackedCodes<kBits>::kCodeMask2),
+              "n"(kMagic2));
         frag[h][r] = finish<kScaled>(x, p, h);
       }
     } else if constexpr (!kViaFloat32) {

@@ -4,6 +4,9 @@
 // for b <= 4, 8 "byte words" (two per tile, 4 codes of up to 8 bits) for 4 < b <= 8. For b = 4
 // and b = 8 the stored words are the padded words; other widths fold the padding of the last
 // words into the spare high bits of the others, and unfold() undoes that with shifts and masks.
+// 1-bit codes are the exception: a tile's four codes per 16-bit half are stored side by side, and
+// its padded word (the stored word shifted) holds register s's code at bit s, not 4 s
+// (kRegisterSpacing), so that the bf16 biased decode reads all four in place.
 // For codes of 1 to 3 bits, the nibble bits above the code are left as they fall (the fold's
 // bits or the next code's): the dequantizers mask every code with kCodeMask2 anyway, which saves
 // a mask per padded word.
@@ -25,6 +28,9 @@ struct PackedCodes {
   static constexpr u32 kCodeMask2 = ((1u << (kBits < 4 ? kBits : 4)) - 1u) * 0x00010001u;
 
   static constexpr int kTileWords = kPaddedWords / 4;  // padded words per 16x16 tile
+  // Nibble words: bits between the codes of registers s and s + 1 of each 16-bit half (register
+  // s at bit kRegisterSpacing * s, and 16 higher).
+  static constexpr int kRegisterSpacing = kBits == 1 ? 1 : 4;
 
   // Bit i set: stored word i goes into a padded word of tile j. A body that dequantizes one
   // tile per warp (the wgmma body) loads only these words and unfolds only that tile.
@@ -56,8 +62,8 @@ struct PackedCodes {
   static HUMMING_AOT_HOST_DEVICE void unfold(const u32 (&p)[kBits], u32 (&out)[kPaddedWords]) {
     if constexpr (kBits == 4 || kBits == 8) {
       for (int i = 0; i < kBits; ++i) out[i] = p[i];
-    } else if constexpr (kBits == 1) {  // nibble bits 1-3 undefined (see kCodeMask2)
-      for (int j = 0; j < 4; ++j) out[j] = p[0] >> j;
+    } else if constexpr (kBits == 1) {  // register s at bit s; the bits above undefined (see kCodeMask2)
+      for (int j = 0; j < 4; ++j) out[j] = p[0] >> (4 * j);
     } else if constexpr (kBits == 2) {  // nibble bits 2-3 undefined
       out[0] = p[0];
       out[1] = p[0] >> 2;
