@@ -28,6 +28,17 @@
 
 namespace humming_aot::kernel {
 
+namespace detail {
+template <bool kFirst, class First, class Second>
+struct Select {
+  using Type = First;
+};
+template <class First, class Second>
+struct Select<false, First, Second> {
+  using Type = Second;
+};
+}  // namespace detail
+
 template <class Act,                       // Float16 or BFloat16: activation, scale and output dtype
           class Weights,                   // numerics::IntWeights<bits> or FloatWeights<exp, man>
           numerics::ZeroPointKind kZeroPoint,
@@ -61,14 +72,29 @@ struct DenseMmaSync {
   static_assert(kK16Steps % kWarpsK == 0, "the K steps of a stage split evenly over the K warps");
   static_assert(kThreads <= 1024, "too many warps");
 
-  // Shared memory of one pipeline stage (memory/stage_loader.cuh has the layout).
+  static constexpr int kSteps = kK16Steps / kWarpsK;  // K steps per warp per stage
+
+  // Pipeline stages (memory/stage_loader.cuh has the layout). The swapped tile (M <= 8) runs one
+  // pipeline per warp: each warp copies what it multiplies (its run of the stage's K steps: the
+  // activations, its unit's packed weights and scale rows) into a region of the stage that only
+  // it reads, then waits for its own copies and syncs its own lanes: no CTA barrier per stage
+  // behind the slowest warp. The activations of a run are copied once per warp along N. Larger
+  // tiles share their stages: their warps' operands overlap much more.
+  static constexpr bool kWarpPipelines = kSwapped;
+  static constexpr int kWarps = kThreads / 32;
   using Walk = memory::GroupWalk<kBlockK>;
-  using Layout = memory::StageLayout<kBlockM, kBlockN, kBlockK, kBits, kHasZeroPoint>;
-  using StageLoader = memory::StageLoader<kBlockM, kBlockN, kBlockK, kBits, kHasZeroPoint, kThreads>;
+  // a stage, or with warp pipelines one warp's region of it
+  using Layout = typename detail::Select<kWarpPipelines,
+                                         memory::StageLayout<kBlockM, 64, kSteps * 16, kBits, kHasZeroPoint>,
+                                         memory::StageLayout<kBlockM, kBlockN, kBlockK, kBits, kHasZeroPoint>>::Type;
+  using StageLoader =
+      typename detail::Select<kWarpPipelines,
+                              memory::StageLoader<kBlockM, 64, kSteps * 16, kBits, kHasZeroPoint, 32, kBlockK>,
+                              memory::StageLoader<kBlockM, kBlockN, kBlockK, kBits, kHasZeroPoint, kThreads>>::Type;
   static constexpr int kABytes = Layout::kABytes;
   static constexpr int kWBytes = Layout::kWBytes;
   static constexpr int kSBytes = Layout::kSBytes;
-  static constexpr int kStageBytes = Layout::kBytes;
+  static constexpr int kStageBytes = kWarpPipelines ? kWarps * Layout::kBytes : Layout::kBytes;
   // warps_k > 1: every K warp parks its accumulators here after the K loop, then sums and
   // writes its share of the fragments
   static constexpr int kParkedWarps = kWarpsK == 1 ? 0 : kWarpsK;
@@ -118,10 +144,9 @@ struct DenseMmaSync {
   // which costs a bf16 result nothing; exact-grid inputs stay exact.
   static constexpr bool kFoldsOffset = kScalesInFp32 && Dequantizer::kFoldsOffset;
 
-  static constexpr int kSteps = kK16Steps / kWarpsK;  // K steps per warp per stage
-
   // This thread's shared-memory offsets inside a stage, computed once per CTA so that a stage
-  // only adds its base: the K steps kk = warp_k * kSteps + i it multiplies (i < kSteps).
+  // only adds its base: the K steps kk = warp_k * kSteps + i it multiplies (i < kSteps); with
+  // warp pipelines, step i of the warp's own region.
   struct StepOffsets {
     u32 a[kSteps][kMTiles];  // ldmatrix row address of each m16 fragment
     u32 w[kSteps];           // the lane's packed words of the warp's unit
@@ -135,18 +160,21 @@ struct DenseMmaSync {
       asm volatile("" : "+r"(lane), "+r"(warp_m), "+r"(warp_n), "+r"(warp_k), "+r"(step_shift));
 #pragma unroll
       for (int i = 0; i < kSteps; ++i) {
-        const int kk = warp_k * kSteps + i;
+        if constexpr (kWarpPipelines) {  // ldmatrix x2: lanes 0-7 rows of k 0-7, lanes 8-15 rows of k 8-15
+          const int region = ((warp_k * kWarpsM + warp_m) * kWarpsN + warp_n) * Layout::kBytes;  // as in run()
+          a[i][0] = region + Layout::a_chunk_offset(lane & 7, 2 * i + ((lane >> 3) & 1));
+          w[i] = region + kABytes + 4 * ((i * 32 + lane) * kWordsPerLane);
+          s[i] = region + kABytes + kWBytes + 2 * ((i >> step_shift) * 64 + (lane >> 2) * 8);
+        } else {
+          const int kk = warp_k * kSteps + i;
 #pragma unroll
-        for (int mi = 0; mi < kMTiles; ++mi) {
-          if constexpr (kSwapped) {  // ldmatrix x2: lanes 0-7 rows of k 0-7, lanes 8-15 rows of k 8-15
-            a[i][mi] = Layout::a_chunk_offset(lane & 7, 2 * kk + ((lane >> 3) & 1));
-          } else {
+          for (int mi = 0; mi < kMTiles; ++mi) {
             const int row = warp_m * kWarpRows + mi * 16 + (lane & 15);
             a[i][mi] = Layout::a_chunk_offset(row, 2 * kk + (lane >> 4));
           }
+          w[i] = kABytes + 4 * (((kk * kUnits + warp_n) * 32 + lane) * kWordsPerLane);
+          s[i] = kABytes + kWBytes + 2 * ((kk >> step_shift) * kBlockN + warp_n * 64 + (lane >> 2) * 8);
         }
-        w[i] = kABytes + 4 * (((kk * kUnits + warp_n) * 32 + lane) * kWordsPerLane);
-        s[i] = kABytes + kWBytes + 2 * ((kk >> step_shift) * kBlockN + warp_n * 64 + (lane >> 2) * 8);
         // opaque to the compiler, which would otherwise recompute them from threadIdx every stage
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi) asm volatile("" : "+r"(a[i][mi]));
@@ -345,10 +373,14 @@ struct DenseMmaSync {
     const bool one_scale_row = kSteps <= (1 << walk.step_shift);
 
     // The first stages' weights leave before this thread's shared-memory offsets are worked out
-    // (the prologue's setup step), which only the first stage's compute needs.
-    StageLoader loader(p, n0, tile.k_tile_begin);
+    // (the prologue's setup step), which only the first stage's compute needs. Warp pipelines:
+    // the warp's run of each stage, its 64 columns, its lanes as issuers, its region.
+    const u32 region = kWarpPipelines ? warp * Layout::kBytes : 0;
+    StageLoader loader = kWarpPipelines
+        ? StageLoader(p, m0, n0 + warp_n * 64, tile.k_tile_begin, warp_k * kSteps * 16, threadIdx.x & 31)
+        : StageLoader(p, m0, n0, tile.k_tile_begin);
     StepOffsets offsets;
-    loader.template load_prologue<kStages - 1, kStageBytes>(p, m0, n0, tile.k_tile_begin, smem_base, count, [&] {
+    loader.template load_prologue<kStages - 1, kStageBytes>(p, smem_base + region, count, [&] {
       offsets = StepOffsets(warp_m, warp_n, warp_k, walk);
     });
     float acc[kMTiles][kNTiles][4];
@@ -357,9 +389,15 @@ struct DenseMmaSync {
     int compute_slot = 0, load_slot = kStages - 1;
     for (int it = 0; it < count; ++it) {
       memory::cp_async_wait<kStages - 2>();
-      __syncthreads();  // stage `it` landed for every thread; stage `it - 1` is free to refill
+      // stage `it` landed for every thread (warp pipelines: for every lane of the warp, which
+      // alone reads its region); stage `it - 1` is free to refill
+      if constexpr (kWarpPipelines) {
+        __syncwarp();
+      } else {
+        __syncthreads();
+      }
       if (it + kStages - 1 < count) {
-        loader.load(smem_base + load_slot * kStageBytes);
+        loader.load(smem_base + load_slot * kStageBytes + region);
         loader.advance();
       }
       memory::cp_async_commit();

@@ -156,8 +156,8 @@ struct DenseWgmma {
     // waited for (wait_group<1> after each step) before the barrier of iteration i.
     constexpr int kAhead = kStages - 2;
     const int count = tile.k_tile_end - tile.k_tile_begin;
-    StageLoader loader(p, n0, tile.k_tile_begin);
-    loader.template load_prologue<kAhead, kStageBytes>(p, m0, n0, tile.k_tile_begin, smem_base, count, [] {});
+    StageLoader loader(p, m0, n0, tile.k_tile_begin);
+    loader.template load_prologue<kAhead, kStageBytes>(p, smem_base, count, [] {});
 
     int compute_slot = 0, load_slot = kAhead;
     u32 a[2][4];

@@ -1,11 +1,18 @@
 #pragma once
-// Global -> shared loads of one pipeline stage of the dense mixed-input GEMM: a K tile (64 to 512
-// wide, a power of two) of activations (swizzled 128-byte rows), packed weights, scales and zero points, issued
-// with cp.async by every thread of the CTA. Shared by the mma.sync and the wgmma bodies. SM80+.
+// Global -> shared loads of one pipeline stage of the dense mixed-input GEMM, issued with cp.async:
+// a K run (16 to 512 wide, a power of two) of activations (swizzled 128-byte rows), packed
+// weights, scales and zero points. Shared by the mma.sync and the wgmma bodies. SM80+.
 //
-// Stage layout (byte offsets from the stage base):
-//   [0, kABytes)              activations, kBlockK / 64 sub-tiles of (kBlockM rows, 8 chunks of
-//                             16 bytes) for 64 K each; chunk c of row r lives at r * 8 + (c ^ (r & 7)):
+// Who copies what: a CTA-wide loader (kThreads = the CTA's threads) copies a whole kBlockK-wide K
+// tile of the CTA's columns, and every warp reads its part after a CTA barrier; a per-warp loader
+// (kThreads = 32, the swapped 8-row tile) copies only what its warp multiplies - the run of K
+// steps [k_offset, + kBlockK) of each kStageK-wide K tile, for the warp's 64 columns - into a
+// region of the stage that no other warp reads, so the main loop needs no CTA barrier. Scale
+// rows and activations that several warps share are then copied once per warp.
+//
+// Stage (or warp region) layout, byte offsets from its base:
+//   [0, kABytes)              activations, max(1, kBlockK / 64) sub-tiles of (kBlockM rows, 8 chunks
+//                             of 16 bytes) for 64 K each; chunk c of row r lives at r * 8 + (c ^ (r & 7)):
 //                             conflict-free for ldmatrix, and the 128-byte swizzle of wgmma when
 //                             the stage base is 1024-byte aligned
 //   [kABytes, + kWBytes)      packed weights, (kBlockK / 16 K steps, kUnits, 32 lanes, kBits words)
@@ -21,16 +28,17 @@ namespace humming_aot::memory {
 template <int kBlockM, int kBlockN, int kBlockK, int kBits, bool kHasZeroPoint>
 struct StageLayout {
   static constexpr int kK16Steps = kBlockK / 16;
+  static constexpr int kASubTiles = kBlockK >= 64 ? kBlockK / 64 : 1;
   static constexpr int kASubTileBytes = kBlockM * 128;
   static constexpr int kUnits = kBlockN / 64;          // packed 64-column units per CTA
   static constexpr int kScaleRows = kBlockK / 16;      // scale rows staged per K tile (group >= 16)
-  static constexpr int kABytes = kBlockM * kBlockK * 2;
+  static constexpr int kABytes = kASubTiles * kASubTileBytes;
   static constexpr int kWBytes = kBlockN * kBlockK * kBits / 8;
   static constexpr int kSBytes = kScaleRows * kBlockN * 2;
   static constexpr int kZBytes = kHasZeroPoint ? kSBytes : 0;
   static constexpr int kBytes = kABytes + kWBytes + kSBytes + kZBytes;  // every part a multiple of 16
   static_assert(kBlockN % 64 == 0, "weights are packed in 64-column units");
-  static_assert(kBlockK == 64 || kBlockK == 128 || kBlockK == 256 || kBlockK == 512, "K tiles are 64 to 512 wide");
+  static_assert(kBlockK >= 16 && kBlockK <= 512 && (kBlockK & (kBlockK - 1)) == 0, "K runs are 16 to 512 wide, a power of two");
 
   // Shared-memory byte offset of 16-byte chunk `chunk` (0 .. kBlockK / 8) of activation row `row`.
   static __device__ __forceinline__ u32 a_chunk_offset(int row, int chunk) {
@@ -48,16 +56,19 @@ struct GroupWalk {
   }
 };
 
-// Per-thread cp.async issuer of the pipeline stages. Every source pointer and predicate is
-// computed once per CTA; a stage load only adds the K offset, so the main loop carries no 64-bit
-// multiplies or divisions. Stages must be loaded in K order (advance() after each).
+// cp.async issuer of the pipeline stages (see the top of the file): the K run [k_offset,
+// + kBlockK) of every kStageK-wide K tile, columns [n0, + kBlockN), rows [m0, + kBlockM), by
+// kThreads issuers (`issuer` is this thread's index among them). Every source pointer and
+// predicate is computed once per CTA; a stage load only adds the K offset, so the main loop
+// carries no 64-bit multiplies or divisions. Stages must be loaded in K order (advance() after
+// each).
 //
 // Set up in three parts, in the order load_prologue() issues the first stages: the constructor
 // computes only the packed-weight sources (they need nothing but the tile), so the first DRAM
 // requests leave within a few dozen instructions of the kernel's start; the scale sources (a
-// division for groups wider than a stage) and the activation sources follow inside
+// division for groups wider than a K tile) and the activation sources follow inside
 // load_prologue(), which must be called once before load() or advance().
-template <int kBlockM, int kBlockN, int kBlockK, int kBits, bool kHasZeroPoint, int kThreads>
+template <int kBlockM, int kBlockN, int kBlockK, int kBits, bool kHasZeroPoint, int kThreads, int kStageK = kBlockK>
 struct StageLoader {
   using Layout = StageLayout<kBlockM, kBlockN, kBlockK, kBits, kHasZeroPoint>;
   static constexpr int kRowChunks = kBlockK / 8;  // 16-byte chunks per activation row
@@ -69,15 +80,16 @@ struct StageLoader {
   static constexpr int kAIters = (kAChunks + kThreads - 1) / kThreads;
   static constexpr int kWIters = (kWChunks + kThreads - 1) / kThreads;
   static constexpr int kSIters = (kSChunks + kThreads - 1) / kThreads;
-  // scale rows that one pass of the CTA's threads covers
+  // scale rows that one pass of the issuers covers
   static constexpr int kSRowsPerIter = kThreads / kSChunksPerRow;
   static_assert(kAIters <= 32 && kWIters <= 32, "validity bits are kept in one 32-bit mask");
   static_assert(kThreads % kSChunksPerRow == 0, "every pass over the scale chunks starts a new scale row");
+  static_assert(kStageK % kBlockK == 0, "the K run lies inside a K tile");
 
   const char* a_src[kAIters];  // this thread's activation chunks at the current K tile
   u32 a_dst[kAIters];          // their shared-memory offsets inside a stage
   u32 a_valid;                 // bit it: a chunk of this thread, in a row < M
-  int a_iters;                 // passes with a row < M for some thread (CTA-uniform)
+  int a_iters;                 // passes with a row < M for some issuer (uniform)
   const u32* w_src[kWIters];   // packed weight chunks at the current K tile
   u32 w_dst;                   // shared-memory offset of chunk 0 (chunk it is kThreads * 16 it further)
   u32 w_issue;                 // bit it: chunk it exists
@@ -88,20 +100,27 @@ struct StageLoader {
   i64 s_row_bytes;             // bytes between scale rows (2 n)
   u32 s_dst;                   // pass 0's shared-memory offset inside the scale block
   u32 s_issue;                 // bit it: pass it's chunk exists, its row is staged and its columns < N
-  int s_iters;                 // passes that stage some row (CTA-uniform)
-  int tiles_per_row;           // K tiles per scale row (group >= kBlockK), else 0
+  int s_iters;                 // passes that stage some row (uniform)
+  int tiles_per_row;           // K tiles per scale row (group >= kStageK), else 0
   int tile_in_row;             // position of the current K tile in its scale row
-  int rows;                    // scale rows per K tile
+  int rows;                    // scale rows staged per K tile
+  int row_step;                // scale rows between consecutive K tiles (group < kStageK)
+  // the loader's place, kept for load_prologue's later setup steps
+  int m0_, n0_, k_tile_, k_offset_;
+  u32 issuer_;
 
   // Unsigned: divisions by the tile constants below then compile to plain shifts and masks.
-  static __device__ __forceinline__ u32 chunk(int it) { return threadIdx.x + static_cast<u32>(it * kThreads); }
+  __device__ __forceinline__ u32 chunk(int it) const { return issuer_ + static_cast<u32>(it * kThreads); }
 
-  // The packed-weight sources of K tile k_tile of the CTA's columns from n0.
-  __device__ __forceinline__ StageLoader(const kernel::GemmParams& p, int n0, int k_tile) {
+  // The packed-weight sources of K tile k_tile (and the place of the loader, for load_prologue).
+  __device__ __forceinline__ StageLoader(const kernel::GemmParams& p, int m0, int n0, int k_tile, int k_offset = 0,
+                                         u32 issuer = threadIdx.x)
+      : m0_(m0), n0_(n0), k_tile_(k_tile), k_offset_(k_offset), issuer_(issuer) {
     const int units_total = p.n >> 6;
     const i64 row_words = static_cast<i64>(units_total) * 32 * kBits;
-    w_tile_words = Layout::kK16Steps * row_words;
-    const u32* w = static_cast<const u32*>(p.w) + (n0 >> 6) * 32 * kBits + k_tile * w_tile_words;
+    w_tile_words = (kStageK / 16) * row_words;
+    const u32* w = static_cast<const u32*>(p.w) + (n0 >> 6) * 32 * kBits + k_tile * w_tile_words +
+                   (k_offset / 16) * row_words;
     w_valid = w_issue = 0;
 #pragma unroll
     for (int it = 0; it < kWIters; ++it) {
@@ -112,30 +131,32 @@ struct StageLoader {
       w_valid |= static_cast<u32>(valid) << it;
       w_src[it] = w + (valid ? kk * row_words + rem * 4 : 0);
     }
-    w_dst = 16 * threadIdx.x;
+    w_dst = 16 * issuer;
     asm volatile("" : "+r"(w_dst));  // kept, not recomputed from threadIdx every stage
   }
 
-  // The scale and zero-point sources of K tile k_tile. A group narrower than a stage divides it
-  // (humming_aot.heuristics.tile_fits), so it is a power of two and needs no division.
-  __device__ __forceinline__ void init_scales(const kernel::GemmParams& p, int n0, int k_tile) {
-    const u32 group = static_cast<u32>(p.group_size), tile = static_cast<u32>(k_tile);
+  // The scale and zero-point sources of the current K tile. A group narrower than a K tile divides
+  // it (humming_aot.heuristics.tile_fits), so it is a power of two and needs no division.
+  __device__ __forceinline__ void init_scales(const kernel::GemmParams& p) {
+    const u32 group = static_cast<u32>(p.group_size), tile = static_cast<u32>(k_tile_);
     u32 row0;
-    if (group >= kBlockK) {
-      rows = 1;
-      tiles_per_row = static_cast<int>(group / kBlockK);
+    if (group >= kStageK) {
+      rows = row_step = 1;
+      tiles_per_row = static_cast<int>(group / kStageK);
       row0 = tile / static_cast<u32>(tiles_per_row);
       tile_in_row = static_cast<int>(tile - row0 * static_cast<u32>(tiles_per_row));
     } else {
-      rows = kBlockK >> (31 - __clz(group));
+      const int shift = 31 - __clz(group);
+      rows = kBlockK >> shift > 0 ? kBlockK >> shift : 1;
+      row_step = kStageK >> shift;
       tiles_per_row = tile_in_row = 0;
-      row0 = tile * static_cast<u32>(rows);
+      row0 = (tile * kStageK + static_cast<u32>(k_offset_)) >> shift;
     }
     s_iters = (rows * kSChunksPerRow + kThreads - 1) / kThreads;
     s_row_bytes = 2 * static_cast<i64>(p.n);
-    // threads of one column chunk share a column; pass it reads row r0 + it * kSRowsPerIter
-    const u32 r0 = threadIdx.x / kSChunksPerRow, c = threadIdx.x % kSChunksPerRow;
-    const int col = n0 + static_cast<int>(c) * 8;
+    // issuers of one column chunk share a column; pass it reads row r0 + it * kSRowsPerIter
+    const u32 r0 = issuer_ / kSChunksPerRow, c = issuer_ % kSChunksPerRow;
+    const int col = n0_ + static_cast<int>(c) * 8;
     const bool col_valid = col < p.n;
     const i64 offset = col_valid ? (row0 + r0) * s_row_bytes + 2 * col : 0;
     s_src = static_cast<const char*>(p.w_scale) + offset;
@@ -150,10 +171,10 @@ struct StageLoader {
     }
   }
 
-  // The activation sources of K tile k_tile of the CTA's rows from m0.
-  __device__ __forceinline__ void init_activations(const kernel::GemmParams& p, int m0, int k_tile) {
-    const char* a = static_cast<const char*>(p.a) + 2 * static_cast<i64>(k_tile) * kBlockK;
-    const int rows_left = p.m - m0;
+  // The activation sources of the current K tile.
+  __device__ __forceinline__ void init_activations(const kernel::GemmParams& p) {
+    const char* a = static_cast<const char*>(p.a) + 2 * (static_cast<i64>(k_tile_) * kStageK + k_offset_);
+    const int rows_left = p.m - m0_;
     a_iters = rows_left >= kBlockM ? kAIters : (rows_left * kRowChunks + kThreads - 1) / kThreads;
     a_valid = 0;
 #pragma unroll
@@ -161,7 +182,7 @@ struct StageLoader {
       const u32 i = chunk(it), row = i / kRowChunks;
       const bool valid = (kAChunks % kThreads == 0 || i < kAChunks) && static_cast<int>(row) < rows_left;
       a_valid |= static_cast<u32>(valid) << it;
-      a_src[it] = a + 2 * ((valid ? m0 + row : 0) * p.lda + (i % kRowChunks) * 8);
+      a_src[it] = a + 2 * ((valid ? m0_ + row : 0) * p.lda + (i % kRowChunks) * 8);
       a_dst[it] = Layout::a_chunk_offset(row, i % kRowChunks);
     }
   }
@@ -206,16 +227,15 @@ struct StageLoader {
     load_scales(stage_smem);
   }
 
-  // The pipeline's prologue for the CTA's K tiles from k_tile: stages 0 .. kAhead - 1 at
-  // smem_base + s * kStageBytes (those of the `count` K tiles this CTA has), one cp.async group
-  // each. In the order that gets the first DRAM requests out soonest: the packed weights, then
-  // the scales and zero points (fetched before waiting for the upstream grid: no kernel writes
-  // them, schedule/grid_dependency.cuh; they join the first stage's group), then `setup()` (the
-  // caller's own per-thread setup, done while those copies fly and the upstream grid finishes),
-  // then the wait for the upstream grid and the activations.
+  // The pipeline's prologue: stages 0 .. kAhead - 1 at smem_base + s * kStageBytes (those of the
+  // `count` K tiles this CTA has), one cp.async group each. In the order that gets the first
+  // DRAM requests out soonest: the packed weights, then the scales and zero points (fetched
+  // before waiting for the upstream grid: no kernel writes them, schedule/grid_dependency.cuh;
+  // they join the first stage's group), then `setup()` (the caller's own per-thread setup, done
+  // while those copies fly and the upstream grid finishes), then the wait for the upstream grid
+  // and the activations.
   template <int kAhead, int kStageBytes, class Setup>
-  __device__ __forceinline__ void load_prologue(const kernel::GemmParams& p, int m0, int n0, int k_tile,
-                                                u32 smem_base, int count, Setup&& setup) {
+  __device__ __forceinline__ void load_prologue(const kernel::GemmParams& p, u32 smem_base, int count, Setup&& setup) {
 #pragma unroll
     for (int s = 0; s < kAhead; ++s) {
       if (s < count) {
@@ -223,7 +243,7 @@ struct StageLoader {
         advance_packed();
       }
     }
-    init_scales(p, n0, k_tile);
+    init_scales(p);
 #pragma unroll
     for (int s = 0; s < kAhead; ++s) {
       if (s < count) {
@@ -233,7 +253,7 @@ struct StageLoader {
     }
     setup();
     schedule::wait_for_upstream_grid();
-    init_activations(p, m0, k_tile);
+    init_activations(p);
 #pragma unroll
     for (int s = 0; s < kAhead; ++s) {
       if (s < count) {
@@ -247,7 +267,7 @@ struct StageLoader {
   // Move the activation sources to the next K tile.
   __device__ __forceinline__ void advance_activations() {
 #pragma unroll
-    for (int it = 0; it < kAIters; ++it) a_src[it] += 2 * kBlockK;
+    for (int it = 0; it < kAIters; ++it) a_src[it] += 2 * kStageK;
   }
 
   // Move the packed-weight sources to the next K tile.
@@ -258,7 +278,7 @@ struct StageLoader {
 
   // Move the scale and zero-point sources to the next K tile.
   __device__ __forceinline__ void advance_scales() {
-    int next_rows = rows;
+    int next_rows = row_step;
     if (tiles_per_row > 0) {
       next_rows = ++tile_in_row == tiles_per_row ? 1 : 0;
       if (next_rows) tile_in_row = 0;
