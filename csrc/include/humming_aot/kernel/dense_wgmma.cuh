@@ -99,6 +99,10 @@ struct DenseWgmma {
     const u32 w_addr = w_smem + 4 * (((kk * Layout::kUnits + unit) * 32 + lane) * kBits);
     if constexpr (kBits == 4 || kBits == 8) {  // tile j is stored as is, at byte j * kBits
       memory::lds_words(words, w_addr + tile * kBits);
+    } else if constexpr (kBits == 1) {  // one shift by the warp's tile, no unfold-and-select
+      u32 stored;
+      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(stored) : "r"(w_addr));
+      words[0] = Codes::one_bit_tile_word(stored, tile);
     } else if constexpr (kUnfoldOwnTileOnly) {  // load and unfold only what this warp's tile is made of
       if (tile == 0) {  // warp-uniform
         unfold_tile<0>(w_addr, words);

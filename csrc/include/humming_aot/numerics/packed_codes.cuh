@@ -57,13 +57,19 @@ struct PackedCodes {
     for (int e = 0; e < kTileWords; ++e) out[e] = padded[kTile * kTileWords + e];
   }
 
+  // 1-bit codes: the padded word of tile j, which may be a run-time index (one shift).
+  static HUMMING_AOT_HOST_DEVICE u32 one_bit_tile_word(u32 stored, int j) {
+    static_assert(kBits == 1, "1-bit codes only");
+    return stored >> (4 * j);
+  }
+
   // p: the lane's kBits stored words of one K step; out: its padded words (tile j: words
   // [j * kPaddedWords / 4, (j + 1) * kPaddedWords / 4)).
   static HUMMING_AOT_HOST_DEVICE void unfold(const u32 (&p)[kBits], u32 (&out)[kPaddedWords]) {
     if constexpr (kBits == 4 || kBits == 8) {
       for (int i = 0; i < kBits; ++i) out[i] = p[i];
     } else if constexpr (kBits == 1) {  // register s at bit s; the bits above undefined (see kCodeMask2)
-      for (int j = 0; j < 4; ++j) out[j] = p[0] >> (4 * j);
+      for (int j = 0; j < 4; ++j) out[j] = one_bit_tile_word(p[0], j);
     } else if constexpr (kBits == 2) {  // nibble bits 2-3 undefined
       out[0] = p[0];
       out[1] = p[0] >> 2;
