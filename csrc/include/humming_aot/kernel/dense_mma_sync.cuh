@@ -13,7 +13,8 @@
 // stages kBlockK-wide K tiles of activations (swizzled rows), packed weights, scales and zero
 // points; each warp dequantizes its weights in registers right before the mma. Wider stages
 // (128 to 512) cut the per-stage cost (barrier, copies, address updates) per weight, which is
-// what small M, with 4 K warps, is bound by.
+// what small M, with 4 K warps, is bound by. The 8-row tile (M <= 8) runs one such pipeline per
+// warp instead, over the warp's own part of each stage, with no CTA barrier (kWarpPipelines).
 
 #include <humming_aot/epilogue/output_writer.cuh>
 #include <humming_aot/epilogue/swapped_output_writer.cuh>
