@@ -155,10 +155,7 @@ struct DenseMmaSync {
 
     StepOffsets() = default;
     __device__ __forceinline__ StepOffsets(int warp_m, int warp_n, int warp_k, const Walk& walk) {
-      int lane = threadIdx.x & 31, step_shift = walk.step_shift;
-      // inputs opaque too: the work below then stays where the caller put it (after the
-      // prologue's first copies) instead of being hoisted ahead of them
-      asm volatile("" : "+r"(lane), "+r"(warp_m), "+r"(warp_n), "+r"(warp_k), "+r"(step_shift));
+      const int lane = threadIdx.x & 31, step_shift = walk.step_shift;
 #pragma unroll
       for (int i = 0; i < kSteps; ++i) {
         if constexpr (kWarpPipelines) {  // ldmatrix x2: lanes 0-7 rows of k 0-7, lanes 8-15 rows of k 8-15
