@@ -165,13 +165,20 @@ def unpermute_unit_columns(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(rows, n // 64, 8, 4, 2).permute(0, 1, 3, 4, 2).reshape(rows, n)
 
 
-def _bit_home(bits: int, word: int, bit: int) -> tuple[int, int]:
-    """Where bit ``bit`` (0 <= bit < bits) of a code in padded word ``word`` (U_j or V_w) is stored:
-    (stored word, shift of the bit inside the nibble or byte). The module docstring in table form."""
-    if bits in (4, 8) or word < {1: 0, 2: 0, 3: 3, 5: 5, 6: 6, 7: 7}[bits]:
+def _bit_home(bits: int, word: int, bit: int, slot):
+    """Where bit ``bit`` (0 <= bit < bits) of the code in nibble or byte ``slot`` of padded word
+    ``word`` (U_j or V_w) is stored: (stored word, bit position in it). The module docstring in
+    table form."""
+    if bits == 1:  # nibble s = slot % 4 of 16-bit half slot // 4 of U_j: bit 4 j + s of that half
+        return 0, 16 * (slot // 4) + 4 * word + slot % 4
+    stored, shift = _nibble_or_byte_home(bits, word, bit)
+    return stored, _lane_bits(bits) * slot + shift
+
+
+def _nibble_or_byte_home(bits: int, word: int, bit: int) -> tuple[int, int]:
+    """For codes of 2 to 8 bits: (stored word, shift of the bit inside its nibble or byte)."""
+    if bits in (4, 8) or word < {2: 0, 3: 3, 5: 5, 6: 6, 7: 7}[bits]:
         return word, bit
-    if bits == 1:  # reference_pack_codes places 1-bit codes itself (not nibble-relative)
-        return 0, 0
     if bits == 2:
         return word // 2, 2 * (word % 2) + bit
     if bits == 5:
@@ -202,12 +209,8 @@ def reference_pack_codes(u: torch.Tensor, bits: int) -> torch.Tensor:
     flat = out.view(-1)
     for word in range(8 if lane_bits == 8 else 4):
         for bit in range(bits):
-            stored, shift = _bit_home(bits, word, bit)
             sel = padded_word == word
-            if bits == 1:  # 16-bit half slot // 4, bit 4 j + s there (s = slot % 4)
-                position = 16 * (slot[sel] // 4) + 4 * word + slot[sel] % 4
-            else:
-                position = lane_bits * slot[sel] + shift
+            stored, position = _bit_home(bits, word, bit, slot[sel])
             values = ((codes[sel] >> bit) & 1) << position
             col = (unit[sel] * 32 + lane[sel]) * bits + stored
             flat.index_put_((kstep[sel] * out.shape[1] + col,), values, accumulate=True)

@@ -84,13 +84,11 @@ def smem_bytes(tile: TileConfig, w_bits: int, has_zero_point: bool) -> int:
     generated source static_asserts it)."""
     swapped = tile.block_m == 8
     if tile.mma is MmaKind.MMA_SYNC and swapped:
-        # one region per warp (its run of block_k / warps_k, its 64 columns; memory/stage_loader.cuh):
-        # activations in 64-wide sub-tiles of 8 rows x 128 bytes, at least one
+        # one region per warp: its run of block_k / warps_k and its 64 columns (memory/stage_loader.cuh)
         run_k, columns, copies = tile.block_k // tile.warps_k, 64, tile.warps_m * tile.warps_n * tile.warps_k
-        a_bytes = max(1, run_k // 64) * tile.block_m * 128
     else:
         run_k, columns, copies = tile.block_k, tile.block_n, 1
-        a_bytes = tile.block_m * tile.block_k * 2
+    a_bytes = max(1, run_k // 64) * tile.block_m * 128  # 64-wide sub-tiles of 128-byte rows, at least one
     w_bytes = columns * run_k * w_bits // 8
     # up to run_k / 16 scale (and zero-point) rows per stage, for the smallest group size (16)
     scale_bytes = run_k // 16 * columns * 2
