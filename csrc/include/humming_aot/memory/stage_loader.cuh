@@ -82,14 +82,29 @@ struct StageLoader {
   static constexpr int kSIters = (kSChunks + kThreads - 1) / kThreads;
   // scale rows that one pass of the issuers covers
   static constexpr int kSRowsPerIter = kThreads / kSChunksPerRow;
+  // Activation chunk i = issuer + it * kThreads lies in row i / kRowChunks, column chunk
+  // i % kRowChunks. Both counts are powers of two, so either a pass covers whole rows (the column
+  // chunk is the issuer's in every pass) or a row takes whole passes (every issuer starts in row
+  // 0): pass it's chunk is pass 0's moved by a compile-time number of rows and column chunks.
+  static_assert((kThreads % kRowChunks == 0) || (kRowChunks % kThreads == 0), "activation passes: powers of two");
+  static constexpr int kAPassRows = kThreads >= kRowChunks ? kThreads / kRowChunks : 0;
+  static constexpr int kAPassesPerRow = kThreads >= kRowChunks ? 1 : kRowChunks / kThreads;
+  static __device__ __forceinline__ constexpr int a_pass_rows(int it) {
+    return kThreads >= kRowChunks ? it * kAPassRows : it / kAPassesPerRow;
+  }
+  static __device__ __forceinline__ constexpr int a_pass_chunks(int it) {
+    return kThreads >= kRowChunks ? 0 : (it % kAPassesPerRow) * kThreads;
+  }
   static_assert(kAIters <= 32 && kWIters <= 32, "validity bits are kept in one 32-bit mask");
   static_assert(kThreads % kSChunksPerRow == 0, "every pass over the scale chunks starts a new scale row");
   static_assert(kStageK % kBlockK == 0, "the K run lies inside a K tile");
 
-  const char* a_src[kAIters];  // this thread's activation chunks at the current K tile
-  u32 a_dst[kAIters];          // their shared-memory offsets inside a stage
+  const char* a_src;          // this thread's pass-0 activation chunk at the current K tile
+  i64 a_row_bytes;             // bytes between activation rows (2 lda)
+  u32 a_dst[kAIters];          // the shared-memory offsets of its chunks inside a stage
   u32 a_valid;                 // bit it: a chunk of this thread, in a row < M
   int a_iters;                 // passes with a row < M for some issuer (uniform)
+  bool a_all_rows;             // every row of the tile is < M (uniform)
   const u32* w_src[kWIters];   // packed weight chunks at the current K tile
   u32 w_dst;                   // shared-memory offset of chunk 0 (chunk it is kThreads * 16 it further)
   u32 w_issue;                 // bit it: chunk it exists
@@ -101,10 +116,11 @@ struct StageLoader {
   u32 s_dst;                   // pass 0's shared-memory offset inside the scale block
   u32 s_issue;                 // bit it: pass it's chunk exists, its row is staged and its columns < N
   int s_iters;                 // passes that stage some row (uniform)
-  int tiles_per_row;           // K tiles per scale row (group >= kStageK), else 0
+  int tiles_per_row;           // K tiles per scale row (group >= kStageK), else 1
   int tile_in_row;             // position of the current K tile in its scale row
   int rows;                    // scale rows staged per K tile
-  int row_step;                // scale rows between consecutive K tiles (group < kStageK)
+  i64 s_step_bytes;            // scale bytes between the rows of a K tile and of its successor
+                               // in a new scale row (group < kStageK: kStageK / group rows)
   // the loader's place, kept for load_prologue's later setup steps
   int m0_, n0_, k_tile_, k_offset_;
   u32 issuer_;
@@ -140,6 +156,7 @@ struct StageLoader {
   __device__ __forceinline__ void init_scales(const kernel::GemmParams& p) {
     const u32 group = static_cast<u32>(p.group_size), tile = static_cast<u32>(k_tile_);
     u32 row0;
+    int row_step;  // scale rows between the first rows of consecutive K tiles that change row
     if (group >= kStageK) {
       rows = row_step = 1;
       tiles_per_row = static_cast<int>(group / kStageK);
@@ -149,11 +166,13 @@ struct StageLoader {
       const int shift = 31 - __clz(group);
       rows = kBlockK >> shift > 0 ? kBlockK >> shift : 1;
       row_step = kStageK >> shift;
-      tiles_per_row = tile_in_row = 0;
+      tiles_per_row = 1;
+      tile_in_row = 0;
       row0 = (tile * kStageK + static_cast<u32>(k_offset_)) >> shift;
     }
     s_iters = (rows * kSChunksPerRow + kThreads - 1) / kThreads;
     s_row_bytes = 2 * static_cast<i64>(p.n);
+    s_step_bytes = row_step * s_row_bytes;
     // issuers of one column chunk share a column; pass it reads row r0 + it * kSRowsPerIter
     const u32 r0 = issuer_ / kSChunksPerRow, c = issuer_ % kSChunksPerRow;
     const int col = n0_ + static_cast<int>(c) * 8;
@@ -173,28 +192,53 @@ struct StageLoader {
 
   // The activation sources of the current K tile.
   __device__ __forceinline__ void init_activations(const kernel::GemmParams& p) {
-    const char* a = static_cast<const char*>(p.a) + 2 * (static_cast<i64>(k_tile_) * kStageK + k_offset_);
     const int rows_left = p.m - m0_;
-    a_iters = rows_left >= kBlockM ? kAIters : (rows_left * kRowChunks + kThreads - 1) / kThreads;
+    a_all_rows = rows_left >= kBlockM;
+    a_iters = a_all_rows ? kAIters : (rows_left * kRowChunks + kThreads - 1) / kThreads;
+    a_row_bytes = 2 * static_cast<i64>(p.lda);
+    const u32 row0 = issuer_ / kRowChunks, chunk0 = issuer_ % kRowChunks;
+    // pass 0's row, or row 0 where it is past M (its chunks are zero-filled from a source that
+    // stays inside the activations)
+    const i64 src_row = static_cast<int>(row0) < rows_left ? m0_ + static_cast<int>(row0) : 0;
+    a_src = static_cast<const char*>(p.a) +
+            2 * (static_cast<i64>(k_tile_) * kStageK + k_offset_ + src_row * p.lda + chunk0 * 8);
     a_valid = 0;
 #pragma unroll
     for (int it = 0; it < kAIters; ++it) {
-      const u32 i = chunk(it), row = i / kRowChunks;
+      const u32 i = chunk(it), row = row0 + a_pass_rows(it);
       const bool valid = (kAChunks % kThreads == 0 || i < kAChunks) && static_cast<int>(row) < rows_left;
       a_valid |= static_cast<u32>(valid) << it;
-      a_src[it] = a + 2 * ((valid ? m0_ + row : 0) * p.lda + (i % kRowChunks) * 8);
-      a_dst[it] = Layout::a_chunk_offset(row, i % kRowChunks);
+      a_dst[it] = Layout::a_chunk_offset(row, chunk0 + a_pass_chunks(it));
     }
+    asm volatile("" : "+r"(a_dst[0]));  // kept: the pass every stage issues, not recomputed
   }
 
   // Issue the copies of the activations of the current K tile into the stage at `stage_smem`.
-  // Rows past M are not loaded: whatever shared memory holds there only reaches output rows
-  // (tokens) that are never stored. Passes whose rows are all past M are skipped as a whole.
+  // Chunks of rows past M are zero-filled without a global read (those rows only reach output
+  // rows that are never stored). Passes whose rows are all past M are skipped as a whole, by a
+  // (uniform) branch: at M = 1 a warp's loader issues one pass, not kAIters predicated ones.
   __device__ __forceinline__ void load_activations(u32 stage_smem) const {
+    if (a_all_rows) {  // straight-line code
 #pragma unroll
-    for (int it = 0; it < kAIters; ++it) {
-      if (it < a_iters && ((a_valid >> it) & 1)) cp_async_16(stage_smem + a_dst[it], a_src[it], true);
+      for (int it = 0; it < kAIters; ++it) load_activation_pass<false>(stage_smem, it);
+    } else {
+#pragma unroll
+      for (int it = 0; it < kAIters; ++it) {
+        if (it > 0 && it >= a_iters) break;
+        load_activation_pass<true>(stage_smem, it);
+      }
     }
+  }
+
+  // Pass it of the activation copies (kRowsPastM: some of its rows may be past M, whose chunks
+  // get zeros and keep a source inside the activations); a thread without a chunk in the last
+  // pass issues nothing.
+  template <bool kRowsPastM>
+  __device__ __forceinline__ void load_activation_pass(u32 stage_smem, int it) const {
+    const bool valid = (a_valid >> it) & 1;
+    const char* src = a_src + a_pass_rows(it) * a_row_bytes + 16 * a_pass_chunks(it);
+    if (kRowsPastM && !valid) src = a_src;
+    if (kAChunks % kThreads == 0 || chunk(it) < kAChunks) cp_async_16(stage_smem + a_dst[it], src, valid);
   }
 
   // Issue the copies of the packed weights of the current K tile.
@@ -266,8 +310,7 @@ struct StageLoader {
 
   // Move the activation sources to the next K tile.
   __device__ __forceinline__ void advance_activations() {
-#pragma unroll
-    for (int it = 0; it < kAIters; ++it) a_src[it] += 2 * kStageK;
+    a_src += 2 * kStageK;
   }
 
   // Move the packed-weight sources to the next K tile.
@@ -278,13 +321,11 @@ struct StageLoader {
 
   // Move the scale and zero-point sources to the next K tile.
   __device__ __forceinline__ void advance_scales() {
-    int next_rows = row_step;
-    if (tiles_per_row > 0) {
-      next_rows = ++tile_in_row == tiles_per_row ? 1 : 0;
-      if (next_rows) tile_in_row = 0;
+    if (++tile_in_row == tiles_per_row) {
+      tile_in_row = 0;
+      s_src += s_step_bytes;
+      if constexpr (kHasZeroPoint) z_src += s_step_bytes;
     }
-    s_src += next_rows * s_row_bytes;
-    if constexpr (kHasZeroPoint) z_src += next_rows * s_row_bytes;
   }
 
   __device__ __forceinline__ void advance() {
