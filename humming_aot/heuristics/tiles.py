@@ -107,7 +107,10 @@ def smem_bytes(tile: TileConfig, w_bits: int, has_zero_point: bool) -> int:
     parked_warps = 0 if tile.warps_k == 1 else tile.warps_k
     floats_per_lane = 16 if swapped else (tile.block_m // tile.warps_m // 16) * 32
     reduction = parked_warps * tile.warps_m * tile.warps_n * floats_per_lane * 32 * 4
-    return max(pipeline, reduction)
+    # the swapped tile's split-K exchange region after the pipeline (epilogue/swapped_output_writer.cuh,
+    # exchange_bytes): (warps + 7) x the fragments each warp writes (4 / warps_k) x 512 bytes
+    exchange = (tile.threads // 32 + 7) * (4 // tile.warps_k) * 512 if swapped else 0
+    return max(pipeline, reduction) + exchange
 
 
 def tile_fits(tile: TileConfig, k: int, group: int) -> bool:

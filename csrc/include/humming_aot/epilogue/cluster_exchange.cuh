@@ -1,9 +1,8 @@
 #pragma once
 // The thread-block cluster primitives of the in-cluster split-K reduction (sm_90+): the K slices of
 // one output tile are the CTAs of one cluster (launched with cluster dims (1, k_splits, 1), so the
-// slice index is the cluster rank). Each slice leaves its fp32 partials in its own shared memory,
-// and after a cluster barrier every CTA sums a share of the tile over all slices by reading the
-// others' shared memory (distributed shared memory) - no global workspace, fence or atomic.
+// slice index is the cluster rank). The slices exchange their fp32 partials through distributed
+// shared memory, with cluster barriers - no global workspace, fence or atomic.
 // PTX ISA: "Distributed Shared Memory", mapa, ld.shared::cluster, barrier.cluster.
 
 #include <humming_aot/numerics/types.cuh>
@@ -38,22 +37,26 @@ __device__ __forceinline__ void arrive() {
 __device__ __forceinline__ void wait() {
   if constexpr (kAvailable) asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
+// An arrival that orders nothing: at a kernel's start, so that a later wait() proves that every
+// CTA of the cluster has started (before any of them writes another's shared memory).
+__device__ __forceinline__ void arrive_relaxed() {
+  if constexpr (kAvailable) asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
 
-// Four floats at `local` (a shared::cta address) of CTA `cta` of the cluster.
-__device__ __forceinline__ void load4(u32 local, u32 cta, float (&v)[4]) {
+// Four floats to `local` (a shared::cta address) of CTA `cta` of the cluster.
+__device__ __forceinline__ void store4_to(u32 local, u32 cta, const float (&v)[4]) {
   if constexpr (kAvailable) {
     u32 remote;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(cta));
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
-                 : "r"(remote)
+    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(remote), "f"(v[0]), "f"(v[1]), "f"(v[2]),
+                 "f"(v[3])
                  : "memory");
   }
 }
 
-// Four floats to `local` (a shared::cta address) of this CTA.
-__device__ __forceinline__ void store4(u32 local, const float (&v)[4]) {
-  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(local), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
+// Four floats at `local` (a shared::cta address) of this CTA.
+__device__ __forceinline__ void load4_local(u32 local, float (&v)[4]) {
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "r"(local)
                : "memory");
 }
 

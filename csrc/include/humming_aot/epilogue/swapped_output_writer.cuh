@@ -83,52 +83,76 @@ struct SwappedOutputWriter {
     if (threadIdx.x == 0) p.tile_counters[tile_index] = 0;  // ready for the next launch
   }
 
-  // Shared-memory bytes write_in_cluster needs for a CTA of kWarps warps.
-  static HUMMING_AOT_HOST_DEVICE constexpr int exchange_bytes(int warps) { return warps * kTiles * 32 * 16; }
+  // The largest cluster (K slices) write_in_cluster serves: the portable cluster size.
+  static constexpr int kMaxClusterSlices = 8;
+
+  // Shared-memory bytes of the exchange region write_in_cluster needs in a CTA of kWarps warps: a
+  // CTA owns the shares of at most ceil(kWarps / slices) warp slots, each receiving one copy per
+  // slice; (kWarps + slices - 1) bounds ceil(kWarps / slices) x slices. The region is the CTA's
+  // own (not the pipeline's): a slice may write into it while the CTA still runs its K loop.
+  static HUMMING_AOT_HOST_DEVICE constexpr int exchange_bytes(int warps) {
+    return (warps + kMaxClusterSlices - 1) * kTiles * 32 * 16;
+  }
+
+  // Whether write_in_cluster takes this launch: sm_90+, and the K slices of each tile (2 to
+  // kMaxClusterSlices of them) are the CTAs of one thread-block cluster. Uniform over the grid.
+  static __device__ __forceinline__ bool reduces_in_cluster(const kernel::GemmParams& p) {
+    return cluster::kAvailable && p.k_splits > 1 && p.k_splits <= kMaxClusterSlices &&
+           cluster::size() == static_cast<u32>(p.k_splits);
+  }
+
+  // Every thread of a CTA that will take write_in_cluster calls this once, early (the kernel's
+  // start): its arrival lets write_in_cluster's first wait prove that the whole cluster runs.
+  static __device__ __forceinline__ void prepare_cluster(const kernel::GemmParams& p) {
+    if (reduces_in_cluster(p)) cluster::arrive_relaxed();
+  }
 
   // The split-K reduction inside a thread-block cluster (epilogue/cluster_exchange.cuh), taken
-  // when the launch made the tile's K slices one cluster (its size is k_splits > 1); returns
-  // false, having done nothing, otherwise (then call write). Every thread of the CTA calls it.
-  //   exchange: shared::cta address of exchange_bytes(warps) bytes of this CTA's shared memory,
-  //             free once every warp of the CTA is done with what it holds
+  // iff reduces_in_cluster (after prepare_cluster at the kernel's start); returns false, having
+  // done nothing, otherwise (then call write). Every thread of the CTA calls it.
+  //   exchange: shared::cta address of this CTA's exchange region (exchange_bytes(warps) bytes)
   //   slot:     this warp's index in the CTA (each warp holds one share of the tile)
-  // Warp `slot` of the CTA of rank r sums its share over the slices iff slot % k_splits == r, in
-  // slice order from zero as write() does (same bits), and writes it.
+  // The share of warp slot w is summed by the CTA of rank w % slices: every slice's warp w
+  // writes its fragments into that CTA's region (a remote store), then one cluster barrier, then
+  // the owner adds them up in slice order from zero as write() does (same bits) and writes them.
+  // Nobody reads another CTA's memory after the barrier, so no CTA waits for another to finish.
   static __device__ __forceinline__ bool write_in_cluster(const kernel::GemmParams& p, const Accumulators& acc,
                                                           int token0, int col0, u32 exchange, int slot) {
-    if (!cluster::kAvailable || p.k_splits == 1 || cluster::size() != static_cast<u32>(p.k_splits)) return false;
-    const u32 mine = exchange + (slot * kTiles * 32 + (threadIdx.x & 31)) * 16;  // fragment j at + 512 j
-    __syncthreads();  // every warp is done with the scratch's previous contents
+    if (!reduces_in_cluster(p)) return false;
+    const int slices = p.k_splits;
+    int owner = slot, owned_index = 0;  // slot % slices and slot / slices, without a division
+    while (owner >= slices) {
+      owner -= slices;
+      ++owned_index;
+    }
+    const u32 rank = cluster::rank(), lane = threadIdx.x & 31;
+    // fragment j of slice s for the owner's owned share i: ((i * slices + s) * kTiles + j) * 32 lanes
+    const auto fragment = [&](int s, int j) {
+      return exchange + (((owned_index * slices + s) * kTiles + j) * 32 + lane) * 16;
+    };
+    cluster::wait();  // the arrival of prepare_cluster: every CTA of the cluster has started
 #pragma unroll
-    for (int j = 0; j < kTiles; ++j) cluster::store4(mine + 512 * j, acc[j]);
+    for (int j = 0; j < kTiles; ++j) cluster::store4_to(fragment(static_cast<int>(rank), j), static_cast<u32>(owner), acc[j]);
     cluster::arrive();
     cluster::wait();
-    int owner_rank = slot;  // slot % k_splits, without a division (slot < 32, k_splits <= 8)
-    while (owner_rank >= p.k_splits) owner_rank -= p.k_splits;
-    const bool owner = owner_rank == static_cast<int>(cluster::rank());  // warp-uniform
+    if (owner != static_cast<int>(rank)) return true;  // warp-uniform
     float sum[kTiles][4];
-    if (owner) {
 #pragma unroll
-      for (int j = 0; j < kTiles; ++j)
+    for (int j = 0; j < kTiles; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sum[j][e] = 0.f;
-      for (int s = 0; s < p.k_splits; ++s) {
+      for (int e = 0; e < 4; ++e) sum[j][e] = 0.f;
+    for (int s = 0; s < slices; ++s) {
 #pragma unroll
-        for (int j = 0; j < kTiles; ++j) {
-          float v[4];
-          cluster::load4(mine + 512 * j, static_cast<u32>(s), v);
+      for (int j = 0; j < kTiles; ++j) {
+        float v[4];
+        cluster::load4_local(fragment(s, j), v);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) sum[j][e] += v[e];
-        }
+        for (int e = 0; e < 4; ++e) sum[j][e] += v[e];
       }
     }
-    cluster::arrive();  // done reading the other slices' shared memory
-    if (owner) {
-      for_each(token0, col0, [&](int j, int e, int token, int col) {
-        if (token < p.m && col < p.n) store(p, token, col, sum[j][e]);
-      });
-    }
-    cluster::wait();  // no CTA leaves while another may still read its shared memory
+    for_each(token0, col0, [&](int j, int e, int token, int col) {
+      if (token < p.m && col < p.n) store(p, token, col, sum[j][e]);
+    });
     return true;
   }
 };

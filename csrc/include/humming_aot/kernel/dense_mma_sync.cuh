@@ -105,7 +105,7 @@ struct DenseMmaSync {
   static constexpr int kShareTiles = kNTiles / kWarpsK;
   static constexpr int kTileColumns = kSwapped ? 16 : 8;
   static_assert(kNTiles % kWarpsK == 0, "the K warps share the fragments evenly");
-  static constexpr int kSmemBytes = kStages * kStageBytes > kReductionBytes ? kStages * kStageBytes : kReductionBytes;
+  static constexpr int kPipelineBytes = kStages * kStageBytes > kReductionBytes ? kStages * kStageBytes : kReductionBytes;
 
   using H2 = numerics::PackedHalf2<Act>;
   using Dequantizer = typename Weights::template Dequantizer<Act, kZeroPoint>;
@@ -115,9 +115,12 @@ struct DenseMmaSync {
   using ShareWriter = epilogue::OutputWriter<Act, kMTiles, kShareTiles>;
   using SwappedWriter = epilogue::SwappedOutputWriter<Act, kNTiles>;
   using SwappedShareWriter = epilogue::SwappedOutputWriter<Act, kShareTiles>;
-  static_assert(!kSwapped || (kWarpsK > 1 ? SwappedShareWriter::exchange_bytes(kThreads / 32)
-                                         : SwappedWriter::exchange_bytes(kThreads / 32)) <= kSmemBytes,
-                "the in-cluster split-K reduction exchanges the warps' shares through the pipeline's shared memory");
+  // What each warp writes in the swapped tile's epilogue: its share of the K warps' sum, or
+  // (one K warp) all of its fragments; with the split-K reduction inside a cluster, through an
+  // exchange region after the pipeline's shared memory.
+  using SwappedPartWriter = typename detail::Select<(kWarpsK > 1), SwappedShareWriter, SwappedWriter>::Type;
+  static constexpr int kExchangeBytes = kSwapped ? SwappedPartWriter::exchange_bytes(kWarps) : 0;
+  static constexpr int kSmemBytes = kPipelineBytes + kExchangeBytes;
 
   // Everything a warp reads from shared memory for one 16-row K step.
   struct StepFragments {
@@ -363,6 +366,7 @@ struct DenseMmaSync {
     const int warp = threadIdx.x >> 5;
     const int warp_k = warp / (kWarpsM * kWarpsN), warp_mn = warp % (kWarpsM * kWarpsN);
     const int warp_m = warp_mn / kWarpsN, warp_n = warp_mn % kWarpsN;
+    if constexpr (kSwapped) SwappedPartWriter::prepare_cluster(p);
     const Walk walk(p.group_size);
     // Every warp's run of K steps [warp_k * kSteps, + kSteps) lies in one scale row: runs and
     // groups are powers of two steps long, so a run no longer than a group never straddles one
@@ -418,14 +422,14 @@ struct DenseMmaSync {
       share_over_k_warps(smem, warp_mn, warp_k, acc, share);
       const int col0 = n0 + warp_n * 64 + kTileColumns * kShareTiles * warp_k;
       if constexpr (kSwapped) {
-        if (!SwappedShareWriter::write_in_cluster(p, share[0], m0, col0, smem_base, warp)) {
+        if (!SwappedShareWriter::write_in_cluster(p, share[0], m0, col0, smem_base + kPipelineBytes, warp)) {
           SwappedShareWriter::write(p, share[0], m0, col0, tile.tile_index, &arrival_flag);
         }
       } else {
         ShareWriter::write(p, share, m0 + warp_m * kWarpRows, col0, tile.tile_index, &arrival_flag);
       }
     } else if constexpr (kSwapped) {
-      if (!SwappedWriter::write_in_cluster(p, acc[0], m0, n0 + warp_n * 64, smem_base, warp)) {
+      if (!SwappedWriter::write_in_cluster(p, acc[0], m0, n0 + warp_n * 64, smem_base + kPipelineBytes, warp)) {
         SwappedWriter::write(p, acc[0], m0, n0 + warp_n * 64, tile.tile_index, &arrival_flag);
       }
     } else {
