@@ -3,7 +3,7 @@
 // one output tile are the CTAs of one cluster (launched with cluster dims (1, k_splits, 1), so the
 // slice index is the cluster rank). The slices exchange their fp32 partials through distributed
 // shared memory, with cluster barriers - no global workspace, fence or atomic.
-// PTX ISA: "Distributed Shared Memory", mapa, ld.shared::cluster, barrier.cluster.
+// PTX ISA: "Distributed Shared Memory", mapa, st.shared::cluster, barrier.cluster.
 
 #include <humming_aot/numerics/types.cuh>
 
