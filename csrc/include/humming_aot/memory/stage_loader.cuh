@@ -99,7 +99,11 @@ struct StageLoader {
   static_assert(kThreads % kSChunksPerRow == 0, "every pass over the scale chunks starts a new scale row");
   static_assert(kStageK % kBlockK == 0, "the K run lies inside a K tile");
 
-  const char* a_src;          // this thread's pass-0 activation chunk at the current K tile
+  // The per-warp loader (the swapped tile, M <= 8) keeps one activation source, pass 0's, and
+  // skips passes past M with a branch; CTA-wide loaders keep one source per pass and predicate
+  // (fewer instructions in their stages, docs/PERFORMANCE.md section 16).
+  static constexpr bool kOneActivationSource = kThreads == 32;
+  const char* a_src[kOneActivationSource ? 1 : kAIters];  // this thread's activation chunks at the current K tile
   i64 a_row_bytes;             // bytes between activation rows (2 lda)
   u32 a_dst[kAIters];          // the shared-memory offsets of its chunks inside a stage
   u32 a_valid;                 // bit it: a chunk of this thread, in a row < M
@@ -116,11 +120,10 @@ struct StageLoader {
   u32 s_dst;                   // pass 0's shared-memory offset inside the scale block
   u32 s_issue;                 // bit it: pass it's chunk exists, its row is staged and its columns < N
   int s_iters;                 // passes that stage some row (uniform)
-  int tiles_per_row;           // K tiles per scale row (group >= kStageK), else 1
+  int tiles_per_row;           // K tiles per scale row (group >= kStageK), else 0
   int tile_in_row;             // position of the current K tile in its scale row
   int rows;                    // scale rows staged per K tile
-  i64 s_step_bytes;            // scale bytes between the rows of a K tile and of its successor
-                               // in a new scale row (group < kStageK: kStageK / group rows)
+  int row_step;                // scale rows between consecutive K tiles (group < kStageK)
   // the loader's place, kept for load_prologue's later setup steps
   int m0_, n0_, k_tile_, k_offset_;
   u32 issuer_;
@@ -156,7 +159,6 @@ struct StageLoader {
   __device__ __forceinline__ void init_scales(const kernel::GemmParams& p) {
     const u32 group = static_cast<u32>(p.group_size), tile = static_cast<u32>(k_tile_);
     u32 row0;
-    int row_step;  // scale rows between the first rows of consecutive K tiles that change row
     if (group >= kStageK) {
       rows = row_step = 1;
       tiles_per_row = static_cast<int>(group / kStageK);
@@ -166,13 +168,11 @@ struct StageLoader {
       const int shift = 31 - __clz(group);
       rows = kBlockK >> shift > 0 ? kBlockK >> shift : 1;
       row_step = kStageK >> shift;
-      tiles_per_row = 1;
-      tile_in_row = 0;
+      tiles_per_row = tile_in_row = 0;
       row0 = (tile * kStageK + static_cast<u32>(k_offset_)) >> shift;
     }
     s_iters = (rows * kSChunksPerRow + kThreads - 1) / kThreads;
     s_row_bytes = 2 * static_cast<i64>(p.n);
-    s_step_bytes = row_step * s_row_bytes;
     // issuers of one column chunk share a column; pass it reads row r0 + it * kSRowsPerIter
     const u32 r0 = issuer_ / kSChunksPerRow, c = issuer_ % kSChunksPerRow;
     const int col = n0_ + static_cast<int>(c) * 8;
@@ -192,33 +192,42 @@ struct StageLoader {
 
   // The activation sources of the current K tile.
   __device__ __forceinline__ void init_activations(const kernel::GemmParams& p) {
+    const char* a = static_cast<const char*>(p.a) + 2 * (static_cast<i64>(k_tile_) * kStageK + k_offset_);
     const int rows_left = p.m - m0_;
-    a_all_rows = rows_left >= kBlockM;
-    a_iters = a_all_rows ? kAIters : (rows_left * kRowChunks + kThreads - 1) / kThreads;
-    a_row_bytes = 2 * static_cast<i64>(p.lda);
-    const u32 row0 = issuer_ / kRowChunks, chunk0 = issuer_ % kRowChunks;
-    // pass 0's row, or row 0 where it is past M (its chunks are zero-filled from a source that
-    // stays inside the activations)
-    const i64 src_row = static_cast<int>(row0) < rows_left ? m0_ + static_cast<int>(row0) : 0;
-    a_src = static_cast<const char*>(p.a) +
-            2 * (static_cast<i64>(k_tile_) * kStageK + k_offset_ + src_row * p.lda + chunk0 * 8);
+    a_iters = rows_left >= kBlockM ? kAIters : (rows_left * kRowChunks + kThreads - 1) / kThreads;
+    if constexpr (kOneActivationSource) {
+      a_all_rows = rows_left >= kBlockM;
+      // pass 0's chunk; its row, or row 0 where that is past M (the chunks of rows past M are
+      // zero-filled from a source that stays inside the activations)
+      a_row_bytes = 2 * p.lda;
+      const u32 row0 = issuer_ / kRowChunks, chunk0 = issuer_ % kRowChunks;
+      const i64 src_row = static_cast<int>(row0) < rows_left ? m0_ + static_cast<int>(row0) : 0;
+      a_src[0] = a + 2 * (src_row * p.lda + chunk0 * 8);
+    }
     a_valid = 0;
 #pragma unroll
     for (int it = 0; it < kAIters; ++it) {
-      const u32 i = chunk(it), row = row0 + a_pass_rows(it);
+      const u32 i = chunk(it), row = i / kRowChunks;  // = row0 + a_pass_rows(it)
       const bool valid = (kAChunks % kThreads == 0 || i < kAChunks) && static_cast<int>(row) < rows_left;
       a_valid |= static_cast<u32>(valid) << it;
-      a_dst[it] = Layout::a_chunk_offset(row, chunk0 + a_pass_chunks(it));
+      if constexpr (!kOneActivationSource) a_src[it] = a + 2 * ((valid ? m0_ + row : 0) * p.lda + (i % kRowChunks) * 8);
+      a_dst[it] = Layout::a_chunk_offset(row, i % kRowChunks);
     }
-    asm volatile("" : "+r"(a_dst[0]));  // kept: the pass every stage issues, not recomputed
+    // kept: the pass every stage issues, not recomputed
+    if constexpr (kOneActivationSource) asm volatile("" : "+r"(a_dst[0]));
   }
 
   // Issue the copies of the activations of the current K tile into the stage at `stage_smem`.
-  // Chunks of rows past M are zero-filled without a global read (those rows only reach output
-  // rows that are never stored). Passes whose rows are all past M are skipped as a whole, by a
-  // (uniform) branch: at M = 1 a warp's loader issues one pass, not kAIters predicated ones.
+  // Rows past M only reach output rows (tokens) that are never stored: CTA-wide loaders leave
+  // their chunks alone, the per-warp loader zero-fills them without a global read and skips the
+  // passes whose rows are all past M by a (uniform) branch (at M = 1: one pass, not kAIters).
   __device__ __forceinline__ void load_activations(u32 stage_smem) const {
-    if (a_all_rows) {  // straight-line code
+    if constexpr (!kOneActivationSource) {
+#pragma unroll
+      for (int it = 0; it < kAIters; ++it) {
+        if (it < a_iters && ((a_valid >> it) & 1)) cp_async_16(stage_smem + a_dst[it], a_src[it], true);
+      }
+    } else if (a_all_rows) {  // straight-line code
 #pragma unroll
       for (int it = 0; it < kAIters; ++it) load_activation_pass<false>(stage_smem, it);
     } else {
@@ -236,8 +245,8 @@ struct StageLoader {
   template <bool kRowsPastM>
   __device__ __forceinline__ void load_activation_pass(u32 stage_smem, int it) const {
     const bool valid = (a_valid >> it) & 1;
-    const char* src = a_src + a_pass_rows(it) * a_row_bytes + 16 * a_pass_chunks(it);
-    if (kRowsPastM && !valid) src = a_src;
+    const char* src = a_src[0] + a_pass_rows(it) * a_row_bytes + 16 * a_pass_chunks(it);
+    if (kRowsPastM && !valid) src = a_src[0];
     if (kAChunks % kThreads == 0 || chunk(it) < kAChunks) cp_async_16(stage_smem + a_dst[it], src, valid);
   }
 
@@ -310,7 +319,8 @@ struct StageLoader {
 
   // Move the activation sources to the next K tile.
   __device__ __forceinline__ void advance_activations() {
-    a_src += 2 * kStageK;
+#pragma unroll
+    for (int it = 0; it < (kOneActivationSource ? 1 : kAIters); ++it) a_src[it] += 2 * kStageK;
   }
 
   // Move the packed-weight sources to the next K tile.
@@ -321,11 +331,13 @@ struct StageLoader {
 
   // Move the scale and zero-point sources to the next K tile.
   __device__ __forceinline__ void advance_scales() {
-    if (++tile_in_row == tiles_per_row) {
-      tile_in_row = 0;
-      s_src += s_step_bytes;
-      if constexpr (kHasZeroPoint) z_src += s_step_bytes;
+    int next_rows = row_step;
+    if (tiles_per_row > 0) {
+      next_rows = ++tile_in_row == tiles_per_row ? 1 : 0;
+      if (next_rows) tile_in_row = 0;
     }
+    s_src += next_rows * s_row_bytes;
+    if constexpr (kHasZeroPoint) z_src += next_rows * s_row_bytes;
   }
 
   __device__ __forceinline__ void advance() {
