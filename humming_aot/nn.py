@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from humming_aot import ops
+from humming_aot.packed_layout import check_layout_version
 from humming_aot.packing import PackedWeight, pack
 
 
@@ -11,7 +12,8 @@ class QuantizedLinear(torch.nn.Module):
     """y = x @ dequant(W)^T (+ b) with W packed once for the kernels.
 
     The packed tensors are registered as buffers, so ``.to(device)`` moves them and
-    ``state_dict()`` holds them.
+    ``state_dict()`` holds them, with the packed layout's version (the module's extra state):
+    ``load_state_dict`` refuses packed tensors of another layout version before loading any.
     """
 
     def __init__(self, packed: PackedWeight, bias: torch.Tensor | None = None):
@@ -21,7 +23,7 @@ class QuantizedLinear(torch.nn.Module):
         self._meta = {
             "n": packed.n, "k": packed.k, "group_size": packed.group_size, "w_dtype": packed.w_dtype,
             "act_dtype": packed.act_dtype, "format": packed.format, "global_scale": packed.global_scale,
-            "float_zero_point": packed.float_zero_point,
+            "float_zero_point": packed.float_zero_point, "layout_version": packed.layout_version,
         }
         self.register_buffer("w", packed.w)
         self.register_buffer("w_scale", packed.w_scale)
@@ -52,7 +54,26 @@ class QuantizedLinear(torch.nn.Module):
             w=self.w, w_scale=self.w_scale, w_zero_point=self.w_zero_point, n=m["n"], k=m["k"],
             group_size=m["group_size"], w_dtype=m["w_dtype"], act_dtype=m["act_dtype"], format=m["format"],
             global_scale=m["global_scale"], float_zero_point=m["float_zero_point"],
+            layout_version=m["layout_version"],
         )
+
+    def get_extra_state(self) -> dict:
+        return {"layout_version": self._meta["layout_version"]}
+
+    def set_extra_state(self, state) -> None:
+        pass  # checked, before any tensor is copied, by _load_from_state_dict
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        key = prefix + "_extra_state"  # where torch.nn.Module keeps get_extra_state()
+        saved = state_dict.get(key)
+        version = saved.get("layout_version") if isinstance(saved, dict) else None
+        what = f"the state dict of QuantizedLinear {prefix.rstrip('.') or '(root)'} ({self._meta['format']})"
+        check_layout_version(version, self.packed.bits, what)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        if saved is None and key in missing_keys:
+            missing_keys.remove(key)  # saved before versions were recorded: accepted where the layout is unchanged
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.gemm(x, self.packed, self.bias)

@@ -32,6 +32,7 @@ def gemm_spec(packed: PackedWeight) -> GemmSpec:
 def _validate(a: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) -> None:
     if not isinstance(packed, PackedWeight):
         raise TypeError(f"gemm: expected a PackedWeight from humming_aot.pack(), got {type(packed).__name__}")
+    packed.check_layout()
     if not isinstance(a, torch.Tensor):
         raise TypeError(f"gemm: a must be a torch.Tensor, got {type(a).__name__}")
     if a.dtype != packed.act_dtype:

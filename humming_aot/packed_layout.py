@@ -40,6 +40,38 @@ import torch
 UNIT_N = 64
 UNIT_K = 16
 
+# The layout's version per code width, recorded with every packed weight (PackedWeight and
+# QuantizedLinear's state) so that a weight packed under another version is refused instead of
+# decoded wrongly. A change to where codes of some width go bumps that width's version.
+# History: 1-bit codes 2 since November 2026 (a tile's four codes side by side, bit 4 j + s of
+# each 16-bit half; version 1 had them at bit 4 s + j). Every other width: 1.
+_LAYOUT_VERSIONS = {1: 2}
+# The version a weight packed before versions were recorded has (for 1-bit codes: unknown, as
+# 1 and 2 were both packed then; 1 is refused, so such a weight is re-packed, not trusted).
+UNRECORDED_LAYOUT_VERSION = 1
+
+
+def layout_version(bits: int) -> int:
+    """The packed-layout version of b-bit codes that this humming_aot reads and writes."""
+    if not 1 <= bits <= 8:
+        raise ValueError(f"layout_version: codes have 1 to 8 bits, got {bits}")
+    return _LAYOUT_VERSIONS.get(bits, 1)
+
+
+def check_layout_version(version: int | None, bits: int, what: str) -> None:
+    """Raise a ValueError unless `version` (None: not recorded) is the current layout of b-bit
+    codes; `what` names the packed weight in the message."""
+    current = layout_version(bits)
+    found = UNRECORDED_LAYOUT_VERSION if version is None else version
+    if found != current:
+        recorded = "no layout version (packed before versions were recorded)" if version is None else (
+            f"layout version {version}")
+        raise ValueError(
+            f"{what} holds {bits}-bit codes with {recorded}, but this humming_aot reads version {current} "
+            f"of that layout: its words would decode to other weights. Pack the quantized weight again "
+            f"(humming_aot.pack(quantized_weight)) or load it with the humming_aot version that packed it."
+        )
+
 
 def _unit_view(u: torch.Tensor) -> torch.Tensor:
     """(N, K) -> (unit, j, h, g, kstep, q, t, p) with n = 64 unit + 16 j + 8 h + g, k = 16 kstep + 8 q + 2 t + p."""

@@ -14,7 +14,14 @@ import math
 
 import torch
 
-from humming_aot.packed_layout import pack_codes, permute_unit_columns, unpack_codes, unpermute_unit_columns
+from humming_aot.packed_layout import (
+    check_layout_version,
+    layout_version,
+    pack_codes,
+    permute_unit_columns,
+    unpack_codes,
+    unpermute_unit_columns,
+)
 from humming_aot.spec import FLOAT_WEIGHT_DTYPES, INT_WEIGHT_DTYPES, ZeroPoint, code_bits
 
 _FLOAT_WEIGHT_FORMATS = frozenset(FLOAT_WEIGHT_DTYPES)
@@ -35,6 +42,9 @@ class PackedWeight:
                   round(round(q - z) * s) in act_dtype, instead of integer ones
     global_scale: fp32 factor the kernel applies to every output before the bias (the NVFP4
                   global scale, or a per-tensor scale; 1.0 when the format has none)
+    layout_version: packed_layout.layout_version(bits) of the humming_aot that packed it (set
+                  when not given; None on a PackedWeight unpickled from before versions were
+                  recorded). The GEMM refuses other versions (check_layout()).
     """
 
     w: torch.Tensor
@@ -48,6 +58,17 @@ class PackedWeight:
     format: str  # the WeightFormat string it was packed from
     global_scale: float = 1.0
     float_zero_point: bool = False
+    layout_version: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.layout_version is None:
+            object.__setattr__(self, "layout_version", layout_version(self.bits))
+
+    def check_layout(self) -> None:
+        """Raise a ValueError unless the words are in the packed layout this humming_aot reads."""
+        # getattr: a PackedWeight unpickled from before the field existed has no such attribute
+        # of its own, and the class default (None) reads as "not recorded"
+        check_layout_version(getattr(self, "layout_version", None), self.bits, f"this {self.w_dtype} PackedWeight")
 
     @property
     def bits(self) -> int:
@@ -335,8 +356,10 @@ def unpack(packed: PackedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     """(codes (N, K) int32 as the kernel reads them, scales (N, G) act dtype, zero points (N, G)).
 
     Integer codes are offset codes, and for symmetric formats the zero point is the implicit
-    2^(bits-1); float codes have no zero point (None).
+    2^(bits-1); float codes have no zero point (None). Refuses a weight of another packed-layout
+    version (PackedWeight.check_layout), whose words would unpack to other codes.
     """
+    packed.check_layout()
     n, k = packed.n, packed.k
     codes = unpack_codes(packed.w, n, k, packed.bits)
     scales = unpermute_unit_columns(packed.w_scale).t()

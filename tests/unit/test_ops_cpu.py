@@ -169,3 +169,79 @@ def test_effective_weight_on_cuda_asks_the_dispatcher_for_the_key_without_loadin
     assert ops.effective_weight(packed, 8) == ("weight", True)
     assert ops.effective_weight(packed, 9) == ("weight", False)
     assert asked == [("spec", "device 1", 8, None, 4096, 128), ("spec", "device 1", 9, None, 4096, 128)]
+
+
+# Packed-layout versions (humming_aot/packed_layout.py): words packed under another layout of the
+# same width decode to other weights, so they are refused before any launch.
+
+def test_packed_weights_record_the_layout_version_of_their_width():
+    from humming_aot.packed_layout import layout_version
+
+    assert [layout_version(b) for b in range(1, 9)] == [2, 1, 1, 1, 1, 1, 1, 1]
+    for fmt, bits in (("int1:g128", 1), ("int4:g128", 4), ("uint3:g32:zp", 3), ("float8e4m3:channel", 8)):
+        packed = _packed(fmt)
+        assert packed.bits == bits and packed.layout_version == layout_version(bits)
+        assert packed.to("cpu").layout_version == packed.layout_version
+
+
+@pytest.mark.parametrize("fmt", ["int1:g128", "int4:g128"])
+def test_gemm_refuses_a_weight_of_another_layout_version(fmt):
+    import dataclasses
+
+    packed = _packed(fmt)
+    a = torch.randn(3, 256).bfloat16()
+    stale = dataclasses.replace(packed, layout_version=packed.layout_version + 1)
+    with pytest.raises(ValueError, match=rf"{packed.bits}-bit codes with layout version {packed.layout_version + 1}"):
+        ops.gemm(a, stale)
+    with pytest.raises(ValueError, match="layout version"):
+        stale.dequantized()  # unpack() refuses it too
+    assert torch.equal(ops.gemm(a, packed), ops.gemm(a, dataclasses.replace(packed)))
+
+
+def test_a_weight_unpickled_from_before_versions_is_refused_only_where_the_layout_changed():
+    import pickle
+
+    a = torch.randn(2, 256).bfloat16()
+    for fmt, refused in (("int1:g128", True), ("int2:g128", False)):
+        packed = _packed(fmt)
+        state = dict(vars(packed))
+        del state["layout_version"]  # as pickled before the field existed
+        old = object.__new__(type(packed))
+        old.__dict__.update(state)
+        old = pickle.loads(pickle.dumps(old))
+        if refused:
+            with pytest.raises(ValueError, match="no layout version"):
+                ops.gemm(a, old)
+        else:
+            assert torch.equal(ops.gemm(a, old), ops.gemm(a, packed))
+
+
+def test_quantized_linear_state_dict_carries_and_checks_the_layout_version(tmp_path):
+    lin = torch.nn.Linear(256, 128, bias=False)
+    q1 = humming_aot.nn.QuantizedLinear.from_linear(lin, "int1:g128")
+    state = q1.state_dict()
+    assert state["_extra_state"] == {"layout_version": 2}
+    torch.save(state, tmp_path / "q1.pt")
+    fresh = humming_aot.nn.QuantizedLinear.from_linear(torch.nn.Linear(256, 128, bias=False), "int1:g128")
+    fresh.load_state_dict(torch.load(tmp_path / "q1.pt", weights_only=True))
+    assert torch.equal(fresh.w, q1.w)
+
+    before = fresh.w.clone()
+    stale = dict(state, _extra_state={"layout_version": 1}, w=torch.zeros_like(state["w"]))
+    with pytest.raises(ValueError, match="1-bit codes with layout version 1"):
+        fresh.load_state_dict(stale)
+    assert torch.equal(fresh.w, before)  # refused before any tensor was copied
+    unversioned = {key: value for key, value in stale.items() if key != "_extra_state"}
+    with pytest.raises(ValueError, match="no layout version"):
+        fresh.load_state_dict(unversioned)
+    assert torch.equal(fresh.w, before)
+
+    # a width whose layout never changed loads a state dict saved before versions were recorded
+    q4 = humming_aot.nn.QuantizedLinear.from_linear(lin, "int4:g128")
+    old4 = {key: value for key, value in q4.state_dict().items() if key != "_extra_state"}
+    target = humming_aot.nn.QuantizedLinear.from_linear(torch.nn.Linear(256, 128, bias=False), "int4:g128")
+    target.load_state_dict(old4)  # strict: the missing extra state is not an error
+    assert torch.equal(target.w, q4.w)
+    nested = torch.nn.Sequential(q1)
+    with pytest.raises(ValueError, match=r"QuantizedLinear 0 \(int1:g128\)"):
+        nested.load_state_dict({f"0.{key}": value for key, value in stale.items()})
