@@ -12,8 +12,9 @@ class QuantizedLinear(torch.nn.Module):
     """y = x @ dequant(W)^T (+ b) with W packed once for the kernels.
 
     The packed tensors are registered as buffers, so ``.to(device)`` moves them and
-    ``state_dict()`` holds them, with the packed layout's version (the module's extra state):
-    ``load_state_dict`` refuses packed tensors of another layout version before loading any.
+    ``state_dict()`` holds them, with the packed layout's version (``packed_layout_version``, an
+    int32 scalar, so that tensor-only formats such as safetensors can hold it): ``load_state_dict``
+    refuses packed tensors of another layout version before loading any.
     """
 
     def __init__(self, packed: PackedWeight, bias: torch.Tensor | None = None):
@@ -29,6 +30,8 @@ class QuantizedLinear(torch.nn.Module):
         self.register_buffer("w_scale", packed.w_scale)
         self.register_buffer("w_zero_point", packed.w_zero_point)
         self.register_buffer("bias", None if bias is None else bias.to(packed.act_dtype))
+        self.register_buffer("packed_layout_version",
+                             torch.tensor(packed.layout_version, dtype=torch.int32, device=packed.w.device))
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, fmt: str, act_dtype: torch.dtype | None = None) -> "QuantizedLinear":
@@ -57,17 +60,12 @@ class QuantizedLinear(torch.nn.Module):
             layout_version=m["layout_version"],
         )
 
-    def get_extra_state(self) -> dict:
-        return {"layout_version": self._meta["layout_version"]}
-
-    def set_extra_state(self, state) -> None:
-        pass  # checked, before any tensor is copied, by _load_from_state_dict
-
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
-        key = prefix + "_extra_state"  # where torch.nn.Module keeps get_extra_state()
+        # the layout version is checked before any tensor is copied
+        key = prefix + "packed_layout_version"
         saved = state_dict.get(key)
-        version = saved.get("layout_version") if isinstance(saved, dict) else None
+        version = int(saved) if isinstance(saved, torch.Tensor) and saved.numel() == 1 else None
         what = f"the state dict of QuantizedLinear {prefix.rstrip('.') or '(root)'} ({self._meta['format']})"
         check_layout_version(version, self.packed.bits, what)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,

@@ -220,28 +220,29 @@ def test_quantized_linear_state_dict_carries_and_checks_the_layout_version(tmp_p
     lin = torch.nn.Linear(256, 128, bias=False)
     q1 = humming_aot.nn.QuantizedLinear.from_linear(lin, "int1:g128")
     state = q1.state_dict()
-    assert state["_extra_state"] == {"layout_version": 2}
+    assert all(isinstance(value, torch.Tensor) for value in state.values())  # tensor-only formats hold it
+    assert state["packed_layout_version"].dtype == torch.int32 and int(state["packed_layout_version"]) == 2
     torch.save(state, tmp_path / "q1.pt")
     fresh = humming_aot.nn.QuantizedLinear.from_linear(torch.nn.Linear(256, 128, bias=False), "int1:g128")
     fresh.load_state_dict(torch.load(tmp_path / "q1.pt", weights_only=True))
     assert torch.equal(fresh.w, q1.w)
 
     before = fresh.w.clone()
-    stale = dict(state, _extra_state={"layout_version": 1}, w=torch.zeros_like(state["w"]))
+    stale = dict(state, packed_layout_version=torch.tensor(1, dtype=torch.int32), w=torch.zeros_like(state["w"]))
     with pytest.raises(ValueError, match="1-bit codes with layout version 1"):
         fresh.load_state_dict(stale)
     assert torch.equal(fresh.w, before)  # refused before any tensor was copied
-    unversioned = {key: value for key, value in stale.items() if key != "_extra_state"}
+    unversioned = {key: value for key, value in stale.items() if key != "packed_layout_version"}
     with pytest.raises(ValueError, match="no layout version"):
         fresh.load_state_dict(unversioned)
     assert torch.equal(fresh.w, before)
 
     # a width whose layout never changed loads a state dict saved before versions were recorded
     q4 = humming_aot.nn.QuantizedLinear.from_linear(lin, "int4:g128")
-    old4 = {key: value for key, value in q4.state_dict().items() if key != "_extra_state"}
+    old4 = {key: value for key, value in q4.state_dict().items() if key != "packed_layout_version"}
     target = humming_aot.nn.QuantizedLinear.from_linear(torch.nn.Linear(256, 128, bias=False), "int4:g128")
-    target.load_state_dict(old4)  # strict: the missing extra state is not an error
-    assert torch.equal(target.w, q4.w)
+    target.load_state_dict(old4)  # strict: the missing version is not an error
+    assert torch.equal(target.w, q4.w) and int(target.packed_layout_version) == 1
     nested = torch.nn.Sequential(q1)
     with pytest.raises(ValueError, match=r"QuantizedLinear 0 \(int1:g128\)"):
         nested.load_state_dict({f"0.{key}": value for key, value in stale.items()})
