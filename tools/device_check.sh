@@ -13,6 +13,9 @@
 #   tune      tools/bench/tune_tiles.py (extra args: $TUNE_ARGS)   -> bench.log, tune.json
 #   bench     tools/bench/bench_gemm.py (extra args: $BENCH_ARGS)  -> bench.log, bench.json
 #   cold      tools/bench/cold_start.py (extra args: $COLD_ARGS)   -> bench.log, cold_start.json
+#   ab        the base tree in .ab/base (tools/ab_base.sh REV) built with the same catalog, then
+#             bench_gemm.py ($AB_ARGS) from each tree in turns, $AB_ROUNDS (2) rounds
+#             -> bench.log (the side-by-side table of tools/bench/ab_compare.py), ab.json
 # Other knobs: HUMMING_AOT_DEVICE_CATALOG (default "default"), DEVICE_ARCH (default sm90a),
 # DEVICE_JOBS (default 16), PYTEST_ARGS (extra pytest arguments). The *_ARGS values are split
 # with shell quoting rules: PYTEST_ARGS="-k 'not fuzz'" passes -k and "not fuzz".
@@ -20,9 +23,10 @@
 # A failing step does not stop the next; each step's exit code and duration go to summary.txt
 # as soon as it ends (so a run cut short still says how far it got). At most 8 files are written
 # to OUTDIR, as many as the device tool brings back: summary.txt build.log tests.log tests.xml
-# bench.log (the tune, bench and cold steps) tune.json bench.json cold_start.json. The tune step
-# only makes sense with a catalog of tile variants
-# (HUMMING_AOT_DEVICE_CATALOG=catalog/tuning_sm90a.toml); it is not in the default step list.
+# bench.log (the tune, bench, cold and ab steps) tune.json bench.json cold_start.json, and ab.json
+# (one more than the device tool returns, if a call ran every step; tune and ab are not in the
+# default list). The tune step only makes sense with a catalog of tile variants
+# (HUMMING_AOT_DEVICE_CATALOG=catalog/tuning_sm90a.toml).
 # Nothing is written outside the repository and /tmp.
 set -uo pipefail
 
@@ -35,7 +39,7 @@ OUTDIR=$(cd "$1" && pwd)
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO" || exit 2
 
-ALL_STEPS=env,wheels,launcher,catalog,tests,tune,bench,cold
+ALL_STEPS=env,wheels,launcher,catalog,tests,tune,bench,cold,ab
 DEFAULT_STEPS=env,wheels,launcher,catalog,tests,bench,cold
 STEPS=",${DEVICE_STEPS:-$DEFAULT_STEPS},"
 ARCH=${DEVICE_ARCH:-sm90a}
@@ -158,6 +162,35 @@ step_cold() {
     python3 tools/bench/cold_start.py --json "$OUTDIR/cold_start.json" "${extra[@]}"
 }
 
+# A/B: the base tree (.ab/base, from tools/ab_base.sh) gets its own extension and the same catalog
+# as this tree (build it with the catalog step first); then the two trees are benchmarked in
+# turns, base first in each round, each from its own directory and with its own PYTHONPATH.
+step_ab() {
+    local base="$REPO/.ab/base"
+    if [[ ! -f "$base/.ab_rev" ]]; then
+        echo "no base tree in .ab/base: run tools/ab_base.sh REV here and carry .ab to the box" >&2
+        return 2
+    fi
+    local catalog=$CATALOG
+    [[ "$catalog" != default && -f "$catalog" ]] && catalog=$(cd "$(dirname "$catalog")" && pwd)/$(basename "$catalog")
+    (cd "$base" && PYTHONPATH="$base:$SITE" python3 setup.py build_ext --inplace -j "$JOBS" &&
+        PYTHONPATH="$base:$SITE" python3 -m humming_aot build --arch "$ARCH" --catalog "$catalog" --inplace -j "$JOBS") ||
+        return 1
+    local -a extra=() base_runs=() current_runs=()
+    [[ -n "${AB_ARGS:-}" ]] && mapfile -t extra < <(split_args "$AB_ARGS")
+    local round tmp
+    tmp=$(mktemp -d)
+    for ((round = 1; round <= ${AB_ROUNDS:-2}; round++)); do
+        (cd "$base" && PYTHONPATH="$base:$SITE" python3 tools/bench/bench_gemm.py --json "$tmp/base_$round.json" "${extra[@]}") || return 1
+        python3 tools/bench/bench_gemm.py --json "$tmp/current_$round.json" "${extra[@]}" || return 1
+        base_runs+=("$tmp/base_$round.json")
+        current_runs+=("$tmp/current_$round.json")
+    done
+    python3 tools/bench/ab_compare.py --merge "$OUTDIR/ab.json" --rev "$(cat "$base/.ab_rev")" \
+        --current-rev "$(git -C "$REPO" rev-parse --verify -q HEAD 2>/dev/null || echo n/a) + working tree" \
+        --base "${base_runs[@]}" --current "${current_runs[@]}"
+}
+
 # summary.txt: the environment first, then one row per step, appended as each step ends.
 wanted env && run_step env "$SUMMARY" step_env
 wanted wheels && run_step wheels "$OUTDIR/build.log" step_wheels
@@ -167,6 +200,7 @@ wanted tests && run_step tests "$OUTDIR/tests.log" step_tests
 wanted tune && run_step tune "$OUTDIR/bench.log" step_tune
 wanted bench && run_step bench "$OUTDIR/bench.log" step_bench
 wanted cold && run_step cold "$OUTDIR/bench.log" step_cold
+wanted ab && run_step ab "$OUTDIR/bench.log" step_ab
 
 echo
 echo "summary ($SUMMARY):"

@@ -1,0 +1,76 @@
+"""tools/bench/ab_compare.py: the side-by-side table of an A/B run (tools/device_check.sh, step ab),
+from synthetic bench_gemm.py outputs, and tools/ab_base.sh's base tree."""
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("ab_compare", ROOT / "tools" / "bench" / "ab_compare.py")
+ab_compare = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ab_compare)
+
+
+def _run(times: dict) -> dict:
+    """A bench_gemm.py JSON with one result per (fmt, m) -> us."""
+    return {"results": [{"impl": "humming_aot", "fmt": fmt, "m": m, "n": 8192, "k": 8192, "us": us}
+                        for (fmt, m), us in times.items()]}
+
+
+def test_rows_are_medians_over_rounds_with_change_and_spread(tmp_path):
+    base = [_run({("int1:g128", 1): 8.8, ("int4:g128", 1): 11.1}), _run({("int1:g128", 1): 8.7, ("int4:g128", 1): 11.3}),
+            _run({("int1:g128", 1): 9.0, ("int4:g128", 1): 11.2})]
+    current = [_run({("int1:g128", 1): 8.3, ("int4:g128", 1): 11.0, ("int2:g128", 1): 9.1}),
+               _run({("int1:g128", 1): 8.2, ("int4:g128", 1): 11.2, ("int2:g128", 1): 9.0}),
+               _run({("int1:g128", 1): 8.4, ("int4:g128", 1): 11.1, ("int2:g128", 1): 9.2})]
+    files = []
+    for side, runs in (("base", base), ("current", current)):
+        for i, run in enumerate(runs):
+            path = tmp_path / f"{side}_{i}.json"
+            path.write_text(json.dumps(run))
+            files.append(path)
+    out = tmp_path / "ab.json"
+    assert ab_compare.main([str(out), "--merge", "--rev", "abc123", "--base", *map(str, files[:3]),
+                            "--current", *map(str, files[3:])]) == 0
+    ab = json.loads(out.read_text())
+    assert ab["base"]["rev"] == "abc123" and len(ab["current"]["rounds"]) == 3
+    rows = {r["fmt"]: r for r in ab_compare.compare(ab)}
+    assert set(rows) == {"int1:g128", "int4:g128"}  # int2 was measured on one side only
+    assert rows["int1:g128"]["base_us"] == pytest.approx(8.8) and rows["int1:g128"]["current_us"] == pytest.approx(8.3)
+    assert rows["int1:g128"]["delta_us"] == pytest.approx(-0.5)
+    assert rows["int1:g128"]["delta_pct"] == pytest.approx(-50 / 8.8)
+    assert rows["int1:g128"]["spread_us"] == pytest.approx(9.0 - 8.2)
+    assert rows["int4:g128"]["delta_us"] == pytest.approx(11.1 - 11.2)
+    table = ab_compare.format_table(ab)
+    assert "base abc123" in table and "-0.50" in table
+    assert "measured on one side only: ('humming_aot', 'int2:g128', 1, 8192, 8192)" in table
+
+
+def test_merge_without_rounds_is_a_usage_error(tmp_path):
+    with pytest.raises(SystemExit):
+        ab_compare.main([str(tmp_path / "ab.json"), "--merge", "--base"])
+
+
+def test_ab_base_writes_the_tree_of_a_revision(tmp_path):
+    if not (ROOT / ".git").exists():
+        pytest.fail("tools/ab_base.sh needs the git checkout (run the tests from a clone)")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    script = clone / "tools" / "ab_base.sh"
+    script.write_bytes((ROOT / "tools" / "ab_base.sh").read_bytes())  # this checkout's version of it
+    rev = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], check=True, capture_output=True,
+                         text=True).stdout.strip()
+    subprocess.run(["bash", str(script), "HEAD"], check=True, cwd=clone, capture_output=True)
+    base = clone / ".ab" / "base"
+    assert (base / ".ab_rev").read_text().strip() == rev
+    tracked = subprocess.run(["git", "-C", str(clone), "ls-tree", "-r", "--name-only", rev], check=True,
+                             capture_output=True, text=True).stdout.split()
+    assert tracked and all((base / name).exists() for name in tracked)
+    (clone / ".gitignore").write_bytes((ROOT / ".gitignore").read_bytes())
+    status = subprocess.run(["git", "-C", str(clone), "status", "--porcelain", "--untracked-files=all"], check=True,
+                            capture_output=True, text=True).stdout
+    assert ".ab/" not in status  # ignored: never committed
+    with pytest.raises(subprocess.CalledProcessError):
+        subprocess.run(["bash", str(script), "no-such-rev"], check=True, cwd=clone, capture_output=True)
