@@ -6,6 +6,7 @@ import torch
 from humming_aot import ops
 from humming_aot.packed_layout import check_layout_version
 from humming_aot.packing import PackedWeight, pack
+from humming_aot.spec import code_bits
 
 
 class QuantizedLinear(torch.nn.Module):
@@ -67,7 +68,7 @@ class QuantizedLinear(torch.nn.Module):
         saved = state_dict.get(key)
         version = int(saved) if isinstance(saved, torch.Tensor) and saved.numel() == 1 else None
         what = f"the state dict of QuantizedLinear {prefix.rstrip('.') or '(root)'} ({self._meta['format']})"
-        check_layout_version(version, self.packed.bits, what)
+        check_layout_version(version, code_bits(self._meta["w_dtype"]), what)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
         if saved is None and key in missing_keys:

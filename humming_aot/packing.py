@@ -68,7 +68,9 @@ class PackedWeight:
         """Raise a ValueError unless the words are in the packed layout this humming_aot reads."""
         # getattr: a PackedWeight unpickled from before the field existed has no such attribute
         # of its own, and the class default (None) reads as "not recorded"
-        check_layout_version(getattr(self, "layout_version", None), self.bits, f"this {self.w_dtype} PackedWeight")
+        version = getattr(self, "layout_version", None)
+        if version != layout_version(self.bits):  # every GEMM asks: build the message only to raise it
+            check_layout_version(version, self.bits, f"this {self.w_dtype} PackedWeight")
 
     @property
     def bits(self) -> int:
