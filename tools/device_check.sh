@@ -13,7 +13,7 @@
 #   tune      tools/bench/tune_tiles.py (extra args: $TUNE_ARGS)   -> bench.log, tune.json
 #   bench     tools/bench/bench_gemm.py (extra args: $BENCH_ARGS)  -> bench.log, bench.json
 #   cold      tools/bench/cold_start.py (extra args: $COLD_ARGS)   -> bench.log, cold_start.json
-#   ab        the base tree in .ab/base (tools/ab_base.sh REV) built with the same catalog, then
+#   ab        the base tree in $AB_BASE (default .ab/base; tools/ab_base.sh REV [DIR]) built with the same catalog, then
 #             bench_gemm.py ($AB_ARGS) from each tree in turns, $AB_ROUNDS (2) rounds
 #             -> bench.log (the side-by-side table of tools/bench/ab_compare.py), ab.json
 # Other knobs: HUMMING_AOT_DEVICE_CATALOG (default "default"), DEVICE_ARCH (default sm90a),
@@ -166,9 +166,9 @@ step_cold() {
 # as this tree (build it with the catalog step first); then the two trees are benchmarked in
 # turns, base first in each round, each from its own directory and with its own PYTHONPATH.
 step_ab() {
-    local base="$REPO/.ab/base"
+    local base="$REPO/${AB_BASE:-.ab/base}"
     if [[ ! -f "$base/.ab_rev" ]]; then
-        echo "no base tree in .ab/base: run tools/ab_base.sh REV here and carry .ab to the box" >&2
+        echo "no base tree in ${AB_BASE:-.ab/base}: run tools/ab_base.sh REV here and carry .ab to the box" >&2
         return 2
     fi
     local catalog=$CATALOG

@@ -74,3 +74,21 @@ def test_ab_base_writes_the_tree_of_a_revision(tmp_path):
     assert ".ab/" not in status  # ignored: never committed
     with pytest.raises(subprocess.CalledProcessError):
         subprocess.run(["bash", str(script), "no-such-rev"], check=True, cwd=clone, capture_output=True)
+
+
+def test_ab_base_writes_a_second_base_under_ab_only(tmp_path):
+    if not (ROOT / ".git").exists():
+        pytest.fail("tools/ab_base.sh needs the git checkout (run the tests from a clone)")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    script = clone / "tools" / "ab_base.sh"
+    script.write_bytes((ROOT / "tools" / "ab_base.sh").read_bytes())
+    rev = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], check=True, capture_output=True,
+                         text=True).stdout.strip()
+    subprocess.run(["bash", str(script), "HEAD", ".ab/other/"], check=True, cwd=clone, capture_output=True)
+    assert (clone / ".ab" / "other" / ".ab_rev").read_text().strip() == rev
+    assert not (clone / ".ab" / "base").exists()
+    for bad in ("elsewhere", ".ab", ".ab/../x", "/tmp/x"):
+        result = subprocess.run(["bash", str(script), "HEAD", bad], cwd=clone, capture_output=True, text=True)
+        assert result.returncode == 2 and "under .ab/" in result.stderr, bad
+    assert not (clone / "elsewhere").exists()
