@@ -108,8 +108,10 @@ def smem_bytes(tile: TileConfig, w_bits: int, has_zero_point: bool) -> int:
     floats_per_lane = 16 if swapped else (tile.block_m // tile.warps_m // 16) * 32
     reduction = parked_warps * tile.warps_m * tile.warps_n * floats_per_lane * 32 * 4
     # the swapped tile's split-K exchange region after the pipeline (epilogue/swapped_output_writer.cuh,
-    # exchange_bytes): (warps + 7) x the fragments each warp writes (4 / warps_k) x 512 bytes
-    exchange = (tile.threads // 32 + 7) * (4 // tile.warps_k) * 512 if swapped else 0
+    # exchange_bytes): a 128-byte copy of the kernel parameters per warp, 64 bytes of mbarriers,
+    # then (warps + 7) x the fragments each warp writes (4 / warps_k) x 512 bytes
+    warps = tile.threads // 32
+    exchange = warps * 128 + 64 + (warps + 7) * (4 // tile.warps_k) * 512 if swapped else 0
     return max(pipeline, reduction) + exchange
 
 

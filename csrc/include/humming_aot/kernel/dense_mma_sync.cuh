@@ -366,7 +366,8 @@ struct DenseMmaSync {
     const int warp = threadIdx.x >> 5;
     const int warp_k = warp / (kWarpsM * kWarpsN), warp_mn = warp % (kWarpsM * kWarpsN);
     const int warp_m = warp_mn / kWarpsN, warp_n = warp_mn % kWarpsN;
-    if constexpr (kSwapped) SwappedPartWriter::prepare_cluster(p);
+    // the swapped tile's epilogue reads the parameters from its warp's copy in shared memory
+    const bool in_cluster = kSwapped && SwappedPartWriter::prepare(p, smem_base + kPipelineBytes, kWarps, warp);
     const Walk walk(p.group_size);
     // Every warp's run of K steps [warp_k * kSteps, + kSteps) lies in one scale row: runs and
     // groups are powers of two steps long, so a run no longer than a group never straddles one
@@ -384,6 +385,7 @@ struct DenseMmaSync {
     StepOffsets offsets;
     loader.template load_prologue<kStages - 1, kStageBytes>(p, smem_base + region, count, [&] {
       offsets = StepOffsets(warp_m, warp_n, warp_k, walk);
+      if constexpr (kSwapped) SwappedPartWriter::join_cluster(in_cluster);  // waited for while the first copies fly
     });
     float acc[kMTiles][kNTiles][4];
     Writer::zero(acc);
@@ -422,15 +424,17 @@ struct DenseMmaSync {
       share_over_k_warps(smem, warp_mn, warp_k, acc, share);
       const int col0 = n0 + warp_n * 64 + kTileColumns * kShareTiles * warp_k;
       if constexpr (kSwapped) {
-        if (!SwappedShareWriter::write_in_cluster(p, share[0], m0, col0, smem_base + kPipelineBytes, warp)) {
-          SwappedShareWriter::write(p, share[0], m0, col0, tile.tile_index, &arrival_flag);
+        const auto& stash = SwappedShareWriter::stashed(smem + kPipelineBytes, warp);
+        if (!SwappedShareWriter::write_in_cluster(stash, share[0], m0, col0, smem_base + kPipelineBytes, kWarps, warp)) {
+          SwappedShareWriter::write(stash.p, share[0], m0, col0, tile.tile_index, &arrival_flag);
         }
       } else {
         ShareWriter::write(p, share, m0 + warp_m * kWarpRows, col0, tile.tile_index, &arrival_flag);
       }
     } else if constexpr (kSwapped) {
-      if (!SwappedWriter::write_in_cluster(p, acc[0], m0, n0 + warp_n * 64, smem_base + kPipelineBytes, warp)) {
-        SwappedWriter::write(p, acc[0], m0, n0 + warp_n * 64, tile.tile_index, &arrival_flag);
+      const auto& stash = SwappedWriter::stashed(smem + kPipelineBytes, warp);
+      if (!SwappedWriter::write_in_cluster(stash, acc[0], m0, n0 + warp_n * 64, smem_base + kPipelineBytes, kWarps, warp)) {
+        SwappedWriter::write(stash.p, acc[0], m0, n0 + warp_n * 64, tile.tile_index, &arrival_flag);
       }
     } else {
       Writer::write(p, acc, m0 + warp_m * kWarpRows, n0 + warp_n * 64, tile.tile_index, &arrival_flag);
