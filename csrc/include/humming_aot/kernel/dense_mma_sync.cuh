@@ -141,12 +141,17 @@ struct DenseMmaSync {
   // .scales_in_fp32 says so to the host (the generated source static_asserts that they agree).
   // The 16-row tile has no registers for the partial sums (two CTAs per SM need <= 128).
   static constexpr bool kScalesInFp32 = kSwapped && Dequantizer::kUnscaledExact;
-  // With bf16 and the implicit zero point the mma takes bias + q straight from the lop3 (no
-  // subtraction per register pair; numerics/int_dequantizer.cuh, biased decode), and each step
-  // adds one mma of the constant (bias + z) fragment into `offset`, which the run subtracts from
-  // its partial sums before the scale. The partial sums are ~2^7 larger than without the bias,
-  // which costs a bf16 result nothing; exact-grid inputs stay exact.
-  static constexpr bool kFoldsOffset = kScalesInFp32 && Dequantizer::kFoldsOffset;
+  // With bf16 and the implicit zero point the codes are read with the biased decode
+  // (numerics/int_dequantizer.cuh: one lop3 gives bias + q, whatever the code's bit position).
+  // The bias then leaves in one of two ways (docs/PERFORMANCE.md section 17 measured both):
+  // - codes of 3 to 7 bits: one packed fma per register pair subtracts bias + z, exactly;
+  // - codes of 1 and 2 bits (kFoldsOffset): each step adds one mma of the constant (bias + z)
+  //   fragment into `offset`, which the run subtracts from its partial sums before the scale.
+  //   The partial sums are ~2^7 larger than without the bias, which costs a bf16 result nothing;
+  //   exact-grid inputs stay exact. Their decode is a lop3 per register pair and little else, so
+  //   an fma each would cost them more than the mma (a fifth of the tile's mma) saves.
+  static constexpr bool kBiasedDecode = kScalesInFp32 && Dequantizer::kFoldsOffset;
+  static constexpr bool kFoldsOffset = kBiasedDecode && kBits <= 2;
 
   // This thread's shared-memory offsets inside a stage, computed once per CTA so that a stage
   // only adds its base: the K steps kk = warp_k * kSteps + i it multiplies (i < kSteps); with
@@ -242,6 +247,8 @@ struct DenseMmaSync {
       u32 b_frag[2][2];
       if constexpr (kFoldsOffset) {
         Dequantizer::apply_biased(tile_words, b_frag);
+      } else if constexpr (kBiasedDecode) {
+        Dequantizer::apply_biased_exact(tile_words, b_frag);
       } else if constexpr (kScalesInFp32) {
         Dequantizer::apply_unscaled(tile_words, pairs[j], b_frag);
       } else {

@@ -99,6 +99,17 @@ struct IntDequantizer {
     }
   }
 
+  // q - z for register s = 2h + r of one 16x16 tile, exact: the biased decode, then bias_s + z
+  // subtracted from each register pair (one packed fma each, on the FMA pipe) - for bodies that
+  // would rather not spend an mma per K step on the offset fragment.
+  static __device__ __forceinline__ void apply_biased_exact(const u32 (&words)[kWordsPerTile], u32 (&frag)[2][2]) {
+    apply_biased(words, frag);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) frag[h][r] = H2::sub(frag[h][r], offset_pair(2 * h + r));
+  }
+
   // The value subtracted from (magic + q): magic + zero point, per lane pair.
   static __device__ __forceinline__ u32 implicit_offset2() {
     constexpr u32 bits = Act::kMagicBits + kImplicitZero;
