@@ -1,0 +1,67 @@
+"""tools/trace/apply_trace.py: it instruments a copy of the tree (never a git checkout), its source
+anchors still match the kernel, and the instrumented swapped tile compiles (nvcc, sm90a)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from humming_aot.aot import codegen
+from humming_aot.aot import ninja as driver
+from humming_aot.spec import KernelKey
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tools" / "trace" / "apply_trace.py"
+TRACED_FILES = ("csrc/include/humming_aot/kernel/dense_mma_sync.cuh",
+                "csrc/include/humming_aot/epilogue/swapped_output_writer.cuh", "humming_aot/dispatch.py")
+INT1_SWAPPED = "gemm_dense_sm90a_mma_a-bf16_w-s1-g-bf16_o-bf16_8x128x512_w1x2x4_s2"
+
+
+def _copy(tmp_path: Path) -> Path:
+    copy = tmp_path / "copy"
+    for name in TRACED_FILES + ("humming_aot/__init__.py",):
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, copy / name)
+    shutil.copytree(ROOT / "csrc" / "include", copy / "csrc" / "include", dirs_exist_ok=True)
+    return copy
+
+
+def _apply(root: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), str(root)], capture_output=True, text=True)
+
+
+def test_instruments_a_copy_and_only_a_copy(tmp_path):
+    copy = _copy(tmp_path)
+    result = _apply(copy)
+    assert result.returncode == 0, result.stderr
+    kernel = (copy / TRACED_FILES[0]).read_text()
+    assert kernel.count("trace::ck()") >= 6 and "tr[13 + it]" in kernel
+    assert "stash.p.workspace" in (copy / TRACED_FILES[1]).read_text()
+    assert "TRACE_SLOTS" in (copy / TRACED_FILES[2]).read_text()
+    # the tree itself is untouched
+    assert "trace::ck()" not in (ROOT / TRACED_FILES[0]).read_text()
+    assert "TRACE_SLOTS" not in (ROOT / TRACED_FILES[2]).read_text()
+    again = _apply(copy)  # the anchors are gone from an instrumented copy: it says which one
+    assert again.returncode != 0 and "anchor found" in again.stderr
+    (tmp_path / "checkout" / ".git").mkdir(parents=True)
+    refused = _apply(tmp_path / "checkout")
+    assert refused.returncode != 0 and "not the working tree" in refused.stderr
+
+
+def test_the_instrumented_swapped_tile_compiles(tmp_path):
+    try:
+        nvcc = driver.find_nvcc()
+    except driver.NvccNotFoundError:
+        pytest.fail("nvcc not found: the CI machine has nvcc 13.0 (set HUMMING_AOT_NVCC)")
+    copy = _copy(tmp_path)
+    assert _apply(copy).returncode == 0
+    source = tmp_path / "k.cu"
+    source.write_text(codegen.kernel_source(KernelKey.from_name(INT1_SWAPPED)))
+    result = subprocess.run([str(nvcc), "-cubin", "-O3", "-std=c++17", "--expt-relaxed-constexpr", "-arch=sm_90a",
+                             "-I", str(copy / "csrc" / "include"), "-o", str(tmp_path / "k.cubin"), str(source)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "k.cubin").stat().st_size > 0
