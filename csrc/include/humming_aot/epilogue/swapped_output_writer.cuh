@@ -147,10 +147,13 @@ struct SwappedOutputWriter {
 
   // Every thread of the CTA calls this once, at the kernel's start, with the exchange region (a
   // shared::cta address), the CTA's warp count and its warp's slot; returns reduces_in_cluster.
-  // Each warp stashes the parameters for its epilogue (stashed()). With the reduction in the
-  // cluster, thread t < warps sets up the mbarrier of warp slot t's share if this CTA owns it (it
-  // then expects the share's bytes from every slice), and every thread arrives at the cluster
-  // barrier that join_cluster waits for.
+  // Each warp stashes the parameters for its epilogue (stashed()); its lanes read each other's
+  // words after the K loop's __syncwarp or share_over_k_warps' CTA barrier. (A tile with one K
+  // warp whose CTA gets no K tile would pass neither: no catalog has one; a __syncwarp here,
+  // to be run on a GPU first, would cover it.) With the reduction in the cluster, thread
+  // t < warps sets up the mbarrier of warp slot t's share if this CTA owns it (it then expects
+  // the share's bytes from every slice), and every thread arrives at the cluster barrier that
+  // join_cluster waits for.
   static __device__ __forceinline__ bool prepare(const kernel::GemmParams& p, u32 exchange, int warps, int slot) {
     const bool in_cluster = reduces_in_cluster(p);
     const u32 lane = threadIdx.x & 31;
