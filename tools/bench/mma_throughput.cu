@@ -21,7 +21,10 @@ constexpr int kThreads = 256;
 constexpr int kCtasPerSm = 2;
 constexpr int kIters = 4096;
 
-enum Mode : int { kMmaSync = 0, kMmaSyncDecode = 1, kWgmma = 2, kWgmmaDecode = 3 };
+// kMmaSyncStep / kWgmmaStep: a K step as the 1-bit kernel would run it - decode, the 4 weight
+// mma plus the offset mma of the constant fragment; wgmma pipelined one step deep (the A
+// registers of step i + 1 are decoded while step i's group runs, then wait_group 1).
+enum Mode : int { kMmaSync = 0, kMmaSyncDecode = 1, kWgmma = 2, kWgmmaDecode = 3, kMmaSyncStep = 4, kWgmmaStep = 5 };
 
 __device__ __forceinline__ unsigned lop3_decode(unsigned word, unsigned mask, unsigned magic) {
   unsigned x;
@@ -49,6 +52,7 @@ __device__ __forceinline__ void wgmma_m64n8k16(float (&d)[4], const unsigned (&a
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_one() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 
 // K-major, 128-byte swizzle, one 8-row group (N = 8): the activations of one K step
 __device__ __forceinline__ uint64_t descriptor(unsigned smem_addr) {
@@ -76,7 +80,45 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) run(float* out, long lon
   float d[4][4] = {};
   const unsigned act_base = static_cast<unsigned>(__cvta_generic_to_shared(act));
   const long long start = clock64();
-  if constexpr (kMode == kMmaSync || kMode == kMmaSyncDecode) {
+  if constexpr (kMode == kMmaSyncStep) {
+    const unsigned offset_frag[4] = {0x43014301u, 0x42814281u, 0x42014201u, 0x41814181u};
+    float offset[4] = {};
+    for (int it = 0; it < kIters; ++it) {
+      unsigned a[4][4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) a[j][r] = lop3_decode(word >> (4 * j), 0x00010001u << r, 0x43004300u);
+      word = word * 1664525u + 1013904223u;
+      mma_m16n8k16(offset, offset_frag, b);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) mma_m16n8k16(d[j], a[j], b);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) d[0][e] += offset[e];
+  } else if constexpr (kMode == kWgmmaStep) {
+    const unsigned offset_frag[4] = {0x43014301u, 0x42814281u, 0x42014201u, 0x41814181u};
+    float offset[4] = {};
+    unsigned a[2][4][4];
+    for (int it = 0; it < kIters; ++it) {
+      unsigned (&cur)[4][4] = a[it & 1];
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) cur[j][r] = lop3_decode(word >> (4 * j), 0x00010001u << r, 0x43004300u);
+      word = word * 1664525u + 1013904223u;
+      wgmma_fence();
+      const unsigned step = act_base + 1024 * (it & 7);
+      wgmma_m64n8k16(offset, offset_frag, descriptor(step));
+#pragma unroll
+      for (int j = 0; j < 4; ++j) wgmma_m64n8k16(d[j], cur[j], descriptor(step + 32 * (j & 1)));
+      wgmma_commit();
+      wgmma_wait_one();  // the group before this one is done: its A registers may be rewritten
+    }
+    wgmma_wait_all();
+#pragma unroll
+    for (int e = 0; e < 4; ++e) d[0][e] += offset[e];
+  } else if constexpr (kMode == kMmaSync || kMode == kMmaSyncDecode) {
     unsigned a[4][4];
 #pragma unroll
     for (int j = 0; j < 4; ++j)
@@ -177,5 +219,8 @@ int main() {
     measure<kWgmma>("wgmma m64n8k16 (A in registers)", prop.multiProcessorCount);
     measure<kWgmmaDecode>("wgmma m64n8k16 + lop3 decode", prop.multiProcessorCount);
   }
+  // a K step as the int1 kernel runs it: the FMA counted are the 4 weight mma's (not the offset)
+  measure<kMmaSyncStep>("int1 K step on mma.sync (4 + offset)", prop.multiProcessorCount);
+  if (prop.major >= 9) measure<kWgmmaStep>("int1 K step on wgmma (4 + offset)", prop.multiProcessorCount);
   return 0;
 }
