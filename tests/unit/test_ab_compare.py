@@ -53,15 +53,21 @@ def test_merge_without_rounds_is_a_usage_error(tmp_path):
         ab_compare.main([str(tmp_path / "ab.json"), "--merge", "--base"])
 
 
-def test_ab_base_writes_the_tree_of_a_revision(tmp_path):
+def _clone_with_ab_base(tmp_path):
+    """(clone of this checkout, its tools/ab_base.sh in this checkout's version, the clone's HEAD)."""
     if not (ROOT / ".git").exists():
         pytest.fail("tools/ab_base.sh needs the git checkout (run the tests from a clone)")
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
     script = clone / "tools" / "ab_base.sh"
-    script.write_bytes((ROOT / "tools" / "ab_base.sh").read_bytes())  # this checkout's version of it
+    script.write_bytes((ROOT / "tools" / "ab_base.sh").read_bytes())
     rev = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], check=True, capture_output=True,
                          text=True).stdout.strip()
+    return clone, script, rev
+
+
+def test_ab_base_writes_the_tree_of_a_revision(tmp_path):
+    clone, script, rev = _clone_with_ab_base(tmp_path)
     subprocess.run(["bash", str(script), "HEAD"], check=True, cwd=clone, capture_output=True)
     base = clone / ".ab" / "base"
     assert (base / ".ab_rev").read_text().strip() == rev
@@ -77,14 +83,7 @@ def test_ab_base_writes_the_tree_of_a_revision(tmp_path):
 
 
 def test_ab_base_writes_a_second_base_under_ab_only(tmp_path):
-    if not (ROOT / ".git").exists():
-        pytest.fail("tools/ab_base.sh needs the git checkout (run the tests from a clone)")
-    clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
-    script = clone / "tools" / "ab_base.sh"
-    script.write_bytes((ROOT / "tools" / "ab_base.sh").read_bytes())
-    rev = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], check=True, capture_output=True,
-                         text=True).stdout.strip()
+    clone, script, rev = _clone_with_ab_base(tmp_path)
     subprocess.run(["bash", str(script), "HEAD", ".ab/other/"], check=True, cwd=clone, capture_output=True)
     assert (clone / ".ab" / "other" / ".ab_rev").read_text().strip() == rev
     assert not (clone / ".ab" / "base").exists()

@@ -1,9 +1,10 @@
 // Tensor-pipe throughput at the swapped tile's shape (M <= 8 tokens): mma.sync m16n8k16 against the
 // Hopper wgmma m64n8k16 with A from registers, alone and with the 1-bit decode's lop3 feeding A.
 // docs/PERFORMANCE.md section 17 found the M <= 8 kernels bound by their mma.sync; this says
-// whether wgmma would do the same work in fewer cycles. Standalone (no library code), on the GPU:
+// whether wgmma would do the same work in fewer cycles. The library's wgmma helpers (descriptor,
+// fences, group waits) and one N = 8 instruction of its own; on the GPU, from the repository root:
 //
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o /tmp/mma_throughput tools/bench/mma_throughput.cu && /tmp/mma_throughput
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I csrc/include -o /tmp/mma_throughput tools/bench/mma_throughput.cu && /tmp/mma_throughput
 //
 // Every mode runs 2 CTAs of 8 warps per SM (the swapped tile's occupancy), one wave, and reports
 // dense FMA per SM per cycle (clock64 of each CTA, median over CTAs) and cycles per 8192 weights
@@ -14,6 +15,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <vector>
+
+#include <humming_aot/mma/wgmma.cuh>
 
 namespace {
 
@@ -49,20 +52,10 @@ __device__ __forceinline__ void wgmma_m64n8k16(float (&d)[4], const unsigned (&a
 #endif
 }
 
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_one() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
-
-// K-major, 128-byte swizzle, one 8-row group (N = 8): the activations of one K step
-__device__ __forceinline__ uint64_t descriptor(unsigned smem_addr) {
-  uint64_t desc = 0;
-  desc |= static_cast<uint64_t>((smem_addr & 0x3FFFFu) >> 4);
-  desc |= static_cast<uint64_t>(1) << 16;
-  desc |= static_cast<uint64_t>(1024 >> 4) << 32;
-  desc |= static_cast<uint64_t>(1) << 62;
-  return desc;
-}
+using humming_aot::mma::k_major_sw128_descriptor;  // K-major, 128-byte swizzle: one 8-row group is N = 8
+using humming_aot::mma::wgmma_commit_group;
+using humming_aot::mma::wgmma_fence;
+using humming_aot::mma::wgmma_wait_group;
 
 // Each warp does, per iteration, what one 16-wide K step of the int1 swapped tile does for 64
 // weight channels: 4 weight tiles of 16 x 16 (16 registers of A), times 8 tokens. With kDecode,
@@ -72,7 +65,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) run(float* out, long lon
   __shared__ __align__(1024) unsigned short act[8 * 64 * 8];  // 8 K steps of 8 tokens x 64 bf16 rows
   for (int i = threadIdx.x; i < 8 * 64 * 8; i += kThreads) act[i] = static_cast<unsigned short>(0x3F80 ^ (i & 7));
   __syncthreads();
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  humming_aot::mma::fence_shared_for_async_proxy();
   __syncthreads();
   const unsigned lane = threadIdx.x & 31;
   unsigned word = seed ^ (lane * 0x9E3779B9u);
@@ -109,13 +102,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) run(float* out, long lon
       word = word * 1664525u + 1013904223u;
       wgmma_fence();
       const unsigned step = act_base + 1024 * (it & 7);
-      wgmma_m64n8k16(offset, offset_frag, descriptor(step));
+      wgmma_m64n8k16(offset, offset_frag, k_major_sw128_descriptor(step));
 #pragma unroll
-      for (int j = 0; j < 4; ++j) wgmma_m64n8k16(d[j], cur[j], descriptor(step + 32 * (j & 1)));
-      wgmma_commit();
-      wgmma_wait_one();  // the group before this one is done: its A registers may be rewritten
+      for (int j = 0; j < 4; ++j) wgmma_m64n8k16(d[j], cur[j], k_major_sw128_descriptor(step + 32 * (j & 1)));
+      wgmma_commit_group();
+      wgmma_wait_group<1>();  // the group before this one is done: its A registers may be rewritten
     }
-    wgmma_wait_all();
+    wgmma_wait_group<0>();
 #pragma unroll
     for (int e = 0; e < 4; ++e) d[0][e] += offset[e];
   } else if constexpr (kMode == kMmaSync || kMode == kMmaSyncDecode) {
@@ -163,9 +156,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) run(float* out, long lon
 #pragma unroll
       for (int s = 0; s < kGroupSteps; ++s)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) wgmma_m64n8k16(d[j], a[s][j], descriptor(act_base + 1024 * ((it * kGroupSteps + s) & 7) + 32 * (j & 1)));
-      wgmma_commit();
-      wgmma_wait_all();
+        for (int j = 0; j < 4; ++j) wgmma_m64n8k16(d[j], a[s][j], k_major_sw128_descriptor(act_base + 1024 * ((it * kGroupSteps + s) & 7) + 32 * (j & 1)));
+      wgmma_commit_group();
+      wgmma_wait_group<0>();
     }
   }
   const long long stop = clock64();
