@@ -27,7 +27,12 @@ constexpr int kIters = 4096;
 // kMmaSyncStep / kWgmmaStep: a K step as the 1-bit kernel would run it - decode, the 4 weight
 // mma plus the offset mma of the constant fragment; wgmma pipelined one step deep (the A
 // registers of step i + 1 are decoded while step i's group runs, then wait_group 1).
-enum Mode : int { kMmaSync = 0, kMmaSyncDecode = 1, kWgmma = 2, kWgmmaDecode = 3, kMmaSyncStep = 4, kWgmmaStep = 5 };
+// kDecodeOnly: the step's decode without any mma (the ALU pipe's rate); kMmaSyncStepMulHi: the
+// mma.sync step with its three right shifts done as mul.hi by an opaque power of two (FMA pipe).
+enum Mode : int {
+  kMmaSync = 0, kMmaSyncDecode = 1, kWgmma = 2, kWgmmaDecode = 3, kMmaSyncStep = 4, kWgmmaStep = 5,
+  kDecodeOnly = 6, kMmaSyncStepMulHi = 7
+};
 
 __device__ __forceinline__ unsigned lop3_decode(unsigned word, unsigned mask, unsigned magic) {
   unsigned x;
@@ -73,19 +78,34 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) run(float* out, long lon
   float d[4][4] = {};
   const unsigned act_base = static_cast<unsigned>(__cvta_generic_to_shared(act));
   const long long start = clock64();
-  if constexpr (kMode == kMmaSyncStep) {
+  if constexpr (kMode == kMmaSyncStep || kMode == kMmaSyncStepMulHi || kMode == kDecodeOnly) {
     const unsigned offset_frag[4] = {0x43014301u, 0x42814281u, 0x42014201u, 0x41814181u};
     float offset[4] = {};
+    unsigned scale[4];  // 2^28, 2^24, 2^20 where ptxas cannot see them (mul.hi stays a multiply)
+#pragma unroll
+    for (int j = 1; j < 4; ++j) asm volatile("mov.b32 %0, %1;" : "=r"(scale[j]) : "r"(1u << (32 - 4 * j)));
     for (int it = 0; it < kIters; ++it) {
       unsigned a[4][4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < 4; ++j) {
+        unsigned shifted = word >> (4 * j);
+        if constexpr (kMode == kMmaSyncStepMulHi) {
+          if (j > 0) shifted = __umulhi(word, scale[j]);
+        }
 #pragma unroll
-        for (int r = 0; r < 4; ++r) a[j][r] = lop3_decode(word >> (4 * j), 0x00010001u << r, 0x43004300u);
+        for (int r = 0; r < 4; ++r) a[j][r] = lop3_decode(shifted, 0x00010001u << r, 0x43004300u);
+      }
       word = word * 1664525u + 1013904223u;
-      mma_m16n8k16(offset, offset_frag, b);
+      if constexpr (kMode == kDecodeOnly) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) mma_m16n8k16(d[j], a[j], b);
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) offset[r] += __uint_as_float(a[j][r]);  // FMA pipe: only the decode is on the ALU
+      } else {
+        mma_m16n8k16(offset, offset_frag, b);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) mma_m16n8k16(d[j], a[j], b);
+      }
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) d[0][e] += offset[e];
@@ -215,5 +235,7 @@ int main() {
   // a K step as the int1 kernel runs it: the FMA counted are the 4 weight mma's (not the offset)
   measure<kMmaSyncStep>("int1 K step on mma.sync (4 + offset)", prop.multiProcessorCount);
   if (prop.major >= 9) measure<kWgmmaStep>("int1 K step on wgmma (4 + offset)", prop.multiProcessorCount);
+  measure<kMmaSyncStepMulHi>("int1 K step, shifts by mul.hi", prop.multiProcessorCount);
+  measure<kDecodeOnly>("int1 K step's decode alone (no mma)", prop.multiProcessorCount);
   return 0;
 }
