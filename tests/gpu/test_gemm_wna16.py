@@ -115,7 +115,7 @@ def test_cluster_and_workspace_split_k_give_the_same_bits(key):
     packed = _make_weight(key, n, k, 64, gen)
     w_eff = packed.effective_weight(scales_in_fp32=key.scales_in_fp32)
     spec = ops.gemm_spec(packed)
-    for m in (1, 7):
+    for m in (1, 2, 7):
         a = torch.randn(m, k, device="cuda", generator=gen).to(act)
         bias = (torch.randn(n, device="cuda", generator=gen) * 0.5).to(act) if m == 7 else None
         ref = reference_gemm(a, w_eff, bias)
@@ -140,6 +140,8 @@ def test_exact_grid_inputs_are_bitwise_exact(key):
     out = _run(key, a, packed, None)
     ref = reference_gemm(a, packed.effective_weight(scales_in_fp32=key.scales_in_fp32), None).to(a.dtype)
     assert_bitwise_equal(out, ref, f"key={key.name} seed={seed}")
+    for rows in (1, 2):  # the 8-row tile's own offset path for tiles of at most two tokens
+        assert_bitwise_equal(_run(key, a[:rows], packed, None), ref[:rows], f"key={key.name} m={rows} seed={seed}")
 
 
 def _exact_grid_problem(key, gen, scale_mantissa_bits: int):

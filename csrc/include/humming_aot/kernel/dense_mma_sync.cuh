@@ -143,15 +143,39 @@ struct DenseMmaSync {
   static constexpr bool kScalesInFp32 = kSwapped && Dequantizer::kUnscaledExact;
   // With bf16 and the implicit zero point the codes are read with the biased decode
   // (numerics/int_dequantizer.cuh: one lop3 gives bias + q, whatever the code's bit position).
-  // The bias then leaves in one of two ways (docs/PERFORMANCE.md section 17 measured both):
+  // The bias then leaves in one of two ways (docs/PERFORMANCE.md sections 17 and 18):
   // - codes of 3 to 7 bits: one packed fma per register pair subtracts bias + z, exactly;
   // - codes of 1 and 2 bits (kFoldsOffset): each step adds one mma of the constant (bias + z)
-  //   fragment into `offset`, which the run subtracts from its partial sums before the scale.
-  //   The partial sums are ~2^7 larger than without the bias, which costs a bf16 result nothing;
-  //   exact-grid inputs stay exact. Their decode is a lop3 per register pair and little else, so
-  //   an fma each would cost them more than the mma (a fifth of the tile's mma) saves.
+  //   fragment into one of two chains (even and odd steps: half the dependent mma latency),
+  //   whose sum the run subtracts from its partial sums before the scale. The partial sums are
+  //   ~2^7 larger than without the bias, which costs a bf16 result nothing; exact-grid inputs
+  //   stay exact, and zero weights cancel to fp32 rounding of those sums, not bit for bit.
+  //   Their decode is a lop3 per register pair and little else (on the half-rate ALU pipe,
+  //   which bounds these tiles), so an fma each would cost them more than the mma saves.
   static constexpr bool kBiasedDecode = kScalesInFp32 && Dequantizer::kFoldsOffset;
   static constexpr bool kFoldsOffset = kBiasedDecode && kBits <= 2;
+  // Tiles of at most two tokens (M <= 2, and the last 8-row tile of any M that leaves 1 or 2)
+  // with kFoldsOffset and one scale row per warp run: the run's offset is one mma instead of one
+  // per K step. Its A operand is the two tokens' activations with the steps as rows (token 0 in
+  // rows 0-7, token 1 in rows 8-15, one ldmatrix x4), its B operand the constant (bias + z)
+  // pairs, column 2c for the rows g (h = 0) of a weight tile and 2c + 1 for the rows g + 8;
+  // the sum over the 8 step rows is three butterfly shuffles. The offset is then not summed in
+  // the order of the partial sums it is subtracted from: the two differ by fp32 rounding of
+  // sums ~2^7 larger than the result (exact-grid inputs stay exact), not bit for bit.
+  static constexpr bool kPairOffset = kFoldsOffset && kWarpPipelines && kSteps == 8;
+  // With the run offset, 1-bit codes take two bias patterns (numerics/int_dequantizer.cuh,
+  // apply_biased_nibble): one shift per K step instead of three. Tiles 1 and 3 then sum
+  // kUpperUnit x (q - z) x a: their scales are divided by it (exact) and their offset is the
+  // run mma's columns 2 and 3.
+  static constexpr bool kNibbleDecode = kPairOffset && kBits == 1;
+  // the high nibble's (bias + kUpperUnit z) pair of register s (a placeholder without the nibble decode)
+  static HUMMING_AOT_HOST_DEVICE constexpr u32 nibble_pair(int s) {
+    if constexpr (kNibbleDecode) {
+      return Dequantizer::nibble_offset_pair(s, true);
+    } else {
+      return 0u;
+    }
+  }
 
   // This thread's shared-memory offsets inside a stage, computed once per CTA so that a stage
   // only adds its base: the K steps kk = warp_k * kSteps + i it multiplies (i < kSteps); with
@@ -160,6 +184,8 @@ struct DenseMmaSync {
     u32 a[kSteps][kMTiles];  // ldmatrix row address of each m16 fragment
     u32 w[kSteps];           // the lane's packed words of the warp's unit
     u32 s[kSteps];           // the lane's scale pairs (scale row of the step); zero points at + kSBytes
+    u32 pair_a;              // kPairOffset: ldmatrix x4 row address of the two tokens' steps
+    u32 pair_b[2];           // kPairOffset: the lane's (bias + z) B fragment
 
     StepOffsets() = default;
     __device__ __forceinline__ StepOffsets(int warp_m, int warp_n, int warp_k, const Walk& walk) {
@@ -186,6 +212,22 @@ struct DenseMmaSync {
         for (int mi = 0; mi < kMTiles; ++mi) asm volatile("" : "+r"(a[i][mi]));
         asm volatile("" : "+r"(w[i]), "+r"(s[i]));
       }
+      if constexpr (kPairOffset) {
+        // matrix l / 8 of the x4: token (l / 8) & 1, k half l / 16; its row l % 8 is step l % 8
+        const int region = ((warp_k * kWarpsM + warp_m) * kWarpsN + warp_n) * Layout::kBytes;
+        const int mtx = lane >> 3;
+        pair_a = region + Layout::a_chunk_offset(mtx & 1, 2 * (lane & 7) + (mtx >> 1));
+        // B column g = lane / 4: h = g & 1; with the nibble decode, columns 2 and 3 (mod 4) are
+        // the high nibble's pattern
+        const bool h = (lane >> 2) & 1, upper = kNibbleDecode && ((lane >> 3) & 1);
+        // compile-time pairs (register s = 2h + r of the pattern), selected per lane
+        constexpr u32 kLow[4] = {Dequantizer::offset_pair(0), Dequantizer::offset_pair(1), Dequantizer::offset_pair(2),
+                                 Dequantizer::offset_pair(3)};
+        constexpr u32 kHigh[4] = {nibble_pair(0), nibble_pair(1), nibble_pair(2), nibble_pair(3)};
+        pair_b[0] = upper ? (h ? kHigh[2] : kHigh[0]) : (h ? kLow[2] : kLow[0]);
+        pair_b[1] = upper ? (h ? kHigh[3] : kHigh[1]) : (h ? kLow[3] : kLow[1]);
+        asm volatile("" : "+r"(pair_a), "+r"(pair_b[0]), "+r"(pair_b[1]));
+      }
     }
   };
 
@@ -204,13 +246,18 @@ struct DenseMmaSync {
 
   // kScalesInFp32: acc += (partial - offset) x the scale of its row (c[0..1] row g, c[2..3] row
   // g + 8); offset is zero unless kFoldsOffset.
+  // kUpperOffset (the nibble decode): tiles 1 and 3 subtract upper_offset (their scales carry
+  // 1 / kUpperUnit).
+  template <bool kUpperOffset>
   static __device__ __forceinline__ void add_scaled(const Accumulators& partial, const float (&offset)[4],
-                                                    const float (&scale_f)[4][2], Accumulators& acc) {
+                                                    const float (&upper_offset)[4], const float (&scale_f)[4][2],
+                                                    Accumulators& acc) {
 #pragma unroll
     for (int j = 0; j < kNTiles; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float unscaled = kFoldsOffset ? partial[0][j][e] - offset[e] : partial[0][j][e];
+        const float off = kUpperOffset && (j & 1) ? upper_offset[e] : offset[e];
+        const float unscaled = kFoldsOffset ? partial[0][j][e] - off : partial[0][j][e];
         acc[0][j][e] = fmaf(scale_f[j][e >> 1], unscaled, acc[0][j][e]);
       }
   }
@@ -228,12 +275,19 @@ struct DenseMmaSync {
     memory::lds_words(f.w, stage_smem + off.w[i]);
   }
 
-  // offset: kFoldsOffset's sum of (bias + z) x a over the run (untouched otherwise).
+  // offset: kFoldsOffset's sum of (bias + z) x a over the run (untouched otherwise), one mma per
+  // step unless the run's offset is one mma of its own (kRunOffset).
+  template <bool kRunOffset = false>
   static __device__ __forceinline__ void multiply_step(const StepFragments& f, const Pairs (&pairs)[4],
                                                        Accumulators& acc, float (&offset)[4]) {
     u32 padded[Codes::kPaddedWords];
-    Codes::unfold(f.w, padded);
-    if constexpr (kFoldsOffset) {
+    if constexpr (kNibbleDecode && kRunOffset) {
+      padded[0] = padded[1] = f.w[0];  // tiles 0 and 1 in place, 2 and 3 one byte down
+      padded[2] = padded[3] = f.w[0] >> 8;
+    } else {
+      Codes::unfold(f.w, padded);
+    }
+    if constexpr (kFoldsOffset && !kRunOffset) {
       // the A fragment order of the swapped mma below: (h, r) = (0, 0), (1, 0), (0, 1), (1, 1)
       const u32 offset_frag[4] = {Dequantizer::offset_pair(0), Dequantizer::offset_pair(2),
                                   Dequantizer::offset_pair(1), Dequantizer::offset_pair(3)};
@@ -245,7 +299,13 @@ struct DenseMmaSync {
 #pragma unroll
       for (int e = 0; e < Dequantizer::kWordsPerTile; ++e) tile_words[e] = padded[j * Dequantizer::kWordsPerTile + e];
       u32 b_frag[2][2];
-      if constexpr (kFoldsOffset) {
+      if constexpr (kNibbleDecode && kRunOffset) {
+        if (j & 1) {  // j is unrolled: one of the two
+          Dequantizer::template apply_biased_nibble<true>(tile_words[0], b_frag);
+        } else {
+          Dequantizer::template apply_biased_nibble<false>(tile_words[0], b_frag);
+        }
+      } else if constexpr (kFoldsOffset) {
         Dequantizer::apply_biased(tile_words, b_frag);
       } else if constexpr (kBiasedDecode) {
         Dequantizer::apply_biased_exact(tile_words, b_frag);
@@ -277,14 +337,53 @@ struct DenseMmaSync {
   // kScalesInFp32: the steps of one scale row multiply into `partial` (zeroed when the row
   // starts: ptxas turns the first step's mma into one without an accumulator input), which joins
   // the accumulators, scaled, when the row ends.
-  template <bool kOneScaleRow>
+  // kPairOffset: the offset of the warp's whole run of steps for tokens 0 and 1 of the tile (the
+  // layout of `offset` in multiply_step: e = 0, 1 rows g, tokens 2t, 2t + 1; e = 2, 3 rows g + 8).
+  // Lanes with t > 0 get tokens 0 and 1 too: theirs (2t, 2t + 1 >= 2) are never stored.
+  // kNibbleDecode: lanes with t even reduce the low nibble's columns, t odd the high nibble's;
+  // each takes the other's from its neighbour t ^ 1 into upper_offset.
+  static __device__ __forceinline__ void run_offset(u32 stage_smem, const StepOffsets& off, float (&offset)[4],
+                                                    float (&upper_offset)[4]) {
+    u32 a[4];
+    memory::ldmatrix_x4(a, stage_smem + off.pair_a);
+    float d[4] = {0.f, 0.f, 0.f, 0.f};  // (step g, token 0 | 1, h = 0 | 1): d[0] t0 h0, d[1] t0 h1, d[2] t1 h0, d[3] t1 h1
+    mma::mma_m16n8k16<Act>(d, a, off.pair_b);
+#pragma unroll
+    for (int mask = 4; mask < 32; mask <<= 1)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) d[e] += __shfl_xor_sync(0xffffffffu, d[e], mask);
+    offset[0] = d[0];
+    offset[1] = d[2];
+    offset[2] = d[1];
+    offset[3] = d[3];
+    if constexpr (kNibbleDecode) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) upper_offset[e] = __shfl_xor_sync(0xffffffffu, offset[e], 1);
+    }
+  }
+
+  template <bool kOneScaleRow, bool kRunOffset = false>
   static __device__ __forceinline__ void compute_stage(u32 stage_smem, const StepOffsets& off, int row_steps_mask,
                                                        Accumulators& acc) {
+    static_assert(!kRunOffset || (kOneScaleRow && kPairOffset), "a run offset needs the run in one scale row");
+    constexpr bool kUpperOffset = kNibbleDecode && kRunOffset;
     Pairs pairs[4];
     float scale_f[4][2];
     Accumulators partial;
-    float offset[4] = {0.f, 0.f, 0.f, 0.f};
+    float offset[4] = {0.f, 0.f, 0.f, 0.f}, upper_offset[4] = {0.f, 0.f, 0.f, 0.f};
+    // the per-step offsets: even and odd steps in two chains (half the dependent mma latency)
+    float step_offset[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
     if constexpr (kOneScaleRow) load_pairs(stage_smem + off.s[0], pairs, scale_f);
+    if constexpr (kRunOffset) {
+      run_offset(stage_smem, off, offset, upper_offset);
+      if constexpr (kUpperOffset) {
+#pragma unroll
+        for (int j = 1; j < 4; j += 2) {
+          scale_f[j][0] *= 1.0f / Dequantizer::kUpperUnit;
+          scale_f[j][1] *= 1.0f / Dequantizer::kUpperUnit;
+        }
+      }
+    }
     StepFragments frags[2];
     load_step(stage_smem, off, 0, frags[0]);
 #pragma unroll
@@ -293,20 +392,35 @@ struct DenseMmaSync {
       const bool row_starts = kOneScaleRow ? i == 0 : (i & row_steps_mask) == 0;
       if (row_starts) {
         if constexpr (kScalesInFp32) {
-          if (i > 0) add_scaled(partial, offset, scale_f, acc);
+          if (i > 0) {
+            if constexpr (!kRunOffset) join_step_offsets(step_offset, offset);
+            add_scaled<kUpperOffset>(partial, offset, upper_offset, scale_f, acc);
+          }
           Writer::zero(partial);
+          if constexpr (!kRunOffset) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) offset[e] = 0.f;
+            for (int e = 0; e < 4; ++e) step_offset[0][e] = step_offset[1][e] = 0.f;
+          }
         }
         if constexpr (!kOneScaleRow) load_pairs(stage_smem + off.s[i], pairs, scale_f);
       }
       if constexpr (kScalesInFp32) {
-        multiply_step(frags[i & 1], pairs, partial, offset);
+        multiply_step<kRunOffset>(frags[i & 1], pairs, partial, kRunOffset ? offset : step_offset[i & 1]);
       } else {
         multiply_step(frags[i & 1], pairs, acc, offset);
       }
     }
-    if constexpr (kScalesInFp32) add_scaled(partial, offset, scale_f, acc);
+    if constexpr (kScalesInFp32) {
+      if constexpr (!kRunOffset) join_step_offsets(step_offset, offset);
+      add_scaled<kUpperOffset>(partial, offset, upper_offset, scale_f, acc);
+    }
+  }
+
+  static __device__ __forceinline__ void join_step_offsets(const float (&step_offset)[2][4], float (&offset)[4]) {
+    if constexpr (kFoldsOffset) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) offset[e] = step_offset[0][e] + step_offset[1][e];
+    }
   }
 
   // Parked accumulators (K warps > 1; reuses the pipeline's shared memory once every cp.async
@@ -381,6 +495,7 @@ struct DenseMmaSync {
     // (a CTA-uniform test, which keeps the branch below uniform).
     static_assert((kSteps & (kSteps - 1)) == 0, "K steps per warp: a power of two");
     const bool one_scale_row = kSteps <= (1 << walk.step_shift);
+    const bool pair_tokens = p.m - m0 <= 2;  // kPairOffset: this tile has at most two tokens
 
     // The first stages' weights leave before this thread's shared-memory offsets are worked out
     // (the prologue's setup step), which only the first stage's compute needs. Warp pipelines:
@@ -413,7 +528,9 @@ struct DenseMmaSync {
       }
       memory::cp_async_commit();
       const u32 stage_smem = smem_base + compute_slot * kStageBytes;
-      if (kHoistScales && one_scale_row) {
+      if (kPairOffset && one_scale_row && pair_tokens) {
+        compute_stage<true, kPairOffset>(stage_smem, offsets, 0, acc);
+      } else if (kHoistScales && one_scale_row) {
         compute_stage<true>(stage_smem, offsets, 0, acc);
       } else {
         compute_stage<false>(stage_smem, offsets, (1 << walk.step_shift) - 1, acc);

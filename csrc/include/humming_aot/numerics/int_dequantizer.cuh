@@ -99,6 +99,38 @@ struct IntDequantizer {
     }
   }
 
+  // 1-bit codes read in place from both nibbles of each byte (the swapped tile's run offset,
+  // kernel/dense_mma_sync.cuh): the stored word holds tile j's register s at bit 4j + s, so tiles
+  // 0 and 1 are read from the word and tiles 2 and 3 from the word >> 8, one shift instead of
+  // three. The low nibble (kUpper = false) is the biased decode above: bias 128 >> s, unit 1. The
+  // high nibble's bits 4-7 take bias 64 >> s with a unit of 8: bits 4-6 are mantissa bits of
+  // 64 >> s, bit 7 is the exponent's lowest bit of 8 (even: 8 + 8q is 8 or 16). Its sums are
+  // 8 x (q - z) x a after the offset (bias + 8z) x a is subtracted: the body scales them by s / 8.
+  static constexpr int kUpperUnit = 8;
+  static HUMMING_AOT_HOST_DEVICE constexpr int nibble_bias(int s, bool upper) { return upper ? 64 >> s : 128 >> s; }
+  static HUMMING_AOT_HOST_DEVICE constexpr u32 nibble_offset_pair(int s, bool upper) {
+    return bf16_bits_of(nibble_bias(s, upper) + (upper ? kUpperUnit : 1) * kImplicitZero) * 0x00010001u;
+  }
+
+  template <int s, bool kUpper>
+  static __device__ __forceinline__ u32 nibble_register(u32 word) {
+    static_assert(kBits == 1 && kFoldsOffset, "1-bit codes, bf16, implicit zero point");
+    u32 x;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;"
+        : "=r"(x)
+        : "r"(word), "n"(0x00010001u << (s + 4 * kUpper)), "n"(bf16_bits_of(nibble_bias(s, kUpper)) * 0x00010001u));
+    return x;
+  }
+
+  // bias + unit x q for the tile whose codes sit in the low (kUpper: high) nibble of each byte of `word`.
+  template <bool kUpper>
+  static __device__ __forceinline__ void apply_biased_nibble(u32 word, u32 (&frag)[2][2]) {
+    frag[0][0] = nibble_register<0, kUpper>(word);
+    frag[0][1] = nibble_register<1, kUpper>(word);
+    frag[1][0] = nibble_register<2, kUpper>(word);
+    frag[1][1] = nibble_register<3, kUpper>(word);
+  }
+
   // q - z for register s = 2h + r of one 16x16 tile, exact: the biased decode, then bias_s + z
   // subtracted from each register pair (one packed fma each, on the FMA pipe) - for bodies that
   // would rather not spend an mma per K step on the offset fragment.
