@@ -22,8 +22,9 @@
 // of the 16-bit lane where the code's unit is 1, so it holds bias_s + q exactly, with
 // bias_s = 2^(7 - p_s). Codes of 2 and 3 bits then sit where they are read in half of the
 // registers (no shift), 1-bit codes in all four (p_s = s, their packing's point), and no
-// subtraction follows: the body subtracts sum (bias + z) x a, one
-// mma of the constant offset_pair() fragment with the same activations, from the fp32 sums.
+// subtraction follows: the body subtracts sum (bias + z) x a from the fp32 sums, an mma of the
+// constant offset_pair() fragment with the same activations per K step, or one per warp run
+// (kernel/dense_mma_sync.cuh, kPairOffset; 1-bit codes then also take apply_biased_nibble).
 
 #include <humming_aot/numerics/packed_codes.cuh>
 #include <humming_aot/numerics/packed_half2.cuh>
