@@ -190,10 +190,11 @@ struct DenseMmaSync {
     StepOffsets() = default;
     __device__ __forceinline__ StepOffsets(int warp_m, int warp_n, int warp_k, const Walk& walk) {
       const int lane = threadIdx.x & 31, step_shift = walk.step_shift;
+      // warp pipelines: the warp's region of a stage (as in run())
+      const int region = ((warp_k * kWarpsM + warp_m) * kWarpsN + warp_n) * Layout::kBytes;
 #pragma unroll
       for (int i = 0; i < kSteps; ++i) {
         if constexpr (kWarpPipelines) {  // ldmatrix x2: lanes 0-7 rows of k 0-7, lanes 8-15 rows of k 8-15
-          const int region = ((warp_k * kWarpsM + warp_m) * kWarpsN + warp_n) * Layout::kBytes;  // as in run()
           a[i][0] = region + Layout::a_chunk_offset(lane & 7, 2 * i + ((lane >> 3) & 1));
           w[i] = region + kABytes + 4 * ((i * 32 + lane) * kWordsPerLane);
           s[i] = region + kABytes + kWBytes + 2 * ((i >> step_shift) * 64 + (lane >> 2) * 8);
@@ -214,7 +215,6 @@ struct DenseMmaSync {
       }
       if constexpr (kPairOffset) {
         // matrix l / 8 of the x4: token (l / 8) & 1, k half l / 16; its row l % 8 is step l % 8
-        const int region = ((warp_k * kWarpsM + warp_m) * kWarpsN + warp_n) * Layout::kBytes;
         const int mtx = lane >> 3;
         pair_a = region + Layout::a_chunk_offset(mtx & 1, 2 * (lane & 7) + (mtx >> 1));
         // B column g = lane / 4: h = g & 1; with the nibble decode, columns 2 and 3 (mod 4) are

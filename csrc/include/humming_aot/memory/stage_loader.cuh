@@ -289,31 +289,32 @@ struct StageLoader {
   // and the activations.
   template <int kAhead, int kStageBytes, class Setup>
   __device__ __forceinline__ void load_prologue(const kernel::GemmParams& p, u32 smem_base, int count, Setup&& setup) {
-#pragma unroll
-    for (int s = 0; s < kAhead; ++s) {
-      if (s < count) {
-        load_packed(smem_base + s * kStageBytes);
-        advance_packed();
-      }
-    }
+    each_prologue_stage<kAhead, kStageBytes, false>(smem_base, count, [&](u32 stage) {
+      load_packed(stage);
+      advance_packed();
+    });
     init_scales(p);
-#pragma unroll
-    for (int s = 0; s < kAhead; ++s) {
-      if (s < count) {
-        load_scales(smem_base + s * kStageBytes);
-        advance_scales();
-      }
-    }
+    each_prologue_stage<kAhead, kStageBytes, false>(smem_base, count, [&](u32 stage) {
+      load_scales(stage);
+      advance_scales();
+    });
     setup();
     schedule::wait_for_upstream_grid();
     init_activations(p);
+    each_prologue_stage<kAhead, kStageBytes, true>(smem_base, count, [&](u32 stage) {
+      load_activations(stage);
+      advance_activations();
+    });
+  }
+
+  // load(its shared memory) for each of the prologue's stages 0 .. kAhead - 1 that the CTA has;
+  // kCommit: then one cp.async group per stage, had or not.
+  template <int kAhead, int kStageBytes, bool kCommit, class Load>
+  static __device__ __forceinline__ void each_prologue_stage(u32 smem_base, int count, Load&& load) {
 #pragma unroll
     for (int s = 0; s < kAhead; ++s) {
-      if (s < count) {
-        load_activations(smem_base + s * kStageBytes);
-        advance_activations();
-      }
-      cp_async_commit();
+      if (s < count) load(smem_base + s * kStageBytes);
+      if constexpr (kCommit) cp_async_commit();
     }
   }
 

@@ -73,8 +73,7 @@ struct FloatDequantizer {
     u32 v;
     if constexpr (kExp == 0) {
       // (magnitude | magic) - magic, exact: magnitudes stay below 128; then the sign bit
-      asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(pair), "n"(kMagnitude2), "n"(kMagic2));
-      v = H2::sub(v, kMagic2) | ((pair << (16 - kBits)) & H2::kSignMask2);
+      v = H2::sub(masked_or<kMagnitude2, kMagic2>(pair), kMagic2) | ((pair << (16 - kBits)) & H2::kSignMask2);
     } else {
       v = FloatCodes<kExp, kMan, Act::kIsBFloat16>::place_pair(pair);
     }

@@ -75,12 +75,7 @@ struct IntDequantizer {
 
   template <int s>
   static __device__ __forceinline__ u32 biased_register(u32 word) {
-    u32 x;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;"
-        : "=r"(x)
-        : "r"(word >> biased_shift(s)), "n"(PackedCodes<kBits>::kCodeMask2 << biased_position(s)),
-          "n"(biased_magic2(s)));
-    return x;
+    return masked_or<(PackedCodes<kBits>::kCodeMask2 << biased_position(s)), biased_magic2(s)>(word >> biased_shift(s));
   }
 
   // bias_s + q for register s = 2h + r of one 16x16 tile (frag[h][r] as in apply), exact.
@@ -116,11 +111,7 @@ struct IntDequantizer {
   template <int s, bool kUpper>
   static __device__ __forceinline__ u32 nibble_register(u32 word) {
     static_assert(kBits == 1 && kFoldsOffset, "1-bit codes, bf16, implicit zero point");
-    u32 x;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;"
-        : "=r"(x)
-        : "r"(word), "n"(0x00010001u << (s + 4 * kUpper)), "n"(bf16_bits_of(nibble_bias(s, kUpper)) * 0x00010001u));
-    return x;
+    return masked_or<(0x00010001u << (s + 4 * kUpper)), bf16_bits_of(nibble_bias(s, kUpper)) * 0x00010001u>(word);
   }
 
   // bias + unit x q for the tile whose codes sit in the low (kUpper: high) nibble of each byte of `word`.
@@ -214,13 +205,9 @@ struct IntDequantizer {
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         const int h = s >> 1, r = s & 1;
-        u32 x;
-        // (word >> 4s) & code mask | magic2: lop3 with LUT (a & b) | c (the mask also drops the
-        // bits above a code of fewer than 4 bits, which unfolding leaves undefined)
-        asm("lop3.b32 %0, %1, %2, %3, 0xEA;"
-            : "=r"(x)
-            : "r"(words[0] >> (PackedCodes<kBits>::kRegisterSpacing * s)), "n"(PackedCodes<kBits>::kCodeMask2),
-              "n"(kMagic2));
+        // (word >> 4s) & code mask | magic2 (the mask also drops the bits above a code of fewer
+        // than 4 bits, which unfolding leaves undefined)
+        const u32 x = masked_or<PackedCodes<kBits>::kCodeMask2, kMagic2>(words[0] >> (PackedCodes<kBits>::kRegisterSpacing * s));
         frag[h][r] = finish<kScaled>(x, p, h);
       }
     } else if constexpr (!kViaFloat32) {

@@ -17,6 +17,19 @@
 
 namespace humming_aot::numerics {
 
+// (x & kMask) | kOr as one lop3 (LUT 0xEA): the dequantizers' step from a code's bits to the
+// magic number holding it.
+template <u32 kMask, u32 kOr>
+HUMMING_AOT_HOST_DEVICE u32 masked_or(u32 x) {
+#if defined(__CUDA_ARCH__)
+  u32 y;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(y) : "r"(x), "n"(kMask), "n"(kOr));
+  return y;
+#else
+  return (x & kMask) | kOr;
+#endif
+}
+
 template <int kBits>
 struct PackedCodes {
   static_assert(kBits >= 1 && kBits <= 8, "1- to 8-bit codes");
