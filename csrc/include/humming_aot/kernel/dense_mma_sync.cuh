@@ -523,7 +523,7 @@ struct DenseMmaSync {
         __syncthreads();
       }
       if (it + kStages - 1 < count) {
-        loader.load(smem_base + load_slot * kStageBytes + region);
+        loader.load(load_slot * kStageBytes);  // the loader's addresses hold smem_base + region
         loader.advance();
       }
       memory::cp_async_commit();

@@ -170,7 +170,7 @@ struct DenseWgmma {
       mma::fence_shared_for_async_proxy();  // cp.async wrote the tile; wgmma reads it as the async proxy
       __syncthreads();  // tile `it` landed for every thread; slot of tile `it - 2` is free
       if (it + kAhead < count) {
-        loader.load(smem_base + load_slot * kStageBytes);
+        loader.load(load_slot * kStageBytes);  // the loader's addresses hold smem_base
         loader.advance();
       }
       memory::cp_async_commit();

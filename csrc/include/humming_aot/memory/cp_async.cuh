@@ -26,6 +26,16 @@ __device__ __forceinline__ void cp_async_16(u32 smem_addr, const void* gmem, boo
 #endif
 }
 
+// cp_async_16 with the source's byte count in a register (16, or 0 to zero-fill), for a copy
+// whose validity is worked out once and kept rather than recomputed as a predicate per copy.
+__device__ __forceinline__ void cp_async_16_bytes(u32 smem_addr, const void* gmem, u32 src_bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  cp_async_16(smem_addr, gmem, src_bytes != 0);
+#else
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_bytes));
+#endif
+}
+
 __device__ __forceinline__ void cp_async_commit() {
 #if !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800)
   asm volatile("cp.async.commit_group;\n" ::);

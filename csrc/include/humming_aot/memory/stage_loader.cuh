@@ -105,25 +105,27 @@ struct StageLoader {
   static constexpr bool kOneActivationSource = kThreads == 32;
   const char* a_src[kOneActivationSource ? 1 : kAIters];  // this thread's activation chunks at the current K tile
   i64 a_row_bytes;             // bytes between activation rows (2 lda)
-  u32 a_dst[kAIters];          // the shared-memory offsets of its chunks inside a stage
+  u32 a_dst[kAIters];          // the shared-memory addresses of its chunks in stage 0
   u32 a_valid;                 // bit it: a chunk of this thread, in a row < M
+  u32 a_bytes0;                // kOneActivationSource: pass 0's source bytes, 16 (a row < M) or 0 (zero-filled)
   int a_iters;                 // passes with a row < M for some issuer (uniform)
   bool a_all_rows;             // every row of the tile is < M (uniform)
   const u32* w_src[kWIters];   // packed weight chunks at the current K tile
-  u32 w_dst;                   // shared-memory offset of chunk 0 (chunk it is kThreads * 16 it further)
+  u32 w_dst;                   // shared-memory address of chunk 0 in stage 0 (chunk it is kThreads * 16 it further)
   u32 w_issue;                 // bit it: chunk it exists
   u32 w_valid;                 // bit it: its unit is in range (else it is zero-filled)
   i64 w_tile_words;            // words between consecutive K tiles of the packed weight
   const char* s_src;           // this thread's first scale chunk (pass 0) at the current K tile
   const char* z_src;
   i64 s_row_bytes;             // bytes between scale rows (2 n)
-  u32 s_dst;                   // pass 0's shared-memory offset inside the scale block
+  i64 s_next_bytes;            // bytes from the scale rows of a K tile to those of the next K tile
+                               // that has new ones
+  u32 s_dst;                   // pass 0's shared-memory address in stage 0
   u32 s_issue;                 // bit it: pass it's chunk exists, its row is staged and its columns < N
   int s_iters;                 // passes that stage some row (uniform)
-  int tiles_per_row;           // K tiles per scale row (group >= kStageK), else 0
+  int tiles_per_row;           // K tiles per staged scale row: group / kStageK (group >= kStageK), else 1
   int tile_in_row;             // position of the current K tile in its scale row
   int rows;                    // scale rows staged per K tile
-  int row_step;                // scale rows between consecutive K tiles (group < kStageK)
   // the loader's place, kept for load_prologue's later setup steps
   int m0_, n0_, k_tile_, k_offset_;
   u32 issuer_;
@@ -156,23 +158,25 @@ struct StageLoader {
 
   // The scale and zero-point sources of the current K tile. A group narrower than a K tile divides
   // it (humming_aot.heuristics.tile_fits), so it is a power of two and needs no division.
-  __device__ __forceinline__ void init_scales(const kernel::GemmParams& p) {
+  __device__ __forceinline__ void init_scales(const kernel::GemmParams& p, u32 smem_base) {
     const u32 group = static_cast<u32>(p.group_size), tile = static_cast<u32>(k_tile_);
+    s_row_bytes = 2 * static_cast<i64>(p.n);
     u32 row0;
     if (group >= kStageK) {
-      rows = row_step = 1;
+      rows = 1;
       tiles_per_row = static_cast<int>(group / kStageK);
       row0 = tile / static_cast<u32>(tiles_per_row);
       tile_in_row = static_cast<int>(tile - row0 * static_cast<u32>(tiles_per_row));
+      s_next_bytes = s_row_bytes;
     } else {
       const int shift = 31 - __clz(group);
       rows = kBlockK >> shift > 0 ? kBlockK >> shift : 1;
-      row_step = kStageK >> shift;
-      tiles_per_row = tile_in_row = 0;
+      tiles_per_row = 1;
+      tile_in_row = 0;
       row0 = (tile * kStageK + static_cast<u32>(k_offset_)) >> shift;
+      s_next_bytes = (kStageK >> shift) * s_row_bytes;
     }
     s_iters = (rows * kSChunksPerRow + kThreads - 1) / kThreads;
-    s_row_bytes = 2 * static_cast<i64>(p.n);
     // issuers of one column chunk share a column; pass it reads row r0 + it * kSRowsPerIter
     const u32 r0 = issuer_ / kSChunksPerRow, c = issuer_ % kSChunksPerRow;
     const int col = n0_ + static_cast<int>(c) * 8;
@@ -180,7 +184,7 @@ struct StageLoader {
     const i64 offset = col_valid ? (row0 + r0) * s_row_bytes + 2 * col : 0;
     s_src = static_cast<const char*>(p.w_scale) + offset;
     z_src = kHasZeroPoint ? static_cast<const char*>(p.w_zero_point) + offset : nullptr;
-    s_dst = 2 * (r0 * kBlockN + c * 8);
+    s_dst = smem_base + Layout::kABytes + Layout::kWBytes + 2 * (r0 * kBlockN + c * 8);
     s_issue = 0;
 #pragma unroll
     for (int it = 0; it < kSIters; ++it) {
@@ -188,10 +192,11 @@ struct StageLoader {
       const bool issue = (kSChunks % kThreads == 0 || i < kSChunks) && static_cast<int>(r) < rows && col_valid;
       s_issue |= static_cast<u32>(issue) << it;
     }
+    asm volatile("" : "+r"(s_dst));  // kept, not recomputed from threadIdx every stage
   }
 
   // The activation sources of the current K tile.
-  __device__ __forceinline__ void init_activations(const kernel::GemmParams& p) {
+  __device__ __forceinline__ void init_activations(const kernel::GemmParams& p, u32 smem_base) {
     const char* a = static_cast<const char*>(p.a) + 2 * (static_cast<i64>(k_tile_) * kStageK + k_offset_);
     const int rows_left = p.m - m0_;
     a_iters = rows_left >= kBlockM ? kAIters : (rows_left * kRowChunks + kThreads - 1) / kThreads;
@@ -211,30 +216,34 @@ struct StageLoader {
       const bool valid = (kAChunks % kThreads == 0 || i < kAChunks) && static_cast<int>(row) < rows_left;
       a_valid |= static_cast<u32>(valid) << it;
       if constexpr (!kOneActivationSource) a_src[it] = a + 2 * ((valid ? m0_ + row : 0) * p.lda + (i % kRowChunks) * 8);
-      a_dst[it] = Layout::a_chunk_offset(row, i % kRowChunks);
+      a_dst[it] = smem_base + Layout::a_chunk_offset(row, i % kRowChunks);
     }
-    // kept: the pass every stage issues, not recomputed
-    if constexpr (kOneActivationSource) asm volatile("" : "+r"(a_dst[0]));
+    // kept: the pass every stage issues, and whether its row is < M, not recomputed
+    if constexpr (kOneActivationSource) {
+      a_bytes0 = (a_valid & 1) ? 16u : 0u;
+      asm volatile("" : "+r"(a_dst[0]), "+r"(a_bytes0));
+    }
   }
 
-  // Issue the copies of the activations of the current K tile into the stage at `stage_smem`.
+  // Issue the copies of the activations of the current K tile into the stage `stage_offset` bytes
+  // after stage 0 (so for every load below).
   // Rows past M only reach output rows (tokens) that are never stored: CTA-wide loaders leave
   // their chunks alone, the per-warp loader zero-fills them without a global read and skips the
   // passes whose rows are all past M by a (uniform) branch (at M = 1: one pass, not kAIters).
-  __device__ __forceinline__ void load_activations(u32 stage_smem) const {
+  __device__ __forceinline__ void load_activations(u32 stage_offset) const {
     if constexpr (!kOneActivationSource) {
 #pragma unroll
       for (int it = 0; it < kAIters; ++it) {
-        if (it < a_iters && ((a_valid >> it) & 1)) cp_async_16(stage_smem + a_dst[it], a_src[it], true);
+        if (it < a_iters && ((a_valid >> it) & 1)) cp_async_16(stage_offset + a_dst[it], a_src[it], true);
       }
     } else if (a_all_rows) {  // straight-line code
 #pragma unroll
-      for (int it = 0; it < kAIters; ++it) load_activation_pass<false>(stage_smem, it);
+      for (int it = 0; it < kAIters; ++it) load_activation_pass<false>(stage_offset, it);
     } else {
 #pragma unroll
       for (int it = 0; it < kAIters; ++it) {
         if (it > 0 && it >= a_iters) break;
-        load_activation_pass<true>(stage_smem, it);
+        load_activation_pass<true>(stage_offset, it);
       }
     }
   }
@@ -243,16 +252,21 @@ struct StageLoader {
   // get zeros and keep a source inside the activations); a thread without a chunk in the last
   // pass issues nothing.
   template <bool kRowsPastM>
-  __device__ __forceinline__ void load_activation_pass(u32 stage_smem, int it) const {
+  __device__ __forceinline__ void load_activation_pass(u32 stage_offset, int it) const {
+    if (!(kAChunks % kThreads == 0 || chunk(it) < kAChunks)) return;  // no chunk of this thread in the pass
+    if (it == 0) {  // its source is a_src[0] either way
+      cp_async_16_bytes(stage_offset + a_dst[0], a_src[0], a_bytes0);
+      return;
+    }
     const bool valid = (a_valid >> it) & 1;
     const char* src = a_src[0] + a_pass_rows(it) * a_row_bytes + 16 * a_pass_chunks(it);
     if (kRowsPastM && !valid) src = a_src[0];
-    if (kAChunks % kThreads == 0 || chunk(it) < kAChunks) cp_async_16(stage_smem + a_dst[it], src, valid);
+    cp_async_16(stage_offset + a_dst[it], src, valid);
   }
 
   // Issue the copies of the packed weights of the current K tile.
-  __device__ __forceinline__ void load_packed(u32 stage_smem) const {
-    const u32 w_smem = stage_smem + Layout::kABytes + w_dst;
+  __device__ __forceinline__ void load_packed(u32 stage_offset) const {
+    const u32 w_smem = stage_offset + w_dst;
 #pragma unroll
     for (int it = 0; it < kWIters; ++it) {
       if ((w_issue >> it) & 1) cp_async_16(w_smem + 16 * kThreads * it, w_src[it], (w_valid >> it) & 1);
@@ -261,11 +275,12 @@ struct StageLoader {
 
   // Issue the copies of the scales and zero points of the current K tile. Chunks of columns >= N
   // are not loaded: they only reach outputs that are never stored.
-  __device__ __forceinline__ void load_scales(u32 stage_smem) const {
-    const u32 s_smem = stage_smem + Layout::kABytes + Layout::kWBytes + s_dst;
+  __device__ __forceinline__ void load_scales(u32 stage_offset) const {
+    const u32 s_smem = stage_offset + s_dst;
 #pragma unroll
     for (int it = 0; it < kSIters; ++it) {
-      if (it < s_iters && ((s_issue >> it) & 1)) {
+      if (it > 0 && it >= s_iters) break;  // uniform: passes past the staged rows are skipped, not predicated off
+      if ((s_issue >> it) & 1) {
         const i64 pass = static_cast<i64>(it) * kSRowsPerIter * s_row_bytes;
         const u32 dst = s_smem + 2 * it * kSRowsPerIter * kBlockN;
         cp_async_16(dst, s_src + pass, true);
@@ -274,14 +289,15 @@ struct StageLoader {
     }
   }
 
-  __device__ __forceinline__ void load(u32 stage_smem) const {
-    load_activations(stage_smem);
-    load_packed(stage_smem);
-    load_scales(stage_smem);
+  __device__ __forceinline__ void load(u32 stage_offset) const {
+    load_activations(stage_offset);
+    load_packed(stage_offset);
+    load_scales(stage_offset);
   }
 
   // The pipeline's prologue: stages 0 .. kAhead - 1 at smem_base + s * kStageBytes (those of the
-  // `count` K tiles this CTA has), one cp.async group each. In the order that gets the first
+  // `count` K tiles this CTA has), one cp.async group each. Later stages are loaded at
+  // smem_base + load(offset) (smem_base is folded into every shared-memory address here). In the order that gets the first
   // DRAM requests out soonest: the packed weights, then the scales and zero points (fetched
   // before waiting for the upstream grid: no kernel writes them, schedule/grid_dependency.cuh;
   // they join the first stage's group), then `setup()` (the caller's own per-thread setup, done
@@ -289,31 +305,33 @@ struct StageLoader {
   // and the activations.
   template <int kAhead, int kStageBytes, class Setup>
   __device__ __forceinline__ void load_prologue(const kernel::GemmParams& p, u32 smem_base, int count, Setup&& setup) {
-    each_prologue_stage<kAhead, kStageBytes, false>(smem_base, count, [&](u32 stage) {
-      load_packed(stage);
+    w_dst += smem_base + Layout::kABytes;
+    asm volatile("" : "+r"(w_dst));  // kept, not recomputed from threadIdx every stage
+    each_prologue_stage<kAhead, kStageBytes, false>(count, [&](u32 stage_offset) {
+      load_packed(stage_offset);
       advance_packed();
     });
-    init_scales(p);
-    each_prologue_stage<kAhead, kStageBytes, false>(smem_base, count, [&](u32 stage) {
-      load_scales(stage);
+    init_scales(p, smem_base);
+    each_prologue_stage<kAhead, kStageBytes, false>(count, [&](u32 stage_offset) {
+      load_scales(stage_offset);
       advance_scales();
     });
     setup();
     schedule::wait_for_upstream_grid();
-    init_activations(p);
-    each_prologue_stage<kAhead, kStageBytes, true>(smem_base, count, [&](u32 stage) {
-      load_activations(stage);
+    init_activations(p, smem_base);
+    each_prologue_stage<kAhead, kStageBytes, true>(count, [&](u32 stage_offset) {
+      load_activations(stage_offset);
       advance_activations();
     });
   }
 
-  // load(its shared memory) for each of the prologue's stages 0 .. kAhead - 1 that the CTA has;
+  // load(stage s's offset) for each of the prologue's stages 0 .. kAhead - 1 that the CTA has;
   // kCommit: then one cp.async group per stage, had or not.
   template <int kAhead, int kStageBytes, bool kCommit, class Load>
-  static __device__ __forceinline__ void each_prologue_stage(u32 smem_base, int count, Load&& load) {
+  static __device__ __forceinline__ void each_prologue_stage(int count, Load&& load) {
 #pragma unroll
     for (int s = 0; s < kAhead; ++s) {
-      if (s < count) load(smem_base + s * kStageBytes);
+      if (s < count) load(static_cast<u32>(s * kStageBytes));
       if constexpr (kCommit) cp_async_commit();
     }
   }
@@ -332,13 +350,11 @@ struct StageLoader {
 
   // Move the scale and zero-point sources to the next K tile.
   __device__ __forceinline__ void advance_scales() {
-    int next_rows = row_step;
-    if (tiles_per_row > 0) {
-      next_rows = ++tile_in_row == tiles_per_row ? 1 : 0;
-      if (next_rows) tile_in_row = 0;
+    if (++tile_in_row == tiles_per_row) {
+      tile_in_row = 0;
+      s_src += s_next_bytes;
+      if constexpr (kHasZeroPoint) z_src += s_next_bytes;
     }
-    s_src += next_rows * s_row_bytes;
-    if constexpr (kHasZeroPoint) z_src += next_rows * s_row_bytes;
   }
 
   __device__ __forceinline__ void advance() {
