@@ -148,9 +148,8 @@ struct SwappedOutputWriter {
   // Every thread of the CTA calls this once, at the kernel's start, with the exchange region (a
   // shared::cta address), the CTA's warp count and its warp's slot; returns reduces_in_cluster.
   // Each warp stashes the parameters for its epilogue (stashed()); its lanes read each other's
-  // words after the K loop's __syncwarp or share_over_k_warps' CTA barrier. (A tile with one K
-  // warp whose CTA gets no K tile would pass neither: no catalog has one; a __syncwarp here,
-  // to be run on a GPU first, would cover it.) With the reduction in the cluster, thread
+  // words after share_over_k_warps' CTA barrier, or (one K warp) the __syncwarp before the
+  // kernel's epilogue reads its stash. With the reduction in the cluster, thread
   // t < warps sets up the mbarrier of warp slot t's share if this CTA owns it (it then expects
   // the share's bytes from every slice), and every thread arrives at the cluster barrier that
   // join_cluster waits for.

@@ -556,6 +556,7 @@ struct DenseMmaSync {
         ShareWriter::write(p, share, m0 + warp_m * kWarpRows, col0, tile.tile_index, &arrival_flag);
       }
     } else if constexpr (kSwapped) {
+      __syncwarp();  // the lanes' stashed words are visible to the warp (a CTA with no K tile ran no loop)
       const auto& stash = SwappedWriter::stashed(smem + kPipelineBytes, warp);
       if (!SwappedWriter::write_in_cluster(stash, acc[0], m0, n0 + warp_n * 64, smem_base + kPipelineBytes, kWarps, warp)) {
         SwappedWriter::write(stash.p, acc[0], m0, n0 + warp_n * 64, tile.tile_index, &arrival_flag);
