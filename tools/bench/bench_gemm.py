@@ -291,11 +291,17 @@ def time_impl(impl: Impl, m: int, dtype: torch.dtype, repeats: int, generator: t
     sets = min(buffer_sets_for_cold_l2(bytes_per_call), len(impl.weights))
     activations = [torch.randn((m, k), generator=generator, dtype=torch.float32).to(device="cuda", dtype=dtype) for _ in range(sets)]
 
-    relerr = None
+    relerr = zero_ref_abs_err = None
     if impl.reference_weight is not None:
         out = impl.call(activations[0], impl.weights[0])
         ref = activations[0] @ impl.reference_weight.T
-        relerr = ((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30)).item()
+        err, ref_max = (out.float() - ref.float()).abs().max().item(), ref.float().abs().max().item()
+        # A weight that quantizes to all zeros (humming_aot.quantize's int1 recipe does, for any
+        # input) has nothing to be relative to: say so and give the absolute error instead.
+        if ref_max > 0:
+            relerr = err / ref_max
+        else:
+            zero_ref_abs_err = err
 
     fns = [lambda a=a, wt=wt: impl.call(a, wt) for a, wt in zip(activations, impl.weights)]
     # A hopeless baseline (seconds per call) gets fewer repeats instead of stalling the sweep.
@@ -322,6 +328,7 @@ def time_impl(impl: Impl, m: int, dtype: torch.dtype, repeats: int, generator: t
         "calls_per_replay": timing["calls_per_replay"],
         "mode": timing["mode"],
         "relerr": relerr,
+        **({"zero_reference_abs_err": zero_ref_abs_err} if zero_ref_abs_err is not None else {}),
         **({"tile": impl.tile} if impl.tile else {}),
     }
 
@@ -402,6 +409,8 @@ def print_row(result: dict[str, Any], read_gbps: float | None) -> None:
     note = [] if result["mode"] == "graph" else [result["mode"]]
     if relerr is not None and not relerr <= _RELERR_WARN:
         note.append(f"!! relerr above {_RELERR_WARN:g}: check correctness")
+    if result.get("zero_reference_abs_err") is not None:
+        note.append(f"all-zero weight (no relerr): max |out| {result['zero_reference_abs_err']:.1e}")
     if result.get("tile"):
         note.append(f"tile={result['tile']}")
     pct = f"{100 * result['gbps'] / read_gbps:.0f}" if read_gbps else "-"
