@@ -247,8 +247,9 @@ struct DenseMmaSync {
   // kScalesInFp32: acc += (partial - offset) x the scale of its row (c[0..1] row g, c[2..3] row
   // g + 8); offset is zero unless kFoldsOffset.
   // kUpperOffset (the nibble decode): tiles 1 and 3 subtract upper_offset (their scales carry
-  // 1 / kUpperUnit).
-  template <bool kUpperOffset>
+  // 1 / kUpperUnit). kOneToken: only the values of token 2t (e = 0, 2; token 0 in lanes t = 0,
+  // the only one a one-token tile stores) are kept up to date.
+  template <bool kUpperOffset, bool kOneToken = false>
   static __device__ __forceinline__ void add_scaled(const Accumulators& partial, const float (&offset)[4],
                                                     const float (&upper_offset)[4], const float (&scale_f)[4][2],
                                                     Accumulators& acc) {
@@ -256,6 +257,7 @@ struct DenseMmaSync {
     for (int j = 0; j < kNTiles; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
+        if (kOneToken && (e & 1)) continue;  // e is unrolled
         const float off = kUpperOffset && (j & 1) ? upper_offset[e] : offset[e];
         const float unscaled = kFoldsOffset ? partial[0][j][e] - off : partial[0][j][e];
         acc[0][j][e] = fmaf(scale_f[j][e >> 1], unscaled, acc[0][j][e]);
@@ -342,30 +344,39 @@ struct DenseMmaSync {
   // Lanes with t > 0 get tokens 0 and 1 too: theirs (2t, 2t + 1 >= 2) are never stored.
   // kNibbleDecode: lanes with t even reduce the low nibble's columns, t odd the high nibble's;
   // each takes the other's from its neighbour t ^ 1 into upper_offset.
+  // kOneToken (a tile with one token): token 0's offsets only (offset[0], offset[2]; the others
+  // are left alone): half the shuffles and adds, the same bits for token 0.
+  template <bool kOneToken = false>
   static __device__ __forceinline__ void run_offset(u32 stage_smem, const StepOffsets& off, float (&offset)[4],
                                                     float (&upper_offset)[4]) {
     u32 a[4];
     memory::ldmatrix_x4(a, stage_smem + off.pair_a);
     float d[4] = {0.f, 0.f, 0.f, 0.f};  // (step g, token 0 | 1, h = 0 | 1): d[0] t0 h0, d[1] t0 h1, d[2] t1 h0, d[3] t1 h1
     mma::mma_m16n8k16<Act>(d, a, off.pair_b);
+    constexpr int kValues = kOneToken ? 2 : 4;  // d[0], d[1]: token 0
 #pragma unroll
     for (int mask = 4; mask < 32; mask <<= 1)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) d[e] += __shfl_xor_sync(0xffffffffu, d[e], mask);
+      for (int e = 0; e < kValues; ++e) d[e] += __shfl_xor_sync(0xffffffffu, d[e], mask);
     offset[0] = d[0];
-    offset[1] = d[2];
     offset[2] = d[1];
-    offset[3] = d[3];
+    if constexpr (!kOneToken) {
+      offset[1] = d[2];
+      offset[3] = d[3];
+    }
     if constexpr (kNibbleDecode) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) upper_offset[e] = __shfl_xor_sync(0xffffffffu, offset[e], 1);
+      for (int e = 0; e < 4; ++e) {
+        if (!kOneToken || !(e & 1)) upper_offset[e] = __shfl_xor_sync(0xffffffffu, offset[e], 1);
+      }
     }
   }
 
-  template <bool kOneScaleRow, bool kRunOffset = false>
+  template <bool kOneScaleRow, bool kRunOffset = false, bool kOneToken = false>
   static __device__ __forceinline__ void compute_stage(u32 stage_smem, const StepOffsets& off, int row_steps_mask,
                                                        Accumulators& acc) {
     static_assert(!kRunOffset || (kOneScaleRow && kPairOffset), "a run offset needs the run in one scale row");
+    static_assert(!kOneToken || kRunOffset, "the one-token path is the run offset's");
     constexpr bool kUpperOffset = kNibbleDecode && kRunOffset;
     Pairs pairs[4];
     float scale_f[4][2];
@@ -375,7 +386,7 @@ struct DenseMmaSync {
     float step_offset[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
     if constexpr (kOneScaleRow) load_pairs(stage_smem + off.s[0], pairs, scale_f);
     if constexpr (kRunOffset) {
-      run_offset(stage_smem, off, offset, upper_offset);
+      run_offset<kOneToken>(stage_smem, off, offset, upper_offset);
       if constexpr (kUpperOffset) {
 #pragma unroll
         for (int j = 1; j < 4; j += 2) {
@@ -394,7 +405,7 @@ struct DenseMmaSync {
         if constexpr (kScalesInFp32) {
           if (i > 0) {
             if constexpr (!kRunOffset) join_step_offsets(step_offset, offset);
-            add_scaled<kUpperOffset>(partial, offset, upper_offset, scale_f, acc);
+            add_scaled<kUpperOffset, kOneToken>(partial, offset, upper_offset, scale_f, acc);
           }
           Writer::zero(partial);
           if constexpr (!kRunOffset) {
@@ -412,7 +423,7 @@ struct DenseMmaSync {
     }
     if constexpr (kScalesInFp32) {
       if constexpr (!kRunOffset) join_step_offsets(step_offset, offset);
-      add_scaled<kUpperOffset>(partial, offset, upper_offset, scale_f, acc);
+      add_scaled<kUpperOffset, kOneToken>(partial, offset, upper_offset, scale_f, acc);
     }
   }
 
@@ -496,6 +507,7 @@ struct DenseMmaSync {
     static_assert((kSteps & (kSteps - 1)) == 0, "K steps per warp: a power of two");
     const bool one_scale_row = kSteps <= (1 << walk.step_shift);
     const bool pair_tokens = p.m - m0 <= 2;  // kPairOffset: this tile has at most two tokens
+    const bool one_token = p.m - m0 == 1;
 
     // The first stages' weights leave before this thread's shared-memory offsets are worked out
     // (the prologue's setup step), which only the first stage's compute needs. Warp pipelines:
@@ -529,7 +541,12 @@ struct DenseMmaSync {
       memory::cp_async_commit();
       const u32 stage_smem = smem_base + compute_slot * kStageBytes;
       if (kPairOffset && one_scale_row && pair_tokens) {
-        compute_stage<true, kPairOffset>(stage_smem, offsets, 0, acc);
+        // one token (M = 1, or the last tile of M = 8 t + 1): token 0's offset and sums only
+        if (one_token) {
+          compute_stage<true, kPairOffset, kPairOffset>(stage_smem, offsets, 0, acc);
+        } else {
+          compute_stage<true, kPairOffset>(stage_smem, offsets, 0, acc);
+        }
       } else if (kHoistScales && one_scale_row) {
         compute_stage<true>(stage_smem, offsets, 0, acc);
       } else {
