@@ -161,7 +161,9 @@ struct DenseMmaSync {
   // pairs, column 2c for the rows g (h = 0) of a weight tile and 2c + 1 for the rows g + 8;
   // the sum over the 8 step rows is three butterfly shuffles. The offset is then not summed in
   // the order of the partial sums it is subtracted from: the two differ by fp32 rounding of
-  // sums ~2^7 larger than the result (exact-grid inputs stay exact), not bit for bit.
+  // sums ~2^7 larger than the result (exact-grid inputs stay exact), not bit for bit. A tile
+  // with one token (M = 1) reduces, subtracts and accumulates token 0's values only (kOneToken
+  // of compute_stage: the same bits for token 0, a tenth fewer instructions per warp-stage).
   static constexpr bool kPairOffset = kFoldsOffset && kWarpPipelines && kSteps == 8;
   // With the run offset, 1-bit codes take two bias patterns (numerics/int_dequantizer.cuh,
   // apply_biased_nibble): one shift per K step instead of three. Tiles 1 and 3 then sum
