@@ -285,6 +285,14 @@ def prepare_humming(w: torch.Tensor, fmt: str, dtype: torch.dtype, copies: int) 
 # --------------------------------------------------------------------------- timing
 
 
+def output_error(out: torch.Tensor, ref: torch.Tensor) -> tuple[float | None, float | None]:
+    """(max |out - ref| / max |ref|, None), or (None, max |out - ref|) when ref is all zeros: a
+    weight that quantizes to zeros (humming_aot.quantize's int1 recipe does, for any input) has
+    nothing to be relative to."""
+    err, ref_max = (out.float() - ref.float()).abs().max().item(), ref.float().abs().max().item()
+    return (err / ref_max, None) if ref_max > 0 else (None, err)
+
+
 def time_impl(impl: Impl, m: int, dtype: torch.dtype, repeats: int, generator: torch.Generator) -> dict[str, Any]:
     n, k = impl.n, impl.k
     bytes_per_call = impl.weight_bytes + m * k * dtype.itemsize + m * n * dtype.itemsize
@@ -294,14 +302,7 @@ def time_impl(impl: Impl, m: int, dtype: torch.dtype, repeats: int, generator: t
     relerr = zero_ref_abs_err = None
     if impl.reference_weight is not None:
         out = impl.call(activations[0], impl.weights[0])
-        ref = activations[0] @ impl.reference_weight.T
-        err, ref_max = (out.float() - ref.float()).abs().max().item(), ref.float().abs().max().item()
-        # A weight that quantizes to all zeros (humming_aot.quantize's int1 recipe does, for any
-        # input) has nothing to be relative to: say so and give the absolute error instead.
-        if ref_max > 0:
-            relerr = err / ref_max
-        else:
-            zero_ref_abs_err = err
+        relerr, zero_ref_abs_err = output_error(out, activations[0] @ impl.reference_weight.T)
 
     fns = [lambda a=a, wt=wt: impl.call(a, wt) for a, wt in zip(activations, impl.weights)]
     # A hopeless baseline (seconds per call) gets fewer repeats instead of stalling the sweep.

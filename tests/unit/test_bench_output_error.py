@@ -1,0 +1,49 @@
+"""tools/bench/bench_gemm.py's correctness guard: the relative error of a call's output, and the
+absolute one where the reference is all zeros (an all-zero quantized weight), instead of a
+division by ~0."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench_gemm():
+    sys.path.insert(0, str(ROOT / "tools" / "bench"))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_gemm", ROOT / "tools" / "bench" / "bench_gemm.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["bench_gemm"] = module  # its dataclasses look their module up there
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop("bench_gemm", None)
+        sys.path.remove(str(ROOT / "tools" / "bench"))
+
+
+def test_relative_error_of_a_nonzero_reference(bench_gemm):
+    ref = torch.tensor([[2.0, -4.0], [1.0, 0.5]], dtype=torch.bfloat16)
+    out = torch.tensor([[2.0, -3.0], [1.0, 0.5]], dtype=torch.bfloat16)
+    relerr, zero_ref = bench_gemm.output_error(out, ref)
+    assert relerr == pytest.approx(0.25) and zero_ref is None
+
+
+def test_all_zero_reference_gives_the_absolute_error(bench_gemm):
+    ref = torch.zeros(3, 5, dtype=torch.bfloat16)
+    out = torch.zeros(3, 5, dtype=torch.bfloat16)
+    out[1, 2] = -3.7e-5
+    relerr, zero_ref = bench_gemm.output_error(out, ref)
+    assert relerr is None
+    assert zero_ref == pytest.approx(3.7e-5, rel=1e-2)
+
+
+def test_the_row_says_so_instead_of_a_huge_relerr(bench_gemm, capsys):
+    row = {"m": 1, "n": 8, "k": 8, "fmt": "int1:g128", "impl": "humming_aot", "us": 7.4, "tflops": 0.1,
+           "gbps": 1.0, "mode": "graph", "relerr": None, "zero_reference_abs_err": 3.7e-5}
+    bench_gemm.print_row(row, None)
+    line = capsys.readouterr().out
+    assert "all-zero weight (no relerr): max |out| 3.7e-05" in line and "relerr above" not in line
