@@ -337,16 +337,20 @@ def test_kernel_build_seconds_reads_the_newest_ninja_log_entry(tmp_path):
 def test_small_m_tiles_fit_two_ctas_per_sm_without_spills(tmp_path, m, block_m):
     """The sm90a table's 8-row (swapped, scales applied to fp32 sums for integer codes) and 16-row
     tiles run two 8-warp CTAs per SM (split-K is sized for that): for every code width and the
-    heaviest dequantizers, ptxas must keep them within the 128 registers that allows (their
+    heaviest dequantizers, in the tile the table picks for that width at K = 8192 and groups of
+    128 (1- and 2-bit codes get 512-wide stages, whose 8-row tile has the run offset and its
+    one-token path), ptxas must keep them within the 128 registers that allows (their
     __launch_bounds__) without spilling, and two CTAs' shared memory must fit."""
     from humming_aot import heuristics
 
-    tile = heuristics.select_tile("sm90a", m)
-    assert (tile.block_m, tile.warps_m * tile.warps_n * tile.warps_k) == (block_m, 8), tile.label
-    # (activation, weight code + scale + zero point) of the key names
-    specs = [("bf16", f"s{bits}-g-bf16") for bits in range(1, 9)] + [
-        ("bf16", "e2m1-g-bf16"), ("bf16", "e4m3-g-bf16"), ("f16", "u8-g-f16-zpi"), ("bf16", "u8-g-bf16-zpf")]
-    for act, weight in specs:
+    # (activation, weight code + scale + zero point) of the key names, and the code's bits
+    specs = [("bf16", f"s{bits}-g-bf16", bits) for bits in range(1, 9)] + [
+        ("bf16", "e2m1-g-bf16", 4), ("bf16", "e4m3-g-bf16", 8), ("f16", "u8-g-f16-zpi", 8), ("bf16", "u8-g-bf16-zpf", 8)]
+    stage_widths = set()
+    for act, weight, bits in specs:
+        tile = heuristics.select_tile("sm90a", m, k=8192, group=128, w_bits=bits)
+        assert (tile.block_m, tile.warps_m * tile.warps_n * tile.warps_k) == (block_m, 8), tile.label
+        stage_widths.add(tile.block_k)
         key = KernelKey.from_name(f"gemm_dense_sm90a_mma_a-{act}_w-{weight}_o-{act}_{tile.label}")
         source = tmp_path / f"{key.symbol}.cu"
         source.write_text(codegen.kernel_source(key))
@@ -363,3 +367,5 @@ def test_small_m_tiles_fit_two_ctas_per_sm_without_spills(tmp_path, m, block_m):
         assert "0 bytes spill stores" in report and "0 bytes spill loads" in report, f"{key.name}: {report}"
         smem = heuristics.smem_bytes(tile, code_bits(key.spec.w_dtype), key.spec.w_zero_point is not ZeroPoint.NONE)
         assert heuristics.ctas_per_sm(tile, smem, H100_SMEM_PER_SM) >= 2, f"{key.name}: {smem} bytes of shared memory"
+    if block_m == 8:
+        assert 512 in stage_widths, f"no 512-wide 8-row tile was checked: {sorted(stage_widths)}"
