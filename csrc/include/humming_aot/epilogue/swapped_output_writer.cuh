@@ -7,9 +7,9 @@
 // CTA that arrives last at the tile's counter sums them in slice order 0..k_splits-1, writes
 // the output and resets the counter; or, on sm_90+ when the launch made the K slices one
 // thread-block cluster, write_in_cluster sums them through distributed shared memory (st.async
-// into the owning CTA, counted on its mbarriers) in the same order (same bits). Every lane writes its own values in place: a tile of at
-// most 8 rows gains nothing from being staged for wider stores, and staging would cost a CTA
-// barrier behind the slowest warp. SM80+.
+// into the owning CTA, counted on its mbarriers) in the same order (same bits). Every lane
+// writes its own values in place: a tile of at most 8 rows gains nothing from being staged for
+// wider stores, and staging would cost a CTA barrier behind the slowest warp. SM80+.
 
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/epilogue/cluster_exchange.cuh>

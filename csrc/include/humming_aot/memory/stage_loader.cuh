@@ -279,7 +279,7 @@ struct StageLoader {
     const u32 s_smem = stage_offset + s_dst;
 #pragma unroll
     for (int it = 0; it < kSIters; ++it) {
-      if (it > 0 && it >= s_iters) break;  // uniform: passes past the staged rows are skipped, not predicated off
+      if (it > 0 && it >= s_iters) break;  // passes past the staged rows (uniform) issue nothing
       if ((s_issue >> it) & 1) {
         const i64 pass = static_cast<i64>(it) * kSRowsPerIter * s_row_bytes;
         const u32 dst = s_smem + 2 * it * kSRowsPerIter * kBlockN;
@@ -296,13 +296,13 @@ struct StageLoader {
   }
 
   // The pipeline's prologue: stages 0 .. kAhead - 1 at smem_base + s * kStageBytes (those of the
-  // `count` K tiles this CTA has), one cp.async group each. Later stages are loaded at
-  // smem_base + load(offset) (smem_base is folded into every shared-memory address here). In the order that gets the first
-  // DRAM requests out soonest: the packed weights, then the scales and zero points (fetched
-  // before waiting for the upstream grid: no kernel writes them, schedule/grid_dependency.cuh;
-  // they join the first stage's group), then `setup()` (the caller's own per-thread setup, done
-  // while those copies fly and the upstream grid finishes), then the wait for the upstream grid
-  // and the activations.
+  // `count` K tiles this CTA has), one cp.async group each; smem_base is folded into every
+  // shared-memory address here, so later stages are load(their offset from stage 0). In the
+  // order that gets the first DRAM requests out soonest: the packed weights, then the scales and
+  // zero points (fetched before waiting for the upstream grid: no kernel writes them,
+  // schedule/grid_dependency.cuh; they join the first stage's group), then `setup()` (the
+  // caller's own per-thread setup, done while those copies fly and the upstream grid finishes),
+  // then the wait for the upstream grid and the activations.
   template <int kAhead, int kStageBytes, class Setup>
   __device__ __forceinline__ void load_prologue(const kernel::GemmParams& p, u32 smem_base, int count, Setup&& setup) {
     w_dst += smem_base + Layout::kABytes;
