@@ -28,10 +28,12 @@ if (root / ".git").exists():
     sys.exit(f"{root} is a git checkout: instrument a copy of the tree, not the working tree")
 W = 20
 def patch(path, pairs):
+    """Replace each anchor a by b; (a, b, n): the anchor occurs n times, each replaced."""
     p = root / path; s = p.read_text()
-    for a, b in pairs:
-        if s.count(a) != 1:
-            sys.exit(f"{path}: anchor found {s.count(a)} times, expected once (update tools/trace/apply_trace.py):\n{a}")
+    for a, b, *times in pairs:
+        n = times[0] if times else 1
+        if s.count(a) != n:
+            sys.exit(f"{path}: anchor found {s.count(a)} times, expected {n} (update tools/trace/apply_trace.py):\n{a}")
         s = s.replace(a, b)
     p.write_text(s)
 helpers = '''
@@ -53,17 +55,23 @@ patch("csrc/include/humming_aot/kernel/dense_mma_sync.cuh", [
 ('''    float acc[kMTiles][kNTiles][4];
     Writer::zero(acc);
 
-    int compute_slot''','''    t_pro = trace::ck();
+    if constexpr (kWarpPipelines) {''','''    t_pro = trace::ck();
     float acc[kMTiles][kNTiles][4];
     Writer::zero(acc);
 
-    int compute_slot'''),
-('''        __syncwarp();
-      } else {''','''        __syncwarp();
-        if (it == 0) t_first = trace::ck();
-      } else {'''),
-('''      compute_slot = compute_slot + 1 == kStages ? 0 : compute_slot + 1;''','''      if (tr != nullptr && (threadIdx.x & 31) == 0 && it < 4) tr[13 + it] = trace::ck();
-      compute_slot = compute_slot + 1 == kStages ? 0 : compute_slot + 1;'''),
+    if constexpr (kWarpPipelines) {'''),
+# the per-warp K loop is a function of its own: it gets the trace slot and the first stage's time
+(''' const StepOffsets& offsets, int row_steps_mask,
+                                                            Accumulators& acc) {''',''' const StepOffsets& offsets, int row_steps_mask,
+                                                            Accumulators& acc, unsigned long long* tr, unsigned long long& t_first) {'''),
+('''(loader, smem_base, count, offsets, 0, acc);''','''(loader, smem_base, count, offsets, 0, acc, tr, t_first);''', 5),
+('''(loader, smem_base, count, offsets, (1 << walk.step_shift) - 1, acc);''','''(loader, smem_base, count, offsets, (1 << walk.step_shift) - 1, acc, tr, t_first);'''),
+('''        __syncwarp();  // stage `it` landed for every lane of the warp, which alone reads its region''','''        __syncwarp();  // stage `it` landed for every lane of the warp, which alone reads its region
+        if (it == 0) t_first = trace::ck();'''),
+('''          compute_stage<false>(stage_smem, offsets, row_steps_mask, acc);
+        }''','''          compute_stage<false>(stage_smem, offsets, row_steps_mask, acc);
+        }
+        if (tr != nullptr && (threadIdx.x & 31) == 0 && it < 4) tr[13 + it] = trace::ck();'''),
 ('''    schedule::release_dependent_grid();
     memory::cp_async_wait<0>();''','''    t_loop = trace::ck();
     schedule::release_dependent_grid();

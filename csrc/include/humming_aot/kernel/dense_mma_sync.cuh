@@ -490,6 +490,54 @@ struct DenseMmaSync {
     }
   }
 
+  // The compute paths of the per-warp pipelines' K loop (compute_stage's template arguments).
+  enum WarpPath : int {
+    kOneTokenPath,      // the run offset of one token (kPairOffset, M - m0 == 1)
+    kTwoTokenPath,      // the run offset of two tokens (kPairOffset, M - m0 == 2)
+    kOneScaleRowPath,   // every warp run in one scale row
+    kGroupWalkPath,     // scale rows change inside a warp run
+  };
+
+  // The K loop of the per-warp pipelines (the swapped 8-row tile), one instance per compute path,
+  // which run() picks once per CTA. The loop is unrolled by kStages, so each stage's slot and the
+  // one it refills are constants folded into the shared-memory addresses; the tile's runs of
+  // one or two tokens lie in the first activation pass and every run path stages one scale row,
+  // so their loads test for no other pass; kScalesEveryTile: scales_every_tile() (no count of
+  // K tiles per scale row).
+  template <int kPath, bool kScalesEveryTile>
+  static __device__ __forceinline__ void warp_pipeline_loop(StageLoader& loader, u32 smem_base, int count,
+                                                            const StepOffsets& offsets, int row_steps_mask,
+                                                            Accumulators& acc) {
+    // (run() takes the run paths only with kPairOffset; without it they are never called)
+    constexpr bool kRunPath = kPairOffset && (kPath == kOneTokenPath || kPath == kTwoTokenPath);
+    static_assert(!kRunPath || StageLoader::kRowsPerActivationPass >= 2, "a run path's tokens lie in pass 0");
+    for (int it0 = 0; it0 < count; it0 += kStages) {
+#pragma unroll
+      for (int slot = 0; slot < kStages; ++slot) {
+        const int it = it0 + slot;
+        if (slot > 0 && it >= count) break;
+        memory::cp_async_wait<kStages - 2>();
+        __syncwarp();  // stage `it` landed for every lane of the warp, which alone reads its region
+        if (it + kStages - 1 < count) {  // refill the slot that stage `it - 1` used
+          const u32 load_offset = ((slot + kStages - 1) % kStages) * kStageBytes;
+          loader.template load_known<kRunPath, kPath != kGroupWalkPath>(load_offset);
+          loader.template advance<kScalesEveryTile>();
+        }
+        memory::cp_async_commit();
+        const u32 stage_smem = smem_base + slot * kStageBytes;
+        if constexpr (kPath == kOneTokenPath) {
+          compute_stage<true, kRunPath, kRunPath>(stage_smem, offsets, 0, acc);
+        } else if constexpr (kPath == kTwoTokenPath) {
+          compute_stage<true, kRunPath>(stage_smem, offsets, 0, acc);
+        } else if constexpr (kPath == kOneScaleRowPath) {
+          compute_stage<true>(stage_smem, offsets, 0, acc);
+        } else {
+          compute_stage<false>(stage_smem, offsets, row_steps_mask, acc);
+        }
+      }
+    }
+  }
+
   static __device__ __forceinline__ void run(const GemmParams& p) {
     extern __shared__ __align__(128) char smem[];
     __shared__ int arrival_flag;
@@ -526,36 +574,45 @@ struct DenseMmaSync {
     float acc[kMTiles][kNTiles][4];
     Writer::zero(acc);
 
-    int compute_slot = 0, load_slot = kStages - 1;
-    for (int it = 0; it < count; ++it) {
-      memory::cp_async_wait<kStages - 2>();
-      // stage `it` landed for every thread (warp pipelines: for every lane of the warp, which
-      // alone reads its region); stage `it - 1` is free to refill
-      if constexpr (kWarpPipelines) {
-        __syncwarp();
-      } else {
-        __syncthreads();
-      }
-      if (it + kStages - 1 < count) {
-        loader.load(load_slot * kStageBytes);  // the loader's addresses hold smem_base + region
-        loader.advance();
-      }
-      memory::cp_async_commit();
-      const u32 stage_smem = smem_base + compute_slot * kStageBytes;
+    if constexpr (kWarpPipelines) {
+      // the compute path is chosen once per CTA (uniform), so no stage tests for it
+      const bool every_tile = loader.scales_every_tile();
       if (kPairOffset && one_scale_row && pair_tokens) {
-        // one token (M = 1, or the last tile of M = 8 t + 1): token 0's offset and sums only
         if (one_token) {
-          compute_stage<true, kPairOffset, kPairOffset>(stage_smem, offsets, 0, acc);
+          if (every_tile) {
+            warp_pipeline_loop<kOneTokenPath, true>(loader, smem_base, count, offsets, 0, acc);
+          } else {
+            warp_pipeline_loop<kOneTokenPath, false>(loader, smem_base, count, offsets, 0, acc);
+          }
+        } else if (every_tile) {
+          warp_pipeline_loop<kTwoTokenPath, true>(loader, smem_base, count, offsets, 0, acc);
         } else {
-          compute_stage<true, kPairOffset>(stage_smem, offsets, 0, acc);
+          warp_pipeline_loop<kTwoTokenPath, false>(loader, smem_base, count, offsets, 0, acc);
         }
-      } else if (kHoistScales && one_scale_row) {
-        compute_stage<true>(stage_smem, offsets, 0, acc);
+      } else if (one_scale_row) {
+        warp_pipeline_loop<kOneScaleRowPath, false>(loader, smem_base, count, offsets, 0, acc);
       } else {
-        compute_stage<false>(stage_smem, offsets, (1 << walk.step_shift) - 1, acc);
+        warp_pipeline_loop<kGroupWalkPath, false>(loader, smem_base, count, offsets, (1 << walk.step_shift) - 1, acc);
       }
-      compute_slot = compute_slot + 1 == kStages ? 0 : compute_slot + 1;
-      load_slot = load_slot + 1 == kStages ? 0 : load_slot + 1;
+    } else {
+      int compute_slot = 0, load_slot = kStages - 1;
+      for (int it = 0; it < count; ++it) {
+        memory::cp_async_wait<kStages - 2>();
+        __syncthreads();  // stage `it` landed for every thread; stage `it - 1` is free to refill
+        if (it + kStages - 1 < count) {
+          loader.load(load_slot * kStageBytes);  // the loader's addresses hold smem_base
+          loader.advance();
+        }
+        memory::cp_async_commit();
+        const u32 stage_smem = smem_base + compute_slot * kStageBytes;
+        if (kHoistScales && one_scale_row) {
+          compute_stage<true>(stage_smem, offsets, 0, acc);
+        } else {
+          compute_stage<false>(stage_smem, offsets, (1 << walk.step_shift) - 1, acc);
+        }
+        compute_slot = compute_slot + 1 == kStages ? 0 : compute_slot + 1;
+        load_slot = load_slot + 1 == kStages ? 0 : load_slot + 1;
+      }
     }
     // The next kernel may now be scheduled into the slots this grid leaves as it finishes, and
     // prefetch its weights during this epilogue. Not earlier: its CTAs would then be placed while

@@ -276,16 +276,20 @@ struct StageLoader {
   // Issue the copies of the scales and zero points of the current K tile. Chunks of columns >= N
   // are not loaded: they only reach outputs that are never stored.
   __device__ __forceinline__ void load_scales(u32 stage_offset) const {
-    const u32 s_smem = stage_offset + s_dst;
 #pragma unroll
     for (int it = 0; it < kSIters; ++it) {
       if (it > 0 && it >= s_iters) break;  // passes past the staged rows (uniform) issue nothing
-      if ((s_issue >> it) & 1) {
-        const i64 pass = static_cast<i64>(it) * kSRowsPerIter * s_row_bytes;
-        const u32 dst = s_smem + 2 * it * kSRowsPerIter * kBlockN;
-        cp_async_16(dst, s_src + pass, true);
-        if constexpr (kHasZeroPoint) cp_async_16(dst + Layout::kSBytes, z_src + pass, true);
-      }
+      load_scale_pass(stage_offset, it);
+    }
+  }
+
+  // Pass it of the scale and zero-point copies.
+  __device__ __forceinline__ void load_scale_pass(u32 stage_offset, int it) const {
+    if ((s_issue >> it) & 1) {
+      const i64 pass = static_cast<i64>(it) * kSRowsPerIter * s_row_bytes;
+      const u32 dst = stage_offset + s_dst + 2 * it * kSRowsPerIter * kBlockN;
+      cp_async_16(dst, s_src + pass, true);
+      if constexpr (kHasZeroPoint) cp_async_16(dst + Layout::kSBytes, z_src + pass, true);
     }
   }
 
@@ -294,6 +298,33 @@ struct StageLoader {
     load_packed(stage_offset);
     load_scales(stage_offset);
   }
+
+  // load() where the caller knows (uniformly, for the whole loop) that every row of the tile lies
+  // in the first activation pass (kRowsInPass0: M - m0 <= kAPassRows) and/or that a K tile stages
+  // one scale row (kOneScaleRow: s_iters == 1); the passes it leaves out would issue nothing, and
+  // the per-warp loader then tests for none of them.
+  template <bool kRowsInPass0, bool kOneScaleRow>
+  __device__ __forceinline__ void load_known(u32 stage_offset) const {
+    if constexpr (kRowsInPass0) {
+      static_assert(kOneActivationSource, "pass 0 alone: the per-warp loader");
+      load_activation_pass<true>(stage_offset, 0);
+    } else {
+      load_activations(stage_offset);
+    }
+    load_packed(stage_offset);
+    if constexpr (kOneScaleRow) {
+      load_scale_pass(stage_offset, 0);
+    } else {
+      load_scales(stage_offset);
+    }
+  }
+
+  // Rows of the tile that one activation pass covers (all of them when the pass covers whole rows).
+  static constexpr int kRowsPerActivationPass = kAPassRows;
+
+  // Whether every K tile has new scale rows (a group no wider than a K tile): advance<true>() then
+  // moves the scale sources without counting K tiles. Uniform.
+  __device__ __forceinline__ bool scales_every_tile() const { return tiles_per_row == 1; }
 
   // The pipeline's prologue: stages 0 .. kAhead - 1 at smem_base + s * kStageBytes (those of the
   // `count` K tiles this CTA has), one cp.async group each; smem_base is folded into every
@@ -348,19 +379,24 @@ struct StageLoader {
     for (int it = 0; it < kWIters; ++it) w_src[it] += w_tile_words;
   }
 
-  // Move the scale and zero-point sources to the next K tile.
+  // Move the scale and zero-point sources to the next K tile (kEveryTile: scales_every_tile()).
+  template <bool kEveryTile = false>
   __device__ __forceinline__ void advance_scales() {
-    if (++tile_in_row == tiles_per_row) {
+    if constexpr (kEveryTile) {
+      s_src += s_next_bytes;
+      if constexpr (kHasZeroPoint) z_src += s_next_bytes;
+    } else if (++tile_in_row == tiles_per_row) {
       tile_in_row = 0;
       s_src += s_next_bytes;
       if constexpr (kHasZeroPoint) z_src += s_next_bytes;
     }
   }
 
+  template <bool kScalesEveryTile = false>
   __device__ __forceinline__ void advance() {
     advance_activations();
     advance_packed();
-    advance_scales();
+    advance_scales<kScalesEveryTile>();
   }
 };
 
