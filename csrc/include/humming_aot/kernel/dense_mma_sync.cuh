@@ -14,7 +14,8 @@
 // points; each warp dequantizes its weights in registers right before the mma. Wider stages
 // (128 to 512) cut the per-stage cost (barrier, copies, address updates) per weight, which is
 // what small M, with 4 K warps, is bound by. The 8-row tile (M <= 8) runs one such pipeline per
-// warp instead, over the warp's own part of each stage, with no CTA barrier (kWarpPipelines).
+// warp instead, over the warp's own part of each stage, with no CTA barrier (kWarpPipelines),
+// in a K loop per compute path (warp_pipeline_loop).
 
 #include <humming_aot/epilogue/output_writer.cuh>
 #include <humming_aot/epilogue/swapped_output_writer.cuh>
