@@ -577,6 +577,7 @@ struct DenseMmaSync {
 
     if constexpr (kWarpPipelines) {
       // the compute path is chosen once per CTA (uniform), so no stage tests for it
+      static_assert(kHoistScales, "the one-scale-row path hoists the scales (one m16 tile per warp)");
       const bool every_tile = loader.scales_every_tile();
       if (kPairOffset && one_scale_row && pair_tokens) {
         if (one_token) {
