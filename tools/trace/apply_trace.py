@@ -64,7 +64,10 @@ patch("csrc/include/humming_aot/kernel/dense_mma_sync.cuh", [
 (''' const StepOffsets& offsets, int row_steps_mask,
                                                             Accumulators& acc) {''',''' const StepOffsets& offsets, int row_steps_mask,
                                                             Accumulators& acc, unsigned long long* tr, unsigned long long& t_first) {'''),
-('''(loader, smem_base, count, offsets, 0, acc);''','''(loader, smem_base, count, offsets, 0, acc, tr, t_first);''', 5),
+('''(loader, smem_base, count, offsets, 0, acc);''','''(loader, smem_base, count, offsets, 0, acc, tr, t_first);''', 3),
+(''' int count, const StepOffsets& offsets, Accumulators& acc) {''',''' int count, const StepOffsets& offsets, Accumulators& acc,
+                                                           unsigned long long* tr, unsigned long long& t_first) {'''),
+('''(every_tile, loader, smem_base, count, offsets, acc);''','''(every_tile, loader, smem_base, count, offsets, acc, tr, t_first);''', 2),
 ('''(loader, smem_base, count, offsets, (1 << walk.step_shift) - 1, acc);''','''(loader, smem_base, count, offsets, (1 << walk.step_shift) - 1, acc, tr, t_first);'''),
 ('''        __syncwarp();  // stage `it` landed for every lane of the warp, which alone reads its region''','''        __syncwarp();  // stage `it` landed for every lane of the warp, which alone reads its region
         if (it == 0) t_first = trace::ck();'''),

@@ -511,7 +511,7 @@ struct DenseMmaSync {
                                                             Accumulators& acc) {
     // (run() takes the run paths only with kPairOffset; without it they are never called)
     constexpr bool kRunPath = kPairOffset && (kPath == kOneTokenPath || kPath == kTwoTokenPath);
-    static_assert(!kRunPath || StageLoader::kRowsPerActivationPass >= 2, "a run path's tokens lie in pass 0");
+    static_assert(!kRunPath || StageLoader::kAPassRows >= 2, "a run path's tokens lie in pass 0");
     for (int it0 = 0; it0 < count; it0 += kStages) {
 #pragma unroll
       for (int slot = 0; slot < kStages; ++slot) {
@@ -536,6 +536,17 @@ struct DenseMmaSync {
           compute_stage<false>(stage_smem, offsets, row_steps_mask, acc);
         }
       }
+    }
+  }
+
+  // warp_pipeline_loop of a run path, for the CTA's (uniform) scales_every_tile().
+  template <int kPath>
+  static __device__ __forceinline__ void run_pipeline_path(bool every_tile, StageLoader& loader, u32 smem_base,
+                                                           int count, const StepOffsets& offsets, Accumulators& acc) {
+    if (every_tile) {
+      warp_pipeline_loop<kPath, true>(loader, smem_base, count, offsets, 0, acc);
+    } else {
+      warp_pipeline_loop<kPath, false>(loader, smem_base, count, offsets, 0, acc);
     }
   }
 
@@ -581,15 +592,9 @@ struct DenseMmaSync {
       const bool every_tile = loader.scales_every_tile();
       if (kPairOffset && one_scale_row && pair_tokens) {
         if (one_token) {
-          if (every_tile) {
-            warp_pipeline_loop<kOneTokenPath, true>(loader, smem_base, count, offsets, 0, acc);
-          } else {
-            warp_pipeline_loop<kOneTokenPath, false>(loader, smem_base, count, offsets, 0, acc);
-          }
-        } else if (every_tile) {
-          warp_pipeline_loop<kTwoTokenPath, true>(loader, smem_base, count, offsets, 0, acc);
+          run_pipeline_path<kOneTokenPath>(every_tile, loader, smem_base, count, offsets, acc);
         } else {
-          warp_pipeline_loop<kTwoTokenPath, false>(loader, smem_base, count, offsets, 0, acc);
+          run_pipeline_path<kTwoTokenPath>(every_tile, loader, smem_base, count, offsets, acc);
         }
       } else if (one_scale_row) {
         warp_pipeline_loop<kOneScaleRowPath, false>(loader, smem_base, count, offsets, 0, acc);

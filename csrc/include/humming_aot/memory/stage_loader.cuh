@@ -319,9 +319,6 @@ struct StageLoader {
     }
   }
 
-  // Rows of the tile that one activation pass covers (all of them when the pass covers whole rows).
-  static constexpr int kRowsPerActivationPass = kAPassRows;
-
   // Whether every K tile has new scale rows (a group no wider than a K tile): advance<true>() then
   // moves the scale sources without counting K tiles. Uniform.
   __device__ __forceinline__ bool scales_every_tile() const { return tiles_per_row == 1; }
@@ -382,14 +379,12 @@ struct StageLoader {
   // Move the scale and zero-point sources to the next K tile (kEveryTile: scales_every_tile()).
   template <bool kEveryTile = false>
   __device__ __forceinline__ void advance_scales() {
-    if constexpr (kEveryTile) {
-      s_src += s_next_bytes;
-      if constexpr (kHasZeroPoint) z_src += s_next_bytes;
-    } else if (++tile_in_row == tiles_per_row) {
+    if constexpr (!kEveryTile) {
+      if (++tile_in_row != tiles_per_row) return;  // the same scale rows
       tile_in_row = 0;
-      s_src += s_next_bytes;
-      if constexpr (kHasZeroPoint) z_src += s_next_bytes;
     }
+    s_src += s_next_bytes;
+    if constexpr (kHasZeroPoint) z_src += s_next_bytes;
   }
 
   template <bool kScalesEveryTile = false>
