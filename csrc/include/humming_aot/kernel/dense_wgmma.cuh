@@ -18,6 +18,7 @@
 #include <humming_aot/memory/cp_async.cuh>
 #include <humming_aot/memory/shared_fragments.cuh>
 #include <humming_aot/memory/stage_loader.cuh>
+#include <humming_aot/memory/wgmma_weight_fragment.cuh>
 #include <humming_aot/mma/wgmma.cuh>
 #include <humming_aot/numerics/weight_codes.cuh>
 #include <humming_aot/schedule/grid_dependency.cuh>
@@ -46,8 +47,7 @@ struct DenseWgmma {
 
   using Layout = memory::StageLayout<kBlockM, kBlockN, kBlockK, kBits, kHasZeroPoint>;
   using StageLoader = memory::StageLoader<kBlockM, kBlockN, kBlockK, kBits, kHasZeroPoint, kThreads>;
-  using Dequantizer = typename Weights::template Dequantizer<Act, kZeroPoint>;
-  using Codes = numerics::PackedCodes<kBits>;
+  using WeightFragment = memory::WgmmaWeightFragment<Act, Weights, kZeroPoint, Layout, kBlockN, kBlockK>;
   using Mma = mma::Wgmma<Act, kBlockM>;
   using Scheduler = schedule::TileScheduler<kBlockM, kBlockN, kBlockK>;
   using Writer = epilogue::ColumnMajorWriter<Act, kBlockM, kBlockN, kThreads, epilogue::WarpgroupFragments<kBlockM>>;
@@ -65,79 +65,11 @@ struct DenseWgmma {
   // the weights are rounded to the activation dtype with their scales (KernelKey.scales_in_fp32)
   static constexpr bool kScalesInFp32 = false;
 
-  // Folded widths: unfolding every tile of a K step to use one costs the most for 5-bit codes
-  // (three of the eight byte words gather bits from five words), so 5-bit warps unfold only
-  // their own tile, behind a warp-uniform branch. For 1-3, 6 and 7 bits the branch cost more than
-  // it saved (docs/PERFORMANCE.md section 10: int3 at M = 4096 went from 956 to 1110 us).
-  static constexpr bool kUnfoldOwnTileOnly = kBits == 5;
-
-  // The padded words of tile kTile from the lane's stored words at w_addr, reading only the
-  // stored words that tile is made of (numerics/packed_codes.cuh, tile_sources).
-  template <int kTile>
-  static __device__ __forceinline__ void unfold_tile(u32 w_addr, u32 (&words)[Dequantizer::kWordsPerTile]) {
-    u32 stored[kBits];
-#pragma unroll
-    for (int i = 0; i < kBits; ++i) {
-      stored[i] = 0u;
-      if ((Codes::tile_sources(kTile) >> i) & 1u) {
-        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(stored[i]) : "r"(w_addr + 4 * i));
-      }
-    }
-    Codes::template unfold_tile<kTile>(stored, words);
-  }
-
   // Dequantize this warp's 16 x 16 weight tile of K step kk into wgmma A fragment registers.
   static __device__ __forceinline__ void dequantize_step(u32 stage_smem, int kk, const memory::GroupWalk<kBlockK>& walk,
                                                          u32 (&a)[4]) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int unit = warp >> 2, tile = warp & 3;
-    const u32 w_smem = stage_smem + Layout::kABytes;
-    const u32 s_smem = w_smem + Layout::kWBytes;
-    const u32 z_smem = s_smem + Layout::kSBytes;
-    // the lane's kBits stored words of (kk, unit) hold the unit's 4 tiles
-    u32 words[Dequantizer::kWordsPerTile];
-    const u32 w_addr = w_smem + 4 * (((kk * Layout::kUnits + unit) * 32 + lane) * kBits);
-    if constexpr (kBits == 4 || kBits == 8) {  // tile j is stored as is, at byte j * kBits
-      memory::lds_words(words, w_addr + tile * kBits);
-    } else if constexpr (kBits == 1) {  // one shift by the warp's tile, no unfold-and-select
-      u32 stored;
-      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(stored) : "r"(w_addr));
-      words[0] = Codes::one_bit_tile_word(stored, tile);
-    } else if constexpr (kUnfoldOwnTileOnly) {  // load and unfold only what this warp's tile is made of
-      if (tile == 0) {  // warp-uniform
-        unfold_tile<0>(w_addr, words);
-      } else if (tile == 1) {
-        unfold_tile<1>(w_addr, words);
-      } else if (tile == 2) {
-        unfold_tile<2>(w_addr, words);
-      } else {
-        unfold_tile<3>(w_addr, words);
-      }
-    } else {  // unfold all 4 tiles, keep this warp's
-      u32 stored[kBits], padded[Codes::kPaddedWords];
-      memory::lds_words(stored, w_addr);
-      Codes::unfold(stored, padded);
-      // select with constant indices (a run-time index would put `padded` in local memory)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-#pragma unroll
-        for (int e = 0; e < Dequantizer::kWordsPerTile; ++e) {
-          if (j == tile) words[e] = padded[j * Dequantizer::kWordsPerTile + e];
-        }
-      }
-    }
-    // scale pair of the tile: (channel 16 tile + g, 16 tile + 8 + g), permuted per unit
-    const int scale_row = kk >> walk.step_shift;
-    const u32 s_offset = 2 * (scale_row * kBlockN + unit * 64 + (lane >> 2) * 8 + 2 * tile);
-    u32 scale2, zero2 = 0;
-    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(scale2) : "r"(s_smem + s_offset));
-    if constexpr (kHasZeroPoint) asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(zero2) : "r"(z_smem + s_offset));
-    u32 frag[2][2];  // frag[h][r]: channel g + 8 h, K half r
-    Dequantizer::dequantize(words, scale2, zero2, frag);
-    a[0] = frag[0][0];
-    a[1] = frag[1][0];
-    a[2] = frag[0][1];
-    a[3] = frag[1][1];
+    const int warp = threadIdx.x >> 5;
+    WeightFragment::load(stage_smem, kk, warp >> 2, warp & 3, walk, a);
   }
 
   static __device__ __forceinline__ void run(const GemmParams& p) {
