@@ -10,29 +10,38 @@
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/epilogue/split_k_arrival.cuh>
 #include <humming_aot/numerics/packed_half2.cuh>
+#include <humming_aot/ptx/warpgroup.cuh>
 
 namespace humming_aot::epilogue {
 
-// Where a thread's accumulators sit in the tile, for the wgmma body: kThreads threads in
-// warpgroups of 128, warpgroup wg holding columns 64 wg + [0, 64) in the wgmma m64nN layout:
-// acc[4 j + e] is column 64 wg + 16 w + g + 8 (e >> 1), token 8 j + 2 t + (e & 1) (w: warp in
-// the warpgroup, g = lane / 4, t = lane % 4).
-template <int kTokens>
+// Where a thread's accumulators sit in the tile, for the wgmma bodies: threads in warpgroups of
+// 128, warpgroup wg holding the kUnits 64-column units kUnits wg + [0, kUnits), one wgmma m64nN
+// accumulator set of kTokens / 2 floats per unit: acc[u * kTokens / 2 + 4 j + e] is column
+// 64 (kUnits wg + u) + 16 w + g + 8 (e >> 1), token 8 j + 2 t + (e & 1) (w: warp in the
+// warpgroup, g = lane / 4, t = lane % 4).
+template <int kTokens, int kUnits = 1>
 struct WarpgroupFragments {
-  static constexpr int kAccumulators = kTokens / 2;
+  static constexpr int kUnitAccumulators = kTokens / 2;
+  static constexpr int kAccumulators = kUnits * kUnitAccumulators;
   template <class Fn>
   static __device__ __forceinline__ void for_each(Fn&& fn) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int col0 = 64 * (warp >> 2) + 16 * (warp & 3) + (lane >> 2);
+    const int col0 = 64 * kUnits * (warp >> 2) + 16 * (warp & 3) + (lane >> 2);
     const int token0 = 2 * (lane & 3);
 #pragma unroll
-    for (int i = 0; i < kAccumulators; ++i) fn(i, token0 + 8 * (i >> 2) + (i & 1), col0 + 8 * ((i >> 1) & 1));
+    for (int u = 0; u < kUnits; ++u) {
+#pragma unroll
+      for (int i = 0; i < kUnitAccumulators; ++i) {
+        fn(u * kUnitAccumulators + i, token0 + 8 * (i >> 2) + (i & 1), col0 + 64 * u + 8 * ((i >> 1) & 1));
+      }
+    }
   }
 };
 
-// kTokens x kColumns output tile written by kThreads threads whose accumulators Fragments
-// places (Fragments::for_each(fn(index, token, column))).
-template <class Act, int kTokens, int kColumns, int kThreads, class Fragments>
+// kTokens x kColumns output tile written by kThreads threads (the first kThreads of the CTA)
+// whose accumulators Fragments places (Fragments::for_each(fn(index, token, column))); Barrier
+// synchronizes exactly those threads.
+template <class Act, int kTokens, int kColumns, int kThreads, class Fragments, class Barrier = ptx::CtaBarrier>
 struct ColumnMajorWriter {
   static constexpr int kAccumulators = Fragments::kAccumulators;
   static constexpr int kRowElems = kColumns + 8;  // staged row stride: +16 bytes against bank conflicts
@@ -53,7 +62,7 @@ struct ColumnMajorWriter {
       }
       tile[token * kRowElems + col] = static_cast<unsigned short>(round_to_bits(acc[i] * p.global_scale + bias));
     });
-    __syncthreads();
+    Barrier::sync();
     constexpr int kChunksPerRow = kColumns / 8;
     const bool vector = ((reinterpret_cast<u64>(p.out) | static_cast<u64>(p.ldo) * 2) & 15) == 0;
     for (int c = threadIdx.x; c < kTokens * kChunksPerRow; c += kThreads) {
@@ -83,7 +92,7 @@ struct ColumnMajorWriter {
     Fragments::for_each([&](int i, int token, int col) {
       if (m0 + token < p.m && n0 + col < p.n) __stcg(partial + static_cast<i64>(m0 + token) * p.n + n0 + col, acc[i]);
     });
-    if (!arrive_last_at_tile(p.tile_counters + tile_index, p.k_splits, arrival_flag)) return;
+    if (!arrive_last_at_tile<Barrier>(p.tile_counters + tile_index, p.k_splits, arrival_flag)) return;
     // Slices outer, accumulators inner: each pass issues all of its independent loads first.
 #pragma unroll
     for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.f;
