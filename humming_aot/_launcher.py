@@ -29,6 +29,7 @@ __all__ = [
     "driver_available",
     "driver_unavailable_reason",
     "driver_version",
+    "encode_tensor_map_2d",
     "get_kernel",
     "image_problem",
     "kernel_attribute",
@@ -136,6 +137,14 @@ def driver_version() -> int:
 def image_problem(image: BytesLike) -> str:
     """'' when ``image`` is a complete fatbin or cubin, else what is wrong with it. Needs no driver."""
     return _c().image_problem(image)
+
+
+def encode_tensor_map_2d(address: int, rows: int, cols: int, row_stride_bytes: int, box_rows: int,
+                         box_cols: int) -> bytes:
+    """The 128 bytes of a TMA tensor map over a row-major (rows, cols) matrix of 16-bit elements at
+    device address `address` (rows `row_stride_bytes` apart, both multiples of 16), read in boxes of
+    (box_rows, box_cols = 64) with the 128-byte swizzle, rows past the end read as zeros."""
+    return _c().encode_tensor_map_2d(address, rows, cols, row_stride_bytes, box_rows, box_cols)
 
 
 def load_library(image: BytesLike, what: str) -> int:

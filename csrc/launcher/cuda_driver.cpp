@@ -95,6 +95,8 @@ DriverState load_driver() {
   resolve(handle, "cuLaunchKernel", api.cuLaunchKernel, missing);
   resolve(handle, "cuMemcpyDtoH_v2", api.cuMemcpyDtoH_v2, missing);
   api.cuLaunchKernelEx = reinterpret_cast<PFN_cuLaunchKernelEx>(dlsym(handle, "cuLaunchKernelEx"));  // optional
+  api.cuTensorMapEncodeTiled =
+      reinterpret_cast<PFN_cuTensorMapEncodeTiled>(dlsym(handle, "cuTensorMapEncodeTiled"));  // optional
 
   if (api.cuDriverGetVersion != nullptr && api.cuDriverGetVersion(&state.version) != CUDA_SUCCESS) {
     state.version = 0;

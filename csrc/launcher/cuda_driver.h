@@ -143,6 +143,23 @@ using PFN_cuLaunchKernelEx = CUresult (*)(const CUlaunchConfig* config, CUfuncti
                                           void** extra);
 using PFN_cuMemcpyDtoH_v2 = CUresult (*)(void* host, CUdeviceptr device, std::size_t bytes);
 
+// TMA descriptors (CUDA 12.0+, sm_90+ devices). The map is opaque: 128 bytes, 64-byte aligned.
+struct alignas(64) CUtensorMap {
+  unsigned long long opaque[16];
+};
+static_assert(sizeof(CUtensorMap) == 128, "CUtensorMap is <cuda.h>'s 128-byte opaque struct");
+enum CUtensorMapDataType : int { CU_TENSOR_MAP_DATA_TYPE_UINT16 = 1 };
+enum CUtensorMapInterleave : int { CU_TENSOR_MAP_INTERLEAVE_NONE = 0 };
+enum CUtensorMapSwizzle : int { CU_TENSOR_MAP_SWIZZLE_128B = 3 };
+enum CUtensorMapL2promotion : int { CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3 };
+enum CUtensorMapFloatOOBfill : int { CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0 };  // out-of-bounds elements read as 0
+using PFN_cuTensorMapEncodeTiled = CUresult (*)(CUtensorMap* map, CUtensorMapDataType data_type, unsigned int rank,
+                                                void* global_address, const unsigned long long* global_dims,
+                                                const unsigned long long* global_strides, const unsigned int* box_dims,
+                                                const unsigned int* element_strides, CUtensorMapInterleave interleave,
+                                                CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2_promotion,
+                                                CUtensorMapFloatOOBfill oob_fill);
+
 // Resolved entry points. Every member is non-null once driver() returned, except those marked optional.
 struct DriverApi {
   PFN_cuGetErrorName cuGetErrorName;
@@ -165,6 +182,8 @@ struct DriverApi {
   // Optional (null when the driver lacks it): only Programmatic Dependent Launch needs it, and that is
   // an overlap optimization, so its absence degrades to cuLaunchKernel instead of refusing the driver.
   PFN_cuLaunchKernelEx cuLaunchKernelEx;
+  // Optional: only the TMA kernel bodies need it (humming_aot._C.encode_tensor_map_2d says so when absent).
+  PFN_cuTensorMapEncodeTiled cuTensorMapEncodeTiled;
 };
 
 // ---- Errors ----

@@ -185,6 +185,42 @@ int device_attribute(int device, int attribute) {
 }
 
 // The hot path: no allocation and one cuCtxGetCurrent besides the launch itself.
+// The 128 bytes of a CUtensorMap over a row-major (rows, cols) matrix of 16-bit elements at
+// `address` with `row_stride_bytes` between rows, read in boxes of (box_rows, box_cols) with the
+// 128-byte swizzle (box_cols * 2 == 128) and out-of-bounds rows read as zeros. Encoding needs no
+// context; the map is valid on every device that can read `address`.
+py::bytes encode_tensor_map_2d(std::uint64_t address, std::uint64_t rows, std::uint64_t cols,
+                               std::uint64_t row_stride_bytes, unsigned int box_rows, unsigned int box_cols) {
+  const cu::DriverApi& api = cu::driver();
+  if (api.cuTensorMapEncodeTiled == nullptr) {
+    throw cu::DriverNotFound(
+        "the NVIDIA driver lacks cuTensorMapEncodeTiled (CUDA 12.0+): the TMA kernels cannot be launched; update "
+        "the driver");
+  }
+  if (address % 16 != 0 || row_stride_bytes % 16 != 0 || box_cols * 2 != 128 || box_rows == 0 || box_rows > 256 ||
+      rows == 0 || cols == 0) {
+    throw py::value_error("encode_tensor_map_2d: the address (" + std::to_string(address) + ") and the row stride (" +
+                          std::to_string(row_stride_bytes) +
+                          " bytes) must be multiples of 16, the box 1-256 rows of 64 16-bit columns, the matrix "
+                          "non-empty");
+  }
+  cu::CUtensorMap map{};
+  const unsigned long long dims[2] = {cols, rows};
+  const unsigned long long strides[1] = {row_stride_bytes};
+  const unsigned int box[2] = {box_cols, box_rows};
+  const unsigned int element_strides[2] = {1, 1};
+  cu::check(api,
+            api.cuTensorMapEncodeTiled(&map, cu::CU_TENSOR_MAP_DATA_TYPE_UINT16, 2,
+                                       reinterpret_cast<void*>(static_cast<std::uintptr_t>(address)), dims, strides,
+                                       box, element_strides, cu::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       cu::CU_TENSOR_MAP_SWIZZLE_128B, cu::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                       cu::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+            "cuTensorMapEncodeTiled",
+            "a (" + std::to_string(rows) + ", " + std::to_string(cols) + ") matrix, box (" + std::to_string(box_rows) +
+                ", " + std::to_string(box_cols) + ")");
+  return py::bytes(reinterpret_cast<const char*>(&map), sizeof(map));
+}
+
 void launch(std::uint64_t kernel, const Dim3& grid, const Dim3& block, unsigned int smem, std::uint64_t stream,
             const py::buffer& params, int device, bool programmatic_dependent_launch, const Dim3& cluster) {
   const auto function = to_handle<cu::CUfunction>(kernel, "kernel");
@@ -337,6 +373,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("device_attribute", &hl::device_attribute, py::arg("device"), py::arg("attribute"),
         "cuDeviceGetAttribute (CUdevice_attribute values: MULTIPROCESSOR_COUNT 16, "
         "COMPUTE_CAPABILITY_MAJOR 75, COMPUTE_CAPABILITY_MINOR 76, MAX_SHARED_MEMORY_PER_BLOCK_OPTIN 97).");
+  m.def("encode_tensor_map_2d", &hl::encode_tensor_map_2d, py::arg("address"), py::arg("rows"), py::arg("cols"),
+        py::arg("row_stride_bytes"), py::arg("box_rows"), py::arg("box_cols"),
+        "The 128 bytes of a CUtensorMap (cuTensorMapEncodeTiled) over a row-major (rows, cols) matrix of 16-bit "
+        "elements at device address `address`, rows `row_stride_bytes` apart (a multiple of 16), read in boxes of "
+        "(box_rows <= 256, box_cols = 64) with the 128-byte swizzle; rows past the end read as zeros. Used by the "
+        "TMA kernel bodies' Params (kernel/params.cuh, TmaGemmParams).");
   m.def("launch", &hl::launch, py::arg("kernel"), py::arg("grid"), py::arg("block"), py::arg("smem"),
         py::arg("stream"), py::arg("params"), py::arg("device"), py::kw_only(),
         py::arg("programmatic_dependent_launch") = false, py::arg("cluster") = std::array<unsigned int, 3>{1, 1, 1},

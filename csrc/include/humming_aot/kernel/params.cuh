@@ -36,6 +36,23 @@ struct GemmParams {
 };
 static_assert(sizeof(GemmParams) == 104, "GemmParams must match the Python struct format <8Q2q5if");
 
+// An opaque CUtensorMap (128 bytes, 64-byte aligned) encoded on the host by the launcher
+// (humming_aot._C.encode_tensor_map_2d); the kernel only passes its address to TMA copies.
+struct alignas(64) TensorMap {
+  u64 opaque[16];
+};
+
+// The Params of the warp-specialized wgmma body (kernel/dense_wgmma_ws.cuh): GemmParams, then at
+// byte 128 the tensor map of the activations, (m rows, k columns) of 16-bit elements with row
+// stride lda, boxes of (block_m rows, 64 columns) with the 128-byte swizzle. Packed by
+// humming_aot.dispatch as GemmParams' bytes, 24 zero bytes and the map's 128 bytes.
+struct TmaGemmParams {
+  GemmParams gemm;
+  TensorMap a_map;
+};
+static_assert(sizeof(TmaGemmParams) == 256 && __builtin_offsetof(TmaGemmParams, a_map) == 128,
+              "TmaGemmParams is GemmParams, padding to byte 128, then the 128-byte tensor map");
+
 // Exported as `extern "C" __constant__ KernelMetadata humming_aot_kernel_metadata` (256 bytes).
 struct KernelMetadata {
   u32 magic;           // kMetadataMagic
