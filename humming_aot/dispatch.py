@@ -15,13 +15,15 @@ import threading
 
 import torch
 
-from humming_aot import heuristics
+from humming_aot import _launcher, heuristics
 from humming_aot import obtain as _obtain
 from humming_aot.obtain import KernelNotAvailableError  # noqa: F401  (raised from here, part of the API)
-from humming_aot.spec import GemmSpec, KernelKey, TileConfig
+from humming_aot.spec import GemmSpec, KernelKey, MmaKind, TileConfig
 
 # GemmParams (csrc/include/humming_aot/kernel/params.cuh): 8 pointers, lda, ldo, 5 ints, 1 float.
 _PARAMS = struct.Struct("<8Q2q5if")
+# TmaGemmParams (same header): GemmParams, zero padding to byte 128, the activation tensor map.
+_TMA_PADDING = bytes(128 - _PARAMS.size)
 # Split-K arrival counters per (device, stream): one int per output tile, reset by the kernel.
 SPLIT_K_COUNTERS = 4096
 
@@ -89,6 +91,32 @@ def _split_k_counters(device: torch.device, stream: int) -> torch.Tensor:
     return counters
 
 
+def _workspace_shape(tile: TileConfig, splits: int, m: int, n: int) -> tuple[int, int, int]:
+    """The split-K workspace: (splits, m, n) fp32 in output order; the TMA body keeps whole padded
+    tiles in fragment order (epilogue/fragment_split_k.cuh), (splits, M and N rounded up to tiles)."""
+    if tile.mma is MmaKind.WGMMA_WS:
+        return splits, -(-m // tile.block_m) * tile.block_m, -(-n // tile.block_n) * tile.block_n
+    return splits, m, n
+
+
+_tensor_maps: dict[tuple[int, int, int, int, int], bytes] = {}
+
+
+def _activation_tensor_map(a: torch.Tensor, block_m: int) -> bytes:
+    """The TMA map of the TMA body's activation boxes (block_m rows x 64 columns) over `a`, cached
+    by (address, shape, row stride, box): decode steps reuse their activation buffers."""
+    m, k = a.shape
+    slot = (a.data_ptr(), m, k, a.stride(0), block_m)
+    tensor_map = _tensor_maps.get(slot)
+    if tensor_map is None:
+        if len(_tensor_maps) > 4096:
+            _tensor_maps.clear()
+        row_stride = a.stride(0) if m > 1 else k  # one row: any stride (ops.gemm checks it only for m > 1)
+        tensor_map = _launcher.encode_tensor_map_2d(a.data_ptr(), m, k, 2 * row_stride, block_m, 64)
+        _tensor_maps[slot] = tensor_map
+    return tensor_map
+
+
 # Clusters of up to 8 CTAs are portable (larger ones need an opt-in per kernel, and fit fewer GPCs).
 MAX_CLUSTER_SPLITS = 8
 
@@ -139,7 +167,7 @@ def launch_gemm(a: torch.Tensor, packed, bias: torch.Tensor | None, spec: GemmSp
     stream = torch.cuda.current_stream(a.device).cuda_stream
     workspace = counters = None
     if splits > 1 and not clustered:
-        workspace = torch.empty((splits, m, n), dtype=torch.float32, device=a.device)
+        workspace = torch.empty(_workspace_shape(tile, splits, m, n), dtype=torch.float32, device=a.device)
         counters = _split_k_counters(a.device, stream)
     params = _PARAMS.pack(
         a.data_ptr(),
@@ -154,6 +182,8 @@ def launch_gemm(a: torch.Tensor, packed, bias: torch.Tensor | None, spec: GemmSp
         out.stride(0),
         m, n, k, packed.group_size, splits, packed.global_scale,
     )
+    if tile.mma is MmaKind.WGMMA_WS:
+        params += _TMA_PADDING + _activation_tensor_map(a, tile.block_m)
     m_tiles = -(-m // tile.block_m)
     n_tiles = -(-n // tile.block_n)
     kernel.launch((m_tiles * n_tiles, splits, 1), stream, params, cluster=(1, splits, 1) if clustered else (1, 1, 1))

@@ -80,6 +80,16 @@ class MmaKind(str, Enum):
     WGMMA = "wgmma"
     """Warpgroup-level wgmma.mma_async (sm90a only): dequantized weights from registers, activations
     from shared memory; block_m is the wgmma N (tokens), 64 weight channels per warpgroup."""
+    WGMMA_WS = "wgmma-ws"
+    """The warp-specialized wgmma body (sm90a only): a producer warpgroup feeds an mbarrier ring
+    with TMA (activations, through a tensor map in the kernel's Params) and bulk copies (weights,
+    scales); one or two consumer warpgroups of 64 or 128 weight channels each (block_n / 64 units
+    over warps_n / 4 warpgroups) dequantize and issue wgmma with block_m tokens as the wgmma N."""
+
+    @property
+    def is_wgmma(self) -> bool:
+        """A wgmma body (sm90a only; K stages of 64)."""
+        return self in (MmaKind.WGMMA, MmaKind.WGMMA_WS)
 
 
 def code_bits(w_dtype: str) -> int:
@@ -147,7 +157,7 @@ class TileConfig:
 
     mma: MmaKind = MmaKind.MMA_SYNC
     block_m: int  # rows of the output per CTA (mma.sync: multiple of 16, or 8 = swapped operands; wgmma: 64, 128 or 256)
-    block_n: int  # columns per CTA (mma.sync: 64 * warps_n; wgmma: 16 * warps_n, 64 per warpgroup)
+    block_n: int  # columns per CTA (mma.sync: 64 * warps_n; wgmma: 16 * warps_n, 64 per warpgroup; wgmma-ws: 64 or 128 per consumer warpgroup)
     block_k: int = 64  # K per pipeline stage (mma.sync: 64, 128, 256 or 512; wgmma: 64)
     warps_m: int
     warps_n: int
@@ -155,12 +165,15 @@ class TileConfig:
     stages: int  # cp.async pipeline depth
 
     def __post_init__(self) -> None:
-        if self.block_k not in (64, 128, 256, 512) or (self.mma is MmaKind.WGMMA and self.block_k != 64):
+        if self.block_k not in (64, 128, 256, 512) or (self.mma.is_wgmma and self.block_k != 64):
             raise ValueError(
-                f"block_k={self.block_k}: the mma.sync body takes 64, 128, 256 or 512 K per stage, the wgmma body 64"
+                f"block_k={self.block_k}: the mma.sync body takes 64, 128, 256 or 512 K per stage, the wgmma body 64 (and wgmma-ws)"
             )
         if self.mma is MmaKind.WGMMA:
             self._check_wgmma()
+            return
+        if self.mma is MmaKind.WGMMA_WS:
+            self._check_wgmma_ws()
             return
         if self.block_m % (16 * self.warps_m) and not (self.block_m == 8 and self.warps_m == 1):
             raise ValueError(
@@ -187,9 +200,37 @@ class TileConfig:
         if self.stages < 3:
             raise ValueError(f"stages={self.stages}: the wgmma pipeline needs at least 3 stages")
 
+    def _check_wgmma_ws(self) -> None:
+        if self.block_m not in (64, 128, 256):
+            raise ValueError(f"block_m={self.block_m}: the wgmma-ws body takes 64, 128 or 256 tokens per CTA")
+        if self.warps_m != 1 or self.warps_k != 1 or self.warps_n not in (4, 8):
+            raise ValueError(
+                f"warps {self.warps_m}x{self.warps_n}x{self.warps_k}: the wgmma-ws body runs 1 x 4 or 1 x 8 consumer "
+                "warps (one or two consumer warpgroups; the producer warpgroup is not counted)"
+            )
+        if self.block_n not in (16 * self.warps_n, 32 * self.warps_n):
+            raise ValueError(
+                f"block_n={self.block_n} must be 64 or 128 channels per consumer warpgroup "
+                f"({16 * self.warps_n} or {32 * self.warps_n})"
+            )
+        if self.stages < 2:
+            raise ValueError(f"stages={self.stages}: the wgmma-ws ring needs at least 2 slots")
+        accumulators = self.block_m // 2 * self.units_per_warpgroup
+        if accumulators > 128:
+            raise ValueError(
+                f"tile {self.field}: {accumulators} fp32 accumulators per thread; the wgmma-ws body holds at most 128 "
+                "(block_m x channels per warpgroup <= 256 x 64 or 128 x 128)"
+            )
+
+    @property
+    def units_per_warpgroup(self) -> int:
+        """wgmma-ws: 64-channel units each consumer warpgroup multiplies (1 or 2)."""
+        return self.block_n // 16 // self.warps_n
+
     @property
     def threads(self) -> int:
-        return 32 * self.warps_m * self.warps_n * self.warps_k
+        consumers = 32 * self.warps_m * self.warps_n * self.warps_k
+        return consumers + 128 if self.mma is MmaKind.WGMMA_WS else consumers
 
     @property
     def field(self) -> str:
@@ -213,7 +254,7 @@ class KernelKey:
 
     def __post_init__(self) -> None:
         parse_arch(self.arch)
-        if self.tile.mma is MmaKind.WGMMA and self.arch != "sm90a":
+        if self.tile.mma.is_wgmma and self.arch != "sm90a":
             raise ValueError(f"arch {self.arch!r}: wgmma kernels exist only for sm90a")
 
     @property

@@ -26,6 +26,12 @@ def kernel_smem_bytes(key: KernelKey) -> int:
     return smem_bytes(key.tile, key.spec.w_bits, key.spec.w_zero_point is not ZeroPoint.NONE)
 
 
+def params_type(key: KernelKey) -> str:
+    """The C++ Params struct a key's kernel takes (kernel/params.cuh): TmaGemmParams (GemmParams +
+    the activation tensor map) for the TMA body, GemmParams for the others."""
+    return "TmaGemmParams" if key.tile.mma is MmaKind.WGMMA_WS else "GemmParams"
+
+
 def weight_codes(spec) -> str:
     """The C++ weight code family of a spec (csrc/include/humming_aot/numerics/weight_codes.cuh)."""
     if spec.w_is_float:
@@ -50,8 +56,12 @@ def kernel_source(key: KernelKey) -> str:
     elif tile.mma is MmaKind.WGMMA:
         header, body = "dense_wgmma.cuh", "DenseWgmma"
         tile_args = (tile.block_m, tile.block_n, tile.stages)
+    elif tile.mma is MmaKind.WGMMA_WS:
+        header, body = "dense_wgmma_ws.cuh", "DenseWgmmaWs"
+        tile_args = (tile.block_m, tile.block_n, tile.units_per_warpgroup, tile.stages)
     else:
         raise ValueError(f"{key.name}: no kernel body for mma kind {tile.mma.value!r}")
+    params = params_type(key)
     kernel = f"""humming_aot::kernel::{body}<
     {_ACT_TYPES[spec.a_dtype]},  // activation, scale and output dtype
     {weight_codes(spec)},  // weight codes: {spec.w_dtype}
@@ -71,14 +81,14 @@ static_assert(Kernel::kScalesInFp32 == {"true" if key.scales_in_fp32 else "false
 static_assert(humming_aot::kernel::kParamsVersion == {PARAMS_VERSION}, "GemmParams version differs from codegen");
 
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, Kernel::kMinBlocksPerSm)
-{key.symbol}(const __grid_constant__ humming_aot::kernel::GemmParams params) {{
+{key.symbol}(const __grid_constant__ humming_aot::kernel::{params} params) {{
   Kernel::run(params);
 }}
 
 extern "C" __constant__ humming_aot::kernel::KernelMetadata humming_aot_kernel_metadata = {{
     humming_aot::kernel::kMetadataMagic,
     humming_aot::kernel::kParamsVersion,
-    sizeof(humming_aot::kernel::GemmParams),
+    sizeof(humming_aot::kernel::{params}),
     Kernel::kThreads,
     Kernel::kSmemBytes,
     {tile.block_m}, {tile.block_n}, {tile.block_k},

@@ -94,7 +94,7 @@ def smem_bytes(tile: TileConfig, w_bits: int, has_zero_point: bool) -> int:
     scale_bytes = run_k // 16 * columns * 2
     zp_bytes = scale_bytes if has_zero_point else 0
     stage = copies * (a_bytes + w_bytes + scale_bytes + zp_bytes)
-    if tile.mma is MmaKind.WGMMA:
+    if tile.mma.is_wgmma:
         # stages on 1024-byte boundaries (128-byte swizzle); the epilogue stages the output tile
         # (rows padded by 16 bytes) in the same memory; +1024 to align the base at run time
         pipeline = tile.stages * (-(-stage // 1024) * 1024)

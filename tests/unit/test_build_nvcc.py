@@ -18,7 +18,7 @@ import pytest
 from humming_aot.aot import codegen
 from humming_aot.aot import ninja as driver
 from humming_aot.aot.enumerate import enumerate_keys
-from humming_aot.spec import KernelKey, ZeroPoint, code_bits, parse_arch
+from humming_aot.spec import KernelKey, MmaKind, ZeroPoint, code_bits, parse_arch
 
 REPO = Path(__file__).resolve().parents[2]
 REAL_HEADER = REPO / "csrc" / "include" / "humming_aot" / "kernel" / "dense_mma_sync.cuh"
@@ -298,17 +298,17 @@ def test_smoke_catalog_compiles_for_sm80_sm89_sm90a(tmp_path):
 @needs_nvcc
 def test_turing_and_hopper_bodies_compile_with_the_real_headers(tmp_path):
     """SM75 (float16 on m16n8k8, synchronous copies), every weight width's unfolding, the float
-    dequantizer (placed codes, sign-magnitude codes), float zero points and the wgmma body: one
+    dequantizer (placed codes, sign-magnitude codes), float zero points and the wgmma-ws body: one
     default-catalog kernel each, compiled by nvcc into an sm_75 / sm_90a fatbin."""
     default = {key.name: key for key in enumerate_keys("default", ["sm75", "sm90a"])}
     names = [
         "gemm_dense_sm75_mma_a-f16_w-s3-g-f16_o-f16_16x128x64_w1x2x2_s3",
         "gemm_dense_sm75_mma_a-f16_w-u6-g-f16-zpi_o-f16_64x128x64_w1x2_s2",
         "gemm_dense_sm75_mma_a-f16_w-e0m3-g-f16_o-f16_16x128x64_w1x2x2_s3",
-        "gemm_dense_sm90a_wgmma_a-bf16_w-u5-g-bf16-zpi_o-bf16_64x128x64_w1x8_s6",
-        "gemm_dense_sm90a_wgmma_a-bf16_w-e3m2-g-bf16_o-bf16_64x128x64_w1x8_s6",
+        "gemm_dense_sm90a_wgmma-ws_a-bf16_w-u5-g-bf16-zpi_o-bf16_64x128x64_w1x4_s6",
+        "gemm_dense_sm90a_wgmma-ws_a-bf16_w-e3m2-g-bf16_o-bf16_64x128x64_w1x4_s6",
         "gemm_dense_sm90a_mma_a-f16_w-e2m1-g-f16_o-f16_32x128x256_w1x2x4_s2",
-        "gemm_dense_sm90a_wgmma_a-bf16_w-u8-g-bf16-zpf_o-bf16_128x128x64_w1x8_s4",
+        "gemm_dense_sm90a_wgmma-ws_a-bf16_w-u8-g-bf16-zpf_o-bf16_128x128x64_w1x4_s4",
     ]
     keys = [default[name] for name in names]  # KeyError: the default catalog lost one of them
     result = driver.compile_keys(keys, tmp_path, jobs=2, stream=io.StringIO())
@@ -369,3 +369,31 @@ def test_small_m_tiles_fit_two_ctas_per_sm_without_spills(tmp_path, m, block_m):
         assert heuristics.ctas_per_sm(tile, smem, H100_SMEM_PER_SM) >= 2, f"{key.name}: {smem} bytes of shared memory"
     if block_m == 8:
         assert 512 in stage_widths, f"no 512-wide 8-row tile was checked: {sorted(stage_widths)}"
+
+
+@pytest.mark.slow
+@needs_nvcc
+@pytest.mark.parametrize("m", [64, 128, 4096])
+def test_wgmma_ws_tiles_keep_their_accumulators_in_registers(tmp_path, m):
+    """The sm90a table's warp-specialized wgmma tiles hand the producer warpgroup's registers to the
+    consumers (setmaxnreg): with the heaviest dequantizers (5-bit unfolding, 8-bit float zero
+    points, fp8 and fp4 floats) ptxas must not spill, and the register count at launch must be what
+    __launch_bounds__ allows (two CTAs per SM for one consumer warpgroup, else one)."""
+    from humming_aot import heuristics
+
+    tile = heuristics.select_tile("sm90a", m, k=8192, group=128, w_bits=8)
+    assert tile.mma is MmaKind.WGMMA_WS, tile.label
+    launch_registers = 128 if tile.threads == 256 else 168
+    for act, weight in [("bf16", "s5-g-bf16"), ("bf16", "u8-g-bf16-zpf"), ("bf16", "e4m3-g-bf16"), ("f16", "e2m1-g-f16")]:
+        key = KernelKey.from_name(f"gemm_dense_sm90a_wgmma-ws_a-{act}_w-{weight}_o-{act}_{tile.field}")
+        source = tmp_path / f"{key.symbol}.cu"
+        source.write_text(codegen.kernel_source(key))
+        flags = ["-cubin" if flag == "-fatbin" else flag for flag in driver.NVCC_FLAGS]
+        result = subprocess.run(
+            [str(driver.find_nvcc()), *flags, "-Xptxas", "-v", "-I", str(driver.find_include_dir()),
+             *driver.nvcc_gencode(key.arch), "-o", str(tmp_path / f"{key.symbol}.cubin"), str(source)],
+            capture_output=True, text=True, check=True,
+        )
+        report = result.stdout + result.stderr
+        assert f"Used {launch_registers} registers" in report, f"{key.name}: {report}"
+        assert "0 bytes spill stores" in report and "0 bytes spill loads" in report, f"{key.name}: {report}"

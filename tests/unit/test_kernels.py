@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from humming_aot.spec import kernel_symbol
+from humming_aot.spec import KernelKey, kernel_symbol
 from humming_aot import _launcher, kernels
 from humming_aot.aot import codegen
 
@@ -396,3 +396,20 @@ def test_cache_refuses_a_loader_for_another_kernel():
         kernels.get_loaded(NAME, 0, lambda: _loaded(name="gemm_other"))
     with pytest.raises(TypeError, match="not a LoadedKernel"):
         kernels.get_loaded(NAME, 0, lambda: _loaded(device=1))
+
+
+def test_tma_body_takes_the_tensor_map_params_and_a_tile_ordered_workspace():
+    from humming_aot import dispatch
+    from humming_aot.aot import codegen
+
+    ws = KernelKey.from_name("gemm_dense_sm90a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_256x128x64_w1x8_s5")
+    old = KernelKey.from_name("gemm_dense_sm90a_wgmma_a-bf16_w-s4-g-bf16_o-bf16_128x128x64_w1x8_s4")
+    assert codegen.params_type(ws) == "TmaGemmParams" and codegen.params_type(old) == "GemmParams"
+    source = codegen.kernel_source(ws)
+    assert "const __grid_constant__ humming_aot::kernel::TmaGemmParams params" in source
+    assert "sizeof(humming_aot::kernel::TmaGemmParams)" in source
+    # GemmParams, zero padding to byte 128, then the 128-byte map (kernel/params.cuh)
+    assert dispatch._PARAMS.size + len(dispatch._TMA_PADDING) == 128
+    # whole padded tiles for the fragment-ordered reduction; output order for the others
+    assert dispatch._workspace_shape(ws.tile, 3, 129, 448) == (3, 256, 512)
+    assert dispatch._workspace_shape(old.tile, 3, 129, 448) == (3, 129, 448)

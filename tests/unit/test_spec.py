@@ -178,3 +178,30 @@ def test_default_catalog_holds_kernels_of_both_scale_models():
     assert scaled and all(key.tile.block_m == 8 for key in scaled)
     assert {key.spec.w_dtype for key in scaled} >= {f"int{bits}" for bits in range(1, 9)}
     assert any(key.tile.block_m == 8 and not key.scales_in_fp32 for key in sm90a)  # float codes
+
+
+def test_wgmma_ws_tiles_count_the_producer_warpgroup_and_round_trip():
+    name = "gemm_dense_sm90a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_128x128x64_w1x4_s4"
+    key = KernelKey.from_name(name)
+    assert key.name == name and key.symbol == name.replace("-", "_")
+    assert key.tile.mma is MmaKind.WGMMA_WS and key.tile.mma.is_wgmma
+    assert key.tile.threads == 128 + 128 and key.tile.units_per_warpgroup == 2
+    wide = KernelKey.from_name("gemm_dense_sm90a_wgmma-ws_a-f16_w-u4-g-f16-zpi_o-f16_256x128x64_w1x8_s5")
+    assert wide.tile.threads == 256 + 128 and wide.tile.units_per_warpgroup == 1
+    assert not key.scales_in_fp32 and not key.reduces_splits_in_cluster
+
+
+@pytest.mark.parametrize("tile,message", [
+    (dict(block_m=96, block_n=128, warps_n=4), "64, 128 or 256 tokens"),
+    (dict(block_m=128, block_n=128, warps_n=12), "one or two consumer warpgroups"),
+    (dict(block_m=128, block_n=192, warps_n=4), "64 or 128 channels per consumer warpgroup"),
+    (dict(block_m=256, block_n=256, warps_n=8), "at most 128"),
+])
+def test_wgmma_ws_tile_rules(tile, message):
+    with pytest.raises(ValueError, match=message):
+        TileConfig(mma=MmaKind.WGMMA_WS, warps_m=1, stages=4, **tile)
+
+
+def test_wgmma_ws_kernels_exist_only_for_sm90a():
+    with pytest.raises(ValueError, match="only for sm90a"):
+        KernelKey.from_name("gemm_dense_sm100a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_128x128x64_w1x4_s4")

@@ -1,0 +1,56 @@
+#pragma once
+// Deterministic split-K reduction in accumulator-fragment order, for epilogues whose threads hold
+// many accumulators (the warp-specialized wgmma body: up to 128 per thread in 128 threads). Each
+// K slice stores its fp32 accumulators as 16-byte vectors, thread-interleaved, so that every warp
+// store and load is one contiguous 512-byte run; the CTA that arrives last at the tile's counter
+// sums the slices in order 0..k_splits-1 (the result does not depend on arrival order) and resets
+// the counter. Where it differs from epilogue/column_major_writer.cuh's reduction, which stores
+// the partial tile in output order: 4x fewer memory instructions, and no scattered 32-byte
+// segments, which made the reducing CTA's loads latency-bound (docs/PERFORMANCE.md section 21).
+//
+// Workspace: (output tiles, k_splits, kThreads * kAccumulators) fp32; within a slice, float v of
+// thread t is at (v / 4 * kThreads + t) * 4 + v % 4. SM80+.
+
+#include <humming_aot/epilogue/split_k_arrival.cuh>
+#include <humming_aot/kernel/params.cuh>
+
+namespace humming_aot::epilogue {
+
+template <int kThreads,       // threads holding the tile's accumulators (the first kThreads of the CTA)
+          int kAccumulators,  // fp32 accumulators per thread, a multiple of 4
+          class Barrier>      // synchronizes exactly those threads
+struct FragmentSplitK {
+  static_assert(kAccumulators % 4 == 0, "accumulators move as 16-byte vectors");
+  static constexpr int kVectors = kAccumulators / 4;
+  static constexpr i64 kSliceFloats = static_cast<i64>(kThreads) * kAccumulators;
+
+  // Store this K slice's partial sums, arrive; true in the threads of the CTA that arrived last,
+  // whose acc then holds the sum of every slice.
+  static __device__ __forceinline__ bool reduce(const kernel::GemmParams& p, float (&acc)[kAccumulators],
+                                                int tile_index, int* arrival_flag) {
+    float4* tile = reinterpret_cast<float4*>(p.workspace + static_cast<i64>(tile_index) * p.k_splits * kSliceFloats);
+    float4* mine = tile + blockIdx.y * (kSliceFloats / 4) + threadIdx.x;
+#pragma unroll
+    for (int v = 0; v < kVectors; ++v) {
+      __stcg(mine + v * kThreads, make_float4(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]));
+    }
+    if (!arrive_last_at_tile<Barrier>(p.tile_counters + tile_index, p.k_splits, arrival_flag)) return false;
+#pragma unroll
+    for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.f;
+    for (int s = 0; s < p.k_splits; ++s) {
+      const float4* slice = tile + s * (kSliceFloats / 4) + threadIdx.x;
+#pragma unroll
+      for (int v = 0; v < kVectors; ++v) {
+        const float4 x = __ldcg(slice + v * kThreads);
+        acc[4 * v] += x.x;
+        acc[4 * v + 1] += x.y;
+        acc[4 * v + 2] += x.z;
+        acc[4 * v + 3] += x.w;
+      }
+    }
+    if (threadIdx.x == 0) p.tile_counters[tile_index] = 0;  // ready for the next launch
+    return true;
+  }
+};
+
+}  // namespace humming_aot::epilogue

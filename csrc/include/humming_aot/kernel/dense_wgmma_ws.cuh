@@ -1,0 +1,223 @@
+#pragma once
+// The warp-specialized Hopper dense mixed-input GEMM body: out[m, n] = a[m, k] @ dequant(w)[n, k]^T
+// (+ bias) on wgmma (SM90a), with the operands, packed weight layout, stage layout, run-time
+// shapes and alignment rules of the other bodies (kernel/dense_wgmma.cuh).
+//
+// Roles: one producer warpgroup (its first thread issues every copy; 40 registers) and one or two
+// consumer warpgroups (the rest of the register file). Per K tile the producer waits for the
+// slot's "empty" mbarrier, announces the stage's bytes on its "full" mbarrier and issues: one TMA
+// box of activations (kBlockM rows x 64 K, 128-byte swizzle, rows past M zero-filled), one bulk
+// copy per K step of the packed weights of the CTA's columns, one per staged scale (and zero-
+// point) row. Consumers wait on "full", dequantize (memory/wgmma_weight_fragment.cuh) and issue
+// wgmma with the weights as the register operand (kUnitsPerWarpGroup m64 wgmma per K step, one
+// per 64-channel unit), and release the slot one K step into the next tile, once its last wgmma
+// has completed. No CTA barrier after the set-up: the epilogue syncs the consumers only.
+//
+// One CTA per (output tile, K slice), as the other bodies (schedule/tile_scheduler.cuh), split-K
+// reduced deterministically through the workspace in fragment order (epilogue/fragment_split_k.cuh:
+// (tiles, k_splits, block_m x block_n) fp32), then written through a staging tile
+// (epilogue/column_major_writer.cuh) that reuses the stage ring once every stage is consumed.
+
+#include <humming_aot/epilogue/column_major_writer.cuh>
+#include <humming_aot/epilogue/fragment_split_k.cuh>
+#include <humming_aot/kernel/params.cuh>
+#include <humming_aot/memory/stage_loader.cuh>
+#include <humming_aot/memory/wgmma_weight_fragment.cuh>
+#include <humming_aot/mma/wgmma.cuh>
+#include <humming_aot/ptx/bulk_copy.cuh>
+#include <humming_aot/ptx/mbarrier.cuh>
+#include <humming_aot/ptx/warpgroup.cuh>
+#include <humming_aot/schedule/grid_dependency.cuh>
+#include <humming_aot/schedule/tile_scheduler.cuh>
+
+namespace humming_aot::kernel {
+
+template <class Act,                 // Float16 or BFloat16: activation, scale and output dtype
+          class Weights,             // numerics::IntWeights<bits> or FloatWeights<exp, man>
+          numerics::ZeroPointKind kZeroPoint,
+          int kBlockM,               // tokens per CTA: the wgmma N (64, 128 or 256)
+          int kBlockN,               // weight channels per CTA: 64 x kUnitsPerWarpGroup x consumer warpgroups
+          int kUnitsPerWarpGroup,    // 64-channel units each consumer warpgroup multiplies (1 or 2)
+          int kStages>               // slots of the mbarrier ring
+struct DenseWgmmaWs {
+  static constexpr int kBits = Weights::kBits;  // weight code bits: 1 to 8
+  static constexpr int kBlockK = 64;
+  static constexpr int kK16Steps = kBlockK / 16;
+  static constexpr int kUnits = kBlockN / 64;
+  static constexpr int kConsumerWarpGroups = kUnits / kUnitsPerWarpGroup;
+  static constexpr int kConsumerThreads = 128 * kConsumerWarpGroups;
+  static constexpr int kConsumerWarps = kConsumerThreads / 32;
+  static constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup, last
+  static constexpr bool kHasZeroPoint = kZeroPoint != numerics::ZeroPointKind::kImplicit;
+
+  static_assert(kBlockN % 64 == 0 && (kUnitsPerWarpGroup == 1 || kUnitsPerWarpGroup == 2), "one or two units per warpgroup");
+  static_assert(kUnits % kUnitsPerWarpGroup == 0 && (kConsumerWarpGroups == 1 || kConsumerWarpGroups == 2),
+                "one or two consumer warpgroups (the register split below assumes it)");
+  static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 256, "wgmma wrappers exist for N = 64, 128, 256");
+  static_assert(kStages >= 2, "a ring of at least two slots");
+
+  using Layout = memory::StageLayout<kBlockM, kBlockN, kBlockK, kBits, kHasZeroPoint>;
+  using WeightFragment = memory::WgmmaWeightFragment<Act, Weights, kZeroPoint, Layout, kBlockN, kBlockK>;
+  using Mma = mma::Wgmma<Act, kBlockM>;
+  using Scheduler = schedule::TileScheduler<kBlockM, kBlockN, kBlockK>;
+  using Fragments = epilogue::WarpgroupFragments<kBlockM, kUnitsPerWarpGroup>;
+  using ConsumerBarrier = ptx::NamedBarrier<kConsumerThreads, 1>;
+  using Writer = epilogue::ColumnMajorWriter<Act, kBlockM, kBlockN, kConsumerThreads, Fragments, ConsumerBarrier>;
+  using SplitK = epilogue::FragmentSplitK<kConsumerThreads, Fragments::kAccumulators, ConsumerBarrier>;
+
+  // Slots start on 1024-byte boundaries (the activation box's 128-byte swizzle repeats every 8 rows).
+  static constexpr int kStageBytes = (Layout::kBytes + 1023) / 1024 * 1024;
+  static constexpr int kPipelineBytes = kStages * kStageBytes;
+  // +1024: the dynamic shared memory base is aligned up to 1024 bytes at run time.
+  static constexpr int kSmemBytes =
+      (kPipelineBytes > Writer::kStagingBytes ? kPipelineBytes : Writer::kStagingBytes) + 1024;
+  // the weights are rounded to the activation dtype with their scales (KernelKey.scales_in_fp32)
+  static constexpr bool kScalesInFp32 = false;
+
+  static constexpr int kUnitAccumulators = Mma::kAccumulators;
+  static constexpr int kAccumulators = kUnitsPerWarpGroup * kUnitAccumulators;
+  // Register budget: with one consumer warpgroup two CTAs share an SM (128 registers per thread at
+  // launch), with two one CTA does (168). setmaxnreg then moves the producer's to the consumers.
+  static constexpr int kMinBlocksPerSm = kConsumerWarpGroups == 1 ? 2 : 1;
+  static constexpr int kProducerRegisters = 40;
+  static constexpr int kLaunchRegisters = (65536 / kMinBlocksPerSm / kThreads) / 8 * 8;
+  static constexpr int kConsumerRegisters =
+      ((kLaunchRegisters * kThreads - kProducerRegisters * 128) / kConsumerThreads) / 8 * 8;
+  static_assert(kConsumerRegisters <= 256 && kConsumerRegisters >= kAccumulators + 48,
+                "the consumers' registers hold the accumulators and the dequantization");
+
+  // The producer: one thread issues the copies of this CTA's `count` K tiles from k_tile0 on.
+  static __device__ __forceinline__ void produce(const TmaGemmParams& params, int m0, int n0, int k_tile0, int count,
+                                                 u32 smem_base, u32 full0, u32 empty0) {
+    const GemmParams& p = params.gemm;
+    ptx::prefetch_tensor_map(&params.a_map);
+    // Columns past N (a last tile of a CTA wider than the rest of N) are not copied: their stale
+    // shared memory only reaches outputs that are never stored. N is a multiple of 64.
+    const int columns = p.n - n0 < kBlockN ? p.n - n0 : kBlockN;
+    const u32 w_step_bytes = static_cast<u32>(columns) * kBits * 2;  // one K step of the CTA's packed columns
+    const i64 w_row_bytes = static_cast<i64>(p.n) * kBits * 2;       // between K steps in global memory
+    const char* w_src = static_cast<const char*>(p.w) + static_cast<i64>(k_tile0) * kK16Steps * w_row_bytes +
+                        static_cast<i64>(n0) * kBits * 2;
+    // Scale rows: one per K tile for groups of at least 64, else 64 / group (heuristics.tile_fits).
+    const u32 group = static_cast<u32>(p.group_size);
+    const int scale_rows = group >= kBlockK ? 1 : kBlockK / static_cast<int>(group);
+    const u32 scale_bytes = static_cast<u32>(columns) * 2;
+    const i64 scale_row_bytes = static_cast<i64>(p.n) * 2;
+    const char* s_base = static_cast<const char*>(p.w_scale) + 2 * static_cast<i64>(n0);
+    const char* z_base = kHasZeroPoint ? static_cast<const char*>(p.w_zero_point) + 2 * static_cast<i64>(n0) : nullptr;
+    const u32 stage_tx = kBlockM * 128 + kK16Steps * w_step_bytes + scale_rows * scale_bytes * (kHasZeroPoint ? 2 : 1);
+
+    int slot = 0;
+    for (int it = 0; it < count; ++it) {
+      const u32 full = full0 + 8 * slot;
+      // fill f = it / kStages of the slot waits for the consumers' release of fill f - 1: the
+      // empty barrier's phase f - 1
+      if (it >= kStages) ptx::mbarrier_wait(empty0 + 8 * slot, static_cast<u32>(it / kStages + 1) & 1u);
+      const u32 stage = smem_base + slot * kStageBytes;
+      ptx::mbarrier_arrive_expect_tx(full, stage_tx);
+      const int k0 = (k_tile0 + it) * kBlockK;
+      ptx::tensor_copy_2d_g2s(stage, &params.a_map, k0, m0, full);
+#pragma unroll
+      for (int kk = 0; kk < kK16Steps; ++kk) {
+        ptx::bulk_copy_g2s(stage + Layout::kABytes + kk * (kBlockN * kBits * 2), w_src + kk * w_row_bytes, w_step_bytes,
+                           full);
+      }
+      w_src += kK16Steps * w_row_bytes;
+      const i64 scale_offset = static_cast<i64>(static_cast<u32>(k0) / group) * scale_row_bytes;
+      for (int r = 0; r < scale_rows; ++r) {
+        const u32 dst = stage + Layout::kABytes + Layout::kWBytes + r * (kBlockN * 2);
+        ptx::bulk_copy_g2s(dst, s_base + scale_offset + r * scale_row_bytes, scale_bytes, full);
+        if constexpr (kHasZeroPoint) {
+          ptx::bulk_copy_g2s(dst + Layout::kSBytes, z_base + scale_offset + r * scale_row_bytes, scale_bytes, full);
+        }
+      }
+      if (++slot == kStages) slot = 0;
+    }
+  }
+
+  static __device__ __forceinline__ void run(const TmaGemmParams& params) {
+    const GemmParams& p = params.gemm;
+    extern __shared__ __align__(1024) char smem_raw[];
+    __shared__ __align__(8) u64 full_barriers[kStages];
+    __shared__ __align__(8) u64 empty_barriers[kStages];
+    __shared__ int arrival_flag;
+    const u32 raw_base = memory::shared_address(smem_raw);
+    const u32 smem_base = (raw_base + 1023u) & ~1023u;
+    char* smem = smem_raw + (smem_base - raw_base);
+    const u32 full0 = memory::shared_address(full_barriers), empty0 = memory::shared_address(empty_barriers);
+
+    const Scheduler tile(p.m, p.n, p.k, p.k_splits);
+    const int m0 = tile.m_tile * kBlockM, n0 = tile.n_tile * kBlockN;
+    const int count = tile.k_tile_end - tile.k_tile_begin;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int s = 0; s < kStages; ++s) {
+        ptx::mbarrier_init(full0 + 8 * s, 1);  // the producer's arrive.expect_tx (+ the bytes)
+        ptx::mbarrier_init(empty0 + 8 * s, kConsumerWarps);  // lane 0 of every consumer warp
+      }
+      ptx::fence_barrier_init();
+    }
+    __syncthreads();  // the only CTA-wide barrier: the producer may exit early after it
+    // Activations, weights and the output may belong to the previous kernel in the stream (PDL).
+    schedule::wait_for_upstream_grid();
+
+    if (warp >= kConsumerWarps) {
+      ptx::warpgroup_release_registers<kProducerRegisters>();
+      if (warp == kConsumerWarps && lane == 0) {
+        produce(params, m0, n0, tile.k_tile_begin, count, smem_base, full0, empty0);
+      }
+      return;
+    }
+    ptx::warpgroup_claim_registers<kConsumerRegisters>();
+
+    const int unit0 = (warp >> 2) * kUnitsPerWarpGroup, weight_tile = warp & 3;
+    const memory::GroupWalk<kBlockK> walk(p.group_size);
+    float acc[kAccumulators];
+#pragma unroll
+    for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.f;
+
+    int slot = 0, previous_slot = 0;
+    u32 full_parity = 0;
+    u32 a[2][kUnitsPerWarpGroup][4];
+    for (int it = 0; it < count; ++it) {
+      ptx::mbarrier_wait(full0 + 8 * slot, full_parity);
+      const u32 stage_smem = smem_base + slot * kStageBytes;
+#pragma unroll
+      for (int kk = 0; kk < kK16Steps; ++kk) {
+        // a[kk & 1] was last read by the wgmma two steps back, complete after the previous wait
+#pragma unroll
+        for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
+          WeightFragment::load(stage_smem, kk, unit0 + u, weight_tile, walk, a[kk & 1][u]);
+        }
+        mma::wgmma_fence();
+        const u64 desc = mma::k_major_sw128_descriptor(stage_smem + 32 * kk);
+#pragma unroll
+        for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
+          Mma::mma(*reinterpret_cast<float(*)[kUnitAccumulators]>(acc + u * kUnitAccumulators), a[kk & 1][u], desc);
+        }
+        mma::wgmma_commit_group();
+        mma::wgmma_wait_group<1>();
+        // Every wgmma of the previous K tile has completed (at most this step's group is in
+        // flight), and this warp's reads of it were done before them: the slot may be refilled.
+        if (kk == 0 && it > 0 && lane == 0) ptx::mbarrier_arrive(empty0 + 8 * previous_slot);
+      }
+      previous_slot = slot;
+      if (++slot == kStages) {
+        slot = 0;
+        full_parity ^= 1u;
+      }
+    }
+    // The next kernel may now be scheduled into the slots this grid leaves as it finishes.
+    schedule::release_dependent_grid();
+    mma::wgmma_wait_group<0>();
+    mma::wgmma_fence_operands(acc);
+    ConsumerBarrier::sync();  // every consumer warpgroup is done with the ring: the staging tile reuses it
+
+    if (p.k_splits > 1 && !SplitK::reduce(p, acc, tile.tile_index, &arrival_flag)) return;
+    Writer::store_tile(p, acc, m0, n0, smem);
+  }
+};
+
+}  // namespace humming_aot::kernel
