@@ -18,7 +18,23 @@ import torch
 from humming_aot.spec import KernelKey, MmaKind
 
 REPO = Path(__file__).resolve().parents[2]
-SANITIZER = shutil.which("compute-sanitizer")
+
+
+def _find_sanitizer() -> str | None:
+    """compute-sanitizer on PATH, else beside the nvcc the catalog builds with (the toolkit's bin/)."""
+    on_path = shutil.which("compute-sanitizer")
+    if on_path:
+        return on_path
+    from humming_aot.aot.ninja import NvccNotFoundError, find_nvcc
+
+    try:
+        beside = find_nvcc().resolve().parent / "compute-sanitizer"
+    except NvccNotFoundError:
+        return None
+    return str(beside) if beside.is_file() else None
+
+
+SANITIZER = _find_sanitizer()
 # Weight dtypes to take a kernel of, in order of preference: the mxfp4 family in which racecheck
 # once found hazards (issue 25), then int4.
 PREFERRED_W = ("float4e2m1", "int4")
@@ -97,7 +113,7 @@ def _count(pattern: str, text: str) -> int | None:
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
 def test_sanitizer_finds_nothing_in_one_kernel_of_each_tile_kind(tool):
     if SANITIZER is None:
-        pytest.skip("compute-sanitizer is not on PATH (it comes with the CUDA toolkit's bin/)")
+        pytest.skip("compute-sanitizer is neither on PATH nor beside nvcc (it comes with the CUDA toolkit's bin/)")
     kinds = _kinds()
     assert kinds, "a GPU is present but no kernel catalog is installed: build one (tools/device_check.sh)"
     launches = _launches(kinds)
