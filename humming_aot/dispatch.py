@@ -5,6 +5,10 @@ obtain:  in-memory cache -> the installed catalog (manifest + sha256) -> JIT dis
          compile, or (HUMMING_AOT_JIT=0) an error that names the missing key and the
          `humming-aot build` command that adds it (humming_aot.obtain)
 launch:  one GemmParams struct by value, on torch's current stream (CUDA-graph capturable)
+
+Everything but the pointers is worked out once per (spec, device, stream, M, N, K, group) and kept
+in a LaunchPlan (key, loaded kernel, grid, split-K, cluster, counters); a call then only allocates
+its output (and workspace), packs the pointers and launches.
 """
 from __future__ import annotations
 
@@ -18,12 +22,10 @@ import torch
 from humming_aot import _launcher, heuristics
 from humming_aot import obtain as _obtain
 from humming_aot.obtain import KernelNotAvailableError  # noqa: F401  (raised from here, part of the API)
-from humming_aot.spec import GemmSpec, KernelKey, MmaKind, TileConfig
+from humming_aot.spec import GemmSpec, KernelKey, TileConfig
 
 # GemmParams (csrc/include/humming_aot/kernel/params.cuh): 8 pointers, lda, ldo, 5 ints, 1 float.
 _PARAMS = struct.Struct("<8Q2q5if")
-# TmaGemmParams (same header): GemmParams, zero padding to byte 128, the activation tensor map.
-_TMA_PADDING = bytes(128 - _PARAMS.size)
 # Split-K arrival counters per (device, stream): one int per output tile, reset by the kernel.
 SPLIT_K_COUNTERS = 4096
 
@@ -91,34 +93,139 @@ def _split_k_counters(device: torch.device, stream: int) -> torch.Tensor:
     return counters
 
 
-def _workspace_shape(tile: TileConfig, splits: int, m: int, n: int) -> tuple[int, int, int]:
-    """The split-K workspace: (splits, m, n) fp32 in output order; the TMA body keeps whole padded
-    tiles in fragment order (epilogue/fragment_split_k.cuh), (splits, M and N rounded up to tiles)."""
-    if tile.mma is MmaKind.WGMMA_WS:
-        return splits, -(-m // tile.block_m) * tile.block_m, -(-n // tile.block_n) * tile.block_n
-    return splits, m, n
-
-
-_tensor_maps: dict[tuple[int, int, int, int, int], bytes] = {}
-
-
-def _activation_tensor_map(a: torch.Tensor, block_m: int) -> bytes:
-    """The TMA map of the TMA body's activation boxes (block_m rows x 64 columns) over `a`, cached
-    by (address, shape, row stride, box): decode steps reuse their activation buffers."""
-    m, k = a.shape
-    slot = (a.data_ptr(), m, k, a.stride(0), block_m)
-    tensor_map = _tensor_maps.get(slot)
-    if tensor_map is None:
-        if len(_tensor_maps) > 4096:
-            _tensor_maps.clear()
-        row_stride = a.stride(0) if m > 1 else k  # one row: any stride (ops.gemm checks it only for m > 1)
-        tensor_map = _launcher.encode_tensor_map_2d(a.data_ptr(), m, k, 2 * row_stride, block_m, 64)
-        _tensor_maps[slot] = tensor_map
-    return tensor_map
-
-
 # Clusters of up to 8 CTAs are portable (larger ones need an opt-in per kernel, and fit fewer GPCs).
 MAX_CLUSTER_SPLITS = 8
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def current_stream(device_index: int) -> int:
+    """torch's current CUstream on `device_index`, as an int (the capture stream inside a CUDA graph
+    capture). The raw accessor skips building a torch.cuda.Stream object on every call."""
+    if _raw_stream is not None:
+        return _raw_stream(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
+
+
+def _pack_params(plan: "LaunchPlan", a: torch.Tensor, lda: int, w: torch.Tensor, w_scale: torch.Tensor,
+                 w_zero_point: torch.Tensor | None, bias: torch.Tensor | None, out: torch.Tensor, ldo: int,
+                 workspace: torch.Tensor | None, global_scale: float) -> bytes:
+    """The bytes of the kernel's one by-value argument: GemmParams (kernel/params.cuh). The one
+    place that knows a params layout; a kernel body with another layout branches here on plan.key."""
+    return _PARAMS.pack(
+        a.data_ptr(),
+        w.data_ptr(),
+        w_scale.data_ptr(),
+        0 if w_zero_point is None else w_zero_point.data_ptr(),
+        0 if bias is None else bias.data_ptr(),
+        out.data_ptr(),
+        0 if workspace is None else workspace.data_ptr(),
+        plan.counters_ptr,
+        lda,
+        ldo,
+        plan.m, plan.n, plan.k, plan.group_size, plan.splits, global_scale,
+    )
+
+
+class LaunchPlan:
+    """What one GEMM launch needs that does not change from call to call: for one (spec, device,
+    stream, M, N, K, group) the kernel, its grid, split-K factor, cluster shape and counters.
+    Built by ``launch_plan`` (which raises every error a bad tile or split count deserves), so
+    ``launch`` itself only packs pointers: no check it does could fail for a valid plan."""
+
+    __slots__ = ("key", "kernel", "m", "n", "k", "group_size", "splits", "clustered", "grid", "block",
+                 "cluster", "device", "stream", "workspace_shape", "counters", "counters_ptr")
+
+    def __init__(self, key: KernelKey, kernel, m: int, n: int, k: int, group_size: int, splits: int,
+                 clustered: bool, device: torch.device, stream: int):
+        self.key, self.kernel = key, kernel
+        self.m, self.n, self.k, self.group_size = m, n, k, group_size
+        self.splits, self.clustered = splits, clustered
+        tile = key.tile
+        self.grid = (-(-m // tile.block_m) * -(-n // tile.block_n), splits, 1)
+        self.block = (kernel.threads, 1, 1)
+        self.cluster = (1, splits, 1) if clustered else (1, 1, 1)
+        self.device, self.stream = device, stream
+        through_workspace = splits > 1 and not clustered
+        self.workspace_shape = (splits, m, n) if through_workspace else None
+        self.counters = _split_k_counters(device, stream) if through_workspace else None
+        self.counters_ptr = 0 if self.counters is None else self.counters.data_ptr()
+        if _PARAMS.size != kernel.params_bytes:
+            raise ValueError(
+                f"kernel {kernel.name}: params are {_PARAMS.size} bytes but the kernel takes {kernel.params_bytes}; "
+                "the Python Params layout differs from the C++ GemmParams"
+            )
+
+    def launch(self, a: torch.Tensor, lda: int, w: torch.Tensor, w_scale: torch.Tensor,
+               w_zero_point: torch.Tensor | None, bias: torch.Tensor | None, out: torch.Tensor, ldo: int,
+               global_scale: float) -> None:
+        """out[:M] = a[:M] @ dequant(w)^T (+ bias) on the plan's stream. `a`'s rows are `lda` elements
+        apart, `out`'s `ldo`; the caller has checked shapes, dtypes, devices and alignment."""
+        shape = self.workspace_shape
+        workspace = None if shape is None else torch.empty(shape, dtype=torch.float32, device=self.device)
+        params = _pack_params(self, a, lda, w, w_scale, w_zero_point, bias, out, ldo, workspace, global_scale)
+        kernel = self.kernel
+        try:
+            _launcher.launch(
+                kernel.kernel, self.grid, self.block, kernel.smem_bytes, self.stream, params, kernel.device,
+                programmatic_dependent_launch=kernel.programmatic_launch, cluster=self.cluster,
+            )
+        except Exception as error:
+            error.add_note(f"launching kernel {kernel.name} on device {kernel.device}")
+            raise
+
+
+_plans: dict[tuple, LaunchPlan] = {}
+# Plans kept at once (one per distinct M, stream and layer shape); past it the cache starts over.
+MAX_PLANS = 4096
+
+
+def launch_plan(spec: GemmSpec, device_index: int, stream: int, m: int, n: int, k: int, group_size: int,
+                tile: TileConfig | None = None, splits: int | None = None,
+                kernel: tuple[KernelKey, object] | None = None,
+                cluster_reduction: bool | None = None) -> LaunchPlan:
+    """The LaunchPlan of this problem (see launch_gemm for the arguments); cached unless `kernel`
+    is given. Raises ValueError for a tile that does not fit K and the group, a bad `splits`, or a
+    `cluster_reduction=True` the kernel cannot honour."""
+    cache_key = None
+    if kernel is None:
+        cache_key = (spec, device_index, stream, m, n, k, group_size, tile, splits, cluster_reduction)
+        plan = _plans.get(cache_key)
+        if plan is not None:
+            return plan
+    key, loaded = kernel if kernel is not None else obtain(spec, device_index, m, tile, k, group_size)
+    tile = key.tile
+    if not heuristics.tile_fits(tile, k, group_size):
+        raise ValueError(
+            f"tile {tile.label} stages {tile.block_k} of K at a time: it needs K % {tile.block_k} == 0 and a group "
+            f"size that divides {tile.block_k} or is a multiple of it (K={k}, group={group_size}); use "
+            f"{heuristics.narrow_twin(tile).label}"
+        )
+    info = device_info(device_index)
+    if splits is None:
+        resident = heuristics.ctas_per_sm(tile, loaded.smem_bytes, info.smem_per_sm)
+        splits = heuristics.split_k_factor(
+            m=m, n=n, k=k, tile=tile, num_sms=info.num_sms, max_tiles=SPLIT_K_COUNTERS, ctas_per_sm=resident,
+            target_ctas_per_sm=heuristics.split_ctas_per_sm(key.arch, m, tile),
+        )
+    elif not 1 <= splits <= k // tile.block_k or (splits > 1 and -(-m // tile.block_m) * -(-n // tile.block_n) > SPLIT_K_COUNTERS):
+        raise ValueError(f"splits={splits} must be in [1, K / {tile.block_k}] with at most {SPLIT_K_COUNTERS} tiles")
+    can_cluster = key.reduces_splits_in_cluster and loaded.cluster_launch and 2 <= splits <= MAX_CLUSTER_SPLITS
+    if cluster_reduction and not can_cluster:
+        raise ValueError(
+            f"cluster_reduction=True but kernel {key.name} with splits={splits} cannot sum its K slices in a "
+            f"cluster (that needs KernelKey.reduces_splits_in_cluster, an sm_90+ device and 2 <= splits <= "
+            f"{MAX_CLUSTER_SPLITS})"
+        )
+    clustered = can_cluster and cluster_reduction is not False
+    plan = LaunchPlan(key, loaded, m, n, k, group_size, splits, clustered, torch.device("cuda", device_index), stream)
+    if cache_key is not None:
+        with _lock:
+            if len(_plans) >= MAX_PLANS:
+                _plans.clear()
+            _plans[cache_key] = plan
+    return plan
 
 
 def launch_gemm(a: torch.Tensor, packed, bias: torch.Tensor | None, spec: GemmSpec,
@@ -139,52 +246,8 @@ def launch_gemm(a: torch.Tensor, packed, bias: torch.Tensor | None, spec: GemmSp
     if m == 0:
         return out
     device_index = a.device.index if a.device.index is not None else torch.cuda.current_device()
-    key, kernel = kernel if kernel is not None else obtain(spec, device_index, m, tile, k, packed.group_size)
-    tile = key.tile
-    if not heuristics.tile_fits(tile, k, packed.group_size):
-        raise ValueError(
-            f"tile {tile.label} stages {tile.block_k} of K at a time: it needs K % {tile.block_k} == 0 and a group "
-            f"size that divides {tile.block_k} or is a multiple of it (K={k}, group={packed.group_size}); use "
-            f"{heuristics.narrow_twin(tile).label}"
-        )
-    info = device_info(device_index)
-    if splits is None:
-        resident = heuristics.ctas_per_sm(tile, kernel.smem_bytes, info.smem_per_sm)
-        splits = heuristics.split_k_factor(
-            m=m, n=n, k=k, tile=tile, num_sms=info.num_sms, max_tiles=SPLIT_K_COUNTERS, ctas_per_sm=resident,
-            target_ctas_per_sm=heuristics.split_ctas_per_sm(key.arch, m, tile),
-        )
-    elif not 1 <= splits <= k // tile.block_k or (splits > 1 and -(-m // tile.block_m) * -(-n // tile.block_n) > SPLIT_K_COUNTERS):
-        raise ValueError(f"splits={splits} must be in [1, K / {tile.block_k}] with at most {SPLIT_K_COUNTERS} tiles")
-    can_cluster = key.reduces_splits_in_cluster and kernel.cluster_launch and 2 <= splits <= MAX_CLUSTER_SPLITS
-    if cluster_reduction and not can_cluster:
-        raise ValueError(
-            f"cluster_reduction=True but kernel {key.name} with splits={splits} cannot sum its K slices in a "
-            f"cluster (that needs KernelKey.reduces_splits_in_cluster, an sm_90+ device and 2 <= splits <= "
-            f"{MAX_CLUSTER_SPLITS})"
-        )
-    clustered = can_cluster and cluster_reduction is not False
-    stream = torch.cuda.current_stream(a.device).cuda_stream
-    workspace = counters = None
-    if splits > 1 and not clustered:
-        workspace = torch.empty(_workspace_shape(tile, splits, m, n), dtype=torch.float32, device=a.device)
-        counters = _split_k_counters(a.device, stream)
-    params = _PARAMS.pack(
-        a.data_ptr(),
-        packed.w.data_ptr(),
-        packed.w_scale.data_ptr(),
-        0 if packed.w_zero_point is None else packed.w_zero_point.data_ptr(),
-        0 if bias is None else bias.data_ptr(),
-        out.data_ptr(),
-        0 if workspace is None else workspace.data_ptr(),
-        0 if counters is None else counters.data_ptr(),
-        a.stride(0),
-        out.stride(0),
-        m, n, k, packed.group_size, splits, packed.global_scale,
-    )
-    if tile.mma is MmaKind.WGMMA_WS:
-        params += _TMA_PADDING + _activation_tensor_map(a, tile.block_m)
-    m_tiles = -(-m // tile.block_m)
-    n_tiles = -(-n // tile.block_n)
-    kernel.launch((m_tiles * n_tiles, splits, 1), stream, params, cluster=(1, splits, 1) if clustered else (1, 1, 1))
+    plan = launch_plan(spec, device_index, current_stream(device_index), m, n, k, packed.group_size, tile=tile,
+                       splits=splits, kernel=kernel, cluster_reduction=cluster_reduction)
+    plan.launch(a, a.stride(0), packed.w, packed.w_scale, packed.w_zero_point, bias, out, out.stride(0),
+                packed.global_scale)
     return out

@@ -75,7 +75,15 @@ class QuantizedLinear(torch.nn.Module):
             missing_keys.remove(key)  # saved before versions were recorded: accepted where the layout is unchanged
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.gemm(x, self.packed, self.bias)
+        # One PackedWeight per set of buffers, made again only when a buffer was replaced
+        # (.to(), .cuda(), assignment); load_state_dict copies into the same tensors.
+        buffers = self._buffers
+        packed = self.__dict__.get("_packed")
+        if (packed is None or packed.w is not buffers["w"] or packed.w_scale is not buffers["w_scale"]
+                or packed.w_zero_point is not buffers["w_zero_point"]):
+            packed = self.packed
+            self.__dict__["_packed"] = packed
+        return ops.gemm(x, packed, buffers["bias"])
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, format={self._meta['format']!r}"

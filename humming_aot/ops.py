@@ -119,6 +119,10 @@ _LIBRARY.define(
 
 
 def _gemm_wna16_cuda(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size, global_scale, float_zero_point):
+    out = _gemm_planned(a, w, w_scale, w_zero_point, bias, w_dtype, a.dtype, n, k, group_size, global_scale,
+                        float_zero_point, None)
+    if out is not None:
+        return out
     from humming_aot import dispatch
 
     packed = _op_packed(a, w, w_scale, w_zero_point, w_dtype, n, k, group_size, global_scale, float_zero_point)
@@ -126,6 +130,77 @@ def _gemm_wna16_cuda(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_siz
     _validate_cuda(a2, packed, bias)
     out = dispatch.launch_gemm(a2, packed, bias, gemm_spec(packed))
     return out.reshape(*a.shape[:-1], n)
+
+
+# Launch plans of the planned path, per (w_dtype, act dtype, zero point kind, layout version, N, K,
+# group, M, device, stream): made the first time (after every check of _validate and
+# _validate_cuda), then found with one dict lookup.
+_plans: dict[tuple, object] = {}
+_dispatch = None  # humming_aot.dispatch once a CUDA GEMM ran (imported on first use, as everywhere here)
+
+
+def _import_dispatch():
+    global _dispatch
+    from humming_aot import dispatch
+
+    _dispatch = dispatch
+    return dispatch
+
+
+def _gemm_planned(a, w, w_scale, w_zero_point, bias, w_dtype, act_dtype, n, k, group_size, global_scale,
+                  float_zero_point, version):
+    """The GEMM on a CUDA device through a cached LaunchPlan, or None where the general path must
+    run instead: any argument it does not check cheaply as fine (the general path then raises the
+    error that argument deserves, or handles it: M = 0, a view of `a` that needs a copy).
+
+    Per call it checks what the plan cannot know: a's dtype, K, unit stride along K, device, row
+    alignment, and the bias's shape, dtype, device, contiguity and alignment. What the plan
+    proved (the weight's layout version and support on this device, the tile, split-K) it holds.
+    `version`: the weight's packed-layout version (None: the op's flat arguments, which carry
+    none; the op then assumes the current one, as it always did)."""
+    shape, strides = a.shape, a.stride()
+    if a.dtype != act_dtype or not shape or shape[-1] != k or strides[-1] != 1:
+        return None
+    device_index = a.get_device()
+    if device_index < 0 or w.get_device() != device_index:
+        return None
+    dims = len(shape)
+    if dims == 2:
+        m, lda = shape[0], strides[0]
+    elif a.is_contiguous():
+        m, lda = a.numel() // k, k
+    else:
+        return None
+    if m == 0 or a.data_ptr() % 16 or (m > 1 and lda % 8):
+        return None
+    if bias is not None and not (isinstance(bias, torch.Tensor) and bias.dim() == 1 and bias.shape[0] == n
+                                 and bias.dtype == act_dtype and bias.get_device() == device_index
+                                 and bias.is_contiguous() and bias.data_ptr() % 4 == 0):
+        return None
+    dispatch = _dispatch or _import_dispatch()
+    stream = dispatch.current_stream(device_index)
+    plan_key = (w_dtype, act_dtype, w_zero_point is None, float_zero_point, version, n, k, group_size, m,
+                device_index, stream)
+    plan = _plans.get(plan_key)
+    if plan is None:
+        packed = PackedWeight(
+            w=w, w_scale=w_scale, w_zero_point=w_zero_point, n=n, k=k, group_size=group_size, w_dtype=w_dtype,
+            act_dtype=act_dtype, format="", global_scale=global_scale, float_zero_point=float_zero_point,
+            layout_version=version,
+        )
+        _validate(a, packed, bias)
+        _validate_cuda(a.reshape(-1, k), packed, bias)
+        plan = dispatch.launch_plan(gemm_spec(packed), device_index, stream, m, n, k, group_size)
+        if len(_plans) >= dispatch.MAX_PLANS:
+            _plans.clear()
+        _plans[plan_key] = plan
+    # sizes as separate ints: torch.empty parses them ~1 us faster than a tuple
+    if dims == 2:
+        out = torch.empty(m, n, dtype=act_dtype, device=plan.device)
+    else:
+        out = torch.empty(*shape[:-1], n, dtype=act_dtype, device=plan.device)
+    plan.launch(a, lda, w, w_scale, w_zero_point, bias, out, n, global_scale)
+    return out
 
 
 def _gemm_wna16_fake(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size, global_scale, float_zero_point):
@@ -145,11 +220,34 @@ def gemm(a: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None
     bias:   (N,) in a's dtype, or None
     returns (..., N) in a's dtype
     """
+    if (not torch.compiler.is_compiling() and type(a) is torch.Tensor and a.is_cuda and not a.requires_grad
+            and type(packed) is PackedWeight and getattr(packed, "layout_version", None) is not None
+            and _no_torch_modes()):
+        # eager on a CUDA device: straight to the launch plan, past the dispatcher (which would
+        # add nothing here: no autograd, no mode, no tracing)
+        out = _gemm_planned(
+            a, packed.w, packed.w_scale, packed.w_zero_point, bias, packed.w_dtype, packed.act_dtype, packed.n,
+            packed.k, packed.group_size, packed.global_scale, packed.float_zero_point, packed.layout_version,
+        )
+        if out is not None:
+            return out
     _validate(a, packed, bias)
     return torch.ops.humming_aot.gemm_wna16(
         a, packed.w, packed.w_scale, packed.w_zero_point, bias, packed.w_dtype, packed.n, packed.k,
         packed.group_size, packed.global_scale, packed.float_zero_point,
     )
+
+
+def _no_torch_modes() -> bool:
+    """Whether no torch function or dispatch mode (FakeTensorMode, make_fx's proxy mode, a
+    ``with torch.device(...)`` block, ...) and no functorch transform (vmap, grad) is active: only
+    then may ops.gemm skip the dispatcher, whose modes must see the op."""
+    return not (_function_mode_enabled() or _dispatch_stack_len() or _functorch_active())
+
+
+_function_mode_enabled = torch._C._is_torch_function_mode_enabled
+_dispatch_stack_len = torch._C._len_torch_dispatch_stack
+_functorch_active = torch._C._are_functorch_transforms_active
 
 
 def gemm_with_tile(a: torch.Tensor, packed: PackedWeight, tile: TileConfig | str,

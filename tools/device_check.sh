@@ -13,6 +13,8 @@
 #   tune      tools/bench/tune_tiles.py (extra args: $TUNE_ARGS)   -> bench.log, tune.json
 #   bench     tools/bench/bench_gemm.py (extra args: $BENCH_ARGS)  -> bench.log, bench.json
 #   cold      tools/bench/cold_start.py (extra args: $COLD_ARGS)   -> bench.log, cold_start.json
+#   eager     tools/bench/eager_overhead.py ($EAGER_ARGS): eager per-call cost vs F.linear and vs a
+#             CUDA graph                                            -> bench.log, eager.json
 #   ab        the base tree in $AB_BASE (default .ab/base; tools/ab_base.sh REV [DIR]) built with the same catalog, then
 #             bench_gemm.py ($AB_ARGS) from each tree in turns, $AB_ROUNDS (2) rounds
 #             -> bench.log (the side-by-side table of tools/bench/ab_compare.py), ab.json
@@ -23,9 +25,10 @@
 # A failing step does not stop the next; each step's exit code and duration go to summary.txt
 # as soon as it ends (so a run cut short still says how far it got). At most 8 files are written
 # to OUTDIR, as many as the device tool brings back: summary.txt build.log tests.log tests.xml
-# bench.log (the tune, bench, cold and ab steps) tune.json bench.json cold_start.json, and ab.json
-# (one more than the device tool returns, if a call ran every step; tune and ab are not in the
-# default list). The tune step only makes sense with a catalog of tile variants
+# bench.log (the tune, bench, cold, eager and ab steps) bench.json cold_start.json eager.json with
+# the default steps; tune.json and ab.json come on top (tune and ab are not in the default list:
+# a call that runs either should leave out a default step whose file it does not need). The tune
+# step only makes sense with a catalog of tile variants
 # (HUMMING_AOT_DEVICE_CATALOG=catalog/tuning_sm90a.toml).
 # Nothing is written outside the repository and /tmp.
 set -uo pipefail
@@ -39,8 +42,8 @@ OUTDIR=$(cd "$1" && pwd)
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO" || exit 2
 
-ALL_STEPS=env,wheels,launcher,catalog,tests,tune,bench,cold,ab
-DEFAULT_STEPS=env,wheels,launcher,catalog,tests,bench,cold
+ALL_STEPS=env,wheels,launcher,catalog,tests,tune,bench,cold,eager,ab
+DEFAULT_STEPS=env,wheels,launcher,catalog,tests,bench,cold,eager
 STEPS=",${DEVICE_STEPS:-$DEFAULT_STEPS},"
 ARCH=${DEVICE_ARCH:-sm90a}
 JOBS=${DEVICE_JOBS:-16}
@@ -162,6 +165,12 @@ step_cold() {
     python3 tools/bench/cold_start.py --json "$OUTDIR/cold_start.json" "${extra[@]}"
 }
 
+step_eager() {
+    local -a extra=()
+    [[ -n "${EAGER_ARGS:-}" ]] && mapfile -t extra < <(split_args "$EAGER_ARGS")
+    python3 tools/bench/eager_overhead.py --json "$OUTDIR/eager.json" "${extra[@]}"
+}
+
 # A/B: the base tree (.ab/base, from tools/ab_base.sh) gets its own extension and the same catalog
 # as this tree (build it with the catalog step first); then the two trees are benchmarked in
 # turns, base first in each round, each from its own directory and with its own PYTHONPATH.
@@ -200,6 +209,7 @@ wanted tests && run_step tests "$OUTDIR/tests.log" step_tests
 wanted tune && run_step tune "$OUTDIR/bench.log" step_tune
 wanted bench && run_step bench "$OUTDIR/bench.log" step_bench
 wanted cold && run_step cold "$OUTDIR/bench.log" step_cold
+wanted eager && run_step eager "$OUTDIR/bench.log" step_eager
 wanted ab && run_step ab "$OUTDIR/bench.log" step_ab
 
 echo

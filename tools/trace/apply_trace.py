@@ -110,9 +110,9 @@ patch("csrc/include/humming_aot/epilogue/swapped_output_writer.cuh", [
       if (token < target.m''' % (CK % 12)),
 ])
 patch("humming_aot/dispatch.py", [
-('''    params = _PARAMS.pack(''','''    if clustered and TRACE_SLOTS:
-        workspace = TRACE_SLOTS.pop(0)
-    params = _PARAMS.pack('''),
+('''        params = _pack_params(self,''','''        if self.clustered and TRACE_SLOTS:
+            workspace = TRACE_SLOTS.pop(0)
+        params = _pack_params(self,'''),
 ('''@functools.cache
 def device_info''','''TRACE_SLOTS = []  # trace hack
 

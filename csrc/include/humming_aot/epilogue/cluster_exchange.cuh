@@ -49,12 +49,15 @@ __device__ __forceinline__ u32 map_to(u32 local, u32 cta) {
 }
 
 // An mbarrier (8 bytes of shared memory at `bar`) that completes its phase 0 once `bytes` bytes of
-// st.async have landed on it: one expected arrival, made here at once with the transaction count
-// (a count may go below zero meanwhile: bytes can land before this runs). Then, before any other
-// CTA may signal it, fence_barrier_init() and a cluster barrier arrival (release) by this thread.
-__device__ __forceinline__ void init_byte_barrier(u32 bar, u32 bytes) {
+// st.async have landed on it: init_byte_barrier sets up one expected arrival, and expect_bytes
+// makes that arrival at once with the transaction count (a count may go below zero meanwhile:
+// bytes can land before it runs). Both by the same thread, in that order; then, before any other
+// CTA may signal it, fence_barrier_init() and a cluster barrier arrival (release) by that thread.
+__device__ __forceinline__ void init_byte_barrier(u32 bar) {
+  if constexpr (kAvailable) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void expect_bytes(u32 bar, u32 bytes) {
   if constexpr (kAvailable) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
   }
 }

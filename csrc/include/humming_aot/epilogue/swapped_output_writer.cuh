@@ -149,10 +149,9 @@ struct SwappedOutputWriter {
   // shared::cta address), the CTA's warp count and its warp's slot; returns reduces_in_cluster.
   // Each warp stashes the parameters for its epilogue (stashed()); its lanes read each other's
   // words after share_over_k_warps' CTA barrier, or (one K warp) the __syncwarp before the
-  // kernel's epilogue reads its stash. With the reduction in the cluster, thread
-  // t < warps sets up the mbarrier of warp slot t's share if this CTA owns it (it then expects
-  // the share's bytes from every slice), and every thread arrives at the cluster barrier that
-  // join_cluster waits for.
+  // kernel's epilogue reads its stash. With the reduction in the cluster, thread 0 sets up the
+  // mbarriers of the shares this CTA owns (each expects the share's bytes from every slice), and
+  // every thread arrives at the cluster barrier that join_cluster waits for.
   static __device__ __forceinline__ bool prepare(const kernel::GemmParams& p, u32 exchange, int warps, int slot) {
     const bool in_cluster = reduces_in_cluster(p);
     const u32 lane = threadIdx.x & 31;
@@ -163,14 +162,25 @@ struct SwappedOutputWriter {
       asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(exchange + slot * kStashBytes + 4 * lane), "r"(word) : "memory");
     }
     if (in_cluster) {
-      const int t = static_cast<int>(threadIdx.x);
-      if (t < warps) {
-        int owner, owned_index;
-        share_owner(t, p.k_splits, owner, owned_index);
-        if (owner == static_cast<int>(cluster::rank())) {
-          cluster::init_byte_barrier(barrier(exchange, warps, owned_index), static_cast<u32>(p.k_splits * kTiles * 32 * 16));
-          cluster::fence_barrier_init();
+      // Thread 0 sets up the mbarrier of every share this CTA owns (warp slots rank, rank +
+      // slices, ...: at most ceil(warps / slices)), each expecting the share's bytes from every
+      // slice. One thread, not one per share: nvcc lowers a per-thread mbarrier.init under a
+      // divergent branch to a warp-uniform loop (VOTEU + R2UR, one SYNCS.EXCH.64 per distinct
+      // address, issued for the warp), which compute-sanitizer's racecheck attributes to another
+      // lane than the one whose SYNCS.ARRIVE.TRANS64 follows: it reported every owned mbarrier
+      // as a hazard (4 per CTA at 8 warps and 2 slices: 256 at N = 4096). That was no race (the
+      // same thread initialized and arrived, in program order; no slot is reused; no other CTA
+      // signals before the cluster barrier below), but a report the GPU suite could not tell
+      // from a real one.
+      if (threadIdx.x == 0) {
+        const u32 bytes = static_cast<u32>(p.k_splits * kTiles * 32 * 16);
+        int owned_index = 0;
+        for (int slot = static_cast<int>(cluster::rank()); slot < warps; slot += p.k_splits, ++owned_index) {
+          const u32 bar = barrier(exchange, warps, owned_index);
+          cluster::init_byte_barrier(bar);
+          cluster::expect_bytes(bar, bytes);
         }
+        cluster::fence_barrier_init();
       }
       cluster::arrive_relaxed();
     }

@@ -1,0 +1,134 @@
+"""compute-sanitizer memcheck and racecheck over one catalog kernel of each tile kind, launched in a
+subprocess on a small problem (racecheck runs each kernel ~100x slower): the 8-row swapped tile
+with its split-K slices summed in a thread-block cluster and through the global workspace, the
+16-row and 32-row mma.sync tiles and the wgmma tile, each split over K in two. Any error or
+hazard the tool reports fails the test, with the tool's report."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from humming_aot.spec import KernelKey, MmaKind
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _find_sanitizer() -> str | None:
+    """compute-sanitizer on PATH, else beside the nvcc the catalog builds with (the toolkit's bin/)."""
+    on_path = shutil.which("compute-sanitizer")
+    if on_path:
+        return on_path
+    from humming_aot.aot.ninja import NvccNotFoundError, find_nvcc
+
+    try:
+        beside = find_nvcc().resolve().parent / "compute-sanitizer"
+    except NvccNotFoundError:
+        return None
+    return str(beside) if beside.is_file() else None
+
+
+SANITIZER = _find_sanitizer()
+# Weight dtypes to take a kernel of, in order of preference: the mxfp4 family in which racecheck
+# once found hazards (issue 25), then int4.
+PREFERRED_W = ("float4e2m1", "int4")
+
+# The child: launch each (key name, M, N, K, cluster_reduction) of argv[1] (JSON) once, then sync.
+CHILD = r"""
+import json, sys, torch, humming_aot
+from humming_aot import dispatch, ops
+from humming_aot.spec import KernelKey, ZeroPoint
+
+for name, m, n, k, cluster in json.loads(sys.argv[1]):
+    key = KernelKey.from_name(name)
+    act = getattr(torch, key.spec.a_dtype)
+    zp = {ZeroPoint.NONE: "", ZeroPoint.INTEGER: ":zp", ZeroPoint.FLOAT: ":zpf"}[key.spec.w_zero_point]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w = torch.randn(n, k, device="cuda", generator=gen) * 0.05
+    packed = humming_aot.pack(humming_aot.quantize(w, f"{key.spec.w_dtype}:g64{zp}"), act_dtype=act)
+    a = torch.randn(m, k, device="cuda", generator=gen).to(act)
+    bias = torch.randn(n, device="cuda", generator=gen).to(act)
+    out = torch.full((m, n), float("nan"), dtype=act, device="cuda")
+    dispatch.launch_gemm(a, packed, bias, ops.gemm_spec(packed), tile=key.tile, out=out, splits=2,
+                         cluster_reduction=cluster)
+    torch.cuda.synchronize()
+    assert not out.isnan().any(), name
+    print("launched", name, "cluster" if cluster else "workspace", flush=True)
+"""
+
+
+def _kinds() -> dict[str, KernelKey] | None:
+    """One catalog key per tile kind on this GPU (None without a GPU or a catalog)."""
+    if not torch.cuda.is_available():
+        return None
+    from humming_aot import dispatch, heuristics
+    from humming_aot.catalog import installed_catalog
+
+    catalog = installed_catalog()
+    if catalog is None:
+        return None
+    arch = dispatch.device_info(torch.cuda.current_device()).arches[0]
+    keys = [KernelKey.from_name(name) for name in catalog.keys_for(arch)]
+    keys = [key for key in keys if key.spec.a_dtype == "bfloat16" and key.spec.w_dtype in PREFERRED_W]
+    # the tiles the table picks for 4-bit codes at M = 1, 16, 32 and 64 first
+    table = {heuristics.select_tile(arch, m, w_bits=4) for m in (1, 16, 32, 64)}
+    keys.sort(key=lambda key: (PREFERRED_W.index(key.spec.w_dtype), key.tile not in table, key.name))
+    kinds = {
+        "8-row": lambda t: t.mma is MmaKind.MMA_SYNC and t.block_m == 8,
+        "16-row": lambda t: t.mma is MmaKind.MMA_SYNC and t.block_m == 16,
+        "32-row": lambda t: t.mma is MmaKind.MMA_SYNC and t.block_m == 32,
+        "wgmma": lambda t: t.mma is MmaKind.WGMMA,
+    }
+    return {kind: next(key for key in keys if fits(key.tile)) for kind, fits in kinds.items()
+            if any(fits(key.tile) for key in keys)}
+
+
+def _launches(kinds: dict[str, KernelKey]) -> list[tuple[str, int, int, int, bool | None]]:
+    """(name, M, N, K, cluster_reduction): small problems, two K slices each; N = 320 leaves a part
+    tile; the 8-row kind twice, its slices summed in a cluster (where it can) and in the workspace."""
+    launches = []
+    for kind, key in kinds.items():
+        k = 4 * key.tile.block_k
+        m = min(key.tile.block_m, 64) - 1
+        if kind == "8-row":
+            if key.reduces_splits_in_cluster and torch.cuda.get_device_capability()[0] >= 9:
+                launches.append((key.name, m, 320, k, True))
+            launches.append((key.name, m, 320, k, False))
+        else:
+            launches.append((key.name, m, 320, k, None))
+    return launches
+
+
+def _count(pattern: str, text: str) -> int | None:
+    found = re.search(pattern, text)
+    return None if found is None else int(found.group(1))
+
+
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+def test_sanitizer_finds_nothing_in_one_kernel_of_each_tile_kind(tool):
+    if SANITIZER is None:
+        pytest.skip("compute-sanitizer is neither on PATH nor beside nvcc (it comes with the CUDA toolkit's bin/)")
+    kinds = _kinds()
+    assert kinds, "a GPU is present but no kernel catalog is installed: build one (tools/device_check.sh)"
+    launches = _launches(kinds)
+    # only our kernels are instrumented (torch's run at full speed), and failing CUDA API calls of
+    # torch's own probing are not ours to report
+    command = [SANITIZER, "--tool", tool, "--kernel-name", "kns=gemm_dense", "--report-api-errors", "no",
+               "--print-limit", "20", sys.executable, "-c", CHILD, json.dumps(launches)]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
+    report = result.stdout + result.stderr
+    context = f"{' '.join(command[:-4])} over {[(name, cluster) for name, *_, cluster in launches]}:\n{report[-8000:]}"
+    assert result.returncode == 0, context
+    assert report.count("launched ") == len(launches), context
+    errors = _count(r"ERROR SUMMARY: (\d+) error", report)
+    hazards = _count(r"RACECHECK SUMMARY: (\d+) hazard", report)
+    if tool == "racecheck" and hazards is not None:
+        assert hazards == 0 and errors in (None, 0), context
+    else:
+        assert errors == 0, context  # the summary line is missing or counts errors

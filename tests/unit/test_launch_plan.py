@@ -1,0 +1,196 @@
+"""dispatch.launch_plan / LaunchPlan on CPU tensors, with a fake device and launcher: what a plan
+holds is worked out once, a launch packs only pointers and M, and every error of launch_gemm
+still fires with its text. Also the eager path's guards and QuantizedLinear's PackedWeight cache."""
+from __future__ import annotations
+
+import struct
+
+import pytest
+import torch
+
+import humming_aot
+from humming_aot import _launcher, dispatch, ops
+from humming_aot import obtain as kernel_obtain
+from humming_aot.kernels import LoadedKernel
+from humming_aot.spec import KernelKey
+
+H200 = dispatch.DeviceInfo(index=0, name="fake H200", capability=(9, 0), num_sms=132, smem_per_sm=233472,
+                           arches=("sm90a",))
+
+
+class Fakes:
+    """A device that reports H200 properties, a kernel 'loaded' per key, a launcher that records."""
+
+    def __init__(self, monkeypatch, cluster_launch=True):
+        self.launches, self.loads = [], []
+        self.cluster_launch = cluster_launch
+        dispatch._selected.clear()
+        dispatch._plans.clear()
+        monkeypatch.setattr(dispatch, "device_info", lambda index: H200)
+        monkeypatch.setattr(kernel_obtain, "select_key", self.select_key)
+        monkeypatch.setattr(kernel_obtain, "load", self.load)
+        monkeypatch.setattr(_launcher, "launch", self.launch)
+        monkeypatch.setattr(dispatch, "_split_k_counters", lambda device, stream: torch.zeros(8, dtype=torch.int32))
+        monkeypatch.setattr(dispatch, "current_stream", lambda index: 0x5EED)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+    @staticmethod
+    def select_key(spec, info, m, tile=None, k=None, group=None):
+        from humming_aot import heuristics
+
+        return KernelKey(arch="sm90a", spec=spec, tile=tile or heuristics.select_tile("sm90a", m, k, group, spec.w_bits))
+
+    def load(self, key, info):
+        self.loads.append(key.name)
+        return LoadedKernel(name=key.name, library=1, kernel=len(self.loads) + 100, threads=key.tile.threads,
+                            smem_bytes=50_000, params_bytes=dispatch._PARAMS.size, device=info.index,
+                            programmatic_launch=True, cluster_launch=self.cluster_launch)
+
+    def launch(self, kernel, grid, block, smem, stream, params, device, *, programmatic_dependent_launch=False,
+               cluster=(1, 1, 1)):
+        self.launches.append(dict(kernel=kernel, grid=grid, block=block, smem=smem, stream=stream, params=params,
+                                  device=device, pdl=programmatic_dependent_launch, cluster=cluster))
+
+
+def _packed(fmt="int4:g128", n=256, k=512):
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(0))
+    return humming_aot.pack(humming_aot.quantize(w, fmt), act_dtype=torch.bfloat16)
+
+
+def _fields(params: bytes):
+    return dispatch._PARAMS.unpack(params)
+
+
+def test_a_launch_packs_every_pointer_and_the_problem(monkeypatch):
+    fakes = Fakes(monkeypatch)
+    packed = _packed("uint4:g64:zp")
+    a = torch.randn(3, 512).bfloat16()
+    bias = torch.randn(256).bfloat16()
+    out = torch.empty(3, 256, dtype=torch.bfloat16)
+    assert dispatch.launch_gemm(a, packed, bias, ops.gemm_spec(packed), out=out) is out
+    (call,) = fakes.launches
+    fields = _fields(call["params"])
+    assert fields[:6] == (a.data_ptr(), packed.w.data_ptr(), packed.w_scale.data_ptr(),
+                          packed.w_zero_point.data_ptr(), bias.data_ptr(), out.data_ptr())
+    assert fields[8:] == (512, 256, 3, 256, 512, 64, fields[14], pytest.approx(packed.global_scale))
+    plan = next(iter(dispatch._plans.values()))
+    assert call["grid"] == plan.grid and call["cluster"] == plan.cluster and call["stream"] == 0x5EED
+    assert call["pdl"] is True and call["block"] == (plan.key.tile.threads, 1, 1)
+    assert fields[14] == plan.splits
+
+
+def test_the_plan_is_made_once_per_problem_and_only_pointers_change(monkeypatch):
+    fakes = Fakes(monkeypatch)
+    packed = _packed()
+    spec = ops.gemm_spec(packed)
+    for _ in range(3):
+        a = torch.randn(1, 512).bfloat16()
+        dispatch.launch_gemm(a, packed, None, spec)
+    assert len(fakes.loads) == 1 and len(dispatch._plans) == 1
+    first, last = (_fields(call["params"]) for call in (fakes.launches[0], fakes.launches[-1]))
+    assert first[1:3] == last[1:3] and first[8:] == last[8:]  # weights and problem; a and out are new
+    dispatch.launch_gemm(torch.randn(2, 512).bfloat16(), packed, None, spec)
+    assert len(dispatch._plans) == 2  # another M, another plan
+
+
+def test_workspace_split_k_passes_a_fresh_workspace_and_the_counters(monkeypatch):
+    fakes = Fakes(monkeypatch, cluster_launch=False)
+    packed = _packed()
+    monkeypatch.setattr(torch, "empty", _cpu_empty(torch.empty))
+    dispatch.launch_gemm(torch.randn(1, 512).bfloat16(), packed, None, ops.gemm_spec(packed), splits=2)
+    fields = _fields(fakes.launches[-1]["params"])
+    plan = next(iter(dispatch._plans.values()))
+    assert plan.workspace_shape == (2, 1, 256) and fields[6] != 0 and fields[7] == plan.counters_ptr != 0
+    assert fakes.launches[-1]["cluster"] == (1, 1, 1) and fakes.launches[-1]["grid"][1] == 2
+
+
+def _cpu_empty(empty):
+    def cpu_empty(*args, device=None, **kwargs):  # the fake device's workspace lives on the CPU
+        return empty(*args, **kwargs)
+    return cpu_empty
+
+
+def test_cluster_split_k_needs_no_workspace(monkeypatch):
+    fakes = Fakes(monkeypatch)
+    packed = _packed()
+    tile = humming_aot.heuristics.select_tile("sm90a", 1, 512, 128, 4)
+    assert tile.block_m == 8
+    dispatch.launch_gemm(torch.randn(1, 512).bfloat16(), packed, None, ops.gemm_spec(packed), tile=tile, splits=2)
+    fields = _fields(fakes.launches[-1]["params"])
+    assert fields[6] == 0 and fields[7] == 0 and fakes.launches[-1]["cluster"] == (1, 2, 1)
+
+
+def test_launch_gemm_errors_keep_their_text(monkeypatch):
+    Fakes(monkeypatch)
+    packed = _packed()
+    spec = ops.gemm_spec(packed)
+    a = torch.randn(1, 512).bfloat16()
+    wide = humming_aot.heuristics.select_tile("sm90a", 1, 512, 128, 4)
+    with pytest.raises(ValueError, match=r"splits=99 must be in \[1, K / "):
+        dispatch.launch_gemm(a, packed, None, spec, tile=wide, splits=99)
+    with pytest.raises(ValueError, match="cluster_reduction=True but kernel .* with splits=1 cannot sum"):
+        dispatch.launch_gemm(a, packed, None, spec, tile=wide, splits=1, cluster_reduction=True)
+    odd = _packed("int4:g64", k=320)  # K = 5 x 64: no 128- or 256-wide stage fits
+    big = next(t for t in (wide, humming_aot.heuristics.select_tile("sm90a", 1)) if t.block_k > 64)
+    with pytest.raises(ValueError, match=f"needs K % {big.block_k} == 0"):
+        dispatch.launch_gemm(torch.randn(1, 320).bfloat16(), odd, None, ops.gemm_spec(odd), tile=big)
+    assert not dispatch._plans  # nothing cached from a refused call
+
+
+def test_params_layout_is_checked_once_against_the_kernel(monkeypatch):
+    fakes = Fakes(monkeypatch)
+    monkeypatch.setattr(fakes, "load", lambda key, info: LoadedKernel(
+        name=key.name, library=1, kernel=7, threads=key.tile.threads, smem_bytes=0, params_bytes=96, device=0))
+    monkeypatch.setattr(kernel_obtain, "load", fakes.load)
+    packed = _packed()
+    with pytest.raises(ValueError, match=f"params are {dispatch._PARAMS.size} bytes but the kernel takes 96"):
+        dispatch.launch_gemm(torch.randn(1, 512).bfloat16(), packed, None, ops.gemm_spec(packed))
+
+
+def test_a_launcher_error_names_the_kernel(monkeypatch):
+    fakes = Fakes(monkeypatch)
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("cuLaunchKernelEx: CUDA_ERROR_INVALID_VALUE")
+
+    monkeypatch.setattr(_launcher, "launch", failing)
+    packed = _packed()
+    with pytest.raises(RuntimeError) as info:
+        dispatch.launch_gemm(torch.randn(1, 512).bfloat16(), packed, None, ops.gemm_spec(packed))
+    assert any(note.startswith("launching kernel gemm_dense_sm90a") for note in info.value.__notes__)
+    assert fakes.loads
+
+
+def test_params_struct_is_the_cuda_layout():
+    assert dispatch._PARAMS.size == 8 * 8 + 2 * 8 + 5 * 4 + 4 == struct.calcsize("<8Q2q5if")
+
+
+def test_the_eager_path_steps_aside_for_modes_and_tracing():
+    assert ops._no_torch_modes()
+    with torch.device("cpu"):
+        assert not ops._no_torch_modes()  # a torch function mode must see the op
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        assert not ops._no_torch_modes()
+
+
+def test_planned_path_declines_cpu_tensors():
+    packed = _packed()
+    a = torch.randn(2, 512).bfloat16()
+    assert ops._gemm_planned(a, packed.w, packed.w_scale, None, None, packed.w_dtype, packed.act_dtype, packed.n,
+                             packed.k, packed.group_size, 1.0, False, packed.layout_version) is None
+
+
+def test_quantized_linear_keeps_one_packed_weight_until_a_buffer_changes():
+    lin = torch.nn.Linear(256, 128, bias=True)
+    q = humming_aot.nn.QuantizedLinear.from_linear(lin, "int4:g64")
+    x = torch.randn(3, 256).bfloat16()
+    y = q(x)
+    packed = q.__dict__["_packed"]
+    assert torch.equal(q(x), y) and q.__dict__["_packed"] is packed
+    q.w_scale = q.w_scale * 2  # a new buffer tensor: the cached PackedWeight must not be used
+    y2 = q(x)
+    assert q.__dict__["_packed"] is not packed and q.__dict__["_packed"].w_scale is q.w_scale
+    ref = (x.double() @ q.packed.dequantized().double().t() + q.bias.double()).to(torch.bfloat16)
+    assert torch.equal(y2, ref)
