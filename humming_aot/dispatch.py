@@ -22,10 +22,15 @@ import torch
 from humming_aot import _launcher, heuristics
 from humming_aot import obtain as _obtain
 from humming_aot.obtain import KernelNotAvailableError  # noqa: F401  (raised from here, part of the API)
-from humming_aot.spec import GemmSpec, KernelKey, TileConfig
+from humming_aot.spec import GemmSpec, KernelKey, MmaKind, TileConfig
 
 # GemmParams (csrc/include/humming_aot/kernel/params.cuh): 8 pointers, lda, ldo, 5 ints, 1 float.
 _PARAMS = struct.Struct("<8Q2q5if")
+# TmaGemmParams (same header): GemmParams, the tail-split schedule (two ints), zero padding to
+# byte 128, then the activation tensor map (128 bytes).
+_TMA_SCHEDULE = struct.Struct("<2i")
+_TMA_PADDING = bytes(128 - _PARAMS.size - _TMA_SCHEDULE.size)
+_TMA_PARAMS_BYTES = 256
 # Split-K arrival counters per (device, stream): one int per output tile, reset by the kernel.
 SPLIT_K_COUNTERS = 4096
 
@@ -111,9 +116,10 @@ def current_stream(device_index: int) -> int:
 def _pack_params(plan: "LaunchPlan", a: torch.Tensor, lda: int, w: torch.Tensor, w_scale: torch.Tensor,
                  w_zero_point: torch.Tensor | None, bias: torch.Tensor | None, out: torch.Tensor, ldo: int,
                  workspace: torch.Tensor | None, global_scale: float) -> bytes:
-    """The bytes of the kernel's one by-value argument: GemmParams (kernel/params.cuh). The one
-    place that knows a params layout; a kernel body with another layout branches here on plan.key."""
-    return _PARAMS.pack(
+    """The bytes of the kernel's one by-value argument: GemmParams (kernel/params.cuh), or for the
+    TMA body TmaGemmParams (GemmParams, its schedule and the activations' tensor map). The one
+    place that knows a params layout."""
+    params = _PARAMS.pack(
         a.data_ptr(),
         w.data_ptr(),
         w_scale.data_ptr(),
@@ -126,6 +132,28 @@ def _pack_params(plan: "LaunchPlan", a: torch.Tensor, lda: int, w: torch.Tensor,
         ldo,
         plan.m, plan.n, plan.k, plan.group_size, plan.splits, global_scale,
     )
+    if plan.dp_ctas is None:
+        return params
+    return (params + _TMA_SCHEDULE.pack(plan.dp_ctas, plan.splits) + _TMA_PADDING
+            + _activation_tensor_map(a, lda, plan.m, plan.k, plan.key.tile.block_m))
+
+
+_tensor_maps: dict[tuple[int, int, int, int, int], bytes] = {}
+
+
+def _activation_tensor_map(a: torch.Tensor, lda: int, m: int, k: int, block_m: int) -> bytes:
+    """The TMA map of the TMA body's activation boxes (block_m rows x 64 columns) over the (m, k)
+    activations at a, rows lda elements apart; cached by (address, m, k, lda, box): decode steps and
+    graph replays reuse their activation buffers."""
+    slot = (a.data_ptr(), m, k, lda, block_m)
+    tensor_map = _tensor_maps.get(slot)
+    if tensor_map is None:
+        if len(_tensor_maps) >= MAX_PLANS:
+            _tensor_maps.clear()
+        row_stride = lda if m > 1 else k  # one row: any stride (ops.gemm checks it only for m > 1)
+        tensor_map = _launcher.encode_tensor_map_2d(a.data_ptr(), m, k, 2 * row_stride, block_m, 64)
+        _tensor_maps[slot] = tensor_map
+    return tensor_map
 
 
 class LaunchPlan:
@@ -135,26 +163,38 @@ class LaunchPlan:
     ``launch`` itself only packs pointers: no check it does could fail for a valid plan."""
 
     __slots__ = ("key", "kernel", "m", "n", "k", "group_size", "splits", "clustered", "grid", "block",
-                 "cluster", "device", "stream", "workspace_shape", "counters", "counters_ptr")
+                 "cluster", "device", "stream", "workspace_shape", "counters", "counters_ptr", "dp_ctas")
 
     def __init__(self, key: KernelKey, kernel, m: int, n: int, k: int, group_size: int, splits: int,
-                 clustered: bool, device: torch.device, stream: int):
+                 clustered: bool, device: torch.device, stream: int, dp_ctas: int | None = None):
+        """dp_ctas: for the TMA body (MmaKind.WGMMA_WS), the CTAs that take a whole tile each; the
+        tiles after them are split into `splits` K slices (schedule/tail_split_scheduler.cuh).
+        None for the other bodies, which split every tile."""
         self.key, self.kernel = key, kernel
         self.m, self.n, self.k, self.group_size = m, n, k, group_size
-        self.splits, self.clustered = splits, clustered
+        self.splits, self.clustered, self.dp_ctas = splits, clustered, dp_ctas
         tile = key.tile
-        self.grid = (-(-m // tile.block_m) * -(-n // tile.block_n), splits, 1)
+        tiles = -(-m // tile.block_m) * -(-n // tile.block_n)
+        if dp_ctas is None:
+            self.grid = (tiles, splits, 1)
+            through_workspace = splits > 1 and not clustered
+            self.workspace_shape = (splits, m, n) if through_workspace else None
+            params_bytes = _PARAMS.size
+        else:
+            self.grid = (dp_ctas + (tiles - dp_ctas) * splits, 1, 1)
+            through_workspace = splits > 1
+            # fragment-ordered partial tiles (epilogue/fragment_split_k.cuh)
+            self.workspace_shape = ((tiles - dp_ctas) * splits, tile.block_m * tile.block_n) if through_workspace else None
+            params_bytes = _TMA_PARAMS_BYTES
         self.block = (kernel.threads, 1, 1)
         self.cluster = (1, splits, 1) if clustered else (1, 1, 1)
         self.device, self.stream = device, stream
-        through_workspace = splits > 1 and not clustered
-        self.workspace_shape = (splits, m, n) if through_workspace else None
         self.counters = _split_k_counters(device, stream) if through_workspace else None
         self.counters_ptr = 0 if self.counters is None else self.counters.data_ptr()
-        if _PARAMS.size != kernel.params_bytes:
+        if params_bytes != kernel.params_bytes:
             raise ValueError(
-                f"kernel {kernel.name}: params are {_PARAMS.size} bytes but the kernel takes {kernel.params_bytes}; "
-                "the Python Params layout differs from the C++ GemmParams"
+                f"kernel {kernel.name}: params are {params_bytes} bytes but the kernel takes {kernel.params_bytes}; "
+                "the Python Params layout differs from the C++ one (kernel/params.cuh)"
             )
 
     def launch(self, a: torch.Tensor, lda: int, w: torch.Tensor, w_scale: torch.Tensor,
@@ -203,13 +243,22 @@ def launch_plan(spec: GemmSpec, device_index: int, stream: int, m: int, n: int, 
             f"{heuristics.narrow_twin(tile).label}"
         )
     info = device_info(device_index)
+    tiles = -(-m // tile.block_m) * -(-n // tile.block_n)
+    dp_ctas = None
+    if tile.mma is MmaKind.WGMMA_WS and splits is None:
+        resident = heuristics.ctas_per_sm(tile, loaded.smem_bytes, info.smem_per_sm)
+        slots = info.num_sms * max(1, min(resident, heuristics.split_ctas_per_sm(key.arch, m, tile)))
+        dp_ctas, splits = heuristics.tail_split_schedule(
+            tiles=tiles, k_tiles=k // tile.block_k, slots=slots, max_tiles=SPLIT_K_COUNTERS)
+    elif tile.mma is MmaKind.WGMMA_WS:  # a forced split count: every tile split (tests, tuning)
+        dp_ctas = 0 if splits > 1 else tiles
     if splits is None:
         resident = heuristics.ctas_per_sm(tile, loaded.smem_bytes, info.smem_per_sm)
         splits = heuristics.split_k_factor(
             m=m, n=n, k=k, tile=tile, num_sms=info.num_sms, max_tiles=SPLIT_K_COUNTERS, ctas_per_sm=resident,
             target_ctas_per_sm=heuristics.split_ctas_per_sm(key.arch, m, tile),
         )
-    elif not 1 <= splits <= k // tile.block_k or (splits > 1 and -(-m // tile.block_m) * -(-n // tile.block_n) > SPLIT_K_COUNTERS):
+    elif not 1 <= splits <= k // tile.block_k or (splits > 1 and tiles > SPLIT_K_COUNTERS):
         raise ValueError(f"splits={splits} must be in [1, K / {tile.block_k}] with at most {SPLIT_K_COUNTERS} tiles")
     can_cluster = key.reduces_splits_in_cluster and loaded.cluster_launch and 2 <= splits <= MAX_CLUSTER_SPLITS
     if cluster_reduction and not can_cluster:
@@ -219,7 +268,8 @@ def launch_plan(spec: GemmSpec, device_index: int, stream: int, m: int, n: int, 
             f"{MAX_CLUSTER_SPLITS})"
         )
     clustered = can_cluster and cluster_reduction is not False
-    plan = LaunchPlan(key, loaded, m, n, k, group_size, splits, clustered, torch.device("cuda", device_index), stream)
+    plan = LaunchPlan(key, loaded, m, n, k, group_size, splits, clustered, torch.device("cuda", device_index), stream,
+                      dp_ctas=dp_ctas)
     if cache_key is not None:
         with _lock:
             if len(_plans) >= MAX_PLANS:

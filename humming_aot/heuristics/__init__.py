@@ -13,6 +13,7 @@ from humming_aot.heuristics.tiles import (
     split_ctas_per_sm,
     split_k_factor,
     table_arch_for,
+    tail_split_schedule,
     tile_fits,
 )
 
@@ -26,5 +27,6 @@ __all__ = [
     "split_ctas_per_sm",
     "split_k_factor",
     "table_arch_for",
+    "tail_split_schedule",
     "tile_fits",
 ]

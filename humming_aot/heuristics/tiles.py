@@ -162,6 +162,24 @@ def split_k_factor(*, m: int, n: int, k: int, tile: TileConfig, num_sms: int, ma
     return max(1, min(slots // max(tiles, 1), k // 256, 16))
 
 
+def tail_split_schedule(*, tiles: int, k_tiles: int, slots: int, max_tiles: int, max_splits: int = 16,
+                        min_k_tiles: int = 4, full_wave: float = 0.8) -> tuple[int, int]:
+    """(dp_ctas, tail_splits) of the wgmma-ws body's schedule (schedule/tail_split_scheduler.cuh):
+    the tiles of whole waves of `slots` resident CTAs run one CTA each over all of K; the tiles of a
+    partial last wave are split into K slices (at least min_k_tiles K tiles each, at most
+    max_splits) so that it fills the machine. A last wave that is at least `full_wave` full is not
+    split (its reduction would cost more than its idle SMs); with fewer tiles than slots every
+    tile is split, as split_k_factor does for the other bodies. H200 measurements:
+    docs/PERFORMANCE.md section 21."""
+    full_waves, rest = divmod(tiles, slots)
+    if rest == 0 or rest >= full_wave * slots or rest > max_tiles:
+        return tiles, 1
+    splits = min(slots // rest, k_tiles // min_k_tiles, max_splits)
+    if splits <= 1:
+        return tiles, 1
+    return full_waves * slots, splits
+
+
 def ctas_per_sm(tile: TileConfig, smem: int, smem_per_sm: int, max_warps_per_sm: int = 64) -> int:
     """Resident CTAs per SM allowed by shared memory and warps (registers are not modelled)."""
     by_smem = smem_per_sm // max(smem + 1024, 1)  # the driver reserves 1 KiB per CTA

@@ -398,7 +398,7 @@ def test_cache_refuses_a_loader_for_another_kernel():
         kernels.get_loaded(NAME, 0, lambda: _loaded(device=1))
 
 
-def test_tma_body_takes_the_tensor_map_params_and_a_tile_ordered_workspace():
+def test_tma_body_takes_the_tensor_map_params():
     from humming_aot import dispatch
     from humming_aot.aot import codegen
 
@@ -408,8 +408,6 @@ def test_tma_body_takes_the_tensor_map_params_and_a_tile_ordered_workspace():
     source = codegen.kernel_source(ws)
     assert "const __grid_constant__ humming_aot::kernel::TmaGemmParams params" in source
     assert "sizeof(humming_aot::kernel::TmaGemmParams)" in source
-    # GemmParams, zero padding to byte 128, then the 128-byte map (kernel/params.cuh)
-    assert dispatch._PARAMS.size + len(dispatch._TMA_PADDING) == 128
-    # whole padded tiles for the fragment-ordered reduction; output order for the others
-    assert dispatch._workspace_shape(ws.tile, 3, 129, 448) == (3, 256, 512)
-    assert dispatch._workspace_shape(old.tile, 3, 129, 448) == (3, 129, 448)
+    # GemmParams, the schedule's two ints, zero padding to byte 128, then the 128-byte map (kernel/params.cuh)
+    assert dispatch._PARAMS.size + dispatch._TMA_SCHEDULE.size + len(dispatch._TMA_PADDING) == 128
+    assert dispatch._TMA_PARAMS_BYTES == 256

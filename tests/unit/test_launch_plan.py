@@ -12,7 +12,7 @@ import humming_aot
 from humming_aot import _launcher, dispatch, ops
 from humming_aot import obtain as kernel_obtain
 from humming_aot.kernels import LoadedKernel
-from humming_aot.spec import KernelKey
+from humming_aot.spec import KernelKey, MmaKind
 
 H200 = dispatch.DeviceInfo(index=0, name="fake H200", capability=(9, 0), num_sms=132, smem_per_sm=233472,
                            arches=("sm90a",))
@@ -30,6 +30,9 @@ class Fakes:
         monkeypatch.setattr(kernel_obtain, "select_key", self.select_key)
         monkeypatch.setattr(kernel_obtain, "load", self.load)
         monkeypatch.setattr(_launcher, "launch", self.launch)
+        monkeypatch.setattr(_launcher, "encode_tensor_map_2d", self.encode_tensor_map_2d)
+        dispatch._tensor_maps.clear()
+        self.tensor_maps = []
         monkeypatch.setattr(dispatch, "_split_k_counters", lambda device, stream: torch.zeros(8, dtype=torch.int32))
         monkeypatch.setattr(dispatch, "current_stream", lambda index: 0x5EED)
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -43,8 +46,13 @@ class Fakes:
     def load(self, key, info):
         self.loads.append(key.name)
         return LoadedKernel(name=key.name, library=1, kernel=len(self.loads) + 100, threads=key.tile.threads,
-                            smem_bytes=50_000, params_bytes=dispatch._PARAMS.size, device=info.index,
+                            smem_bytes=50_000, device=info.index,
+                            params_bytes=256 if key.tile.mma is MmaKind.WGMMA_WS else dispatch._PARAMS.size,
                             programmatic_launch=True, cluster_launch=self.cluster_launch)
+
+    def encode_tensor_map_2d(self, address, rows, cols, row_stride_bytes, box_rows, box_cols):
+        self.tensor_maps.append((address, rows, cols, row_stride_bytes, box_rows, box_cols))
+        return bytes(range(128))
 
     def launch(self, kernel, grid, block, smem, stream, params, device, *, programmatic_dependent_launch=False,
                cluster=(1, 1, 1)):
@@ -194,3 +202,46 @@ def test_quantized_linear_keeps_one_packed_weight_until_a_buffer_changes():
     assert q.__dict__["_packed"] is not packed and q.__dict__["_packed"].w_scale is q.w_scale
     ref = (x.double() @ q.packed.dequantized().double().t() + q.bias.double()).to(torch.bfloat16)
     assert torch.equal(y2, ref)
+
+
+@pytest.mark.parametrize("m,n,k,expected", [
+    # 6144 x 4096, M = 1024, 256 x 128 tiles, one CTA per SM: one full wave of 132, then 60 tiles in 2 slices
+    (1024, 6144, 4096, dict(dp=132, splits=2, grid=132 + 60 * 2)),
+    # fewer tiles than SMs: every tile split (3 x 2 tiles of 256 x 128 at K = 2048: 132 // 6 -> K / 256 = 8)
+    (600, 256, 2048, dict(dp=0, splits=8, grid=6 * 8)),
+    # a last wave 83 % full is not split: 8 x 64 x 2 + 116 = 1172 tiles -> 8 waves + 116
+    (2048, 8192 + 116 * 128 // 8, 1024, None),
+])
+def test_tma_body_splits_only_its_partial_last_wave(monkeypatch, m, n, k, expected):
+    fakes = Fakes(monkeypatch)
+    monkeypatch.setattr(torch, "empty", _cpu_empty(torch.empty))
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(0))
+    packed = humming_aot.pack(humming_aot.quantize(w, "int4:g128"), act_dtype=torch.bfloat16)
+    a = torch.randn(m, k).bfloat16()
+    dispatch.launch_gemm(a, packed, None, ops.gemm_spec(packed))
+    (call,) = fakes.launches
+    plan = next(iter(dispatch._plans.values()))
+    assert plan.key.tile.mma is MmaKind.WGMMA_WS and len(call["params"]) == 256
+    tiles = -(-m // plan.key.tile.block_m) * -(-n // plan.key.tile.block_n)
+    dp, splits = struct.unpack_from("<2i", call["params"], 104)
+    assert call["params"][128:] == bytes(range(128)) and call["params"][112:128] == bytes(16)
+    assert fakes.tensor_maps == [(a.data_ptr(), m, k, 2 * k, plan.key.tile.block_m, 64)]
+    if expected is None:
+        assert (dp, splits) == (tiles, 1) and call["grid"] == (tiles, 1, 1) and plan.workspace_shape is None
+    else:
+        assert (dp, splits, call["grid"]) == (expected["dp"], expected["splits"], (expected["grid"], 1, 1))
+        assert plan.workspace_shape == ((tiles - dp) * splits, plan.key.tile.block_m * plan.key.tile.block_n)
+    # the same activations again: the map is reused, not encoded anew
+    dispatch.launch_gemm(a, packed, None, ops.gemm_spec(packed))
+    assert len(fakes.tensor_maps) == 1
+
+
+def test_tail_split_schedule_rules():
+    from humming_aot import heuristics
+
+    assert heuristics.tail_split_schedule(tiles=264, k_tiles=64, slots=132, max_tiles=4096) == (264, 1)
+    assert heuristics.tail_split_schedule(tiles=192, k_tiles=64, slots=132, max_tiles=4096) == (132, 2)
+    assert heuristics.tail_split_schedule(tiles=48, k_tiles=64, slots=264, max_tiles=4096) == (0, 5)
+    assert heuristics.tail_split_schedule(tiles=48, k_tiles=8, slots=264, max_tiles=4096) == (0, 2)  # >= 4 K tiles a slice
+    assert heuristics.tail_split_schedule(tiles=100, k_tiles=64, slots=132, max_tiles=4096) == (100, 1)  # 132 // 100
+    assert heuristics.tail_split_schedule(tiles=132 + 120, k_tiles=64, slots=132, max_tiles=4096) == (252, 1)  # 91 % full

@@ -8,8 +8,8 @@
 // the partial tile in output order: 4x fewer memory instructions, and no scattered 32-byte
 // segments, which made the reducing CTA's loads latency-bound (docs/PERFORMANCE.md section 21).
 //
-// Workspace: (output tiles, k_splits, kThreads * kAccumulators) fp32; within a slice, float v of
-// thread t is at (v / 4 * kThreads + t) * 4 + v % 4. SM80+.
+// Workspace: (split tiles, splits, kThreads * kAccumulators) fp32; within a slice, float v of
+// thread t is at (v / 4 * kThreads + t) * 4 + v % 4. Counters: one per split tile. SM80+.
 
 #include <humming_aot/epilogue/split_k_arrival.cuh>
 #include <humming_aot/kernel/params.cuh>
@@ -24,20 +24,20 @@ struct FragmentSplitK {
   static constexpr int kVectors = kAccumulators / 4;
   static constexpr i64 kSliceFloats = static_cast<i64>(kThreads) * kAccumulators;
 
-  // Store this K slice's partial sums, arrive; true in the threads of the CTA that arrived last,
-  // whose acc then holds the sum of every slice.
-  static __device__ __forceinline__ bool reduce(const kernel::GemmParams& p, float (&acc)[kAccumulators],
-                                                int tile_index, int* arrival_flag) {
-    float4* tile = reinterpret_cast<float4*>(p.workspace + static_cast<i64>(tile_index) * p.k_splits * kSliceFloats);
-    float4* mine = tile + blockIdx.y * (kSliceFloats / 4) + threadIdx.x;
+  // Store K slice `slice` (of `splits`) of split tile `index`, arrive; true in the threads of the
+  // CTA that arrived last, whose acc then holds the sum of every slice.
+  static __device__ __forceinline__ bool reduce(const kernel::GemmParams& p, float (&acc)[kAccumulators], int index,
+                                                int slice, int splits, int* arrival_flag) {
+    float4* tile = reinterpret_cast<float4*>(p.workspace + static_cast<i64>(index) * splits * kSliceFloats);
+    float4* mine = tile + slice * (kSliceFloats / 4) + threadIdx.x;
 #pragma unroll
     for (int v = 0; v < kVectors; ++v) {
       __stcg(mine + v * kThreads, make_float4(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]));
     }
-    if (!arrive_last_at_tile<Barrier>(p.tile_counters + tile_index, p.k_splits, arrival_flag)) return false;
+    if (!arrive_last_at_tile<Barrier>(p.tile_counters + index, splits, arrival_flag)) return false;
 #pragma unroll
     for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.f;
-    for (int s = 0; s < p.k_splits; ++s) {
+    for (int s = 0; s < splits; ++s) {
       const float4* slice = tile + s * (kSliceFloats / 4) + threadIdx.x;
 #pragma unroll
       for (int v = 0; v < kVectors; ++v) {
@@ -48,7 +48,7 @@ struct FragmentSplitK {
         acc[4 * v + 3] += x.w;
       }
     }
-    if (threadIdx.x == 0) p.tile_counters[tile_index] = 0;  // ready for the next launch
+    if (threadIdx.x == 0) p.tile_counters[index] = 0;  // ready for the next launch
     return true;
   }
 };

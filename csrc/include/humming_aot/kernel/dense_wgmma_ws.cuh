@@ -13,9 +13,10 @@
 // per 64-channel unit), and release the slot one K step into the next tile, once its last wgmma
 // has completed. No CTA barrier after the set-up: the epilogue syncs the consumers only.
 //
-// One CTA per (output tile, K slice), as the other bodies (schedule/tile_scheduler.cuh), split-K
-// reduced deterministically through the workspace in fragment order (epilogue/fragment_split_k.cuh:
-// (tiles, k_splits, block_m x block_n) fp32), then written through a staging tile
+// One CTA per output tile, or per K slice of the tiles of a partial last wave
+// (schedule/tail_split_scheduler.cuh), whose slices are reduced deterministically through the
+// workspace in fragment order (epilogue/fragment_split_k.cuh: (split tiles, splits, block_m x
+// block_n) fp32), then written through a staging tile
 // (epilogue/column_major_writer.cuh) that reuses the stage ring once every stage is consumed.
 
 #include <humming_aot/epilogue/column_major_writer.cuh>
@@ -28,7 +29,7 @@
 #include <humming_aot/ptx/mbarrier.cuh>
 #include <humming_aot/ptx/warpgroup.cuh>
 #include <humming_aot/schedule/grid_dependency.cuh>
-#include <humming_aot/schedule/tile_scheduler.cuh>
+#include <humming_aot/schedule/tail_split_scheduler.cuh>
 
 namespace humming_aot::kernel {
 
@@ -59,7 +60,7 @@ struct DenseWgmmaWs {
   using Layout = memory::StageLayout<kBlockM, kBlockN, kBlockK, kBits, kHasZeroPoint>;
   using WeightFragment = memory::WgmmaWeightFragment<Act, Weights, kZeroPoint, Layout, kBlockN, kBlockK>;
   using Mma = mma::Wgmma<Act, kBlockM>;
-  using Scheduler = schedule::TileScheduler<kBlockM, kBlockN, kBlockK>;
+  using Scheduler = schedule::TailSplitScheduler<kBlockM, kBlockN, kBlockK>;
   using Fragments = epilogue::WarpgroupFragments<kBlockM, kUnitsPerWarpGroup>;
   using ConsumerBarrier = ptx::NamedBarrier<kConsumerThreads, 1>;
   using Writer = epilogue::ColumnMajorWriter<Act, kBlockM, kBlockN, kConsumerThreads, Fragments, ConsumerBarrier>;
@@ -146,7 +147,7 @@ struct DenseWgmmaWs {
     char* smem = smem_raw + (smem_base - raw_base);
     const u32 full0 = memory::shared_address(full_barriers), empty0 = memory::shared_address(empty_barriers);
 
-    const Scheduler tile(p.m, p.n, p.k, p.k_splits);
+    const Scheduler tile(p.m, p.n, p.k, params.dp_ctas, params.tail_splits);
     const int m0 = tile.m_tile * kBlockM, n0 = tile.n_tile * kBlockN;
     const int count = tile.k_tile_end - tile.k_tile_begin;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -215,7 +216,7 @@ struct DenseWgmmaWs {
     mma::wgmma_fence_operands(acc);
     ConsumerBarrier::sync();  // every consumer warpgroup is done with the ring: the staging tile reuses it
 
-    if (p.k_splits > 1 && !SplitK::reduce(p, acc, tile.tile_index, &arrival_flag)) return;
+    if (tile.splits > 1 && !SplitK::reduce(p, acc, tile.split_index, tile.slice, tile.splits, &arrival_flag)) return;
     Writer::store_tile(p, acc, m0, n0, smem);
   }
 };

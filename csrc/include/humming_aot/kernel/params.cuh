@@ -42,16 +42,20 @@ struct alignas(64) TensorMap {
   u64 opaque[16];
 };
 
-// The Params of the warp-specialized wgmma body (kernel/dense_wgmma_ws.cuh): GemmParams, then at
-// byte 128 the tensor map of the activations, (m rows, k columns) of 16-bit elements with row
-// stride lda, boxes of (block_m rows, 64 columns) with the 128-byte swizzle. Packed by
-// humming_aot.dispatch as GemmParams' bytes, 24 zero bytes and the map's 128 bytes.
+// The Params of the warp-specialized wgmma body (kernel/dense_wgmma_ws.cuh): GemmParams (its
+// k_splits unused), the tail-split schedule (schedule/tail_split_scheduler.cuh), then at byte 128
+// the tensor map of the activations, (m rows, k columns) of 16-bit elements with row stride lda,
+// boxes of (block_m rows, 64 columns) with the 128-byte swizzle. Packed by humming_aot.dispatch
+// as GemmParams' bytes, "<2i", 16 zero bytes and the map's 128 bytes.
 struct TmaGemmParams {
   GemmParams gemm;
+  int dp_ctas;      // CTAs that take one whole tile each (the first tiles in raster order)
+  int tail_splits;  // K slices of every later tile, one CTA each
   TensorMap a_map;
 };
-static_assert(sizeof(TmaGemmParams) == 256 && __builtin_offsetof(TmaGemmParams, a_map) == 128,
-              "TmaGemmParams is GemmParams, padding to byte 128, then the 128-byte tensor map");
+static_assert(sizeof(TmaGemmParams) == 256 && __builtin_offsetof(TmaGemmParams, dp_ctas) == 104 &&
+                  __builtin_offsetof(TmaGemmParams, a_map) == 128,
+              "TmaGemmParams is GemmParams, two ints, padding to byte 128, then the 128-byte tensor map");
 
 // Exported as `extern "C" __constant__ KernelMetadata humming_aot_kernel_metadata` (256 bytes).
 struct KernelMetadata {

@@ -7,6 +7,25 @@
 
 namespace humming_aot::schedule {
 
+// Output tile (m_tile, n_tile) of linear tile index `tile` in raster order: groups of kGroupM rows
+// of M tiles, column by column inside a group, so that CTAs running together share activation
+// rows and weight columns in L2.
+template <u32 kGroupM>
+__device__ __forceinline__ void raster_tile(u32 tile, u32 m_tiles, u32 n_tiles, int& m_tile, int& n_tile) {
+  if (m_tiles == 1) {  // small M: one row of tiles, no raster groups to find
+    m_tile = 0;
+    n_tile = static_cast<int>(tile);
+  } else {
+    const u32 group_size = kGroupM * n_tiles;
+    const u32 first_m = (tile / group_size) * kGroupM;
+    const u32 rows_left = m_tiles - first_m;  // (explicit: min() of unsigned differs between nvcc and NVRTC)
+    const u32 group_rows = rows_left < kGroupM ? rows_left : kGroupM;
+    const u32 in_group = tile % group_size;
+    m_tile = static_cast<int>(first_m + in_group % group_rows);
+    n_tile = static_cast<int>(in_group / group_rows);
+  }
+}
+
 template <int kBlockM, int kBlockN, int kBlockK>
 struct TileScheduler {
   static constexpr int kGroupM = 8;  // M tiles per raster group
@@ -19,19 +38,7 @@ struct TileScheduler {
   __device__ __forceinline__ TileScheduler(int m, int n, int k, int k_splits) {
     const u32 m_tiles = (static_cast<u32>(m) + kBlockM - 1) / kBlockM;
     const u32 n_tiles = (static_cast<u32>(n) + kBlockN - 1) / kBlockN;
-    const u32 tile = blockIdx.x;
-    if (m_tiles == 1) {  // small M: one row of tiles, no raster groups to find
-      m_tile = 0;
-      n_tile = static_cast<int>(tile);
-    } else {
-      const u32 group_size = kGroupM * n_tiles;
-      const u32 first_m = (tile / group_size) * kGroupM;
-      const u32 rows_left = m_tiles - first_m;  // (explicit: min() of unsigned differs between nvcc and NVRTC)
-      const u32 group_rows = rows_left < kGroupM ? rows_left : static_cast<u32>(kGroupM);
-      const u32 in_group = tile % group_size;
-      m_tile = static_cast<int>(first_m + in_group % group_rows);
-      n_tile = static_cast<int>(in_group / group_rows);
-    }
+    raster_tile<kGroupM>(blockIdx.x, m_tiles, n_tiles, m_tile, n_tile);
     tile_index = m_tile * static_cast<int>(n_tiles) + n_tile;
     const u32 k_tiles = static_cast<u32>(k) / kBlockK;
     const u32 splits = static_cast<u32>(k_splits);
