@@ -1,7 +1,8 @@
 """compute-sanitizer memcheck and racecheck over one catalog kernel of each tile kind, launched in a
 subprocess on a small problem (racecheck runs each kernel ~100x slower): the 8-row swapped tile
 with its split-K slices summed in a thread-block cluster and through the global workspace, the
-16-row and 32-row mma.sync tiles and the wgmma tile, each split over K in two. Any error or
+16-row and 32-row mma.sync tiles, the wgmma tile and the warp-specialized TMA wgmma tile (ragged M:
+one row short of its tile, N = 320 a part tile), each split over K in two; synccheck too. Any error or
 hazard the tool reports fails the test, with the tool's report."""
 from __future__ import annotations
 
@@ -84,6 +85,7 @@ def _kinds() -> dict[str, KernelKey] | None:
         "16-row": lambda t: t.mma is MmaKind.MMA_SYNC and t.block_m == 16,
         "32-row": lambda t: t.mma is MmaKind.MMA_SYNC and t.block_m == 32,
         "wgmma": lambda t: t.mma is MmaKind.WGMMA,
+        "wgmma-ws": lambda t: t.mma is MmaKind.WGMMA_WS,
     }
     return {kind: next(key for key in keys if fits(key.tile)) for kind, fits in kinds.items()
             if any(fits(key.tile) for key in keys)}
@@ -110,7 +112,7 @@ def _count(pattern: str, text: str) -> int | None:
     return None if found is None else int(found.group(1))
 
 
-@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
 def test_sanitizer_finds_nothing_in_one_kernel_of_each_tile_kind(tool):
     if SANITIZER is None:
         pytest.skip("compute-sanitizer is neither on PATH nor beside nvcc (it comes with the CUDA toolkit's bin/)")

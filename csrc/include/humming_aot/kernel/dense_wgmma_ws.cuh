@@ -99,9 +99,10 @@ struct DenseWgmmaWs {
     const i64 w_row_bytes = static_cast<i64>(p.n) * kBits * 2;       // between K steps in global memory
     const char* w_src = static_cast<const char*>(p.w) + static_cast<i64>(k_tile0) * kK16Steps * w_row_bytes +
                         static_cast<i64>(n0) * kBits * 2;
-    // Scale rows: one per K tile for groups of at least 64, else 64 / group (heuristics.tile_fits).
+    // Scale rows: one per K tile for groups of at least 64, else 64 / group, a power of two
+    // (heuristics.tile_fits), so a shift (a division here becomes a helper call under NVRTC).
     const u32 group = static_cast<u32>(p.group_size);
-    const int scale_rows = group >= kBlockK ? 1 : kBlockK / static_cast<int>(group);
+    const int scale_rows = group >= kBlockK ? 1 : kBlockK >> (31 - __clz(static_cast<int>(group)));
     const u32 scale_bytes = static_cast<u32>(columns) * 2;
     const i64 scale_row_bytes = static_cast<i64>(p.n) * 2;
     const char* s_base = static_cast<const char*>(p.w_scale) + 2 * static_cast<i64>(n0);

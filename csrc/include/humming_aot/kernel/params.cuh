@@ -53,8 +53,9 @@ struct TmaGemmParams {
   int tail_splits;  // K slices of every later tile, one CTA each
   TensorMap a_map;
 };
-static_assert(sizeof(TmaGemmParams) == 256 && __builtin_offsetof(TmaGemmParams, dp_ctas) == 104 &&
-                  __builtin_offsetof(TmaGemmParams, a_map) == 128,
+// (No offsetof: NVRTC has none. GemmParams is 104 bytes and the map 64-byte aligned, so the two
+// ints sit at byte 104 and the map at byte 128.)
+static_assert(sizeof(TmaGemmParams) == 256 && alignof(TensorMap) == 64 && sizeof(TensorMap) == 128,
               "TmaGemmParams is GemmParams, two ints, padding to byte 128, then the 128-byte tensor map");
 
 // Exported as `extern "C" __constant__ KernelMetadata humming_aot_kernel_metadata` (256 bytes).
