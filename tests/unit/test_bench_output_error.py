@@ -47,3 +47,12 @@ def test_the_row_says_so_instead_of_a_huge_relerr(bench_gemm, capsys):
     bench_gemm.print_row(row, None)
     line = capsys.readouterr().out
     assert "all-zero weight (no relerr): max |out| 3.7e-05" in line and "relerr above" not in line
+
+
+def test_shape_sets_name_real_layers_and_reject_unknown_names(bench_gemm):
+    args = bench_gemm.parse_args(["--shape-set", "llama3-8b,anchor"])
+    assert args.shapes == "6144x4096,4096x4096,28672x4096,4096x14336,8192x8192"
+    every = bench_gemm.parse_args(["--shape-set", "large-m"]).shapes.split(",")
+    assert len(every) == len(set(every)) and "7168x18432" in every and "8192x29568" in every
+    with pytest.raises(SystemExit):
+        bench_gemm.parse_args(["--shape-set", "llama9"])

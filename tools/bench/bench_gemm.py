@@ -50,6 +50,16 @@ from humming_aot.testing.bench import (  # noqa: E402 - after the path fix above
 )
 
 DEFAULT_SHAPES = "8192x8192,4096x14336,14336x4096"  # N x K: the anchor, then a 7-8B MLP's down / up
+# Named sets of real layers (N x K of the nn.Linear weights), --shape-set NAME[,NAME...]. These are
+# examples of real models, not a list to tune to.
+SHAPE_SETS = {
+    "llama3-8b": "6144x4096,4096x4096,28672x4096,4096x14336",  # qkv, o, gate_up, down
+    "llama3-70b": "10240x8192,8192x8192,57344x8192,8192x28672",
+    "qwen2.5-72b": "10240x8192,59136x8192,8192x29568",
+    "deepseek-v3-dense": "36864x7168,7168x18432",  # the dense layers' gate_up and down
+    "anchor": "8192x8192",
+}
+SHAPE_SETS["large-m"] = ",".join(dict.fromkeys(",".join(SHAPE_SETS.values()).split(",")))  # all, each once
 DEFAULT_MS = "1,16,64,256,1024,4096,8192"
 ALL_IMPLS = ("humming_aot", "torch_bf16", "torch_int4pack", "torch_int8pack", "humming")
 # humming-kernels weight_config per humming_aot format (Humming stores symmetric int-b weights as
@@ -96,6 +106,8 @@ class Unavailable(Exception):
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma list of NxK (default {DEFAULT_SHAPES})")
+    parser.add_argument("--shape-set", default=None,
+                        help=f"named shape sets instead of --shapes, comma list from {', '.join(SHAPE_SETS)}")
     parser.add_argument("--m", default=DEFAULT_MS, help=f"comma list of M (default {DEFAULT_MS})")
     parser.add_argument("--formats", default="int4:g128", help="comma list of weight formats: int4:g128, uint4:g128:zp, int8:channel")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"], help="activation and output dtype")
@@ -104,7 +116,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tile", default=None, help="force a humming_aot tile (via humming_aot.ops._gemm_with_tile) for tuning")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", dest="json_path", default=None, help="write results as JSON here")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.shape_set:
+        unknown = [name for name in args.shape_set.split(",") if name not in SHAPE_SETS]
+        if unknown:
+            parser.error(f"--shape-set {','.join(unknown)}: not a shape set; choose from {', '.join(SHAPE_SETS)}")
+        args.shapes = ",".join(dict.fromkeys(",".join(SHAPE_SETS[name] for name in args.shape_set.split(",")).split(",")))
+    return args
 
 
 def _parse_shapes(text: str) -> list[tuple[int, int]]:
