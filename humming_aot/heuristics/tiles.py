@@ -162,22 +162,35 @@ def split_k_factor(*, m: int, n: int, k: int, tile: TileConfig, num_sms: int, ma
     return max(1, min(slots // max(tiles, 1), k // 256, 16))
 
 
+# Cost of each K slice of a split tile, in units of one whole tile's time: its partial sums'
+# round trip through the workspace and the reducing CTA's wait (fitted to the H200 split sweeps
+# of docs/PERFORMANCE.md section 21: 6144 x 4096 at M = 1024 saved half of what the waves
+# alone predicted with 2 slices).
+SPLIT_COST = 0.05
+# ... and a split whose modelled saving is under a tenth of a tile is not worth the model's error.
+SPLIT_MARGIN = 0.1
+
+
 def tail_split_schedule(*, tiles: int, k_tiles: int, slots: int, max_tiles: int, max_splits: int = 16,
-                        min_k_tiles: int = 4, full_wave: float = 0.8) -> tuple[int, int]:
+                        min_k_tiles: int = 4) -> tuple[int, int]:
     """(dp_ctas, tail_splits) of the wgmma-ws body's schedule (schedule/tail_split_scheduler.cuh):
-    the tiles of whole waves of `slots` resident CTAs run one CTA each over all of K; the tiles of a
-    partial last wave are split into K slices (at least min_k_tiles K tiles each, at most
-    max_splits) so that it fills the machine. A last wave that is at least `full_wave` full is not
-    split (its reduction would cost more than its idle SMs); with fewer tiles than slots every
-    tile is split, as split_k_factor does for the other bodies. H200 measurements:
-    docs/PERFORMANCE.md section 21."""
+    the tiles of whole waves of `slots` resident CTAs run one CTA each over all of K; the `rest`
+    tiles of a partial last wave are split into s K slices (at least min_k_tiles K tiles each, at
+    most max_splits), s chosen to minimize the last waves' time ceil(rest s / slots) / s plus
+    SPLIT_COST s (in whole-tile times), if that saves SPLIT_MARGIN of a tile: a nearly full last
+    wave stays whole, a 0.6 wave is cut in 3 and run as two waves of thirds. With fewer tiles than
+    slots every tile is in that last wave."""
     full_waves, rest = divmod(tiles, slots)
-    if rest == 0 or rest >= full_wave * slots or rest > max_tiles:
+    if rest == 0 or rest > max_tiles:
         return tiles, 1
-    splits = min(slots // rest, k_tiles // min_k_tiles, max_splits)
-    if splits <= 1:
+    best, best_time = 1, 1.0 - SPLIT_MARGIN  # a split must save this much of a tile's time
+    for splits in range(2, min(max_splits, k_tiles // min_k_tiles) + 1):
+        time = -(-rest * splits // slots) / splits + SPLIT_COST * splits
+        if time < best_time - 1e-9:
+            best, best_time = splits, time
+    if best == 1:
         return tiles, 1
-    return full_waves * slots, splits
+    return full_waves * slots, best
 
 
 def ctas_per_sm(tile: TileConfig, smem: int, smem_per_sm: int, max_warps_per_sm: int = 64) -> int:

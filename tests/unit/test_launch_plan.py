@@ -207,10 +207,10 @@ def test_quantized_linear_keeps_one_packed_weight_until_a_buffer_changes():
 @pytest.mark.parametrize("m,n,k,expected", [
     # 6144 x 4096, M = 1024, 256 x 128 tiles, one CTA per SM: one full wave of 132, then 60 tiles in 2 slices
     (1024, 6144, 4096, dict(dp=132, splits=2, grid=132 + 60 * 2)),
-    # fewer tiles than SMs: every tile split (3 x 2 tiles of 256 x 128 at K = 2048: 132 // 6 -> K / 256 = 8)
-    (600, 256, 2048, dict(dp=0, splits=8, grid=6 * 8)),
-    # a last wave 83 % full is not split: 8 x 64 x 2 + 116 = 1172 tiles -> 8 waves + 116
-    (2048, 8192 + 116 * 128 // 8, 1024, None),
+    # fewer tiles than SMs: every tile split (3 x 2 tiles of 256 x 128 at K = 2048, 4 slices of 8 K tiles)
+    (600, 256, 2048, dict(dp=0, splits=4, grid=6 * 4)),
+    # a last wave 79 % full is not split: 8 x 79 = 632 tiles = 4 waves + 104
+    (2048, 79 * 128, 1024, None),
 ])
 def test_tma_body_splits_only_its_partial_last_wave(monkeypatch, m, n, k, expected):
     fakes = Fakes(monkeypatch)
@@ -239,9 +239,14 @@ def test_tma_body_splits_only_its_partial_last_wave(monkeypatch, m, n, k, expect
 def test_tail_split_schedule_rules():
     from humming_aot import heuristics
 
-    assert heuristics.tail_split_schedule(tiles=264, k_tiles=64, slots=132, max_tiles=4096) == (264, 1)
-    assert heuristics.tail_split_schedule(tiles=192, k_tiles=64, slots=132, max_tiles=4096) == (132, 2)
-    assert heuristics.tail_split_schedule(tiles=48, k_tiles=64, slots=264, max_tiles=4096) == (0, 5)
-    assert heuristics.tail_split_schedule(tiles=48, k_tiles=8, slots=264, max_tiles=4096) == (0, 2)  # >= 4 K tiles a slice
-    assert heuristics.tail_split_schedule(tiles=100, k_tiles=64, slots=132, max_tiles=4096) == (100, 1)  # 132 // 100
-    assert heuristics.tail_split_schedule(tiles=132 + 120, k_tiles=64, slots=132, max_tiles=4096) == (252, 1)  # 91 % full
+    def schedule(tiles, k_tiles, slots):
+        return heuristics.tail_split_schedule(tiles=tiles, k_tiles=k_tiles, slots=slots, max_tiles=4096)
+
+    assert schedule(264, 64, 132) == (264, 1)  # whole waves
+    assert schedule(192, 64, 132) == (132, 2)  # 60 tiles: one wave of halves
+    assert schedule(80, 128, 132) == (0, 3)  # 0.6 of a wave: two waves of thirds
+    assert schedule(48, 64, 264) == (0, 4)
+    assert schedule(48, 8, 264) == (0, 2)  # at least 4 K tiles a slice
+    assert schedule(100, 64, 132) == (100, 1)  # no split count fills the machine better
+    assert schedule(132 + 120, 64, 132) == (252, 1)  # a 91 % full last wave
+    assert schedule(1280, 128, 132) == (1280, 1)  # saves less than SPLIT_MARGIN of a tile
