@@ -201,8 +201,8 @@ class TileConfig:
             raise ValueError(f"stages={self.stages}: the wgmma pipeline needs at least 3 stages")
 
     def _check_wgmma_ws(self) -> None:
-        if self.block_m not in (64, 128, 256):
-            raise ValueError(f"block_m={self.block_m}: the wgmma-ws body takes 64, 128 or 256 tokens per CTA")
+        if self.block_m not in (32, 64, 128, 256):
+            raise ValueError(f"block_m={self.block_m}: the wgmma-ws body takes 32, 64, 128 or 256 tokens per CTA")
         if self.warps_m != 1 or self.warps_k != 1 or self.warps_n not in (4, 8):
             raise ValueError(
                 f"warps {self.warps_m}x{self.warps_n}x{self.warps_k}: the wgmma-ws body runs 1 x 4 or 1 x 8 consumer "

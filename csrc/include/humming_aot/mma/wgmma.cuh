@@ -59,6 +59,7 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&d)[kCount]) {
   HUMMING_AOT_WGMMA_D8(i), HUMMING_AOT_WGMMA_D8(i + 8), HUMMING_AOT_WGMMA_D8(i + 16), HUMMING_AOT_WGMMA_D8(i + 24)
 
 // The operand text of an m64nNk16 wgmma with N / 2 accumulators: {d...}, {a0..a3}, desc.
+#define HUMMING_AOT_WGMMA_OPERANDS_16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20"
 #define HUMMING_AOT_WGMMA_OPERANDS_32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36"
 #define HUMMING_AOT_WGMMA_OPERANDS_64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68"
 #define HUMMING_AOT_WGMMA_OPERANDS_128 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132"
@@ -81,7 +82,15 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&d)[kCount]) {
 template <class Act, int kN>
 struct Wgmma;
 
-// d += a * B(desc), N = 64, 128 or 256
+// d += a * B(desc), N = 32, 64, 128 or 256
+template <class Act>
+struct Wgmma<Act, 32> {
+  static constexpr int kAccumulators = 16;
+  static __device__ __forceinline__ void mma(float (&d)[16], const u32 (&a)[4], u64 desc) {
+    HUMMING_AOT_WGMMA_FOR_ACT(32, HUMMING_AOT_WGMMA_OPERANDS_16, HUMMING_AOT_WGMMA_D8(0), HUMMING_AOT_WGMMA_D8(8))
+  }
+};
+
 template <class Act>
 struct Wgmma<Act, 64> {
   static constexpr int kAccumulators = 32;
@@ -112,6 +121,7 @@ struct Wgmma<Act, 256> {
 #undef HUMMING_AOT_WGMMA_OPERANDS_128
 #undef HUMMING_AOT_WGMMA_OPERANDS_64
 #undef HUMMING_AOT_WGMMA_OPERANDS_32
+#undef HUMMING_AOT_WGMMA_OPERANDS_16
 #undef HUMMING_AOT_WGMMA_D32
 #undef HUMMING_AOT_WGMMA_D8
 
