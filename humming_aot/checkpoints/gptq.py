@@ -69,6 +69,22 @@ def _zeros(reader: CheckpointReader, name: str, bits: int, n: int, groups: int, 
     return (unpack_bitstream(words, bits, n) + 1) & ((1 << bits) - 1)
 
 
+def _fold_negative_scales(scales: torch.Tensor, zeros: torch.Tensor, codes: torch.Tensor, bits: int, k: int,
+                          group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """auto-round's symmetric RTN writes negative scales (its scale is the signed extreme / -2^(b-1)).
+    (q - z) s == ((M - q) - (M - z)) (-s) with M = 2^b - 1, so such groups keep their value with
+    mirrored codes and zero point and a positive scale: exact, and the result has a zero point."""
+    negative = scales < 0  # (N, G)
+    if not bool(negative.any()):
+        return scales, zeros, codes
+    top = (1 << bits) - 1
+    g = k if group == -1 else group
+    per_code = negative.repeat_interleave(g, dim=1)  # (N, K)
+    codes = torch.where(per_code, top - codes, codes).to(torch.uint8)
+    zeros = torch.where(negative, top - zeros, zeros).to(torch.uint8)
+    return scales.abs(), zeros, codes
+
+
 def load_layer(reader: CheckpointReader, qc: QuantConfig, prefix: str) -> CheckpointLayer:
     bits, group, sym, version = _settings(qc, prefix)
     qweight_name = prefix + MARKER
@@ -86,7 +102,9 @@ def load_layer(reader: CheckpointReader, qc: QuantConfig, prefix: str) -> Checkp
     words = reader.tensor(qweight_name, ("I32",), (k * bits // 32, n), f"GPTQ qweight of {bits}-bit")
     codes = unpack_bitstream(words.t(), bits, k)  # (N, K) offset codes
     zeros = _zeros(reader, f"{prefix}.qzeros", bits, n, groups, version).t().contiguous()  # (N, groups)
-    check_scales_positive(reader, scales_name, scales)
+    if not bool(torch.isfinite(scales).all()) or bool((scales == 0).any()):
+        raise CheckpointError(f"{reader.file_of(scales_name)}: tensor {scales_name!r} holds a zero or non-finite "
+                              "scale; the file is corrupt")
     g = k if group == -1 else group
     input_perm = None
     g_idx_name = f"{prefix}.g_idx"
@@ -100,14 +118,17 @@ def load_layer(reader: CheckpointReader, qc: QuantConfig, prefix: str) -> Checkp
                                       f"the {groups} groups exactly {g} rows of K; the file is corrupt")
             input_perm = torch.argsort(g_idx, stable=True)
             codes = codes[:, input_perm].contiguous()
+    # K is now in group order (k // g is the group of column k)
+    scales, zeros, codes = _fold_negative_scales(scales.t().contiguous().reshape(n, -1), zeros, codes, bits, k,
+                                                 group)
     implicit = 1 << (bits - 1)
     if sym and bool((zeros == implicit).all()):
         fmt = group_format(f"int{bits}", k, group, scale_dtype)
         qw = QuantizedWeight(format=WeightFormat.parse(fmt), codes=offset_to_signed(codes, bits),
-                             scales=scales.t().contiguous().reshape(n, -1))
+                             scales=scales)
     else:
         fmt = group_format(f"uint{bits}", k, group, scale_dtype, "zp")
         qw = QuantizedWeight(format=WeightFormat.parse(fmt), codes=codes,
-                             scales=scales.t().contiguous().reshape(n, -1), zero_points=zeros)
+                             scales=scales, zero_points=zeros)
     return CheckpointLayer(prefix=prefix, schema="gptq", weight=qw, input_perm=input_perm,
                            bias=optional_bias(reader, prefix, n))
