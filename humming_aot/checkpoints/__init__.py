@@ -103,12 +103,21 @@ class LayerInfo:
     experts: int | None
     activation_step: str | None  # "gather" (act-order), "scale" (pre_quant_scale) or None
     error: str | None = None     # why the layer cannot be loaded, when it cannot
+    served: str | None = None    # inspect(arch=...): "catalog", "JIT ..." or "no: why"
 
 
-def inspect(model_dir: str | os.PathLike) -> list[LayerInfo]:
+def inspect(model_dir: str | os.PathLike, arch: str | None = None) -> list[LayerInfo]:
     """Every quantized layer of ``model_dir``: schema, canonical format and N x K (each layer is
     loaded and dropped in turn, so the whole model is never in memory). A layer whose tensors are
-    malformed is listed with its error rather than stopping the listing."""
+    malformed is listed with its error rather than stopping the listing. With ``arch`` (e.g.
+    ``sm90a``), ``served`` says whether the installed catalog (or the JIT) runs it there."""
+    from humming_aot.checkpoints.serving import serving_status
+
+    catalog = None
+    if arch is not None:
+        from humming_aot.catalog import installed_catalog
+
+        catalog = installed_catalog()
     reader, qc = _open(model_dir)
     rows = []
     for prefix in quantized_layers(reader):
@@ -120,6 +129,7 @@ def inspect(model_dir: str | os.PathLike) -> list[LayerInfo]:
             continue
         *lead, n, k = layer.weight.shape
         step = "gather" if layer.input_perm is not None else "scale" if layer.input_scale is not None else None
+        served = None if arch is None else serving_status(layer, arch, catalog)
         rows.append(LayerInfo(prefix=prefix, schema=qc.schema, format=str(layer.weight.format), n=n, k=k,
-                              experts=lead[0] if lead else None, activation_step=step))
+                              experts=lead[0] if lead else None, activation_step=step, served=served))
     return rows
