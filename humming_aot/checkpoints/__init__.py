@@ -21,7 +21,8 @@ from humming_aot.checkpoints.layer import CheckpointLayer
 from humming_aot.checkpoints.reader import CheckpointError, CheckpointReader
 from humming_aot.quant.weight import QuantizedWeight
 
-__all__ = ["CheckpointError", "CheckpointLayer", "LayerInfo", "inspect", "load", "load_layer", "quantized_layers"]
+__all__ = ["CheckpointError", "CheckpointLayer", "LayerInfo", "inspect", "load", "load_fused", "load_layer",
+           "quantized_layers"]
 
 _LOADERS = {
     "gptq": gptq.load_layer, "awq": awq.load_layer, "compressed-tensors": compressed_tensors.load_layer,
@@ -68,6 +69,17 @@ def load_layer(model_dir: str | os.PathLike | CheckpointReader, prefix: str) -> 
                               "(ignore / modules_to_not_convert / exclude_modules / dynamic); load its float "
                               f"'{prefix}.weight' as a plain nn.Linear")
     return _LOADERS[qc.schema](reader, qc, prefix)
+
+
+def load_fused(model_dir: str | os.PathLike, prefixes: list[str] | tuple[str, ...]) -> CheckpointLayer:
+    """Siblings that read the same input (q/k/v, gate/up) as one layer, rows stacked in the order
+    given (see fused.py for what may differ between them)."""
+    from humming_aot.checkpoints.fused import fuse_layers
+
+    reader = CheckpointReader(model_dir)
+    if not prefixes:
+        raise CheckpointError(f"{reader.model_dir}: load_fused needs at least one layer prefix")
+    return fuse_layers([load_layer(reader, p) for p in prefixes], str(reader.model_dir))
 
 
 def load(model_dir: str | os.PathLike, prefix: str | list[str] | tuple[str, ...]):

@@ -324,3 +324,60 @@ def test_every_fixture_has_a_producer_note():
     for path in FIXTURES.iterdir():
         if path.is_dir() and path.name != "llama_original":
             assert (path / "PRODUCER").exists(), path
+
+
+# ------------------------------------------------------------------------------ 10. fused siblings
+def _with_sibling(name: str, prefix: str, tmp_path, **replace):
+    """A copy of fixture ``name`` whose layer ``prefix`` has a sibling ``prefix + '_b'`` with the
+    same tensors except ``replace`` (suffix=tensor)."""
+    model = copy_fixture(name, tmp_path)
+    data = tensors(model)
+    for key in [k for k in data if k.startswith(prefix + ".")]:
+        suffix = key[len(prefix) + 1:]
+        data[f"{prefix}_b.{suffix}"] = replace.get(suffix, data[key]).clone()
+    write_tensors(model, data)
+    return model
+
+
+def test_fused_nvfp4_siblings_share_the_global_scale(tmp_path):
+    model = _with_sibling("ct_nvfp4a16", "proj", tmp_path)
+    fused = checkpoints.load_fused(model, ["proj", "proj_b"])
+    one = dequantize(checkpoints.load(model, "proj"))
+    assert torch.equal(dequantize(fused.weight), torch.cat([one, one]))
+
+
+def test_fused_unequal_global_scales_are_refused(tmp_path):
+    gs = tensors(fixture("ct_nvfp4a16"))["proj.weight_global_scale"]
+    model = _with_sibling("ct_nvfp4a16", "proj", tmp_path, weight_global_scale=gs * 2)
+    with pytest.raises(checkpoints.CheckpointError, match="global scales"):
+        checkpoints.load_fused(model, ["proj", "proj_b"])
+
+
+def test_fused_tensor_scales_become_channel_scales(tmp_path):
+    scale = tensors(fixture("modelopt_fp8_default"))[KPROJ + ".weight_scale"]
+    model = _with_sibling("modelopt_fp8_default", KPROJ, tmp_path, weight_scale=scale * 2)
+    fused = checkpoints.load_fused(model, [KPROJ, KPROJ + "_b"])
+    assert fused.weight.format.granularity.value == "channel"
+    parts = [dequantize(checkpoints.load(model, p)) for p in (KPROJ, KPROJ + "_b")]
+    assert torch.equal(dequantize(fused.weight), torch.cat(parts))
+
+
+def test_fused_siblings_with_different_activation_steps_are_refused():
+    with pytest.raises(checkpoints.CheckpointError, match="input_scale"):
+        checkpoints.load_fused(fixture("modelopt_int4_awq"), [KPROJ, "model.layers.0.self_attn.o_proj"])
+
+
+# --------------------------------------------------------------------------- 9. scalar shapes
+def test_modelopt_scalars_as_0d_or_1_and_channel_as_n_or_n1(tmp_path):
+    model = copy_fixture("modelopt_fp8_default", tmp_path)
+    assert tensors(model)[KPROJ + ".weight_scale"].dim() == 0
+    before = dequantize(checkpoints.load(model, KPROJ))
+    edit_tensors(model, **{KPROJ.replace(".", "__") + "__weight_scale": tensors(model)[KPROJ + ".weight_scale"]
+                           .reshape(1)})
+    assert torch.equal(dequantize(checkpoints.load(model, KPROJ)), before)
+    channel = copy_fixture("modelopt_fp8_per_channel_per_token", tmp_path)
+    scale = tensors(channel)[KPROJ + ".weight_scale"]
+    assert scale.dim() == 1
+    before = dequantize(checkpoints.load(channel, KPROJ))
+    edit_tensors(channel, **{KPROJ.replace(".", "__") + "__weight_scale": scale.reshape(-1, 1)})
+    assert torch.equal(dequantize(checkpoints.load(channel, KPROJ)), before)
