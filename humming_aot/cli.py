@@ -50,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="target to compile for, e.g. sm80, sm89, sm90a, sm120 (repeat for several)")
     build.add_argument("--catalog", default="default", metavar="default|smoke|PATH",
                        help="which kernels: a built-in catalog name or a catalog .toml file (default: default)")
+    build.add_argument("--model", type=Path, default=None, metavar="MODEL_DIR",
+                       help="build only the kernels this quantized checkpoint's layers need (instead of --catalog)")
     build.add_argument("-j", "--jobs", type=_jobs, default=None, help="parallel nvcc jobs (default: CPU count)")
     build.add_argument("--out", type=Path, default=Path("dist"), help="directory for the wheel (default: ./dist)")
     build.add_argument("--build-dir", type=Path, default=None,
@@ -72,6 +74,21 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
+    if args.model is not None:
+        import tempfile
+
+        from humming_aot.aot.model_catalog import write_model_catalog
+
+        if args.catalog != "default":
+            raise ValueError("--model and --catalog both choose the kernels: pass one of them")
+        with tempfile.TemporaryDirectory() as tmp:
+            name = "".join(c if c.isalnum() else "_" for c in args.model.resolve().name)
+            args.catalog = str(write_model_catalog(args.model, args.arch, Path(tmp) / f"model_{name}.toml"))
+            return _run_build(args)
+    return _run_build(args)
+
+
+def _run_build(args: argparse.Namespace) -> int:
     from humming_aot.aot.wheel import WHEEL_SIZE_BUDGET, build
 
     summary = build(archs=args.arch, catalog=args.catalog, jobs=args.jobs, out_dir=args.out,

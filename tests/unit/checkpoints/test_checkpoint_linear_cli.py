@@ -59,3 +59,45 @@ def test_cli_inspect(capsys):
 def test_cli_inspect_names_a_bad_directory(tmp_path, capsys):
     assert cli.main(["inspect", str(tmp_path / "missing")]) == 2
     assert "not a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["gptq_4bit_sym_v1", "modelopt_int4_awq", "ct_nvfp4a16", "hqq_4bit_g64_axis1"])
+def test_model_catalog_holds_exactly_the_kernels_the_layers_need(tmp_path, name):
+    from humming_aot.aot.enumerate import enumerate_catalog
+    from humming_aot.aot.model_catalog import write_model_catalog
+    from humming_aot.checkpoints.serving import layer_spec
+
+    archs = ["sm89", "sm90a"]
+    path = write_model_catalog(fixture(name), archs, tmp_path / "model.toml")
+    needed = {layer_spec(checkpoints.load_layer(fixture(name), p))[0] for p in checkpoints.quantized_layers(fixture(name))}
+    keys = enumerate_catalog(str(path), archs).keys
+    assert keys and {k.spec for k in keys} == needed
+    # every M bucket: the default catalog's kernels of these specs, no more, no fewer
+    default = [k for k in enumerate_catalog("default", archs).keys if k.spec in needed]
+    assert sorted(k.name for k in keys) == sorted(k.name for k in default)
+
+
+def test_build_model_refuses_model_with_catalog(tmp_path, capsys):
+    rc = cli.main(["build", "--arch", "sm90a", "--model", str(fixture("ct_w4a16")), "--catalog", "smoke",
+                   "--out", str(tmp_path)])
+    assert rc == 2 and "--model and --catalog" in capsys.readouterr().err
+
+
+def test_build_model_names_a_layer_without_kernel(tmp_path, capsys):
+    rc = cli.main(["build", "--arch", "sm90a", "--model", str(fixture("gptoss_mxfp4")), "--out", str(tmp_path)])
+    assert rc == 2 and "gate_up_proj" in capsys.readouterr().err
+
+
+def test_build_model_passes_the_model_catalog_to_the_build(tmp_path, monkeypatch):
+    from humming_aot.aot import wheel
+    from humming_aot.aot.enumerate import enumerate_catalog
+
+    seen = {}
+
+    def fake_build(*, archs, catalog, **kwargs):
+        seen["keys"] = enumerate_catalog(catalog, archs).keys  # while the temporary catalog exists
+        raise ValueError("stop after choosing the kernels")
+
+    monkeypatch.setattr(wheel, "build", fake_build)
+    rc = cli.main(["build", "--arch", "sm90a", "--model", str(fixture("gptq_4bit_sym_v1")), "--out", str(tmp_path)])
+    assert rc == 2 and seen["keys"] and {k.spec.w_dtype for k in seen["keys"]} == {"int4"}
