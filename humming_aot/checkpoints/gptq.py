@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from humming_aot.checkpoints._common import check_scales_positive, float_scales, group_format, offset_to_signed, \
-    optional_bias
+from humming_aot.checkpoints._common import float_scales, group_format, offset_to_signed, optional_bias
 from humming_aot.checkpoints.bitstream import unpack_bitstream, words_to_int64
 from humming_aot.checkpoints.config import QuantConfig
 from humming_aot.checkpoints.layer import CheckpointLayer

@@ -45,8 +45,8 @@ def load_layer(reader: CheckpointReader, qc: QuantConfig, prefix: str) -> Checkp
                                   "/ scale are themselves quantized, which humming_aot does not load; re-quantize "
                                   "with quant_zero=False, quant_scale=False")
     if reader.has(f"{prefix}.packing"):
-        packing = bytes(reader.tensor(f"{prefix}.packing", ("U8",), None, "HQQ packing name").tolist()).decode("ascii",
-                                                                                                         "replace")
+        raw = reader.tensor(f"{prefix}.packing", ("U8",), None, "HQQ packing name")
+        packing = bytes(raw.tolist()).decode("ascii", "replace")
         if packing != "4bit_u8":
             raise CheckpointError(f"{reader.file_of(prefix + MARKER)}: tensor {prefix}.packing is {packing!r}; "
                                   "humming_aot loads HQQ's '4bit_u8' packing")
