@@ -47,4 +47,5 @@ venv autoround auto-round==0.15.1 transformers==5.24.0
 "$WORK/venv-autoround/bin/python" "$HERE/autoround_fixtures.py" "$WORK/base" "$WORK" "$OUT"
 "$WORK/venv-gptq/bin/python" "$HERE/gptqmodel_fixtures.py" "$WORK/base" "$WORK" "$OUT"
 "$WORK/venv-awq/bin/python" "$HERE/autoawq_fixtures.py" "$WORK" "$OUT"
+"$WORK/venv-main/bin/python" "$HERE/ct_converter_fixtures.py" "$OUT"
 du -sh "$OUT"

@@ -178,6 +178,16 @@ def test_modelopt_layout_of_ct_nvfp4_bytes_decodes_identically(tmp_path):
     assert torch.equal(dequantize(ct), dequantize(mo))
 
 
+def test_compressed_tensors_own_awq_converter_output_matches_the_awq_loader():
+    """ct_from_awq_gemm_4bit: the AutoAWQ fixture converted by compressed-tensors 0.20.0's
+    AutoAWQConverter (tools/checkpoint_fixtures/ct_converter_fixtures.py)."""
+    awq = checkpoints.load(fixture("awq_gemm_4bit"), KPROJ)
+    ct = checkpoints.load(fixture("ct_from_awq_gemm_4bit"), KPROJ)
+    assert str(ct.format) == "uint4:g128:zp:s=float16"
+    assert torch.equal(ct.codes, awq.codes) and torch.equal(ct.zero_points, awq.zero_points)
+    assert torch.equal(dequantize(ct), dequantize(awq))
+
+
 def test_awq_converted_to_ct_pack_quantized_matches(tmp_path):
     """AWQ's tensors rewritten in compressed-tensors' asymmetric pack-quantized layout (codes along
     K, zero points along N, both offset by +8 from signed) load to the same weight."""
