@@ -28,7 +28,8 @@ CASES = (
     ("autoround_4bit_asym", KPROJ), ("ct_w4a16", "proj"), ("ct_w4a16_asym", "proj"), ("ct_w8a8", "proj"),
     ("ct_fp8_block", "proj"), ("ct_nvfp4a16", "proj"), ("ct_mxfp4a16", "proj"), ("fp8_block_float", KPROJ),
     ("fp8_block_ue8m0", KPROJ), ("modelopt_fp8_default", KPROJ), ("modelopt_nvfp4_default", KPROJ),
-    ("modelopt_int4_awq", "model.layers.0.self_attn.o_proj"), ("hqq_4bit_g64_axis1", "proj"),
+    ("modelopt_int4_awq", "model.layers.0.self_attn.o_proj"), ("modelopt_mxfp4_default", KPROJ),
+    ("modelopt_mxfp8_default", KPROJ), ("hqq_4bit_g64_axis1", "proj"),
 )
 
 

@@ -17,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from prune import prune  # noqa: E402
 
 CONFIGS = ("FP8_DEFAULT_CFG", "FP8_PER_CHANNEL_PER_TOKEN_CFG", "FP8_2D_BLOCKWISE_WEIGHT_ONLY_CFG",
-           "NVFP4_DEFAULT_CFG", "INT4_AWQ_CFG")  # W4A16_NVFP4 writes the NVFP4 weight layout again
+           "NVFP4_DEFAULT_CFG", "INT4_AWQ_CFG", "MXFP4_DEFAULT_CFG", "MXFP8_DEFAULT_CFG")
+# W4A16_NVFP4 writes the NVFP4 weight layout again
 # k_proj (128 x 256); INT4_AWQ also o_proj, whose pre_quant_scale cannot be folded into a norm
 KEEP = {"INT4_AWQ_CFG": ("model.layers.0.self_attn.k_proj", "model.layers.0.self_attn.o_proj")}
 DEFAULT_KEEP = ("model.layers.0.self_attn.k_proj",)

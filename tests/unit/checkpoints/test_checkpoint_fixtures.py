@@ -63,7 +63,7 @@ def test_inspect_lists_every_fixture_layer(name):
 # Producers without a dequantizer of their own export: the error against the float weight they
 # quantized lies inside the format's band (docs/CHECKPOINTS.md), and the same weight with its
 # scales inverted lies far outside it.
-BANDS = {"float8e4m3": 0.03, "nvfp4": 0.11, "int4": 0.15, "uint4": 0.15}
+BANDS = {"float8e4m3": 0.03, "mxfp8": 0.03, "nvfp4": 0.11, "mxfp4": 0.13, "int4": 0.15, "uint4": 0.15}
 BAND_FIXTURES = sorted(p.name for p in FIXTURES.iterdir() if p.name.startswith(("modelopt_", "autoround_")))
 
 
@@ -74,7 +74,7 @@ def test_error_band_against_the_original_weight(name):
         layer.weight.validate()
         original = original_weight(name, prefix).to(torch.float64)
         fmt = layer.weight.format
-        band = BANDS["nvfp4" if str(fmt) == "nvfp4" else fmt.element]
+        band = BANDS[str(fmt) if str(fmt) in BANDS else fmt.element]
         error = float((layer.reference_weight().to(torch.float64) - original).norm() / original.norm())
         assert error < band, f"{name} {prefix} ({fmt}): relative error {error:.4f} outside {band}"
         qw = layer.weight

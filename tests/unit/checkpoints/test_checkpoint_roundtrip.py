@@ -391,3 +391,13 @@ def test_modelopt_scalars_as_0d_or_1_and_channel_as_n_or_n1(tmp_path):
     before = dequantize(checkpoints.load(channel, KPROJ))
     edit_tensors(channel, **{KPROJ.replace(".", "__") + "__weight_scale": scale.reshape(-1, 1)})
     assert torch.equal(dequantize(checkpoints.load(channel, KPROJ)), before)
+
+
+def test_ct_unpacked_int8_zero_points_of_older_releases(tmp_path):
+    """compressed-tensors before PR #296 stored asymmetric zero points unpacked: int8 (N, G), signed."""
+    model = copy_fixture("ct_w4a16_asym", tmp_path)
+    before = checkpoints.load(model, "proj")
+    signed = (before.zero_points.to(torch.int16) - 8).to(torch.int8)
+    edit_tensors(model, proj__weight_zero_point=signed)
+    after = checkpoints.load(model, "proj")
+    assert torch.equal(after.zero_points, before.zero_points) and torch.equal(dequantize(after), dequantize(before))
