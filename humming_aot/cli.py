@@ -50,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="target to compile for, e.g. sm80, sm89, sm90a, sm120 (repeat for several)")
     build.add_argument("--catalog", default="default", metavar="default|smoke|PATH",
                        help="which kernels: a built-in catalog name or a catalog .toml file (default: default)")
+    build.add_argument("--model", type=Path, default=None, metavar="MODEL_DIR",
+                       help="build only the kernels this quantized checkpoint's layers need (instead of --catalog)")
     build.add_argument("-j", "--jobs", type=_jobs, default=None, help="parallel nvcc jobs (default: CPU count)")
     build.add_argument("--out", type=Path, default=Path("dist"), help="directory for the wheel (default: ./dist)")
     build.add_argument("--build-dir", type=Path, default=None,
@@ -60,12 +62,33 @@ def _parser() -> argparse.ArgumentParser:
     listing = sub.add_parser("list", help="show the kernels of the installed catalog")
     listing.add_argument("--json", action="store_true", help="machine-readable output")
 
+    inspect = sub.add_parser("inspect", help="list a quantized checkpoint's layers and whether they can run here")
+    inspect.add_argument("model_dir", type=Path, metavar="MODEL_DIR", help="directory with config.json + safetensors")
+    inspect.add_argument("--arch", default=None, metavar="ARCH",
+                         help="target to check, e.g. sm89 (default: this machine's first GPU)")
+    inspect.add_argument("--json", action="store_true", help="machine-readable output")
+
     sub.add_parser("info", help="show this machine's GPUs and which catalog arch serves each")
     sub.add_parser("doctor", help="check the run-time compiler (NVRTC), headers, JIT cache and catalog vs GPU")
     return parser
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
+    if args.model is not None:
+        import tempfile
+
+        from humming_aot.aot.model_catalog import write_model_catalog
+
+        if args.catalog != "default":
+            raise ValueError("--model and --catalog both choose the kernels: pass one of them")
+        with tempfile.TemporaryDirectory() as tmp:
+            name = "".join(c if c.isalnum() else "_" for c in args.model.resolve().name)
+            args.catalog = str(write_model_catalog(args.model, args.arch, Path(tmp) / f"model_{name}.toml"))
+            return _run_build(args)
+    return _run_build(args)
+
+
+def _run_build(args: argparse.Namespace) -> int:
     from humming_aot.aot.wheel import WHEEL_SIZE_BUDGET, build
 
     summary = build(archs=args.arch, catalog=args.catalog, jobs=args.jobs, out_dir=args.out,
@@ -156,6 +179,44 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from humming_aot import checkpoints
+
+    arch, why_no_arch = args.arch, None
+    if arch is None:
+        from humming_aot.arch import archs_for_capability
+
+        gpus, no_gpu = _gpus()
+        if gpus:
+            arch = archs_for_capability(gpus[0][2], gpus[0][3])[0]
+        else:
+            why_no_arch = f"not checked: {no_gpu}; pass --arch"
+    try:
+        rows = checkpoints.inspect(args.model_dir, arch=arch)
+    except checkpoints.CheckpointError as e:
+        print(f"humming-aot: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps({"arch": arch, "layers": [dataclasses.asdict(r) for r in rows]}, indent=2))
+        return 0
+    if not rows:
+        print(f"{args.model_dir}: no quantized layers (no quantization_config, or every layer is excluded)")
+        return 0
+    print(f"{args.model_dir}: {_count(len(rows), 'quantized layer')} (schema {rows[0].schema}); "
+          f"serving checked for {arch or 'no arch'}")
+    for r in rows:
+        if r.error:
+            print(f"  {r.prefix}: cannot load: {r.error}")
+            continue
+        shape = f"{r.experts} x {r.n} x {r.k}" if r.experts else f"{r.n} x {r.k}"
+        step = {"gather": ", gathers activations (act-order)", "scale": ", scales activations (pre_quant_scale)"}
+        print(f"  {r.prefix}: {r.format}, N x K = {shape}{step.get(r.activation_step, '')}; "
+              f"{arch or 'served'}: {r.served or why_no_arch}")
+    return 0
+
+
 def _size(nbytes: int) -> str:
     for unit in ("bytes", "KiB", "MiB", "GiB"):
         if nbytes < 1024 or unit == "GiB":
@@ -225,7 +286,8 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"build": _cmd_build, "list": _cmd_list, "info": _cmd_info, "doctor": _cmd_doctor}
+_COMMANDS = {"build": _cmd_build, "list": _cmd_list, "inspect": _cmd_inspect, "info": _cmd_info,
+             "doctor": _cmd_doctor}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,6 +31,9 @@ class QuantizedLinear(torch.nn.Module):
         self.register_buffer("w_scale", packed.w_scale)
         self.register_buffer("w_zero_point", packed.w_zero_point)
         self.register_buffer("bias", None if bias is None else bias.to(packed.act_dtype))
+        # set by from_checkpoint: GPTQ act-order gathers K, ModelOpt INT4_AWQ scales it
+        self.register_buffer("input_perm", None)
+        self.register_buffer("input_scale", None)
         self.register_buffer("packed_layout_version",
                              torch.tensor(packed.layout_version, dtype=torch.int32, device=packed.w.device))
 
@@ -50,6 +53,37 @@ class QuantizedLinear(torch.nn.Module):
         packed = pack(quantize(weight.float(), fmt), act_dtype=act_dtype)
         bias = None if linear.bias is None else linear.bias.detach().to(act_dtype)
         return cls(packed, bias)
+
+    @classmethod
+    def from_checkpoint(cls, model_dir, prefix: str, act_dtype: torch.dtype | None = None,
+                        device: torch.device | str | None = None) -> "QuantizedLinear":
+        """The layer ``prefix`` of a published quantized checkpoint (GPTQ, AWQ, compressed-tensors,
+        fp8, ModelOpt, auto-round, HQQ; see humming_aot.checkpoints), packed for the kernels.
+
+        act_dtype defaults to the checkpoint's scale dtype when that is float16 or bfloat16 (so the
+        scales reach the kernel unrounded; GPTQ and AWQ store float16), else bfloat16. GPTQ act-order
+        layers gather their activations with ``input_perm`` before the GEMM (one index_select over
+        M x K elements: a single small kernel launch at M = 1, about 2 M K bytes of traffic at
+        M = 1024, which for K = 4096 bf16 is ~16 MB, a few microseconds on an H200); ModelOpt
+        INT4_AWQ layers multiply them by ``input_scale`` (pre_quant_scale)."""
+        from humming_aot.checkpoints import load_layer
+
+        layer = load_layer(model_dir, prefix)
+        if layer.weight.codes.dim() != 2:
+            raise ValueError(f"from_checkpoint: {prefix!r} is a stacked MoE weight of shape {layer.weight.shape}; "
+                             "QuantizedLinear holds one (N, K) weight (load it with humming_aot.checkpoints.load_layer)")
+        if act_dtype is None:
+            act_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(layer.weight.format.scale_dtype,
+                                                                                  torch.bfloat16)
+        weight = layer.weight if device is None else layer.weight.to(device)
+        packed = pack(weight, act_dtype=act_dtype)
+        bias = None if layer.bias is None else layer.bias.to(device=packed.w.device, dtype=act_dtype)
+        module = cls(packed, bias)
+        if layer.input_perm is not None:
+            module.input_perm = layer.input_perm.to(packed.w.device)
+        if layer.input_scale is not None:
+            module.input_scale = layer.input_scale.to(device=packed.w.device, dtype=act_dtype)
+        return module
 
     @property
     def packed(self) -> PackedWeight:
@@ -75,9 +109,13 @@ class QuantizedLinear(torch.nn.Module):
             missing_keys.remove(key)  # saved before versions were recorded: accepted where the layout is unchanged
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        buffers = self._buffers
+        if buffers.get("input_perm") is not None:  # GPTQ act-order: K was sorted by group at load time
+            x = x.index_select(-1, buffers["input_perm"])
+        if buffers.get("input_scale") is not None:  # ModelOpt INT4_AWQ pre_quant_scale
+            x = (x * buffers["input_scale"]).contiguous()
         # One PackedWeight per set of buffers, made again only when a buffer was replaced
         # (.to(), .cuda(), assignment); load_state_dict copies into the same tensors.
-        buffers = self._buffers
         packed = self.__dict__.get("_packed")
         if (packed is None or packed.w is not buffers["w"] or packed.w_scale is not buffers["w_scale"]
                 or packed.w_zero_point is not buffers["w_zero_point"]):

@@ -1,0 +1,44 @@
+"""Whether this installation can run a checkpoint layer on an arch: the support matrix
+(support.py), the layer's shape rules, and the installed catalog (else the JIT)."""
+from __future__ import annotations
+
+import torch
+
+from humming_aot.checkpoints.layer import CheckpointLayer
+
+__all__ = ["layer_spec", "serving_status"]
+
+
+def layer_spec(layer: CheckpointLayer):
+    """(GemmSpec, packed weight) of the GEMM ``QuantizedLinear.from_checkpoint`` runs for this layer,
+    or (None, why) when it has none."""
+    from humming_aot import ops
+    from humming_aot.packing import pack
+
+    qw = layer.weight
+    if qw.codes.dim() != 2:
+        return None, "stacked MoE expert weights have no GEMM in humming_aot yet"
+    act_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(qw.format.scale_dtype, torch.bfloat16)
+    try:
+        packed = pack(qw, act_dtype=act_dtype)
+    except ValueError as err:
+        return None, str(err)
+    return ops.gemm_spec(packed), packed
+
+
+def serving_status(layer: CheckpointLayer, arch: str, catalog) -> str:
+    """One line: ``catalog`` (a precompiled kernel of the layer's spec exists for ``arch``), ``JIT``
+    (supported, but compiled at run time), or ``no: <why>``."""
+    from humming_aot import support
+    from humming_aot.spec import KernelKey
+
+    spec, packed = layer_spec(layer)
+    if spec is None:
+        return f"no: {packed}"
+    errors = support.problem_errors(spec, arch, 1, packed.n, packed.k, packed.group_size)
+    if errors:
+        return "no: " + "; ".join(e for e in errors if e)
+    if catalog is not None and arch in catalog.archs:
+        if any(KernelKey.from_name(name).spec == spec for name in catalog.keys_for(arch)):
+            return "catalog"
+    return "JIT (no precompiled kernel of this spec in the installed catalog)"
