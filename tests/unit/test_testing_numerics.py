@@ -16,6 +16,7 @@ from humming_aot.testing.numerics import (
     poison_like,
     random_activation,
     reference_gemm,
+    tile_max,
     ulp,
 )
 
@@ -141,13 +142,98 @@ def test_fails_on_one_wrong_scale_group():
 def test_fails_on_systematic_bias_below_the_elementwise_bound():
     a, w_eff = _operands(64, 128, 256, torch.bfloat16)
     ref = reference_gemm(a, w_eff)
-    base_max = (torch.matmul(a, w_eff.T).double() - ref).abs().max().item()
+    base_err = (_float32_baseline(a, w_eff, torch.bfloat16) - ref).abs()
     m_acc = ACCUMULATION_ERROR_MULTIPLIER["fp32"]
-    out = (ref + 0.8 * m_acc * base_max).to(torch.bfloat16)  # every element off by the same amount
+    out = (ref + 0.8 * m_acc * tile_max(base_err).min()).to(torch.bfloat16)  # every element off by the same amount
     err = (out.double() - ref).abs()
-    assert (err <= m_acc * base_max + ulp(ref, torch.bfloat16)).all(), "precondition: within the elementwise bound"
-    with pytest.raises(AssertionError, match="RMS error is not"):
+    assert (err <= m_acc * tile_max(base_err) + ulp(ref, torch.bfloat16)).all(), "precondition: within the elementwise bound"
+    with pytest.raises(AssertionError, match="rms"):
         assert_gemm_close(out, ref, a=a, w_eff=w_eff)
+
+
+def _float32_baseline(a: torch.Tensor, w_eff: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The helper's baseline, written out: float32 operands and sums, rounded once to dtype."""
+    return (a.float() @ w_eff.float().T).to(dtype).double()
+
+
+def _bound(a, w_eff, ref, dtype):
+    """The documented elementwise bound, computed here from its definition (not by the helper):
+    M_acc x the largest baseline error in the element's 16 x 64 output tile + ulp(ref)."""
+    base_err = (_float32_baseline(a, w_eff, dtype) - ref).abs()
+    m, n = ref.shape
+    local = torch.zeros_like(base_err)
+    for i in range(0, m, 16):
+        for j in range(0, n, 64):
+            local[i : i + 16, j : j + 64] = base_err[i : i + 16, j : j + 64].max()
+    return ACCUMULATION_ERROR_MULTIPLIER["fp32"] * local + ulp(ref, dtype)
+
+
+@pytest.mark.parametrize("factor", [0.9, 1.3], ids=lambda f: f"x{f}")
+def test_elementwise_bound_is_pinned(factor):
+    """One element off by `factor` times its documented bound: 0.9 passes, 1.3 fails. A helper
+    whose elementwise term were doubled (or halved) gets one of the two wrong."""
+    a, w_eff = _operands(48, 128, 512, torch.bfloat16)
+    ref = reference_gemm(a, w_eff)
+    bound = _bound(a, w_eff, ref, torch.bfloat16)
+    out = _float32_baseline(a, w_eff, torch.bfloat16).to(torch.bfloat16)
+    # the element with the smallest |ref| in tile (1, 1), so that its own ulp is a small part of
+    # the bound and the doubled M_acc term is what matters
+    tile = ref[16:32, 64:128].abs()
+    i, j = divmod(int(tile.argmin()), 64)
+    i, j = 16 + i, 64 + j
+    out[i, j] = (ref[i, j] + factor * bound[i, j]).to(torch.bfloat16)
+    actual = (out[i, j].double() - ref[i, j]).abs() / bound[i, j]
+    assert abs(actual - factor) < 0.05, f"precondition: the element is off by {actual:.3f} of its bound"
+    assert bound[i, j] > 4 * ulp(ref[i, j], torch.bfloat16), "precondition: the M_acc term dominates the bound"
+    if factor < 1:
+        assert_gemm_close(out, ref, a=a, w_eff=w_eff, context=f"x{factor}")
+    else:
+        with pytest.raises(AssertionError, match=rf"1 of {48 * 128} elements exceed"):
+            assert_gemm_close(out, ref, a=a, w_eff=w_eff, context=f"x{factor}")
+
+
+@pytest.mark.parametrize(("row", "col"), [(0, 0), (2048, 128), (4080, 192)], ids=lambda v: str(v))
+def test_fails_on_two_percent_in_one_tile_at_m4096(row, col):
+    """A 2% error in one 16 x 64 output tile of a 4096-row bfloat16 GEMM (the kind of error a
+    wrong fragment offset or a stale register makes): the per-tile checks see it although the
+    tile is 1/1024 of the output."""
+    a, w_eff = _operands(4096, 256, 512, torch.bfloat16)
+    ref = reference_gemm(a, w_eff)
+    out = torch.matmul(a, w_eff.T)
+    assert_gemm_close(out, ref, a=a, w_eff=w_eff, context="precondition: the untouched output passes")
+    out[row : row + 16, col : col + 64] = (ref[row : row + 16, col : col + 64] * 1.02).to(torch.bfloat16)
+    with pytest.raises(AssertionError, match="16 x 64 output tile"):
+        assert_gemm_close(out, ref, a=a, w_eff=w_eff, context=f"2% in tile ({row}, {col})")
+
+
+@pytest.mark.parametrize("m", [16, 4096])
+def test_fails_on_a_neighbouring_groups_scale(m):
+    """Group 3's scale applied to group 2 of one 64-column block of the weight, the two scales
+    10% apart (an off-by-one group index in one N tile)."""
+    gen = torch.Generator().manual_seed(SEED)
+    n, k, group = 256, 512, 64
+    codes = torch.randint(-7, 8, (n, k), generator=gen).double()
+    scales = (torch.rand(n, k // group, generator=gen, dtype=torch.float64) + 0.5) * 2.0**-4
+    scales[:, 3] = scales[:, 2] * 1.1
+    expand = lambda s: s.repeat_interleave(group, dim=1)  # noqa: E731
+    w_eff = (codes * expand(scales)).to(torch.bfloat16)
+    wrong_scales = scales.clone()
+    wrong_scales[64:128, 2] = scales[64:128, 3]
+    w_kernel = (codes * expand(wrong_scales)).to(torch.bfloat16)
+    a = random_activation(m, k, torch.bfloat16, "cpu", gen)
+    ref = reference_gemm(a, w_eff)
+    assert_gemm_close(torch.matmul(a, w_eff.T), ref, a=a, w_eff=w_eff, context="precondition: the right scales pass")
+    with pytest.raises(AssertionError):
+        assert_gemm_close(torch.matmul(a, w_kernel.T), ref, a=a, w_eff=w_eff, context=f"neighbouring group's scale m={m}")
+
+
+def test_tile_max():
+    x = torch.zeros(20, 70, dtype=torch.float64)
+    x[3, 5], x[17, 2], x[1, 69] = 2.0, 5.0, 7.0
+    local = tile_max(x)
+    assert local.shape == (20, 70)
+    assert (local[:16, :64] == 2.0).all() and (local[16:, :64] == 5.0).all()
+    assert (local[:16, 64:] == 7.0).all() and (local[16:, 64:] == 0.0).all()
 
 
 def test_unknown_accumulation_mode_is_an_error():
