@@ -58,10 +58,11 @@ __all__ = [
     "reference_gemm",
     "assert_gemm_close",
     "assert_bitwise_equal",
-    "tile_max",
     "poison_like",
     "random_activation",
+    "tile_max",
     "ulp",
+    "with_every_code",
 ]
 
 
@@ -373,6 +374,32 @@ def random_activation(
     draw_device = generator.device if generator is not None else device
     a = torch.randn((m, k), generator=generator, dtype=torch.float32, device=draw_device)
     return a.to(device=device, dtype=dtype)
+
+
+def with_every_code(qw, generator: torch.Generator | None = None):
+    """``qw`` (a ``humming_aot.quant.QuantizedWeight``) with its integer codes replaced by codes
+    drawn uniformly over every value of the element, on the codes' device, the first
+    ``num_codes`` of them (in row-major order) being every code once, so each is present whatever
+    the draw. Quantized noise leaves the extreme codes rare, and the symmetric int1 recipe rounds
+    every weight to 0, which any kernel that writes zeros would match. Scales and zero points
+    are kept; float elements are returned unchanged (some of their bit patterns are NaN).
+    """
+    import dataclasses
+
+    from humming_aot import formats
+
+    element = formats.get(qw.format.element)
+    if not element.is_integer:
+        return qw
+    if qw.codes.numel() < element.num_codes:
+        raise ValueError(
+            f"with_every_code: a {tuple(qw.codes.shape)} weight holds fewer than the {element.num_codes} codes of "
+            f"{element.name}; use a weight of at least {element.num_codes} elements"
+        )
+    draw_device = generator.device if generator is not None else qw.codes.device
+    codes = torch.randint(0, element.num_codes, qw.codes.shape, generator=generator, device=draw_device)
+    codes.view(-1)[: element.num_codes] = torch.arange(element.num_codes, device=draw_device)
+    return dataclasses.replace(qw, codes=codes.to(device=qw.codes.device, dtype=torch.uint8))
 
 
 def _check_gemm_operands(a: torch.Tensor, w_eff: torch.Tensor, bias: torch.Tensor | None) -> None:

@@ -14,7 +14,7 @@ import humming_aot
 from humming_aot import dispatch, formats, ops
 from humming_aot.catalog import installed_catalog
 from humming_aot.spec import KernelKey, ZeroPoint
-from humming_aot.testing.numerics import assert_bitwise_equal, assert_gemm_close, reference_gemm
+from humming_aot.testing.numerics import assert_bitwise_equal, assert_gemm_close, reference_gemm, with_every_code
 
 M_VALUES = (1, 3, 16, 129, 1024, 4096)
 # (N, K, group): the minimum alignment, then non-power-of-two multiples (the last also splits K),
@@ -50,22 +50,10 @@ def _seed() -> int:
     return int.from_bytes(os.urandom(4), "little")
 
 
-def _every_integer_code(q, gen):
-    """Integer elements: the quantizer's scales and zero points with codes drawn uniformly over
-    every value of the element, so that the kernel decodes each code (quantized noise leaves some
-    unused: GPTQ's symmetric int1 grid rounds every weight to 0). Float elements keep the
-    quantizer's codes (some bit patterns are NaN)."""
-    element = formats.get(q.format.element)
-    if not element.is_integer:
-        return q
-    codes = torch.randint(0, element.num_codes, q.codes.shape, device=q.codes.device, generator=gen)
-    return dataclasses.replace(q, codes=codes.to(torch.uint8))
-
-
 def _make_weight(key, n, k, group, gen):
     act = getattr(torch, key.spec.a_dtype)
     w = torch.randn(n, k, device="cuda", generator=gen) * 0.05
-    return humming_aot.pack(_every_integer_code(humming_aot.quantize(w, _format(key, group)), gen), act_dtype=act)
+    return humming_aot.pack(with_every_code(humming_aot.quantize(w, _format(key, group)), gen), act_dtype=act)
 
 
 def _run(key, a, packed, bias):
@@ -152,7 +140,7 @@ def _exact_grid_problem(key, gen, scale_mantissa_bits: int):
     m, n, k = 37, 192, max(256, key.tile.block_k)
     act = getattr(torch, key.spec.a_dtype)
     w = torch.randint(-7, 8, (n, k), device="cuda", generator=gen).float()
-    packed = humming_aot.pack(_every_integer_code(humming_aot.quantize(w, _format(key, 64)), gen), act_dtype=act)
+    packed = humming_aot.pack(with_every_code(humming_aot.quantize(w, _format(key, 64)), gen), act_dtype=act)
     mantissa = 1 + torch.randint(0, 2**scale_mantissa_bits, packed.w_scale.shape, device="cuda", generator=gen) / 128
     exponent = torch.randint(-3, 1, packed.w_scale.shape, device="cuda", generator=gen)
     packed.w_scale.copy_((mantissa * torch.exp2(exponent)).to(act))

@@ -18,6 +18,7 @@ from humming_aot.testing.numerics import (
     reference_gemm,
     tile_max,
     ulp,
+    with_every_code,
 )
 
 OUT_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -308,3 +309,29 @@ def test_random_activation_is_fresh_per_call_and_seeded():
     assert not torch.equal(first, second)
     again = random_activation(4, 16, torch.bfloat16, "cpu", torch.Generator().manual_seed(7))
     assert_bitwise_equal(first, again, "same seed, same data")
+
+
+@pytest.mark.parametrize("fmt", ["int1:g64", "int4:g32", "uint8:g64:zp", "uint3:channel:zpf"])
+def test_with_every_code_holds_every_code(fmt):
+    import humming_aot
+
+    qw = humming_aot.quantize(torch.randn(64, 256, generator=torch.Generator().manual_seed(8)), fmt)
+    if fmt.startswith("int1"):
+        assert torch.equal(humming_aot.dequantize(qw), torch.zeros(64, 256)), "the int1 recipe's all-zero weight"
+    drawn = with_every_code(qw, torch.Generator().manual_seed(9))
+    bits = int(fmt.split(":")[0].removeprefix("u")[3:])
+    assert torch.equal(torch.unique(drawn.codes), torch.arange(2**bits, dtype=torch.uint8))
+    assert drawn.scales is qw.scales and drawn.zero_points is qw.zero_points
+    again = with_every_code(qw, torch.Generator().manual_seed(9))
+    assert_bitwise_equal(drawn.codes, again.codes, "same seed, same codes")
+    assert not torch.equal(humming_aot.dequantize(drawn), torch.zeros(64, 256))
+
+
+def test_with_every_code_keeps_float_codes_and_refuses_tiny_weights():
+    import humming_aot
+
+    qw = humming_aot.quantize(torch.randn(64, 64), "float4e2m1:g32")
+    assert with_every_code(qw) is qw
+    small = humming_aot.quantize(torch.randn(4, 32), "int8:channel")
+    with pytest.raises(ValueError, match="fewer than the 256 codes of int8"):
+        with_every_code(small)
