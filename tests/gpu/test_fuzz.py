@@ -1,6 +1,6 @@
 """Seeded fuzz tier: random M, N, K, group size, weight format and activation dtype through the
 public path (quantize -> pack -> ops.gemm, heuristic tile and split-K), against the float64
-reference of exactly the operands the kernel multiplies (STYLE G6: fresh data, NaN-poisoned
+reference of exactly the operands the kernel multiplies (fresh data, NaN-poisoned
 output, the one tolerance helper).
 
 Every run draws a new master seed and prints it; HUMMING_AOT_FUZZ_SEED=<seed> replays a run and

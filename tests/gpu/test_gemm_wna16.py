@@ -1,5 +1,5 @@
 """Every catalog kernel of the WnA16 families (integer and float weights, mma.sync and wgmma
-bodies) against a float64 reference of exactly the operands it multiplies (STYLE G6): fresh
+bodies) against a float64 reference of exactly the operands it multiplies: fresh
 random data per run, NaN-poisoned outputs, odd shapes, split-K, bias, CUDA-graph capture, two runs
 bitwise equal; and every weight format of the public API (MX, NVFP4, tensor and block scales)."""
 from __future__ import annotations
