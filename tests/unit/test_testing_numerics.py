@@ -172,8 +172,11 @@ def _bound(a, w_eff, ref, dtype):
 @pytest.mark.parametrize("factor", [0.9, 1.3], ids=lambda f: f"x{f}")
 def test_elementwise_bound_is_pinned(factor):
     """One element off by `factor` times its documented bound: 0.9 passes, 1.3 fails. A helper
-    whose elementwise term were doubled (or halved) gets one of the two wrong."""
+    whose elementwise term were doubled (or halved) gets one of the two wrong. Rows 16-31 of the
+    activation are scaled by 2^-6 (exactly), so the element's tile has outputs 64 times smaller
+    than the rest: a bound taken from the whole output's largest baseline error would pass it."""
     a, w_eff = _operands(48, 128, 512, torch.bfloat16)
+    a[16:32] *= 2.0**-6
     ref = reference_gemm(a, w_eff)
     bound = _bound(a, w_eff, ref, torch.bfloat16)
     out = _float32_baseline(a, w_eff, torch.bfloat16).to(torch.bfloat16)
@@ -205,6 +208,24 @@ def test_fails_on_two_percent_in_one_tile_at_m4096(row, col):
     out[row : row + 16, col : col + 64] = (ref[row : row + 16, col : col + 64] * 1.02).to(torch.bfloat16)
     with pytest.raises(AssertionError, match="16 x 64 output tile"):
         assert_gemm_close(out, ref, a=a, w_eff=w_eff, context=f"2% in tile ({row}, {col})")
+
+
+def test_fails_on_a_bias_confined_to_one_tile_below_the_elementwise_bound():
+    """Every element of one 16 x 64 tile of a 4096-row output off by 0.6 of its elementwise
+    bound, all the same way: each element passes, the whole output's RMS hardly moves (1/1024 of
+    it), and only the tile's own RMS check sees it."""
+    a, w_eff = _operands(4096, 256, 512, torch.bfloat16)
+    ref = reference_gemm(a, w_eff)
+    out = torch.matmul(a, w_eff.T)
+    m_acc = ACCUMULATION_ERROR_MULTIPLIER["fp32"]
+    local = tile_max((_float32_baseline(a, w_eff, torch.bfloat16) - ref).abs())
+    rows, cols = slice(2048, 2064), slice(128, 192)
+    out[rows, cols] = (ref[rows, cols] + 0.6 * m_acc * local[rows, cols]).to(torch.bfloat16)
+    err = (out.double() - ref).abs()
+    assert (err <= m_acc * local + ulp(ref, torch.bfloat16)).all(), "precondition: within the elementwise bound"
+    with pytest.raises(AssertionError, match=r"1 of 1024 16 x 64 output tiles exceed rms") as failure:
+        assert_gemm_close(out, ref, a=a, w_eff=w_eff, context="bias in one tile")
+    assert "rows 2048.., cols 128.." in str(failure.value)
 
 
 @pytest.mark.parametrize("m", [16, 4096])
