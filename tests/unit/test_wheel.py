@@ -101,7 +101,7 @@ def test_smoke_wheel_installs_into_a_fresh_venv(tmp_path):
     )
     assert build.returncode == 0, build.stderr + build.stdout
     (path,) = (tmp_path / "dist").glob("*.whl")
-    release = re.search(r"with nvcc (\d+)\.(\d+) ", build.stdout)  # the CUDA release the build compiled with
+    release = re.search(r" with CUDA (\d+)\.(\d+) in ", build.stdout)  # the CUDA release the build compiled with
     assert release, build.stdout
     cuda_tag = f"cu{release.group(1)}{release.group(2)}"
     assert path.name == f"humming_aot-{__version__}+{cuda_tag}.sm80-{wheel.wheel_tag()}.whl"
