@@ -35,8 +35,9 @@ Encoding rules shared by every format of at most 8 bits (each code is one ``uint
 * ``float8e8m0`` has no zero and no sign: ``0`` and values below ``2^-127`` give code 0
   (``2^-127``), negative values give the NaN code.
 
-The wider formats ``float16``/``bfloat16``/``float32`` encode with a torch cast (round to nearest
-even, overflow to inf, NaN kept) and return a tensor of that dtype rather than raw bits.
+The wider formats ``float16``/``bfloat16``/``float32`` encode with :func:`round_to` (round to
+nearest even, overflow to inf, NaN kept; once, also from float64) and return a tensor of that
+dtype rather than raw bits.
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ from enum import Enum
 
 import torch
 
-__all__ = ["ElementFormat", "FormatKind", "SpecialValues", "all_names", "get"]
+__all__ = ["ElementFormat", "FormatKind", "SpecialValues", "all_names", "get", "round_to"]
 
 # Elements per encode step: bounds the float64 temporaries (~32 MiB each) on large tensors.
 _ENCODE_CHUNK = 1 << 22
@@ -211,7 +212,7 @@ class ElementFormat:
         if x.is_complex() or x.dtype == torch.bool:
             raise ValueError(f"{self.name}.encode expects a real floating or integer tensor, got {x.dtype}")
         if self.kind is FormatKind.TORCH_FLOAT:
-            return x.to(self.torch_dtype)
+            return round_to(x, self.torch_dtype)
         if not self.has_nan and x.is_floating_point() and bool(torch.isnan(x).any()):
             raise ValueError(
                 f"{self.name} has no NaN encoding but the input holds NaN at {_first_nan(x)}: "
@@ -411,6 +412,26 @@ def _encode_float(fmt: ElementFormat, x: torch.Tensor) -> torch.Tensor:
     if fmt.has_nan:
         codes = torch.where(torch.isnan(x), fmt.nan_code, codes)
     return codes.to(torch.uint8)
+
+
+def round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` rounded once, to nearest even, to ``dtype`` (any shape and device).
+
+    torch casts float64 to float16 and bfloat16 through float32, which rounds twice: 1 + 2^-8 +
+    2^-30 becomes 1.0 in bfloat16 instead of 1 + 2^-7. Here the float64 value is first narrowed to
+    float32 rounding to odd (truncate, then set the last bit if anything was cut off), which keeps
+    the information the second rounding needs because float32 has more than two bits beyond
+    either 16-bit significand; the cast from there rounds once. Other dtypes are plain casts.
+    """
+    if x.dtype != torch.float64 or dtype not in (torch.float16, torch.bfloat16):
+        return x.to(dtype)
+    narrow = x.to(torch.float32)
+    inexact = torch.isfinite(narrow) & (narrow.to(torch.float64) != x)
+    bits = narrow.view(torch.int32)
+    # sign-magnitude: one less in the bits is one float32 ulp toward zero, for either sign
+    bits = torch.where(inexact & (narrow.to(torch.float64).abs() > x.abs()), bits - 1, bits)
+    bits = torch.where(inexact, bits | 1, bits)
+    return bits.view(torch.float32).to(dtype)
 
 
 def _exp2(exponent: torch.Tensor) -> torch.Tensor:

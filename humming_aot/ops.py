@@ -11,6 +11,7 @@ import functools
 
 import torch
 
+from humming_aot.formats import round_to
 from humming_aot.packing import PackedWeight, unpack
 from humming_aot.spec import GemmSpec, TileConfig, ZeroPoint
 
@@ -105,7 +106,7 @@ def _gemm_wna16_cpu(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size
     out = a.reshape(-1, k).to(torch.float64) @ packed.effective_weight().t()
     if bias is not None:
         out = out + bias.to(torch.float64)
-    return out.to(a.dtype).reshape(*a.shape[:-1], n)
+    return round_to(out, a.dtype).reshape(*a.shape[:-1], n)
 
 
 # Registered with the low-level torch.library API rather than torch.library.custom_op: the latter

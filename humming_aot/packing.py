@@ -14,6 +14,7 @@ import math
 
 import torch
 
+from humming_aot.formats import round_to
 from humming_aot.packed_layout import (
     check_layout_version,
     layout_version,
@@ -115,8 +116,8 @@ class PackedWeight:
         if self.float_zero_point:
             codes, scales, zeros = unpack(self)
             idx = torch.arange(self.k, device=codes.device) // self.group_size
-            shifted = (codes.double() - zeros.double()[:, idx]).to(self.act_dtype)
-            return (shifted.double() * scales.double()[:, idx]).to(self.act_dtype)
+            shifted = round_to(codes.double() - zeros.double()[:, idx], self.act_dtype)
+            return round_to(shifted.double() * scales.double()[:, idx], self.act_dtype)
         return _reference_dequantize(self).to(self.act_dtype)
 
     def effective_weight(self, *, scales_in_fp32: bool = False) -> torch.Tensor:

@@ -9,7 +9,7 @@
 #   wheels    install carried wheels from ./.whl/ into /tmp/site    -> build.log
 #   launcher  python3 setup.py build_ext --inplace -j 16            -> build.log
 #   catalog   python3 -m humming_aot build --arch sm90a --inplace   -> build.log (timed)
-#   tests     pytest tests/gpu -m gpu                               -> tests.log, tests.xml
+#   tests     pytest tests -m gpu (every gpu-marked test, tests/unit's too) -> tests.log, tests.xml
 #   tune      tools/bench/tune_tiles.py (extra args: $TUNE_ARGS)   -> bench.log, tune.json
 #   bench     tools/bench/bench_gemm.py (extra args: $BENCH_ARGS)  -> bench.log, bench.json
 #   cold      tools/bench/cold_start.py (extra args: $COLD_ARGS)   -> bench.log, cold_start.json
@@ -143,7 +143,7 @@ step_catalog() {
 step_tests() {
     local -a extra=()
     [[ -n "${PYTEST_ARGS:-}" ]] && mapfile -t extra < <(split_args "$PYTEST_ARGS")
-    python3 -m pytest tests/gpu -m gpu -q -x --timeout 900 -p no:cacheprovider \
+    python3 -m pytest tests -m gpu -q -x --timeout 900 -p no:cacheprovider \
         --junitxml "$OUTDIR/tests.xml" "${extra[@]}"
 }
 

@@ -3,7 +3,7 @@ the same tolerance rule.
 
 - ``numerics``: ``reference_gemm`` (float64 reference on the kernel's exact operands),
   ``assert_gemm_close`` (the one tolerance rule), ``assert_bitwise_equal``, ``poison_like``,
-  ``random_activation``.
+  ``random_activation``, ``with_every_code``.
 - ``bench``: ``time_cuda_graph`` (CUDA-graph replays over inputs rotated past L2), throughput
   helpers. Imported on use: ``humming_aot.testing.bench``.
 """
@@ -15,7 +15,9 @@ from humming_aot.testing.numerics import (
     poison_like,
     random_activation,
     reference_gemm,
+    tile_max,
     ulp,
+    with_every_code,
 )
 
 __all__ = [
@@ -26,5 +28,7 @@ __all__ = [
     "poison_like",
     "random_activation",
     "reference_gemm",
+    "tile_max",
     "ulp",
+    "with_every_code",
 ]

@@ -1,6 +1,6 @@
 """Seeded fuzz tier: random M, N, K, group size, weight format and activation dtype through the
 public path (quantize -> pack -> ops.gemm, heuristic tile and split-K), against the float64
-reference of exactly the operands the kernel multiplies (STYLE G6: fresh data, NaN-poisoned
+reference of exactly the operands the kernel multiplies (fresh data, NaN-poisoned
 output, the one tolerance helper).
 
 Every run draws a new master seed and prints it; HUMMING_AOT_FUZZ_SEED=<seed> replays a run and
@@ -16,7 +16,7 @@ import torch
 
 import humming_aot
 from humming_aot import dispatch, ops
-from humming_aot.testing.numerics import assert_gemm_close, reference_gemm
+from humming_aot.testing.numerics import assert_gemm_close, reference_gemm, with_every_code
 
 _INT = [f"int{b}" for b in range(1, 9)]
 _UINT_ZP = [f"uint{b}:{{gran}}:{zp}" for b in range(1, 9) for zp in ("zp", "zpf")]
@@ -79,7 +79,8 @@ def test_fuzz_public_gemm(case):
     m, n, k = case["m"], case["n"], case["k"]
     context = f"{case} master_seed={MASTER_SEED}"
     gen = torch.Generator(device="cuda").manual_seed(case["seed"])
-    qw = humming_aot.quantize(torch.randn(n, k, device="cuda", generator=gen) * 0.05, case["fmt"])
+    # integer codes drawn over every value of the element (the int1 recipe quantizes to all zeros)
+    qw = with_every_code(humming_aot.quantize(torch.randn(n, k, device="cuda", generator=gen) * 0.05, case["fmt"]), gen)
     packed = humming_aot.pack(qw, act_dtype=act)
     a = torch.randn(m, k, device="cuda", generator=gen).to(act)
     bias = (torch.randn(n, device="cuda", generator=gen) * 0.5).to(act) if case["seed"] % 2 else None

@@ -1,10 +1,10 @@
 """Every catalog kernel of the WnA16 families (integer and float weights, mma.sync and wgmma
-bodies) against a float64 reference of exactly the operands it multiplies (STYLE G6): fresh
+bodies) against a float64 reference of exactly the operands it multiplies: fresh
 random data per run, NaN-poisoned outputs, odd shapes, split-K, bias, CUDA-graph capture, two runs
 bitwise equal; and every weight format of the public API (MX, NVFP4, tensor and block scales)."""
 from __future__ import annotations
 
-import dataclasses
+import math
 import os
 
 import pytest
@@ -13,8 +13,10 @@ import torch
 import humming_aot
 from humming_aot import dispatch, formats, ops
 from humming_aot.catalog import installed_catalog
+from humming_aot.formats import round_to
+from humming_aot.packing import _scale_compensation
 from humming_aot.spec import KernelKey, ZeroPoint
-from humming_aot.testing.numerics import assert_bitwise_equal, assert_gemm_close, reference_gemm
+from humming_aot.testing.numerics import assert_bitwise_equal, assert_gemm_close, reference_gemm, with_every_code
 
 M_VALUES = (1, 3, 16, 129, 1024, 4096)
 # (N, K, group): the minimum alignment, then non-power-of-two multiples (the last also splits K),
@@ -36,6 +38,8 @@ def _device_keys() -> list:
         return [pytest.param(None, id="no-catalog")]
     arches = dispatch.device_info(torch.cuda.current_device()).arches
     names = [name for arch in arches for name in catalog.keys_for(arch)]
+    if not names:  # the tests assert a key: this fails them, naming the missing catalog
+        return [pytest.param(None, id=f"no-catalog-kernels-for-{'-'.join(arches)}")]
     return [pytest.param(KernelKey.from_name(name), id=name) for name in sorted(names)]
 
 
@@ -47,25 +51,17 @@ def _format(key: KernelKey, group: int | None) -> str:
 
 
 def _seed() -> int:
-    return int.from_bytes(os.urandom(4), "little")
-
-
-def _every_integer_code(q, gen):
-    """Integer elements: the quantizer's scales and zero points with codes drawn uniformly over
-    every value of the element, so that the kernel decodes each code (quantized noise leaves some
-    unused: GPTQ's symmetric int1 grid rounds every weight to 0). Float elements keep the
-    quantizer's codes (some bit patterns are NaN)."""
-    element = formats.get(q.format.element)
-    if not element.is_integer:
-        return q
-    codes = torch.randint(0, element.num_codes, q.codes.shape, device=q.codes.device, generator=gen)
-    return dataclasses.replace(q, codes=codes.to(torch.uint8))
+    """A fresh seed for a torch.Generator, printed (pytest shows it with a failure's output) and
+    named in every failure message, so that a failing case can be replayed."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"seed={seed}")
+    return seed
 
 
 def _make_weight(key, n, k, group, gen):
     act = getattr(torch, key.spec.a_dtype)
     w = torch.randn(n, k, device="cuda", generator=gen) * 0.05
-    return humming_aot.pack(_every_integer_code(humming_aot.quantize(w, _format(key, group)), gen), act_dtype=act)
+    return humming_aot.pack(with_every_code(humming_aot.quantize(w, _format(key, group)), gen), act_dtype=act)
 
 
 def _run(key, a, packed, bias):
@@ -92,12 +88,22 @@ def test_kernel_matches_float64_reference(key):
             assert_bitwise_equal(out, _run(key, a, packed, bias), context)
 
 
+def _none_skipped(params: list, what: str) -> list:
+    """``params``, or, where the installed catalog has none of ``what``, one case skipped with that
+    reason (an empty parametrization is a collection error: empty_parameter_set_mark)."""
+    if params:
+        return params
+    reason = f"the installed kernel catalog has no {what} for this GPU (a smoke catalog?): build the default one"
+    return [pytest.param(None, marks=pytest.mark.skip(reason=reason), id="none-in-catalog")]
+
+
 def _cluster_keys() -> list:
     """The device keys that sum their split-K slices in a thread-block cluster (sm_90+ 8-row tiles)."""
     keys = _device_keys()
     if keys[0].values[0] is None:
         return keys
-    return [param for param in keys if param.values[0].reduces_splits_in_cluster]
+    return _none_skipped([param for param in keys if param.values[0].reduces_splits_in_cluster],
+                         "kernel that sums split-K slices in a cluster (8-row mma.sync tiles, sm_90+)")
 
 
 @pytest.mark.parametrize("key", _cluster_keys())
@@ -130,34 +136,113 @@ def test_cluster_and_workspace_split_k_give_the_same_bits(key):
             assert_bitwise_equal(outs[0], outs[1], context)
 
 
-@pytest.mark.parametrize("key", _device_keys())
-def test_exact_grid_inputs_are_bitwise_exact(key):
-    """Small-integer activations and power-of-two scales: every product and partial sum is exact in
-    fp32, so the kernel must equal the float64 reference rounded once."""
-    assert key is not None, "no kernel catalog"
-    seed = _seed()
-    packed, a = _exact_grid_problem(key, torch.Generator(device="cuda").manual_seed(seed), scale_mantissa_bits=0)
-    out = _run(key, a, packed, None)
-    ref = reference_gemm(a, packed.effective_weight(scales_in_fp32=key.scales_in_fp32), None).to(a.dtype)
-    assert_bitwise_equal(out, ref, f"key={key.name} seed={seed}")
-    for rows in (1, 2):  # the 8-row tile's own offset path for tiles of at most two tokens
-        assert_bitwise_equal(_run(key, a[:rows], packed, None), ref[:rows], f"key={key.name} m={rows} seed={seed}")
+EXACT_M = (1, 2, 8, 16, 129)  # 1 and 2: the 8-row tile's own offset path for tiles of at most two tokens
+EXACT_SPLITS = range(1, 9)  # forced, on the global workspace and (where the key can) in a cluster
+EXACT_STAGES = 8  # K in stages of the key's tile: every split count up to 8 gets whole stages
 
 
-def _exact_grid_problem(key, gen, scale_mantissa_bits: int):
-    """(packed, a) for a 37 x 192 x K problem (K = 256, or the key's K stage if wider) whose
-    products and fp32 sums are exact: weights and activations small integers, scales
-    2^e x (1 + j / 128) for e in [-3, 0] and j drawn below 2^scale_mantissa_bits (0: powers of
-    two), all exact in bf16 and f16."""
-    m, n, k = 37, 192, max(256, key.tile.block_k)
+def _quantum(x: torch.Tensor) -> float:
+    """The largest power of two that divides every nonzero element of float64 ``x``."""
+    nonzero = x[x != 0].abs()
+    mantissa, exponent = torch.frexp(nonzero)  # nonzero = mantissa * 2^exponent, mantissa in [0.5, 1)
+    digits = (mantissa * 2.0**53).to(torch.int64)  # exact: a float64 significand
+    lowest = torch.log2((digits & -digits).to(torch.float64)).round().to(torch.int64)
+    return 2.0 ** int((exponent.to(torch.int64) - 53 + lowest).min().item())
+
+
+def _exact_grid_problem(key, gen, group: int | None, scale_mantissa_bits: int = 7):
+    """(packed, a, w_dyn) for a 129 x 320 x K problem, K = 8 stages of the key's tile, whose fp32
+    products and partial sums are exact in any order, so that the kernel must equal the float64
+    reference rounded once, bit for bit.
+
+    Integer codes: every code of the element; float codes: the quantizer's codes of small
+    integers (no subnormals). Scales 2^e x (1 + j / 128), e in four consecutive exponents (at
+    most 2^0, lower where the float element's largest value would overflow the activation
+    dtype) and j below 2^scale_mantissa_bits: exact in bf16 and f16, but with 8 significant
+    bits, so that (q - z) * s and decode(code) * s need rounding. Float zero points get three
+    fraction bits (z = i + f / 8), so that q - z needs rounding too. Activations: +-1, +-2 on
+    a sparse random pattern, thinned row by row until every output's sum of |a| |w| stays
+    within 2^24 quanta of the weights' grid (the exactness bound, checked here).
+    ``w_dyn`` is the weight the kernel multiplies with, before the (power-of-two) global scale.
+    """
+    m, n, k = max(EXACT_M), 320, EXACT_STAGES * key.tile.block_k
     act = getattr(torch, key.spec.a_dtype)
     w = torch.randint(-7, 8, (n, k), device="cuda", generator=gen).float()
-    packed = humming_aot.pack(_every_integer_code(humming_aot.quantize(w, _format(key, 64)), gen), act_dtype=act)
-    mantissa = 1 + torch.randint(0, 2**scale_mantissa_bits, packed.w_scale.shape, device="cuda", generator=gen) / 128
-    exponent = torch.randint(-3, 1, packed.w_scale.shape, device="cuda", generator=gen)
+    packed = humming_aot.pack(with_every_code(humming_aot.quantize(w, _format(key, group)), gen), act_dtype=act)
+    assert packed.group_size == (k if group is None else group)
+    top = 0
+    if key.spec.w_is_float:
+        # keep decode * s and the float dequantizer's scale * 2^compensation (s < 2^(top + 1))
+        # finite in the activation dtype, as pack does
+        largest = max(formats.get(key.spec.w_dtype).max_value, 2.0 ** _scale_compensation(key.spec.w_dtype, act))
+        top = min(0, math.floor(math.log2(torch.finfo(act).max / (2 * largest))))
+    shape = packed.w_scale.shape
+    mantissa = 1 + torch.randint(0, 2**scale_mantissa_bits, shape, device="cuda", generator=gen) / 128
+    exponent = torch.randint(top - 3, top + 1, shape, device="cuda", generator=gen)
     packed.w_scale.copy_((mantissa * torch.exp2(exponent)).to(act))
-    a = torch.randint(-3, 4, (m, k), device="cuda", generator=gen).to(act)
-    return packed, a
+    if packed.float_zero_point:
+        levels = 2**key.spec.w_bits
+        whole = torch.randint(0, levels, shape, device="cuda", generator=gen)
+        eighths = torch.randint(0, 8, shape, device="cuda", generator=gen)
+        packed.w_zero_point.copy_((whole + eighths / 8).to(act))
+    global_scale = packed.global_scale
+    assert global_scale == 2.0 ** round(math.log2(global_scale)), f"global scale {global_scale} is not a power of two"
+    w_dyn = packed.effective_weight(scales_in_fp32=key.scales_in_fp32) / global_scale
+    assert torch.isfinite(w_dyn).all(), "the drawn scales overflow the activation dtype"
+
+    # sparse +-1, +-2 activations, as dense as the exactness bound allows
+    limit = 2.0**24 * _quantum(w_dyn)
+    density = min(1.0, limit / 4 / (k * 1.5 * w_dyn.abs().mean().item()))
+    keep = torch.rand((m, k), device="cuda", generator=gen) < density
+    values = torch.randint(1, 3, (m, k), device="cuda", generator=gen) * (torch.randint(0, 2, (m, k), device="cuda", generator=gen) * 2 - 1)
+    a64 = torch.where(keep, values, 0).to(torch.float64)
+    while True:
+        worst = (a64.abs() @ w_dyn.abs().T).amax(dim=1)  # per row: the largest sum of |a| |w| over N
+        over = worst > limit
+        if not over.any():
+            break
+        thin = torch.rand((m, k), device="cuda", generator=gen) < 0.5
+        a64[over.unsqueeze(1) & thin] = 0
+    assert (a64.abs() @ w_dyn.abs().T).max() <= limit, "exactness bound"
+    assert (a64 != 0).sum(dim=1).min() > 0, "every row has a nonzero activation"
+    return packed, a64.to(act), w_dyn
+
+
+def _exact_keys_and_groups() -> list:
+    params = []
+    for param in _device_keys():
+        for group in (64, None):
+            key = param.values[0]
+            gran = "channel" if group is None else f"g{group}"
+            params.append(pytest.param(key, group, id=f"{param.id}-{gran}"))
+    return params
+
+
+@pytest.mark.parametrize(("key", "group"), _exact_keys_and_groups())
+def test_exact_grid_inputs_are_bitwise_exact(key, group):
+    """Exact fp32 sums (see _exact_grid_problem): for M in 1, 2, 8, 16, 129 and every forced
+    split-K count 1 to 8, on the global workspace and (keys that can) in a thread-block cluster,
+    the kernel equals the float64 reference rounded once to the activation dtype, bit for bit.
+    That checks the operand roundings the kernel documents: round((q - z) * s) (or, for
+    KernelKey.scales_in_fp32 keys, (q - z) * s unrounded), round(round(q - z) * s) with float
+    zero points, and round(decode(code) * s), with scales of 8 significant bits."""
+    assert key is not None, "no kernel catalog"
+    seed = _seed()
+    packed, a_all, w_dyn = _exact_grid_problem(key, torch.Generator(device="cuda").manual_seed(seed), group)
+    w_eff = w_dyn * packed.global_scale
+    spec = ops.gemm_spec(packed)
+    reductions = (True, False) if key.reduces_splits_in_cluster else (False,)
+    for m in EXACT_M:
+        a = a_all[:m]
+        ref = round_to(reference_gemm(a, w_eff, None), a.dtype)
+        for splits in EXACT_SPLITS:
+            for clustered in reductions if splits > 1 else (False,):
+                out = torch.full((m, packed.n), float("nan"), dtype=a.dtype, device="cuda")
+                dispatch.launch_gemm(a, packed, None, spec, tile=key.tile, out=out, splits=splits,
+                                     cluster_reduction=clustered)
+                context = (f"key={key.name} group={group} m={m} k={packed.k} splits={splits} "
+                           f"cluster={clustered} seed={seed}")
+                assert_bitwise_equal(out, ref, context)
 
 
 def _integer_keys() -> list:
@@ -166,8 +251,9 @@ def _integer_keys() -> list:
     keys = _device_keys()
     if keys[0].values[0] is None:
         return keys
-    return [param for param in keys
-            if not param.values[0].spec.w_is_float and param.values[0].spec.w_zero_point is not ZeroPoint.FLOAT]
+    return _none_skipped([param for param in keys if not param.values[0].spec.w_is_float
+                          and param.values[0].spec.w_zero_point is not ZeroPoint.FLOAT],
+                         "kernel with integer codes and no float zero point")
 
 
 @pytest.mark.parametrize("key", _integer_keys())
@@ -179,12 +265,13 @@ def test_scale_rounding_is_the_kernels_own(key):
     apart (1- and 2-bit codes have |q - z| <= 2: both models hold the same weights)."""
     assert key is not None, "no kernel catalog"
     seed = _seed()
-    packed, a = _exact_grid_problem(key, torch.Generator(device="cuda").manual_seed(seed), scale_mantissa_bits=7)
+    packed, a, w_dyn = _exact_grid_problem(key, torch.Generator(device="cuda").manual_seed(seed), 64)
     out = _run(key, a, packed, None)
-    own = reference_gemm(a, packed.effective_weight(scales_in_fp32=key.scales_in_fp32), None).to(a.dtype)
+    own = round_to(reference_gemm(a, w_dyn * packed.global_scale, None), a.dtype)
     assert_bitwise_equal(out, own, f"key={key.name} scales_in_fp32={key.scales_in_fp32} seed={seed}")
     if a.dtype is torch.bfloat16 and key.spec.w_bits >= 3:
-        other = reference_gemm(a, packed.effective_weight(scales_in_fp32=not key.scales_in_fp32), None).to(a.dtype)
+        other_w = packed.effective_weight(scales_in_fp32=not key.scales_in_fp32)
+        other = round_to(reference_gemm(a, other_w, None), a.dtype)
         assert not torch.equal(own, other), f"key={key.name} seed={seed}: both scale models gave one result"
 
 
@@ -219,10 +306,12 @@ def test_public_formats_through_the_op(fmt, act):
 def test_public_gemm_cuda_graph_and_split_k():
     """The public op (heuristic tile choice, split-K for small M) inside a CUDA graph equals eager."""
     n, k = 4096, 4096
-    w = torch.randn(n, k, device="cuda") * 0.02
+    seed = _seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    w = torch.randn(n, k, device="cuda", generator=gen) * 0.02
     packed = humming_aot.pack(humming_aot.quantize(w, "int4:g128"), act_dtype=torch.bfloat16)
     for m in (1, 16, 200):
-        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        a = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
         eager = ops.gemm(a, packed)
         graph = torch.cuda.CUDAGraph()
         static_out = None
@@ -234,36 +323,45 @@ def test_public_gemm_cuda_graph_and_split_k():
         for _ in range(3):
             graph.replay()
         torch.cuda.synchronize()
-        assert_bitwise_equal(static_out, eager, f"graph replay m={m}")
+        assert_bitwise_equal(static_out, eager, f"graph replay m={m} seed={seed}")
         w_eff = ops.effective_weight(packed, m)
-        assert_gemm_close(eager, reference_gemm(a, w_eff, None), a=a, w_eff=w_eff, context=f"public gemm m={m}")
+        assert_gemm_close(eager, reference_gemm(a, w_eff, None), a=a, w_eff=w_eff, context=f"public gemm m={m} seed={seed}")
 
 
 def test_quantized_linear_and_leading_dims():
+    seed = _seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
     lin = torch.nn.Linear(512, 320, bias=True).cuda().to(torch.float16)
+    with torch.no_grad():  # the layer's own init draws from the global generator: replace it
+        lin.weight.copy_(torch.randn(320, 512, device="cuda", generator=gen) * 0.04)
+        lin.bias.copy_(torch.randn(320, device="cuda", generator=gen) * 0.5)
     q = humming_aot.nn.QuantizedLinear.from_linear(lin, "uint4:g64:zp")
-    x = torch.randn(2, 5, 512, device="cuda", dtype=torch.float16)
+    x = torch.randn(2, 5, 512, device="cuda", generator=gen).to(torch.float16)
     y = q(x)
     assert y.shape == (2, 5, 320) and y.dtype == torch.float16
     w_eff = ops.effective_weight(q.packed, 10)
     ref = reference_gemm(x.reshape(-1, 512), w_eff, q.bias)
-    assert_gemm_close(y.reshape(-1, 320), ref, a=x.reshape(-1, 512), w_eff=w_eff, bias=q.bias, context="QuantizedLinear")
+    assert_gemm_close(y.reshape(-1, 320), ref, a=x.reshape(-1, 512), w_eff=w_eff, bias=q.bias,
+                      context=f"QuantizedLinear seed={seed}")
 
 
 def test_torch_compile_traces_the_op():
-    w = torch.randn(256, 512, device="cuda") * 0.02
+    seed = _seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    w = torch.randn(256, 512, device="cuda", generator=gen) * 0.02
     packed = humming_aot.pack(humming_aot.quantize(w, "int8:channel"), act_dtype=torch.bfloat16)
-    a = torch.randn(33, 512, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(33, 512, device="cuda", generator=gen).to(torch.bfloat16)
     fn = torch.compile(lambda x: ops.gemm(x, packed) * 2, fullgraph=True)
-    assert_bitwise_equal(fn(a), ops.gemm(a, packed) * 2, "torch.compile")
+    assert_bitwise_equal(fn(a), ops.gemm(a, packed) * 2, f"torch.compile seed={seed}")
 
 
 def test_pack_on_gpu_matches_cpu_reference():
     from humming_aot.packed_layout import pack_codes, reference_pack_codes
 
-    for bits in (4, 8):
-        u = torch.randint(0, 2**bits, (320, 256))
-        assert torch.equal(pack_codes(u.cuda(), bits).cpu(), reference_pack_codes(u, bits))
+    gen = torch.Generator().manual_seed(17)
+    for bits in range(1, 9):  # 1-3 and 5-7 bits are folded into 4- and 8-bit words
+        u = torch.randint(0, 2**bits, (320, 256), generator=gen)
+        assert torch.equal(pack_codes(u.cuda(), bits).cpu(), reference_pack_codes(u, bits)), f"{bits}-bit codes"
 
 
 @pytest.mark.parametrize("m", (1, 16, 200, 1024))

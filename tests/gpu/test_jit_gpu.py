@@ -34,7 +34,10 @@ def _private_jit_cache(monkeypatch, tmp_path):
 
 
 def _seed() -> int:
-    return int.from_bytes(os.urandom(4), "little")
+    """A fresh seed for a torch.Generator, printed and named in every failure message."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"seed={seed}")
+    return seed
 
 
 def _format(key: KernelKey, group: int | None) -> str:
@@ -103,7 +106,8 @@ def test_nvrtc_kernel_is_bitwise_equal_to_the_catalog_kernel(mma, scales_in_fp32
 def test_a_tile_outside_the_catalog_is_served_by_the_jit(tmp_path):
     device = torch.cuda.current_device()
     info = dispatch.device_info(device)
-    w = torch.randn(448, 1024, device="cuda") * 0.05
+    weight_seed = _seed()
+    w = torch.randn(448, 1024, device="cuda", generator=torch.Generator(device="cuda").manual_seed(weight_seed)) * 0.05
     packed = humming_aot.pack(humming_aot.quantize(w, "int4:g128"), act_dtype=torch.bfloat16)
     spec = ops.gemm_spec(packed)
     tile = parse_tile_field(JIT_ONLY_TILE)
@@ -123,6 +127,6 @@ def test_a_tile_outside_the_catalog_is_served_by_the_jit(tmp_path):
         if m == 1:
             print(f"\nfirst call of {key.name} (NVRTC compile + load + launch): {time.monotonic() - start:.2f} s")
         ref = reference_gemm(a, w_eff, None)
-        assert_gemm_close(out, ref, a=a, w_eff=w_eff, context=f"JIT key={key.name} m={m} seed={seed}")
+        assert_gemm_close(out, ref, a=a, w_eff=w_eff, context=f"JIT key={key.name} m={m} seed={seed} weight seed={weight_seed}")
     cubins = list((tmp_path / "jit-cache" / "kernels" / key.arch).glob(f"{key.name}-*.cubin"))
     assert len(cubins) == 1, f"{key.name} was not compiled into the JIT cache"

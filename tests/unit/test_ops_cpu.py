@@ -14,24 +14,159 @@ def _packed(fmt="int4:g128", n=192, k=256, act=torch.bfloat16, seed=0):
     return humming_aot.pack(humming_aot.quantize(w, fmt), act_dtype=act)
 
 
-@pytest.mark.parametrize("fmt", ["int4:g128", "uint4:g32:zp", "int8:channel"])
-@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
-def test_cpu_path_is_dequantize_plus_float64_matmul(fmt, act):
-    packed = _packed(fmt, act=act)
+# The expected values below are built without humming_aot's decode, dequantize, pack or
+# effective_weight: from the QuantizedWeight fields (codes, scales, zero points) with the small
+# float64 decode and the correctly rounded cast written here, and the operand roundings the op
+# documents: (q - z) * s rounded once to the activation dtype; round(round(q - z) * s) with float
+# zero points; decode(code) * s rounded once for float codes; the float64 product rounded once.
+
+_SIGNIFICAND_BITS = {torch.bfloat16: 8, torch.float16: 11}
+_MIN_FREXP_EXPONENT = {torch.bfloat16: -125, torch.float16: -13}  # frexp's exponent of the smallest normal
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # float4e2m1 magnitudes by the low 3 bits
+
+
+def _round_exact(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float64 x rounded once, to nearest even, onto dtype's grid (kept as float64): numpy's frexp,
+    ldexp and round are exact in float64. Subnormals share the smallest normal's spacing."""
+    import numpy as np
+
+    v = x.numpy()
+    assert np.isfinite(v).all() and (np.abs(v) < torch.finfo(dtype).max).all(), "test values stay in range"
+    p = _SIGNIFICAND_BITS[dtype]
+    _, e = np.frexp(v)
+    e = np.maximum(e, _MIN_FREXP_EXPONENT[dtype])
+    return torch.from_numpy(np.ldexp(np.round(np.ldexp(v, p - e)), e - p))
+
+
+def _decode(codes: torch.Tensor, element: str) -> torch.Tensor:
+    """float64 values of uint8 codes: intB two's complement, uintB as is, float4e2m1 by table."""
+    c = codes.to(torch.int64)
+    if element.startswith("int"):
+        bits = int(element[3:])
+        return torch.where(c >= 2 ** (bits - 1), c - 2**bits, c).double()
+    if element.startswith("uint"):
+        return c.double()
+    assert element == "float4e2m1", element
+    magnitude = torch.tensor(_E2M1, dtype=torch.float64)[c & 7]
+    return torch.where(c >= 8, -magnitude, magnitude)
+
+
+def _expected_operand(qw, act: torch.dtype) -> torch.Tensor:
+    """(N, K) float64: the weight the op multiplies with, from qw's fields (group or channel scales)."""
+    n, k = qw.codes.shape
+    groups = qw.scales.reshape(n, -1).shape[1]
+    per_k = lambda t: t.reshape(n, groups).double().repeat_interleave(k // groups, dim=1)  # noqa: E731
+    s = _round_exact(per_k(qw.scales), act)
+    q = _decode(qw.codes, qw.format.element)
+    if qw.zero_points is None:
+        return _round_exact(q * s, act)
+    z = per_k(qw.zero_points)
+    if qw.format.zero_point.value == "float":
+        return _round_exact(_round_exact(q - _round_exact(z, act), act) * s, act)
+    return _round_exact((q - z) * s, act)
+
+
+def _every_code(qw, seed: int):
+    """qw with integer codes drawn uniformly over every value of the element (quantized noise
+    leaves the extreme codes rare, and int1's symmetric recipe rounds every weight to 0)."""
+    import dataclasses
+
+    element = qw.format.element
+    if not element.startswith(("int", "uint")):
+        return qw
+    bits = int(element.removeprefix("u")[3:])
+    codes = torch.randint(0, 2**bits, qw.codes.shape, generator=torch.Generator().manual_seed(seed))
+    return dataclasses.replace(qw, codes=codes.to(torch.uint8))
+
+
+CPU_FORMATS = ["int4:g128", "uint4:g32:zp", "int8:channel", "int1:g64", "int3:g64", "uint5:g64:zp",
+               "uint6:g64:zpf", "uint2:channel:zpf", "float4e2m1:g32"]
+
+
+@pytest.mark.parametrize("fmt", CPU_FORMATS)
+@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16], ids=str)
+def test_cpu_op_equals_an_independent_float64_reference(fmt, act):
     gen = torch.Generator().manual_seed(1)
+    qw = _every_code(humming_aot.quantize(torch.randn(192, 256, generator=gen) * 0.05, fmt), seed=2)
+    packed = humming_aot.pack(qw, act_dtype=act)
+    assert packed.global_scale == 1.0, "precondition: ordinary scales need no power of two moved out"
+    w = _expected_operand(qw, act)
     a = torch.randn(5, 256, generator=gen).to(act)
     bias = torch.randn(192, generator=gen).to(act)
     out = ops.gemm(a, packed, bias)
-    ref = (a.double() @ packed.dequantized().double().t() + bias.double()).to(act)
     assert out.dtype == act and out.shape == (5, 192)
-    assert torch.equal(out, ref)
+    expected = _round_exact(a.double() @ w.t() + bias.double(), act)
+    assert torch.equal(out.double(), expected), f"fmt={fmt} act={act}: {(out.double() != expected).sum()} elements differ"
+
+
+@pytest.mark.parametrize("fmt", ["int4:channel", "uint4:channel:zp"])
+def test_hand_computed_weights(fmt):
+    """Unit activations pick out single weights, whose values are written out here: the codes
+    cycle through every value of the element, scale 1/4, zero point 3."""
+    import dataclasses
+
+    n, k = 64, 64
+    qw = humming_aot.quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(3)), fmt)
+    col, row = torch.meshgrid(torch.arange(k), torch.arange(n), indexing="xy")
+    codes = ((row + col) % 16).to(torch.uint8)
+    zero_points = None if qw.zero_points is None else torch.full_like(qw.zero_points, 3)
+    qw = dataclasses.replace(qw, codes=codes, scales=torch.full_like(qw.scales, 0.25), zero_points=zero_points)
+    packed = humming_aot.pack(qw, act_dtype=torch.bfloat16)
+    out = ops.gemm(torch.eye(k, dtype=torch.bfloat16), packed)  # out[j, i] = W[i, j]
+    c = ((row + col) % 16).t()  # indexed [j, i]
+    value = (c - 3) if zero_points is not None else torch.where(c >= 8, c - 16, c)  # int4: two's complement
+    assert torch.equal(out, (value * 0.25).to(torch.bfloat16))
+    assert out[0, 8].item() == (-2.0 if zero_points is None else 1.25)  # code 8: -8 * 1/4, or (8 - 3) / 4
 
 
 def test_leading_dims_and_empty_m():
-    packed = _packed()
-    a = torch.randn(2, 3, 256).to(torch.bfloat16)
-    assert ops.gemm(a, packed).shape == (2, 3, 192)
+    gen = torch.Generator().manual_seed(4)
+    qw = _every_code(humming_aot.quantize(torch.randn(192, 256, generator=gen), "int4:g128"), seed=5)
+    packed = humming_aot.pack(qw, act_dtype=torch.bfloat16)
+    a = torch.randn(2, 3, 256, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(192, generator=gen).to(torch.bfloat16)
+    out = ops.gemm(a, packed, bias)
+    assert out.shape == (2, 3, 192) and out.dtype == torch.bfloat16
+    w = _expected_operand(qw, torch.bfloat16)
+    for i in range(2):
+        for j in range(3):  # each leading index on its own: a reshape that mixed rows would fail here
+            expected = _round_exact(a[i, j].double() @ w.t() + bias.double(), torch.bfloat16)
+            assert torch.equal(out[i, j].double(), expected), (i, j)
     assert ops.gemm(torch.empty(0, 256, dtype=torch.bfloat16), packed).shape == (0, 192)
+    assert ops.gemm(torch.empty(2, 0, 256, dtype=torch.bfloat16), packed).shape == (2, 0, 192)
+
+
+def test_cpu_op_rounds_the_float64_sum_once():
+    """torch's float64 -> bfloat16 cast goes through float32 and rounds twice; the op must not:
+    1 + 2^-8 + 2^-30 is above the tie, so it rounds up to 1 + 2^-7."""
+    from humming_aot.formats import round_to
+
+    x = torch.tensor([1 + 2**-8 + 2**-30, -(1 + 2**-8 + 2**-30), 1 + 2**-8, 1 + 3 * 2**-8], dtype=torch.float64)
+    assert round_to(x, torch.bfloat16).tolist() == [1 + 2**-7, -(1 + 2**-7), 1.0, 1 + 2**-6]
+    assert x[:1].to(torch.bfloat16).item() == 1.0, "torch's cast no longer rounds twice: this test can drop round_to"
+    y = torch.tensor([1 + 2**-11 + 2**-40], dtype=torch.float64)
+    assert round_to(y, torch.float16).item() == 1 + 2**-10
+    gen = torch.Generator().manual_seed(6)
+    for dtype in (torch.bfloat16, torch.float16):
+        # near-ties: a 16-bit grid point plus half a spacing, nudged by a few float64 ulps either way
+        grid = torch.randn(4096, generator=gen, dtype=torch.float64)
+        grid = _round_exact(grid, dtype)
+        _, e = torch.frexp(grid)
+        half = torch.ldexp(torch.ones_like(grid), e - _SIGNIFICAND_BITS[dtype] - 1)
+        nudge = torch.randint(-3, 4, grid.shape, generator=gen) * 2.0**-40
+        near = grid + half * (1 + nudge)
+        assert torch.equal(round_to(near, dtype).double(), _round_exact(near, dtype)), dtype
+    # the op itself: the exact sum 1 + 2^-8 + 2^-30 from exactly representable operands
+    qw = humming_aot.quantize(torch.ones(64, 64), "int8:channel")
+    import dataclasses
+
+    codes = torch.zeros(64, 64, dtype=torch.uint8)
+    codes[:, :3] = 1
+    qw = dataclasses.replace(qw, codes=codes, scales=torch.ones_like(qw.scales))
+    packed = humming_aot.pack(qw, act_dtype=torch.bfloat16)
+    a = torch.zeros(1, 64, dtype=torch.bfloat16)
+    a[0, :3] = torch.tensor([1.0, 2**-8, 2**-30])
+    assert ops.gemm(a, packed)[0, 0].item() == 1 + 2**-7
 
 
 def test_fake_impl_traces_under_torch_compile():
@@ -57,8 +192,8 @@ def test_quantized_linear_from_linear_matches_reference():
     with pytest.raises(ValueError, match="dtype"):
         q(x)  # float32 activations: the weight was packed for bfloat16
     y = q(x.to(torch.bfloat16))
-    ref = (x.to(torch.bfloat16).double() @ q.packed.dequantized().double().t() + q.bias.double()).to(torch.bfloat16)
-    assert torch.equal(y, ref)
+    ref = _round_exact(x.to(torch.bfloat16).double() @ q.packed.dequantized().double().t() + q.bias.double(), torch.bfloat16)
+    assert torch.equal(y.double(), ref)
 
 
 @pytest.mark.parametrize(
@@ -90,8 +225,8 @@ def test_cpu_gemm_with_float_weights_is_the_reference_rounded_once(fmt):
     qw = humming_aot.quantize(torch.randn(128, 256, generator=gen) * 0.05, fmt)
     packed = humming_aot.pack(qw, act_dtype=torch.bfloat16)
     a = torch.randn(7, 256, generator=gen).to(torch.bfloat16)
-    expected = (a.double() @ humming_aot.dequantize(qw).double().T).to(torch.bfloat16)
-    assert torch.equal(ops.gemm(a, packed), expected)
+    expected = _round_exact(a.double() @ humming_aot.dequantize(qw).double().T, torch.bfloat16)
+    assert torch.equal(ops.gemm(a, packed).double(), expected)
 
 
 def test_cpu_gemm_applies_the_global_scale():
@@ -104,7 +239,7 @@ def test_cpu_gemm_applies_the_global_scale():
     a = torch.randn(5, 256, generator=gen).to(torch.bfloat16)
     bias = torch.randn(128, generator=gen).to(torch.bfloat16)
     w = packed.dequantized().double() * packed.global_scale
-    assert torch.equal(ops.gemm(a, packed, bias), (a.double() @ w.T + bias.double()).to(torch.bfloat16))
+    assert torch.equal(ops.gemm(a, packed, bias).double(), _round_exact(a.double() @ w.T + bias.double(), torch.bfloat16))
 
 
 def _every_supported_spec():
@@ -128,7 +263,7 @@ def test_every_supported_pairing_matches_dequantize_on_cpu(spec):
     assert ops.gemm_spec(packed) == spec
     a = torch.randn(3, 256, generator=gen).to(act)
     out = ops.gemm(a, packed)
-    assert torch.equal(out, (a.double() @ packed.effective_weight().t()).to(act))
+    assert torch.equal(out.double(), _round_exact(a.double() @ packed.effective_weight().t(), act))
     reference = humming_aot.dequantize(qw).double()
     eps = 2.0**-8 if act == torch.bfloat16 else 2.0**-11  # half an ulp, relative
     roundings = 2 if zp == ":zpf" else 1

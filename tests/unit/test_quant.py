@@ -24,6 +24,8 @@ from humming_aot.quant import (
     quantize,
     quantize_activation,
 )
+from humming_aot.packing import pack
+from humming_aot.testing.numerics import assert_bitwise_equal, with_every_code
 
 CANONICAL = [
     "int4:g128", "int4:channel", "int8:channel", "uint4:g128:zp", "uint4:g64:zp", "mxfp4", "nvfp4",
@@ -472,3 +474,51 @@ def test_cuda_gives_the_same_bits_as_the_cpu():
         cpu, gpu = quantize_activation(a, *args, **kwargs), quantize_activation(a.cuda(), *args, **kwargs)
         assert torch.equal(gpu.codes.cpu(), cpu.codes) and torch.equal(gpu.scales.cpu(), cpu.scales), args
         assert torch.equal(dequantize_activation(gpu).cpu(), dequantize_activation(cpu)), args
+
+
+# Every code width of every element kind (integer, integer and float zero points, float), for the
+# packed layout's folds: 1-3 and 5-7-bit codes are folded into 4- or 8-bit words differently.
+EVERY_WIDTH = ([f"int{b}:g64" for b in range(1, 9)] + [f"uint{b}:g64:zp" for b in range(1, 9)]
+               + [f"uint{b}:g64:zpf:s=bfloat16" for b in range(1, 9)]
+               + ["float3e1m1:g32", "float4e2m1:g32", "float5e2m2:g32", "float6e3m2:g32", "float7e3m3:g32",
+                  "float8e4m3:g32"])
+
+
+def _pack_fields(packed) -> list[tuple[str, object]]:
+    return [(name, getattr(packed, name)) for name in
+            ("w", "w_scale", "w_zero_point", "n", "k", "group_size", "w_dtype", "act_dtype", "format",
+             "global_scale", "float_zero_point", "layout_version")]
+
+
+def _assert_same_pack(cpu_qw, gpu_qw, act, what):
+    """pack on the CPU and on CUDA give the same fields, bit for bit; or both refuse, alike."""
+    try:
+        cpu = pack(cpu_qw, act_dtype=act)
+    except ValueError as refused:
+        with pytest.raises(ValueError) as also:
+            pack(gpu_qw, act_dtype=act)
+        assert str(also.value) == str(refused), what
+        return
+    gpu = pack(gpu_qw, act_dtype=act)
+    assert gpu.w.is_cuda, what
+    for (name, expected), (_, actual) in zip(_pack_fields(cpu), _pack_fields(gpu)):
+        if isinstance(expected, torch.Tensor) or isinstance(actual, torch.Tensor):
+            assert actual is not None and expected is not None, (what, name)
+            assert_bitwise_equal(actual.cpu(), expected, f"{what} {name}")
+        else:
+            assert actual == expected, (what, name, actual, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+@pytest.mark.parametrize("act", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("text", CANONICAL + EVERY_WIDTH)
+def test_cuda_packs_the_same_bits_as_the_cpu(text, act):
+    """pack(quantize(w)) on CUDA equals the CPU's bit for bit, for every canonical format and every
+    code width: the quantizer's own codes, then every code of the element (with_every_code: the
+    quantizer's int1 codes are all one value, which leaves the fold untested). A format pack
+    refuses (uint8:tensor:zp has no kernel) must be refused alike on both."""
+    w = random_weight(15, (256, 512))
+    _assert_same_pack(quantize(w, text), quantize(w.cuda(), text), act, f"{text} quantized")
+    every = with_every_code(quantize(w, text), torch.Generator().manual_seed(16))
+    _assert_same_pack(every, every.to("cuda"), act, f"{text} every code")

@@ -101,7 +101,10 @@ def test_smoke_wheel_installs_into_a_fresh_venv(tmp_path):
     )
     assert build.returncode == 0, build.stderr + build.stdout
     (path,) = (tmp_path / "dist").glob("*.whl")
-    assert path.name == f"humming_aot-{__version__}+cu130.sm80-{wheel.wheel_tag()}.whl"
+    release = re.search(r" with CUDA (\d+)\.(\d+) in ", build.stdout)  # the CUDA release the build compiled with
+    assert release, build.stdout
+    cuda_tag = f"cu{release.group(1)}{release.group(2)}"
+    assert path.name == f"humming_aot-{__version__}+{cuda_tag}.sm80-{wheel.wheel_tag()}.whl"
     assert "built 1 kernel (sm80: 1)" in build.stdout and f"{path.stat().st_size:,} bytes" in build.stdout
     per_arch = re.search(r"^  sm80: 1 kernel, ([\d,]+) bytes of fatbins, ([\d.]+) nvcc-seconds$", build.stdout, re.M)
     assert per_arch, build.stdout

@@ -4,7 +4,9 @@
 Every timing is a CUDA graph replayed over inputs rotated past 2x L2 (cold L2 each call), timed
 with CUDA events, median of --repeats (humming_aot.testing.bench.time_cuda_graph). Side by side:
 
-  humming_aot      humming_aot.ops.gemm on humming_aot.pack(humming_aot.quantize(w, fmt))
+  humming_aot      humming_aot.ops.gemm on humming_aot.pack(humming_aot.quantize(w, fmt)), integer
+                   codes redrawn over every code of the element (same bytes read; see
+                   prepare_humming_aot)
   torch_bf16       a @ w.T with the unquantized bf16/fp16 weight (cuBLAS)
   torch_int4pack   torch._weight_int4pack_mm (tinygemm; int4 formats with a group size only)
   torch_int8pack   torch._weight_int8pack_mm (int8:channel only, where torch has a CUDA kernel)
@@ -171,6 +173,12 @@ def prepare_humming_aot(w: torch.Tensor, fmt: str, dtype: torch.dtype, copies: i
         qw = humming_aot.quantize(w32, fmt)
     except Exception:  # noqa: BLE001 - quantize may be CPU-only; the result is the same
         qw = humming_aot.quantize(w32.cpu(), fmt)
+    # Integer codes drawn over every code of the element: the kernel reads the same bytes, and the
+    # relerr guard can fail (the symmetric int1 recipe quantizes any weight to all zeros, which a
+    # kernel that writes zeros would match).
+    from humming_aot.testing.numerics import with_every_code
+
+    qw = with_every_code(qw, torch.Generator(device=qw.codes.device).manual_seed(0))
     packed = [public_pack(humming_aot)(qw, dtype, device=w.device) for _ in range(copies)]
     call: Callable[[torch.Tensor, Any], torch.Tensor] = ops.gemm
     note = ""
