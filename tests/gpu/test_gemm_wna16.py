@@ -203,7 +203,16 @@ def _exact_grid_problem(key, gen, group: int | None, scale_mantissa_bits: int = 
             break
         thin = torch.rand((m, k), device="cuda", generator=gen) < 0.5
         a64[over.unsqueeze(1) & thin] = 0
-    assert (a64.abs() @ w_dyn.abs().T).max() <= limit, "exactness bound"
+    # Wide codes with fractional zero points (7-8 bits) span more quanta than the bound allows for
+    # a sum of two terms, so thinning can empty a row: it gets one +-1, a lone product being exact
+    # (16 significant bits at most, added to zero) whatever its size.
+    empty = (a64 != 0).sum(dim=1) == 0
+    if empty.any():
+        rows = empty.nonzero().squeeze(1)
+        cols = torch.randint(0, k, (rows.numel(),), device="cuda", generator=gen)
+        a64[rows, cols] = torch.randint(0, 2, (rows.numel(),), device="cuda", generator=gen).to(torch.float64) * 2 - 1
+    sums = (a64 != 0).sum(dim=1) > 1
+    assert not sums.any() or (a64[sums].abs() @ w_dyn.abs().T).max() <= limit, "exactness bound"
     assert (a64 != 0).sum(dim=1).min() > 0, "every row has a nonzero activation"
     return packed, a64.to(act), w_dyn
 

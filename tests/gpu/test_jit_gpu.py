@@ -56,7 +56,7 @@ def _catalog_key(device: int, mma: MmaKind, scales_in_fp32: bool = False) -> Ker
     keys = [KernelKey.from_name(name) for arch in dispatch.device_info(device).arches for name in catalog.keys_for(arch)]
     fitting = [key for key in keys if key.tile.mma is mma and key.scales_in_fp32 == scales_in_fp32
                and all(heuristics.tile_fits(key.tile, k, group or k) for _, _, k, group, _ in PROBLEMS)]
-    if not fitting and mma is MmaKind.WGMMA and dispatch.device_info(device).arches[0] != "sm90a":
+    if not fitting and mma.is_wgmma and dispatch.device_info(device).arches[0] != "sm90a":
         pytest.skip(f"wgmma kernels exist only for sm90a, not {dispatch.device_info(device).name}")
     if not fitting and scales_in_fp32 and dispatch.device_info(device).arches[0] != "sm90a":
         pytest.skip(f"the default tables put the fp32-scale 8-row tile in sm90a catalogs only, "
@@ -68,8 +68,8 @@ def _catalog_key(device: int, mma: MmaKind, scales_in_fp32: bool = False) -> Ker
 
 
 @pytest.mark.parametrize("mma,scales_in_fp32", [(MmaKind.MMA_SYNC, False), (MmaKind.MMA_SYNC, True),
-                                                (MmaKind.WGMMA, False)],
-                         ids=["mma", "mma-scales-in-fp32", "wgmma"])
+                                                (MmaKind.WGMMA_WS, False)],
+                         ids=["mma", "mma-scales-in-fp32", "wgmma-ws"])
 def test_nvrtc_kernel_is_bitwise_equal_to_the_catalog_kernel(mma, scales_in_fp32):
     device = torch.cuda.current_device()
     key = _catalog_key(device, mma, scales_in_fp32)
