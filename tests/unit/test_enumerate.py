@@ -167,7 +167,7 @@ def test_parse_tile_field_rejects(field):
     "catalog,archs,match",
     [
         ("smokey", ["sm80"], "unknown catalog 'smokey': use one of default, smoke"),
-        ("smoke", ["sm100a"], "catalog 'smoke' has no kernels for sm100a: it covers sm75, sm80, sm86, sm89, sm90a, sm120"),
+        ("smoke", ["sm100a"], "catalog 'smoke' has no kernels for sm100a: it covers sm75, sm80, sm86, sm89, sm90a, sm100, sm110, sm120"),
         ("default", ["sm90"], "has no kernels for sm90: it covers"),
         ("smoke", ["sm91"], "arch 'sm91' is not a target"),
         ("smoke", [], "no arch given"),
