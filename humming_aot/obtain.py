@@ -39,8 +39,8 @@ def _default_catalog_names(arch: str) -> frozenset[str]:
 def build_hint(key: KernelKey) -> str:
     """The `humming-aot build` command (and, outside the default catalog, the catalog entry) that ships ``key``."""
     if key.name in _default_catalog_names(key.arch):
-        return (f"build a wheel that includes it with `humming-aot build --arch {key.arch} --catalog default` "
-                "and install that wheel")
+        return (f"install the {key.arch} catalog (`pip install 'humming_aot[{key.arch}]'`), or build it with "
+                f"`humming-aot build --arch {key.arch} --catalog default` and install that wheel")
     pairing = support.pairing_for(key.spec, key.arch)
     family = (
         f'family = [{{ pairing = "{pairing.name if pairing else "<pairing from catalog/support.toml>"}", '

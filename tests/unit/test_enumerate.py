@@ -265,6 +265,7 @@ def catalog_dir(tmp_path, monkeypatch):
     write_manifest(_manifest(directory, keys, catalog="smoke"), directory / MANIFEST_NAME)
     monkeypatch.setenv("HUMMING_AOT_CATALOG_DIR", str(directory))
     monkeypatch.setattr("humming_aot.catalog.PACKAGE_CATALOG_DIR", tmp_path / "no_package_catalog")
+    monkeypatch.setattr("humming_aot.catalog.kernel_package_roots", lambda: [])
     installed_catalog.cache_clear()
     yield directory
     installed_catalog.cache_clear()
