@@ -1,5 +1,6 @@
-"""The `humming-aot` command: build a wheel (or the in-place catalog), list the installed catalog,
-report what this machine's GPU can use, and check the JIT fallback (doctor).
+"""The `humming-aot` command: build catalog wheels, one per arch (with --index, plus the core and a
+simple index; or the in-place catalog), list the installed catalogs, report which catalog serves
+this machine's GPU (info), and check the JIT fallback (doctor).
 
 Errors a user can cause (a bad arch, an unknown catalog, no nvcc) print one line and exit 2;
 a kernel that fails to compile prints nvcc's output and exits 1. HUMMING_AOT_LOG_LEVEL=DEBUG shows
@@ -51,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--catalog", default="default", metavar="default|smoke|PATH",
                        help="which kernels: a built-in catalog name or a catalog .toml file (default: default)")
     build.add_argument("-j", "--jobs", type=_jobs, default=None, help="parallel nvcc jobs (default: CPU count)")
-    build.add_argument("--out", type=Path, default=Path("dist"), help="directory for the wheel (default: ./dist)")
+    build.add_argument("--out", type=Path, default=Path("dist"), help="directory for the wheels (default: ./dist)")
     build.add_argument("--build-dir", type=Path, default=None,
                        help="intermediate files, reused by later builds (default: ./build/humming_aot_kernels)")
     build.add_argument("--inplace", action="store_true",

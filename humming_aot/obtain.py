@@ -3,7 +3,7 @@
 select:  the tile table's key where the catalog has it (on any arch that serves the GPU); else the
          table's key compiled by the JIT, when JIT is on and NVRTC is there; else the catalog's
          nearest tile for the same spec (a smoke wheel serves every M with its one tile)
-load:    catalog in the wheel (manifest + sha256) -> JIT disk cache -> NVRTC compile; with
+load:    installed catalog (manifest + sha256) -> JIT disk cache -> NVRTC compile; with
          HUMMING_AOT_JIT=0 (or no NVRTC) a catalog miss is a KernelNotAvailableError that names
          the key and the `humming-aot build` command that would ship it
 
