@@ -7,8 +7,8 @@
 #
 #   bash tools/installed_check.sh OUTDIR        (ARCH=sm90a, CATALOG=default, JOBS=16 by default)
 #
-# Needs nvcc for the build step only, and a torch with CUDA in the base interpreter (the venv sees
-# it through --system-site-packages; pip gets no index but the local one). Writes OUTDIR/build.log
+# Needs nvcc for the build step only, and a torch with CUDA in python3's environment (the venv sees
+# python3's packages after its own; pip gets no index but the local one). Writes OUTDIR/build.log
 # and OUTDIR/tests.log, OUTDIR/tests.xml; everything else goes to /tmp/installed_check.
 set -euo pipefail
 if [[ $# -ne 1 ]]; then
@@ -32,7 +32,12 @@ export PIP_CONFIG_FILE=/dev/null PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHEC
         --out "$WORK/dist" --build-dir "$WORK/build" --index "$WORK/index"
     echo "build: $((SECONDS - start)) s wall"
     ls -l "$WORK/dist"
-    python3 -m venv --system-site-packages --without-pip "$WORK/venv"
+    # A venv that sees python3's packages (torch) after its own: a .pth file, since
+    # --system-site-packages from a venv's interpreter would show the base interpreter's instead.
+    python3 -m venv --without-pip "$WORK/venv"
+    purelib=$("$WORK/venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    python3 -c "import site; print('\n'.join(site.getsitepackages() + [site.getusersitepackages()]))" \
+        > "$purelib/_outer_site_packages.pth"
     pip=("$WORK/venv/bin/python" -m pip install -q --index-url "file://$WORK/index")
     # the core from the index, over any humming_aot the base interpreter has; then pip resolves the extra
     "${pip[@]}" --no-deps --force-reinstall humming_aot

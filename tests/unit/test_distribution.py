@@ -2,17 +2,18 @@
 
 - `humming-aot build --index DIR` for sm89 and sm90a: pip, given `humming_aot[sm89]`, installs the
   sm89 catalog and not the sm90a one; `humming_aot[sm89,sm90a]` gets both; two builds of the same
-  catalog give byte-identical wheels.
+  catalog (and the core) give byte-identical wheels.
 - An sdist of the core installs into a fresh venv, and `humming-aot build` run from that install
   makes an installable catalog package.
 - tools/quickstart.sh passes in a venv (the demo takes the CPU path without a GPU).
 
-Every venv sees the base interpreter's packages (torch, pip, setuptools, pybind11) and nothing
+Every venv sees the test interpreter's packages (torch, pip, setuptools, pybind11) and nothing
 else: pip runs with no configuration file, and the only index is the one the build wrote.
 """
 from __future__ import annotations
 
 import os
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -42,9 +43,15 @@ def _run(*args, cwd: Path, env: dict[str, str] | None = None) -> str:
 
 
 def _venv(path: Path) -> Path:
-    """A fresh venv over the base interpreter (its pip and torch), returning its python."""
-    _run(sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", path, cwd=path.parent)
-    return path / "bin" / "python"
+    """A fresh venv that sees this interpreter's packages (pip, torch, setuptools, pybind11) after its
+    own; returns its python. Not --system-site-packages: made from a venv's interpreter (CI's
+    /opt/py311), that would show the base interpreter's packages instead of this one's."""
+    _run(sys.executable, "-m", "venv", "--without-pip", path, cwd=path.parent)
+    python = path / "bin" / "python"
+    purelib = Path(_run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=path).strip())
+    ours = site.getsitepackages() + ([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])
+    (purelib / "_outer_site_packages.pth").write_text("".join(f"{d}\n" for d in ours))
+    return python
 
 
 def _build_from_checkout(work: Path, *args) -> str:
@@ -70,10 +77,10 @@ def test_index_lets_pip_pick_the_catalog_and_builds_are_reproducible(tmp_path):
                      f"humming_aot_kernels_sm90a_cu13-{__version__}-py3-none-any.whl",
                      f"humming_aot-{__version__}-{wheel.wheel_tag()}.whl"}
 
-    # the same catalog again, from nothing: the same bytes
+    # the same catalog again, from nothing (the launcher too): the same bytes
     _build_from_checkout(work, "--arch", "sm89", "--arch", "sm90a", "--out", tmp_path / "again",
-                         "--build-dir", tmp_path / "build_again")
-    for name in names - {f"humming_aot-{__version__}-{wheel.wheel_tag()}.whl"}:
+                         "--build-dir", tmp_path / "build_again", "--index", tmp_path / "index_again")
+    for name in names:
         assert (tmp_path / "again" / name).read_bytes() == (tmp_path / "dist" / name).read_bytes(), name
 
     for extras, wanted in (("sm89", ["sm89_cu13"]), ("sm89,sm90a", ["sm89_cu13", "sm90a_cu13"])):
