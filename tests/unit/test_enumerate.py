@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from humming_aot import heuristics, support
+from humming_aot._version import __version__
 from humming_aot.aot import codegen
 from humming_aot.aot.enumerate import (
     catalog_archs,
@@ -309,6 +310,24 @@ def test_catalog_from_another_version_is_refused(catalog_dir):
     write_manifest(manifest, catalog_dir / MANIFEST_NAME)
     with pytest.raises(CatalogIntegrityError, match="built for humming_aot 0.0.1"):
         installed_catalog()
+
+
+def test_catalog_package_from_another_version_names_the_pip_fix(tmp_path, monkeypatch):
+    keys = enumerate_keys("smoke", ["sm80"])
+    directory = tmp_path / "humming_aot_kernels" / "sm80_cu13"
+    manifest = _manifest(directory, keys, catalog="smoke")
+    manifest["package_version"] = "0.0.1"
+    write_manifest(manifest, directory / MANIFEST_NAME)
+    monkeypatch.delenv("HUMMING_AOT_CATALOG_DIR", raising=False)
+    monkeypatch.setattr("humming_aot.catalog.PACKAGE_CATALOG_DIR", tmp_path / "no_package_catalog")
+    monkeypatch.setattr("humming_aot.catalog.kernel_package_roots", lambda: [tmp_path / "humming_aot_kernels"])
+    installed_catalog.cache_clear()
+    try:
+        with pytest.raises(CatalogIntegrityError,
+                           match=rf"built for humming_aot 0.0.1, .*`pip install humming-aot-kernels-sm80-cu13=={__version__}`"):
+            installed_catalog()
+    finally:
+        installed_catalog.cache_clear()
 
 
 def test_malformed_manifest_is_refused(catalog_dir):
