@@ -57,6 +57,7 @@ def assert_one_line_error(code, err, *fragments):
         (["build", "--arch", "sm80", "-j", "0"], ["-j '0' is not a positive number"]),
         (["build", "--arch", "sm80", "-j", "many"], ["-j 'many'"]),
         (["list", "--verbose"], ["unrecognized arguments: --verbose"]),
+        (["build", "--arch", "sm80", "--inplace", "--index", "idx"], ["--inplace writes no wheels", "--index"]),
     ],
 )
 def test_argument_errors(capsys, argv, fragments):
