@@ -23,9 +23,11 @@ PYTHONPATH="$REPO" "$PY" -m humming_aot build --arch "$ARCH" --catalog smoke \
     --out "$WORK/dist" --build-dir "$WORK/build" --index "$WORK/index"
 
 # Installed into $PY's own environment: no second venv, whose --system-site-packages would see the
-# base interpreter's packages instead of this environment's (torch among them). The core first,
-# replacing any earlier humming_aot; then pip resolves the extra to the catalog of ARCH.
-"$PY" -m pip install --no-deps --force-reinstall --index-url "file://$WORK/index" humming_aot
+# base interpreter's packages instead of this environment's (torch among them). The packages just
+# built first, replacing earlier installs of the same version; then pip resolves the extra, which
+# names the catalog of ARCH.
+KERNELS=$(cd "$WORK/index" && ls -d humming-aot-kernels-"$ARCH"-cu*)
+"$PY" -m pip install --no-deps --force-reinstall --index-url "file://$WORK/index" humming_aot $KERNELS
 "$PY" -m pip install --index-url "file://$WORK/index" "humming_aot[$ARCH]"
 
 cd /tmp  # import the installed package, not the source checkout
