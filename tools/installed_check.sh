@@ -5,7 +5,8 @@
 # (HUMMING_AOT_JIT=0: every kernel must come from the installed catalog; the JIT tests skip and
 # say why).
 #
-#   bash tools/installed_check.sh OUTDIR        (ARCH=sm90a, CATALOG=default, JOBS=16 by default)
+#   bash tools/installed_check.sh OUTDIR        (ARCH=sm90a, CATALOG=default, JOBS=16 by default;
+#                                                PYTEST_ARGS: more pytest words, split on spaces)
 #
 # Needs nvcc for the build step only, and a torch with CUDA in python3's environment (the venv sees
 # python3's packages after its own; pip gets no index but the local one). Writes OUTDIR/build.log
@@ -61,7 +62,8 @@ set +e
     run python -c "import humming_aot; print('humming_aot from', humming_aot.__file__)"
     run humming-aot info
     run humming-aot doctor
-    run python -m pytest tests/gpu -m gpu -q -p no:cacheprovider -rs --junitxml "$OUTDIR/tests.xml"
+    # shellcheck disable=SC2086  # PYTEST_ARGS: extra words, e.g. "-x" or "-k catalog"
+    run python -m pytest tests/gpu -m gpu -q -p no:cacheprovider -rs --junitxml "$OUTDIR/tests.xml" ${PYTEST_ARGS:-}
 } > "$OUTDIR/tests.log" 2>&1
 rc=$?
 tail -n 30 "$OUTDIR/tests.log"
