@@ -4,7 +4,8 @@ Metadata lives in pyproject.toml. This file adds what setuptools cannot say decl
 - the pybind11 extension (defined once in humming_aot/aot/extension.py),
 - a build_py that copies csrc/include/humming_aot/** to humming_aot/include/humming_aot/** and
   catalog/*.toml to humming_aot/catalog_files/*.toml in the build tree (never in the source tree),
-- prebuilt kernels under humming_aot/_catalog/** (manifest.json, fatbins) when present.
+- prebuilt kernels under humming_aot/_catalog/** (manifest.json, fatbins) when present,
+- the dependencies and extras (humming_aot[sm90a], humming_aot[all], ...: humming_aot/aot/distribution.py).
 
 `pip install -e .` and `python setup.py build_ext --inplace` both work; an editable install reads
 the headers and catalog data from the checkout instead of copies.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -22,16 +24,18 @@ from setuptools.command.build_py import build_py
 ROOT = Path(__file__).resolve().parent
 
 
-def _load_extension_module():
+def _load_aot_module(name: str):
     # By file path, so that building does not execute humming_aot/__init__.py.
-    path = ROOT / "humming_aot" / "aot" / "extension.py"
-    spec = importlib.util.spec_from_file_location("_humming_aot_build_extension", path)
+    path = ROOT / "humming_aot" / "aot" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_humming_aot_build_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-_extension = _load_extension_module()
+_extension = _load_aot_module("extension")
+_distribution = _load_aot_module("distribution")
+_VERSION = re.search(r'__version__ = "([^"]+)"', (ROOT / "humming_aot" / "_version.py").read_text()).group(1)
 
 
 class BuildPyWithData(build_py):
@@ -68,4 +72,6 @@ setup(
     cmdclass={"build_py": BuildPyWithData},
     package_data={"humming_aot": ["_catalog/**/*"]},
     zip_safe=False,
+    install_requires=_distribution.INSTALL_REQUIRES,
+    extras_require=_distribution.core_extras(_VERSION, _distribution.default_catalog_archs(ROOT)),
 )

@@ -1,11 +1,13 @@
-"""What exists precompiled: the kernel catalog(s) installed with the package or pointed at by
-HUMMING_AOT_CATALOG_DIR, read through their manifest.json.
+"""What exists precompiled: the kernel catalogs installed as packages, built in place, or pointed at
+by HUMMING_AOT_CATALOG_DIR, read through their manifest.json.
 
 A catalog directory holds ``manifest.json`` and ``kernels/<name>.fatbin`` (see
 ``humming_aot.aot.manifest``). Directories are searched in order: each HUMMING_AOT_CATALOG_DIR
-entry, then the package's ``humming_aot/_catalog`` (put there by the wheel, or by
-``humming-aot build --inplace`` in a checkout); the first directory holding a kernel name serves
-it. Every image is checked against its manifest sha256 when read; a mismatch is an error naming
+entry, then the package's ``humming_aot/_catalog`` (written by ``humming-aot build --inplace`` in a
+checkout), then every installed catalog package: ``humming_aot_kernels/<arch>_cu<major>/`` in
+any ``sys.path`` entry (``humming-aot-kernels-sm90a-cu13`` and its siblings, see
+``humming_aot.aot.distribution``), newest CUDA major first, then arch order. The first directory
+holding a kernel name serves it. Every image is checked against its manifest sha256 when read; a mismatch is an error naming
 the file, never a silent wrong result.
 """
 from __future__ import annotations
@@ -15,11 +17,12 @@ import functools
 import hashlib
 import json
 import logging
+import sys
 from pathlib import Path
 
 from humming_aot import env
 from humming_aot._version import __version__
-from humming_aot.aot import codegen
+from humming_aot.aot import codegen, distribution
 from humming_aot.aot.manifest import MANIFEST_NAME, manifest_problems
 from humming_aot.spec import KernelKey
 
@@ -61,6 +64,14 @@ class ManifestInfo:
     toolkit: str
     archs: tuple[str, ...]
     kernel_count: int
+    package: str | None = None  # the distribution that installed it, e.g. 'humming-aot-kernels-sm90a-cu13'
+
+
+def _package_of(directory: Path) -> str | None:
+    if directory.parent.name != distribution.KERNELS_NAMESPACE:
+        return None
+    parsed = distribution.parse_kernel_dir_name(directory.name)
+    return distribution.kernel_dist_name(*parsed) if parsed else None
 
 
 def _load_dir(directory: Path) -> tuple[ManifestInfo, list[CatalogEntry]]:
@@ -72,10 +83,12 @@ def _load_dir(directory: Path) -> tuple[ManifestInfo, list[CatalogEntry]]:
     problems = manifest_problems(manifest)
     if problems:
         raise CatalogIntegrityError(f"{path} is malformed: {'; '.join(problems)}; rebuild the catalog")
+    package = _package_of(directory)
     if manifest["package_version"] != __version__:
+        fix = (f"`pip install {package}=={__version__}` (or `humming-aot build` one)" if package else
+               "reinstall the matching wheel or rebuild it (`humming-aot build --inplace` in a checkout)")
         raise CatalogIntegrityError(
-            f"{path} was built for humming_aot {manifest['package_version']}, this is {__version__}: "
-            "reinstall the matching wheel or rebuild it (`humming-aot build --inplace` in a checkout)"
+            f"{path} was built for humming_aot {manifest['package_version']}, this is {__version__}: {fix}"
         )
     entries = []
     for name, entry in sorted(manifest["kernels"].items()):
@@ -93,6 +106,7 @@ def _load_dir(directory: Path) -> tuple[ManifestInfo, list[CatalogEntry]]:
     info = ManifestInfo(
         directory=directory, catalog=manifest["catalog"], cuda_version=manifest["cuda_version"],
         toolkit=manifest["toolkit"], archs=tuple(manifest["archs"]), kernel_count=len(entries),
+        package=package,
     )
     return info, entries
 
@@ -152,8 +166,39 @@ class Catalog:
         return data
 
 
+def kernel_package_roots() -> list[Path]:
+    """The ``humming_aot_kernels`` directories on ``sys.path`` (where catalog packages install), in
+    ``sys.path`` order: a namespace package, found without importing anything."""
+    roots, seen = [], set()
+    for entry in sys.path:
+        root = Path(entry or ".") / distribution.KERNELS_NAMESPACE
+        if root.is_dir() and root.resolve() not in seen:
+            seen.add(root.resolve())
+            roots.append(root)
+    return roots
+
+
+def installed_package_dirs() -> list[Path]:
+    """Every installed catalog package's directory, newest CUDA major first, then arch order."""
+    from humming_aot.support import arch_sort_key
+
+    found: dict[str, Path] = {}
+    for root in kernel_package_roots():
+        for directory in sorted(root.iterdir()):
+            parsed = distribution.parse_kernel_dir_name(directory.name)
+            if parsed and (directory / MANIFEST_NAME).is_file():
+                found.setdefault(directory.name, directory)  # an earlier sys.path entry wins
+
+    def order(name: str) -> tuple:
+        arch, major = distribution.parse_kernel_dir_name(name)
+        return -major, arch_sort_key(arch)
+
+    return [found[name] for name in sorted(found, key=order)]
+
+
 def catalog_search_dirs() -> list[Path]:
-    """Catalog directories in search order: HUMMING_AOT_CATALOG_DIR entries, then the package's."""
+    """Catalog directories in search order: HUMMING_AOT_CATALOG_DIR entries, the package's
+    in-place catalog, then the installed catalog packages."""
     dirs = []
     for directory in env.catalog_dirs():
         if not (directory / MANIFEST_NAME).is_file():
@@ -164,7 +209,7 @@ def catalog_search_dirs() -> list[Path]:
         dirs.append(directory)
     if (PACKAGE_CATALOG_DIR / MANIFEST_NAME).is_file():
         dirs.append(PACKAGE_CATALOG_DIR)
-    return dirs
+    return dirs + installed_package_dirs()
 
 
 @functools.cache
@@ -173,7 +218,8 @@ def installed_catalog() -> Catalog | None:
     then comes from the JIT). Cached; ``installed_catalog.cache_clear()`` re-reads."""
     dirs = catalog_search_dirs()
     if not dirs:
-        logger.info("no kernel catalog installed (searched HUMMING_AOT_CATALOG_DIR and %s)", PACKAGE_CATALOG_DIR)
+        logger.info("no kernel catalog installed (searched HUMMING_AOT_CATALOG_DIR, %s and the "
+                    "humming_aot_kernels packages on sys.path)", PACKAGE_CATALOG_DIR)
         return None
     return Catalog.from_dirs(dirs)
 

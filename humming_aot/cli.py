@@ -1,5 +1,6 @@
-"""The `humming-aot` command: build a wheel (or the in-place catalog), list the installed catalog,
-report what this machine's GPU can use, and check the JIT fallback (doctor).
+"""The `humming-aot` command: build catalog wheels, one per arch (with --index, plus the core and a
+simple index; or the in-place catalog), list the installed catalogs, report which catalog serves
+this machine's GPU (info), and check the JIT fallback (doctor).
 
 Errors a user can cause (a bad arch, an unknown catalog, no nvcc) print one line and exit 2;
 a kernel that fails to compile prints nvcc's output and exits 1. HUMMING_AOT_LOG_LEVEL=DEBUG shows
@@ -45,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"humming_aot {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_ArgumentParser)
 
-    build = sub.add_parser("build", help="compile a kernel catalog into a wheel (or in place)")
+    build = sub.add_parser("build", help="compile a kernel catalog into one wheel per arch (or in place)")
     build.add_argument("--arch", action="append", required=True, metavar="ARCH",
                        help="target to compile for, e.g. sm80, sm89, sm90a, sm120 (repeat for several)")
     build.add_argument("--catalog", default="default", metavar="default|smoke|PATH",
@@ -53,11 +54,14 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--model", type=Path, default=None, metavar="MODEL_DIR",
                        help="build only the kernels this quantized checkpoint's layers need (instead of --catalog)")
     build.add_argument("-j", "--jobs", type=_jobs, default=None, help="parallel nvcc jobs (default: CPU count)")
-    build.add_argument("--out", type=Path, default=Path("dist"), help="directory for the wheel (default: ./dist)")
+    build.add_argument("--out", type=Path, default=Path("dist"), help="directory for the wheels (default: ./dist)")
     build.add_argument("--build-dir", type=Path, default=None,
                        help="intermediate files, reused by later builds (default: ./build/humming_aot_kernels)")
     build.add_argument("--inplace", action="store_true",
-                       help="write kernels + manifest into this checkout's humming_aot/_catalog instead of a wheel")
+                       help="write kernels + manifest into this checkout's humming_aot/_catalog instead of wheels")
+    build.add_argument("--index", type=Path, default=None, metavar="DIR",
+                       help="also write the core wheel and serve every wheel as a PEP 503 simple index in DIR "
+                            "(pip install --index-url file://DIR 'humming_aot[sm89]')")
 
     listing = sub.add_parser("list", help="show the kernels of the installed catalog")
     listing.add_argument("--json", action="store_true", help="machine-readable output")
@@ -92,7 +96,7 @@ def _run_build(args: argparse.Namespace) -> int:
     from humming_aot.aot.wheel import WHEEL_SIZE_BUDGET, build
 
     summary = build(archs=args.arch, catalog=args.catalog, jobs=args.jobs, out_dir=args.out,
-                    build_dir=args.build_dir, inplace=args.inplace, stream=sys.stderr)
+                    build_dir=args.build_dir, inplace=args.inplace, index_dir=args.index, stream=sys.stderr)
     per_arch = ", ".join(f"{arch}: {n}" for arch, n in summary.kernels_per_arch.items())
     print(f"built {_count(summary.kernels, 'kernel')} ({per_arch}) of catalog {summary.catalog!r} with CUDA "
           f"{summary.cuda_version} in {summary.seconds:.1f} s")
@@ -101,12 +105,17 @@ def _run_build(args: argparse.Namespace) -> int:
               f"{summary.nvcc_seconds_per_arch[arch]:.1f} nvcc-seconds")
     if summary.skipped_tiles:
         print(f"left out {summary.skipped_tiles} tiles whose shared memory exceeds their arch's limit")
-    if summary.wheel is None:
+    if not summary.wheels:
         print(f"catalog written to {summary.catalog_dir}")
-    else:
-        print(f"wheel: {summary.wheel} ({summary.wheel_bytes:,} bytes)")
-        if summary.wheel_bytes > WHEEL_SIZE_BUDGET:
-            print(f"warning: the wheel exceeds PyPI's default {WHEEL_SIZE_BUDGET:,}-byte file limit", file=sys.stderr)
+    for path in [*summary.wheels.values(), *([summary.core_wheel] if summary.core_wheel else [])]:
+        size = path.stat().st_size
+        print(f"wheel: {path} ({size:,} bytes)")
+        if size > WHEEL_SIZE_BUDGET:
+            print(f"warning: {path.name} exceeds PyPI's default {WHEEL_SIZE_BUDGET:,}-byte file limit", file=sys.stderr)
+    if summary.index_dir is not None:
+        extras = ",".join(summary.wheels)
+        print(f"index: {summary.index_dir} (pip install --index-url file://{summary.index_dir} "
+              f"'humming_aot[{extras}]')")
     return 0
 
 
@@ -119,18 +128,20 @@ def _cmd_list(args: argparse.Namespace) -> int:
         if catalog is not None:
             data["catalogs"] = [
                 {"directory": str(m.directory), "catalog": m.catalog, "cuda_version": m.cuda_version,
-                 "toolkit": m.toolkit, "kernels": m.kernel_count} for m in catalog.manifests
+                 "toolkit": m.toolkit, "kernels": m.kernel_count, "package": m.package,
+                 "archs": list(m.archs)} for m in catalog.manifests
             ]
             data["archs"] = {arch: catalog.keys_for(arch) for arch in catalog.archs}
         print(json.dumps(data, indent=2, sort_keys=True))
         return 0
     if catalog is None:
         print("no kernel catalog is installed: every kernel would be compiled at run time (JIT); "
-              "build one with `humming-aot build --arch <sm..>`")
+              "install one (`pip install 'humming_aot[sm90a]'`) or build one with `humming-aot build --arch <sm..>`")
         return 0
     for m in catalog.manifests:
-        print(f"catalog {m.catalog!r} in {m.directory}: {_count(m.kernel_count, 'kernel')}, "
-              f"CUDA {m.cuda_version} ({m.toolkit})")
+        source = f"package {m.package}" if m.package else "directory"
+        print(f"{source}: catalog {m.catalog!r} for {', '.join(m.archs)} in {m.directory}: "
+              f"{_count(m.kernel_count, 'kernel')}, CUDA {m.cuda_version} ({m.toolkit})")
     for arch in catalog.archs:
         names = catalog.keys_for(arch)
         print(f"{arch}: {_count(len(names), 'kernel')}")
@@ -159,6 +170,26 @@ def _catalog_line(catalog) -> str:
             f"(CUDA {', '.join(sorted({m.cuda_version for m in catalog.manifests}))})")
 
 
+def _serving_table(catalog_archs: list[str]) -> list[str]:
+    """Per compute capability: the catalog arch whose SASS runs there, its package, installed or not."""
+    from humming_aot.aot.distribution import EXTRAS_CUDA_MAJOR, default_catalog_archs, kernel_dist_name
+    from humming_aot.arch import PLAIN_TARGETS, serving_arch
+
+    shipped = default_catalog_archs()
+    lines = ["which catalog serves each GPU (SASS for sm_XY runs on X.Z, Z >= Y; 'a' targets only on X.Y):"]
+    for number in PLAIN_TARGETS:
+        major, minor = divmod(number, 10)
+        installed = serving_arch(catalog_archs, major, minor)
+        arch = installed or serving_arch(shipped, major, minor)
+        if arch is None:
+            lines.append(f"  {major}.{minor}: no catalog (the JIT compiles for it)")
+            continue
+        state = "installed" if installed else f"not installed: pip install 'humming_aot[{arch}]'"
+        borrowed = "" if arch.rstrip("a") == f"sm{number}" else f" ({arch} SASS runs on {major}.{minor})"
+        lines.append(f"  {major}.{minor}: {arch}{borrowed}, {kernel_dist_name(arch, EXTRAS_CUDA_MAJOR)}: {state}")
+    return lines
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
     from humming_aot.arch import archs_for_capability, serving_arch
     from humming_aot.catalog import installed_catalog
@@ -167,6 +198,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     catalog = installed_catalog()
     catalog_archs = catalog.archs if catalog is not None else []
     print(_catalog_line(catalog))
+    for m in catalog.manifests if catalog is not None else ():
+        print(f"  {m.package or m.directory}: {', '.join(m.archs)}, {_count(m.kernel_count, 'kernel')}")
     gpus, no_gpu = _gpus()
     if no_gpu:
         print(f"GPU: {no_gpu}")
@@ -175,6 +208,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
         served = f"served by catalog arch {arch}" if arch else (
             f"no catalog arch serves it (would use {', '.join(archs_for_capability(major, minor))})")
         print(f"GPU {index}: {name}, compute capability {major}.{minor}, {served}")
+    for line in _serving_table(catalog_archs):
+        print(line)
     print(f"JIT: {'enabled' if env.jit_enabled() else 'disabled (HUMMING_AOT_JIT=0)'}; cache {env.cache_dir()}")
     return 0
 

@@ -3,7 +3,7 @@
 select:  the tile table's key where the catalog has it (on any arch that serves the GPU); else the
          table's key compiled by the JIT, when JIT is on and NVRTC is there; else the catalog's
          nearest tile for the same spec (a smoke wheel serves every M with its one tile)
-load:    catalog in the wheel (manifest + sha256) -> JIT disk cache -> NVRTC compile; with
+load:    installed catalog (manifest + sha256) -> JIT disk cache -> NVRTC compile; with
          HUMMING_AOT_JIT=0 (or no NVRTC) a catalog miss is a KernelNotAvailableError that names
          the key and the `humming-aot build` command that would ship it
 
@@ -39,8 +39,8 @@ def _default_catalog_names(arch: str) -> frozenset[str]:
 def build_hint(key: KernelKey) -> str:
     """The `humming-aot build` command (and, outside the default catalog, the catalog entry) that ships ``key``."""
     if key.name in _default_catalog_names(key.arch):
-        return (f"build a wheel that includes it with `humming-aot build --arch {key.arch} --catalog default` "
-                "and install that wheel")
+        return (f"install the {key.arch} catalog (`pip install 'humming_aot[{key.arch}]'`), or build it with "
+                f"`humming-aot build --arch {key.arch} --catalog default` and install that wheel")
     pairing = support.pairing_for(key.spec, key.arch)
     family = (
         f'family = [{{ pairing = "{pairing.name if pairing else "<pairing from catalog/support.toml>"}", '

@@ -1,10 +1,11 @@
-"""`humming-aot build`: enumerate -> codegen -> nvcc (ninja) -> manifest -> one self-contained wheel.
+"""`humming-aot build`: enumerate -> codegen -> nvcc (ninja) -> manifest -> one catalog wheel per arch.
 
-The wheel holds the humming_aot package, the pybind11 launcher built for the running Python, the
-CUDA headers (for the JIT fallback), the catalog data files and the compiled kernels with their
-manifest under humming_aot/_catalog. It is written here with zipfile, deterministically: sorted
-entries, fixed timestamps, RECORD last. Its version carries the CUDA release and the archs as a
-local version: ``humming_aot-0.1.0+cu130.sm89.sm90a-cp311-cp311-linux_x86_64.whl``.
+Each arch becomes its own distribution (``humming_aot.aot.distribution``):
+``humming_aot_kernels_sm90a_cu13-0.1.0-py3-none-any.whl`` holds the manifest and fatbins under
+``humming_aot_kernels/sm90a_cu13/``; the core (Python, launcher, JIT, headers, catalog data) is a
+separate wheel that ``--index`` adds next to them, with a PEP 503 simple index
+(``humming_aot.aot.index``). Wheels are written here with zipfile, deterministically: sorted
+entries, fixed timestamps, RECORD last, so two builds of the same catalog are byte-identical.
 """
 from __future__ import annotations
 
@@ -21,15 +22,17 @@ from pathlib import Path
 from typing import TextIO
 
 from humming_aot._version import __version__
+from humming_aot.aot import distribution
 from humming_aot.aot.enumerate import enumerate_catalog
-from humming_aot.aot.manifest import KERNELS_DIR, MANIFEST_NAME, build_manifest, write_manifest
+from humming_aot.aot.manifest import KERNELS_DIR, MANIFEST_NAME, build_manifest, manifest_bytes, write_manifest
 from humming_aot.aot.ninja import CompileError, compile_keys, kernel_build_seconds, nvcc_info
-from humming_aot.support import arch_sort_key
 
-DIST_NAME = "humming_aot"
+DIST_NAME = distribution.CORE_NAME
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 WHEEL_SIZE_BUDGET = 100 * 1000 * 1000  # PyPI's default per-file limit
+KERNEL_WHEEL_TAG = "py3-none-any"  # fatbins depend on neither the Python version nor the host CPU
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)
+_SUMMARY = "Quantized-inference GEMM kernels shipped precompiled per CUDA and arch"
 # Package paths the wheel rebuilds from their sources instead of copying.
 _REBUILT_DIRS = ("_catalog", "include", "catalog_files")
 _SKIPPED_SUFFIXES = (".pyc", ".pyo", ".so", ".pyd", ".tmp")
@@ -39,40 +42,63 @@ _SKIPPED_SUFFIXES = (".pyc", ".pyo", ".so", ".pyd", ".tmp")
 class BuildSummary:
     catalog: str
     kernels_per_arch: dict[str, int]
-    fatbin_bytes_per_arch: dict[str, int]  # what each arch adds to the wheel, before compression
+    fatbin_bytes_per_arch: dict[str, int]  # what each arch adds to its wheel, before compression
     nvcc_seconds_per_arch: dict[str, float]  # summed over its kernels (ninja's log; CPU, not wall)
     skipped_tiles: int  # tiles left out for shared memory
     seconds: float
     cuda_version: str
     catalog_dir: Path  # where manifest.json and kernels/ are
-    wheel: Path | None  # None for --inplace
-    wheel_bytes: int | None
+    wheels: dict[str, Path]  # arch -> its catalog wheel; empty for --inplace
+    core_wheel: Path | None  # with --index
+    index_dir: Path | None
 
     @property
     def kernels(self) -> int:
         return sum(self.kernels_per_arch.values())
 
 
-def local_version(cuda_version: str, archs: list[str]) -> str:
-    """'0.1.0+cu130.sm89.sm90a' (archs in numeric order)."""
-    cuda = "cu" + cuda_version.replace(".", "")
-    return f"{__version__}+{cuda}.{'.'.join(sorted(set(archs), key=arch_sort_key))}"
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class WheelMetadata:
+    """What a wheel's .dist-info says about its distribution."""
+
+    name: str  # as the user types it, e.g. 'humming-aot-kernels-sm90a-cu13'
+    version: str
+    tag: str  # 'py3-none-any', 'cp311-cp311-linux_x86_64'
+    purelib: bool
+    requires: tuple[str, ...] = ()  # Requires-Dist lines (with '; extra == ...' markers)
+    extras: tuple[str, ...] = ()  # Provides-Extra
+    requires_python: str | None = None
+    console_scripts: tuple[str, ...] = ()  # 'humming-aot = humming_aot.cli:main'
+    top_level: str = DIST_NAME
+
+    @property
+    def filename(self) -> str:
+        return wheel_filename(self.version, self.tag, name=self.name)
+
+    @property
+    def dist_info(self) -> str:
+        return f"{distribution.wheel_name_part(self.name)}-{self.version}.dist-info"
 
 
 def wheel_tag() -> str:
-    """'cp311-cp311-linux_x86_64': the launcher is built for the running interpreter."""
+    """'cp311-cp311-linux_x86_64': the core's launcher is built for the running interpreter."""
     python = f"cp{sys.version_info.major}{sys.version_info.minor}"
     abi = python + ("t" if sysconfig.get_config_var("Py_GIL_DISABLED") else "")
     platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
     return f"{python}-{abi}-{platform}"
 
 
-def wheel_filename(version: str, tag: str) -> str:
-    return f"{DIST_NAME}-{version}-{tag}.whl"
+def wheel_filename(version: str, tag: str, *, name: str = DIST_NAME) -> str:
+    return f"{distribution.wheel_name_part(name)}-{version}-{tag}.whl"
 
 
 def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def is_source_checkout(package_dir: Path = PACKAGE_DIR) -> bool:
+    """Whether humming_aot runs from a clone (csrc/ next to the package), not an installed copy."""
+    return (package_dir.parent / "csrc" / "launcher").is_dir()
 
 
 def package_files(package_dir: Path = PACKAGE_DIR) -> dict[str, Path]:
@@ -89,50 +115,75 @@ def package_files(package_dir: Path = PACKAGE_DIR) -> dict[str, Path]:
     return files
 
 
-def data_files() -> dict[str, Path]:
-    """Headers -> humming_aot/include/humming_aot/**, catalog data -> humming_aot/catalog_files/
-    (the mapping setup.py uses too)."""
-    from humming_aot.aot.extension import package_data_files
+def data_files(package_dir: Path = PACKAGE_DIR) -> dict[str, Path]:
+    """Headers -> humming_aot/include/humming_aot/**, catalog data -> humming_aot/catalog_files/:
+    from the checkout's csrc/ and catalog/ (the mapping setup.py uses too), or, in an installed
+    package, the copies it carries."""
+    if is_source_checkout(package_dir):
+        from humming_aot.aot.extension import package_data_files
 
-    return package_data_files()
-
-
-def catalog_files(catalog_dir: Path, manifest: dict) -> dict[str, Path]:
-    """The manifest and the kernels it lists -> humming_aot/_catalog/."""
-    files = {f"{DIST_NAME}/_catalog/{MANIFEST_NAME}": catalog_dir / MANIFEST_NAME}
-    for entry in manifest["kernels"].values():
-        files[f"{DIST_NAME}/_catalog/{entry['file']}"] = catalog_dir / entry["file"]
+        return package_data_files(package_dir.parent)
+    files = {}
+    for sub in ("include", "catalog_files"):
+        for path in sorted((package_dir / sub).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                files[f"{DIST_NAME}/{path.relative_to(package_dir).as_posix()}"] = path
     return files
 
 
-def _dist_info(version: str, tag: str) -> dict[str, bytes]:
-    metadata = "\n".join([
-        "Metadata-Version: 2.1",
-        f"Name: {DIST_NAME}",
-        f"Version: {version}",
-        "Summary: Quantized-inference GEMM kernels shipped precompiled per CUDA and arch",
-        "License: Apache-2.0",
-        "Requires-Python: >=3.11",
-        "Requires-Dist: torch>=2.4",
-        "",
-    ])
+def catalog_wheel_files(catalog_dir: Path, manifest: dict, directory: str) -> dict[str, Path | bytes]:
+    """One arch's manifest and the kernels it lists -> humming_aot_kernels/<directory>/."""
+    root = f"{distribution.KERNELS_NAMESPACE}/{directory}"
+    files: dict[str, Path | bytes] = {f"{root}/{MANIFEST_NAME}": manifest_bytes(manifest)}
+    for entry in manifest["kernels"].values():
+        files[f"{root}/{entry['file']}"] = catalog_dir / entry["file"]
+    return files
+
+
+def kernel_wheel_metadata(arch: str, cuda_version: str) -> WheelMetadata:
+    return WheelMetadata(
+        name=distribution.kernel_dist_name(arch, distribution.cuda_major(cuda_version)),
+        version=__version__, tag=KERNEL_WHEEL_TAG, purelib=True, top_level=distribution.KERNELS_NAMESPACE,
+    )
+
+
+def core_wheel_metadata() -> WheelMetadata:
+    extras = distribution.core_extras(__version__, distribution.default_catalog_archs(PACKAGE_DIR.parent))
+    requires = list(distribution.INSTALL_REQUIRES)
+    for extra, reqs in extras.items():
+        requires += [f'{req}; extra == "{extra}"' for req in reqs]
+    return WheelMetadata(
+        name=DIST_NAME, version=__version__, tag=wheel_tag(), purelib=False, requires=tuple(requires),
+        extras=tuple(extras), requires_python=distribution.REQUIRES_PYTHON,
+        console_scripts=("humming-aot = humming_aot.cli:main",),
+    )
+
+
+def _dist_info(meta: WheelMetadata) -> dict[str, bytes]:
+    lines = ["Metadata-Version: 2.1", f"Name: {meta.name}", f"Version: {meta.version}", f"Summary: {_SUMMARY}",
+             "License: Apache-2.0"]
+    if meta.requires_python:
+        lines.append(f"Requires-Python: {meta.requires_python}")
+    lines += [f"Provides-Extra: {extra}" for extra in meta.extras]
+    lines += [f"Requires-Dist: {req}" for req in meta.requires]
     wheel = "\n".join([
         "Wheel-Version: 1.0",
         f"Generator: humming_aot.aot.wheel {__version__}",
-        "Root-Is-Purelib: false",
-        f"Tag: {tag}",
+        f"Root-Is-Purelib: {'true' if meta.purelib else 'false'}",
+        f"Tag: {meta.tag}",
         "",
     ])
-    entry_points = "[console_scripts]\nhumming-aot = humming_aot.cli:main\n"
-    return {
-        "METADATA": metadata.encode(),
+    files = {
+        "METADATA": ("\n".join(lines) + "\n").encode(),
         "WHEEL": wheel.encode(),
-        "entry_points.txt": entry_points.encode(),
-        "top_level.txt": f"{DIST_NAME}\n".encode(),
+        "top_level.txt": f"{meta.top_level}\n".encode(),
     }
+    if meta.console_scripts:
+        files["entry_points.txt"] = ("[console_scripts]\n" + "".join(f"{s}\n" for s in meta.console_scripts)).encode()
+    return files
 
 
-def write_wheel(files: dict[str, Path | bytes], out_dir: Path, *, version: str, tag: str) -> Path:
+def write_wheel(files: dict[str, Path | bytes], out_dir: Path, meta: WheelMetadata) -> Path:
     """Write a wheel of ``files`` (wheel path -> file or bytes) plus its .dist-info; returns its path.
 
     Deterministic: package entries in sorted order, then the dist-info files, RECORD last, all
@@ -140,10 +191,10 @@ def write_wheel(files: dict[str, Path | bytes], out_dir: Path, *, version: str, 
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    dist_info = f"{DIST_NAME}-{version}.dist-info"
+    dist_info = meta.dist_info
     entries = [(name, files[name]) for name in sorted(files)]
-    entries += [(f"{dist_info}/{name}", data) for name, data in sorted(_dist_info(version, tag).items())]
-    path = out_dir / wheel_filename(version, tag)
+    entries += [(f"{dist_info}/{name}", data) for name, data in sorted(_dist_info(meta).items())]
+    path = out_dir / meta.filename
     tmp = path.with_name(path.name + ".tmp")
     record = []
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
@@ -175,7 +226,18 @@ def _install_inplace(catalog_dir: Path, manifest: dict, target: Path) -> None:
     write_manifest(manifest, target / MANIFEST_NAME)
 
 
-def _build_launcher(build_dir: Path) -> Path:
+def _launcher(build_dir: Path) -> Path:
+    """The launcher extension for the core wheel: built from csrc/launcher in a checkout (reused when
+    up to date), else the installed package's own."""
+    if not is_source_checkout():
+        suffix = sysconfig.get_config_var("EXT_SUFFIX")
+        installed = PACKAGE_DIR / f"_C{suffix}"
+        if installed.is_file():
+            return installed
+        raise FileNotFoundError(
+            f"the core wheel needs the launcher {installed.name}, but the humming_aot installed at {PACKAGE_DIR} "
+            "has none for this Python: reinstall humming_aot (pip builds it) or run from a source checkout"
+        )
     from setuptools.errors import CompileError as SetuptoolsCompileError, LinkError
 
     from humming_aot.aot.extension import build_launcher_extension
@@ -186,6 +248,14 @@ def _build_launcher(build_dir: Path) -> Path:
         raise CompileError(f"building the launcher humming_aot._C failed: {e}") from None
 
 
+def write_core_wheel(out_dir: Path, build_dir: Path) -> Path:
+    """The core distribution (Python, launcher for this Python, headers, catalog data; no kernels)."""
+    launcher = _launcher(build_dir)
+    files: dict[str, Path | bytes] = {**package_files(), **data_files()}
+    files[f"{DIST_NAME}/{launcher.name}"] = launcher
+    return write_wheel(files, out_dir, core_wheel_metadata())
+
+
 def build(
     *,
     archs: list[str],
@@ -194,41 +264,48 @@ def build(
     out_dir: Path = Path("dist"),
     build_dir: Path | None = None,
     inplace: bool = False,
+    index_dir: Path | None = None,
     stream: TextIO | None = None,
 ) -> BuildSummary:
-    """Compile a catalog for ``archs`` and package it: a wheel in ``out_dir``, or (``inplace``)
-    the source checkout's humming_aot/_catalog. Intermediate files go to ``build_dir``
-    (default ./build/humming_aot_kernels), which later builds reuse incrementally."""
+    """Compile a catalog for ``archs`` and package it: one catalog wheel per arch in ``out_dir``
+    (``index_dir``: plus the core wheel, all served as a PEP 503 simple index there), or
+    (``inplace``) the source checkout's humming_aot/_catalog. Intermediate files go to
+    ``build_dir`` (default ./build/humming_aot_kernels), which later builds reuse incrementally."""
     stream = stream or sys.stderr
     start = time.monotonic()
-    if not (PACKAGE_DIR.parent / "csrc" / "launcher").is_dir():
-        what = "writes into a checkout's humming_aot/_catalog" if inplace else "builds the launcher from csrc/launcher"
+    if inplace and not is_source_checkout():
         raise ValueError(
-            f"`humming-aot build` {what}, but humming_aot is installed at {PACKAGE_DIR}, not in a "
-            "source checkout: run it from a clone of the humming_aot repository"
+            f"`humming-aot build --inplace` writes into a checkout's humming_aot/_catalog, but humming_aot is "
+            f"installed at {PACKAGE_DIR}, not in a source checkout: leave out --inplace to build catalog wheels"
         )
+    if inplace and index_dir is not None:
+        raise ValueError("--inplace writes no wheels, so there is nothing for --index to serve: use one of them")
     enumeration = enumerate_catalog(catalog, archs)
     info = nvcc_info()
     build_dir = Path(build_dir or Path("build") / "humming_aot_kernels").resolve()
     # The launcher first: it takes seconds, and a missing compiler should not wait for the kernels.
-    launcher = None if inplace else _build_launcher(build_dir / "launcher")
+    core = write_core_wheel(out_dir, build_dir / "launcher") if index_dir is not None else None
     result = compile_keys(list(enumeration.keys), build_dir, jobs=jobs, nvcc=info.path, stream=stream)
-    manifest = build_manifest(
-        keys=list(enumeration.keys), fatbins=result.fatbins, cuda_version=info.cuda_version,
-        toolkit=info.toolkit, catalog=enumeration.catalog, archs=list(enumeration.archs),
-    )
+    manifest_args = dict(fatbins=result.fatbins, cuda_version=info.cuda_version, toolkit=info.toolkit,
+                         catalog=enumeration.catalog)
+    manifest = build_manifest(keys=list(enumeration.keys), archs=list(enumeration.archs), **manifest_args)
     write_manifest(manifest, build_dir / MANIFEST_NAME)
-    wheel = None
+    wheels: dict[str, Path] = {}
     if inplace:
         catalog_dir = PACKAGE_DIR / "_catalog"
         _install_inplace(build_dir, manifest, catalog_dir)
     else:
         catalog_dir = build_dir
-        files: dict[str, Path | bytes] = {**package_files(), **data_files(), **catalog_files(build_dir, manifest)}
-        files[f"{DIST_NAME}/{launcher.name}"] = launcher
-        wheel = write_wheel(
-            files, out_dir, version=local_version(info.cuda_version, list(enumeration.archs)), tag=wheel_tag()
-        )
+        major = distribution.cuda_major(info.cuda_version)
+        for arch in enumeration.archs:
+            arch_manifest = build_manifest(
+                keys=[k for k in enumeration.keys if k.arch == arch], archs=[arch], **manifest_args)
+            files = catalog_wheel_files(build_dir, arch_manifest, distribution.kernel_dir_name(arch, major))
+            wheels[arch] = write_wheel(files, out_dir, kernel_wheel_metadata(arch, info.cuda_version))
+    if index_dir is not None:
+        from humming_aot.aot.index import add_to_index
+
+        add_to_index(index_dir, [core, *wheels.values()])
     per_arch = Counter(key.arch for key in enumeration.keys)
     nvcc_seconds = kernel_build_seconds(build_dir)
     fatbin_bytes: Counter = Counter()
@@ -245,6 +322,7 @@ def build(
         seconds=time.monotonic() - start,
         cuda_version=info.cuda_version,
         catalog_dir=catalog_dir,
-        wheel=wheel,
-        wheel_bytes=wheel.stat().st_size if wheel else None,
+        wheels=wheels,
+        core_wheel=core,
+        index_dir=Path(index_dir).resolve() if index_dir is not None else None,
     )

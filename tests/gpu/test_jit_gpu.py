@@ -17,6 +17,23 @@ from humming_aot.catalog import installed_catalog
 from humming_aot.spec import KernelKey, MmaKind, ZeroPoint
 from humming_aot.testing.numerics import assert_bitwise_equal, assert_gemm_close, reference_gemm
 
+def _why_no_jit() -> str | None:
+    """Why this run cannot exercise the NVRTC fallback (these tests then skip), or None."""
+    from humming_aot import env
+    from humming_aot.jit import nvrtc
+
+    if not env.jit_enabled():
+        return "HUMMING_AOT_JIT=0: this run tests the catalog alone, and these tests exercise the NVRTC fallback"
+    try:
+        nvrtc.load_nvrtc()
+    except (nvrtc.NvrtcNotFoundError, nvrtc.NvrtcError) as e:
+        return f"no usable NVRTC for the JIT fallback these tests exercise: {e}"
+    return None
+
+
+_WHY_NO_JIT = _why_no_jit()
+pytestmark = pytest.mark.skipif(_WHY_NO_JIT is not None, reason=_WHY_NO_JIT or "")
+
 SMOKE_TILE = "16x128x64_w1x2_s4"
 JIT_ONLY_TILE = "16x128x64_w1x2_s3"  # in no catalog
 # (m, n, k, group (None = per channel), splits (None = the heuristic))

@@ -22,6 +22,7 @@ def _isolated(monkeypatch):
             monkeypatch.delenv(name, raising=False)
     installed_catalog.cache_clear()
     monkeypatch.setattr("humming_aot.catalog.PACKAGE_CATALOG_DIR", Path("/nonexistent/_catalog"))
+    monkeypatch.setattr("humming_aot.catalog.kernel_package_roots", lambda: [])
     yield
     installed_catalog.cache_clear()
 
@@ -56,6 +57,7 @@ def assert_one_line_error(code, err, *fragments):
         (["build", "--arch", "sm80", "-j", "0"], ["-j '0' is not a positive number"]),
         (["build", "--arch", "sm80", "-j", "many"], ["-j 'many'"]),
         (["list", "--verbose"], ["unrecognized arguments: --verbose"]),
+        (["build", "--arch", "sm80", "--inplace", "--index", "idx"], ["--inplace writes no wheels", "--index"]),
     ],
 )
 def test_argument_errors(capsys, argv, fragments):
@@ -140,6 +142,39 @@ def test_info_without_gpu(capsys, catalog_dir):
     if not torch.cuda.is_available():
         assert "GPU: no CUDA GPU visible" in out
     assert "JIT: enabled" in out
+
+
+def test_list_and_info_name_installed_catalog_packages(capsys, monkeypatch, tmp_path):
+    """Catalog packages on sys.path (humming_aot_kernels/<arch>_cu<major>/) are found side by side."""
+    for arch in ("sm89", "sm120"):
+        directory = tmp_path / "humming_aot_kernels" / f"{arch}_cu13"
+        keys = enumerate_keys("smoke", [arch])
+        (directory / "kernels").mkdir(parents=True)
+        fatbins = {k.name: directory / "kernels" / f"{k.name}.fatbin" for k in keys}
+        for key in keys:
+            fatbins[key.name].write_bytes(key.name.encode())
+        write_manifest(build_manifest(keys=keys, fatbins=fatbins, cuda_version="13.0", toolkit="t", catalog="smoke",
+                                      archs=[arch]), directory / MANIFEST_NAME)
+    (tmp_path / "humming_aot_kernels" / "__pycache__").mkdir()  # not a catalog
+    monkeypatch.undo()  # drop the autouse fixture's empty kernel_package_roots
+    for name in env.VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr("humming_aot.catalog.PACKAGE_CATALOG_DIR", Path("/nonexistent/_catalog"))
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "elsewhere"), str(tmp_path), *sys.path])
+    installed_catalog.cache_clear()
+    code, out, err = run_cli(capsys, "list")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("package humming-aot-kernels-sm89-cu13: catalog 'smoke' for sm89 in ")
+    assert lines[1].startswith("package humming-aot-kernels-sm120-cu13: catalog 'smoke' for sm120 in ")
+    assert "sm89: 1 kernel" in out and "sm120: 1 kernel" in out
+    code, out, err = run_cli(capsys, "info")
+    assert "  humming-aot-kernels-sm89-cu13: sm89, 1 kernel" in out
+    assert "  8.9: sm89, humming-aot-kernels-sm89-cu13: installed" in out
+    assert "  12.1: sm120 (sm120 SASS runs on 12.1), humming-aot-kernels-sm120-cu13: installed" in out
+    assert ("  10.3: sm100 (sm100 SASS runs on 10.3), humming-aot-kernels-sm100-cu13: not installed: "
+            "pip install 'humming_aot[sm100]'") in out
+    assert "  9.0: sm90a, humming-aot-kernels-sm90a-cu13: not installed" in out
 
 
 def test_python_dash_m(tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from humming_aot import heuristics, support
+from humming_aot._version import __version__
 from humming_aot.aot import codegen
 from humming_aot.aot.enumerate import (
     catalog_archs,
@@ -167,7 +168,7 @@ def test_parse_tile_field_rejects(field):
     "catalog,archs,match",
     [
         ("smokey", ["sm80"], "unknown catalog 'smokey': use one of default, smoke"),
-        ("smoke", ["sm100a"], "catalog 'smoke' has no kernels for sm100a: it covers sm75, sm80, sm86, sm89, sm90a, sm120"),
+        ("smoke", ["sm100a"], "catalog 'smoke' has no kernels for sm100a: it covers sm75, sm80, sm86, sm89, sm90a, sm100, sm110, sm120"),
         ("default", ["sm90"], "has no kernels for sm90: it covers"),
         ("smoke", ["sm91"], "arch 'sm91' is not a target"),
         ("smoke", [], "no arch given"),
@@ -265,6 +266,7 @@ def catalog_dir(tmp_path, monkeypatch):
     write_manifest(_manifest(directory, keys, catalog="smoke"), directory / MANIFEST_NAME)
     monkeypatch.setenv("HUMMING_AOT_CATALOG_DIR", str(directory))
     monkeypatch.setattr("humming_aot.catalog.PACKAGE_CATALOG_DIR", tmp_path / "no_package_catalog")
+    monkeypatch.setattr("humming_aot.catalog.kernel_package_roots", lambda: [])
     installed_catalog.cache_clear()
     yield directory
     installed_catalog.cache_clear()
@@ -308,6 +310,24 @@ def test_catalog_from_another_version_is_refused(catalog_dir):
     write_manifest(manifest, catalog_dir / MANIFEST_NAME)
     with pytest.raises(CatalogIntegrityError, match="built for humming_aot 0.0.1"):
         installed_catalog()
+
+
+def test_catalog_package_from_another_version_names_the_pip_fix(tmp_path, monkeypatch):
+    keys = enumerate_keys("smoke", ["sm80"])
+    directory = tmp_path / "humming_aot_kernels" / "sm80_cu13"
+    manifest = _manifest(directory, keys, catalog="smoke")
+    manifest["package_version"] = "0.0.1"
+    write_manifest(manifest, directory / MANIFEST_NAME)
+    monkeypatch.delenv("HUMMING_AOT_CATALOG_DIR", raising=False)
+    monkeypatch.setattr("humming_aot.catalog.PACKAGE_CATALOG_DIR", tmp_path / "no_package_catalog")
+    monkeypatch.setattr("humming_aot.catalog.kernel_package_roots", lambda: [tmp_path / "humming_aot_kernels"])
+    installed_catalog.cache_clear()
+    try:
+        with pytest.raises(CatalogIntegrityError,
+                           match=rf"built for humming_aot 0.0.1, .*`pip install humming-aot-kernels-sm80-cu13=={__version__}`"):
+            installed_catalog()
+    finally:
+        installed_catalog.cache_clear()
 
 
 def test_malformed_manifest_is_refused(catalog_dir):

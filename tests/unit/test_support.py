@@ -77,13 +77,13 @@ def test_reason_for_unsupported_tuple_names_pairing_and_alternatives():
 def test_reason_for_arch_without_pairings_lists_the_archs():
     reason = support.why_unsupported(BF16_INT4, "sm100a")
     assert reason.startswith("arch sm100a has no pairing")
-    assert "sm75, sm80, sm86, sm89, sm90a, sm120" in reason  # numeric order
+    assert "sm75, sm80, sm86, sm89, sm90a, sm100, sm110, sm120" in reason  # numeric order
 
 
 def test_turing_takes_float16_activations_only():
     assert not support.is_supported(BF16_INT4, "sm75")
     reason = support.why_unsupported(BF16_INT4, "sm75")
-    assert "only on sm80, sm86, sm89, sm90a, sm120, not on sm75" in reason
+    assert "only on sm80, sm86, sm89, sm90a, sm100, sm110, sm120, not on sm75" in reason
     specs = support.supported_specs("sm75")
     assert len(specs) == 24 + 30 and {s.a_dtype for s in specs} == {"float16"}
 
