@@ -162,13 +162,13 @@ def split_k_factor(*, m: int, n: int, k: int, tile: TileConfig, num_sms: int, ma
     return max(1, min(slots // max(tiles, 1), k // 256, 16))
 
 
-# Cost of each K slice of a split tile, in units of one whole tile's time: its partial sums'
-# round trip through the workspace and the reducing CTA's wait (fitted to the H200 split sweeps
-# of docs/PERFORMANCE.md section 21: 6144 x 4096 at M = 1024 saved half of what the waves
-# alone predicted with 2 slices).
-SPLIT_COST = 0.05
-# ... and a split whose modelled saving is under a tenth of a tile is not worth the model's error.
-SPLIT_MARGIN = 0.1
+# Cost of each K slice of a split tile, in K tiles of work: its partial sums' round trip through
+# the workspace, the reducing CTA's wait and the slice's own prologue, which do not shrink with
+# K (fitted to the H200 split sweeps of docs/PERFORMANCE.md section 21: 6144 x 4096 at M = 1024
+# saved half of what the waves alone predicted with 2 slices of 32 K tiles).
+SLICE_COST_K_TILES = 4
+# ... and a split whose modelled saving is under 15 % of a tile is not worth the model's error.
+SPLIT_MARGIN = 0.15
 
 
 def tail_split_schedule(*, tiles: int, k_tiles: int, slots: int, max_tiles: int, max_splits: int = 16,
@@ -177,7 +177,8 @@ def tail_split_schedule(*, tiles: int, k_tiles: int, slots: int, max_tiles: int,
     the tiles of whole waves of `slots` resident CTAs run one CTA each over all of K; the `rest`
     tiles of a partial last wave are split into s K slices (at least min_k_tiles K tiles each, at
     most max_splits), s chosen to minimize the last waves' time ceil(rest s / slots) / s plus
-    SPLIT_COST s (in whole-tile times), if that saves SPLIT_MARGIN of a tile: a nearly full last
+    s SLICE_COST_K_TILES / k_tiles (in whole-tile times), if that saves SPLIT_MARGIN of a tile: a
+    long K makes slices relatively cheaper, so 32 tiles of 224 K tiles take 8 slices; a nearly full last
     wave stays whole, a 0.6 wave is cut in 3 and run as two waves of thirds. With fewer tiles than
     slots every tile is in that last wave."""
     full_waves, rest = divmod(tiles, slots)
@@ -185,7 +186,7 @@ def tail_split_schedule(*, tiles: int, k_tiles: int, slots: int, max_tiles: int,
         return tiles, 1
     best, best_time = 1, 1.0 - SPLIT_MARGIN  # a split must save this much of a tile's time
     for splits in range(2, min(max_splits, k_tiles // min_k_tiles) + 1):
-        time = -(-rest * splits // slots) / splits + SPLIT_COST * splits
+        time = -(-rest * splits // slots) / splits + SLICE_COST_K_TILES * splits / k_tiles
         if time < best_time - 1e-9:
             best, best_time = splits, time
     if best == 1:

@@ -207,8 +207,8 @@ def test_quantized_linear_keeps_one_packed_weight_until_a_buffer_changes():
 @pytest.mark.parametrize("m,n,k,expected", [
     # 6144 x 4096, M = 1024, 256 x 128 tiles, one CTA per SM: one full wave of 132, then 60 tiles in 2 slices
     (1024, 6144, 4096, dict(dp=132, splits=2, grid=132 + 60 * 2)),
-    # fewer tiles than SMs: every tile split (3 x 2 tiles of 256 x 128 at K = 2048, 4 slices of 8 K tiles)
-    (600, 256, 2048, dict(dp=0, splits=4, grid=6 * 4)),
+    # fewer tiles than SMs: every tile split (3 x 2 tiles of 256 x 128 at K = 2048: 3 slices of 32 K tiles)
+    (600, 256, 2048, dict(dp=0, splits=3, grid=6 * 3)),
     # a last wave 79 % full is not split: 8 x 79 = 632 tiles = 4 waves + 104
     (2048, 79 * 128, 1024, None),
 ])
@@ -246,7 +246,8 @@ def test_tail_split_schedule_rules():
     assert schedule(192, 64, 132) == (132, 2)  # 60 tiles: one wave of halves
     assert schedule(80, 128, 132) == (0, 3)  # 0.6 of a wave: two waves of thirds
     assert schedule(48, 64, 264) == (0, 4)
-    assert schedule(48, 8, 264) == (0, 2)  # at least 4 K tiles a slice
+    assert schedule(48, 8, 264) == (48, 1)  # a slice's fixed cost outweighs what 2 slices of 4 K tiles save
+    assert schedule(32, 224, 264) == (0, 7)  # long K: slices are cheap, so more of them
     assert schedule(100, 64, 132) == (100, 1)  # no split count fills the machine better
     assert schedule(132 + 120, 64, 132) == (252, 1)  # a 91 % full last wave
     assert schedule(1280, 128, 132) == (1280, 1)  # saves less than SPLIT_MARGIN of a tile
