@@ -1,5 +1,6 @@
-"""The one timing helper (STYLE G7): CUDA-graph replays timed with CUDA events, over inputs
-rotated through enough buffer sets that every call starts with a cold L2, median of repeats.
+"""The one timing helper of the project's benchmarks: CUDA-graph replays timed with CUDA events,
+over inputs rotated through enough buffer sets that every call starts with a cold L2, median of
+repeats.
 
 Benchmarks never assert: a timing that cannot be taken is reported, not raised, by the caller.
 """
