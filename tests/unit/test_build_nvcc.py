@@ -331,6 +331,20 @@ def test_kernel_build_seconds_reads_the_newest_ninja_log_entry(tmp_path):
     assert driver.kernel_build_seconds(tmp_path / "missing") == {}
 
 
+def _ptxas_report(key: KernelKey, directory: Path) -> str:
+    """ptxas -v's report (registers, spills, shared memory) of key's generated source, built as the
+    catalog builds it but into a cubin."""
+    source = directory / f"{key.symbol}.cu"
+    source.write_text(codegen.kernel_source(key))
+    flags = ["-cubin" if flag == "-fatbin" else flag for flag in driver.NVCC_FLAGS]
+    result = subprocess.run(
+        [str(driver.find_nvcc()), *flags, "-Xptxas", "-v", "-I", str(driver.find_include_dir()),
+         *driver.nvcc_gencode(key.arch), "-o", str(directory / f"{key.symbol}.cubin"), str(source)],
+        capture_output=True, text=True, check=True,
+    )
+    return result.stdout + result.stderr
+
+
 @pytest.mark.slow
 @needs_nvcc
 @pytest.mark.parametrize("m,block_m", [(1, 8), (16, 16)])
@@ -352,15 +366,7 @@ def test_small_m_tiles_fit_two_ctas_per_sm_without_spills(tmp_path, m, block_m):
         assert (tile.block_m, tile.warps_m * tile.warps_n * tile.warps_k) == (block_m, 8), tile.label
         stage_widths.add(tile.block_k)
         key = KernelKey.from_name(f"gemm_dense_sm90a_mma_a-{act}_w-{weight}_o-{act}_{tile.label}")
-        source = tmp_path / f"{key.symbol}.cu"
-        source.write_text(codegen.kernel_source(key))
-        flags = ["-cubin" if flag == "-fatbin" else flag for flag in driver.NVCC_FLAGS]
-        result = subprocess.run(
-            [str(driver.find_nvcc()), *flags, "-Xptxas", "-v", "-I", str(driver.find_include_dir()),
-             *driver.nvcc_gencode(key.arch), "-o", str(tmp_path / f"{key.symbol}.cubin"), str(source)],
-            capture_output=True, text=True, check=True,
-        )
-        report = result.stdout + result.stderr
+        report = _ptxas_report(key, tmp_path)
         registers = [int(word) for line in report.splitlines() if "Used" in line
                      for word, unit in zip(line.split(), line.split()[1:]) if unit.startswith("registers")]
         assert registers and registers[0] <= 128, f"{key.name}: {report}"
@@ -386,14 +392,6 @@ def test_wgmma_ws_tiles_keep_their_accumulators_in_registers(tmp_path, m):
     launch_registers = 128 if tile.threads == 256 else 168
     for act, weight in [("bf16", "s5-g-bf16"), ("bf16", "u8-g-bf16-zpf"), ("bf16", "e4m3-g-bf16"), ("f16", "e2m1-g-f16")]:
         key = KernelKey.from_name(f"gemm_dense_sm90a_wgmma-ws_a-{act}_w-{weight}_o-{act}_{tile.field}")
-        source = tmp_path / f"{key.symbol}.cu"
-        source.write_text(codegen.kernel_source(key))
-        flags = ["-cubin" if flag == "-fatbin" else flag for flag in driver.NVCC_FLAGS]
-        result = subprocess.run(
-            [str(driver.find_nvcc()), *flags, "-Xptxas", "-v", "-I", str(driver.find_include_dir()),
-             *driver.nvcc_gencode(key.arch), "-o", str(tmp_path / f"{key.symbol}.cubin"), str(source)],
-            capture_output=True, text=True, check=True,
-        )
-        report = result.stdout + result.stderr
+        report = _ptxas_report(key, tmp_path)
         assert f"Used {launch_registers} registers" in report, f"{key.name}: {report}"
         assert "0 bytes spill stores" in report and "0 bytes spill loads" in report, f"{key.name}: {report}"
