@@ -5,7 +5,7 @@ Metadata lives in pyproject.toml. This file adds what setuptools cannot say decl
 - a build_py that copies csrc/include/humming_aot/** to humming_aot/include/humming_aot/** and
   catalog/*.toml to humming_aot/catalog_files/*.toml in the build tree (never in the source tree),
 - prebuilt kernels under humming_aot/_catalog/** (manifest.json, fatbins) when present,
-- the dependencies and extras (humming_aot[sm90a], humming_aot[all], ...: humming_aot/aot/distribution.py).
+- the dependencies and extras (humming_aot[sm90a], humming_aot[all], ...: humming_aot/distribution.py).
 
 `pip install -e .` and `python setup.py build_ext --inplace` both work; an editable install reads
 the headers and catalog data from the checkout instead of copies.
@@ -24,17 +24,18 @@ from setuptools.command.build_py import build_py
 ROOT = Path(__file__).resolve().parent
 
 
-def _load_aot_module(name: str):
+def _load_module(relative: str):
     # By file path, so that building does not execute humming_aot/__init__.py.
-    path = ROOT / "humming_aot" / "aot" / f"{name}.py"
+    name = Path(relative).stem
+    path = ROOT / "humming_aot" / relative
     spec = importlib.util.spec_from_file_location(f"_humming_aot_build_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-_extension = _load_aot_module("extension")
-_distribution = _load_aot_module("distribution")
+_extension = _load_module("aot/extension.py")
+_distribution = _load_module("distribution.py")
 _VERSION = re.search(r'__version__ = "([^"]+)"', (ROOT / "humming_aot" / "_version.py").read_text()).group(1)
 
 

@@ -2,11 +2,11 @@
 by HUMMING_AOT_CATALOG_DIR, read through their manifest.json.
 
 A catalog directory holds ``manifest.json`` and ``kernels/<name>.fatbin`` (see
-``humming_aot.aot.manifest``). Directories are searched in order: each HUMMING_AOT_CATALOG_DIR
+``humming_aot.manifest``). Directories are searched in order: each HUMMING_AOT_CATALOG_DIR
 entry, then the package's ``humming_aot/_catalog`` (written by ``humming-aot build --inplace`` in a
 checkout), then every installed catalog package: ``humming_aot_kernels/<arch>_cu<major>/`` in
 any ``sys.path`` entry (``humming-aot-kernels-sm90a-cu13`` and its siblings, see
-``humming_aot.aot.distribution``), newest CUDA major first, then arch order. The first directory
+``humming_aot.distribution``), newest CUDA major first, then arch order. The first directory
 holding a kernel name serves it. Every image is checked against its manifest sha256 when read; a mismatch is an error naming
 the file, never a silent wrong result.
 """
@@ -22,8 +22,9 @@ from pathlib import Path
 
 from humming_aot import env
 from humming_aot._version import __version__
-from humming_aot.aot import codegen, distribution
-from humming_aot.aot.manifest import MANIFEST_NAME, manifest_problems
+from humming_aot import distribution
+from humming_aot.manifest import MANIFEST_NAME, manifest_problems
+from humming_aot.params_abi import PARAMS_VERSION
 from humming_aot.spec import KernelKey
 
 logger = logging.getLogger(__name__)
@@ -92,10 +93,10 @@ def _load_dir(directory: Path) -> tuple[ManifestInfo, list[CatalogEntry]]:
         )
     entries = []
     for name, entry in sorted(manifest["kernels"].items()):
-        if entry["params_version"] != codegen.PARAMS_VERSION:
+        if entry["params_version"] != PARAMS_VERSION:
             raise CatalogIntegrityError(
                 f"{path}: kernel {name} has GemmParams version {entry['params_version']}, this humming_aot "
-                f"launches version {codegen.PARAMS_VERSION}: rebuild the catalog"
+                f"launches version {PARAMS_VERSION}: rebuild the catalog"
             )
         entries.append(CatalogEntry(
             name=name, path=directory / entry["file"], sha256=entry["sha256"], arch=entry["arch"],
@@ -230,7 +231,7 @@ def test_keys(arch: str, tier: str = "smoke", catalog: str = "default") -> list[
     tier "smoke": one tile per GemmSpec (the smallest); "full": every kernel. An arch the catalog
     does not cover gives no keys.
     """
-    from humming_aot.aot.enumerate import catalog_archs, enumerate_keys
+    from humming_aot.enumerate import catalog_archs, enumerate_keys
 
     if tier not in ("smoke", "full"):
         raise ValueError(f"tier {tier!r} is not 'smoke' or 'full'")

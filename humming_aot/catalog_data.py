@@ -1,4 +1,5 @@
-"""Reads the declarative data under catalog/ (support matrix, families, tile tables).
+"""Reads the declarative data under catalog/ (support matrix, families, tile tables), and finds
+the CUDA headers the kernels compile against (the build's and the JIT's -I).
 
 One loader for everyone: the run time, the enumerator, the docs generator and the tests. The
 files are found inside the installed package (``humming_aot/catalog_files``, put there by the wheel
@@ -22,6 +23,21 @@ def catalog_data_dir() -> Path:
         "humming_aot's catalog data (support.toml, tiles.toml) is missing: neither "
         f"{_PACKAGE_DIR / 'catalog_files'} nor {_PACKAGE_DIR.parent / 'catalog'} has it; "
         "reinstall the package"
+    )
+
+
+def find_include_dir() -> Path:
+    """The directory to pass as -I: it holds humming_aot/kernel/... .
+
+    A source checkout's csrc/include comes first (the headers being edited), then the copy an
+    installed wheel carries in humming_aot/include.
+    """
+    for candidate in (_PACKAGE_DIR.parent / "csrc" / "include", _PACKAGE_DIR / "include"):
+        if (candidate / "humming_aot").is_dir():
+            return candidate
+    raise FileNotFoundError(
+        f"humming_aot's CUDA headers are missing: neither {_PACKAGE_DIR.parent / 'csrc' / 'include'} "
+        f"nor {_PACKAGE_DIR / 'include'} has a humming_aot/ folder; reinstall the package"
     )
 
 

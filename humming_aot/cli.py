@@ -172,7 +172,7 @@ def _catalog_line(catalog) -> str:
 
 def _serving_table(catalog_archs: list[str]) -> list[str]:
     """Per compute capability: the catalog arch whose SASS runs there, its package, installed or not."""
-    from humming_aot.aot.distribution import EXTRAS_CUDA_MAJOR, default_catalog_archs, kernel_dist_name
+    from humming_aot.distribution import EXTRAS_CUDA_MAJOR, default_catalog_archs, kernel_dist_name
     from humming_aot.arch import PLAIN_TARGETS, serving_arch
 
     shipped = default_catalog_archs()
@@ -263,7 +263,7 @@ def _size(nbytes: int) -> str:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     """Everything the JIT fallback needs, one line each; always exits 0 (problems are reported)."""
     from humming_aot.arch import archs_for_capability, serving_arch
-    from humming_aot.aot.ninja import find_include_dir
+    from humming_aot.catalog_data import find_include_dir
     from humming_aot.catalog import installed_catalog
     from humming_aot.jit import cache, nvrtc
     from humming_aot.support import supported_archs

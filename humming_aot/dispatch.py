@@ -14,23 +14,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import struct
 import threading
 
 import torch
 
-from humming_aot import _launcher, heuristics
+from humming_aot import _launcher, heuristics, params_abi
 from humming_aot import obtain as _obtain
 from humming_aot.obtain import KernelNotAvailableError  # noqa: F401  (raised from here, part of the API)
 from humming_aot.spec import GemmSpec, KernelKey, MmaKind, TileConfig
 
-# GemmParams (csrc/include/humming_aot/kernel/params.cuh): 8 pointers, lda, ldo, 5 ints, 1 float.
-_PARAMS = struct.Struct("<8Q2q5if")
-# TmaGemmParams (same header): GemmParams, the tail-split schedule (two ints), zero padding to
-# byte 128, then the activation tensor map (128 bytes).
-_TMA_SCHEDULE = struct.Struct("<2i")
-_TMA_PADDING = bytes(128 - _PARAMS.size - _TMA_SCHEDULE.size)
-_TMA_PARAMS_BYTES = 256
+# The Params layouts (humming_aot.params_abi owns them).
+_PARAMS = params_abi.GEMM_PARAMS
+_TMA_SCHEDULE = params_abi.TMA_SCHEDULE
+_TMA_PADDING = params_abi.TMA_PADDING
+_TMA_PARAMS_BYTES = params_abi.TMA_PARAMS_BYTES
 # Split-K arrival counters per (device, stream): one int per output tile, reset by the kernel.
 SPLIT_K_COUNTERS = 4096
 

@@ -10,7 +10,7 @@ Every kernel image exports ``extern "C" __constant__ KernelMetadata humming_aot_
 
     struct KernelMetadata {
       uint32_t magic;           // KERNEL_METADATA_MAGIC: the bytes 'HAOT'
-      uint32_t params_version;  // humming_aot::kernel::kParamsVersion (== codegen.PARAMS_VERSION)
+      uint32_t params_version;  // humming_aot::kernel::kParamsVersion (== PARAMS_VERSION)
       uint32_t params_bytes;    // sizeof(GemmParams): the bytes each launch passes
       uint32_t threads;         // threads per block
       uint32_t smem_bytes;      // dynamic shared memory per block, in bytes
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from humming_aot import _launcher, env
 from humming_aot.spec import kernel_symbol
-from humming_aot.aot import codegen
+from humming_aot.params_abi import PARAMS_VERSION
 
 __all__ = [
     "KERNEL_METADATA_BYTES",
@@ -207,14 +207,14 @@ def check_kernel_metadata(metadata: KernelMetadata, *, name: str, expected: Mapp
             found=metadata.name,
             expected=name,
         )
-    if metadata.params_version != codegen.PARAMS_VERSION:
+    if metadata.params_version != PARAMS_VERSION:
         raise KernelMetadataError(
             f"kernel {name}: built for GemmParams version {metadata.params_version}, but this humming_aot passes "
-            f"version {codegen.PARAMS_VERSION}; launching it would pass a wrong argument struct; {_REBUILD_HINT}",
+            f"version {PARAMS_VERSION}; launching it would pass a wrong argument struct; {_REBUILD_HINT}",
             kernel=name,
             field="params_version",
             found=metadata.params_version,
-            expected=codegen.PARAMS_VERSION,
+            expected=PARAMS_VERSION,
         )
     for field in _REQUIRED_FIELDS + _OPTIONAL_FIELDS:
         wanted = _manifest_value(expected, field)

@@ -29,7 +29,7 @@ class KernelNotAvailableError(RuntimeError):
 
 @functools.cache
 def _default_catalog_names(arch: str) -> frozenset[str]:
-    from humming_aot.aot.enumerate import catalog_archs, enumerate_keys
+    from humming_aot.enumerate import catalog_archs, enumerate_keys
 
     if arch not in catalog_archs("default"):
         return frozenset()

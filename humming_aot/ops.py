@@ -257,7 +257,7 @@ def gemm_with_tile(a: torch.Tensor, packed: PackedWeight, tile: TileConfig | str
     the JIT's (an error naming the kernel when HUMMING_AOT_JIT=0). ``tile`` may be a TileConfig
     or its label ('16x128x64_w1x2_s4', 'wgmma:128x256x64_w1x16_s4')."""
     from humming_aot import dispatch
-    from humming_aot.aot.enumerate import parse_tile_field
+    from humming_aot.enumerate import parse_tile_field
 
     _validate(a, packed, bias)
     if not a.is_cuda:

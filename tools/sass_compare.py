@@ -30,7 +30,7 @@ _REPO = Path(__file__).resolve().parents[1]
 if importlib.util.find_spec("humming_aot") is None:
     sys.path.insert(0, str(_REPO))
 
-from humming_aot.aot import codegen  # noqa: E402
+from humming_aot import codegen  # noqa: E402
 from humming_aot.arch import nvcc_gencode  # noqa: E402
 from humming_aot.spec import KernelKey  # noqa: E402
 
@@ -83,7 +83,7 @@ def main() -> int:
 
     keys = [KernelKey.from_name(name) for name in args.keys.split(",") if name]
     if args.catalog:
-        from humming_aot.aot.enumerate import enumerate_keys
+        from humming_aot.enumerate import enumerate_keys
 
         keys += enumerate_keys(args.catalog, args.arch)
     keys = [key for key in keys if args.filter in key.name]

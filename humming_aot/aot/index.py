@@ -17,7 +17,7 @@ import html
 import shutil
 from pathlib import Path
 
-from humming_aot.aot.distribution import normalize
+from humming_aot.distribution import normalize
 
 
 def project_of(wheel: Path) -> str:

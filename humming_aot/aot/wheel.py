@@ -1,6 +1,6 @@
 """`humming-aot build`: enumerate -> codegen -> nvcc (ninja) -> manifest -> one catalog wheel per arch.
 
-Each arch becomes its own distribution (``humming_aot.aot.distribution``):
+Each arch becomes its own distribution (``humming_aot.distribution``):
 ``humming_aot_kernels_sm90a_cu13-0.1.0-py3-none-any.whl`` holds the manifest and fatbins under
 ``humming_aot_kernels/sm90a_cu13/``; the core (Python, launcher, JIT, headers, catalog data) is a
 separate wheel that ``--index`` adds next to them, with a PEP 503 simple index
@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import TextIO
 
 from humming_aot._version import __version__
-from humming_aot.aot import distribution
-from humming_aot.aot.enumerate import enumerate_catalog
-from humming_aot.aot.manifest import KERNELS_DIR, MANIFEST_NAME, build_manifest, manifest_bytes, write_manifest
+from humming_aot import distribution
+from humming_aot.enumerate import enumerate_catalog
+from humming_aot.manifest import KERNELS_DIR, MANIFEST_NAME, build_manifest, manifest_bytes, write_manifest
 from humming_aot.aot.ninja import CompileError, compile_keys, kernel_build_seconds, nvcc_info
 
 DIST_NAME = distribution.CORE_NAME

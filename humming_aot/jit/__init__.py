@@ -28,7 +28,7 @@ __all__ = [
 
 
 def _include_dir():
-    from humming_aot.aot.ninja import find_include_dir
+    from humming_aot.catalog_data import find_include_dir
 
     return find_include_dir()
 

@@ -11,8 +11,8 @@ import dataclasses
 import struct
 
 from humming_aot import kernels
-from humming_aot.aot import codegen
-from humming_aot.aot.ninja import FatbinTargetError, elf_sm
+from humming_aot import codegen
+from humming_aot.fatbin import FatbinTargetError, elf_sm
 from humming_aot.spec import KernelKey, parse_arch
 
 EM_CUDA = 190  # e_machine of NVIDIA CUDA objects

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from humming_aot.aot import codegen
+from humming_aot import codegen
 from humming_aot.aot import ninja as driver
-from humming_aot.aot.enumerate import enumerate_keys
+from humming_aot.enumerate import enumerate_keys
 from humming_aot.spec import KernelKey, MmaKind, ZeroPoint, code_bits, parse_arch
 
 REPO = Path(__file__).resolve().parents[2]

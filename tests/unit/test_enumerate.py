@@ -11,14 +11,14 @@ import pytest
 
 from humming_aot import heuristics, support
 from humming_aot._version import __version__
-from humming_aot.aot import codegen
-from humming_aot.aot.enumerate import (
+from humming_aot import codegen
+from humming_aot.enumerate import (
     catalog_archs,
     enumerate_catalog,
     enumerate_keys,
     parse_tile_field,
 )
-from humming_aot.aot.manifest import (
+from humming_aot.manifest import (
     MANIFEST_NAME,
     build_manifest,
     manifest_bytes,

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from humming_aot import heuristics
-from humming_aot.aot.enumerate import enumerate_keys, parse_tile_field
+from humming_aot.enumerate import enumerate_keys, parse_tile_field
 from humming_aot.heuristics.tiles import DEFAULT_SPLIT_CTAS_PER_SM
 from humming_aot.spec import KernelKey, MmaKind
 

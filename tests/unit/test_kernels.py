@@ -11,7 +11,7 @@ import pytest
 
 from humming_aot.spec import KernelKey, kernel_symbol
 from humming_aot import _launcher, kernels
-from humming_aot.aot import codegen
+from humming_aot import codegen
 
 NAME = "gemm_dense_sm80_mma_a-f16_w-s4-g128_o-f16_16x64x64_s4"
 MANIFEST_ENTRY = {"file": f"{NAME}.fatbin", "sha256": "0" * 64, "threads": 128, "smem_bytes": 49_152}
@@ -400,7 +400,7 @@ def test_cache_refuses_a_loader_for_another_kernel():
 
 def test_tma_body_takes_the_tensor_map_params():
     from humming_aot import dispatch
-    from humming_aot.aot import codegen
+    from humming_aot import codegen
 
     ws = KernelKey.from_name("gemm_dense_sm90a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_256x128x64_w1x8_s5")
     old = KernelKey.from_name("gemm_dense_sm90a_wgmma_a-bf16_w-s4-g-bf16_o-bf16_128x128x64_w1x8_s4")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from humming_aot.aot.enumerate import enumerate_keys
+from humming_aot.enumerate import enumerate_keys
 from humming_aot.spec import GemmSpec, KernelKey, MmaKind, TileConfig, ZeroPoint, parse_arch
 
 DEFAULT_KEYS = enumerate_keys("default")

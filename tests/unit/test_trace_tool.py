@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from humming_aot.aot import codegen
+from humming_aot import codegen
 from humming_aot.aot import ninja as driver
 from humming_aot.spec import KernelKey
 

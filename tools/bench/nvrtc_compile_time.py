@@ -47,7 +47,7 @@ def _default_arch() -> str:
 
 
 def _keys(arch: str, count: int):
-    from humming_aot.aot.enumerate import enumerate_keys
+    from humming_aot.enumerate import enumerate_keys
 
     keys = enumerate_keys("default", [arch])
     w4a16 = [k for k in keys if k.spec.a_dtype == "bfloat16" and k.spec.w_dtype == "int4"]

@@ -63,7 +63,7 @@ def test_cli_inspect_names_a_bad_directory(tmp_path, capsys):
 
 @pytest.mark.parametrize("name", ["gptq_4bit_sym_v1", "modelopt_int4_awq", "ct_nvfp4a16", "hqq_4bit_g64_axis1"])
 def test_model_catalog_holds_exactly_the_kernels_the_layers_need(tmp_path, name):
-    from humming_aot.aot.enumerate import enumerate_catalog
+    from humming_aot.enumerate import enumerate_catalog
     from humming_aot.aot.model_catalog import write_model_catalog
     from humming_aot.checkpoints.serving import layer_spec
 
@@ -90,7 +90,7 @@ def test_build_model_names_a_layer_without_kernel(tmp_path, capsys):
 
 def test_build_model_passes_the_model_catalog_to_the_build(tmp_path, monkeypatch):
     from humming_aot.aot import wheel
-    from humming_aot.aot.enumerate import enumerate_catalog
+    from humming_aot.enumerate import enumerate_catalog
 
     seen = {}
 

@@ -37,7 +37,7 @@ TOOL_EXTRAS = {
     # cache locks with fcntl.flock.
     "jit": ["nvidia-cuda-nvrtc"],
 }
-_SOURCE_ROOT = Path(__file__).resolve().parents[2]
+_SOURCE_ROOT = Path(__file__).resolve().parents[1]
 
 
 def cuda_major(cuda_version: str) -> int:
@@ -74,7 +74,7 @@ def wheel_name_part(name: str) -> str:
 def default_catalog_archs(source_root: Path | str | None = None) -> list[str]:
     """The archs of the default catalog (catalog/default.toml, or the installed copy), in file order."""
     root = Path(source_root) if source_root is not None else _SOURCE_ROOT
-    here = Path(__file__).resolve().parents[1]
+    here = Path(__file__).resolve().parent  # the installed package
     for path in (root / "catalog" / "default.toml", here / "catalog_files" / "default.toml"):
         if path.is_file():
             with path.open("rb") as f:

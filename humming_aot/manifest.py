@@ -12,7 +12,8 @@ import os
 from pathlib import Path
 
 from humming_aot._version import __version__
-from humming_aot.aot import codegen
+from humming_aot import codegen
+from humming_aot.params_abi import PARAMS_VERSION
 from humming_aot.spec import KernelKey
 
 SCHEMA_VERSION = 1
@@ -55,7 +56,7 @@ def build_manifest(
             "toolkit": toolkit,
             "smem_bytes": codegen.kernel_smem_bytes(key),
             "threads": key.tile.threads,
-            "params_version": codegen.PARAMS_VERSION,
+            "params_version": PARAMS_VERSION,
         }
     return {
         "schema_version": SCHEMA_VERSION,
@@ -64,7 +65,7 @@ def build_manifest(
         "toolkit": toolkit,
         "catalog": catalog,
         "archs": sorted(set(archs)),
-        "params_version": codegen.PARAMS_VERSION,
+        "params_version": PARAMS_VERSION,
         "kernels": kernels,
     }
 
