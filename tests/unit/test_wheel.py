@@ -11,7 +11,8 @@ import zipfile
 from pathlib import Path
 
 from humming_aot._version import __version__
-from humming_aot import distribution, index, wheel
+from humming_aot import distribution
+from humming_aot.aot import index, wheel
 
 
 def _check_record(path: Path) -> list[str]:
