@@ -3,7 +3,7 @@ back. Bit-level only (no scales, no formats): humming_aot/packing.py builds Pack
 ``reference_pack_codes`` is an independent element-by-element statement of the same layout for
 the tests.
 
-Layout (read by csrc/include/humming_aot/kernel/dense_mma_sync.cuh and dense_wgmma.cuh, decoded
+Layout (read by csrc/include/humming_aot/mainloop/*.cuh and kernel/dense_wgmma.cuh, decoded
 by numerics/int_dequantizer.cuh and float_dequantizer.cuh): every b-bit code is placed the same
 way, whether it is an integer or a float's sign / exponent / mantissa bits. The weight is cut
 into 16 (k) x 64 (n) units. In each unit, lane ``l`` of a warp (g = l // 4, t = l % 4) owns, for

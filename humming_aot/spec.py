@@ -284,7 +284,7 @@ class KernelKey:
         multiplies with is (q - z) * s unrounded, instead of (q - z) * s rounded once to the
         activation dtype (``PackedWeight.effective_weight(scales_in_fp32=...)`` gives either).
         The swapped-operand 8-row mma.sync tile does so for integer codes without a float zero
-        point (kernel/dense_mma_sync.cuh, kScalesInFp32; the generated source checks that both
+        point (mainloop/swapped_warp_pipeline.cuh, kScalesInFp32; the generated source checks that both
         sides agree)."""
         return (
             self.tile.mma is MmaKind.MMA_SYNC

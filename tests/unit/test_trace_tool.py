@@ -15,7 +15,7 @@ from humming_aot.spec import KernelKey
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "trace" / "apply_trace.py"
-TRACED_FILES = ("csrc/include/humming_aot/kernel/dense_mma_sync.cuh",
+TRACED_FILES = ("csrc/include/humming_aot/mainloop/swapped_warp_pipeline.cuh",
                 "csrc/include/humming_aot/epilogue/swapped_output_writer.cuh", "humming_aot/dispatch.py")
 INT1_SWAPPED = "gemm_dense_sm90a_mma_a-bf16_w-s1-g-bf16_o-bf16_8x128x512_w1x2x4_s2"
 

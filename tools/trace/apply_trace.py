@@ -36,30 +36,30 @@ def patch(path, pairs):
             sys.exit(f"{path}: anchor found {s.count(a)} times, expected {n} (update tools/trace/apply_trace.py):\n{a}")
         s = s.replace(a, b)
     p.write_text(s)
-helpers = '''
+helpers = '''namespace humming_aot::mainloop {
+
 namespace trace {
 __device__ __forceinline__ unsigned long long gt() { unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
 __device__ __forceinline__ unsigned long long ck() { unsigned long long t; asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)); return t; }
 __device__ __forceinline__ unsigned smid() { unsigned t; asm volatile("mov.u32 %0, %%smid;" : "=r"(t)); return t; }
 }
-namespace detail {'''
-patch("csrc/include/humming_aot/kernel/dense_mma_sync.cuh", [
-("namespace detail {\ntemplate <bool kFirst", helpers + "\ntemplate <bool kFirst"),
-('''    const bool in_cluster = kSwapped && SwappedPartWriter::prepare(p, smem_base + kPipelineBytes, kWarps, warp);''','''    unsigned long long* tr = nullptr;
-    if constexpr (kSwapped) {
-      if (p.workspace != nullptr && SwappedPartWriter::reduces_in_cluster(p))
-        tr = reinterpret_cast<unsigned long long*>(p.workspace) + ((blockIdx.y * gridDim.x + blockIdx.x) * kWarps + warp) * %d;
-    }
-    unsigned long long t_gt0 = trace::gt(), t_c0 = trace::ck(), t_pro = 0, t_first = 0, t_loop = 0, t_share = 0;
-    const bool in_cluster = kSwapped && SwappedPartWriter::prepare(p, smem_base + kPipelineBytes, kWarps, warp);''' % W),
+'''
+patch("csrc/include/humming_aot/mainloop/swapped_warp_pipeline.cuh", [
+("namespace humming_aot::mainloop {\n", helpers),
+# the trace slot and the start times live in the mainloop object: set before prepare() runs
+('''  bool in_cluster_;  // the split-K reduction of this CTA runs inside its cluster''','''  unsigned long long t_gt0 = trace::gt(), t_c0 = trace::ck();
+  unsigned long long* tr = nullptr;
+  bool in_cluster_;  // the split-K reduction of this CTA runs inside its cluster'''),
+('''      : in_cluster_(PartWriter::prepare(p, smem_base + kPipelineBytes, kWarps, warp)) {}''','''      : in_cluster_(PartWriter::prepare(p, smem_base + kPipelineBytes, kWarps, warp)) {
+    if (p.workspace != nullptr && PartWriter::reduces_in_cluster(p))
+      tr = reinterpret_cast<unsigned long long*>(p.workspace) + ((blockIdx.y * gridDim.x + blockIdx.x) * kWarps + warp) * %d;
+  }''' % W),
 ('''    float acc[kMTiles][kNTiles][4];
-    Writer::zero(acc);
-
-    if constexpr (kWarpPipelines) {''','''    t_pro = trace::ck();
+    zero(acc);
+''','''    unsigned long long t_pro = trace::ck(), t_first = 0, t_loop = 0, t_share = 0;
     float acc[kMTiles][kNTiles][4];
-    Writer::zero(acc);
-
-    if constexpr (kWarpPipelines) {'''),
+    zero(acc);
+'''),
 # the per-warp K loop is a function of its own: it gets the trace slot and the first stage's time
 (''' const StepOffsets& offsets, int row_steps_mask,
                                                             Accumulators& acc) {''',''' const StepOffsets& offsets, int row_steps_mask,
@@ -75,18 +75,20 @@ patch("csrc/include/humming_aot/kernel/dense_mma_sync.cuh", [
         }''','''          compute_stage<false>(stage_smem, offsets, row_steps_mask, acc);
         }
         if (tr != nullptr && (threadIdx.x & 31) == 0 && it < 4) tr[13 + it] = trace::ck();'''),
-('''    schedule::release_dependent_grid();
+('''    loop_done();
     memory::cp_async_wait<0>();''','''    t_loop = trace::ck();
-    schedule::release_dependent_grid();
+    loop_done();
     memory::cp_async_wait<0>();'''),
-('''      share_over_k_warps(smem, warp_mn, warp_k, acc, share);
-      const int col0''','''      share_over_k_warps(smem, warp_mn, warp_k, acc, share);
+('''      Reduction::share_over_k_warps(smem, warp_mn, warp_k, acc, share);
+      const int col0''','''      Reduction::share_over_k_warps(smem, warp_mn, warp_k, acc, share);
       t_share = trace::ck();
       const int col0'''),
-('''      Writer::write(p, acc, m0 + warp_m * kWarpRows, n0 + warp_n * 64, tile.tile_index, &arrival_flag);
+('''        Writer::write(stash.p, acc[0], m0, n0 + warp_n * 64, tile_index, arrival_flag);
+      }
     }
   }
-};''','''      Writer::write(p, acc, m0 + warp_m * kWarpRows, n0 + warp_n * 64, tile.tile_index, &arrival_flag);
+};''','''        Writer::write(stash.p, acc[0], m0, n0 + warp_n * 64, tile_index, arrival_flag);
+      }
     }
     if (tr != nullptr && (threadIdx.x & 31) == 0) {
       const unsigned long long t_end = trace::ck(), g_end = trace::gt();

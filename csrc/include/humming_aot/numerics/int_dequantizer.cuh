@@ -16,7 +16,7 @@
 // cannot join the magic (its fraction would be lost): q is made exact first, then q - z and
 // (q - z) * s each round once in the activation dtype. Without a float zero point, q - z is exact
 // in the activation dtype, and apply_unscaled returns it for bodies that apply the scale to fp32
-// sums instead (kernel/dense_mma_sync.cuh, kScalesInFp32).
+// sums instead (mainloop/swapped_warp_pipeline.cuh, kScalesInFp32).
 // Biased decode (kFoldsOffset: bf16, implicit zero point, codes of up to 7 bits, for bodies that
 // scale fp32 sums): the magic stays in. Register s of a tile reads its code at a bit position p_s
 // of the 16-bit lane where the code's unit is 1, so it holds bias_s + q exactly, with
@@ -24,7 +24,7 @@
 // registers (no shift), 1-bit codes in all four (p_s = s, their packing's point), and no
 // subtraction follows: the body subtracts sum (bias + z) x a from the fp32 sums, an mma of the
 // constant offset_pair() fragment with the same activations per K step, or one per warp run
-// (kernel/dense_mma_sync.cuh, kPairOffset; 1-bit codes then also take apply_biased_nibble).
+// (mainloop/swapped_warp_pipeline.cuh, kPairOffset; 1-bit codes then also take apply_biased_nibble).
 
 #include <humming_aot/numerics/packed_codes.cuh>
 #include <humming_aot/numerics/packed_half2.cuh>
@@ -96,7 +96,7 @@ struct IntDequantizer {
   }
 
   // 1-bit codes read in place from both nibbles of each byte (the swapped tile's run offset,
-  // kernel/dense_mma_sync.cuh): the stored word holds tile j's register s at bit 4j + s, so tiles
+  // mainloop/swapped_warp_pipeline.cuh): the stored word holds tile j's register s at bit 4j + s, so tiles
   // 0 and 1 are read from the word and tiles 2 and 3 from the word >> 8, one shift instead of
   // three. The low nibble (kUpper = false) is the biased decode above: bias 128 >> s, unit 1. The
   // high nibble's bits 4-7 take bias 64 >> s with a unit of 8: bits 4-6 are mantissa bits of

@@ -10,6 +10,18 @@ using u32 = unsigned int;
 using i64 = long long;
 using u64 = unsigned long long;
 
+// Select<c, A, B>::Type is A if c else B: std::conditional without <type_traits>. Naming a class
+// template specialization here does not instantiate it, so the branch not taken may fail its
+// static_asserts (the mma.sync body names both mainloops).
+template <bool kFirst, class First, class Second>
+struct Select {
+  using Type = First;
+};
+template <class First, class Second>
+struct Select<false, First, Second> {
+  using Type = Second;
+};
+
 namespace numerics {
 
 // float16: 10 mantissa bits, so 1024 + q is exact for codes q < 1024.
