@@ -25,6 +25,17 @@ def check_scales_positive(reader: CheckpointReader, name: str, scales: torch.Ten
                               "and finite (the file is corrupt, or was written by a broken exporter)")
 
 
+def scalar_scale(reader: CheckpointReader, name: str, dtypes: tuple[str, ...], what: str,
+                 why: str = "it holds one value") -> torch.Tensor:
+    """A positive, finite one-value scale tensor (0-d or of one element) as a 0-d float32 tensor;
+    `why` ends the error for any other shape."""
+    t = reader.tensor(name, dtypes, None, what).to(torch.float32)
+    if t.numel() != 1:
+        raise CheckpointError(f"{reader.file_of(name)}: tensor {name!r} has shape {tuple(t.shape)}; {why}")
+    check_scales_positive(reader, name, t)
+    return t.reshape(())
+
+
 def e8m0_scales(reader: CheckpointReader, name: str, shape=None, what: str = "") -> torch.Tensor:
     """uint8 / float8_e8m0fnu biased exponents as float32 2^(e - 127); 0xFF (NaN) is refused."""
     from humming_aot.checkpoints.bitstream import e8m0_to_float32

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from humming_aot.checkpoints._common import E8M0_DTYPES, FLOAT_SCALE_DTYPES, check_scales_positive, e8m0_scales, \
-    float_scales, offset_to_signed, optional_bias
+    float_scales, offset_to_signed, optional_bias, scalar_scale
 from humming_aot.checkpoints.bitstream import unpack_bitstream, unpack_nibbles, unpack_padded_words
 from humming_aot.checkpoints.config import QuantConfig
 from humming_aot.checkpoints.layer import CheckpointLayer
@@ -199,13 +199,9 @@ def _fp4(reader, prefix, fmt) -> QuantizedWeight:
     scales = reader.tensor(scale_name, ("F8_E4M3",), (n, k // 16), "nvfp4 weight_scale (N, K / 16)").to(torch.float32)
     check_scales_positive(reader, scale_name, scales)
     gname = f"{prefix}.weight_global_scale"
-    global_scale = reader.tensor(gname, ("F32", "BF16", "F16"), None, "nvfp4 weight_global_scale").to(torch.float32)
-    if global_scale.numel() != 1:
-        raise CheckpointError(f"{reader.file_of(gname)}: tensor {gname!r} has shape {tuple(global_scale.shape)}; "
-                              "it holds one value")
-    check_scales_positive(reader, gname, global_scale)
+    global_scale = scalar_scale(reader, gname, ("F32", "BF16", "F16"), "nvfp4 weight_global_scale")
     # compressed-tensors' global scale divides; the canonical one multiplies
-    inverse = (1.0 / global_scale.reshape(())).to(torch.float32)
+    inverse = (1.0 / global_scale).to(torch.float32)
     return QuantizedWeight(format=WeightFormat.parse("nvfp4"), codes=codes, scales=scales, global_scale=inverse)
 
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from humming_aot.checkpoints._common import E8M0_DTYPES, check_scales_positive, e8m0_scales, optional_bias
+from humming_aot.checkpoints._common import E8M0_DTYPES, check_scales_positive, e8m0_scales, optional_bias, scalar_scale
 from humming_aot.checkpoints.config import QuantConfig
 from humming_aot.checkpoints.layer import CheckpointLayer
-from humming_aot.checkpoints.reader import CheckpointError, CheckpointReader
+from humming_aot.checkpoints.reader import CheckpointReader
 from humming_aot.quant.weight import QuantizedWeight
 from humming_aot.quant.weight_format import WeightFormat
 
@@ -36,11 +36,8 @@ def load_layer(reader: CheckpointReader, qc: QuantConfig, prefix: str) -> Checkp
     block = cfg.get("weight_block_size")
     if block is None:
         sname = f"{prefix}.weight_scale"
-        scale = reader.tensor(sname, ("F32", "BF16", "F16"), None, "a per-tensor weight_scale").to(torch.float32)
-        if scale.numel() != 1:
-            raise CheckpointError(f"{reader.file_of(sname)}: tensor {sname!r} has shape {tuple(scale.shape)}; "
-                                  "without weight_block_size the scale is per tensor (one value)")
-        check_scales_positive(reader, sname, scale)
+        scale = scalar_scale(reader, sname, ("F32", "BF16", "F16"), "a per-tensor weight_scale",
+                             "without weight_block_size the scale is per tensor (one value)")
         qw = QuantizedWeight(format=WeightFormat.parse("float8e4m3:tensor"), codes=data.view(torch.uint8),
                              scales=scale.reshape(1))
     else:

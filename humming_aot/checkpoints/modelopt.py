@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from humming_aot.checkpoints._common import FLOAT_DTYPES, check_scales_positive, e8m0_scales, optional_bias
+from humming_aot.checkpoints._common import FLOAT_DTYPES, check_scales_positive, e8m0_scales, optional_bias, scalar_scale
 from humming_aot.checkpoints.bitstream import unpack_nibbles
 from humming_aot.checkpoints.config import QuantConfig
 from humming_aot.checkpoints.layer import CheckpointLayer
@@ -32,11 +32,7 @@ ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4"
 
 
 def _scalar(reader: CheckpointReader, name: str) -> torch.Tensor:
-    t = reader.tensor(name, ("F32",), None, "a float32 scalar (0-d or (1,))")
-    if t.numel() != 1:
-        raise CheckpointError(f"{reader.file_of(name)}: tensor {name!r} has shape {tuple(t.shape)}; it holds one value")
-    check_scales_positive(reader, name, t)
-    return t.reshape(())
+    return scalar_scale(reader, name, ("F32",), "a float32 scalar (0-d or (1,))")
 
 
 def load_layer(reader: CheckpointReader, qc: QuantConfig, prefix: str) -> CheckpointLayer:
