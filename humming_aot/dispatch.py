@@ -131,7 +131,7 @@ def _pack_params(plan: "LaunchPlan", a: torch.Tensor, lda: int, w: torch.Tensor,
     )
     if plan.dp_ctas is None:
         return params
-    return (params + _TMA_SCHEDULE.pack(plan.dp_ctas, plan.splits) + _TMA_PADDING
+    return (params + _TMA_SCHEDULE.pack(plan.dp_ctas, plan.splits, 1 if plan.stream_k_ctas else 0) + _TMA_PADDING
             + _activation_tensor_map(a, lda, plan.m, plan.k, plan.key.tile.block_m))
 
 
@@ -160,19 +160,30 @@ class LaunchPlan:
     ``launch`` itself only packs pointers: no check it does could fail for a valid plan."""
 
     __slots__ = ("key", "kernel", "m", "n", "k", "group_size", "splits", "clustered", "grid", "block",
-                 "cluster", "device", "stream", "workspace_shape", "counters", "counters_ptr", "dp_ctas")
+                 "cluster", "device", "stream", "workspace_shape", "counters", "counters_ptr", "dp_ctas",
+                 "stream_k_ctas")
 
     def __init__(self, key: KernelKey, kernel, m: int, n: int, k: int, group_size: int, splits: int,
-                 clustered: bool, device: torch.device, stream: int, dp_ctas: int | None = None):
+                 clustered: bool, device: torch.device, stream: int, dp_ctas: int | None = None,
+                 stream_k_ctas: int = 0):
         """dp_ctas: for the TMA body (MmaKind.WGMMA_WS), the CTAs that take a whole tile each; the
         tiles after them are split into `splits` K slices (schedule/tail_split_scheduler.cuh).
-        None for the other bodies, which split every tile."""
+        None for the other bodies, which split every tile. stream_k_ctas: for the TMA body, the
+        persistent CTAs of its stream-K schedule (schedule/stream_k_scheduler.cuh; all resident at
+        once, at most tiles x K tiles), or 0 for the tail split."""
         self.key, self.kernel = key, kernel
         self.m, self.n, self.k, self.group_size = m, n, k, group_size
         self.splits, self.clustered, self.dp_ctas = splits, clustered, dp_ctas
+        self.stream_k_ctas = stream_k_ctas
         tile = key.tile
         tiles = -(-m // tile.block_m) * -(-n // tile.block_n)
-        if dp_ctas is None:
+        if stream_k_ctas:
+            self.grid = (stream_k_ctas, 1, 1)
+            through_workspace = True
+            # one fp32 tile in fragment order per CTA (epilogue/stream_k_fixup.cuh)
+            self.workspace_shape = (stream_k_ctas, tile.block_m * tile.block_n)
+            params_bytes = _TMA_PARAMS_BYTES
+        elif dp_ctas is None:
             self.grid = (tiles, splits, 1)
             through_workspace = splits > 1 and not clustered
             self.workspace_shape = (splits, m, n) if through_workspace else None
@@ -213,6 +224,16 @@ class LaunchPlan:
             raise
 
 
+def _resident_ctas(loaded, tile: TileConfig, info: DeviceInfo) -> int:
+    """CTAs of `loaded` an SM of `info`'s device holds at once, by shared memory (dynamic and
+    static), warps and the kernel's registers per thread (the driver reports both)."""
+    attribute = _launcher.FunctionAttribute
+    static_smem = _launcher.kernel_attribute(loaded.kernel, attribute.SHARED_SIZE_BYTES, loaded.device)
+    by_smem_and_warps = heuristics.ctas_per_sm(tile, loaded.smem_bytes + static_smem, info.smem_per_sm)
+    registers = _launcher.kernel_attribute(loaded.kernel, attribute.NUM_REGS, loaded.device)
+    return max(1, min(by_smem_and_warps, heuristics.ctas_per_sm_by_registers(tile.threads, registers)))
+
+
 _plans: dict[tuple, LaunchPlan] = {}
 # Plans kept at once (one per distinct M, stream and layer shape); past it the cache starts over.
 MAX_PLANS = 4096
@@ -221,13 +242,13 @@ MAX_PLANS = 4096
 def launch_plan(spec: GemmSpec, device_index: int, stream: int, m: int, n: int, k: int, group_size: int,
                 tile: TileConfig | None = None, splits: int | None = None,
                 kernel: tuple[KernelKey, object] | None = None,
-                cluster_reduction: bool | None = None) -> LaunchPlan:
+                cluster_reduction: bool | None = None, stream_k: int | None = None) -> LaunchPlan:
     """The LaunchPlan of this problem (see launch_gemm for the arguments); cached unless `kernel`
-    is given. Raises ValueError for a tile that does not fit K and the group, a bad `splits`, or a
-    `cluster_reduction=True` the kernel cannot honour."""
+    is given. Raises ValueError for a tile that does not fit K and the group, a bad `splits` or
+    `stream_k`, or a `cluster_reduction=True` the kernel cannot honour."""
     cache_key = None
     if kernel is None:
-        cache_key = (spec, device_index, stream, m, n, k, group_size, tile, splits, cluster_reduction)
+        cache_key = (spec, device_index, stream, m, n, k, group_size, tile, splits, cluster_reduction, stream_k)
         plan = _plans.get(cache_key)
         if plan is not None:
             return plan
@@ -242,11 +263,31 @@ def launch_plan(spec: GemmSpec, device_index: int, stream: int, m: int, n: int, 
     info = device_info(device_index)
     tiles = -(-m // tile.block_m) * -(-n // tile.block_n)
     dp_ctas = None
+    stream_k_ctas = 0
+    if stream_k and (tile.mma is not MmaKind.WGMMA_WS or splits is not None):
+        raise ValueError(
+            f"stream_k={stream_k} asks for the stream-K schedule, which only the wgmma-ws body has and which "
+            f"splits K itself (tile {tile.label}, splits={splits}); pass stream_k=None or 0, or splits=None"
+        )
     if tile.mma is MmaKind.WGMMA_WS and splits is None:
-        resident = heuristics.ctas_per_sm(tile, loaded.smem_bytes, info.smem_per_sm)
-        slots = info.num_sms * max(1, min(resident, heuristics.split_ctas_per_sm(key.arch, m, tile)))
+        k_tiles = k // tile.block_k
+        capacity = info.num_sms * _resident_ctas(loaded, tile, info)
+        slots = info.num_sms * max(1, min(capacity // info.num_sms, heuristics.split_ctas_per_sm(key.arch, m, tile)))
         dp_ctas, splits = heuristics.tail_split_schedule(
-            tiles=tiles, k_tiles=k // tile.block_k, slots=slots, max_tiles=SPLIT_K_COUNTERS)
+            tiles=tiles, k_tiles=k_tiles, slots=slots, max_tiles=SPLIT_K_COUNTERS)
+        if stream_k is None:
+            stream_k_ctas = heuristics.stream_k_ctas(tiles=tiles, k_tiles=k_tiles, slots=slots,
+                                                     max_tiles=SPLIT_K_COUNTERS)
+        elif stream_k:
+            most = min(tiles * k_tiles, capacity)
+            if not 1 <= stream_k <= most or tiles > SPLIT_K_COUNTERS:
+                raise ValueError(
+                    f"stream_k={stream_k} persistent CTAs: must be in [1, {most}] (at most the problem's "
+                    f"{tiles} tiles x {k_tiles} K tiles, and at most the {capacity} CTAs of tile {tile.label} "
+                    f"resident at once on this device, or the fix-up could wait for a CTA never scheduled), "
+                    f"with at most {SPLIT_K_COUNTERS} tiles"
+                )
+            stream_k_ctas = stream_k
     elif tile.mma is MmaKind.WGMMA_WS:  # a forced split count: every tile split (tests, tuning)
         dp_ctas = 0 if splits > 1 else tiles
     if splits is None:
@@ -266,7 +307,7 @@ def launch_plan(spec: GemmSpec, device_index: int, stream: int, m: int, n: int, 
         )
     clustered = can_cluster and cluster_reduction is not False
     plan = LaunchPlan(key, loaded, m, n, k, group_size, splits, clustered, torch.device("cuda", device_index), stream,
-                      dp_ctas=dp_ctas)
+                      dp_ctas=dp_ctas, stream_k_ctas=stream_k_ctas)
     if cache_key is not None:
         with _lock:
             if len(_plans) >= MAX_PLANS:
@@ -278,14 +319,16 @@ def launch_plan(spec: GemmSpec, device_index: int, stream: int, m: int, n: int, 
 def launch_gemm(a: torch.Tensor, packed, bias: torch.Tensor | None, spec: GemmSpec,
                 tile: TileConfig | None = None, out: torch.Tensor | None = None,
                 splits: int | None = None, kernel: tuple[KernelKey, object] | None = None,
-                cluster_reduction: bool | None = None) -> torch.Tensor:
+                cluster_reduction: bool | None = None, stream_k: int | None = None) -> torch.Tensor:
     """out = a @ dequant(packed)^T (+ bias) on a's device. `a` is (M, K) with unit column stride;
     `out`, if given, is a contiguous (M, N) tensor of a's dtype (tests pass a NaN-filled one).
     `kernel`, if given, is the (KernelKey, LoadedKernel) to launch instead of the one ``obtain``
     picks (tests compare two builds of one key through this). `cluster_reduction`: whether the
     split-K slices are summed inside a thread-block cluster (KernelKey.reduces_splits_in_cluster)
     instead of through the global workspace; None takes it wherever the kernel, the device and
-    the split count (2 to 8, the portable cluster sizes) allow it. Both give the same bits."""
+    the split count (2 to 8, the portable cluster sizes) allow it. Both give the same bits.
+    `stream_k` (wgmma-ws tiles only): the persistent CTAs of the stream-K schedule, 0 for the
+    tail split, None for the heuristic's choice (heuristics.stream_k_ctas)."""
     m, k = a.shape
     n = packed.n
     if out is None:
@@ -294,7 +337,7 @@ def launch_gemm(a: torch.Tensor, packed, bias: torch.Tensor | None, spec: GemmSp
         return out
     device_index = a.device.index if a.device.index is not None else torch.cuda.current_device()
     plan = launch_plan(spec, device_index, current_stream(device_index), m, n, k, packed.group_size, tile=tile,
-                       splits=splits, kernel=kernel, cluster_reduction=cluster_reduction)
+                       splits=splits, kernel=kernel, cluster_reduction=cluster_reduction, stream_k=stream_k)
     plan.launch(a, a.stride(0), packed.w, packed.w_scale, packed.w_zero_point, bias, out, out.stride(0),
                 packed.global_scale)
     return out

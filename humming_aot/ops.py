@@ -252,10 +252,12 @@ _functorch_active = torch._C._are_functorch_transforms_active
 
 
 def gemm_with_tile(a: torch.Tensor, packed: PackedWeight, tile: TileConfig | str,
-                   bias: torch.Tensor | None = None, splits: int | None = None) -> torch.Tensor:
+                   bias: torch.Tensor | None = None, splits: int | None = None,
+                   stream_k: int | None = None) -> torch.Tensor:
     """gemm with a forced tile (for tuning and benchmarks): the catalog's kernel of that tile, else
     the JIT's (an error naming the kernel when HUMMING_AOT_JIT=0). ``tile`` may be a TileConfig
-    or its label ('16x128x64_w1x2_s4', 'wgmma:128x256x64_w1x16_s4')."""
+    or its label ('16x128x64_w1x2_s4', 'wgmma:128x256x64_w1x16_s4'). ``splits`` forces a split-K
+    factor; ``stream_k`` (wgmma-ws tiles) the persistent CTAs of the stream-K schedule, 0 for none."""
     from humming_aot import dispatch
     from humming_aot.enumerate import parse_tile_field
 
@@ -265,7 +267,8 @@ def gemm_with_tile(a: torch.Tensor, packed: PackedWeight, tile: TileConfig | str
     _validate_cuda(a.reshape(-1, packed.k), packed, bias)
     if isinstance(tile, str):
         tile = parse_tile_field(tile)
-    out = dispatch.launch_gemm(a.reshape(-1, packed.k), packed, bias, gemm_spec(packed), tile=tile, splits=splits)
+    out = dispatch.launch_gemm(a.reshape(-1, packed.k), packed, bias, gemm_spec(packed), tile=tile, splits=splits,
+                               stream_k=stream_k)
     return out.reshape(*a.shape[:-1], packed.n)
 
 

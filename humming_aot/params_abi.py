@@ -2,24 +2,25 @@
 place: the version every kernel's metadata must carry, and the byte layouts the launcher passes.
 
 - ``GemmParams``: 8 pointers, lda, ldo, 5 ints and the fp32 global scale (104 bytes).
-- ``TmaGemmParams`` (the warp-specialized TMA body): GemmParams, the tail-split schedule (two
-  ints), zero padding to byte 128, then the activations' 128-byte CUtensorMap (256 bytes).
+- ``TmaGemmParams`` (the warp-specialized TMA body): GemmParams, the schedule (three ints:
+  dp_ctas, tail_splits, stream_k), zero padding to byte 128, then the activations' 128-byte
+  CUtensorMap (256 bytes).
 
 Contract changes bump PARAMS_VERSION together with the header's kParamsVersion: 1 GemmParams; 2
 kernels wait on griddepcontrol before reading upstream data, so the launcher may launch them with
 programmatic dependent launch; 3 the last GemmParams field is the fp32 global weight scale; 4 the
 8-row tiles of sm_90+ launched with cluster dims (1, k_splits, 1) sum their K slices inside the
-cluster. (A body with a Params struct of its own, as TmaGemmParams, adds a layout, not a version:
+cluster; 5 TmaGemmParams' third schedule int switches the TMA body to stream-K. (A body with a Params struct of its own, as TmaGemmParams, adds a layout, not a version:
 the kernel's metadata records its size, which every launch checks.)
 """
 from __future__ import annotations
 
 import struct
 
-PARAMS_VERSION = 4
+PARAMS_VERSION = 5
 
 GEMM_PARAMS = struct.Struct("<8Q2q5if")
-TMA_SCHEDULE = struct.Struct("<2i")  # dp_ctas, tail_splits
+TMA_SCHEDULE = struct.Struct("<3i")  # dp_ctas, tail_splits, stream_k
 TMA_MAP_OFFSET = 128
 TMA_MAP_BYTES = 128
 TMA_PADDING = bytes(TMA_MAP_OFFSET - GEMM_PARAMS.size - TMA_SCHEDULE.size)

@@ -194,6 +194,36 @@ def tail_split_schedule(*, tiles: int, k_tiles: int, slots: int, max_tiles: int,
     return full_waves * slots, best
 
 
+def stream_k_ctas(*, tiles: int, k_tiles: int, slots: int, max_tiles: int) -> int:
+    """The persistent CTAs of the wgmma-ws body's stream-K schedule (schedule/stream_k_scheduler.cuh),
+    or 0 to keep the tail split (tail_split_schedule). Both are modelled in K tiles of one CTA's
+    work, with `slots` CTAs running at once: stream-K spreads the tiles x k_tiles iterations evenly
+    over min(slots, iterations) CTAs and pays one SLICE_COST_K_TILES fix-up where a tile is cut; the
+    tail split runs whole waves, then its split last wave. Stream-K is taken where it saves
+    SPLIT_MARGIN of a tile over the tail split."""
+    if tiles > max_tiles or tiles * k_tiles < 2:
+        return 0
+    iterations = tiles * k_tiles
+    ctas = min(slots, iterations)
+    per_cta = -(-iterations // ctas)
+    stream_k = per_cta + (SLICE_COST_K_TILES if per_cta % k_tiles or iterations % ctas else 0)
+    dp_ctas, splits = tail_split_schedule(tiles=tiles, k_tiles=k_tiles, slots=slots, max_tiles=max_tiles)
+    rest = tiles - dp_ctas
+    tail = dp_ctas // slots * k_tiles
+    if splits > 1:
+        tail += -(-rest * splits // slots) * (k_tiles / splits) + SLICE_COST_K_TILES * splits
+    else:
+        tail += -(-rest // slots) * k_tiles
+    return ctas if stream_k < tail - SPLIT_MARGIN * k_tiles else 0
+
+
+def ctas_per_sm_by_registers(threads: int, registers_per_thread: int, registers_per_sm: int = 65536) -> int:
+    """Resident CTAs per SM allowed by registers: the hardware allocates a warp's registers in units
+    of 256."""
+    per_warp = -(-max(registers_per_thread, 1) * 32 // 256) * 256
+    return max(1, registers_per_sm // (per_warp * -(-threads // 32)))
+
+
 def ctas_per_sm(tile: TileConfig, smem: int, smem_per_sm: int, max_warps_per_sm: int = 64) -> int:
     """Resident CTAs per SM allowed by shared memory and warps (registers are not modelled)."""
     by_smem = smem_per_sm // max(smem + 1024, 1)  # the driver reserves 1 KiB per CTA

@@ -15,7 +15,7 @@ from humming_aot import dispatch, formats, ops
 from humming_aot.catalog import installed_catalog
 from humming_aot.formats import round_to
 from humming_aot.packing import _scale_compensation
-from humming_aot.spec import KernelKey, ZeroPoint
+from humming_aot.spec import KernelKey, MmaKind, ZeroPoint
 from humming_aot.testing.numerics import assert_bitwise_equal, assert_gemm_close, reference_gemm, with_every_code
 
 M_VALUES = (1, 3, 16, 129, 1024, 4096)
@@ -134,6 +134,48 @@ def test_cluster_and_workspace_split_k_give_the_same_bits(key):
             context = f"key={key.name} m={m} n={n} k={k} splits={splits} seed={seed}"
             assert_gemm_close(outs[0], ref, a=a, w_eff=w_eff, bias=bias, context=context)
             assert_bitwise_equal(outs[0], outs[1], context)
+
+
+def _stream_k_keys() -> list:
+    """The device keys of the warp-specialized TMA body, which also runs the stream-K schedule."""
+    keys = _device_keys()
+    if keys[0].values[0] is None:
+        return keys
+    return _none_skipped([param for param in keys if param.values[0].tile.mma is MmaKind.WGMMA_WS],
+                         "wgmma-ws kernel (sm90a)")
+
+
+@pytest.mark.parametrize("key", _stream_k_keys())
+def test_stream_k_schedule_matches_the_reference_for_every_grid(key):
+    """The stream-K schedule over G persistent CTAs: tiles cut between CTAs at every place the
+    grid sizes below put the cuts (one CTA doing everything, CTAs of several whole tiles whose
+    staged stores gate the producer, ranges inside one tile, ragged M and N, bias), close to the
+    float64 reference, bitwise equal run to run, and the tile counters left at zero (the second
+    launch would wait forever or sum stale partials otherwise)."""
+    assert key is not None, "no kernel catalog"
+    act = getattr(torch, key.spec.a_dtype)
+    seed = _seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    num_sms = dispatch.device_info(torch.cuda.current_device()).num_sms
+    for n, k, group in ((448, 1152, 128), (1344, 640, None)):
+        packed = _make_weight(key, n, k, group, gen)
+        spec = ops.gemm_spec(packed)
+        w_eff = packed.effective_weight(scales_in_fp32=key.scales_in_fp32)
+        for m in (1, 129, 300):
+            a = torch.randn(m, k, device="cuda", generator=gen).to(act)
+            bias = (torch.randn(n, device="cuda", generator=gen) * 0.5).to(act) if m != 129 else None
+            ref = reference_gemm(a, w_eff, bias)
+            iterations = -(-m // key.tile.block_m) * -(-n // key.tile.block_n) * (k // key.tile.block_k)
+            grids = sorted({g for g in (1, 2, 3, 7, 13, iterations - 1, iterations, num_sms)
+                            if 1 <= g <= min(iterations, num_sms)})
+            for ctas in grids:
+                context = f"key={key.name} m={m} n={n} k={k} group={group} stream_k={ctas} seed={seed}"
+                outs = []
+                for _ in range(2):
+                    out = torch.full((m, n), float("nan"), dtype=act, device="cuda")
+                    outs.append(dispatch.launch_gemm(a, packed, bias, spec, tile=key.tile, out=out, stream_k=ctas))
+                assert_gemm_close(outs[0], ref, a=a, w_eff=w_eff, bias=bias, context=context)
+                assert_bitwise_equal(outs[0], outs[1], context)
 
 
 EXACT_M = (1, 2, 8, 16, 129)  # 1 and 2: the 8-row tile's own offset path for tiles of at most two tokens

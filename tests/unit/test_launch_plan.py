@@ -23,6 +23,7 @@ class Fakes:
 
     def __init__(self, monkeypatch, cluster_launch=True):
         self.launches, self.loads = [], []
+        self.threads_of = {}
         self.cluster_launch = cluster_launch
         dispatch._selected.clear()
         dispatch._plans.clear()
@@ -31,6 +32,7 @@ class Fakes:
         monkeypatch.setattr(kernel_obtain, "load", self.load)
         monkeypatch.setattr(_launcher, "launch", self.launch)
         monkeypatch.setattr(_launcher, "encode_tensor_map_2d", self.encode_tensor_map_2d)
+        monkeypatch.setattr(_launcher, "kernel_attribute", self.kernel_attribute)
         dispatch._tensor_maps.clear()
         self.tensor_maps = []
         monkeypatch.setattr(dispatch, "_split_k_counters", lambda device, stream: torch.zeros(8, dtype=torch.int32))
@@ -45,10 +47,19 @@ class Fakes:
 
     def load(self, key, info):
         self.loads.append(key.name)
+        self.threads_of[len(self.loads) + 100] = key.tile.threads
         return LoadedKernel(name=key.name, library=1, kernel=len(self.loads) + 100, threads=key.tile.threads,
                             smem_bytes=50_000, device=info.index,
                             params_bytes=256 if key.tile.mma is MmaKind.WGMMA_WS else dispatch._PARAMS.size,
                             programmatic_launch=True, cluster_launch=self.cluster_launch)
+
+    def kernel_attribute(self, kernel, attribute, device):
+        if attribute == _launcher.FunctionAttribute.SHARED_SIZE_BYTES:
+            return 2048  # the ring's mbarriers and the arrival flag
+        assert attribute == _launcher.FunctionAttribute.NUM_REGS
+        threads = self.threads_of[kernel]
+        # what the wgmma-ws body's launch bounds give: two CTAs per SM of 256 threads, one of 384
+        return (65536 // (2 if threads <= 256 else 1) // threads) // 8 * 8
 
     def encode_tensor_map_2d(self, address, rows, cols, row_stride_bytes, box_rows, box_cols):
         self.tensor_maps.append((address, rows, cols, row_stride_bytes, box_rows, box_cols))
@@ -218,13 +229,14 @@ def test_tma_body_splits_only_its_partial_last_wave(monkeypatch, m, n, k, expect
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(0))
     packed = humming_aot.pack(humming_aot.quantize(w, "int4:g128"), act_dtype=torch.bfloat16)
     a = torch.randn(m, k).bfloat16()
-    dispatch.launch_gemm(a, packed, None, ops.gemm_spec(packed))
+    dispatch.launch_gemm(a, packed, None, ops.gemm_spec(packed), stream_k=0)
     (call,) = fakes.launches
     plan = next(iter(dispatch._plans.values()))
     assert plan.key.tile.mma is MmaKind.WGMMA_WS and len(call["params"]) == 256
     tiles = -(-m // plan.key.tile.block_m) * -(-n // plan.key.tile.block_n)
-    dp, splits = struct.unpack_from("<2i", call["params"], 104)
-    assert call["params"][128:] == bytes(range(128)) and call["params"][112:128] == bytes(16)
+    dp, splits, stream_k = struct.unpack_from("<3i", call["params"], 104)
+    assert stream_k == 0
+    assert call["params"][128:] == bytes(range(128)) and call["params"][116:128] == bytes(12)
     assert fakes.tensor_maps == [(a.data_ptr(), m, k, 2 * k, plan.key.tile.block_m, 64)]
     if expected is None:
         assert (dp, splits) == (tiles, 1) and call["grid"] == (tiles, 1, 1) and plan.workspace_shape is None
@@ -232,8 +244,64 @@ def test_tma_body_splits_only_its_partial_last_wave(monkeypatch, m, n, k, expect
         assert (dp, splits, call["grid"]) == (expected["dp"], expected["splits"], (expected["grid"], 1, 1))
         assert plan.workspace_shape == ((tiles - dp) * splits, plan.key.tile.block_m * plan.key.tile.block_n)
     # the same activations again: the map is reused, not encoded anew
-    dispatch.launch_gemm(a, packed, None, ops.gemm_spec(packed))
+    dispatch.launch_gemm(a, packed, None, ops.gemm_spec(packed), stream_k=0)
     assert len(fakes.tensor_maps) == 1
+
+
+def _stream_k_problem(m=600, n=256, k=2048):
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(0))
+    packed = humming_aot.pack(humming_aot.quantize(w, "int4:g128"), act_dtype=torch.bfloat16)
+    return torch.randn(m, k).bfloat16(), packed
+
+
+def test_stream_k_plan_launches_its_persistent_grid(monkeypatch):
+    fakes = Fakes(monkeypatch)
+    monkeypatch.setattr(torch, "empty", _cpu_empty(torch.empty))
+    a, packed = _stream_k_problem()
+    dispatch.launch_gemm(a, packed, None, ops.gemm_spec(packed), stream_k=100)
+    (call,) = fakes.launches
+    plan = next(iter(dispatch._plans.values()))
+    tile = plan.key.tile
+    assert tile.mma is MmaKind.WGMMA_WS and call["grid"] == (100, 1, 1)
+    assert struct.unpack_from("<3i", call["params"], 104)[2] == 1  # the stream-K switch
+    assert call["params"][116:128] == bytes(12) and call["params"][128:] == bytes(range(128))
+    assert plan.workspace_shape == (100, tile.block_m * tile.block_n)  # one fp32 tile per CTA
+    assert plan.counters is not None
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    # 256 x 128 tiles of 384 threads: one CTA per SM by registers, so 132 on the H200
+    (dict(stream_k=133), r"stream_k=133 persistent CTAs: must be in \[1, 132\].*resident at once"),
+    (dict(stream_k=2, splits=2), r"stream_k=2 asks for the stream-K schedule.*splits=2"),
+    (dict(stream_k=4, tile="16x128x64_w1x2_s4"), r"only the wgmma-ws body has"),
+])
+def test_stream_k_requests_the_plan_cannot_honour_are_refused(monkeypatch, kwargs, message):
+    Fakes(monkeypatch)
+    monkeypatch.setattr(torch, "empty", _cpu_empty(torch.empty))
+    a, packed = _stream_k_problem()
+    if "tile" in kwargs:
+        from humming_aot.enumerate import parse_tile_field
+
+        kwargs["tile"] = parse_tile_field(kwargs["tile"])
+    with pytest.raises(ValueError, match=message):
+        dispatch.launch_gemm(a, packed, None, ops.gemm_spec(packed), **kwargs)
+
+
+def test_stream_k_grid_is_capped_by_the_problem(monkeypatch):
+    Fakes(monkeypatch)
+    monkeypatch.setattr(torch, "empty", _cpu_empty(torch.empty))
+    a, packed = _stream_k_problem(m=200, n=128, k=128)  # one 256 x 128 tile of 2 K tiles
+    with pytest.raises(ValueError, match=r"must be in \[1, 2\].*1 tiles x 2 K tiles"):
+        dispatch.launch_gemm(a, packed, None, ops.gemm_spec(packed), stream_k=3)
+
+
+def test_resident_ctas_by_registers():
+    from humming_aot import heuristics
+
+    assert heuristics.ctas_per_sm_by_registers(256, 128) == 2  # one consumer warpgroup + producer
+    assert heuristics.ctas_per_sm_by_registers(384, 168) == 1  # two consumer warpgroups
+    assert heuristics.ctas_per_sm_by_registers(256, 129) == 1  # 136 per thread after the warp rounding
+    assert heuristics.ctas_per_sm_by_registers(128, 64) == 8
 
 
 def test_tail_split_schedule_rules():

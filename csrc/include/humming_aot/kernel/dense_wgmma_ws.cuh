@@ -13,14 +13,21 @@
 // per 64-channel unit), and release the slot one K step into the next tile, once its last wgmma
 // has completed. No CTA barrier after the set-up: the epilogue syncs the consumers only.
 //
-// One CTA per output tile, or per K slice of the tiles of a partial last wave
-// (schedule/tail_split_scheduler.cuh), whose slices are reduced deterministically through the
-// workspace in fragment order (epilogue/fragment_split_k.cuh: (split tiles, splits, block_m x
-// block_n) fp32), then written through a staging tile
-// (epilogue/column_major_writer.cuh) that reuses the stage ring once every stage is consumed.
+// Two schedules, chosen per launch (TmaGemmParams::stream_k):
+// - tail split: one CTA per output tile, or per K slice of the tiles of a partial last wave
+//   (schedule/tail_split_scheduler.cuh), whose slices are reduced deterministically through the
+//   workspace in fragment order (epilogue/fragment_split_k.cuh);
+// - stream-K: gridDim.x persistent CTAs, each walking a contiguous range of the problem's K-tile
+//   iterations as units of one tile each (schedule/stream_k_scheduler.cuh); the producer's ring
+//   runs on from one unit into the next, and the tiles split between CTAs are fixed up in slot
+//   order (epilogue/stream_k_fixup.cuh).
+// Tiles are written through a staging tile (epilogue/column_major_writer.cuh) that reuses the
+// stage ring once every stage is consumed; under stream-K the producer waits for a unit's staged
+// store ("staging free" mbarrier) before filling the ring for the next unit.
 
 #include <humming_aot/epilogue/column_major_writer.cuh>
 #include <humming_aot/epilogue/fragment_split_k.cuh>
+#include <humming_aot/epilogue/stream_k_fixup.cuh>
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/memory/stage_loader.cuh>
 #include <humming_aot/memory/wgmma_weight_fragment.cuh>
@@ -29,6 +36,7 @@
 #include <humming_aot/ptx/mbarrier.cuh>
 #include <humming_aot/ptx/warpgroup.cuh>
 #include <humming_aot/schedule/grid_dependency.cuh>
+#include <humming_aot/schedule/stream_k_scheduler.cuh>
 #include <humming_aot/schedule/tail_split_scheduler.cuh>
 
 namespace humming_aot::kernel {
@@ -62,10 +70,12 @@ struct DenseWgmmaWs {
   using WeightFragment = memory::WgmmaWeightFragment<Act, Weights, kZeroPoint, Layout, kBlockN, kBlockK>;
   using Mma = mma::Wgmma<Act, kBlockM>;
   using Scheduler = schedule::TailSplitScheduler<kBlockM, kBlockN, kBlockK>;
+  using StreamK = schedule::StreamKScheduler<kBlockM, kBlockN, kBlockK>;
   using Fragments = epilogue::WarpgroupFragments<kBlockM, kUnitsPerWarpGroup>;
   using ConsumerBarrier = ptx::NamedBarrier<kConsumerThreads, 1>;
   using Writer = epilogue::ColumnMajorWriter<Act, kBlockM, kBlockN, kConsumerThreads, Fragments, ConsumerBarrier>;
   using SplitK = epilogue::FragmentSplitK<kConsumerThreads, Fragments::kAccumulators, ConsumerBarrier>;
+  using Fixup = epilogue::StreamKFixup<kConsumerThreads, Fragments::kAccumulators, ConsumerBarrier>;
 
   // Slots start on 1024-byte boundaries (the activation box's 128-byte swizzle repeats every 8 rows).
   static constexpr int kStageBytes = (Layout::kBytes + 1023) / 1024 * 1024;
@@ -88,11 +98,11 @@ struct DenseWgmmaWs {
   static_assert(kConsumerRegisters <= 256 && kConsumerRegisters >= kAccumulators + 48,
                 "the consumers' registers hold the accumulators and the dequantization");
 
-  // The producer: one thread issues the copies of this CTA's `count` K tiles from k_tile0 on.
+  // The producer: one thread issues the copies of `count` K tiles from k_tile0 on of the tile at
+  // (m0, n0). `fills` counts the ring's fills so far (earlier units of a persistent CTA).
   static __device__ __forceinline__ void produce(const TmaGemmParams& params, int m0, int n0, int k_tile0, int count,
-                                                 u32 smem_base, u32 full0, u32 empty0) {
+                                                 u32 smem_base, u32 full0, u32 empty0, u32& fills) {
     const GemmParams& p = params.gemm;
-    ptx::prefetch_tensor_map(&params.a_map);
     // Columns past N (a last tile of a CTA wider than the rest of N) are not copied: their stale
     // shared memory only reaches outputs that are never stored. N is a multiple of 64.
     const int columns = p.n - n0 < kBlockN ? p.n - n0 : kBlockN;
@@ -110,12 +120,11 @@ struct DenseWgmmaWs {
     const char* z_base = kHasZeroPoint ? static_cast<const char*>(p.w_zero_point) + 2 * static_cast<i64>(n0) : nullptr;
     const u32 stage_tx = kBlockM * 128 + kK16Steps * w_step_bytes + scale_rows * scale_bytes * (kHasZeroPoint ? 2 : 1);
 
-    int slot = 0;
-    for (int it = 0; it < count; ++it) {
+    for (int it = 0; it < count; ++it, ++fills) {
+      const u32 slot = fills % kStages, lap = fills / kStages;
       const u32 full = full0 + 8 * slot;
-      // fill f = it / kStages of the slot waits for the consumers' release of fill f - 1: the
-      // empty barrier's phase f - 1
-      if (it >= kStages) ptx::mbarrier_wait(empty0 + 8 * slot, static_cast<u32>(it / kStages + 1) & 1u);
+      // lap f of the slot waits for the consumers' release of lap f - 1: the empty barrier's phase f - 1
+      if (lap > 0) ptx::mbarrier_wait(empty0 + 8 * slot, (lap + 1) & 1u);
       const u32 stage = smem_base + slot * kStageBytes;
       ptx::mbarrier_arrive_expect_tx(full, stage_tx);
       const int k0 = (k_tile0 + it) * kBlockK;
@@ -134,59 +143,29 @@ struct DenseWgmmaWs {
           ptx::bulk_copy_g2s(dst + Layout::kSBytes, z_base + scale_offset + r * scale_row_bytes, scale_bytes, full);
         }
       }
-      if (++slot == kStages) slot = 0;
     }
   }
 
-  static __device__ __forceinline__ void run(const TmaGemmParams& params) {
-    const GemmParams& p = params.gemm;
-    extern __shared__ __align__(1024) char smem_raw[];
-    __shared__ __align__(8) u64 full_barriers[kStages];
-    __shared__ __align__(8) u64 empty_barriers[kStages];
-    __shared__ int arrival_flag;
-    const u32 raw_base = memory::shared_address(smem_raw);
-    const u32 smem_base = (raw_base + 1023u) & ~1023u;
-    char* smem = smem_raw + (smem_base - raw_base);
-    const u32 full0 = memory::shared_address(full_barriers), empty0 = memory::shared_address(empty_barriers);
+  // The consumers' position in the ring, kept across the units of a persistent CTA.
+  struct ConsumerRing {
+    int slot = 0;
+    u32 full_parity = 0;
+  };
 
-    const Scheduler tile(p.m, p.n, p.k, params.dp_ctas, params.tail_splits);
-    const int m0 = tile.m_tile * kBlockM, n0 = tile.n_tile * kBlockN;
-    const int count = tile.k_tile_end - tile.k_tile_begin;
+  // The consumers: `count` K tiles into acc (zeroed first), then wait for their last wgmma and
+  // release the last slot, so that the ring is free for the next unit's fills.
+  static __device__ __forceinline__ void consume(int count, u32 smem_base, u32 full0, u32 empty0,
+                                                 const memory::GroupWalk<kBlockK>& walk, ConsumerRing& ring,
+                                                 float (&acc)[kAccumulators]) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-
-    if (threadIdx.x == 0) {
-#pragma unroll
-      for (int s = 0; s < kStages; ++s) {
-        ptx::mbarrier_init(full0 + 8 * s, 1);  // the producer's arrive.expect_tx (+ the bytes)
-        ptx::mbarrier_init(empty0 + 8 * s, kConsumerWarps);  // lane 0 of every consumer warp
-      }
-      ptx::fence_barrier_init();
-    }
-    __syncthreads();  // the only CTA-wide barrier: the producer may exit early after it
-    // Activations, weights and the output may belong to the previous kernel in the stream (PDL).
-    schedule::wait_for_upstream_grid();
-
-    if (warp >= kConsumerWarps) {
-      ptx::warpgroup_release_registers<kProducerRegisters>();
-      if (warp == kConsumerWarps && lane == 0) {
-        produce(params, m0, n0, tile.k_tile_begin, count, smem_base, full0, empty0);
-      }
-      return;
-    }
-    ptx::warpgroup_claim_registers<kConsumerRegisters>();
-
     const int unit0 = (warp >> 2) * kUnitsPerWarpGroup, weight_tile = warp & 3;
-    const memory::GroupWalk<kBlockK> walk(p.group_size);
-    float acc[kAccumulators];
 #pragma unroll
     for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.f;
-
-    int slot = 0, previous_slot = 0;
-    u32 full_parity = 0;
+    int previous_slot = ring.slot;
     u32 a[2][kUnitsPerWarpGroup][4];
     for (int it = 0; it < count; ++it) {
-      ptx::mbarrier_wait(full0 + 8 * slot, full_parity);
-      const u32 stage_smem = smem_base + slot * kStageBytes;
+      ptx::mbarrier_wait(full0 + 8 * ring.slot, ring.full_parity);
+      const u32 stage_smem = smem_base + ring.slot * kStageBytes;
 #pragma unroll
       for (int kk = 0; kk < kK16Steps; ++kk) {
         // a[kk & 1] was last read by the wgmma two steps back, complete after the previous wait
@@ -206,20 +185,110 @@ struct DenseWgmmaWs {
         // flight), and this warp's reads of it were done before them: the slot may be refilled.
         if (kk == 0 && it > 0 && lane == 0) ptx::mbarrier_arrive(empty0 + 8 * previous_slot);
       }
-      previous_slot = slot;
-      if (++slot == kStages) {
-        slot = 0;
-        full_parity ^= 1u;
+      previous_slot = ring.slot;
+      if (++ring.slot == kStages) {
+        ring.slot = 0;
+        ring.full_parity ^= 1u;
       }
     }
-    // The next kernel may now be scheduled into the slots this grid leaves as it finishes.
-    schedule::release_dependent_grid();
     mma::wgmma_wait_group<0>();
     mma::wgmma_fence_operands(acc);
-    ConsumerBarrier::sync();  // every consumer warpgroup is done with the ring: the staging tile reuses it
+    if (count > 0 && lane == 0) ptx::mbarrier_arrive(empty0 + 8 * previous_slot);
+  }
 
-    if (tile.splits > 1 && !SplitK::reduce(p, acc, tile.split_index, tile.slice, tile.splits, &arrival_flag)) return;
-    Writer::store_tile(p, acc, m0, n0, smem);
+  static __device__ __forceinline__ void run(const TmaGemmParams& params) {
+    const GemmParams& p = params.gemm;
+    extern __shared__ __align__(1024) char smem_raw[];
+    __shared__ __align__(8) u64 full_barriers[kStages];
+    __shared__ __align__(8) u64 empty_barriers[kStages];
+    __shared__ __align__(8) u64 staging_free;  // stream-K: a unit's staged store is done
+    __shared__ int arrival_flag;
+    const u32 raw_base = memory::shared_address(smem_raw);
+    const u32 smem_base = (raw_base + 1023u) & ~1023u;
+    char* smem = smem_raw + (smem_base - raw_base);
+    const u32 full0 = memory::shared_address(full_barriers), empty0 = memory::shared_address(empty_barriers);
+    const u32 staging_barrier = memory::shared_address(&staging_free);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int s = 0; s < kStages; ++s) {
+        ptx::mbarrier_init(full0 + 8 * s, 1);  // the producer's arrive.expect_tx (+ the bytes)
+        ptx::mbarrier_init(empty0 + 8 * s, kConsumerWarps);  // lane 0 of every consumer warp
+      }
+      ptx::mbarrier_init(staging_barrier, 1);  // consumer thread 0, after the consumers' barrier
+      ptx::fence_barrier_init();
+    }
+    __syncthreads();  // the only CTA-wide barrier: the producer may exit early after it
+    // Activations, weights and the output may belong to the previous kernel in the stream (PDL).
+    schedule::wait_for_upstream_grid();
+
+    if (warp >= kConsumerWarps) {
+      ptx::warpgroup_release_registers<kProducerRegisters>();
+      if (warp == kConsumerWarps && lane == 0) {
+        ptx::prefetch_tensor_map(&params.a_map);
+        u32 fills = 0;
+        if (params.stream_k) {
+          StreamK work(p.m, p.n, p.k);
+          typename StreamK::Unit unit, next;
+          bool more = work.next(next);
+          u32 staging_parity = 0;
+          while (more) {
+            unit = next;
+            more = work.next(next);
+            produce(params, unit.m_tile * kBlockM, unit.n_tile * kBlockN, unit.k_begin, unit.k_end - unit.k_begin,
+                    smem_base, full0, empty0, fills);
+            if (more && unit.k_begin == 0) {  // its tile is stored through the ring: wait for that
+              ptx::mbarrier_wait(staging_barrier, staging_parity);
+              staging_parity ^= 1u;
+            }
+          }
+        } else {
+          const Scheduler tile(p.m, p.n, p.k, params.dp_ctas, params.tail_splits);
+          produce(params, tile.m_tile * kBlockM, tile.n_tile * kBlockN, tile.k_tile_begin,
+                  tile.k_tile_end - tile.k_tile_begin, smem_base, full0, empty0, fills);
+        }
+      }
+      return;
+    }
+    ptx::warpgroup_claim_registers<kConsumerRegisters>();
+
+    const memory::GroupWalk<kBlockK> walk(p.group_size);
+    float acc[kAccumulators];
+    ConsumerRing ring;
+    if (!params.stream_k) {
+      const Scheduler tile(p.m, p.n, p.k, params.dp_ctas, params.tail_splits);
+      consume(tile.k_tile_end - tile.k_tile_begin, smem_base, full0, empty0, walk, ring, acc);
+      // The next kernel may now be scheduled into the slots this grid leaves as it finishes.
+      schedule::release_dependent_grid();
+      ConsumerBarrier::sync();  // every consumer warpgroup is done with the ring: the staging tile reuses it
+      if (tile.splits > 1 && !SplitK::reduce(p, acc, tile.split_index, tile.slice, tile.splits, &arrival_flag)) return;
+      Writer::store_tile(p, acc, tile.m_tile * kBlockM, tile.n_tile * kBlockN, smem);
+      return;
+    }
+
+    StreamK work(p.m, p.n, p.k);
+    typename StreamK::Unit unit, next;
+    bool more = work.next(next);
+    while (more) {
+      unit = next;
+      more = work.next(next);
+      consume(unit.k_end - unit.k_begin, smem_base, full0, empty0, walk, ring, acc);
+      if (!more) schedule::release_dependent_grid();
+      if (unit.k_begin > 0) {  // a later part of a tile whose head another CTA holds
+        Fixup::publish(p, acc, blockIdx.x, p.tile_counters + unit.tile);
+        continue;
+      }
+      if (unit.k_end < static_cast<int>(work.k_tiles)) {
+        Fixup::accumulate(p, acc, blockIdx.x + 1, work.partials_of(unit.tile), p.tile_counters + unit.tile);
+      }
+      ConsumerBarrier::sync();  // every consumer warpgroup is done with the ring: the staging tile reuses it
+      Writer::store_tile(p, acc, unit.m_tile * kBlockM, unit.n_tile * kBlockN, smem);
+      if (more) {  // the producer waits for the staging tile's last read before it refills the ring
+        ConsumerBarrier::sync();
+        if (threadIdx.x == 0) ptx::mbarrier_arrive(staging_barrier);
+      }
+    }
   }
 };
 

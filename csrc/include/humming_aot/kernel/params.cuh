@@ -6,13 +6,14 @@
 // it safe to launch with programmatic dependent launch; version 3: the last field is the fp32
 // global weight scale (it was a reserved 0); version 4: the 8-row tiles of sm_90+ launched with
 // cluster dims (1, k_splits, 1) sum their K slices inside the cluster and get no workspace or
-// counters (epilogue/cluster_exchange.cuh).
+// counters (epilogue/cluster_exchange.cuh); version 5: TmaGemmParams carries the stream-K switch
+// (its third schedule int, which version 4 left zero as padding).
 
 #include <humming_aot/numerics/types.cuh>
 
 namespace humming_aot::kernel {
 
-inline constexpr u32 kParamsVersion = 4;
+inline constexpr u32 kParamsVersion = 5;
 inline constexpr u32 kMetadataMagic = 0x544F4148u;  // "HAOT" little-endian
 
 // Packed by humming_aot.dispatch with struct format "<8Q2q5if" (104 bytes).
@@ -43,20 +44,22 @@ struct alignas(64) TensorMap {
 };
 
 // The Params of the warp-specialized wgmma body (kernel/dense_wgmma_ws.cuh): GemmParams (its
-// k_splits unused), the tail-split schedule (schedule/tail_split_scheduler.cuh), then at byte 128
-// the tensor map of the activations, (m rows, k columns) of 16-bit elements with row stride lda,
-// boxes of (block_m rows, 64 columns) with the 128-byte swizzle. Packed by humming_aot.dispatch
-// as GemmParams' bytes, "<2i", 16 zero bytes and the map's 128 bytes.
+// k_splits unused), the schedule (the tail split of schedule/tail_split_scheduler.cuh, or stream-K
+// over gridDim.x persistent CTAs, schedule/stream_k_scheduler.cuh), then at byte 128 the tensor
+// map of the activations, (m rows, k columns) of 16-bit elements with row stride lda, boxes of
+// (block_m rows, 64 columns) with the 128-byte swizzle. Packed by humming_aot.dispatch as
+// GemmParams' bytes, "<3i", 12 zero bytes and the map's 128 bytes.
 struct TmaGemmParams {
   GemmParams gemm;
-  int dp_ctas;      // CTAs that take one whole tile each (the first tiles in raster order)
-  int tail_splits;  // K slices of every later tile, one CTA each
+  int dp_ctas;      // tail split: CTAs that take one whole tile each (the first tiles in raster order)
+  int tail_splits;  // tail split: K slices of every later tile, one CTA each
+  int stream_k;     // 1: stream-K (workspace: one fp32 tile per CTA; dp_ctas, tail_splits unused)
   TensorMap a_map;
 };
-// (No offsetof: NVRTC has none. GemmParams is 104 bytes and the map 64-byte aligned, so the two
+// (No offsetof: NVRTC has none. GemmParams is 104 bytes and the map 64-byte aligned, so the three
 // ints sit at byte 104 and the map at byte 128.)
 static_assert(sizeof(TmaGemmParams) == 256 && alignof(TensorMap) == 64 && sizeof(TensorMap) == 128,
-              "TmaGemmParams is GemmParams, two ints, padding to byte 128, then the 128-byte tensor map");
+              "TmaGemmParams is GemmParams, three ints, padding to byte 128, then the 128-byte tensor map");
 
 // Exported as `extern "C" __constant__ KernelMetadata humming_aot_kernel_metadata` (256 bytes).
 struct KernelMetadata {
