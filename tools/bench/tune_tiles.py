@@ -6,7 +6,9 @@ with CUDA-graph replays over rotated inputs (humming_aot.testing.bench), and pri
         --splits auto,tail,sk132,sk264
 
 --splits options: auto (the dispatcher's choice), N (every tile cut in N K slices), tail (the
-wgmma-ws tail split, no stream-K), skN (wgmma-ws stream-K over N persistent CTAs).
+wgmma-ws tail split, no stream-K), skN (wgmma-ws stream-K over N persistent CTAs), sk (stream-K
+over every CTA the device holds at once). --tiles: comma-separated label fragments, a tile is
+tried if its label contains one of them.
 
 The winners are what catalog/tiles.toml and heuristics.split_k_factor should choose; benchmarks
 never assert, so this only reports.
@@ -32,7 +34,7 @@ def main() -> None:
     parser.add_argument("--format", default="int4:g128")
     parser.add_argument("--splits", default="auto,1,2,4,8,16", help="split-K / stream-K options to try for small M")
     parser.add_argument("--split-max-m", type=int, default=256, help="largest M that tries every --splits option")
-    parser.add_argument("--tiles", default="", help="only tiles whose label contains this")
+    parser.add_argument("--tiles", default="", help="only tiles whose label contains one of these (comma list)")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
@@ -45,12 +47,22 @@ def main() -> None:
             json.dump({"device": torch.cuda.get_device_name(), "format": args.format, "results": results}, f, indent=1)
 
 
-def _split_option(option: str) -> dict:
+def _resident_capacity(packed, tile, m: int) -> int:
+    """CTAs of `tile`'s kernel the current device holds at once (the largest stream-K grid)."""
+    index = torch.cuda.current_device()
+    info = dispatch.device_info(index)
+    _, loaded = dispatch.obtain(ops.gemm_spec(packed), index, m, tile, packed.k, packed.group_size)
+    return info.num_sms * dispatch._resident_ctas(loaded, tile, info)
+
+
+def _split_option(option: str, packed=None, tile=None, m: int = 0) -> dict:
     """launch keywords of one --splits option"""
     if option == "auto":
         return {}
     if option == "tail":
         return {"stream_k": 0}
+    if option == "sk":
+        return {"stream_k": _resident_capacity(packed, tile, m)}
     if option.startswith("sk"):
         return {"stream_k": int(option[2:])}
     return {"splits": int(option)}
@@ -63,7 +75,8 @@ def tune_shape(args, n: int, k: int) -> list[dict]:
     spec = ops.gemm_spec(packed0)
     arch = dispatch.device_info(torch.cuda.current_device()).arches[0]
     keys = [KernelKey.from_name(x) for x in installed_catalog().keys_for(arch)]
-    tiles = sorted({key.tile for key in keys if key.spec == spec and args.tiles in key.tile.label},
+    wanted = args.tiles.split(",")
+    tiles = sorted({key.tile for key in keys if key.spec == spec and any(w in key.tile.label for w in wanted)},
                    key=lambda t: (t.block_m, t.block_n, t.stages))
     results = []
     for m in map(int, args.m.split(",")):
@@ -80,8 +93,8 @@ def tune_shape(args, n: int, k: int) -> list[dict]:
                 continue
             split_options = args.splits.split(",") if m <= args.split_max_m else ["auto"]
             for split in split_options:
-                kwargs = _split_option(split)
                 try:
+                    kwargs = _split_option(split, packed0, tile, m)
                     fns = [(lambda a=a, w=w: ops.gemm_with_tile(a, w, tile, **kwargs)) for a, w in zip(acts, weights)]
                     timing = time_cuda_graph(fns, repeats=args.repeats)
                 except Exception as error:  # a combination the kernel rejects: report and go on
