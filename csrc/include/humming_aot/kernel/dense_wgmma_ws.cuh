@@ -153,10 +153,7 @@ struct DenseWgmmaWs {
   };
 
   // The consumers: `count` K tiles into acc (zeroed first), then wait for their last wgmma and
-  // release the last slot, so that the ring is free for the next unit's fills. The weight fragment
-  // of K step j + 1 is dequantized right after wgmma j is issued, while wgmma j - 1 may still run
-  // (one register buffer per K step of a tile: j + 1 reuses the buffer of step j - 3, complete
-  // since the wait after step j - 1), so that a dequantization has two wgmma times to hide in.
+  // release the last slot, so that the ring is free for the next unit's fills.
   static __device__ __forceinline__ void consume(int count, u32 smem_base, u32 full0, u32 empty0,
                                                  const memory::GroupWalk<kBlockK>& walk, ConsumerRing& ring,
                                                  float (&acc)[kAccumulators]) {
@@ -164,52 +161,39 @@ struct DenseWgmmaWs {
     const int unit0 = (warp >> 2) * kUnitsPerWarpGroup, weight_tile = warp & 3;
 #pragma unroll
     for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.f;
-    if (count == 0) return;
-    u32 a[kK16Steps][kUnitsPerWarpGroup][4];
-    ptx::mbarrier_wait(full0 + 8 * ring.slot, ring.full_parity);
-    u32 stage_smem = smem_base + ring.slot * kStageBytes;
-#pragma unroll
-    for (int u = 0; u < kUnitsPerWarpGroup; ++u) WeightFragment::load(stage_smem, 0, unit0 + u, weight_tile, walk, a[0][u]);
     int previous_slot = ring.slot;
+    u32 a[2][kUnitsPerWarpGroup][4];
     for (int it = 0; it < count; ++it) {
-      const int slot = ring.slot;
-      if (++ring.slot == kStages) {
-        ring.slot = 0;
-        ring.full_parity ^= 1u;
-      }
+      ptx::mbarrier_wait(full0 + 8 * ring.slot, ring.full_parity);
+      const u32 stage_smem = smem_base + ring.slot * kStageBytes;
 #pragma unroll
       for (int kk = 0; kk < kK16Steps; ++kk) {
+        // a[kk & 1] was last read by the wgmma two steps back, complete after the previous wait
+#pragma unroll
+        for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
+          WeightFragment::load(stage_smem, kk, unit0 + u, weight_tile, walk, a[kk & 1][u]);
+        }
         mma::wgmma_fence();
         const u64 desc = mma::k_major_sw128_descriptor(stage_smem + 32 * kk);
 #pragma unroll
         for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
-          Mma::mma(*reinterpret_cast<float(*)[kUnitAccumulators]>(acc + u * kUnitAccumulators), a[kk][u], desc);
+          Mma::mma(*reinterpret_cast<float(*)[kUnitAccumulators]>(acc + u * kUnitAccumulators), a[kk & 1][u], desc);
         }
         mma::wgmma_commit_group();
-        if (kk + 1 < kK16Steps) {
-#pragma unroll
-          for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
-            WeightFragment::load(stage_smem, kk + 1, unit0 + u, weight_tile, walk, a[kk + 1][u]);
-          }
-        } else if (it + 1 < count) {  // the next K tile's first step, from the next slot
-          ptx::mbarrier_wait(full0 + 8 * ring.slot, ring.full_parity);
-          const u32 next_smem = smem_base + ring.slot * kStageBytes;
-#pragma unroll
-          for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
-            WeightFragment::load(next_smem, 0, unit0 + u, weight_tile, walk, a[0][u]);
-          }
-        }
         mma::wgmma_wait_group<1>();
         // Every wgmma of the previous K tile has completed (at most this step's group is in
         // flight), and this warp's reads of it were done before them: the slot may be refilled.
         if (kk == 0 && it > 0 && lane == 0) ptx::mbarrier_arrive(empty0 + 8 * previous_slot);
       }
-      previous_slot = slot;
-      stage_smem = smem_base + ring.slot * kStageBytes;
+      previous_slot = ring.slot;
+      if (++ring.slot == kStages) {
+        ring.slot = 0;
+        ring.full_parity ^= 1u;
+      }
     }
     mma::wgmma_wait_group<0>();
     mma::wgmma_fence_operands(acc);
-    if (lane == 0) ptx::mbarrier_arrive(empty0 + 8 * previous_slot);
+    if (count > 0 && lane == 0) ptx::mbarrier_arrive(empty0 + 8 * previous_slot);
   }
 
   static __device__ __forceinline__ void run(const TmaGemmParams& params) {
