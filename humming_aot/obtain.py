@@ -85,9 +85,10 @@ def _key_if_valid(arch: str, spec: GemmSpec, tile: TileConfig) -> KernelKey | No
 
 
 def select_key(spec: GemmSpec, info: "DeviceInfo", m: int, tile: TileConfig | None = None,
-               k: int | None = None, group: int | None = None) -> KernelKey:
+               k: int | None = None, group: int | None = None, n: int | None = None) -> KernelKey:
     """The key to run for ``m`` rows (``tile``: forced, for tuning), without loading anything; K
-    and the group size, when given, rule out table tiles they do not fit."""
+    and the group size, when given, rule out table tiles they do not fit, and N picks between the
+    rows of one M (heuristics.select_tile)."""
     from humming_aot.catalog import installed_catalog
 
     catalog = installed_catalog()
@@ -99,11 +100,13 @@ def select_key(spec: GemmSpec, info: "DeviceInfo", m: int, tile: TileConfig | No
         return KernelKey(arch=jit_arch(spec, info), spec=spec, tile=tile)
     if catalog is not None:
         for arch in info.arches:
-            key = _key_if_valid(arch, spec, heuristics.select_tile(arch, m, k, group, spec.w_bits))
+            table_tile = heuristics.select_tile(arch, m, k, group, spec.w_bits, n=n, num_sms=info.num_sms)
+            key = _key_if_valid(arch, spec, table_tile)
             if key is not None and catalog.lookup(key.name) is not None:
                 return key
     arch = jit_arch(spec, info)
-    preferred = KernelKey(arch=arch, spec=spec, tile=heuristics.select_tile(arch, m, k, group, spec.w_bits))
+    preferred = KernelKey(arch=arch, spec=spec,
+                          tile=heuristics.select_tile(arch, m, k, group, spec.w_bits, n=n, num_sms=info.num_sms))
     usable, reason = _jit_usable(arch)
     if usable:  # the table's tile compiled once beats a catalog tile made for another M
         return preferred

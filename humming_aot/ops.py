@@ -286,7 +286,7 @@ def effective_weight(packed: PackedWeight, m: int) -> torch.Tensor:
     device_index = packed.device.index if packed.device.index is not None else torch.cuda.current_device()
     # the key dispatch.obtain would load for this problem, without loading (or compiling) it
     key = kernel_obtain.select_key(gemm_spec(packed), dispatch.device_info(device_index), m, k=packed.k,
-                                   group=packed.group_size)
+                                   group=packed.group_size, n=packed.n)
     return packed.effective_weight(scales_in_fp32=key.scales_in_fp32)
 
 

@@ -35,8 +35,8 @@ DEFAULT_SPLIT_CTAS_PER_SM = 4
 
 
 @functools.cache
-def _table_rows(arch: str) -> tuple[tuple[int, TileConfig, int, int], ...]:
-    """((max_m, tile, split-K CTAs per SM, max_w_bits), ...) in M order for an arch."""
+def _table_rows(arch: str) -> tuple[tuple[int, TileConfig, int, int, float | None], ...]:
+    """((max_m, tile, split-K CTAs per SM, max_w_bits, max_tiles_per_sm), ...) in M order."""
     entry = load_toml("tiles.toml")["arch"][table_arch_for(arch)]
     rows = []
     for row in entry["tiles"]:
@@ -44,8 +44,9 @@ def _table_rows(arch: str) -> tuple[tuple[int, TileConfig, int, int], ...]:
         max_m = row.pop("max_m")
         split = row.pop("split_ctas_per_sm", DEFAULT_SPLIT_CTAS_PER_SM)
         max_w_bits = row.pop("max_w_bits", 8)
+        max_tiles_per_sm = row.pop("max_tiles_per_sm", None)
         mma = MmaKind(row.pop("mma", MmaKind.MMA_SYNC.value))
-        rows.append((max_m, TileConfig(mma=mma, **row), split, max_w_bits))
+        rows.append((max_m, TileConfig(mma=mma, **row), split, max_w_bits, max_tiles_per_sm))
     return tuple(rows)
 
 
@@ -54,13 +55,18 @@ def arch_tile_table(arch: str, w_bits: int = 8) -> tuple[tuple[int, TileConfig],
     """((max_m, tile), ...) in M order for an arch and weight codes of w_bits bits: the rows
     without max_w_bits, and those whose max_w_bits admits the codes (a row for narrow codes
     comes before the general row it overrides)."""
-    return tuple((max_m, tile) for max_m, tile, _, max_w_bits in _table_rows(arch) if w_bits <= max_w_bits)
+    return tuple((max_m, tile) for max_m, tile, _, max_w_bits, _ in _table_rows(arch) if w_bits <= max_w_bits)
+
+
+def _tile_rows(arch: str, w_bits: int) -> tuple[tuple[int, TileConfig, float | None], ...]:
+    """((max_m, tile, max_tiles_per_sm), ...): arch_tile_table with each row's fill condition."""
+    return tuple((max_m, tile, fill) for max_m, tile, _, max_w_bits, fill in _table_rows(arch) if w_bits <= max_w_bits)
 
 
 @functools.cache
 def _split_rows(arch: str, tile: TileConfig) -> tuple[tuple[int, int], ...]:
     """((max_m, split-K CTAs per SM), ...) of the table rows holding ``tile`` or its wide-K original."""
-    return tuple((max_m, split) for max_m, row_tile, split, _ in _table_rows(arch)
+    return tuple((max_m, split) for max_m, row_tile, split, _, _ in _table_rows(arch)
                  if tile in (row_tile, narrow_twin(row_tile)))
 
 
@@ -132,16 +138,30 @@ def narrow_twin(tile: TileConfig) -> TileConfig:
     return dataclasses.replace(tile, block_k=64, stages=max(tile.stages, 3))
 
 
-def select_tile(arch: str, m: int, k: int | None = None, group: int | None = None, w_bits: int = 8) -> TileConfig:
-    """The table's tile for a problem with m rows and w_bits-bit weight codes (and, when given, K
-    and group size: a wide-K tile that does not fit them gives way to the general row it overrides
-    for narrow codes, if that one fits, else to its own 64-wide twin)."""
-    table = arch_tile_table(arch, w_bits)
-    row_m = next((max_m for max_m, _ in table if m <= max_m), table[-1][0])
-    candidates = [tile for max_m, tile in table if max_m == row_m]
-    if k is None or group is None:
-        return candidates[0]
-    return next((tile for tile in candidates if tile_fits(tile, k, group)), narrow_twin(candidates[0]))
+def select_tile(arch: str, m: int, k: int | None = None, group: int | None = None, w_bits: int = 8,
+                n: int | None = None, num_sms: int | None = None) -> TileConfig:
+    """The table's tile for a problem with m rows and w_bits-bit weight codes. When given, K and
+    the group size rule out a wide-K tile that does not fit them (it gives way to the next row of
+    the same M that fits, else to its own 64-wide twin), and N with the device's SM count rule out
+    a row whose max_tiles_per_sm the problem's output tiles exceed (the next row of the same M
+    serves it): few output tiles favour a tile with fewer, larger CTAs per SM, many tiles one with
+    more CTAs (docs/PERFORMANCE.md section 23)."""
+    rows = _tile_rows(arch, w_bits)
+    row_m = next((max_m for max_m, _, _ in rows if m <= max_m), rows[-1][0])
+    candidates = [(tile, fill) for max_m, tile, fill in rows if max_m == row_m]
+
+    def fits(tile: TileConfig) -> bool:
+        return k is None or group is None or tile_fits(tile, k, group)
+
+    def fills(tile: TileConfig, fill: float | None) -> bool:
+        if fill is None or n is None or num_sms is None:
+            return True
+        return -(-m // tile.block_m) * -(-n // tile.block_n) <= fill * num_sms
+
+    for tile, fill in candidates:
+        if fits(tile) and fills(tile, fill):
+            return tile
+    return next((tile for tile, _ in candidates if fits(tile)), narrow_twin(candidates[0][0]))
 
 
 def split_k_factor(*, m: int, n: int, k: int, tile: TileConfig, num_sms: int, max_tiles: int,
@@ -195,26 +215,14 @@ def tail_split_schedule(*, tiles: int, k_tiles: int, slots: int, max_tiles: int,
 
 
 def stream_k_ctas(*, tiles: int, k_tiles: int, slots: int, max_tiles: int) -> int:
-    """The persistent CTAs of the wgmma-ws body's stream-K schedule (schedule/stream_k_scheduler.cuh),
-    or 0 to keep the tail split (tail_split_schedule). Both are modelled in K tiles of one CTA's
-    work, with `slots` CTAs running at once: stream-K spreads the tiles x k_tiles iterations evenly
-    over min(slots, iterations) CTAs and pays one SLICE_COST_K_TILES fix-up where a tile is cut; the
-    tail split runs whole waves, then its split last wave. Stream-K is taken where it saves
-    SPLIT_MARGIN of a tile over the tail split."""
-    if tiles > max_tiles or tiles * k_tiles < 2:
+    """The persistent CTAs of the wgmma-ws body's stream-K schedule (schedule/stream_k_scheduler.cuh):
+    every resident slot (`slots`) while the output tiles are fewer than the slots (less than one
+    wave), else 0 for the tail split (tail_split_schedule), which needs no fix-up for the whole
+    waves. Measured on an H200 over 9 layer shapes at M = 32-512 (docs/PERFORMANCE.md section 23):
+    below one wave stream-K is as fast as the best tail split or faster at most points."""
+    if tiles > max_tiles or tiles >= slots or tiles * k_tiles < slots:
         return 0
-    iterations = tiles * k_tiles
-    ctas = min(slots, iterations)
-    per_cta = -(-iterations // ctas)
-    stream_k = per_cta + (SLICE_COST_K_TILES if per_cta % k_tiles or iterations % ctas else 0)
-    dp_ctas, splits = tail_split_schedule(tiles=tiles, k_tiles=k_tiles, slots=slots, max_tiles=max_tiles)
-    rest = tiles - dp_ctas
-    tail = dp_ctas // slots * k_tiles
-    if splits > 1:
-        tail += -(-rest * splits // slots) * (k_tiles / splits) + SLICE_COST_K_TILES * splits
-    else:
-        tail += -(-rest // slots) * k_tiles
-    return ctas if stream_k < tail - SPLIT_MARGIN * k_tiles else 0
+    return slots
 
 
 def ctas_per_sm_by_registers(threads: int, registers_per_thread: int, registers_per_sm: int = 65536) -> int:

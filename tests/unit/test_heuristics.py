@@ -116,3 +116,27 @@ def test_split_k_aims_at_the_rows_resident_ctas():
     assert heuristics.split_ctas_per_sm("sm90a", 1, heuristics.narrow_twin(tile)) == target
     assert heuristics.split_ctas_per_sm("sm90a", 1, parse_tile_field("64x64x64_w1x1_s2")) == \
         DEFAULT_SPLIT_CTAS_PER_SM
+
+
+def test_rows_of_one_m_are_chosen_by_output_tiles_per_sm():
+    """sm90a at M = 128: the two-warpgroup tile (one CTA per SM) while the output tiles are at most
+    0.4 per SM, else the one-warpgroup tile (two CTAs per SM); without N the first row."""
+    few = heuristics.select_tile("sm90a", 128, k=4096, group=128, w_bits=4, n=6144, num_sms=132)  # 48 tiles
+    many = heuristics.select_tile("sm90a", 128, k=4096, group=128, w_bits=4, n=10240, num_sms=132)  # 80 tiles
+    assert few.mma is many.mma is MmaKind.WGMMA_WS
+    assert (few.block_m, few.block_n, few.threads) == (128, 128, 384)
+    assert (many.block_m, many.block_n, many.threads) == (128, 128, 256)
+    assert heuristics.select_tile("sm90a", 128, k=4096, group=128, w_bits=4) == few
+    # the rule scales with the device: the same 80 tiles are few on a 264-SM part
+    assert heuristics.select_tile("sm90a", 128, k=4096, group=128, w_bits=4, n=10240, num_sms=264) == few
+
+
+def test_stream_k_runs_below_one_wave_of_tiles():
+    def ctas(tiles, k_tiles, slots):
+        return heuristics.stream_k_ctas(tiles=tiles, k_tiles=k_tiles, slots=slots, max_tiles=4096)
+
+    assert ctas(48, 64, 264) == 264  # 48 tiles on 264 slots: every slot, ranges cut inside tiles
+    assert ctas(131, 64, 132) == 132
+    assert ctas(132, 64, 132) == 0  # a whole wave: the tail split (no fix-up)
+    assert ctas(2, 64, 264) == 0  # fewer K tiles than slots: nothing to spread
+    assert ctas(5000, 64, 132) == 0  # more tiles than counters

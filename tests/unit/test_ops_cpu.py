@@ -292,18 +292,18 @@ def test_effective_weight_on_cuda_asks_the_dispatcher_for_the_key_without_loadin
 
     asked = []
 
-    def select_key(spec, info, m, tile=None, k=None, group=None):
-        asked.append((spec, info, m, tile, k, group))
+    def select_key(spec, info, m, tile=None, k=None, group=None, n=None):
+        asked.append((spec, info, m, tile, k, group, n))
         return types.SimpleNamespace(scales_in_fp32=m <= 8)
 
     monkeypatch.setattr(kernel_obtain, "select_key", select_key)
     monkeypatch.setattr(dispatch, "device_info", lambda index: f"device {index}")
     monkeypatch.setattr(ops, "gemm_spec", lambda packed: "spec")
-    packed = types.SimpleNamespace(device=torch.device("cuda", 1), k=4096, group_size=128,
+    packed = types.SimpleNamespace(device=torch.device("cuda", 1), n=2048, k=4096, group_size=128,
                                    effective_weight=lambda scales_in_fp32=False: ("weight", scales_in_fp32))
     assert ops.effective_weight(packed, 8) == ("weight", True)
     assert ops.effective_weight(packed, 9) == ("weight", False)
-    assert asked == [("spec", "device 1", 8, None, 4096, 128), ("spec", "device 1", 9, None, 4096, 128)]
+    assert asked == [("spec", "device 1", 8, None, 4096, 128, 2048), ("spec", "device 1", 9, None, 4096, 128, 2048)]
 
 
 # Packed-layout versions (humming_aot/packed_layout.py): words packed under another layout of the

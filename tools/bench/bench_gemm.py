@@ -62,6 +62,9 @@ SHAPE_SETS = {
     "anchor": "8192x8192",
 }
 SHAPE_SETS["large-m"] = ",".join(dict.fromkeys(",".join(SHAPE_SETS.values()).split(",")))  # all, each once
+# Other real layers, outside large-m: Qwen2-7B down, Llama-2-13B gate/up and o (checks that tile
+# choices made on large-m hold elsewhere).
+SHAPE_SETS["more-layers"] = "3584x18944,13824x5120,5120x5120"
 DEFAULT_MS = "1,16,64,256,1024,4096,8192"
 ALL_IMPLS = ("humming_aot", "torch_bf16", "torch_int4pack", "torch_int8pack", "humming")
 # humming-kernels weight_config per humming_aot format (Humming stores symmetric int-b weights as

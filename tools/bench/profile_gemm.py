@@ -30,6 +30,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     parser.add_argument("--tile", default=None, help="humming_aot tile label (default: the heuristic's)")
     parser.add_argument("--splits", type=int, default=None, help="split-K factor (default: the heuristic's)")
+    parser.add_argument("--stream-k", type=int, default=None,
+                        help="wgmma-ws tiles: persistent CTAs of the stream-K schedule, 0 for none (default: the heuristic's)")
     parser.add_argument("--calls", type=int, default=3, help="profiled calls")
     args = parser.parse_args()
     n, k = map(int, args.shape.split("x"))
@@ -52,7 +54,7 @@ def main() -> None:
         packs = [humming_aot.pack(humming_aot.quantize(w, args.format), act_dtype=act) for w in weights]
         arch = dispatch.device_info(torch.cuda.current_device()).arches[0]
         tile = args.tile or heuristics.select_tile(arch, args.m, w_bits=ops.gemm_spec(packs[0]).w_bits)
-        calls = [lambda p=p: ops.gemm_with_tile(a, p, tile, splits=args.splits) for p in packs]
+        calls = [lambda p=p: ops.gemm_with_tile(a, p, tile, splits=args.splits, stream_k=args.stream_k) for p in packs]
     for call in calls:  # warm-up: compiles, allocations
         call()
     torch.cuda.synchronize()
@@ -61,7 +63,7 @@ def main() -> None:
             calls[i % len(calls)]()
         torch.cuda.synchronize()
     print(f"profiled {args.calls} calls of {args.impl}: m={args.m} n={n} k={k} {args.format} "
-          f"tile={args.tile} splits={args.splits}")
+          f"tile={args.tile} splits={args.splits} stream_k={args.stream_k}")
 
 
 if __name__ == "__main__":
