@@ -64,16 +64,15 @@ _counters: dict[tuple[int, int], torch.Tensor] = {}
 
 
 def obtain(spec: GemmSpec, device_index: int, m: int, tile: TileConfig | None = None,
-           k: int | None = None, group: int | None = None, n: int | None = None):
+           k: int | None = None, group: int | None = None):
     """(KernelKey, LoadedKernel) for this problem; cached per (spec, device, table tile). K and the
-    group size, when given, steer the table away from a tile they do not fit (heuristics.tile_fits);
-    N, when given, picks between the rows of one M by the problem's output tiles per SM.
+    group size, when given, steer the table away from a tile they do not fit (heuristics.tile_fits).
 
     Which key and where its image comes from (catalog, JIT cache, NVRTC) is ``humming_aot.obtain``'s
     job; a first call that compiles blocks other first calls of this process for its duration.
     """
     info = device_info(device_index)
-    table_tile = tile or heuristics.select_tile(info.arches[0], m, k, group, spec.w_bits, n=n, num_sms=info.num_sms)
+    table_tile = tile or heuristics.select_tile(info.arches[0], m, k, group, spec.w_bits)
     cache_key = (spec, device_index, table_tile, tile is not None)
     hit = _selected.get(cache_key)
     if hit is not None:
@@ -81,7 +80,7 @@ def obtain(spec: GemmSpec, device_index: int, m: int, tile: TileConfig | None = 
     with _lock:
         hit = _selected.get(cache_key)
         if hit is None:
-            key = _obtain.select_key(spec, info, m, tile, k, group, n=n)
+            key = _obtain.select_key(spec, info, m, tile, k, group)
             hit = (key, _obtain.load(key, info))
             _selected[cache_key] = hit
         return hit
@@ -181,9 +180,8 @@ class LaunchPlan:
         if stream_k_ctas:
             self.grid = (stream_k_ctas, 1, 1)
             through_workspace = True
-            # two fp32 tiles in fragment order per CTA: the partials of the tiles its range starts
-            # and ends inside (epilogue/stream_k_fixup.cuh)
-            self.workspace_shape = (2 * stream_k_ctas, tile.block_m * tile.block_n)
+            # one fp32 tile in fragment order per CTA (epilogue/stream_k_fixup.cuh)
+            self.workspace_shape = (stream_k_ctas, tile.block_m * tile.block_n)
             params_bytes = _TMA_PARAMS_BYTES
         elif dp_ctas is None:
             self.grid = (tiles, splits, 1)
@@ -254,7 +252,7 @@ def launch_plan(spec: GemmSpec, device_index: int, stream: int, m: int, n: int, 
         plan = _plans.get(cache_key)
         if plan is not None:
             return plan
-    key, loaded = kernel if kernel is not None else obtain(spec, device_index, m, tile, k, group_size, n=n)
+    key, loaded = kernel if kernel is not None else obtain(spec, device_index, m, tile, k, group_size)
     tile = key.tile
     if not heuristics.tile_fits(tile, k, group_size):
         raise ValueError(

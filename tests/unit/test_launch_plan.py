@@ -40,11 +40,10 @@ class Fakes:
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
 
     @staticmethod
-    def select_key(spec, info, m, tile=None, k=None, group=None, n=None):
+    def select_key(spec, info, m, tile=None, k=None, group=None):
         from humming_aot import heuristics
 
-        return KernelKey(arch="sm90a", spec=spec, tile=tile or heuristics.select_tile(
-            "sm90a", m, k, group, spec.w_bits, n=n, num_sms=info.num_sms))
+        return KernelKey(arch="sm90a", spec=spec, tile=tile or heuristics.select_tile("sm90a", m, k, group, spec.w_bits))
 
     def load(self, key, info):
         self.loads.append(key.name)
@@ -266,7 +265,7 @@ def test_stream_k_plan_launches_its_persistent_grid(monkeypatch):
     assert tile.mma is MmaKind.WGMMA_WS and call["grid"] == (100, 1, 1)
     assert struct.unpack_from("<3i", call["params"], 104)[2] == 1  # the stream-K switch
     assert call["params"][116:128] == bytes(12) and call["params"][128:] == bytes(range(128))
-    assert plan.workspace_shape == (200, tile.block_m * tile.block_n)  # two fp32 tiles per CTA
+    assert plan.workspace_shape == (100, tile.block_m * tile.block_n)  # one fp32 tile per CTA
     assert plan.counters is not None
 
 

@@ -23,13 +23,6 @@ template <int kTokens, int kUnits = 1>
 struct WarpgroupFragments {
   static constexpr int kUnitAccumulators = kTokens / 2;
   static constexpr int kAccumulators = kUnits * kUnitAccumulators;
-  // (token, column) of accumulator `index` of this thread (a run-time index: the stream-K fix-up's).
-  static __device__ __forceinline__ void position(int index, int& token, int& column) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int u = index / kUnitAccumulators, i = index % kUnitAccumulators;
-    token = 2 * (lane & 3) + 8 * (i >> 2) + (i & 1);
-    column = 64 * kUnits * (warp >> 2) + 16 * (warp & 3) + (lane >> 2) + 64 * u + 8 * ((i >> 1) & 1);
-  }
   template <class Fn>
   static __device__ __forceinline__ void for_each(Fn&& fn) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -57,25 +50,23 @@ struct ColumnMajorWriter {
 
   static __device__ __forceinline__ u32 round_to_bits(float v) { return H2::from_floats(v, 0.f) & 0xFFFFu; }
 
-  // One output value of the tile, x global scale (+ bias), rounded into the staging tile.
-  static __device__ __forceinline__ void stage(const kernel::GemmParams& p, unsigned short* tile, int n0, int token,
-                                               int col, float value) {
-    float bias = 0.f;
-    if (p.bias != nullptr && n0 + col < p.n) {
-      float hi;
-      H2::to_floats(static_cast<u32>(static_cast<const unsigned short*>(p.bias)[n0 + col]), bias, hi);
-    }
-    tile[token * kRowElems + col] = static_cast<unsigned short>(round_to_bits(value * p.global_scale + bias));
-  }
-
-  // The staged tokens [token_begin, token_end) of the tile, row by row to the output (16-byte
-  // stores where the output allows).
-  static __device__ __forceinline__ void copy_out(const kernel::GemmParams& p, const unsigned short* tile, int m0,
-                                                  int n0, int token_begin, int token_end) {
+  // acc x global scale (+ bias) rounded into the staging tile, then copied row by row to the output.
+  static __device__ __forceinline__ void store_tile(const kernel::GemmParams& p, const float (&acc)[kAccumulators],
+                                                    int m0, int n0, char* staging) {
+    unsigned short* tile = reinterpret_cast<unsigned short*>(staging);
+    Fragments::for_each([&](int i, int token, int col) {
+      float bias = 0.f;
+      if (p.bias != nullptr && n0 + col < p.n) {
+        float hi;
+        H2::to_floats(static_cast<u32>(static_cast<const unsigned short*>(p.bias)[n0 + col]), bias, hi);
+      }
+      tile[token * kRowElems + col] = static_cast<unsigned short>(round_to_bits(acc[i] * p.global_scale + bias));
+    });
+    Barrier::sync();
     constexpr int kChunksPerRow = kColumns / 8;
     const bool vector = ((reinterpret_cast<u64>(p.out) | static_cast<u64>(p.ldo) * 2) & 15) == 0;
-    for (int c = threadIdx.x; c < (token_end - token_begin) * kChunksPerRow; c += kThreads) {
-      const int token = token_begin + c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+    for (int c = threadIdx.x; c < kTokens * kChunksPerRow; c += kThreads) {
+      const int token = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
       if (m0 + token >= p.m || n0 + col >= p.n) continue;
       const u32* src = reinterpret_cast<const u32*>(tile + token * kRowElems + col);
       char* dst = static_cast<char*>(p.out) + 2 * ((m0 + token) * p.ldo + n0 + col);
@@ -86,15 +77,6 @@ struct ColumnMajorWriter {
         for (int e = 0; e < 4; ++e) reinterpret_cast<u32*>(dst)[e] = src[e];
       }
     }
-  }
-
-  // acc x global scale (+ bias) rounded into the staging tile, then copied row by row to the output.
-  static __device__ __forceinline__ void store_tile(const kernel::GemmParams& p, const float (&acc)[kAccumulators],
-                                                    int m0, int n0, char* staging) {
-    unsigned short* tile = reinterpret_cast<unsigned short*>(staging);
-    Fragments::for_each([&](int i, int token, int col) { stage(p, tile, n0, token, col, acc[i]); });
-    Barrier::sync();
-    copy_out(p, tile, m0, n0, 0, kTokens);
   }
 
   // Write the tile (k_splits == 1), or take part in the split-K reduction. Every thread of the CTA

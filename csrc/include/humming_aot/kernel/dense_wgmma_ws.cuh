@@ -75,7 +75,7 @@ struct DenseWgmmaWs {
   using ConsumerBarrier = ptx::NamedBarrier<kConsumerThreads, 1>;
   using Writer = epilogue::ColumnMajorWriter<Act, kBlockM, kBlockN, kConsumerThreads, Fragments, ConsumerBarrier>;
   using SplitK = epilogue::FragmentSplitK<kConsumerThreads, Fragments::kAccumulators, ConsumerBarrier>;
-  using Fixup = epilogue::StreamKFixup<kConsumerThreads, Fragments::kAccumulators, kBlockM / 8, ConsumerBarrier>;
+  using Fixup = epilogue::StreamKFixup<kConsumerThreads, Fragments::kAccumulators, ConsumerBarrier>;
 
   // Slots start on 1024-byte boundaries (the activation box's 128-byte swizzle repeats every 8 rows).
   static constexpr int kStageBytes = (Layout::kBytes + 1023) / 1024 * 1024;
@@ -238,8 +238,7 @@ struct DenseWgmmaWs {
             more = work.next(next);
             produce(params, unit.m_tile * kBlockM, unit.n_tile * kBlockN, unit.k_begin, unit.k_end - unit.k_begin,
                     smem_base, full0, empty0, fills);
-            if (more && unit.k_begin == 0 && unit.k_end == static_cast<int>(work.k_tiles)) {
-              // a whole tile, stored through the ring: wait for that
+            if (more && unit.k_begin == 0) {  // its tile is stored through the ring: wait for that
               ptx::mbarrier_wait(staging_barrier, staging_parity);
               staging_parity ^= 1u;
             }
@@ -270,57 +269,26 @@ struct DenseWgmmaWs {
 
     StreamK work(p.m, p.n, p.k);
     typename StreamK::Unit unit, next;
-    int shared_first = -1, shared_last = -1;  // the tiles of the units this CTA shares with others
     bool more = work.next(next);
     while (more) {
       unit = next;
       more = work.next(next);
       consume(unit.k_end - unit.k_begin, smem_base, full0, empty0, walk, ring, acc);
-      if (unit.k_begin > 0 || unit.k_end < static_cast<int>(work.k_tiles)) {
-        // a tile shared with other CTAs: publish now, sum a share of it once the range is walked
-        const u32 slot = work.slot_of(blockIdx.x, unit.tile);
-        Fixup::publish(p, acc, slot, p.tile_counters + unit.tile);
-        (slot % 2 == 0 ? shared_first : shared_last) = unit.tile;
-      } else {
-        ConsumerBarrier::sync();  // every consumer warpgroup is done with the ring: the staging tile reuses it
-        Writer::store_tile(p, acc, unit.m_tile * kBlockM, unit.n_tile * kBlockN, smem);
-        if (more) {  // the producer waits for the staging tile's last read before it refills the ring
-          ConsumerBarrier::sync();
-          if (threadIdx.x == 0) ptx::mbarrier_arrive(staging_barrier);
-        }
+      if (!more) schedule::release_dependent_grid();
+      if (unit.k_begin > 0) {  // a later part of a tile whose head another CTA holds
+        Fixup::publish(p, acc, blockIdx.x, p.tile_counters + unit.tile);
+        continue;
+      }
+      if (unit.k_end < static_cast<int>(work.k_tiles)) {
+        Fixup::accumulate(p, acc, blockIdx.x + 1, work.partials_of(unit.tile), p.tile_counters + unit.tile);
+      }
+      ConsumerBarrier::sync();  // every consumer warpgroup is done with the ring: the staging tile reuses it
+      Writer::store_tile(p, acc, unit.m_tile * kBlockM, unit.n_tile * kBlockN, smem);
+      if (more) {  // the producer waits for the staging tile's last read before it refills the ring
+        ConsumerBarrier::sync();
+        if (threadIdx.x == 0) ptx::mbarrier_arrive(staging_barrier);
       }
     }
-    schedule::release_dependent_grid();
-#pragma unroll 1
-    for (int t = 0; t < 2; ++t) {
-      const int tile = t == 0 ? shared_first : shared_last;
-      if (tile >= 0) fix_up(p, work, tile, smem);
-    }
-  }
-
-  // This CTA's share of a tile it shares with other CTAs: an even split of the tile's 8-token
-  // blocks between them, in CTA order. The ring is free (the producer is done, every stage
-  // consumed) and the fix-up's barrier orders the staging tile's reuse after the last store.
-  static __device__ __forceinline__ void fix_up(const GemmParams& p, const StreamK& work, int tile, char* smem) {
-    constexpr int kBlocks = kBlockM / 8;
-    const u32 cta0 = work.first_cta_of(tile);
-    const int sharers = static_cast<int>(work.last_cta_of(tile) - cta0) + 1;
-    const int j = static_cast<int>(blockIdx.x - cta0);
-    const int block_begin = j * kBlocks / sharers, block_end = (j + 1) * kBlocks / sharers;
-    int* counter = p.tile_counters + tile;
-    int m_tile, n_tile;
-    schedule::raster_tile<StreamK::kGroupM>(static_cast<u32>(tile), work.m_tiles, work.n_tiles, m_tile, n_tile);
-    unsigned short* staging = reinterpret_cast<unsigned short*>(smem);
-    Fixup::sum_share(
-        p, sharers, [&](int c) { return work.slot_of(cta0 + c, tile); }, block_begin, block_end, counter,
-        [&](int index, float value) {
-          int token, col;
-          Fragments::position(index, token, col);
-          Writer::stage(p, staging, n_tile * kBlockN, token, col, value);
-        });
-    ConsumerBarrier::sync();
-    Writer::copy_out(p, staging, m_tile * kBlockM, n_tile * kBlockN, 8 * block_begin, 8 * block_end);
-    Fixup::done(sharers, counter);
   }
 };
 

@@ -53,7 +53,7 @@ struct TmaGemmParams {
   GemmParams gemm;
   int dp_ctas;      // tail split: CTAs that take one whole tile each (the first tiles in raster order)
   int tail_splits;  // tail split: K slices of every later tile, one CTA each
-  int stream_k;     // 1: stream-K (workspace: two fp32 tiles per CTA; dp_ctas, tail_splits unused)
+  int stream_k;     // 1: stream-K (workspace: one fp32 tile per CTA; dp_ctas, tail_splits unused)
   TensorMap a_map;
 };
 // (No offsetof: NVRTC has none. GemmParams is 104 bytes and the map 64-byte aligned, so the three

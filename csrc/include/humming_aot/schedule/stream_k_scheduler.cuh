@@ -6,12 +6,11 @@
 // each one tile's K tiles [k_begin, k_end): at most one unit that starts inside a tile (the
 // range's first), then whole tiles, then at most one that ends inside a tile (its last).
 //
-// A unit that is a whole tile is written by its CTA at once; a tile shared between CTAs (at most
-// the first and the last unit of a range) is summed after every CTA has walked its range
-// (epilogue/stream_k_fixup.cuh): every sharer publishes its partial without waiting, then sums a
-// share of the tile. Nobody waits before publishing, so the waits cannot deadlock as long as every
-// CTA of the grid is resident at once (the host sizes the grid to that). Needs gridDim.x <= T (no
-// empty range). SM80+.
+// Who writes a tile: the CTA whose range holds the tile's first K tile (its "head" unit, k_begin
+// == 0); the later CTAs that hold the rest of the tile each hold it as their first unit, publish
+// that partial sum in their own workspace slot (slot = CTA index), and never wait for anything,
+// so the head's wait for them cannot deadlock as long as every CTA of the grid is resident at
+// once (the host sizes the grid to that). Needs gridDim.x <= T (no empty range). SM80+.
 
 #include <humming_aot/schedule/tile_scheduler.cuh>
 
@@ -66,15 +65,10 @@ struct StreamKScheduler {
     return true;
   }
 
-  // The CTAs whose ranges hold K tiles of `tile`: [first_cta_of, last_cta_of].
-  __device__ __forceinline__ u32 first_cta_of(int tile) const { return cta_of(static_cast<u32>(tile) * k_tiles); }
-  __device__ __forceinline__ u32 last_cta_of(int tile) const {
-    return cta_of((static_cast<u32>(tile) + 1) * k_tiles - 1);
-  }
-  // The workspace slot of CTA `cta`'s partial of a tile it shares: 2 cta for the unit its range
-  // starts with, 2 cta + 1 for the one it ends with (when they differ).
-  __device__ __forceinline__ u32 slot_of(u32 cta, int tile) const {
-    return 2 * cta + (first_iteration(cta) / k_tiles == static_cast<u32>(tile) ? 0u : 1u);
+  // For a head unit of this CTA: how many later CTAs hold partials of `tile` (in slots
+  // blockIdx.x + 1 on); 0 when the unit is the whole tile.
+  __device__ __forceinline__ int partials_of(int tile) const {
+    return static_cast<int>(cta_of((static_cast<u32>(tile) + 1) * k_tiles - 1) - blockIdx.x);
   }
 };
 
