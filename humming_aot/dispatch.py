@@ -64,15 +64,17 @@ _counters: dict[tuple[int, int], torch.Tensor] = {}
 
 
 def obtain(spec: GemmSpec, device_index: int, m: int, tile: TileConfig | None = None,
-           k: int | None = None, group: int | None = None):
+           k: int | None = None, group: int | None = None, n: int | None = None):
     """(KernelKey, LoadedKernel) for this problem; cached per (spec, device, table tile). K and the
-    group size, when given, steer the table away from a tile they do not fit (heuristics.tile_fits).
+    group size, when given, steer the table away from a tile they do not fit (heuristics.tile_fits);
+    N, when given, picks between the rows of one M by the problem's output tiles per SM.
 
     Which key and where its image comes from (catalog, JIT cache, NVRTC) is ``humming_aot.obtain``'s
     job; a first call that compiles blocks other first calls of this process for its duration.
     """
     info = device_info(device_index)
-    table_tile = tile or heuristics.select_tile(info.arches[0], m, k, group, spec.w_bits)
+    table_tile = tile or heuristics.select_tile(info.arches[0], m, k, group, spec.w_bits, n=n,
+                                                num_sms=info.num_sms)
     cache_key = (spec, device_index, table_tile, tile is not None)
     hit = _selected.get(cache_key)
     if hit is not None:
@@ -80,7 +82,7 @@ def obtain(spec: GemmSpec, device_index: int, m: int, tile: TileConfig | None = 
     with _lock:
         hit = _selected.get(cache_key)
         if hit is None:
-            key = _obtain.select_key(spec, info, m, tile, k, group)
+            key = _obtain.select_key(spec, info, m, tile, k, group, n=n)
             hit = (key, _obtain.load(key, info))
             _selected[cache_key] = hit
         return hit
@@ -252,7 +254,7 @@ def launch_plan(spec: GemmSpec, device_index: int, stream: int, m: int, n: int, 
         plan = _plans.get(cache_key)
         if plan is not None:
             return plan
-    key, loaded = kernel if kernel is not None else obtain(spec, device_index, m, tile, k, group_size)
+    key, loaded = kernel if kernel is not None else obtain(spec, device_index, m, tile, k, group_size, n=n)
     tile = key.tile
     if not heuristics.tile_fits(tile, k, group_size):
         raise ValueError(

@@ -40,10 +40,11 @@ class Fakes:
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
 
     @staticmethod
-    def select_key(spec, info, m, tile=None, k=None, group=None):
+    def select_key(spec, info, m, tile=None, k=None, group=None, n=None):
         from humming_aot import heuristics
 
-        return KernelKey(arch="sm90a", spec=spec, tile=tile or heuristics.select_tile("sm90a", m, k, group, spec.w_bits))
+        return KernelKey(arch="sm90a", spec=spec, tile=tile or heuristics.select_tile(
+            "sm90a", m, k, group, spec.w_bits, n=n, num_sms=info.num_sms))
 
     def load(self, key, info):
         self.loads.append(key.name)
