@@ -121,6 +121,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tile", default=None, help="force a humming_aot tile (via humming_aot.ops._gemm_with_tile) for tuning")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", dest="json_path", default=None, help="write results as JSON here")
+    parser.add_argument("--plot", dest="plot_path", default=None,
+                        help="also write a PNG of time against M per shape here (tools/bench/plot_bench.py; needs matplotlib)")
     args = parser.parse_args(argv)
     if args.shape_set:
         unknown = [name for name in args.shape_set.split(",") if name not in SHAPE_SETS]
@@ -535,6 +537,11 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_path).write_text(json.dumps(_finite(payload), indent=1, default=str) + "\n")
         print(f"wrote {args.json_path}")
+    if args.plot_path:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from plot_bench import merge_results, plot
+
+        print(f"wrote {plot(merge_results([{'results': results}]), args.plot_path, env.get('device', ''))}")
     return 0
 
 
