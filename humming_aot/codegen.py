@@ -5,9 +5,8 @@ includes only humming_aot's own headers, which include no CUDA toolkit header.
 """
 from __future__ import annotations
 
-from humming_aot.heuristics import smem_bytes
 from humming_aot.params_abi import PARAMS_VERSION
-from humming_aot.spec import KernelKey, MmaKind, ZeroPoint
+from humming_aot.spec import KernelKey, ZeroPoint
 
 
 _ACT_TYPES = {"float16": "humming_aot::numerics::Float16", "bfloat16": "humming_aot::numerics::BFloat16"}
@@ -19,13 +18,13 @@ _ZERO_POINT = {
 
 
 def kernel_smem_bytes(key: KernelKey) -> int:
-    return smem_bytes(key.tile, key.spec.w_bits, key.spec.w_zero_point is not ZeroPoint.NONE)
+    return key.tile.body.smem_bytes(key.tile, key.spec.w_bits, key.spec.w_zero_point is not ZeroPoint.NONE)
 
 
 def params_type(key: KernelKey) -> str:
-    """The C++ Params struct a key's kernel takes (kernel/params.cuh): TmaGemmParams (GemmParams +
-    the activation tensor map) for the TMA body, GemmParams for the others."""
-    return "TmaGemmParams" if key.tile.mma is MmaKind.WGMMA_WS else "GemmParams"
+    """The C++ Params struct a key's kernel takes (kernel/params.cuh), its body's: TmaGemmParams
+    (GemmParams + the schedule + the activation tensor map) for the TMA body, GemmParams for the others."""
+    return key.tile.body.params_type
 
 
 def weight_codes(spec) -> str:
@@ -45,20 +44,10 @@ def kernel_source(key: KernelKey) -> str:
         raise ValueError(f"{key.name}: the kernel bodies need scales and output in the activation dtype")
     smem = kernel_smem_bytes(key)
     name = key.name
-    # (header, body template, its tile parameters) per mma kind
-    if tile.mma is MmaKind.MMA_SYNC:
-        header, body = "dense_mma_sync.cuh", "DenseMmaSync"
-        tile_args = (tile.block_m, tile.block_n, tile.block_k, tile.warps_m, tile.warps_n, tile.warps_k, tile.stages)
-    elif tile.mma is MmaKind.WGMMA:
-        header, body = "dense_wgmma.cuh", "DenseWgmma"
-        tile_args = (tile.block_m, tile.block_n, tile.stages)
-    elif tile.mma is MmaKind.WGMMA_WS:
-        header, body = "dense_wgmma_ws.cuh", "DenseWgmmaWs"
-        tile_args = (tile.block_m, tile.block_n, tile.units_per_warpgroup, tile.stages)
-    else:
-        raise ValueError(f"{key.name}: no kernel body for mma kind {tile.mma.value!r}")
+    body = tile.body  # header, template and tile arguments (humming_aot.bodies)
+    header, template, tile_args = body.header, body.template, body.template_args(tile)
     params = params_type(key)
-    kernel = f"""humming_aot::kernel::{body}<
+    kernel = f"""humming_aot::kernel::{template}<
     {_ACT_TYPES[spec.a_dtype]},  // activation, scale and output dtype
     {weight_codes(spec)},  // weight codes: {spec.w_dtype}
     {_ZERO_POINT[spec.w_zero_point]},

@@ -169,58 +169,15 @@ class TileConfig:
             raise ValueError(
                 f"block_k={self.block_k}: the mma.sync body takes 64, 128, 256 or 512 K per stage, the wgmma body 64 (and wgmma-ws)"
             )
-        if self.mma is MmaKind.WGMMA:
-            self._check_wgmma()
-            return
-        if self.mma is MmaKind.WGMMA_WS:
-            self._check_wgmma_ws()
-            return
-        if self.block_m % (16 * self.warps_m) and not (self.block_m == 8 and self.warps_m == 1):
-            raise ValueError(
-                f"block_m={self.block_m} is not a multiple of 16 * warps_m={self.warps_m} (or 8 with one warp "
-                "along M: the swapped-operand tile for M <= 8)"
-            )
-        if self.block_n != 64 * self.warps_n:
-            raise ValueError(f"block_n={self.block_n} must be 64 * warps_n ({64 * self.warps_n})")
-        if self.warps_k not in (1, 2, 4):
-            raise ValueError(f"warps_k={self.warps_k}: the K steps of a stage split over 1, 2 or 4 warps")
-        if self.stages < 2:
-            raise ValueError(f"stages={self.stages}: a pipeline needs at least 2 stages")
+        self.body.check_tile(self)
 
-    def _check_wgmma(self) -> None:
-        if self.block_m not in (64, 128, 256):
-            raise ValueError(f"block_m={self.block_m}: the wgmma body takes 64, 128 or 256 tokens per CTA")
-        if self.warps_m != 1 or self.warps_k != 1 or self.warps_n not in (4, 8, 12, 16):
-            raise ValueError(
-                f"warps {self.warps_m}x{self.warps_n}x{self.warps_k}: the wgmma body runs 1 x (4 per warpgroup) "
-                "warps, one to four warpgroups"
-            )
-        if self.block_n != 16 * self.warps_n:
-            raise ValueError(f"block_n={self.block_n} must be 64 per warpgroup ({16 * self.warps_n})")
-        if self.stages < 3:
-            raise ValueError(f"stages={self.stages}: the wgmma pipeline needs at least 3 stages")
+    @property
+    def body(self):
+        """The kernel body of this tile's kind (humming_aot.bodies): its tile rules, threads,
+        shared memory and code generation."""
+        from humming_aot.bodies import body_of  # the bodies ask spec only for types: no cycle at import
 
-    def _check_wgmma_ws(self) -> None:
-        if self.block_m not in (32, 64, 128, 256):
-            raise ValueError(f"block_m={self.block_m}: the wgmma-ws body takes 32, 64, 128 or 256 tokens per CTA")
-        if self.warps_m != 1 or self.warps_k != 1 or self.warps_n not in (4, 8):
-            raise ValueError(
-                f"warps {self.warps_m}x{self.warps_n}x{self.warps_k}: the wgmma-ws body runs 1 x 4 or 1 x 8 consumer "
-                "warps (one or two consumer warpgroups; the producer warpgroup is not counted)"
-            )
-        if self.block_n not in (16 * self.warps_n, 32 * self.warps_n):
-            raise ValueError(
-                f"block_n={self.block_n} must be 64 or 128 channels per consumer warpgroup "
-                f"({16 * self.warps_n} or {32 * self.warps_n})"
-            )
-        if self.stages < 2:
-            raise ValueError(f"stages={self.stages}: the wgmma-ws ring needs at least 2 slots")
-        accumulators = self.block_m // 2 * self.units_per_warpgroup
-        if accumulators > 128:
-            raise ValueError(
-                f"tile {self.field}: {accumulators} fp32 accumulators per thread; the wgmma-ws body holds at most 128 "
-                "(block_m x channels per warpgroup <= 256 x 64 or 128 x 128)"
-            )
+        return body_of(self.mma)
 
     @property
     def units_per_warpgroup(self) -> int:
@@ -229,8 +186,8 @@ class TileConfig:
 
     @property
     def threads(self) -> int:
-        consumers = 32 * self.warps_m * self.warps_n * self.warps_k
-        return consumers + 128 if self.mma is MmaKind.WGMMA_WS else consumers
+        """Threads per CTA (the body's: wgmma-ws adds its producer warpgroup)."""
+        return self.body.threads(self)
 
     @property
     def field(self) -> str:
@@ -254,8 +211,9 @@ class KernelKey:
 
     def __post_init__(self) -> None:
         parse_arch(self.arch)
-        if self.tile.mma.is_wgmma and self.arch != "sm90a":
-            raise ValueError(f"arch {self.arch!r}: wgmma kernels exist only for sm90a")
+        only = self.tile.body.only_arch
+        if only is not None and self.arch != only:
+            raise ValueError(f"arch {self.arch!r}: {self.tile.mma.value} kernels exist only for {only}")
 
     @property
     def name(self) -> str:
@@ -286,12 +244,7 @@ class KernelKey:
         The swapped-operand 8-row mma.sync tile does so for integer codes without a float zero
         point (mainloop/swapped_warp_pipeline.cuh, kScalesInFp32; the generated source checks that both
         sides agree)."""
-        return (
-            self.tile.mma is MmaKind.MMA_SYNC
-            and self.tile.block_m == 8
-            and not self.spec.w_is_float
-            and self.spec.w_zero_point is not ZeroPoint.FLOAT
-        )
+        return self.tile.body.scales_in_fp32(self)
 
     @property
     def reduces_splits_in_cluster(self) -> bool:
@@ -300,7 +253,7 @@ class KernelKey:
         workspace and counters (epilogue/cluster_exchange.cuh). The swapped-operand 8-row mma.sync
         tile does so when compiled for sm_90 or later; launched without clusters, it uses the
         workspace as every other kernel does."""
-        return self.tile.mma is MmaKind.MMA_SYNC and self.tile.block_m == 8 and parse_arch(self.arch)[0] >= 90
+        return self.tile.body.reduces_splits_in_cluster(self)
 
     def __str__(self) -> str:
         return self.name

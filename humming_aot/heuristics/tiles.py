@@ -86,39 +86,9 @@ def smem_limit(arch: str) -> int:
 
 
 def smem_bytes(tile: TileConfig, w_bits: int, has_zero_point: bool) -> int:
-    """Dynamic shared memory of one CTA (must equal the C++ kSmemBytes of the tile's body; the
-    generated source static_asserts it)."""
-    swapped = tile.block_m == 8
-    if tile.mma is MmaKind.MMA_SYNC and swapped:
-        # one region per warp: its run of block_k / warps_k and its 64 columns (memory/stage_loader.cuh)
-        run_k, columns, copies = tile.block_k // tile.warps_k, 64, tile.warps_m * tile.warps_n * tile.warps_k
-    else:
-        run_k, columns, copies = tile.block_k, tile.block_n, 1
-    a_bytes = max(1, run_k // 64) * tile.block_m * 128  # 64-wide sub-tiles of 128-byte rows, at least one
-    w_bytes = columns * run_k * w_bits // 8
-    # up to run_k / 16 scale (and zero-point) rows per stage, for the smallest group size (16)
-    scale_bytes = run_k // 16 * columns * 2
-    zp_bytes = scale_bytes if has_zero_point else 0
-    stage = copies * (a_bytes + w_bytes + scale_bytes + zp_bytes)
-    if tile.mma.is_wgmma:
-        # stages on 1024-byte boundaries (128-byte swizzle); the epilogue stages the output tile
-        # (rows padded by 16 bytes) in the same memory; +1024 to align the base at run time
-        pipeline = tile.stages * (-(-stage // 1024) * 1024)
-        staging = tile.block_m * (tile.block_n + 8) * 2
-        return max(pipeline, staging) + 1024
-    pipeline = tile.stages * stage
-    # warps_k > 1: after the K loop every K warp parks its fp32 accumulators (block_m / warps_m /
-    # 16 m16 fragments x 8 n8 fragments x 4 floats, x 32 lanes; the swapped block_m = 8 tile: 4
-    # m16n8 fragments x 4 floats) in the same shared memory, then adds up and writes its share
-    parked_warps = 0 if tile.warps_k == 1 else tile.warps_k
-    floats_per_lane = 16 if swapped else (tile.block_m // tile.warps_m // 16) * 32
-    reduction = parked_warps * tile.warps_m * tile.warps_n * floats_per_lane * 32 * 4
-    # the swapped tile's split-K exchange region after the pipeline (epilogue/swapped_output_writer.cuh,
-    # exchange_bytes): a 128-byte copy of the kernel parameters per warp, 64 bytes of mbarriers,
-    # then (warps + 7) x the fragments each warp writes (4 / warps_k) x 512 bytes
-    warps = tile.threads // 32
-    exchange = warps * 128 + 64 + (warps + 7) * (4 // tile.warps_k) * 512 if swapped else 0
-    return max(pipeline, reduction) + exchange
+    """Dynamic shared memory of one CTA: the tile's body's (humming_aot.bodies; must equal the C++
+    kSmemBytes, which the generated source static_asserts)."""
+    return tile.body.smem_bytes(tile, w_bits, has_zero_point)
 
 
 def tile_fits(tile: TileConfig, k: int, group: int) -> bool:

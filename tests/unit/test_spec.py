@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from humming_aot.enumerate import enumerate_keys
+from humming_aot.enumerate import enumerate_keys, parse_tile_field
 from humming_aot.spec import GemmSpec, KernelKey, MmaKind, TileConfig, ZeroPoint, parse_arch
 
 DEFAULT_KEYS = enumerate_keys("default")
@@ -205,3 +205,17 @@ def test_wgmma_ws_tile_rules(tile, message):
 def test_wgmma_ws_kernels_exist_only_for_sm90a():
     with pytest.raises(ValueError, match="only for sm90a"):
         KernelKey.from_name("gemm_dense_sm100a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_128x128x64_w1x4_s4")
+
+
+def test_every_tile_kind_has_one_body_that_owns_its_rules():
+    from humming_aot.bodies import BODIES, body_of
+
+    assert sorted(BODIES) == sorted(kind.value for kind in MmaKind)
+    for kind in MmaKind:
+        body = body_of(kind)
+        assert body.kind == kind.value and body is body_of(kind.value)
+        assert body.header.endswith(".cuh") and body.template and body.params_type.endswith("Params")
+    ws = parse_tile_field("wgmma-ws:128x128x64_w1x4_s4")
+    assert ws.body is body_of(MmaKind.WGMMA_WS) and ws.threads == 256  # 128 consumers + the producer warpgroup
+    with pytest.raises(ValueError, match="no kernel body for tile kind 'tcgen05'"):
+        body_of("tcgen05")

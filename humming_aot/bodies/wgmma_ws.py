@@ -1,0 +1,60 @@
+"""The warp-specialized Hopper body (kernel/dense_wgmma_ws.cuh, sm90a): a producer warpgroup feeds
+an mbarrier ring with TMA and bulk copies, one or two consumer warpgroups of 64 or 128 weight
+channels dequantize into wgmma's register operand; its Params carry the activations' tensor map
+and the tail-split / stream-K schedule (TmaGemmParams)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from humming_aot.bodies.base import Body
+from humming_aot.bodies.wgmma import wgmma_smem_bytes
+
+if TYPE_CHECKING:
+    from humming_aot.spec import TileConfig
+
+
+class WgmmaWsBody(Body):
+    kind = "wgmma-ws"
+    header = "dense_wgmma_ws.cuh"
+    template = "DenseWgmmaWs"
+    params_type = "TmaGemmParams"
+    only_arch = "sm90a"
+
+    def check_tile(self, tile: "TileConfig") -> None:
+        if tile.block_m not in (32, 64, 128, 256):
+            raise ValueError(f"block_m={tile.block_m}: the wgmma-ws body takes 32, 64, 128 or 256 tokens per CTA")
+        if tile.warps_m != 1 or tile.warps_k != 1 or tile.warps_n not in (4, 8):
+            raise ValueError(
+                f"warps {tile.warps_m}x{tile.warps_n}x{tile.warps_k}: the wgmma-ws body runs 1 x 4 or 1 x 8 consumer "
+                "warps (one or two consumer warpgroups; the producer warpgroup is not counted)"
+            )
+        if tile.block_n not in (16 * tile.warps_n, 32 * tile.warps_n):
+            raise ValueError(
+                f"block_n={tile.block_n} must be 64 or 128 channels per consumer warpgroup "
+                f"({16 * tile.warps_n} or {32 * tile.warps_n})"
+            )
+        if tile.stages < 2:
+            raise ValueError(f"stages={tile.stages}: the wgmma-ws ring needs at least 2 slots")
+        accumulators = tile.block_m // 2 * self.units_per_warpgroup(tile)
+        if accumulators > 128:
+            raise ValueError(
+                f"tile {tile.field}: {accumulators} fp32 accumulators per thread; the wgmma-ws body holds at most 128 "
+                "(block_m x channels per warpgroup <= 256 x 64 or 128 x 128)"
+            )
+
+    @staticmethod
+    def units_per_warpgroup(tile: "TileConfig") -> int:
+        """64-channel units each consumer warpgroup multiplies (1 or 2)."""
+        return tile.block_n // 16 // tile.warps_n
+
+    def threads(self, tile: "TileConfig") -> int:
+        return super().threads(tile) + 128  # + the producer warpgroup
+
+    def template_args(self, tile: "TileConfig") -> tuple[int, ...]:
+        return (tile.block_m, tile.block_n, self.units_per_warpgroup(tile), tile.stages)
+
+    def smem_bytes(self, tile: "TileConfig", w_bits: int, has_zero_point: bool) -> int:
+        return wgmma_smem_bytes(tile, w_bits, has_zero_point)
+
+
+WGMMA_WS = WgmmaWsBody()
