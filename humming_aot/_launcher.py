@@ -20,7 +20,7 @@ from types import ModuleType
 # Anything with the C-contiguous buffer protocol (also ctypes structures); bytes take the fastest path.
 BytesLike = bytes | bytearray | memoryview
 
-__all__ = [
+__all__ = [  # noqa: F822 (CudaError, DriverNotFoundError: module __getattr__, from the extension)
     "CudaError",
     "DeviceAttribute",
     "DriverNotFoundError",

@@ -20,9 +20,8 @@ import logging
 import sys
 from pathlib import Path
 
-from humming_aot import env
+from humming_aot import distribution, env
 from humming_aot._version import __version__
-from humming_aot import distribution
 from humming_aot.manifest import MANIFEST_NAME, manifest_problems
 from humming_aot.params_abi import PARAMS_VERSION
 from humming_aot.spec import KernelKey

@@ -172,8 +172,8 @@ def _catalog_line(catalog) -> str:
 
 def _serving_table(catalog_archs: list[str]) -> list[str]:
     """Per compute capability: the catalog arch whose SASS runs there, its package, installed or not."""
-    from humming_aot.distribution import EXTRAS_CUDA_MAJOR, default_catalog_archs, kernel_dist_name
     from humming_aot.arch import PLAIN_TARGETS, serving_arch
+    from humming_aot.distribution import EXTRAS_CUDA_MAJOR, default_catalog_archs, kernel_dist_name
 
     shipped = default_catalog_archs()
     lines = ["which catalog serves each GPU (SASS for sm_XY runs on X.Z, Z >= Y; 'a' targets only on X.Y):"]
@@ -263,8 +263,8 @@ def _size(nbytes: int) -> str:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     """Everything the JIT fallback needs, one line each; always exits 0 (problems are reported)."""
     from humming_aot.arch import archs_for_capability, serving_arch
-    from humming_aot.catalog_data import find_include_dir
     from humming_aot.catalog import installed_catalog
+    from humming_aot.catalog_data import find_include_dir
     from humming_aot.jit import cache, nvrtc
     from humming_aot.support import supported_archs
 

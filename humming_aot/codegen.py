@@ -8,7 +8,6 @@ from __future__ import annotations
 from humming_aot.params_abi import PARAMS_VERSION
 from humming_aot.spec import KernelKey, ZeroPoint
 
-
 _ACT_TYPES = {"float16": "humming_aot::numerics::Float16", "bfloat16": "humming_aot::numerics::BFloat16"}
 _ZERO_POINT = {
     ZeroPoint.NONE: "humming_aot::numerics::ZeroPointKind::kImplicit",

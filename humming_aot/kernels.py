@@ -30,8 +30,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from humming_aot import _launcher, env
-from humming_aot.spec import kernel_symbol
 from humming_aot.params_abi import PARAMS_VERSION
+from humming_aot.spec import kernel_symbol
 
 __all__ = [
     "KERNEL_METADATA_BYTES",

@@ -11,8 +11,8 @@ import json
 import os
 from pathlib import Path
 
-from humming_aot._version import __version__
 from humming_aot import codegen
+from humming_aot._version import __version__
 from humming_aot.params_abi import PARAMS_VERSION
 from humming_aot.spec import KernelKey
 

@@ -21,11 +21,11 @@ from collections import Counter
 from pathlib import Path
 from typing import TextIO
 
-from humming_aot._version import __version__
 from humming_aot import distribution
+from humming_aot._version import __version__
+from humming_aot.aot.ninja import CompileError, compile_keys, kernel_build_seconds, nvcc_info
 from humming_aot.enumerate import enumerate_catalog
 from humming_aot.manifest import KERNELS_DIR, MANIFEST_NAME, build_manifest, manifest_bytes, write_manifest
-from humming_aot.aot.ninja import CompileError, compile_keys, kernel_build_seconds, nvcc_info
 
 DIST_NAME = distribution.CORE_NAME
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -238,7 +238,8 @@ def _launcher(build_dir: Path) -> Path:
             f"the core wheel needs the launcher {installed.name}, but the humming_aot installed at {PACKAGE_DIR} "
             "has none for this Python: reinstall humming_aot (pip builds it) or run from a source checkout"
         )
-    from setuptools.errors import CompileError as SetuptoolsCompileError, LinkError
+    from setuptools.errors import CompileError as SetuptoolsCompileError
+    from setuptools.errors import LinkError
 
     from humming_aot.aot.extension import build_launcher_extension
 

@@ -22,8 +22,16 @@ from __future__ import annotations
 
 import torch
 
-from humming_aot.checkpoints._common import E8M0_DTYPES, FLOAT_SCALE_DTYPES, check_scales_positive, e8m0_scales, \
-    float_scales, offset_to_signed, optional_bias, scalar_scale
+from humming_aot.checkpoints._common import (
+    E8M0_DTYPES,
+    FLOAT_SCALE_DTYPES,
+    check_scales_positive,
+    e8m0_scales,
+    float_scales,
+    offset_to_signed,
+    optional_bias,
+    scalar_scale,
+)
 from humming_aot.checkpoints.bitstream import unpack_bitstream, unpack_nibbles, unpack_padded_words
 from humming_aot.checkpoints.config import QuantConfig
 from humming_aot.checkpoints.layer import CheckpointLayer

@@ -45,13 +45,13 @@ def fuse_layers(layers: list[CheckpointLayer], where: str) -> CheckpointLayer:
         weights = [_tensor_to_channel(w) for w in weights]
     formats = {str(w.format) for w in weights}
     if len(formats) != 1:
-        raise CheckpointError(f"{where}: siblings {[l.prefix for l in layers]} have formats {sorted(formats)}; one "
+        raise CheckpointError(f"{where}: siblings {[layer.prefix for layer in layers]} have formats {sorted(formats)}; one "
                               "GEMM needs one format: load them separately")
     if len({w.shape[-1] for w in weights}) != 1:
-        raise CheckpointError(f"{where}: siblings {[l.prefix for l in layers]} have different K")
+        raise CheckpointError(f"{where}: siblings {[layer.prefix for layer in layers]} have different K")
     global_scale = weights[0].global_scale
     if global_scale is not None and any(not torch.equal(w.global_scale, global_scale) for w in weights):
-        raise CheckpointError(f"{where}: siblings {[l.prefix for l in layers]} have different global scales "
+        raise CheckpointError(f"{where}: siblings {[layer.prefix for layer in layers]} have different global scales "
                               f"({[float(w.global_scale) for w in weights]}); folding them into the float8e4m3 group "
                               "scales would round: load them separately")
     cat = lambda name: None if getattr(weights[0], name) is None else torch.cat(  # noqa: E731

@@ -17,7 +17,13 @@ from __future__ import annotations
 
 import torch
 
-from humming_aot.checkpoints._common import FLOAT_DTYPES, check_scales_positive, e8m0_scales, optional_bias, scalar_scale
+from humming_aot.checkpoints._common import (
+    FLOAT_DTYPES,
+    check_scales_positive,
+    e8m0_scales,
+    optional_bias,
+    scalar_scale,
+)
 from humming_aot.checkpoints.bitstream import unpack_nibbles
 from humming_aot.checkpoints.config import QuantConfig
 from humming_aot.checkpoints.layer import CheckpointLayer

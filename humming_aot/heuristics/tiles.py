@@ -8,7 +8,6 @@ from humming_aot.catalog_data import load_toml
 from humming_aot.spec import MmaKind, TileConfig, parse_arch
 
 
-
 def table_arch_for(arch: str) -> str:
     """The tiles.toml table that serves a target: exact name, then the plain arch, then the
     nearest lower arch of the same major (sm87 -> sm86 -> sm80)."""

@@ -33,8 +33,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from humming_aot import env
-from humming_aot import codegen
+from humming_aot import codegen, env
 from humming_aot.jit import nvrtc
 from humming_aot.jit.cubin import CubinError, check_cubin
 from humming_aot.spec import KernelKey

@@ -10,8 +10,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-from humming_aot import kernels
-from humming_aot import codegen
+from humming_aot import codegen, kernels
 from humming_aot.fatbin import FatbinTargetError, elf_sm
 from humming_aot.spec import KernelKey, parse_arch
 

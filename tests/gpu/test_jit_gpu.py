@@ -12,10 +12,11 @@ import torch
 import humming_aot
 from humming_aot import dispatch, heuristics, jit, kernels, ops
 from humming_aot import obtain as kernel_obtain
-from humming_aot.enumerate import parse_tile_field
 from humming_aot.catalog import installed_catalog
+from humming_aot.enumerate import parse_tile_field
 from humming_aot.spec import KernelKey, MmaKind, ZeroPoint
 from humming_aot.testing.numerics import assert_bitwise_equal, assert_gemm_close, reference_gemm
+
 
 def _why_no_jit() -> str | None:
     """Why this run cannot exercise the NVRTC fallback (these tests then skip), or None."""

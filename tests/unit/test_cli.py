@@ -10,9 +10,9 @@ import pytest
 
 from humming_aot import cli, env
 from humming_aot.aot import ninja as driver
+from humming_aot.catalog import installed_catalog
 from humming_aot.enumerate import enumerate_keys
 from humming_aot.manifest import MANIFEST_NAME, build_manifest, write_manifest
-from humming_aot.catalog import installed_catalog
 
 
 @pytest.fixture(autouse=True)

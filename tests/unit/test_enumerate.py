@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from humming_aot import heuristics, support
+from humming_aot import codegen, heuristics, support
 from humming_aot._version import __version__
-from humming_aot import codegen
+from humming_aot.catalog import Catalog, CatalogIntegrityError, installed_catalog, test_keys
 from humming_aot.enumerate import (
     catalog_archs,
     enumerate_catalog,
@@ -25,7 +25,6 @@ from humming_aot.manifest import (
     manifest_problems,
     write_manifest,
 )
-from humming_aot.catalog import Catalog, CatalogIntegrityError, installed_catalog, test_keys
 from humming_aot.spec import KernelKey, MmaKind, ZeroPoint
 
 TOOLKIT = "Cuda compilation tools, release 13.0, V13.0.88"

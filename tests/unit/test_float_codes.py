@@ -11,10 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_packed_codes import INCLUDE, _compiler
 
 from humming_aot import formats
-
-from test_packed_codes import INCLUDE, _compiler
 
 TARGETS = {"bfloat16": (8, 7), "float16": (5, 10)}
 

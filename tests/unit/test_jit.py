@@ -22,11 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from humming_aot import dispatch, heuristics, jit, kernels
-from humming_aot import codegen
+from humming_aot import codegen, dispatch, heuristics, jit, kernels
 from humming_aot.aot import ninja as driver
-from humming_aot.enumerate import enumerate_keys
 from humming_aot.catalog import Catalog, CatalogEntry
+from humming_aot.enumerate import enumerate_keys
 from humming_aot.jit import cache, nvrtc
 from humming_aot.jit.cubin import STT_FUNC, STT_OBJECT, read_cubin
 from humming_aot.spec import KernelKey, MmaKind, parse_arch

@@ -9,9 +9,8 @@ import time
 
 import pytest
 
+from humming_aot import _launcher, codegen, kernels
 from humming_aot.spec import KernelKey, kernel_symbol
-from humming_aot import _launcher, kernels
-from humming_aot import codegen
 
 NAME = "gemm_dense_sm80_mma_a-f16_w-s4-g128_o-f16_16x64x64_s4"
 MANIFEST_ENTRY = {"file": f"{NAME}.fatbin", "sha256": "0" * 64, "threads": 128, "smem_bytes": 49_152}
@@ -231,7 +230,7 @@ def test_driver_failure_unloads_and_names_the_kernel(monkeypatch, call):
 
 
 def test_smem_failure_reports_the_device_limit(monkeypatch):
-    fake = FakeLauncher(metadata_bytes(), fail_on="set_max_dynamic_smem").install(monkeypatch)
+    FakeLauncher(metadata_bytes(), fail_on="set_max_dynamic_smem").install(monkeypatch)
     with pytest.raises(RuntimeError) as caught:
         load()
     assert "needs 49152 bytes of dynamic shared memory; device 0 lets a block opt in to at most 232448" in "\n".join(
@@ -322,7 +321,7 @@ def test_launch_refuses_params_of_the_wrong_size(monkeypatch):
 
 
 def test_launch_failure_names_the_kernel(monkeypatch):
-    fake = FakeLauncher(metadata_bytes()).install(monkeypatch)
+    FakeLauncher(metadata_bytes()).install(monkeypatch)
     loaded = load()
 
     def failing_launch(*args, **kwargs):
@@ -399,8 +398,7 @@ def test_cache_refuses_a_loader_for_another_kernel():
 
 
 def test_tma_body_takes_the_tensor_map_params():
-    from humming_aot import dispatch
-    from humming_aot import codegen
+    from humming_aot import codegen, dispatch
 
     ws = KernelKey.from_name("gemm_dense_sm90a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_256x128x64_w1x8_s5")
     old = KernelKey.from_name("gemm_dense_sm90a_wgmma_a-bf16_w-s4-g-bf16_o-bf16_128x128x64_w1x8_s4")

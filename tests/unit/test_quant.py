@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from humming_aot import formats
+from humming_aot.packing import pack
 from humming_aot.quant import (
     PRESETS,
     ActivationGranularity,
@@ -24,7 +25,6 @@ from humming_aot.quant import (
     quantize,
     quantize_activation,
 )
-from humming_aot.packing import pack
 from humming_aot.testing.numerics import assert_bitwise_equal, with_every_code
 
 CANONICAL = [

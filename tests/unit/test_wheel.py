@@ -10,8 +10,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-from humming_aot._version import __version__
 from humming_aot import distribution
+from humming_aot._version import __version__
 from humming_aot.aot import index, wheel
 
 

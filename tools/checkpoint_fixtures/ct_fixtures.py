@@ -52,8 +52,13 @@ def _minmax(w: torch.Tensor, args) -> tuple[torch.Tensor, torch.Tensor]:
 
 def make(preset: str, out: Path) -> None:
     from compressed_tensors.compressors import BaseCompressor, ModelCompressor
-    from compressed_tensors.quantization import (QuantizationConfig, QuantizationScheme, QuantizationStatus,
-                                                 apply_quantization_config, preset_name_to_scheme)
+    from compressed_tensors.quantization import (
+        QuantizationConfig,
+        QuantizationScheme,
+        QuantizationStatus,
+        apply_quantization_config,
+        preset_name_to_scheme,
+    )
     from compressed_tensors.quantization.utils.helpers import calculate_qparams, generate_gparam
     from safetensors.torch import save_file
 

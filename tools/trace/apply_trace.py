@@ -29,7 +29,8 @@ if (root / ".git").exists():
 W = 20
 def patch(path, pairs):
     """Replace each anchor a by b; (a, b, n): the anchor occurs n times, each replaced."""
-    p = root / path; s = p.read_text()
+    p = root / path
+    s = p.read_text()
     for a, b, *times in pairs:
         n = times[0] if times else 1
         if s.count(a) != n:

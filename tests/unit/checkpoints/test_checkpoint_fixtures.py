@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 import torch
-
 from ckpt_fixture_utils import FIXTURES, fixture, fixture_names, original_weight, reference
+
 from humming_aot import checkpoints
 from humming_aot.quant import dequantize
 

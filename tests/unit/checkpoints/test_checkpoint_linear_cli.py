@@ -5,8 +5,8 @@ import json
 
 import pytest
 import torch
-
 from ckpt_fixture_utils import fixture
+
 from humming_aot import checkpoints, cli
 from humming_aot.nn import QuantizedLinear
 
@@ -63,9 +63,9 @@ def test_cli_inspect_names_a_bad_directory(tmp_path, capsys):
 
 @pytest.mark.parametrize("name", ["gptq_4bit_sym_v1", "modelopt_int4_awq", "ct_nvfp4a16", "hqq_4bit_g64_axis1"])
 def test_model_catalog_holds_exactly_the_kernels_the_layers_need(tmp_path, name):
-    from humming_aot.enumerate import enumerate_catalog
     from humming_aot.aot.model_catalog import write_model_catalog
     from humming_aot.checkpoints.serving import layer_spec
+    from humming_aot.enumerate import enumerate_catalog
 
     archs = ["sm89", "sm90a"]
     path = write_model_catalog(fixture(name), archs, tmp_path / "model.toml")

@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-
 from ckpt_fixture_utils import copy_fixture, edit_config, edit_tensors, tensors
+
 from humming_aot import checkpoints
 
 KPROJ = "model.layers.0.self_attn.k_proj"

@@ -2,11 +2,10 @@
 producer fixtures and on small variants of them written here."""
 from __future__ import annotations
 
-
 import pytest
 import torch
-
 from ckpt_fixture_utils import copy_fixture, edit_config, edit_tensors, fixture, reference, tensors, write_tensors
+
 from humming_aot import checkpoints
 from humming_aot.checkpoints.awq import unpack_awq
 from humming_aot.checkpoints.bitstream import unpack_bitstream
