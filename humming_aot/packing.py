@@ -215,7 +215,8 @@ def _check_float_fits(element: str, act_dtype: torch.dtype) -> None:
     name = _ACT_DTYPES[act_dtype]
     if elem.exponent_bits > act_exp or (elem.exponent_bits == act_exp and not elem.has_inf):
         raise ValueError(
-            f"pack: {element} values do not all fit {name} (its {act_exp} exponent bits{'' if elem.exponent_bits > act_exp else ' hold inf/NaN in the top binade'}): "
+            f"pack: {element} values do not all fit {name} (its {act_exp} exponent bits"
+            f"{'' if elem.exponent_bits > act_exp else ' hold inf/NaN in the top binade'}): "
             "pack for bfloat16 activations, or use a format with fewer exponent bits"
         )
 

@@ -10,8 +10,9 @@ Contract changes bump PARAMS_VERSION together with the header's kParamsVersion: 
 kernels wait on griddepcontrol before reading upstream data, so the launcher may launch them with
 programmatic dependent launch; 3 the last GemmParams field is the fp32 global weight scale; 4 the
 8-row tiles of sm_90+ launched with cluster dims (1, k_splits, 1) sum their K slices inside the
-cluster; 5 TmaGemmParams' third schedule int switches the TMA body to stream-K. (A body with a Params struct of its own, as TmaGemmParams, adds a layout, not a version:
-the kernel's metadata records its size, which every launch checks.)
+cluster; 5 TmaGemmParams' third schedule int switches the TMA body to stream-K. (A body with a
+Params struct of its own, as TmaGemmParams, adds a layout, not a version: the kernel's metadata
+records its size, which every launch checks.)
 """
 from __future__ import annotations
 

@@ -157,7 +157,9 @@ class TileConfig:
 
     mma: MmaKind = MmaKind.MMA_SYNC
     block_m: int  # rows of the output per CTA (mma.sync: multiple of 16, or 8 = swapped operands; wgmma: 64, 128 or 256)
-    block_n: int  # columns per CTA (mma.sync: 64 * warps_n; wgmma: 16 * warps_n, 64 per warpgroup; wgmma-ws: 64 or 128 per consumer warpgroup)
+    # block_n: columns per CTA (mma.sync: 64 * warps_n; wgmma: 16 * warps_n, 64 per warpgroup;
+    # wgmma-ws: 64 or 128 per consumer warpgroup)
+    block_n: int
     block_k: int = 64  # K per pipeline stage (mma.sync: 64, 128, 256 or 512; wgmma: 64)
     warps_m: int
     warps_n: int

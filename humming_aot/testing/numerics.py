@@ -94,7 +94,9 @@ def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     ``tiny * eps`` below that (and at zero). Non-finite elements give NaN.
     """
     if not dtype.is_floating_point:
-        raise TypeError(f"ulp() needs a floating-point dtype, got {dtype}; integer results are exact: compare them with assert_bitwise_equal")
+        raise TypeError(
+            f"ulp() needs a floating-point dtype, got {dtype}; integer results are exact: compare them with assert_bitwise_equal"
+        )
     info = torch.finfo(dtype)
     mag = x.to(torch.float64).abs()
     _, exponent = torch.frexp(mag)  # mag = m * 2**exponent with m in [0.5, 1)
@@ -233,13 +235,17 @@ def assert_gemm_close(
         )
     m_acc = ACCUMULATION_ERROR_MULTIPLIER[accumulation]
     if not out.dtype.is_floating_point:
-        raise TypeError(f"assert_gemm_close needs a floating-point output, got {out.dtype}; compare integer outputs with assert_bitwise_equal")
+        raise TypeError(
+            f"assert_gemm_close needs a floating-point output, got {out.dtype}; compare integer outputs with assert_bitwise_equal"
+        )
     if ref64.dtype != torch.float64:
         raise TypeError(f"ref64 must be the float64 result of reference_gemm, got {ref64.dtype}")
     _check_gemm_operands(a, w_eff, bias)
     expected_shape = (a.shape[0], w_eff.shape[0])
     if tuple(out.shape) != expected_shape or tuple(ref64.shape) != expected_shape:
-        raise ValueError(f"shape mismatch: out {tuple(out.shape)}, ref64 {tuple(ref64.shape)}, expected (M, N) = {expected_shape} from a and w_eff")
+        raise ValueError(
+            f"shape mismatch: out {tuple(out.shape)}, ref64 {tuple(ref64.shape)}, expected (M, N) = {expected_shape} from a and w_eff"
+        )
     header = _header(context, out, accumulation, m_acc)
     if out.numel() == 0:
         return
@@ -293,7 +299,8 @@ def assert_gemm_close(
         lines.append("  every element and every tile is within its bound, but the RMS error of the whole output is not:")
     lines.append(
         f"  max error {err.max().item():.4g} (max baseline error {base_err.max().item():.4g}); "
-        f"rms error {err_rms:.4g} vs bound {rms_bound:.4g} = {m_acc:g} * {base_rms:.4g} (baseline rms) + {RMS_ULP_FLOOR:g} * {ulp_rms:.4g} (rms ulp)"
+        f"rms error {err_rms:.4g} vs bound {rms_bound:.4g} = {m_acc:g} * {base_rms:.4g} (baseline rms) + "
+        f"{RMS_ULP_FLOOR:g} * {ulp_rms:.4g} (rms ulp)"
     )
     lines.append("  worst coordinates (by error beyond the allowed bound):")
     flat_excess = excess.reshape(-1)

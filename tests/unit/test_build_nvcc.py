@@ -61,7 +61,8 @@ struct DenseMmaSync {
   static constexpr int kMinBlocksPerSm = 1;
   static constexpr bool kScalesInFp32 = kBlockM == 8;  // the smoke keys' integer codes
   static constexpr int kScaleRows = kZp == numerics::ZeroPointKind::kInteger ? 2 : 1;
-  static constexpr int kSmemBytes = kStages * (kBlockM * kBlockK * 2 + kBlockN * kBlockK * kBits / 8 + kScaleRows * (kBlockK / 16) * kBlockN * 2);
+  static constexpr int kSmemBytes =
+      kStages * (kBlockM * kBlockK * 2 + kBlockN * kBlockK * kBits / 8 + kScaleRows * (kBlockK / 16) * kBlockN * 2);
   __device__ static void run(const GemmParams& p) {
     if (threadIdx.x == 0) p.out[blockIdx.x] = kBits * p.m + VERSION;
   }

@@ -49,7 +49,8 @@ def trace(fmt: str, m: int, sets: int = 14, passes: int = 2) -> tuple[float, lis
             dispatch.TRACE_SLOTS.append(buf[call])
             ops.gemm(acts[call % sets], packs[call % sets])
     if dispatch.TRACE_SLOTS:
-        sys.exit(f"{fmt} at M = {m}: the launches were not clustered (no trace taken); pick a format and M whose tile splits K in a cluster")
+        sys.exit(f"{fmt} at M = {m}: the launches were not clustered (no trace taken); "
+                 "pick a format and M whose tile splits K in a cluster")
     for _ in range(3):
         graph.replay()
     times = []
