@@ -99,3 +99,15 @@ def test_no_import_cycles_among_the_package_modules():
         if node not in state:
             cycle = walk(node)
             assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+MAX_LINES = 600  # docs/style.md: past this a file holds more than one job
+
+
+def test_no_source_file_is_over_600_lines():
+    sources = [path for root in ("humming_aot", "csrc", "tools", "tests") for path in (REPO / root).rglob("*")
+               if path.suffix in (".py", ".cuh", ".cu", ".cpp", ".h", ".sh") and path.is_file()]
+    assert len(sources) > 100, "the walk found the sources"
+    long = {str(path.relative_to(REPO)): n for path in sources
+            if (n := len(path.read_text(errors="replace").splitlines())) > MAX_LINES}
+    assert not long, f"files over {MAX_LINES} lines (split them by job): {long}"
