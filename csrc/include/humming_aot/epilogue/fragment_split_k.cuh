@@ -11,6 +11,7 @@
 // Workspace: (split tiles, splits, kThreads * kAccumulators) fp32; within a slice, float v of
 // thread t is at (v / 4 * kThreads + t) * 4 + v % 4. Counters: one per split tile. SM80+.
 
+#include <humming_aot/epilogue/fragment_vectors.cuh>
 #include <humming_aot/epilogue/split_k_arrival.cuh>
 #include <humming_aot/kernel/params.cuh>
 
@@ -20,34 +21,19 @@ template <int kThreads,       // threads holding the tile's accumulators (the fi
           int kAccumulators,  // fp32 accumulators per thread, a multiple of 4
           class Barrier>      // synchronizes exactly those threads
 struct FragmentSplitK {
-  static_assert(kAccumulators % 4 == 0, "accumulators move as 16-byte vectors");
-  static constexpr int kVectors = kAccumulators / 4;
-  static constexpr i64 kSliceFloats = static_cast<i64>(kThreads) * kAccumulators;
+  using Vectors = FragmentVectors<kThreads, kAccumulators>;
+  static constexpr i64 kSliceFloats = Vectors::kSlotFloats;
 
   // Store K slice `slice` (of `splits`) of split tile `index`, arrive; true in the threads of the
   // CTA that arrived last, whose acc then holds the sum of every slice.
   static __device__ __forceinline__ bool reduce(const kernel::GemmParams& p, float (&acc)[kAccumulators], int index,
                                                 int slice, int splits, int* arrival_flag) {
     float4* tile = reinterpret_cast<float4*>(p.workspace + static_cast<i64>(index) * splits * kSliceFloats);
-    float4* mine = tile + slice * (kSliceFloats / 4) + threadIdx.x;
-#pragma unroll
-    for (int v = 0; v < kVectors; ++v) {
-      __stcg(mine + v * kThreads, make_float4(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]));
-    }
+    Vectors::store(tile + slice * (kSliceFloats / 4) + threadIdx.x, acc);
     if (!arrive_last_at_tile<Barrier>(p.tile_counters + index, splits, arrival_flag)) return false;
 #pragma unroll
     for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.f;
-    for (int s = 0; s < splits; ++s) {
-      const float4* slice = tile + s * (kSliceFloats / 4) + threadIdx.x;
-#pragma unroll
-      for (int v = 0; v < kVectors; ++v) {
-        const float4 x = __ldcg(slice + v * kThreads);
-        acc[4 * v] += x.x;
-        acc[4 * v + 1] += x.y;
-        acc[4 * v + 2] += x.z;
-        acc[4 * v + 3] += x.w;
-      }
-    }
+    for (int s = 0; s < splits; ++s) Vectors::add(acc, tile + s * (kSliceFloats / 4) + threadIdx.x);
     if (threadIdx.x == 0) p.tile_counters[index] = 0;  // ready for the next launch
     return true;
   }

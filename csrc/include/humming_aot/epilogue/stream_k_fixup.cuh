@@ -4,8 +4,8 @@
 // partial accumulators in its own workspace slot and counts itself at the tile's counter; the
 // tile's head CTA waits until every partial is counted, adds them to its own accumulators in
 // slot order (its own first: the sum does not depend on timing) and resets the counter for the
-// next launch. Accumulators move as 16-byte vectors, thread-interleaved, as in
-// epilogue/fragment_split_k.cuh (every warp access one contiguous 512-byte run).
+// next launch. Accumulators move as 16-byte vectors, thread-interleaved
+// (epilogue/fragment_vectors.cuh, as in epilogue/fragment_split_k.cuh).
 //
 // Workspace: (gridDim.x, kThreads * kAccumulators) fp32, one slot per CTA (a CTA publishes at most
 // one partial per launch: the unit its range starts inside). Counters: one per tile, zero between
@@ -13,6 +13,7 @@
 // before thread 0's release; thread 0's acquire, then the barrier, orders the head's loads after
 // them. SM80+.
 
+#include <humming_aot/epilogue/fragment_vectors.cuh>
 #include <humming_aot/kernel/params.cuh>
 
 namespace humming_aot::epilogue {
@@ -21,9 +22,8 @@ template <int kThreads,       // threads holding the tile's accumulators (the fi
           int kAccumulators,  // fp32 accumulators per thread, a multiple of 4
           class Barrier>      // synchronizes exactly those threads
 struct StreamKFixup {
-  static_assert(kAccumulators % 4 == 0, "accumulators move as 16-byte vectors");
-  static constexpr int kVectors = kAccumulators / 4;
-  static constexpr i64 kSlotVectors = static_cast<i64>(kThreads) * kVectors;
+  using Vectors = FragmentVectors<kThreads, kAccumulators>;
+  static constexpr i64 kSlotVectors = static_cast<i64>(kThreads) * Vectors::kVectors;
 
   static __device__ __forceinline__ float4* slot_of(const kernel::GemmParams& p, int slot) {
     return reinterpret_cast<float4*>(p.workspace) + slot * kSlotVectors + threadIdx.x;
@@ -32,11 +32,7 @@ struct StreamKFixup {
   // Store acc in workspace slot `slot`, then count it at the tile's counter.
   static __device__ __forceinline__ void publish(const kernel::GemmParams& p, const float (&acc)[kAccumulators],
                                                  int slot, int* counter) {
-    float4* mine = slot_of(p, slot);
-#pragma unroll
-    for (int v = 0; v < kVectors; ++v) {
-      __stcg(mine + v * kThreads, make_float4(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]));
-    }
+    Vectors::store(slot_of(p, slot), acc);
     Barrier::sync();
     if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
   }
@@ -53,17 +49,7 @@ struct StreamKFixup {
       *counter = 0;  // every partial of the tile has counted itself: ready for the next launch
     }
     Barrier::sync();
-    for (int s = 0; s < partials; ++s) {
-      const float4* slot = slot_of(p, first_slot + s);
-#pragma unroll
-      for (int v = 0; v < kVectors; ++v) {
-        const float4 x = __ldcg(slot + v * kThreads);
-        acc[4 * v] += x.x;
-        acc[4 * v + 1] += x.y;
-        acc[4 * v + 2] += x.z;
-        acc[4 * v + 3] += x.w;
-      }
-    }
+    for (int s = 0; s < partials; ++s) Vectors::add(acc, slot_of(p, first_slot + s));
   }
 };
 
