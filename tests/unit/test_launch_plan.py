@@ -320,3 +320,18 @@ def test_tail_split_schedule_rules():
     assert schedule(100, 64, 132) == (100, 1)  # no split count fills the machine better
     assert schedule(132 + 120, 64, 132) == (252, 1)  # a 91 % full last wave
     assert schedule(1280, 128, 132) == (1280, 1)  # saves less than SPLIT_MARGIN of a tile
+
+
+@pytest.mark.parametrize("n,threads,ctas", [
+    (6144, 384, 132),  # 48 tiles of 128 x 128, at most 0.4 per SM: two consumer warpgroups, one CTA per SM
+    (10240, 256, 264),  # 80 tiles: one consumer warpgroup, two CTAs per SM
+])
+def test_default_plan_at_m_128_picks_the_row_and_stream_k_by_tiles_per_sm(monkeypatch, n, threads, ctas):
+    fakes = Fakes(monkeypatch)
+    monkeypatch.setattr(torch, "empty", _cpu_empty(torch.empty))
+    a, packed = _stream_k_problem(m=128, n=n, k=4096)
+    dispatch.launch_gemm(a, packed, None, ops.gemm_spec(packed))
+    (call,) = fakes.launches
+    plan = next(iter(dispatch._plans.values()))
+    assert plan.key.tile.mma is MmaKind.WGMMA_WS and plan.key.tile.threads == threads
+    assert call["grid"] == (ctas, 1, 1) and struct.unpack_from("<3i", call["params"], 104)[2] == 1
