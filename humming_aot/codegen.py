@@ -6,7 +6,7 @@ includes only humming_aot's own headers, which include no CUDA toolkit header.
 from __future__ import annotations
 
 from humming_aot.params_abi import PARAMS_VERSION
-from humming_aot.spec import KernelKey, ZeroPoint
+from humming_aot.spec import GemmType, KernelKey, ZeroPoint
 
 _ACT_TYPES = {"float16": "humming_aot::numerics::Float16", "bfloat16": "humming_aot::numerics::BFloat16"}
 _ZERO_POINT = {
@@ -39,6 +39,11 @@ def weight_codes(spec) -> str:
 def kernel_source(key: KernelKey) -> str:
     """The generated .cu text for one key (deterministic: same key, same bytes)."""
     spec, tile = key.spec, key.tile
+    if spec.a_is_quantized or spec.gemm_type is not GemmType.DENSE:
+        raise ValueError(
+            f"{key.name}: no kernel body takes {spec.a_dtype} activations or a {spec.gemm_type.value} GEMM yet "
+            "(the data model names them; the bodies serve dense GEMMs with 16-bit activations)"
+        )
     if spec.w_scale_dtype != spec.a_dtype or spec.out_dtype != spec.a_dtype:
         raise ValueError(f"{key.name}: the kernel bodies need scales and output in the activation dtype")
     smem = kernel_smem_bytes(key)

@@ -12,7 +12,7 @@ Kernel names have fixed, ``_``-separated fields (``-`` separates parts inside a 
     |    |     |     |   |      |            |      block M x N x K
     |    |     |     |   |      |            output dtype
     |    |     |     |   |      weight: element, scale granularity, scale dtype[, zero point]
-    |    |     |     |   activation dtype
+    |    |     |     |   activation: dtype[, scale granularity, scale dtype] (a-e4m3-k-f32)
     |    |     |     mma kind
     |    |     target arch
     |    gemm type
@@ -47,10 +47,20 @@ _FLOAT_RE = re.compile(r"^float\de(\d)m(\d)$")
 
 
 class GemmType(str, Enum):
-    """Which rows of the activation meet which weight."""
+    """Which rows of the activation meet which weight. Only DENSE has kernels so far; the grouped
+    types name what the MoE GEMMs will compile (no pairing allows them yet, so support.py refuses
+    them with its reason)."""
 
     DENSE = "dense"
     """out[M, N] = a[M, K] @ w[N, K]^T: one weight for every row."""
+    INDEXED = "indexed"
+    """MoE, fused_moe style: out[r] = a[token(r)] @ w[expert(block(r))]^T over rows sorted and
+    padded per expert (sorted token ids, one expert id per block of rows, -1 = skip)."""
+    GROUPED = "grouped"
+    """MoE, grouped contiguous: rows laid out expert after expert (a per-row expert index or prefix
+    offsets), each block of rows multiplied by its expert's weight."""
+    MASKED = "masked"
+    """MoE, grouped masked: a[E, max_m, K] with a per-expert count of valid rows on the device."""
 
 
 class ScaleGranularity(str, Enum):
@@ -59,6 +69,24 @@ class ScaleGranularity(str, Enum):
     GROUP = "g"
     """One scale per output channel per group of K; the group size is a run-time argument, and a
     per-channel scale is the group that spans all of K."""
+
+
+class ActivationScale(str, Enum):
+    """How a quantized activation's scales are shared (compiled into a kernel). 16-bit activations
+    have none. Group sizes are run-time arguments, as for weights."""
+
+    NONE = "none"
+    """16-bit activations: no scale (the kernel name's activation field is just the dtype)."""
+    TENSOR = "t"
+    """One scale for the whole activation (static, calibrated, or dynamic)."""
+    TOKEN = "k"
+    """One scale per row (token), dynamic."""
+    GROUP = "g"
+    """One scale per row per group of K (DeepSeek-V3 1 x 128; NVFP4 16, MXFP4 32)."""
+
+
+# Activation dtypes that need no scale: the kernels' 16-bit operands.
+UNSCALED_ACT_DTYPES = ("float16", "bfloat16")
 
 
 class ZeroPoint(str, Enum):
@@ -112,7 +140,9 @@ class GemmSpec:
     """What is computed: operand formats and the gemm type (no shapes, no tiles)."""
 
     gemm_type: GemmType = GemmType.DENSE
-    a_dtype: str  # activation dtype, canonical name ("bfloat16")
+    a_dtype: str  # activation dtype, canonical name ("bfloat16", or quantized: "float8e4m3", "int8")
+    a_scale: ActivationScale = ActivationScale.NONE  # quantized activations only
+    a_scale_dtype: str | None = None  # quantized activations only ("float32", "float8e8m0", ...)
     w_dtype: str  # weight element format ("int4", "uint4", "int8", "float4e2m1")
     w_scale: ScaleGranularity = ScaleGranularity.GROUP
     w_scale_dtype: str  # dtype the scales are stored in
@@ -124,6 +154,26 @@ class GemmSpec:
             value = getattr(self, field)
             if value not in DTYPE_SHORT:
                 raise ValueError(f"GemmSpec.{field}={value!r} is not a known dtype name")
+        if self.a_dtype in UNSCALED_ACT_DTYPES:
+            if self.a_scale is not ActivationScale.NONE or self.a_scale_dtype is not None:
+                raise ValueError(f"GemmSpec: {self.a_dtype} activations take no activation scale "
+                                 f"(got a_scale={self.a_scale.value}, a_scale_dtype={self.a_scale_dtype})")
+        elif self.a_scale is ActivationScale.NONE or self.a_scale_dtype not in DTYPE_SHORT:
+            raise ValueError(f"GemmSpec: quantized {self.a_dtype} activations need a_scale (tensor, token or "
+                             f"group) and a known a_scale_dtype (got {self.a_scale.value}, {self.a_scale_dtype!r})")
+
+    @property
+    def a_is_quantized(self) -> bool:
+        """Activations of at most 8 bits with their own scales (W8A8, W4A8, W4A4)."""
+        return self.a_scale is not ActivationScale.NONE
+
+    @property
+    def activation_field(self) -> str:
+        """The kernel name's activation field: 'a-bf16', or 'a-e4m3-k-f32' (dtype, scale
+        granularity, scale dtype) for quantized activations."""
+        if not self.a_is_quantized:
+            return f"a-{DTYPE_SHORT[self.a_dtype]}"
+        return f"a-{DTYPE_SHORT[self.a_dtype]}-{self.a_scale.value}-{DTYPE_SHORT[self.a_scale_dtype]}"
 
     @property
     def w_bits(self) -> int:
@@ -226,7 +276,7 @@ class KernelKey:
                 s.gemm_type.value,
                 self.arch,
                 self.tile.mma.value,
-                f"a-{DTYPE_SHORT[s.a_dtype]}",
+                s.activation_field,
                 s.weight_field,
                 f"o-{DTYPE_SHORT[s.out_dtype]}",
                 self.tile.field,
@@ -302,6 +352,16 @@ def _parse_name(name: str) -> KernelKey:
     _, gemm_type, arch, mma, a_field, w_field, o_field, block, warps, stages = fields
     if not a_field.startswith("a-") or not o_field.startswith("o-"):
         raise ValueError(f"{name!r}: activation and output fields must read 'a-<dtype>' and 'o-<dtype>'")
+    a_parts = a_field.split("-")
+    if len(a_parts) not in (2, 4):
+        raise ValueError(f"{name!r}: activation field {a_field!r} must read 'a-<dtype>' or "
+                         "'a-<dtype>-<scale granularity>-<scale dtype>'")
+    a_scale, a_scale_dtype = ActivationScale.NONE, None
+    if len(a_parts) == 4:
+        a_scale = _enum_value(ActivationScale, a_parts[2], name, "activation scale granularity")
+        if a_scale is ActivationScale.NONE:
+            raise ValueError(f"{name!r}: a quantized activation field names its scale granularity (t, k or g)")
+        a_scale_dtype = _short_to_long(name, a_parts[3], "activation scale dtype")
     w_parts = w_field.split("-")
     if w_parts[0] != "w" or len(w_parts) not in (4, 5):
         raise ValueError(f"{name!r}: weight field {w_field!r} must read 'w-<elem>-<scale>-<scale dtype>[-<zp>]'")
@@ -310,7 +370,9 @@ def _parse_name(name: str) -> KernelKey:
         raise ValueError(f"{name!r}: a symmetric weight has no zero-point part")
     spec = GemmSpec(
         gemm_type=_enum_value(GemmType, gemm_type, name, "gemm type"),
-        a_dtype=_short_to_long(name, a_field[2:], "activation dtype"),
+        a_dtype=_short_to_long(name, a_parts[1], "activation dtype"),
+        a_scale=a_scale,
+        a_scale_dtype=a_scale_dtype,
         w_dtype=_short_to_long(name, w_parts[1], "weight dtype"),
         w_scale=_enum_value(ScaleGranularity, w_parts[2], name, "scale granularity"),
         w_scale_dtype=_short_to_long(name, w_parts[3], "scale dtype"),

@@ -14,15 +14,23 @@ import itertools
 from collections.abc import Callable
 
 from humming_aot.catalog_data import load_toml
-from humming_aot.spec import DTYPE_SHORT, GemmSpec, GemmType, ScaleGranularity, ZeroPoint, parse_arch
+from humming_aot.spec import (
+    DTYPE_SHORT,
+    ActivationScale,
+    GemmSpec,
+    GemmType,
+    ScaleGranularity,
+    ZeroPoint,
+    parse_arch,
+)
 
 SAME_AS_A = "same_as_a"
 """A dtype field tied to the activation dtype (scales and output in the activation's dtype)."""
 
 SUPPORT_FILE = "support.toml"
 _PAIRING_KEYS = {
-    "name", "doc", "archs", "gemm_type", "a_dtype", "w_dtype", "w_scale", "w_scale_dtype",
-    "w_zero_point", "out_dtype", "rules",
+    "name", "doc", "archs", "gemm_type", "a_dtype", "a_scale", "a_scale_dtype", "w_dtype", "w_scale",
+    "w_scale_dtype", "w_zero_point", "out_dtype", "rules",
 }
 
 
@@ -117,6 +125,8 @@ class Pairing:
     archs: tuple[str, ...]
     gemm_type: tuple[GemmType, ...]
     a_dtype: tuple[str, ...]
+    a_scale: tuple[ActivationScale, ...] = (ActivationScale.NONE,)  # quantized activations: their scales
+    a_scale_dtype: tuple[str, ...] | None = None  # None: no activation scale (16-bit activations)
     w_dtype: tuple[str, ...]
     w_scale: tuple[ScaleGranularity, ...]
     w_scale_dtype: tuple[str, ...] | None  # None: same as a_dtype
@@ -130,11 +140,14 @@ class Pairing:
 
         def check(field: str, value, allowed) -> None:
             if value not in allowed:
-                shown = ", ".join(getattr(a, "value", a) for a in allowed)
-                out.append(f"{field} in [{shown}] (got {getattr(value, 'value', value)})")
+                shown = ", ".join(str(getattr(a, "value", a)).lower() for a in allowed)
+                out.append(f"{field} in [{shown}] (got {str(getattr(value, 'value', value)).lower()})")
 
         check("gemm_type", spec.gemm_type, self.gemm_type)
         check("a_dtype", spec.a_dtype, self.a_dtype)
+        check("a_scale", spec.a_scale, self.a_scale)
+        if spec.a_scale_dtype is not None or self.a_scale_dtype is not None:
+            check("a_scale_dtype", spec.a_scale_dtype, self.a_scale_dtype or (None,))
         check("w_dtype", spec.w_dtype, self.w_dtype)
         check("w_scale", spec.w_scale, self.w_scale)
         check("w_zero_point", spec.w_zero_point, self.w_zero_point)
@@ -165,17 +178,18 @@ class Pairing:
             self.w_scale,
             self.w_zero_point,
         ):
-            for scale_dtype, out_dtype in itertools.product(
-                self.w_scale_dtype or (a,), self.out_dtype or (a,)
+            for scale_dtype, out_dtype, a_scale, a_scale_dtype in itertools.product(
+                self.w_scale_dtype or (a,), self.out_dtype or (a,), self.a_scale, self.a_scale_dtype or (None,)
             ):
-                specs.add(GemmSpec(gemm_type=gemm_type, a_dtype=a, w_dtype=w, w_scale=scale,
-                                   w_scale_dtype=scale_dtype, w_zero_point=zp, out_dtype=out_dtype))
+                specs.add(GemmSpec(gemm_type=gemm_type, a_dtype=a, a_scale=a_scale, a_scale_dtype=a_scale_dtype,
+                                   w_dtype=w, w_scale=scale, w_scale_dtype=scale_dtype, w_zero_point=zp,
+                                   out_dtype=out_dtype))
         return sorted(specs, key=_spec_sort_key)
 
 
 def _spec_sort_key(spec: GemmSpec) -> tuple:
-    return (spec.gemm_type.value, spec.a_dtype, spec.w_dtype, spec.w_scale.value, spec.w_scale_dtype,
-            spec.w_zero_point.value, spec.out_dtype)
+    return (spec.gemm_type.value, spec.a_dtype, spec.a_scale.value, spec.a_scale_dtype or "", spec.w_dtype,
+            spec.w_scale.value, spec.w_scale_dtype, spec.w_zero_point.value, spec.out_dtype)
 
 
 def _dtype_list(pairing: str, field: str, value, *, tie_allowed: bool) -> tuple[str, ...] | None:
@@ -217,6 +231,9 @@ def _parse_pairing(entry: dict) -> Pairing:
         archs=tuple(entry["archs"]),
         gemm_type=_enum_list(name, "gemm_type", GemmType, entry.get("gemm_type", ["dense"])),
         a_dtype=_dtype_list(name, "a_dtype", entry["a_dtype"], tie_allowed=False),
+        a_scale=_enum_list(name, "a_scale", ActivationScale, entry.get("a_scale", ["none"])),
+        a_scale_dtype=(_dtype_list(name, "a_scale_dtype", entry["a_scale_dtype"], tie_allowed=False)
+                       if "a_scale_dtype" in entry else None),
         w_dtype=_dtype_list(name, "w_dtype", entry["w_dtype"], tie_allowed=False),
         w_scale=_enum_list(name, "w_scale", ScaleGranularity, entry.get("w_scale", ["g"])),
         w_scale_dtype=_dtype_list(name, "w_scale_dtype", entry["w_scale_dtype"], tie_allowed=True),
@@ -271,8 +288,10 @@ def is_supported(spec: GemmSpec, arch: str) -> bool:
 def describe_spec(spec: GemmSpec) -> str:
     """'a=bfloat16 w=int4 scale=group/bfloat16 zero_point=zpi out=bfloat16' (plus the gemm type
     when it is not dense)."""
+    a_text = spec.a_dtype if not spec.a_is_quantized else (
+        f"{spec.a_dtype} a_scale={spec.a_scale.name.lower()}/{spec.a_scale_dtype}")
     text = (
-        f"a={spec.a_dtype} w={spec.w_dtype} scale={spec.w_scale.name.lower()}/{spec.w_scale_dtype} "
+        f"a={a_text} w={spec.w_dtype} scale={spec.w_scale.name.lower()}/{spec.w_scale_dtype} "
         f"zero_point={spec.w_zero_point.value} out={spec.out_dtype}"
     )
     return text if spec.gemm_type is GemmType.DENSE else f"gemm_type={spec.gemm_type.value} {text}"

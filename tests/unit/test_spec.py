@@ -219,3 +219,43 @@ def test_every_tile_kind_has_one_body_that_owns_its_rules():
     assert ws.body is body_of(MmaKind.WGMMA_WS) and ws.threads == 256  # 128 consumers + the producer warpgroup
     with pytest.raises(ValueError, match="no kernel body for tile kind 'tcgen05'"):
         body_of("tcgen05")
+
+
+def test_quantized_activation_names_round_trip_and_16_bit_names_are_unchanged():
+    from humming_aot.spec import ActivationScale
+
+    tile = parse_tile_field("wgmma-ws:128x128x64_w1x4_s4")
+    fp8 = GemmSpec(a_dtype="float8e4m3", a_scale=ActivationScale.TOKEN, a_scale_dtype="float32",
+                   w_dtype="float8e4m3", w_scale_dtype="float32", out_dtype="bfloat16")
+    key = KernelKey(arch="sm90a", spec=fp8, tile=tile)
+    assert key.name == "gemm_dense_sm90a_wgmma-ws_a-e4m3-k-f32_w-e4m3-g-f32_o-bf16_128x128x64_w1x4_s4"
+    assert KernelKey.from_name(key.name) == key and fp8.a_is_quantized
+    nvfp4 = GemmSpec(a_dtype="float4e2m1", a_scale=ActivationScale.GROUP, a_scale_dtype="float8e4m3",
+                     w_dtype="float4e2m1", w_scale_dtype="float8e4m3", out_dtype="bfloat16")
+    assert KernelKey.from_name(KernelKey(arch="sm120", spec=nvfp4, tile=parse_tile_field("16x128x64_w1x2_s4")).name).spec == nvfp4
+    bf16 = "gemm_dense_sm90a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_128x128x64_w1x4_s4"
+    assert KernelKey.from_name(bf16).name == bf16 and not KernelKey.from_name(bf16).spec.a_is_quantized
+
+
+@pytest.mark.parametrize("fields,message", [
+    (dict(a_dtype="float8e4m3"), "quantized float8e4m3 activations need a_scale"),
+    (dict(a_dtype="bfloat16", a_scale="k", a_scale_dtype="float32"), "bfloat16 activations take no activation scale"),
+    (dict(a_dtype="int8", a_scale="k", a_scale_dtype="fp32"), "a known a_scale_dtype"),
+])
+def test_activation_scale_fields_must_agree_with_the_activation_dtype(fields, message):
+    from humming_aot.spec import ActivationScale
+
+    if "a_scale" in fields:
+        fields = {**fields, "a_scale": ActivationScale(fields["a_scale"])}
+    with pytest.raises(ValueError, match=message):
+        GemmSpec(w_dtype="int4", w_scale_dtype="bfloat16", out_dtype="bfloat16", **fields)
+
+
+def test_codegen_refuses_what_no_body_serves_yet():
+    from humming_aot.codegen import kernel_source
+
+    name = "gemm_dense_sm90a_wgmma-ws_a-e4m3-k-f32_w-e4m3-g-f32_o-bf16_128x128x64_w1x4_s4"
+    with pytest.raises(ValueError, match="no kernel body takes float8e4m3 activations"):
+        kernel_source(KernelKey.from_name(name))
+    with pytest.raises(ValueError, match="a grouped GEMM"):
+        kernel_source(KernelKey.from_name("gemm_grouped_sm90a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_128x128x64_w1x4_s4"))

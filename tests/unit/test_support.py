@@ -1,13 +1,14 @@
 """support.py (pairings, reasons, problem rules, README table) and arch.py (who serves a GPU)."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
 
 from humming_aot import arch as arch_mod
 from humming_aot import support
-from humming_aot.spec import DTYPE_SHORT, GemmSpec, ZeroPoint
+from humming_aot.spec import DTYPE_SHORT, ActivationScale, GemmSpec, GemmType, ZeroPoint
 
 BF16_INT4 = GemmSpec(a_dtype="bfloat16", w_dtype="int4", w_scale_dtype="bfloat16", out_dtype="bfloat16")
 BF16_INT4_ZP = GemmSpec(
@@ -105,7 +106,8 @@ def test_reason_for_bad_arch_name():
 
 
 def test_reason_for_unknown_activation_lists_allowed_ones():
-    fp8 = GemmSpec(a_dtype="float8e4m3", w_dtype="int4", w_scale_dtype="float8e4m3", out_dtype="float8e4m3")
+    fp8 = GemmSpec(a_dtype="float8e4m3", a_scale=ActivationScale.TOKEN, a_scale_dtype="float32", w_dtype="int4",
+                   w_scale_dtype="float8e4m3", out_dtype="float8e4m3")
     reason = support.why_unsupported(fp8, "sm89")
     assert "a_dtype in [float16, bfloat16] (got float8e4m3)" in reason
     assert "activation dtypes allowed on sm89: bfloat16, float16" in reason
@@ -115,7 +117,8 @@ def test_is_supported_agrees_with_why_unsupported_everywhere():
     dtypes = ["float16", "bfloat16", "int4", "uint4", "int8", "float8e4m3"]
     archs = support.supported_archs() + ["sm90", "sm100a", "sm121a"]
     for a, w, zp, arch in itertools.product(dtypes, dtypes, list(ZeroPoint), archs):
-        spec = GemmSpec(a_dtype=a, w_dtype=w, w_scale_dtype=a, w_zero_point=zp, out_dtype=a)
+        a_scale = {} if a in ("float16", "bfloat16") else dict(a_scale=ActivationScale.TOKEN, a_scale_dtype="float32")
+        spec = GemmSpec(a_dtype=a, w_dtype=w, w_scale_dtype=a, w_zero_point=zp, out_dtype=a, **a_scale)
         reason = support.why_unsupported(spec, arch)
         assert support.is_supported(spec, arch) == (reason is None)
         assert reason is None or len(reason) > 20
@@ -304,3 +307,36 @@ def test_unknown_targets_are_rejected(arch):
 def test_known_targets_cover_the_support_matrix():
     assert set(support.supported_archs()) <= set(arch_mod.known_targets())
     assert set(DTYPE_SHORT) >= {d for p in support.pairings() for d in p.a_dtype}
+
+
+# --- quantized activations and grouped GEMM types: named by the data model, no kernels yet ----
+
+FP8_TOKEN = GemmSpec(a_dtype="float8e4m3", a_scale=ActivationScale.TOKEN, a_scale_dtype="float32",
+                     w_dtype="float8e4m3", w_scale_dtype="float32", out_dtype="bfloat16")
+
+
+def test_no_pairing_allows_quantized_activations_yet_and_the_reason_says_which_field():
+    reason = support.why_unsupported(FP8_TOKEN, "sm90a")
+    assert reason is not None and "a_dtype in [" in reason and "a_scale in [none]" in reason
+    assert "a=float8e4m3 a_scale=token/float32" in support.describe_spec(FP8_TOKEN)
+
+
+def test_a_pairing_with_activation_scales_allows_exactly_its_tuples(fake_support):
+    fake_support(_pairing(name="w8a8", archs=["sm90a"], a_dtype=["float8e4m3"], a_scale=["k", "t"],
+                          a_scale_dtype=["float32"], w_dtype=["float8e4m3"], w_scale_dtype=["float32"],
+                          out_dtype=["bfloat16"]))
+    (pairing,) = support.pairings()
+    specs = pairing.specs()
+    assert {(s.a_scale, s.a_scale_dtype) for s in specs} == {(ActivationScale.TOKEN, "float32"),
+                                                            (ActivationScale.TENSOR, "float32")}
+    assert support.why_unsupported(FP8_TOKEN, "sm90a") is None
+    group = dataclasses.replace(FP8_TOKEN, a_scale=ActivationScale.GROUP)
+    assert "a_scale in [k, t] (got g)" in support.why_unsupported(group, "sm90a")
+    bf16 = GemmSpec(a_dtype="bfloat16", w_dtype="int4", w_scale_dtype="bfloat16", out_dtype="bfloat16")
+    assert "a_dtype in [float8e4m3]" in support.why_unsupported(bf16, "sm90a")
+
+
+def test_grouped_gemm_types_are_refused_with_the_pairings_field():
+    moe = dataclasses.replace(BF16_INT4, gemm_type=GemmType.GROUPED)
+    reason = support.why_unsupported(moe, "sm90a")
+    assert reason is not None and "gemm_type in [dense] (got grouped)" in reason
