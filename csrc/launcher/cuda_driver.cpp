@@ -23,7 +23,7 @@ enum class DriverStatus {
 struct DriverState {
   DriverStatus status = DriverStatus::kNotFound;
   DriverApi api{};
-  int version = 0;                     // cuDriverGetVersion, e.g. 13000; 0 when unknown
+  int version = 0;                      // cuDriverGetVersion, e.g. 13000; 0 when unknown
   CUresult init_result = CUDA_SUCCESS;  // what cuInit returned when status is kInitFailed
   std::string reason;                   // why driver() fails; empty when kReady
 };
@@ -67,8 +67,8 @@ DriverState load_driver() {
   void* handle = dlopen(kDriverLibrary, RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* error = dlerror();
-    state.reason = std::string("no NVIDIA driver was found: dlopen(\"") + kDriverLibrary + "\") failed: " +
-                   (error != nullptr ? error : "unknown error") +
+    state.reason = std::string("no NVIDIA driver was found: dlopen(\"") + kDriverLibrary +
+                   "\") failed: " + (error != nullptr ? error : "unknown error") +
                    ". Install the NVIDIA driver, or make its libcuda.so.1 visible to the dynamic loader "
                    "(ldconfig or LD_LIBRARY_PATH; in a container, start it with the NVIDIA container "
                    "runtime, e.g. --gpus all). CPU tensors need no driver.";
@@ -165,9 +165,7 @@ bool programmatic_launch_available() noexcept {
   }
 }
 
-std::string driver_unavailable_reason() {
-  return driver_state().reason;
-}
+std::string driver_unavailable_reason() { return driver_state().reason; }
 
 void throw_cuda_error(const DriverApi& api, CUresult result, const char* call, const std::string& context) {
   throw CudaError(result, error_name(api, result), error_message(api, result, call, context));

@@ -228,8 +228,7 @@ bool programmatic_launch_available() noexcept;
 std::string driver_unavailable_reason();
 
 // Throws CudaError for `result`, naming the call and its context (e.g. "kernel gemm_dense_...").
-[[noreturn]] void throw_cuda_error(const DriverApi& api, CUresult result, const char* call,
-                                   const std::string& context);
+[[noreturn]] void throw_cuda_error(const DriverApi& api, CUresult result, const char* call, const std::string& context);
 
 // Cold-path check: throws CudaError unless `result` is CUDA_SUCCESS.
 inline void check(const DriverApi& api, CUresult result, const char* call, const std::string& context) {

@@ -9,9 +9,7 @@
 namespace humming_aot::launcher {
 namespace {
 
-std::string device_text(int ordinal) {
-  return "device " + std::to_string(ordinal);
-}
+std::string device_text(int ordinal) { return "device " + std::to_string(ordinal); }
 
 }  // namespace
 
@@ -35,8 +33,7 @@ void make_primary_context_current(const cu::DriverApi& api, int ordinal, cu::CUr
       context = found->second;
     } else {
       const cu::CUdevice device = device_handle(api, ordinal);
-      cu::check(api, api.cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain",
-                device_text(ordinal));
+      cu::check(api, api.cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain", device_text(ordinal));
       primary_contexts.emplace(ordinal, context);
     }
   }

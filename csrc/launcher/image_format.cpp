@@ -83,7 +83,10 @@ std::string image_problem(const unsigned char* data, std::size_t size) {
   if (size >= 4 && read_le<std::uint32_t>(data, 0) == kFatbinMagic) {
     return fatbin_problem(data, size);
   }
-  if (size >= 4 && std::memcmp(data, "\x7f" "ELF", 4) == 0) {
+  if (size >= 4 && std::memcmp(data,
+                               "\x7f"
+                               "ELF",
+                               4) == 0) {
     return cubin_problem(data, size);
   }
   return "the image is neither a fatbin nor a cubin (expected the bytes of a .fatbin or .cubin file, got " +

@@ -80,15 +80,11 @@ std::string dim3_text(const Dim3& dim) {
   return "(" + std::to_string(dim[0]) + ", " + std::to_string(dim[1]) + ", " + std::to_string(dim[2]) + ")";
 }
 
-std::string device_text(int device) {
-  return "device " + std::to_string(device);
-}
+std::string device_text(int device) { return "device " + std::to_string(device); }
 
 // ---- The Python-visible functions ----
 
-int driver_version() {
-  return cu::driver_version();
-}
+int driver_version() { return cu::driver_version(); }
 
 std::string image_problem_of(const py::buffer& image) {
   const ByteView bytes(image);
@@ -114,8 +110,8 @@ std::uint64_t load_library(const py::buffer& image, const std::string& what) {
       data = aligned.data();
     }
     // No options: the driver copies the image, so the caller's bytes may be freed afterwards.
-    cu::check(api, api.cuLibraryLoadData(&library, data, nullptr, nullptr, 0, nullptr, nullptr, 0),
-              "cuLibraryLoadData", what);
+    cu::check(api, api.cuLibraryLoadData(&library, data, nullptr, nullptr, 0, nullptr, nullptr, 0), "cuLibraryLoadData",
+              what);
   }
   return from_handle(library);
 }
@@ -209,15 +205,15 @@ py::bytes encode_tensor_map_2d(std::uint64_t address, std::uint64_t rows, std::u
   const unsigned long long strides[1] = {row_stride_bytes};
   const unsigned int box[2] = {box_cols, box_rows};
   const unsigned int element_strides[2] = {1, 1};
-  cu::check(api,
-            api.cuTensorMapEncodeTiled(&map, cu::CU_TENSOR_MAP_DATA_TYPE_UINT16, 2,
-                                       reinterpret_cast<void*>(static_cast<std::uintptr_t>(address)), dims, strides,
-                                       box, element_strides, cu::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       cu::CU_TENSOR_MAP_SWIZZLE_128B, cu::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                       cu::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
-            "cuTensorMapEncodeTiled",
-            "a (" + std::to_string(rows) + ", " + std::to_string(cols) + ") matrix, box (" + std::to_string(box_rows) +
-                ", " + std::to_string(box_cols) + ")");
+  cu::check(
+      api,
+      api.cuTensorMapEncodeTiled(&map, cu::CU_TENSOR_MAP_DATA_TYPE_UINT16, 2,
+                                 reinterpret_cast<void*>(static_cast<std::uintptr_t>(address)), dims, strides, box,
+                                 element_strides, cu::CU_TENSOR_MAP_INTERLEAVE_NONE, cu::CU_TENSOR_MAP_SWIZZLE_128B,
+                                 cu::CU_TENSOR_MAP_L2_PROMOTION_L2_256B, cu::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+      "cuTensorMapEncodeTiled",
+      "a (" + std::to_string(rows) + ", " + std::to_string(cols) + ") matrix, box (" + std::to_string(box_rows) + ", " +
+          std::to_string(box_cols) + ")");
   return py::bytes(reinterpret_cast<const char*>(&map), sizeof(map));
 }
 
@@ -265,8 +261,8 @@ void launch(std::uint64_t kernel, const Dim3& grid, const Dim3& block, unsigned 
       attributes[count].value.clusterSchedulingPolicyPreference = cu::CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING;
       ++count;
     }
-    const cu::CUlaunchConfig config{grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, cu_stream,
-                                    attributes, count};
+    const cu::CUlaunchConfig config{grid[0],  grid[1], grid[2],   block[0],   block[1],
+                                    block[2], smem,    cu_stream, attributes, count};
     result = api.cuLaunchKernelEx(&config, function, kernel_params, nullptr);
   } else {
     result = api.cuLaunchKernel(function, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, cu_stream,
@@ -364,8 +360,7 @@ PYBIND11_MODULE(_C, m) {
         "The bytes of the __device__ / __constant__ variable `name` as loaded on `device` "
         "(cuLibraryGetGlobal + synchronous cuMemcpyDtoH; makes the device's primary context current "
         "if the thread has none).");
-  m.def("set_max_dynamic_smem", &hl::set_max_dynamic_smem, py::arg("kernel"), py::arg("device"),
-        py::arg("nbytes"),
+  m.def("set_max_dynamic_smem", &hl::set_max_dynamic_smem, py::arg("kernel"), py::arg("device"), py::arg("nbytes"),
         "cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes) for `device`.");
   m.def("kernel_attribute", &hl::kernel_attribute, py::arg("kernel"), py::arg("attribute"), py::arg("device"),
         "cuKernelGetAttribute (CUfunction_attribute values: MAX_THREADS_PER_BLOCK 0, LOCAL_SIZE_BYTES 3, "
@@ -379,9 +374,9 @@ PYBIND11_MODULE(_C, m) {
         "elements at device address `address`, rows `row_stride_bytes` apart (a multiple of 16), read in boxes of "
         "(box_rows <= 256, box_cols = 64) with the 128-byte swizzle; rows past the end read as zeros. Used by the "
         "TMA kernel bodies' Params (kernel/params.cuh, TmaGemmParams).");
-  m.def("launch", &hl::launch, py::arg("kernel"), py::arg("grid"), py::arg("block"), py::arg("smem"),
-        py::arg("stream"), py::arg("params"), py::arg("device"), py::kw_only(),
-        py::arg("programmatic_dependent_launch") = false, py::arg("cluster") = std::array<unsigned int, 3>{1, 1, 1},
+  m.def("launch", &hl::launch, py::arg("kernel"), py::arg("grid"), py::arg("block"), py::arg("smem"), py::arg("stream"),
+        py::arg("params"), py::arg("device"), py::kw_only(), py::arg("programmatic_dependent_launch") = false,
+        py::arg("cluster") = std::array<unsigned int, 3>{1, 1, 1},
         "cuLaunchKernel of a CUkernel whose single argument is a struct passed by value; `params` holds "
         "its bytes (bytes-like, not copied). grid and block are (x, y, z); smem is dynamic shared memory "
         "in bytes; stream is a CUstream as an int (torch.cuda.current_stream().cuda_stream; 0 = legacy "

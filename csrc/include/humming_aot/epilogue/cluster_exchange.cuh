@@ -44,7 +44,8 @@ __device__ __forceinline__ void arrive_relaxed() {
 // The shared::cluster address of `local` (a shared::cta address) in CTA `cta` of the cluster.
 __device__ __forceinline__ u32 map_to(u32 local, u32 cta) {
   u32 remote = local;
-  if constexpr (kAvailable) asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(cta));
+  if constexpr (kAvailable)
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(cta));
   return remote;
 }
 
@@ -70,9 +71,10 @@ __device__ __forceinline__ void fence_barrier_init() {
 // needs no fence; the receiver learns of the data from its mbarrier.
 __device__ __forceinline__ void store4_async(u32 remote, u32 remote_bar, const float (&v)[4]) {
   if constexpr (kAvailable) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(remote),
-                 "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3]), "r"(remote_bar)
-                 : "memory");
+    asm volatile(
+        "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(remote),
+        "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3]), "r"(remote_bar)
+        : "memory");
   }
 }
 
@@ -93,7 +95,9 @@ __device__ __forceinline__ void wait_byte_barrier(u32 bar) {
 
 // Four floats at `local` (a shared::cta address) of this CTA.
 __device__ __forceinline__ void load4_local(u32 local, float (&v)[4]) {
-  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "r"(local)
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
+               : "r"(local)
                : "memory");
 }
 

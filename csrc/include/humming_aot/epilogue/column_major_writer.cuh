@@ -81,8 +81,8 @@ struct ColumnMajorWriter {
 
   // Write the tile (k_splits == 1), or take part in the split-K reduction. Every thread of the CTA
   // calls this after the main loop; `staging` is shared memory no load or wgmma still uses.
-  static __device__ __forceinline__ void write(const kernel::GemmParams& p, float (&acc)[kAccumulators], int m0,
-                                               int n0, int tile_index, int* arrival_flag, char* staging) {
+  static __device__ __forceinline__ void write(const kernel::GemmParams& p, float (&acc)[kAccumulators], int m0, int n0,
+                                               int tile_index, int* arrival_flag, char* staging) {
     if (p.k_splits == 1) {
       store_tile(p, acc, m0, n0, staging);
       return;

@@ -26,7 +26,9 @@ struct KWarpReduction {
            (threadIdx.x & 31);
   }
   // Offset of value (mi, ni, e) from a lane's first float.
-  static __device__ __forceinline__ int parked_offset(int mi, int ni, int e) { return ((mi * kNTiles + ni) * 4 + e) * 32; }
+  static __device__ __forceinline__ int parked_offset(int mi, int ni, int e) {
+    return ((mi * kNTiles + ni) * 4 + e) * 32;
+  }
 
   static __device__ __forceinline__ void park(float* lane_slot, const float (&acc)[kMTiles][kNTiles][4]) {
 #pragma unroll

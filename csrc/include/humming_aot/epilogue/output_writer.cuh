@@ -60,8 +60,8 @@ struct OutputWriter {
 
   // Write the tile (k_splits == 1), or take part in the split-K reduction. Every thread of the CTA
   // calls this, each with its own fragments of the tile.
-  static __device__ __forceinline__ void write(const kernel::GemmParams& p, Accumulators& acc, int row0,
-                                               int col0, int tile_index, int* arrival_flag) {
+  static __device__ __forceinline__ void write(const kernel::GemmParams& p, Accumulators& acc, int row0, int col0,
+                                               int tile_index, int* arrival_flag) {
     if (p.k_splits == 1) {
       for_each_pair(row0, col0, [&](int mi, int ni, int half, int row, int col) {
         if (row < p.m && col < p.n) store(p, row, col, acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1]);

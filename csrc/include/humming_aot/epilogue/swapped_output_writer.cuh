@@ -48,8 +48,12 @@ struct SwappedOutputWriter {
     int m, n;
 
     __device__ __forceinline__ explicit Target(const kernel::GemmParams& p)
-        : out(static_cast<unsigned short*>(p.out)), bias(static_cast<const unsigned short*>(p.bias)), ldo(p.ldo),
-          global_scale(p.global_scale), m(p.m), n(p.n) {}
+        : out(static_cast<unsigned short*>(p.out)),
+          bias(static_cast<const unsigned short*>(p.bias)),
+          ldo(p.ldo),
+          global_scale(p.global_scale),
+          m(p.m),
+          n(p.n) {}
 
     __device__ __forceinline__ void store(int token, int col, float v) const {
       v *= global_scale;
@@ -232,7 +236,8 @@ struct SwappedOutputWriter {
     const u32 remote_bar = cluster::map_to(bar, static_cast<u32>(owner));
 #pragma unroll
     for (int j = 0; j < kTiles; ++j) {
-      cluster::store4_async(cluster::map_to(fragment(static_cast<int>(rank), j), static_cast<u32>(owner)), remote_bar, acc[j]);
+      cluster::store4_async(cluster::map_to(fragment(static_cast<int>(rank), j), static_cast<u32>(owner)), remote_bar,
+                            acc[j]);
     }
     if (owner != static_cast<int>(rank)) return true;  // warp-uniform
     const Target target(stash.p);

@@ -23,25 +23,24 @@
 
 namespace humming_aot::kernel {
 
-template <class Act,                       // Float16 or BFloat16: activation, scale and output dtype
-          class Weights,                   // numerics::IntWeights<bits> or FloatWeights<exp, man>
+template <class Act,      // Float16 or BFloat16: activation, scale and output dtype
+          class Weights,  // numerics::IntWeights<bits> or FloatWeights<exp, man>
           numerics::ZeroPointKind kZeroPoint,
-          int kBlockM,                     // output rows per CTA; 8: swapped operands, a pipeline per warp
-          int kBlockN,                     // output columns per CTA (64 per warp along N)
-          int kBlockK,                     // K per pipeline stage: 64, 128, 256 or 512
-          int kWarpsM, int kWarpsN,        // warp grid of the CTA over the output tile
-          int kWarpsK,                     // warps sharing each stage's K steps (1, 2 or 4)
-          int kStages>                     // cp.async pipeline depth
+          int kBlockM,               // output rows per CTA; 8: swapped operands, a pipeline per warp
+          int kBlockN,               // output columns per CTA (64 per warp along N)
+          int kBlockK,               // K per pipeline stage: 64, 128, 256 or 512
+          int kWarpsM, int kWarpsN,  // warp grid of the CTA over the output tile
+          int kWarpsK,               // warps sharing each stage's K steps (1, 2 or 4)
+          int kStages>               // cp.async pipeline depth
 struct DenseMmaSync {
   // M <= 8 runs the swapped operands (one mma per weight tile instead of two) in a pipeline per
   // warp, with no CTA barrier per stage; larger tiles share their stages, since their warps'
   // operands overlap much more.
-  using Mainloop = typename Select<
-      kBlockM == 8,
-      mainloop::SwappedWarpPipeline<Act, Weights, kZeroPoint, kBlockM, kBlockN, kBlockK, kWarpsM, kWarpsN, kWarpsK,
-                                    kStages>,
-      mainloop::CtaPipeline<Act, Weights, kZeroPoint, kBlockM, kBlockN, kBlockK, kWarpsM, kWarpsN, kWarpsK,
-                            kStages>>::Type;
+  using Mainloop = typename Select<kBlockM == 8,
+                                   mainloop::SwappedWarpPipeline<Act, Weights, kZeroPoint, kBlockM, kBlockN, kBlockK,
+                                                                 kWarpsM, kWarpsN, kWarpsK, kStages>,
+                                   mainloop::CtaPipeline<Act, Weights, kZeroPoint, kBlockM, kBlockN, kBlockK, kWarpsM,
+                                                         kWarpsN, kWarpsK, kStages>>::Type;
   static constexpr int kThreads = Mainloop::kThreads;
   // Small-M tiles of 8 warps run two CTAs per SM (split-K sizes its slices for that): hold
   // ptxas to the 128 registers that allows (8-bit codes with 256-wide stages would take ~135).

@@ -26,12 +26,12 @@
 
 namespace humming_aot::kernel {
 
-template <class Act,                // Float16 or BFloat16: activation, scale and output dtype
-          class Weights,            // numerics::IntWeights<bits> or FloatWeights<exp, man>
+template <class Act,      // Float16 or BFloat16: activation, scale and output dtype
+          class Weights,  // numerics::IntWeights<bits> or FloatWeights<exp, man>
           numerics::ZeroPointKind kZeroPoint,
-          int kBlockM,              // tokens per CTA: the wgmma N (64, 128 or 256)
-          int kBlockN,              // weight channels per CTA: 64 per warpgroup
-          int kStages>              // cp.async pipeline depth
+          int kBlockM,  // tokens per CTA: the wgmma N (64, 128 or 256)
+          int kBlockN,  // weight channels per CTA: 64 per warpgroup
+          int kStages>  // cp.async pipeline depth
 struct DenseWgmma {
   static constexpr int kBits = Weights::kBits;  // weight code bits: 1 to 8
   static constexpr int kBlockK = 64;
@@ -100,7 +100,7 @@ struct DenseWgmma {
     for (int it = 0; it < count; ++it) {
       memory::cp_async_wait<kAhead - 1>();
       mma::fence_shared_for_async_proxy();  // cp.async wrote the tile; wgmma reads it as the async proxy
-      __syncthreads();  // tile `it` landed for every thread; slot of tile `it - 2` is free
+      __syncthreads();                      // tile `it` landed for every thread; slot of tile `it - 2` is free
       if (it + kAhead < count) {
         loader.load(load_slot * kStageBytes);  // the loader's addresses hold smem_base
         loader.advance();

@@ -41,13 +41,13 @@
 
 namespace humming_aot::kernel {
 
-template <class Act,                 // Float16 or BFloat16: activation, scale and output dtype
-          class Weights,             // numerics::IntWeights<bits> or FloatWeights<exp, man>
+template <class Act,      // Float16 or BFloat16: activation, scale and output dtype
+          class Weights,  // numerics::IntWeights<bits> or FloatWeights<exp, man>
           numerics::ZeroPointKind kZeroPoint,
-          int kBlockM,               // tokens per CTA: the wgmma N (32, 64, 128 or 256)
-          int kBlockN,               // weight channels per CTA: 64 x kUnitsPerWarpGroup x consumer warpgroups
-          int kUnitsPerWarpGroup,    // 64-channel units each consumer warpgroup multiplies (1 or 2)
-          int kStages>               // slots of the mbarrier ring
+          int kBlockM,             // tokens per CTA: the wgmma N (32, 64, 128 or 256)
+          int kBlockN,             // weight channels per CTA: 64 x kUnitsPerWarpGroup x consumer warpgroups
+          int kUnitsPerWarpGroup,  // 64-channel units each consumer warpgroup multiplies (1 or 2)
+          int kStages>             // slots of the mbarrier ring
 struct DenseWgmmaWs {
   static constexpr int kBits = Weights::kBits;  // weight code bits: 1 to 8
   static constexpr int kBlockK = 64;
@@ -59,7 +59,8 @@ struct DenseWgmmaWs {
   static constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup, last
   static constexpr bool kHasZeroPoint = kZeroPoint != numerics::ZeroPointKind::kImplicit;
 
-  static_assert(kBlockN % 64 == 0 && (kUnitsPerWarpGroup == 1 || kUnitsPerWarpGroup == 2), "one or two units per warpgroup");
+  static_assert(kBlockN % 64 == 0 && (kUnitsPerWarpGroup == 1 || kUnitsPerWarpGroup == 2),
+                "one or two units per warpgroup");
   static_assert(kUnits % kUnitsPerWarpGroup == 0 && (kConsumerWarpGroups == 1 || kConsumerWarpGroups == 2),
                 "one or two consumer warpgroups (the register split below assumes it)");
   static_assert(kBlockM == 32 || kBlockM == 64 || kBlockM == 128 || kBlockM == 256,
@@ -177,7 +178,7 @@ struct DenseWgmmaWs {
         const u64 desc = mma::k_major_sw128_descriptor(stage_smem + 32 * kk);
 #pragma unroll
         for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
-          Mma::mma(*reinterpret_cast<float(*)[kUnitAccumulators]>(acc + u * kUnitAccumulators), a[kk & 1][u], desc);
+          Mma::mma(*reinterpret_cast<float (*)[kUnitAccumulators]>(acc + u * kUnitAccumulators), a[kk & 1][u], desc);
         }
         mma::wgmma_commit_group();
         mma::wgmma_wait_group<1>();
@@ -213,7 +214,7 @@ struct DenseWgmmaWs {
     if (threadIdx.x == 0) {
 #pragma unroll
       for (int s = 0; s < kStages; ++s) {
-        ptx::mbarrier_init(full0 + 8 * s, 1);  // the producer's arrive.expect_tx (+ the bytes)
+        ptx::mbarrier_init(full0 + 8 * s, 1);                // the producer's arrive.expect_tx (+ the bytes)
         ptx::mbarrier_init(empty0 + 8 * s, kConsumerWarps);  // lane 0 of every consumer warp
       }
       ptx::mbarrier_init(staging_barrier, 1);  // consumer thread 0, after the consumers' barrier

@@ -69,7 +69,7 @@ struct KernelMetadata {
   u32 threads;         // threads per CTA
   u32 smem_bytes;      // dynamic shared memory per CTA
   u32 block_m, block_n, block_k;
-  char name[224];           // the KernelKey name (also the kernel's symbol)
+  char name[224];  // the KernelKey name (also the kernel's symbol)
 };
 static_assert(sizeof(KernelMetadata) == 256, "KernelMetadata is read back as 256 bytes");
 

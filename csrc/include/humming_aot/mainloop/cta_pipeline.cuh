@@ -19,15 +19,15 @@ namespace humming_aot::mainloop {
 // unit and a contiguous run of kBlockK / 16 / kWarpsK of a stage's 16-wide K steps (its scales are
 // read once per group it meets, so once per stage when the group spans the run). The warps share
 // the stages: their operands overlap too much for a pipeline per warp to pay.
-template <class Act,                       // Float16 or BFloat16: activation, scale and output dtype
-          class Weights,                   // numerics::IntWeights<bits> or FloatWeights<exp, man>
+template <class Act,      // Float16 or BFloat16: activation, scale and output dtype
+          class Weights,  // numerics::IntWeights<bits> or FloatWeights<exp, man>
           numerics::ZeroPointKind kZeroPoint,
-          int kBlockM,                     // output rows per CTA: 16 * kWarpsM * m16 tiles per warp
-          int kBlockN,                     // output columns per CTA (64 per warp along N)
-          int kBlockK,                     // K per pipeline stage: 64, 128, 256 or 512
-          int kWarpsM, int kWarpsN,        // warp grid of the CTA over the output tile
-          int kWarpsK,                     // warps sharing each stage's K steps (1, 2 or 4)
-          int kStages>                     // cp.async pipeline depth
+          int kBlockM,               // output rows per CTA: 16 * kWarpsM * m16 tiles per warp
+          int kBlockN,               // output columns per CTA (64 per warp along N)
+          int kBlockK,               // K per pipeline stage: 64, 128, 256 or 512
+          int kWarpsM, int kWarpsN,  // warp grid of the CTA over the output tile
+          int kWarpsK,               // warps sharing each stage's K steps (1, 2 or 4)
+          int kStages>               // cp.async pipeline depth
 struct CtaPipeline {
   static constexpr int kBits = Weights::kBits;  // weight code bits: 1 to 8
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN * kWarpsK;
@@ -37,7 +37,7 @@ struct CtaPipeline {
   static constexpr int kUnits = kBlockN / 64;     // packed 64-column units per CTA
   static constexpr int kK16Steps = kBlockK / 16;
   static constexpr bool kHasZeroPoint = kZeroPoint != numerics::ZeroPointKind::kImplicit;
-  static constexpr int kWordsPerLane = kBits;     // stored words per (16-row K step, unit, lane)
+  static constexpr int kWordsPerLane = kBits;  // stored words per (16-row K step, unit, lane)
 
   static_assert(kBlockM % (16 * kWarpsM) == 0, "each warp needs whole m16 fragments");
   static_assert(kBlockN == 64 * kWarpsN, "one packed 64-column unit per warp along N");
@@ -178,8 +178,8 @@ struct CtaPipeline {
   // split, ptxas allocates other registers.
   template <class LoopDone>
   __device__ __forceinline__ void run(const kernel::GemmParams& p, char* smem, u32 smem_base, int m0, int n0,
-                                      int k_tile_begin, int count, int tile_index, int* arrival_flag, int,
-                                      int warp_mn, int warp_m, int warp_n, int warp_k, LoopDone&& loop_done) {
+                                      int k_tile_begin, int count, int tile_index, int* arrival_flag, int, int warp_mn,
+                                      int warp_m, int warp_n, int warp_k, LoopDone&& loop_done) {
     const Walk walk(p.group_size);
     // Every warp's run of K steps [warp_k * kSteps, + kSteps) lies in one scale row: runs and
     // groups are powers of two steps long, so a run no longer than a group never straddles one
@@ -191,9 +191,8 @@ struct CtaPipeline {
     // (the prologue's setup step), which only the first stage's compute needs.
     StageLoader loader(p, m0, n0, k_tile_begin);
     StepOffsets offsets;
-    loader.template load_prologue<kStages - 1, kStageBytes>(p, smem_base, count, [&] {
-      offsets = StepOffsets(warp_m, warp_n, warp_k, walk);
-    });
+    loader.template load_prologue<kStages - 1, kStageBytes>(
+        p, smem_base, count, [&] { offsets = StepOffsets(warp_m, warp_n, warp_k, walk); });
     float acc[kMTiles][kNTiles][4];
     Writer::zero(acc);
 

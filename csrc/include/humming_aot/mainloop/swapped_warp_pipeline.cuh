@@ -24,15 +24,15 @@ namespace humming_aot::mainloop {
 // reads, then waits for its own copies and syncs its own lanes: no CTA barrier per stage behind
 // the slowest warp. The activations of a run are copied once per warp along N. The K loop is
 // instantiated once per compute path (warp_pipeline_loop), which run() picks once per CTA.
-template <class Act,                       // Float16 or BFloat16: activation, scale and output dtype
-          class Weights,                   // numerics::IntWeights<bits> or FloatWeights<exp, man>
+template <class Act,      // Float16 or BFloat16: activation, scale and output dtype
+          class Weights,  // numerics::IntWeights<bits> or FloatWeights<exp, man>
           numerics::ZeroPointKind kZeroPoint,
-          int kBlockM,                     // output rows per CTA: 8
-          int kBlockN,                     // output columns per CTA (64 per warp along N)
-          int kBlockK,                     // K per pipeline stage: 64, 128, 256 or 512
-          int kWarpsM, int kWarpsN,        // warp grid of the CTA over the output tile: 1 x kWarpsN
-          int kWarpsK,                     // warps sharing each stage's K steps (1, 2 or 4)
-          int kStages>                     // cp.async pipeline depth
+          int kBlockM,               // output rows per CTA: 8
+          int kBlockN,               // output columns per CTA (64 per warp along N)
+          int kBlockK,               // K per pipeline stage: 64, 128, 256 or 512
+          int kWarpsM, int kWarpsN,  // warp grid of the CTA over the output tile: 1 x kWarpsN
+          int kWarpsK,               // warps sharing each stage's K steps (1, 2 or 4)
+          int kStages>               // cp.async pipeline depth
 struct SwappedWarpPipeline {
   static constexpr int kBits = Weights::kBits;  // weight code bits: 1 to 8
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN * kWarpsK;
@@ -81,8 +81,8 @@ struct SwappedWarpPipeline {
 
   // Everything a warp reads from shared memory for one 16-row K step.
   struct StepFragments {
-    u32 a[kMTiles][2];        // the k16n8 B fragment of the 8 tokens
-    u32 w[kWordsPerLane];     // the lane's stored weight words of the warp's unit
+    u32 a[kMTiles][2];     // the k16n8 B fragment of the 8 tokens
+    u32 w[kWordsPerLane];  // the lane's stored weight words of the warp's unit
   };
 
   using Pairs = typename Dequantizer::Pairs;
@@ -232,8 +232,8 @@ struct SwappedWarpPipeline {
     }
     if constexpr (kFoldsOffset && !kRunOffset) {
       // the A fragment order of the swapped mma below: (h, r) = (0, 0), (1, 0), (0, 1), (1, 1)
-      const u32 offset_frag[4] = {Dequantizer::offset_pair(0), Dequantizer::offset_pair(2),
-                                  Dequantizer::offset_pair(1), Dequantizer::offset_pair(3)};
+      const u32 offset_frag[4] = {Dequantizer::offset_pair(0), Dequantizer::offset_pair(2), Dequantizer::offset_pair(1),
+                                  Dequantizer::offset_pair(3)};
       mma::mma_m16n8k16<Act>(offset, offset_frag, f.a[0]);
     }
 #pragma unroll
@@ -261,7 +261,6 @@ struct SwappedWarpPipeline {
       const u32 a_frag[4] = {b_frag[0][0], b_frag[1][0], b_frag[0][1], b_frag[1][1]};
       mma::mma_m16n8k16<Act>(acc[0][j], a_frag, f.a[0]);
     }
-
   }
 
   // Multiply this warp's K steps of one staged K tile into its accumulators; the shared-memory
@@ -285,7 +284,8 @@ struct SwappedWarpPipeline {
                                                     float (&upper_offset)[4]) {
     u32 a[4];
     memory::ldmatrix_x4(a, stage_smem + off.pair_a);
-    float d[4] = {0.f, 0.f, 0.f, 0.f};  // (step g, token 0 | 1, h = 0 | 1): d[0] t0 h0, d[1] t0 h1, d[2] t1 h0, d[3] t1 h1
+    float d[4] = {0.f, 0.f, 0.f,
+                  0.f};  // (step g, token 0 | 1, h = 0 | 1): d[0] t0 h0, d[1] t0 h1, d[2] t1 h0, d[3] t1 h1
     mma::mma_m16n8k16<Act>(d, a, off.pair_b);
     constexpr int kValues = kOneToken ? 2 : 4;  // d[0], d[1]: token 0
 #pragma unroll
@@ -370,10 +370,10 @@ struct SwappedWarpPipeline {
 
   // The compute paths of the per-warp pipelines' K loop (compute_stage's template arguments).
   enum WarpPath : int {
-    kOneTokenPath,      // the run offset of one token (kPairOffset, M - m0 == 1)
-    kTwoTokenPath,      // the run offset of two tokens (kPairOffset, M - m0 == 2)
-    kOneScaleRowPath,   // every warp run in one scale row
-    kGroupWalkPath,     // scale rows change inside a warp run
+    kOneTokenPath,     // the run offset of one token (kPairOffset, M - m0 == 1)
+    kTwoTokenPath,     // the run offset of two tokens (kPairOffset, M - m0 == 2)
+    kOneScaleRowPath,  // every warp run in one scale row
+    kGroupWalkPath,    // scale rows change inside a warp run
   };
 
   // The K loop of the per-warp pipelines, one instance per compute path, which run() picks once
@@ -395,7 +395,7 @@ struct SwappedWarpPipeline {
         const int it = it0 + slot;
         if (slot > 0 && it >= count) break;
         memory::cp_async_wait<kStages - 2>();
-        __syncwarp();  // stage `it` landed for every lane of the warp, which alone reads its region
+        __syncwarp();                    // stage `it` landed for every lane of the warp, which alone reads its region
         if (it + kStages - 1 < count) {  // refill the slot that stage `it - 1` used
           const u32 load_offset = ((slot + kStages - 1) % kStages) * kStageBytes;
           loader.template load_known<kRunPath, kPath != kGroupWalkPath>(load_offset);

@@ -18,7 +18,8 @@ __device__ __forceinline__ u32 shared_address(const void* ptr) {
 __device__ __forceinline__ void cp_async_16(u32 smem_addr, const void* gmem, bool valid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   u32 x = 0, y = 0, z = 0, w = 0;
-  if (valid) asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(x), "=r"(y), "=r"(z), "=r"(w) : "l"(gmem));
+  if (valid)
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(x), "=r"(y), "=r"(z), "=r"(w) : "l"(gmem));
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr), "r"(x), "r"(y), "r"(z), "r"(w));
 #else
   const int src_bytes = valid ? 16 : 0;

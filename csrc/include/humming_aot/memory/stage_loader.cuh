@@ -30,15 +30,16 @@ struct StageLayout {
   static constexpr int kK16Steps = kBlockK / 16;
   static constexpr int kASubTiles = kBlockK >= 64 ? kBlockK / 64 : 1;
   static constexpr int kASubTileBytes = kBlockM * 128;
-  static constexpr int kUnits = kBlockN / 64;          // packed 64-column units per CTA
-  static constexpr int kScaleRows = kBlockK / 16;      // scale rows staged per K tile (group >= 16)
+  static constexpr int kUnits = kBlockN / 64;      // packed 64-column units per CTA
+  static constexpr int kScaleRows = kBlockK / 16;  // scale rows staged per K tile (group >= 16)
   static constexpr int kABytes = kASubTiles * kASubTileBytes;
   static constexpr int kWBytes = kBlockN * kBlockK * kBits / 8;
   static constexpr int kSBytes = kScaleRows * kBlockN * 2;
   static constexpr int kZBytes = kHasZeroPoint ? kSBytes : 0;
   static constexpr int kBytes = kABytes + kWBytes + kSBytes + kZBytes;  // every part a multiple of 16
   static_assert(kBlockN % 64 == 0, "weights are packed in 64-column units");
-  static_assert(kBlockK >= 16 && kBlockK <= 512 && (kBlockK & (kBlockK - 1)) == 0, "K runs are 16 to 512 wide, a power of two");
+  static_assert(kBlockK >= 16 && kBlockK <= 512 && (kBlockK & (kBlockK - 1)) == 0,
+                "K runs are 16 to 512 wide, a power of two");
 
   // Shared-memory byte offset of 16-byte chunk `chunk` (0 .. kBlockK / 8) of activation row `row`.
   static __device__ __forceinline__ u32 a_chunk_offset(int row, int chunk) {
@@ -71,7 +72,7 @@ struct GroupWalk {
 template <int kBlockM, int kBlockN, int kBlockK, int kBits, bool kHasZeroPoint, int kThreads, int kStageK = kBlockK>
 struct StageLoader {
   using Layout = StageLayout<kBlockM, kBlockN, kBlockK, kBits, kHasZeroPoint>;
-  static constexpr int kRowChunks = kBlockK / 8;  // 16-byte chunks per activation row
+  static constexpr int kRowChunks = kBlockK / 8;         // 16-byte chunks per activation row
   static constexpr int kAChunks = kBlockM * kRowChunks;  // 16-byte chunks per stage
   static constexpr int kWChunksPerStep = Layout::kUnits * 8 * kBits;
   static constexpr int kWChunks = Layout::kK16Steps * kWChunksPerStep;
@@ -104,28 +105,28 @@ struct StageLoader {
   // (fewer instructions in their stages, docs/PERFORMANCE.md section 16).
   static constexpr bool kOneActivationSource = kThreads == 32;
   const char* a_src[kOneActivationSource ? 1 : kAIters];  // this thread's activation chunks at the current K tile
-  i64 a_row_bytes;             // bytes between activation rows (2 lda)
-  u32 a_dst[kAIters];          // the shared-memory addresses of its chunks in stage 0
-  u32 a_valid;                 // bit it: a chunk of this thread, in a row < M
-  u32 a_bytes0;                // kOneActivationSource: pass 0's source bytes, 16 (a row < M) or 0 (zero-filled)
-  int a_iters;                 // passes with a row < M for some issuer (uniform)
-  bool a_all_rows;             // every row of the tile is < M (uniform)
-  const u32* w_src[kWIters];   // packed weight chunks at the current K tile
-  u32 w_dst;                   // shared-memory address of chunk 0 in stage 0 (chunk it is kThreads * 16 it further)
-  u32 w_issue;                 // bit it: chunk it exists
-  u32 w_valid;                 // bit it: its unit is in range (else it is zero-filled)
-  i64 w_tile_words;            // words between consecutive K tiles of the packed weight
-  const char* s_src;           // this thread's first scale chunk (pass 0) at the current K tile
+  i64 a_row_bytes;                                        // bytes between activation rows (2 lda)
+  u32 a_dst[kAIters];                                     // the shared-memory addresses of its chunks in stage 0
+  u32 a_valid;                                            // bit it: a chunk of this thread, in a row < M
+  u32 a_bytes0;               // kOneActivationSource: pass 0's source bytes, 16 (a row < M) or 0 (zero-filled)
+  int a_iters;                // passes with a row < M for some issuer (uniform)
+  bool a_all_rows;            // every row of the tile is < M (uniform)
+  const u32* w_src[kWIters];  // packed weight chunks at the current K tile
+  u32 w_dst;                  // shared-memory address of chunk 0 in stage 0 (chunk it is kThreads * 16 it further)
+  u32 w_issue;                // bit it: chunk it exists
+  u32 w_valid;                // bit it: its unit is in range (else it is zero-filled)
+  i64 w_tile_words;           // words between consecutive K tiles of the packed weight
+  const char* s_src;          // this thread's first scale chunk (pass 0) at the current K tile
   const char* z_src;
-  i64 s_row_bytes;             // bytes between scale rows (2 n)
-  i64 s_next_bytes;            // bytes from the scale rows of a K tile to those of the next K tile
-                               // that has new ones
-  u32 s_dst;                   // pass 0's shared-memory address in stage 0
-  u32 s_issue;                 // bit it: pass it's chunk exists, its row is staged and its columns < N
-  int s_iters;                 // passes that stage some row (uniform)
-  int tiles_per_row;           // K tiles per staged scale row: group / kStageK (group >= kStageK), else 1
-  int tile_in_row;             // position of the current K tile in its scale row
-  int rows;                    // scale rows staged per K tile
+  i64 s_row_bytes;    // bytes between scale rows (2 n)
+  i64 s_next_bytes;   // bytes from the scale rows of a K tile to those of the next K tile
+                      // that has new ones
+  u32 s_dst;          // pass 0's shared-memory address in stage 0
+  u32 s_issue;        // bit it: pass it's chunk exists, its row is staged and its columns < N
+  int s_iters;        // passes that stage some row (uniform)
+  int tiles_per_row;  // K tiles per staged scale row: group / kStageK (group >= kStageK), else 1
+  int tile_in_row;    // position of the current K tile in its scale row
+  int rows;           // scale rows staged per K tile
   // the loader's place, kept for load_prologue's later setup steps
   int m0_, n0_, k_tile_, k_offset_;
   u32 issuer_;
@@ -140,8 +141,8 @@ struct StageLoader {
     const int units_total = p.n >> 6;
     const i64 row_words = static_cast<i64>(units_total) * 32 * kBits;
     w_tile_words = (kStageK / 16) * row_words;
-    const u32* w = static_cast<const u32*>(p.w) + (n0 >> 6) * 32 * kBits + k_tile * w_tile_words +
-                   (k_offset / 16) * row_words;
+    const u32* w =
+        static_cast<const u32*>(p.w) + (n0 >> 6) * 32 * kBits + k_tile * w_tile_words + (k_offset / 16) * row_words;
     w_valid = w_issue = 0;
 #pragma unroll
     for (int it = 0; it < kWIters; ++it) {
@@ -254,7 +255,7 @@ struct StageLoader {
   template <bool kRowsPastM>
   __device__ __forceinline__ void load_activation_pass(u32 stage_offset, int it) const {
     if (!(kAChunks % kThreads == 0 || chunk(it) < kAChunks)) return;  // no chunk of this thread in the pass
-    if (it == 0) {  // its source is a_src[0] either way
+    if (it == 0) {                                                    // its source is a_src[0] either way
       cp_async_16_bytes(stage_offset + a_dst[0], a_src[0], a_bytes0);
       return;
     }

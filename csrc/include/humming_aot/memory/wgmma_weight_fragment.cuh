@@ -11,12 +11,12 @@
 
 namespace humming_aot::memory {
 
-template <class Act,                // Float16 or BFloat16: activation and scale dtype
-          class Weights,            // numerics::IntWeights<bits> or FloatWeights<exp, man>
+template <class Act,      // Float16 or BFloat16: activation and scale dtype
+          class Weights,  // numerics::IntWeights<bits> or FloatWeights<exp, man>
           numerics::ZeroPointKind kZeroPoint,
-          class Layout,             // StageLayout of the stage the tile is read from
-          int kBlockN,              // weight channels of the staged tile (scale row length)
-          int kBlockK>              // K of the staged tile
+          class Layout,  // StageLayout of the stage the tile is read from
+          int kBlockN,   // weight channels of the staged tile (scale row length)
+          int kBlockK>   // K of the staged tile
 struct WgmmaWeightFragment {
   static constexpr int kBits = Weights::kBits;
   static constexpr bool kHasZeroPoint = kZeroPoint != numerics::ZeroPointKind::kImplicit;
@@ -62,7 +62,7 @@ struct WgmmaWeightFragment {
       asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(stored) : "r"(w_addr));
       words[0] = Codes::one_bit_tile_word(stored, tile);
     } else if constexpr (kUnfoldOwnTileOnly) {  // load and unfold only what this warp's tile is made of
-      if (tile == 0) {  // warp-uniform
+      if (tile == 0) {                          // warp-uniform
         unfold_tile<0>(w_addr, words);
       } else if (tile == 1) {
         unfold_tile<1>(w_addr, words);

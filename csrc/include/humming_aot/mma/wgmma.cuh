@@ -20,9 +20,9 @@ namespace humming_aot::mma {
 __device__ __forceinline__ u64 k_major_sw128_descriptor(u32 smem_addr) {
   u64 desc = 0;
   desc |= static_cast<u64>((smem_addr & 0x3FFFFu) >> 4);  // start address, bits 0-13
-  desc |= static_cast<u64>(1) << 16;                       // leading byte offset: unused for swizzled K-major
-  desc |= static_cast<u64>(1024 >> 4) << 32;               // stride byte offset: next 8-row group
-  desc |= static_cast<u64>(1) << 62;                       // layout: 128-byte swizzle
+  desc |= static_cast<u64>(1) << 16;                      // leading byte offset: unused for swizzled K-major
+  desc |= static_cast<u64>(1024 >> 4) << 32;              // stride byte offset: next 8-row group
+  desc |= static_cast<u64>(1) << 62;                      // layout: 128-byte swizzle
   return desc;
 }
 
@@ -36,7 +36,9 @@ __device__ __forceinline__ void fence_shared_for_async_proxy() {
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 
 // Close the group of wgmma issued since the last commit.
-__device__ __forceinline__ void wgmma_commit_group() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit_group() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
 
 // Wait until at most kPending committed groups of this warpgroup are still running.
 template <int kPending>
@@ -52,31 +54,35 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&d)[kCount]) {
 }
 
 // Constraints of the accumulators d[i .. i + 7] (read and written).
-#define HUMMING_AOT_WGMMA_D8(i)                                                                       \
+#define HUMMING_AOT_WGMMA_D8(i)                                                                               \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
       "+f"(d[i + 7])
 #define HUMMING_AOT_WGMMA_D32(i) \
   HUMMING_AOT_WGMMA_D8(i), HUMMING_AOT_WGMMA_D8(i + 8), HUMMING_AOT_WGMMA_D8(i + 16), HUMMING_AOT_WGMMA_D8(i + 24)
 
 // The operand text of an m64nNk16 wgmma with N / 2 accumulators: {d...}, {a0..a3}, desc.
-#define HUMMING_AOT_WGMMA_OPERANDS_16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20"
-#define HUMMING_AOT_WGMMA_OPERANDS_32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36"
-#define HUMMING_AOT_WGMMA_OPERANDS_64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68"
-#define HUMMING_AOT_WGMMA_OPERANDS_128 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132"
+#define HUMMING_AOT_WGMMA_OPERANDS_16 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20"
+#define HUMMING_AOT_WGMMA_OPERANDS_32 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36"
+#define HUMMING_AOT_WGMMA_OPERANDS_64 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68"
+#define HUMMING_AOT_WGMMA_OPERANDS_128 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132"
 
 // d += a * B(desc) for N = kN and the type suffix TYPE ("bf16.bf16" or "f16.f16"); the trailing
 // "1, 1, 1, 0": scale D, no negation of A or B, B not transposed (K-major).
-#define HUMMING_AOT_WGMMA(kN, TYPE, OPERANDS, ...)                                                   \
+#define HUMMING_AOT_WGMMA(kN, TYPE, OPERANDS, ...)                                                    \
   asm volatile("wgmma.mma_async.sync.aligned.m64n" #kN "k16.f32." TYPE " " OPERANDS ", 1, 1, 1, 0;\n" \
                : __VA_ARGS__                                                                          \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc))
 
 // The same for the activation dtype Act: the instruction's type suffix follows it.
-#define HUMMING_AOT_WGMMA_FOR_ACT(kN, OPERANDS, ...)                 \
-  if constexpr (Act::kIsBFloat16) {                                    \
-    HUMMING_AOT_WGMMA(kN, "bf16.bf16", OPERANDS, __VA_ARGS__);         \
-  } else {                                                             \
-    HUMMING_AOT_WGMMA(kN, "f16.f16", OPERANDS, __VA_ARGS__);           \
+#define HUMMING_AOT_WGMMA_FOR_ACT(kN, OPERANDS, ...)           \
+  if constexpr (Act::kIsBFloat16) {                            \
+    HUMMING_AOT_WGMMA(kN, "bf16.bf16", OPERANDS, __VA_ARGS__); \
+  } else {                                                     \
+    HUMMING_AOT_WGMMA(kN, "f16.f16", OPERANDS, __VA_ARGS__);   \
   }
 
 template <class Act, int kN>

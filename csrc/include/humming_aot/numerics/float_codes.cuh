@@ -46,4 +46,3 @@ struct FloatCodes {
 };
 
 }  // namespace humming_aot::numerics
-

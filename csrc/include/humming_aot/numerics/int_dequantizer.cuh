@@ -70,8 +70,12 @@ struct IntDequantizer {
     return (static_cast<u32>(127 + e) << 7) | (static_cast<u32>(v << (7 - e)) & 0x7Fu);
   }
   // register s's magic (2^(7 - p), both lanes) and the offset fragment's pair (bias + z)
-  static HUMMING_AOT_HOST_DEVICE constexpr u32 biased_magic2(int s) { return bf16_bits_of(128 >> biased_position(s)) * 0x00010001u; }
-  static HUMMING_AOT_HOST_DEVICE constexpr u32 offset_pair(int s) { return bf16_bits_of((128 >> biased_position(s)) + kImplicitZero) * 0x00010001u; }
+  static HUMMING_AOT_HOST_DEVICE constexpr u32 biased_magic2(int s) {
+    return bf16_bits_of(128 >> biased_position(s)) * 0x00010001u;
+  }
+  static HUMMING_AOT_HOST_DEVICE constexpr u32 offset_pair(int s) {
+    return bf16_bits_of((128 >> biased_position(s)) + kImplicitZero) * 0x00010001u;
+  }
 
   template <int s>
   static __device__ __forceinline__ u32 biased_register(u32 word) {
@@ -145,7 +149,7 @@ struct IntDequantizer {
   // one row prepares them once per stage instead of once per step.
   struct Pairs {
     u32 scale_h[2];
-    u32 offset_h[2];   // magic + zero point, both lanes (kFloat: the zero point alone)
+    u32 offset_h[2];    // magic + zero point, both lanes (kFloat: the zero point alone)
     float offset_f[2];  // 2^23 + zero point (kViaFloat32 with explicit zero points)
   };
 
@@ -207,7 +211,8 @@ struct IntDequantizer {
         const int h = s >> 1, r = s & 1;
         // (word >> 4s) & code mask | magic2 (the mask also drops the bits above a code of fewer
         // than 4 bits, which unfolding leaves undefined)
-        const u32 x = masked_or<PackedCodes<kBits>::kCodeMask2, kMagic2>(words[0] >> (PackedCodes<kBits>::kRegisterSpacing * s));
+        const u32 x =
+            masked_or<PackedCodes<kBits>::kCodeMask2, kMagic2>(words[0] >> (PackedCodes<kBits>::kRegisterSpacing * s));
         frag[h][r] = finish<kScaled>(x, p, h);
       }
     } else if constexpr (!kViaFloat32) {

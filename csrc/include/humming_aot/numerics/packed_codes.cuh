@@ -33,7 +33,7 @@ HUMMING_AOT_HOST_DEVICE u32 masked_or(u32 x) {
 template <int kBits>
 struct PackedCodes {
   static_assert(kBits >= 1 && kBits <= 8, "1- to 8-bit codes");
-  static constexpr int kLaneBits = kBits <= 4 ? 4 : 8;        // padded code width
+  static constexpr int kLaneBits = kBits <= 4 ? 4 : 8;         // padded code width
   static constexpr int kPaddedWords = kLaneBits == 4 ? 4 : 8;  // per lane per 16-row K step (4 tiles)
   static constexpr u32 kOnes4 = 0x11111111u;                   // bit 0 of every nibble
   static constexpr u32 kOnes8 = 0x01010101u;                   // bit 0 of every byte
@@ -114,4 +114,3 @@ struct PackedCodes {
 };
 
 }  // namespace humming_aot::numerics
-

@@ -29,7 +29,9 @@ struct CtaBarrier {
 template <int kThreads, int kId>
 struct NamedBarrier {
   static_assert(kThreads % 32 == 0 && kId >= 1 && kId < 16, "whole warps, barrier ids 1..15");
-  static __device__ __forceinline__ void sync() { asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory"); }
+  static __device__ __forceinline__ void sync() {
+    asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
+  }
 };
 
 }  // namespace humming_aot::ptx

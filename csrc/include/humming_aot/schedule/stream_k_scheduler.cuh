@@ -42,9 +42,7 @@ struct StreamKScheduler {
     end = first_iteration(blockIdx.x + 1);
   }
 
-  __device__ __forceinline__ u32 first_iteration(u32 cta) const {
-    return cta * base + (cta < longer ? cta : longer);
-  }
+  __device__ __forceinline__ u32 first_iteration(u32 cta) const { return cta * base + (cta < longer ? cta : longer); }
   // the CTA whose range holds `iteration`
   __device__ __forceinline__ u32 cta_of(u32 iteration) const {
     const u32 in_longer = longer * (base + 1);

@@ -16,9 +16,9 @@ struct TailSplitScheduler {
   static constexpr u32 kGroupM = 8;  // M tiles per raster group
 
   int m_tile, n_tile;
-  int split_index;                  // this tile among the split tiles (valid when splits > 1)
-  int slice, splits;                // this CTA's K slice of `splits` (1: the whole of K)
-  int k_tile_begin, k_tile_end;     // this CTA's K tiles [begin, end)
+  int split_index;               // this tile among the split tiles (valid when splits > 1)
+  int slice, splits;             // this CTA's K slice of `splits` (1: the whole of K)
+  int k_tile_begin, k_tile_end;  // this CTA's K tiles [begin, end)
 
   __device__ __forceinline__ TailSplitScheduler(int m, int n, int k, int dp_ctas, int tail_splits) {
     const u32 m_tiles = (static_cast<u32>(m) + kBlockM - 1) / kBlockM;
