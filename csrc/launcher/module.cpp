@@ -256,7 +256,7 @@ void launch(std::uint64_t kernel, const Dim3& grid, const Dim3& block, unsigned 
       attributes[count].value.clusterDim = {cluster[0], cluster[1], cluster[2]};
       ++count;
       // The default (spread) placement measured 11.1 -> 16.5 us for an int1 GEMV of 4-CTA clusters on
-      // an H200, load balancing 10.7 (docs/PERFORMANCE.md section 14).
+      // an H200, load balancing 10.7 (docs/performance/log.md section 14).
       attributes[count].id = cu::CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
       attributes[count].value.clusterSchedulingPolicyPreference = cu::CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING;
       ++count;

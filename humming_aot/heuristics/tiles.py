@@ -100,7 +100,7 @@ def narrow_twin(tile: TileConfig) -> TileConfig:
     """The 64-wide-K tile that serves problems a wider (128- to 512-wide) tile does not fit
     (tile_fits); every catalog with a wider tile also holds this twin. It keeps at least 3
     stages: two 64-wide stages hold too little in flight (measured 23.8 vs 17.5 us at M = 1 on
-    an H200, docs/PERFORMANCE.md section 11), and 3 of them take less shared memory than 2 of
+    an H200, docs/performance/log.md section 11), and 3 of them take less shared memory than 2 of
     the wide tile's."""
     if tile.block_k == 64:
         return tile
@@ -114,7 +114,7 @@ def select_tile(arch: str, m: int, k: int | None = None, group: int | None = Non
     the same M that fits, else to its own 64-wide twin), and N with the device's SM count rule out
     a row whose max_tiles_per_sm the problem's output tiles exceed (the next row of the same M
     serves it): few output tiles favour a tile with fewer, larger CTAs per SM, many tiles one with
-    more CTAs (docs/PERFORMANCE.md section 23)."""
+    more CTAs (docs/performance/log.md section 23)."""
     rows = _tile_rows(arch, w_bits)
     row_m = next((max_m for max_m, _, _ in rows if m <= max_m), rows[-1][0])
     candidates = [(tile, fill) for max_m, tile, fill in rows if max_m == row_m]
@@ -145,7 +145,7 @@ def split_k_factor(*, m: int, n: int, k: int, tile: TileConfig, num_sms: int, ma
     tiles = -(-m // tile.block_m) * -(-n // tile.block_n)
     if tiles > max_tiles:
         return 1
-    # Measured on an H200 (docs/PERFORMANCE.md): filling every resident slot makes the slices so
+    # Measured on an H200 (docs/performance/log.md): filling every resident slot makes the slices so
     # short that their prologue and reduction dominate.
     slots = num_sms * max(1, min(ctas_per_sm, target_ctas_per_sm))
     return max(1, min(slots // max(tiles, 1), k // 256, 16))
@@ -153,7 +153,7 @@ def split_k_factor(*, m: int, n: int, k: int, tile: TileConfig, num_sms: int, ma
 
 # Cost of each K slice of a split tile, in K tiles of work: its partial sums' round trip through
 # the workspace, the reducing CTA's wait and the slice's own prologue, which do not shrink with
-# K (fitted to the H200 split sweeps of docs/PERFORMANCE.md section 21: 6144 x 4096 at M = 1024
+# K (fitted to the H200 split sweeps of docs/performance/log.md section 21: 6144 x 4096 at M = 1024
 # saved half of what the waves alone predicted with 2 slices of 32 K tiles).
 SLICE_COST_K_TILES = 4
 # ... and a split whose modelled saving is under 15 % of a tile is not worth the model's error.
@@ -187,7 +187,7 @@ def stream_k_ctas(*, tiles: int, k_tiles: int, slots: int, max_tiles: int) -> in
     """The persistent CTAs of the wgmma-ws body's stream-K schedule (schedule/stream_k_scheduler.cuh):
     every resident slot (`slots`) while the output tiles are fewer than the slots (less than one
     wave), else 0 for the tail split (tail_split_schedule), which needs no fix-up for the whole
-    waves. Measured on an H200 over 9 layer shapes at M = 32-512 (docs/PERFORMANCE.md section 23):
+    waves. Measured on an H200 over 9 layer shapes at M = 32-512 (docs/performance/log.md section 23):
     below one wave stream-K is as fast as the best tail split or faster at most points."""
     if tiles > max_tiles or tiles >= slots or tiles * k_tiles < slots:
         return 0

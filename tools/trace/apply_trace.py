@@ -16,7 +16,7 @@ one tensor per call, filled by trace_run.py). Lane 0 of each warp writes 20 u64 
   10 share pushed (st.async issued)   11 owner: every slice's bytes in   12 owner: summed
   13-16 end of K tiles 0-3
 The source anchors below are asserted: when the kernel changes, this script fails and names the
-anchor to update (docs/PERFORMANCE.md section 17 has what the timeline showed).
+anchor to update (docs/performance/log.md section 17 has what the timeline showed).
 """
 import pathlib
 import sys

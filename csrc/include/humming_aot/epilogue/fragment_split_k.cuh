@@ -6,7 +6,7 @@
 // sums the slices in order 0..k_splits-1 (the result does not depend on arrival order) and resets
 // the counter. Where it differs from epilogue/column_major_writer.cuh's reduction, which stores
 // the partial tile in output order: 4x fewer memory instructions, and no scattered 32-byte
-// segments, which made the reducing CTA's loads latency-bound (docs/PERFORMANCE.md section 21).
+// segments, which made the reducing CTA's loads latency-bound (docs/performance/log.md section 21).
 //
 // Workspace: (split tiles, splits, kThreads * kAccumulators) fp32; within a slice, float v of
 // thread t is at (v / 4 * kThreads + t) * 4 + v % 4. Counters: one per split tile. SM80+.

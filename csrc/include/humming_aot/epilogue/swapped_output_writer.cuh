@@ -109,7 +109,7 @@ struct SwappedOutputWriter {
   // The kernel parameters as the epilogue reads them: a copy per warp in shared memory, made at
   // the kernel's start (prepare). The parameters live in a constant bank whose cache has
   // forgotten them by the end of the K loop; read there, each was a miss of ~0.2 us on the
-  // epilogue's critical path (docs/PERFORMANCE.md section 17). in_cluster: reduces_in_cluster,
+  // epilogue's critical path (docs/performance/log.md section 17). in_cluster: reduces_in_cluster,
   // whose cluster size is a constant-bank read as well.
   struct StashedParams {
     kernel::GemmParams p;

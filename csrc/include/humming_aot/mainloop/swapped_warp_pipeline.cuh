@@ -97,7 +97,7 @@ struct SwappedWarpPipeline {
   static constexpr bool kScalesInFp32 = Dequantizer::kUnscaledExact;
   // With bf16 and the implicit zero point the codes are read with the biased decode
   // (numerics/int_dequantizer.cuh: one lop3 gives bias + q, whatever the code's bit position).
-  // The bias then leaves in one of two ways (docs/PERFORMANCE.md sections 17 and 18):
+  // The bias then leaves in one of two ways (docs/performance/log.md sections 17 and 18):
   // - codes of 3 to 7 bits: one packed fma per register pair subtracts bias + z, exactly;
   // - codes of 1 and 2 bits (kFoldsOffset): each step adds one mma of the constant (bias + z)
   //   fragment into one of two chains (even and odd steps: half the dependent mma latency),

@@ -102,7 +102,7 @@ struct StageLoader {
 
   // The per-warp loader (the swapped tile, M <= 8) keeps one activation source, pass 0's, and
   // skips passes past M with a branch; CTA-wide loaders keep one source per pass and predicate
-  // (fewer instructions in their stages, docs/PERFORMANCE.md section 16).
+  // (fewer instructions in their stages, docs/performance/log.md section 16).
   static constexpr bool kOneActivationSource = kThreads == 32;
   const char* a_src[kOneActivationSource ? 1 : kAIters];  // this thread's activation chunks at the current K tile
   i64 a_row_bytes;                                        // bytes between activation rows (2 lda)

@@ -26,7 +26,7 @@ struct WgmmaWeightFragment {
   // Folded widths: unfolding every tile of a K step to use one costs the most for 5-bit codes
   // (three of the eight byte words gather bits from five words), so 5-bit warps unfold only
   // their own tile, behind a warp-uniform branch. For 1-3, 6 and 7 bits the branch cost more than
-  // it saved (docs/PERFORMANCE.md section 10: int3 at M = 4096 went from 956 to 1110 us).
+  // it saved (docs/performance/log.md section 10: int3 at M = 4096 went from 956 to 1110 us).
   static constexpr bool kUnfoldOwnTileOnly = kBits == 5;
 
   // The padded words of tile kTile from the lane's stored words at w_addr, reading only the

@@ -1,0 +1,33 @@
+"""tools/bench/current_table.py: the generated table of current figures, from synthetic
+bench_gemm.py results (ours, Humming, cuBLAS), with its per-format summary."""
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("current_table", ROOT / "tools" / "bench" / "current_table.py")
+current_table = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(current_table)
+
+
+def _point(impl, fmt, m, us, n=4096, k=4096):
+    return (impl, fmt, n, k, m), us
+
+
+def test_cells_and_summary_come_from_the_points():
+    points = dict([
+        _point("humming_aot", "int4:g128", 32, 10.0), _point("humming", "int4:g128", 32, 12.0),
+        _point("torch_bf16", "bfloat16", 32, 15.0),
+        _point("humming_aot", "int4:g128", 64, 20.0), _point("humming", "int4:g128", 64, 15.0),
+    ])
+    text = current_table.table(points, ["a.json", "b.json"], "NVIDIA H200")
+    assert "`a.json`, `b.json` (NVIDIA H200" in text
+    assert "| 4096 x 4096 | 10.0 / 12.0 / 15.0 | 20.0 / 15.0 / - |" in text
+    # 1.2x and 0.75x: geometric mean sqrt(0.9) = 0.95, one point below 0.95x, one at or above 1.0x
+    assert "geometric mean 0.95x its speed over 2 points; 1 below 0.95x, 1 at or above 1.0x" in text
+
+
+def test_a_shape_without_our_point_shows_a_dash():
+    points = dict([_point("humming_aot", "int8:channel", 32, 5.0, n=8192),
+                   _point("humming_aot", "int8:channel", 64, 6.0, n=4096)])
+    text = current_table.table(points, ["x.json"], "dev")
+    assert "| 4096 x 4096 | - | 6.0 / - / - |" in text and "Against Humming" not in text
