@@ -16,8 +16,16 @@ class MmaSyncBody(Body):
     header = "dense_mma_sync.cuh"
     template = "DenseMmaSync"
 
+    @staticmethod
+    def swapped(tile: "TileConfig") -> bool:
+        """Whether the tile runs the swapped-operand per-warp pipeline (mainloop/swapped_warp_pipeline.cuh:
+        weights as the mma A operand, one pipeline per warp) rather than the CTA-shared one. The kernel
+        name spells it as block_m = 8, the only block_m below 16 (kernel/dense_mma_sync.cuh picks the
+        mainloop by kBlockM == 8 too)."""
+        return tile.block_m == 8
+
     def check_tile(self, tile: "TileConfig") -> None:
-        if tile.block_m % (16 * tile.warps_m) and not (tile.block_m == 8 and tile.warps_m == 1):
+        if tile.block_m % (16 * tile.warps_m) and not (self.swapped(tile) and tile.warps_m == 1):
             raise ValueError(
                 f"block_m={tile.block_m} is not a multiple of 16 * warps_m={tile.warps_m} (or 8 with one warp "
                 "along M: the swapped-operand tile for M <= 8)"
@@ -33,7 +41,7 @@ class MmaSyncBody(Body):
         return (tile.block_m, tile.block_n, tile.block_k, tile.warps_m, tile.warps_n, tile.warps_k, tile.stages)
 
     def smem_bytes(self, tile: "TileConfig", w_bits: int, has_zero_point: bool) -> int:
-        swapped = tile.block_m == 8
+        swapped = self.swapped(tile)
         if swapped:
             # one region per warp: its run of block_k / warps_k and its 64 columns (memory/stage_loader.cuh)
             run_k, columns, copies = tile.block_k // tile.warps_k, 64, tile.warps_m * tile.warps_n * tile.warps_k
@@ -58,13 +66,13 @@ class MmaSyncBody(Body):
         # mainloop/swapped_warp_pipeline.cuh; the generated source checks that both sides agree)
         from humming_aot.spec import ZeroPoint
 
-        return key.tile.block_m == 8 and not key.spec.w_is_float and key.spec.w_zero_point is not ZeroPoint.FLOAT
+        return self.swapped(key.tile) and not key.spec.w_is_float and key.spec.w_zero_point is not ZeroPoint.FLOAT
 
     def reduces_splits_in_cluster(self, key: "KernelKey") -> bool:
         # the swapped 8-row tile compiled for sm_90 or later (epilogue/cluster_exchange.cuh)
         from humming_aot.spec import parse_arch
 
-        return key.tile.block_m == 8 and parse_arch(key.arch)[0] >= 90
+        return self.swapped(key.tile) and parse_arch(key.arch)[0] >= 90
 
 
 MMA_SYNC = MmaSyncBody()
