@@ -70,7 +70,7 @@ patch("csrc/include/humming_aot/mainloop/swapped_warp_pipeline.cuh", [
                                                            unsigned long long* tr, unsigned long long& t_first) {'''),
 ('''(every_tile, loader, smem_base, count, offsets, acc);''','''(every_tile, loader, smem_base, count, offsets, acc, tr, t_first);''', 2),
 ('''(loader, smem_base, count, offsets, (1 << walk.step_shift) - 1, acc);''','''(loader, smem_base, count, offsets, (1 << walk.step_shift) - 1, acc, tr, t_first);'''),
-('''        __syncwarp();  // stage `it` landed for every lane of the warp, which alone reads its region''','''        __syncwarp();  // stage `it` landed for every lane of the warp, which alone reads its region
+('''        __syncwarp();                    // stage `it` landed for every lane of the warp, which alone reads its region''','''        __syncwarp();                    // stage `it` landed for every lane of the warp, which alone reads its region
         if (it == 0) t_first = trace::ck();'''),
 ('''          compute_stage<false>(stage_smem, offsets, row_steps_mask, acc);
         }''','''          compute_stage<false>(stage_smem, offsets, row_steps_mask, acc);
