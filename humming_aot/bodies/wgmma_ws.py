@@ -35,23 +35,18 @@ class WgmmaWsBody(Body):
             )
         if tile.stages < 2:
             raise ValueError(f"stages={tile.stages}: the wgmma-ws ring needs at least 2 slots")
-        accumulators = tile.block_m // 2 * self.units_per_warpgroup(tile)
+        accumulators = tile.block_m // 2 * tile.units_per_warpgroup
         if accumulators > 128:
             raise ValueError(
                 f"tile {tile.field}: {accumulators} fp32 accumulators per thread; the wgmma-ws body holds at most 128 "
                 "(block_m x channels per warpgroup <= 256 x 64 or 128 x 128)"
             )
 
-    @staticmethod
-    def units_per_warpgroup(tile: "TileConfig") -> int:
-        """64-channel units each consumer warpgroup multiplies (1 or 2)."""
-        return tile.block_n // 16 // tile.warps_n
-
     def threads(self, tile: "TileConfig") -> int:
         return super().threads(tile) + 128  # + the producer warpgroup
 
     def template_args(self, tile: "TileConfig") -> tuple[int, ...]:
-        return (tile.block_m, tile.block_n, self.units_per_warpgroup(tile), tile.stages)
+        return (tile.block_m, tile.block_n, tile.units_per_warpgroup, tile.stages)
 
     def smem_bytes(self, tile: "TileConfig", w_bits: int, has_zero_point: bool) -> int:
         return wgmma_smem_bytes(tile, w_bits, has_zero_point)
