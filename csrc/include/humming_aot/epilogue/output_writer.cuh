@@ -7,6 +7,7 @@
 
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/epilogue/split_k_arrival.cuh>
+#include <humming_aot/mma/mma_sync.cuh>
 #include <humming_aot/numerics/packed_half2.cuh>
 
 namespace humming_aot::epilogue {
@@ -36,14 +37,7 @@ struct OutputWriter {
     }
   }
 
-  static __device__ __forceinline__ void zero(Accumulators& acc) {
-#pragma unroll
-    for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-      for (int ni = 0; ni < kNTiles; ++ni)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
-  }
+  static __device__ __forceinline__ void zero(Accumulators& acc) { mma::zero_accumulators(acc); }
 
   static __device__ __forceinline__ void store(const kernel::GemmParams& p, int row, int col, float v0, float v1) {
     v0 *= p.global_scale;

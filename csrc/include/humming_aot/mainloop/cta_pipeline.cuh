@@ -134,8 +134,7 @@ struct CtaPipeline {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       u32 tile_words[Dequantizer::kWordsPerTile];
-#pragma unroll
-      for (int e = 0; e < Dequantizer::kWordsPerTile; ++e) tile_words[e] = padded[j * Dequantizer::kWordsPerTile + e];
+      numerics::copy_tile_words(padded, j, tile_words);
       u32 b_frag[2][2];
       Dequantizer::apply(tile_words, pairs[j], b_frag);
 #pragma unroll

@@ -239,8 +239,7 @@ struct SwappedWarpPipeline {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       u32 tile_words[Dequantizer::kWordsPerTile];
-#pragma unroll
-      for (int e = 0; e < Dequantizer::kWordsPerTile; ++e) tile_words[e] = padded[j * Dequantizer::kWordsPerTile + e];
+      numerics::copy_tile_words(padded, j, tile_words);
       u32 b_frag[2][2];
       if constexpr (kNibbleDecode && kRunOffset) {
         if (j & 1) {  // j is unrolled: one of the two
@@ -427,14 +426,7 @@ struct SwappedWarpPipeline {
     }
   }
 
-  static __device__ __forceinline__ void zero(Accumulators& acc) {
-#pragma unroll
-    for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-      for (int ni = 0; ni < kNTiles; ++ni)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
-  }
+  static __device__ __forceinline__ void zero(Accumulators& acc) { mma::zero_accumulators(acc); }
 
   bool in_cluster_;  // the split-K reduction of this CTA runs inside its cluster
 

@@ -37,4 +37,15 @@ __device__ __forceinline__ void mma_m16n8k16(float (&c)[4], const u32 (&a)[4], c
   }
 }
 
+// Zero an array of m16n8 fp32 accumulator fragments (kMTiles x kNTiles x 4 per thread).
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void zero_accumulators(float (&acc)[kMTiles][kNTiles][4]) {
+#pragma unroll
+  for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
+}
+
 }  // namespace humming_aot::mma

@@ -17,6 +17,13 @@
 
 namespace humming_aot::numerics {
 
+// The kWordsPerTile padded words of 16 x 16 tile j of one K step (the dequantizer's input).
+template <int kWordsPerTile>
+HUMMING_AOT_HOST_DEVICE void copy_tile_words(const u32* padded, int j, u32 (&tile_words)[kWordsPerTile]) {
+#pragma unroll
+  for (int e = 0; e < kWordsPerTile; ++e) tile_words[e] = padded[j * kWordsPerTile + e];
+}
+
 // (x & kMask) | kOr as one lop3 (LUT 0xEA): the dequantizers' step from a code's bits to the
 // magic number holding it.
 template <u32 kMask, u32 kOr>
