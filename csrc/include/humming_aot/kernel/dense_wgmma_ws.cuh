@@ -197,6 +197,40 @@ struct DenseWgmmaWs {
     if (count > 0 && lane == 0) ptx::mbarrier_arrive(empty0 + 8 * previous_slot);
   }
 
+  // The units of this CTA's work, each one tile's K tiles [k_begin, k_end): a stream-K range, or
+  // the one tile (or K slice of a split tile) of the tail split. One walk for both schedules keeps
+  // one copy of the producer's and the consumers' loops in the kernel.
+  struct Units {
+    StreamK range;
+    typename StreamK::Unit single;   // the tail split's unit
+    int split_index, slice, splits;  // the tail split's K slicing (splits == 1: whole tiles)
+    bool stream_k, single_left;
+
+    __device__ __forceinline__ explicit Units(const TmaGemmParams& params)
+        : range(params.gemm.m, params.gemm.n, params.gemm.k), stream_k(params.stream_k != 0), single_left(false) {
+      if (!stream_k) {
+        const Scheduler tile(params.gemm.m, params.gemm.n, params.gemm.k, params.dp_ctas, params.tail_splits);
+        single.m_tile = tile.m_tile;
+        single.n_tile = tile.n_tile;
+        single.tile = tile.split_index;
+        single.k_begin = tile.k_tile_begin;
+        single.k_end = tile.k_tile_end;
+        split_index = tile.split_index;
+        slice = tile.slice;
+        splits = tile.splits;
+        single_left = true;
+      }
+    }
+
+    __device__ __forceinline__ bool next(typename StreamK::Unit& unit) {
+      if (stream_k) return range.next(unit);
+      if (!single_left) return false;
+      unit = single;
+      single_left = false;
+      return true;
+    }
+  };
+
   static __device__ __forceinline__ void run(const TmaGemmParams& params) {
     const GemmParams& p = params.gemm;
     extern __shared__ __align__(1024) char smem_raw[];
@@ -224,30 +258,23 @@ struct DenseWgmmaWs {
     // Activations, weights and the output may belong to the previous kernel in the stream (PDL).
     schedule::wait_for_upstream_grid();
 
+    typename StreamK::Unit unit, next;
     if (warp >= kConsumerWarps) {
       ptx::warpgroup_release_registers<kProducerRegisters>();
       if (warp == kConsumerWarps && lane == 0) {
         ptx::prefetch_tensor_map(&params.a_map);
-        u32 fills = 0;
-        if (params.stream_k) {
-          StreamK work(p.m, p.n, p.k);
-          typename StreamK::Unit unit, next;
-          bool more = work.next(next);
-          u32 staging_parity = 0;
-          while (more) {
-            unit = next;
-            more = work.next(next);
-            produce(params, unit.m_tile * kBlockM, unit.n_tile * kBlockN, unit.k_begin, unit.k_end - unit.k_begin,
-                    smem_base, full0, empty0, fills);
-            if (more && unit.k_begin == 0) {  // its tile is stored through the ring: wait for that
-              ptx::mbarrier_wait(staging_barrier, staging_parity);
-              staging_parity ^= 1u;
-            }
+        Units units(params);
+        u32 fills = 0, staging_parity = 0;
+        bool more = units.next(next);
+        while (more) {
+          unit = next;
+          more = units.next(next);
+          produce(params, unit.m_tile * kBlockM, unit.n_tile * kBlockN, unit.k_begin, unit.k_end - unit.k_begin,
+                  smem_base, full0, empty0, fills);
+          if (more && unit.k_begin == 0) {  // its tile is stored through the ring: wait for that
+            ptx::mbarrier_wait(staging_barrier, staging_parity);
+            staging_parity ^= 1u;
           }
-        } else {
-          const Scheduler tile(p.m, p.n, p.k, params.dp_ctas, params.tail_splits);
-          produce(params, tile.m_tile * kBlockM, tile.n_tile * kBlockN, tile.k_tile_begin,
-                  tile.k_tile_end - tile.k_tile_begin, smem_base, full0, empty0, fills);
         }
       }
       return;
@@ -257,33 +284,28 @@ struct DenseWgmmaWs {
     const memory::GroupWalk<kBlockK> walk(p.group_size);
     float acc[kAccumulators];
     ConsumerRing ring;
-    if (!params.stream_k) {
-      const Scheduler tile(p.m, p.n, p.k, params.dp_ctas, params.tail_splits);
-      consume(tile.k_tile_end - tile.k_tile_begin, smem_base, full0, empty0, walk, ring, acc);
-      // The next kernel may now be scheduled into the slots this grid leaves as it finishes.
-      schedule::release_dependent_grid();
-      ConsumerBarrier::sync();  // every consumer warpgroup is done with the ring: the staging tile reuses it
-      if (tile.splits > 1 && !SplitK::reduce(p, acc, tile.split_index, tile.slice, tile.splits, &arrival_flag)) return;
-      Writer::store_tile(p, acc, tile.m_tile * kBlockM, tile.n_tile * kBlockN, smem);
-      return;
-    }
-
-    StreamK work(p.m, p.n, p.k);
-    typename StreamK::Unit unit, next;
-    bool more = work.next(next);
+    Units units(params);
+    bool more = units.next(next);
     while (more) {
       unit = next;
-      more = work.next(next);
+      more = units.next(next);
       consume(unit.k_end - unit.k_begin, smem_base, full0, empty0, walk, ring, acc);
+      // The next kernel may now be scheduled into the slots this grid leaves as it finishes.
       if (!more) schedule::release_dependent_grid();
-      if (unit.k_begin > 0) {  // a later part of a tile whose head another CTA holds
-        Fixup::publish(p, acc, blockIdx.x, p.tile_counters + unit.tile);
-        continue;
-      }
-      if (unit.k_end < static_cast<int>(work.k_tiles)) {
-        Fixup::accumulate(p, acc, blockIdx.x + 1, work.partials_of(unit.tile), p.tile_counters + unit.tile);
+      if (units.stream_k) {
+        if (unit.k_begin > 0) {  // a later part of a tile whose head another CTA holds
+          Fixup::publish(p, acc, blockIdx.x, p.tile_counters + unit.tile);
+          continue;
+        }
+        if (unit.k_end < static_cast<int>(units.range.k_tiles)) {
+          Fixup::accumulate(p, acc, blockIdx.x + 1, units.range.partials_of(unit.tile), p.tile_counters + unit.tile);
+        }
       }
       ConsumerBarrier::sync();  // every consumer warpgroup is done with the ring: the staging tile reuses it
+      if (!units.stream_k && units.splits > 1 &&
+          !SplitK::reduce(p, acc, units.split_index, units.slice, units.splits, &arrival_flag)) {
+        return;
+      }
       Writer::store_tile(p, acc, unit.m_tile * kBlockM, unit.n_tile * kBlockN, smem);
       if (more) {  // the producer waits for the staging tile's last read before it refills the ring
         ConsumerBarrier::sync();
