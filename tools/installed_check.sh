@@ -8,6 +8,11 @@
 #   bash tools/installed_check.sh OUTDIR        (ARCH=sm90a, CATALOG=default, JOBS=16 by default;
 #                                                PYTEST_ARGS: more pytest words, split on spaces)
 #
+# MODEL=DIR builds `humming-aot build --model DIR` (the kernels that checkpoint's layers need)
+# instead of a named catalog; TESTS (default tests/gpu) narrows the tests to what that package
+# serves, e.g. MODEL=tests/fixtures/checkpoints/gptq_4bit_actorder_v1
+# TESTS=tests/gpu/test_checkpoints_gpu.py PYTEST_ARGS="-k gptq_4bit_actorder_v1".
+#
 # Needs nvcc for the build step only, and a torch with CUDA in python3's environment (the venv sees
 # python3's packages after its own; pip gets no index but the local one). Writes OUTDIR/build.log
 # and OUTDIR/tests.log, OUTDIR/tests.xml; everything else goes to /tmp/installed_check.
@@ -21,6 +26,8 @@ OUTDIR=$(cd "$1" && pwd)
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 ARCH=${ARCH:-sm90a}
 CATALOG=${CATALOG:-default}
+MODEL=${MODEL:-}
+TESTS=${TESTS:-tests/gpu}
 JOBS=${JOBS:-16}
 WORK=/tmp/installed_check
 rm -rf "$WORK"
@@ -29,7 +36,12 @@ export PIP_CONFIG_FILE=/dev/null PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHEC
 
 {
     start=$SECONDS
-    PYTHONPATH="$REPO" python3 -m humming_aot build --arch "$ARCH" --catalog "$CATALOG" -j "$JOBS" \
+    if [[ -n "$MODEL" ]]; then
+        kernels=(--model "$(cd "$REPO" && realpath "$MODEL")")
+    else
+        kernels=(--catalog "$CATALOG")
+    fi
+    PYTHONPATH="$REPO" python3 -m humming_aot build --arch "$ARCH" "${kernels[@]}" -j "$JOBS" \
         --out "$WORK/dist" --build-dir "$WORK/build" --index "$WORK/index"
     echo "build: $((SECONDS - start)) s wall"
     ls -l "$WORK/dist"
@@ -51,7 +63,10 @@ cp "$REPO/pyproject.toml" "$WORK/"
 cd "$WORK"
 # No toolkit on PATH, no CUDA_HOME, and HUMMING_AOT_NVRTC pointing at nothing: humming_aot cannot
 # reach an NVRTC even where torch's own nvidia packages bring one.
-clean_path=$(tr ':' '\n' <<< "$PATH" | grep -v -i cuda | paste -sd: -)
+# (every PATH entry that names CUDA or holds an nvcc is dropped)
+clean_path=$(tr ':' '\n' <<< "$PATH" | grep -v -i cuda | while read -r dir; do
+    [[ -x "$dir/nvcc" ]] || echo "$dir"
+done | paste -sd: -)
 run() {
     env -u PYTHONPATH -u CUDA_HOME -u CUDA_PATH PATH="$WORK/venv/bin:$clean_path" HUMMING_AOT_JIT=0 \
         HUMMING_AOT_NVRTC=/nonexistent/libnvrtc.so "$@"
@@ -63,7 +78,7 @@ set +e
     run humming-aot info
     run humming-aot doctor
     # shellcheck disable=SC2086  # PYTEST_ARGS: extra words, e.g. "-x" or "-k catalog"
-    run python -m pytest tests/gpu -m gpu -q -p no:cacheprovider -rs --junitxml "$OUTDIR/tests.xml" ${PYTEST_ARGS:-}
+    run python -m pytest "$TESTS" -m gpu -q -p no:cacheprovider -rs --junitxml "$OUTDIR/tests.xml" ${PYTEST_ARGS:-}
 } > "$OUTDIR/tests.log" 2>&1
 rc=$?
 tail -n 30 "$OUTDIR/tests.log"
