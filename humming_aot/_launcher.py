@@ -226,3 +226,19 @@ def launch(
         kernel, grid, block, smem, stream, params, device, programmatic_dependent_launch=programmatic_dependent_launch,
         cluster=cluster,
     )
+
+
+def planned_launch(kernel: int, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, device: int,
+                   programmatic_dependent_launch: bool, cluster: tuple[int, int, int], params_template: bytes,
+                   pointer_offsets: tuple[int, ...], lda_offset: int, ldo_offset: int, global_scale_offset: int,
+                   tensor_map_offset: int):
+    """A launch of ``kernel`` with everything but its per-call fields decided (a ``_C.PlannedLaunch``):
+    ``params_template`` is its Params bytes with those fields zero, the offsets say where they go
+    (humming_aot.params_abi; -1: no tensor map). Its ``launch(stream, a, w, w_scale, w_zero_point,
+    bias, out, workspace, lda, ldo, global_scale, tensor_map)`` writes them into a copy and launches
+    as :func:`launch` would, in one call into the extension; ``params(...)`` gives those bytes."""
+    return (_extension or _c()).PlannedLaunch(
+        kernel, grid, block, smem, device, programmatic_dependent_launch, cluster, params_template, pointer_offsets,
+        lda_offset, ldo_offset, global_scale_offset, tensor_map_offset,
+    )
+

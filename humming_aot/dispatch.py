@@ -112,29 +112,18 @@ def current_stream(device_index: int) -> int:
     return torch.cuda.current_stream(device_index).cuda_stream
 
 
-def _pack_params(plan: "LaunchPlan", a: torch.Tensor, lda: int, w: torch.Tensor, w_scale: torch.Tensor,
-                 w_zero_point: torch.Tensor | None, bias: torch.Tensor | None, out: torch.Tensor, ldo: int,
-                 workspace: torch.Tensor | None, global_scale: float) -> bytes:
-    """The bytes of the kernel's one by-value argument: GemmParams (kernel/params.cuh), or for the
-    TMA body TmaGemmParams (GemmParams, its schedule and the activations' tensor map). The one
-    place that knows a params layout."""
-    params = _PARAMS.pack(
-        a.data_ptr(),
-        w.data_ptr(),
-        w_scale.data_ptr(),
-        0 if w_zero_point is None else w_zero_point.data_ptr(),
-        0 if bias is None else bias.data_ptr(),
-        out.data_ptr(),
-        0 if workspace is None else workspace.data_ptr(),
-        plan.counters_ptr,
-        lda,
-        ldo,
-        plan.m, plan.n, plan.k, plan.group_size, plan.splits, global_scale,
-    )
+def _params_template(plan: "LaunchPlan") -> bytes:
+    """The bytes of the kernel's one by-value argument with the per-call fields zero (pointers but
+    the counters', row strides, global scale, tensor map): GemmParams (kernel/params.cuh), or for
+    the TMA body TmaGemmParams (GemmParams, its schedule, padding and the activations' tensor map).
+    The one place that knows what a plan fixes in a params layout; params_abi has the offsets of
+    what a launch writes."""
+    params = _PARAMS.pack(0, 0, 0, 0, 0, 0, 0, plan.counters_ptr, 0, 0, plan.m, plan.n, plan.k, plan.group_size,
+                          plan.splits, 0.0)
     if plan.dp_ctas is None:
         return params
     return (params + _TMA_SCHEDULE.pack(plan.dp_ctas, plan.splits, 1 if plan.stream_k_ctas else 0) + _TMA_PADDING
-            + _activation_tensor_map(a, lda, plan.m, plan.k, plan.key.tile.block_m))
+            + bytes(params_abi.TMA_MAP_BYTES))
 
 
 _tensor_maps: dict[tuple[int, int, int, int, int], bytes] = {}
@@ -163,7 +152,7 @@ class LaunchPlan:
 
     __slots__ = ("key", "kernel", "m", "n", "k", "group_size", "splits", "clustered", "grid", "block",
                  "cluster", "device", "stream", "workspace_shape", "counters", "counters_ptr", "dp_ctas",
-                 "stream_k_ctas")
+                 "stream_k_ctas", "planned")
 
     def __init__(self, key: KernelKey, kernel, m: int, n: int, k: int, group_size: int, splits: int,
                  clustered: bool, device: torch.device, stream: int, dp_ctas: int | None = None,
@@ -206,6 +195,11 @@ class LaunchPlan:
                 f"kernel {kernel.name}: params are {params_bytes} bytes but the kernel takes {kernel.params_bytes}; "
                 "the Python Params layout differs from the C++ one (kernel/params.cuh)"
             )
+        self.planned = _launcher.planned_launch(
+            kernel.kernel, self.grid, self.block, kernel.smem_bytes, kernel.device, kernel.programmatic_launch,
+            self.cluster, _params_template(self), params_abi.POINTER_OFFSETS, params_abi.LDA_OFFSET,
+            params_abi.LDO_OFFSET, params_abi.GLOBAL_SCALE_OFFSET, -1 if dp_ctas is None else params_abi.TMA_MAP_OFFSET,
+        )
 
     def launch(self, a: torch.Tensor, lda: int, w: torch.Tensor, w_scale: torch.Tensor,
                w_zero_point: torch.Tensor | None, bias: torch.Tensor | None, out: torch.Tensor, ldo: int,
@@ -214,15 +208,16 @@ class LaunchPlan:
         apart, `out`'s `ldo`; the caller has checked shapes, dtypes, devices and alignment."""
         shape = self.workspace_shape
         workspace = None if shape is None else torch.empty(shape, dtype=torch.float32, device=self.device)
-        params = _pack_params(self, a, lda, w, w_scale, w_zero_point, bias, out, ldo, workspace, global_scale)
-        kernel = self.kernel
+        tensor_map = (None if self.dp_ctas is None
+                      else _activation_tensor_map(a, lda, self.m, self.k, self.key.tile.block_m))
         try:
-            _launcher.launch(
-                kernel.kernel, self.grid, self.block, kernel.smem_bytes, self.stream, params, kernel.device,
-                programmatic_dependent_launch=kernel.programmatic_launch, cluster=self.cluster,
+            self.planned.launch(
+                self.stream, a.data_ptr(), w.data_ptr(), w_scale.data_ptr(),
+                0 if w_zero_point is None else w_zero_point.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                out.data_ptr(), 0 if workspace is None else workspace.data_ptr(), lda, ldo, global_scale, tensor_map,
             )
         except Exception as error:
-            error.add_note(f"launching kernel {kernel.name} on device {kernel.device}")
+            error.add_note(f"launching kernel {self.kernel.name} on device {self.kernel.device}")
             raise
 
 

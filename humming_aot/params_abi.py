@@ -26,3 +26,10 @@ TMA_MAP_OFFSET = 128
 TMA_MAP_BYTES = 128
 TMA_PADDING = bytes(TMA_MAP_OFFSET - GEMM_PARAMS.size - TMA_SCHEDULE.size)
 TMA_PARAMS_BYTES = TMA_MAP_OFFSET + TMA_MAP_BYTES
+
+# Byte offsets of the fields a launch fills in per call (the rest of the Params bytes are fixed
+# per launch plan): the launcher's PlannedLaunch writes them into a copy of the plan's template.
+POINTER_OFFSETS = tuple(8 * i for i in range(7))  # a, w, w_scale, w_zero_point, bias, out, workspace
+LDA_OFFSET = struct.calcsize("<8Q")
+LDO_OFFSET = struct.calcsize("<8Qq")
+GLOBAL_SCALE_OFFSET = struct.calcsize("<8Q2q5i")

@@ -217,19 +217,16 @@ py::bytes encode_tensor_map_2d(std::uint64_t address, std::uint64_t rows, std::u
   return py::bytes(reinterpret_cast<const char*>(&map), sizeof(map));
 }
 
-void launch(std::uint64_t kernel, const Dim3& grid, const Dim3& block, unsigned int smem, std::uint64_t stream,
-            const py::buffer& params, int device, bool programmatic_dependent_launch, const Dim3& cluster) {
-  const auto function = to_handle<cu::CUfunction>(kernel, "kernel");
-  const ByteView param_bytes(params);
-  if (param_bytes.size() == 0) {
-    throw py::value_error("launch: params is empty; pass the bytes of the kernel's Params struct");
-  }
+// Launches `function` with the `size` bytes at `params` as its one by-value struct argument.
+void launch_bytes(cu::CUfunction function, const Dim3& grid, const Dim3& block, unsigned int smem,
+                  std::uint64_t stream, const unsigned char* params, std::size_t size, int device,
+                  bool programmatic_dependent_launch, const Dim3& cluster) {
   const cu::DriverApi& api = cu::driver();
   ensure_current_context(api, device);
   const auto cu_stream = reinterpret_cast<cu::CUstream>(static_cast<std::uintptr_t>(stream));
   // The kernel takes one struct by value: kernelParams holds a single pointer to its bytes, which
   // the driver copies before the launch call returns.
-  void* kernel_params[] = {const_cast<unsigned char*>(param_bytes.data())};
+  void* kernel_params[] = {const_cast<unsigned char*>(params)};
   const char* call = "cuLaunchKernel";
   cu::CUresult result;
   const bool clustered = cluster[0] * cluster[1] * cluster[2] > 1;
@@ -272,10 +269,134 @@ void launch(std::uint64_t kernel, const Dim3& grid, const Dim3& block, unsigned 
     cu::throw_cuda_error(api, result, call,
                          "grid " + dim3_text(grid) + ", block " + dim3_text(block) +
                              (clustered ? ", cluster " + dim3_text(cluster) : std::string()) + ", smem " +
-                             std::to_string(smem) + " bytes, params " + std::to_string(param_bytes.size()) +
-                             " bytes, " + device_text(device));
+                             std::to_string(smem) + " bytes, params " + std::to_string(size) + " bytes, " +
+                             device_text(device));
   }
 }
+
+void launch(std::uint64_t kernel, const Dim3& grid, const Dim3& block, unsigned int smem, std::uint64_t stream,
+            const py::buffer& params, int device, bool programmatic_dependent_launch, const Dim3& cluster) {
+  const auto function = to_handle<cu::CUfunction>(kernel, "kernel");
+  const ByteView param_bytes(params);
+  if (param_bytes.size() == 0) {
+    throw py::value_error("launch: params is empty; pass the bytes of the kernel's Params struct");
+  }
+  launch_bytes(function, grid, block, smem, stream, param_bytes.data(), param_bytes.size(), device,
+               programmatic_dependent_launch, cluster);
+}
+
+// One kernel's launch with everything but the per-call fields fixed (humming_aot.dispatch's
+// LaunchPlan holds one): the kernel, grid, block, shared memory, cluster, PDL, and a template of
+// its Params bytes. Per call only the 7 pointers, the two row strides, the global scale and (TMA
+// bodies) the activations' tensor map are written into a copy of the template. Python passes
+// the byte offsets of those fields (humming_aot/params_abi.py owns the layout), so no Params
+// layout is written down here; the constructor checks that every field lies inside the bytes.
+class PlannedLaunch {
+ public:
+  static constexpr std::size_t kMaxParamsBytes = 1024;
+  static constexpr std::size_t kTensorMapBytes = 128;
+
+  PlannedLaunch(std::uint64_t kernel, const Dim3& grid, const Dim3& block, unsigned int smem, int device,
+                bool programmatic_dependent_launch, const Dim3& cluster, const py::buffer& params_template,
+                const std::array<std::size_t, 7>& pointer_offsets, std::size_t lda_offset, std::size_t ldo_offset,
+                std::size_t global_scale_offset, std::int64_t tensor_map_offset)
+      : function_(to_handle<cu::CUfunction>(kernel, "kernel")),
+        grid_(grid),
+        block_(block),
+        smem_(smem),
+        device_(device),
+        programmatic_dependent_launch_(programmatic_dependent_launch),
+        cluster_(cluster),
+        pointer_offsets_(pointer_offsets),
+        lda_offset_(lda_offset),
+        ldo_offset_(ldo_offset),
+        global_scale_offset_(global_scale_offset),
+        tensor_map_offset_(tensor_map_offset) {
+    const ByteView bytes(params_template);
+    size_ = bytes.size();
+    if (size_ == 0 || size_ > kMaxParamsBytes) {
+      throw py::value_error("PlannedLaunch: the params template is " + std::to_string(size_) +
+                            " bytes; a Params struct is 1 to " + std::to_string(kMaxParamsBytes) + " bytes");
+    }
+    std::memcpy(template_.data(), bytes.data(), size_);
+    for (const std::size_t offset : pointer_offsets_) {
+      check_field(offset, sizeof(std::uint64_t), "a pointer");
+    }
+    check_field(lda_offset_, sizeof(std::int64_t), "lda");
+    check_field(ldo_offset_, sizeof(std::int64_t), "ldo");
+    check_field(global_scale_offset_, sizeof(float), "the global scale");
+    if (tensor_map_offset_ >= 0) {
+      check_field(static_cast<std::size_t>(tensor_map_offset_), kTensorMapBytes, "the tensor map");
+    }
+  }
+
+  using Params = std::array<unsigned char, kMaxParamsBytes>;
+
+  // Pointers in the order of GemmParams: a, w, w_scale, w_zero_point, bias, out, workspace.
+  void launch(std::uint64_t stream, std::uint64_t a, std::uint64_t w, std::uint64_t w_scale,
+              std::uint64_t w_zero_point, std::uint64_t bias, std::uint64_t out, std::uint64_t workspace,
+              std::int64_t lda, std::int64_t ldo, float global_scale, const py::object& tensor_map) const {
+    alignas(16) Params params;
+    fill(params, a, w, w_scale, w_zero_point, bias, out, workspace, lda, ldo, global_scale, tensor_map);
+    launch_bytes(function_, grid_, block_, smem_, stream, params.data(), size_, device_,
+                 programmatic_dependent_launch_, cluster_);
+  }
+
+  // The bytes launch() would pass (for tests: needs no driver).
+  py::bytes params(std::uint64_t a, std::uint64_t w, std::uint64_t w_scale, std::uint64_t w_zero_point,
+                   std::uint64_t bias, std::uint64_t out, std::uint64_t workspace, std::int64_t lda, std::int64_t ldo,
+                   float global_scale, const py::object& tensor_map) const {
+    alignas(16) Params params;
+    fill(params, a, w, w_scale, w_zero_point, bias, out, workspace, lda, ldo, global_scale, tensor_map);
+    return py::bytes(reinterpret_cast<const char*>(params.data()), size_);
+  }
+
+  std::size_t params_bytes() const { return size_; }
+
+ private:
+  void fill(Params& params, std::uint64_t a, std::uint64_t w, std::uint64_t w_scale, std::uint64_t w_zero_point,
+            std::uint64_t bias, std::uint64_t out, std::uint64_t workspace, std::int64_t lda, std::int64_t ldo,
+            float global_scale, const py::object& tensor_map) const {
+    std::memcpy(params.data(), template_.data(), size_);
+    const std::uint64_t pointers[7] = {a, w, w_scale, w_zero_point, bias, out, workspace};
+    for (std::size_t i = 0; i < 7; ++i) {
+      std::memcpy(params.data() + pointer_offsets_[i], &pointers[i], sizeof(std::uint64_t));
+    }
+    std::memcpy(params.data() + lda_offset_, &lda, sizeof(lda));
+    std::memcpy(params.data() + ldo_offset_, &ldo, sizeof(ldo));
+    std::memcpy(params.data() + global_scale_offset_, &global_scale, sizeof(global_scale));
+    if (tensor_map_offset_ >= 0) {
+      if (tensor_map.is_none()) {
+        throw py::value_error("PlannedLaunch: this kernel's Params hold a tensor map; pass its 128 bytes");
+      }
+      const ByteView map(tensor_map);
+      if (map.size() != kTensorMapBytes) {
+        throw py::value_error("PlannedLaunch: the tensor map is " + std::to_string(map.size()) +
+                              " bytes, not 128");
+      }
+      std::memcpy(params.data() + tensor_map_offset_, map.data(), kTensorMapBytes);
+    }
+  }
+
+  void check_field(std::size_t offset, std::size_t bytes, const char* what) const {
+    if (offset + bytes > size_) {
+      throw py::value_error(std::string("PlannedLaunch: ") + what + " at byte " + std::to_string(offset) +
+                            " does not fit in the " + std::to_string(size_) + "-byte params template");
+    }
+  }
+
+  cu::CUfunction function_;
+  Dim3 grid_, block_;
+  unsigned int smem_;
+  int device_;
+  bool programmatic_dependent_launch_;
+  Dim3 cluster_;
+  std::array<std::size_t, 7> pointer_offsets_;
+  std::size_t lda_offset_, ldo_offset_, global_scale_offset_;
+  std::int64_t tensor_map_offset_;
+  std::array<unsigned char, kMaxParamsBytes> template_{};
+  std::size_t size_ = 0;
+};
 
 // ---- Exceptions ----
 
@@ -374,6 +495,26 @@ PYBIND11_MODULE(_C, m) {
         "elements at device address `address`, rows `row_stride_bytes` apart (a multiple of 16), read in boxes of "
         "(box_rows <= 256, box_cols = 64) with the 128-byte swizzle; rows past the end read as zeros. Used by the "
         "TMA kernel bodies' Params (kernel/params.cuh, TmaGemmParams).");
+  py::class_<hl::PlannedLaunch>(m, "PlannedLaunch",
+                                 "One kernel's launch with its grid, block, shared memory, cluster, PDL and the "
+                                 "fixed bytes of its Params decided ahead; launch() writes the per-call fields "
+                                 "(pointers, row strides, global scale, tensor map) into a copy and launches. The "
+                                 "offsets of those fields come from humming_aot.params_abi.")
+      .def(py::init<std::uint64_t, const hl::Dim3&, const hl::Dim3&, unsigned int, int, bool, const hl::Dim3&,
+                    const py::buffer&, const std::array<std::size_t, 7>&, std::size_t, std::size_t, std::size_t,
+                    std::int64_t>(),
+           py::arg("kernel"), py::arg("grid"), py::arg("block"), py::arg("smem"), py::arg("device"),
+           py::arg("programmatic_dependent_launch"), py::arg("cluster"), py::arg("params_template"),
+           py::arg("pointer_offsets"), py::arg("lda_offset"), py::arg("ldo_offset"), py::arg("global_scale_offset"),
+           py::arg("tensor_map_offset"))
+      .def("launch", &hl::PlannedLaunch::launch,
+           "launch(stream, a, w, w_scale, w_zero_point, bias, out, workspace, lda, ldo, global_scale, tensor_map): "
+           "pointers as ints (0 for none), tensor_map the 128 bytes of the activations' CUtensorMap or None. "
+           "Asynchronous, on `stream` (a CUstream as an int).")
+      .def("params", &hl::PlannedLaunch::params,
+           "params(a, w, w_scale, w_zero_point, bias, out, workspace, lda, ldo, global_scale, tensor_map): the "
+           "Params bytes launch() would pass with these fields (needs no driver).")
+      .def_property_readonly("params_bytes", &hl::PlannedLaunch::params_bytes);
   m.def("launch", &hl::launch, py::arg("kernel"), py::arg("grid"), py::arg("block"), py::arg("smem"), py::arg("stream"),
         py::arg("params"), py::arg("device"), py::kw_only(), py::arg("programmatic_dependent_launch") = false,
         py::arg("cluster") = std::array<unsigned int, 3>{1, 1, 1},

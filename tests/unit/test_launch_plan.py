@@ -9,13 +9,26 @@ import pytest
 import torch
 
 import humming_aot
-from humming_aot import _launcher, dispatch, ops
+from humming_aot import _launcher, dispatch, ops, params_abi
 from humming_aot import obtain as kernel_obtain
 from humming_aot.kernels import LoadedKernel
 from humming_aot.spec import KernelKey, MmaKind
 
 H200 = dispatch.DeviceInfo(index=0, name="fake H200", capability=(9, 0), num_sms=132, smem_per_sm=233472,
                            arches=("sm90a",))
+
+
+class ThroughLaunch:
+    """A plan's PlannedLaunch whose launch() hands the extension's own bytes (``params``, which
+    needs no driver) to ``_launcher.launch`` (faked by the tests) instead of launching."""
+
+    def __init__(self, planned, kernel, grid, block, smem, device, pdl, cluster):
+        self.planned, self.kernel, self.grid, self.block, self.smem = planned, kernel, grid, block, smem
+        self.device, self.pdl, self.cluster = device, pdl, cluster
+
+    def launch(self, stream, *fields):
+        _launcher.launch(self.kernel, self.grid, self.block, self.smem, stream, self.planned.params(*fields),
+                         self.device, programmatic_dependent_launch=self.pdl, cluster=self.cluster)
 
 
 class Fakes:
@@ -31,6 +44,9 @@ class Fakes:
         monkeypatch.setattr(kernel_obtain, "select_key", self.select_key)
         monkeypatch.setattr(kernel_obtain, "load", self.load)
         monkeypatch.setattr(_launcher, "launch", self.launch)
+        real_planned_launch = _launcher.planned_launch
+        monkeypatch.setattr(_launcher, "planned_launch",
+                            lambda *args: ThroughLaunch(real_planned_launch(*args), *args[:7]))
         monkeypatch.setattr(_launcher, "encode_tensor_map_2d", self.encode_tensor_map_2d)
         monkeypatch.setattr(_launcher, "kernel_attribute", self.kernel_attribute)
         dispatch._tensor_maps.clear()
@@ -335,3 +351,36 @@ def test_default_plan_at_m_128_picks_the_row_and_stream_k_by_tiles_per_sm(monkey
     plan = next(iter(dispatch._plans.values()))
     assert plan.key.tile.mma is MmaKind.WGMMA_WS and plan.key.tile.threads == threads
     assert call["grid"] == (ctas, 1, 1) and struct.unpack_from("<3i", call["params"], 104)[2] == 1
+
+
+def _planned(template: bytes, tensor_map_offset: int = -1):
+    return _launcher.planned_launch(
+        7, (3, 1, 1), (128, 1, 1), 0, 0, True, (1, 1, 1), template, params_abi.POINTER_OFFSETS,
+        params_abi.LDA_OFFSET, params_abi.LDO_OFFSET, params_abi.GLOBAL_SCALE_OFFSET, tensor_map_offset,
+    )
+
+
+def test_the_launchers_planned_params_are_the_struct_packing():
+    """PlannedLaunch (C++) writes each per-call field where params_abi says, over the plan's template."""
+    template = dispatch._PARAMS.pack(0, 0, 0, 0, 0, 0, 0, 0xC0117, 0, 0, 5, 256, 512, 128, 2, 0.0)
+    fields = (0xA0, 0xB0, 0xC0, 0, 0xE0, 0xF0, 0x100, 512, 256, 0.375)
+    expected = dispatch._PARAMS.pack(*fields[:7], 0xC0117, fields[7], fields[8], 5, 256, 512, 128, 2, fields[9])
+    assert _planned(template).params(*fields, None) == expected
+    tma_template = template + bytes(params_abi.TMA_PARAMS_BYTES - len(template))
+    tensor_map = bytes(range(128))
+    tma = _planned(tma_template, params_abi.TMA_MAP_OFFSET).params(*fields, tensor_map)
+    assert tma[:len(expected)] == expected and tma[params_abi.TMA_MAP_OFFSET:] == tensor_map
+
+
+def test_the_launchers_planned_launch_refuses_bad_layouts_and_maps():
+    template = bytes(dispatch._PARAMS.size)
+    fields = (1, 2, 3, 4, 5, 6, 7, 8, 9, 1.0)
+    with pytest.raises(ValueError, match="the tensor map at byte 128 does not fit in the 104-byte params template"):
+        _planned(template, params_abi.TMA_MAP_OFFSET)
+    with pytest.raises(ValueError, match="the params template is 0 bytes"):
+        _planned(b"")
+    tma = _planned(bytes(params_abi.TMA_PARAMS_BYTES), params_abi.TMA_MAP_OFFSET)
+    with pytest.raises(ValueError, match="this kernel's Params hold a tensor map; pass its 128 bytes"):
+        tma.params(*fields, None)
+    with pytest.raises(ValueError, match="the tensor map is 64 bytes, not 128"):
+        tma.params(*fields, bytes(64))

@@ -113,9 +113,9 @@ patch("csrc/include/humming_aot/epilogue/swapped_output_writer.cuh", [
       if (token < target.m''' % (CK % 12)),
 ])
 patch("humming_aot/dispatch.py", [
-('''        params = _pack_params(self,''','''        if self.clustered and TRACE_SLOTS:
+('''        tensor_map = (None if self.dp_ctas is None''','''        if self.clustered and TRACE_SLOTS:
             workspace = TRACE_SLOTS.pop(0)
-        params = _pack_params(self,'''),
+        tensor_map = (None if self.dp_ctas is None'''),
 ('''@functools.cache
 def device_info''','''TRACE_SLOTS = []  # trace hack
 
