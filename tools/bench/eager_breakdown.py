@@ -5,7 +5,9 @@ The eager path (ops.gemm -> ops._gemm_planned -> LaunchPlan.launch -> the launch
 does a guard, argument checks, a plan lookup, one output allocation and one launch. This times each
 piece on its own (``--calls`` calls, best of ``--repeats``; pieces that launch end with a
 synchronize) beside F.linear, so a change to the path can say which piece it moved. M = 1, bf16,
-N = K = --n (default 256) plus the whole call at 4096 x 4096 int4:g128.
+N = K = --n (default 256); then at --big-n x --big-k (4096 x 4096 int4:g128) ops.gemm and F.linear
+eager and in a CUDA graph, beside the floor of any eager call: one output allocation and one
+launch of the planned kernel, with no checks.
 
     PYTHONPATH=. python3 tools/bench/eager_breakdown.py --json breakdown.json
 """
@@ -103,10 +105,61 @@ def pieces(n: int, fmt: str) -> dict[str, tuple[Callable[[], Any], bool]]:
     }
 
 
+def graph_per_call_us(fn: Callable[[], Any], calls: int = 200, replays: int = 20) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(replays):
+        graph.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / (replays * calls) * 1e6
+
+
+def floor_rows(n: int, k: int, fmt: str, calls: int, repeats: int) -> list[dict[str, Any]]:
+    """At N x K, M = 1: ops.gemm eager and in a graph, beside the least any eager call must do (one
+    output allocation and one launch of the planned kernel, no checks), and F.linear likewise."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    weight = (torch.randn(n, k, device="cuda", generator=gen) * 0.05).to(torch.bfloat16)
+    packed = humming_aot.pack(humming_aot.quantize(weight, fmt), act_dtype=torch.bfloat16)
+    a = torch.randn(1, k, device="cuda", generator=gen).to(torch.bfloat16)
+    ops.gemm(a, packed)
+    plan = next(p for p in ops._plans.values() if p.n == n and p.k == k and p.m == 1)
+    stream = dispatch.current_stream(0)
+    fixed = (a.data_ptr(), packed.w.data_ptr(), packed.w_scale.data_ptr(), 0, 0)
+
+    def floor():
+        out = torch.empty(1, n, dtype=torch.bfloat16, device="cuda")
+        plan.planned.launch(stream, *fixed, out.data_ptr(), 0, k, n, packed.global_scale, None)
+        return out
+
+    if plan.workspace_shape is not None:
+        floor = None  # a workspace plan allocates twice: no single floor to state
+    rows = []
+    cases = {"ops.gemm": lambda: ops.gemm(a, packed), "F.linear": lambda: F.linear(a, weight)}
+    if floor is not None:
+        cases["allocation + launch only"] = floor
+    for name, fn in cases.items():
+        eager = per_call_us(fn, calls, repeats, True)
+        graph = graph_per_call_us(fn)
+        rows.append({"piece": f"{n}x{k} M=1 {name}: eager", "us_per_call": round(eager, 3)})
+        rows.append({"piece": f"{n}x{k} M=1 {name}: graph", "us_per_call": round(graph, 3)})
+        print(f"{eager:8.3f} us eager, {graph:8.3f} us graph ({eager / graph:.2f}x)  {n}x{k} M=1 {name}")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=256)
     parser.add_argument("--format", dest="fmt", default="int4:g128")
+    parser.add_argument("--big-n", type=int, default=4096)
+    parser.add_argument("--big-k", type=int, default=4096)
     parser.add_argument("--calls", type=int, default=5000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", dest="json_path", default=None)
@@ -119,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         us = per_call_us(fn, args.calls, args.repeats, sync)
         rows.append({"piece": name, "us_per_call": round(us, 3)})
         print(f"{us:8.3f} us  {name}")
+    rows += floor_rows(args.big_n, args.big_k, args.fmt, args.calls, args.repeats)
     if args.json_path:
         Path(args.json_path).write_text(json.dumps({
             "benchmark": "eager_breakdown", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
