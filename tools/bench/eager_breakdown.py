@@ -97,6 +97,10 @@ def pieces(n: int, fmt: str) -> dict[str, tuple[Callable[[], Any], bool]]:
             lambda: plan.launch(a, n, packed.w, packed.w_scale, None, None, out, n, packed.global_scale), True),
         "PlannedLaunch.launch (ints ready)": (lambda: plan.planned.launch(stream, *ints), True),
         "old: struct pack + keyword launch": (old_launch, True),
+        "_launcher.launch without PDL (cuLaunchKernel where no cluster)": (
+            lambda: humming_aot._launcher.launch(kernel.kernel, plan.grid, plan.block, kernel.smem_bytes, stream,
+                                                 params, kernel.device, programmatic_dependent_launch=False,
+                                                 cluster=plan.cluster), True),
         "_launcher.launch (bytes ready)": (
             lambda: humming_aot._launcher.launch(kernel.kernel, plan.grid, plan.block, kernel.smem_bytes, stream,
                                                  params, kernel.device,
