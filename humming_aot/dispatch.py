@@ -287,6 +287,11 @@ def launch_plan(spec: GemmSpec, device_index: int, stream: int, m: int, n: int, 
             stream_k_ctas = stream_k
     elif tile.mma is MmaKind.WGMMA_WS:  # a forced split count: every tile split (tests, tuning)
         dp_ctas = 0 if splits > 1 else tiles
+    if not tile.body.splits_k:
+        if splits not in (None, 1):
+            raise ValueError(f"splits={splits}: tile {tile.label} ({tile.mma.value} body) sums all of K in one CTA; "
+                             "pass splits=None or 1")
+        splits = 1
     if splits is None:
         resident = heuristics.ctas_per_sm(tile, loaded.smem_bytes, info.smem_per_sm)
         splits = heuristics.split_k_factor(

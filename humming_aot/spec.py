@@ -108,6 +108,9 @@ class MmaKind(str, Enum):
     WGMMA = "wgmma"
     """Warpgroup-level wgmma.mma_async (sm90a only): dequantized weights from registers, activations
     from shared memory; block_m is the wgmma N (tokens), 64 weight channels per warpgroup."""
+    SIMT = "simt"
+    """The naive reference body (any arch, test-only): one warp per CTA, fp32 FMAs on the CUDA cores
+    over weights decoded by the same numerics as the tensor-core bodies."""
     WGMMA_WS = "wgmma-ws"
     """The warp-specialized wgmma body (sm90a only): a producer warpgroup feeds an mbarrier ring
     with TMA (activations, through a tensor map in the kernel's Params) and bulk copies (weights,
@@ -210,17 +213,13 @@ class TileConfig:
     # block_n: columns per CTA (mma.sync: 64 * warps_n; wgmma: 16 * warps_n, 64 per warpgroup;
     # wgmma-ws: 64 or 128 per consumer warpgroup)
     block_n: int
-    block_k: int = 64  # K per pipeline stage (mma.sync: 64, 128, 256 or 512; wgmma: 64)
+    block_k: int = 64  # K per pipeline stage (mma.sync: 64, 128, 256 or 512; wgmma: 64; simt: 16)
     warps_m: int
     warps_n: int
     warps_k: int = 1  # warps splitting each stage's K steps (their partial sums meet in shared memory)
     stages: int  # cp.async pipeline depth
 
     def __post_init__(self) -> None:
-        if self.block_k not in (64, 128, 256, 512) or (self.mma.is_wgmma and self.block_k != 64):
-            raise ValueError(
-                f"block_k={self.block_k}: the mma.sync body takes 64, 128, 256 or 512 K per stage, the wgmma body 64 (and wgmma-ws)"
-            )
         self.body.check_tile(self)
 
     @property

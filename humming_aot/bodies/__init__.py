@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING
 
 from humming_aot.bodies.base import Body
 from humming_aot.bodies.mma_sync import MMA_SYNC
+from humming_aot.bodies.simt import SIMT
 from humming_aot.bodies.wgmma import WGMMA
 from humming_aot.bodies.wgmma_ws import WGMMA_WS
 
 if TYPE_CHECKING:
     from humming_aot.spec import MmaKind
 
-BODIES: dict[str, Body] = {body.kind: body for body in (MMA_SYNC, WGMMA, WGMMA_WS)}
+BODIES: dict[str, Body] = {body.kind: body for body in (MMA_SYNC, WGMMA, WGMMA_WS, SIMT)}
 
 
 def body_of(kind: "MmaKind | str") -> Body:

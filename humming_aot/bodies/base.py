@@ -17,6 +17,7 @@ class Body:
     template: str = ""  # the C++ body template in namespace humming_aot::kernel
     params_type: str = "GemmParams"  # the C++ Params struct of kernel/params.cuh it takes
     only_arch: str | None = None  # the one arch it compiles for (wgmma: "sm90a"), or None for any
+    splits_k: bool = True  # whether its CTAs may take K slices of a tile (split-K); False: splits = 1
 
     def check_tile(self, tile: "TileConfig") -> None:
         """Raise ValueError saying what is wrong with a tile this body cannot run."""
@@ -42,6 +43,15 @@ class Body:
     def reduces_splits_in_cluster(self, key: "KernelKey") -> bool:
         """Whether split-K slices launched as one cluster sum in distributed shared memory."""
         return False
+
+
+def check_block_k(tile: "TileConfig", allowed: tuple[int, ...]) -> None:
+    """The K per pipeline stage of the tensor-core bodies (the message names every body's rule)."""
+    if tile.block_k not in allowed:
+        raise ValueError(
+            f"block_k={tile.block_k}: the mma.sync body takes 64, 128, 256 or 512 K per stage, the wgmma body 64 "
+            "(and wgmma-ws)"
+        )
 
 
 def stage_bytes(tile: "TileConfig", w_bits: int, has_zero_point: bool, run_k: int, columns: int) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from humming_aot.bodies.base import Body, stage_bytes
+from humming_aot.bodies.base import Body, check_block_k, stage_bytes
 
 if TYPE_CHECKING:
     from humming_aot.spec import KernelKey, TileConfig
@@ -25,6 +25,7 @@ class MmaSyncBody(Body):
         return tile.block_m == 8
 
     def check_tile(self, tile: "TileConfig") -> None:
+        check_block_k(tile, (64, 128, 256, 512))
         if tile.block_m % (16 * tile.warps_m) and not (self.swapped(tile) and tile.warps_m == 1):
             raise ValueError(
                 f"block_m={tile.block_m} is not a multiple of 16 * warps_m={tile.warps_m} (or 8 with one warp "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from humming_aot.bodies.base import Body
+from humming_aot.bodies.base import Body, check_block_k
 from humming_aot.bodies.wgmma import wgmma_smem_bytes
 
 if TYPE_CHECKING:
@@ -21,6 +21,7 @@ class WgmmaWsBody(Body):
     only_arch = "sm90a"
 
     def check_tile(self, tile: "TileConfig") -> None:
+        check_block_k(tile, (64,))
         if tile.block_m not in (32, 64, 128, 256):
             raise ValueError(f"block_m={tile.block_m}: the wgmma-ws body takes 32, 64, 128 or 256 tokens per CTA")
         if tile.warps_m != 1 or tile.warps_k != 1 or tile.warps_n not in (4, 8):

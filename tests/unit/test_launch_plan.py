@@ -384,3 +384,22 @@ def test_the_launchers_planned_launch_refuses_bad_layouts_and_maps():
         tma.params(*fields, None)
     with pytest.raises(ValueError, match="the tensor map is 64 bytes, not 128"):
         tma.params(*fields, bytes(64))
+
+
+def test_the_simt_reference_body_runs_one_cta_per_tile_over_all_of_k(monkeypatch):
+    """The test-only simt body takes no split-K: its plan is one CTA per 8 x 64 tile, no workspace,
+    and a forced split count is refused before any launch."""
+    from humming_aot.enumerate import parse_tile_field
+
+    fakes = Fakes(monkeypatch)
+    packed = _packed(n=192, k=512)
+    spec = ops.gemm_spec(packed)
+    tile = parse_tile_field("simt:8x64x16_w1x1_s1")
+    a = torch.randn(17, 512).bfloat16()
+    dispatch.launch_gemm(a, packed, None, spec, tile=tile)
+    (call,) = fakes.launches
+    assert call["grid"] == (3 * 3, 1, 1) and call["block"] == (32, 1, 1) and call["cluster"] == (1, 1, 1)
+    assert _fields(call["params"])[6:8] == (0, 0) and _fields(call["params"])[14] == 1  # no workspace, k_splits 1
+    with pytest.raises(ValueError, match="sums all of K in one CTA; pass splits=None or 1"):
+        dispatch.launch_gemm(a, packed, None, spec, tile=tile, splits=2)
+    assert len(fakes.launches) == 1

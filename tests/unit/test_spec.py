@@ -207,6 +207,29 @@ def test_wgmma_ws_kernels_exist_only_for_sm90a():
         KernelKey.from_name("gemm_dense_sm100a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_128x128x64_w1x4_s4")
 
 
+def test_simt_reference_tiles_round_trip_and_keep_to_one_warp():
+    """The test-only reference body (kernel/dense_simt.cuh): any arch, one warp, 64 channels, K
+    16 rows at a time, no shared memory, no split-K."""
+    from humming_aot import codegen
+
+    for name in ("gemm_dense_sm80_simt_a-bf16_w-u4-g-bf16-zpi_o-bf16_8x64x16_w1x1_s1",
+                 "gemm_dense_sm75_simt_a-f16_w-e2m1-g-f16_o-f16_3x64x16_w1x1_s1",
+                 "gemm_dense_sm120_simt_a-bf16_w-u8-g-bf16-zpf_o-bf16_16x64x16_w1x1_s1"):
+        key = KernelKey.from_name(name)
+        assert key.name == name and key.tile.mma is MmaKind.SIMT and key.tile.threads == 32
+        assert codegen.kernel_smem_bytes(key) == 0 and not key.tile.body.splits_k
+        assert not key.scales_in_fp32 and not key.reduces_splits_in_cluster
+        source = codegen.kernel_source(key)
+        assert "kernel/dense_simt.cuh" in source and f"\n    {key.tile.block_m}>;" in source
+    assert parse_tile_field("simt:8x64x16_w1x1_s1").field == "8x64x16_w1x1_s1"
+    with pytest.raises(ValueError, match="1 to 16 tokens per warp"):
+        TileConfig(mma=MmaKind.SIMT, block_m=32, block_n=64, block_k=16, warps_m=1, warps_n=1, stages=1)
+    with pytest.raises(ValueError, match="<M>x64x16_w1x1_s1"):
+        TileConfig(mma=MmaKind.SIMT, block_m=8, block_n=128, block_k=16, warps_m=1, warps_n=2, stages=1)
+    with pytest.raises(ValueError, match="the mma.sync body takes 64, 128, 256 or 512 K per stage"):
+        TileConfig(block_m=16, block_n=128, block_k=16, warps_m=1, warps_n=2, stages=3)
+
+
 def test_every_tile_kind_has_one_body_that_owns_its_rules():
     from humming_aot.bodies import BODIES, body_of
 
