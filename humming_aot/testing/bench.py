@@ -1,6 +1,6 @@
-"""The one timing helper of the project's benchmarks: CUDA-graph replays timed with CUDA events,
+"""The timing helpers of the project's benchmarks: CUDA-graph replays timed with CUDA events,
 over inputs rotated through enough buffer sets that every call starts with a cold L2, median of
-repeats.
+repeats; and host-bound eager calls timed by the wall clock (eager_per_call_us).
 
 Benchmarks never assert: a timing that cannot be taken is reported, not raised, by the caller.
 """
@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 __all__ = [
+    "eager_per_call_us",
     "l2_cache_bytes",
     "buffer_sets_for_cold_l2",
     "time_cuda_graph",
@@ -24,6 +26,25 @@ __all__ = [
 
 _TARGET_REPLAY_US = 2000.0  # auto `inner`: make one replay about this long so event overhead vanishes
 _MAX_CALLS_PER_GRAPH = 512  # bound the captured graph (its launch and memory) for tiny kernels
+
+
+def eager_per_call_us(fn: Callable[[], Any], calls: int, repeats: int, *, sync: bool = True,
+                      warmup: int = 20) -> float:
+    """Eager calls as a host issues them: best over `repeats` of (`calls` calls, then one
+    synchronize when `sync`) / calls, in us, by the wall clock, after `warmup` calls. What an
+    eager caller pays per call when the host, not the GPU, is the limit."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if sync:
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best / calls * 1e6
 
 
 def l2_cache_bytes(device: torch.device | int | None = None) -> int:

@@ -28,21 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import humming_aot  # noqa: E402
 from humming_aot import dispatch, ops  # noqa: E402
 from humming_aot.packing import PackedWeight  # noqa: E402
+from humming_aot.testing.bench import eager_per_call_us  # noqa: E402
 
 
 def per_call_us(fn: Callable[[], Any], calls: int, repeats: int, sync: bool) -> float:
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        if sync:
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best / calls * 1e6
+    return eager_per_call_us(fn, calls, repeats, sync=sync, warmup=50)
 
 
 def pieces(n: int, fmt: str) -> dict[str, tuple[Callable[[], Any], bool]]:

@@ -33,6 +33,7 @@ sys.path.insert(0, str(_REPO_ROOT))
 
 import humming_aot  # noqa: E402
 from humming_aot import ops  # noqa: E402
+from humming_aot.testing.bench import eager_per_call_us  # noqa: E402
 
 GOALS = {"ops.gemm": 1.3, "QuantizedLinear": 1.5, "graph": 1.2}
 
@@ -53,17 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def eager_us(fn: Callable[[], Any], calls: int, repeats: int) -> float:
     """Best over `repeats` of (`calls` eager calls, then one synchronize) / calls, in us."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best / calls * 1e6
+    return eager_per_call_us(fn, calls, repeats)
 
 
 def graph_us(fn: Callable[[], Any], calls: int, total_calls: int, repeats: int) -> float:
