@@ -337,6 +337,18 @@ def _enum_value(enum: type[Enum], value: str, name: str, what: str):
         raise ValueError(f"{name!r}: {what} {value!r} is not one of {allowed}") from None
 
 
+# The kernel-name grammar, versioned so that names can grow without breaking the old ones:
+#
+#   gemm_<gemm type>_<arch>_<tile kind>_<a-field>_<w-field>_o-<dtype>[_<tag>-<value>...]_<MxNxK>_<warps>_s<stages>
+#
+# Version 1: ten fields, no tagged field. A later version adds a property as a tagged field
+# "<tag>-<value>" between the output field and the tile (a schedule, an expert layout, ...),
+# left out of the name when it has its default, so every version-1 name keeps its meaning. A
+# parser that meets a tag it does not know refuses the name, naming the field and the version it
+# reads. The activation field already carries optional parts (a-<dtype>[-<scale>-<scale dtype>]).
+KEY_GRAMMAR_VERSION = 1
+_TAGGED_FIELDS: dict[str, str] = {}  # tag -> what it names; none in version 1
+
 _BLOCK_RE = re.compile(r"^(\d+)x(\d+)x(\d+)$")
 _WARPS_RE = re.compile(r"^w(\d+)x(\d+)(?:x(\d+))?$")
 _STAGES_RE = re.compile(r"^s(\d+)$")
@@ -344,11 +356,21 @@ _STAGES_RE = re.compile(r"^s(\d+)$")
 
 def _parse_name(name: str) -> KernelKey:
     fields = name.split("_")
-    if len(fields) != 10 or fields[0] != "gemm":
+    if len(fields) < 10 or fields[0] != "gemm":
         raise ValueError(
-            f"{name!r} is not a kernel name: expected 10 '_'-separated fields starting with 'gemm'"
+            f"{name!r} is not a kernel name: expected 10 '_'-separated fields starting with 'gemm' "
+            f"(kernel-name grammar version {KEY_GRAMMAR_VERSION})"
         )
-    _, gemm_type, arch, mma, a_field, w_field, o_field, block, warps, stages = fields
+    for tagged in fields[7:-3]:
+        tag = tagged.split("-", 1)[0]
+        if tag not in _TAGGED_FIELDS:
+            raise ValueError(
+                f"{name!r}: field {tagged!r} is not part of kernel-name grammar version {KEY_GRAMMAR_VERSION}, which "
+                f"this humming_aot reads (tagged fields it knows: {', '.join(sorted(_TAGGED_FIELDS)) or 'none'}); "
+                "the name may come from a newer humming_aot: build or install the catalog with this version"
+            )
+    _, gemm_type, arch, mma, a_field, w_field, o_field = fields[:7]
+    block, warps, stages = fields[-3:]
     if not a_field.startswith("a-") or not o_field.startswith("o-"):
         raise ValueError(f"{name!r}: activation and output fields must read 'a-<dtype>' and 'o-<dtype>'")
     a_parts = a_field.split("-")

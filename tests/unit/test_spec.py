@@ -71,6 +71,21 @@ def test_bad_names_raise(name):
         KernelKey.from_name(name)
 
 
+def test_a_tagged_field_of_a_later_grammar_is_refused_by_name():
+    """Kernel-name grammar version 1 has ten fields; a later version's tagged field (between the
+    output field and the tile) is refused with the field and the version this package reads, and
+    every version-1 name still parses to itself."""
+    from humming_aot.spec import KEY_GRAMMAR_VERSION
+
+    assert KEY_GRAMMAR_VERSION == 1
+    later = GOOD.replace("_o-bf16_", "_o-bf16_sched-streamk_")
+    with pytest.raises(ValueError, match="field 'sched-streamk' is not part of kernel-name grammar version 1"):
+        KernelKey.from_name(later)
+    with pytest.raises(ValueError, match="expected 10 '_'-separated fields starting with 'gemm'"):
+        KernelKey.from_name("_".join(GOOD.split("_")[:9]))
+    assert KernelKey.from_name(GOOD).name == GOOD
+
+
 def test_bad_name_message_names_the_field():
     with pytest.raises(ValueError, match="weight dtype 'q4'"):
         KernelKey.from_name(GOOD.replace("w-s4", "w-q4"))
