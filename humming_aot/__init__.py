@@ -18,7 +18,7 @@ _LAZY_ATTRS = {
     "unpack": ("humming_aot.packing", "unpack"),
     "PackedWeight": ("humming_aot.packing", "PackedWeight"),
 }
-_LAZY_MODULES = {"formats", "quant", "ops", "nn", "packing", "spec", "support", "catalog", "heuristics", "testing"}
+_LAZY_MODULES = {"formats", "quant", "ops", "nn", "moe", "packing", "spec", "support", "catalog", "heuristics", "testing"}
 
 __all__ = ["__version__", *_LAZY_ATTRS, *sorted(_LAZY_MODULES)]
 

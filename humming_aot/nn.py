@@ -1,4 +1,5 @@
-"""nn.Module front end: QuantizedLinear (a drop-in for nn.Linear with a quantized weight)."""
+"""nn.Module front end: QuantizedLinear (a drop-in for nn.Linear with a quantized weight) and
+QuantizedMoE (a mixture-of-experts MLP with quantized experts)."""
 from __future__ import annotations
 
 import torch
@@ -125,3 +126,96 @@ class QuantizedLinear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, format={self._meta['format']!r}"
+
+
+_MOE_ACTIVATIONS = ("silu", "swiglu_oai")
+
+
+class QuantizedMoE(torch.nn.Module):
+    """A mixture-of-experts MLP with quantized experts: each token's top_k experts compute
+    down(act(gate_up(x) + b1) ) + b2, and their outputs, times the routing weights, are summed.
+
+    gate_up: PackedExperts (E, 2 I, H); down: PackedExperts (E, H, I) (humming_aot.moe.pack_experts)
+    activation: "silu" (gate and up halves: silu(gate) * up, the Llama / DeepSeek / Qwen MLP) or
+                "swiglu_oai" (gpt-oss: gate and up interleaved, clamped, alpha 1.702)
+    gate_up_bias (E, 2 I), down_bias (E, H): optional, in the activation dtype (gpt-oss has them)
+
+    forward(hidden (..., H), topk_ids (M, top_k), topk_weights (M, top_k)) -> (..., H), M the
+    tokens of hidden. The experts run in the grouped contiguous layout as a loop of dense GEMMs,
+    one per expert with tokens (humming_aot.moe.expert_loop): correct on every device, with one
+    host round trip per layer; the grouped MoE kernels will take its place.
+    """
+
+    def __init__(self, gate_up, down, activation: str = "silu", gate_up_bias: torch.Tensor | None = None,
+                 down_bias: torch.Tensor | None = None):
+        super().__init__()
+        if activation not in _MOE_ACTIVATIONS:
+            raise ValueError(f"QuantizedMoE: activation {activation!r} is not one of {', '.join(_MOE_ACTIVATIONS)}")
+        if gate_up.experts != down.experts or gate_up.n != 2 * down.k or down.n != gate_up.k:
+            raise ValueError(
+                f"QuantizedMoE: gate_up must be (E, 2 I, H) and down (E, H, I) of the same E, got gate_up "
+                f"({gate_up.experts}, {gate_up.n}, {gate_up.k}) and down ({down.experts}, {down.n}, {down.k})"
+            )
+        if gate_up.act_dtype != down.act_dtype or gate_up.device != down.device:
+            raise ValueError("QuantizedMoE: gate_up and down must be packed for one activation dtype on one device")
+        self.gate_up, self.down, self.activation = gate_up, down, activation
+        self.num_experts, self.hidden_size, self.intermediate_size = gate_up.experts, gate_up.k, down.k
+        for name, bias, n in (("gate_up_bias", gate_up_bias, gate_up.n), ("down_bias", down_bias, down.n)):
+            if bias is not None and bias.shape != (gate_up.experts, n):
+                raise ValueError(f"QuantizedMoE: {name} must be ({gate_up.experts}, {n}), got {tuple(bias.shape)}")
+            self.register_buffer(name, None if bias is None else bias.to(device=gate_up.device,
+                                                                           dtype=gate_up.act_dtype))
+
+    def _apply(self, fn, recurse=True):
+        # the packed experts move with the module (.to(device), .cuda()); a cast of their scales
+        # (.half() on a bfloat16 pack) would no longer match the packing: refused
+        super()._apply(fn, recurse)
+        import dataclasses
+
+        for name in ("gate_up", "down"):
+            packed = getattr(self, name)
+            moved = {f.name: fn(getattr(packed, f.name)) for f in dataclasses.fields(packed)
+                     if isinstance(getattr(packed, f.name), torch.Tensor)}
+            if moved["w_scale"].dtype != packed.act_dtype or moved["w"].dtype != torch.int32:
+                raise ValueError(f"QuantizedMoE: the {name} experts are packed for {packed.act_dtype} activations; "
+                                 "pack them again (humming_aot.moe.pack_experts) instead of casting the module")
+            setattr(self, name, dataclasses.replace(packed, **moved))
+        return self
+
+    @classmethod
+    def from_experts(cls, gate_up, down, fmt: str | None = None, act_dtype: torch.dtype = torch.bfloat16,
+                     activation: str = "silu", gate_up_bias: torch.Tensor | None = None,
+                     down_bias: torch.Tensor | None = None) -> "QuantizedMoE":
+        """From stacked expert weights: QuantizedWeight (E, N, K) each (a checkpoint's, e.g. gpt-oss
+        MXFP4 experts), or float tensors (E, N, K) quantized with `fmt` (e.g. "int4:g128"), packed
+        on the weights' device (move the module with .to())."""
+        from humming_aot.moe import pack_experts
+        from humming_aot.quant import quantize
+
+        weights = []
+        for name, w in (("gate_up", gate_up), ("down", down)):
+            if isinstance(w, torch.Tensor):
+                if fmt is None:
+                    raise ValueError(f"QuantizedMoE.from_experts: {name} is a float tensor: give fmt to quantize it")
+                w = quantize(w.float(), fmt)
+            weights.append(pack_experts(w, act_dtype=act_dtype))
+        return cls(weights[0], weights[1], activation, gate_up_bias, down_bias)
+
+    def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        from humming_aot import moe
+
+        shape = hidden.shape
+        x = hidden.reshape(-1, shape[-1])
+        if topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape:
+            raise ValueError(f"QuantizedMoE: topk_ids and topk_weights must be ({x.shape[0]}, top_k) for "
+                             f"{x.shape[0]} tokens, got {tuple(topk_ids.shape)} and {tuple(topk_weights.shape)}")
+        routing = moe.group_rows(topk_ids, self.num_experts)
+        rows = moe.permute(x, routing)
+        h = moe.gemm_grouped(rows, self.gate_up, offsets=routing.offsets, bias=self.gate_up_bias)
+        h = moe.silu_and_mul(h) if self.activation == "silu" else moe.swiglu_oai(h)
+        y = moe.gemm_grouped(h, self.down, offsets=routing.offsets, bias=self.down_bias)
+        return moe.weighted_sum(moe.unpermute(y, routing), topk_weights).reshape(*shape[:-1], self.hidden_size)
+
+    def extra_repr(self) -> str:
+        return (f"experts={self.num_experts}, hidden={self.hidden_size}, intermediate={self.intermediate_size}, "
+                f"format={self.gate_up.format!r}, activation={self.activation!r}")

@@ -1,0 +1,26 @@
+"""Mixture-of-experts weights and layouts: stacked expert packing (``pack_experts``), the routing
+steps (``align_block_size``, ``group_rows``, ``permute`` / ``unpermute``, activations,
+``weighted_sum``) and the three GEMM types as a loop of dense GEMMs (``gemm_indexed``,
+``gemm_grouped``, ``gemm_masked``), which define what the grouped kernels must compute.
+``humming_aot.nn.QuantizedMoE`` is the layer built on them."""
+from __future__ import annotations
+
+from humming_aot.moe.expert_loop import gemm_grouped, gemm_indexed, gemm_masked
+from humming_aot.moe.packing import PackedExperts, expert_weight, pack_experts
+from humming_aot.moe.routing import (
+    GroupedRouting,
+    IndexedRouting,
+    align_block_size,
+    group_rows,
+    permute,
+    silu_and_mul,
+    swiglu_oai,
+    unpermute,
+    weighted_sum,
+)
+
+__all__ = [
+    "GroupedRouting", "IndexedRouting", "PackedExperts", "align_block_size", "expert_weight", "gemm_grouped",
+    "gemm_indexed", "gemm_masked", "group_rows", "pack_experts", "permute", "silu_and_mul", "swiglu_oai",
+    "unpermute", "weighted_sum",
+]

@@ -1,0 +1,154 @@
+"""The steps around the MoE GEMMs, on any device (torch operations; deterministic):
+
+- ``align_block_size``: top-k routing -> the indexed layout of vLLM's fused_moe (rows sorted by
+  expert, each expert's rows padded to a whole number of blocks with the pad value M * top_k,
+  one expert id per block, -1 for an expert this rank does not hold);
+- ``group_rows`` / ``ungroup_rows``: top-k routing -> the grouped contiguous layout (the routed
+  rows expert after expert, with prefix offsets (E + 1,) and a per-row expert index) and back;
+- ``silu_and_mul`` and ``swiglu_oai`` (gpt-oss: interleaved gate/up, clamped, with alpha);
+- ``weighted_sum``: the top-k outputs of each token, times their routing weights, summed in slot
+  order.
+
+Token i's slot j (0 <= j < top_k) is the flat index t = i * top_k + j throughout.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+def _check_topk_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
+    if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"topk_ids must be (M, top_k) int32 or int64, got {tuple(topk_ids.shape)} {topk_ids.dtype}")
+    if num_experts < 1:
+        raise ValueError(f"num_experts must be at least 1, got {num_experts}")
+    if topk_ids.numel() and (int(topk_ids.min()) < 0 or int(topk_ids.max()) >= num_experts):
+        raise ValueError(f"topk_ids hold expert ids outside [0, {num_experts - 1}] "
+                         f"(min {int(topk_ids.min())}, max {int(topk_ids.max())})")
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexedRouting:
+    """The indexed (fused_moe) layout of one routing.
+
+    sorted_token_ids: (max_padded,) int32: flat slot indices, each expert's in increasing order and
+                      padded to a multiple of block_size with pad = M * top_k; after
+                      num_tokens_post_padded, pad only
+    expert_ids:       (max_padded // block_size,) int32: the expert of each block (its local id
+                      through expert_map), -1 for a block to skip; blocks past the padded total: -1
+    num_tokens_post_padded: (1,) int32, on the device (the kernels read it there)
+    """
+
+    sorted_token_ids: torch.Tensor
+    expert_ids: torch.Tensor
+    num_tokens_post_padded: torch.Tensor
+    block_size: int
+    top_k: int
+    num_tokens: int
+
+
+def align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: int,
+                     expert_map: torch.Tensor | None = None) -> IndexedRouting:
+    """vLLM's moe_align_block_size: sort the M * top_k routed slots by expert (stable: each
+    expert's slots in increasing flat order), pad each expert's run to a multiple of block_size
+    with M * top_k, and name each block's expert. Experts with no slot get no block. The arrays
+    are sized for the worst case, M * top_k + E * (block_size - 1) rows, so that a CUDA graph can
+    hold them. ``expert_map`` (E,) maps a global expert to this rank's local id, -1 where another
+    rank holds it (its blocks are skipped)."""
+    _check_topk_ids(topk_ids, num_experts)
+    if block_size < 1:
+        raise ValueError(f"block_size must be at least 1, got {block_size}")
+    if expert_map is not None and (expert_map.dim() != 1 or expert_map.shape[0] != num_experts):
+        raise ValueError(f"expert_map must be ({num_experts},), got {tuple(expert_map.shape)}")
+    device = topk_ids.device
+    m, top_k = topk_ids.shape
+    slots = m * top_k
+    flat = topk_ids.reshape(-1).long()
+    counts = torch.bincount(flat, minlength=num_experts)
+    padded = (counts + block_size - 1) // block_size * block_size
+    starts = torch.cumsum(padded, 0) - padded  # where each expert's run begins
+    total = int(padded.sum())
+    max_padded = slots + num_experts * (block_size - 1)
+    order = torch.argsort(flat, stable=True)  # slots by expert, increasing within each
+    rank = torch.arange(slots, device=device) - (torch.cumsum(counts, 0) - counts)[flat[order]]
+    sorted_ids = torch.full((max_padded,), slots, dtype=torch.int32, device=device)
+    sorted_ids[starts[flat[order]] + rank] = order.to(torch.int32)
+    blocks = -(-max_padded // block_size)
+    block_expert = torch.repeat_interleave(torch.arange(num_experts, device=device), padded // block_size)
+    if expert_map is not None:
+        block_expert = expert_map.to(device=device, dtype=torch.long)[block_expert]
+    expert_ids = torch.full((blocks,), -1, dtype=torch.int32, device=device)
+    expert_ids[: block_expert.shape[0]] = block_expert.to(torch.int32)
+    return IndexedRouting(sorted_token_ids=sorted_ids, expert_ids=expert_ids,
+                          num_tokens_post_padded=torch.tensor([total], dtype=torch.int32, device=device),
+                          block_size=block_size, top_k=top_k, num_tokens=m)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupedRouting:
+    """The grouped contiguous layout of one routing: row r of the grouped activations is flat slot
+    slot_of_row[r] (token slot_of_row[r] // top_k), rows expert after expert, each expert's in
+    increasing slot order; expert e owns rows [offsets[e], offsets[e + 1]); row_expert[r] is its
+    expert."""
+
+    slot_of_row: torch.Tensor  # (M * top_k,) int64
+    offsets: torch.Tensor  # (E + 1,) int64
+    row_expert: torch.Tensor  # (M * top_k,) int32
+    top_k: int
+
+
+def group_rows(topk_ids: torch.Tensor, num_experts: int) -> GroupedRouting:
+    """The grouped contiguous layout of a top-k routing (see GroupedRouting)."""
+    _check_topk_ids(topk_ids, num_experts)
+    flat = topk_ids.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=num_experts)
+    offsets = torch.zeros(num_experts + 1, dtype=torch.long, device=flat.device)
+    offsets[1:] = torch.cumsum(counts, 0)
+    return GroupedRouting(slot_of_row=order, offsets=offsets, row_expert=flat[order].to(torch.int32),
+                          top_k=topk_ids.shape[1])
+
+
+def permute(hidden: torch.Tensor, routing: GroupedRouting) -> torch.Tensor:
+    """(M, K) tokens -> (M * top_k, K) grouped rows: row r is token slot_of_row[r] // top_k."""
+    return hidden.index_select(0, routing.slot_of_row // routing.top_k)
+
+
+def unpermute(rows: torch.Tensor, routing: GroupedRouting) -> torch.Tensor:
+    """(M * top_k, N) grouped rows -> (M, top_k, N) in slot order (the inverse of the grouping)."""
+    out = torch.empty_like(rows)
+    out[routing.slot_of_row] = rows
+    return out.reshape(-1, routing.top_k, rows.shape[-1])
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """(..., 2 I) -> (..., I): silu(gate) * up with gate the first half, computed in fp32 and
+    rounded once to the input dtype."""
+    if gate_up.shape[-1] % 2:
+        raise ValueError(f"silu_and_mul: the last dimension holds gate and up halves, got {gate_up.shape[-1]}")
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    return (torch.nn.functional.silu(gate) * up).to(gate_up.dtype)
+
+
+def swiglu_oai(gate_up: torch.Tensor, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
+    """gpt-oss's activation: (..., 2 I) with gate and up interleaved (even and odd columns) ->
+    (..., I) = (up + 1) * gate * sigmoid(alpha * gate), gate clamped above at `limit` and up to
+    [-limit, limit]; fp32, rounded once to the input dtype."""
+    if gate_up.shape[-1] % 2:
+        raise ValueError(f"swiglu_oai: the last dimension interleaves gate and up, got {gate_up.shape[-1]}")
+    x = gate_up.float()
+    gate, up = x[..., 0::2].clamp(max=limit), x[..., 1::2].clamp(min=-limit, max=limit)
+    return ((up + 1) * gate * torch.sigmoid(alpha * gate)).to(gate_up.dtype)
+
+
+def weighted_sum(outputs: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+    """(M, top_k, N) expert outputs x (M, top_k) routing weights -> (M, N): in fp32, slots added in
+    order 0..top_k-1 (deterministic), rounded once to the outputs' dtype."""
+    if outputs.dim() != 3 or topk_weights.shape != outputs.shape[:2]:
+        raise ValueError(f"weighted_sum: outputs (M, top_k, N) and weights (M, top_k), got "
+                         f"{tuple(outputs.shape)} and {tuple(topk_weights.shape)}")
+    total = torch.zeros(outputs.shape[0], outputs.shape[2], dtype=torch.float32, device=outputs.device)
+    for j in range(outputs.shape[1]):
+        total += outputs[:, j].float() * topk_weights[:, j : j + 1].float()
+    return total.to(outputs.dtype)

@@ -1,0 +1,246 @@
+"""humming_aot.moe on the CPU: stacked expert packing, the routing layouts against a plain statement
+of vLLM's and DeepGEMM's conventions, the three GEMM types and QuantizedMoE against float64
+references of the exact operands, under uniform, skewed and empty routing."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import humming_aot
+from humming_aot import moe
+from humming_aot.nn import QuantizedMoE
+from humming_aot.testing.numerics import reference_gemm
+
+
+def _seed() -> int:
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"seed={seed}")
+    return seed
+
+
+def _routing(m: int, top_k: int, experts: int, kind: str, gen: torch.Generator) -> torch.Tensor:
+    """(m, top_k) distinct expert ids per token: uniform, skewed (most tokens on experts 0-1), or
+    leaving the upper half of the experts empty."""
+    if kind == "uniform":
+        scores = torch.rand(m, experts, generator=gen)
+    elif kind == "skewed":
+        scores = torch.rand(m, experts, generator=gen) + torch.tensor([4.0, 3.0] + [0.0] * (experts - 2))
+    else:
+        scores = torch.rand(m, experts, generator=gen) - torch.arange(experts).ge(experts // 2).float() * 10
+    return scores.topk(top_k, dim=1).indices.to(torch.int32)
+
+
+def _experts(e: int, n: int, k: int, fmt: str, gen: torch.Generator, act=torch.bfloat16):
+    qw = humming_aot.quantize(torch.randn(e, n, k, generator=gen) * 0.05, fmt)
+    return qw, moe.pack_experts(qw, act_dtype=act)
+
+
+@pytest.mark.parametrize("fmt", ["int4:g128", "uint4:g64:zp", "nvfp4", "float8e4m3:channel"])
+def test_pack_experts_packs_each_expert_as_pack_does(fmt):
+    gen = torch.Generator().manual_seed(_seed())
+    qw, packed = _experts(3, 128, 256, fmt, gen)
+    assert packed.w.shape[0] == packed.w_scale.shape[0] == packed.experts == 3
+    for e in range(3):
+        dense = humming_aot.pack(moe.expert_weight(qw, e))
+        view = packed.expert(e)
+        assert torch.equal(view.w, dense.w) and torch.equal(view.w_scale, dense.w_scale)
+        assert (view.w_zero_point is None) == (dense.w_zero_point is None)
+        if dense.w_zero_point is not None:
+            assert torch.equal(view.w_zero_point, dense.w_zero_point)
+        assert view.global_scale == dense.global_scale == float(packed.global_scale_tensor[e])
+    with pytest.raises(ValueError, match="expected stacked expert codes"):
+        moe.pack_experts(humming_aot.quantize(torch.randn(128, 256), fmt))
+    with pytest.raises(IndexError, match="expert 3 of 3"):
+        packed.expert(3)
+
+
+def test_pack_experts_names_the_expert_it_cannot_pack():
+    qw = humming_aot.quantize(torch.randn(2, 96, 256), "int4:g128")  # N = 96: not a multiple of 64
+    with pytest.raises(ValueError, match="^expert 0: "):
+        moe.pack_experts(qw)
+
+
+def _align_by_definition(topk_ids, experts, block, expert_map):
+    """vLLM's moe_align_block_size, element by element."""
+    flat = topk_ids.reshape(-1).tolist()
+    slots = len(flat)
+    sorted_ids, expert_ids = [], []
+    for e in range(experts):
+        mine = [t for t in range(slots) if flat[t] == e]
+        if not mine:
+            continue
+        padded = -(-len(mine) // block) * block
+        sorted_ids += mine + [slots] * (padded - len(mine))
+        expert_ids += [e if expert_map is None else int(expert_map[e])] * (padded // block)
+    return sorted_ids, expert_ids
+
+
+@pytest.mark.parametrize("kind", ["uniform", "skewed", "empty"])
+@pytest.mark.parametrize("block", [1, 16, 64])
+def test_align_block_size_is_vllms_layout(kind, block):
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    for m, top_k, experts in ((1, 1, 4), (7, 2, 8), (33, 4, 16)):
+        topk_ids = _routing(m, top_k, experts, kind, gen)
+        expert_map = torch.where(torch.arange(experts) % 3 == 1, -1, torch.arange(experts) // 2).to(torch.int32)
+        for emap in (None, expert_map):
+            r = moe.align_block_size(topk_ids, experts, block, emap)
+            ids, blocks = _align_by_definition(topk_ids, experts, block, emap)
+            total = int(r.num_tokens_post_padded[0])
+            context = f"kind={kind} block={block} m={m} top_k={top_k} seed={seed}"
+            assert total == len(ids), context
+            assert r.sorted_token_ids[:total].tolist() == ids, context
+            assert bool((r.sorted_token_ids[total:] == m * top_k).all()), context
+            assert r.sorted_token_ids.shape[0] == m * top_k + experts * (block - 1), context
+            assert r.expert_ids[: len(blocks)].tolist() == blocks and bool((r.expert_ids[len(blocks):] == -1).all())
+            assert r.sorted_token_ids.dtype == r.expert_ids.dtype == torch.int32
+
+
+def test_routing_rejects_bad_input():
+    with pytest.raises(ValueError, match="outside \\[0, 3\\]"):
+        moe.align_block_size(torch.tensor([[4]], dtype=torch.int32), 4, 16)
+    with pytest.raises(ValueError, match="must be \\(M, top_k\\) int32 or int64"):
+        moe.group_rows(torch.tensor([1.0, 2.0]), 4)
+    with pytest.raises(ValueError, match="block_size must be at least 1"):
+        moe.align_block_size(torch.zeros(2, 1, dtype=torch.int32), 4, 0)
+
+
+def test_group_rows_permute_and_unpermute_round_trip():
+    gen = torch.Generator().manual_seed(_seed())
+    topk_ids = _routing(9, 3, 6, "skewed", gen)
+    r = moe.group_rows(topk_ids, 6)
+    flat = topk_ids.reshape(-1).long()
+    assert r.offsets[0] == 0 and r.offsets[-1] == 27 and bool((r.offsets[1:] >= r.offsets[:-1]).all())
+    for e in range(6):
+        rows = r.slot_of_row[r.offsets[e]:r.offsets[e + 1]]
+        assert bool((flat[rows] == e).all()) and rows.tolist() == sorted(rows.tolist())
+    hidden = torch.randn(9, 8)
+    grouped = moe.permute(hidden, r)
+    assert torch.equal(grouped, hidden[r.slot_of_row // 3])
+    assert torch.equal(moe.unpermute(grouped, r), hidden.repeat_interleave(3, dim=0).reshape(9, 3, 8))
+
+
+def _expert_ref(a_rows, packed, e, bias=None):
+    return reference_gemm(a_rows, packed.effective_weight(e), bias)
+
+
+@pytest.mark.parametrize("kind", ["uniform", "skewed", "empty"])
+def test_the_three_gemm_types_match_the_per_expert_reference(kind):
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    experts, n, k, m, top_k = 6, 128, 256, 11, 2
+    _, packed = _experts(experts, n, k, "int4:g128", gen)
+    hidden = torch.randn(m, k, generator=gen).bfloat16()
+    topk_ids = _routing(m, top_k, experts, kind, gen)
+    weights = torch.rand(m, top_k, generator=gen)
+    flat = topk_ids.reshape(-1).long()
+    context = f"kind={kind} seed={seed}"
+
+    # indexed, first GEMM (rows per token) with the routing weight, and the second (rows per slot)
+    routing = moe.align_block_size(topk_ids, experts, 4)
+    out = moe.gemm_indexed(hidden, packed, routing, a_rows_per_token=top_k, topk_weights=weights)
+    ref = torch.stack([_expert_ref(hidden[t // top_k : t // top_k + 1], packed, int(flat[t]))[0]
+                       * float(weights.reshape(-1)[t]) for t in range(m * top_k)])
+    _close(out, ref, f"indexed {context}")
+    slots_in = torch.randn(m * top_k, k, generator=gen).bfloat16()
+    out2 = moe.gemm_indexed(slots_in, packed, routing, a_rows_per_token=1)
+    ref2 = torch.stack([_expert_ref(slots_in[t : t + 1], packed, int(flat[t]))[0] for t in range(m * top_k)])
+    _close(out2, ref2, context)
+
+    # grouped contiguous, by offsets and by row index (with padding rows)
+    grouping = moe.group_rows(topk_ids, experts)
+    rows = moe.permute(hidden, grouping)
+    bias = (torch.randn(experts, n, generator=gen) * 0.1).bfloat16()
+    by_offsets = moe.gemm_grouped(rows, packed, offsets=grouping.offsets, bias=bias)
+    ref3 = torch.cat([_expert_ref(rows[grouping.offsets[e]:grouping.offsets[e + 1]], packed, e, bias[e])
+                      for e in range(experts)])
+    _close(by_offsets, ref3, context)
+    padded_index = torch.cat([grouping.row_expert, torch.full((3,), -1, dtype=torch.int32)])
+    padded_rows = torch.cat([rows, torch.randn(3, k, generator=gen).bfloat16()])
+    by_index = moe.gemm_grouped(padded_rows, packed, row_expert=padded_index, bias=bias)
+    assert torch.equal(by_index[: rows.shape[0]], by_offsets) and not bool(by_index[rows.shape[0]:].any())
+
+    # masked
+    counts = torch.bincount(flat, minlength=experts)
+    max_m = int(counts.max()) + 2
+    masked_a = torch.randn(experts, max_m, k, generator=gen).bfloat16()
+    masked = moe.gemm_masked(masked_a, packed, counts)
+    for e in range(experts):
+        c = int(counts[e])
+        if c:
+            _close(masked[e, :c], _expert_ref(masked_a[e, :c], packed, e), context)
+        assert not bool(masked[e, c:].any()), context
+
+
+def _close(out, ref, context):
+    """The kernels' tolerance: the output rounded once to bf16 from an fp32 sum of exact products."""
+    err = (out.double() - ref).abs()
+    bound = 2**-7 * ref.abs() + 1e-2 * float(ref.abs().max()) + 1e-6
+    assert bool((err <= bound).all()), f"max error {float(err.max()):g}: {context}"
+
+
+def _moe_reference(hidden, gate_up_w, down_w, topk_ids, weights, activation, b1=None, b2=None):
+    """float64 MoE MLP over the effective weights, slot by slot, rounded as the layer rounds
+    between its steps (after each GEMM and the activation, to the activation dtype)."""
+    act = hidden.dtype
+    m, top_k = topk_ids.shape
+    out = torch.zeros(m, down_w[0].shape[0], dtype=torch.float64)
+    for i in range(m):
+        for j in range(top_k):
+            e = int(topk_ids[i, j])
+            h = hidden[i].double() @ gate_up_w[e].T + (0 if b1 is None else b1[e].double())
+            h = h.to(act).double()
+            if activation == "silu":
+                g, u = h.chunk(2)
+                h = torch.nn.functional.silu(g) * u
+            else:
+                g, u = h[0::2].clamp(max=7.0), h[1::2].clamp(-7.0, 7.0)
+                h = (u + 1) * g * torch.sigmoid(1.702 * g)
+            y = h.to(act).double() @ down_w[e].T + (0 if b2 is None else b2[e].double())
+            out[i] += y.to(act).double() * float(weights[i, j].float())
+    return out
+
+
+@pytest.mark.parametrize("activation,fmt", [("silu", "int4:g128"), ("swiglu_oai", "mxfp4")])
+@pytest.mark.parametrize("kind", ["uniform", "skewed", "empty"])
+def test_quantized_moe_matches_the_float64_layer(activation, fmt, kind):
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    experts, hidden_size, inter, m, top_k = 5, 128, 128, 9, 2
+    gate_up = torch.randn(experts, 2 * inter, hidden_size, generator=gen) * 0.1
+    down = torch.randn(experts, hidden_size, inter, generator=gen) * 0.1
+    biases = {}
+    if activation == "swiglu_oai":
+        biases = dict(gate_up_bias=(torch.randn(experts, 2 * inter, generator=gen) * 0.1).bfloat16(),
+                      down_bias=(torch.randn(experts, hidden_size, generator=gen) * 0.1).bfloat16())
+    layer = QuantizedMoE.from_experts(gate_up, down, fmt=fmt, activation=activation, **biases)
+    hidden = torch.randn(m, hidden_size, generator=gen).bfloat16()
+    topk_ids = _routing(m, top_k, experts, kind, gen)
+    weights = torch.softmax(torch.randn(m, top_k, generator=gen), dim=1)
+    out = layer(hidden, topk_ids, weights)
+    assert out.shape == (m, hidden_size) and out.dtype == torch.bfloat16
+    w1 = [layer.gate_up.effective_weight(e) for e in range(experts)]
+    w2 = [layer.down.effective_weight(e) for e in range(experts)]
+    ref = _moe_reference(hidden, w1, w2, topk_ids, weights, activation, biases.get("gate_up_bias"),
+                         biases.get("down_bias"))
+    _close(out, ref, f"activation={activation} fmt={fmt} kind={kind} seed={seed}")
+    three_d = layer(hidden.reshape(1, m, hidden_size), topk_ids, weights)
+    assert torch.equal(three_d.reshape(m, hidden_size), out)
+
+
+def test_quantized_moe_refuses_mismatched_experts_and_routing():
+    gen = torch.Generator().manual_seed(_seed())
+    gate_up = torch.randn(4, 128, 128, generator=gen)
+    with pytest.raises(ValueError, match="gate_up must be \\(E, 2 I, H\\) and down \\(E, H, I\\)"):
+        QuantizedMoE.from_experts(gate_up, torch.randn(4, 128, 128, generator=gen), fmt="int4:g64")
+    with pytest.raises(ValueError, match="give fmt to quantize it"):
+        QuantizedMoE.from_experts(gate_up, torch.randn(4, 128, 64, generator=gen))
+    layer = QuantizedMoE.from_experts(gate_up, torch.randn(4, 128, 64, generator=gen), fmt="int4:g64")
+    with pytest.raises(ValueError, match="topk_ids and topk_weights must be \\(3, top_k\\)"):
+        layer(torch.randn(3, 128).bfloat16(), torch.zeros(2, 1, dtype=torch.int32), torch.ones(2, 1))
+    with pytest.raises(ValueError, match="activation 'gelu' is not one of"):
+        QuantizedMoE(layer.gate_up, layer.down, activation="gelu")
+    with pytest.raises(ValueError, match="pack them again"):
+        layer.half()
