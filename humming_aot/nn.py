@@ -158,29 +158,62 @@ class QuantizedMoE(torch.nn.Module):
             )
         if gate_up.act_dtype != down.act_dtype or gate_up.device != down.device:
             raise ValueError("QuantizedMoE: gate_up and down must be packed for one activation dtype on one device")
-        self.gate_up, self.down, self.activation = gate_up, down, activation
+        self.activation = activation
         self.num_experts, self.hidden_size, self.intermediate_size = gate_up.experts, gate_up.k, down.k
+        # the packed experts as buffers (they move with .to() and are in the state dict), with
+        # what is not a tensor kept beside them
+        self._moe_meta = {}
+        for name, packed in (("gate_up", gate_up), ("down", down)):
+            self._moe_meta[name] = {
+                "experts": packed.experts, "n": packed.n, "k": packed.k, "group_size": packed.group_size,
+                "w_dtype": packed.w_dtype, "act_dtype": packed.act_dtype, "format": packed.format,
+                "float_zero_point": packed.float_zero_point, "layout_version": packed.layout_version,
+            }
+            self.register_buffer(f"{name}_w", packed.w)
+            self.register_buffer(f"{name}_scale", packed.w_scale)
+            self.register_buffer(f"{name}_zero_point", packed.w_zero_point)
+            self.register_buffer(f"{name}_global_scale", packed.global_scale_tensor)
         for name, bias, n in (("gate_up_bias", gate_up_bias, gate_up.n), ("down_bias", down_bias, down.n)):
             if bias is not None and bias.shape != (gate_up.experts, n):
                 raise ValueError(f"QuantizedMoE: {name} must be ({gate_up.experts}, {n}), got {tuple(bias.shape)}")
             self.register_buffer(name, None if bias is None else bias.to(device=gate_up.device,
                                                                            dtype=gate_up.act_dtype))
 
-    def _apply(self, fn, recurse=True):
-        # the packed experts move with the module (.to(device), .cuda()); a cast of their scales
-        # (.half() on a bfloat16 pack) would no longer match the packing: refused
-        super()._apply(fn, recurse)
-        import dataclasses
+    def _packed(self, name: str):
+        """The PackedExperts of `name` over the current buffers, made again only when one was
+        replaced (.to(), load_state_dict into new tensors, assignment)."""
+        from humming_aot.moe import PackedExperts
 
-        for name in ("gate_up", "down"):
-            packed = getattr(self, name)
-            moved = {f.name: fn(getattr(packed, f.name)) for f in dataclasses.fields(packed)
-                     if isinstance(getattr(packed, f.name), torch.Tensor)}
-            if moved["w_scale"].dtype != packed.act_dtype or moved["w"].dtype != torch.int32:
-                raise ValueError(f"QuantizedMoE: the {name} experts are packed for {packed.act_dtype} activations; "
-                                 "pack them again (humming_aot.moe.pack_experts) instead of casting the module")
-            setattr(self, name, dataclasses.replace(packed, **moved))
-        return self
+        buffers = self._buffers
+        parts = tuple(buffers[f"{name}_{part}"] for part in ("w", "scale", "zero_point", "global_scale"))
+        cached = self.__dict__.get(f"_{name}_packed")
+        if cached is not None and all(x is y for x, y in zip(cached[0], parts)):
+            return cached[1]
+        meta = self._moe_meta[name]
+        w, scale, zero_point, global_scale = parts
+        if scale.dtype != meta["act_dtype"] or w.dtype != torch.int32:
+            raise ValueError(f"QuantizedMoE: the {name} experts were packed for {meta['act_dtype']} activations, but "
+                             f"their scales are now {scale.dtype}: pack them again (humming_aot.moe.pack_experts) "
+                             "instead of casting the module")
+        packed = PackedExperts(w=w, w_scale=scale, w_zero_point=zero_point,
+                               global_scales=tuple(float(x) for x in global_scale.tolist()),
+                               global_scale_tensor=global_scale, **meta)
+        self.__dict__[f"_{name}_packed"] = (parts, packed)
+        return packed
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        # the buffers were copied into in place: the host copy of the global scales is stale
+        self.__dict__.pop("_gate_up_packed", None)
+        self.__dict__.pop("_down_packed", None)
+
+    @property
+    def gate_up(self):
+        return self._packed("gate_up")
+
+    @property
+    def down(self):
+        return self._packed("down")
 
     @classmethod
     def from_experts(cls, gate_up, down, fmt: str | None = None, act_dtype: torch.dtype = torch.bfloat16,

@@ -242,5 +242,22 @@ def test_quantized_moe_refuses_mismatched_experts_and_routing():
         layer(torch.randn(3, 128).bfloat16(), torch.zeros(2, 1, dtype=torch.int32), torch.ones(2, 1))
     with pytest.raises(ValueError, match="activation 'gelu' is not one of"):
         QuantizedMoE(layer.gate_up, layer.down, activation="gelu")
-    with pytest.raises(ValueError, match="pack them again"):
-        layer.half()
+    with pytest.raises(ValueError, match="their scales are now torch.float16: pack them again"):
+        layer.half()(torch.randn(3, 128).half(), torch.zeros(3, 1, dtype=torch.int32), torch.ones(3, 1))
+
+
+def test_quantized_moe_state_dict_round_trips():
+    gen = torch.Generator().manual_seed(_seed())
+    gate_up, down = torch.randn(3, 256, 128, generator=gen) * 0.1, torch.randn(3, 128, 128, generator=gen) * 0.1
+    layer = QuantizedMoE.from_experts(gate_up, down, fmt="nvfp4")
+    other = QuantizedMoE.from_experts(torch.randn(3, 256, 128, generator=gen), torch.randn(3, 128, 128, generator=gen),
+                                      fmt="nvfp4")
+    assert {"gate_up_w", "gate_up_scale", "gate_up_global_scale", "down_w"} <= set(layer.state_dict())
+    hidden = torch.randn(4, 128, generator=gen).bfloat16()
+    topk_ids = torch.tensor([[0, 1], [2, 0], [1, 2], [0, 2]], dtype=torch.int32)
+    weights = torch.full((4, 2), 0.5)
+    before = other(hidden, topk_ids, weights)  # caches the packed experts before the load
+    other.load_state_dict(layer.state_dict())
+    assert not torch.equal(before, other(hidden, topk_ids, weights))
+    assert torch.equal(other(hidden, topk_ids, weights), layer(hidden, topk_ids, weights))
+    assert other.gate_up.global_scales == layer.gate_up.global_scales
