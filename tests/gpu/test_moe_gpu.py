@@ -9,36 +9,13 @@ import pytest
 import torch
 
 from humming_aot.nn import QuantizedMoE
+from humming_aot.testing.moe import moe_layer_reference
 
 
 def _seed() -> int:
     seed = int.from_bytes(os.urandom(4), "little")
     print(f"seed={seed}")
     return seed
-
-
-def _reference(layer, hidden, topk_ids, weights):
-    """float64 over the effective weights, rounded to the activation dtype between the steps."""
-    act = hidden.dtype
-    w1 = [layer.gate_up.effective_weight(e).cpu() for e in range(layer.num_experts)]
-    w2 = [layer.down.effective_weight(e).cpu() for e in range(layer.num_experts)]
-    b1 = None if layer.gate_up_bias is None else layer.gate_up_bias.cpu().double()
-    b2 = None if layer.down_bias is None else layer.down_bias.cpu().double()
-    out = torch.zeros(hidden.shape[0], layer.hidden_size, dtype=torch.float64)
-    for i in range(hidden.shape[0]):
-        for j in range(topk_ids.shape[1]):
-            e = int(topk_ids[i, j])
-            h = hidden[i].cpu().double() @ w1[e].T + (0 if b1 is None else b1[e])
-            h = h.to(act).double()
-            if layer.activation == "silu":
-                g, u = h.chunk(2)
-                h = torch.nn.functional.silu(g) * u
-            else:
-                g, u = h[0::2].clamp(max=7.0), h[1::2].clamp(-7.0, 7.0)
-                h = (u + 1) * g * torch.sigmoid(1.702 * g)
-            y = h.to(act).double() @ w2[e].T + (0 if b2 is None else b2[e])
-            out[i] += y.to(act).double() * float(weights[i, j])
-    return out
 
 
 @pytest.mark.parametrize("activation,fmt", [("silu", "int4:g128"), ("swiglu_oai", "mxfp4")])
@@ -65,7 +42,7 @@ def test_quantized_moe_on_gpu_matches_the_float64_layer(activation, fmt, kind):
         weights = torch.softmax(torch.randn(m, top_k, generator=gen), dim=1)
         hidden = torch.randn(m, hidden_size, generator=gen).bfloat16()
         out = layer(hidden.cuda(), topk_ids.cuda(), weights.cuda())
-        ref = _reference(layer, hidden, topk_ids, weights)
+        ref = moe_layer_reference(layer, hidden, topk_ids, weights)
         err = (out.cpu().double() - ref).abs()
         bound = 2**-7 * ref.abs() + 1e-2 * float(ref.abs().max()) + 1e-6
         assert bool((err <= bound).all()), f"max error {float(err.max()):g}: {activation} {fmt} {kind} m={m} seed={seed}"

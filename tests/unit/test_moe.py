@@ -11,6 +11,7 @@ import torch
 import humming_aot
 from humming_aot import moe
 from humming_aot.nn import QuantizedMoE
+from humming_aot.testing.moe import moe_layer_reference
 from humming_aot.testing.numerics import reference_gemm
 
 
@@ -181,28 +182,6 @@ def _close(out, ref, context):
     assert bool((err <= bound).all()), f"max error {float(err.max()):g}: {context}"
 
 
-def _moe_reference(hidden, gate_up_w, down_w, topk_ids, weights, activation, b1=None, b2=None):
-    """float64 MoE MLP over the effective weights, slot by slot, rounded as the layer rounds
-    between its steps (after each GEMM and the activation, to the activation dtype)."""
-    act = hidden.dtype
-    m, top_k = topk_ids.shape
-    out = torch.zeros(m, down_w[0].shape[0], dtype=torch.float64)
-    for i in range(m):
-        for j in range(top_k):
-            e = int(topk_ids[i, j])
-            h = hidden[i].double() @ gate_up_w[e].T + (0 if b1 is None else b1[e].double())
-            h = h.to(act).double()
-            if activation == "silu":
-                g, u = h.chunk(2)
-                h = torch.nn.functional.silu(g) * u
-            else:
-                g, u = h[0::2].clamp(max=7.0), h[1::2].clamp(-7.0, 7.0)
-                h = (u + 1) * g * torch.sigmoid(1.702 * g)
-            y = h.to(act).double() @ down_w[e].T + (0 if b2 is None else b2[e].double())
-            out[i] += y.to(act).double() * float(weights[i, j].float())
-    return out
-
-
 @pytest.mark.parametrize("activation,fmt", [("silu", "int4:g128"), ("swiglu_oai", "mxfp4")])
 @pytest.mark.parametrize("kind", ["uniform", "skewed", "empty"])
 def test_quantized_moe_matches_the_float64_layer(activation, fmt, kind):
@@ -221,10 +200,7 @@ def test_quantized_moe_matches_the_float64_layer(activation, fmt, kind):
     weights = torch.softmax(torch.randn(m, top_k, generator=gen), dim=1)
     out = layer(hidden, topk_ids, weights)
     assert out.shape == (m, hidden_size) and out.dtype == torch.bfloat16
-    w1 = [layer.gate_up.effective_weight(e) for e in range(experts)]
-    w2 = [layer.down.effective_weight(e) for e in range(experts)]
-    ref = _moe_reference(hidden, w1, w2, topk_ids, weights, activation, biases.get("gate_up_bias"),
-                         biases.get("down_bias"))
+    ref = moe_layer_reference(layer, hidden, topk_ids, weights)
     _close(out, ref, f"activation={activation} fmt={fmt} kind={kind} seed={seed}")
     three_d = layer(hidden.reshape(1, m, hidden_size), topk_ids, weights)
     assert torch.equal(three_d.reshape(m, hidden_size), out)

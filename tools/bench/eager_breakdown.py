@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import humming_aot  # noqa: E402
 from humming_aot import dispatch, ops  # noqa: E402
 from humming_aot.packing import PackedWeight  # noqa: E402
-from humming_aot.testing.bench import eager_per_call_us  # noqa: E402
+from humming_aot.testing.bench import eager_per_call_us, graph_replay_per_call_us  # noqa: E402
 
 
 def per_call_us(fn: Callable[[], Any], calls: int, repeats: int, sync: bool) -> float:
@@ -100,20 +99,7 @@ def pieces(n: int, fmt: str) -> dict[str, tuple[Callable[[], Any], bool]]:
 
 
 def graph_per_call_us(fn: Callable[[], Any], calls: int = 200, replays: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(replays):
-        graph.replay()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / (replays * calls) * 1e6
+    return graph_replay_per_call_us(fn, calls, replays)
 
 
 def floor_rows(n: int, k: int, fmt: str, calls: int, repeats: int) -> list[dict[str, Any]]:

@@ -21,7 +21,6 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,7 +32,7 @@ sys.path.insert(0, str(_REPO_ROOT))
 
 import humming_aot  # noqa: E402
 from humming_aot import ops  # noqa: E402
-from humming_aot.testing.bench import eager_per_call_us  # noqa: E402
+from humming_aot.testing.bench import eager_per_call_us, graph_replay_per_call_us  # noqa: E402
 
 GOALS = {"ops.gemm": 1.3, "QuantizedLinear": 1.5, "graph": 1.2}
 
@@ -60,24 +59,7 @@ def eager_us(fn: Callable[[], Any], calls: int, repeats: int) -> float:
 def graph_us(fn: Callable[[], Any], calls: int, total_calls: int, repeats: int) -> float:
     """The same calls replayed from one CUDA graph of `calls` calls, per call, in us (best of
     `repeats` runs of total_calls / calls replays, then one synchronize)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    replays = max(1, total_calls // calls)
-    graph.replay()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(replays):
-            graph.replay()
-        torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best / (replays * calls) * 1e6
+    return graph_replay_per_call_us(fn, calls, max(1, total_calls // calls), repeats)
 
 
 def _weights(n: int, k: int, fmt: str, with_bias: bool):
