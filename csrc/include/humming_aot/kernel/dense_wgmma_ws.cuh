@@ -147,6 +147,18 @@ struct DenseWgmmaWs {
     }
   }
 
+  // wgmma groups a consumer keeps in flight after issuing a step's (wgmma.wait_group's N): at 1,
+  // one step's dequantization hides behind the previous step's wgmma only. A depth of D needs
+  // D + 1 fragment buffers (a step's buffer is rewritten D + 1 steps later), rounded up to the K
+  // steps of a tile so that a step's buffer is the same in every K tile, and releases the
+  // previous K tile's slot at step D - 1, once its last wgmma has completed. (A tuning knob:
+  // docs/performance/log.md section 24.)
+  static constexpr int kWaitDepth = 1;
+  static constexpr int kFragmentBuffers = kWaitDepth == 1 ? 2 : kK16Steps;
+  static_assert(kWaitDepth >= 1 && kWaitDepth < kK16Steps && kFragmentBuffers > kWaitDepth &&
+                    kK16Steps % kFragmentBuffers == 0,
+                "a wait depth of 1 to 3 over 4 K steps per tile");
+
   // The consumers' position in the ring, kept across the units of a persistent CTA.
   struct ConsumerRing {
     int slot = 0;
@@ -163,28 +175,31 @@ struct DenseWgmmaWs {
 #pragma unroll
     for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.f;
     int previous_slot = ring.slot;
-    u32 a[2][kUnitsPerWarpGroup][4];
+    u32 a[kFragmentBuffers][kUnitsPerWarpGroup][4];
     for (int it = 0; it < count; ++it) {
       ptx::mbarrier_wait(full0 + 8 * ring.slot, ring.full_parity);
       const u32 stage_smem = smem_base + ring.slot * kStageBytes;
 #pragma unroll
       for (int kk = 0; kk < kK16Steps; ++kk) {
-        // a[kk & 1] was last read by the wgmma two steps back, complete after the previous wait
+        // a[kk % kFragmentBuffers] was last read by the wgmma kFragmentBuffers steps back,
+        // complete after the previous wait
 #pragma unroll
         for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
-          WeightFragment::load(stage_smem, kk, unit0 + u, weight_tile, walk, a[kk & 1][u]);
+          WeightFragment::load(stage_smem, kk, unit0 + u, weight_tile, walk, a[kk % kFragmentBuffers][u]);
         }
         mma::wgmma_fence();
         const u64 desc = mma::k_major_sw128_descriptor(stage_smem + 32 * kk);
 #pragma unroll
         for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
-          Mma::mma(*reinterpret_cast<float (*)[kUnitAccumulators]>(acc + u * kUnitAccumulators), a[kk & 1][u], desc);
+          Mma::mma(*reinterpret_cast<float (*)[kUnitAccumulators]>(acc + u * kUnitAccumulators),
+                   a[kk % kFragmentBuffers][u], desc);
         }
         mma::wgmma_commit_group();
-        mma::wgmma_wait_group<1>();
-        // Every wgmma of the previous K tile has completed (at most this step's group is in
-        // flight), and this warp's reads of it were done before them: the slot may be refilled.
-        if (kk == 0 && it > 0 && lane == 0) ptx::mbarrier_arrive(empty0 + 8 * previous_slot);
+        mma::wgmma_wait_group<kWaitDepth>();
+        // Every wgmma of the previous K tile has completed (at most this tile's first kWaitDepth
+        // steps are in flight), and this warp's reads of it were done before them: the slot may
+        // be refilled.
+        if (kk == kWaitDepth - 1 && it > 0 && lane == 0) ptx::mbarrier_arrive(empty0 + 8 * previous_slot);
       }
       previous_slot = ring.slot;
       if (++ring.slot == kStages) {
