@@ -218,9 +218,9 @@ py::bytes encode_tensor_map_2d(std::uint64_t address, std::uint64_t rows, std::u
 }
 
 // Launches `function` with the `size` bytes at `params` as its one by-value struct argument.
-void launch_bytes(cu::CUfunction function, const Dim3& grid, const Dim3& block, unsigned int smem,
-                  std::uint64_t stream, const unsigned char* params, std::size_t size, int device,
-                  bool programmatic_dependent_launch, const Dim3& cluster) {
+void launch_bytes(cu::CUfunction function, const Dim3& grid, const Dim3& block, unsigned int smem, std::uint64_t stream,
+                  const unsigned char* params, std::size_t size, int device, bool programmatic_dependent_launch,
+                  const Dim3& cluster) {
   const cu::DriverApi& api = cu::driver();
   ensure_current_context(api, device);
   const auto cu_stream = reinterpret_cast<cu::CUstream>(static_cast<std::uintptr_t>(stream));
@@ -333,13 +333,13 @@ class PlannedLaunch {
   using Params = std::array<unsigned char, kMaxParamsBytes>;
 
   // Pointers in the order of GemmParams: a, w, w_scale, w_zero_point, bias, out, workspace.
-  void launch(std::uint64_t stream, std::uint64_t a, std::uint64_t w, std::uint64_t w_scale,
-              std::uint64_t w_zero_point, std::uint64_t bias, std::uint64_t out, std::uint64_t workspace,
-              std::int64_t lda, std::int64_t ldo, float global_scale, const py::object& tensor_map) const {
+  void launch(std::uint64_t stream, std::uint64_t a, std::uint64_t w, std::uint64_t w_scale, std::uint64_t w_zero_point,
+              std::uint64_t bias, std::uint64_t out, std::uint64_t workspace, std::int64_t lda, std::int64_t ldo,
+              float global_scale, const py::object& tensor_map) const {
     alignas(16) Params params;
     fill(params, a, w, w_scale, w_zero_point, bias, out, workspace, lda, ldo, global_scale, tensor_map);
-    launch_bytes(function_, grid_, block_, smem_, stream, params.data(), size_, device_,
-                 programmatic_dependent_launch_, cluster_);
+    launch_bytes(function_, grid_, block_, smem_, stream, params.data(), size_, device_, programmatic_dependent_launch_,
+                 cluster_);
   }
 
   // The bytes launch() would pass (for tests: needs no driver).
@@ -371,8 +371,7 @@ class PlannedLaunch {
       }
       const ByteView map(tensor_map);
       if (map.size() != kTensorMapBytes) {
-        throw py::value_error("PlannedLaunch: the tensor map is " + std::to_string(map.size()) +
-                              " bytes, not 128");
+        throw py::value_error("PlannedLaunch: the tensor map is " + std::to_string(map.size()) + " bytes, not 128");
       }
       std::memcpy(params.data() + tensor_map_offset_, map.data(), kTensorMapBytes);
     }
@@ -496,10 +495,10 @@ PYBIND11_MODULE(_C, m) {
         "(box_rows <= 256, box_cols = 64) with the 128-byte swizzle; rows past the end read as zeros. Used by the "
         "TMA kernel bodies' Params (kernel/params.cuh, TmaGemmParams).");
   py::class_<hl::PlannedLaunch>(m, "PlannedLaunch",
-                                 "One kernel's launch with its grid, block, shared memory, cluster, PDL and the "
-                                 "fixed bytes of its Params decided ahead; launch() writes the per-call fields "
-                                 "(pointers, row strides, global scale, tensor map) into a copy and launches. The "
-                                 "offsets of those fields come from humming_aot.params_abi.")
+                                "One kernel's launch with its grid, block, shared memory, cluster, PDL and the "
+                                "fixed bytes of its Params decided ahead; launch() writes the per-call fields "
+                                "(pointers, row strides, global scale, tensor map) into a copy and launches. The "
+                                "offsets of those fields come from humming_aot.params_abi.")
       .def(py::init<std::uint64_t, const hl::Dim3&, const hl::Dim3&, unsigned int, int, bool, const hl::Dim3&,
                     const py::buffer&, const std::array<std::size_t, 7>&, std::size_t, std::size_t, std::size_t,
                     std::int64_t>(),
