@@ -1,4 +1,4 @@
-"""The float64 reference of a mixture-of-experts MLP, for the CPU and GPU tests of
+"""A random QuantizedMoE and the float64 reference of its MLP, for the CPU and GPU tests of
 humming_aot.nn.QuantizedMoE."""
 from __future__ import annotations
 
@@ -31,3 +31,18 @@ def moe_layer_reference(layer, hidden: torch.Tensor, topk_ids: torch.Tensor, wei
             y = h.to(act).double() @ w2[e].T + (0 if b2 is None else b2[e])
             out[i] += y.to(act).double() * float(weights[i, j])
     return out
+
+
+def random_moe_layer(experts: int, hidden_size: int, intermediate: int, fmt: str, activation: str,
+                     gen: torch.Generator):
+    """A QuantizedMoE of random weights (0.1 sigma) quantized with `fmt`, on the CPU; with random
+    biases for swiglu_oai (gpt-oss has them)."""
+    from humming_aot.nn import QuantizedMoE
+
+    gate_up = torch.randn(experts, 2 * intermediate, hidden_size, generator=gen) * 0.1
+    down = torch.randn(experts, hidden_size, intermediate, generator=gen) * 0.1
+    biases = {}
+    if activation == "swiglu_oai":
+        biases = dict(gate_up_bias=(torch.randn(experts, 2 * intermediate, generator=gen) * 0.1).bfloat16(),
+                      down_bias=(torch.randn(experts, hidden_size, generator=gen) * 0.1).bfloat16())
+    return QuantizedMoE.from_experts(gate_up, down, fmt=fmt, activation=activation, **biases)

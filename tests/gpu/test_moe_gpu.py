@@ -8,8 +8,7 @@ import os
 import pytest
 import torch
 
-from humming_aot.nn import QuantizedMoE
-from humming_aot.testing.moe import moe_layer_reference
+from humming_aot.testing.moe import moe_layer_reference, random_moe_layer
 
 
 def _seed() -> int:
@@ -23,14 +22,8 @@ def _seed() -> int:
 def test_quantized_moe_on_gpu_matches_the_float64_layer(activation, fmt, kind):
     seed = _seed()
     gen = torch.Generator().manual_seed(seed)
-    experts, hidden_size, inter, top_k = 8, 256, 128, 2
-    gate_up = torch.randn(experts, 2 * inter, hidden_size, generator=gen) * 0.1
-    down = torch.randn(experts, hidden_size, inter, generator=gen) * 0.1
-    biases = {}
-    if activation == "swiglu_oai":
-        biases = dict(gate_up_bias=(torch.randn(experts, 2 * inter, generator=gen) * 0.1).bfloat16(),
-                      down_bias=(torch.randn(experts, hidden_size, generator=gen) * 0.1).bfloat16())
-    layer = QuantizedMoE.from_experts(gate_up, down, fmt=fmt, activation=activation, **biases).to("cuda")
+    experts, hidden_size, top_k = 8, 256, 2
+    layer = random_moe_layer(experts, hidden_size, 128, fmt, activation, gen).to("cuda")
     assert layer.gate_up.w.is_cuda and layer.down.global_scale_tensor.is_cuda
     for m in (1, 37):
         scores = torch.rand(m, experts, generator=gen)

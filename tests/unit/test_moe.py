@@ -11,7 +11,7 @@ import torch
 import humming_aot
 from humming_aot import moe
 from humming_aot.nn import QuantizedMoE
-from humming_aot.testing.moe import moe_layer_reference
+from humming_aot.testing.moe import moe_layer_reference, random_moe_layer
 from humming_aot.testing.numerics import reference_gemm
 
 
@@ -187,14 +187,8 @@ def _close(out, ref, context):
 def test_quantized_moe_matches_the_float64_layer(activation, fmt, kind):
     seed = _seed()
     gen = torch.Generator().manual_seed(seed)
-    experts, hidden_size, inter, m, top_k = 5, 128, 128, 9, 2
-    gate_up = torch.randn(experts, 2 * inter, hidden_size, generator=gen) * 0.1
-    down = torch.randn(experts, hidden_size, inter, generator=gen) * 0.1
-    biases = {}
-    if activation == "swiglu_oai":
-        biases = dict(gate_up_bias=(torch.randn(experts, 2 * inter, generator=gen) * 0.1).bfloat16(),
-                      down_bias=(torch.randn(experts, hidden_size, generator=gen) * 0.1).bfloat16())
-    layer = QuantizedMoE.from_experts(gate_up, down, fmt=fmt, activation=activation, **biases)
+    experts, hidden_size, m, top_k = 5, 128, 9, 2
+    layer = random_moe_layer(experts, hidden_size, 128, fmt, activation, gen)
     hidden = torch.randn(m, hidden_size, generator=gen).bfloat16()
     topk_ids = _routing(m, top_k, experts, kind, gen)
     weights = torch.softmax(torch.randn(m, top_k, generator=gen), dim=1)
