@@ -15,21 +15,14 @@ from humming_aot import obtain as kernel_obtain
 from humming_aot.catalog import installed_catalog
 from humming_aot.enumerate import parse_tile_field
 from humming_aot.spec import KernelKey, MmaKind, ZeroPoint
+from humming_aot.testing.jit import why_no_jit
 from humming_aot.testing.numerics import assert_bitwise_equal, assert_gemm_close, reference_gemm
 
 
 def _why_no_jit() -> str | None:
     """Why this run cannot exercise the NVRTC fallback (these tests then skip), or None."""
-    from humming_aot import env
-    from humming_aot.jit import nvrtc
-
-    if not env.jit_enabled():
-        return "HUMMING_AOT_JIT=0: this run tests the catalog alone, and these tests exercise the NVRTC fallback"
-    try:
-        nvrtc.load_nvrtc()
-    except (nvrtc.NvrtcNotFoundError, nvrtc.NvrtcError) as e:
-        return f"no usable NVRTC for the JIT fallback these tests exercise: {e}"
-    return None
+    return why_no_jit("this run tests the catalog alone, and these tests exercise the NVRTC fallback",
+                      "for the JIT fallback these tests exercise")
 
 
 _WHY_NO_JIT = _why_no_jit()

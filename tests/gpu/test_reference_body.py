@@ -14,22 +14,14 @@ import torch
 import humming_aot
 from humming_aot import dispatch, ops
 from humming_aot import obtain as kernel_obtain
+from humming_aot.testing.jit import why_no_jit
 from humming_aot.testing.numerics import assert_bitwise_equal, assert_gemm_close, reference_gemm, with_every_code
 
 
 def _why_not() -> str | None:
-    from humming_aot import env
-    from humming_aot.jit import nvrtc
-
     if not torch.cuda.is_available():
         return "no CUDA GPU on this machine"
-    if not env.jit_enabled():
-        return "HUMMING_AOT_JIT=0: the simt body is in no catalog, only the JIT builds it"
-    try:
-        nvrtc.load_nvrtc()
-    except (nvrtc.NvrtcNotFoundError, nvrtc.NvrtcError) as e:
-        return f"no usable NVRTC to build the simt body: {e}"
-    return None
+    return why_no_jit("the simt body is in no catalog, only the JIT builds it", "to build the simt body")
 
 
 _WHY_NOT = _why_not()
