@@ -187,6 +187,14 @@ def kernel_attribute(kernel: int, attribute: int, device: int) -> int:
     return _c().kernel_attribute(kernel, attribute, device)
 
 
+def max_active_clusters(kernel: int, block: tuple[int, int, int], smem: int, cluster: tuple[int, int, int],
+                        device: int) -> int:
+    """cuOccupancyMaxActiveClusters: how many thread-block clusters of shape ``cluster`` of ``kernel``
+    (``block`` threads, ``smem`` bytes of dynamic shared memory, placed as :func:`launch` places
+    them) ``device`` holds at once; 0 when the driver cannot say."""
+    return _c().max_active_clusters(kernel, block, smem, cluster, device)
+
+
 def device_attribute(device: int, attribute: int) -> int:
     """cuDeviceGetAttribute; ``attribute`` is a :class:`DeviceAttribute`."""
     return _c().device_attribute(device, attribute)

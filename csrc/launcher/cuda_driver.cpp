@@ -97,6 +97,9 @@ DriverState load_driver() {
   api.cuLaunchKernelEx = reinterpret_cast<PFN_cuLaunchKernelEx>(dlsym(handle, "cuLaunchKernelEx"));  // optional
   api.cuTensorMapEncodeTiled =
       reinterpret_cast<PFN_cuTensorMapEncodeTiled>(dlsym(handle, "cuTensorMapEncodeTiled"));  // optional
+  api.cuKernelGetFunction = reinterpret_cast<PFN_cuKernelGetFunction>(dlsym(handle, "cuKernelGetFunction"));
+  api.cuOccupancyMaxActiveClusters =  // optional, with cuKernelGetFunction
+      reinterpret_cast<PFN_cuOccupancyMaxActiveClusters>(dlsym(handle, "cuOccupancyMaxActiveClusters"));
 
   if (api.cuDriverGetVersion != nullptr && api.cuDriverGetVersion(&state.version) != CUDA_SUCCESS) {
     state.version = 0;

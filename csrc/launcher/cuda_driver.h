@@ -142,6 +142,8 @@ using PFN_cuLaunchKernel = CUresult (*)(CUfunction function, unsigned int grid_x
 using PFN_cuLaunchKernelEx = CUresult (*)(const CUlaunchConfig* config, CUfunction function, void** kernel_params,
                                           void** extra);
 using PFN_cuMemcpyDtoH_v2 = CUresult (*)(void* host, CUdeviceptr device, std::size_t bytes);
+using PFN_cuKernelGetFunction = CUresult (*)(CUfunction* function, CUkernel kernel);
+using PFN_cuOccupancyMaxActiveClusters = CUresult (*)(int* clusters, CUfunction function, const CUlaunchConfig* config);
 
 // TMA descriptors (CUDA 12.0+, sm_90+ devices). The map is opaque: 128 bytes, 64-byte aligned.
 struct alignas(64) CUtensorMap {
@@ -184,6 +186,10 @@ struct DriverApi {
   PFN_cuLaunchKernelEx cuLaunchKernelEx;
   // Optional: only the TMA kernel bodies need it (humming_aot._C.encode_tensor_map_2d says so when absent).
   PFN_cuTensorMapEncodeTiled cuTensorMapEncodeTiled;
+  // Optional (CUDA 12.0+ drivers): how many clusters of a launch fit on the device at once
+  // (humming_aot._C.max_active_clusters returns 0 when absent).
+  PFN_cuKernelGetFunction cuKernelGetFunction;
+  PFN_cuOccupancyMaxActiveClusters cuOccupancyMaxActiveClusters;
 };
 
 // ---- Errors ----

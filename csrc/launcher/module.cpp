@@ -180,6 +180,35 @@ int device_attribute(int device, int attribute) {
   return value;
 }
 
+// How many clusters of `cluster` CTAs of `kernel` (block threads, smem bytes of dynamic shared
+// memory, placed as launch_bytes places them) the device holds at once; 0 when the driver cannot
+// say (it lacks cuOccupancyMaxActiveClusters or cuKernelGetFunction).
+int max_active_clusters(std::uint64_t kernel, const Dim3& block, unsigned int smem, const Dim3& cluster, int device) {
+  const auto handle = to_handle<cu::CUkernel>(kernel, "kernel");
+  const cu::DriverApi& api = cu::driver();
+  if (api.cuOccupancyMaxActiveClusters == nullptr || api.cuKernelGetFunction == nullptr) return 0;
+  if (cluster[0] * cluster[1] * cluster[2] == 0 || block[0] * block[1] * block[2] == 0) {
+    throw py::value_error("max_active_clusters: the block " + dim3_text(block) + " and the cluster " +
+                          dim3_text(cluster) + " must not be empty");
+  }
+  ensure_current_context(api, device);
+  cu::CUfunction function = nullptr;
+  cu::check(api, api.cuKernelGetFunction(&function, handle), "cuKernelGetFunction", device_text(device));
+  cu::CUlaunchAttribute attributes[2]{};
+  attributes[0].id = cu::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  attributes[0].value.clusterDim = {cluster[0], cluster[1], cluster[2]};
+  attributes[1].id = cu::CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
+  attributes[1].value.clusterSchedulingPolicyPreference = cu::CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING;
+  // the grid only has to be a whole number of clusters
+  const cu::CUlaunchConfig config{cluster[0], cluster[1], cluster[2], block[0],   block[1],
+                                  block[2],   smem,       nullptr,    attributes, 2};
+  int clusters = 0;
+  cu::check(api, api.cuOccupancyMaxActiveClusters(&clusters, function, &config), "cuOccupancyMaxActiveClusters",
+            "block " + dim3_text(block) + ", cluster " + dim3_text(cluster) + ", smem " + std::to_string(smem) +
+                " bytes, " + device_text(device));
+  return clusters;
+}
+
 // The hot path: no allocation and one cuCtxGetCurrent besides the launch itself.
 // The 128 bytes of a CUtensorMap over a row-major (rows, cols) matrix of 16-bit elements at
 // `address` with `row_stride_bytes` between rows, read in boxes of (box_rows, box_cols) with the
@@ -488,6 +517,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("device_attribute", &hl::device_attribute, py::arg("device"), py::arg("attribute"),
         "cuDeviceGetAttribute (CUdevice_attribute values: MULTIPROCESSOR_COUNT 16, "
         "COMPUTE_CAPABILITY_MAJOR 75, COMPUTE_CAPABILITY_MINOR 76, MAX_SHARED_MEMORY_PER_BLOCK_OPTIN 97).");
+  m.def("max_active_clusters", &hl::max_active_clusters, py::arg("kernel"), py::arg("block"), py::arg("smem"),
+        py::arg("cluster"), py::arg("device"),
+        "cuOccupancyMaxActiveClusters: how many clusters of shape `cluster` of `kernel` (block threads, `smem` "
+        "bytes of dynamic shared memory, load-balanced placement as launch() asks for) `device` holds at once; "
+        "0 when the driver cannot say.");
   m.def("encode_tensor_map_2d", &hl::encode_tensor_map_2d, py::arg("address"), py::arg("rows"), py::arg("cols"),
         py::arg("row_stride_bytes"), py::arg("box_rows"), py::arg("box_cols"),
         "The 128 bytes of a CUtensorMap (cuTensorMapEncodeTiled) over a row-major (rows, cols) matrix of 16-bit "
