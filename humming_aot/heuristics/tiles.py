@@ -62,10 +62,17 @@ def _tile_rows(arch: str, w_bits: int) -> tuple[tuple[int, TileConfig, float | N
     return tuple((max_m, tile, fill) for max_m, tile, _, max_w_bits, fill in _table_rows(arch) if w_bits <= max_w_bits)
 
 
+def _warps(tile: TileConfig) -> int:
+    return tile.warps_m * tile.warps_n * tile.warps_k
+
+
 @functools.cache
 def _split_rows(arch: str, tile: TileConfig) -> tuple[tuple[int, int], ...]:
-    """((max_m, split-K CTAs per SM), ...) of the table rows holding ``tile`` or its wide-K original."""
-    return tuple((max_m, split) for max_m, row_tile, split, _, _ in _table_rows(arch)
+    """((max_m, split-K CTAs per SM), ...) of the table rows holding ``tile`` or its wide-K original.
+    A twin with fewer warps than its original (narrow_twin) aims at proportionally more CTAs, so
+    that split-K fills the same warps per SM."""
+    return tuple((max_m, split * max(1, _warps(row_tile) // _warps(tile)))
+                 for max_m, row_tile, split, _, _ in _table_rows(arch)
                  if tile in (row_tile, narrow_twin(row_tile)))
 
 
@@ -101,9 +108,17 @@ def narrow_twin(tile: TileConfig) -> TileConfig:
     (tile_fits); every catalog with a wider tile also holds this twin. It keeps at least 3
     stages: two 64-wide stages hold too little in flight (measured 23.8 vs 17.5 us at M = 1 on
     an H200, docs/performance/log.md section 11), and 3 of them take less shared memory than 2 of
-    the wide tile's."""
+    the wide tile's.
+
+    The swapped 8-row tile runs one cp.async pipeline per K warp (mainloop/swapped_warp_pipeline.cuh),
+    so its twin keeps at least 32 of K per warp and stage (at most 2 K warps) and half the wide
+    tile's K in flight: 4 K warps of 16 took 55.4 us at M = 1 on 8192 x 29568, 2 K warps with 4
+    stages 34.0 (log section 25)."""
     if tile.block_k == 64:
         return tile
+    if tile.block_m <= 8:
+        return dataclasses.replace(tile, block_k=64, warps_k=min(tile.warps_k, 2),
+                                   stages=max(3, tile.stages * tile.block_k // 128))
     return dataclasses.replace(tile, block_k=64, stages=max(tile.stages, 3))
 
 
@@ -141,6 +156,11 @@ def split_k_factor(*, m: int, n: int, k: int, tile: TileConfig, num_sms: int, ma
     fits), target_ctas_per_sm (the table row's choice, split_ctas_per_sm)); keeps at least 256 of
     K per slice so that the pipeline has work; at most 16 slices; never more output tiles than
     there are split-K counters.
+
+    Decode tiles (at most 16 rows, bound by weight streaming) whose tiles overrun the slots by at
+    most half a wave are cut in 2 slices: the second wave would otherwise stream a few tiles' weights
+    with most SMs idle (36864 x 7168 at M = 1, 288 tiles of 8 x 128 on 264 slots: 49.5 us whole,
+    45.2 in 2 slices; at 1.7 waves, 57344 x 8192, whole tiles stay faster: log section 25).
     """
     tiles = -(-m // tile.block_m) * -(-n // tile.block_n)
     if tiles > max_tiles:
@@ -148,7 +168,13 @@ def split_k_factor(*, m: int, n: int, k: int, tile: TileConfig, num_sms: int, ma
     # Measured on an H200 (docs/performance/log.md): filling every resident slot makes the slices so
     # short that their prologue and reduction dominate.
     slots = num_sms * max(1, min(ctas_per_sm, target_ctas_per_sm))
+    if slots < tiles <= DECODE_WAVE_SPLIT_MAX_WAVES * slots and tile.block_m <= 16:
+        return 2 if k // 256 >= 2 else 1
     return max(1, min(slots // max(tiles, 1), k // 256, 16))
+
+
+# split_k_factor: decode tiles up to this many waves of slots are split in two (see there).
+DECODE_WAVE_SPLIT_MAX_WAVES = 1.5
 
 
 # Cost of each K slice of a split tile, in K tiles of work: its partial sums' round trip through

@@ -36,6 +36,29 @@ def test_narrow_twin_is_64_wide_with_at_least_three_stages():
     assert heuristics.narrow_twin(parse_tile_field("16x128x256_w1x2x4_s2")).label == "16x128x64_w1x2x4_s3"
 
 
+def test_the_swapped_tiles_twin_keeps_32_of_k_per_warp_and_half_the_k_in_flight():
+    """The 8-row tile runs one pipeline per K warp: its twin has at most 2 K warps (32 of each 64-wide
+    stage) and stages for half the wide tile's K in flight (log section 25)."""
+    assert heuristics.narrow_twin(parse_tile_field("8x128x256_w1x2x4_s2")).label == "8x128x64_w1x2x2_s4"
+    assert heuristics.narrow_twin(parse_tile_field("8x128x512_w1x2x4_s2")).label == "8x128x64_w1x2x2_s8"
+    assert heuristics.narrow_twin(parse_tile_field("8x64x256_w1x1x4_s3")).label == "8x64x64_w1x1x2_s6"
+    assert heuristics.narrow_twin(parse_tile_field("8x128x128_w1x2_s2")).label == "8x128x64_w1x2_s3"
+
+
+def test_decode_tiles_split_a_partial_second_wave_in_two():
+    """Up to 1.5 waves of output tiles on the slots, a decode tile (at most 16 rows) takes 2 K slices;
+    past that, and for larger tiles, whole tiles (log section 25)."""
+    tile = heuristics.select_tile("sm90a", 1)
+    args = dict(m=1, k=7168, tile=tile, num_sms=132, max_tiles=4096, ctas_per_sm=2, target_ctas_per_sm=2)
+    assert heuristics.split_k_factor(n=36864, **args) == 2  # 288 tiles on 264 slots
+    assert heuristics.split_k_factor(n=128 * 396, **args) == 2  # exactly 1.5 waves
+    assert heuristics.split_k_factor(n=128 * 397, **args) == 1
+    assert heuristics.split_k_factor(n=57344, **args) == 1  # 448 tiles: 1.7 waves
+    assert heuristics.split_k_factor(n=36864, **{**args, "k": 256}) == 1  # no 2 slices of 256
+    big = parse_tile_field("64x128x64_w1x2_s4")
+    assert heuristics.split_k_factor(n=128 * 300, **{**args, "tile": big, "m": 64}) == 1
+
+
 def test_select_tile_falls_back_to_the_twin_for_shapes_the_table_tile_does_not_fit():
     table_tile = heuristics.select_tile("sm90a", 1)
     assert heuristics.select_tile("sm90a", 1, k=8192, group=128) == table_tile
@@ -112,8 +135,14 @@ def test_split_k_aims_at_the_rows_resident_ctas():
                                      ctas_per_sm=4, target_ctas_per_sm=4) == 4
     assert heuristics.split_k_factor(m=1, n=128, k=65536, tile=tile, num_sms=132, max_tiles=4096,
                                      ctas_per_sm=4, target_ctas_per_sm=4) == 16
-    # a tile that only serves as a twin takes its original's row; unknown tiles the default
-    assert heuristics.split_ctas_per_sm("sm90a", 1, heuristics.narrow_twin(tile)) == target
+    # a tile that only serves as a twin takes its original's row, scaled by its original's warps
+    # over its own (the 8-row twin has 2 K warps instead of 4: twice the CTAs); unknown tiles the default
+    twin = heuristics.narrow_twin(tile)
+    assert tile.warps_k == 4 and twin.warps_k == 2
+    assert heuristics.split_ctas_per_sm("sm90a", 1, twin) == 2 * target
+    wide16 = heuristics.select_tile("sm90a", 16)
+    assert heuristics.split_ctas_per_sm("sm90a", 16, heuristics.narrow_twin(wide16)) == \
+        heuristics.split_ctas_per_sm("sm90a", 16, wide16)
     assert heuristics.split_ctas_per_sm("sm90a", 1, parse_tile_field("64x64x64_w1x1_s2")) == \
         DEFAULT_SPLIT_CTAS_PER_SM
 
