@@ -231,6 +231,40 @@ def _resident_ctas(loaded, tile: TileConfig, info: DeviceInfo) -> int:
     return max(1, min(by_smem_and_warps, heuristics.ctas_per_sm_by_registers(tile.threads, registers)))
 
 
+_active_clusters: dict[tuple[int, int, int], int] = {}
+
+
+def _cluster_splits(loaded, tiles: int, splits: int) -> int:
+    """The split count for a kernel that sums its K slices in a cluster of that many CTAs: at most
+    MAX_CLUSTER_SPLITS (its workspace reduction is 2-3x slower: 2880 x 2880 at M = 1, 9 slices 13.6
+    us, 8 in a cluster 4.7), and no more than lets every tile's cluster be resident at once: a
+    cluster's CTAs must share a GPC, so fewer clusters fit than slots / splits, and a second wave of
+    clusters cost 4096 x 14336 at M = 1 15.9 us in 8 slices against 10.2 in 7 (the driver's
+    cuOccupancyMaxActiveClusters; docs/performance/log.md section 25). Where the tiles alone
+    overrun the resident CTAs, the split is not there to fill one wave (heuristics.split_k_factor's
+    decode wave split) and stands."""
+    splits = min(splits, MAX_CLUSTER_SPLITS)
+    if splits > 1 and tiles > _max_active_clusters(loaded, 1):
+        return splits
+    while splits > 1:
+        active = _max_active_clusters(loaded, splits)
+        if active == 0 or tiles <= active:  # 0: the driver cannot say
+            break
+        splits -= 1
+    return splits
+
+
+def _max_active_clusters(loaded, size: int) -> int:
+    """Clusters of `size` CTAs of `loaded` resident at once (0: the driver cannot say); cached."""
+    key = (loaded.kernel, loaded.device, size)
+    active = _active_clusters.get(key)
+    if active is None:
+        active = _launcher.max_active_clusters(loaded.kernel, (loaded.threads, 1, 1), loaded.smem_bytes,
+                                               (1, size, 1), loaded.device)
+        _active_clusters[key] = active
+    return active
+
+
 _plans: dict[tuple, LaunchPlan] = {}
 # Plans kept at once (one per distinct M, stream and layer shape); past it the cache starts over.
 MAX_PLANS = 4096
@@ -298,6 +332,8 @@ def launch_plan(spec: GemmSpec, device_index: int, stream: int, m: int, n: int, 
             m=m, n=n, k=k, tile=tile, num_sms=info.num_sms, max_tiles=SPLIT_K_COUNTERS, ctas_per_sm=resident,
             target_ctas_per_sm=heuristics.split_ctas_per_sm(key.arch, m, tile),
         )
+        if key.reduces_splits_in_cluster and loaded.cluster_launch and cluster_reduction is not False:
+            splits = _cluster_splits(loaded, tiles, splits)
     elif not 1 <= splits <= k // tile.block_k or (splits > 1 and tiles > SPLIT_K_COUNTERS):
         raise ValueError(f"splits={splits} must be in [1, K / {tile.block_k}] with at most {SPLIT_K_COUNTERS} tiles")
     can_cluster = key.reduces_splits_in_cluster and loaded.cluster_launch and 2 <= splits <= MAX_CLUSTER_SPLITS

@@ -49,6 +49,10 @@ class Fakes:
                             lambda *args: ThroughLaunch(real_planned_launch(*args), *args[:7]))
         monkeypatch.setattr(_launcher, "encode_tensor_map_2d", self.encode_tensor_map_2d)
         monkeypatch.setattr(_launcher, "kernel_attribute", self.kernel_attribute)
+        self.active_clusters = {}  # cluster size -> clusters resident at once (absent: plenty)
+        self.cluster_queries = []
+        monkeypatch.setattr(_launcher, "max_active_clusters", self.max_active_clusters)
+        dispatch._active_clusters.clear()
         dispatch._tensor_maps.clear()
         self.tensor_maps = []
         monkeypatch.setattr(dispatch, "_split_k_counters", lambda device, stream: torch.zeros(8, dtype=torch.int32))
@@ -77,6 +81,10 @@ class Fakes:
         threads = self.threads_of[kernel]
         # what the wgmma-ws body's launch bounds give: two CTAs per SM of 256 threads, one of 384
         return (65536 // (2 if threads <= 256 else 1) // threads) // 8 * 8
+
+    def max_active_clusters(self, kernel, block, smem, cluster, device):
+        self.cluster_queries.append((kernel, block, smem, cluster, device))
+        return self.active_clusters.get(cluster[1], 10_000)
 
     def encode_tensor_map_2d(self, address, rows, cols, row_stride_bytes, box_rows, box_cols):
         self.tensor_maps.append((address, rows, cols, row_stride_bytes, box_rows, box_cols))
@@ -154,6 +162,45 @@ def test_cluster_split_k_needs_no_workspace(monkeypatch):
     dispatch.launch_gemm(torch.randn(1, 512).bfloat16(), packed, None, ops.gemm_spec(packed), tile=tile, splits=2)
     fields = _fields(fakes.launches[-1]["params"])
     assert fields[6] == 0 and fields[7] == 0 and fakes.launches[-1]["cluster"] == (1, 2, 1)
+
+
+def test_cluster_split_k_takes_only_as_many_slices_as_clusters_fit(monkeypatch):
+    """An 8-row tile sums its K slices in a cluster of that many CTAs: the automatic split count is
+    at most 8 (the workspace path is slower) and drops until every tile's cluster is resident at once
+    by the driver's count (cuOccupancyMaxActiveClusters; log section 25)."""
+    fakes = Fakes(monkeypatch)
+    monkeypatch.setattr(torch, "empty", _cpu_empty(torch.empty))
+    packed = _packed(n=4096, k=2048)  # 32 tiles of 8 x 128: 264 slots / 32 -> 8 slices
+    spec = ops.gemm_spec(packed)
+    a = torch.randn(1, 2048).bfloat16()
+    dispatch.launch_gemm(a, packed, None, spec)
+    assert fakes.launches[-1]["cluster"] == (1, 8, 1)
+    dispatch._plans.clear()
+    fakes.active_clusters.update({8: 24, 7: 31})  # 32 tiles: neither 8 nor 7 fits at once
+    dispatch._active_clusters.clear()  # (the counts are cached per kernel, device and size)
+    dispatch.launch_gemm(a, packed, None, spec)
+    assert fakes.launches[-1]["cluster"] == (1, 6, 1) and fakes.launches[-1]["grid"][1] == 6
+    kernel = fakes.launches[-1]["kernel"]
+    assert [(q[0], q[3]) for q in fakes.cluster_queries] == [(kernel, (1, s, 1)) for s in (1, 8, 1, 8, 7, 6)]
+    dispatch._plans.clear()
+    fakes.active_clusters[8] = 0  # the driver cannot say: the split stands
+    dispatch._active_clusters.clear()
+    dispatch.launch_gemm(a, packed, None, spec)
+    assert fakes.launches[-1]["cluster"] == (1, 8, 1)
+    # 23 tiles would take 11 slices: capped at the 8 a cluster holds
+    narrow = _packed(n=2944, k=4096)
+    dispatch.launch_gemm(torch.randn(1, 4096).bfloat16(), narrow, None, ops.gemm_spec(narrow))
+    assert fakes.launches[-1]["cluster"] == (1, 8, 1)
+    # more tiles than resident CTAs: the decode wave split (2 slices) is not there to fill a wave and stands
+    dispatch._plans.clear()
+    fakes.active_clusters.update({1: 264, 2: 132})
+    dispatch._active_clusters.clear()
+    wide = _packed(n=128 * 300, k=512)
+    dispatch.launch_gemm(torch.randn(1, 512).bfloat16(), wide, None, ops.gemm_spec(wide))
+    assert fakes.launches[-1]["cluster"] == (1, 2, 1)
+    # asked for, a split count is kept
+    dispatch.launch_gemm(torch.randn(1, 4096).bfloat16(), narrow, None, ops.gemm_spec(narrow), splits=11)
+    assert fakes.launches[-1]["grid"][1] == 11 and fakes.launches[-1]["cluster"] == (1, 1, 1)
 
 
 def test_launch_gemm_errors_keep_their_text(monkeypatch):
