@@ -122,6 +122,7 @@ _DRIVER_CALLS = {
     "set_max_dynamic_smem": lambda c: c.set_max_dynamic_smem(1, 0, 100_000),
     "kernel_attribute": lambda c: c.kernel_attribute(1, _launcher.FunctionAttribute.NUM_REGS, 0),
     "device_attribute": lambda c: c.device_attribute(0, _launcher.DeviceAttribute.MULTIPROCESSOR_COUNT),
+    "max_active_clusters": lambda c: c.max_active_clusters(1, (128, 1, 1), 0, (1, 2, 1), 0),
     "launch": lambda c: c.launch(1, (1, 1, 1), (128, 1, 1), 0, 0, b"\0" * 64, 0),
     "launch-programmatic": lambda c: c.launch(
         1, (1, 1, 1), (128, 1, 1), 0, 0, b"\0" * 64, 0, programmatic_dependent_launch=True
