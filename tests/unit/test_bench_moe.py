@@ -1,0 +1,42 @@
+"""tools/bench/bench_moe.py's pieces that need no GPU: the routed rows it times and its arguments."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+_PATH = Path(__file__).resolve().parents[2] / "tools" / "bench" / "bench_moe.py"
+_spec = importlib.util.spec_from_file_location("bench_moe", _PATH)
+bench_moe = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = bench_moe  # its dataclasses look their module up there
+_spec.loader.exec_module(bench_moe)
+
+
+@pytest.mark.parametrize("tokens,experts,top_k", [(1, 8, 2), (37, 16, 4), (5, 256, 8)])
+def test_routed_rows_are_the_tokens_grouped_by_expert(tokens, experts, top_k):
+    routed = bench_moe.route(tokens, experts, top_k, 64, seed=3, device=torch.device("cpu"))
+    offsets = routed.offsets.tolist()
+    assert offsets[0] == 0 and offsets[-1] == tokens * top_k == routed.a.shape[0]
+    assert all(x <= y for x, y in zip(offsets, offsets[1:]))
+    # the same routing again: every expert's rows are the hidden rows of the tokens routed to it
+    gen = torch.Generator(device="cpu").manual_seed(3)
+    topk_ids = torch.randn(tokens, experts, generator=gen).topk(top_k, dim=1).indices
+    hidden = torch.randn(tokens, 64, generator=gen).to(torch.bfloat16)
+    for e in range(experts):
+        token_rows = torch.nonzero((topk_ids == e).any(dim=1)).reshape(-1)
+        assert torch.equal(routed.a[offsets[e]:offsets[e + 1]], hidden[token_rows])
+
+
+def test_the_model_table_and_arguments():
+    for experts, top_k, gemms in bench_moe.MODELS.values():
+        assert 1 <= top_k <= experts and [g for g, _, _ in gemms] == ["gemm1", "gemm2"]
+    # GEMM2's K is half of GEMM1's N (down after gate_up), GEMM2's N GEMM1's K (the hidden size)
+    for _, _, ((_, n1, k1), (_, n2, k2)) in bench_moe.MODELS.values():
+        assert (k2 * 2, n2) == (n1, k1)
+    args = bench_moe.parse_args(["--models", "qwen3-30b-a3b", "--tokens", "1,64"])
+    assert args.models == "qwen3-30b-a3b" and args.impls.split(",") == list(bench_moe.ALL_IMPLS)
+    with pytest.raises(SystemExit):
+        bench_moe.parse_args(["--models", "llama"])

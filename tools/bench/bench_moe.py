@@ -1,0 +1,216 @@
+"""Time the MoE expert GEMMs of real models side by side, in one run: humming_aot against Humming
+(humming-kernels) and torch._grouped_mm (bf16 weights), over token counts.
+
+    python3 tools/bench/bench_moe.py --models deepseek-v3-tp8,qwen3-30b-a3b --tokens 1,16,256,4096 \\
+        --formats int4:g128 --json moe.json
+
+Every implementation computes the grouped contiguous layout (the routed rows of one routing,
+expert after expert, with prefix offsets (E + 1,)):
+
+  humming_aot        humming_aot.moe.gemm_grouped on pack_experts(quantize(w, fmt)): today the
+                     loop of dense catalog GEMMs, one per expert with rows (it reads the offsets
+                     on the host, so it is timed as an eager loop: see the mode column)
+  humming            humming.layer.HummingLayer(num_experts=E), gemm_type grouped_contiguous
+  torch_grouped_mm   torch._grouped_mm on the bf16 weights (sm_90+)
+
+Routing: --tokens tokens, each to top_k distinct experts drawn from random scores (seeded). Each
+point rotates --routings routings (different experts, so small token counts meet cold weights),
+timed with CUDA-graph replays where the implementation can be captured (humming_aot.testing.bench).
+The relerr column compares each implementation's output, over the rows of the first two experts
+with rows, with float64 on its own weights (humming_aot: the exact operands; the others: the
+unquantized weights, so their column holds the quantization error too). Benchmarks never assert.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+if importlib.util.find_spec("humming_aot") is None:  # run from a checkout without installing
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from humming_aot.testing.bench import time_cuda_graph  # noqa: E402 - after the path fix above
+
+_spec = importlib.util.spec_from_file_location("bench_gemm", Path(__file__).resolve().parent / "bench_gemm.py")
+bench_gemm = sys.modules.setdefault("bench_gemm", importlib.util.module_from_spec(_spec))  # (its dataclasses need it)
+if not hasattr(bench_gemm, "HUMMING_WEIGHT_CONFIG"):
+    _spec.loader.exec_module(bench_gemm)
+
+# model -> (experts, top_k, ((gemm, N, K), ...)): GEMM1 is gate_up (N = 2 x intermediate), GEMM2 down
+MODELS = {
+    "deepseek-v3": (256, 8, (("gemm1", 4096, 7168), ("gemm2", 7168, 2048))),
+    "deepseek-v3-tp8": (256, 8, (("gemm1", 512, 7168), ("gemm2", 7168, 256))),
+    "qwen3-30b-a3b": (128, 8, (("gemm1", 1536, 2048), ("gemm2", 2048, 768))),
+    "gpt-oss-120b": (128, 4, (("gemm1", 5760, 2880), ("gemm2", 2880, 2880))),
+}
+DEFAULT_TOKENS = "1,4,16,64,256,1024,4096,16384"
+ALL_IMPLS = ("humming_aot", "humming", "torch_grouped_mm")
+
+
+@dataclasses.dataclass(frozen=True)
+class Routed:
+    """One routing's grouped contiguous rows: a (R, K), offsets (E + 1,) int64 on the device."""
+
+    a: torch.Tensor
+    offsets: torch.Tensor
+
+
+def route(tokens: int, experts: int, top_k: int, k: int, seed: int, device: torch.device,
+          dtype: torch.dtype = torch.bfloat16) -> Routed:
+    """Random top-k routing of `tokens` tokens; the routed rows (token rows repeated per slot)
+    grouped expert after expert, each expert's slots in flat order."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    topk_ids = torch.randn(tokens, experts, generator=gen).topk(top_k, dim=1).indices
+    hidden = torch.randn(tokens, k, generator=gen).to(dtype)
+    slots = topk_ids.reshape(-1)
+    order = torch.argsort(slots, stable=True)
+    counts = torch.bincount(slots, minlength=experts)
+    offsets = torch.zeros(experts + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(counts, 0)
+    rows = hidden.index_select(0, order // top_k)
+    return Routed(a=rows.to(device), offsets=offsets.to(device))
+
+
+@dataclasses.dataclass
+class MoeImpl:
+    name: str
+    call: Callable[[Routed], torch.Tensor]
+    weight: Callable[[int], torch.Tensor]  # expert -> the (N, K) weight its relerr is taken against
+    note: str = ""
+
+
+def prepare_humming_aot(w: torch.Tensor, fmt: str) -> MoeImpl:
+    import humming_aot
+    from humming_aot.moe import gemm_grouped, pack_experts
+
+    experts = pack_experts(humming_aot.quantize(w.float(), fmt), act_dtype=w.dtype)
+    return MoeImpl("humming_aot", lambda r: gemm_grouped(r.a, experts, offsets=r.offsets),
+                   lambda e: experts.expert(e).effective_weight(scales_in_fp32=False))
+
+
+def prepare_humming(w: torch.Tensor, fmt: str) -> MoeImpl:
+    if fmt not in bench_gemm.HUMMING_WEIGHT_CONFIG:
+        raise bench_gemm.Unavailable(f"no humming weight_config mapped for {fmt}")
+    try:
+        from humming.layer import HummingLayer
+    except Exception as exc:  # noqa: BLE001
+        raise bench_gemm.Unavailable(f"import humming failed: {exc}") from exc
+    e, n, k = w.shape
+    layer = HummingLayer(shape_n=n, shape_k=k, weight_config=dict(bench_gemm.HUMMING_WEIGHT_CONFIG[fmt]),
+                         torch_dtype=w.dtype, num_experts=e).cuda()
+    layer.load_from_unquantized(w)
+    layer.transform()
+    config = {"gemm_type": "grouped_contiguous"}
+    start = time.perf_counter()
+    layer(torch.zeros(1, k, device=w.device, dtype=w.dtype),
+          expert_layout=torch.tensor([0] + [1] * e, device=w.device, dtype=torch.int64), compute_config=config)
+    torch.cuda.synchronize()
+    note = f"first call (JIT) {time.perf_counter() - start:.1f} s"
+    return MoeImpl("humming", lambda r: layer(r.a, expert_layout=r.offsets, compute_config=config),
+                   lambda x: w[x], note)
+
+
+def prepare_torch_grouped_mm(w: torch.Tensor, fmt: str) -> MoeImpl:
+    if not hasattr(torch, "_grouped_mm") or torch.cuda.get_device_capability()[0] < 9:
+        raise bench_gemm.Unavailable("torch._grouped_mm needs torch with it and an sm_90+ GPU")
+    w_t = w.transpose(1, 2)  # (E, K, N), each expert's K x N column-major
+
+    def call(r: Routed) -> torch.Tensor:
+        return torch._grouped_mm(r.a, w_t, offs=r.offsets[1:].to(torch.int32))
+    return MoeImpl("torch_grouped_mm", call, lambda x: w[x], "bf16 weights")
+
+
+PREPARE = {"humming_aot": prepare_humming_aot, "humming": prepare_humming, "torch_grouped_mm": prepare_torch_grouped_mm}
+
+
+def relerr(impl: MoeImpl, routed: Routed) -> float | None:
+    """max |out - ref| / max |ref| over the rows of the first two experts with rows."""
+    out = impl.call(routed)
+    bounds = routed.offsets.tolist()
+    errors, scale = [], 0.0
+    for e in [e for e in range(len(bounds) - 1) if bounds[e + 1] > bounds[e]][:2]:
+        rows = slice(bounds[e], bounds[e + 1])
+        ref = routed.a[rows].double() @ impl.weight(e).double().T
+        errors.append(float((out[rows].double() - ref).abs().max()))
+        scale = max(scale, float(ref.abs().max()))
+    return max(errors) / scale if errors and scale > 0 else None
+
+
+def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
+    device = torch.device("cuda")
+    dtype = torch.bfloat16
+    results = []
+    print(f"{'tokens':>6} {'model':>16} {'gemm':>5} {'N':>6} {'K':>6} {'E':>4} {'topk':>4} {'format':<12} "
+          f"{'impl':<17} {'us':>9} {'relerr':>8}  mode")
+    for model in args.models.split(","):
+        experts, top_k, gemms = MODELS[model]
+        for gemm, n, k in gemms:
+            if args.gemms and gemm not in args.gemms.split(","):
+                continue
+            gen = torch.Generator(device="cpu").manual_seed(args.seed)
+            w = (torch.randn(experts, n, k, generator=gen) * 0.02).to(dtype).to(device)
+            for fmt in args.formats.split(","):
+                impls = []
+                for name in args.impls.split(","):
+                    try:
+                        impls.append(PREPARE[name](w, fmt))
+                    except bench_gemm.Unavailable as why:
+                        print(f"{name} {fmt} {model} {gemm}: n/a: {why}")
+                for tokens in map(int, args.tokens.split(",")):
+                    routings = [route(tokens, experts, top_k, k, args.seed + i, device, dtype)
+                                for i in range(args.routings)]
+                    for impl in impls:
+                        timing = time_cuda_graph([lambda r=r, impl=impl: impl.call(r) for r in routings],
+                                                 repeats=args.repeats)
+                        err = relerr(impl, routings[0])
+                        mode = timing["mode"] if timing["mode"] == "graph" else "eager"
+                        print(f"{tokens:>6} {model:>16} {gemm:>5} {n:>6} {k:>6} {experts:>4} {top_k:>4} {fmt:<12} "
+                              f"{impl.name:<17} {timing['median_us']:>9.1f} "
+                              f"{'-' if err is None else f'{err:.1e}':>8}  {mode} {impl.note}")
+                        results.append(dict(tokens=tokens, model=model, gemm=gemm, n=n, k=k, experts=experts,
+                                            top_k=top_k, format=fmt, impl=impl.name, us=timing["median_us"],
+                                            p10_us=timing["p10_us"], p90_us=timing["p90_us"], mode=timing["mode"],
+                                            relerr=err, note=impl.note))
+            del w
+            torch.cuda.empty_cache()
+    return results
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma list from {', '.join(MODELS)}")
+    parser.add_argument("--gemms", default="", help="only these of each model: gemm1, gemm2 (default both)")
+    parser.add_argument("--tokens", default=DEFAULT_TOKENS, help=f"comma list (default {DEFAULT_TOKENS})")
+    parser.add_argument("--formats", default="int4:g128", help="comma list of weight formats")
+    parser.add_argument("--impls", default=",".join(ALL_IMPLS), help=f"comma list from {', '.join(ALL_IMPLS)}")
+    parser.add_argument("--routings", type=int, default=4, help="routings rotated per point")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", dest="json_path")
+    args = parser.parse_args(argv)
+    unknown = [m for m in args.models.split(",") if m not in MODELS]
+    unknown += [i for i in args.impls.split(",") if i not in ALL_IMPLS]
+    if unknown:
+        parser.error(f"unknown models or impls: {', '.join(unknown)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("bench_moe.py needs a CUDA GPU")
+    results = bench(args)
+    if args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "args": vars(args), "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
