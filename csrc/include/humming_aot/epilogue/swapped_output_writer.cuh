@@ -1,5 +1,5 @@
 #pragma once
-// Epilogue of the mma.sync body with swapped operands (8-row tiles, M <= 8): its accumulators
+// Epilogue of the mma.sync body with swapped operands (8- and 16-token tiles): its accumulators
 // hold the output transposed, m16n8 fragments whose 16 rows are output columns (weight
 // channels) and whose 8 columns are output rows (tokens). fp32 accumulators x global scale
 // (+ bias) -> activation dtype -> global memory, with the deterministic split-K reduction of
@@ -8,7 +8,7 @@
 // the output and resets the counter; or, on sm_90+ when the launch made the K slices one
 // thread-block cluster, write_in_cluster sums them through distributed shared memory (st.async
 // into the owning CTA, counted on its mbarriers) in the same order (same bits). Every lane
-// writes its own values in place: a tile of at most 8 rows gains nothing from being staged for
+// writes its own values in place: a tile of at most 16 rows gains nothing from being staged for
 // wider stores, and staging would cost a CTA barrier behind the slowest warp. SM80+.
 
 #include <humming_aot/kernel/params.cuh>
@@ -19,23 +19,27 @@
 
 namespace humming_aot::epilogue {
 
-// kTiles m16n8 fragments of one warp; fragment j covers output columns col0 + 16 j + [0, 16)
-// and rows token0 + [0, 8).
-template <class Act, int kTiles>
+// kTiles m16n8 fragments of one warp, kRowTiles groups of 8 tokens (1, or 2 for the 16-token
+// tile) of kTiles / kRowTiles fragments each; fragment j = r * (kTiles / kRowTiles) + c covers
+// output columns col0 + 16 c + [0, 16) and rows token0 + 8 r + [0, 8).
+template <class Act, int kTiles, int kRowTiles = 1>
 struct SwappedOutputWriter {
   using H2 = numerics::PackedHalf2<Act>;
   using Accumulators = float[kTiles][4];
+  static_assert(kTiles % kRowTiles == 0, "every group of 8 tokens has the same columns");
+  static constexpr int kColumnTiles = kTiles / kRowTiles;
 
-  // Visit every value this lane owns: acc[j][e] is output row token0 + 2t + (e & 1), column
-  // col0 + 16 j + g + 8 (e >> 1) (g = lane / 4, t = lane % 4).
+  // Visit every value this lane owns: acc[j][e] is output row token0 + 8 r + 2t + (e & 1), column
+  // col0 + 16 c + g + 8 (e >> 1) (g = lane / 4, t = lane % 4; j = r * kColumnTiles + c).
   template <class Fn>
   static __device__ __forceinline__ void for_each(int token0, int col0, Fn&& fn) {
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int j = 0; j < kTiles; ++j) {
+      const int r = j / kColumnTiles, c = j % kColumnTiles;  // j is unrolled: constants
 #pragma unroll
-      for (int e = 0; e < 4; ++e) fn(j, e, token0 + 2 * t + (e & 1), col0 + 16 * j + g + 8 * (e >> 1));
+      for (int e = 0; e < 4; ++e) fn(j, e, token0 + 8 * r + 2 * t + (e & 1), col0 + 16 * c + g + 8 * (e >> 1));
     }
   }
 

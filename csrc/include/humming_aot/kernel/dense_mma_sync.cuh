@@ -11,8 +11,9 @@
 // weights, scales and zero points; each warp dequantizes its weights in registers right before
 // the mma. Wider stages (128 to 512) cut the per-stage cost (barrier, copies, address updates)
 // per weight, which is what small M, with 4 K warps, is bound by. This file only composes: the
-// mainloop is the 8-row tile's per-warp pipeline (mainloop/swapped_warp_pipeline.cuh) or the
-// CTA-shared pipeline of the larger tiles (mainloop/cta_pipeline.cuh); both write their output.
+// mainloop is the swapped tiles' per-warp pipeline (mainloop/swapped_warp_pipeline.cuh: 8 tokens,
+// or 16 under the body "mma-sw") or the CTA-shared pipeline of the larger tiles
+// (mainloop/cta_pipeline.cuh); both write their output.
 
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/mainloop/cta_pipeline.cuh>
@@ -26,17 +27,21 @@ namespace humming_aot::kernel {
 template <class Act,      // Float16 or BFloat16: activation, scale and output dtype
           class Weights,  // numerics::IntWeights<bits> or FloatWeights<exp, man>
           numerics::ZeroPointKind kZeroPoint,
-          int kBlockM,               // output rows per CTA; 8: swapped operands, a pipeline per warp
-          int kBlockN,               // output columns per CTA (64 per warp along N)
-          int kBlockK,               // K per pipeline stage: 64, 128, 256 or 512
-          int kWarpsM, int kWarpsN,  // warp grid of the CTA over the output tile
-          int kWarpsK,               // warps sharing each stage's K steps (1, 2 or 4)
-          int kStages>               // cp.async pipeline depth
+          int kBlockM,                  // output rows per CTA; 8: swapped operands, a pipeline per warp
+          int kBlockN,                  // output columns per CTA (64 per warp along N)
+          int kBlockK,                  // K per pipeline stage: 64, 128, 256 or 512
+          int kWarpsM, int kWarpsN,     // warp grid of the CTA over the output tile
+          int kWarpsK,                  // warps sharing each stage's K steps (1, 2 or 4)
+          int kStages,                  // cp.async pipeline depth
+          int kSwapped = kBlockM == 8>  // 1: the swapped per-warp pipeline (8 or 16 tokens)
 struct DenseMmaSync {
   // M <= 8 runs the swapped operands (one mma per weight tile instead of two) in a pipeline per
   // warp, with no CTA barrier per stage; larger tiles share their stages, since their warps'
-  // operands overlap much more.
-  using Mainloop = typename Select<kBlockM == 8,
+  // operands overlap much more. The body "mma-sw" (humming_aot/bodies/mma_swapped.py) runs 16
+  // tokens in the per-warp pipeline too: twice the mma of the 8-token tile per dequantized weight.
+  static_assert(kSwapped == (kBlockM == 8) || (kSwapped == 1 && kBlockM == 16),
+                "8 tokens run swapped; 16 either way (mma or mma-sw); more only in the CTA pipeline");
+  using Mainloop = typename Select<kSwapped != 0,
                                    mainloop::SwappedWarpPipeline<Act, Weights, kZeroPoint, kBlockM, kBlockN, kBlockK,
                                                                  kWarpsM, kWarpsN, kWarpsK, kStages>,
                                    mainloop::CtaPipeline<Act, Weights, kZeroPoint, kBlockM, kBlockN, kBlockK, kWarpsM,

@@ -1,8 +1,9 @@
 #pragma once
-// The K loop of the mma.sync body's 8-row tile (M <= 8), and its epilogue wiring: one cp.async
-// pipeline per warp over the warp's own region of each stage, with no CTA barrier per stage, and
-// swapped mma operands. Any mma.sync arch (catalog/tiles.toml picks it on sm90a). Invariants:
-// kBlockM == 8, one warp along M; kernel/dense_mma_sync.cuh composes it with the tile scheduler.
+// The K loop of the mma.sync body's swapped tiles (8 tokens, M <= 8; or 16), and its epilogue
+// wiring: one cp.async pipeline per warp over the warp's own region of each stage, with no CTA
+// barrier per stage, and swapped mma operands. Any mma.sync arch (catalog/tiles.toml picks it on
+// sm90a). Invariants: kBlockM 8 or 16, one warp along M; kernel/dense_mma_sync.cuh composes it with
+// the tile scheduler (the 16-token tile is the body "mma-sw", humming_aot/bodies/mma_swapped.py).
 
 #include <humming_aot/epilogue/k_warp_reduction.cuh>
 #include <humming_aot/epilogue/output_writer.cuh>
@@ -17,8 +18,9 @@
 namespace humming_aot::mainloop {
 
 // The swapped operands: the dequantized 16 x 16 weight tiles are the mma A operand (the packed
-// tile is exactly an A fragment) and the 8 tokens the n8 B operand, so a weight tile costs one mma
-// instead of two when M <= 8.
+// tile is exactly an A fragment) and each 8 tokens an n8 B operand, so a weight tile costs one mma
+// instead of two when M <= 8; a 16-token tile multiplies each dequantized tile twice, with the
+// dequantization, the weight copies and the per-warp pipeline of the 8-token one.
 // The per-warp pipeline: each warp copies what it multiplies (its run of the stage's K steps: the
 // activations, its unit's packed weights and scale rows) into a region of the stage that only it
 // reads, then waits for its own copies and syncs its own lanes: no CTA barrier per stage behind
@@ -27,7 +29,7 @@ namespace humming_aot::mainloop {
 template <class Act,      // Float16 or BFloat16: activation, scale and output dtype
           class Weights,  // numerics::IntWeights<bits> or FloatWeights<exp, man>
           numerics::ZeroPointKind kZeroPoint,
-          int kBlockM,               // output rows per CTA: 8
+          int kBlockM,               // output rows per CTA: 8 or 16
           int kBlockN,               // output columns per CTA (64 per warp along N)
           int kBlockK,               // K per pipeline stage: 64, 128, 256 or 512
           int kWarpsM, int kWarpsN,  // warp grid of the CTA over the output tile: 1 x kWarpsN
@@ -36,14 +38,14 @@ template <class Act,      // Float16 or BFloat16: activation, scale and output d
 struct SwappedWarpPipeline {
   static constexpr int kBits = Weights::kBits;  // weight code bits: 1 to 8
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN * kWarpsK;
-  static constexpr int kMTiles = 1;  // the 8 tokens: one n8 B fragment per K step
-  static constexpr int kNTiles = 4;  // accumulator fragments: one per 16-channel weight tile
+  static constexpr int kMTiles = kBlockM / 8;  // n8 B fragments (8 tokens each) per K step
+  static constexpr int kNTiles = 4;            // accumulator fragments: one per 16-channel weight tile
   static constexpr int kK16Steps = kBlockK / 16;
   static constexpr bool kHasZeroPoint = kZeroPoint != numerics::ZeroPointKind::kImplicit;
   static constexpr int kWordsPerLane = kBits;  // stored words per (16-row K step, unit, lane)
 
-  static_assert(kBlockM == 8, "the swapped operands hold 8 tokens (the mma n8)");
-  static_assert(kWarpsM == 1, "the 8 rows are one warp's");
+  static_assert(kBlockM == 8 || kBlockM == 16, "the swapped operands hold 8 tokens per mma n8: 8 or 16");
+  static_assert(kWarpsM == 1, "the tile's rows are one warp's");
   static_assert(kBlockN == 64 * kWarpsN, "one packed 64-column unit per warp along N");
   static_assert(kStages >= 2, "a pipeline needs two stages");
   static_assert(kK16Steps % kWarpsK == 0, "the K steps of a stage split evenly over the K warps");
@@ -59,6 +61,10 @@ struct SwappedWarpPipeline {
   static constexpr int kWBytes = Layout::kWBytes;
   static constexpr int kSBytes = Layout::kSBytes;
   static constexpr int kStageBytes = kWarps * Layout::kBytes;
+  // Activation rows 8 tokens apart lie 8 x 128 bytes apart in every 64-wide sub-tile, with the
+  // same swizzle (Layout::a_chunk_offset: row & 7 repeats): the second token group's fragment is
+  // the first's address plus a constant, folded into the ldmatrix.
+  static constexpr u32 kTokenGroupBytes = 8 * 128;
   // warps_k > 1: every K warp parks its accumulators after the K loop, then sums and writes its
   // share of the fragments (a 16-channel weight tile each)
   using Reduction = epilogue::KWarpReduction<kWarpsM, kWarpsN, kWarpsK, kMTiles, kNTiles>;
@@ -70,8 +76,8 @@ struct SwappedWarpPipeline {
   using H2 = numerics::PackedHalf2<Act>;
   using Dequantizer = typename Weights::template Dequantizer<Act, kZeroPoint>;
   using Codes = numerics::PackedCodes<kBits>;
-  using Writer = epilogue::SwappedOutputWriter<Act, kNTiles>;
-  using ShareWriter = epilogue::SwappedOutputWriter<Act, kShareTiles>;
+  using Writer = epilogue::SwappedOutputWriter<Act, kMTiles * kNTiles, kMTiles>;
+  using ShareWriter = epilogue::SwappedOutputWriter<Act, kMTiles * kShareTiles, kMTiles>;
   // What each warp writes in the epilogue: its share of the K warps' sum, or (one K warp) all of
   // its fragments; with the split-K reduction inside a cluster, through an exchange region after
   // the pipeline's shared memory.
@@ -81,7 +87,7 @@ struct SwappedWarpPipeline {
 
   // Everything a warp reads from shared memory for one 16-row K step.
   struct StepFragments {
-    u32 a[kMTiles][2];     // the k16n8 B fragment of the 8 tokens
+    u32 a[kMTiles][2];     // the k16n8 B fragment of each 8 tokens
     u32 w[kWordsPerLane];  // the lane's stored weight words of the warp's unit
   };
 
@@ -103,11 +109,12 @@ struct SwappedWarpPipeline {
   //   fragment into one of two chains (even and odd steps: half the dependent mma latency),
   //   whose sum the run subtracts from its partial sums before the scale. The partial sums are
   //   ~2^7 larger than without the bias, which costs a bf16 result nothing; exact-grid inputs
-  //   stay exact, and zero weights cancel to fp32 rounding of those sums, not bit for bit.
+  //   stay exact, and zero weights cancel to fp32 rounding of those sums, not bit for bit. The
+  //   16-token tile takes the fma instead (its offset would be one mma per 8 tokens).
   //   Their decode is a lop3 per register pair and little else (on the half-rate ALU pipe,
   //   which bounds these tiles), so an fma each would cost them more than the mma saves.
   static constexpr bool kBiasedDecode = kScalesInFp32 && Dequantizer::kFoldsOffset;
-  static constexpr bool kFoldsOffset = kBiasedDecode && kBits <= 2;
+  static constexpr bool kFoldsOffset = kBiasedDecode && kBits <= 2 && kMTiles == 1;
   // Tiles of at most two tokens (M <= 2, and the last 8-row tile of any M that leaves 1 or 2)
   // with kFoldsOffset and one scale row per warp run: the run's offset is one mma instead of one
   // per K step. Its A operand is the two tokens' activations with the steps as rows (token 0 in
@@ -136,11 +143,11 @@ struct SwappedWarpPipeline {
   // This thread's shared-memory offsets inside a stage, computed once per CTA so that a stage
   // only adds its base: step i of the warp's own region.
   struct StepOffsets {
-    u32 a[kSteps][kMTiles];  // ldmatrix row address of each m16 fragment
-    u32 w[kSteps];           // the lane's packed words of the warp's unit
-    u32 s[kSteps];           // the lane's scale pairs (scale row of the step); zero points at + kSBytes
-    u32 pair_a;              // kPairOffset: ldmatrix x4 row address of the two tokens' steps
-    u32 pair_b[2];           // kPairOffset: the lane's (bias + z) B fragment
+    u32 a[kSteps];  // ldmatrix row address of the first 8 tokens' fragment (+ kTokenGroupBytes: the next 8)
+    u32 w[kSteps];  // the lane's packed words of the warp's unit
+    u32 s[kSteps];  // the lane's scale pairs (scale row of the step); zero points at + kSBytes
+    u32 pair_a;     // kPairOffset: ldmatrix x4 row address of the two tokens' steps
+    u32 pair_b[2];  // kPairOffset: the lane's (bias + z) B fragment
 
     StepOffsets() = default;
     __device__ __forceinline__ StepOffsets(int warp_m, int warp_n, int warp_k, const Walk& walk) {
@@ -150,12 +157,11 @@ struct SwappedWarpPipeline {
 #pragma unroll
       for (int i = 0; i < kSteps; ++i) {
         // ldmatrix x2: lanes 0-7 rows of k 0-7, lanes 8-15 rows of k 8-15
-        a[i][0] = region + Layout::a_chunk_offset(lane & 7, 2 * i + ((lane >> 3) & 1));
+        a[i] = region + Layout::a_chunk_offset(lane & 7, 2 * i + ((lane >> 3) & 1));
         w[i] = region + kABytes + 4 * ((i * 32 + lane) * kWordsPerLane);
         s[i] = region + kABytes + kWBytes + 2 * ((i >> step_shift) * 64 + (lane >> 2) * 8);
         // opaque to the compiler, which would otherwise recompute them from threadIdx every stage
-#pragma unroll
-        for (int mi = 0; mi < kMTiles; ++mi) asm volatile("" : "+r"(a[i][mi]));
+        asm volatile("" : "+r"(a[i]));
         asm volatile("" : "+r"(w[i]), "+r"(s[i]));
       }
       if constexpr (kPairOffset) {
@@ -199,21 +205,23 @@ struct SwappedWarpPipeline {
                                                     const float (&upper_offset)[4], const float (&scale_f)[4][2],
                                                     Accumulators& acc) {
 #pragma unroll
-    for (int j = 0; j < kNTiles; ++j)
+    for (int mi = 0; mi < kMTiles; ++mi)  // (kFoldsOffset: one group of 8 tokens)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (kOneToken && (e & 1)) continue;  // e is unrolled
-        const float off = kUpperOffset && (j & 1) ? upper_offset[e] : offset[e];
-        const float unscaled = kFoldsOffset ? partial[0][j][e] - off : partial[0][j][e];
-        acc[0][j][e] = fmaf(scale_f[j][e >> 1], unscaled, acc[0][j][e]);
-      }
+      for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (kOneToken && (e & 1)) continue;  // e is unrolled
+          const float off = kUpperOffset && (j & 1) ? upper_offset[e] : offset[e];
+          const float unscaled = kFoldsOffset ? partial[mi][j][e] - off : partial[mi][j][e];
+          acc[mi][j][e] = fmaf(scale_f[j][e >> 1], unscaled, acc[mi][j][e]);
+        }
   }
 
   // The activation fragments and packed weight words of the warp's step i.
   static __device__ __forceinline__ void load_step(u32 stage_smem, const StepOffsets& off, int i, StepFragments& f) {
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi) {
-      memory::ldmatrix_x2(f.a[mi], stage_smem + off.a[i][mi]);
+      memory::ldmatrix_x2(f.a[mi], stage_smem + off.a[i] + mi * kTokenGroupBytes);
     }
     memory::lds_words(f.w, stage_smem + off.w[i]);
   }
@@ -258,7 +266,8 @@ struct SwappedWarpPipeline {
       }
       // B fragment (k 2t.., n g), (k 2t+8.., n g) of n8 halves h = the A fragment's row halves
       const u32 a_frag[4] = {b_frag[0][0], b_frag[1][0], b_frag[0][1], b_frag[1][1]};
-      mma::mma_m16n8k16<Act>(acc[0][j], a_frag, f.a[0]);
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi) mma::mma_m16n8k16<Act>(acc[mi][j], a_frag, f.a[mi]);
     }
   }
 
@@ -428,6 +437,17 @@ struct SwappedWarpPipeline {
 
   static __device__ __forceinline__ void zero(Accumulators& acc) { mma::zero_accumulators(acc); }
 
+  // Fragments (kMTiles, kTiles) as the output writers take them: one group of 8 tokens after the
+  // other, (kMTiles * kTiles) fragments (the 8-token tile: its one group, as it always was).
+  template <int kTiles>
+  static __device__ __forceinline__ auto& fragments_of(float (&frags)[kMTiles][kTiles][4]) {
+    if constexpr (kMTiles == 1) {
+      return frags[0];
+    } else {
+      return *reinterpret_cast<float (*)[kMTiles * kTiles][4]>(&frags);
+    }
+  }
+
   bool in_cluster_;  // the split-K reduction of this CTA runs inside its cluster
 
   // The epilogue reads the parameters from its warp's copy in shared memory, stashed here.
@@ -485,14 +505,16 @@ struct SwappedWarpPipeline {
       Reduction::share_over_k_warps(smem, warp_mn, warp_k, acc, share);
       const int col0 = n0 + warp_n * 64 + kTileColumns * kShareTiles * warp_k;
       const auto& stash = ShareWriter::stashed(smem + kPipelineBytes, warp);
-      if (!ShareWriter::write_in_cluster(stash, share[0], m0, col0, smem_base + kPipelineBytes, kWarps, warp)) {
-        ShareWriter::write(stash.p, share[0], m0, col0, tile_index, arrival_flag);
+      auto& part = fragments_of(share);
+      if (!ShareWriter::write_in_cluster(stash, part, m0, col0, smem_base + kPipelineBytes, kWarps, warp)) {
+        ShareWriter::write(stash.p, part, m0, col0, tile_index, arrival_flag);
       }
     } else {
       __syncwarp();  // the lanes' stashed words are visible to the warp (a CTA with no K tile ran no loop)
       const auto& stash = Writer::stashed(smem + kPipelineBytes, warp);
-      if (!Writer::write_in_cluster(stash, acc[0], m0, n0 + warp_n * 64, smem_base + kPipelineBytes, kWarps, warp)) {
-        Writer::write(stash.p, acc[0], m0, n0 + warp_n * 64, tile_index, arrival_flag);
+      auto& part = fragments_of(acc);
+      if (!Writer::write_in_cluster(stash, part, m0, n0 + warp_n * 64, smem_base + kPipelineBytes, kWarps, warp)) {
+        Writer::write(stash.p, part, m0, n0 + warp_n * 64, tile_index, arrival_flag);
       }
     }
   }
