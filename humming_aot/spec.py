@@ -105,6 +105,9 @@ class MmaKind(str, Enum):
 
     MMA_SYNC = "mma"
     """Warp-level mma.sync (SM80+ for bf16), the portable body."""
+    MMA_SWAPPED = "mma-sw"
+    """The mma.sync body's swapped-operand per-warp pipeline for 16 tokens (the 8-token tile is
+    ``mma`` with block_m = 8): weights as the mma A operand, two n8 token fragments per weight tile."""
     WGMMA = "wgmma"
     """Warpgroup-level wgmma.mma_async (sm90a only): dequantized weights from registers, activations
     from shared memory; block_m is the wgmma N (tokens), 64 weight channels per warpgroup."""

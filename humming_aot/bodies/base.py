@@ -44,6 +44,11 @@ class Body:
         """Whether split-K slices launched as one cluster sum in distributed shared memory."""
         return False
 
+    def pipeline_per_warp(self, tile: "TileConfig") -> bool:
+        """Whether each warp runs its own cp.async pipeline over its run of a stage's K
+        (heuristics.narrow_twin keeps such a run at least 32 wide)."""
+        return False
+
 
 def check_block_k(tile: "TileConfig", allowed: tuple[int, ...]) -> None:
     """The K per pipeline stage of the tensor-core bodies (the message names every body's rule)."""

@@ -41,8 +41,12 @@ class MmaSyncBody(Body):
     def template_args(self, tile: "TileConfig") -> tuple[int, ...]:
         return (tile.block_m, tile.block_n, tile.block_k, tile.warps_m, tile.warps_n, tile.warps_k, tile.stages)
 
+    def pipeline_per_warp(self, tile: "TileConfig") -> bool:
+        return self.swapped(tile)
+
     def smem_bytes(self, tile: "TileConfig", w_bits: int, has_zero_point: bool) -> int:
         swapped = self.swapped(tile)
+        groups = tile.block_m // 8 if swapped else 0  # the swapped tile's groups of 8 tokens (n8 fragments)
         if swapped:
             # one region per warp: its run of block_k / warps_k and its 64 columns (memory/stage_loader.cuh)
             run_k, columns, copies = tile.block_k // tile.warps_k, 64, tile.warps_m * tile.warps_n * tile.warps_k
@@ -50,16 +54,16 @@ class MmaSyncBody(Body):
             run_k, columns, copies = tile.block_k, tile.block_n, 1
         pipeline = tile.stages * copies * stage_bytes(tile, w_bits, has_zero_point, run_k, columns)
         # warps_k > 1: after the K loop every K warp parks its fp32 accumulators (block_m / warps_m /
-        # 16 m16 fragments x 8 n8 fragments x 4 floats, x 32 lanes; the swapped block_m = 8 tile: 4
-        # m16n8 fragments x 4 floats) in the same shared memory, then adds up and writes its share
+        # 16 m16 fragments x 8 n8 fragments x 4 floats, x 32 lanes; the swapped tile: 4 m16n8
+        # fragments x 4 floats per 8 tokens) in the same shared memory, then adds up and writes its share
         parked_warps = 0 if tile.warps_k == 1 else tile.warps_k
-        floats_per_lane = 16 if swapped else (tile.block_m // tile.warps_m // 16) * 32
+        floats_per_lane = 16 * groups if swapped else (tile.block_m // tile.warps_m // 16) * 32
         reduction = parked_warps * tile.warps_m * tile.warps_n * floats_per_lane * 32 * 4
         # the swapped tile's split-K exchange region after the pipeline (epilogue/swapped_output_writer.cuh,
         # exchange_bytes): a 128-byte copy of the kernel parameters per warp, 64 bytes of mbarriers,
-        # then (warps + 7) x the fragments each warp writes (4 / warps_k) x 512 bytes
+        # then (warps + 7) x the fragments each warp writes (4 / warps_k per 8 tokens) x 512 bytes
         warps = self.threads(tile) // 32
-        exchange = warps * 128 + 64 + (warps + 7) * (4 // tile.warps_k) * 512 if swapped else 0
+        exchange = warps * 128 + 64 + (warps + 7) * (4 // tile.warps_k) * groups * 512 if swapped else 0
         return max(pipeline, reduction) + exchange
 
     def scales_in_fp32(self, key: "KernelKey") -> bool:

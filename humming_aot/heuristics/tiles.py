@@ -110,13 +110,13 @@ def narrow_twin(tile: TileConfig) -> TileConfig:
     an H200, docs/performance/log.md section 11), and 3 of them take less shared memory than 2 of
     the wide tile's.
 
-    The swapped 8-row tile runs one cp.async pipeline per K warp (mainloop/swapped_warp_pipeline.cuh),
+    The swapped tiles (8 or 16 tokens) run one cp.async pipeline per K warp (swapped_warp_pipeline.cuh),
     so its twin keeps at least 32 of K per warp and stage (at most 2 K warps) and half the wide
     tile's K in flight: 4 K warps of 16 took 55.4 us at M = 1 on 8192 x 29568, 2 K warps with 4
     stages 34.0 (log section 25)."""
     if tile.block_k == 64:
         return tile
-    if tile.block_m <= 8:
+    if tile.body.pipeline_per_warp(tile):
         return dataclasses.replace(tile, block_k=64, warps_k=min(tile.warps_k, 2),
                                    stages=max(3, tile.stages * tile.block_k // 128))
     return dataclasses.replace(tile, block_k=64, stages=max(tile.stages, 3))

@@ -1,7 +1,8 @@
 """compute-sanitizer memcheck and racecheck over one catalog kernel of each tile kind, launched in a
 subprocess on a small problem (racecheck runs each kernel ~100x slower): the 8-row swapped tile
 with its split-K slices summed in a thread-block cluster and through the global workspace, the
-16-row and 32-row mma.sync tiles, the wgmma tile and the warp-specialized TMA wgmma tile (ragged M:
+16-row and 32-row mma.sync tiles, the 16-token swapped tile where the catalog holds one (like the
+8-row), the wgmma tile and the warp-specialized TMA wgmma tile (ragged M:
 one row short of its tile, N = 320 a part tile), each split over K in two; synccheck too. Any error or
 hazard the tool reports fails the test, with the tool's report."""
 from __future__ import annotations
@@ -82,6 +83,7 @@ def _kinds() -> dict[str, KernelKey] | None:
     keys.sort(key=lambda key: (PREFERRED_W.index(key.spec.w_dtype), key.tile not in table, key.name))
     kinds = {
         "8-row": lambda t: t.mma is MmaKind.MMA_SYNC and t.block_m == 8,
+        "16-swapped": lambda t: t.mma is MmaKind.MMA_SWAPPED,  # where the catalog holds one (a probe)
         "16-row": lambda t: t.mma is MmaKind.MMA_SYNC and t.block_m == 16,
         "32-row": lambda t: t.mma is MmaKind.MMA_SYNC and t.block_m == 32,
         "wgmma": lambda t: t.mma is MmaKind.WGMMA,
@@ -93,12 +95,12 @@ def _kinds() -> dict[str, KernelKey] | None:
 
 def _launches(kinds: dict[str, KernelKey]) -> list[tuple[str, int, int, int, bool | None]]:
     """(name, M, N, K, cluster_reduction): small problems, two K slices each; N = 320 leaves a part
-    tile; the 8-row kind twice, its slices summed in a cluster (where it can) and in the workspace."""
+    tile; the swapped kinds twice, their slices summed in a cluster (where they can) and in the workspace."""
     launches = []
     for kind, key in kinds.items():
         k = 4 * key.tile.block_k
         m = min(key.tile.block_m, 64) - 1
-        if kind == "8-row":
+        if kind in ("8-row", "16-swapped"):
             if key.reduces_splits_in_cluster and torch.cuda.get_device_capability()[0] >= 9:
                 launches.append((key.name, m, 320, k, True))
             launches.append((key.name, m, 320, k, False))

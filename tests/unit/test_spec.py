@@ -245,6 +245,32 @@ def test_simt_reference_tiles_round_trip_and_keep_to_one_warp():
         TileConfig(block_m=16, block_n=128, block_k=16, warps_m=1, warps_n=2, stages=3)
 
 
+def test_swapped_16_token_tiles_round_trip_and_take_the_swapped_pipeline():
+    """The mma-sw body (humming_aot/bodies/mma_swapped.py): the mma.sync kernel template with
+    kSwapped = 1 at 16 tokens, one warp along M; its numerics flags and shared memory are the
+    swapped tile's (two groups of 8 tokens), its twin keeps 2 K warps like the 8-token tile's."""
+    from humming_aot import codegen, heuristics
+
+    name = "gemm_dense_sm90a_mma-sw_a-bf16_w-s4-g-bf16_o-bf16_16x128x256_w1x2x4_s2"
+    key = KernelKey.from_name(name)
+    assert key.name == name and key.tile.mma is MmaKind.MMA_SWAPPED and key.tile.threads == 256
+    assert key.scales_in_fp32 and key.reduces_splits_in_cluster  # as the 8-token tile's, on sm_90+
+    source = codegen.kernel_source(key)
+    assert "kernel/dense_mma_sync.cuh" in source and "16, 128, 256, 1, 2, 4, 2, 1>;" in source  # kSwapped = 1
+    eight = parse_tile_field("8x128x256_w1x2x4_s2")
+    sixteen = key.tile
+    # the same pipeline stages as 8 tokens plus 8 more activation rows per warp region, and twice
+    # the parked accumulators and exchanged fragments
+    assert codegen.kernel_smem_bytes(key) > heuristics.smem_bytes(eight, 4, False)
+    assert heuristics.narrow_twin(sixteen).label == "mma-sw:16x128x64_w1x2x2_s4"
+    float_key = KernelKey.from_name("gemm_dense_sm90a_mma-sw_a-bf16_w-e2m1-g-bf16_o-bf16_16x128x256_w1x2x4_s2")
+    assert not float_key.scales_in_fp32
+    assert not KernelKey.from_name(name.replace("sm90a", "sm80")).reduces_splits_in_cluster
+    for bad in ("mma-sw:8x128x256_w1x2x4_s2", "mma-sw:32x128x256_w1x2x4_s2", "mma-sw:16x128x256_w2x2x4_s2"):
+        with pytest.raises(ValueError, match="the mma-sw body holds 16 tokens in one warp along M"):
+            parse_tile_field(bad)
+
+
 def test_every_tile_kind_has_one_body_that_owns_its_rules():
     from humming_aot.bodies import BODIES, body_of
 
