@@ -84,11 +84,11 @@ patch("csrc/include/humming_aot/mainloop/swapped_warp_pipeline.cuh", [
       const int col0''','''      Reduction::share_over_k_warps(smem, warp_mn, warp_k, acc, share);
       t_share = trace::ck();
       const int col0'''),
-('''        Writer::write(stash.p, acc[0], m0, n0 + warp_n * 64, tile_index, arrival_flag);
+('''        Writer::write(stash.p, part, m0, n0 + warp_n * 64, tile_index, arrival_flag);
       }
     }
   }
-};''','''        Writer::write(stash.p, acc[0], m0, n0 + warp_n * 64, tile_index, arrival_flag);
+};''','''        Writer::write(stash.p, part, m0, n0 + warp_n * 64, tile_index, arrival_flag);
       }
     }
     if (tr != nullptr && (threadIdx.x & 31) == 0) {
