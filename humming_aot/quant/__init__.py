@@ -11,13 +11,16 @@ from humming_aot.quant.activation import (
     dequantize_activation,
     quantize_activation,
 )
+from humming_aot.quant.activation_format import ACTIVATION_PRESETS, ActivationFormat
 from humming_aot.quant.io import load_quantized, save_quantized
 from humming_aot.quant.weight import QuantizedWeight, dequantize, quantize
 from humming_aot.quant.weight_format import PRESETS, SCALE_DTYPES, ScaleGranularity, WeightFormat, ZeroPointKind
 
 __all__ = [
+    "ACTIVATION_PRESETS",
     "PRESETS",
     "SCALE_DTYPES",
+    "ActivationFormat",
     "ActivationGranularity",
     "QuantizedActivation",
     "QuantizedWeight",
