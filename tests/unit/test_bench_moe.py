@@ -25,9 +25,15 @@ def test_routed_rows_are_the_tokens_grouped_by_expert(tokens, experts, top_k):
     gen = torch.Generator(device="cpu").manual_seed(3)
     topk_ids = torch.randn(tokens, experts, generator=gen).topk(top_k, dim=1).indices
     hidden = torch.randn(tokens, 64, generator=gen).to(torch.bfloat16)
+    counts = routed.counts.tolist()
+    assert routed.masked_a.shape[:2] == (experts, max(16, -(-max(counts) // 16) * 16))
     for e in range(experts):
         token_rows = torch.nonzero((topk_ids == e).any(dim=1)).reshape(-1)
         assert torch.equal(routed.a[offsets[e]:offsets[e + 1]], hidden[token_rows])
+        # masked: the same rows first in the expert's slab, zeros after
+        assert counts[e] == offsets[e + 1] - offsets[e]
+        assert torch.equal(routed.masked_a[e, :counts[e]], hidden[token_rows])
+        assert not routed.masked_a[e, counts[e]:].any()
 
 
 def test_the_model_table_and_arguments():
@@ -38,5 +44,6 @@ def test_the_model_table_and_arguments():
         assert (k2 * 2, n2) == (n1, k1)
     args = bench_moe.parse_args(["--models", "qwen3-30b-a3b", "--tokens", "1,64"])
     assert args.models == "qwen3-30b-a3b" and args.impls.split(",") == list(bench_moe.ALL_IMPLS)
+    assert args.layout == "contiguous" and bench_moe.parse_args(["--layout", "masked"]).layout == "masked"
     with pytest.raises(SystemExit):
         bench_moe.parse_args(["--models", "llama"])

@@ -4,14 +4,18 @@
     python3 tools/bench/bench_moe.py --models deepseek-v3-tp8,qwen3-30b-a3b --tokens 1,16,256,4096 \\
         --formats int4:g128 --json moe.json
 
-Every implementation computes the grouped contiguous layout (the routed rows of one routing,
-expert after expert, with prefix offsets (E + 1,)):
+Every implementation computes one layout (--layout): grouped contiguous (the routed rows of one
+routing, expert after expert, with prefix offsets (E + 1,)) or grouped masked ((E, max_m, K), each
+expert's rows first, with per-expert counts (E,); max_m is the largest count, rounded up to 16):
 
-  humming_aot        humming_aot.moe.gemm_grouped on pack_experts(quantize(w, fmt)): today the
-                     loop of dense catalog GEMMs, one per expert with rows (it reads the offsets
-                     on the host, so it is timed as an eager loop: see the mode column)
-  humming            humming.layer.HummingLayer(num_experts=E), gemm_type grouped_contiguous
-  torch_grouped_mm   torch._grouped_mm on the bf16 weights (sm_90+)
+  humming_aot        humming_aot.moe.gemm_grouped / gemm_masked on pack_experts(quantize(w, fmt)):
+                     today the loop of dense catalog GEMMs, one per expert with rows (it reads
+                     the offsets or counts on the host, so it is timed as an eager loop: see the
+                     mode column)
+  humming            humming.layer.HummingLayer(num_experts=E), gemm_type grouped_contiguous or
+                     grouped_masked
+  torch_grouped_mm   torch._grouped_mm on the bf16 weights (sm_90+; masked: every expert's max_m
+                     rows, batched)
 
 Routing: --tokens tokens, each to top_k distinct experts drawn from random scores (seeded). Each
 point rotates --routings routings (different experts, so small token counts meet cold weights),
@@ -56,10 +60,13 @@ ALL_IMPLS = ("humming_aot", "humming", "torch_grouped_mm")
 
 @dataclasses.dataclass(frozen=True)
 class Routed:
-    """One routing's grouped contiguous rows: a (R, K), offsets (E + 1,) int64 on the device."""
+    """One routing's rows on the device: grouped contiguous a (R, K) with offsets (E + 1,) int64,
+    and the same rows grouped masked, masked_a (E, max_m, K) with counts (E,) int32."""
 
     a: torch.Tensor
     offsets: torch.Tensor
+    masked_a: torch.Tensor
+    counts: torch.Tensor
 
 
 def route(tokens: int, experts: int, top_k: int, k: int, seed: int, device: torch.device,
@@ -75,27 +82,38 @@ def route(tokens: int, experts: int, top_k: int, k: int, seed: int, device: torc
     offsets = torch.zeros(experts + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(counts, 0)
     rows = hidden.index_select(0, order // top_k)
-    return Routed(a=rows.to(device), offsets=offsets.to(device))
+    max_m = max(16, -(-int(counts.max()) // 16) * 16)
+    masked = torch.zeros(experts, max_m, k, dtype=dtype)
+    for e in range(experts):
+        masked[e, : int(counts[e])] = rows[int(offsets[e]):int(offsets[e + 1])]
+    return Routed(a=rows.to(device), offsets=offsets.to(device), masked_a=masked.to(device),
+                  counts=counts.to(torch.int32).to(device))
 
 
 @dataclasses.dataclass
 class MoeImpl:
     name: str
-    call: Callable[[Routed], torch.Tensor]
+    call: Callable[[Routed], torch.Tensor]  # the layout's output: (R, N), or (E, max_m, N) masked
     weight: Callable[[int], torch.Tensor]  # expert -> the (N, K) weight its relerr is taken against
     note: str = ""
 
 
-def prepare_humming_aot(w: torch.Tensor, fmt: str) -> MoeImpl:
+LAYOUTS = ("contiguous", "masked")
+
+
+def prepare_humming_aot(w: torch.Tensor, fmt: str, layout: str) -> MoeImpl:
     import humming_aot
-    from humming_aot.moe import gemm_grouped, pack_experts
+    from humming_aot.moe import gemm_grouped, gemm_masked, pack_experts
 
     experts = pack_experts(humming_aot.quantize(w.float(), fmt), act_dtype=w.dtype)
-    return MoeImpl("humming_aot", lambda r: gemm_grouped(r.a, experts, offsets=r.offsets),
-                   lambda e: experts.expert(e).effective_weight(scales_in_fp32=False))
+    if layout == "masked":
+        call = lambda r: gemm_masked(r.masked_a, experts, r.counts)  # noqa: E731
+    else:
+        call = lambda r: gemm_grouped(r.a, experts, offsets=r.offsets)  # noqa: E731
+    return MoeImpl("humming_aot", call, lambda e: experts.expert(e).effective_weight(scales_in_fp32=False))
 
 
-def prepare_humming(w: torch.Tensor, fmt: str) -> MoeImpl:
+def prepare_humming(w: torch.Tensor, fmt: str, layout: str) -> MoeImpl:
     if fmt not in bench_gemm.HUMMING_WEIGHT_CONFIG:
         raise bench_gemm.Unavailable(f"no humming weight_config mapped for {fmt}")
     try:
@@ -107,22 +125,30 @@ def prepare_humming(w: torch.Tensor, fmt: str) -> MoeImpl:
                          torch_dtype=w.dtype, num_experts=e).cuda()
     layer.load_from_unquantized(w)
     layer.transform()
-    config = {"gemm_type": "grouped_contiguous"}
     start = time.perf_counter()
-    layer(torch.zeros(1, k, device=w.device, dtype=w.dtype),
-          expert_layout=torch.tensor([0] + [1] * e, device=w.device, dtype=torch.int64), compute_config=config)
+    if layout == "masked":
+        config = {"gemm_type": "grouped_masked"}
+        layer(torch.zeros(e, 16, k, device=w.device, dtype=w.dtype),
+              expert_layout=torch.ones(e, device=w.device, dtype=torch.int32), compute_config=config)
+        call = lambda r: layer(r.masked_a, expert_layout=r.counts, compute_config=config)  # noqa: E731
+    else:
+        config = {"gemm_type": "grouped_contiguous"}
+        layer(torch.zeros(1, k, device=w.device, dtype=w.dtype),
+              expert_layout=torch.tensor([0] + [1] * e, device=w.device, dtype=torch.int64), compute_config=config)
+        call = lambda r: layer(r.a, expert_layout=r.offsets, compute_config=config)  # noqa: E731
     torch.cuda.synchronize()
     note = f"first call (JIT) {time.perf_counter() - start:.1f} s"
-    return MoeImpl("humming", lambda r: layer(r.a, expert_layout=r.offsets, compute_config=config),
-                   lambda x: w[x], note)
+    return MoeImpl("humming", call, lambda x: w[x], note)
 
 
-def prepare_torch_grouped_mm(w: torch.Tensor, fmt: str) -> MoeImpl:
+def prepare_torch_grouped_mm(w: torch.Tensor, fmt: str, layout: str) -> MoeImpl:
     if not hasattr(torch, "_grouped_mm") or torch.cuda.get_device_capability()[0] < 9:
         raise bench_gemm.Unavailable("torch._grouped_mm needs torch with it and an sm_90+ GPU")
     w_t = w.transpose(1, 2)  # (E, K, N), each expert's K x N column-major
 
     def call(r: Routed) -> torch.Tensor:
+        if layout == "masked":
+            return torch._grouped_mm(r.masked_a, w_t)  # batched: every expert's max_m rows
         return torch._grouped_mm(r.a, w_t, offs=r.offsets[1:].to(torch.int32))
     return MoeImpl("torch_grouped_mm", call, lambda x: w[x], "bf16 weights")
 
@@ -130,15 +156,18 @@ def prepare_torch_grouped_mm(w: torch.Tensor, fmt: str) -> MoeImpl:
 PREPARE = {"humming_aot": prepare_humming_aot, "humming": prepare_humming, "torch_grouped_mm": prepare_torch_grouped_mm}
 
 
-def relerr(impl: MoeImpl, routed: Routed) -> float | None:
+def relerr(impl: MoeImpl, routed: Routed, layout: str) -> float | None:
     """max |out - ref| / max |ref| over the rows of the first two experts with rows."""
     out = impl.call(routed)
     bounds = routed.offsets.tolist()
     errors, scale = [], 0.0
     for e in [e for e in range(len(bounds) - 1) if bounds[e + 1] > bounds[e]][:2]:
-        rows = slice(bounds[e], bounds[e + 1])
-        ref = routed.a[rows].double() @ impl.weight(e).double().T
-        errors.append(float((out[rows].double() - ref).abs().max()))
+        if layout == "masked":
+            a, got = routed.masked_a[e, : bounds[e + 1] - bounds[e]], out[e, : bounds[e + 1] - bounds[e]]
+        else:
+            a, got = routed.a[bounds[e]:bounds[e + 1]], out[bounds[e]:bounds[e + 1]]
+        ref = a.double() @ impl.weight(e).double().T
+        errors.append(float((got.double() - ref).abs().max()))
         scale = max(scale, float(ref.abs().max()))
     return max(errors) / scale if errors and scale > 0 else None
 
@@ -160,7 +189,7 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
                 impls = []
                 for name in args.impls.split(","):
                     try:
-                        impls.append(PREPARE[name](w, fmt))
+                        impls.append(PREPARE[name](w, fmt, args.layout))
                     except bench_gemm.Unavailable as why:
                         print(f"{name} {fmt} {model} {gemm}: n/a: {why}")
                 for tokens in map(int, args.tokens.split(",")):
@@ -169,12 +198,13 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
                     for impl in impls:
                         timing = time_cuda_graph([lambda r=r, impl=impl: impl.call(r) for r in routings],
                                                  repeats=args.repeats)
-                        err = relerr(impl, routings[0])
+                        err = relerr(impl, routings[0], args.layout)
                         mode = timing["mode"] if timing["mode"] == "graph" else "eager"
                         print(f"{tokens:>6} {model:>16} {gemm:>5} {n:>6} {k:>6} {experts:>4} {top_k:>4} {fmt:<12} "
                               f"{impl.name:<17} {timing['median_us']:>9.1f} "
                               f"{'-' if err is None else f'{err:.1e}':>8}  {mode} {impl.note}")
-                        results.append(dict(tokens=tokens, model=model, gemm=gemm, n=n, k=k, experts=experts,
+                        results.append(dict(tokens=tokens, model=model, gemm=gemm, layout=args.layout, n=n, k=k,
+                                            experts=experts,
                                             top_k=top_k, format=fmt, impl=impl.name, us=timing["median_us"],
                                             p10_us=timing["p10_us"], p90_us=timing["p90_us"], mode=timing["mode"],
                                             relerr=err, note=impl.note))
@@ -190,6 +220,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tokens", default=DEFAULT_TOKENS, help=f"comma list (default {DEFAULT_TOKENS})")
     parser.add_argument("--formats", default="int4:g128", help="comma list of weight formats")
     parser.add_argument("--impls", default=",".join(ALL_IMPLS), help=f"comma list from {', '.join(ALL_IMPLS)}")
+    parser.add_argument("--layout", default="contiguous", choices=LAYOUTS, help="grouped contiguous or masked")
     parser.add_argument("--routings", type=int, default=4, help="routings rotated per point")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
