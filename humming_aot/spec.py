@@ -295,8 +295,8 @@ class KernelKey:
         """Whether the kernel applies the weight scales to fp32 partial sums, so that the weight it
         multiplies with is (q - z) * s unrounded, instead of (q - z) * s rounded once to the
         activation dtype (``PackedWeight.effective_weight(scales_in_fp32=...)`` gives either).
-        The swapped-operand 8-row mma.sync tile does so for integer codes without a float zero
-        point (mainloop/swapped_warp_pipeline.cuh, kScalesInFp32; the generated source checks that both
+        The swapped-operand mma.sync tiles (8 tokens, or 16 under mma-sw) do so for integer codes
+        without a float zero point (mainloop/swapped_warp_pipeline.cuh, kScalesInFp32; the generated source checks that both
         sides agree)."""
         return self.tile.body.scales_in_fp32(self)
 
@@ -304,8 +304,8 @@ class KernelKey:
     def reduces_splits_in_cluster(self) -> bool:
         """Whether the kernel sums its split-K slices inside a thread-block cluster when launched
         with cluster dims (1, k_splits, 1): through distributed shared memory, without the global
-        workspace and counters (epilogue/cluster_exchange.cuh). The swapped-operand 8-row mma.sync
-        tile does so when compiled for sm_90 or later; launched without clusters, it uses the
+        workspace and counters (epilogue/cluster_exchange.cuh). The swapped-operand mma.sync tiles
+        (8 tokens, or 16 under mma-sw) do so when compiled for sm_90 or later; launched without clusters, it uses the
         workspace as every other kernel does."""
         return self.tile.body.reduces_splits_in_cluster(self)
 

@@ -1,5 +1,5 @@
 """The portable body on warp-level mma.sync (kernel/dense_mma_sync.cuh), every arch: a CTA-shared
-cp.async pipeline (mainloop/cta_pipeline.cuh), or for block_m = 8 the swapped-operand per-warp
+cp.async pipeline (mainloop/cta_pipeline.cuh), or for block_m = 8 (and under mma-sw, 16) the swapped-operand per-warp
 pipeline (mainloop/swapped_warp_pipeline.cuh) whose weights are the mma A operand."""
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ class MmaSyncBody(Body):
     @staticmethod
     def swapped(tile: "TileConfig") -> bool:
         """Whether the tile runs the swapped-operand per-warp pipeline (mainloop/swapped_warp_pipeline.cuh:
-        weights as the mma A operand, one pipeline per warp) rather than the CTA-shared one. The kernel
-        name spells it as block_m = 8, the only block_m below 16 (kernel/dense_mma_sync.cuh picks the
-        mainloop by kBlockM == 8 too)."""
+        weights as the mma A operand, one pipeline per warp) rather than the CTA-shared one. Under the
+        mma kind the kernel name spells it as block_m = 8, the only block_m below 16
+        (kernel/dense_mma_sync.cuh's kSwapped defaults to kBlockM == 8); the mma-sw kind
+        (bodies/mma_swapped.py) is the same pipeline at 16 tokens."""
         return tile.block_m == 8
 
     def check_tile(self, tile: "TileConfig") -> None:
@@ -67,14 +68,14 @@ class MmaSyncBody(Body):
         return max(pipeline, reduction) + exchange
 
     def scales_in_fp32(self, key: "KernelKey") -> bool:
-        # the swapped 8-row tile, integer codes without a float zero point (kScalesInFp32 of
+        # the swapped tiles (8 tokens; 16 under mma-sw), integer codes without a float zero point (kScalesInFp32 of
         # mainloop/swapped_warp_pipeline.cuh; the generated source checks that both sides agree)
         from humming_aot.spec import ZeroPoint
 
         return self.swapped(key.tile) and not key.spec.w_is_float and key.spec.w_zero_point is not ZeroPoint.FLOAT
 
     def reduces_splits_in_cluster(self, key: "KernelKey") -> bool:
-        # the swapped 8-row tile compiled for sm_90 or later (epilogue/cluster_exchange.cuh)
+        # the swapped tiles compiled for sm_90 or later (epilogue/cluster_exchange.cuh)
         from humming_aot.spec import parse_arch
 
         return self.swapped(key.tile) and parse_arch(key.arch)[0] >= 90

@@ -27,9 +27,9 @@ namespace humming_aot::kernel {
 template <class Act,      // Float16 or BFloat16: activation, scale and output dtype
           class Weights,  // numerics::IntWeights<bits> or FloatWeights<exp, man>
           numerics::ZeroPointKind kZeroPoint,
-          int kBlockM,                  // output rows per CTA; 8: swapped operands, a pipeline per warp
-          int kBlockN,                  // output columns per CTA (64 per warp along N)
-          int kBlockK,                  // K per pipeline stage: 64, 128, 256 or 512
+          int kBlockM,  // output rows per CTA; 8: swapped operands, a pipeline per warp (16 too with kSwapped)
+          int kBlockN,  // output columns per CTA (64 per warp along N)
+          int kBlockK,  // K per pipeline stage: 64, 128, 256 or 512
           int kWarpsM, int kWarpsN,     // warp grid of the CTA over the output tile
           int kWarpsK,                  // warps sharing each stage's K steps (1, 2 or 4)
           int kStages,                  // cp.async pipeline depth
