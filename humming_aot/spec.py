@@ -268,6 +268,7 @@ class KernelKey:
         only = self.tile.body.only_arch
         if only is not None and self.arch != only:
             raise ValueError(f"arch {self.arch!r}: {self.tile.mma.value} kernels exist only for {only}")
+        self.tile.body.check_key(self)
 
     @property
     def name(self) -> str:

@@ -23,6 +23,10 @@ class Body:
         """Raise ValueError saying what is wrong with a tile this body cannot run."""
         raise NotImplementedError
 
+    def check_key(self, key: "KernelKey") -> None:
+        """Raise ValueError saying what is wrong with a tile for this key's operands (the rules
+        that depend on the code width or dtypes as well as the tile); nothing by default."""
+
     def threads(self, tile: "TileConfig") -> int:
         """Threads per CTA."""
         return 32 * tile.warps_m * tile.warps_n * tile.warps_k

@@ -39,6 +39,27 @@ class MmaSyncBody(Body):
         if tile.stages < 2:
             raise ValueError(f"stages={tile.stages}: a pipeline needs at least 2 stages")
 
+    # the stage loader keeps one validity bit per copy pass in a 32-bit mask (memory/stage_loader.cuh)
+    MAX_COPY_PASSES = 32
+
+    def check_key(self, key: "KernelKey") -> None:
+        # The passes of 16-byte copies each issuer makes per stage: the CTA's threads copy a whole
+        # stage; a swapped tile's warp copies its own run of K for its 64 columns (32 issuers).
+        tile, bits = key.tile, key.spec.w_bits
+        swapped = self.swapped(tile)
+        issuers = 32 if swapped else self.threads(tile)
+        run_k = tile.block_k // tile.warps_k if swapped else tile.block_k
+        columns = 64 if swapped else tile.block_n
+        weight_passes = -(-(run_k // 16) * (columns // 64) * 8 * bits // issuers)
+        activation_passes = -(-tile.block_m * (run_k // 8) // issuers)
+        if max(weight_passes, activation_passes) > self.MAX_COPY_PASSES:
+            raise ValueError(
+                f"tile {tile.label} with {bits}-bit codes: each of its {issuers} copy issuers would make "
+                f"{max(weight_passes, activation_passes)} passes per stage (weights {weight_passes}, activations "
+                f"{activation_passes}), over the loader's {self.MAX_COPY_PASSES}; stage less K per "
+                f"{'warp (more K warps or a narrower block_k)' if swapped else 'CTA (a narrower block_k)'}"
+            )
+
     def template_args(self, tile: "TileConfig") -> tuple[int, ...]:
         return (tile.block_m, tile.block_n, tile.block_k, tile.warps_m, tile.warps_n, tile.warps_k, tile.stages)
 

@@ -271,6 +271,22 @@ def test_swapped_16_token_tiles_round_trip_and_take_the_swapped_pipeline():
             parse_tile_field(bad)
 
 
+def test_mma_sync_keys_whose_loader_would_need_over_32_copy_passes_are_refused():
+    """The stage loader keeps a validity bit per copy pass in 32 bits: a swapped tile's warp staging
+    512 of K of 8-bit codes (64 passes) is refused when the key is made, not by a static_assert in
+    nvcc or NVRTC; 4-bit codes (32 passes) and more K warps are fine."""
+    with pytest.raises(ValueError, match=r"8x128x512_w1x2_s2 with 8-bit codes: each of its 32 copy issuers would "
+                                         r"make 64 passes per stage \(weights 64, activations 16\), over the "
+                                         r"loader's 32; stage less K per warp"):
+        KernelKey.from_name("gemm_dense_sm90a_mma_a-bf16_w-s8-g-bf16_o-bf16_8x128x512_w1x2_s2")
+    with pytest.raises(ValueError, match="stage less K per CTA"):
+        KernelKey.from_name("gemm_dense_sm80_mma_a-bf16_w-s8-g-bf16_o-bf16_16x128x512_w1x2_s2")
+    for name in ("gemm_dense_sm90a_mma_a-bf16_w-s4-g-bf16_o-bf16_8x128x512_w1x2_s2",
+                 "gemm_dense_sm90a_mma_a-bf16_w-s8-g-bf16_o-bf16_8x128x512_w1x2x2_s2",
+                 "gemm_dense_sm90a_mma-sw_a-bf16_w-s4-g-bf16_o-bf16_16x128x512_w1x2_s2"):
+        assert KernelKey.from_name(name).name == name
+
+
 def test_every_tile_kind_has_one_body_that_owns_its_rules():
     from humming_aot.bodies import BODIES, body_of
 
