@@ -316,6 +316,9 @@ def test_turing_and_hopper_bodies_compile_with_the_real_headers(tmp_path):
     # the 16-token swapped tile (body mma-sw, in no default catalog yet): its generated source
     # static_asserts the host's shared-memory size and numerics flags against the C++
     keys.append(KernelKey.from_name("gemm_dense_sm90a_mma-sw_a-bf16_w-u4-g-bf16-zpi_o-bf16_16x128x256_w1x2x4_s2"))
+    # the grouped masked schedule around an 8-row and a 16-row mma.sync body (no catalog holds one yet)
+    keys += [KernelKey.from_name("gemm_masked_sm90a_mma_a-bf16_w-s4-g-bf16_o-bf16_8x128x256_w1x2x4_s2"),
+             KernelKey.from_name("gemm_masked_sm90a_mma_a-bf16_w-u4-g-bf16-zpi_o-bf16_16x128x256_w1x2x4_s2")]
     result = driver.compile_keys(keys, tmp_path, jobs=2, stream=io.StringIO())
     for key in keys:
         (entry,) = driver.read_fatbin(result.fatbins[key.name].read_bytes())

@@ -287,6 +287,35 @@ def test_mma_sync_keys_whose_loader_would_need_over_32_copy_passes_are_refused()
         assert KernelKey.from_name(name).name == name
 
 
+def test_grouped_masked_keys_wrap_the_mma_sync_bodies():
+    """A grouped masked GEMM (kernel/grouped_masked.cuh) is a schedule around a dense body that
+    takes GemmParams: its source wraps the body's template and takes MaskedGemmParams (160 bytes:
+    GemmParams, the counts pointer, six strides); the TMA body and the other MoE types have no
+    kernel yet, and say so. No pairing allows the type yet (support.py refuses it), so no catalog
+    holds one."""
+    from humming_aot import codegen, params_abi
+    from humming_aot.spec import GemmType
+
+    for name in ("gemm_masked_sm90a_mma_a-bf16_w-s4-g-bf16_o-bf16_8x128x256_w1x2x4_s2",
+                 "gemm_masked_sm90a_mma-sw_a-bf16_w-u4-g-bf16-zpi_o-bf16_16x128x256_w1x2x4_s2",
+                 "gemm_masked_sm80_mma_a-f16_w-e2m1-g-f16_o-f16_16x128x64_w1x2x2_s3"):
+        key = KernelKey.from_name(name)
+        assert key.name == name and key.spec.gemm_type is GemmType.MASKED
+        source = codegen.kernel_source(key)
+        assert "#include <humming_aot/kernel/grouped_masked.cuh>" in source
+        assert "humming_aot::kernel::GroupedMasked<humming_aot::kernel::DenseMmaSync<" in source
+        assert f", {key.tile.block_m}, {key.tile.block_n}>;" in source
+        assert "const __grid_constant__ humming_aot::kernel::MaskedGemmParams params" in source
+        assert "sizeof(humming_aot::kernel::MaskedGemmParams)" in source
+        assert codegen.params_type(key) == "MaskedGemmParams"
+    assert params_abi.MASKED_PARAMS_BYTES == 160
+    with pytest.raises(ValueError, match="wraps the bodies that take GemmParams \\(mma, mma-sw\\), not wgmma-ws"):
+        codegen.kernel_source(KernelKey.from_name(
+            "gemm_masked_sm90a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_128x128x64_w1x4_s4"))
+    with pytest.raises(ValueError, match="a indexed GEMM yet"):
+        codegen.kernel_source(KernelKey.from_name("gemm_indexed_sm90a_mma_a-bf16_w-s4-g-bf16_o-bf16_8x128x256_w1x2x4_s2"))
+
+
 def test_every_tile_kind_has_one_body_that_owns_its_rules():
     from humming_aot.bodies import BODIES, body_of
 
