@@ -6,8 +6,8 @@ place: the version every kernel's metadata must carry, and the byte layouts the 
   dp_ctas, tail_splits, stream_k), zero padding to byte 128, then the activations' 128-byte
   CUtensorMap (256 bytes).
 - ``MaskedGemmParams`` (the grouped masked MoE GEMM around the mma.sync bodies): GemmParams of
-  expert 0's slab, the experts' row counts pointer and six byte strides between experts (a,
-  out, w, scales, zero points, bias) (160 bytes).
+  expert 0's slab, pointers to the experts' row counts (int32) and global scales (fp32), and six
+  byte strides between experts (a, out, w, scales, zero points, bias) (168 bytes).
 
 Contract changes bump PARAMS_VERSION together with the header's kParamsVersion: 1 GemmParams; 2
 kernels wait on griddepcontrol before reading upstream data, so the launcher may launch them with
@@ -29,7 +29,7 @@ TMA_MAP_OFFSET = 128
 TMA_MAP_BYTES = 128
 TMA_PADDING = bytes(TMA_MAP_OFFSET - GEMM_PARAMS.size - TMA_SCHEDULE.size)
 TMA_PARAMS_BYTES = TMA_MAP_OFFSET + TMA_MAP_BYTES
-MASKED_TAIL = struct.Struct("<Q6q")  # expert_rows, then the a, out, w, scale, zero point and bias strides
+MASKED_TAIL = struct.Struct("<2Q6q")  # expert_rows, global_scales, then the a, out, w, scale, zp and bias strides
 MASKED_PARAMS_BYTES = GEMM_PARAMS.size + MASKED_TAIL.size
 
 # Byte offsets of the fields a launch fills in per call (the rest of the Params bytes are fixed

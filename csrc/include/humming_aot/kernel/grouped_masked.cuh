@@ -7,7 +7,8 @@
 // upstream grid (the counts may be its output), reads its expert's count, leaves at once when its
 // tile index passes that count's tiles (the dense raster of `rows` rows is a bijection onto the
 // first ceil(rows / kBlockM) x n_tiles indices), and runs the dense body on a copy of GemmParams
-// whose pointers are moved to the expert's slab and whose M is the count. Preconditions (the host
+// whose pointers are moved to the expert's slab, whose M is the count and whose global scale is
+// the expert's. Preconditions (the host
 // checks them): gemm.k_splits == 1 (one K slice: the dense body's split-K counters and workspace
 // are per launch, not per expert); a body whose run takes GemmParams and takes its tile from
 // blockIdx.x (the mma.sync bodies). SM80+.
@@ -35,6 +36,7 @@ struct GroupedMasked {
     if (rows <= 0 || blockIdx.x >= m_tiles * n_tiles) return;  // uniform over the CTA
     GemmParams p = g.gemm;
     p.m = rows;
+    p.global_scale = g.global_scales[expert];
     p.a = static_cast<const char*>(p.a) + expert * g.a_stride;
     p.out = static_cast<char*>(p.out) + expert * g.out_stride;
     p.w = static_cast<const char*>(p.w) + expert * g.w_stride;

@@ -64,18 +64,19 @@ static_assert(sizeof(TmaGemmParams) == 256 && alignof(TensorMap) == 64 && sizeof
 // The Params of the grouped masked MoE GEMM (kernel/grouped_masked.cuh): the GemmParams of expert
 // 0's slab (m: the slab's rows, max_m), then each expert's valid rows on the device and the bytes
 // that move GemmParams' pointers from one expert's slab to the next. Packed as GemmParams' bytes,
-// then "<Q6q" (160 bytes).
+// then "<2Q6q" (168 bytes).
 struct MaskedGemmParams {
-  GemmParams gemm;         // k_splits 1: the dense body's split-K counters would be shared by experts
-  const int* expert_rows;  // (E,) valid rows of each expert's slab, 0 <= rows <= gemm.m
-  i64 a_stride;            // bytes between experts' activation slabs (max_m * lda * 2)
-  i64 out_stride;          // bytes between experts' output slabs (max_m * ldo * 2)
-  i64 w_stride;            // bytes between experts' packed weights
-  i64 scale_stride;        // bytes between experts' scales
-  i64 zero_point_stride;   // bytes between experts' zero points (0 without them)
-  i64 bias_stride;         // bytes between experts' biases (0 without them)
+  GemmParams gemm;             // k_splits 1: the dense body's split-K counters would be shared by experts
+  const int* expert_rows;      // (E,) valid rows of each expert's slab, 0 <= rows <= gemm.m
+  const float* global_scales;  // (E,) each expert's fp32 global weight scale (gemm.global_scale unused)
+  i64 a_stride;                // bytes between experts' activation slabs (max_m * lda * 2)
+  i64 out_stride;              // bytes between experts' output slabs (max_m * ldo * 2)
+  i64 w_stride;                // bytes between experts' packed weights
+  i64 scale_stride;            // bytes between experts' scales
+  i64 zero_point_stride;       // bytes between experts' zero points (0 without them)
+  i64 bias_stride;             // bytes between experts' biases (0 without them)
 };
-static_assert(sizeof(MaskedGemmParams) == 160, "MaskedGemmParams is GemmParams, a pointer and six i64");
+static_assert(sizeof(MaskedGemmParams) == 168, "MaskedGemmParams is GemmParams, two pointers and six i64");
 
 // Exported as `extern "C" __constant__ KernelMetadata humming_aot_kernel_metadata` (256 bytes).
 struct KernelMetadata {
