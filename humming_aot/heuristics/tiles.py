@@ -148,6 +148,22 @@ def select_tile(arch: str, m: int, k: int | None = None, group: int | None = Non
     return next((tile for tile, _ in candidates if fits(tile)), narrow_twin(candidates[0][0]))
 
 
+def select_masked_tile(arch: str, m: int, k: int | None = None, group: int | None = None,
+                       w_bits: int = 8) -> TileConfig:
+    """The tile of a grouped masked MoE GEMM (kernel/grouped_masked.cuh) whose experts hold about
+    m rows each: the arch's table tile for m where its body takes GemmParams (the mma.sync bodies
+    the masked schedule wraps), else the mma.sync table of the same arch without its suffix
+    (sm90a's wgmma rows give way to sm90's)."""
+    tile = select_tile(arch, m, k, group, w_bits)
+    if tile.body.params_type == "GemmParams" and tile.body.splits_k:
+        return tile
+    number, _ = parse_arch(arch)
+    plain = select_tile(f"sm{number}", m, k, group, w_bits)
+    if plain.body.params_type != "GemmParams":
+        raise ValueError(f"no mma.sync tile in the tables of {arch} and sm{number} for the grouped masked GEMM")
+    return plain
+
+
 def split_k_factor(*, m: int, n: int, k: int, tile: TileConfig, num_sms: int, max_tiles: int,
                    ctas_per_sm: int = 2, target_ctas_per_sm: int = DEFAULT_SPLIT_CTAS_PER_SM) -> int:
     """How many K slices to split each output tile into, so that small problems fill the GPU.

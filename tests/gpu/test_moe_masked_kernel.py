@@ -1,0 +1,110 @@
+"""The grouped masked MoE GEMM's kernel (humming_aot.moe.gemm_masked_kernel: the masked schedule
+of kernel/grouped_masked.cuh around an mma.sync body, from the catalog or the JIT) on the GPU,
+against the float64 reference of each expert's exact operands (and so against the expert loop,
+humming_aot.moe.gemm_masked, which defines it): uniform, skewed and empty counts, every tile size
+the expected rows pick, bias, a NaN-poisoned output whose rows past each count must stay
+untouched, and a captured CUDA graph replayed with new counts and activations."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import humming_aot
+from humming_aot import dispatch, heuristics, ops
+from humming_aot.moe import gemm_masked, gemm_masked_kernel, pack_experts
+from humming_aot.spec import GemmType, KernelKey
+from humming_aot.testing.jit import why_no_jit
+from humming_aot.testing.numerics import assert_gemm_close, reference_gemm, with_every_code
+
+
+def _why_not() -> str | None:
+    if not torch.cuda.is_available():
+        return "no CUDA GPU on this machine"
+    if torch.cuda.get_device_capability() < (8, 0):
+        return "the masked schedule wraps the sm_80+ mma.sync bodies"
+    return why_no_jit("no catalog holds the grouped masked kernels yet, only the JIT builds them", "to build them")
+
+
+_WHY_NOT = _why_not()
+pytestmark = pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")
+
+FORMATS = ("int4:g128", "uint4:g64:zp", "mxfp4", "int8:channel", "uint4:g128:zpf")
+
+
+def _seed() -> int:
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"seed={seed}")
+    return seed
+
+
+def _key(experts, rows: int) -> KernelKey:
+    """The kernel gemm_masked_kernel launches for `rows` expected rows."""
+    import dataclasses
+
+    spec = dataclasses.replace(ops.gemm_spec(experts.expert(0)), gemm_type=GemmType.MASKED)
+    info = dispatch.device_info(torch.cuda.current_device())
+    tile = heuristics.select_masked_tile(info.arches[0], rows, experts.k, experts.group_size, spec.w_bits)
+    return dispatch.obtain(spec, torch.cuda.current_device(), rows, tile, experts.k, experts.group_size,
+                           n=experts.n)[0]
+
+
+def _check(out, a, experts, counts, bias, key, context):
+    for e, count in enumerate(counts.tolist()):
+        w_eff = experts.effective_weight(e, scales_in_fp32=key.scales_in_fp32)
+        if count:
+            b = None if bias is None else bias[e]
+            assert_gemm_close(out[e, :count], reference_gemm(a[e, :count], w_eff, b), a=a[e, :count], w_eff=w_eff,
+                              bias=b, context=f"{context} expert {e} of {count} rows")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_masked_kernel_matches_the_reference_under_uniform_skewed_and_empty_counts(fmt):
+    seed = _seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    e, n, k = 6, 192, 512
+    w = torch.randn(e, n, k, device="cuda", generator=gen) * 0.05
+    experts = pack_experts(with_every_code(humming_aot.quantize(w, fmt), gen), act_dtype=torch.bfloat16)
+    for max_m, counts in ((8, [8, 8, 8, 8, 8, 8]), (40, [0, 40, 1, 17, 0, 39]), (16, [0] * 6), (130, [130, 0, 0, 0, 0, 3])):
+        masked_m = torch.tensor(counts, dtype=torch.int32, device="cuda")
+        a = torch.randn(e, max_m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        bias = (torch.randn(e, n, device="cuda", generator=gen) * 0.5).to(torch.bfloat16) if max_m == 40 else None
+        for expected in (1, 16, max_m):
+            key = _key(experts, min(expected, max_m))
+            context = f"{key.name} fmt={fmt} max_m={max_m} counts={counts} seed={seed}"
+            out = torch.full((e, max_m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            gemm_masked_kernel(a, experts, masked_m, expected_m=expected, bias=bias, out=out)
+            _check(out, a, experts, masked_m, bias, key, context)
+            for i, count in enumerate(counts):  # rows past each count are left as they were
+                assert out[i, count:].isnan().all(), context
+            fresh = gemm_masked_kernel(a, experts, masked_m, expected_m=expected, bias=bias)
+            if bias is None:  # the expert loop zero-fills the rows past each count, and so does a new output
+                loop = gemm_masked(a, experts, masked_m)
+                assert torch.equal(fresh.isnan(), loop.isnan()) and not fresh.isnan().any(), context
+                for i, count in enumerate(counts):
+                    assert not fresh[i, count:].any(), context
+
+
+def test_masked_kernel_replays_in_a_cuda_graph_with_new_counts():
+    seed = _seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    e, n, k, max_m = 4, 128, 256, 24
+    experts = pack_experts(humming_aot.quantize(torch.randn(e, n, k, device="cuda", generator=gen) * 0.05,
+                                                "int4:g128"), act_dtype=torch.bfloat16)
+    a = torch.randn(e, max_m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    masked_m = torch.tensor([3, 24, 0, 9], dtype=torch.int32, device="cuda")
+    out = torch.zeros(e, max_m, n, device="cuda", dtype=torch.bfloat16)
+    gemm_masked_kernel(a, experts, masked_m, expected_m=8, out=out)  # loads (or compiles) outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gemm_masked_kernel(a, experts, masked_m, expected_m=8, out=out)
+    key = _key(experts, 8)
+    for counts in ([24, 0, 1, 7], [0, 0, 0, 24]):
+        a.copy_(torch.randn(e, max_m, k, device="cuda", generator=gen).to(torch.bfloat16))
+        masked_m.copy_(torch.tensor(counts, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(out, a, experts, masked_m, None, key, f"graph replay counts={counts} seed={seed}")

@@ -1,0 +1,69 @@
+"""The grouped masked MoE GEMM's host side (humming_aot/moe/masked_kernel.py) without a GPU: the
+tile it picks, the grid and MaskedGemmParams bytes it launches with, and the errors it raises
+before anything reaches a kernel."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import humming_aot
+from humming_aot import heuristics, params_abi
+from humming_aot.moe import gemm_masked_kernel, pack_experts
+from humming_aot.moe.masked_kernel import launch_arguments
+from humming_aot.spec import MmaKind
+
+
+def _experts(fmt="uint4:g64:zp", e=3, n=192, k=256):
+    w = torch.randn(e, n, k, generator=torch.Generator().manual_seed(0)) * 0.05
+    return pack_experts(humming_aot.quantize(w, fmt), act_dtype=torch.bfloat16)
+
+
+def test_the_tile_is_an_mma_sync_tile_for_the_expected_rows():
+    for arch in ("sm90a", "sm80", "sm120"):
+        for m in (1, 8, 16, 17, 64, 1024):
+            tile = heuristics.select_masked_tile(arch, m, 4096, 128, 4)
+            assert tile.body.params_type == "GemmParams" and tile.mma in (MmaKind.MMA_SYNC, MmaKind.MMA_SWAPPED)
+            own = heuristics.select_tile(arch, m, 4096, 128, 4)
+            if own.mma is MmaKind.MMA_SYNC:  # the arch's own tile wherever it is an mma.sync one
+                assert tile == own
+    assert heuristics.select_masked_tile("sm90a", 1, 4096, 128, 4).block_m == 8
+    assert heuristics.select_masked_tile("sm90a", 64, 4096, 128, 4) == heuristics.select_tile("sm90", 64, 4096, 128, 4)
+
+
+def test_the_launch_passes_expert_zero_and_the_strides_between_experts():
+    experts = _experts()
+    e, max_m, k, n = 3, 20, 256, 192
+    a = torch.zeros(e, max_m, k, dtype=torch.bfloat16)
+    out = torch.zeros(e, max_m, n, dtype=torch.bfloat16)
+    counts = torch.tensor([5, 0, 20], dtype=torch.int32)
+    bias = torch.zeros(e, n, dtype=torch.bfloat16)
+    tile = heuristics.select_masked_tile("sm90a", 16, k, 64, 4)
+    grid, params = launch_arguments(a, experts, counts, bias, out, tile)
+    assert grid == (2 * 2, 1, e)  # ceil(20 / 16) x ceil(192 / 128) tiles of a full slab, per expert
+    assert len(params) == params_abi.MASKED_PARAMS_BYTES == 168
+    gemm = params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])
+    assert gemm[:8] == (a.data_ptr(), experts.w.data_ptr(), experts.w_scale.data_ptr(),
+                        experts.w_zero_point.data_ptr(), bias.data_ptr(), out.data_ptr(), 0, 0)
+    assert gemm[8:] == (k, n, max_m, n, k, 64, 1, 1.0)  # lda, ldo, m = max_m, n, k, group, one slice
+    tail = params_abi.MASKED_TAIL.unpack(params[params_abi.GEMM_PARAMS.size:])
+    assert tail[:2] == (counts.data_ptr(), experts.global_scale_tensor.data_ptr())
+    strides = tail[2:]
+    for stride, tensor in zip(strides, (a, out, experts.w, experts.w_scale, experts.w_zero_point, bias)):
+        assert stride == tensor[1].data_ptr() - tensor[0].data_ptr()  # expert 1's slab minus expert 0's
+    symmetric = _experts("int4:g128")
+    _, params = launch_arguments(a, symmetric, counts, None, out, tile)
+    gemm = params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])
+    tail = params_abi.MASKED_TAIL.unpack(params[params_abi.GEMM_PARAMS.size:])
+    assert gemm[3] == gemm[4] == 0 and tail[6] == tail[7] == 0  # no zero points, no bias
+
+
+def test_bad_arguments_are_refused_before_any_launch():
+    experts = _experts()
+    a = torch.zeros(3, 4, 256, dtype=torch.bfloat16)
+    counts = torch.zeros(3, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"a must be \(3, max_m, 256\), got \(3, 256\)"):
+        gemm_masked_kernel(torch.zeros(3, 256, dtype=torch.bfloat16), experts, counts)
+    with pytest.raises(ValueError, match="a must be a contiguous torch.bfloat16 tensor"):
+        gemm_masked_kernel(a.half(), experts, counts)
+    with pytest.raises(ValueError, match="must be on one CUDA device; on the CPU, humming_aot.moe.gemm_masked"):
+        gemm_masked_kernel(a, experts, counts)
