@@ -19,6 +19,7 @@ from humming_aot.moe.packing import PackedExperts
 from humming_aot.spec import GemmType, TileConfig
 
 _ELEMENT_BYTES = 2  # activations, scales, zero points, bias and output: 16-bit
+MAX_EXPERTS = 65535  # gridDim.z
 
 
 def gemm_masked_kernel(a: torch.Tensor, experts: PackedExperts, masked_m: torch.Tensor, *,
@@ -38,13 +39,21 @@ def gemm_masked_kernel(a: torch.Tensor, experts: PackedExperts, masked_m: torch.
     _check(a, experts, masked_m, bias, out)
     from humming_aot import dispatch, heuristics, ops
 
+    dense = experts.expert(0)
+    dense.check_layout()  # words in the packed layout this humming_aot reads
+    device_index = a.device.index
+    reason = ops._unsupported_on_device(ops.gemm_spec(dense), device_index)  # the dense pairing's rules
+    if reason:
+        raise ValueError(reason.replace("gemm:", "gemm_masked_kernel:", 1))
+    if torch.cuda.get_device_capability(device_index) < (8, 0):
+        raise ValueError("gemm_masked_kernel: the masked schedule wraps the mma.sync bodies of sm_80 and later; "
+                         "on this GPU, humming_aot.moe.gemm_masked computes the same")
     e, max_m, k = a.shape
     if out is None:
         out = torch.zeros(e, max_m, experts.n, dtype=a.dtype, device=a.device)
     if max_m == 0:
         return out
-    spec = dataclasses.replace(ops.gemm_spec(experts.expert(0)), gemm_type=GemmType.MASKED)
-    device_index = a.device.index
+    spec = dataclasses.replace(ops.gemm_spec(dense), gemm_type=GemmType.MASKED)
     info = dispatch.device_info(device_index)
     rows = max_m if expected_m is None else max(1, min(int(expected_m), max_m))
     tile = heuristics.select_masked_tile(info.arches[0], rows, k, experts.group_size, spec.w_bits)
@@ -93,20 +102,24 @@ def _check(a: torch.Tensor, experts: PackedExperts, masked_m: torch.Tensor, bias
         raise ValueError(f"{what}: a ({a.device}) and the experts ({experts.device}) must be on one CUDA device; "
                          "on the CPU, humming_aot.moe.gemm_masked computes the same")
     if (not isinstance(masked_m, torch.Tensor) or masked_m.shape != (experts.experts,)
-            or masked_m.dtype != torch.int32 or masked_m.device != a.device):
-        raise ValueError(f"{what}: masked_m must be ({experts.experts},) int32 on {a.device} (the kernel reads the "
-                         f"counts there), got {_describe(masked_m)}")
+            or masked_m.dtype != torch.int32 or masked_m.device != a.device or not masked_m.is_contiguous()):
+        raise ValueError(f"{what}: masked_m must be ({experts.experts},) int32, contiguous, on {a.device} (the kernel "
+                         f"reads the counts there), got {_describe(masked_m)}")
+    if experts.experts > MAX_EXPERTS:
+        raise ValueError(f"{what}: {experts.experts} experts: at most {MAX_EXPERTS} (one grid z index each)")
     if a.data_ptr() % 16:
         raise ValueError(f"{what}: a's data must start 16-byte aligned (got address {a.data_ptr():#x}); pass a "
                          "fresh tensor or .clone() it")
     if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (experts.experts, experts.n)
-                             or bias.dtype != a.dtype or bias.device != a.device or not bias.is_contiguous()):
+                             or bias.dtype != a.dtype or bias.device != a.device or not bias.is_contiguous()
+                             or bias.data_ptr() % 4):
         raise ValueError(f"{what}: bias must be ({experts.experts}, {experts.n}) {a.dtype}, contiguous, on "
-                         f"{a.device}, got {_describe(bias)}")
+                         f"{a.device}, starting on a 4-byte boundary, got {_describe(bias)}")
     if out is not None and (not isinstance(out, torch.Tensor) or out.shape != (*a.shape[:2], experts.n)
-                            or out.dtype != a.dtype or out.device != a.device or not out.is_contiguous()):
+                            or out.dtype != a.dtype or out.device != a.device or not out.is_contiguous()
+                            or out.data_ptr() % 4):
         raise ValueError(f"{what}: out must be ({a.shape[0]}, {a.shape[1]}, {experts.n}) {a.dtype}, contiguous, "
-                         f"on {a.device}, got {_describe(out)}")
+                         f"on {a.device}, starting on a 4-byte boundary, got {_describe(out)}")
 
 
 def _describe(value: object) -> str:

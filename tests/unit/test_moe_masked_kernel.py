@@ -67,3 +67,22 @@ def test_bad_arguments_are_refused_before_any_launch():
         gemm_masked_kernel(a.half(), experts, counts)
     with pytest.raises(ValueError, match="must be on one CUDA device; on the CPU, humming_aot.moe.gemm_masked"):
         gemm_masked_kernel(a, experts, counts)
+
+
+def test_the_other_arguments_are_checked_on_a_cuda_like_tensor(monkeypatch):
+    """Checks past the device one, on CPU tensors made to look like CUDA ones (_check only asks)."""
+    from humming_aot.moe import masked_kernel
+
+    experts = _experts()
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    a = torch.zeros(3, 4, 256, dtype=torch.bfloat16)
+    strided = torch.zeros(3, 2, dtype=torch.int32)[:, 0]
+    with pytest.raises(ValueError, match=r"masked_m must be \(3,\) int32, contiguous, on cpu"):
+        masked_kernel._check(a, experts, strided, None, None)
+    counts = torch.zeros(3, dtype=torch.int32)
+    odd = torch.zeros(3 * 192 + 1, dtype=torch.bfloat16)[1:].view(3, 192)
+    with pytest.raises(ValueError, match="bias must be .* starting on a 4-byte boundary"):
+        masked_kernel._check(a, experts, counts, odd, None)
+    with pytest.raises(ValueError, match=r"out must be \(3, 4, 192\)"):
+        masked_kernel._check(a, experts, counts, None, torch.zeros(3, 5, 192, dtype=torch.bfloat16))
+    masked_kernel._check(a, experts, counts, None, torch.zeros(3, 4, 192, dtype=torch.bfloat16))  # all fine
