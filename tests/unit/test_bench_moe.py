@@ -26,6 +26,7 @@ def test_routed_rows_are_the_tokens_grouped_by_expert(tokens, experts, top_k):
     topk_ids = torch.randn(tokens, experts, generator=gen).topk(top_k, dim=1).indices
     hidden = torch.randn(tokens, 64, generator=gen).to(torch.bfloat16)
     counts = routed.counts.tolist()
+    assert routed.expected_m == max(1, -(-tokens * top_k // experts))
     assert routed.masked_a.shape[:2] == (experts, max(16, -(-max(counts) // 16) * 16))
     for e in range(experts):
         token_rows = torch.nonzero((topk_ids == e).any(dim=1)).reshape(-1)
@@ -43,7 +44,7 @@ def test_the_model_table_and_arguments():
     for _, _, ((_, n1, k1), (_, n2, k2)) in bench_moe.MODELS.values():
         assert (k2 * 2, n2) == (n1, k1)
     args = bench_moe.parse_args(["--models", "qwen3-30b-a3b", "--tokens", "1,64"])
-    assert args.models == "qwen3-30b-a3b" and args.impls.split(",") == list(bench_moe.ALL_IMPLS)
+    assert args.models == "qwen3-30b-a3b" and args.impls.split(",") == list(bench_moe.DEFAULT_IMPLS)
     assert args.layout == "contiguous" and bench_moe.parse_args(["--layout", "masked"]).layout == "masked"
     with pytest.raises(SystemExit):
         bench_moe.parse_args(["--models", "llama"])

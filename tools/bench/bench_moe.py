@@ -8,10 +8,12 @@ Every implementation computes one layout (--layout): grouped contiguous (the rou
 routing, expert after expert, with prefix offsets (E + 1,)) or grouped masked ((E, max_m, K), each
 expert's rows first, with per-expert counts (E,); max_m is the largest count, rounded up to 16):
 
-  humming_aot        humming_aot.moe.gemm_grouped / gemm_masked on pack_experts(quantize(w, fmt)):
-                     today the loop of dense catalog GEMMs, one per expert with rows (it reads
-                     the offsets or counts on the host, so it is timed as an eager loop: see the
-                     mode column)
+  humming_aot        on pack_experts(quantize(w, fmt)): contiguous, humming_aot.moe.gemm_grouped
+                     (today the loop of dense catalog GEMMs, one per expert with rows: it reads
+                     the offsets on the host, so it is timed as an eager loop, see the mode
+                     column); masked, the grouped masked kernel humming_aot.moe.gemm_masked_kernel
+                     (expected rows per expert: tokens x top_k / E), one launch
+  humming_aot_loop   masked only: the expert loop humming_aot.moe.gemm_masked, for comparison
   humming            humming.layer.HummingLayer(num_experts=E), gemm_type grouped_contiguous or
                      grouped_masked
   torch_grouped_mm   torch._grouped_mm on the bf16 weights (sm_90+; masked: every expert's max_m
@@ -55,7 +57,8 @@ MODELS = {
     "gpt-oss-120b": (128, 4, (("gemm1", 5760, 2880), ("gemm2", 2880, 2880))),
 }
 DEFAULT_TOKENS = "1,4,16,64,256,1024,4096,16384"
-ALL_IMPLS = ("humming_aot", "humming", "torch_grouped_mm")
+ALL_IMPLS = ("humming_aot", "humming", "torch_grouped_mm", "humming_aot_loop")
+DEFAULT_IMPLS = ALL_IMPLS[:3]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +70,7 @@ class Routed:
     offsets: torch.Tensor
     masked_a: torch.Tensor
     counts: torch.Tensor
+    expected_m: int  # the mean rows per expert, at least 1
 
 
 def route(tokens: int, experts: int, top_k: int, k: int, seed: int, device: torch.device,
@@ -87,7 +91,7 @@ def route(tokens: int, experts: int, top_k: int, k: int, seed: int, device: torc
     for e in range(experts):
         masked[e, : int(counts[e])] = rows[int(offsets[e]):int(offsets[e + 1])]
     return Routed(a=rows.to(device), offsets=offsets.to(device), masked_a=masked.to(device),
-                  counts=counts.to(torch.int32).to(device))
+                  counts=counts.to(torch.int32).to(device), expected_m=max(1, -(-tokens * top_k // experts)))
 
 
 @dataclasses.dataclass
@@ -101,16 +105,26 @@ class MoeImpl:
 LAYOUTS = ("contiguous", "masked")
 
 
-def prepare_humming_aot(w: torch.Tensor, fmt: str, layout: str) -> MoeImpl:
+def prepare_humming_aot(w: torch.Tensor, fmt: str, layout: str, loop: bool = False) -> MoeImpl:
     import humming_aot
-    from humming_aot.moe import gemm_grouped, gemm_masked, pack_experts
+    from humming_aot.moe import gemm_grouped, gemm_masked, gemm_masked_kernel, pack_experts
 
     experts = pack_experts(humming_aot.quantize(w.float(), fmt), act_dtype=w.dtype)
-    if layout == "masked":
+    if layout == "masked" and loop:
         call = lambda r: gemm_masked(r.masked_a, experts, r.counts)  # noqa: E731
+    elif layout == "masked":
+        call = lambda r: gemm_masked_kernel(r.masked_a, experts, r.counts, expected_m=r.expected_m)  # noqa: E731
+    elif loop:
+        raise bench_gemm.Unavailable("humming_aot_loop is the masked layout's expert loop (humming_aot is the "
+                                     "contiguous one's)")
     else:
         call = lambda r: gemm_grouped(r.a, experts, offsets=r.offsets)  # noqa: E731
-    return MoeImpl("humming_aot", call, lambda e: experts.expert(e).effective_weight(scales_in_fp32=False))
+    return MoeImpl("humming_aot_loop" if loop else "humming_aot", call,
+                   lambda e: experts.expert(e).effective_weight(scales_in_fp32=False))
+
+
+def prepare_humming_aot_loop(w: torch.Tensor, fmt: str, layout: str) -> MoeImpl:
+    return prepare_humming_aot(w, fmt, layout, loop=True)
 
 
 def prepare_humming(w: torch.Tensor, fmt: str, layout: str) -> MoeImpl:
@@ -153,7 +167,8 @@ def prepare_torch_grouped_mm(w: torch.Tensor, fmt: str, layout: str) -> MoeImpl:
     return MoeImpl("torch_grouped_mm", call, lambda x: w[x], "bf16 weights")
 
 
-PREPARE = {"humming_aot": prepare_humming_aot, "humming": prepare_humming, "torch_grouped_mm": prepare_torch_grouped_mm}
+PREPARE = {"humming_aot": prepare_humming_aot, "humming": prepare_humming, "torch_grouped_mm": prepare_torch_grouped_mm,
+           "humming_aot_loop": prepare_humming_aot_loop}
 
 
 def relerr(impl: MoeImpl, routed: Routed, layout: str) -> float | None:
@@ -219,7 +234,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gemms", default="", help="only these of each model: gemm1, gemm2 (default both)")
     parser.add_argument("--tokens", default=DEFAULT_TOKENS, help=f"comma list (default {DEFAULT_TOKENS})")
     parser.add_argument("--formats", default="int4:g128", help="comma list of weight formats")
-    parser.add_argument("--impls", default=",".join(ALL_IMPLS), help=f"comma list from {', '.join(ALL_IMPLS)}")
+    parser.add_argument("--impls", default=",".join(DEFAULT_IMPLS),
+                        help=f"comma list from {', '.join(ALL_IMPLS)} (default {','.join(DEFAULT_IMPLS)})")
     parser.add_argument("--layout", default="contiguous", choices=LAYOUTS, help="grouped contiguous or masked")
     parser.add_argument("--routings", type=int, default=4, help="routings rotated per point")
     parser.add_argument("--repeats", type=int, default=10)
