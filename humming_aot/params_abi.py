@@ -8,6 +8,10 @@ place: the version every kernel's metadata must carry, and the byte layouts the 
 - ``MaskedGemmParams`` (the grouped masked MoE GEMM around the mma.sync bodies): GemmParams of
   expert 0's slab, pointers to the experts' row counts (int32) and global scales (fp32), and six
   byte strides between experts (a, out, w, scales, zero points, bias) (168 bytes).
+- ``GroupedGemmParams`` (the grouped contiguous MoE GEMM around the mma.sync bodies): GemmParams
+  of all the grouped rows with expert 0's weights, pointers to the rows' experts (int32) and the
+  experts' global scales (fp32), and four byte strides between experts (w, scales, zero points,
+  bias) (152 bytes).
 
 Contract changes bump PARAMS_VERSION together with the header's kParamsVersion: 1 GemmParams; 2
 kernels wait on griddepcontrol before reading upstream data, so the launcher may launch them with
@@ -31,6 +35,8 @@ TMA_PADDING = bytes(TMA_MAP_OFFSET - GEMM_PARAMS.size - TMA_SCHEDULE.size)
 TMA_PARAMS_BYTES = TMA_MAP_OFFSET + TMA_MAP_BYTES
 MASKED_TAIL = struct.Struct("<2Q6q")  # expert_rows, global_scales, then the a, out, w, scale, zp and bias strides
 MASKED_PARAMS_BYTES = GEMM_PARAMS.size + MASKED_TAIL.size
+GROUPED_TAIL = struct.Struct("<2Q4q")  # row_expert, global_scales, then the w, scale, zp and bias strides
+GROUPED_PARAMS_BYTES = GEMM_PARAMS.size + GROUPED_TAIL.size
 
 # Byte offsets of the fields a launch fills in per call (the rest of the Params bytes are fixed
 # per launch plan): the launcher's PlannedLaunch writes them into a copy of the plan's template.

@@ -2,12 +2,12 @@
 steps (``align_block_size``, ``group_rows``, ``permute`` / ``unpermute``, activations,
 ``weighted_sum``) and the three GEMM types as a loop of dense GEMMs (``gemm_indexed``,
 ``gemm_grouped``, ``gemm_masked``), which define what the grouped kernels must compute, and the
-first of those kernels, ``gemm_masked_kernel`` (not yet run on a GPU).
+first of those kernels, ``gemm_masked_kernel`` and ``gemm_grouped_kernel`` (not yet run on a GPU).
 ``humming_aot.nn.QuantizedMoE`` is the layer built on them."""
 from __future__ import annotations
 
 from humming_aot.moe.expert_loop import gemm_grouped, gemm_indexed, gemm_masked
-from humming_aot.moe.masked_kernel import gemm_masked_kernel
+from humming_aot.moe.kernels import gemm_grouped_kernel, gemm_masked_kernel, grouped_block_m
 from humming_aot.moe.packing import PackedExperts, expert_weight, pack_experts
 from humming_aot.moe.routing import (
     GroupedRouting,
@@ -23,6 +23,6 @@ from humming_aot.moe.routing import (
 
 __all__ = [
     "GroupedRouting", "IndexedRouting", "PackedExperts", "align_block_size", "expert_weight", "gemm_grouped",
-    "gemm_indexed", "gemm_masked", "gemm_masked_kernel", "group_rows", "pack_experts", "permute", "silu_and_mul", "swiglu_oai",
-    "unpermute", "weighted_sum",
+    "gemm_grouped_kernel", "gemm_indexed", "gemm_masked", "gemm_masked_kernel", "group_rows",
+    "grouped_block_m", "pack_experts", "permute", "silu_and_mul", "swiglu_oai", "unpermute", "weighted_sum",
 ]

@@ -318,7 +318,9 @@ def test_turing_and_hopper_bodies_compile_with_the_real_headers(tmp_path):
     keys.append(KernelKey.from_name("gemm_dense_sm90a_mma-sw_a-bf16_w-u4-g-bf16-zpi_o-bf16_16x128x256_w1x2x4_s2"))
     # the grouped masked schedule around an 8-row and a 16-row mma.sync body (no catalog holds one yet)
     keys += [KernelKey.from_name("gemm_masked_sm90a_mma_a-bf16_w-s4-g-bf16_o-bf16_8x128x256_w1x2x4_s2"),
-             KernelKey.from_name("gemm_masked_sm90a_mma_a-bf16_w-u4-g-bf16-zpi_o-bf16_16x128x256_w1x2x4_s2")]
+             KernelKey.from_name("gemm_masked_sm90a_mma_a-bf16_w-u4-g-bf16-zpi_o-bf16_16x128x256_w1x2x4_s2"),
+             KernelKey.from_name("gemm_grouped_sm90a_mma_a-bf16_w-s4-g-bf16_o-bf16_8x128x256_w1x2x4_s2"),
+             KernelKey.from_name("gemm_grouped_sm90_mma_a-bf16_w-e2m1-g-bf16_o-bf16_64x128x64_w1x2_s6")]
     result = driver.compile_keys(keys, tmp_path, jobs=2, stream=io.StringIO())
     for key in keys:
         (entry,) = driver.read_fatbin(result.fatbins[key.name].read_bytes())

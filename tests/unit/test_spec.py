@@ -312,6 +312,13 @@ def test_grouped_masked_keys_wrap_the_mma_sync_bodies():
     with pytest.raises(ValueError, match="wraps the bodies that take GemmParams \\(mma, mma-sw\\), not wgmma-ws"):
         codegen.kernel_source(KernelKey.from_name(
             "gemm_masked_sm90a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_128x128x64_w1x4_s4"))
+    # the grouped contiguous schedule (kernel/grouped_contiguous.cuh) the same way, with its own Params
+    grouped = KernelKey.from_name("gemm_grouped_sm90a_mma_a-bf16_w-u4-g-bf16-zpi_o-bf16_8x128x256_w1x2x4_s2")
+    source = codegen.kernel_source(grouped)
+    assert "#include <humming_aot/kernel/grouped_contiguous.cuh>" in source
+    assert "humming_aot::kernel::GroupedContiguous<humming_aot::kernel::DenseMmaSync<" in source
+    assert "const __grid_constant__ humming_aot::kernel::GroupedGemmParams params" in source
+    assert codegen.params_type(grouped) == "GroupedGemmParams" and params_abi.GROUPED_PARAMS_BYTES == 152
     with pytest.raises(ValueError, match="a indexed GEMM yet"):
         codegen.kernel_source(KernelKey.from_name("gemm_indexed_sm90a_mma_a-bf16_w-s4-g-bf16_o-bf16_8x128x256_w1x2x4_s2"))
 
@@ -366,5 +373,6 @@ def test_codegen_refuses_what_no_body_serves_yet():
     name = "gemm_dense_sm90a_wgmma-ws_a-e4m3-k-f32_w-e4m3-g-f32_o-bf16_128x128x64_w1x4_s4"
     with pytest.raises(ValueError, match="no kernel body takes float8e4m3 activations"):
         kernel_source(KernelKey.from_name(name))
-    with pytest.raises(ValueError, match="a grouped GEMM"):
+    with pytest.raises(ValueError, match=r"the grouped GEMM \(kernel/grouped_contiguous.cuh\) wraps the bodies that "
+                                         r"take GemmParams \(mma, mma-sw\), not wgmma-ws"):
         kernel_source(KernelKey.from_name("gemm_grouped_sm90a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_128x128x64_w1x4_s4"))

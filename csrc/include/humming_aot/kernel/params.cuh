@@ -78,6 +78,22 @@ struct MaskedGemmParams {
 };
 static_assert(sizeof(MaskedGemmParams) == 168, "MaskedGemmParams is GemmParams, two pointers and six i64");
 
+// The Params of the grouped contiguous MoE GEMM (kernel/grouped_contiguous.cuh): the GemmParams of
+// all the grouped rows with expert 0's weights, then each row's expert on the device, the experts'
+// global scales and the bytes that move the weight pointers from one expert to the next. Packed as
+// GemmParams' bytes, then "<2Q4q" (152 bytes).
+struct GroupedGemmParams {
+  GemmParams gemm;             // m: every grouped row; k_splits 1
+  const int* row_expert;       // (m,) each row's expert, -1 for a padding row; every block of the
+                               // tile's rows lies in one expert (or is padding throughout)
+  const float* global_scales;  // (E,) each expert's fp32 global weight scale (gemm.global_scale unused)
+  i64 w_stride;                // bytes between experts' packed weights
+  i64 scale_stride;            // bytes between experts' scales
+  i64 zero_point_stride;       // bytes between experts' zero points (0 without them)
+  i64 bias_stride;             // bytes between experts' biases (0 without them)
+};
+static_assert(sizeof(GroupedGemmParams) == 152, "GroupedGemmParams is GemmParams, two pointers and four i64");
+
 // Exported as `extern "C" __constant__ KernelMetadata humming_aot_kernel_metadata` (256 bytes).
 struct KernelMetadata {
   u32 magic;           // kMetadataMagic

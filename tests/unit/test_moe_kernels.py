@@ -1,6 +1,6 @@
-"""The grouped masked MoE GEMM's host side (humming_aot/moe/masked_kernel.py) without a GPU: the
-tile it picks, the grid and MaskedGemmParams bytes it launches with, and the errors it raises
-before anything reaches a kernel."""
+"""The MoE GEMMs' host side (humming_aot/moe/kernels.py: the grouped masked and the grouped
+contiguous schedules) without a GPU: the tile they pick, the grid and Params bytes they launch
+with, and the errors they raise before anything reaches a kernel."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +9,7 @@ import torch
 import humming_aot
 from humming_aot import heuristics, params_abi
 from humming_aot.moe import gemm_masked_kernel, pack_experts
-from humming_aot.moe.masked_kernel import launch_arguments
+from humming_aot.moe.kernels import launch_arguments
 from humming_aot.spec import MmaKind
 
 
@@ -71,7 +71,7 @@ def test_bad_arguments_are_refused_before_any_launch():
 
 def test_the_other_arguments_are_checked_on_a_cuda_like_tensor(monkeypatch):
     """Checks past the device one, on CPU tensors made to look like CUDA ones (_check only asks)."""
-    from humming_aot.moe import masked_kernel
+    from humming_aot.moe import kernels as masked_kernel
 
     experts = _experts()
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
@@ -86,3 +86,49 @@ def test_the_other_arguments_are_checked_on_a_cuda_like_tensor(monkeypatch):
     with pytest.raises(ValueError, match=r"out must be \(3, 4, 192\)"):
         masked_kernel._check(a, experts, counts, None, torch.zeros(3, 5, 192, dtype=torch.bfloat16))
     masked_kernel._check(a, experts, counts, None, torch.zeros(3, 4, 192, dtype=torch.bfloat16))  # all fine
+
+
+# --- the grouped contiguous schedule (kernel/grouped_contiguous.cuh) ---------------------------------
+
+
+def test_the_grouped_launch_passes_every_row_and_the_weight_strides():
+    from humming_aot.moe.kernels import grouped_launch_arguments
+
+    experts = _experts()
+    rows, k, n = 40, 256, 192
+    a = torch.zeros(rows, k, dtype=torch.bfloat16)
+    out = torch.zeros(rows, n, dtype=torch.bfloat16)
+    row_expert = torch.full((rows,), -1, dtype=torch.int32)
+    bias = torch.zeros(3, n, dtype=torch.bfloat16)
+    tile = heuristics.select_masked_tile("sm90a", 8, k, 64, 4)
+    grid, params = grouped_launch_arguments(a, experts, row_expert, bias, out, tile)
+    assert grid == (5 * 2, 1, 1)  # ceil(40 / 8) x ceil(192 / 128) tiles over every row
+    assert len(params) == params_abi.GROUPED_PARAMS_BYTES == 152
+    gemm = params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])
+    assert gemm[:8] == (a.data_ptr(), experts.w.data_ptr(), experts.w_scale.data_ptr(),
+                        experts.w_zero_point.data_ptr(), bias.data_ptr(), out.data_ptr(), 0, 0)
+    assert gemm[8:] == (k, n, rows, n, k, 64, 1, 1.0)
+    tail = params_abi.GROUPED_TAIL.unpack(params[params_abi.GEMM_PARAMS.size:])
+    assert tail[:2] == (row_expert.data_ptr(), experts.global_scale_tensor.data_ptr())
+    for stride, tensor in zip(tail[2:], (experts.w, experts.w_scale, experts.w_zero_point, bias)):
+        assert stride == tensor[1].data_ptr() - tensor[0].data_ptr()
+
+
+def test_grouped_arguments_are_refused_before_any_launch(monkeypatch):
+    from humming_aot.moe import gemm_grouped_kernel, kernels
+
+    experts = _experts()
+    a = torch.zeros(16, 256, dtype=torch.bfloat16)
+    row_expert = torch.zeros(16, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"a must be \(R, 256\), got \(16, 128\)"):
+        gemm_grouped_kernel(torch.zeros(16, 128, dtype=torch.bfloat16), experts, row_expert, expected_m=8)
+    with pytest.raises(ValueError, match="on the CPU, humming_aot.moe.gemm_grouped computes the same"):
+        gemm_grouped_kernel(a, experts, row_expert, expected_m=8)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    with pytest.raises(ValueError, match=r"row_expert must be \(16,\) int32, contiguous"):
+        kernels._check_grouped(a, experts, row_expert.long(), None, None)
+    with pytest.raises(ValueError, match="row stride a multiple of 8 elements, got 260"):
+        kernels._check_grouped(torch.zeros(16, 260, dtype=torch.bfloat16)[:, :256], experts, row_expert, None, None)
+    with pytest.raises(ValueError, match=r"out must be \(16, 192\)"):
+        kernels._check_grouped(a, experts, row_expert, None, torch.zeros(16, 128, dtype=torch.bfloat16))
+    kernels._check_grouped(a, experts, row_expert, None, None)  # all fine

@@ -1,9 +1,11 @@
-"""The grouped masked MoE GEMM's kernel (humming_aot.moe.gemm_masked_kernel: the masked schedule
-of kernel/grouped_masked.cuh around an mma.sync body, from the catalog or the JIT) on the GPU,
-against the float64 reference of each expert's exact operands (and so against the expert loop,
-humming_aot.moe.gemm_masked, which defines it): uniform, skewed and empty counts, every tile size
-the expected rows pick, bias, a NaN-poisoned output whose rows past each count must stay
-untouched, and a captured CUDA graph replayed with new counts and activations."""
+"""The MoE GEMMs on their kernels, on the GPU: humming_aot.moe.gemm_masked_kernel (the masked
+schedule of kernel/grouped_masked.cuh) and gemm_grouped_kernel (the contiguous schedule of
+kernel/grouped_contiguous.cuh), each around an mma.sync body from the catalog or the JIT, against
+the float64 reference of each expert's exact operands (and so against the expert loop of
+humming_aot.moe, which defines them): uniform, skewed and empty counts, every tile size the
+expected rows pick, experts whose global scales differ, bias, NaN-poisoned outputs whose rows
+past each count (or padding rows) must stay untouched, and a captured CUDA graph replayed with
+new counts and activations."""
 from __future__ import annotations
 
 import os
@@ -109,3 +111,60 @@ def test_masked_kernel_replays_in_a_cuda_graph_with_new_counts():
         graph.replay()
         torch.cuda.synchronize()
         _check(out, a, experts, masked_m, None, key, f"graph replay counts={counts} seed={seed}")
+
+
+# --- the grouped contiguous schedule (kernel/grouped_contiguous.cuh) ---------------------------------
+
+
+def _aligned_rows(counts: list[int], block: int) -> list[int]:
+    """Each expert's rows padded to whole blocks: the row experts, -1 for padding."""
+    row_expert = []
+    for e, count in enumerate(counts):
+        row_expert += [e] * count + [-1] * (-count % block)
+    return row_expert
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_grouped_kernel_matches_the_reference_on_block_aligned_rows(fmt):
+    from humming_aot.moe import gemm_grouped, gemm_grouped_kernel, grouped_block_m
+
+    seed = _seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    e, n, k = 5, 192, 512
+    w = torch.randn(e, n, k, device="cuda", generator=gen) * 0.05
+    w[2] *= 100  # experts whose global scales differ
+    experts = pack_experts(with_every_code(humming_aot.quantize(w, fmt), gen), act_dtype=torch.bfloat16)
+    for expected, counts in ((1, [1, 0, 3, 1, 0]), (16, [16, 5, 0, 33, 2]), (64, [0, 130, 7, 0, 64])):
+        block = grouped_block_m(experts, expected)
+        row_expert_list = _aligned_rows(counts, block)
+        rows = len(row_expert_list)
+        row_expert = torch.tensor(row_expert_list, dtype=torch.int32, device="cuda")
+        a = torch.randn(rows, k, device="cuda", generator=gen).to(torch.bfloat16)
+        bias = (torch.randn(e, n, device="cuda", generator=gen) * 0.5).to(torch.bfloat16) if expected == 16 else None
+        out = torch.full((rows, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gemm_grouped_kernel(a, experts, row_expert, expected_m=expected, bias=bias, out=out)
+        key = _grouped_key(experts, expected)
+        context = f"{key.name} fmt={fmt} counts={counts} block={block} seed={seed}"
+        padding = row_expert == -1
+        assert out[padding].isnan().all(), context  # padding rows are left as they were
+        for x in range(e):
+            mine = torch.nonzero(row_expert == x).reshape(-1)
+            if mine.numel():
+                w_eff = experts.effective_weight(x, scales_in_fp32=key.scales_in_fp32)
+                b = None if bias is None else bias[x]
+                assert_gemm_close(out[mine], reference_gemm(a[mine], w_eff, b), a=a[mine], w_eff=w_eff, bias=b,
+                                  context=f"{context} expert {x}")
+        if bias is None:  # the expert loop defines the layout (padding rows zero there and in a new output)
+            fresh = gemm_grouped_kernel(a, experts, row_expert, expected_m=expected)
+            loop = gemm_grouped(a, experts, row_expert=row_expert)
+            assert not fresh[padding].any() and not loop[padding].any(), context
+
+
+def _grouped_key(experts, rows: int) -> KernelKey:
+    import dataclasses
+
+    spec = dataclasses.replace(ops.gemm_spec(experts.expert(0)), gemm_type=GemmType.GROUPED)
+    info = dispatch.device_info(torch.cuda.current_device())
+    tile = heuristics.select_masked_tile(info.arches[0], rows, experts.k, experts.group_size, spec.w_bits)
+    return dispatch.obtain(spec, torch.cuda.current_device(), rows, tile, experts.k, experts.group_size,
+                           n=experts.n)[0]

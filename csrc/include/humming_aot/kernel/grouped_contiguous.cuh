@@ -1,0 +1,53 @@
+#pragma once
+// The grouped contiguous MoE GEMM on block-aligned rows (DeepGEMM's contiguous layout with its
+// per-row expert index): out[r, n] = a[r, k] @ dequant(w[expert(r)])[n, k]^T (+ bias[expert(r)])
+// for the rows grouped expert after expert, each expert's rows padded to a whole number of the
+// tile's kBlockM rows (padding rows: expert -1, neither multiplied nor written). A schedule around a
+// dense body, not a body of its own: the grid is the dense body's over all the rows; each CTA waits
+// on the upstream grid (the row experts may be its output), finds its tile with the dense raster,
+// reads the expert of the tile's first row, leaves at once when that is padding, and runs the dense
+// body on GemmParams whose weight pointers (packed codes, scales, zero points, bias) and global
+// scale are the expert's; the activation and output pointers stay, the tile's rows being the
+// expert's. Preconditions (the host states them; the kernel cannot see a mixed block): every
+// kBlockM-row block starting at a multiple of kBlockM holds one expert's rows, or padding only;
+// gemm.k_splits == 1; a body whose run takes GemmParams and its tile from blockIdx.x with the
+// raster of schedule/tile_scheduler.cuh (the mma.sync bodies). SM80+.
+
+#include <humming_aot/kernel/params.cuh>
+#include <humming_aot/schedule/grid_dependency.cuh>
+#include <humming_aot/schedule/tile_scheduler.cuh>
+
+namespace humming_aot::kernel {
+
+template <class Dense,  // the dense body: run(const GemmParams&), tile from blockIdx.x
+          int kBlockM,  // its tile's rows (tokens): the alignment of every expert's rows
+          int kBlockN>  // its tile's columns (weight channels)
+struct GroupedContiguous {
+  static constexpr int kThreads = Dense::kThreads;
+  static constexpr int kSmemBytes = Dense::kSmemBytes;
+  static constexpr int kMinBlocksPerSm = Dense::kMinBlocksPerSm;
+  static constexpr bool kScalesInFp32 = Dense::kScalesInFp32;
+  // the dense body's raster (schedule::TileScheduler::kGroupM)
+  static constexpr u32 kGroupM = schedule::TileScheduler<kBlockM, kBlockN, 64>::kGroupM;
+
+  static __device__ __forceinline__ void run(const GroupedGemmParams& g) {
+    schedule::wait_for_upstream_grid();  // the row experts (and the activations) may come from the previous kernel
+    const u32 m_tiles = (static_cast<u32>(g.gemm.m) + kBlockM - 1) / kBlockM;
+    const u32 n_tiles = (static_cast<u32>(g.gemm.n) + kBlockN - 1) / kBlockN;
+    int m_tile, n_tile;
+    schedule::raster_tile<kGroupM>(blockIdx.x, m_tiles, n_tiles, m_tile, n_tile);
+    const int expert = g.row_expert[m_tile * kBlockM];
+    if (expert < 0) return;  // a block of padding rows (uniform over the CTA)
+    GemmParams p = g.gemm;
+    p.global_scale = g.global_scales[expert];
+    p.w = static_cast<const char*>(p.w) + expert * g.w_stride;
+    p.w_scale = static_cast<const char*>(p.w_scale) + expert * g.scale_stride;
+    if (p.w_zero_point != nullptr) {
+      p.w_zero_point = static_cast<const char*>(p.w_zero_point) + expert * g.zero_point_stride;
+    }
+    if (p.bias != nullptr) p.bias = static_cast<const char*>(p.bias) + expert * g.bias_stride;
+    Dense::run(p);
+  }
+};
+
+}  // namespace humming_aot::kernel

@@ -1,0 +1,246 @@
+"""The MoE GEMMs on their kernels, each one launch whose shapes do not depend on the routing
+(CUDA-graph capturable: counts and row experts are read on the device):
+
+- ``gemm_masked_kernel(a, experts, masked_m)``: the grouped masked layout
+  (csrc/include/humming_aot/kernel/grouped_masked.cuh), what ``expert_loop.gemm_masked`` defines;
+- ``gemm_grouped_kernel(a, experts, row_expert)``: the grouped contiguous layout with every
+  expert's rows padded to whole blocks of ``grouped_block_m`` rows
+  (csrc/include/humming_aot/kernel/grouped_contiguous.cuh), what ``expert_loop.gemm_grouped``
+  defines for such rows.
+
+Both are schedules around a dense mma.sync body (``heuristics.select_masked_tile``: the tile for
+the expected rows per expert), from the installed catalog or the JIT, one K slice per tile. Not
+yet the paths ``QuantizedMoE`` takes: that switches once the GPU suite has held them to the
+expert loop (issue 23).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from humming_aot import params_abi
+from humming_aot.moe.packing import PackedExperts
+from humming_aot.spec import GemmType, TileConfig
+
+_ELEMENT_BYTES = 2  # activations, scales, zero points, bias and output: 16-bit
+MAX_EXPERTS = 65535  # gridDim.z of the masked schedule
+
+
+def gemm_masked_kernel(a: torch.Tensor, experts: PackedExperts, masked_m: torch.Tensor, *,
+                       expected_m: int | None = None, bias: torch.Tensor | None = None,
+                       out: torch.Tensor | None = None) -> torch.Tensor:
+    """out[e, :masked_m[e]] = a[e, :masked_m[e]] @ W[e]^T (+ bias[e]) for every expert e.
+
+    a:          (E, max_m, K) contiguous, the experts' activation dtype, on their CUDA device
+    masked_m:   (E,) int32 on the same device: each expert's valid rows, 0 <= count <= max_m (the
+                kernel reads them there; a count outside that range is the caller's error and is
+                not checked, so that the call needs no host round trip)
+    expected_m: the rows an expert is expected to hold, which picks the tile (default max_m)
+    bias:       (E, N) in the activation dtype, or None
+    out:        (E, max_m, N) contiguous to write into (rows past each count are left as they
+                are); default a new zero tensor
+    """
+    _check(a, experts, masked_m, bias, out)
+    e, max_m, _ = a.shape
+    if out is None:
+        out = torch.zeros(e, max_m, experts.n, dtype=a.dtype, device=a.device)
+    if max_m == 0:
+        return out
+    rows = max_m if expected_m is None else max(1, min(int(expected_m), max_m))
+    tile, loaded = _kernel(a, experts, GemmType.MASKED, rows, "gemm_masked_kernel", "gemm_masked")
+    grid, params = launch_arguments(a, experts, masked_m, bias, out, tile)
+    loaded.launch(grid, _stream(a), params)
+    return out
+
+
+def grouped_block_m(experts: PackedExperts, expected_m: int, device: torch.device | int | None = None) -> int:
+    """The rows every expert's block of the grouped contiguous layout must be padded to for
+    ``gemm_grouped_kernel`` with this ``expected_m`` (the tile's block_m; the same arguments give
+    the same answer), so that a caller aligns its rows to the kernel it will run."""
+    from humming_aot import dispatch, heuristics
+
+    index = torch.device(device if device is not None else experts.device).index
+    info = dispatch.device_info(index if index is not None else torch.cuda.current_device())
+    return heuristics.select_masked_tile(info.arches[0], max(1, int(expected_m)), experts.k, experts.group_size,
+                                         _w_bits(experts)).block_m
+
+
+def gemm_grouped_kernel(a: torch.Tensor, experts: PackedExperts, row_expert: torch.Tensor, *, expected_m: int,
+                        bias: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """out[r] = a[r] @ W[row_expert[r]]^T (+ bias[row_expert[r]]) for the grouped rows.
+
+    a:          (R, K), the experts' activation dtype, rows 16-byte aligned, on their CUDA device
+    row_expert: (R,) int32 on the same device: each row's expert, -1 for a padding row; every
+                block of ``grouped_block_m(experts, expected_m)`` rows starting at a multiple of it
+                must hold one expert's rows or padding only (the kernel reads the expert of each
+                block's first row; R need not be a multiple of the block)
+    expected_m: the rows an expert is expected to hold, which picks the tile and so the blocks
+    bias:       (E, N) in the activation dtype, or None
+    out:        (R, N) contiguous to write into (padding rows are left as they are); default a new
+                zero tensor
+    """
+    _check_grouped(a, experts, row_expert, bias, out)
+    rows = a.shape[0]
+    if out is None:
+        out = torch.zeros(rows, experts.n, dtype=a.dtype, device=a.device)
+    if rows == 0:
+        return out
+    tile, loaded = _kernel(a, experts, GemmType.GROUPED, max(1, int(expected_m)), "gemm_grouped_kernel",
+                           "gemm_grouped")
+    grid, params = grouped_launch_arguments(a, experts, row_expert, bias, out, tile)
+    loaded.launch(grid, _stream(a), params)
+    return out
+
+
+def _w_bits(experts: PackedExperts) -> int:
+    return experts.expert(0).bits
+
+
+def _stream(a: torch.Tensor) -> int:
+    from humming_aot import dispatch
+
+    return dispatch.current_stream(a.device.index)
+
+
+def _kernel(a: torch.Tensor, experts: PackedExperts, gemm_type: GemmType, rows: int, what: str, loop: str):
+    """(tile, LoadedKernel) of a MoE schedule for `rows` expected rows per expert, after the checks
+    the dense GEMM of the same operands runs (layout version, the pairing's support on the device)."""
+    from humming_aot import dispatch, heuristics, ops
+
+    dense = experts.expert(0)
+    dense.check_layout()  # words in the packed layout this humming_aot reads
+    device_index = a.device.index
+    reason = ops._unsupported_on_device(ops.gemm_spec(dense), device_index)  # the dense pairing's rules
+    if reason:
+        raise ValueError(reason.replace("gemm:", f"{what}:", 1))
+    if torch.cuda.get_device_capability(device_index) < (8, 0):
+        raise ValueError(f"{what}: the MoE schedules wrap the mma.sync bodies of sm_80 and later; on this GPU, "
+                         f"humming_aot.moe.{loop} computes the same")
+    spec = dataclasses.replace(ops.gemm_spec(dense), gemm_type=gemm_type)
+    info = dispatch.device_info(device_index)
+    tile = heuristics.select_masked_tile(info.arches[0], rows, experts.k, experts.group_size, spec.w_bits)
+    _, loaded = dispatch.obtain(spec, device_index, rows, tile, experts.k, experts.group_size, n=experts.n)
+    return tile, loaded
+
+
+def launch_arguments(a: torch.Tensor, experts: PackedExperts, masked_m: torch.Tensor, bias: torch.Tensor | None,
+                     out: torch.Tensor, tile: TileConfig) -> tuple[tuple[int, int, int], bytes]:
+    """The grid (the dense tiles of a full slab, 1, E) and the MaskedGemmParams bytes of one call:
+    expert 0's GemmParams (m = max_m, one K slice, global scale unused), then the counts and
+    global scales pointers and the byte strides between experts."""
+    e, max_m, k = a.shape
+    n = experts.n
+    tiles = -(-max_m // tile.block_m) * -(-n // tile.block_n)
+    zero_points = experts.w_zero_point
+    gemm = params_abi.GEMM_PARAMS.pack(
+        a.data_ptr(), experts.w.data_ptr(), experts.w_scale.data_ptr(),
+        0 if zero_points is None else zero_points.data_ptr(), 0 if bias is None else bias.data_ptr(),
+        out.data_ptr(), 0, 0,  # no workspace, no counters: one K slice
+        k, n, max_m, n, k, experts.group_size, 1, 1.0,
+    )
+    tail = params_abi.MASKED_TAIL.pack(
+        masked_m.data_ptr(), experts.global_scale_tensor.data_ptr(),
+        max_m * k * _ELEMENT_BYTES, max_m * n * _ELEMENT_BYTES,
+        experts.w[0].numel() * experts.w.element_size(),
+        experts.w_scale[0].numel() * _ELEMENT_BYTES,
+        0 if zero_points is None else zero_points[0].numel() * _ELEMENT_BYTES,
+        0 if bias is None else n * _ELEMENT_BYTES,
+    )
+    return (tiles, 1, e), gemm + tail
+
+
+def grouped_launch_arguments(a: torch.Tensor, experts: PackedExperts, row_expert: torch.Tensor,
+                             bias: torch.Tensor | None, out: torch.Tensor,
+                             tile: TileConfig) -> tuple[tuple[int, int, int], bytes]:
+    """The grid (the dense tiles of all R rows) and the GroupedGemmParams bytes of one call: the
+    GemmParams of every row with expert 0's weights (one K slice, global scale unused), then the
+    row experts and global scales pointers and the byte strides between experts' weights."""
+    rows, k = a.shape
+    n = experts.n
+    tiles = -(-rows // tile.block_m) * -(-n // tile.block_n)
+    zero_points = experts.w_zero_point
+    gemm = params_abi.GEMM_PARAMS.pack(
+        a.data_ptr(), experts.w.data_ptr(), experts.w_scale.data_ptr(),
+        0 if zero_points is None else zero_points.data_ptr(), 0 if bias is None else bias.data_ptr(),
+        out.data_ptr(), 0, 0, a.stride(0), n, rows, n, k, experts.group_size, 1, 1.0,
+    )
+    tail = params_abi.GROUPED_TAIL.pack(
+        row_expert.data_ptr(), experts.global_scale_tensor.data_ptr(),
+        experts.w[0].numel() * experts.w.element_size(), experts.w_scale[0].numel() * _ELEMENT_BYTES,
+        0 if zero_points is None else zero_points[0].numel() * _ELEMENT_BYTES,
+        0 if bias is None else n * _ELEMENT_BYTES,
+    )
+    return (tiles, 1, 1), gemm + tail
+
+
+def _check_grouped(a: torch.Tensor, experts: PackedExperts, row_expert: torch.Tensor, bias: torch.Tensor | None,
+                   out: torch.Tensor | None) -> None:
+    what = "gemm_grouped_kernel"
+    if not isinstance(a, torch.Tensor) or a.dim() != 2 or a.shape[1] != experts.k:
+        raise ValueError(f"{what}: a must be (R, {experts.k}), got "
+                         f"{tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__}")
+    if a.dtype != experts.act_dtype or a.stride(1) != 1:
+        raise ValueError(f"{what}: a must be a {experts.act_dtype} tensor with unit stride along K (the experts were "
+                         f"packed for it), got {a.dtype} with strides {a.stride()}")
+    _check_device_and_rows(a, experts, what, "gemm_grouped")
+    if a.shape[0] > 1 and a.stride(0) % 8:
+        raise ValueError(f"{what}: a's rows must start on 16-byte boundaries (row stride a multiple of 8 elements, "
+                         f"got {a.stride(0)}): pass a.contiguous()")
+    if (not isinstance(row_expert, torch.Tensor) or row_expert.shape != (a.shape[0],)
+            or row_expert.dtype != torch.int32 or row_expert.device != a.device or not row_expert.is_contiguous()):
+        raise ValueError(f"{what}: row_expert must be ({a.shape[0]},) int32, contiguous, on {a.device} (the kernel "
+                         f"reads it there), got {_describe(row_expert)}")
+    _check_bias(bias, experts, a, what)
+    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != (a.shape[0], experts.n)
+                            or out.dtype != a.dtype or out.device != a.device or not out.is_contiguous()
+                            or out.data_ptr() % 4):
+        raise ValueError(f"{what}: out must be ({a.shape[0]}, {experts.n}) {a.dtype}, contiguous, on {a.device}, "
+                         f"starting on a 4-byte boundary, got {_describe(out)}")
+
+
+def _check_device_and_rows(a: torch.Tensor, experts: PackedExperts, what: str, loop: str) -> None:
+    if not a.is_cuda or a.device != experts.device:
+        raise ValueError(f"{what}: a ({a.device}) and the experts ({experts.device}) must be on one CUDA device; "
+                         f"on the CPU, humming_aot.moe.{loop} computes the same")
+    if a.data_ptr() % 16:
+        raise ValueError(f"{what}: a's data must start 16-byte aligned (got address {a.data_ptr():#x}); pass a "
+                         "fresh tensor or .clone() it")
+    if experts.experts > MAX_EXPERTS:
+        raise ValueError(f"{what}: {experts.experts} experts: at most {MAX_EXPERTS}")
+
+
+def _check_bias(bias: torch.Tensor | None, experts: PackedExperts, a: torch.Tensor, what: str) -> None:
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (experts.experts, experts.n)
+                             or bias.dtype != a.dtype or bias.device != a.device or not bias.is_contiguous()
+                             or bias.data_ptr() % 4):
+        raise ValueError(f"{what}: bias must be ({experts.experts}, {experts.n}) {a.dtype}, contiguous, on "
+                         f"{a.device}, starting on a 4-byte boundary, got {_describe(bias)}")
+
+
+def _check(a: torch.Tensor, experts: PackedExperts, masked_m: torch.Tensor, bias: torch.Tensor | None,
+           out: torch.Tensor | None) -> None:
+    what = "gemm_masked_kernel"
+    if not isinstance(a, torch.Tensor) or a.dim() != 3 or a.shape[0] != experts.experts or a.shape[2] != experts.k:
+        raise ValueError(f"{what}: a must be ({experts.experts}, max_m, {experts.k}), got "
+                         f"{tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__}")
+    if a.dtype != experts.act_dtype or not a.is_contiguous():
+        raise ValueError(f"{what}: a must be a contiguous {experts.act_dtype} tensor (the experts were packed for "
+                         f"it), got {a.dtype}{'' if a.is_contiguous() else ', not contiguous'}")
+    _check_device_and_rows(a, experts, what, "gemm_masked")
+    if (not isinstance(masked_m, torch.Tensor) or masked_m.shape != (experts.experts,)
+            or masked_m.dtype != torch.int32 or masked_m.device != a.device or not masked_m.is_contiguous()):
+        raise ValueError(f"{what}: masked_m must be ({experts.experts},) int32, contiguous, on {a.device} (the kernel "
+                         f"reads the counts there), got {_describe(masked_m)}")
+    _check_bias(bias, experts, a, what)
+    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != (*a.shape[:2], experts.n)
+                            or out.dtype != a.dtype or out.device != a.device or not out.is_contiguous()
+                            or out.data_ptr() % 4):
+        raise ValueError(f"{what}: out must be ({a.shape[0]}, {a.shape[1]}, {experts.n}) {a.dtype}, contiguous, "
+                         f"on {a.device}, starting on a 4-byte boundary, got {_describe(out)}")
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{tuple(value.shape)} {value.dtype} on {value.device}"
+    return type(value).__name__
