@@ -6,12 +6,12 @@ place: the version every kernel's metadata must carry, and the byte layouts the 
   dp_ctas, tail_splits, stream_k), zero padding to byte 128, then the activations' 128-byte
   CUtensorMap (256 bytes).
 - ``MaskedGemmParams`` (the grouped masked MoE GEMM around the mma.sync bodies): GemmParams of
-  expert 0's slab, pointers to the experts' row counts (int32) and global scales (fp32), and six
-  byte strides between experts (a, out, w, scales, zero points, bias) (168 bytes).
+  expert 0's slab, a pointer to the experts' row counts (int32), ``ExpertWeights`` (a pointer to
+  the experts' fp32 global scales and the byte strides between experts' codes, scales, zero points
+  and biases), then the byte strides between experts' activation and output slabs (168 bytes).
 - ``GroupedGemmParams`` (the grouped contiguous MoE GEMM around the mma.sync bodies): GemmParams
-  of all the grouped rows with expert 0's weights, pointers to the rows' experts (int32) and the
-  experts' global scales (fp32), and four byte strides between experts (w, scales, zero points,
-  bias) (152 bytes).
+  of all the grouped rows with expert 0's weights, a pointer to the rows' experts (int32) and
+  ``ExpertWeights`` (152 bytes).
 
 Contract changes bump PARAMS_VERSION together with the header's kParamsVersion: 1 GemmParams; 2
 kernels wait on griddepcontrol before reading upstream data, so the launcher may launch them with
@@ -33,9 +33,11 @@ TMA_MAP_OFFSET = 128
 TMA_MAP_BYTES = 128
 TMA_PADDING = bytes(TMA_MAP_OFFSET - GEMM_PARAMS.size - TMA_SCHEDULE.size)
 TMA_PARAMS_BYTES = TMA_MAP_OFFSET + TMA_MAP_BYTES
-MASKED_TAIL = struct.Struct("<2Q6q")  # expert_rows, global_scales, then the a, out, w, scale, zp and bias strides
+# ExpertWeights (kernel/params.cuh): global_scales, then the w, scale, zero point and bias strides
+EXPERT_WEIGHTS = struct.Struct("<Q4q")
+MASKED_TAIL = struct.Struct("<Q" + EXPERT_WEIGHTS.format[1:] + "2q")  # expert_rows, ExpertWeights, a and out strides
 MASKED_PARAMS_BYTES = GEMM_PARAMS.size + MASKED_TAIL.size
-GROUPED_TAIL = struct.Struct("<2Q4q")  # row_expert, global_scales, then the w, scale, zp and bias strides
+GROUPED_TAIL = struct.Struct("<Q" + EXPERT_WEIGHTS.format[1:])  # row_expert, ExpertWeights
 GROUPED_PARAMS_BYTES = GEMM_PARAMS.size + GROUPED_TAIL.size
 
 # Byte offsets of the fields a launch fills in per call (the rest of the Params bytes are fixed

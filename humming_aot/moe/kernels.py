@@ -127,51 +127,48 @@ def _kernel(a: torch.Tensor, experts: PackedExperts, gemm_type: GemmType, rows: 
 def launch_arguments(a: torch.Tensor, experts: PackedExperts, masked_m: torch.Tensor, bias: torch.Tensor | None,
                      out: torch.Tensor, tile: TileConfig) -> tuple[tuple[int, int, int], bytes]:
     """The grid (the dense tiles of a full slab, 1, E) and the MaskedGemmParams bytes of one call:
-    expert 0's GemmParams (m = max_m, one K slice, global scale unused), then the counts and
-    global scales pointers and the byte strides between experts."""
+    expert 0's GemmParams (m = max_m, one K slice, global scale unused), the counts pointer, the
+    experts' weights (ExpertWeights) and the bytes between experts' activation and output slabs."""
     e, max_m, k = a.shape
     n = experts.n
     tiles = -(-max_m // tile.block_m) * -(-n // tile.block_n)
-    zero_points = experts.w_zero_point
-    gemm = params_abi.GEMM_PARAMS.pack(
-        a.data_ptr(), experts.w.data_ptr(), experts.w_scale.data_ptr(),
-        0 if zero_points is None else zero_points.data_ptr(), 0 if bias is None else bias.data_ptr(),
-        out.data_ptr(), 0, 0,  # no workspace, no counters: one K slice
-        k, n, max_m, n, k, experts.group_size, 1, 1.0,
-    )
-    tail = params_abi.MASKED_TAIL.pack(
-        masked_m.data_ptr(), experts.global_scale_tensor.data_ptr(),
-        max_m * k * _ELEMENT_BYTES, max_m * n * _ELEMENT_BYTES,
-        experts.w[0].numel() * experts.w.element_size(),
-        experts.w_scale[0].numel() * _ELEMENT_BYTES,
-        0 if zero_points is None else zero_points[0].numel() * _ELEMENT_BYTES,
-        0 if bias is None else n * _ELEMENT_BYTES,
-    )
-    return (tiles, 1, e), gemm + tail
+    tail = params_abi.MASKED_TAIL.pack(masked_m.data_ptr(), *_expert_weights(experts, bias),
+                                       max_m * k * _ELEMENT_BYTES, max_m * n * _ELEMENT_BYTES)
+    return (tiles, 1, e), _gemm_bytes(a, experts, bias, out, lda=k, m=max_m) + tail
 
 
 def grouped_launch_arguments(a: torch.Tensor, experts: PackedExperts, row_expert: torch.Tensor,
                              bias: torch.Tensor | None, out: torch.Tensor,
                              tile: TileConfig) -> tuple[tuple[int, int, int], bytes]:
     """The grid (the dense tiles of all R rows) and the GroupedGemmParams bytes of one call: the
-    GemmParams of every row with expert 0's weights (one K slice, global scale unused), then the
-    row experts and global scales pointers and the byte strides between experts' weights."""
-    rows, k = a.shape
-    n = experts.n
-    tiles = -(-rows // tile.block_m) * -(-n // tile.block_n)
+    GemmParams of every row with expert 0's weights (one K slice, global scale unused), the row
+    experts pointer and the experts' weights (ExpertWeights)."""
+    rows = a.shape[0]
+    tiles = -(-rows // tile.block_m) * -(-experts.n // tile.block_n)
+    tail = params_abi.GROUPED_TAIL.pack(row_expert.data_ptr(), *_expert_weights(experts, bias))
+    return (tiles, 1, 1), _gemm_bytes(a, experts, bias, out, lda=a.stride(0), m=rows) + tail
+
+
+def _gemm_bytes(a: torch.Tensor, experts: PackedExperts, bias: torch.Tensor | None, out: torch.Tensor, *,
+                lda: int, m: int) -> bytes:
+    """GemmParams with expert 0's weights: no workspace or counters (one K slice), global scale 1
+    (the schedules take each expert's from ExpertWeights)."""
     zero_points = experts.w_zero_point
-    gemm = params_abi.GEMM_PARAMS.pack(
+    return params_abi.GEMM_PARAMS.pack(
         a.data_ptr(), experts.w.data_ptr(), experts.w_scale.data_ptr(),
         0 if zero_points is None else zero_points.data_ptr(), 0 if bias is None else bias.data_ptr(),
-        out.data_ptr(), 0, 0, a.stride(0), n, rows, n, k, experts.group_size, 1, 1.0,
+        out.data_ptr(), 0, 0, lda, experts.n, m, experts.n, experts.k, experts.group_size, 1, 1.0,
     )
-    tail = params_abi.GROUPED_TAIL.pack(
-        row_expert.data_ptr(), experts.global_scale_tensor.data_ptr(),
-        experts.w[0].numel() * experts.w.element_size(), experts.w_scale[0].numel() * _ELEMENT_BYTES,
-        0 if zero_points is None else zero_points[0].numel() * _ELEMENT_BYTES,
-        0 if bias is None else n * _ELEMENT_BYTES,
-    )
-    return (tiles, 1, 1), gemm + tail
+
+
+def _expert_weights(experts: PackedExperts, bias: torch.Tensor | None) -> tuple[int, ...]:
+    """ExpertWeights' fields: the global scales pointer and the byte strides between experts'
+    packed codes, scales, zero points and biases."""
+    zero_points = experts.w_zero_point
+    return (experts.global_scale_tensor.data_ptr(), experts.w[0].numel() * experts.w.element_size(),
+            experts.w_scale[0].numel() * _ELEMENT_BYTES,
+            0 if zero_points is None else zero_points[0].numel() * _ELEMENT_BYTES,
+            0 if bias is None else experts.n * _ELEMENT_BYTES)
 
 
 def _check_grouped(a: torch.Tensor, experts: PackedExperts, row_expert: torch.Tensor, bias: torch.Tensor | None,

@@ -41,11 +41,11 @@ def _seed() -> int:
     return seed
 
 
-def _key(experts, rows: int) -> KernelKey:
-    """The kernel gemm_masked_kernel launches for `rows` expected rows."""
+def _key(experts, rows: int, gemm_type: GemmType = GemmType.MASKED) -> KernelKey:
+    """The kernel gemm_masked_kernel / gemm_grouped_kernel launches for `rows` expected rows."""
     import dataclasses
 
-    spec = dataclasses.replace(ops.gemm_spec(experts.expert(0)), gemm_type=GemmType.MASKED)
+    spec = dataclasses.replace(ops.gemm_spec(experts.expert(0)), gemm_type=gemm_type)
     info = dispatch.device_info(torch.cuda.current_device())
     tile = heuristics.select_masked_tile(info.arches[0], rows, experts.k, experts.group_size, spec.w_bits)
     return dispatch.obtain(spec, torch.cuda.current_device(), rows, tile, experts.k, experts.group_size,
@@ -143,7 +143,7 @@ def test_grouped_kernel_matches_the_reference_on_block_aligned_rows(fmt):
         bias = (torch.randn(e, n, device="cuda", generator=gen) * 0.5).to(torch.bfloat16) if expected == 16 else None
         out = torch.full((rows, n), float("nan"), device="cuda", dtype=torch.bfloat16)
         gemm_grouped_kernel(a, experts, row_expert, expected_m=expected, bias=bias, out=out)
-        key = _grouped_key(experts, expected)
+        key = _key(experts, expected, GemmType.GROUPED)
         context = f"{key.name} fmt={fmt} counts={counts} block={block} seed={seed}"
         padding = row_expert == -1
         assert out[padding].isnan().all(), context  # padding rows are left as they were
@@ -158,13 +158,3 @@ def test_grouped_kernel_matches_the_reference_on_block_aligned_rows(fmt):
             fresh = gemm_grouped_kernel(a, experts, row_expert, expected_m=expected)
             loop = gemm_grouped(a, experts, row_expert=row_expert)
             assert not fresh[padding].any() and not loop[padding].any(), context
-
-
-def _grouped_key(experts, rows: int) -> KernelKey:
-    import dataclasses
-
-    spec = dataclasses.replace(ops.gemm_spec(experts.expert(0)), gemm_type=GemmType.GROUPED)
-    info = dispatch.device_info(torch.cuda.current_device())
-    tile = heuristics.select_masked_tile(info.arches[0], rows, experts.k, experts.group_size, spec.w_bits)
-    return dispatch.obtain(spec, torch.cuda.current_device(), rows, tile, experts.k, experts.group_size,
-                           n=experts.n)[0]

@@ -47,14 +47,14 @@ def test_the_launch_passes_expert_zero_and_the_strides_between_experts():
     assert gemm[8:] == (k, n, max_m, n, k, 64, 1, 1.0)  # lda, ldo, m = max_m, n, k, group, one slice
     tail = params_abi.MASKED_TAIL.unpack(params[params_abi.GEMM_PARAMS.size:])
     assert tail[:2] == (counts.data_ptr(), experts.global_scale_tensor.data_ptr())
-    strides = tail[2:]
-    for stride, tensor in zip(strides, (a, out, experts.w, experts.w_scale, experts.w_zero_point, bias)):
+    strides = tail[2:]  # ExpertWeights' four, then the activation and output slabs'
+    for stride, tensor in zip(strides, (experts.w, experts.w_scale, experts.w_zero_point, bias, a, out)):
         assert stride == tensor[1].data_ptr() - tensor[0].data_ptr()  # expert 1's slab minus expert 0's
     symmetric = _experts("int4:g128")
     _, params = launch_arguments(a, symmetric, counts, None, out, tile)
     gemm = params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])
     tail = params_abi.MASKED_TAIL.unpack(params[params_abi.GEMM_PARAMS.size:])
-    assert gemm[3] == gemm[4] == 0 and tail[6] == tail[7] == 0  # no zero points, no bias
+    assert gemm[3] == gemm[4] == 0 and tail[4] == tail[5] == 0  # no zero points, no bias
 
 
 def test_bad_arguments_are_refused_before_any_launch():

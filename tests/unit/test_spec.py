@@ -290,7 +290,7 @@ def test_mma_sync_keys_whose_loader_would_need_over_32_copy_passes_are_refused()
 def test_grouped_masked_keys_wrap_the_mma_sync_bodies():
     """A grouped masked GEMM (kernel/grouped_masked.cuh) is a schedule around a dense body that
     takes GemmParams: its source wraps the body's template and takes MaskedGemmParams (168 bytes:
-    GemmParams, the counts and global scales pointers, six strides); the TMA body and the other MoE types have no
+    GemmParams, the counts pointer, ExpertWeights and the slabs' two strides); the TMA body and the indexed type have no
     kernel yet, and say so. No pairing allows the type yet (support.py refuses it), so no catalog
     holds one."""
     from humming_aot import codegen, params_abi

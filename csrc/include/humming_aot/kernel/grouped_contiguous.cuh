@@ -39,13 +39,7 @@ struct GroupedContiguous {
     const int expert = g.row_expert[m_tile * kBlockM];
     if (expert < 0) return;  // a block of padding rows (uniform over the CTA)
     GemmParams p = g.gemm;
-    p.global_scale = g.global_scales[expert];
-    p.w = static_cast<const char*>(p.w) + expert * g.w_stride;
-    p.w_scale = static_cast<const char*>(p.w_scale) + expert * g.scale_stride;
-    if (p.w_zero_point != nullptr) {
-      p.w_zero_point = static_cast<const char*>(p.w_zero_point) + expert * g.zero_point_stride;
-    }
-    if (p.bias != nullptr) p.bias = static_cast<const char*>(p.bias) + expert * g.bias_stride;
+    g.weights.move_to(p, expert);
     Dense::run(p);
   }
 };

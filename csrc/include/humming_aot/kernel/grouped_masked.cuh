@@ -36,15 +36,9 @@ struct GroupedMasked {
     if (rows <= 0 || blockIdx.x >= m_tiles * n_tiles) return;  // uniform over the CTA
     GemmParams p = g.gemm;
     p.m = rows;
-    p.global_scale = g.global_scales[expert];
     p.a = static_cast<const char*>(p.a) + expert * g.a_stride;
     p.out = static_cast<char*>(p.out) + expert * g.out_stride;
-    p.w = static_cast<const char*>(p.w) + expert * g.w_stride;
-    p.w_scale = static_cast<const char*>(p.w_scale) + expert * g.scale_stride;
-    if (p.w_zero_point != nullptr) {
-      p.w_zero_point = static_cast<const char*>(p.w_zero_point) + expert * g.zero_point_stride;
-    }
-    if (p.bias != nullptr) p.bias = static_cast<const char*>(p.bias) + expert * g.bias_stride;
+    g.weights.move_to(p, static_cast<int>(expert));
     Dense::run(p);
   }
 };

@@ -61,38 +61,49 @@ struct TmaGemmParams {
 static_assert(sizeof(TmaGemmParams) == 256 && alignof(TensorMap) == 64 && sizeof(TensorMap) == 128,
               "TmaGemmParams is GemmParams, three ints, padding to byte 128, then the 128-byte tensor map");
 
-// The Params of the grouped masked MoE GEMM (kernel/grouped_masked.cuh): the GemmParams of expert
-// 0's slab (m: the slab's rows, max_m), then each expert's valid rows on the device and the bytes
-// that move GemmParams' pointers from one expert's slab to the next. Packed as GemmParams' bytes,
-// then "<2Q6q" (168 bytes).
-struct MaskedGemmParams {
-  GemmParams gemm;             // k_splits 1: the dense body's split-K counters would be shared by experts
-  const int* expert_rows;      // (E,) valid rows of each expert's slab, 0 <= rows <= gemm.m
-  const float* global_scales;  // (E,) each expert's fp32 global weight scale (gemm.global_scale unused)
-  i64 a_stride;                // bytes between experts' activation slabs (max_m * lda * 2)
-  i64 out_stride;              // bytes between experts' output slabs (max_m * ldo * 2)
+// What moves GemmParams from expert 0's weights to expert e's in the MoE schedules
+// (kernel/grouped_masked.cuh, kernel/grouped_contiguous.cuh): the experts' global scales and the
+// bytes between consecutive experts' packed codes, scales, zero points and biases (40 bytes).
+struct ExpertWeights {
+  const float* global_scales;  // (E,) each expert's fp32 global weight scale (GemmParams' is unused)
   i64 w_stride;                // bytes between experts' packed weights
   i64 scale_stride;            // bytes between experts' scales
   i64 zero_point_stride;       // bytes between experts' zero points (0 without them)
   i64 bias_stride;             // bytes between experts' biases (0 without them)
+
+  __device__ __forceinline__ void move_to(GemmParams& p, int expert) const {
+    p.global_scale = global_scales[expert];
+    p.w = static_cast<const char*>(p.w) + expert * w_stride;
+    p.w_scale = static_cast<const char*>(p.w_scale) + expert * scale_stride;
+    if (p.w_zero_point != nullptr)
+      p.w_zero_point = static_cast<const char*>(p.w_zero_point) + expert * zero_point_stride;
+    if (p.bias != nullptr) p.bias = static_cast<const char*>(p.bias) + expert * bias_stride;
+  }
 };
-static_assert(sizeof(MaskedGemmParams) == 168, "MaskedGemmParams is GemmParams, two pointers and six i64");
+
+// The Params of the grouped masked MoE GEMM (kernel/grouped_masked.cuh): the GemmParams of expert
+// 0's slab (m: the slab's rows, max_m; k_splits 1), each expert's valid rows on the device, the
+// experts' weights (ExpertWeights) and the bytes between experts' activation and output slabs.
+// Packed as GemmParams' bytes, then "<2Q6q" (168 bytes).
+struct MaskedGemmParams {
+  GemmParams gemm;
+  const int* expert_rows;  // (E,) valid rows of each expert's slab, 0 <= rows <= gemm.m
+  ExpertWeights weights;
+  i64 a_stride;    // bytes between experts' activation slabs (max_m * lda * 2)
+  i64 out_stride;  // bytes between experts' output slabs (max_m * ldo * 2)
+};
+static_assert(sizeof(MaskedGemmParams) == 168, "MaskedGemmParams is GemmParams, a pointer, ExpertWeights, two i64");
 
 // The Params of the grouped contiguous MoE GEMM (kernel/grouped_contiguous.cuh): the GemmParams of
-// all the grouped rows with expert 0's weights, then each row's expert on the device, the experts'
-// global scales and the bytes that move the weight pointers from one expert to the next. Packed as
-// GemmParams' bytes, then "<2Q4q" (152 bytes).
+// all the grouped rows with expert 0's weights (k_splits 1), each row's expert on the device and
+// the experts' weights (ExpertWeights). Packed as GemmParams' bytes, then "<2Q4q" (152 bytes).
 struct GroupedGemmParams {
-  GemmParams gemm;             // m: every grouped row; k_splits 1
-  const int* row_expert;       // (m,) each row's expert, -1 for a padding row; every block of the
-                               // tile's rows lies in one expert (or is padding throughout)
-  const float* global_scales;  // (E,) each expert's fp32 global weight scale (gemm.global_scale unused)
-  i64 w_stride;                // bytes between experts' packed weights
-  i64 scale_stride;            // bytes between experts' scales
-  i64 zero_point_stride;       // bytes between experts' zero points (0 without them)
-  i64 bias_stride;             // bytes between experts' biases (0 without them)
+  GemmParams gemm;        // m: every grouped row
+  const int* row_expert;  // (m,) each row's expert, -1 for a padding row; every block of the tile's
+                          // rows lies in one expert (or is padding throughout)
+  ExpertWeights weights;
 };
-static_assert(sizeof(GroupedGemmParams) == 152, "GroupedGemmParams is GemmParams, two pointers and four i64");
+static_assert(sizeof(GroupedGemmParams) == 152, "GroupedGemmParams is GemmParams, a pointer and ExpertWeights");
 
 // Exported as `extern "C" __constant__ KernelMetadata humming_aot_kernel_metadata` (256 bytes).
 struct KernelMetadata {
