@@ -68,17 +68,21 @@ def grouped_block_m(experts: PackedExperts, expected_m: int, device: torch.devic
 
 def gemm_grouped_kernel(a: torch.Tensor, experts: PackedExperts, row_expert: torch.Tensor, *, expected_m: int,
                         bias: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """out[r] = a[r] @ W[row_expert[r]]^T (+ bias[row_expert[r]]) for the grouped rows.
+    """out[r] = a[r] @ W[e]^T (+ bias[e]) for the grouped rows, e the expert of the first row of
+    r's block of ``grouped_block_m(experts, expected_m)`` rows.
 
     a:          (R, K), the experts' activation dtype, rows 16-byte aligned, on their CUDA device
     row_expert: (R,) int32 on the same device: each row's expert, -1 for a padding row; every
-                block of ``grouped_block_m(experts, expected_m)`` rows starting at a multiple of it
-                must hold one expert's rows or padding only (the kernel reads the expert of each
-                block's first row; R need not be a multiple of the block)
+                block of rows starting at a multiple of the block must hold one expert's rows
+                then padding, or padding only (each expert's rows padded to whole blocks; R need
+                not be a multiple of the block). Padding rows in an expert's last block are
+                computed with its weights from whatever ``a`` holds there (zero rows give the bias,
+                or zeros, as the expert loop writes them without bias); blocks of padding only
+                are skipped
     expected_m: the rows an expert is expected to hold, which picks the tile and so the blocks
     bias:       (E, N) in the activation dtype, or None
-    out:        (R, N) contiguous to write into (padding rows are left as they are); default a new
-                zero tensor
+    out:        (R, N) contiguous to write into (blocks of padding only are left as they are);
+                default a new zero tensor
     """
     _check_grouped(a, experts, row_expert, bias, out)
     rows = a.shape[0]

@@ -1,15 +1,19 @@
 #pragma once
 // The grouped contiguous MoE GEMM on block-aligned rows (DeepGEMM's contiguous layout with its
-// per-row expert index): out[r, n] = a[r, k] @ dequant(w[expert(r)])[n, k]^T (+ bias[expert(r)])
-// for the rows grouped expert after expert, each expert's rows padded to a whole number of the
-// tile's kBlockM rows (padding rows: expert -1, neither multiplied nor written). A schedule around a
+// per-row expert index): out[r, n] = a[r, k] @ dequant(w[e])[n, k]^T (+ bias[e]) for the rows
+// grouped expert after expert, each expert's rows padded to a whole number of the tile's kBlockM
+// rows, e the expert of the first row of r's block. Padding rows (expert -1) inside an expert's
+// last block are computed with that expert's weights from whatever a holds there (zero rows give
+// the bias, or zeros); blocks of padding only are skipped, their outputs left as they are. A
+// schedule around a
 // dense body, not a body of its own: the grid is the dense body's over all the rows; each CTA waits
 // on the upstream grid (the row experts may be its output), finds its tile with the dense raster,
 // reads the expert of the tile's first row, leaves at once when that is padding, and runs the dense
 // body on GemmParams whose weight pointers (packed codes, scales, zero points, bias) and global
 // scale are the expert's; the activation and output pointers stay, the tile's rows being the
 // expert's. Preconditions (the host states them; the kernel cannot see a mixed block): every
-// kBlockM-row block starting at a multiple of kBlockM holds one expert's rows, or padding only;
+// kBlockM-row block starting at a multiple of kBlockM holds one expert's rows (then padding), or
+// padding only;
 // gemm.k_splits == 1; a body whose run takes GemmParams and its tile from blockIdx.x with the
 // raster of schedule/tile_scheduler.cuh (the mma.sync bodies). SM80+.
 

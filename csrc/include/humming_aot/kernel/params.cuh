@@ -100,7 +100,7 @@ static_assert(sizeof(MaskedGemmParams) == 168, "MaskedGemmParams is GemmParams, 
 struct GroupedGemmParams {
   GemmParams gemm;        // m: every grouped row
   const int* row_expert;  // (m,) each row's expert, -1 for a padding row; every block of the tile's
-                          // rows lies in one expert (or is padding throughout)
+                          // rows holds one expert's rows then padding, or padding only
   ExpertWeights weights;
 };
 static_assert(sizeof(GroupedGemmParams) == 152, "GroupedGemmParams is GemmParams, a pointer and ExpertWeights");
