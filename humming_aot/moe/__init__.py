@@ -10,19 +10,24 @@ from humming_aot.moe.expert_loop import gemm_grouped, gemm_indexed, gemm_masked
 from humming_aot.moe.kernels import gemm_grouped_kernel, gemm_masked_kernel, grouped_block_m
 from humming_aot.moe.packing import PackedExperts, expert_weight, pack_experts
 from humming_aot.moe.routing import (
+    AlignedGrouping,
     GroupedRouting,
     IndexedRouting,
     align_block_size,
+    align_groups,
     group_rows,
     permute,
+    permute_aligned,
     silu_and_mul,
     swiglu_oai,
     unpermute,
+    unpermute_aligned,
     weighted_sum,
 )
 
 __all__ = [
-    "GroupedRouting", "IndexedRouting", "PackedExperts", "align_block_size", "expert_weight", "gemm_grouped",
-    "gemm_grouped_kernel", "gemm_indexed", "gemm_masked", "gemm_masked_kernel", "group_rows",
-    "grouped_block_m", "pack_experts", "permute", "silu_and_mul", "swiglu_oai", "unpermute", "weighted_sum",
+    "AlignedGrouping", "GroupedRouting", "IndexedRouting", "PackedExperts", "align_block_size",
+    "align_groups", "expert_weight", "gemm_grouped", "gemm_grouped_kernel", "gemm_indexed", "gemm_masked",
+    "gemm_masked_kernel", "group_rows", "grouped_block_m", "pack_experts", "permute", "permute_aligned",
+    "silu_and_mul", "swiglu_oai", "unpermute", "unpermute_aligned", "weighted_sum",
 ]

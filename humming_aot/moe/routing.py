@@ -5,6 +5,8 @@
   one expert id per block, -1 for an expert this rank does not hold);
 - ``group_rows`` / ``ungroup_rows``: top-k routing -> the grouped contiguous layout (the routed
   rows expert after expert, with prefix offsets (E + 1,) and a per-row expert index) and back;
+- ``align_groups`` with ``permute_aligned`` / ``unpermute_aligned``: the same, every expert's rows
+  padded to whole blocks (what ``gemm_grouped_kernel`` takes), in arrays of a fixed size;
 - ``silu_and_mul`` and ``swiglu_oai`` (gpt-oss: interleaved gate/up, clamped, with alpha);
 - ``weighted_sum``: the top-k outputs of each token, times their routing weights, summed in slot
   order.
@@ -120,6 +122,61 @@ def unpermute(rows: torch.Tensor, routing: GroupedRouting) -> torch.Tensor:
     out = torch.empty_like(rows)
     out[routing.slot_of_row] = rows
     return out.reshape(-1, routing.top_k, rows.shape[-1])
+
+
+@dataclasses.dataclass(frozen=True)
+class AlignedGrouping:
+    """The grouped contiguous layout with every expert's rows padded to whole blocks of
+    ``block`` rows (the layout ``gemm_grouped_kernel`` takes; ``moe.grouped_block_m`` names its
+    block), in arrays of a fixed size, M * top_k + E * (block - 1) rows, that a CUDA graph can
+    hold: expert e's rows start at a multiple of ``block``; padding rows (in an expert's last block,
+    and every row past the last expert's) have row_expert -1 and slot -1."""
+
+    row_expert: torch.Tensor  # (rows,) int32: each row's expert, -1 for padding
+    slot_of_row: torch.Tensor  # (rows,) int64: each row's flat slot (token slot // top_k), -1 for padding
+    block: int
+    top_k: int
+
+
+def align_groups(topk_ids: torch.Tensor, num_experts: int, block: int) -> AlignedGrouping:
+    """The block-aligned grouped contiguous layout of a top-k routing (see AlignedGrouping), with
+    torch operations only and no host synchronization (the sizes depend on M, top_k, E and the
+    block alone): each expert's slots in increasing flat order, as group_rows orders them."""
+    _check_topk_ids(topk_ids, num_experts)
+    if type(block) is not int or block < 1:
+        raise ValueError(f"align_groups: block must be a positive int (moe.grouped_block_m), got {block!r}")
+    flat = topk_ids.reshape(-1).long()
+    device = flat.device
+    rows = flat.numel() + num_experts * (block - 1)
+    order = torch.argsort(flat, stable=True)
+    sorted_expert = flat[order]
+    counts = torch.zeros(num_experts, dtype=torch.long, device=device).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block - 1) // block * block
+    starts = torch.cumsum(counts, 0) - counts
+    padded_starts = torch.cumsum(padded, 0) - padded
+    rank = torch.arange(flat.numel(), device=device) - starts[sorted_expert]
+    dest = padded_starts[sorted_expert] + rank
+    row_expert = torch.full((rows,), -1, dtype=torch.int32, device=device)
+    row_expert[dest] = sorted_expert.to(torch.int32)
+    slot_of_row = torch.full((rows,), -1, dtype=torch.long, device=device)
+    slot_of_row[dest] = order
+    return AlignedGrouping(row_expert=row_expert, slot_of_row=slot_of_row, block=block, top_k=topk_ids.shape[1])
+
+
+def permute_aligned(hidden: torch.Tensor, grouping: AlignedGrouping) -> torch.Tensor:
+    """(M, K) tokens -> (rows, K) aligned grouped rows: row r is token slot_of_row[r] // top_k, and
+    zeros for padding rows (whose outputs are then the bias, or zeros)."""
+    real = grouping.slot_of_row >= 0
+    source = torch.where(real, grouping.slot_of_row // grouping.top_k, 0)
+    return hidden.index_select(0, source) * real.unsqueeze(1).to(hidden.dtype)
+
+
+def unpermute_aligned(rows: torch.Tensor, grouping: AlignedGrouping, num_tokens: int) -> torch.Tensor:
+    """(rows, N) aligned grouped rows -> (M, top_k, N) in slot order (padding rows dropped)."""
+    slots = num_tokens * grouping.top_k
+    out = torch.empty(slots + 1, rows.shape[-1], dtype=rows.dtype, device=rows.device)
+    out.index_copy_(0, torch.where(grouping.slot_of_row >= 0, grouping.slot_of_row, slots), rows)
+    return out[:slots].reshape(num_tokens, grouping.top_k, rows.shape[-1])
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -162,3 +162,30 @@ def test_grouped_kernel_matches_the_reference_on_block_aligned_rows(fmt):
             fresh = gemm_grouped_kernel(a, experts, row_expert, expected_m=expected)
             loop = gemm_grouped(a, experts, row_expert=row_expert)
             assert not fresh[padding].any() and not loop[padding].any(), context
+
+
+def test_grouped_kernel_on_a_routing_aligned_by_align_groups():
+    """The whole contiguous path: a top-k routing aligned to the kernel's block (moe.align_groups,
+    moe.permute_aligned), the kernel, and moe.unpermute_aligned back to slot order, against the
+    float64 reference of each token's experts."""
+    from humming_aot.moe import align_groups, gemm_grouped_kernel, grouped_block_m, permute_aligned, unpermute_aligned
+
+    seed = _seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    experts_n, n, k, tokens, top_k = 8, 128, 256, 37, 2
+    experts = pack_experts(humming_aot.quantize(torch.randn(experts_n, n, k, device="cuda", generator=gen) * 0.05,
+                                                "int4:g128"), act_dtype=torch.bfloat16)
+    topk_ids = torch.randn(tokens, experts_n, device="cuda", generator=gen).topk(top_k, dim=1).indices
+    hidden = torch.randn(tokens, k, device="cuda", generator=gen).to(torch.bfloat16)
+    expected = tokens * top_k // experts_n
+    grouping = align_groups(topk_ids, experts_n, grouped_block_m(experts, expected))
+    rows = permute_aligned(hidden, grouping)
+    out = unpermute_aligned(gemm_grouped_kernel(rows, experts, grouping.row_expert, expected_m=expected), grouping,
+                            tokens)
+    key = _key(experts, expected, GemmType.GROUPED)
+    for x in range(experts_n):
+        token, slot = torch.nonzero(topk_ids == x, as_tuple=True)
+        if token.numel():
+            w_eff = experts.effective_weight(x, scales_in_fp32=key.scales_in_fp32)
+            assert_gemm_close(out[token, slot], reference_gemm(hidden[token], w_eff), a=hidden[token], w_eff=w_eff,
+                              context=f"{key.name} expert {x} seed={seed}")

@@ -231,3 +231,32 @@ def test_quantized_moe_state_dict_round_trips():
     assert not torch.equal(before, other(hidden, topk_ids, weights))
     assert torch.equal(other(hidden, topk_ids, weights), layer(hidden, topk_ids, weights))
     assert other.gate_up.global_scales == layer.gate_up.global_scales
+
+
+@pytest.mark.parametrize("m,experts,top_k,block", [(1, 8, 2, 8), (37, 16, 4, 16), (5, 256, 8, 64), (64, 4, 1, 8)])
+def test_aligned_groups_are_group_rows_padded_to_whole_blocks(m, experts, top_k, block):
+    """align_groups: the rows of group_rows in the same order, each expert's starting a block and
+    padded to whole blocks (every block: one expert's rows then padding, or padding only), in a
+    fixed size; permute_aligned gives zero padding rows and unpermute_aligned drops them."""
+    gen = torch.Generator().manual_seed(m * 1000 + experts)
+    topk_ids = torch.randn(m, experts, generator=gen).topk(top_k, dim=1).indices
+    grouping, reference = moe.align_groups(topk_ids, experts, block), moe.group_rows(topk_ids, experts)
+    rows = grouping.row_expert.numel()
+    assert rows == m * top_k + experts * (block - 1) and grouping.slot_of_row.shape == (rows,)
+    real = grouping.slot_of_row >= 0
+    assert torch.equal(grouping.slot_of_row[real], reference.slot_of_row)
+    assert torch.equal(grouping.row_expert[real], reference.row_expert)
+    assert torch.equal(grouping.row_expert < 0, ~real)
+    row_expert = grouping.row_expert.tolist()
+    for start in range(0, rows, block):
+        chunk = row_expert[start:start + block]
+        owners = [x for x in chunk if x >= 0]
+        assert not owners or (chunk[0] >= 0 and set(owners) == {chunk[0]}
+                              and chunk == [chunk[0]] * len(owners) + [-1] * (len(chunk) - len(owners)))
+    hidden = torch.randn(m, 32, generator=gen)
+    grouped = moe.permute_aligned(hidden, grouping)
+    assert torch.equal(grouped[real], moe.permute(hidden, reference)) and not grouped[~real].any()
+    assert torch.equal(moe.unpermute_aligned(grouped, grouping, m),
+                       moe.unpermute(moe.permute(hidden, reference), reference))
+    with pytest.raises(ValueError, match="block must be a positive int"):
+        moe.align_groups(topk_ids, experts, 0)
