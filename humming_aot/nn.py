@@ -143,7 +143,10 @@ class QuantizedMoE(torch.nn.Module):
     forward(hidden (..., H), topk_ids (M, top_k), topk_weights (M, top_k)) -> (..., H), M the
     tokens of hidden. The experts run in the grouped contiguous layout as a loop of dense GEMMs,
     one per expert with tokens (humming_aot.moe.expert_loop): correct on every device, with one
-    host round trip per layer; the grouped MoE kernels will take its place.
+    host round trip per layer. With ``use_grouped_kernels = True`` (opt in, off by default until the
+    GPU suite has held it to the loop) a CUDA forward runs the grouped contiguous kernel instead
+    (humming_aot.moe.gemm_grouped_kernel on the routing aligned by align_groups): two launches and
+    no host round trip.
     """
 
     def __init__(self, gate_up, down, activation: str = "silu", gate_up_bias: torch.Tensor | None = None,
@@ -159,6 +162,7 @@ class QuantizedMoE(torch.nn.Module):
         if gate_up.act_dtype != down.act_dtype or gate_up.device != down.device:
             raise ValueError("QuantizedMoE: gate_up and down must be packed for one activation dtype on one device")
         self.activation = activation
+        self.use_grouped_kernels = False
         self.num_experts, self.hidden_size, self.intermediate_size = gate_up.experts, gate_up.k, down.k
         # the packed experts as buffers (they move with .to() and are in the state dict), with
         # what is not a tensor kept beside them
@@ -242,12 +246,30 @@ class QuantizedMoE(torch.nn.Module):
         if topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape:
             raise ValueError(f"QuantizedMoE: topk_ids and topk_weights must be ({x.shape[0]}, top_k) for "
                              f"{x.shape[0]} tokens, got {tuple(topk_ids.shape)} and {tuple(topk_weights.shape)}")
+        if self.use_grouped_kernels and x.is_cuda:
+            return self._forward_grouped_kernels(x, topk_ids, topk_weights).reshape(*shape[:-1], self.hidden_size)
         routing = moe.group_rows(topk_ids, self.num_experts)
         rows = moe.permute(x, routing)
         h = moe.gemm_grouped(rows, self.gate_up, offsets=routing.offsets, bias=self.gate_up_bias)
         h = moe.silu_and_mul(h) if self.activation == "silu" else moe.swiglu_oai(h)
         y = moe.gemm_grouped(h, self.down, offsets=routing.offsets, bias=self.down_bias)
         return moe.weighted_sum(moe.unpermute(y, routing), topk_weights).reshape(*shape[:-1], self.hidden_size)
+
+    def _forward_grouped_kernels(self, x: torch.Tensor, topk_ids: torch.Tensor,
+                                 topk_weights: torch.Tensor) -> torch.Tensor:
+        """The forward on the grouped contiguous kernel: both GEMMs on the routing aligned to the
+        larger of their two blocks (each a power of two, so the smaller one's rule holds too)."""
+        from humming_aot import moe
+
+        gate_up, down = self.gate_up, self.down
+        expected = max(1, -(-x.shape[0] * topk_ids.shape[1] // self.num_experts))
+        block = max(moe.grouped_block_m(gate_up, expected), moe.grouped_block_m(down, expected))
+        grouping = moe.align_groups(topk_ids, self.num_experts, block)
+        rows = moe.permute_aligned(x, grouping)
+        h = moe.gemm_grouped_kernel(rows, gate_up, grouping.row_expert, expected_m=expected, bias=self.gate_up_bias)
+        h = moe.silu_and_mul(h) if self.activation == "silu" else moe.swiglu_oai(h)
+        y = moe.gemm_grouped_kernel(h, down, grouping.row_expert, expected_m=expected, bias=self.down_bias)
+        return moe.weighted_sum(moe.unpermute_aligned(y, grouping, x.shape[0]), topk_weights)
 
     def extra_repr(self) -> str:
         return (f"experts={self.num_experts}, hidden={self.hidden_size}, intermediate={self.intermediate_size}, "

@@ -1,4 +1,5 @@
-"""QuantizedMoE on the GPU (the expert loop over the catalog's dense kernels): moved with .to(),
+"""QuantizedMoE on the GPU (the expert loop over the catalog's dense kernels, and opted in, the
+grouped contiguous kernel): moved with .to(),
 against the float64 layer of the exact operands, for int4 with silu and gpt-oss's mxfp4 with
 swiglu_oai, under uniform, skewed and empty routing, at 1 and 37 tokens."""
 from __future__ import annotations
@@ -17,13 +18,21 @@ def _seed() -> int:
     return seed
 
 
+@pytest.mark.parametrize("kernels", [False, True], ids=["expert-loop", "grouped-kernel"])
 @pytest.mark.parametrize("activation,fmt", [("silu", "int4:g128"), ("swiglu_oai", "mxfp4")])
 @pytest.mark.parametrize("kind", ["uniform", "skewed", "empty"])
-def test_quantized_moe_on_gpu_matches_the_float64_layer(activation, fmt, kind):
+def test_quantized_moe_on_gpu_matches_the_float64_layer(activation, fmt, kind, kernels):
+    if kernels:
+        from humming_aot.testing.jit import why_no_jit
+
+        why = why_no_jit("no catalog holds the grouped kernels yet, only the JIT builds them", "to build them")
+        if why is not None or torch.cuda.get_device_capability() < (8, 0):
+            pytest.skip(why or "the grouped kernels wrap the sm_80+ mma.sync bodies")
     seed = _seed()
     gen = torch.Generator().manual_seed(seed)
     experts, hidden_size, top_k = 8, 256, 2
     layer = random_moe_layer(experts, hidden_size, 128, fmt, activation, gen).to("cuda")
+    layer.use_grouped_kernels = kernels
     assert layer.gate_up.w.is_cuda and layer.down.global_scale_tensor.is_cuda
     for m in (1, 37):
         scores = torch.rand(m, experts, generator=gen)
