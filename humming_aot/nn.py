@@ -145,8 +145,8 @@ class QuantizedMoE(torch.nn.Module):
     one per expert with tokens (humming_aot.moe.expert_loop): correct on every device, with one
     host round trip per layer. With ``use_grouped_kernels = True`` (opt in, off by default until the
     GPU suite has held it to the loop) a CUDA forward runs the grouped contiguous kernel instead
-    (humming_aot.moe.gemm_grouped_kernel on the routing aligned by align_groups): two launches and
-    no host round trip.
+    (humming_aot.moe.gemm_grouped_kernel on the routing aligned by align_groups): two GEMM launches
+    and no host round trip (capturable in a CUDA graph).
     """
 
     def __init__(self, gate_up, down, activation: str = "silu", gate_up_bias: torch.Tensor | None = None,
@@ -263,7 +263,11 @@ class QuantizedMoE(torch.nn.Module):
 
         gate_up, down = self.gate_up, self.down
         expected = max(1, -(-x.shape[0] * topk_ids.shape[1] // self.num_experts))
-        block = max(moe.grouped_block_m(gate_up, expected), moe.grouped_block_m(down, expected))
+        blocks = (moe.grouped_block_m(gate_up, expected), moe.grouped_block_m(down, expected))
+        block = max(blocks)
+        if any(block % b for b in blocks):  # the table's block_m are powers of two; say so if one is not
+            raise ValueError(f"QuantizedMoE: the two GEMMs' blocks {blocks} do not divide each other: align to "
+                             "their least common multiple")
         grouping = moe.align_groups(topk_ids, self.num_experts, block)
         rows = moe.permute_aligned(x, grouping)
         h = moe.gemm_grouped_kernel(rows, gate_up, grouping.row_expert, expected_m=expected, bias=self.gate_up_bias)

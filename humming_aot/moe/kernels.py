@@ -9,9 +9,9 @@
   defines for such rows.
 
 Both are schedules around a dense mma.sync body (``heuristics.select_masked_tile``: the tile for
-the expected rows per expert), from the installed catalog or the JIT, one K slice per tile. Not
-yet the paths ``QuantizedMoE`` takes: that switches once the GPU suite has held them to the
-expert loop (issue 23).
+the expected rows per expert), from the installed catalog or the JIT, one K slice per tile.
+``QuantizedMoE`` takes the contiguous one only when opted in (``use_grouped_kernels``), until the
+GPU suite has held them to the expert loop (issue 23).
 """
 from __future__ import annotations
 
@@ -169,10 +169,13 @@ def _expert_weights(experts: PackedExperts, bias: torch.Tensor | None) -> tuple[
     """ExpertWeights' fields: the global scales pointer and the byte strides between experts'
     packed codes, scales, zero points and biases."""
     zero_points = experts.w_zero_point
-    return (experts.global_scale_tensor.data_ptr(), experts.w[0].numel() * experts.w.element_size(),
-            experts.w_scale[0].numel() * _ELEMENT_BYTES,
-            0 if zero_points is None else zero_points[0].numel() * _ELEMENT_BYTES,
-            0 if bias is None else experts.n * _ELEMENT_BYTES)
+    return (experts.global_scale_tensor.data_ptr(), _expert_bytes(experts.w), _expert_bytes(experts.w_scale),
+            0 if zero_points is None else _expert_bytes(zero_points), 0 if bias is None else _expert_bytes(bias))
+
+
+def _expert_bytes(stacked: torch.Tensor) -> int:
+    """Bytes from one expert's slice of a stacked (E, ...) tensor to the next."""
+    return stacked.stride(0) * stacked.element_size()
 
 
 def _check_grouped(a: torch.Tensor, experts: PackedExperts, row_expert: torch.Tensor, bias: torch.Tensor | None,
@@ -209,6 +212,12 @@ def _check_device_and_rows(a: torch.Tensor, experts: PackedExperts, what: str, l
                          "fresh tensor or .clone() it")
     if experts.experts > MAX_EXPERTS:
         raise ValueError(f"{what}: {experts.experts} experts: at most {MAX_EXPERTS}")
+    scales = experts.global_scale_tensor
+    if (scales.dtype != torch.float32 or scales.shape != (experts.experts,) or not scales.is_contiguous()
+            or scales.device != experts.device):
+        raise ValueError(f"{what}: the experts' global_scale_tensor must stay ({experts.experts},) float32, contiguous, "
+                         f"on {experts.device} (the kernel reads it as fp32), got {_describe(scales)}: pack the "
+                         "experts again instead of casting them")
 
 
 def _check_bias(bias: torch.Tensor | None, experts: PackedExperts, a: torch.Tensor, what: str) -> None:

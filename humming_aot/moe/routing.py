@@ -20,12 +20,14 @@ import dataclasses
 import torch
 
 
-def _check_topk_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
+def _check_topk_ids(topk_ids: torch.Tensor, num_experts: int, check_range: bool = True) -> None:
+    """check_range=False leaves out the ids' range, which reads them back (a host round trip on a
+    GPU, not allowed while a CUDA graph is being captured)."""
     if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"topk_ids must be (M, top_k) int32 or int64, got {tuple(topk_ids.shape)} {topk_ids.dtype}")
     if num_experts < 1:
         raise ValueError(f"num_experts must be at least 1, got {num_experts}")
-    if topk_ids.numel() and (int(topk_ids.min()) < 0 or int(topk_ids.max()) >= num_experts):
+    if check_range and topk_ids.numel() and (int(topk_ids.min()) < 0 or int(topk_ids.max()) >= num_experts):
         raise ValueError(f"topk_ids hold expert ids outside [0, {num_experts - 1}] "
                          f"(min {int(topk_ids.min())}, max {int(topk_ids.max())})")
 
@@ -141,8 +143,10 @@ class AlignedGrouping:
 def align_groups(topk_ids: torch.Tensor, num_experts: int, block: int) -> AlignedGrouping:
     """The block-aligned grouped contiguous layout of a top-k routing (see AlignedGrouping), with
     torch operations only and no host synchronization (the sizes depend on M, top_k, E and the
-    block alone): each expert's slots in increasing flat order, as group_rows orders them."""
-    _check_topk_ids(topk_ids, num_experts)
+    block alone; CUDA-graph capturable): each expert's slots in increasing flat order, as
+    group_rows orders them. The ids' range is checked on the CPU only (on a GPU that would read
+    them back; an id out of range there fails as a device-side assert)."""
+    _check_topk_ids(topk_ids, num_experts, check_range=not topk_ids.is_cuda)
     if type(block) is not int or block < 1:
         raise ValueError(f"align_groups: block must be a positive int (moe.grouped_block_m), got {block!r}")
     flat = topk_ids.reshape(-1).long()
@@ -167,8 +171,10 @@ def permute_aligned(hidden: torch.Tensor, grouping: AlignedGrouping) -> torch.Te
     """(M, K) tokens -> (rows, K) aligned grouped rows: row r is token slot_of_row[r] // top_k, and
     zeros for padding rows (whose outputs are then the bias, or zeros)."""
     real = grouping.slot_of_row >= 0
+    if hidden.shape[0] == 0:  # no token: padding rows only
+        return hidden.new_zeros(grouping.slot_of_row.shape[0], hidden.shape[-1])
     source = torch.where(real, grouping.slot_of_row // grouping.top_k, 0)
-    return hidden.index_select(0, source) * real.unsqueeze(1).to(hidden.dtype)
+    return hidden.index_select(0, source).masked_fill_(~real.unsqueeze(1), 0)
 
 
 def unpermute_aligned(rows: torch.Tensor, grouping: AlignedGrouping, num_tokens: int) -> torch.Tensor:

@@ -189,3 +189,43 @@ def test_grouped_kernel_on_a_routing_aligned_by_align_groups():
             w_eff = experts.effective_weight(x, scales_in_fp32=key.scales_in_fp32)
             assert_gemm_close(out[token, slot], reference_gemm(hidden[token], w_eff), a=hidden[token], w_eff=w_eff,
                               context=f"{key.name} expert {x} seed={seed}")
+
+
+def test_the_whole_contiguous_path_replays_in_a_cuda_graph_with_new_routings():
+    """align_groups, permute_aligned, the grouped kernel and unpermute_aligned captured in one CUDA
+    graph (no host round trip anywhere), replayed with new routings and tokens."""
+    from humming_aot.moe import align_groups, gemm_grouped_kernel, grouped_block_m, permute_aligned, unpermute_aligned
+
+    seed = _seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    experts_n, n, k, tokens, top_k = 6, 128, 256, 9, 2
+    experts = pack_experts(humming_aot.quantize(torch.randn(experts_n, n, k, device="cuda", generator=gen) * 0.05,
+                                                "uint4:g64:zp"), act_dtype=torch.bfloat16)
+    expected = 4
+    block = grouped_block_m(experts, expected)
+    topk_ids = torch.randn(tokens, experts_n, device="cuda", generator=gen).topk(top_k, dim=1).indices
+    hidden = torch.randn(tokens, k, device="cuda", generator=gen).to(torch.bfloat16)
+
+    def step():
+        grouping = align_groups(topk_ids, experts_n, block)
+        rows = gemm_grouped_kernel(permute_aligned(hidden, grouping), experts, grouping.row_expert,
+                                   expected_m=expected)
+        return unpermute_aligned(rows, grouping, tokens)
+
+    step()  # loads (or compiles) the kernel outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    key = _key(experts, expected, GemmType.GROUPED)
+    for _ in range(2):
+        topk_ids.copy_(torch.randn(tokens, experts_n, device="cuda", generator=gen).topk(top_k, dim=1).indices)
+        hidden.copy_(torch.randn(tokens, k, device="cuda", generator=gen).to(torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        for x in range(experts_n):
+            token, slot = torch.nonzero(topk_ids == x, as_tuple=True)
+            if token.numel():
+                w_eff = experts.effective_weight(x, scales_in_fp32=key.scales_in_fp32)
+                assert_gemm_close(out[token, slot], reference_gemm(hidden[token], w_eff), a=hidden[token],
+                                  w_eff=w_eff, context=f"graph replay expert {x} seed={seed}")

@@ -260,3 +260,18 @@ def test_aligned_groups_are_group_rows_padded_to_whole_blocks(m, experts, top_k,
                        moe.unpermute(moe.permute(hidden, reference), reference))
     with pytest.raises(ValueError, match="block must be a positive int"):
         moe.align_groups(topk_ids, experts, 0)
+
+
+def test_aligned_padding_rows_are_zeros_whatever_the_tokens_hold():
+    """permute_aligned's padding rows are zeros even where token 0 is not finite, and no token at
+    all gives padding rows only."""
+    topk_ids = torch.tensor([[0, 1], [1, 2]])
+    grouping = moe.align_groups(topk_ids, 3, 4)
+    hidden = torch.tensor([[float("nan"), 1.0], [2.0, float("inf")]])
+    rows = moe.permute_aligned(hidden, grouping)
+    padding = grouping.slot_of_row < 0
+    assert padding.any() and torch.equal(rows[padding], torch.zeros(int(padding.sum()), 2))
+    empty = moe.align_groups(torch.zeros(0, 2, dtype=torch.long), 3, 4)
+    assert empty.row_expert.shape == (9,) and (empty.row_expert == -1).all()
+    assert torch.equal(moe.permute_aligned(torch.zeros(0, 5), empty), torch.zeros(9, 5))
+    assert moe.unpermute_aligned(torch.zeros(9, 5), empty, 0).shape == (0, 2, 5)

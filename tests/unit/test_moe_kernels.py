@@ -132,3 +132,18 @@ def test_grouped_arguments_are_refused_before_any_launch(monkeypatch):
     with pytest.raises(ValueError, match=r"out must be \(16, 192\)"):
         kernels._check_grouped(a, experts, row_expert, None, torch.zeros(16, 128, dtype=torch.bfloat16))
     kernels._check_grouped(a, experts, row_expert, None, None)  # all fine
+
+
+def test_a_cast_global_scale_is_refused(monkeypatch):
+    """The kernels read the experts' global scales as fp32: a tensor cast to another dtype is
+    refused with what to do, not read as fp32."""
+    import dataclasses
+
+    from humming_aot.moe import kernels
+
+    experts = _experts()
+    cast = dataclasses.replace(experts, global_scale_tensor=experts.global_scale_tensor.bfloat16())
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    a = torch.zeros(16, 256, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"global_scale_tensor must stay \(3,\) float32.*pack the experts again"):
+        kernels._check_grouped(a, cast, torch.zeros(16, dtype=torch.int32), None, None)

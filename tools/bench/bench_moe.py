@@ -107,6 +107,7 @@ class MoeImpl:
     note: str = ""
     # the call's output in the layout's row order, where the call works on other rows (relerr only)
     to_layout: Callable[[Routed, torch.Tensor], torch.Tensor] | None = None
+    reset: Callable[[], None] | None = None  # drops what the impl kept for the routings timed so far
 
 
 LAYOUTS = ("contiguous", "masked")
@@ -137,21 +138,24 @@ def prepare_humming_aot(w: torch.Tensor, fmt: str, layout: str, loop: bool = Fal
         return MoeImpl(name, lambda r: gemm_grouped(r.a, experts, offsets=r.offsets), weight)
     # the grouped kernel on the routing aligned to its block (align_groups and permute_aligned run once
     # per routing, outside the timing: they are the routing's step, not the GEMM's)
+    # per routing: the aligned rows, their grouping and an output (made once, so that the timed call
+    # is the GEMM alone: no zero-fill of the padded output)
     aligned: dict[int, tuple] = {}
 
     def rows_of(r: Routed):
         if id(r) not in aligned:
             grouping = align_groups(r.topk_ids, experts.experts, grouped_block_m(experts, r.expected_m))
-            aligned[id(r)] = (r, permute_aligned(r.hidden, grouping), grouping)
+            rows = permute_aligned(r.hidden, grouping)
+            aligned[id(r)] = (r, rows, grouping, rows.new_empty(rows.shape[0], experts.n))
         return aligned[id(r)][1:]
 
     def call(r: Routed) -> torch.Tensor:
-        rows, grouping = rows_of(r)
-        return gemm_grouped_kernel(rows, experts, grouping.row_expert, expected_m=r.expected_m)
+        rows, grouping, out = rows_of(r)
+        return gemm_grouped_kernel(rows, experts, grouping.row_expert, expected_m=r.expected_m, out=out)
 
     def to_layout(r: Routed, out: torch.Tensor) -> torch.Tensor:
         return out[rows_of(r)[1].slot_of_row >= 0]  # the real rows, in group_rows' order
-    return MoeImpl(name, call, weight, "aligned rows", to_layout)
+    return MoeImpl(name, call, weight, "aligned rows", to_layout, aligned.clear)
 
 
 def prepare_humming_aot_loop(w: torch.Tensor, fmt: str, layout: str) -> MoeImpl:
@@ -251,6 +255,8 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
                         print(f"{tokens:>6} {model:>16} {gemm:>5} {n:>6} {k:>6} {experts:>4} {top_k:>4} {fmt:<12} "
                               f"{impl.name:<17} {timing['median_us']:>9.1f} "
                               f"{'-' if err is None else f'{err:.1e}':>8}  {mode} {impl.note}")
+                        if impl.reset is not None:
+                            impl.reset()
                         results.append(dict(tokens=tokens, model=model, gemm=gemm, layout=args.layout, n=n, k=k,
                                             experts=experts,
                                             top_k=top_k, format=fmt, impl=impl.name, us=timing["median_us"],

@@ -31,8 +31,8 @@ struct GroupedContiguous {
   static constexpr int kSmemBytes = Dense::kSmemBytes;
   static constexpr int kMinBlocksPerSm = Dense::kMinBlocksPerSm;
   static constexpr bool kScalesInFp32 = Dense::kScalesInFp32;
-  // the dense body's raster (schedule::TileScheduler::kGroupM)
-  static constexpr u32 kGroupM = schedule::TileScheduler<kBlockM, kBlockN, 64>::kGroupM;
+  // the dense body's raster
+  static constexpr u32 kGroupM = Dense::Scheduler::kGroupM;
 
   static __device__ __forceinline__ void run(const GroupedGemmParams& g) {
     schedule::wait_for_upstream_grid();  // the row experts (and the activations) may come from the previous kernel
