@@ -58,12 +58,8 @@ def grouped_block_m(experts: PackedExperts, expected_m: int, device: torch.devic
     """The rows every expert's block of the grouped contiguous layout must be padded to for
     ``gemm_grouped_kernel`` with this ``expected_m`` (the tile's block_m; the same arguments give
     the same answer), so that a caller aligns its rows to the kernel it will run."""
-    from humming_aot import dispatch, heuristics
-
     index = torch.device(device if device is not None else experts.device).index
-    info = dispatch.device_info(index if index is not None else torch.cuda.current_device())
-    return heuristics.select_masked_tile(info.arches[0], max(1, int(expected_m)), experts.k, experts.group_size,
-                                         _w_bits(experts)).block_m
+    return _tile(experts, index if index is not None else torch.cuda.current_device(), max(1, int(expected_m))).block_m
 
 
 def gemm_grouped_kernel(a: torch.Tensor, experts: PackedExperts, row_expert: torch.Tensor, *, expected_m: int,
@@ -97,8 +93,13 @@ def gemm_grouped_kernel(a: torch.Tensor, experts: PackedExperts, row_expert: tor
     return out
 
 
-def _w_bits(experts: PackedExperts) -> int:
-    return experts.expert(0).bits
+def _tile(experts: PackedExperts, device_index: int, rows: int) -> TileConfig:
+    """The mma.sync tile of a MoE schedule for `rows` expected rows per expert on a device: the one
+    gemm_*_kernel launches and grouped_block_m names."""
+    from humming_aot import dispatch, heuristics
+
+    arch = dispatch.device_info(device_index).arches[0]
+    return heuristics.select_masked_tile(arch, rows, experts.k, experts.group_size, experts.expert(0).bits)
 
 
 def _stream(a: torch.Tensor) -> int:
@@ -110,7 +111,7 @@ def _stream(a: torch.Tensor) -> int:
 def _kernel(a: torch.Tensor, experts: PackedExperts, gemm_type: GemmType, rows: int, what: str, loop: str):
     """(tile, LoadedKernel) of a MoE schedule for `rows` expected rows per expert, after the checks
     the dense GEMM of the same operands runs (layout version, the pairing's support on the device)."""
-    from humming_aot import dispatch, heuristics, ops
+    from humming_aot import dispatch, ops
 
     dense = experts.expert(0)
     dense.check_layout()  # words in the packed layout this humming_aot reads
@@ -122,8 +123,7 @@ def _kernel(a: torch.Tensor, experts: PackedExperts, gemm_type: GemmType, rows: 
         raise ValueError(f"{what}: the MoE schedules wrap the mma.sync bodies of sm_80 and later; on this GPU, "
                          f"humming_aot.moe.{loop} computes the same")
     spec = dataclasses.replace(ops.gemm_spec(dense), gemm_type=gemm_type)
-    info = dispatch.device_info(device_index)
-    tile = heuristics.select_masked_tile(info.arches[0], rows, experts.k, experts.group_size, spec.w_bits)
+    tile = _tile(experts, device_index, rows)
     _, loaded = dispatch.obtain(spec, device_index, rows, tile, experts.k, experts.group_size, n=experts.n)
     return tile, loaded
 
