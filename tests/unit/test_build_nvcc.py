@@ -308,13 +308,13 @@ def test_turing_and_hopper_bodies_compile_with_the_real_headers(tmp_path):
         "gemm_dense_sm75_mma_a-f16_w-e0m3-g-f16_o-f16_16x128x64_w1x2x2_s3",
         "gemm_dense_sm90a_wgmma-ws_a-bf16_w-u5-g-bf16-zpi_o-bf16_64x128x64_w1x4_s6",
         "gemm_dense_sm90a_wgmma-ws_a-bf16_w-e3m2-g-bf16_o-bf16_64x128x64_w1x4_s6",
-        "gemm_dense_sm90a_mma_a-f16_w-e2m1-g-f16_o-f16_16x128x256_w1x2x4_s2",
+        "gemm_dense_sm90a_mma-sw_a-f16_w-e2m1-g-f16_o-f16_16x64x256_w1x1x4_s2",
         "gemm_dense_sm90a_wgmma-ws_a-f16_w-e2m1-g-f16_o-f16_32x128x64_w1x4_s8",
         "gemm_dense_sm90a_wgmma-ws_a-bf16_w-u8-g-bf16-zpf_o-bf16_128x128x64_w1x4_s4",
     ]
     keys = [default[name] for name in names]  # KeyError: the default catalog lost one of them
-    # the 16-token swapped tile (body mma-sw, in no default catalog yet): its generated source
-    # static_asserts the host's shared-memory size and numerics flags against the C++
+    # the 16-token swapped tile with 8 warps (no table row): its generated source static_asserts
+    # the host's shared-memory size and numerics flags against the C++
     keys.append(KernelKey.from_name("gemm_dense_sm90a_mma-sw_a-bf16_w-u4-g-bf16-zpi_o-bf16_16x128x256_w1x2x4_s2"))
     # the grouped masked schedule around an 8-row and a 16-row mma.sync body (no catalog holds one yet)
     keys += [KernelKey.from_name("gemm_masked_sm90a_mma_a-bf16_w-s4-g-bf16_o-bf16_8x128x256_w1x2x4_s2"),
@@ -358,33 +358,42 @@ def _ptxas_report(key: KernelKey, directory: Path) -> str:
 @pytest.mark.slow
 @needs_nvcc
 @pytest.mark.parametrize("m,block_m", [(1, 8), (16, 16)])
-def test_small_m_tiles_fit_two_ctas_per_sm_without_spills(tmp_path, m, block_m):
+def test_small_m_tiles_fit_their_ctas_per_sm_without_spills(tmp_path, m, block_m):
     """The sm90a table's 8-row (swapped, scales applied to fp32 sums for integer codes) and 16-row
-    tiles run two 8-warp CTAs per SM (split-K is sized for that): for every code width and the
-    heaviest dequantizers, in the tile the table picks for that width at K = 8192 and groups of
-    128 (1- and 2-bit codes get 512-wide stages, whose 8-row tile has the run offset and its
-    one-token path), ptxas must keep them within the 128 registers that allows (their
-    __launch_bounds__) without spilling, and two CTAs' shared memory must fit."""
+    (swapped, mma-sw) tiles: for every code width and the heaviest dequantizers, in each tile the
+    table picks for that width with groups of 128 (few output tiles, many output tiles, and a K
+    that only 128-wide stages divide; 1- and 2-bit codes get 512-wide 8-row stages, with the run
+    offset and its one-token path), ptxas must keep within the registers that __launch_bounds__
+    allows (128 for 8 warps: two CTAs per SM, which split-K is sized for) without spilling, and
+    two CTAs' shared memory must fit."""
     from humming_aot import heuristics
 
     # (activation, weight code + scale + zero point) of the key names, and the code's bits
     specs = [("bf16", f"s{bits}-g-bf16", bits) for bits in range(1, 9)] + [
         ("bf16", "e2m1-g-bf16", 4), ("bf16", "e4m3-g-bf16", 8), ("f16", "u8-g-f16-zpi", 8), ("bf16", "u8-g-bf16-zpf", 8)]
-    stage_widths = set()
+    stage_widths, labels = set(), set()
     for act, weight, bits in specs:
-        tile = heuristics.select_tile("sm90a", m, k=8192, group=128, w_bits=bits)
-        assert (tile.block_m, tile.warps_m * tile.warps_n * tile.warps_k) == (block_m, 8), tile.label
-        stage_widths.add(tile.block_k)
-        key = KernelKey.from_name(f"gemm_dense_sm90a_mma_a-{act}_w-{weight}_o-{act}_{tile.label}")
-        report = _ptxas_report(key, tmp_path)
-        registers = [int(word) for line in report.splitlines() if "Used" in line
-                     for word, unit in zip(line.split(), line.split()[1:]) if unit.startswith("registers")]
-        assert registers and registers[0] <= 128, f"{key.name}: {report}"
-        assert "0 bytes spill stores" in report and "0 bytes spill loads" in report, f"{key.name}: {report}"
-        smem = heuristics.smem_bytes(tile, code_bits(key.spec.w_dtype), key.spec.w_zero_point is not ZeroPoint.NONE)
-        assert heuristics.ctas_per_sm(tile, smem, H100_SMEM_PER_SM) >= 2, f"{key.name}: {smem} bytes of shared memory"
+        tiles = {heuristics.select_tile("sm90a", m, k=k, group=128, w_bits=bits, n=n, num_sms=132)
+                 for k, n in ((8192, 4096), (8192, 1 << 20), (8192 + 128, 4096))}
+        for tile in tiles:
+            warps = tile.warps_m * tile.warps_n * tile.warps_k
+            assert tile.block_m == block_m, tile.label
+            stage_widths.add(tile.block_k)
+            labels.add(tile.label)
+            name = f"gemm_dense_sm90a_{tile.mma.value}_a-{act}_w-{weight}_o-{act}_{tile.label.split(':')[-1]}"
+            key = KernelKey.from_name(name)
+            report = _ptxas_report(key, tmp_path)
+            registers = [int(word) for line in report.splitlines() if "Used" in line
+                         for word, unit in zip(line.split(), line.split()[1:]) if unit.startswith("registers")]
+            limit = 128 if warps == 8 else 255
+            assert registers and registers[0] <= limit, f"{key.name}: {report}"
+            assert "0 bytes spill stores" in report and "0 bytes spill loads" in report, f"{key.name}: {report}"
+            smem = heuristics.smem_bytes(tile, code_bits(key.spec.w_dtype), key.spec.w_zero_point is not ZeroPoint.NONE)
+            assert heuristics.ctas_per_sm(tile, smem, H100_SMEM_PER_SM) >= 2, f"{key.name}: {smem} bytes of shared memory"
     if block_m == 8:
         assert 512 in stage_widths, f"no 512-wide 8-row tile was checked: {sorted(stage_widths)}"
+    else:
+        assert len(labels) >= 2, f"the 16-row rows were not all checked: {sorted(labels)}"
 
 
 @pytest.mark.slow

@@ -142,7 +142,7 @@ def test_split_k_aims_at_the_rows_resident_ctas():
     assert heuristics.split_ctas_per_sm("sm90a", 1, twin) == 2 * target
     wide16 = heuristics.select_tile("sm90a", 16)
     assert heuristics.split_ctas_per_sm("sm90a", 16, heuristics.narrow_twin(wide16)) == \
-        heuristics.split_ctas_per_sm("sm90a", 16, wide16)
+        heuristics.split_ctas_per_sm("sm90a", 16, wide16) * wide16.warps_k // heuristics.narrow_twin(wide16).warps_k
     assert heuristics.split_ctas_per_sm("sm90a", 1, parse_tile_field("64x64x64_w1x1_s2")) == \
         DEFAULT_SPLIT_CTAS_PER_SM
 

@@ -39,7 +39,9 @@ def test_the_launch_passes_expert_zero_and_the_strides_between_experts():
     bias = torch.zeros(e, n, dtype=torch.bfloat16)
     tile = heuristics.select_masked_tile("sm90a", 16, k, 64, 4)
     grid, params = launch_arguments(a, experts, counts, bias, out, tile)
-    assert grid == (2 * 2, 1, e)  # ceil(20 / 16) x ceil(192 / 128) tiles of a full slab, per expert
+    assert tile.block_m == 16
+    # ceil(20 / 16) x ceil(192 / block_n) tiles of a full slab, per expert
+    assert grid == (2 * -(-n // tile.block_n), 1, e)
     assert len(params) == params_abi.MASKED_PARAMS_BYTES == 168
     gemm = params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])
     assert gemm[:8] == (a.data_ptr(), experts.w.data_ptr(), experts.w_scale.data_ptr(),

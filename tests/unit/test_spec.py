@@ -187,10 +187,12 @@ def test_only_the_8_row_tile_on_sm90_and_later_reduces_in_a_cluster(name, expect
 
 
 def test_default_catalog_holds_kernels_of_both_scale_models():
-    """The sm90a table serves M <= 8 with fp32-scaled integer kernels and everything else rounded."""
+    """The sm90a table serves M <= 16 (the swapped 8- and 16-token tiles) with fp32-scaled integer
+    kernels and everything else rounded."""
     sm90a = [key for key in DEFAULT_KEYS if key.arch == "sm90a"]
     scaled = [key for key in sm90a if key.scales_in_fp32]
-    assert scaled and all(key.tile.block_m == 8 for key in scaled)
+    assert scaled and all(key.tile.block_m <= 16 and key.tile.body.kind in ("mma", "mma-sw") for key in scaled)
+    assert {key.tile.block_m for key in scaled} == {8, 16}
     assert {key.spec.w_dtype for key in scaled} >= {f"int{bits}" for bits in range(1, 9)}
     assert any(key.tile.block_m == 8 and not key.scales_in_fp32 for key in sm90a)  # float codes
 

@@ -177,9 +177,14 @@ def prepare_humming(w: torch.Tensor, fmt: str, layout: str) -> MoeImpl:
     start = time.perf_counter()
     if layout == "masked":
         config = {"gemm_type": "grouped_masked"}
-        layer(torch.zeros(e, 16, k, device=w.device, dtype=w.dtype),
+        # Humming's masked GEMM takes the (E, max_m, K) batch flattened to (E * max_m, K) rows
+        layer(torch.zeros(e * 16, k, device=w.device, dtype=w.dtype),
               expert_layout=torch.ones(e, device=w.device, dtype=torch.int32), compute_config=config)
-        call = lambda r: layer(r.masked_a, expert_layout=r.counts, compute_config=config)  # noqa: E731
+
+        def call(r: Routed) -> torch.Tensor:
+            experts, max_m, _ = r.masked_a.shape
+            out = layer(r.masked_a.reshape(experts * max_m, k), expert_layout=r.counts, compute_config=config)
+            return out.view(experts, max_m, -1)
     else:
         config = {"gemm_type": "grouped_contiguous"}
         layer(torch.zeros(1, k, device=w.device, dtype=w.dtype),
