@@ -6,7 +6,7 @@ includes only humming_aot's own headers, which include no CUDA toolkit header.
 from __future__ import annotations
 
 from humming_aot.params_abi import PARAMS_VERSION
-from humming_aot.spec import GemmType, KernelKey, ZeroPoint
+from humming_aot.spec import GemmType, KernelKey, MmaKind, ZeroPoint
 
 _ACT_TYPES = {"float16": "humming_aot::numerics::Float16", "bfloat16": "humming_aot::numerics::BFloat16"}
 _ZERO_POINT = {
@@ -57,10 +57,10 @@ def kernel_source(key: KernelKey) -> str:
             "(the data model names them; the bodies serve dense GEMMs with 16-bit activations, and the grouped "
             "masked and contiguous ones around the mma.sync bodies)"
         )
-    if spec.gemm_type in _MOE_SCHEDULES and tile.body.params_type != "GemmParams":
+    if spec.gemm_type in _MOE_SCHEDULES and tile.mma not in (MmaKind.MMA_SYNC, MmaKind.MMA_SWAPPED):
         raise ValueError(
             f"{key.name}: the {spec.gemm_type.value} GEMM (kernel/{_MOE_SCHEDULES[spec.gemm_type][0]}) wraps the "
-            f"bodies that take GemmParams (mma, mma-sw), not {tile.mma.value}"
+            f"bodies that take GemmParams and run several tiles per CTA (mma, mma-sw), not {tile.mma.value}"
         )
     if spec.w_scale_dtype != spec.a_dtype or spec.out_dtype != spec.a_dtype:
         raise ValueError(f"{key.name}: the kernel bodies need scales and output in the activation dtype")

@@ -8,7 +8,8 @@ place: the version every kernel's metadata must carry, and the byte layouts the 
 - ``MaskedGemmParams`` (the grouped masked MoE GEMM around the mma.sync bodies): GemmParams of
   expert 0's slab, a pointer to the experts' row counts (int32), ``ExpertWeights`` (a pointer to
   the experts' fp32 global scales and the byte strides between experts' codes, scales, zero points
-  and biases), then the byte strides between experts' activation and output slabs (168 bytes).
+  and biases), then the byte strides between experts' activation and output slabs and the number
+  of experts (176 bytes).
 - ``GroupedGemmParams`` (the grouped contiguous MoE GEMM around the mma.sync bodies): GemmParams
   of all the grouped rows with expert 0's weights, a pointer to the rows' experts (int32) and
   ``ExpertWeights`` (152 bytes).
@@ -19,7 +20,9 @@ programmatic dependent launch; 3 the last GemmParams field is the fp32 global we
 8-row tiles of sm_90+ launched with cluster dims (1, k_splits, 1) sum their K slices inside the
 cluster; 5 TmaGemmParams' third schedule int switches the TMA body to stream-K. (A body with a
 Params struct of its own, as TmaGemmParams, adds a layout, not a version: the kernel's metadata
-records its size, which every launch checks.)
+records its size, which every launch checks. The grouped contiguous schedule's grid became
+persistent, its Params unchanged, without a version: no catalog holds the MoE kernels, and the JIT
+cache keys each build on the headers' text.)
 """
 from __future__ import annotations
 
@@ -35,7 +38,8 @@ TMA_PADDING = bytes(TMA_MAP_OFFSET - GEMM_PARAMS.size - TMA_SCHEDULE.size)
 TMA_PARAMS_BYTES = TMA_MAP_OFFSET + TMA_MAP_BYTES
 # ExpertWeights (kernel/params.cuh): global_scales, then the w, scale, zero point and bias strides
 EXPERT_WEIGHTS = struct.Struct("<Q4q")
-MASKED_TAIL = struct.Struct("<Q" + EXPERT_WEIGHTS.format[1:] + "2q")  # expert_rows, ExpertWeights, a and out strides
+# expert_rows, ExpertWeights, a and out strides, experts
+MASKED_TAIL = struct.Struct("<Q" + EXPERT_WEIGHTS.format[1:] + "3q")
 MASKED_PARAMS_BYTES = GEMM_PARAMS.size + MASKED_TAIL.size
 GROUPED_TAIL = struct.Struct("<Q" + EXPERT_WEIGHTS.format[1:])  # row_expert, ExpertWeights
 GROUPED_PARAMS_BYTES = GEMM_PARAMS.size + GROUPED_TAIL.size

@@ -148,18 +148,23 @@ def select_tile(arch: str, m: int, k: int | None = None, group: int | None = Non
     return next((tile for tile, _ in candidates if fits(tile)), narrow_twin(candidates[0][0]))
 
 
+# The bodies the MoE schedules (kernel/grouped_masked.cuh, grouped_contiguous.cuh) wrap: those
+# with run_tile, several tiles per CTA in turn (kernel/dense_mma_sync.cuh).
+MOE_BODIES = (MmaKind.MMA_SYNC, MmaKind.MMA_SWAPPED)
+
+
 def select_masked_tile(arch: str, m: int, k: int | None = None, group: int | None = None,
                        w_bits: int = 8) -> TileConfig:
     """The tile of a grouped masked MoE GEMM (kernel/grouped_masked.cuh) whose experts hold about
-    m rows each: the arch's table tile for m where its body takes GemmParams (the mma.sync bodies
-    the masked schedule wraps), else the mma.sync table of the same arch without its suffix
-    (sm90a's wgmma rows give way to sm90's)."""
+    m rows each: the arch's table tile for m where it is an mma.sync one (the bodies whose
+    run_tile the persistent MoE schedules call), else the mma.sync table of the same arch without
+    its suffix (sm90a's wgmma rows give way to sm90's)."""
     tile = select_tile(arch, m, k, group, w_bits)
-    if tile.body.params_type == "GemmParams" and tile.body.splits_k:
+    if tile.mma in MOE_BODIES:
         return tile
     number, _ = parse_arch(arch)
     plain = select_tile(f"sm{number}", m, k, group, w_bits)
-    if plain.body.params_type != "GemmParams":
+    if plain.mma not in MOE_BODIES:
         raise ValueError(f"no mma.sync tile in the tables of {arch} and sm{number} for the grouped masked GEMM")
     return plain
 

@@ -8,8 +8,10 @@
   (csrc/include/humming_aot/kernel/grouped_contiguous.cuh), what ``expert_loop.gemm_grouped``
   defines for such rows.
 
-Both are schedules around a dense mma.sync body (``heuristics.select_masked_tile``: the tile for
-the expected rows per expert), from the installed catalog or the JIT, one K slice per tile.
+Both are persistent schedules around a dense mma.sync body (``heuristics.select_masked_tile``: the
+tile for the expected rows per expert), from the installed catalog or the JIT, one K slice per
+tile: at most the resident CTAs, each walking the real tiles in turn, so that the empty experts and
+padding blocks of a small batch cost no CTA.
 ``QuantizedMoE`` takes the contiguous one only when opted in (``use_grouped_kernels``), until the
 GPU suite has held them to the expert loop (issue 23).
 """
@@ -24,7 +26,7 @@ from humming_aot.moe.packing import PackedExperts
 from humming_aot.spec import GemmType, TileConfig
 
 _ELEMENT_BYTES = 2  # activations, scales, zero points, bias and output: 16-bit
-MAX_EXPERTS = 65535  # gridDim.z of the masked schedule
+MAX_EXPERTS = 65535  # the experts a launch takes (the masked schedule's walk counts them in 32 bits)
 
 
 def gemm_masked_kernel(a: torch.Tensor, experts: PackedExperts, masked_m: torch.Tensor, *,
@@ -34,8 +36,9 @@ def gemm_masked_kernel(a: torch.Tensor, experts: PackedExperts, masked_m: torch.
 
     a:          (E, max_m, K) contiguous, the experts' activation dtype, on their CUDA device
     masked_m:   (E,) int32 on the same device: each expert's valid rows, 0 <= count <= max_m (the
-                kernel reads them there; a count outside that range is the caller's error and is
-                not checked, so that the call needs no host round trip)
+                kernel reads them there, so that the call needs no host round trip; a count
+                outside that range is the caller's error, not reported: the kernel reads it as the
+                nearest bound)
     expected_m: the rows an expert is expected to hold, which picks the tile (default max_m)
     bias:       (E, N) in the activation dtype, or None
     out:        (E, max_m, N) contiguous to write into (rows past each count are left as they
@@ -49,7 +52,7 @@ def gemm_masked_kernel(a: torch.Tensor, experts: PackedExperts, masked_m: torch.
         return out
     rows = max_m if expected_m is None else max(1, min(int(expected_m), max_m))
     tile, loaded = _kernel(a, experts, GemmType.MASKED, rows, "gemm_masked_kernel", "gemm_masked")
-    grid, params = launch_arguments(a, experts, masked_m, bias, out, tile)
+    grid, params = launch_arguments(a, experts, masked_m, bias, out, tile, _resident(loaded, tile, a.device.index))
     loaded.launch(grid, _stream(a), params)
     return out
 
@@ -88,7 +91,8 @@ def gemm_grouped_kernel(a: torch.Tensor, experts: PackedExperts, row_expert: tor
         return out
     tile, loaded = _kernel(a, experts, GemmType.GROUPED, max(1, int(expected_m)), "gemm_grouped_kernel",
                            "gemm_grouped")
-    grid, params = grouped_launch_arguments(a, experts, row_expert, bias, out, tile)
+    grid, params = grouped_launch_arguments(a, experts, row_expert, bias, out, tile,
+                                            _resident(loaded, tile, a.device.index))
     loaded.launch(grid, _stream(a), params)
     return out
 
@@ -129,28 +133,53 @@ def _kernel(a: torch.Tensor, experts: PackedExperts, gemm_type: GemmType, rows: 
 
 
 def launch_arguments(a: torch.Tensor, experts: PackedExperts, masked_m: torch.Tensor, bias: torch.Tensor | None,
-                     out: torch.Tensor, tile: TileConfig) -> tuple[tuple[int, int, int], bytes]:
-    """The grid (the dense tiles of a full slab, 1, E) and the MaskedGemmParams bytes of one call:
-    expert 0's GemmParams (m = max_m, one K slice, global scale unused), the counts pointer, the
-    experts' weights (ExpertWeights) and the bytes between experts' activation and output slabs."""
+                     out: torch.Tensor, tile: TileConfig, resident: int) -> tuple[tuple[int, int, int], bytes]:
+    """The grid and the MaskedGemmParams bytes of one call. The schedule is persistent (each CTA
+    walks the real tiles of every expert in turn): the grid is the tiles of every full slab, at most
+    the `resident` CTAs the device holds at once. The params: expert 0's GemmParams (m = max_m, one
+    K slice, global scale unused), the counts pointer, the experts' weights (ExpertWeights), the
+    bytes between experts' activation and output slabs and the number of experts."""
     e, max_m, k = a.shape
     n = experts.n
-    tiles = -(-max_m // tile.block_m) * -(-n // tile.block_n)
+    tiles = e * -(-max_m // tile.block_m) * -(-n // tile.block_n)
+    if tiles >= 2**31:
+        raise ValueError(f"gemm_masked_kernel: {e} experts of {max_m} rows and {n} columns make {tiles} tiles of "
+                         f"{tile.block_m} x {tile.block_n}, past the kernel's 2**31: split the experts over calls")
     tail = params_abi.MASKED_TAIL.pack(masked_m.data_ptr(), *_expert_weights(experts, bias),
-                                       max_m * k * _ELEMENT_BYTES, max_m * n * _ELEMENT_BYTES)
-    return (tiles, 1, e), _gemm_bytes(a, experts, bias, out, lda=k, m=max_m) + tail
+                                       max_m * k * _ELEMENT_BYTES, max_m * n * _ELEMENT_BYTES, e)
+    return (max(1, min(tiles, resident)), 1, 1), _gemm_bytes(a, experts, bias, out, lda=k, m=max_m) + tail
+
+
+_RESIDENT: dict[tuple[int, int], int] = {}
+
+
+def _resident(loaded, tile: TileConfig, device_index: int) -> int:
+    """CTAs of a loaded kernel that the device holds at once (its SMs times what one SM holds by
+    shared memory, warps and the kernel's registers); cached per kernel and device."""
+    key = (loaded.kernel, device_index)
+    if key not in _RESIDENT:
+        from humming_aot import dispatch
+
+        info = dispatch.device_info(device_index)
+        _RESIDENT[key] = info.num_sms * dispatch._resident_ctas(loaded, tile, info)
+    return _RESIDENT[key]
 
 
 def grouped_launch_arguments(a: torch.Tensor, experts: PackedExperts, row_expert: torch.Tensor,
-                             bias: torch.Tensor | None, out: torch.Tensor,
-                             tile: TileConfig) -> tuple[tuple[int, int, int], bytes]:
-    """The grid (the dense tiles of all R rows) and the GroupedGemmParams bytes of one call: the
-    GemmParams of every row with expert 0's weights (one K slice, global scale unused), the row
-    experts pointer and the experts' weights (ExpertWeights)."""
+                             bias: torch.Tensor | None, out: torch.Tensor, tile: TileConfig,
+                             resident: int) -> tuple[tuple[int, int, int], bytes]:
+    """The grid and the GroupedGemmParams bytes of one call. The schedule is persistent (each CTA
+    walks the dense tiles of all R rows, skipping padding blocks): the grid is those tiles, at most
+    the `resident` CTAs the device holds at once. The params: the GemmParams of every row with
+    expert 0's weights (one K slice, global scale unused), the row experts pointer and the experts'
+    weights (ExpertWeights)."""
     rows = a.shape[0]
     tiles = -(-rows // tile.block_m) * -(-experts.n // tile.block_n)
+    if tiles >= 2**31:
+        raise ValueError(f"gemm_grouped_kernel: {rows} rows and {experts.n} columns make {tiles} tiles of "
+                         f"{tile.block_m} x {tile.block_n}, past the kernel's 2**31: split the rows over calls")
     tail = params_abi.GROUPED_TAIL.pack(row_expert.data_ptr(), *_expert_weights(experts, bias))
-    return (tiles, 1, 1), _gemm_bytes(a, experts, bias, out, lda=a.stride(0), m=rows) + tail
+    return (max(1, min(tiles, resident)), 1, 1), _gemm_bytes(a, experts, bias, out, lda=a.stride(0), m=rows) + tail
 
 
 def _gemm_bytes(a: torch.Tensor, experts: PackedExperts, bias: torch.Tensor | None, out: torch.Tensor, *,

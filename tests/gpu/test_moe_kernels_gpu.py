@@ -229,3 +229,55 @@ def test_the_whole_contiguous_path_replays_in_a_cuda_graph_with_new_routings():
                 w_eff = experts.effective_weight(x, scales_in_fp32=key.scales_in_fp32)
                 assert_gemm_close(out[token, slot], reference_gemm(hidden[token], w_eff), a=hidden[token],
                                   w_eff=w_eff, context=f"graph replay expert {x} seed={seed}")
+
+
+# --- the persistent walk: many experts, many tiles per CTA, long runs of empty experts / padding ---
+
+
+@pytest.mark.parametrize("fmt", ("int4:g128", "uint4:g64:zp"))
+def test_persistent_schedules_walk_many_experts_and_long_padding(fmt):
+    """300 experts (two of the masked walk's 256-expert windows): every expert full, so that each
+    resident CTA runs several tiles in turn; then a few experts at the windows' edges (0, 255, 256,
+    299) among empty ones; and the contiguous layout of the same sparse counts with 100 blocks of
+    padding only before them (the lookahead skips them 32 tiles at a time). Every real row against
+    the float64 reference; rows past each count and padding blocks stay NaN."""
+    from humming_aot.moe import gemm_grouped_kernel, grouped_block_m
+
+    seed = _seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    e, n, k, max_m = 300, 128, 256, 48
+    experts = pack_experts(humming_aot.quantize(torch.randn(e, n, k, device="cuda", generator=gen) * 0.05, fmt),
+                           act_dtype=torch.bfloat16)
+    a = torch.randn(e, max_m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    sparse = [0] * e
+    for expert, count in ((0, 3), (255, 48), (256, 1), (299, 17), (128, 30)):
+        sparse[expert] = count
+    for expected, counts in ((16, [max_m] * e), (1, sparse)):
+        key = _key(experts, expected)
+        masked_m = torch.tensor(counts, dtype=torch.int32, device="cuda")
+        out = torch.full((e, max_m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gemm_masked_kernel(a, experts, masked_m, expected_m=expected, out=out)
+        context = f"{key.name} fmt={fmt} expected={expected} seed={seed}"
+        _check(out, a, experts, masked_m, None, key, context)
+        for i, count in enumerate(counts):
+            assert out[i, count:].isnan().all(), f"{context} expert {i}"
+
+    block = grouped_block_m(experts, 1)
+    row_expert_list = [-1] * (100 * block) + _aligned_rows(sparse, block)[block:]
+    rows = len(row_expert_list)
+    row_expert = torch.tensor(row_expert_list, dtype=torch.int32, device="cuda")
+    flat = torch.randn(rows, k, device="cuda", generator=gen).to(torch.bfloat16)
+    flat[row_expert == -1] = 0
+    out = torch.full((rows, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    gemm_grouped_kernel(flat, experts, row_expert, expected_m=1, out=out)
+    key = _key(experts, 1, GemmType.GROUPED)
+    context = f"{key.name} fmt={fmt} contiguous seed={seed}"
+    for start in range(0, rows, block):
+        x = row_expert_list[start]
+        block_rows = slice(start, min(start + block, rows))
+        if x < 0:
+            assert out[block_rows].isnan().all(), f"{context} block at {start}"
+            continue
+        w_eff = experts.effective_weight(x, scales_in_fp32=key.scales_in_fp32)
+        assert_gemm_close(out[block_rows], reference_gemm(flat[block_rows], w_eff), a=flat[block_rows], w_eff=w_eff,
+                          context=f"{context} block at {start}, expert {x}")

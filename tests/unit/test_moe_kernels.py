@@ -38,22 +38,26 @@ def test_the_launch_passes_expert_zero_and_the_strides_between_experts():
     counts = torch.tensor([5, 0, 20], dtype=torch.int32)
     bias = torch.zeros(e, n, dtype=torch.bfloat16)
     tile = heuristics.select_masked_tile("sm90a", 16, k, 64, 4)
-    grid, params = launch_arguments(a, experts, counts, bias, out, tile)
+    grid, params = launch_arguments(a, experts, counts, bias, out, tile, resident=1000)
     assert tile.block_m == 16
-    # ceil(20 / 16) x ceil(192 / block_n) tiles of a full slab, per expert
-    assert grid == (2 * -(-n // tile.block_n), 1, e)
-    assert len(params) == params_abi.MASKED_PARAMS_BYTES == 168
+    # persistent: ceil(20 / 16) x ceil(192 / block_n) tiles of a full slab, per expert, at most the
+    # resident CTAs
+    tiles = e * 2 * -(-n // tile.block_n)
+    assert grid == (tiles, 1, 1)
+    assert launch_arguments(a, experts, counts, bias, out, tile, resident=5)[0] == (5, 1, 1)
+    assert len(params) == params_abi.MASKED_PARAMS_BYTES == 176
     gemm = params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])
     assert gemm[:8] == (a.data_ptr(), experts.w.data_ptr(), experts.w_scale.data_ptr(),
                         experts.w_zero_point.data_ptr(), bias.data_ptr(), out.data_ptr(), 0, 0)
     assert gemm[8:] == (k, n, max_m, n, k, 64, 1, 1.0)  # lda, ldo, m = max_m, n, k, group, one slice
     tail = params_abi.MASKED_TAIL.unpack(params[params_abi.GEMM_PARAMS.size:])
     assert tail[:2] == (counts.data_ptr(), experts.global_scale_tensor.data_ptr())
-    strides = tail[2:]  # ExpertWeights' four, then the activation and output slabs'
+    strides = tail[2:8]  # ExpertWeights' four, then the activation and output slabs'
     for stride, tensor in zip(strides, (experts.w, experts.w_scale, experts.w_zero_point, bias, a, out)):
         assert stride == tensor[1].data_ptr() - tensor[0].data_ptr()  # expert 1's slab minus expert 0's
+    assert tail[8] == e
     symmetric = _experts("int4:g128")
-    _, params = launch_arguments(a, symmetric, counts, None, out, tile)
+    _, params = launch_arguments(a, symmetric, counts, None, out, tile, resident=1000)
     gemm = params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])
     tail = params_abi.MASKED_TAIL.unpack(params[params_abi.GEMM_PARAMS.size:])
     assert gemm[3] == gemm[4] == 0 and tail[4] == tail[5] == 0  # no zero points, no bias
@@ -103,8 +107,10 @@ def test_the_grouped_launch_passes_every_row_and_the_weight_strides():
     row_expert = torch.full((rows,), -1, dtype=torch.int32)
     bias = torch.zeros(3, n, dtype=torch.bfloat16)
     tile = heuristics.select_masked_tile("sm90a", 8, k, 64, 4)
-    grid, params = grouped_launch_arguments(a, experts, row_expert, bias, out, tile)
+    grid, params = grouped_launch_arguments(a, experts, row_expert, bias, out, tile, resident=1000)
     assert grid == (5 * 2, 1, 1)  # ceil(40 / 8) x ceil(192 / 128) tiles over every row
+    # persistent: at most the resident CTAs, each walking several tiles
+    assert grouped_launch_arguments(a, experts, row_expert, bias, out, tile, resident=3)[0] == (3, 1, 1)
     assert len(params) == params_abi.GROUPED_PARAMS_BYTES == 152
     gemm = params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])
     assert gemm[:8] == (a.data_ptr(), experts.w.data_ptr(), experts.w_scale.data_ptr(),

@@ -291,8 +291,8 @@ def test_mma_sync_keys_whose_loader_would_need_over_32_copy_passes_are_refused()
 
 def test_grouped_masked_keys_wrap_the_mma_sync_bodies():
     """A grouped masked GEMM (kernel/grouped_masked.cuh) is a schedule around a dense body that
-    takes GemmParams: its source wraps the body's template and takes MaskedGemmParams (168 bytes:
-    GemmParams, the counts pointer, ExpertWeights and the slabs' two strides); the TMA body and the indexed type have no
+    takes GemmParams: its source wraps the body's template and takes MaskedGemmParams (176 bytes:
+    GemmParams, the counts pointer, ExpertWeights, the slabs' two strides and the experts); the TMA body and the indexed type have no
     kernel yet, and say so. No pairing allows the type yet (support.py refuses it), so no catalog
     holds one."""
     from humming_aot import codegen, params_abi
@@ -310,8 +310,8 @@ def test_grouped_masked_keys_wrap_the_mma_sync_bodies():
         assert "const __grid_constant__ humming_aot::kernel::MaskedGemmParams params" in source
         assert "sizeof(humming_aot::kernel::MaskedGemmParams)" in source
         assert codegen.params_type(key) == "MaskedGemmParams"
-    assert params_abi.MASKED_PARAMS_BYTES == 168
-    with pytest.raises(ValueError, match="wraps the bodies that take GemmParams \\(mma, mma-sw\\), not wgmma-ws"):
+    assert params_abi.MASKED_PARAMS_BYTES == 176
+    with pytest.raises(ValueError, match="run several tiles per CTA \\(mma, mma-sw\\), not wgmma-ws"):
         codegen.kernel_source(KernelKey.from_name(
             "gemm_masked_sm90a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_128x128x64_w1x4_s4"))
     # the grouped contiguous schedule (kernel/grouped_contiguous.cuh) the same way, with its own Params
@@ -376,5 +376,6 @@ def test_codegen_refuses_what_no_body_serves_yet():
     with pytest.raises(ValueError, match="no kernel body takes float8e4m3 activations"):
         kernel_source(KernelKey.from_name(name))
     with pytest.raises(ValueError, match=r"the grouped GEMM \(kernel/grouped_contiguous.cuh\) wraps the bodies that "
-                                         r"take GemmParams \(mma, mma-sw\), not wgmma-ws"):
+                                         r"take GemmParams and run several tiles per CTA \(mma, mma-sw\), "
+                                         r"not wgmma-ws"):
         kernel_source(KernelKey.from_name("gemm_grouped_sm90a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_128x128x64_w1x4_s4"))

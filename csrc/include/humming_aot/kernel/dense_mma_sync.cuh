@@ -57,9 +57,31 @@ struct DenseMmaSync {
   using Scheduler = schedule::TileScheduler<kBlockM, kBlockN, kBlockK>;
 
   static __device__ __forceinline__ void run(const GemmParams& p) {
+    run_scheduled(p, Scheduler(p.m, p.n, p.k, p.k_splits), [] {
+      // The next kernel may now be scheduled into the slots this grid leaves as it finishes, and
+      // prefetch its weights during this epilogue. Not earlier: its CTAs would then be placed
+      // while this grid still runs, wherever slots happen to be free, and pile up on some SMs.
+      schedule::release_dependent_grid();
+    });
+  }
+
+  // One output tile, the one of linear index `linear_tile` in the scheduler's raster (run: the
+  // CTA's own), over the CTA's K slice; `at_epilogue` runs as the epilogue starts. A persistent
+  // schedule (kernel/grouped_masked.cuh) may run several tiles per CTA one after another, with a
+  // CTA barrier between them (each tile reuses the same shared memory; both mainloops drain their
+  // cp.async groups at the end of the K loop), and only with one K slice and no cluster: the
+  // split-K counters, the arrival flag and the cluster exchange's barriers serve one tile per CTA.
+  template <class AtEpilogue>
+  static __device__ __forceinline__ void run_tile(const GemmParams& p, u32 linear_tile, AtEpilogue at_epilogue) {
+    run_scheduled(p, Scheduler(p.m, p.n, p.k, p.k_splits, linear_tile), at_epilogue);
+  }
+
+ private:
+  template <class AtEpilogue>
+  static __device__ __forceinline__ void run_scheduled(const GemmParams& p, const Scheduler& tile,
+                                                       AtEpilogue at_epilogue) {
     extern __shared__ __align__(128) char smem[];
     __shared__ int arrival_flag;
-    const Scheduler tile(p.m, p.n, p.k, p.k_splits);
     const int m0 = tile.m_tile * kBlockM, n0 = tile.n_tile * kBlockN;
     const int count = tile.k_tile_end - tile.k_tile_begin;
     const u32 smem_base = memory::shared_address(smem);
@@ -68,13 +90,7 @@ struct DenseMmaSync {
     const int warp_m = warp_mn / kWarpsN, warp_n = warp_mn % kWarpsN;
     Mainloop mainloop(p, smem_base, warp);
     mainloop.run(p, smem, smem_base, m0, n0, tile.k_tile_begin, count, tile.tile_index, &arrival_flag, warp, warp_mn,
-                 warp_m, warp_n, warp_k, [] {
-                   // The next kernel may now be scheduled into the slots this grid leaves as it
-                   // finishes, and prefetch its weights during this epilogue. Not earlier: its CTAs
-                   // would then be placed while this grid still runs, wherever slots happen to be
-                   // free, and pile up on some SMs.
-                   schedule::release_dependent_grid();
-                 });
+                 warp_m, warp_n, warp_k, at_epilogue);
   }
 };
 

@@ -2,23 +2,95 @@
 // The grouped masked MoE GEMM (DeepGEMM's masked layout, DeepEP low-latency decode):
 // out[e, m, n] = a[e, m, k] @ dequant(w[e])[n, k]^T (+ bias) for every expert e and its first
 // expert_rows[e] rows of a slab of max_m; the rows past the count are neither read for any stored
-// output nor written. A schedule around a dense body, not a body of its own: gridDim.z is the
-// expert, gridDim.x the dense body's tiles of a full slab (max_m rows). Each CTA waits on the
-// upstream grid (the counts may be its output), reads its expert's count, leaves at once when its
-// tile index passes that count's tiles (the dense raster of `rows` rows is a bijection onto the
-// first ceil(rows / kBlockM) x n_tiles indices), and runs the dense body on a copy of GemmParams
-// whose pointers are moved to the expert's slab, whose M is the count and whose global scale is
-// the expert's. Preconditions (the host
-// checks them): gemm.k_splits == 1 (one K slice: the dense body's split-K counters and workspace
-// are per launch, not per expert); a body whose run takes GemmParams and takes its tile from
-// blockIdx.x (the mma.sync bodies). SM80+.
+// output nor written. A persistent schedule around a dense body, not a body of its own: the grid
+// is at most the resident CTAs, and CTA c runs the tiles c, c + gridDim.x, ... of the real work,
+// the dense tiles of expert 0's rows, then expert 1's, and so on (an expert of r rows has
+// ceil(r / kBlockM) x n_tiles tiles: the dense raster of r rows is a bijection onto them). An
+// empty expert costs no CTA: with 256 experts of which 8 hold a token, one CTA per tile of every
+// slab would launch 32 times the CTAs that have work.
+//
+// Each CTA waits on the upstream grid (the counts may be its output), then finds each tile's
+// expert by walking the counts in windows of 256 experts (ExpertWalk: every warp computes the same
+// walk, so the result is uniform without shared memory), and runs the dense body on a copy of
+// GemmParams whose pointers are moved to the expert's slab, whose M is the count and whose global
+// scale is the expert's. A count outside [0, max_m] is read as the nearest bound. Preconditions
+// (the host checks them): gemm.k_splits == 1 (one K slice: the dense body's split-K counters and
+// workspace are per launch, not per expert); a body with run_tile(GemmParams, tile, at_epilogue)
+// (the mma.sync bodies). SM80+.
 
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/schedule/grid_dependency.cuh>
 
 namespace humming_aot::kernel {
 
-template <class Dense,  // the dense body: run(const GemmParams&), tile from blockIdx.x
+// Where a persistent CTA's tile lies among the experts' tiles: find(tile) walks the counts from
+// expert 0 in windows of 256 experts, 8 consecutive ones per lane (eight independent loads: one
+// memory latency per window, L1 hits after a CTA's first tile), a warp scan of the lanes' tiles,
+// and a ballot for the lane whose experts hold the tile. No state is kept between tiles, so that
+// the dense body keeps its registers: with at most 256 experts each find reads one window.
+template <int kBlockM>
+struct ExpertWalk {
+  static constexpr int kPerLane = 8;
+  static constexpr u32 kWindow = 32 * kPerLane;
+
+  const int* rows_of;  // the counts
+  u32 experts, max_rows, n_tiles;
+
+  // Expert e's rows, the count clamped to [0, max_rows] (0 past the last expert).
+  __device__ __forceinline__ u32 rows(u32 e) const {
+    const int count = e < experts ? rows_of[e] : 0;
+    return count <= 0 ? 0u : (static_cast<u32>(count) < max_rows ? static_cast<u32>(count) : max_rows);
+  }
+
+  __device__ __forceinline__ u32 tiles(u32 r) const { return (r + kBlockM - 1) / kBlockM * n_tiles; }
+
+  // The expert, its rows and the tile's index among the expert's tiles of tile `tile`; false when
+  // the experts hold fewer tiles. Uniform over the CTA (every warp reads the same counts).
+  __device__ __forceinline__ bool find(u32 tile, u32& expert, u32& expert_rows, u32& local) const {
+    const u32 lane = threadIdx.x & 31;
+    u32 before = 0;  // tiles of the experts before the window
+    for (u32 first = 0; first < experts; first += kWindow) {
+      const u32 base = first + lane * kPerLane;
+      u32 counts[kPerLane];
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) counts[i] = rows(base + i);  // all loads in flight at once
+      u32 sum = 0;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) sum += tiles(counts[i]);
+      u32 inclusive = sum;  // the warp's inclusive scan of the lanes' sums
+#pragma unroll
+      for (int offset = 1; offset < 32; offset <<= 1) {
+        const u32 other = __shfl_up_sync(0xffffffffu, inclusive, offset);
+        if (lane >= static_cast<u32>(offset)) inclusive += other;
+      }
+      const u32 window_tiles = __shfl_sync(0xffffffffu, inclusive, 31);
+      if (tile < before + window_tiles) {
+        const u32 in_window = tile - before;
+        // the lane whose experts hold the tile: the last lane that starts at or before it (a
+        // lane of no tiles starts where the next lane does, past the tile if that one is)
+        const u32 starts = __ballot_sync(0xffffffffu, inclusive - sum <= in_window);
+        const int holder = 31 - __clz(starts);
+        u32 at = __shfl_sync(0xffffffffu, inclusive - sum, holder);
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) {
+          const u32 t = __shfl_sync(0xffffffffu, tiles(counts[i]), holder);
+          const u32 r = __shfl_sync(0xffffffffu, counts[i], holder);
+          if (in_window >= at && in_window < at + t) {
+            expert = first + static_cast<u32>(holder) * kPerLane + i;
+            expert_rows = r;
+            local = in_window - at;
+          }
+          at += t;
+        }
+        return true;
+      }
+      before += window_tiles;
+    }
+    return false;
+  }
+};
+
+template <class Dense,  // the dense body: run_tile(const GemmParams&, tile, at_epilogue)
           int kBlockM,  // its tile's rows (tokens)
           int kBlockN>  // its tile's columns (weight channels)
 struct GroupedMasked {
@@ -29,17 +101,31 @@ struct GroupedMasked {
 
   static __device__ __forceinline__ void run(const MaskedGemmParams& g) {
     schedule::wait_for_upstream_grid();  // the counts (and the activations) may come from the previous kernel
-    const u32 expert = blockIdx.z;
-    const int rows = g.expert_rows[expert];
-    const u32 n_tiles = (static_cast<u32>(g.gemm.n) + kBlockN - 1) / kBlockN;
-    const u32 m_tiles = (static_cast<u32>(rows) + kBlockM - 1) / kBlockM;
-    if (rows <= 0 || blockIdx.x >= m_tiles * n_tiles) return;  // uniform over the CTA
-    GemmParams p = g.gemm;
-    p.m = rows;
-    p.a = static_cast<const char*>(p.a) + expert * g.a_stride;
-    p.out = static_cast<char*>(p.out) + expert * g.out_stride;
-    g.weights.move_to(p, static_cast<int>(expert));
-    Dense::run(p);
+    const ExpertWalk<kBlockM> walk{g.expert_rows, static_cast<u32>(g.experts), static_cast<u32>(g.gemm.m),
+                                   (static_cast<u32>(g.gemm.n) + kBlockN - 1) / kBlockN};
+    u32 expert, rows, local;
+    if (!walk.find(blockIdx.x, expert, rows, local)) {
+      schedule::release_dependent_grid();  // no tile for this CTA
+      return;
+    }
+    for (u32 tile = blockIdx.x;; tile += gridDim.x) {
+      if (tile != blockIdx.x) {
+        walk.find(tile, expert, rows, local);  // there is one: the look-ahead below found it
+        __syncthreads();                       // the last tile's warps are done with the shared memory this one refills
+      }
+      // whether this is the CTA's last tile, so that its epilogue lets the next kernel in
+      u32 next_expert, next_rows, next_local;
+      const bool more = walk.find(tile + gridDim.x, next_expert, next_rows, next_local);
+      GemmParams p = g.gemm;
+      p.m = static_cast<int>(rows);
+      p.a = static_cast<const char*>(p.a) + expert * g.a_stride;
+      p.out = static_cast<char*>(p.out) + expert * g.out_stride;
+      g.weights.move_to(p, static_cast<int>(expert));
+      Dense::run_tile(p, local, [more] {
+        if (!more) schedule::release_dependent_grid();
+      });
+      if (!more) return;
+    }
   }
 };
 

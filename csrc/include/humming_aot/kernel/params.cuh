@@ -83,16 +83,17 @@ struct ExpertWeights {
 
 // The Params of the grouped masked MoE GEMM (kernel/grouped_masked.cuh): the GemmParams of expert
 // 0's slab (m: the slab's rows, max_m; k_splits 1), each expert's valid rows on the device, the
-// experts' weights (ExpertWeights) and the bytes between experts' activation and output slabs.
-// Packed as GemmParams' bytes, then "<2Q6q" (168 bytes).
+// experts' weights (ExpertWeights), the bytes between experts' activation and output slabs and the
+// number of experts. Packed as GemmParams' bytes, then "<2Q7q" (176 bytes).
 struct MaskedGemmParams {
   GemmParams gemm;
   const int* expert_rows;  // (E,) valid rows of each expert's slab, 0 <= rows <= gemm.m
   ExpertWeights weights;
   i64 a_stride;    // bytes between experts' activation slabs (max_m * lda * 2)
   i64 out_stride;  // bytes between experts' output slabs (max_m * ldo * 2)
+  i64 experts;     // E
 };
-static_assert(sizeof(MaskedGemmParams) == 168, "MaskedGemmParams is GemmParams, a pointer, ExpertWeights, two i64");
+static_assert(sizeof(MaskedGemmParams) == 176, "MaskedGemmParams is GemmParams, a pointer, ExpertWeights, three i64");
 
 // The Params of the grouped contiguous MoE GEMM (kernel/grouped_contiguous.cuh): the GemmParams of
 // all the grouped rows with expert 0's weights (k_splits 1), each row's expert on the device and

@@ -1,6 +1,6 @@
 #pragma once
 // Which output tile and which K slice a CTA computes. One CTA per (tile, K slice): gridDim.x
-// enumerates output tiles, grouped along M so that CTAs running together share activation rows
+// enumerates output tiles (or a persistent schedule names the tile), grouped along M so that CTAs running together share activation rows
 // and weight columns in L2; gridDim.y enumerates split-K slices. SM80+.
 
 #include <humming_aot/numerics/types.cuh>
@@ -40,6 +40,21 @@ struct TileScheduler {
     const u32 n_tiles = (static_cast<u32>(n) + kBlockN - 1) / kBlockN;
     raster_tile<kGroupM>(blockIdx.x, m_tiles, n_tiles, m_tile, n_tile);
     tile_index = m_tile * static_cast<int>(n_tiles) + n_tile;
+    set_k_slice(k, k_splits);
+  }
+
+  // The tile of linear index `tile` in the raster instead of blockIdx.x's (a persistent schedule
+  // walking several tiles per CTA: kernel/grouped_masked.cuh).
+  __device__ __forceinline__ TileScheduler(int m, int n, int k, int k_splits, u32 tile) {
+    const u32 m_tiles = (static_cast<u32>(m) + kBlockM - 1) / kBlockM;
+    const u32 n_tiles = (static_cast<u32>(n) + kBlockN - 1) / kBlockN;
+    raster_tile<kGroupM>(tile, m_tiles, n_tiles, m_tile, n_tile);
+    tile_index = m_tile * static_cast<int>(n_tiles) + n_tile;
+    set_k_slice(k, k_splits);
+  }
+
+ private:
+  __device__ __forceinline__ void set_k_slice(int k, int k_splits) {
     const u32 k_tiles = static_cast<u32>(k) / kBlockK;
     const u32 splits = static_cast<u32>(k_splits);
     const u32 per_split = splits == 1 ? k_tiles : (k_tiles + splits - 1) / splits;
