@@ -237,15 +237,16 @@ def test_the_whole_contiguous_path_replays_in_a_cuda_graph_with_new_routings():
 @pytest.mark.parametrize("fmt", ("int4:g128", "uint4:g64:zp"))
 def test_persistent_schedules_walk_many_experts_and_long_padding(fmt):
     """300 experts (two of the masked walk's 256-expert windows): every expert full, so that each
-    resident CTA runs several tiles in turn; then a few experts at the windows' edges (0, 255, 256,
-    299) among empty ones; and the contiguous layout of the same sparse counts with 100 blocks of
-    padding only before them (the lookahead skips them 32 tiles at a time). Every real row against
-    the float64 reference; rows past each count and padding blocks stay NaN."""
+    resident CTA runs many tiles in turn (14,400 tiles of 16 x 64); then a few experts at the
+    windows' edges (0, 255, 256, 299) among empty ones; and the contiguous layout of the same sparse
+    counts with 1,200 blocks of padding only before them (9,600 tiles of 8 x 128: more than 32 tiles
+    of each resident CTA, so that its look-ahead takes several windows). Every real row against the
+    float64 reference; rows past each count and padding blocks stay NaN."""
     from humming_aot.moe import gemm_grouped_kernel, grouped_block_m
 
     seed = _seed()
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    e, n, k, max_m = 300, 128, 256, 48
+    e, n, k, max_m = 300, 1024, 256, 48
     experts = pack_experts(humming_aot.quantize(torch.randn(e, n, k, device="cuda", generator=gen) * 0.05, fmt),
                            act_dtype=torch.bfloat16)
     a = torch.randn(e, max_m, k, device="cuda", generator=gen).to(torch.bfloat16)
@@ -263,7 +264,7 @@ def test_persistent_schedules_walk_many_experts_and_long_padding(fmt):
             assert out[i, count:].isnan().all(), f"{context} expert {i}"
 
     block = grouped_block_m(experts, 1)
-    row_expert_list = [-1] * (100 * block) + _aligned_rows(sparse, block)[block:]
+    row_expert_list = [-1] * (1200 * block) + _aligned_rows(sparse, block)[block:]
     rows = len(row_expert_list)
     row_expert = torch.tensor(row_expert_list, dtype=torch.int32, device="cuda")
     flat = torch.randn(rows, k, device="cuda", generator=gen).to(torch.bfloat16)
