@@ -1,7 +1,7 @@
-"""compute-sanitizer memcheck and racecheck over one catalog kernel of each tile kind, launched in a
-subprocess on a small problem (racecheck runs each kernel ~100x slower): the 8-row swapped tile
-with its split-K slices summed in a thread-block cluster and through the global workspace, the
-16-row and 32-row mma.sync tiles, the 16-token swapped tile where the catalog holds one (like the
+"""compute-sanitizer memcheck and racecheck over one kernel of each tile kind (the catalog's, else the
+JIT's), launched in a subprocess on a small problem (racecheck runs each kernel ~100x slower): the
+8-row swapped tile with its split-K slices summed in a thread-block cluster and through the global
+workspace, the 16-row and 32-row mma.sync tiles, and on sm90a the 16-token swapped tile (like the
 8-row), the wgmma tile and the warp-specialized TMA wgmma tile (ragged M:
 one row short of its tile, N = 320 a part tile), each split over K in two; synccheck too. Any error or
 hazard the tool reports fails the test, with the tool's report."""
@@ -66,11 +66,15 @@ for name, m, n, k, cluster in json.loads(sys.argv[1]):
 
 
 def _kinds() -> dict[str, KernelKey] | None:
-    """One catalog key per tile kind on this GPU (None without a GPU or a catalog)."""
+    """One key per tile kind on this GPU (None without a GPU or a catalog): the catalog's where it
+    holds one, else the same spec with a tile of that kind, which the launch builds with the JIT
+    (the sm90a table serves M <= 16 with the swapped tiles and larger M with wgmma-ws, so its
+    catalog holds no 16- or 32-row CTA-pipeline tile and no plain wgmma one)."""
     if not torch.cuda.is_available():
         return None
     from humming_aot import dispatch, heuristics
     from humming_aot.catalog import installed_catalog
+    from humming_aot.enumerate import parse_tile_field
 
     catalog = installed_catalog()
     if catalog is None:
@@ -81,16 +85,27 @@ def _kinds() -> dict[str, KernelKey] | None:
     # the tiles the table picks for 4-bit codes at M = 1, 16, 32 and 64 first
     table = {heuristics.select_tile(arch, m, w_bits=4) for m in (1, 16, 32, 64)}
     keys.sort(key=lambda key: (PREFERRED_W.index(key.spec.w_dtype), key.tile not in table, key.name))
+    if not keys:
+        return None
+    number = arch[2:].rstrip("af")
+    mma_table = f"sm{number}" if arch.endswith("a") else arch  # the mma.sync table of the arch
+    # kind -> (whether a tile is of it, the tile to take where the catalog holds none)
     kinds = {
-        "8-row": lambda t: t.mma is MmaKind.MMA_SYNC and t.block_m == 8,
-        "16-swapped": lambda t: t.mma is MmaKind.MMA_SWAPPED,  # where the catalog holds one (a probe)
-        "16-row": lambda t: t.mma is MmaKind.MMA_SYNC and t.block_m == 16,
-        "32-row": lambda t: t.mma is MmaKind.MMA_SYNC and t.block_m == 32,
-        "wgmma": lambda t: t.mma is MmaKind.WGMMA,
-        "wgmma-ws": lambda t: t.mma is MmaKind.WGMMA_WS,
+        "8-row": (lambda t: t.mma is MmaKind.MMA_SYNC and t.block_m == 8, parse_tile_field("8x128x256_w1x2x4_s2")),
+        "16-row": (lambda t: t.mma is MmaKind.MMA_SYNC and t.block_m == 16, heuristics.select_tile(mma_table, 16)),
+        "32-row": (lambda t: t.mma is MmaKind.MMA_SYNC and t.block_m == 32, heuristics.select_tile(mma_table, 32)),
     }
-    return {kind: next(key for key in keys if fits(key.tile)) for kind, fits in kinds.items()
-            if any(fits(key.tile) for key in keys)}
+    if arch == "sm90a":
+        kinds |= {
+            "16-swapped": (lambda t: t.mma is MmaKind.MMA_SWAPPED, parse_tile_field("mma-sw:16x64x256_w1x1x4_s2")),
+            "wgmma": (lambda t: t.mma is MmaKind.WGMMA, parse_tile_field("wgmma:256x128x64_w1x8_s5")),
+            "wgmma-ws": (lambda t: t.mma is MmaKind.WGMMA_WS, parse_tile_field("wgmma-ws:128x128x64_w1x4_s4")),
+        }
+    chosen = {}
+    for kind, (fits, fallback) in kinds.items():
+        held = next((key for key in keys if fits(key.tile)), None)
+        chosen[kind] = held or KernelKey(arch=arch, spec=keys[0].spec, tile=fallback)
+    return chosen
 
 
 def _launches(kinds: dict[str, KernelKey]) -> list[tuple[str, int, int, int, bool | None]]:
