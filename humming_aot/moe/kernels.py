@@ -42,7 +42,9 @@ def gemm_masked_kernel(a: torch.Tensor, experts: PackedExperts, masked_m: torch.
     expected_m: the rows an expert is expected to hold, which picks the tile (default max_m)
     bias:       (E, N) in the activation dtype, or None
     out:        (E, max_m, N) contiguous to write into (rows past each count are left as they
-                are); default a new zero tensor
+                are); default a new zero tensor, whose zero-fill writes every slab (58 MB, ~20 us on
+                an H200, for DeepSeek-V3's down projection at 256 experts of 16 rows): pass an
+                output made once where the rows past the counts are not read
     """
     _check(a, experts, masked_m, bias, out)
     e, max_m, _ = a.shape
