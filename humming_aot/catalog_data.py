@@ -53,12 +53,12 @@ def load_toml(name: str) -> dict:
 
 
 def catalog_file(name_or_path: str) -> Path:
-    """'default' / 'smoke' -> the packaged family file; anything else is a path to a .toml file."""
-    if name_or_path in ("default", "smoke"):
+    """'default' / 'smoke' / 'moe' -> the packaged family file; anything else is a path to a .toml file."""
+    if name_or_path in ("default", "smoke", "moe"):
         return catalog_data_dir() / f"{name_or_path}.toml"
     path = Path(name_or_path)
     if not path.is_file():
         raise FileNotFoundError(
-            f"catalog {name_or_path!r} is neither 'default', 'smoke' nor an existing .toml file"
+            f"catalog {name_or_path!r} is neither 'default', 'smoke', 'moe' nor an existing .toml file"
         )
     return path

@@ -17,12 +17,12 @@ from pathlib import Path
 from humming_aot import heuristics, support
 from humming_aot.arch import validate_target
 from humming_aot.catalog_data import catalog_file, load_toml
-from humming_aot.spec import GemmSpec, KernelKey, MmaKind, TileConfig, ZeroPoint
+from humming_aot.spec import GemmSpec, GemmType, KernelKey, MmaKind, TileConfig, ZeroPoint
 
 logger = logging.getLogger(__name__)
 
-BUILTIN_CATALOGS = ("default", "smoke")
-_FAMILY_KEYS = {"pairing", "doc", "archs", "a_dtype", "w_dtype", "tiles"}
+BUILTIN_CATALOGS = ("default", "smoke", "moe")
+_FAMILY_KEYS = {"pairing", "doc", "archs", "gemm_type", "a_dtype", "w_dtype", "tiles"}
 _TILE_FIELD_RE = re.compile(r"^(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)(?:x(\d+))?_s(\d+)$")
 
 
@@ -33,22 +33,29 @@ class Family:
     index: int  # position in the file, for messages
     pairing: support.Pairing
     archs: tuple[str, ...]
+    gemm_types: tuple[GemmType, ...]  # of the pairing's; default dense only
     a_dtypes: tuple[str, ...] | None  # None: every a_dtype of the pairing
     w_dtypes: tuple[str, ...] | None
     tiles: str | tuple[TileConfig, ...]  # "table" or explicit tiles
 
     def specs(self) -> list[GemmSpec]:
-        return self.pairing.specs(
+        return [spec for spec in self.pairing.specs(
             a_dtypes=list(self.a_dtypes) if self.a_dtypes is not None else None,
             w_dtypes=list(self.w_dtypes) if self.w_dtypes is not None else None,
-        )
+        ) if spec.gemm_type in self.gemm_types]
 
-    def tiles_for(self, arch: str, w_bits: int) -> list[TileConfig]:
-        """The family's tiles for an arch and w_bits-bit codes (the table's rows for such codes); a tile
-        wider than 64 in K brings its 64-wide twin, which serves the shapes and group sizes it does
-        not fit (heuristics.tile_fits)."""
-        listed = ([tile for _, tile in heuristics.arch_tile_table(arch, w_bits)] if self.tiles == "table"
-                  else list(self.tiles))
+    def tiles_for(self, arch: str, w_bits: int, gemm_type: GemmType = GemmType.DENSE) -> list[TileConfig]:
+        """The family's tiles for an arch, w_bits-bit codes and a GEMM type: "table" is the table's
+        rows for such codes, for the MoE types every tile heuristics.select_masked_tile can pick
+        (heuristics.moe_tile_table); listed tiles serve the MoE types where their body does (the
+        mma.sync ones). A tile wider than 64 in K brings its 64-wide twin, which serves the shapes
+        and group sizes it does not fit (heuristics.tile_fits)."""
+        moe = gemm_type is not GemmType.DENSE
+        if self.tiles == "table":
+            listed = (list(heuristics.moe_tile_table(arch, w_bits)) if moe
+                      else [tile for _, tile in heuristics.arch_tile_table(arch, w_bits)])
+        else:
+            listed = [tile for tile in self.tiles if not moe or tile.mma in heuristics.MOE_BODIES]
         seen = []
         for tile in listed:
             for t in (tile, heuristics.narrow_twin(tile)):
@@ -137,6 +144,15 @@ def _parse_family(path: Path, index: int, entry: dict) -> Family:
                 f"{where}: arch {arch} is not allowed by pairing {pairing.name!r} "
                 f"(it covers {', '.join(pairing.archs)})"
             )
+    try:
+        gemm_types = tuple(GemmType(t) for t in entry.get("gemm_type", ["dense"]))
+    except (ValueError, TypeError):
+        raise ValueError(f"{where}: gemm_type must be a list of {', '.join(repr(t.value) for t in GemmType)}, "
+                         f"got {entry.get('gemm_type')!r}") from None
+    refused = [t.value for t in gemm_types if t not in pairing.gemm_type]
+    if refused or not gemm_types:
+        raise ValueError(f"{where}: gemm_type {refused or '[]'} is not allowed by pairing {pairing.name!r} "
+                         f"(it allows {', '.join(t.value for t in pairing.gemm_type)})")
     tiles = entry.get("tiles", "table")
     if tiles != "table":
         if isinstance(tiles, str) or not tiles:
@@ -149,6 +165,7 @@ def _parse_family(path: Path, index: int, entry: dict) -> Family:
         index=index,
         pairing=pairing,
         archs=archs,
+        gemm_types=gemm_types,
         a_dtypes=tuple(entry["a_dtype"]) if "a_dtype" in entry else None,
         w_dtypes=tuple(entry["w_dtype"]) if "w_dtype" in entry else None,
         tiles=tiles,
@@ -192,7 +209,7 @@ def enumerate_catalog(catalog: str = "default", archs: list[str] | None = None) 
             for spec in family.specs():
                 if not support.is_supported(spec, arch):  # a family never widens support.toml
                     raise AssertionError(support.why_unsupported(spec, arch))
-                for tile in family.tiles_for(arch, spec.w_bits):
+                for tile in family.tiles_for(arch, spec.w_bits, spec.gemm_type):
                     key = KernelKey(arch=arch, spec=spec, tile=tile)
                     smem = heuristics.smem_bytes(tile, spec.w_bits, spec.w_zero_point is not ZeroPoint.NONE)
                     if smem > limit:

@@ -47,9 +47,9 @@ _FLOAT_RE = re.compile(r"^float\de(\d)m(\d)$")
 
 
 class GemmType(str, Enum):
-    """Which rows of the activation meet which weight. Only DENSE has kernels so far; the grouped
-    types name what the MoE GEMMs will compile (no pairing allows them yet, so support.py refuses
-    them with its reason)."""
+    """Which rows of the activation meet which weight. DENSE, and the grouped MoE types MASKED
+    and GROUPED (schedules around the mma.sync bodies, sm80 and later: support.toml's 16-bit
+    pairings allow them, the "moe" catalog holds them); INDEXED has no kernel yet."""
 
     DENSE = "dense"
     """out[M, N] = a[M, K] @ w[N, K]^T: one weight for every row."""

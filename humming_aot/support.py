@@ -351,9 +351,11 @@ def problem_errors(spec: GemmSpec, arch: str, m: int, n: int, k: int, group_size
     return errors
 
 
-def supported_specs(arch: str) -> list[GemmSpec]:
-    """Every GemmSpec some pairing allows on ``arch``, sorted and without duplicates."""
-    specs = {s for p in pairings() if arch in p.archs for s in p.specs()}
+def supported_specs(arch: str, gemm_type: GemmType | None = None) -> list[GemmSpec]:
+    """Every GemmSpec some pairing allows on ``arch`` (of one GEMM type, when given), sorted and
+    without duplicates."""
+    specs = {s for p in pairings() if arch in p.archs for s in p.specs()
+             if gemm_type is None or s.gemm_type is gemm_type}
     return sorted(specs, key=_spec_sort_key)
 
 
@@ -371,15 +373,16 @@ def render_support_markdown() -> str:
         return "same as activation" if values is None else ", ".join(values)
 
     lines = [
-        "| Pairing | Activations | Weights | Scales | Zero point | Output | Archs | Rules |",
-        "|---|---|---|---|---|---|---|---|",
+        "| Pairing | GEMM types | Activations | Weights | Scales | Zero point | Output | Archs | Rules |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     used_rules = []
     for p in pairings():
         scales = ", ".join(s.name.lower() for s in p.w_scale) + f" ({tied(p.w_scale_dtype)})"
         zero_points = ", ".join(zp.name.lower() for zp in p.w_zero_point)
         lines.append(
-            f"| `{p.name}` | {', '.join(p.a_dtype)} | {', '.join(p.w_dtype)} | {scales} | {zero_points} "
+            f"| `{p.name}` | {', '.join(t.value for t in p.gemm_type)} | {', '.join(p.a_dtype)} "
+            f"| {', '.join(p.w_dtype)} | {scales} | {zero_points} "
             f"| {tied(p.out_dtype)} | {', '.join(p.archs)} | {', '.join(f'`{r}`' for r in p.rules)} |"
         )
         used_rules += [r for r in p.rules if r not in used_rules]

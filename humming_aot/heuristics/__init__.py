@@ -4,9 +4,11 @@ Shared by the run time (which tile serves this problem) and the enumerator (whic
 compiles). Python branches on arch here and in catalog/ only.
 """
 from humming_aot.heuristics.tiles import (
+    MOE_BODIES,
     arch_tile_table,
     ctas_per_sm,
     ctas_per_sm_by_registers,
+    moe_tile_table,
     narrow_twin,
     select_masked_tile,
     select_tile,
@@ -21,9 +23,11 @@ from humming_aot.heuristics.tiles import (
 )
 
 __all__ = [
+    "MOE_BODIES",
     "arch_tile_table",
     "ctas_per_sm",
     "ctas_per_sm_by_registers",
+    "moe_tile_table",
     "narrow_twin",
     "select_masked_tile",
     "select_tile",

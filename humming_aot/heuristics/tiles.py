@@ -153,6 +153,20 @@ def select_tile(arch: str, m: int, k: int | None = None, group: int | None = Non
 MOE_BODIES = (MmaKind.MMA_SYNC, MmaKind.MMA_SWAPPED)
 
 
+def moe_tile_table(arch: str, w_bits: int = 8) -> tuple[TileConfig, ...]:
+    """Every tile select_masked_tile can pick on an arch for w_bits-bit codes (before twins): the
+    arch's table rows of the MoE bodies, then, above the largest M they serve, the rows of the
+    same arch's mma.sync table without its suffix (sm90a's wgmma rows give way to sm90's)."""
+    own = [(max_m, tile) for max_m, tile in arch_tile_table(arch, w_bits) if tile.mma in MOE_BODIES]
+    served = max((max_m for max_m, _ in own), default=0)
+    tiles = [tile for _, tile in own]
+    if any(tile.mma not in MOE_BODIES for _, tile in arch_tile_table(arch, w_bits)):
+        number, _ = parse_arch(arch)
+        tiles += [tile for max_m, tile in arch_tile_table(f"sm{number}", w_bits)
+                  if max_m > served and tile.mma in MOE_BODIES]
+    return tuple(dict.fromkeys(tiles))
+
+
 def select_masked_tile(arch: str, m: int, k: int | None = None, group: int | None = None,
                        w_bits: int = 8) -> TileConfig:
     """The tile of a grouped masked MoE GEMM (kernel/grouped_masked.cuh) whose experts hold about

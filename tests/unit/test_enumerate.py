@@ -2,6 +2,7 @@
 the run-time catalog reader (lookup, integrity checks)."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections import Counter
@@ -25,7 +26,7 @@ from humming_aot.manifest import (
     manifest_problems,
     write_manifest,
 )
-from humming_aot.spec import KernelKey, MmaKind, ZeroPoint
+from humming_aot.spec import GemmType, KernelKey, MmaKind, ZeroPoint
 
 TOOLKIT = "Cuda compilation tools, release 13.0, V13.0.88"
 
@@ -59,7 +60,7 @@ def test_table_tiles_kept_exactly_when_they_fit():
     assert not kept & skipped
     for arch in enumeration.archs:
         limit = heuristics.smem_limit(arch)
-        for spec in support.supported_specs(arch):
+        for spec in support.supported_specs(arch, GemmType.DENSE):
             for _, tile in heuristics.arch_tile_table(arch):
                 smem = heuristics.smem_bytes(tile, spec.w_bits, spec.w_zero_point is not ZeroPoint.NONE)
                 name = KernelKey(arch=arch, spec=spec, tile=tile).name
@@ -166,7 +167,7 @@ def test_parse_tile_field_rejects(field):
 @pytest.mark.parametrize(
     "catalog,archs,match",
     [
-        ("smokey", ["sm80"], "unknown catalog 'smokey': use one of default, smoke"),
+        ("smokey", ["sm80"], "unknown catalog 'smokey': use one of default, smoke, moe"),
         ("smoke", ["sm100a"], "catalog 'smoke' has no kernels for sm100a: it covers sm75, sm80, sm86, sm89, sm90a, sm100, sm110, sm120"),
         ("default", ["sm90"], "has no kernels for sm90: it covers"),
         ("smoke", ["sm91"], "arch 'sm91' is not a target"),
@@ -188,12 +189,39 @@ def test_enumeration_errors(catalog, archs, match):
         ('[[family]]\npairing = "wna16_int_symmetric"\narchs = ["sm75"]\n', "arch sm75 is not allowed by pairing"),
         ('[[family]]\npairing = "wna16_int_symmetric"\ntile = "table"\n', "unknown keys \\['tile'\\]"),
         ('', "has no \\[\\[family\\]\\] entries"),
+        ('[[family]]\npairing = "wna16_int_symmetric_turing"\ngemm_type = ["masked"]\n',
+         "gemm_type \\['masked'\\] is not allowed by pairing 'wna16_int_symmetric_turing' \\(it allows dense\\)"),
+        ('[[family]]\npairing = "wna16_int_symmetric"\ngemm_type = ["sparse"]\n', "gemm_type must be a list of"),
+        ('[[family]]\npairing = "wna16_int_symmetric"\ngemm_type = []\n', "gemm_type \\[\\] is not allowed"),
     ],
 )
 def test_catalog_file_errors(tmp_path, body, match):
     catalog = _write_catalog_toml(tmp_path / "bad.toml", body)
     with pytest.raises(ValueError, match=match):
         enumerate_keys(catalog, ["sm80"])
+
+
+def test_the_moe_catalog_holds_every_tile_the_moe_schedules_pick():
+    """The moe catalog (catalog/moe.toml): the grouped masked and contiguous kernels of every 16-bit pairing, for
+    every tile heuristics.select_masked_tile picks (M from 1 up, K that 256 or 128 does not
+    divide, channel and group scales), and nothing else; the default catalog holds none of them
+    (a family's gemm_type defaults to dense)."""
+    for arch in ("sm90a", "sm80", "sm120"):
+        keys = enumerate_keys("moe", [arch])
+        names = {key.name for key in keys}
+        assert {key.spec.gemm_type for key in keys} == {GemmType.MASKED, GemmType.GROUPED}
+        assert all(key.tile.mma in heuristics.MOE_BODIES for key in keys)
+        dense_specs = {dataclasses.replace(key.spec, gemm_type=GemmType.DENSE) for key in keys}
+        assert dense_specs == set(support.supported_specs(arch, GemmType.DENSE))
+        for spec in support.supported_specs(arch, GemmType.MASKED):
+            for m in (1, 8, 9, 16, 17, 32, 64, 200, 256, 257, 4096):
+                for k, group in ((4096, 128), (4096 + 64, 64), (4096 + 128, 128), (2880, 32), (4096, 4096)):
+                    tile = heuristics.select_masked_tile(arch, m, k, group, spec.w_bits)
+                    for gemm_type in (GemmType.MASKED, GemmType.GROUPED):
+                        name = KernelKey(arch=arch, spec=dataclasses.replace(spec, gemm_type=gemm_type), tile=tile).name
+                        assert name in names, f"{name} (m={m}, k={k}, group={group})"
+    default = enumerate_keys("default", ["sm90a"])
+    assert {key.spec.gemm_type for key in default} == {GemmType.DENSE}
 
 
 # --- manifest ----------------------------------------------------------------------------------
@@ -358,7 +386,7 @@ def test_test_keys_tiers():
     full = test_keys("sm90a", "full")
     smoke = test_keys("sm90a", "smoke")
     assert full == enumerate_keys("default", ["sm90a"])
-    assert len(smoke) == len({k.spec for k in full}) == len(support.supported_specs("sm90a"))
+    assert len(smoke) == len({k.spec for k in full}) == len(support.supported_specs("sm90a", GemmType.DENSE))
     smallest = min(k.tile.block_m * k.tile.block_n for k in full)
     assert all(k.tile.block_m * k.tile.block_n == smallest for k in smoke)
     assert smoke == sorted(smoke)

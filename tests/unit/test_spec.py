@@ -292,9 +292,8 @@ def test_mma_sync_keys_whose_loader_would_need_over_32_copy_passes_are_refused()
 def test_grouped_masked_keys_wrap_the_mma_sync_bodies():
     """A grouped masked GEMM (kernel/grouped_masked.cuh) is a schedule around a dense body that
     takes GemmParams: its source wraps the body's template and takes MaskedGemmParams (176 bytes:
-    GemmParams, the counts pointer, ExpertWeights, the slabs' two strides and the experts); the TMA body and the indexed type have no
-    kernel yet, and say so. No pairing allows the type yet (support.py refuses it), so no catalog
-    holds one."""
+    GemmParams, the counts pointer, ExpertWeights, the slabs' two strides and the experts); the
+    TMA body and the indexed type have no kernel yet, and say so."""
     from humming_aot import codegen, params_abi
     from humming_aot.spec import GemmType
 

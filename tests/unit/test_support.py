@@ -130,7 +130,11 @@ def test_supported_specs_sorted_unique_and_supported():
         # (2 activation dtypes, float16 only on sm75) x (int1..int8 symmetric + uint1..uint8 with
         # integer or float zero points), + float weights: every signed eXmY of 2..8 bits for
         # bfloat16 (35), those float16 holds exactly for float16 (30: E <= 4, and float8e5m2)
-        assert len(specs) == len(set(specs)) == (24 + 30 if arch == "sm75" else 48 + 35 + 30)
+        dense = support.supported_specs(arch, GemmType.DENSE)
+        assert len(dense) == len(set(dense)) == (24 + 30 if arch == "sm75" else 48 + 35 + 30)
+        # the MoE types (grouped masked and contiguous) for every dense spec of sm80 and later
+        assert len(specs) == len(set(specs)) == len(dense) * (1 if arch == "sm75" else 3)
+        assert {dataclasses.replace(s, gemm_type=GemmType.DENSE) for s in specs} == set(dense)
         assert specs == sorted(specs, key=support._spec_sort_key)
         assert all(support.is_supported(s, arch) for s in specs)
     assert support.supported_specs("sm70") == []
@@ -336,7 +340,14 @@ def test_a_pairing_with_activation_scales_allows_exactly_its_tuples(fake_support
     assert "a_dtype in [float8e4m3]" in support.why_unsupported(bf16, "sm90a")
 
 
-def test_grouped_gemm_types_are_refused_with_the_pairings_field():
-    moe = dataclasses.replace(BF16_INT4, gemm_type=GemmType.GROUPED)
-    reason = support.why_unsupported(moe, "sm90a")
-    assert reason is not None and "gemm_type in [dense] (got grouped)" in reason
+def test_moe_gemm_types_are_allowed_from_sm80_and_refused_with_the_pairings_field():
+    for gemm_type in (GemmType.MASKED, GemmType.GROUPED):
+        moe = dataclasses.replace(BF16_INT4, gemm_type=gemm_type)
+        assert support.is_supported(moe, "sm90a") and support.is_supported(moe, "sm80")
+        turing = dataclasses.replace(moe, a_dtype="float16", w_scale_dtype="float16", out_dtype="float16")
+        reason = support.why_unsupported(turing, "sm75")
+        assert reason is not None and f"gemm_type={gemm_type.value} a=float16 w=int4" in reason
+        assert "only on sm80, sm86, sm89, sm90a, sm100, sm110, sm120, not on sm75" in reason
+    indexed = dataclasses.replace(BF16_INT4, gemm_type=GemmType.INDEXED)
+    reason = support.why_unsupported(indexed, "sm90a")
+    assert reason is not None and "gemm_type in [dense, masked, grouped] (got indexed)" in reason
