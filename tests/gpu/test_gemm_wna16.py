@@ -37,7 +37,8 @@ def _device_keys() -> list:
     if catalog is None:
         return [pytest.param(None, id="no-catalog")]
     arches = dispatch.device_info(torch.cuda.current_device()).arches
-    names = [name for arch in arches for name in catalog.keys_for(arch)]
+    # the dense kernels (an installed moe catalog's grouped ones are test_moe_kernels_gpu.py's)
+    names = [name for arch in arches for name in catalog.keys_for(arch) if name.startswith("gemm_dense_")]
     if not names:  # the tests assert a key: this fails them, naming the missing catalog
         return [pytest.param(None, id=f"no-catalog-kernels-for-{'-'.join(arches)}")]
     return [pytest.param(KernelKey.from_name(name), id=name) for name in sorted(names)]

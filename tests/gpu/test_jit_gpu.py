@@ -64,7 +64,8 @@ def _catalog_key(device: int, mma: MmaKind, scales_in_fp32: bool = False) -> Ker
     first key that applies its scales to fp32 sums (the swapped 8-row tile's integer kernels)."""
     catalog = installed_catalog()
     assert catalog is not None, "a GPU is present but no kernel catalog is installed: build one (tools/device_check.sh)"
-    keys = [KernelKey.from_name(name) for arch in dispatch.device_info(device).arches for name in catalog.keys_for(arch)]
+    keys = [KernelKey.from_name(name) for arch in dispatch.device_info(device).arches for name in catalog.keys_for(arch)
+            if name.startswith("gemm_dense_")]
     fitting = [key for key in keys if key.tile.mma is mma and key.scales_in_fp32 == scales_in_fp32
                and all(heuristics.tile_fits(key.tile, k, group or k) for _, _, k, group, _ in PROBLEMS)]
     if not fitting and mma.is_wgmma and dispatch.device_info(device).arches[0] != "sm90a":

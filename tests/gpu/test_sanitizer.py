@@ -80,7 +80,7 @@ def _kinds() -> dict[str, KernelKey] | None:
     if catalog is None:
         return None
     arch = dispatch.device_info(torch.cuda.current_device()).arches[0]
-    keys = [KernelKey.from_name(name) for name in catalog.keys_for(arch)]
+    keys = [KernelKey.from_name(name) for name in catalog.keys_for(arch) if name.startswith("gemm_dense_")]
     keys = [key for key in keys if key.spec.a_dtype == "bfloat16" and key.spec.w_dtype in PREFERRED_W]
     # the tiles the table picks for 4-bit codes at M = 1, 16, 32 and 64 first
     table = {heuristics.select_tile(arch, m, w_bits=4) for m in (1, 16, 32, 64)}
