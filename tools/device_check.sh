@@ -21,7 +21,8 @@
 #   ab        the base tree in $AB_BASE (default .ab/base; tools/ab_base.sh REV [DIR]) built with the same catalog, then
 #             bench_gemm.py ($AB_ARGS) from each tree in turns, $AB_ROUNDS (2) rounds
 #             -> bench.log (the side-by-side table of tools/bench/ab_compare.py), ab.json
-# Other knobs: HUMMING_AOT_DEVICE_CATALOG (default "default"), DEVICE_ARCH (default sm90a),
+# Other knobs: HUMMING_AOT_DEVICE_CATALOG (default "default"; a comma list such as "default,moe"
+# builds the catalogs' families together), DEVICE_ARCH (default sm90a),
 # DEVICE_JOBS (default 16), PYTEST_ARGS (extra pytest arguments). The *_ARGS values are split
 # with shell quoting rules: PYTEST_ARGS="-k 'not fuzz'" passes -k and "not fuzz".
 #
@@ -141,7 +142,22 @@ step_launcher() { python3 setup.py build_ext --inplace -j "$JOBS"; }
 
 step_catalog() {
     local start=$SECONDS
-    python3 -m humming_aot build --arch "$ARCH" --catalog "$CATALOG" --inplace -j "$JOBS"
+    local catalog=$CATALOG
+    if [[ "$catalog" == *,* ]]; then
+        # several catalogs (e.g. default,moe) in one build: their families in one file
+        catalog=/tmp/device_check_catalog.toml
+        python3 - "$CATALOG" "$catalog" <<'PY' || return 1
+import sys
+from humming_aot.catalog_data import catalog_file
+names, target = sys.argv[1].split(","), sys.argv[2]
+parts = ["schema_version = 1\n"]
+for name in names:
+    text = catalog_file(name).read_text()
+    parts.append("\n".join(line for line in text.splitlines() if not line.startswith("schema_version")) + "\n")
+open(target, "w").write("\n".join(parts))
+PY
+    fi
+    python3 -m humming_aot build --arch "$ARCH" --catalog "$catalog" --inplace -j "$JOBS"
     local rc=$?
     echo "catalog build ($ARCH, $CATALOG, -j $JOBS): $((SECONDS - start)) s wall, exit $rc"
     return $rc
