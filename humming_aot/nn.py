@@ -21,12 +21,13 @@ class QuantizedLinear(torch.nn.Module):
 
     def __init__(self, packed: PackedWeight, bias: torch.Tensor | None = None):
         super().__init__()
-        self.in_features = packed.k
-        self.out_features = packed.n
+        self.in_features = packed.in_features
+        self.out_features = packed.out_features
         self._meta = {
             "n": packed.n, "k": packed.k, "group_size": packed.group_size, "w_dtype": packed.w_dtype,
             "act_dtype": packed.act_dtype, "format": packed.format, "global_scale": packed.global_scale,
             "float_zero_point": packed.float_zero_point, "layout_version": packed.layout_version,
+            "n_valid": packed.n_valid, "k_valid": packed.k_valid,
         }
         self.register_buffer("w", packed.w)
         self.register_buffer("w_scale", packed.w_scale)
@@ -93,7 +94,7 @@ class QuantizedLinear(torch.nn.Module):
             w=self.w, w_scale=self.w_scale, w_zero_point=self.w_zero_point, n=m["n"], k=m["k"],
             group_size=m["group_size"], w_dtype=m["w_dtype"], act_dtype=m["act_dtype"], format=m["format"],
             global_scale=m["global_scale"], float_zero_point=m["float_zero_point"],
-            layout_version=m["layout_version"],
+            layout_version=m["layout_version"], n_valid=m["n_valid"], k_valid=m["k_valid"],
         )
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
@@ -154,16 +155,17 @@ class QuantizedMoE(torch.nn.Module):
         super().__init__()
         if activation not in _MOE_ACTIVATIONS:
             raise ValueError(f"QuantizedMoE: activation {activation!r} is not one of {', '.join(_MOE_ACTIVATIONS)}")
-        if gate_up.experts != down.experts or gate_up.n != 2 * down.k or down.n != gate_up.k:
+        gu_n, gu_k, down_n, down_k = gate_up.out_features, gate_up.in_features, down.out_features, down.in_features
+        if gate_up.experts != down.experts or gu_n != 2 * down_k or down_n != gu_k:
             raise ValueError(
                 f"QuantizedMoE: gate_up must be (E, 2 I, H) and down (E, H, I) of the same E, got gate_up "
-                f"({gate_up.experts}, {gate_up.n}, {gate_up.k}) and down ({down.experts}, {down.n}, {down.k})"
+                f"({gate_up.experts}, {gu_n}, {gu_k}) and down ({down.experts}, {down_n}, {down_k})"
             )
         if gate_up.act_dtype != down.act_dtype or gate_up.device != down.device:
             raise ValueError("QuantizedMoE: gate_up and down must be packed for one activation dtype on one device")
         self.activation = activation
         self.use_grouped_kernels = False
-        self.num_experts, self.hidden_size, self.intermediate_size = gate_up.experts, gate_up.k, down.k
+        self.num_experts, self.hidden_size, self.intermediate_size = gate_up.experts, gu_k, down_k
         # the packed experts as buffers (they move with .to() and are in the state dict), with
         # what is not a tensor kept beside them
         self._moe_meta = {}
@@ -172,12 +174,13 @@ class QuantizedMoE(torch.nn.Module):
                 "experts": packed.experts, "n": packed.n, "k": packed.k, "group_size": packed.group_size,
                 "w_dtype": packed.w_dtype, "act_dtype": packed.act_dtype, "format": packed.format,
                 "float_zero_point": packed.float_zero_point, "layout_version": packed.layout_version,
+                "n_valid": packed.n_valid, "k_valid": packed.k_valid,
             }
             self.register_buffer(f"{name}_w", packed.w)
             self.register_buffer(f"{name}_scale", packed.w_scale)
             self.register_buffer(f"{name}_zero_point", packed.w_zero_point)
             self.register_buffer(f"{name}_global_scale", packed.global_scale_tensor)
-        for name, bias, n in (("gate_up_bias", gate_up_bias, gate_up.n), ("down_bias", down_bias, down.n)):
+        for name, bias, n in (("gate_up_bias", gate_up_bias, gu_n), ("down_bias", down_bias, down_n)):
             if bias is not None and bias.shape != (gate_up.experts, n):
                 raise ValueError(f"QuantizedMoE: {name} must be ({gate_up.experts}, {n}), got {tuple(bias.shape)}")
             self.register_buffer(name, None if bias is None else bias.to(device=gate_up.device,

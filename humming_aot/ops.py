@@ -41,9 +41,9 @@ def _validate(a: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) 
             f"gemm: a.dtype={a.dtype} but the weight was packed for {packed.act_dtype} activations: "
             f"cast a with a.to({packed.act_dtype}) or pack the weight with act_dtype={a.dtype}"
         )
-    if a.dim() < 1 or a.shape[-1] != packed.k:
+    if a.dim() < 1 or a.shape[-1] != packed.in_features:
         raise ValueError(
-            f"gemm: a has shape {tuple(a.shape)}; its last dimension must be the weight's K={packed.k}"
+            f"gemm: a has shape {tuple(a.shape)}; its last dimension must be the weight's K={packed.in_features}"
         )
     if a.device != packed.device:
         raise ValueError(
@@ -55,9 +55,9 @@ def _validate(a: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) 
             f"gemm: a must have unit stride along K (got strides {a.stride()}): pass a.contiguous()"
         )
     if bias is not None:
-        if not isinstance(bias, torch.Tensor) or bias.shape != (packed.n,):
+        if not isinstance(bias, torch.Tensor) or bias.shape != (packed.out_features,):
             shape = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
-            raise ValueError(f"gemm: bias must be a tensor of shape ({packed.n},), got {shape}")
+            raise ValueError(f"gemm: bias must be a tensor of shape ({packed.out_features},), got {shape}")
         if bias.dtype != packed.act_dtype or bias.device != a.device or not bias.is_contiguous():
             raise ValueError(
                 f"gemm: bias must be a contiguous {packed.act_dtype} tensor on {a.device}, got "
@@ -223,7 +223,7 @@ def gemm(a: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None
     """
     if (not torch.compiler.is_compiling() and type(a) is torch.Tensor and a.is_cuda and not a.requires_grad
             and type(packed) is PackedWeight and getattr(packed, "layout_version", None) is not None
-            and _no_torch_modes()):
+            and packed.k_valid is None and packed.n_valid is None and _no_torch_modes()):
         # eager on a CUDA device: straight to the launch plan, past the dispatcher (which would
         # add nothing here: no autograd, no mode, no tracing)
         out = _gemm_planned(
@@ -233,10 +233,25 @@ def gemm(a: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None
         if out is not None:
             return out
     _validate(a, packed, bias)
+    if packed.padded:
+        return _padded(gemm, a, packed, bias)
     return torch.ops.humming_aot.gemm_wna16(
         a, packed.w, packed.w_scale, packed.w_zero_point, bias, packed.w_dtype, packed.n, packed.k,
         packed.group_size, packed.global_scale, packed.float_zero_point,
     )
+
+
+def _padded(run, a: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None, **kwargs) -> torch.Tensor:
+    """A GEMM with a weight pack padded to the kernels' multiple of 64 (PackedWeight.n_valid /
+    k_valid): the activations' K padded with zeros (one copy), the bias's N with zeros, and the
+    output's padded columns dropped (a view of the kernel's output)."""
+    pad_k = packed.k - packed.in_features
+    if pad_k:
+        a = torch.nn.functional.pad(a, (0, pad_k))
+    if bias is not None and packed.n != packed.out_features:
+        bias = torch.nn.functional.pad(bias, (0, packed.n - packed.out_features))
+    out = run(a, packed.unpadded_view(), bias, **kwargs)
+    return out[..., :packed.out_features] if packed.n != packed.out_features else out
 
 
 def _no_torch_modes() -> bool:
@@ -264,6 +279,8 @@ def gemm_with_tile(a: torch.Tensor, packed: PackedWeight, tile: TileConfig | str
     _validate(a, packed, bias)
     if not a.is_cuda:
         raise ValueError("gemm_with_tile: a forced tile only means something on a CUDA device")
+    if packed.padded:
+        return _padded(gemm_with_tile, a, packed, bias, tile=tile, splits=splits, stream_k=stream_k)
     _validate_cuda(a.reshape(-1, packed.k), packed, bias)
     if isinstance(tile, str):
         tile = parse_tile_field(tile)

@@ -43,6 +43,10 @@ class PackedWeight:
                   round(round(q - z) * s) in act_dtype, instead of integer ones
     global_scale: fp32 factor the kernel applies to every output before the bias (the NVFP4
                   global scale, or a per-tensor scale; 1.0 when the format has none)
+    n, k:         the kernel's output and input channels, multiples of 64
+    n_valid, k_valid: the weight's own N and K where pack padded them up to n and k (zero codes,
+                  unit scales; ops.gemm pads the activations' K with zeros and drops the padded
+                  output columns), else None: ``out_features`` / ``in_features`` say which
     layout_version: packed_layout.layout_version(bits) of the humming_aot that packed it (set
                   when not given; None on a PackedWeight unpickled from before versions were
                   recorded). The GEMM refuses other versions (check_layout()).
@@ -60,6 +64,29 @@ class PackedWeight:
     global_scale: float = 1.0
     float_zero_point: bool = False
     layout_version: int | None = None
+    n_valid: int | None = None
+    k_valid: int | None = None
+
+    # (an instance unpickled from before n_valid / k_valid existed reads the class default, None)
+    @property
+    def out_features(self) -> int:
+        """The weight's N (n, or n_valid where pack padded it)."""
+        return self.n if self.n_valid is None else self.n_valid
+
+    @property
+    def in_features(self) -> int:
+        """The weight's K (k, or k_valid where pack padded it)."""
+        return self.k if self.k_valid is None else self.k_valid
+
+    @property
+    def padded(self) -> bool:
+        """Whether pack padded N or K up to the kernels' multiple of 64."""
+        return self.n_valid is not None or self.k_valid is not None
+
+    def unpadded_view(self) -> "PackedWeight":
+        """The same tensors as a weight of the kernel's N x K (n_valid, k_valid None): what the
+        launch sees once the activations are padded."""
+        return dataclasses.replace(self, n_valid=None, k_valid=None)
 
     def __post_init__(self) -> None:
         if self.layout_version is None:
@@ -115,7 +142,7 @@ class PackedWeight:
         """
         if self.float_zero_point:
             codes, scales, zeros = unpack(self)
-            idx = torch.arange(self.k, device=codes.device) // self.group_size
+            idx = torch.arange(self.in_features, device=codes.device) // self.group_size
             shifted = round_to(codes.double() - zeros.double()[:, idx], self.act_dtype)
             return round_to(shifted.double() * scales.double()[:, idx], self.act_dtype)
         return _reference_dequantize(self).to(self.act_dtype)
@@ -154,7 +181,8 @@ class PackedWeight:
         fmt = WeightFormat(
             element=self.w_dtype,
             granularity=ScaleGranularity.GROUP,
-            group_size=self.group_size,
+            # one group over the padded K is one over the weight's own K
+            group_size=self.in_features if self.group_size == self.k else self.group_size,
             zero_point=kind,
             scale_dtype=_ACT_DTYPES[self.act_dtype] if kind is ZeroPointKind.FLOAT else "float32",
         )
@@ -332,6 +360,10 @@ def pack(qw, act_dtype: torch.dtype = torch.bfloat16, device: torch.device | str
     n, k = qw.codes.shape
     codes, zeros, element = _kernel_codes(qw, act_dtype)
     scales, group_size, global_scale = _kernel_scales(qw, n, k)
+    n_valid = k_valid = None
+    if n % 64 or k % 64:
+        codes, scales, zeros, group_size, n_valid, k_valid = _pad_to_kernel(codes, scales, zeros, group_size, n, k)
+        n, k = codes.shape
     check_packable(n, k, group_size)
     if not math.isfinite(global_scale) or global_scale <= 0:
         raise ValueError(f"pack: the global scale must be positive and finite, got {global_scale}")
@@ -352,12 +384,38 @@ def pack(qw, act_dtype: torch.dtype = torch.bfloat16, device: torch.device | str
     return PackedWeight(
         w=w, w_scale=w_scale, w_zero_point=w_zero_point, n=n, k=k, group_size=group_size,
         w_dtype=element, act_dtype=act_dtype, format=str(qw.format), global_scale=global_scale,
-        float_zero_point=float_zero_point,
+        float_zero_point=float_zero_point, n_valid=n_valid, k_valid=k_valid,
     )
 
 
+def _pad_to_kernel(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, group_size: int, n: int,
+                   k: int) -> tuple:
+    """(codes, scales, zeros, group_size, n_valid, k_valid) with N and K padded up to multiples of
+    64 (tensor-parallel shards such as Qwen3-30B-A3B's K = 96 at TP8): zero codes, unit scales and
+    zero zero points in the padding (any finite weight: the padded K meets zero activations, the
+    padded N's outputs are dropped). One scale group over K stays one group over the padded K;
+    groups that do not tile the padded K are refused with the padding the caller would need."""
+    n_pad, k_pad = -(-n // 64) * 64, -(-k // 64) * 64
+    if group_size == k:
+        group_size = k_pad
+    elif k_pad % group_size:
+        raise ValueError(
+            f"cannot pack this weight for the kernels: K={k} pads to {k_pad} (a multiple of 64), which groups "
+            f"of {group_size} do not tile: quantize with a group size that divides {k_pad}, or pad K to a "
+            f"multiple of {math.lcm(64, group_size)} before quantizing"
+        )
+    groups = k_pad // group_size
+    codes = torch.nn.functional.pad(codes, (0, k_pad - k, 0, n_pad - n))
+    scales = torch.nn.functional.pad(scales, (0, groups - scales.shape[1], 0, n_pad - n), value=1.0)
+    if zeros is not None:
+        zeros = zeros.reshape(n, -1)
+        zeros = torch.nn.functional.pad(zeros, (0, groups - zeros.shape[1], 0, n_pad - n))
+    return codes, scales, zeros, group_size, (n if n_pad != n else None), (k if k_pad != k else None)
+
+
 def unpack(packed: PackedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(codes (N, K) int32 as the kernel reads them, scales (N, G) act dtype, zero points (N, G)).
+    """(codes (N, K) int32 as the kernel reads them, scales (N, G) act dtype, zero points (N, G)),
+    of the weight's own N x K (out_features x in_features: pack's padding left out).
 
     Integer codes are offset codes, and for symmetric formats the zero point is the implicit
     2^(bits-1); float codes have no zero point (None). Refuses a weight of another packed-layout
@@ -373,4 +431,9 @@ def unpack(packed: PackedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
         zeros = torch.full_like(scales, float(1 << (packed.bits - 1)))
     else:
         zeros = unpermute_unit_columns(packed.w_zero_point).t()
+    if packed.padded:  # the weight's own N x K, without the padding pack added
+        n_valid, k_valid = packed.out_features, packed.in_features
+        groups = 1 if packed.group_size == k else -(-k_valid // packed.group_size)
+        codes, scales = codes[:n_valid, :k_valid], scales[:n_valid, :groups]
+        zeros = None if zeros is None else zeros[:n_valid, :groups]
     return codes, scales, zeros

@@ -58,7 +58,7 @@ def n_multiple_of_64(p: ProblemShape) -> str | None:
     if p.n % 64:
         return (
             f"N={p.n} is not a multiple of 64: pad the weight's output channels to a multiple of 64 "
-            "when packing, and slice the padded columns off the output"
+            "(humming_aot.pack does), and slice the padded columns off the output"
         )
     return None
 
@@ -67,8 +67,8 @@ def k_multiple_of_64(p: ProblemShape) -> str | None:
     """K (input channels) is a multiple of 64, the K depth of one pipeline stage."""
     if p.k % 64:
         return (
-            f"K={p.k} is not a multiple of 64: pad the weight's input channels and the activation's "
-            "last dimension with zeros to a multiple of 64 (zeros add nothing to the products)"
+            f"K={p.k} is not a multiple of 64: pad the weight's input channels (humming_aot.pack does) and "
+            "the activation's last dimension with zeros to a multiple of 64 (zeros add nothing to the products)"
         )
     return None
 

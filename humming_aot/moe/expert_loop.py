@@ -18,8 +18,8 @@ from humming_aot.moe.routing import IndexedRouting
 
 
 def _check_activations(a: torch.Tensor, experts: PackedExperts, what: str) -> None:
-    if a.dtype != experts.act_dtype or a.shape[-1] != experts.k or a.device != experts.device:
-        raise ValueError(f"{what}: activations must be (..., {experts.k}) {experts.act_dtype} on {experts.device}, "
+    if a.dtype != experts.act_dtype or a.shape[-1] != experts.in_features or a.device != experts.device:
+        raise ValueError(f"{what}: activations must be (..., {experts.in_features}) {experts.act_dtype} on {experts.device}, "
                          f"got {tuple(a.shape)} {a.dtype} on {a.device}")
 
 
@@ -34,7 +34,7 @@ def gemm_indexed(a: torch.Tensor, experts: PackedExperts, routing: IndexedRoutin
     if a.dim() != 2 or a.shape[0] * a_rows_per_token != slots:
         raise ValueError(f"gemm_indexed: a must have {slots} // a_rows_per_token={a_rows_per_token} rows, "
                          f"got {tuple(a.shape)}")
-    out = torch.zeros(slots, experts.n, dtype=a.dtype, device=a.device)
+    out = torch.zeros(slots, experts.out_features, dtype=a.dtype, device=a.device)
     total = int(routing.num_tokens_post_padded[0])
     ids = routing.sorted_token_ids[:total].long().reshape(-1, routing.block_size)
     block_expert = routing.expert_ids[: ids.shape[0]].long()
@@ -63,12 +63,12 @@ def gemm_grouped(a: torch.Tensor, experts: PackedExperts, *, offsets: torch.Tens
     offsets[e] to offsets[e + 1]) or as a per-row expert index (R,) (-1: a padding row, written as
     zeros). bias: (E, N) in the activation dtype, or None."""
     _check_activations(a, experts, "gemm_grouped")
-    if bias is not None and (bias.shape != (experts.experts, experts.n) or bias.dtype != a.dtype):
-        raise ValueError(f"gemm_grouped: bias must be ({experts.experts}, {experts.n}) {a.dtype}, "
+    if bias is not None and (bias.shape != (experts.experts, experts.out_features) or bias.dtype != a.dtype):
+        raise ValueError(f"gemm_grouped: bias must be ({experts.experts}, {experts.out_features}) {a.dtype}, "
                          f"got {tuple(bias.shape)} {bias.dtype}")
     if (offsets is None) == (row_expert is None):
         raise ValueError("gemm_grouped: give the experts' rows as offsets (E + 1,) or row_expert (R,), one of them")
-    out = torch.zeros(a.shape[0], experts.n, dtype=a.dtype, device=a.device)
+    out = torch.zeros(a.shape[0], experts.out_features, dtype=a.dtype, device=a.device)
     if offsets is not None:
         if offsets.shape != (experts.experts + 1,):
             raise ValueError(f"gemm_grouped: offsets must be ({experts.experts + 1},), got {tuple(offsets.shape)}")
@@ -97,12 +97,12 @@ def gemm_masked(a: torch.Tensor, experts: PackedExperts, masked_m: torch.Tensor)
     @ W[e]^T, the rows past each count zeros."""
     _check_activations(a, experts, "gemm_masked")
     if a.dim() != 3 or a.shape[0] != experts.experts or masked_m.shape != (experts.experts,):
-        raise ValueError(f"gemm_masked: a must be ({experts.experts}, max_m, {experts.k}) and masked_m "
+        raise ValueError(f"gemm_masked: a must be ({experts.experts}, max_m, {experts.in_features}) and masked_m "
                          f"({experts.experts},), got {tuple(a.shape)} and {tuple(masked_m.shape)}")
     counts = masked_m.tolist()
     if any(c < 0 or c > a.shape[1] for c in counts):
         raise ValueError(f"gemm_masked: counts must lie in [0, {a.shape[1]}], got {counts}")
-    out = torch.zeros(*a.shape[:2], experts.n, dtype=a.dtype, device=a.device)
+    out = torch.zeros(*a.shape[:2], experts.out_features, dtype=a.dtype, device=a.device)
     for e, count in enumerate(counts):
         if count:
             out[e, :count] = ops.gemm(a[e, :count], experts.expert(e))

@@ -47,6 +47,8 @@ def gemm_masked_kernel(a: torch.Tensor, experts: PackedExperts, masked_m: torch.
                 output made once where the rows past the counts are not read
     """
     _check(a, experts, masked_m, bias, out)
+    if experts.padded:
+        return _padded(gemm_masked_kernel, a, experts, bias, out, masked_m, expected_m=expected_m)
     e, max_m, _ = a.shape
     if out is None:
         out = torch.zeros(e, max_m, experts.n, dtype=a.dtype, device=a.device)
@@ -56,6 +58,25 @@ def gemm_masked_kernel(a: torch.Tensor, experts: PackedExperts, masked_m: torch.
     tile, loaded = _kernel(a, experts, GemmType.MASKED, rows, "gemm_masked_kernel", "gemm_masked")
     grid, params = launch_arguments(a, experts, masked_m, bias, out, tile, _resident(loaded, tile, a.device.index))
     loaded.launch(grid, _stream(a), params)
+    return out
+
+
+def _padded(run, a: torch.Tensor, experts: PackedExperts, bias: torch.Tensor | None, out: torch.Tensor | None,
+            rows: torch.Tensor, **kwargs) -> torch.Tensor:
+    """A MoE GEMM whose experts pack padded to the kernels' multiple of 64 (PackedExperts.n_valid /
+    k_valid): the activations' K and the bias's N padded with zeros (copies), the kernel's output
+    of the padded N, then its real columns: a view of it, or copied into `out` (whose rows the
+    kernel leaves untouched stay as they were: they go through the padded output unchanged)."""
+    pad_k, pad_n = experts.k - experts.in_features, experts.n - experts.out_features
+    if pad_k:
+        a = torch.nn.functional.pad(a, (0, pad_k)).contiguous()
+    if bias is not None and pad_n:
+        bias = torch.nn.functional.pad(bias, (0, pad_n)).contiguous()
+    wide = None if out is None else torch.nn.functional.pad(out, (0, pad_n)).contiguous()
+    result = run(a, experts.unpadded_view(), rows, bias=bias, out=wide, **kwargs)[..., :experts.out_features]
+    if out is None:
+        return result
+    out.copy_(result)
     return out
 
 
@@ -86,6 +107,8 @@ def gemm_grouped_kernel(a: torch.Tensor, experts: PackedExperts, row_expert: tor
                 default a new zero tensor
     """
     _check_grouped(a, experts, row_expert, bias, out)
+    if experts.padded:
+        return _padded(gemm_grouped_kernel, a, experts, bias, out, row_expert, expected_m=expected_m)
     rows = a.shape[0]
     if out is None:
         out = torch.zeros(rows, experts.n, dtype=a.dtype, device=a.device)
@@ -212,8 +235,8 @@ def _expert_bytes(stacked: torch.Tensor) -> int:
 def _check_grouped(a: torch.Tensor, experts: PackedExperts, row_expert: torch.Tensor, bias: torch.Tensor | None,
                    out: torch.Tensor | None) -> None:
     what = "gemm_grouped_kernel"
-    if not isinstance(a, torch.Tensor) or a.dim() != 2 or a.shape[1] != experts.k:
-        raise ValueError(f"{what}: a must be (R, {experts.k}), got "
+    if not isinstance(a, torch.Tensor) or a.dim() != 2 or a.shape[1] != experts.in_features:
+        raise ValueError(f"{what}: a must be (R, {experts.in_features}), got "
                          f"{tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__}")
     if a.dtype != experts.act_dtype or a.stride(1) != 1:
         raise ValueError(f"{what}: a must be a {experts.act_dtype} tensor with unit stride along K (the experts were "
@@ -227,10 +250,11 @@ def _check_grouped(a: torch.Tensor, experts: PackedExperts, row_expert: torch.Te
         raise ValueError(f"{what}: row_expert must be ({a.shape[0]},) int32, contiguous, on {a.device} (the kernel "
                          f"reads it there), got {_describe(row_expert)}")
     _check_bias(bias, experts, a, what)
-    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != (a.shape[0], experts.n)
+    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != (a.shape[0], experts.out_features)
                             or out.dtype != a.dtype or out.device != a.device or not out.is_contiguous()
                             or out.data_ptr() % 4):
-        raise ValueError(f"{what}: out must be ({a.shape[0]}, {experts.n}) {a.dtype}, contiguous, on {a.device}, "
+        raise ValueError(f"{what}: out must be ({a.shape[0]}, {experts.out_features}) {a.dtype}, contiguous, on "
+                         f"{a.device}, "
                          f"starting on a 4-byte boundary, got {_describe(out)}")
 
 
@@ -252,18 +276,20 @@ def _check_device_and_rows(a: torch.Tensor, experts: PackedExperts, what: str, l
 
 
 def _check_bias(bias: torch.Tensor | None, experts: PackedExperts, a: torch.Tensor, what: str) -> None:
-    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (experts.experts, experts.n)
+    if bias is not None and (not isinstance(bias, torch.Tensor)
+                             or bias.shape != (experts.experts, experts.out_features)
                              or bias.dtype != a.dtype or bias.device != a.device or not bias.is_contiguous()
                              or bias.data_ptr() % 4):
-        raise ValueError(f"{what}: bias must be ({experts.experts}, {experts.n}) {a.dtype}, contiguous, on "
+        raise ValueError(f"{what}: bias must be ({experts.experts}, {experts.out_features}) {a.dtype}, contiguous, on "
                          f"{a.device}, starting on a 4-byte boundary, got {_describe(bias)}")
 
 
 def _check(a: torch.Tensor, experts: PackedExperts, masked_m: torch.Tensor, bias: torch.Tensor | None,
            out: torch.Tensor | None) -> None:
     what = "gemm_masked_kernel"
-    if not isinstance(a, torch.Tensor) or a.dim() != 3 or a.shape[0] != experts.experts or a.shape[2] != experts.k:
-        raise ValueError(f"{what}: a must be ({experts.experts}, max_m, {experts.k}), got "
+    if (not isinstance(a, torch.Tensor) or a.dim() != 3 or a.shape[0] != experts.experts
+            or a.shape[2] != experts.in_features):
+        raise ValueError(f"{what}: a must be ({experts.experts}, max_m, {experts.in_features}), got "
                          f"{tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__}")
     if a.dtype != experts.act_dtype or not a.is_contiguous():
         raise ValueError(f"{what}: a must be a contiguous {experts.act_dtype} tensor (the experts were packed for "
@@ -274,10 +300,11 @@ def _check(a: torch.Tensor, experts: PackedExperts, masked_m: torch.Tensor, bias
         raise ValueError(f"{what}: masked_m must be ({experts.experts},) int32, contiguous, on {a.device} (the kernel "
                          f"reads the counts there), got {_describe(masked_m)}")
     _check_bias(bias, experts, a, what)
-    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != (*a.shape[:2], experts.n)
+    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != (*a.shape[:2], experts.out_features)
                             or out.dtype != a.dtype or out.device != a.device or not out.is_contiguous()
                             or out.data_ptr() % 4):
-        raise ValueError(f"{what}: out must be ({a.shape[0]}, {a.shape[1]}, {experts.n}) {a.dtype}, contiguous, "
+        raise ValueError(f"{what}: out must be ({a.shape[0]}, {a.shape[1]}, {experts.out_features}) {a.dtype}, "
+                         "contiguous, "
                          f"on {a.device}, starting on a 4-byte boundary, got {_describe(out)}")
 
 

@@ -22,7 +22,9 @@ from humming_aot.quant.weight import QuantizedWeight
 class PackedExperts:
     """E experts in kernel layout on one device.
 
-    w:            (E, K / 16, N * bits / 2) int32, each expert's packed codes (packed_layout.py)
+    w:            (E, K / 16, N * bits / 2) int32, each expert's packed codes (packed_layout.py); N
+                  and K are the kernel's, multiples of 64 (n_valid / k_valid: the experts' own,
+                  where pack padded them)
     w_scale:      (E, K / group_size, N) act_dtype, unit-permuted per expert
     w_zero_point: (E, K / group_size, N) act_dtype, or None (symmetric)
     global_scales: each expert's fp32 global scale (PackedWeight.global_scale)
@@ -43,6 +45,26 @@ class PackedExperts:
     global_scale_tensor: torch.Tensor
     float_zero_point: bool
     layout_version: int
+    n_valid: int | None = None  # the experts' own N and K where pack padded them (PackedWeight's)
+    k_valid: int | None = None
+
+    @property
+    def out_features(self) -> int:
+        return self.n if self.n_valid is None else self.n_valid
+
+    @property
+    def in_features(self) -> int:
+        return self.k if self.k_valid is None else self.k_valid
+
+    @property
+    def padded(self) -> bool:
+        """Whether pack padded N or K up to the kernels' multiple of 64."""
+        return self.n_valid is not None or self.k_valid is not None
+
+    def unpadded_view(self) -> "PackedExperts":
+        """The same tensors as experts of the kernel's N x K (what a launch sees once the
+        activations are padded)."""
+        return dataclasses.replace(self, n_valid=None, k_valid=None)
 
     def expert(self, e: int) -> PackedWeight:
         """Expert e as a dense PackedWeight (views of the stacked tensors: no copy)."""
@@ -52,7 +74,7 @@ class PackedExperts:
             w=self.w[e], w_scale=self.w_scale[e], w_zero_point=None if self.w_zero_point is None else self.w_zero_point[e],
             n=self.n, k=self.k, group_size=self.group_size, w_dtype=self.w_dtype, act_dtype=self.act_dtype,
             format=self.format, global_scale=self.global_scales[e], float_zero_point=self.float_zero_point,
-            layout_version=self.layout_version,
+            layout_version=self.layout_version, n_valid=self.n_valid, k_valid=self.k_valid,
         )
 
     @property
@@ -102,4 +124,5 @@ def pack_experts(qw: QuantizedWeight, act_dtype: torch.dtype = torch.bfloat16,
         w_dtype=first.w_dtype, act_dtype=act_dtype, format=first.format, global_scales=global_scales,
         global_scale_tensor=torch.tensor(global_scales, dtype=torch.float32, device=first.w.device),
         float_zero_point=first.float_zero_point, layout_version=first.layout_version,
+        n_valid=first.n_valid, k_valid=first.k_valid,
     )

@@ -12,7 +12,7 @@ import humming_aot
 from humming_aot import moe
 from humming_aot.nn import QuantizedMoE
 from humming_aot.testing.moe import moe_layer_reference, random_moe_layer
-from humming_aot.testing.numerics import reference_gemm
+from humming_aot.testing.numerics import assert_gemm_close, reference_gemm
 
 
 def _seed() -> int:
@@ -58,9 +58,45 @@ def test_pack_experts_packs_each_expert_as_pack_does(fmt):
 
 
 def test_pack_experts_names_the_expert_it_cannot_pack():
-    qw = humming_aot.quantize(torch.randn(2, 96, 256), "int4:g128")  # N = 96: not a multiple of 64
-    with pytest.raises(ValueError, match="^expert 0: "):
+    qw = humming_aot.quantize(torch.randn(2, 96, 96), "int4:g48")  # K = 96 pads to 128, which 48 does not tile
+    with pytest.raises(ValueError, match="^expert 0: cannot pack .* K=96 pads to 128 .* groups of 48 do not tile"):
         moe.pack_experts(qw)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "uint4:g32:zp", "int8:channel"])
+def test_unaligned_shards_are_padded_by_pack_and_computed_on_their_own_shape(fmt):
+    """Qwen3-30B-A3B at TP8: gate_up (E, 192, 2048) and down (E, 2048, 96), K = 96 not a multiple
+    of 64; and N = 96 (gate_up at TP16). pack pads both to 128 (PackedExperts.n_valid / k_valid)
+    and every layout computes on the experts' own shapes, equal to the float64 reference of the
+    unpadded operands; QuantizedMoE takes such experts."""
+    gen = torch.Generator().manual_seed(5)
+    for n, k in ((2048, 96), (96, 256)):
+        w = torch.randn(3, n, k, generator=gen) * 0.05
+        experts = moe.pack_experts(humming_aot.quantize(w, fmt))
+        assert experts.padded and (experts.out_features, experts.in_features) == (n, k)
+        assert experts.n % 64 == 0 and experts.k % 64 == 0
+        a = torch.randn(3, 5, k, generator=gen).to(torch.bfloat16)
+        counts = torch.tensor([5, 0, 2], dtype=torch.int32)
+        out = moe.gemm_masked(a, experts, counts)
+        assert out.shape == (3, 5, n)
+        for e, count in enumerate(counts.tolist()):
+            w_eff = experts.effective_weight(e)
+            assert w_eff.shape == (n, k)
+            ref = reference_gemm(a[e, :count], w_eff)
+            assert_gemm_close(out[e, :count], ref, a=a[e, :count], w_eff=w_eff, context=f"{fmt} {n}x{k} expert {e}")
+            assert not out[e, count:].any()
+        grouped = moe.gemm_grouped(a.reshape(15, k), experts, offsets=torch.tensor([0, 5, 10, 15]))
+        assert grouped.shape == (15, n)
+    hidden = 128
+    layer = QuantizedMoE.from_experts(torch.randn(4, 192, hidden, generator=gen) * 0.05,
+                                      torch.randn(4, hidden, 96, generator=gen) * 0.05, fmt="mxfp4")
+    assert (layer.hidden_size, layer.intermediate_size) == (hidden, 96)
+    x = torch.randn(3, hidden, generator=gen).to(torch.bfloat16)
+    topk_ids = torch.tensor([[0, 3], [1, 3], [2, 2]])
+    weights = torch.full((3, 2), 0.5)
+    y = layer(x, topk_ids, weights)
+    assert y.shape == (3, hidden)
+    _close(y, moe_layer_reference(layer, x, topk_ids, weights), f"padded intermediate {fmt}")
 
 
 def _align_by_definition(topk_ids, experts, block, expert_map):

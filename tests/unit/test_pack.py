@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import humming_aot
+from humming_aot.nn import QuantizedLinear
 from humming_aot.packed_layout import (
     pack_codes,
     permute_unit_columns,
@@ -12,6 +13,7 @@ from humming_aot.packed_layout import (
     unpermute_unit_columns,
 )
 from humming_aot.packing import unpack
+from humming_aot.testing.numerics import assert_gemm_close, reference_gemm
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -66,15 +68,49 @@ def test_pack_roundtrip_and_dequantized_operand(fmt, act):
 @pytest.mark.parametrize(
     "n,k,fmt,match",
     [
-        (100, 128, "int4:g128", "N=100"),
-        (128, 96, "int4:channel", "K=96"),
         (128, 192, "int4:g48", "group"),
+        (128, 96, "int4:g48", "K=96 pads to 128 \\(a multiple of 64\\), which groups of 48 do not tile"),
     ],
 )
 def test_pack_rejects_unaligned_shapes_with_a_clear_error(n, k, fmt, match):
     qw = humming_aot.quantize(torch.randn(n, k), fmt)
     with pytest.raises(ValueError, match=match):
         humming_aot.pack(qw, act_dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize(
+    "n,k,fmt",
+    [(100, 128, "int4:g128"), (128, 96, "int4:channel"), (96, 96, "uint4:g32:zp"), (130, 80, "float4e2m1:g16"),
+     (64, 96, "uint4:g32:zpf"), (96, 160, "nvfp4"), (192, 96, "float8e4m3:channel")],
+)
+def test_pack_pads_unaligned_shapes_and_the_gemm_runs_on_the_weights_own(n, k, fmt):
+    """N or K that is not a multiple of 64 (tensor-parallel shards) is padded inside pack, not
+    refused: the kernel's N x K rounds up to 64 with zero codes and unit scales, the weight keeps
+    its own shape (out_features x in_features; dequantized, effective_weight and
+    as_quantized_weight are of it), and ops.gemm and QuantizedLinear take activations of its K
+    and return its N, equal to the float64 reference of the unpadded operands."""
+    gen = torch.Generator().manual_seed(11)
+    qw = humming_aot.quantize(torch.randn(n, k, generator=gen) * 0.05, fmt)
+    packed = humming_aot.pack(qw, act_dtype=torch.bfloat16)
+    assert packed.padded and (packed.out_features, packed.in_features) == (n, k)
+    assert (packed.n, packed.k) == (-(-n // 64) * 64, -(-k // 64) * 64)
+    w_eff = packed.effective_weight()
+    assert w_eff.shape == (n, k) and packed.dequantized().shape == (n, k)
+    again = humming_aot.pack(packed.as_quantized_weight(), act_dtype=torch.bfloat16)
+    assert torch.equal(again.dequantized(), packed.dequantized())
+    a = torch.randn(2, 3, k, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(n, generator=gen).to(torch.bfloat16)
+    out = humming_aot.ops.gemm(a, packed, bias)
+    assert out.shape == (2, 3, n)
+    assert_gemm_close(out.reshape(6, n), reference_gemm(a.reshape(6, k), w_eff, bias), a=a.reshape(6, k),
+                      w_eff=w_eff, bias=bias, context=f"{fmt} {n}x{k}")
+    with pytest.raises(ValueError, match=f"its last dimension must be the weight's K={k}"):
+        humming_aot.ops.gemm(torch.zeros(2, packed.k + 64, dtype=torch.bfloat16), packed)  # not its K
+    with pytest.raises(ValueError, match=f"bias must be a tensor of shape \\({n},\\)"):
+        humming_aot.ops.gemm(a, packed, torch.zeros(packed.n + 64, dtype=torch.bfloat16))
+    layer = QuantizedLinear(packed, bias)
+    assert (layer.in_features, layer.out_features) == (k, n)
+    assert torch.equal(layer(a), out)
 
 
 def test_pack_rejects_unsupported_element_and_act_dtype():
