@@ -10,20 +10,32 @@ __all__ = ["layer_spec", "serving_status"]
 
 
 def layer_spec(layer: CheckpointLayer):
-    """(GemmSpec, packed weight) of the GEMM ``QuantizedLinear.from_checkpoint`` runs for this layer,
-    or (None, why) when it has none."""
+    """(GemmSpec, packed weight) of the dense GEMM this layer runs (``QuantizedLinear
+    .from_checkpoint``'s; for stacked MoE experts, each expert's in ``QuantizedMoE``'s expert loop,
+    and the packed weight is expert 0's: is_stacked(layer) says which), or (None, why) when it has
+    none."""
     from humming_aot import ops
+    from humming_aot.moe.packing import expert_weight
     from humming_aot.packing import pack
 
     qw = layer.weight
-    if qw.codes.dim() != 2:
-        return None, "stacked MoE expert weights have no GEMM in humming_aot yet"
+    if qw.codes.dim() == 3:
+        if qw.codes.shape[0] == 0:
+            return None, "the stacked MoE weight holds no expert"
+        qw = expert_weight(qw, 0)  # every expert shares the format and the shape
+    elif qw.codes.dim() != 2:
+        return None, f"a weight of shape {tuple(qw.codes.shape)} is neither (N, K) nor stacked experts (E, N, K)"
     act_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(qw.format.scale_dtype, torch.bfloat16)
     try:
         packed = pack(qw, act_dtype=act_dtype)
     except ValueError as err:
         return None, str(err)
     return ops.gemm_spec(packed), packed
+
+
+def is_stacked(layer: CheckpointLayer) -> bool:
+    """Whether the layer holds stacked MoE experts (E, N, K), which also run the grouped MoE GEMMs."""
+    return layer.weight.codes.dim() == 3
 
 
 def serving_status(layer: CheckpointLayer, arch: str, catalog) -> str:

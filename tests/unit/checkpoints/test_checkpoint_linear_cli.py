@@ -1,6 +1,7 @@
 """QuantizedLinear.from_checkpoint on the CPU reference path, and `humming-aot inspect`."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -84,8 +85,28 @@ def test_build_model_refuses_model_with_catalog(tmp_path, capsys):
 
 
 def test_build_model_names_a_layer_without_kernel(tmp_path, capsys):
-    rc = cli.main(["build", "--arch", "sm90a", "--model", str(fixture("gptoss_mxfp4")), "--out", str(tmp_path)])
-    assert rc == 2 and "gate_up_proj" in capsys.readouterr().err
+    # gpt-oss's experts are bfloat16-scaled mxfp4: Turing (float16 only) serves none of its layers
+    rc = cli.main(["build", "--arch", "sm75", "--model", str(fixture("gptoss_mxfp4")), "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "gate_up_proj" in err and "which sm75 does not serve" in err
+
+
+def test_model_catalog_of_stacked_experts_holds_the_grouped_moe_gemms_too(tmp_path):
+    """gpt-oss's stacked MXFP4 experts: the dense kernels of their spec (QuantizedMoE's expert
+    loop) and the grouped masked and contiguous ones (its grouped kernels), for every M bucket:
+    exactly the default and moe catalogs' kernels of that spec."""
+    from humming_aot.aot.model_catalog import write_model_catalog
+    from humming_aot.enumerate import enumerate_catalog
+    from humming_aot.spec import GemmType
+
+    path = write_model_catalog(fixture("gptoss_mxfp4"), ["sm90a"], tmp_path / "model.toml")
+    keys = enumerate_catalog(str(path), ["sm90a"]).keys
+    assert {k.spec.gemm_type for k in keys} == {GemmType.DENSE, GemmType.MASKED, GemmType.GROUPED}
+    specs = {k.spec for k in keys if k.spec.gemm_type is GemmType.DENSE}
+    assert {k.spec.w_dtype for k in keys} == {"float4e2m1"}
+    expected = [k for catalog in ("default", "moe") for k in enumerate_catalog(catalog, ["sm90a"]).keys
+                if dataclasses.replace(k.spec, gemm_type=GemmType.DENSE) in specs]
+    assert sorted(k.name for k in keys) == sorted(k.name for k in expected)
 
 
 def test_build_model_passes_the_model_catalog_to_the_build(tmp_path, monkeypatch):
