@@ -73,7 +73,8 @@ class QuantizedLinear(torch.nn.Module):
         layer = load_layer(model_dir, prefix)
         if layer.weight.codes.dim() != 2:
             raise ValueError(f"from_checkpoint: {prefix!r} is a stacked MoE weight of shape {layer.weight.shape}; "
-                             "QuantizedLinear holds one (N, K) weight (load it with humming_aot.checkpoints.load_layer)")
+                             "QuantizedLinear holds one (N, K) weight: load the layer's experts with "
+                             "QuantizedMoE.from_checkpoint(model_dir, <the prefix before .gate_up_proj / .down_proj>)")
         if act_dtype is None:
             act_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(layer.weight.format.scale_dtype,
                                                                                   torch.bfloat16)
@@ -240,6 +241,39 @@ class QuantizedMoE(torch.nn.Module):
                 w = quantize(w.float(), fmt)
             weights.append(pack_experts(w, act_dtype=act_dtype))
         return cls(weights[0], weights[1], activation, gate_up_bias, down_bias)
+
+    @classmethod
+    def from_checkpoint(cls, model_dir, prefix: str, act_dtype: torch.dtype | None = None,
+                        device: torch.device | str | None = None, activation: str | None = None) -> "QuantizedMoE":
+        """The MoE experts under ``prefix`` of a published quantized checkpoint whose experts are
+        stored stacked, ``<prefix>.gate_up_proj`` (E, 2 I, H) and ``<prefix>.down_proj`` (E, H, I),
+        with their biases where it has them (gpt-oss: ``model.layers.0.mlp.experts``), packed for
+        the kernels. activation defaults to gpt-oss's "swiglu_oai" (gate and up interleaved) for an
+        mxfp4 (gpt-oss) checkpoint, else "silu"; act_dtype to the scales' dtype where that is
+        float16 or bfloat16, else bfloat16."""
+        from humming_aot import checkpoints
+        from humming_aot.moe import pack_experts
+
+        layers = {}
+        for name in ("gate_up_proj", "down_proj"):
+            layer = checkpoints.load_layer(model_dir, f"{prefix}.{name}")
+            if layer.weight.codes.dim() != 3:
+                raise ValueError(f"QuantizedMoE.from_checkpoint: {prefix}.{name} is a dense weight of shape "
+                                 f"{tuple(layer.weight.shape)}, not stacked experts (E, N, K): load it with "
+                                 "QuantizedLinear.from_checkpoint")
+            layers[name] = layer
+        gate_up, down = layers["gate_up_proj"], layers["down_proj"]
+        if activation is None:
+            activation = "swiglu_oai" if gate_up.schema == "mxfp4" else "silu"
+        if act_dtype is None:
+            act_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(
+                gate_up.weight.format.scale_dtype, torch.bfloat16)
+        packed, biases = [], []
+        for layer in (gate_up, down):
+            weight = layer.weight if device is None else layer.weight.to(device)
+            packed.append(pack_experts(weight, act_dtype=act_dtype))
+            biases.append(None if layer.bias is None else layer.bias.to(device=packed[-1].device, dtype=act_dtype))
+        return cls(packed[0], packed[1], activation, biases[0], biases[1])
 
     def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         from humming_aot import moe

@@ -311,3 +311,57 @@ def test_aligned_padding_rows_are_zeros_whatever_the_tokens_hold():
     assert empty.row_expert.shape == (9,) and (empty.row_expert == -1).all()
     assert torch.equal(moe.permute_aligned(torch.zeros(0, 5), empty), torch.zeros(9, 5))
     assert moe.unpermute_aligned(torch.zeros(9, 5), empty, 0).shape == (0, 2, 5)
+
+
+def _write_gptoss_experts(path, experts: int, hidden: int, intermediate: int, gen: torch.Generator) -> None:
+    """A gpt-oss style MXFP4 checkpoint holding one layer's stacked experts and their biases."""
+    import json
+
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for name, n, k in (("gate_up_proj", 2 * intermediate, hidden), ("down_proj", hidden, intermediate)):
+        prefix = f"model.layers.0.mlp.experts.{name}"
+        tensors[prefix + "_blocks"] = torch.randint(0, 256, (experts, n, k // 32, 16), dtype=torch.uint8, generator=gen)
+        tensors[prefix + "_scales"] = torch.randint(118, 124, (experts, n, k // 32), dtype=torch.uint8, generator=gen)
+        tensors[prefix + "_bias"] = (torch.randn(experts, n, generator=gen) * 0.1).to(torch.bfloat16)
+    path.mkdir()
+    save_file(tensors, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps({"model_type": "gpt_oss", "quantization_config": {
+        "quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}}))
+
+
+def test_quantized_moe_from_a_gptoss_checkpoint(tmp_path):
+    """QuantizedMoE.from_checkpoint on gpt-oss's stacked MXFP4 experts: both projections and their
+    biases, the interleaved clamped SwiGLU, the experts exactly as the checkpoint loader reads them
+    (pack's effective weight of its QuantizedWeight), and the layer against the float64 reference."""
+    from humming_aot import checkpoints
+
+    gen = torch.Generator().manual_seed(_seed())
+    model = tmp_path / "gptoss"
+    _write_gptoss_experts(model, 4, 128, 64, gen)
+    layer = QuantizedMoE.from_checkpoint(model, "model.layers.0.mlp.experts")
+    assert (layer.activation, layer.num_experts, layer.hidden_size, layer.intermediate_size) == ("swiglu_oai", 4, 128, 64)
+    loaded = checkpoints.load_layer(model, "model.layers.0.mlp.experts.gate_up_proj")
+    expected = moe.pack_experts(loaded.weight, act_dtype=torch.bfloat16)
+    assert torch.equal(layer.gate_up.effective_weight(2), expected.effective_weight(2))
+    assert torch.equal(layer.gate_up_bias, loaded.bias.to(torch.bfloat16))
+    hidden = torch.randn(5, 128, generator=gen).to(torch.bfloat16)
+    topk_ids = torch.tensor([[0, 1], [3, 2], [1, 1], [0, 3], [2, 0]])
+    weights = torch.softmax(torch.randn(5, 2, generator=gen), dim=1)
+    _close(layer(hidden, topk_ids, weights), moe_layer_reference(layer, hidden, topk_ids, weights), "gpt-oss")
+    with pytest.raises(checkpoints.CheckpointError, match="down_proj_blocks"):
+        QuantizedMoE.from_checkpoint(_gate_up_only(model, tmp_path), "model.layers.0.mlp.experts")
+
+
+def _gate_up_only(model, tmp_path):
+    """A copy of the checkpoint without the down projection."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    partial = tmp_path / "partial"
+    shutil.copytree(model, partial)
+    tensors = {k: v for k, v in load_file(str(partial / "model.safetensors")).items() if "down_proj" not in k}
+    save_file(tensors, str(partial / "model.safetensors"))
+    return partial
