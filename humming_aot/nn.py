@@ -245,26 +245,30 @@ class QuantizedMoE(torch.nn.Module):
     @classmethod
     def from_checkpoint(cls, model_dir, prefix: str, act_dtype: torch.dtype | None = None,
                         device: torch.device | str | None = None, activation: str | None = None) -> "QuantizedMoE":
-        """The MoE experts under ``prefix`` of a published quantized checkpoint whose experts are
-        stored stacked, ``<prefix>.gate_up_proj`` (E, 2 I, H) and ``<prefix>.down_proj`` (E, H, I),
-        with their biases where it has them (gpt-oss: ``model.layers.0.mlp.experts``), packed for
-        the kernels. activation defaults to gpt-oss's "swiglu_oai" (gate and up interleaved) for an
-        mxfp4 (gpt-oss) checkpoint, else "silu"; act_dtype to the scales' dtype where that is
-        float16 or bfloat16, else bfloat16."""
+        """The MoE experts under ``prefix`` (e.g. ``model.layers.3.mlp.experts``) of a published
+        quantized checkpoint, packed for the kernels. Two layouts:
+
+        - stacked (gpt-oss): ``<prefix>.gate_up_proj`` (E, 2 I, H) and ``<prefix>.down_proj`` (E, H,
+          I), with their biases where it has them;
+        - one layer per expert (DeepSeek, Qwen, Mixtral as exported by GPTQ, AWQ, compressed-tensors,
+          fp8 and the other loaders of humming_aot.checkpoints): ``<prefix>.<e>.gate_proj``,
+          ``up_proj`` and ``down_proj`` for e = 0, 1, ...; gate and up are fused as the gate_up
+          rows (gate first, the "silu" layout).
+
+        activation defaults to gpt-oss's "swiglu_oai" (gate and up interleaved) for stacked mxfp4
+        experts, else "silu"; act_dtype to the scales' dtype where that is float16 or bfloat16,
+        else bfloat16."""
         from humming_aot import checkpoints
         from humming_aot.moe import pack_experts
 
-        layers = {}
-        for name in ("gate_up_proj", "down_proj"):
-            layer = checkpoints.load_layer(model_dir, f"{prefix}.{name}")
-            if layer.weight.codes.dim() != 3:
-                raise ValueError(f"QuantizedMoE.from_checkpoint: {prefix}.{name} is a dense weight of shape "
-                                 f"{tuple(layer.weight.shape)}, not stacked experts (E, N, K): load it with "
-                                 "QuantizedLinear.from_checkpoint")
-            layers[name] = layer
-        gate_up, down = layers["gate_up_proj"], layers["down_proj"]
-        if activation is None:
-            activation = "swiglu_oai" if gate_up.schema == "mxfp4" else "silu"
+        layers = checkpoints.quantized_layers(model_dir)
+        if f"{prefix}.gate_up_proj" in layers:
+            gate_up, down = (_stacked_layer(model_dir, f"{prefix}.{name}") for name in ("gate_up_proj", "down_proj"))
+            default_activation = "swiglu_oai" if gate_up.schema == "mxfp4" else "silu"
+        else:
+            gate_up, down = _per_expert_layers(model_dir, prefix, set(layers))
+            default_activation = "silu"
+        activation = activation or default_activation
         if act_dtype is None:
             act_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(
                 gate_up.weight.format.scale_dtype, torch.bfloat16)
@@ -315,3 +319,74 @@ class QuantizedMoE(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"experts={self.num_experts}, hidden={self.hidden_size}, intermediate={self.intermediate_size}, "
                 f"format={self.gate_up.format!r}, activation={self.activation!r}")
+
+
+def _stacked_layer(model_dir, prefix: str):
+    """A checkpoint layer of stacked experts (E, N, K), or a ValueError naming what it is instead."""
+    from humming_aot import checkpoints
+
+    layer = checkpoints.load_layer(model_dir, prefix)
+    if layer.weight.codes.dim() != 3:
+        raise ValueError(f"QuantizedMoE.from_checkpoint: {prefix} is a dense weight of shape "
+                         f"{tuple(layer.weight.shape)}, not stacked experts (E, N, K): load it with "
+                         "QuantizedLinear.from_checkpoint")
+    return layer
+
+
+def _per_expert_layers(model_dir, prefix: str, layers: set[str]):
+    """(gate_up, down) CheckpointLayers of stacked experts from one layer per expert: gate and up
+    fused per expert (gate rows first), then the experts stacked."""
+    from humming_aot import checkpoints
+    from humming_aot.checkpoints.layer import CheckpointLayer
+
+    count = 0
+    while f"{prefix}.{count}.gate_proj" in layers:
+        count += 1
+    if count == 0:
+        raise ValueError(
+            f"QuantizedMoE.from_checkpoint: {model_dir} has neither {prefix}.gate_up_proj (stacked experts) nor "
+            f"{prefix}.0.gate_proj (one layer per expert) among its quantized layers: give the prefix of the "
+            "experts, e.g. model.layers.3.mlp.experts (`humming-aot inspect` lists the layers)")
+    gate_ups, downs = [], []
+    for e in range(count):
+        fused = checkpoints.load_fused(model_dir, [f"{prefix}.{e}.gate_proj", f"{prefix}.{e}.up_proj"])
+        down = checkpoints.load_layer(model_dir, f"{prefix}.{e}.down_proj")
+        for layer in (fused, down):
+            if layer.input_perm is not None or layer.input_scale is not None:
+                step = ("gathers its activations (act-order)" if layer.input_perm is not None
+                        else "scales its activations (pre_quant_scale)")
+                raise ValueError(f"QuantizedMoE.from_checkpoint: expert {e} of {prefix} {step}, which differs per "
+                                 "expert and so has no grouped GEMM: re-export the checkpoint without it")
+        gate_ups.append(fused)
+        downs.append(down)
+    return tuple(CheckpointLayer(prefix=f"{prefix}.*.{name}", schema=layers_[0].schema,
+                                 weight=_stack_weights([x.weight for x in layers_], f"{prefix}.*.{name}"),
+                                 bias=_stack_biases([x.bias for x in layers_], f"{prefix}.*.{name}"))
+                 for name, layers_ in (("gate_up_proj", gate_ups), ("down_proj", downs)))
+
+
+def _stack_weights(weights, what: str):
+    """Stacked (E, N, K) QuantizedWeight of the experts' (N, K) ones (one format and shape)."""
+    from humming_aot.quant import QuantizedWeight
+
+    first = weights[0]
+    for e, w in enumerate(weights):
+        if str(w.format) != str(first.format) or w.shape != first.shape:
+            raise ValueError(f"QuantizedMoE.from_checkpoint: {what}: expert {e} is {w.format} {w.shape}, expert 0 "
+                             f"{first.format} {first.shape}: the experts must share one format and shape")
+
+    def stack(parts):
+        return None if parts[0] is None else torch.stack(parts)
+
+    return QuantizedWeight(format=first.format, codes=stack([w.codes for w in weights]),
+                           scales=stack([w.scales for w in weights]),
+                           zero_points=stack([w.zero_points for w in weights]),
+                           global_scale=stack([w.global_scale for w in weights]))
+
+
+def _stack_biases(biases, what: str):
+    if all(b is None for b in biases):
+        return None
+    if any(b is None for b in biases):
+        raise ValueError(f"QuantizedMoE.from_checkpoint: {what}: some experts have a bias and some not")
+    return torch.stack(biases)

@@ -365,3 +365,49 @@ def _gate_up_only(model, tmp_path):
     tensors = {k: v for k, v in load_file(str(partial / "model.safetensors")).items() if "down_proj" not in k}
     save_file(tensors, str(partial / "model.safetensors"))
     return partial
+
+
+def _write_deepseek_fp8_experts(path, experts: int, hidden: int, intermediate: int, gen: torch.Generator) -> None:
+    """A DeepSeek-V3 style fp8 checkpoint (128 x 128 weight blocks, fp32 inverse scales): one layer
+    per expert, gate_proj and up_proj (I, H) and down_proj (H, I)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for e in range(experts):
+        for name, n, k in (("gate_proj", intermediate, hidden), ("up_proj", intermediate, hidden),
+                           ("down_proj", hidden, intermediate)):
+            prefix = f"model.layers.3.mlp.experts.{e}.{name}"
+            tensors[prefix + ".weight"] = (torch.randn(n, k, generator=gen) * 8).to(torch.float8_e4m3fn)
+            tensors[prefix + ".weight_scale_inv"] = torch.rand(n // 128, k // 128, generator=gen) * 1e-3 + 1e-4
+    path.mkdir()
+    save_file(tensors, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps({"quantization_config": {
+        "quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]}}))
+
+
+def test_quantized_moe_from_a_checkpoint_of_one_layer_per_expert(tmp_path):
+    """QuantizedMoE.from_checkpoint on DeepSeek-V3 style fp8 experts stored one layer per expert:
+    gate and up fused per expert (gate rows first, "silu"), the experts stacked, each exactly as the
+    checkpoint loader reads it; the layer against the float64 reference; a prefix without experts
+    refused with what to give."""
+    from humming_aot import checkpoints
+
+    gen = torch.Generator().manual_seed(_seed())
+    model = tmp_path / "deepseek"
+    _write_deepseek_fp8_experts(model, 3, 256, 128, gen)
+    layer = QuantizedMoE.from_checkpoint(model, "model.layers.3.mlp.experts")
+    assert (layer.activation, layer.num_experts, layer.hidden_size, layer.intermediate_size) == ("silu", 3, 256, 128)
+    fused = checkpoints.load_fused(model, ["model.layers.3.mlp.experts.1.gate_proj", "model.layers.3.mlp.experts.1.up_proj"])
+    expected = humming_aot.pack(fused.weight, act_dtype=torch.bfloat16)
+    assert torch.equal(layer.gate_up.effective_weight(1), expected.effective_weight())
+    down = humming_aot.pack(checkpoints.load_layer(model, "model.layers.3.mlp.experts.2.down_proj").weight,
+                            act_dtype=torch.bfloat16)
+    assert torch.equal(layer.down.effective_weight(2), down.effective_weight())
+    hidden = torch.randn(4, 256, generator=gen).to(torch.bfloat16)
+    topk_ids = torch.tensor([[0, 1], [2, 1], [1, 1], [0, 2]])
+    weights = torch.softmax(torch.randn(4, 2, generator=gen), dim=1)
+    _close(layer(hidden, topk_ids, weights), moe_layer_reference(layer, hidden, topk_ids, weights), "deepseek fp8")
+    with pytest.raises(ValueError, match="neither model.layers.3.mlp.gate_up_proj .* nor model.layers.3.mlp.0.gate_proj"):
+        QuantizedMoE.from_checkpoint(model, "model.layers.3.mlp")
