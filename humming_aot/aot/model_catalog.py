@@ -1,14 +1,18 @@
 """A catalog of exactly the kernels a quantized checkpoint's layers need (``humming-aot build
 --model MODEL_DIR``): one [[family]] per (arch, GEMM spec) of its layers, with the arch's whole
-tile table, so every M bucket has its kernel; stacked MoE experts add a family of the grouped
-masked and contiguous GEMMs of their spec. Written as a catalog .toml that the ordinary build
+tile table, so every M bucket has its kernel; MoE experts (stacked, or one layer per expert)
+add a family of the grouped masked and contiguous GEMMs of their spec. Written as a catalog .toml that the ordinary build
 compiles, so nothing else in the build changes."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 __all__ = ["model_catalog_toml", "write_model_catalog"]
+
+# a layer of one expert, as DeepSeek, Qwen and Mixtral exports name them (model.layers.3.mlp.experts.7.up_proj)
+_PER_EXPERT = re.compile(r"\.experts\.\d+\.")
 
 
 def model_catalog_toml(model_dir: str | os.PathLike, archs: list[str]) -> str:
@@ -25,7 +29,7 @@ def model_catalog_toml(model_dir: str | os.PathLike, archs: list[str]) -> str:
         if spec is None:
             raise checkpoints.CheckpointError(f"{model_dir}: layer {prefix!r} has no GEMM: {packed}")
         specs.setdefault(spec, prefix)
-        if is_stacked(layer):
+        if is_stacked(layer) or _PER_EXPERT.search(prefix):
             stacked.add(spec)
     if not specs:
         raise checkpoints.CheckpointError(f"{model_dir}: no quantized layers, so no kernels to build")
@@ -41,7 +45,7 @@ def model_catalog_toml(model_dir: str | os.PathLike, archs: list[str]) -> str:
                       f'a_dtype = ["{spec.a_dtype}"]', f'w_dtype = ["{spec.w_dtype}"]', 'tiles = "table"', ""]
             moe_types = [t.value for t in (GemmType.MASKED, GemmType.GROUPED) if t in pairing.gemm_type]
             if spec in stacked and moe_types:  # stacked experts: the grouped MoE GEMMs too
-                lines += ["[[family]]", "# the grouped MoE GEMMs of the stacked experts of this spec", f'pairing = "{pairing.name}"',
+                lines += ["[[family]]", "# the grouped MoE GEMMs of the experts of this spec", f'pairing = "{pairing.name}"',
                           f'archs = ["{arch}"]', "gemm_type = [" + ", ".join(f'"{t}"' for t in moe_types) + "]",
                           f'a_dtype = ["{spec.a_dtype}"]', f'w_dtype = ["{spec.w_dtype}"]', 'tiles = "table"', ""]
     return "\n".join(lines)

@@ -411,3 +411,17 @@ def test_quantized_moe_from_a_checkpoint_of_one_layer_per_expert(tmp_path):
     _close(layer(hidden, topk_ids, weights), moe_layer_reference(layer, hidden, topk_ids, weights), "deepseek fp8")
     with pytest.raises(ValueError, match="neither model.layers.3.mlp.gate_up_proj .* nor model.layers.3.mlp.0.gate_proj"):
         QuantizedMoE.from_checkpoint(model, "model.layers.3.mlp")
+
+
+def test_model_catalog_of_per_expert_layers_holds_the_grouped_moe_gemms(tmp_path):
+    """humming-aot build --model on experts stored one layer per expert: their spec's dense
+    kernels and its grouped masked and contiguous ones."""
+    from humming_aot.aot.model_catalog import write_model_catalog
+    from humming_aot.enumerate import enumerate_catalog
+    from humming_aot.spec import GemmType
+
+    model = tmp_path / "deepseek"
+    _write_deepseek_fp8_experts(model, 2, 256, 128, torch.Generator().manual_seed(0))
+    keys = enumerate_catalog(str(write_model_catalog(model, ["sm90a"], tmp_path / "m.toml")), ["sm90a"]).keys
+    assert {k.spec.gemm_type for k in keys} == {GemmType.DENSE, GemmType.MASKED, GemmType.GROUPED}
+    assert {k.spec.w_dtype for k in keys} == {"float8e4m3"}
