@@ -15,6 +15,7 @@ from humming_aot.moe.routing import (
     IndexedRouting,
     align_block_size,
     align_groups,
+    align_offsets,
     group_rows,
     permute,
     permute_aligned,
@@ -27,7 +28,7 @@ from humming_aot.moe.routing import (
 
 __all__ = [
     "AlignedGrouping", "GroupedRouting", "IndexedRouting", "PackedExperts", "align_block_size",
-    "align_groups", "expert_weight", "gemm_grouped", "gemm_grouped_kernel", "gemm_indexed", "gemm_masked",
+    "align_groups", "align_offsets", "expert_weight", "gemm_grouped", "gemm_grouped_kernel", "gemm_indexed", "gemm_masked",
     "gemm_masked_kernel", "group_rows", "grouped_block_m", "pack_experts", "permute", "permute_aligned",
     "silu_and_mul", "swiglu_oai", "unpermute", "unpermute_aligned", "weighted_sum",
 ]

@@ -61,6 +61,34 @@ def gemm_masked_kernel(a: torch.Tensor, experts: PackedExperts, masked_m: torch.
     return out
 
 
+def _grouped_by_offsets(a: torch.Tensor, experts: PackedExperts, offsets: torch.Tensor, *, expected_m: int,
+                        bias: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor:
+    """gemm_grouped_kernel on rows grouped by prefix offsets: aligned, computed, gathered back."""
+    from humming_aot.moe.routing import align_offsets, permute_aligned
+
+    what = "gemm_grouped_kernel"
+    if (not isinstance(offsets, torch.Tensor) or offsets.shape != (experts.experts + 1,)
+            or offsets.dtype not in (torch.int32, torch.int64) or offsets.device != a.device):
+        raise ValueError(f"{what}: offsets must be ({experts.experts + 1},) int32 or int64 on {a.device}, got "
+                         f"{_describe(offsets)}")
+    if not isinstance(a, torch.Tensor) or a.dim() != 2:
+        raise ValueError(f"{what}: a must be (R, {experts.in_features}), got {_describe(a)}")
+    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != (a.shape[0], experts.out_features)
+                            or out.dtype != a.dtype or out.device != a.device):
+        raise ValueError(f"{what}: out must be ({a.shape[0]}, {experts.out_features}) {a.dtype} on {a.device}, got "
+                         f"{_describe(out)}")
+    rows = a.shape[0]
+    grouping = align_offsets(offsets, rows, grouped_block_m(experts, expected_m, a.device))
+    computed = gemm_grouped_kernel(permute_aligned(a, grouping), experts, grouping.row_expert, expected_m=expected_m,
+                                   bias=bias)
+    result = torch.zeros(rows + 1, experts.out_features, dtype=a.dtype, device=a.device)
+    result.index_copy_(0, torch.where(grouping.slot_of_row >= 0, grouping.slot_of_row, rows), computed)
+    if out is None:
+        return result[:rows]
+    out.copy_(result[:rows])
+    return out
+
+
 def _padded(run, a: torch.Tensor, experts: PackedExperts, bias: torch.Tensor | None, out: torch.Tensor | None,
             rows: torch.Tensor, **kwargs) -> torch.Tensor:
     """A MoE GEMM whose experts pack padded to the kernels' multiple of 64 (PackedExperts.n_valid /
@@ -88,10 +116,18 @@ def grouped_block_m(experts: PackedExperts, expected_m: int, device: torch.devic
     return _tile(experts, index if index is not None else torch.cuda.current_device(), max(1, int(expected_m))).block_m
 
 
-def gemm_grouped_kernel(a: torch.Tensor, experts: PackedExperts, row_expert: torch.Tensor, *, expected_m: int,
-                        bias: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+def gemm_grouped_kernel(a: torch.Tensor, experts: PackedExperts, row_expert: torch.Tensor | None = None, *,
+                        expected_m: int, offsets: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                        out: torch.Tensor | None = None) -> torch.Tensor:
     """out[r] = a[r] @ W[e]^T (+ bias[e]) for the grouped rows, e the expert of the first row of
     r's block of ``grouped_block_m(experts, expected_m)`` rows.
+
+    The experts' rows come as ``row_expert`` (below: block-aligned) or as ``offsets`` (E + 1,)
+    int32 or int64 on a's device, rows grouped expert after expert with no alignment (expert e
+    owns rows offsets[e] to offsets[e + 1]; the rows of no expert are written as zeros, as
+    moe.gemm_grouped writes them): the call aligns them (moe.align_offsets, torch operations with
+    no host round trip), runs the kernel on the aligned copy and gathers the rows back, two copies
+    of the rows more than an aligned caller pays.
 
     a:          (R, K), the experts' activation dtype, rows 16-byte aligned, on their CUDA device
     row_expert: (R,) int32 on the same device: each row's expert, -1 for a padding row; every
@@ -106,6 +142,11 @@ def gemm_grouped_kernel(a: torch.Tensor, experts: PackedExperts, row_expert: tor
     out:        (R, N) contiguous to write into (blocks of padding only are left as they are);
                 default a new zero tensor
     """
+    if (row_expert is None) == (offsets is None):
+        raise ValueError("gemm_grouped_kernel: give the experts' rows as row_expert (R,) (block-aligned) or as "
+                         "offsets (E + 1,), one of them")
+    if offsets is not None:
+        return _grouped_by_offsets(a, experts, offsets, expected_m=expected_m, bias=bias, out=out)
     _check_grouped(a, experts, row_expert, bias, out)
     if experts.padded:
         return _padded(gemm_grouped_kernel, a, experts, bias, out, row_expert, expected_m=expected_m)

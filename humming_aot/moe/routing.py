@@ -167,6 +167,36 @@ def align_groups(topk_ids: torch.Tensor, num_experts: int, block: int) -> Aligne
     return AlignedGrouping(row_expert=row_expert, slot_of_row=slot_of_row, block=block, top_k=topk_ids.shape[1])
 
 
+def align_offsets(offsets: torch.Tensor, rows: int, block: int) -> AlignedGrouping:
+    """The block-aligned layout of rows already grouped expert after expert by prefix offsets (E + 1,)
+    (expert e owns rows offsets[e] to offsets[e + 1]; rows outside every expert's range belong to
+    none), with torch operations only and no host synchronization (CUDA-graph capturable): each
+    expert's rows moved to a start at a multiple of ``block``, in a fixed size of rows + E *
+    (block - 1) rows. ``slot_of_row`` is the source row (top_k 1), so that permute_aligned gathers
+    the rows and unpermute_aligned(out, grouping, rows) brings them back. The offsets are not
+    checked on the device (rising, within [0, rows]): that is the caller's contract."""
+    if type(block) is not int or block < 1:
+        raise ValueError(f"align_offsets: block must be a positive int (moe.grouped_block_m), got {block!r}")
+    if offsets.dim() != 1 or offsets.numel() < 2:
+        raise ValueError(f"align_offsets: offsets must be (E + 1,) with E >= 1, got shape {tuple(offsets.shape)}")
+    device = offsets.device
+    offsets = offsets.long()
+    experts = offsets.numel() - 1
+    size = rows + experts * (block - 1)
+    counts = offsets[1:] - offsets[:-1]
+    padded = (counts + block - 1) // block * block
+    padded_starts = torch.cumsum(padded, 0) - padded
+    source = torch.arange(rows, device=device)
+    expert = torch.searchsorted(offsets[1:], source, right=True).clamp_(max=experts - 1)
+    owned = (source >= offsets[0]) & (source < offsets[-1])
+    dest = torch.where(owned, padded_starts[expert] + source - offsets[expert], size)  # size: a spare row
+    row_expert = torch.full((size + 1,), -1, dtype=torch.int32, device=device)
+    row_expert[dest] = torch.where(owned, expert, -1).to(torch.int32)
+    slot_of_row = torch.full((size + 1,), -1, dtype=torch.long, device=device)
+    slot_of_row[dest] = torch.where(owned, source, -1)
+    return AlignedGrouping(row_expert=row_expert[:size], slot_of_row=slot_of_row[:size], block=block, top_k=1)
+
+
 def permute_aligned(hidden: torch.Tensor, grouping: AlignedGrouping) -> torch.Tensor:
     """(M, K) tokens -> (rows, K) aligned grouped rows: row r is token slot_of_row[r] // top_k, and
     zeros for padding rows (whose outputs are then the bias, or zeros)."""

@@ -282,3 +282,35 @@ def test_persistent_schedules_walk_many_experts_and_long_padding(fmt):
         w_eff = experts.effective_weight(x, scales_in_fp32=key.scales_in_fp32)
         assert_gemm_close(out[block_rows], reference_gemm(flat[block_rows], w_eff), a=flat[block_rows], w_eff=w_eff,
                           context=f"{context} block at {start}, expert {x}")
+
+
+@pytest.mark.parametrize("fmt", ("int4:g128", "mxfp4"))
+def test_grouped_kernel_on_unaligned_rows_given_by_offsets(fmt):
+    """gemm_grouped_kernel(offsets=...): rows grouped expert after expert with no alignment (an
+    empty expert, rows before the first expert's and after the last one's) equal to the expert
+    loop (moe.gemm_grouped with the same offsets) within the kernels' tolerance, rows of no expert
+    zero; into a caller's output too."""
+    from humming_aot.moe import gemm_grouped, gemm_grouped_kernel
+
+    seed = _seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    e, n, k = 4, 192, 512
+    experts = pack_experts(humming_aot.quantize(torch.randn(e, n, k, device="cuda", generator=gen) * 0.05, fmt),
+                           act_dtype=torch.bfloat16)
+    offsets = torch.tensor([3, 20, 20, 41, 70], device="cuda")
+    a = torch.randn(75, k, device="cuda", generator=gen).to(torch.bfloat16)
+    bias = torch.randn(e, n, device="cuda", generator=gen).to(torch.bfloat16)
+    for expected in (1, 16, 64):
+        got = gemm_grouped_kernel(a, experts, offsets=offsets, expected_m=expected, bias=bias)
+        into = torch.full((75, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gemm_grouped_kernel(a, experts, offsets=offsets, expected_m=expected, bias=bias, out=into)
+        loop = gemm_grouped(a, experts, offsets=offsets, bias=bias)
+        assert torch.equal(got, into) and not got[:3].any() and not got[70:].any()
+        for x in range(e):
+            lo, hi = offsets[x].item(), offsets[x + 1].item()
+            if hi > lo:
+                key = _key(experts, expected, GemmType.GROUPED)
+                w_eff = experts.effective_weight(x, scales_in_fp32=key.scales_in_fp32)
+                assert_gemm_close(got[lo:hi], reference_gemm(a[lo:hi], w_eff, bias[x]), a=a[lo:hi], w_eff=w_eff,
+                                  bias=bias[x], context=f"offsets {fmt} expected={expected} expert {x} seed={seed}")
+        assert loop.shape == got.shape

@@ -425,3 +425,44 @@ def test_model_catalog_of_per_expert_layers_holds_the_grouped_moe_gemms(tmp_path
     keys = enumerate_catalog(str(write_model_catalog(model, ["sm90a"], tmp_path / "m.toml")), ["sm90a"]).keys
     assert {k.spec.gemm_type for k in keys} == {GemmType.DENSE, GemmType.MASKED, GemmType.GROUPED}
     assert {k.spec.w_dtype for k in keys} == {"float8e4m3"}
+
+
+def test_align_offsets_moves_each_experts_rows_to_a_block_start():
+    """moe.align_offsets against its definition: expert e's rows offsets[e]..offsets[e + 1] land at
+    the next multiple of the block after the previous expert's padded rows, in order; the rest of
+    the fixed-size layout (rows + E * (block - 1)) is padding (-1), and so are rows of no expert;
+    permute_aligned / unpermute_aligned carry the rows there and back."""
+    gen = torch.Generator().manual_seed(_seed())
+    for _ in range(200):
+        experts = int(torch.randint(1, 9, (), generator=gen))
+        block = [1, 2, 8, 16][int(torch.randint(0, 4, (), generator=gen))]
+        bounds = sorted(torch.randint(0, 40, (experts + 1,), generator=gen).tolist())
+        rows = bounds[-1] + int(torch.randint(0, 5, (), generator=gen))  # rows past the last expert's too
+        grouping = moe.align_offsets(torch.tensor(bounds), rows, block)
+        expected_expert, expected_slot = [], []
+        for e in range(experts):
+            count = bounds[e + 1] - bounds[e]
+            expected_expert += [e] * count + [-1] * (-count % block)
+            expected_slot += list(range(bounds[e], bounds[e + 1])) + [-1] * (-count % block)
+        size = rows + experts * (block - 1)
+        expected_expert += [-1] * (size - len(expected_expert))
+        expected_slot += [-1] * (size - len(expected_slot))
+        assert grouping.row_expert.tolist() == expected_expert, (bounds, rows, block)
+        assert grouping.slot_of_row.tolist() == expected_slot, (bounds, rows, block)
+        a = torch.randn(rows, 8, generator=gen)
+        aligned = moe.permute_aligned(a, grouping)
+        back = moe.unpermute_aligned(aligned, grouping, rows).reshape(rows, 8)
+        owned = slice(bounds[0], bounds[-1])
+        assert torch.equal(back[owned], a[owned])
+
+
+def test_grouped_kernel_takes_row_experts_or_offsets_and_checks_offsets():
+    experts = moe.pack_experts(humming_aot.quantize(torch.randn(3, 128, 128) * 0.05, "int4:g128"))
+    a = torch.zeros(10, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="give the experts' rows as row_expert .* or as offsets .*, one of them"):
+        moe.gemm_grouped_kernel(a, experts, expected_m=4)
+    with pytest.raises(ValueError, match="one of them"):
+        moe.gemm_grouped_kernel(a, experts, torch.zeros(10, dtype=torch.int32), offsets=torch.tensor([0, 1, 2, 3]),
+                                expected_m=4)
+    with pytest.raises(ValueError, match="offsets must be \\(4,\\) int32 or int64"):
+        moe.gemm_grouped_kernel(a, experts, offsets=torch.tensor([0, 10]), expected_m=4)
