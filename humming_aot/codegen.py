@@ -5,8 +5,9 @@ includes only humming_aot's own headers, which include no CUDA toolkit header.
 """
 from __future__ import annotations
 
+from humming_aot.heuristics.tiles import MOE_BODIES
 from humming_aot.params_abi import PARAMS_VERSION
-from humming_aot.spec import GemmType, KernelKey, MmaKind, ZeroPoint
+from humming_aot.spec import GemmType, KernelKey, ZeroPoint
 
 _ACT_TYPES = {"float16": "humming_aot::numerics::Float16", "bfloat16": "humming_aot::numerics::BFloat16"}
 _ZERO_POINT = {
@@ -57,7 +58,7 @@ def kernel_source(key: KernelKey) -> str:
             "(the data model names them; the bodies serve dense GEMMs with 16-bit activations, and the grouped "
             "masked and contiguous ones around the mma.sync bodies)"
         )
-    if spec.gemm_type in _MOE_SCHEDULES and tile.mma not in (MmaKind.MMA_SYNC, MmaKind.MMA_SWAPPED):
+    if spec.gemm_type in _MOE_SCHEDULES and tile.mma not in MOE_BODIES:
         raise ValueError(
             f"{key.name}: the {spec.gemm_type.value} GEMM (kernel/{_MOE_SCHEDULES[spec.gemm_type][0]}) wraps the "
             f"bodies that take GemmParams and run several tiles per CTA (mma, mma-sw), not {tile.mma.value}"

@@ -31,8 +31,39 @@ _ACT_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _ACT_EXPONENT_BITS = {torch.float16: 5, torch.bfloat16: 8}
 
 
+class PaddedShape:
+    """The kernel's N x K (``n``, ``k``: multiples of 64) and the weight's own (``n_valid``,
+    ``k_valid``: None where pack did not pad), for PackedWeight and moe.PackedExperts. An instance
+    unpickled from before n_valid / k_valid existed reads the class default, None."""
+
+    n: int
+    k: int
+    n_valid: int | None
+    k_valid: int | None
+
+    @property
+    def out_features(self) -> int:
+        """The weight's N (n, or n_valid where pack padded it)."""
+        return self.n if self.n_valid is None else self.n_valid
+
+    @property
+    def in_features(self) -> int:
+        """The weight's K (k, or k_valid where pack padded it)."""
+        return self.k if self.k_valid is None else self.k_valid
+
+    @property
+    def padded(self) -> bool:
+        """Whether pack padded N or K up to the kernels' multiple of 64."""
+        return self.n_valid is not None or self.k_valid is not None
+
+    def unpadded_view(self):
+        """The same tensors with the kernel's N x K as their own (n_valid, k_valid None): what a
+        launch sees once the activations are padded."""
+        return dataclasses.replace(self, n_valid=None, k_valid=None)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
-class PackedWeight:
+class PackedWeight(PaddedShape):
     """A weight in kernel layout, on one device.
 
     w:            (K / 16, N * bits / 2) int32, packed codes (humming_aot/packed_layout.py): offset
@@ -66,27 +97,6 @@ class PackedWeight:
     layout_version: int | None = None
     n_valid: int | None = None
     k_valid: int | None = None
-
-    # (an instance unpickled from before n_valid / k_valid existed reads the class default, None)
-    @property
-    def out_features(self) -> int:
-        """The weight's N (n, or n_valid where pack padded it)."""
-        return self.n if self.n_valid is None else self.n_valid
-
-    @property
-    def in_features(self) -> int:
-        """The weight's K (k, or k_valid where pack padded it)."""
-        return self.k if self.k_valid is None else self.k_valid
-
-    @property
-    def padded(self) -> bool:
-        """Whether pack padded N or K up to the kernels' multiple of 64."""
-        return self.n_valid is not None or self.k_valid is not None
-
-    def unpadded_view(self) -> "PackedWeight":
-        """The same tensors as a weight of the kernel's N x K (n_valid, k_valid None): what the
-        launch sees once the activations are padded."""
-        return dataclasses.replace(self, n_valid=None, k_valid=None)
 
     def __post_init__(self) -> None:
         if self.layout_version is None:

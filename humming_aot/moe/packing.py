@@ -14,12 +14,12 @@ import dataclasses
 
 import torch
 
-from humming_aot.packing import PackedWeight, pack
+from humming_aot.packing import PackedWeight, PaddedShape, pack
 from humming_aot.quant.weight import QuantizedWeight
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class PackedExperts:
+class PackedExperts(PaddedShape):
     """E experts in kernel layout on one device.
 
     w:            (E, K / 16, N * bits / 2) int32, each expert's packed codes (packed_layout.py); N
@@ -47,24 +47,6 @@ class PackedExperts:
     layout_version: int
     n_valid: int | None = None  # the experts' own N and K where pack padded them (PackedWeight's)
     k_valid: int | None = None
-
-    @property
-    def out_features(self) -> int:
-        return self.n if self.n_valid is None else self.n_valid
-
-    @property
-    def in_features(self) -> int:
-        return self.k if self.k_valid is None else self.k_valid
-
-    @property
-    def padded(self) -> bool:
-        """Whether pack padded N or K up to the kernels' multiple of 64."""
-        return self.n_valid is not None or self.k_valid is not None
-
-    def unpadded_view(self) -> "PackedExperts":
-        """The same tensors as experts of the kernel's N x K (what a launch sees once the
-        activations are padded)."""
-        return dataclasses.replace(self, n_valid=None, k_valid=None)
 
     def expert(self, e: int) -> PackedWeight:
         """Expert e as a dense PackedWeight (views of the stacked tensors: no copy)."""
