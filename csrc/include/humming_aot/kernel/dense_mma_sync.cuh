@@ -19,6 +19,7 @@
 #include <humming_aot/mainloop/cta_pipeline.cuh>
 #include <humming_aot/mainloop/swapped_warp_pipeline.cuh>
 #include <humming_aot/memory/cp_async.cuh>
+#include <humming_aot/memory/l2_prefetch.cuh>
 #include <humming_aot/schedule/grid_dependency.cuh>
 #include <humming_aot/schedule/tile_scheduler.cuh>
 
@@ -74,6 +75,23 @@ struct DenseMmaSync {
   template <class AtEpilogue>
   static __device__ __forceinline__ void run_tile(const GemmParams& p, u32 linear_tile, AtEpilogue at_epilogue) {
     run_scheduled(p, Scheduler(p.m, p.n, p.k, p.k_splits, linear_tile), at_epilogue);
+  }
+
+  // The K that prefetch_tile covers: what the pipeline's first stages load, or more, up to
+  // kPrefetchBytes of packed codes (a tile of short K is then prefetched whole).
+  static constexpr int kPrefetchBytes = 32768;
+  static constexpr int kPrefetchK =
+      (kPrefetchBytes * 8 / (kBlockN * Weights::kBits)) / kBlockK * kBlockK > kStages* kBlockK
+          ? (kPrefetchBytes * 8 / (kBlockN * Weights::kBits)) / kBlockK * kBlockK
+          : kStages * kBlockK;
+
+  // L2 prefetches of tile `linear_tile`'s weights over its first kPrefetchK of K (one K slice),
+  // issued by every thread of the CTA: a persistent schedule calls it for the CTA's next tile
+  // before it runs the current one, so that the next tile's first stages come from L2.
+  static __device__ __forceinline__ void prefetch_tile(const GemmParams& p, u32 linear_tile) {
+    const Scheduler tile(p.m, p.n, p.k, 1, linear_tile);
+    memory::TileL2Prefetch<kBlockN, Weights::kBits, kThreads>::issue(p, tile.n_tile * kBlockN,
+                                                                     kPrefetchK < p.k ? kPrefetchK : p.k);
   }
 
  private:

@@ -11,12 +11,15 @@
 //
 // Each CTA waits on the upstream grid (the counts may be its output), then finds each tile's
 // expert by walking the counts in windows of 256 experts (ExpertWalk: every warp computes the same
-// walk, so the result is uniform without shared memory), and runs the dense body on a copy of
-// GemmParams whose pointers are moved to the expert's slab, whose M is the count and whose global
-// scale is the expert's. A count outside [0, max_m] is read as the nearest bound. Preconditions
-// (the host checks them): gemm.k_splits == 1 (one K slice: the dense body's split-K counters and
-// workspace are per launch, not per expert); a body with run_tile(GemmParams, tile, at_epilogue)
-// (the mma.sync bodies). SM80+.
+// walk, so the result is uniform without shared memory), one tile ahead: while it runs a tile, the
+// next one's weights are on their way into L2 (Dense::prefetch_tile), so that the tiles of one CTA
+// (a few dozen of short K at decode sizes) do not each wait on DRAM for their first stages. Each
+// tile runs the dense body on a copy of GemmParams whose pointers are moved to the expert's slab,
+// whose M is the count and whose global scale is the expert's. A count outside [0, max_m] is read
+// as the nearest bound. Preconditions (the host checks them): gemm.k_splits == 1 (one K slice:
+// the dense body's split-K counters and workspace are per launch, not per expert); a body with
+// run_tile(GemmParams, tile, at_epilogue) and prefetch_tile(GemmParams, tile) (the mma.sync
+// bodies). SM80+.
 
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/schedule/grid_dependency.cuh>
@@ -90,7 +93,7 @@ struct ExpertWalk {
   }
 };
 
-template <class Dense,  // the dense body: run_tile(const GemmParams&, tile, at_epilogue)
+template <class Dense,  // the dense body: run_tile(const GemmParams&, tile, at_epilogue), prefetch_tile
           int kBlockM,  // its tile's rows (tokens)
           int kBlockN>  // its tile's columns (weight channels)
 struct GroupedMasked {
@@ -109,13 +112,16 @@ struct GroupedMasked {
       return;
     }
     for (u32 tile = blockIdx.x;; tile += gridDim.x) {
-      if (tile != blockIdx.x) {
-        walk.find(tile, expert, rows, local);  // there is one: the look-ahead below found it
-        __syncthreads();                       // the last tile's warps are done with the shared memory this one refills
-      }
-      // whether this is the CTA's last tile, so that its epilogue lets the next kernel in
+      // the CTA's next tile, found before this one runs: its weights are prefetched into L2 now,
+      // and this tile's epilogue lets the next kernel in when there is none
       u32 next_expert, next_rows, next_local;
       const bool more = walk.find(tile + gridDim.x, next_expert, next_rows, next_local);
+      if (more) {
+        GemmParams next = g.gemm;
+        next.m = static_cast<int>(next_rows);
+        g.weights.move_to(next, static_cast<int>(next_expert));
+        Dense::prefetch_tile(next, next_local);
+      }
       GemmParams p = g.gemm;
       p.m = static_cast<int>(rows);
       p.a = static_cast<const char*>(p.a) + expert * g.a_stride;
@@ -125,6 +131,10 @@ struct GroupedMasked {
         if (!more) schedule::release_dependent_grid();
       });
       if (!more) return;
+      expert = next_expert;
+      rows = next_rows;
+      local = next_local;
+      __syncthreads();  // the last tile's warps are done with the shared memory the next one refills
     }
   }
 };
