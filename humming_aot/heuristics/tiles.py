@@ -153,11 +153,34 @@ def select_tile(arch: str, m: int, k: int | None = None, group: int | None = Non
 MOE_BODIES = (MmaKind.MMA_SYNC, MmaKind.MMA_SWAPPED)
 
 
+@functools.cache
+def _moe_rows(arch: str) -> tuple[tuple[int, int | None, TileConfig], ...]:
+    """((max_m, max_k or None, tile), ...) of the arch's moe_tiles table in M order (empty
+    without one)."""
+    rows = []
+    for row in load_toml("tiles.toml")["arch"][table_arch_for(arch)].get("moe_tiles", []):
+        row = dict(row)
+        max_m = row.pop("max_m")
+        max_k = row.pop("max_k", None)
+        mma = MmaKind(row.pop("mma", MmaKind.MMA_SYNC.value))
+        tile = TileConfig(mma=mma, **row)
+        if tile.mma not in MOE_BODIES:
+            raise ValueError(f"tiles.toml: moe_tiles of {arch} holds {tile.label} of body {tile.mma.value!r}; "
+                             f"the MoE schedules wrap {', '.join(b.value for b in MOE_BODIES)} only")
+        rows.append((max_m, max_k, tile))
+    return tuple(rows)
+
+
 def moe_tile_table(arch: str, w_bits: int = 8) -> tuple[TileConfig, ...]:
     """Every tile select_masked_tile can pick on an arch for w_bits-bit codes (before twins): the
-    arch's table rows of the MoE bodies, then, above the largest M they serve, the rows of the
-    same arch's mma.sync table without its suffix (sm90a's wgmma rows give way to sm90's)."""
-    own = [(max_m, tile) for max_m, tile in arch_tile_table(arch, w_bits) if tile.mma in MOE_BODIES]
+    rows of the arch's moe_tiles table, else its dense table's rows of the MoE bodies; then, above
+    the largest M those serve, the rows of the same arch's mma.sync table without its suffix
+    (sm90a's wgmma rows give way to sm90's)."""
+    moe = _moe_rows(arch)
+    if moe:
+        own = [(max_m, tile) for max_m, _, tile in moe]
+    else:
+        own = [(max_m, tile) for max_m, tile in arch_tile_table(arch, w_bits) if tile.mma in MOE_BODIES]
     served = max((max_m for max_m, _ in own), default=0)
     tiles = [tile for _, tile in own]
     if any(tile.mma not in MOE_BODIES for _, tile in arch_tile_table(arch, w_bits)):
@@ -167,12 +190,34 @@ def moe_tile_table(arch: str, w_bits: int = 8) -> tuple[TileConfig, ...]:
     return tuple(dict.fromkeys(tiles))
 
 
+def _select_moe_row(arch: str, m: int, k: int | None, group: int | None) -> TileConfig | None:
+    """The moe_tiles row's tile for m rows per expert and K, or None when the table has no row
+    for m (or no table): the first row of m's interval whose max_k admits K and whose stages fit
+    K and the groups, else the first that fits, else the narrow twin of the first row for K."""
+    rows = _moe_rows(arch)
+    row_m = next((max_m for max_m, _, _ in rows if m <= max_m), None)
+    if row_m is None:
+        return None
+    candidates = [(max_k, tile) for max_m, max_k, tile in rows if max_m == row_m]
+    admitted = [tile for max_k, tile in candidates if k is None or max_k is None or k <= max_k]
+    ordered = admitted + [tile for _, tile in candidates if tile not in admitted]
+
+    def fits(tile: TileConfig) -> bool:
+        return k is None or group is None or tile_fits(tile, k, group)
+
+    return next((tile for tile in ordered if fits(tile)), narrow_twin(ordered[0]))
+
+
 def select_masked_tile(arch: str, m: int, k: int | None = None, group: int | None = None,
                        w_bits: int = 8) -> TileConfig:
-    """The tile of a grouped masked MoE GEMM (kernel/grouped_masked.cuh) whose experts hold about
-    m rows each: the arch's table tile for m where it is an mma.sync one (the bodies whose
-    run_tile the persistent MoE schedules call), else the mma.sync table of the same arch without
-    its suffix (sm90a's wgmma rows give way to sm90's)."""
+    """The tile of a grouped MoE GEMM (kernel/grouped_masked.cuh, grouped_contiguous.cuh) whose
+    experts hold about m rows each: the arch's moe_tiles row for m and K where it has one; else the
+    arch's table tile for m where it is an mma.sync one (the bodies whose run_tile the persistent
+    MoE schedules call), else the mma.sync table of the same arch without its suffix (sm90a's
+    wgmma rows give way to sm90's)."""
+    tile = _select_moe_row(arch, m, k, group)
+    if tile is not None:
+        return tile
     tile = select_tile(arch, m, k, group, w_bits)
     if tile.mma in MOE_BODIES:
         return tile

@@ -30,6 +30,53 @@ def test_the_tile_is_an_mma_sync_tile_for_the_expected_rows():
     assert heuristics.select_masked_tile("sm90a", 64, 4096, 128, 4) == heuristics.select_tile("sm90", 64, 4096, 128, 4)
 
 
+def test_the_moe_table_picks_small_ctas_for_short_k_and_the_decode_tiles_for_long_k():
+    # tiles.toml's moe_tiles of sm90a: a short K (a TP shard's down projection) is bound by each
+    # tile's latency, so 4-warp CTAs of 128-wide stages; a long K keeps the dense decode tile
+    for k in (256, 768, 2048):
+        assert heuristics.select_masked_tile("sm90a", 1, k, 128, 4).label == "8x128x128_w1x2x2_s2"
+        assert heuristics.select_masked_tile("sm90a", 16, k, 128, 4).label == "mma-sw:16x64x128_w1x1x2_s2"
+    for k in (4096, 7168):
+        assert heuristics.select_masked_tile("sm90a", 8, k, 128, 4) == heuristics.select_tile("sm90a", 8, k, 128, 4)
+        assert heuristics.select_masked_tile("sm90a", 12, k, 128, 4).label == "mma-sw:16x64x128_w1x1x2_s4"
+    # a K that no row's stages tile (gpt-oss 2880) takes a 64-wide twin, which fits it
+    for m in (1, 16):
+        tile = heuristics.select_masked_tile("sm90a", m, 2880, 32, 4)
+        assert tile.block_k == 64 and heuristics.tile_fits(tile, 2880, 32)
+    # above the table's 16 rows, the mma.sync table of sm90 as before
+    assert heuristics.select_masked_tile("sm90a", 17, 256, 128, 4) == heuristics.select_tile("sm90", 17, 256, 128, 4)
+    # every tile picked is in moe_tile_table (the catalog's MoE families), or its 64-wide twin
+    table = heuristics.moe_tile_table("sm90a", 4)
+    for m in (1, 8, 9, 16, 17, 200):
+        for k, group in ((256, 128), (768, 128), (2048, 64), (2880, 32), (7168, 128), (192, 64)):
+            tile = heuristics.select_masked_tile("sm90a", m, k, group, 4)
+            assert tile in table or any(tile == heuristics.narrow_twin(t) for t in table)
+
+
+def test_a_moe_row_of_a_body_without_run_tile_is_refused(monkeypatch):
+    from humming_aot.heuristics import tiles
+
+    real = tiles.load_toml
+
+    def with_wgmma_row(name):
+        data = real(name)
+        if name != "tiles.toml":
+            return data
+        data = {**data, "arch": {**data["arch"]}}
+        data["arch"]["sm90a"] = {**data["arch"]["sm90a"], "moe_tiles": [
+            {"max_m": 64, "mma": "wgmma-ws", "block_m": 64, "block_n": 128, "warps_m": 1, "warps_n": 4, "stages": 6}]}
+        return data
+
+    monkeypatch.setattr(tiles, "load_toml", with_wgmma_row)
+    tiles._moe_rows.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="moe_tiles of sm90a holds .* the MoE schedules wrap"):
+            heuristics.select_masked_tile("sm90a", 1, 256, 128, 4)
+    finally:
+        monkeypatch.undo()
+        tiles._moe_rows.cache_clear()
+
+
 def test_the_launch_passes_expert_zero_and_the_strides_between_experts():
     experts = _experts()
     e, max_m, k, n = 3, 20, 256, 192
