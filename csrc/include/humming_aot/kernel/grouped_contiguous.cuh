@@ -11,14 +11,15 @@
 // raster), skipping those of padding blocks. A layout padded for 256 experts holds mostly padding
 // blocks at small token counts (8 of 240 blocks at one token, top-8): the CTA looks ahead 32 of its
 // tiles at once (a lane each reads the expert of one tile's first row: one memory latency per 32
-// tiles skipped), then runs the dense body on the first real one (its weights prefetched into L2
-// while the CTA's previous tile ran: Dense::prefetch_tile), with GemmParams whose weight
+// tiles skipped), then runs the dense body on the first real one (with no L2 prefetch of the next
+// tile, unlike the masked schedule: measured 5-10 % slower with it on the H200, log section 27),
+// with GemmParams whose weight
 // pointers (packed codes, scales, zero points, bias) and global scale are the expert's; the
 // activation and output pointers stay, the tile's rows being the expert's. Each CTA waits on the
 // upstream grid first (the row experts may be its output). Preconditions (the host states them;
 // the kernel cannot see a mixed block): every kBlockM-row block starting at a multiple of kBlockM
 // holds one expert's rows (then padding), or padding only; gemm.k_splits == 1; a body with
-// run_tile(GemmParams, tile, at_epilogue) and prefetch_tile(GemmParams, tile) taking its tile in the raster of
+// run_tile(GemmParams, tile, at_epilogue) taking its tile in the raster of
 // schedule/tile_scheduler.cuh (the mma.sync bodies). SM80+.
 
 #include <humming_aot/kernel/params.cuh>
@@ -27,10 +28,9 @@
 
 namespace humming_aot::kernel {
 
-template <
-    class Dense,  // the dense body: run_tile(const GemmParams&, tile, at_epilogue), prefetch_tile; the dense raster
-    int kBlockM,  // its tile's rows (tokens): the alignment of every expert's rows
-    int kBlockN>  // its tile's columns (weight channels)
+template <class Dense,  // the dense body: run_tile(const GemmParams&, tile, at_epilogue), the dense raster
+          int kBlockM,  // its tile's rows (tokens): the alignment of every expert's rows
+          int kBlockN>  // its tile's columns (weight channels)
 struct GroupedContiguous {
   static constexpr int kThreads = Dense::kThreads;
   static constexpr int kSmemBytes = Dense::kSmemBytes;
@@ -78,11 +78,6 @@ struct GroupedContiguous {
       // next kernel in
       int next_expert = -1;
       const u32 next = next_real(g, tile + gridDim.x, m_tiles, n_tiles, next_expert);
-      if (next < tiles) {  // its weights on their way into L2 while this tile runs
-        GemmParams ahead = g.gemm;
-        g.weights.move_to(ahead, next_expert);
-        Dense::prefetch_tile(ahead, next);
-      }
       GemmParams p = g.gemm;
       g.weights.move_to(p, expert);
       const bool last = next >= tiles;
