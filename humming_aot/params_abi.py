@@ -8,8 +8,8 @@ place: the version every kernel's metadata must carry, and the byte layouts the 
 - ``MaskedGemmParams`` (the grouped masked MoE GEMM around the mma.sync bodies): GemmParams of
   expert 0's slab, a pointer to the experts' row counts (int32), ``ExpertWeights`` (a pointer to
   the experts' fp32 global scales and the byte strides between experts' codes, scales, zero points
-  and biases), then the byte strides between experts' activation and output slabs and the number
-  of experts (176 bytes).
+  and biases), then the byte strides between experts' activation and output slabs, the number
+  of experts and a pointer to the rows' prefix offsets (int32, E + 1; 0 for slabs) (184 bytes).
 - ``GroupedGemmParams`` (the grouped contiguous MoE GEMM around the mma.sync bodies): GemmParams
   of all the grouped rows with expert 0's weights, a pointer to the rows' experts (int32) and
   ``ExpertWeights`` (152 bytes).
@@ -22,7 +22,8 @@ cluster; 5 TmaGemmParams' third schedule int switches the TMA body to stream-K. 
 Params struct of its own, as TmaGemmParams, adds a layout, not a version: the kernel's metadata
 records its size, which every launch checks. The grouped contiguous schedule's grid became
 persistent, its Params unchanged, without a version: no catalog holds the MoE kernels, and the JIT
-cache keys each build on the headers' text.)
+cache keys each build on the headers' text. MaskedGemmParams grew from 176 to 184 bytes for the
+offsets form: a masked kernel built before it is refused by the size check.)
 """
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ TMA_PADDING = bytes(TMA_MAP_OFFSET - GEMM_PARAMS.size - TMA_SCHEDULE.size)
 TMA_PARAMS_BYTES = TMA_MAP_OFFSET + TMA_MAP_BYTES
 # ExpertWeights (kernel/params.cuh): global_scales, then the w, scale, zero point and bias strides
 EXPERT_WEIGHTS = struct.Struct("<Q4q")
-# expert_rows, ExpertWeights, a and out strides, experts
-MASKED_TAIL = struct.Struct("<Q" + EXPERT_WEIGHTS.format[1:] + "3q")
+# expert_rows, ExpertWeights, a and out strides, experts, row_offsets
+MASKED_TAIL = struct.Struct("<Q" + EXPERT_WEIGHTS.format[1:] + "3qQ")
 MASKED_PARAMS_BYTES = GEMM_PARAMS.size + MASKED_TAIL.size
 GROUPED_TAIL = struct.Struct("<Q" + EXPERT_WEIGHTS.format[1:])  # row_expert, ExpertWeights
 GROUPED_PARAMS_BYTES = GEMM_PARAMS.size + GROUPED_TAIL.size

@@ -6,14 +6,17 @@
 - ``gemm_grouped_kernel(a, experts, row_expert)``: the grouped contiguous layout with every
   expert's rows padded to whole blocks of ``grouped_block_m`` rows
   (csrc/include/humming_aot/kernel/grouped_contiguous.cuh), what ``expert_loop.gemm_grouped``
-  defines for such rows.
+  defines for such rows;
+- ``gemm_grouped_kernel(a, experts, offsets=offsets)``: the grouped contiguous layout with no
+  alignment, expert e owning rows offsets[e] to offsets[e + 1], on the masked kernel's walk
+  (its offsets form), what ``expert_loop.gemm_grouped`` defines.
 
-Both are persistent schedules around a dense mma.sync body (``heuristics.select_masked_tile``: the
+All are persistent schedules around a dense mma.sync body (``heuristics.select_masked_tile``: the
 tile for the expected rows per expert), from the installed catalog or the JIT, one K slice per
 tile: at most the resident CTAs, each walking the real tiles in turn, so that the empty experts and
 padding blocks of a small batch cost no CTA.
-``QuantizedMoE`` takes the contiguous one only when opted in (``use_grouped_kernels``), until the
-GPU suite has held them to the expert loop (issue 23).
+``QuantizedMoE`` takes the offsets form only when opted in (``use_grouped_kernels``), until the
+GPU suite has held it to the expert loop (issue 23).
 """
 from __future__ import annotations
 
@@ -62,31 +65,72 @@ def gemm_masked_kernel(a: torch.Tensor, experts: PackedExperts, masked_m: torch.
 
 
 def _grouped_by_offsets(a: torch.Tensor, experts: PackedExperts, offsets: torch.Tensor, *, expected_m: int,
-                        bias: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor:
-    """gemm_grouped_kernel on rows grouped by prefix offsets: aligned, computed, gathered back."""
-    from humming_aot.moe.routing import align_offsets, permute_aligned
-
+                        bias: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """gemm_grouped_kernel on rows grouped by prefix offsets: the masked schedule walking the
+    experts' rows of the one activation (kernel/grouped_masked.cuh, its offsets form), with no
+    alignment and no copy of the rows."""
     what = "gemm_grouped_kernel"
     if (not isinstance(offsets, torch.Tensor) or offsets.shape != (experts.experts + 1,)
-            or offsets.dtype not in (torch.int32, torch.int64) or offsets.device != a.device):
-        raise ValueError(f"{what}: offsets must be ({experts.experts + 1},) int32 or int64 on {a.device}, got "
+            or offsets.dtype not in (torch.int32, torch.int64)):
+        raise ValueError(f"{what}: offsets must be ({experts.experts + 1},) int32 or int64, got {_describe(offsets)}")
+    _check_rows(a, experts, bias, out, what)
+    if offsets.device != a.device:
+        raise ValueError(f"{what}: offsets must be on {a.device} (the kernel reads them there), got "
                          f"{_describe(offsets)}")
-    if not isinstance(a, torch.Tensor) or a.dim() != 2:
-        raise ValueError(f"{what}: a must be (R, {experts.in_features}), got {_describe(a)}")
-    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != (a.shape[0], experts.out_features)
-                            or out.dtype != a.dtype or out.device != a.device):
-        raise ValueError(f"{what}: out must be ({a.shape[0]}, {experts.out_features}) {a.dtype} on {a.device}, got "
-                         f"{_describe(out)}")
+    if experts.padded:
+        return _padded(_grouped_by_offsets, a, experts, bias, out, offsets, expected_m=expected_m)
     rows = a.shape[0]
-    grouping = align_offsets(offsets, rows, grouped_block_m(experts, expected_m, a.device))
-    computed = gemm_grouped_kernel(permute_aligned(a, grouping), experts, grouping.row_expert, expected_m=expected_m,
-                                   bias=bias)
-    result = torch.zeros(rows + 1, experts.out_features, dtype=a.dtype, device=a.device)
-    result.index_copy_(0, torch.where(grouping.slot_of_row >= 0, grouping.slot_of_row, rows), computed)
     if out is None:
-        return result[:rows]
-    out.copy_(result[:rows])
+        out = torch.zeros(rows, experts.n, dtype=a.dtype, device=a.device)
+    if rows == 0:
+        return out
+    offsets = offsets.to(torch.int32).contiguous()  # no copy when already int32 and contiguous
+    tile, loaded = _kernel(a, experts, GemmType.MASKED, max(1, int(expected_m)), what, "gemm_grouped")
+    grid, params = offsets_launch_arguments(a, experts, offsets, bias, out, tile,
+                                            _resident(loaded, tile, a.device.index))
+    loaded.launch(grid, _stream(a), params)
     return out
+
+
+def offsets_launch_arguments(a: torch.Tensor, experts: PackedExperts, offsets: torch.Tensor,
+                             bias: torch.Tensor | None, out: torch.Tensor, tile: TileConfig,
+                             resident: int) -> tuple[tuple[int, int, int], bytes]:
+    """The grid and the MaskedGemmParams bytes of the offsets form: GemmParams of all R rows with
+    expert 0's weights (m = R, which bounds every expert's rows), no counts, the experts' weights,
+    zero slab strides, E and the int32 offsets pointer. The experts' tiles number at most
+    (ceil(R / block_m) + E) x N tiles (each expert's last row tile may be partial); the grid is
+    that, at most the `resident` CTAs."""
+    rows, e = a.shape[0], experts.experts
+    if offsets.dtype != torch.int32 or offsets.shape != (e + 1,) or not offsets.is_contiguous():
+        raise ValueError(f"gemm_grouped_kernel: the kernel reads ({e + 1},) contiguous int32 offsets, got "
+                         f"{_describe(offsets)}")
+    n_tiles = -(-experts.n // tile.block_n)
+    tiles = (-(-rows // tile.block_m) + e) * n_tiles
+    if tiles >= 2**31:
+        raise ValueError(f"gemm_grouped_kernel: {rows} rows of {e} experts and {experts.n} columns make up to {tiles} "
+                         f"tiles of {tile.block_m} x {tile.block_n}, past the kernel's 2**31: split the rows over calls")
+    tail = params_abi.MASKED_TAIL.pack(0, *_expert_weights(experts, bias), 0, 0, e, offsets.data_ptr())
+    return (max(1, min(tiles, resident)), 1, 1), _gemm_bytes(a, experts, bias, out, lda=a.stride(0), m=rows) + tail
+
+
+def _check_rows(a: torch.Tensor, experts: PackedExperts, bias: torch.Tensor | None, out: torch.Tensor | None,
+                        what: str) -> None:
+    """The checks of the grouped rows' activation, bias and output, in either form."""
+    if not isinstance(a, torch.Tensor) or a.dim() != 2 or a.shape[1] != experts.in_features:
+        raise ValueError(f"{what}: a must be (R, {experts.in_features}), got {_describe(a)}")
+    if a.dtype != experts.act_dtype or a.stride(1) != 1:
+        raise ValueError(f"{what}: a must be a {experts.act_dtype} tensor with unit stride along K (the experts were "
+                         f"packed for it), got {a.dtype} with strides {a.stride()}")
+    _check_device_and_rows(a, experts, what, "gemm_grouped")
+    if a.shape[0] > 1 and a.stride(0) % 8:
+        raise ValueError(f"{what}: a's rows must start on 16-byte boundaries (row stride a multiple of 8 elements, "
+                         f"got {a.stride(0)}): pass a.contiguous()")
+    _check_bias(bias, experts, a, what)
+    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != (a.shape[0], experts.out_features)
+                            or out.dtype != a.dtype or out.device != a.device or not out.is_contiguous()
+                            or out.data_ptr() % 4):
+        raise ValueError(f"{what}: out must be ({a.shape[0]}, {experts.out_features}) {a.dtype}, contiguous, on "
+                         f"{a.device}, starting on a 4-byte boundary, got {_describe(out)}")
 
 
 def _padded(run, a: torch.Tensor, experts: PackedExperts, bias: torch.Tensor | None, out: torch.Tensor | None,
@@ -123,11 +167,13 @@ def gemm_grouped_kernel(a: torch.Tensor, experts: PackedExperts, row_expert: tor
     r's block of ``grouped_block_m(experts, expected_m)`` rows.
 
     The experts' rows come as ``row_expert`` (below: block-aligned) or as ``offsets`` (E + 1,)
-    int32 or int64 on a's device, rows grouped expert after expert with no alignment (expert e
-    owns rows offsets[e] to offsets[e + 1]; the rows of no expert are written as zeros, as
-    moe.gemm_grouped writes them): the call aligns them (moe.align_offsets, torch operations with
-    no host round trip), runs the kernel on the aligned copy and gathers the rows back, two copies
-    of the rows more than an aligned caller pays.
+    int32 or int64 (int32 saves a conversion) on a's device: rows grouped expert after expert with
+    no alignment, expert e owning rows offsets[e] to offsets[e + 1]. The offsets are read on the
+    device and not checked there (rising, within [0, R]: the caller's contract; each is clamped to
+    [0, R], so that no row outside a and out is touched, whatever they hold; offsets that do not
+    rise give overlapping experts, computed twice or not at all). That form runs the masked schedule's walk
+    over the offsets (kernel/grouped_masked.cuh): no alignment, no copy of the rows, and rows of no
+    expert are neither read nor written (zeros in a new output).
 
     a:          (R, K), the experts' activation dtype, rows 16-byte aligned, on their CUDA device
     row_expert: (R,) int32 on the same device: each row's expert, -1 for a padding row; every
@@ -139,8 +185,9 @@ def gemm_grouped_kernel(a: torch.Tensor, experts: PackedExperts, row_expert: tor
                 are skipped
     expected_m: the rows an expert is expected to hold, which picks the tile and so the blocks
     bias:       (E, N) in the activation dtype, or None
-    out:        (R, N) contiguous to write into (blocks of padding only are left as they are);
-                default a new zero tensor
+    out:        (R, N) contiguous to write into (blocks of padding only, and with offsets the
+                rows of no expert, are left as they are); default a new zero tensor, whose
+                zero-fill a caller whose rows all belong to experts saves by passing an empty one
     """
     if (row_expert is None) == (offsets is None):
         raise ValueError("gemm_grouped_kernel: give the experts' rows as row_expert (R,) (block-aligned) or as "
@@ -212,7 +259,7 @@ def launch_arguments(a: torch.Tensor, experts: PackedExperts, masked_m: torch.Te
         raise ValueError(f"gemm_masked_kernel: {e} experts of {max_m} rows and {n} columns make {tiles} tiles of "
                          f"{tile.block_m} x {tile.block_n}, past the kernel's 2**31: split the experts over calls")
     tail = params_abi.MASKED_TAIL.pack(masked_m.data_ptr(), *_expert_weights(experts, bias),
-                                       max_m * k * _ELEMENT_BYTES, max_m * n * _ELEMENT_BYTES, e)
+                                       max_m * k * _ELEMENT_BYTES, max_m * n * _ELEMENT_BYTES, e, 0)
     return (max(1, min(tiles, resident)), 1, 1), _gemm_bytes(a, experts, bias, out, lda=k, m=max_m) + tail
 
 
@@ -276,27 +323,11 @@ def _expert_bytes(stacked: torch.Tensor) -> int:
 def _check_grouped(a: torch.Tensor, experts: PackedExperts, row_expert: torch.Tensor, bias: torch.Tensor | None,
                    out: torch.Tensor | None) -> None:
     what = "gemm_grouped_kernel"
-    if not isinstance(a, torch.Tensor) or a.dim() != 2 or a.shape[1] != experts.in_features:
-        raise ValueError(f"{what}: a must be (R, {experts.in_features}), got "
-                         f"{tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__}")
-    if a.dtype != experts.act_dtype or a.stride(1) != 1:
-        raise ValueError(f"{what}: a must be a {experts.act_dtype} tensor with unit stride along K (the experts were "
-                         f"packed for it), got {a.dtype} with strides {a.stride()}")
-    _check_device_and_rows(a, experts, what, "gemm_grouped")
-    if a.shape[0] > 1 and a.stride(0) % 8:
-        raise ValueError(f"{what}: a's rows must start on 16-byte boundaries (row stride a multiple of 8 elements, "
-                         f"got {a.stride(0)}): pass a.contiguous()")
+    _check_rows(a, experts, bias, out, what)
     if (not isinstance(row_expert, torch.Tensor) or row_expert.shape != (a.shape[0],)
             or row_expert.dtype != torch.int32 or row_expert.device != a.device or not row_expert.is_contiguous()):
         raise ValueError(f"{what}: row_expert must be ({a.shape[0]},) int32, contiguous, on {a.device} (the kernel "
                          f"reads it there), got {_describe(row_expert)}")
-    _check_bias(bias, experts, a, what)
-    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != (a.shape[0], experts.out_features)
-                            or out.dtype != a.dtype or out.device != a.device or not out.is_contiguous()
-                            or out.data_ptr() % 4):
-        raise ValueError(f"{what}: out must be ({a.shape[0]}, {experts.out_features}) {a.dtype}, contiguous, on "
-                         f"{a.device}, "
-                         f"starting on a 4-byte boundary, got {_describe(out)}")
 
 
 def _check_device_and_rows(a: torch.Tensor, experts: PackedExperts, what: str, loop: str) -> None:

@@ -286,10 +286,11 @@ def test_persistent_schedules_walk_many_experts_and_long_padding(fmt):
 
 @pytest.mark.parametrize("fmt", ("int4:g128", "mxfp4"))
 def test_grouped_kernel_on_unaligned_rows_given_by_offsets(fmt):
-    """gemm_grouped_kernel(offsets=...): rows grouped expert after expert with no alignment (an
-    empty expert, rows before the first expert's and after the last one's) equal to the expert
-    loop (moe.gemm_grouped with the same offsets) within the kernels' tolerance, rows of no expert
-    zero; into a caller's output too."""
+    """gemm_grouped_kernel(offsets=...), the masked schedule's walk over the offsets: rows grouped
+    expert after expert with no alignment (an empty expert, rows before the first expert's and
+    after the last one's) equal to the expert loop (moe.gemm_grouped with the same offsets) within
+    the kernels' tolerance; rows of no expert zero in a new output and untouched (NaN) in a
+    caller's; int32 and int64 offsets alike; offsets past the rows clamped to them."""
     from humming_aot.moe import gemm_grouped, gemm_grouped_kernel
 
     seed = _seed()
@@ -303,14 +304,20 @@ def test_grouped_kernel_on_unaligned_rows_given_by_offsets(fmt):
     for expected in (1, 16, 64):
         got = gemm_grouped_kernel(a, experts, offsets=offsets, expected_m=expected, bias=bias)
         into = torch.full((75, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        gemm_grouped_kernel(a, experts, offsets=offsets, expected_m=expected, bias=bias, out=into)
+        gemm_grouped_kernel(a, experts, offsets=offsets.to(torch.int32), expected_m=expected, bias=bias, out=into)
         loop = gemm_grouped(a, experts, offsets=offsets, bias=bias)
-        assert torch.equal(got, into) and not got[:3].any() and not got[70:].any()
+        assert torch.equal(got[3:70], into[3:70]) and not got[:3].any() and not got[70:].any()
+        assert into[:3].isnan().all() and into[70:].isnan().all()
         for x in range(e):
             lo, hi = offsets[x].item(), offsets[x + 1].item()
             if hi > lo:
-                key = _key(experts, expected, GemmType.GROUPED)
+                key = _key(experts, expected, GemmType.MASKED)
                 w_eff = experts.effective_weight(x, scales_in_fp32=key.scales_in_fp32)
                 assert_gemm_close(got[lo:hi], reference_gemm(a[lo:hi], w_eff, bias[x]), a=a[lo:hi], w_eff=w_eff,
                                   bias=bias[x], context=f"offsets {fmt} expected={expected} expert {x} seed={seed}")
         assert loop.shape == got.shape
+    # offsets past the rows: the last expert's rows end at R, nothing outside a and out is touched
+    beyond = torch.tensor([0, 30, 60, 90, 1000], device="cuda", dtype=torch.int32)
+    clipped = torch.tensor([0, 30, 60, 75, 75], device="cuda", dtype=torch.int32)
+    assert torch.equal(gemm_grouped_kernel(a, experts, offsets=beyond, expected_m=16, bias=bias),
+                       gemm_grouped_kernel(a, experts, offsets=clipped, expected_m=16, bias=bias))

@@ -92,7 +92,7 @@ def test_the_launch_passes_expert_zero_and_the_strides_between_experts():
     tiles = e * 2 * -(-n // tile.block_n)
     assert grid == (tiles, 1, 1)
     assert launch_arguments(a, experts, counts, bias, out, tile, resident=5)[0] == (5, 1, 1)
-    assert len(params) == params_abi.MASKED_PARAMS_BYTES == 176
+    assert len(params) == params_abi.MASKED_PARAMS_BYTES == 184
     gemm = params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])
     assert gemm[:8] == (a.data_ptr(), experts.w.data_ptr(), experts.w_scale.data_ptr(),
                         experts.w_zero_point.data_ptr(), bias.data_ptr(), out.data_ptr(), 0, 0)
@@ -102,12 +102,36 @@ def test_the_launch_passes_expert_zero_and_the_strides_between_experts():
     strides = tail[2:8]  # ExpertWeights' four, then the activation and output slabs'
     for stride, tensor in zip(strides, (experts.w, experts.w_scale, experts.w_zero_point, bias, a, out)):
         assert stride == tensor[1].data_ptr() - tensor[0].data_ptr()  # expert 1's slab minus expert 0's
-    assert tail[8] == e
+    assert tail[8] == e and tail[9] == 0  # the slabs' form: no offsets
     symmetric = _experts("int4:g128")
     _, params = launch_arguments(a, symmetric, counts, None, out, tile, resident=1000)
     gemm = params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])
     tail = params_abi.MASKED_TAIL.unpack(params[params_abi.GEMM_PARAMS.size:])
     assert gemm[3] == gemm[4] == 0 and tail[4] == tail[5] == 0  # no zero points, no bias
+
+
+def test_the_offsets_form_launches_the_masked_walk_over_one_activation():
+    from humming_aot.moe.kernels import offsets_launch_arguments
+
+    experts = _experts()
+    e, rows, k, n = 3, 75, 256, 192
+    a = torch.zeros(rows, k, dtype=torch.bfloat16)
+    out = torch.zeros(rows, n, dtype=torch.bfloat16)
+    offsets = torch.tensor([3, 20, 20, 70], dtype=torch.int32)
+    tile = heuristics.select_masked_tile("sm90a", 16, k, 64, 4)
+    grid, params = offsets_launch_arguments(a, experts, offsets, None, out, tile, resident=10_000)
+    # at most ceil(R / block_m) row tiles plus one partial tile per expert, per N tile
+    assert grid == ((-(-rows // tile.block_m) + e) * -(-n // tile.block_n), 1, 1)
+    assert offsets_launch_arguments(a, experts, offsets, None, out, tile, resident=7)[0] == (7, 1, 1)
+    assert len(params) == params_abi.MASKED_PARAMS_BYTES
+    gemm = params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])
+    assert gemm[0] == a.data_ptr() and gemm[5] == out.data_ptr()
+    assert gemm[8:] == (k, n, rows, n, k, 64, 1, 1.0)  # m = R bounds every expert's rows
+    tail = params_abi.MASKED_TAIL.unpack(params[params_abi.GEMM_PARAMS.size:])
+    assert tail[0] == 0  # no counts: the offsets give them
+    assert tail[6:] == (0, 0, e, offsets.data_ptr())  # no slab strides, E, the offsets
+    with pytest.raises(ValueError, match=r"reads \(4,\) contiguous int32 offsets, got \(4,\) torch.int64"):
+        offsets_launch_arguments(a, experts, offsets.long(), None, out, tile, resident=7)
 
 
 def test_bad_arguments_are_refused_before_any_launch():
@@ -187,6 +211,16 @@ def test_grouped_arguments_are_refused_before_any_launch(monkeypatch):
     with pytest.raises(ValueError, match=r"out must be \(16, 192\)"):
         kernels._check_grouped(a, experts, row_expert, None, torch.zeros(16, 128, dtype=torch.bfloat16))
     kernels._check_grouped(a, experts, row_expert, None, None)  # all fine
+    # the offsets form: the offsets' shape, dtype and device, then the rows' checks
+    with pytest.raises(ValueError, match=r"offsets must be \(4,\) int32 or int64, got \(3,\)"):
+        gemm_grouped_kernel(a, experts, offsets=torch.zeros(3, dtype=torch.int32), expected_m=8)
+    with pytest.raises(ValueError, match=r"offsets must be \(4,\) int32 or int64, got \(4,\) torch.float32"):
+        gemm_grouped_kernel(a, experts, offsets=torch.zeros(4), expected_m=8)
+    with pytest.raises(ValueError, match=r"out must be \(16, 192\)"):
+        gemm_grouped_kernel(a, experts, offsets=torch.zeros(4, dtype=torch.int32), expected_m=8,
+                            out=torch.zeros(16, 128, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="give the experts' rows as row_expert .* or as offsets"):
+        gemm_grouped_kernel(a, experts, row_expert, offsets=torch.zeros(4, dtype=torch.int32), expected_m=8)
 
 
 def test_a_cast_global_scale_is_refused(monkeypatch):

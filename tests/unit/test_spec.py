@@ -291,8 +291,9 @@ def test_mma_sync_keys_whose_loader_would_need_over_32_copy_passes_are_refused()
 
 def test_grouped_masked_keys_wrap_the_mma_sync_bodies():
     """A grouped masked GEMM (kernel/grouped_masked.cuh) is a schedule around a dense body that
-    takes GemmParams: its source wraps the body's template and takes MaskedGemmParams (176 bytes:
-    GemmParams, the counts pointer, ExpertWeights, the slabs' two strides and the experts); the
+    takes GemmParams: its source wraps the body's template and takes MaskedGemmParams (184 bytes:
+    GemmParams, the counts pointer, ExpertWeights, the slabs' two strides, the experts and the
+    offsets pointer); the
     TMA body and the indexed type have no kernel yet, and say so."""
     from humming_aot import codegen, params_abi
     from humming_aot.spec import GemmType
@@ -309,7 +310,7 @@ def test_grouped_masked_keys_wrap_the_mma_sync_bodies():
         assert "const __grid_constant__ humming_aot::kernel::MaskedGemmParams params" in source
         assert "sizeof(humming_aot::kernel::MaskedGemmParams)" in source
         assert codegen.params_type(key) == "MaskedGemmParams"
-    assert params_abi.MASKED_PARAMS_BYTES == 176
+    assert params_abi.MASKED_PARAMS_BYTES == 184
     with pytest.raises(ValueError, match="run several tiles per CTA \\(mma, mma-sw\\), not wgmma-ws"):
         codegen.kernel_source(KernelKey.from_name(
             "gemm_masked_sm90a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_128x128x64_w1x4_s4"))

@@ -9,6 +9,15 @@
 // empty expert costs no CTA: with 256 experts of which 8 hold a token, one CTA per tile of every
 // slab would launch 32 times the CTAs that have work.
 //
+// The same schedule runs the grouped contiguous layout with no alignment (DeepGEMM's offsets
+// form): rows grouped expert after expert in one (m, K) activation, expert e owning rows
+// [row_offsets[e], row_offsets[e + 1]) (each offset clamped to [0, m], so that no expert's rows
+// leave the tensors), its "slab" then starting at its first row. Its tiles are the dense tiles of
+// those rows, so an expert's last tile ends at its last row and no row needs padding; rows of no
+// expert are neither read nor written. The offsets must rise (the caller's contract, not checked):
+// offsets that do not make experts overlap, whose rows are then computed twice, and can make the
+// 32-bit tile counts wrap, which ends a CTA's walk early; no row outside the tensors is touched.
+//
 // Each CTA waits on the upstream grid (the counts may be its output), then finds each tile's
 // expert by walking the counts in windows of 256 experts (ExpertWalk: every warp computes the same
 // walk, so the result is uniform without shared memory), one tile ahead: while it runs a tile, the
@@ -29,20 +38,37 @@ namespace humming_aot::kernel {
 // Where a persistent CTA's tile lies among the experts' tiles: find(tile) walks the counts from
 // expert 0 in windows of 256 experts, 8 consecutive ones per lane (eight independent loads: one
 // memory latency per window, L1 hits after a CTA's first tile), a warp scan of the lanes' tiles,
-// and a ballot for the lane whose experts hold the tile. No state is kept between tiles, so that
-// the dense body keeps its registers: with at most 256 experts each find reads one window.
+// and a ballot for the lane whose experts hold the tile (with offsets, each count is the
+// difference of two clamped offsets). The walk keeps no state between tiles (the schedule keeps
+// the next tile's three values; the 8-bit 8-row tiles still fit 128 registers without spills): with
+// at most 256 experts each find reads one window.
 template <int kBlockM>
 struct ExpertWalk {
   static constexpr int kPerLane = 8;
   static constexpr u32 kWindow = 32 * kPerLane;
 
-  const int* rows_of;  // the counts
+  const int* rows_of;  // the counts (slabs)
+  const int* offsets;  // the prefix offsets of the rows (one activation), or nullptr (slabs)
   u32 experts, max_rows, n_tiles;
 
-  // Expert e's rows, the count clamped to [0, max_rows] (0 past the last expert).
+  // v clamped to [lo, max_rows].
+  __device__ __forceinline__ u32 clamp_rows(int v, u32 lo) const {
+    return v <= static_cast<int>(lo) ? lo : (static_cast<u32>(v) < max_rows ? static_cast<u32>(v) : max_rows);
+  }
+
+  // Expert e's first row: 0 in its slab; with offsets, offsets[e] clamped to [0, max_rows].
+  __device__ __forceinline__ u32 first_row(u32 e) const { return offsets == nullptr ? 0u : clamp_rows(offsets[e], 0); }
+
+  // Expert e's rows (0 past the last expert): its count clamped to [0, max_rows]; with offsets,
+  // from its first row to offsets[e + 1] clamped to [first row, max_rows], so that no expert's
+  // rows leave the activation and output, whatever the offsets hold.
   __device__ __forceinline__ u32 rows(u32 e) const {
-    const int count = e < experts ? rows_of[e] : 0;
-    return count <= 0 ? 0u : (static_cast<u32>(count) < max_rows ? static_cast<u32>(count) : max_rows);
+    if (e >= experts) return 0u;
+    if (offsets != nullptr) {
+      const u32 lo = first_row(e);
+      return clamp_rows(offsets[e + 1], lo) - lo;
+    }
+    return clamp_rows(rows_of[e], 0);
   }
 
   __device__ __forceinline__ u32 tiles(u32 r) const { return (r + kBlockM - 1) / kBlockM * n_tiles; }
@@ -74,6 +100,7 @@ struct ExpertWalk {
         const u32 starts = __ballot_sync(0xffffffffu, inclusive - sum <= in_window);
         const int holder = 31 - __clz(starts);
         u32 at = __shfl_sync(0xffffffffu, inclusive - sum, holder);
+        bool hit = false;  // always, unless the tile counts wrapped (offsets that do not rise)
 #pragma unroll
         for (int i = 0; i < kPerLane; ++i) {
           const u32 t = __shfl_sync(0xffffffffu, tiles(counts[i]), holder);
@@ -82,10 +109,11 @@ struct ExpertWalk {
             expert = first + static_cast<u32>(holder) * kPerLane + i;
             expert_rows = r;
             local = in_window - at;
+            hit = true;
           }
           at += t;
         }
-        return true;
+        return hit;  // a miss ends the CTA's walk rather than run a tile of no expert
       }
       before += window_tiles;
     }
@@ -104,8 +132,8 @@ struct GroupedMasked {
 
   static __device__ __forceinline__ void run(const MaskedGemmParams& g) {
     schedule::wait_for_upstream_grid();  // the counts (and the activations) may come from the previous kernel
-    const ExpertWalk<kBlockM> walk{g.expert_rows, static_cast<u32>(g.experts), static_cast<u32>(g.gemm.m),
-                                   (static_cast<u32>(g.gemm.n) + kBlockN - 1) / kBlockN};
+    const ExpertWalk<kBlockM> walk{g.expert_rows, g.row_offsets, static_cast<u32>(g.experts),
+                                   static_cast<u32>(g.gemm.m), (static_cast<u32>(g.gemm.n) + kBlockN - 1) / kBlockN};
     u32 expert, rows, local;
     if (!walk.find(blockIdx.x, expert, rows, local)) {
       schedule::release_dependent_grid();  // no tile for this CTA
@@ -124,8 +152,9 @@ struct GroupedMasked {
       }
       GemmParams p = g.gemm;
       p.m = static_cast<int>(rows);
-      p.a = static_cast<const char*>(p.a) + expert * g.a_stride;
-      p.out = static_cast<char*>(p.out) + expert * g.out_stride;
+      const i64 first = walk.first_row(expert);  // the expert's rows in its slab, or among all rows
+      p.a = static_cast<const char*>(p.a) + expert * g.a_stride + first * p.lda * 2;
+      p.out = static_cast<char*>(p.out) + expert * g.out_stride + first * p.ldo * 2;
       g.weights.move_to(p, static_cast<int>(expert));
       Dense::run_tile(p, local, [more] {
         if (!more) schedule::release_dependent_grid();

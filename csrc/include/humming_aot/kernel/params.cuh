@@ -83,17 +83,22 @@ struct ExpertWeights {
 
 // The Params of the grouped masked MoE GEMM (kernel/grouped_masked.cuh): the GemmParams of expert
 // 0's slab (m: the slab's rows, max_m; k_splits 1), each expert's valid rows on the device, the
-// experts' weights (ExpertWeights), the bytes between experts' activation and output slabs and the
-// number of experts. Packed as GemmParams' bytes, then "<2Q7q" (176 bytes).
+// experts' weights (ExpertWeights), the bytes between experts' activation and output slabs, the
+// number of experts, and the rows' prefix offsets or nullptr. With offsets (the grouped contiguous
+// layout with no alignment: expert e owns rows [row_offsets[e], row_offsets[e + 1]) of one (m, K)
+// activation and one (m, N) output), expert_rows is unused and both strides are 0. Packed as
+// GemmParams' bytes, then "<2Q7qQ" (184 bytes).
 struct MaskedGemmParams {
   GemmParams gemm;
   const int* expert_rows;  // (E,) valid rows of each expert's slab, 0 <= rows <= gemm.m
   ExpertWeights weights;
-  i64 a_stride;    // bytes between experts' activation slabs (max_m * lda * 2)
-  i64 out_stride;  // bytes between experts' output slabs (max_m * ldo * 2)
-  i64 experts;     // E
+  i64 a_stride;            // bytes between experts' activation slabs (max_m * lda * 2; 0 with offsets)
+  i64 out_stride;          // bytes between experts' output slabs (max_m * ldo * 2; 0 with offsets)
+  i64 experts;             // E
+  const int* row_offsets;  // (E + 1,) prefix offsets of the experts' rows, or nullptr (slabs)
 };
-static_assert(sizeof(MaskedGemmParams) == 176, "MaskedGemmParams is GemmParams, a pointer, ExpertWeights, three i64");
+static_assert(sizeof(MaskedGemmParams) == 184,
+              "MaskedGemmParams is GemmParams, a pointer, ExpertWeights, three i64 and a pointer");
 
 // The Params of the grouped contiguous MoE GEMM (kernel/grouped_contiguous.cuh): the GemmParams of
 // all the grouped rows with expert 0's weights (k_splits 1), each row's expert on the device and
