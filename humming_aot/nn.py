@@ -146,9 +146,9 @@ class QuantizedMoE(torch.nn.Module):
     tokens of hidden. The experts run in the grouped contiguous layout as a loop of dense GEMMs,
     one per expert with tokens (humming_aot.moe.expert_loop): correct on every device, with one
     host round trip per layer. With ``use_grouped_kernels = True`` (opt in, off by default until the
-    GPU suite has held it to the loop) a CUDA forward runs the grouped contiguous kernel instead
-    (humming_aot.moe.gemm_grouped_kernel on the routing aligned by align_groups): two GEMM launches
-    and no host round trip (capturable in a CUDA graph).
+    GPU suite has held it to the loop) a CUDA forward runs the grouped kernels instead
+    (humming_aot.moe.gemm_grouped_kernel on the routing's prefix offsets, no alignment): two GEMM
+    launches and no host round trip (capturable in a CUDA graph).
     """
 
     def __init__(self, gate_up, down, activation: str = "silu", gate_up_bias: torch.Tensor | None = None,
@@ -298,23 +298,22 @@ class QuantizedMoE(torch.nn.Module):
 
     def _forward_grouped_kernels(self, x: torch.Tensor, topk_ids: torch.Tensor,
                                  topk_weights: torch.Tensor) -> torch.Tensor:
-        """The forward on the grouped contiguous kernel: both GEMMs on the routing aligned to the
-        larger of their two blocks (each a power of two, so the smaller one's rule holds too)."""
+        """The forward on the grouped kernels' offsets form: the routed rows grouped expert after
+        expert (moe.group_rows: every row belongs to an expert, so the outputs need no zero-fill),
+        both GEMMs on the prefix offsets, with no alignment."""
         from humming_aot import moe
 
-        gate_up, down = self.gate_up, self.down
-        expected = max(1, -(-x.shape[0] * topk_ids.shape[1] // self.num_experts))
-        blocks = (moe.grouped_block_m(gate_up, expected), moe.grouped_block_m(down, expected))
-        block = max(blocks)
-        if any(block % b for b in blocks):  # the table's block_m are powers of two; say so if one is not
-            raise ValueError(f"QuantizedMoE: the two GEMMs' blocks {blocks} do not divide each other: align to "
-                             "their least common multiple")
-        grouping = moe.align_groups(topk_ids, self.num_experts, block)
-        rows = moe.permute_aligned(x, grouping)
-        h = moe.gemm_grouped_kernel(rows, gate_up, grouping.row_expert, expected_m=expected, bias=self.gate_up_bias)
+        slots = x.shape[0] * topk_ids.shape[1]
+        expected = max(1, -(-slots // self.num_experts))
+        routing = moe.group_rows(topk_ids, self.num_experts, check_range=False)  # no host round trip
+        offsets = routing.offsets.to(torch.int32)
+        rows = moe.permute(x, routing)
+        h = moe.gemm_grouped_kernel(rows, self.gate_up, offsets=offsets, expected_m=expected, bias=self.gate_up_bias,
+                                    out=rows.new_empty(slots, self.gate_up.out_features))
         h = moe.silu_and_mul(h) if self.activation == "silu" else moe.swiglu_oai(h)
-        y = moe.gemm_grouped_kernel(h, down, grouping.row_expert, expected_m=expected, bias=self.down_bias)
-        return moe.weighted_sum(moe.unpermute_aligned(y, grouping, x.shape[0]), topk_weights)
+        y = moe.gemm_grouped_kernel(h, self.down, offsets=offsets, expected_m=expected, bias=self.down_bias,
+                                    out=h.new_empty(slots, self.down.out_features))
+        return moe.weighted_sum(moe.unpermute(y, routing), topk_weights)
 
     def extra_repr(self) -> str:
         return (f"experts={self.num_experts}, hidden={self.hidden_size}, intermediate={self.intermediate_size}, "

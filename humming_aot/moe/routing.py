@@ -102,12 +102,16 @@ class GroupedRouting:
     top_k: int
 
 
-def group_rows(topk_ids: torch.Tensor, num_experts: int) -> GroupedRouting:
-    """The grouped contiguous layout of a top-k routing (see GroupedRouting)."""
-    _check_topk_ids(topk_ids, num_experts)
+def group_rows(topk_ids: torch.Tensor, num_experts: int, *, check_range: bool = True) -> GroupedRouting:
+    """The grouped contiguous layout of a top-k routing (see GroupedRouting), with torch
+    operations only. check_range=False skips reading the ids back to check their range, the one
+    host synchronization (a CUDA-graph capturable caller; an id out of range then fails on the
+    device)."""
+    _check_topk_ids(topk_ids, num_experts, check_range=check_range)
     flat = topk_ids.reshape(-1).long()
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts)
+    # (scatter_add_, not bincount: bincount on a GPU reads the largest id back to the host)
+    counts = torch.zeros(num_experts, dtype=torch.long, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
     offsets = torch.zeros(num_experts + 1, dtype=torch.long, device=flat.device)
     offsets[1:] = torch.cumsum(counts, 0)
     return GroupedRouting(slot_of_row=order, offsets=offsets, row_expert=flat[order].to(torch.int32),

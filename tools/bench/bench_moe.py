@@ -8,11 +8,13 @@ Every implementation computes one layout (--layout): grouped contiguous (the rou
 routing, expert after expert, with prefix offsets (E + 1,)) or grouped masked ((E, max_m, K), each
 expert's rows first, with per-expert counts (E,); max_m is the largest count, rounded up to 16):
 
-  humming_aot        on pack_experts(quantize(w, fmt)), one launch: contiguous, the grouped kernel
-                     humming_aot.moe.gemm_grouped_kernel on the routing's rows aligned to its block
-                     (moe.align_groups, outside the timing: the padding rows are part of what it
-                     multiplies); masked, humming_aot.moe.gemm_masked_kernel. Expected rows per
-                     expert: tokens x top_k / E
+  humming_aot        on pack_experts(quantize(w, fmt)), one launch: contiguous,
+                     humming_aot.moe.gemm_grouped_kernel on the routing's prefix offsets (int32,
+                     as Humming takes them, int64); masked, humming_aot.moe.gemm_masked_kernel.
+                     Expected rows per expert: tokens x top_k / E
+  humming_aot_aligned (contiguous only) gemm_grouped_kernel on the routing's rows aligned to its
+                     block (moe.align_groups, outside the timing: the padding rows are part of
+                     what it multiplies)
   humming_aot_loop   the expert loop (humming_aot.moe.gemm_grouped / gemm_masked: one dense catalog
                      GEMM per expert with rows; it reads the offsets or counts on the host, so it is
                      timed as an eager loop, see the mode column), for comparison
@@ -59,7 +61,7 @@ MODELS = {
     "gpt-oss-120b": (128, 4, (("gemm1", 5760, 2880), ("gemm2", 2880, 2880))),
 }
 DEFAULT_TOKENS = "1,4,16,64,256,1024,4096,16384"
-ALL_IMPLS = ("humming_aot", "humming", "torch_grouped_mm", "humming_aot_loop")
+ALL_IMPLS = ("humming_aot", "humming", "torch_grouped_mm", "humming_aot_loop", "humming_aot_aligned")
 DEFAULT_IMPLS = ALL_IMPLS[:3]
 
 
@@ -113,7 +115,7 @@ class MoeImpl:
 LAYOUTS = ("contiguous", "masked")
 
 
-def prepare_humming_aot(w: torch.Tensor, fmt: str, layout: str, loop: bool = False) -> MoeImpl:
+def prepare_humming_aot(w: torch.Tensor, fmt: str, layout: str, loop: bool = False, aligned: bool = False) -> MoeImpl:
     import humming_aot
     from humming_aot.moe import (
         align_groups,
@@ -126,9 +128,11 @@ def prepare_humming_aot(w: torch.Tensor, fmt: str, layout: str, loop: bool = Fal
         permute_aligned,
     )
 
+    if aligned and layout != "contiguous":
+        raise bench_gemm.Unavailable("the aligned rows are a contiguous layout's")
     experts = pack_experts(humming_aot.quantize(w.float(), fmt), act_dtype=w.dtype)
     weight = lambda e: experts.expert(e).effective_weight(scales_in_fp32=False)  # noqa: E731
-    name = "humming_aot_loop" if loop else "humming_aot"
+    name = "humming_aot_loop" if loop else "humming_aot_aligned" if aligned else "humming_aot"
     if layout == "masked" and loop:
         return MoeImpl(name, lambda r: gemm_masked(r.masked_a, experts, r.counts), weight)
     if layout == "masked":
@@ -139,11 +143,22 @@ def prepare_humming_aot(w: torch.Tensor, fmt: str, layout: str, loop: bool = Fal
 
         def masked_call(r: Routed) -> torch.Tensor:
             if id(r) not in outs:
-                outs[id(r)] = (r, r.masked_a.new_empty(*r.masked_a.shape[:2], experts.n))
+                outs[id(r)] = (r, r.masked_a.new_empty(*r.masked_a.shape[:2], experts.out_features))
             return gemm_masked_kernel(r.masked_a, experts, r.counts, expected_m=r.expected_m, out=outs[id(r)][1])
         return MoeImpl(name, masked_call, weight, "", None, outs.clear)
     if loop:
         return MoeImpl(name, lambda r: gemm_grouped(r.a, experts, offsets=r.offsets), weight)
+    if not aligned:
+        # per routing, made once: the offsets in int32 (the kernel's) and an output (every row
+        # belongs to an expert: no zero-fill), so that the timed call is the GEMM alone
+        kept: dict[int, tuple] = {}
+
+        def offsets_call(r: Routed) -> torch.Tensor:
+            if id(r) not in kept:
+                kept[id(r)] = (r, r.offsets.to(torch.int32), r.a.new_empty(r.a.shape[0], experts.out_features))
+            _, offsets, out = kept[id(r)]
+            return gemm_grouped_kernel(r.a, experts, offsets=offsets, expected_m=r.expected_m, out=out)
+        return MoeImpl(name, offsets_call, weight, "", None, kept.clear)
     # the grouped kernel on the routing aligned to its block (align_groups and permute_aligned run once
     # per routing, outside the timing: they are the routing's step, not the GEMM's)
     # per routing: the aligned rows, their grouping and an output (made once, so that the timed call
@@ -154,7 +169,7 @@ def prepare_humming_aot(w: torch.Tensor, fmt: str, layout: str, loop: bool = Fal
         if id(r) not in aligned:
             grouping = align_groups(r.topk_ids, experts.experts, grouped_block_m(experts, r.expected_m))
             rows = permute_aligned(r.hidden, grouping)
-            aligned[id(r)] = (r, rows, grouping, rows.new_empty(rows.shape[0], experts.n))
+            aligned[id(r)] = (r, rows, grouping, rows.new_empty(rows.shape[0], experts.out_features))
         return aligned[id(r)][1:]
 
     def call(r: Routed) -> torch.Tensor:
@@ -168,6 +183,10 @@ def prepare_humming_aot(w: torch.Tensor, fmt: str, layout: str, loop: bool = Fal
 
 def prepare_humming_aot_loop(w: torch.Tensor, fmt: str, layout: str) -> MoeImpl:
     return prepare_humming_aot(w, fmt, layout, loop=True)
+
+
+def prepare_humming_aot_aligned(w: torch.Tensor, fmt: str, layout: str) -> MoeImpl:
+    return prepare_humming_aot(w, fmt, layout, aligned=True)
 
 
 def prepare_humming(w: torch.Tensor, fmt: str, layout: str) -> MoeImpl:
@@ -216,7 +235,7 @@ def prepare_torch_grouped_mm(w: torch.Tensor, fmt: str, layout: str) -> MoeImpl:
 
 
 PREPARE = {"humming_aot": prepare_humming_aot, "humming": prepare_humming, "torch_grouped_mm": prepare_torch_grouped_mm,
-           "humming_aot_loop": prepare_humming_aot_loop}
+           "humming_aot_loop": prepare_humming_aot_loop, "humming_aot_aligned": prepare_humming_aot_aligned}
 
 
 def relerr(impl: MoeImpl, routed: Routed, layout: str) -> float | None:
