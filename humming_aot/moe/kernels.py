@@ -34,7 +34,7 @@ MAX_EXPERTS = 65535  # the experts a launch takes (the masked schedule's walk co
 
 def gemm_masked_kernel(a: torch.Tensor, experts: PackedExperts, masked_m: torch.Tensor, *,
                        expected_m: int | None = None, bias: torch.Tensor | None = None,
-                       out: torch.Tensor | None = None) -> torch.Tensor:
+                       out: torch.Tensor | None = None, tile: TileConfig | str | None = None) -> torch.Tensor:
     """out[e, :masked_m[e]] = a[e, :masked_m[e]] @ W[e]^T (+ bias[e]) for every expert e.
 
     a:          (E, max_m, K) contiguous, the experts' activation dtype, on their CUDA device
@@ -48,24 +48,27 @@ def gemm_masked_kernel(a: torch.Tensor, experts: PackedExperts, masked_m: torch.
                 are); default a new zero tensor, whose zero-fill writes every slab (58 MB, ~20 us on
                 an H200, for DeepSeek-V3's down projection at 256 experts of 16 rows): pass an
                 output made once where the rows past the counts are not read
+    tile:       a forced tile (for tuning and benchmarks; a TileConfig or its label, of a body
+                the MoE schedules wrap: 'mma' or 'mma-sw'); default the table's for expected_m
     """
     _check(a, experts, masked_m, bias, out)
     if experts.padded:
-        return _padded(gemm_masked_kernel, a, experts, bias, out, masked_m, expected_m=expected_m)
+        return _padded(gemm_masked_kernel, a, experts, bias, out, masked_m, expected_m=expected_m, tile=tile)
     e, max_m, _ = a.shape
     if out is None:
         out = torch.zeros(e, max_m, experts.n, dtype=a.dtype, device=a.device)
     if max_m == 0:
         return out
     rows = max_m if expected_m is None else max(1, min(int(expected_m), max_m))
-    tile, loaded = _kernel(a, experts, GemmType.MASKED, rows, "gemm_masked_kernel", "gemm_masked")
+    tile, loaded = _kernel(a, experts, GemmType.MASKED, rows, "gemm_masked_kernel", "gemm_masked", tile)
     grid, params = launch_arguments(a, experts, masked_m, bias, out, tile, _resident(loaded, tile, a.device.index))
     loaded.launch(grid, _stream(a), params)
     return out
 
 
 def _grouped_by_offsets(a: torch.Tensor, experts: PackedExperts, offsets: torch.Tensor, *, expected_m: int,
-                        bias: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                        bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                        tile: TileConfig | str | None = None) -> torch.Tensor:
     """gemm_grouped_kernel on rows grouped by prefix offsets: the masked schedule walking the
     experts' rows of the one activation (kernel/grouped_masked.cuh, its offsets form), with no
     alignment and no copy of the rows."""
@@ -78,14 +81,14 @@ def _grouped_by_offsets(a: torch.Tensor, experts: PackedExperts, offsets: torch.
         raise ValueError(f"{what}: offsets must be on {a.device} (the kernel reads them there), got "
                          f"{_describe(offsets)}")
     if experts.padded:
-        return _padded(_grouped_by_offsets, a, experts, bias, out, offsets, expected_m=expected_m)
+        return _padded(_grouped_by_offsets, a, experts, bias, out, offsets, expected_m=expected_m, tile=tile)
     rows = a.shape[0]
     if out is None:
         out = torch.zeros(rows, experts.n, dtype=a.dtype, device=a.device)
     if rows == 0:
         return out
     offsets = offsets.to(torch.int32).contiguous()  # no copy when already int32 and contiguous
-    tile, loaded = _kernel(a, experts, GemmType.MASKED, max(1, int(expected_m)), what, "gemm_grouped")
+    tile, loaded = _kernel(a, experts, GemmType.MASKED, max(1, int(expected_m)), what, "gemm_grouped", tile)
     grid, params = offsets_launch_arguments(a, experts, offsets, bias, out, tile,
                                             _resident(loaded, tile, a.device.index))
     loaded.launch(grid, _stream(a), params)
@@ -162,7 +165,7 @@ def grouped_block_m(experts: PackedExperts, expected_m: int, device: torch.devic
 
 def gemm_grouped_kernel(a: torch.Tensor, experts: PackedExperts, row_expert: torch.Tensor | None = None, *,
                         expected_m: int, offsets: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-                        out: torch.Tensor | None = None) -> torch.Tensor:
+                        out: torch.Tensor | None = None, tile: TileConfig | str | None = None) -> torch.Tensor:
     """out[r] = a[r] @ W[e]^T (+ bias[e]) for the grouped rows, e the expert of the first row of
     r's block of ``grouped_block_m(experts, expected_m)`` rows.
 
@@ -188,22 +191,24 @@ def gemm_grouped_kernel(a: torch.Tensor, experts: PackedExperts, row_expert: tor
     out:        (R, N) contiguous to write into (blocks of padding only, and with offsets the
                 rows of no expert, are left as they are); default a new zero tensor, whose
                 zero-fill a caller whose rows all belong to experts saves by passing an empty one
+    tile:       a forced tile (for tuning and benchmarks), as for gemm_masked_kernel; with
+                row_expert, the rows must be aligned to its block_m instead of grouped_block_m's
     """
     if (row_expert is None) == (offsets is None):
         raise ValueError("gemm_grouped_kernel: give the experts' rows as row_expert (R,) (block-aligned) or as "
                          "offsets (E + 1,), one of them")
     if offsets is not None:
-        return _grouped_by_offsets(a, experts, offsets, expected_m=expected_m, bias=bias, out=out)
+        return _grouped_by_offsets(a, experts, offsets, expected_m=expected_m, bias=bias, out=out, tile=tile)
     _check_grouped(a, experts, row_expert, bias, out)
     if experts.padded:
-        return _padded(gemm_grouped_kernel, a, experts, bias, out, row_expert, expected_m=expected_m)
+        return _padded(gemm_grouped_kernel, a, experts, bias, out, row_expert, expected_m=expected_m, tile=tile)
     rows = a.shape[0]
     if out is None:
         out = torch.zeros(rows, experts.n, dtype=a.dtype, device=a.device)
     if rows == 0:
         return out
     tile, loaded = _kernel(a, experts, GemmType.GROUPED, max(1, int(expected_m)), "gemm_grouped_kernel",
-                           "gemm_grouped")
+                           "gemm_grouped", tile)
     grid, params = grouped_launch_arguments(a, experts, row_expert, bias, out, tile,
                                             _resident(loaded, tile, a.device.index))
     loaded.launch(grid, _stream(a), params)
@@ -219,15 +224,36 @@ def _tile(experts: PackedExperts, device_index: int, rows: int) -> TileConfig:
     return heuristics.select_masked_tile(arch, rows, experts.k, experts.group_size, experts.expert(0).bits)
 
 
+def forced_tile(tile: TileConfig | str, experts: PackedExperts, what: str) -> TileConfig:
+    """A caller's tile for a MoE schedule, parsed from its label and checked: a body whose
+    run_tile the schedules call, stages that fit the experts' K and groups."""
+    from humming_aot import heuristics
+    from humming_aot.enumerate import parse_tile_field
+
+    if isinstance(tile, str):
+        tile = parse_tile_field(tile)
+    if not isinstance(tile, TileConfig):
+        raise ValueError(f"{what}: tile must be a TileConfig or its label, got {type(tile).__name__}")
+    if tile.mma not in heuristics.MOE_BODIES:
+        raise ValueError(f"{what}: tile {tile.label} is of body {tile.mma.value!r}; the MoE schedules run "
+                         f"{', '.join(b.value for b in heuristics.MOE_BODIES)} tiles")
+    if not heuristics.tile_fits(tile, experts.k, experts.group_size):
+        raise ValueError(f"{what}: tile {tile.label} stages {tile.block_k} of K at a time, which does not fit K = "
+                         f"{experts.k} with groups of {experts.group_size}; use {heuristics.narrow_twin(tile).label}")
+    return tile
+
+
 def _stream(a: torch.Tensor) -> int:
     from humming_aot import dispatch
 
     return dispatch.current_stream(a.device.index)
 
 
-def _kernel(a: torch.Tensor, experts: PackedExperts, gemm_type: GemmType, rows: int, what: str, loop: str):
-    """(tile, LoadedKernel) of a MoE schedule for `rows` expected rows per expert, after the checks
-    the dense GEMM of the same operands runs (layout version, the pairing's support on the device)."""
+def _kernel(a: torch.Tensor, experts: PackedExperts, gemm_type: GemmType, rows: int, what: str, loop: str,
+            tile: TileConfig | str | None = None):
+    """(tile, LoadedKernel) of a MoE schedule for `rows` expected rows per expert (or the forced
+    `tile`), after the checks the dense GEMM of the same operands runs (layout version, the
+    pairing's support on the device)."""
     from humming_aot import dispatch, ops
 
     dense = experts.expert(0)
@@ -240,7 +266,7 @@ def _kernel(a: torch.Tensor, experts: PackedExperts, gemm_type: GemmType, rows: 
         raise ValueError(f"{what}: the MoE schedules wrap the mma.sync bodies of sm_80 and later; on this GPU, "
                          f"humming_aot.moe.{loop} computes the same")
     spec = dataclasses.replace(ops.gemm_spec(dense), gemm_type=gemm_type)
-    tile = _tile(experts, device_index, rows)
+    tile = _tile(experts, device_index, rows) if tile is None else forced_tile(tile, experts, what)
     _, loaded = dispatch.obtain(spec, device_index, rows, tile, experts.k, experts.group_size, n=experts.n)
     return tile, loaded
 

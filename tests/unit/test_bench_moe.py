@@ -48,3 +48,24 @@ def test_the_model_table_and_arguments():
     assert args.layout == "contiguous" and bench_moe.parse_args(["--layout", "masked"]).layout == "masked"
     with pytest.raises(SystemExit):
         bench_moe.parse_args(["--models", "llama"])
+    assert bench_moe.parse_args([]).tile is None
+    assert bench_moe.parse_args(["--tile", "8x128x128_w1x2x2_s2"]).tile == "8x128x128_w1x2x2_s2"
+    assert set(bench_moe.TILED_IMPLS) <= set(bench_moe.ALL_IMPLS) and set(bench_moe.PREPARE) == set(bench_moe.ALL_IMPLS)
+
+
+def test_a_forced_tile_on_the_aligned_impl_is_refused_for_the_masked_layout():
+    with pytest.raises(bench_moe.bench_gemm.Unavailable, match="contiguous layout"):
+        bench_moe.prepare_humming_aot_aligned(torch.zeros(2, 64, 64), "int4:g64", "masked")
+
+
+def test_profile_moe_takes_a_bench_point():
+    path = Path(__file__).resolve().parents[2] / "tools" / "bench" / "profile_moe.py"
+    spec = importlib.util.spec_from_file_location("profile_moe", path)
+    profile_moe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(profile_moe)
+    args = profile_moe.parse_args(["--model", "qwen3-30b-a3b", "--gemm", "gemm1", "--tokens", "64",
+                                   "--layout", "contiguous", "--impl", "humming", "--tile", "8x64x128_w1x1x2_s2"])
+    assert (args.model, args.gemm, args.tokens, args.layout, args.impl) == ("qwen3-30b-a3b", "gemm1", 64,
+                                                                           "contiguous", "humming")
+    with pytest.raises(SystemExit):
+        profile_moe.parse_args(["--model", "llama"])

@@ -236,3 +236,17 @@ def test_a_cast_global_scale_is_refused(monkeypatch):
     a = torch.zeros(16, 256, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"global_scale_tensor must stay \(3,\) float32.*pack the experts again"):
         kernels._check_grouped(a, cast, torch.zeros(16, dtype=torch.int32), None, None)
+
+
+def test_a_forced_moe_tile_is_parsed_and_checked():
+    from humming_aot.moe.kernels import forced_tile
+
+    experts = _experts()  # K 256, groups of 64
+    assert forced_tile("8x128x128_w1x2x2_s2", experts, "w").label == "8x128x128_w1x2x2_s2"
+    assert forced_tile("mma-sw:16x64x128_w1x1x2_s2", experts, "w").block_m == 16
+    with pytest.raises(ValueError, match="w: tile wgmma-ws:64x128x64_w1x4_s6 is of body .wgmma-ws.; the MoE schedules run mma, mma-sw"):
+        forced_tile("wgmma-ws:64x128x64_w1x4_s6", experts, "w")
+    with pytest.raises(ValueError, match="stages 512 of K at a time, which does not fit K = 256 .* use 8x128x64"):
+        forced_tile("8x128x512_w1x2x4_s2", experts, "w")
+    with pytest.raises(ValueError, match="tile must be a TileConfig or its label, got int"):
+        forced_tile(3, experts, "w")

@@ -63,6 +63,7 @@ MODELS = {
 DEFAULT_TOKENS = "1,4,16,64,256,1024,4096,16384"
 ALL_IMPLS = ("humming_aot", "humming", "torch_grouped_mm", "humming_aot_loop", "humming_aot_aligned")
 DEFAULT_IMPLS = ALL_IMPLS[:3]
+TILED_IMPLS = ("humming_aot", "humming_aot_aligned")  # the impls --tile forces a tile on
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,8 +116,10 @@ class MoeImpl:
 LAYOUTS = ("contiguous", "masked")
 
 
-def prepare_humming_aot(w: torch.Tensor, fmt: str, layout: str, loop: bool = False, aligned: bool = False) -> MoeImpl:
+def prepare_humming_aot(w: torch.Tensor, fmt: str, layout: str, loop: bool = False, aligned: bool = False,
+                        tile: str | None = None) -> MoeImpl:
     import humming_aot
+    from humming_aot.enumerate import parse_tile_field
     from humming_aot.moe import (
         align_groups,
         gemm_grouped,
@@ -130,6 +133,7 @@ def prepare_humming_aot(w: torch.Tensor, fmt: str, layout: str, loop: bool = Fal
 
     if aligned and layout != "contiguous":
         raise bench_gemm.Unavailable("the aligned rows are a contiguous layout's")
+    forced = f"tile {tile}" if tile else ""  # the note column
     experts = pack_experts(humming_aot.quantize(w.float(), fmt), act_dtype=w.dtype)
     weight = lambda e: experts.expert(e).effective_weight(scales_in_fp32=False)  # noqa: E731
     name = "humming_aot_loop" if loop else "humming_aot_aligned" if aligned else "humming_aot"
@@ -144,8 +148,9 @@ def prepare_humming_aot(w: torch.Tensor, fmt: str, layout: str, loop: bool = Fal
         def masked_call(r: Routed) -> torch.Tensor:
             if id(r) not in outs:
                 outs[id(r)] = (r, r.masked_a.new_empty(*r.masked_a.shape[:2], experts.out_features))
-            return gemm_masked_kernel(r.masked_a, experts, r.counts, expected_m=r.expected_m, out=outs[id(r)][1])
-        return MoeImpl(name, masked_call, weight, "", None, outs.clear)
+            return gemm_masked_kernel(r.masked_a, experts, r.counts, expected_m=r.expected_m, out=outs[id(r)][1],
+                                      tile=tile)
+        return MoeImpl(name, masked_call, weight, forced, None, outs.clear)
     if loop:
         return MoeImpl(name, lambda r: gemm_grouped(r.a, experts, offsets=r.offsets), weight)
     if not aligned:
@@ -157,36 +162,37 @@ def prepare_humming_aot(w: torch.Tensor, fmt: str, layout: str, loop: bool = Fal
             if id(r) not in kept:
                 kept[id(r)] = (r, r.offsets.to(torch.int32), r.a.new_empty(r.a.shape[0], experts.out_features))
             _, offsets, out = kept[id(r)]
-            return gemm_grouped_kernel(r.a, experts, offsets=offsets, expected_m=r.expected_m, out=out)
-        return MoeImpl(name, offsets_call, weight, "", None, kept.clear)
+            return gemm_grouped_kernel(r.a, experts, offsets=offsets, expected_m=r.expected_m, out=out, tile=tile)
+        return MoeImpl(name, offsets_call, weight, forced, None, kept.clear)
     # the grouped kernel on the routing aligned to its block (align_groups and permute_aligned run once
     # per routing, outside the timing: they are the routing's step, not the GEMM's)
     # per routing: the aligned rows, their grouping and an output (made once, so that the timed call
     # is the GEMM alone: no zero-fill of the padded output)
-    aligned: dict[int, tuple] = {}
+    kept_rows: dict[int, tuple] = {}
 
     def rows_of(r: Routed):
-        if id(r) not in aligned:
-            grouping = align_groups(r.topk_ids, experts.experts, grouped_block_m(experts, r.expected_m))
+        if id(r) not in kept_rows:
+            block = parse_tile_field(tile).block_m if tile else grouped_block_m(experts, r.expected_m)
+            grouping = align_groups(r.topk_ids, experts.experts, block)
             rows = permute_aligned(r.hidden, grouping)
-            aligned[id(r)] = (r, rows, grouping, rows.new_empty(rows.shape[0], experts.out_features))
-        return aligned[id(r)][1:]
+            kept_rows[id(r)] = (r, rows, grouping, rows.new_empty(rows.shape[0], experts.out_features))
+        return kept_rows[id(r)][1:]
 
     def call(r: Routed) -> torch.Tensor:
         rows, grouping, out = rows_of(r)
-        return gemm_grouped_kernel(rows, experts, grouping.row_expert, expected_m=r.expected_m, out=out)
+        return gemm_grouped_kernel(rows, experts, grouping.row_expert, expected_m=r.expected_m, out=out, tile=tile)
 
     def to_layout(r: Routed, out: torch.Tensor) -> torch.Tensor:
         return out[rows_of(r)[1].slot_of_row >= 0]  # the real rows, in group_rows' order
-    return MoeImpl(name, call, weight, "aligned rows", to_layout, aligned.clear)
+    return MoeImpl(name, call, weight, f"aligned rows {forced}".strip(), to_layout, kept_rows.clear)
 
 
 def prepare_humming_aot_loop(w: torch.Tensor, fmt: str, layout: str) -> MoeImpl:
     return prepare_humming_aot(w, fmt, layout, loop=True)
 
 
-def prepare_humming_aot_aligned(w: torch.Tensor, fmt: str, layout: str) -> MoeImpl:
-    return prepare_humming_aot(w, fmt, layout, aligned=True)
+def prepare_humming_aot_aligned(w: torch.Tensor, fmt: str, layout: str, tile: str | None = None) -> MoeImpl:
+    return prepare_humming_aot(w, fmt, layout, aligned=True, tile=tile)
 
 
 def prepare_humming(w: torch.Tensor, fmt: str, layout: str) -> MoeImpl:
@@ -273,7 +279,8 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
                 impls = []
                 for name in args.impls.split(","):
                     try:
-                        impls.append(PREPARE[name](w, fmt, args.layout))
+                        forced = {"tile": args.tile} if args.tile and name in TILED_IMPLS else {}
+                        impls.append(PREPARE[name](w, fmt, args.layout, **forced))
                     except bench_gemm.Unavailable as why:
                         print(f"{name} {fmt} {model} {gemm}: n/a: {why}")
                 for tokens in map(int, args.tokens.split(",")):
@@ -308,6 +315,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--impls", default=",".join(DEFAULT_IMPLS),
                         help=f"comma list from {', '.join(ALL_IMPLS)} (default {','.join(DEFAULT_IMPLS)})")
     parser.add_argument("--layout", default="contiguous", choices=LAYOUTS, help="grouped contiguous or masked")
+    parser.add_argument("--tile", default=None,
+                        help="force this MoE tile label on humming_aot and humming_aot_aligned (e.g. 8x128x128_w1x2x2_s2, "
+                             "mma-sw:16x64x128_w1x1x2_s2); default the table's for the expected rows")
     parser.add_argument("--routings", type=int, default=4, help="routings rotated per point")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
