@@ -59,16 +59,28 @@ struct ExpertWalk {
   // Expert e's first row: 0 in its slab; with offsets, offsets[e] clamped to [0, max_rows].
   __device__ __forceinline__ u32 first_row(u32 e) const { return offsets == nullptr ? 0u : clamp_rows(offsets[e], 0); }
 
-  // Expert e's rows (0 past the last expert): its count clamped to [0, max_rows]; with offsets,
-  // from its first row to offsets[e + 1] clamped to [first row, max_rows], so that no expert's
-  // rows leave the activation and output, whatever the offsets hold.
-  __device__ __forceinline__ u32 rows(u32 e) const {
-    if (e >= experts) return 0u;
+  // The rows of experts [base, base + kPerLane) (0 past the last expert): each count clamped to
+  // [0, max_rows]; with offsets, from the expert's first row to offsets[e + 1] clamped to [first
+  // row, max_rows], so that no expert's rows leave the activation and output, whatever the
+  // offsets hold. The form is uniform (a launch argument), tested once; each form issues all of
+  // its loads (predicated, no branch per expert) before it uses any.
+  __device__ __forceinline__ void rows_from(u32 base, u32 (&counts)[kPerLane]) const {
     if (offsets != nullptr) {
-      const u32 lo = first_row(e);
-      return clamp_rows(offsets[e + 1], lo) - lo;
+      int bound[kPerLane + 1];
+#pragma unroll
+      for (int i = 0; i <= kPerLane; ++i) bound[i] = base + i <= experts ? offsets[base + i] : 0;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const u32 lo = clamp_rows(bound[i], 0);
+        counts[i] = base + i < experts ? clamp_rows(bound[i + 1], lo) - lo : 0u;
+      }
+    } else {
+      int count[kPerLane];
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) count[i] = base + i < experts ? rows_of[base + i] : 0;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) counts[i] = clamp_rows(count[i], 0);
     }
-    return clamp_rows(rows_of[e], 0);
   }
 
   __device__ __forceinline__ u32 tiles(u32 r) const { return (r + kBlockM - 1) / kBlockM * n_tiles; }
@@ -81,8 +93,7 @@ struct ExpertWalk {
     for (u32 first = 0; first < experts; first += kWindow) {
       const u32 base = first + lane * kPerLane;
       u32 counts[kPerLane];
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i) counts[i] = rows(base + i);  // all loads in flight at once
+      rows_from(base, counts);  // all loads in flight at once
       u32 sum = 0;
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i) sum += tiles(counts[i]);
