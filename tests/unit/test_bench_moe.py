@@ -48,6 +48,12 @@ def test_the_model_table_and_arguments():
     assert args.layout == "contiguous" and bench_moe.parse_args(["--layout", "masked"]).layout == "masked"
     with pytest.raises(SystemExit):
         bench_moe.parse_args(["--models", "llama"])
+    assert bench_moe.model_spec("256x8:7168x512") == (256, 8, (("gemm", 7168, 512),))
+    assert bench_moe.model_spec("qwen3-30b-a3b") == bench_moe.MODELS["qwen3-30b-a3b"]
+    for bad in ("256x8", "8x16:64x64", "llama:1x1", "4x2:0x64"):
+        with pytest.raises(ValueError, match=f"model {bad!r}"):
+            bench_moe.model_spec(bad)
+    assert bench_moe.parse_args(["--models", "deepseek-v3-tp8,256x8:7168x1024"]).models.endswith("7168x1024")
     assert bench_moe.parse_args([]).tile is None
     assert bench_moe.parse_args(["--tile", "8x128x128_w1x2x2_s2"]).tile == "8x128x128_w1x2x2_s2"
     assert set(bench_moe.TILED_IMPLS) <= set(bench_moe.ALL_IMPLS) and set(bench_moe.PREPARE) == set(bench_moe.ALL_IMPLS)
@@ -69,3 +75,6 @@ def test_profile_moe_takes_a_bench_point():
                                                                            "contiguous", "humming")
     with pytest.raises(SystemExit):
         profile_moe.parse_args(["--model", "llama"])
+    assert profile_moe.parse_args(["--model", "256x8:7168x512", "--gemm", "gemm"]).model == "256x8:7168x512"
+    with pytest.raises(SystemExit):
+        profile_moe.parse_args(["--model", "256x8:7168x512", "--gemm", "gemm2"])

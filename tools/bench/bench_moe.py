@@ -61,6 +61,23 @@ MODELS = {
     "gpt-oss-120b": (128, 4, (("gemm1", 5760, 2880), ("gemm2", 2880, 2880))),
 }
 DEFAULT_TOKENS = "1,4,16,64,256,1024,4096,16384"
+
+
+def model_spec(name: str) -> tuple[int, int, tuple[tuple[str, int, int], ...]]:
+    """A MODELS entry, or a shape of one's own written 'ExTOP_K:NxK' (e.g. '256x8:7168x512': one
+    GEMM named 'gemm' of 256 experts, top-8), for experiments off the model table (how a time
+    moves with K at a fixed N, say). A ValueError for anything else."""
+    if name in MODELS:
+        return MODELS[name]
+    try:
+        routing, shape = name.split(":")
+        experts, top_k = (int(x) for x in routing.split("x"))
+        n, k = (int(x) for x in shape.split("x"))
+    except ValueError:
+        raise ValueError(f"model {name!r}: not one of {', '.join(MODELS)}, nor ExTOP_K:NxK") from None
+    if not (1 <= top_k <= experts and n > 0 and k > 0):
+        raise ValueError(f"model {name!r}: needs 1 <= top_k <= experts and positive N, K")
+    return experts, top_k, (("gemm", n, k),)
 ALL_IMPLS = ("humming_aot", "humming", "torch_grouped_mm", "humming_aot_loop", "humming_aot_aligned")
 DEFAULT_IMPLS = ALL_IMPLS[:3]
 TILED_IMPLS = ("humming_aot", "humming_aot_aligned")  # the impls --tile forces a tile on
@@ -269,7 +286,7 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
     print(f"{'tokens':>6} {'model':>16} {'gemm':>5} {'N':>6} {'K':>6} {'E':>4} {'topk':>4} {'format':<12} "
           f"{'impl':<17} {'us':>9} {'relerr':>8}  mode")
     for model in args.models.split(","):
-        experts, top_k, gemms = MODELS[model]
+        experts, top_k, gemms = model_spec(model)
         for gemm, n, k in gemms:
             if args.gemms and gemm not in args.gemms.split(","):
                 continue
@@ -308,7 +325,8 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default=",".join(MODELS), help=f"comma list from {', '.join(MODELS)}")
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help=f"comma list from {', '.join(MODELS)}, or shapes ExTOP_K:NxK (e.g. 256x8:7168x512)")
     parser.add_argument("--gemms", default="", help="only these of each model: gemm1, gemm2 (default both)")
     parser.add_argument("--tokens", default=DEFAULT_TOKENS, help=f"comma list (default {DEFAULT_TOKENS})")
     parser.add_argument("--formats", default="int4:g128", help="comma list of weight formats")
@@ -323,7 +341,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args(argv)
-    unknown = [m for m in args.models.split(",") if m not in MODELS]
+    unknown = []
+    for m in args.models.split(","):
+        try:
+            model_spec(m)
+        except ValueError:
+            unknown.append(m)
     unknown += [i for i in args.impls.split(",") if i not in ALL_IMPLS]
     if unknown:
         parser.error(f"unknown models or impls: {', '.join(unknown)}")

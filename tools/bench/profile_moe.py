@@ -29,8 +29,9 @@ if not hasattr(bench_moe, "MODELS"):
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="deepseek-v3-tp8", choices=sorted(bench_moe.MODELS))
-    parser.add_argument("--gemm", default="gemm2", choices=["gemm1", "gemm2"])
+    parser.add_argument("--model", default="deepseek-v3-tp8",
+                        help=f"one of {', '.join(bench_moe.MODELS)}, or a shape ExTOP_K:NxK (its GEMM: 'gemm')")
+    parser.add_argument("--gemm", default="gemm2", choices=["gemm1", "gemm2", "gemm"])
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--layout", default="masked", choices=bench_moe.LAYOUTS)
     parser.add_argument("--format", default="int4:g128")
@@ -39,14 +40,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--routings", type=int, default=4)
     parser.add_argument("--calls", type=int, default=4, help="profiled calls")
     parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        _, _, gemms = bench_moe.model_spec(args.model)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.gemm not in [g for g, _, _ in gemms]:
+        parser.error(f"--gemm {args.gemm}: {args.model} has {', '.join(g for g, _, _ in gemms)}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("profile_moe.py needs a CUDA GPU")
-    experts, top_k, gemms = bench_moe.MODELS[args.model]
+    experts, top_k, gemms = bench_moe.model_spec(args.model)
     n, k = next((n, k) for gemm, n, k in gemms if gemm == args.gemm)
     device = torch.device("cuda")
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
