@@ -4,7 +4,7 @@
 #   tools/device_check.sh OUTDIR
 #   DEVICE_STEPS=catalog,tests tools/device_check.sh OUTDIR      # only some steps
 #
-# Steps (DEVICE_STEPS, comma list, default all but tune, moe and ab, in this order):
+# Steps (DEVICE_STEPS, comma list, default all but tune, moe, moelayer and ab, in this order):
 #   env       nvidia-smi, python / torch / nvcc versions            -> summary.txt (top)
 #   wheels    install carried wheels from ./.whl/ into /tmp/site    -> build.log (fails without one:
 #             the benchmarks' Humming columns need humming-kernels)
@@ -18,6 +18,8 @@
 #             CUDA graph                                            -> bench.log, eager.json
 #   moe       tools/bench/bench_moe.py (extra args: $MOE_ARGS): MoE expert GEMMs vs Humming and
 #             torch._grouped_mm                                     -> bench.log, moe.json
+#   moelayer  tools/bench/bench_moe_layer.py ($MOELAYER_ARGS): one QuantizedMoE layer end to end on
+#             the grouped kernels, each step's share                -> bench.log, moe_layer.json
 #   ab        the base tree in $AB_BASE (default .ab/base; tools/ab_base.sh REV [DIR]) built with the same catalog, then
 #             bench_gemm.py ($AB_ARGS) from each tree in turns, $AB_ROUNDS (2) rounds
 #             -> bench.log (the side-by-side table of tools/bench/ab_compare.py), ab.json
@@ -29,8 +31,9 @@
 # A failing step does not stop the next; each step's exit code and duration go to summary.txt
 # as soon as it ends (so a run cut short still says how far it got). At most 8 files are written
 # to OUTDIR, as many as the device tool brings back: summary.txt build.log tests.log tests.xml
-# bench.log (the tune, bench, cold, eager and ab steps) bench.json cold_start.json eager.json with
-# the default steps; tune.json, moe.json and ab.json come on top (tune, moe and ab are not in the
+# bench.log (the tune, bench, cold, eager, moe, moelayer and ab steps) bench.json cold_start.json
+# eager.json with the default steps; tune.json, moe.json, moe_layer.json and ab.json come on top
+# (tune, moe, moelayer and ab are not in the
 # default list: a call that runs one should leave out a default step whose file it does not need). The tune
 # step only makes sense with a catalog of tile variants
 # (HUMMING_AOT_DEVICE_CATALOG=catalog/tuning_sm90a.toml).
@@ -46,7 +49,7 @@ OUTDIR=$(cd "$1" && pwd)
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO" || exit 2
 
-ALL_STEPS=env,wheels,launcher,catalog,tests,tune,bench,cold,eager,moe,ab
+ALL_STEPS=env,wheels,launcher,catalog,tests,tune,bench,cold,eager,moe,moelayer,ab
 DEFAULT_STEPS=env,wheels,launcher,catalog,tests,bench,cold,eager
 STEPS=",${DEVICE_STEPS:-$DEFAULT_STEPS},"
 ARCH=${DEVICE_ARCH:-sm90a}
@@ -200,6 +203,12 @@ step_moe() {
     python3 tools/bench/bench_moe.py --json "$OUTDIR/moe.json" "${extra[@]}"
 }
 
+step_moelayer() {
+    local -a extra=()
+    [[ -n "${MOELAYER_ARGS:-}" ]] && mapfile -t extra < <(split_args "$MOELAYER_ARGS")
+    python3 tools/bench/bench_moe_layer.py --json "$OUTDIR/moe_layer.json" "${extra[@]}"
+}
+
 # A/B: the base tree (.ab/base, from tools/ab_base.sh) gets its own extension and the same catalog
 # as this tree (build it with the catalog step first); then the two trees are benchmarked in
 # turns, base first in each round, each from its own directory and with its own PYTHONPATH.
@@ -240,6 +249,7 @@ wanted bench && run_step bench "$OUTDIR/bench.log" step_bench
 wanted cold && run_step cold "$OUTDIR/bench.log" step_cold
 wanted eager && run_step eager "$OUTDIR/bench.log" step_eager
 wanted moe && run_step moe "$OUTDIR/bench.log" step_moe
+wanted moelayer && run_step moelayer "$OUTDIR/bench.log" step_moelayer
 wanted ab && run_step ab "$OUTDIR/bench.log" step_ab
 
 echo

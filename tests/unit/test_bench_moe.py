@@ -78,3 +78,16 @@ def test_profile_moe_takes_a_bench_point():
     assert profile_moe.parse_args(["--model", "256x8:7168x512", "--gemm", "gemm"]).model == "256x8:7168x512"
     with pytest.raises(SystemExit):
         profile_moe.parse_args(["--model", "256x8:7168x512", "--gemm", "gemm2"])
+
+
+def test_bench_moe_layer_arguments():
+    path = Path(__file__).resolve().parents[2] / "tools" / "bench" / "bench_moe_layer.py"
+    spec = importlib.util.spec_from_file_location("bench_moe_layer", path)
+    layer_bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layer_bench)
+    args = layer_bench.parse_args(["--model", "qwen3-30b-a3b", "--tokens", "1,16,64"])
+    assert (args.model, args.tokens, args.format) == ("qwen3-30b-a3b", "1,16,64", "int4:g128")
+    assert layer_bench.STEPS == ("route", "permute", "gemm1", "activation", "gemm2", "reduce")
+    for bad in (["--tokens", "1,x"], ["--tokens", "0"], ["--model", "llama"]):
+        with pytest.raises(SystemExit):
+            layer_bench.parse_args(bad)

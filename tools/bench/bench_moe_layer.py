@@ -1,0 +1,160 @@
+"""Time one QuantizedMoE layer end to end on the grouped kernels, and each of its steps, in one run.
+
+    python3 tools/bench/bench_moe_layer.py --model deepseek-v3-tp8 --tokens 1,64 --json layer.json
+
+The layer is a model's routed-expert MLP (bench_moe.py's table: GEMM1 gate_up (E, 2 I, H), GEMM2
+down (E, H, I)) with random weights quantized to --format, forward(hidden, topk_ids, topk_weights)
+with use_grouped_kernels (QuantizedMoE._forward_grouped_kernels). Steps, each timed on its own in
+CUDA-graph replays (humming_aot.testing.bench) on the outputs of the steps before it:
+
+  route       moe.group_rows (argsort, counts, offsets; no host round trip) and the int32 offsets
+  permute     the routed rows grouped expert after expert (moe.permute)
+  gemm1       gate_up on the offsets (moe.gemm_grouped_kernel)
+  activation  silu_and_mul, or swiglu_oai for gpt-oss
+  gemm2       down on the offsets
+  reduce      back to slot order and the weighted sum over the top-k (moe.unpermute, weighted_sum)
+
+and the whole forward ("layer"), whose time the steps' sum should match (the difference is what
+one graph of all of them saves in launch gaps). Each point rotates --routings routings drawn from
+random scores, so that a call meets experts its predecessor did not read. Benchmarks never assert.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+if importlib.util.find_spec("humming_aot") is None:  # run from a checkout without installing
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from humming_aot.testing.bench import time_cuda_graph  # noqa: E402 - after the path fix above
+
+_spec = importlib.util.spec_from_file_location("bench_moe", Path(__file__).resolve().parent / "bench_moe.py")
+bench_moe = sys.modules.setdefault("bench_moe", importlib.util.module_from_spec(_spec))
+if not hasattr(bench_moe, "MODELS"):
+    _spec.loader.exec_module(bench_moe)
+
+STEPS = ("route", "permute", "gemm1", "activation", "gemm2", "reduce")
+ACTIVATIONS = {"gpt-oss-120b": "swiglu_oai"}  # else silu
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="deepseek-v3-tp8", choices=sorted(bench_moe.MODELS))
+    parser.add_argument("--tokens", default="1,64", help="comma list")
+    parser.add_argument("--format", default="int4:g128")
+    parser.add_argument("--routings", type=int, default=4, help="routings rotated per point")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", dest="json_path")
+    args = parser.parse_args(argv)
+    try:
+        tokens = [int(t) for t in args.tokens.split(",")]
+    except ValueError:
+        parser.error(f"--tokens {args.tokens!r}: a comma list of token counts")
+    if any(t < 1 for t in tokens):
+        parser.error("--tokens: every count at least 1")
+    return args
+
+
+def make_layer(model: str, fmt: str, seed: int, device: torch.device):
+    """The model's routed-expert MLP with random weights (quantized on the device), opted in to
+    the grouped kernels."""
+    from humming_aot.nn import QuantizedMoE
+
+    experts, _, ((_, n1, k1), (_, n2, k2)) = bench_moe.MODELS[model]
+    gen = torch.Generator(device=device).manual_seed(seed)
+    gate_up = torch.randn(experts, n1, k1, generator=gen, device=device) * 0.02
+    down = torch.randn(experts, n2, k2, generator=gen, device=device) * 0.02
+    activation = ACTIVATIONS.get(model, "silu")
+    biases = {}
+    if activation == "swiglu_oai":
+        biases = dict(gate_up_bias=(torch.randn(experts, n1, generator=gen, device=device) * 0.02).bfloat16(),
+                      down_bias=(torch.randn(experts, n2, generator=gen, device=device) * 0.02).bfloat16())
+    layer = QuantizedMoE.from_experts(gate_up, down, fmt=fmt, activation=activation, **biases)
+    layer.use_grouped_kernels = True
+    return layer
+
+
+def step_closures(layer, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> dict:
+    """One closure per step (and "layer"), each on the outputs of the steps before it, computed
+    once here: QuantizedMoE._forward_grouped_kernels taken apart."""
+    from humming_aot import moe
+
+    slots = hidden.shape[0] * topk_ids.shape[1]
+    expected = max(1, -(-slots // layer.num_experts))
+
+    def route():
+        routing = moe.group_rows(topk_ids, layer.num_experts, check_range=False)
+        return routing, routing.offsets.to(torch.int32)
+
+    routing, offsets = route()
+    rows = moe.permute(hidden, routing)
+    h_out = rows.new_empty(slots, layer.gate_up.out_features)
+    y_out = rows.new_empty(slots, layer.down.out_features)
+
+    def gemm1():
+        return moe.gemm_grouped_kernel(rows, layer.gate_up, offsets=offsets, expected_m=expected,
+                                       bias=layer.gate_up_bias, out=h_out)
+
+    def activation():
+        return moe.silu_and_mul(h_out) if layer.activation == "silu" else moe.swiglu_oai(h_out)
+
+    h = activation()
+
+    def gemm2():
+        return moe.gemm_grouped_kernel(h, layer.down, offsets=offsets, expected_m=expected, bias=layer.down_bias,
+                                       out=y_out)
+
+    return {
+        "route": route,
+        "permute": lambda: moe.permute(hidden, routing),
+        "gemm1": gemm1,
+        "activation": activation,
+        "gemm2": gemm2,
+        "reduce": lambda: moe.weighted_sum(moe.unpermute(y_out, routing), topk_weights),
+        "layer": lambda: layer(hidden, topk_ids, topk_weights),
+    }
+
+
+def bench(args: argparse.Namespace) -> list[dict]:
+    device = torch.device("cuda")
+    experts, top_k, ((_, _, hidden_size), _) = bench_moe.MODELS[args.model]
+    layer = make_layer(args.model, args.format, args.seed, device)
+    results = []
+    print(f"{args.model}: E {experts}, top-{top_k}, hidden {hidden_size}, {args.format}, {layer.activation}")
+    for tokens in map(int, args.tokens.split(",")):
+        per_routing = []
+        for i in range(args.routings):
+            r = bench_moe.route(tokens, experts, top_k, hidden_size, args.seed + i, device)
+            weights = torch.softmax(torch.randn(tokens, top_k, device=device), dim=1)
+            per_routing.append(step_closures(layer, r.hidden, r.topk_ids.to(torch.int32), weights))
+        times = {}
+        for step in (*STEPS, "layer"):
+            timing = time_cuda_graph([closures[step] for closures in per_routing], repeats=args.repeats)
+            times[step] = timing["median_us"]
+            results.append(dict(model=args.model, tokens=tokens, format=args.format, step=step,
+                                us=timing["median_us"], p10_us=timing["p10_us"], p90_us=timing["p90_us"],
+                                mode=timing["mode"]))
+        total = sum(times[s] for s in STEPS)
+        print(f"{tokens:>6} tokens: layer {times['layer']:.1f} us (steps sum {total:.1f}): " + ", ".join(
+            f"{s} {times[s]:.1f} ({100 * times[s] / total:.0f} %)" for s in STEPS))
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("bench_moe_layer.py needs a CUDA GPU")
+    results = bench(args)
+    if args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "args": vars(args), "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
