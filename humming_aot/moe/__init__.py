@@ -2,7 +2,8 @@
 steps (``align_block_size``, ``group_rows``, ``permute`` / ``unpermute``, activations,
 ``weighted_sum``) and the three GEMM types as a loop of dense GEMMs (``gemm_indexed``,
 ``gemm_grouped``, ``gemm_masked``), which define what the grouped kernels must compute, and the
-first of those kernels, ``gemm_masked_kernel`` and ``gemm_grouped_kernel`` (not yet run on a GPU).
+grouped kernels, ``gemm_masked_kernel`` and ``gemm_grouped_kernel`` (persistent schedules around
+the mma.sync bodies; moe/kernels.py).
 ``humming_aot.nn.QuantizedMoE`` is the layer built on them."""
 from __future__ import annotations
 

@@ -68,10 +68,11 @@ def gemm_masked_kernel(a: torch.Tensor, experts: PackedExperts, masked_m: torch.
 
 def _grouped_by_offsets(a: torch.Tensor, experts: PackedExperts, offsets: torch.Tensor, *, expected_m: int,
                         bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                        tile: TileConfig | str | None = None) -> torch.Tensor:
+                        tile: TileConfig | str | None = None, splits: int | None = None) -> torch.Tensor:
     """gemm_grouped_kernel on rows grouped by prefix offsets: the masked schedule walking the
     experts' rows of the one activation (kernel/grouped_masked.cuh, its offsets form), with no
-    alignment and no copy of the rows."""
+    alignment and no copy of the rows; K split in slices (offsets_splits) when the rows' tiles
+    leave most CTA slots idle."""
     what = "gemm_grouped_kernel"
     if (not isinstance(offsets, torch.Tensor) or offsets.shape != (experts.experts + 1,)
             or offsets.dtype not in (torch.int32, torch.int64)):
@@ -81,7 +82,8 @@ def _grouped_by_offsets(a: torch.Tensor, experts: PackedExperts, offsets: torch.
         raise ValueError(f"{what}: offsets must be on {a.device} (the kernel reads them there), got "
                          f"{_describe(offsets)}")
     if experts.padded:
-        return _padded(_grouped_by_offsets, a, experts, bias, out, offsets, expected_m=expected_m, tile=tile)
+        return _padded(_grouped_by_offsets, a, experts, bias, out, offsets, expected_m=expected_m, tile=tile,
+                       splits=splits)
     rows = a.shape[0]
     if out is None:
         out = torch.zeros(rows, experts.n, dtype=a.dtype, device=a.device)
@@ -89,31 +91,83 @@ def _grouped_by_offsets(a: torch.Tensor, experts: PackedExperts, offsets: torch.
         return out
     offsets = offsets.to(torch.int32).contiguous()  # no copy when already int32 and contiguous
     tile, loaded = _kernel(a, experts, GemmType.MASKED, max(1, int(expected_m)), what, "gemm_grouped", tile)
-    grid, params = offsets_launch_arguments(a, experts, offsets, bias, out, tile,
-                                            _resident(loaded, tile, a.device.index))
+    resident = _resident(loaded, tile, a.device.index)
+    bound = offsets_tile_bound(rows, experts.experts, experts.n, tile)
+    k_tiles = experts.k // tile.block_k
+    if splits is None:
+        splits = offsets_splits(bound, k_tiles, resident)
+    elif type(splits) is not int or not 1 <= splits <= k_tiles or (splits > 1 and bound > _split_k_counters_size()):
+        raise ValueError(f"{what}: splits={splits!r} must be an int in [1, K / {tile.block_k} = {k_tiles}], and 1 "
+                         f"when the rows make more than {_split_k_counters_size()} tiles (here up to {bound})")
+    workspace = counters = None
+    if splits > 1:
+        from humming_aot import dispatch
+
+        workspace = torch.empty(splits * rows * experts.n, dtype=torch.float32, device=a.device)
+        counters = dispatch._split_k_counters(a.device, _stream(a))
+    grid, params = offsets_launch_arguments(a, experts, offsets, bias, out, tile, resident, splits=splits,
+                                            workspace=workspace, counters=counters)
     loaded.launch(grid, _stream(a), params)
     return out
 
 
+def offsets_tile_bound(rows: int, experts: int, n: int, tile: TileConfig) -> int:
+    """The most tiles the offsets form's walk can find for R rows (kernel/grouped_masked.cuh,
+    ExpertWalk::tile_limit, the same formula): rows summing to at most R in at most min(E, R)
+    experts with rows, each with one partial row tile at most, times the N tiles."""
+    return (rows // tile.block_m + min(experts, rows)) * -(-n // tile.block_n)
+
+
+# offsets_splits: each K slice takes at least this many K tiles (its prologue, partial sums and
+# the reduction do not shrink with K), and at most this many slices.
+MIN_SLICE_K_TILES = 4
+MAX_OFFSETS_SPLITS = 8
+
+
+def offsets_splits(tile_bound: int, k_tiles: int, resident: int) -> int:
+    """K slices of the offsets form: 1 unless the rows' tiles (at most tile_bound) fill at most a
+    quarter of the resident CTAs (a handful of tokens on long K: DeepSeek-V3 TP8's gate_up at one
+    token has 32 tiles of 8 x 128 for 264 slots); then as many as fill the slots, with at least
+    MIN_SLICE_K_TILES K tiles each, at most MAX_OFFSETS_SPLITS, and only while the split-K counters
+    hold every tile."""
+    if tile_bound * 4 > resident or tile_bound > _split_k_counters_size():
+        return 1
+    return max(1, min(resident // max(tile_bound, 1), k_tiles // MIN_SLICE_K_TILES, MAX_OFFSETS_SPLITS))
+
+
+def _split_k_counters_size() -> int:
+    from humming_aot import dispatch
+
+    return dispatch.SPLIT_K_COUNTERS
+
+
 def offsets_launch_arguments(a: torch.Tensor, experts: PackedExperts, offsets: torch.Tensor,
                              bias: torch.Tensor | None, out: torch.Tensor, tile: TileConfig,
-                             resident: int) -> tuple[tuple[int, int, int], bytes]:
+                             resident: int, *, splits: int = 1, workspace: torch.Tensor | None = None,
+                             counters: torch.Tensor | None = None) -> tuple[tuple[int, int, int], bytes]:
     """The grid and the MaskedGemmParams bytes of the offsets form: GemmParams of all R rows with
-    expert 0's weights (m = R, which bounds every expert's rows), no counts, the experts' weights,
-    zero slab strides, E and the int32 offsets pointer. The experts' tiles number at most
-    (ceil(R / block_m) + E) x N tiles (each expert's last row tile may be partial); the grid is
-    that, at most the `resident` CTAs."""
+    expert 0's weights (m = R, which bounds every expert's rows; with `splits` K slices, the fp32
+    workspace of splits x R x N and the split-K counters, one per tile), no counts, the experts'
+    weights, zero slab strides, E and the int32 offsets pointer. The grid: the tiles the walk can
+    find (offsets_tile_bound), at most the `resident` CTAs over the slices, by `splits`."""
     rows, e = a.shape[0], experts.experts
     if offsets.dtype != torch.int32 or offsets.shape != (e + 1,) or not offsets.is_contiguous():
         raise ValueError(f"gemm_grouped_kernel: the kernel reads ({e + 1},) contiguous int32 offsets, got "
                          f"{_describe(offsets)}")
-    n_tiles = -(-experts.n // tile.block_n)
-    tiles = (-(-rows // tile.block_m) + e) * n_tiles
+    tiles = offsets_tile_bound(rows, e, experts.n, tile)
     if tiles >= 2**31:
         raise ValueError(f"gemm_grouped_kernel: {rows} rows of {e} experts and {experts.n} columns make up to {tiles} "
                          f"tiles of {tile.block_m} x {tile.block_n}, past the kernel's 2**31: split the rows over calls")
+    if splits > 1 and (workspace is None or workspace.dtype != torch.float32
+                       or workspace.numel() < splits * rows * experts.n or counters is None
+                       or counters.dtype != torch.int32 or counters.numel() < tiles):
+        raise ValueError(f"gemm_grouped_kernel: {splits} K slices need a float32 workspace of {splits} x {rows} x "
+                         f"{experts.n} and {tiles} int32 counters at zero")
     tail = params_abi.MASKED_TAIL.pack(0, *_expert_weights(experts, bias), 0, 0, e, offsets.data_ptr())
-    return (max(1, min(tiles, resident)), 1, 1), _gemm_bytes(a, experts, bias, out, lda=a.stride(0), m=rows) + tail
+    gemm = _gemm_bytes(a, experts, bias, out, lda=a.stride(0), m=rows, splits=splits,
+                       workspace=0 if workspace is None else workspace.data_ptr(),
+                       counters=0 if counters is None else counters.data_ptr())
+    return (max(1, min(tiles, resident // splits)), splits, 1), gemm + tail
 
 
 def _check_rows(a: torch.Tensor, experts: PackedExperts, bias: torch.Tensor | None, out: torch.Tensor | None,
@@ -165,7 +219,8 @@ def grouped_block_m(experts: PackedExperts, expected_m: int, device: torch.devic
 
 def gemm_grouped_kernel(a: torch.Tensor, experts: PackedExperts, row_expert: torch.Tensor | None = None, *,
                         expected_m: int, offsets: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-                        out: torch.Tensor | None = None, tile: TileConfig | str | None = None) -> torch.Tensor:
+                        out: torch.Tensor | None = None, tile: TileConfig | str | None = None,
+                        splits: int | None = None) -> torch.Tensor:
     """out[r] = a[r] @ W[e]^T (+ bias[e]) for the grouped rows, e the expert of the first row of
     r's block of ``grouped_block_m(experts, expected_m)`` rows.
 
@@ -193,12 +248,19 @@ def gemm_grouped_kernel(a: torch.Tensor, experts: PackedExperts, row_expert: tor
                 zero-fill a caller whose rows all belong to experts saves by passing an empty one
     tile:       a forced tile (for tuning and benchmarks), as for gemm_masked_kernel; with
                 row_expert, the rows must be aligned to its block_m instead of grouped_block_m's
+    splits:     (offsets only) K slices, reduced in a float32 workspace in slice order (the
+                same bits every run); default offsets_splits' choice: slices only when the
+                rows' tiles leave most CTA slots idle (a few tokens on a long K)
     """
     if (row_expert is None) == (offsets is None):
         raise ValueError("gemm_grouped_kernel: give the experts' rows as row_expert (R,) (block-aligned) or as "
                          "offsets (E + 1,), one of them")
     if offsets is not None:
-        return _grouped_by_offsets(a, experts, offsets, expected_m=expected_m, bias=bias, out=out, tile=tile)
+        return _grouped_by_offsets(a, experts, offsets, expected_m=expected_m, bias=bias, out=out, tile=tile,
+                                   splits=splits)
+    if splits not in (None, 1):
+        raise ValueError(f"gemm_grouped_kernel: splits={splits!r}: K slices are for the offsets form; the aligned "
+                         "rows run one slice")
     _check_grouped(a, experts, row_expert, bias, out)
     if experts.padded:
         return _padded(gemm_grouped_kernel, a, experts, bias, out, row_expert, expected_m=expected_m, tile=tile)
@@ -322,14 +384,14 @@ def grouped_launch_arguments(a: torch.Tensor, experts: PackedExperts, row_expert
 
 
 def _gemm_bytes(a: torch.Tensor, experts: PackedExperts, bias: torch.Tensor | None, out: torch.Tensor, *,
-                lda: int, m: int) -> bytes:
-    """GemmParams with expert 0's weights: no workspace or counters (one K slice), global scale 1
-    (the schedules take each expert's from ExpertWeights)."""
+                lda: int, m: int, splits: int = 1, workspace: int = 0, counters: int = 0) -> bytes:
+    """GemmParams with expert 0's weights: by default one K slice (no workspace or counters);
+    global scale 1 (the schedules take each expert's from ExpertWeights)."""
     zero_points = experts.w_zero_point
     return params_abi.GEMM_PARAMS.pack(
         a.data_ptr(), experts.w.data_ptr(), experts.w_scale.data_ptr(),
         0 if zero_points is None else zero_points.data_ptr(), 0 if bias is None else bias.data_ptr(),
-        out.data_ptr(), 0, 0, lda, experts.n, m, experts.n, experts.k, experts.group_size, 1, 1.0,
+        out.data_ptr(), workspace, counters, lda, experts.n, m, experts.n, experts.k, experts.group_size, splits, 1.0,
     )
 
 

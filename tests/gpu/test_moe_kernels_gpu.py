@@ -321,3 +321,67 @@ def test_grouped_kernel_on_unaligned_rows_given_by_offsets(fmt):
     clipped = torch.tensor([0, 30, 60, 75, 75], device="cuda", dtype=torch.int32)
     assert torch.equal(gemm_grouped_kernel(a, experts, offsets=beyond, expected_m=16, bias=bias),
                        gemm_grouped_kernel(a, experts, offsets=clipped, expected_m=16, bias=bias))
+
+
+@pytest.mark.parametrize("fmt", ("int4:g128", "uint4:g64:zp"))
+@pytest.mark.parametrize("tile,splits", [
+    (None, None),                          # the table's tile, offsets_splits' choice (4 slices here)
+    ("8x128x128_w1x2x2_s2", 3),            # slices of 6, 5 and 5 K tiles
+    ("8x128x256_w1x2x4_s2", 8),            # one K tile per slice, swapped with 4 K warps
+    ("mma-sw:16x64x128_w1x1x2_s2", 2),     # the 16-token swapped tile
+    ("32x128x64_w1x2_s6", 5),              # the CTA-shared pipeline's writer
+])
+def test_offsets_form_sums_k_slices_in_a_workspace(fmt, tile, splits):
+    """The offsets form with K slices (kernel/grouped_masked.cuh: CTAs (x, y) walk the same tiles
+    with slice y, the dense body sums the slices through the workspace): equal to the float64
+    reference of each expert's operands, the same bits twice, rows of no expert untouched, and the
+    split-K counters left at zero for the next launch."""
+    import dataclasses
+
+    from humming_aot.moe import gemm_grouped_kernel
+    from humming_aot.moe.kernels import forced_tile, offsets_splits, offsets_tile_bound
+
+    seed = _seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    e, n, k = 4, 256, 2048
+    experts = pack_experts(humming_aot.quantize(torch.randn(e, n, k, device="cuda", generator=gen) * 0.05, fmt),
+                           act_dtype=torch.bfloat16)
+    offsets = torch.tensor([1, 4, 4, 8, 10], device="cuda", dtype=torch.int32)  # an empty expert, a row of none
+    a = torch.randn(11, k, device="cuda", generator=gen).to(torch.bfloat16)
+    bias = torch.randn(e, n, device="cuda", generator=gen).to(torch.bfloat16)
+    expected = 1 if tile is None else (16 if tile.startswith("mma-sw") else 32 if tile.startswith("32") else 1)
+    if tile is None:  # the automatic choice slices this K: few tiles for the resident CTAs
+        chosen = heuristics.select_masked_tile(dispatch.device_info(0).arches[0], 1, k, experts.group_size, 4)
+        assert offsets_splits(offsets_tile_bound(11, e, n, chosen), k // chosen.block_k, 264) > 1
+    runs = []
+    for _ in range(2):
+        out = torch.full((11, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gemm_grouped_kernel(a, experts, offsets=offsets, expected_m=expected, bias=bias, out=out, tile=tile,
+                            splits=splits)
+        runs.append(out)
+    torch.cuda.synchronize()
+    assert torch.equal(runs[0][1:10], runs[1][1:10]), f"slices not summed in a fixed order: seed={seed}"
+    assert runs[0][0].isnan().all() and runs[0][10].isnan().all()
+    assert not dispatch._split_k_counters(a.device, dispatch.current_stream(0)).any()
+    if tile is None:
+        key = _key(experts, expected)
+    else:  # the forced tile's kernel (whether it rounds the scales with the weights)
+        spec = dataclasses.replace(ops.gemm_spec(experts.expert(0)), gemm_type=GemmType.MASKED)
+        key = dispatch.obtain(spec, 0, expected, forced_tile(tile, experts, "test"), k, experts.group_size, n=n)[0]
+    for x in range(e):
+        lo, hi = offsets[x].item(), offsets[x + 1].item()
+        if hi > lo:
+            w_eff = experts.effective_weight(x, scales_in_fp32=key.scales_in_fp32)
+            assert_gemm_close(runs[0][lo:hi], reference_gemm(a[lo:hi], w_eff, bias[x]), a=a[lo:hi], w_eff=w_eff,
+                              bias=bias[x], context=f"{fmt} tile={tile} splits={splits} expert {x} seed={seed}")
+
+
+def test_offsets_form_refuses_more_slices_than_k_tiles():
+    from humming_aot.moe import gemm_grouped_kernel
+
+    experts = pack_experts(humming_aot.quantize(torch.randn(2, 128, 256, device="cuda") * 0.05, "int4:g128"),
+                           act_dtype=torch.bfloat16)
+    a = torch.randn(4, 256, device="cuda").to(torch.bfloat16)
+    offsets = torch.tensor([0, 2, 4], device="cuda", dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"splits=3 must be an int in \[1, K / 128 = 2\]"):
+        gemm_grouped_kernel(a, experts, offsets=offsets, expected_m=1, tile="8x128x128_w1x2x2_s2", splits=3)

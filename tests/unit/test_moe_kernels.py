@@ -9,6 +9,7 @@ import torch
 import humming_aot
 from humming_aot import heuristics, params_abi
 from humming_aot.moe import gemm_masked_kernel, pack_experts
+from humming_aot.moe import kernels as moe_kernels
 from humming_aot.moe.kernels import launch_arguments
 from humming_aot.spec import MmaKind
 
@@ -120,8 +121,9 @@ def test_the_offsets_form_launches_the_masked_walk_over_one_activation():
     offsets = torch.tensor([3, 20, 20, 70], dtype=torch.int32)
     tile = heuristics.select_masked_tile("sm90a", 16, k, 64, 4)
     grid, params = offsets_launch_arguments(a, experts, offsets, None, out, tile, resident=10_000)
-    # at most ceil(R / block_m) row tiles plus one partial tile per expert, per N tile
-    assert grid == ((-(-rows // tile.block_m) + e) * -(-n // tile.block_n), 1, 1)
+    # at most R / block_m row tiles plus one partial tile per expert with rows, per N tile
+    bound = (rows // tile.block_m + min(e, rows)) * -(-n // tile.block_n)
+    assert grid == (bound, 1, 1) and moe_kernels.offsets_tile_bound(rows, e, n, tile) == bound
     assert offsets_launch_arguments(a, experts, offsets, None, out, tile, resident=7)[0] == (7, 1, 1)
     assert len(params) == params_abi.MASKED_PARAMS_BYTES
     gemm = params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])
@@ -132,6 +134,32 @@ def test_the_offsets_form_launches_the_masked_walk_over_one_activation():
     assert tail[6:] == (0, 0, e, offsets.data_ptr())  # no slab strides, E, the offsets
     with pytest.raises(ValueError, match=r"reads \(4,\) contiguous int32 offsets, got \(4,\) torch.int64"):
         offsets_launch_arguments(a, experts, offsets.long(), None, out, tile, resident=7)
+    # K slices: the grid's y, the workspace and counters in GemmParams, the resident CTAs shared out
+    workspace = torch.zeros(3 * rows * n)
+    counters = torch.zeros(bound, dtype=torch.int32)
+    grid, params = offsets_launch_arguments(a, experts, offsets, None, out, tile, resident=30, splits=3,
+                                            workspace=workspace, counters=counters)
+    assert grid == (10, 3, 1)
+    gemm = params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])
+    assert gemm[6:8] == (workspace.data_ptr(), counters.data_ptr()) and gemm[14] == 3
+    with pytest.raises(ValueError, match="3 K slices need a float32 workspace of 3 x 75 x 192"):
+        offsets_launch_arguments(a, experts, offsets, None, out, tile, resident=30, splits=3,
+                                 workspace=workspace[:10], counters=counters)
+
+
+def test_the_offsets_form_splits_k_only_when_its_tiles_leave_most_slots_idle():
+    from humming_aot.moe.kernels import MAX_OFFSETS_SPLITS, MIN_SLICE_K_TILES, offsets_splits
+
+    # DeepSeek-V3 TP8 gate_up at one token: 8 rows, 8 x 128 tiles, N 512: at most 9 x 4 tiles for
+    # 264 slots, 28 K tiles of 256: 7 slices of 4 K tiles
+    tile = heuristics.select_masked_tile("sm90a", 1, 7168, 128, 4)
+    bound = moe_kernels.offsets_tile_bound(8, 256, 512, tile)
+    assert bound == 36 and offsets_splits(bound, 7168 // tile.block_k, 264) == 7
+    assert offsets_splits(36, 2, 264) == 1  # a short K: too few K tiles to slice
+    assert offsets_splits(100, 64, 264) == 1  # tiles fill more than a quarter of the slots
+    assert offsets_splits(1, 1000, 10_000) == MAX_OFFSETS_SPLITS
+    assert offsets_splits(10, 3 * MIN_SLICE_K_TILES, 1000) == 3
+    assert offsets_splits(5000, 1000, 10**6) == 1  # more tiles than split-K counters
 
 
 def test_bad_arguments_are_refused_before_any_launch():
@@ -221,6 +249,8 @@ def test_grouped_arguments_are_refused_before_any_launch(monkeypatch):
                             out=torch.zeros(16, 128, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="give the experts' rows as row_expert .* or as offsets"):
         gemm_grouped_kernel(a, experts, row_expert, offsets=torch.zeros(4, dtype=torch.int32), expected_m=8)
+    with pytest.raises(ValueError, match="splits=2: K slices are for the offsets form"):
+        gemm_grouped_kernel(a, experts, row_expert, expected_m=8, splits=2)
 
 
 def test_a_cast_global_scale_is_refused(monkeypatch):

@@ -70,8 +70,12 @@ struct DenseMmaSync {
   // CTA's own), over the CTA's K slice; `at_epilogue` runs as the epilogue starts. A persistent
   // schedule (kernel/grouped_masked.cuh) may run several tiles per CTA one after another, with a
   // CTA barrier between them (each tile reuses the same shared memory; both mainloops drain their
-  // cp.async groups at the end of the K loop), and only with one K slice and no cluster: the
-  // split-K counters, the arrival flag and the cluster exchange's barriers serve one tile per CTA.
+  // cp.async groups at the end of the K loop), and with no cluster (the cluster exchange's barriers
+  // serve one tile per CTA). K slices (gridDim.y = p.k_splits) reduce through the workspace: per
+  // tile, each slice stores its partials at p.workspace + slice * p.m * p.n and arrives at
+  // p.tile_counters[m_tile * n_tiles + n_tile]; the last one sums them and resets the counter
+  // (the arrival flag is reused only after the schedule's barrier), so each tile run this way
+  // needs a workspace and counters of its own, which the schedule's pointers provide.
   template <class AtEpilogue>
   static __device__ __forceinline__ void run_tile(const GemmParams& p, u32 linear_tile, AtEpilogue at_epilogue) {
     run_scheduled(p, Scheduler(p.m, p.n, p.k, p.k_splits, linear_tile), at_epilogue);
@@ -85,13 +89,14 @@ struct DenseMmaSync {
           ? (kPrefetchBytes * 8 / (kBlockN * Weights::kBits)) / kBlockK * kBlockK
           : kStages * kBlockK;
 
-  // L2 prefetches of tile `linear_tile`'s weights over its first kPrefetchK of K (one K slice),
+  // L2 prefetches of tile `linear_tile`'s weights over the first kPrefetchK of the CTA's K slice,
   // issued by every thread of the CTA: a persistent schedule calls it for the CTA's next tile
   // before it runs the current one, so that the next tile's first stages come from L2.
   static __device__ __forceinline__ void prefetch_tile(const GemmParams& p, u32 linear_tile) {
-    const Scheduler tile(p.m, p.n, p.k, 1, linear_tile);
-    memory::TileL2Prefetch<kBlockN, Weights::kBits, kThreads>::issue(p, tile.n_tile * kBlockN,
-                                                                     kPrefetchK < p.k ? kPrefetchK : p.k);
+    const Scheduler tile(p.m, p.n, p.k, p.k_splits, linear_tile);
+    const int k_begin = tile.k_tile_begin * kBlockK, k_span = (tile.k_tile_end - tile.k_tile_begin) * kBlockK;
+    memory::TileL2Prefetch<kBlockN, Weights::kBits, kThreads>::issue(p, tile.n_tile * kBlockN, k_begin,
+                                                                     kPrefetchK < k_span ? kPrefetchK : k_span);
   }
 
  private:

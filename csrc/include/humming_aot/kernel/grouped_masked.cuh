@@ -25,8 +25,13 @@
 // (a few dozen of short K at decode sizes) do not each wait on DRAM for their first stages. Each
 // tile runs the dense body on a copy of GemmParams whose pointers are moved to the expert's slab,
 // whose M is the count and whose global scale is the expert's. A count outside [0, max_m] is read
-// as the nearest bound. Preconditions (the host checks them): gemm.k_splits == 1 (one K slice:
-// the dense body's split-K counters and workspace are per launch, not per expert); a body with
+// as the nearest bound. K slices (gridDim.y = gemm.k_splits, the offsets form only): every CTA
+// (x, y) walks the tiles of column x with slice y, and the dense body reduces a tile's slices
+// through the workspace; an expert's partials lie at workspace + k_splits x first row x N floats
+// (the experts' row ranges are disjoint, so are their (k_splits, rows, N) blocks: k_splits x R x
+// N floats in all) and its tiles' counters at tile_counters + the walk's index of its first tile
+// (as many counters as tiles, zero between launches: the last slice of a tile resets its own).
+// Preconditions (the host checks them): gemm.k_splits == 1 for slabs; a body with
 // run_tile(GemmParams, tile, at_epilogue) and prefetch_tile(GemmParams, tile) (the mma.sync
 // bodies). SM80+.
 
@@ -50,6 +55,15 @@ struct ExpertWalk {
   const int* rows_of;  // the counts (slabs)
   const int* offsets;  // the prefix offsets of the rows (one activation), or nullptr (slabs)
   u32 experts, max_rows, n_tiles;
+
+  // The tiles a walk may find: every tile with slabs; with offsets, the most that R rows make,
+  // (R / kBlockM + min(E, R)) x n_tiles (rows summing to at most R, in at most min(E, R) experts
+  // with rows, each with one partial tile at most), which the host sizes the split-K counters by:
+  // offsets that do not rise (more rows in all) find no tile past it.
+  __device__ __forceinline__ u32 tile_limit() const {
+    if (offsets == nullptr) return 0xffffffffu;
+    return (max_rows / kBlockM + (experts < max_rows ? experts : max_rows)) * n_tiles;
+  }
 
   // v clamped to [lo, max_rows].
   __device__ __forceinline__ u32 clamp_rows(int v, u32 lo) const {
@@ -88,6 +102,7 @@ struct ExpertWalk {
   // The expert, its rows and the tile's index among the expert's tiles of tile `tile`; false when
   // the experts hold fewer tiles. Uniform over the CTA (every warp reads the same counts).
   __device__ __forceinline__ bool find(u32 tile, u32& expert, u32& expert_rows, u32& local) const {
+    if (tile >= tile_limit()) return false;
     const u32 lane = threadIdx.x & 31;
     u32 before = 0;  // tiles of the experts before the window
     for (u32 first = 0; first < experts; first += kWindow) {
@@ -167,6 +182,10 @@ struct GroupedMasked {
       p.a = static_cast<const char*>(p.a) + expert * g.a_stride + first * p.lda * 2;
       p.out = static_cast<char*>(p.out) + expert * g.out_stride + first * p.ldo * 2;
       g.weights.move_to(p, static_cast<int>(expert));
+      if (p.k_splits > 1) {  // (the offsets form) the expert's own partials and counters
+        p.workspace += first * p.k_splits * p.n;
+        p.tile_counters += tile - local;
+      }
       Dense::run_tile(p, local, [more] {
         if (!more) schedule::release_dependent_grid();
       });

@@ -27,20 +27,22 @@ struct TileL2Prefetch {
   static constexpr int kWLinesPerRow = kUnits * kBits;  // lines of one 16-K row of the tile's codes
   static_assert(kBlockN % 64 == 0, "weights are packed in 64-column units");
 
-  // Prefetches the tile of columns [n0, + kBlockN) over K [0, k_span) (k_span a multiple of 16,
-  // at most p.k): its packed codes, its scale rows and (when present) zero-point rows.
-  static __device__ __forceinline__ void issue(const kernel::GemmParams& p, int n0, int k_span) {
+  // Prefetches the tile of columns [n0, + kBlockN) over K [k_begin, + k_span) (both multiples
+  // of 16, within p.k): its packed codes, its scale rows and (when present) zero-point rows.
+  static __device__ __forceinline__ void issue(const kernel::GemmParams& p, int n0, int k_begin, int k_span) {
     const int units = p.n >> 6, unit0 = n0 >> 6;
     const int valid_units = units - unit0 < kUnits ? units - unit0 : kUnits;
     const u32 w_rows = static_cast<u32>(k_span) / 16;
     const u32 w_lines = w_rows * kWLinesPerRow;
     const i64 w_row_bytes = static_cast<i64>(p.n) * kBits * 2;
-    const char* w = static_cast<const char*>(p.w) + static_cast<i64>(unit0) * 128 * kBits;
-    // the scale rows the K range spans (a group of at least k_span: the first row only)
-    const u32 s_rows = k_span > p.group_size ? static_cast<u32>(k_span / p.group_size) : 1u;
+    const char* w =
+        static_cast<const char*>(p.w) + (k_begin / 16) * w_row_bytes + static_cast<i64>(unit0) * 128 * kBits;
+    // the scale rows the K range spans: from the group of k_begin to that of its last element
+    const int first_row = k_begin / p.group_size, last_row = (k_begin + k_span - 1) / p.group_size;
+    const u32 s_rows = k_span > 0 ? static_cast<u32>(last_row - first_row + 1) : 0u;
     const u32 s_lines = s_rows * kUnits;
     const i64 s_row_bytes = 2 * static_cast<i64>(p.n);
-    const i64 s_offset = 2 * static_cast<i64>(n0);
+    const i64 s_offset = first_row * s_row_bytes + 2 * static_cast<i64>(n0);
     const u32 total = w_lines + (p.w_zero_point != nullptr ? 2 : 1) * s_lines;
     for (u32 i = threadIdx.x; i < total; i += kThreads) {
       if (i < w_lines) {
