@@ -99,6 +99,7 @@ def _grouped_by_offsets(a: torch.Tensor, experts: PackedExperts, offsets: torch.
     elif type(splits) is not int or not 1 <= splits <= k_tiles or (splits > 1 and bound > _split_k_counters_size()):
         raise ValueError(f"{what}: splits={splits!r} must be an int in [1, K / {tile.block_k} = {k_tiles}], and 1 "
                          f"when the rows make more than {_split_k_counters_size()} tiles (here up to {bound})")
+    splits = nonempty_slices(k_tiles, splits)
     workspace = counters = None
     if splits > 1:
         from humming_aot import dispatch
@@ -133,6 +134,13 @@ def offsets_splits(tile_bound: int, k_tiles: int, resident: int) -> int:
     if tile_bound * 4 > resident or tile_bound > _split_k_counters_size():
         return 1
     return max(1, min(resident // max(tile_bound, 1), k_tiles // MIN_SLICE_K_TILES, MAX_OFFSETS_SPLITS))
+
+
+def nonempty_slices(k_tiles: int, splits: int) -> int:
+    """The slices that `splits` slices of k_tiles K tiles make when each takes ceil(k_tiles /
+    splits) of them (schedule/tile_scheduler.cuh's rule), so that none is left empty: 4 slices of 5
+    K tiles run as 3 (2, 2 and 1), 3 of 5 stay 3."""
+    return -(-k_tiles // -(-k_tiles // splits))
 
 
 def _split_k_counters_size() -> int:

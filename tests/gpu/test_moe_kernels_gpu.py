@@ -52,6 +52,17 @@ def _key(experts, rows: int, gemm_type: GemmType = GemmType.MASKED) -> KernelKey
                            n=experts.n)[0]
 
 
+def _forced_key(experts, rows: int, tile: str) -> KernelKey:
+    """The masked kernel of a forced tile (whether it rounds the scales with the weights)."""
+    import dataclasses
+
+    from humming_aot.moe.kernels import forced_tile
+
+    spec = dataclasses.replace(ops.gemm_spec(experts.expert(0)), gemm_type=GemmType.MASKED)
+    return dispatch.obtain(spec, torch.cuda.current_device(), rows, forced_tile(tile, experts, "test"), experts.k,
+                           experts.group_size, n=experts.n)[0]
+
+
 def _check(out, a, experts, counts, bias, key, context):
     for e, count in enumerate(counts.tolist()):
         w_eff = experts.effective_weight(e, scales_in_fp32=key.scales_in_fp32)
@@ -326,7 +337,7 @@ def test_grouped_kernel_on_unaligned_rows_given_by_offsets(fmt):
 @pytest.mark.parametrize("fmt", ("int4:g128", "uint4:g64:zp"))
 @pytest.mark.parametrize("tile,splits", [
     (None, None),                          # the table's tile, offsets_splits' choice (4 slices here)
-    ("8x128x128_w1x2x2_s2", 3),            # slices of 6, 5 and 5 K tiles
+    ("8x128x128_w1x2x2_s2", 3),            # slices of 6, 6 and 4 K tiles
     ("8x128x256_w1x2x4_s2", 8),            # one K tile per slice, swapped with 4 K warps
     ("mma-sw:16x64x128_w1x1x2_s2", 2),     # the 16-token swapped tile
     ("32x128x64_w1x2_s6", 5),              # the CTA-shared pipeline's writer
@@ -336,10 +347,8 @@ def test_offsets_form_sums_k_slices_in_a_workspace(fmt, tile, splits):
     with slice y, the dense body sums the slices through the workspace): equal to the float64
     reference of each expert's operands, the same bits twice, rows of no expert untouched, and the
     split-K counters left at zero for the next launch."""
-    import dataclasses
-
     from humming_aot.moe import gemm_grouped_kernel
-    from humming_aot.moe.kernels import forced_tile, offsets_splits, offsets_tile_bound
+    from humming_aot.moe.kernels import offsets_splits, offsets_tile_bound
 
     seed = _seed()
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -363,11 +372,7 @@ def test_offsets_form_sums_k_slices_in_a_workspace(fmt, tile, splits):
     assert torch.equal(runs[0][1:10], runs[1][1:10]), f"slices not summed in a fixed order: seed={seed}"
     assert runs[0][0].isnan().all() and runs[0][10].isnan().all()
     assert not dispatch._split_k_counters(a.device, dispatch.current_stream(0)).any()
-    if tile is None:
-        key = _key(experts, expected)
-    else:  # the forced tile's kernel (whether it rounds the scales with the weights)
-        spec = dataclasses.replace(ops.gemm_spec(experts.expert(0)), gemm_type=GemmType.MASKED)
-        key = dispatch.obtain(spec, 0, expected, forced_tile(tile, experts, "test"), k, experts.group_size, n=n)[0]
+    key = _key(experts, expected) if tile is None else _forced_key(experts, expected, tile)
     for x in range(e):
         lo, hi = offsets[x].item(), offsets[x + 1].item()
         if hi > lo:
@@ -385,3 +390,33 @@ def test_offsets_form_refuses_more_slices_than_k_tiles():
     offsets = torch.tensor([0, 2, 4], device="cuda", dtype=torch.int32)
     with pytest.raises(ValueError, match=r"splits=3 must be an int in \[1, K / 128 = 2\]"):
         gemm_grouped_kernel(a, experts, offsets=offsets, expected_m=1, tile="8x128x128_w1x2x2_s2", splits=3)
+
+
+def test_offsets_form_runs_several_sliced_tiles_per_cta():
+    """K slices where each CTA walks several tiles (more tiles than resident CTAs per slice): the
+    arrival flag, the stash, the workspace and counter pointers and the next tile's prefetch reused
+    tile after tile; 5 forced slices of 16 K tiles run as 4 (none left empty)."""
+    from humming_aot.moe import gemm_grouped_kernel
+
+    seed = _seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    e, n, k, rows = 5, 1024, 2048, 300
+    experts = pack_experts(humming_aot.quantize(torch.randn(e, n, k, device="cuda", generator=gen) * 0.05,
+                                                "int4:g128"), act_dtype=torch.bfloat16)
+    offsets = torch.tensor([0, 70, 71, 150, 150, 300], device="cuda", dtype=torch.int32)
+    a = torch.randn(rows, k, device="cuda", generator=gen).to(torch.bfloat16)
+    for splits in (5, 8):
+        out = gemm_grouped_kernel(a, experts, offsets=offsets, expected_m=1, tile="8x128x128_w1x2x2_s2",
+                                  splits=splits)
+        again = gemm_grouped_kernel(a, experts, offsets=offsets, expected_m=1, tile="8x128x128_w1x2x2_s2",
+                                    splits=splits)
+        torch.cuda.synchronize()
+        assert torch.equal(out, again), f"splits={splits} seed={seed}"
+        assert not dispatch._split_k_counters(a.device, dispatch.current_stream(0)).any()
+        for x in range(e):
+            lo, hi = offsets[x].item(), offsets[x + 1].item()
+            if hi > lo:
+                key = _forced_key(experts, 1, "8x128x128_w1x2x2_s2")
+                w_eff = experts.effective_weight(x, scales_in_fp32=key.scales_in_fp32)
+                assert_gemm_close(out[lo:hi], reference_gemm(a[lo:hi], w_eff), a=a[lo:hi], w_eff=w_eff,
+                                  context=f"splits={splits} expert {x} seed={seed}")

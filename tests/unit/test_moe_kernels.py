@@ -160,6 +160,13 @@ def test_the_offsets_form_splits_k_only_when_its_tiles_leave_most_slots_idle():
     assert offsets_splits(1, 1000, 10_000) == MAX_OFFSETS_SPLITS
     assert offsets_splits(10, 3 * MIN_SLICE_K_TILES, 1000) == 3
     assert offsets_splits(5000, 1000, 10**6) == 1  # more tiles than split-K counters
+    # slices of ceil(k_tiles / splits) K tiles: none left empty
+    for k_tiles in range(1, 70):
+        for splits in range(1, k_tiles + 1):
+            s = moe_kernels.nonempty_slices(k_tiles, splits)
+            per = -(-k_tiles // s)
+            assert 1 <= s <= splits and (s - 1) * per < k_tiles, (k_tiles, splits)
+    assert moe_kernels.nonempty_slices(5, 4) == 3 and moe_kernels.nonempty_slices(5, 3) == 3
 
 
 def test_bad_arguments_are_refused_before_any_launch():

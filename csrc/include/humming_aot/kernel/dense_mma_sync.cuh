@@ -95,6 +95,7 @@ struct DenseMmaSync {
   static __device__ __forceinline__ void prefetch_tile(const GemmParams& p, u32 linear_tile) {
     const Scheduler tile(p.m, p.n, p.k, p.k_splits, linear_tile);
     const int k_begin = tile.k_tile_begin * kBlockK, k_span = (tile.k_tile_end - tile.k_tile_begin) * kBlockK;
+    if (k_span <= 0) return;  // a slice past the last K tile (more slices than K tiles need) has none
     memory::TileL2Prefetch<kBlockN, Weights::kBits, kThreads>::issue(p, tile.n_tile * kBlockN, k_begin,
                                                                      kPrefetchK < k_span ? kPrefetchK : k_span);
   }

@@ -102,7 +102,8 @@ struct ExpertWalk {
   // The expert, its rows and the tile's index among the expert's tiles of tile `tile`; false when
   // the experts hold fewer tiles. Uniform over the CTA (every warp reads the same counts).
   __device__ __forceinline__ bool find(u32 tile, u32& expert, u32& expert_rows, u32& local) const {
-    if (tile >= tile_limit()) return false;
+    const u32 limit = tile_limit();
+    if (tile >= limit) return false;
     const u32 lane = threadIdx.x & 31;
     u32 before = 0;  // tiles of the experts before the window
     for (u32 first = 0; first < experts; first += kWindow) {
@@ -131,7 +132,9 @@ struct ExpertWalk {
         for (int i = 0; i < kPerLane; ++i) {
           const u32 t = __shfl_sync(0xffffffffu, tiles(counts[i]), holder);
           const u32 r = __shfl_sync(0xffffffffu, counts[i], holder);
-          if (in_window >= at && in_window < at + t) {
+          // (an expert whose tiles would pass the limit is not found either: the split-K counters
+          // of its tiles would)
+          if (in_window >= at && in_window < at + t && before + at + t <= limit) {
             expert = first + static_cast<u32>(holder) * kPerLane + i;
             expert_rows = r;
             local = in_window - at;
