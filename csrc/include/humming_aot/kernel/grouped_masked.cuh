@@ -15,8 +15,9 @@
 // leave the tensors), its "slab" then starting at its first row. Its tiles are the dense tiles of
 // those rows, so an expert's last tile ends at its last row and no row needs padding; rows of no
 // expert are neither read nor written. The offsets must rise (the caller's contract, not checked):
-// offsets that do not make experts overlap, whose rows are then computed twice, and can make the
-// 32-bit tile counts wrap, which ends a CTA's walk early; no row outside the tensors is touched.
+// offsets that do not rise make experts overlap, whose rows are then computed twice or not at all
+// (the walk finds no tile past the bound of tile_limit, nor one that wrapped the 32-bit tile
+// counts); no row outside the tensors and no split-K counter past the bound is touched.
 //
 // Each CTA waits on the upstream grid (the counts may be its output), then finds each tile's
 // expert by walking the counts in windows of 256 experts (ExpertWalk: every warp computes the same
