@@ -287,3 +287,46 @@ def test_a_forced_moe_tile_is_parsed_and_checked():
         forced_tile("8x128x512_w1x2x4_s2", experts, "w")
     with pytest.raises(ValueError, match="tile must be a TileConfig or its label, got int"):
         forced_tile(3, experts, "w")
+
+
+def test_the_offsets_form_launch_from_the_call_on_a_cuda_like_tensor(monkeypatch):
+    """gemm_grouped_kernel(offsets=...)'s host path up to the launch, on CPU tensors made to look
+    like CUDA ones and a recorded launch: the slices it picks (forced ones made non-empty), the
+    workspace and counters it passes, its grid, and the forced slices it refuses."""
+    from humming_aot import dispatch
+    from humming_aot.enumerate import parse_tile_field
+    from humming_aot.moe import gemm_grouped_kernel
+
+    experts = _experts("int4:g128", e=3, n=192, k=2048)
+    tile = parse_tile_field("8x128x128_w1x2x2_s2")
+    launches = []
+
+    class Loaded:
+        def launch(self, grid, stream, params):
+            launches.append((grid, stream, params))
+
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(moe_kernels, "_kernel", lambda a, experts, gemm_type, rows, what, loop, forced=None:
+                        (tile, Loaded()))
+    monkeypatch.setattr(moe_kernels, "_resident", lambda loaded, tile, device_index: 528)
+    monkeypatch.setattr(moe_kernels, "_stream", lambda a: 7)
+    a = torch.zeros(11, 2048, dtype=torch.bfloat16)
+    offsets = torch.tensor([1, 4, 4, 10], dtype=torch.int32)
+    bound = moe_kernels.offsets_tile_bound(11, 3, 192, tile)  # (1 + 3) x 2
+    cases = [(None, moe_kernels.offsets_splits(bound, 16, 528)), (5, 4), (1, 1), (16, 16)]
+    for forced, slices in cases:
+        launches.clear()
+        out = torch.zeros(11, 192, dtype=torch.bfloat16)
+        gemm_grouped_kernel(a, experts, offsets=offsets, expected_m=1, out=out, splits=forced)
+        (grid, stream, params), = launches
+        assert grid == (min(bound, 528 // slices), slices, 1) and stream == 7
+        gemm = params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])
+        assert gemm[14] == slices and gemm[5] == out.data_ptr()
+        if slices > 1:  # a workspace and the stream's counters
+            assert gemm[6] != 0 and gemm[7] == dispatch._split_k_counters(a.device, 7).data_ptr()
+        else:
+            assert gemm[6:8] == (0, 0)
+    assert cases[0][1] > 1  # a few rows on this K: sliced by default
+    for bad in (0, 17, 2.0):
+        with pytest.raises(ValueError, match=f"splits={bad!r} must be an int in \\[1, K / 128 = 16\\]"):
+            gemm_grouped_kernel(a, experts, offsets=offsets, expected_m=1, splits=bad)
