@@ -4,7 +4,7 @@
 #   tools/device_check.sh OUTDIR
 #   DEVICE_STEPS=catalog,tests tools/device_check.sh OUTDIR      # only some steps
 #
-# Steps (DEVICE_STEPS, comma list, default all but tune, moe, moelayer and ab, in this order):
+# Steps (DEVICE_STEPS, comma list, default all but tune, moe, moelayer, moeprof and ab, in this order):
 #   env       nvidia-smi, python / torch / nvcc versions            -> summary.txt (top)
 #   wheels    install carried wheels from ./.whl/ into /tmp/site    -> build.log (fails without one:
 #             the benchmarks' Humming columns need humming-kernels)
@@ -20,6 +20,9 @@
 #             torch._grouped_mm                                     -> bench.log, moe.json
 #   moelayer  tools/bench/bench_moe_layer.py ($MOELAYER_ARGS): one QuantizedMoE layer end to end on
 #             the grouped kernels, each step's share                -> bench.log, moe_layer.json
+#   moeprof   ncu (clocks left alone) on tools/bench/profile_moe.py ($MOEPROF_ARGS: one bench_moe
+#             point, ours or --impl humming): speed of light, occupancy, warp states, scheduler
+#             and instruction statistics of its kernels, as CSV    -> bench.log, moe_profile.csv
 #   ab        the base tree in $AB_BASE (default .ab/base; tools/ab_base.sh REV [DIR]) built with the same catalog, then
 #             bench_gemm.py ($AB_ARGS) from each tree in turns, $AB_ROUNDS (2) rounds
 #             -> bench.log (the side-by-side table of tools/bench/ab_compare.py), ab.json
@@ -31,9 +34,9 @@
 # A failing step does not stop the next; each step's exit code and duration go to summary.txt
 # as soon as it ends (so a run cut short still says how far it got). At most 8 files are written
 # to OUTDIR, as many as the device tool brings back: summary.txt build.log tests.log tests.xml
-# bench.log (the tune, bench, cold, eager, moe, moelayer and ab steps) bench.json cold_start.json
-# eager.json with the default steps; tune.json, moe.json, moe_layer.json and ab.json come on top
-# (tune, moe, moelayer and ab are not in the
+# bench.log (the tune, bench, cold, eager, moe, moelayer, moeprof and ab steps) bench.json
+# cold_start.json eager.json with the default steps; tune.json, moe.json, moe_layer.json,
+# moe_profile.csv and ab.json come on top (tune, moe, moelayer, moeprof and ab are not in the
 # default list: a call that runs one should leave out a default step whose file it does not need). The tune
 # step only makes sense with a catalog of tile variants
 # (HUMMING_AOT_DEVICE_CATALOG=catalog/tuning_sm90a.toml).
@@ -49,7 +52,7 @@ OUTDIR=$(cd "$1" && pwd)
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO" || exit 2
 
-ALL_STEPS=env,wheels,launcher,catalog,tests,tune,bench,cold,eager,moe,moelayer,ab
+ALL_STEPS=env,wheels,launcher,catalog,tests,tune,bench,cold,eager,moe,moelayer,moeprof,ab
 DEFAULT_STEPS=env,wheels,launcher,catalog,tests,bench,cold,eager
 STEPS=",${DEVICE_STEPS:-$DEFAULT_STEPS},"
 ARCH=${DEVICE_ARCH:-sm90a}
@@ -209,6 +212,15 @@ step_moelayer() {
     python3 tools/bench/bench_moe_layer.py --json "$OUTDIR/moe_layer.json" "${extra[@]}"
 }
 
+step_moeprof() {
+    local -a extra=()
+    [[ -n "${MOEPROF_ARGS:-}" ]] && mapfile -t extra < <(split_args "$MOEPROF_ARGS")
+    ncu --clock-control none --nvtx --nvtx-include "profile/" --csv --page details \
+        --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+        --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis \
+        python3 tools/bench/profile_moe.py "${extra[@]}" >"$OUTDIR/moe_profile.csv"
+}
+
 # A/B: the base tree (.ab/base, from tools/ab_base.sh) gets its own extension and the same catalog
 # as this tree (build it with the catalog step first); then the two trees are benchmarked in
 # turns, base first in each round, each from its own directory and with its own PYTHONPATH.
@@ -250,6 +262,7 @@ wanted cold && run_step cold "$OUTDIR/bench.log" step_cold
 wanted eager && run_step eager "$OUTDIR/bench.log" step_eager
 wanted moe && run_step moe "$OUTDIR/bench.log" step_moe
 wanted moelayer && run_step moelayer "$OUTDIR/bench.log" step_moelayer
+wanted moeprof && run_step moeprof "$OUTDIR/bench.log" step_moeprof
 wanted ab && run_step ab "$OUTDIR/bench.log" step_ab
 
 echo
