@@ -6,10 +6,14 @@ Benchmarks never assert: a timing that cannot be taken is reported, not raised, 
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -23,6 +27,7 @@ __all__ = [
     "gemm_flops",
     "tflops",
     "gbps",
+    "sibling_tool",
 ]
 
 _TARGET_REPLAY_US = 2000.0  # auto `inner`: make one replay about this long so event overhead vanishes
@@ -211,3 +216,22 @@ def tflops(flops: float, us: float) -> float:
 def gbps(nbytes: float, us: float) -> float:
     """GB/s (10^9 bytes) of ``nbytes`` moved in ``us`` microseconds."""
     return nbytes / (us * 1e-6) / 1e9 if us > 0 else math.nan
+
+
+def sibling_tool(name: str, beside: str) -> ModuleType:
+    """The benchmark script ``<name>.py`` in the directory of the file ``beside`` (a tool's
+    ``__file__``), imported once per process as module ``name``: registered in sys.modules before
+    it runs, since dataclasses look their module up there, and taken from there when a tool or a
+    test loaded it first."""
+    module = sys.modules.get(name)
+    if module is not None:
+        return module
+    spec = importlib.util.spec_from_file_location(name, Path(beside).resolve().parent / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module

@@ -46,12 +46,9 @@ import torch
 if importlib.util.find_spec("humming_aot") is None:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from humming_aot.testing.bench import time_cuda_graph  # noqa: E402 - after the path fix above
+from humming_aot.testing.bench import sibling_tool, time_cuda_graph  # noqa: E402 - after the path fix above
 
-_spec = importlib.util.spec_from_file_location("bench_gemm", Path(__file__).resolve().parent / "bench_gemm.py")
-bench_gemm = sys.modules.setdefault("bench_gemm", importlib.util.module_from_spec(_spec))  # (its dataclasses need it)
-if not hasattr(bench_gemm, "HUMMING_WEIGHT_CONFIG"):
-    _spec.loader.exec_module(bench_gemm)
+bench_gemm = sibling_tool("bench_gemm", __file__)
 
 # model -> (experts, top_k, ((gemm, N, K), ...)): GEMM1 is gate_up (N = 2 x intermediate), GEMM2 down
 MODELS = {

@@ -31,12 +31,9 @@ import torch
 if importlib.util.find_spec("humming_aot") is None:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from humming_aot.testing.bench import time_cuda_graph  # noqa: E402 - after the path fix above
+from humming_aot.testing.bench import sibling_tool, time_cuda_graph  # noqa: E402 - after the path fix above
 
-_spec = importlib.util.spec_from_file_location("bench_moe", Path(__file__).resolve().parent / "bench_moe.py")
-bench_moe = sys.modules.setdefault("bench_moe", importlib.util.module_from_spec(_spec))
-if not hasattr(bench_moe, "MODELS"):
-    _spec.loader.exec_module(bench_moe)
+bench_moe = sibling_tool("bench_moe", __file__)
 
 STEPS = ("route", "permute", "gemm1", "activation", "gemm2", "reduce")
 ACTIVATIONS = {"gpt-oss-120b": "swiglu_oai"}  # else silu

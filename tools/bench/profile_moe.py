@@ -21,10 +21,9 @@ import torch
 if importlib.util.find_spec("humming_aot") is None:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-_spec = importlib.util.spec_from_file_location("bench_moe", Path(__file__).resolve().parent / "bench_moe.py")
-bench_moe = sys.modules.setdefault("bench_moe", importlib.util.module_from_spec(_spec))
-if not hasattr(bench_moe, "MODELS"):
-    _spec.loader.exec_module(bench_moe)
+from humming_aot.testing.bench import sibling_tool  # noqa: E402 - after the path fix above
+
+bench_moe = sibling_tool("bench_moe", __file__)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
