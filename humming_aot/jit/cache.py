@@ -30,7 +30,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from humming_aot import codegen, env
@@ -121,9 +121,9 @@ def cache_root() -> Path:
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class CacheEntry:
-    """Where one (key, cache key) lives on disk."""
+    """Where one (unit, cache key) lives on disk."""
 
-    key: KernelKey
+    key: "CompileUnit"
     digest: str  # full cache key
     directory: Path  # <cache>/kernels/<arch>
 
@@ -164,7 +164,7 @@ class CacheEntry:
         if hashlib.sha256(data).hexdigest() != sidecar.get("sha256"):
             return None, "the cubin's sha256 differs from the sidecar's"
         try:
-            check_cubin(data, self.key)
+            self.key.check(data)
         except CubinError as e:
             return None, str(e)
         return data, None
@@ -214,52 +214,75 @@ def _ensure_dir(path: Path) -> None:
         ) from None
 
 
-def entry_for(key: KernelKey, *, include_dir: Path, nvrtc_lib: nvrtc.Nvrtc) -> tuple[CacheEntry, str, tuple[str, ...]]:
-    """The cache entry of ``key`` for this NVRTC and these headers, with the source and options."""
-    source = codegen.kernel_source(key)
-    options = nvrtc.compile_options(key.arch)
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class CompileUnit:
+    """One translation unit the JIT compiles: a GEMM kernel (``unit_of``) or a unit of helper
+    kernels (humming_aot.helper_kernels). ``check`` raises CubinError for a cubin that is not
+    what the unit promises (read from the cache or fresh from NVRTC)."""
+
+    name: str
+    arch: str
+    source: str
+    check: Callable[[bytes], None]
+
+
+def unit_of(key: KernelKey) -> CompileUnit:
+    """The compile unit of a GEMM kernel: its generated source, its cubin checked against the key."""
+    return CompileUnit(name=key.name, arch=key.arch, source=codegen.kernel_source(key),
+                       check=lambda data: check_cubin(data, key))
+
+
+def entry_for(unit: CompileUnit | KernelKey, *, include_dir: Path,
+              nvrtc_lib: nvrtc.Nvrtc) -> tuple[CacheEntry, str, tuple[str, ...]]:
+    """The cache entry of a unit (or a GEMM key) for this NVRTC and these headers, with the source
+    and options."""
+    if isinstance(unit, KernelKey):
+        unit = unit_of(unit)
+    options = nvrtc.compile_options(unit.arch)
     digest = cache_key(
-        name=key.name, source=source, headers=include_closure(source, include_dir), options=options,
+        name=unit.name, source=unit.source, headers=include_closure(unit.source, include_dir), options=options,
         nvrtc_version=nvrtc_lib.version_string,
     )
-    return CacheEntry(key=key, digest=digest, directory=cache_root() / "kernels" / key.arch), source, options
+    return CacheEntry(key=unit, digest=digest, directory=cache_root() / "kernels" / unit.arch), unit.source, options
 
 
-def obtain(key: KernelKey, *, include_dir: Path, nvrtc_lib: nvrtc.Nvrtc) -> CacheResult:
-    """The cubin of ``key``: from the cache, or compiled with NVRTC, checked and published."""
-    entry, source, options = entry_for(key, include_dir=include_dir, nvrtc_lib=nvrtc_lib)
+def obtain(unit: CompileUnit | KernelKey, *, include_dir: Path, nvrtc_lib: nvrtc.Nvrtc) -> CacheResult:
+    """The cubin of a unit (or a GEMM key): from the cache, or compiled with NVRTC, checked and
+    published."""
+    entry, source, options = entry_for(unit, include_dir=include_dir, nvrtc_lib=nvrtc_lib)
+    unit = entry.key
     data, problem = entry.read()
     if data is not None:
-        logger.debug("JIT cache hit for %s: %s", key.name, entry.cubin_path)
+        logger.debug("JIT cache hit for %s: %s", unit.name, entry.cubin_path)
         return CacheResult(data=data, path=entry.cubin_path, compiled=False, seconds=0.0)
     _ensure_dir(entry.directory)
-    with _file_lock(entry.lock_path, key.name):
+    with _file_lock(entry.lock_path, unit.name):
         data, problem = entry.read()  # another process may have published it while we waited
         if data is not None:
             return CacheResult(data=data, path=entry.cubin_path, compiled=False, seconds=0.0)
         if problem is not None:
             logger.warning("JIT cache entry %s is bad (%s): removing it and compiling %s again",
-                           entry.cubin_path, problem, key.name)
+                           entry.cubin_path, problem, unit.name)
             entry.remove()
-        data, seconds = _compile(key, source, options, include_dir, nvrtc_lib)
+        data, seconds = _compile(unit, options, include_dir, nvrtc_lib)
         _publish(entry, data, options=options, nvrtc_version=nvrtc_lib.version_string, seconds=seconds)
         return CacheResult(data=data, path=entry.cubin_path, compiled=True, seconds=seconds)
 
 
-def _compile(key: KernelKey, source: str, options: tuple[str, ...], include_dir: Path,
+def _compile(unit: CompileUnit, options: tuple[str, ...], include_dir: Path,
              nvrtc_lib: nvrtc.Nvrtc) -> tuple[bytes, float]:
-    nvrtc.check_arch_supported(nvrtc_lib, key.arch)
+    nvrtc.check_arch_supported(nvrtc_lib, unit.arch)
     _make_compiles_visible()
     logger.info("compiling %s with NVRTC %s (not in the kernel catalog; this takes a few seconds)",
-                key.name, nvrtc_lib.version_string)
+                unit.name, nvrtc_lib.version_string)
     start = time.monotonic()
-    data = nvrtc_lib.compile_cubin(source, name=key.name, options=(*options, f"-I{include_dir}"))
+    data = nvrtc_lib.compile_cubin(unit.source, name=unit.name, options=(*options, f"-I{include_dir}"))
     seconds = time.monotonic() - start
     try:
-        check_cubin(data, key)
+        unit.check(data)
     except CubinError as e:
         raise CubinError(f"NVRTC {nvrtc_lib.version_string} produced a bad cubin: {e}") from None
-    logger.info("compiled %s in %.2f s (%d bytes)", key.name, seconds, len(data))
+    logger.info("compiled %s in %.2f s (%d bytes)", unit.name, seconds, len(data))
     return data, seconds
 
 
