@@ -72,6 +72,14 @@ CLUSTERS = _declare(
     "out while debugging. Results are the same bits either way. Read when a kernel is first loaded on "
     "a device.",
 )
+HELPERS = _declare(
+    "HUMMING_AOT_HELPERS",
+    "1",
+    "'1', 'true' or 'on' (default): on a GPU the steps around the MoE GEMMs (routing, activation, "
+    "combine) run as humming_aot's own kernels (humming_aot.helper_kernels). '0', 'false' or 'off': "
+    "as torch operations, the same results bit for bit (slower: several kernels per step). Read at "
+    "each call.",
+)
 CACHE_DIR = _declare(
     "HUMMING_AOT_CACHE_DIR",
     "~/.cache/humming_aot",
@@ -148,6 +156,11 @@ def pdl_enabled() -> bool:
 def clusters_enabled() -> bool:
     """Whether kernels on sm_90+ GPUs may sum their split-K slices inside a thread-block cluster."""
     return _switch(CLUSTERS, "reduce split-K slices through the global workspace", "use clusters on sm_90+ GPUs")
+
+
+def helpers_enabled() -> bool:
+    """Whether the steps around the MoE GEMMs may run as humming_aot's helper kernels on a GPU."""
+    return _switch(HELPERS, "keep them on torch operations", "use the helper kernels")
 
 
 def cache_dir() -> Path:
