@@ -294,7 +294,7 @@ class QuantizedMoE(torch.nn.Module):
         h = moe.gemm_grouped(rows, self.gate_up, offsets=routing.offsets, bias=self.gate_up_bias)
         h = moe.silu_and_mul(h) if self.activation == "silu" else moe.swiglu_oai(h)
         y = moe.gemm_grouped(h, self.down, offsets=routing.offsets, bias=self.down_bias)
-        return moe.weighted_sum(moe.unpermute(y, routing), topk_weights).reshape(*shape[:-1], self.hidden_size)
+        return moe.combine(y, routing, topk_weights).reshape(*shape[:-1], self.hidden_size)
 
     def _forward_grouped_kernels(self, x: torch.Tensor, topk_ids: torch.Tensor,
                                  topk_weights: torch.Tensor) -> torch.Tensor:
@@ -306,14 +306,14 @@ class QuantizedMoE(torch.nn.Module):
         slots = x.shape[0] * topk_ids.shape[1]
         expected = max(1, -(-slots // self.num_experts))
         routing = moe.group_rows(topk_ids, self.num_experts, check_range=False)  # no host round trip
-        offsets = routing.offsets.to(torch.int32)
+        offsets = routing.offsets_int32
         rows = moe.permute(x, routing)
         h = moe.gemm_grouped_kernel(rows, self.gate_up, offsets=offsets, expected_m=expected, bias=self.gate_up_bias,
                                     out=rows.new_empty(slots, self.gate_up.out_features))
         h = moe.silu_and_mul(h) if self.activation == "silu" else moe.swiglu_oai(h)
         y = moe.gemm_grouped_kernel(h, self.down, offsets=offsets, expected_m=expected, bias=self.down_bias,
                                     out=h.new_empty(slots, self.down.out_features))
-        return moe.weighted_sum(moe.unpermute(y, routing), topk_weights)
+        return moe.combine(y, routing, topk_weights)
 
     def extra_repr(self) -> str:
         return (f"experts={self.num_experts}, hidden={self.hidden_size}, intermediate={self.intermediate_size}, "

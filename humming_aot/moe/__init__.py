@@ -1,9 +1,10 @@
 """Mixture-of-experts weights and layouts: stacked expert packing (``pack_experts``), the routing
 steps (``align_block_size``, ``group_rows``, ``permute`` / ``unpermute``, activations,
-``weighted_sum``) and the three GEMM types as a loop of dense GEMMs (``gemm_indexed``,
-``gemm_grouped``, ``gemm_masked``), which define what the grouped kernels must compute, and the
-grouped kernels, ``gemm_masked_kernel`` and ``gemm_grouped_kernel`` (persistent schedules around
-the mma.sync bodies; moe/kernels.py).
+``weighted_sum``, ``combine``; on a GPU as humming_aot's own kernels, moe/cuda_steps.py) and the
+three GEMM types as a loop of dense GEMMs (``gemm_indexed``, ``gemm_grouped``, ``gemm_masked``),
+which define what the grouped kernels must compute, and the grouped kernels,
+``gemm_masked_kernel`` and ``gemm_grouped_kernel`` (persistent schedules around the mma.sync
+bodies; moe/kernels.py).
 ``humming_aot.nn.QuantizedMoE`` is the layer built on them."""
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from humming_aot.moe.routing import (
     align_block_size,
     align_groups,
     align_offsets,
+    combine,
     group_rows,
     permute,
     permute_aligned,
@@ -29,7 +31,7 @@ from humming_aot.moe.routing import (
 
 __all__ = [
     "AlignedGrouping", "GroupedRouting", "IndexedRouting", "PackedExperts", "align_block_size",
-    "align_groups", "align_offsets", "expert_weight", "gemm_grouped", "gemm_grouped_kernel", "gemm_indexed", "gemm_masked",
+    "align_groups", "align_offsets", "combine", "expert_weight", "gemm_grouped", "gemm_grouped_kernel", "gemm_indexed", "gemm_masked",
     "gemm_masked_kernel", "group_rows", "grouped_block_m", "pack_experts", "permute", "permute_aligned",
     "silu_and_mul", "swiglu_oai", "unpermute", "unpermute_aligned", "weighted_sum",
 ]

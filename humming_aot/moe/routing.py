@@ -9,7 +9,11 @@
   padded to whole blocks (what ``gemm_grouped_kernel`` takes), in arrays of a fixed size;
 - ``silu_and_mul`` and ``swiglu_oai`` (gpt-oss: interleaved gate/up, clamped, with alpha);
 - ``weighted_sum``: the top-k outputs of each token, times their routing weights, summed in slot
-  order.
+  order; ``combine``: the same straight from the grouped rows (unpermute and weighted_sum in one).
+
+On a GPU the routing functions, the activations and ``combine`` run as humming_aot's own kernels
+(humming_aot.moe.cuda_steps: one or two launches each, no host round trip), with the same results
+bit for bit; the torch operations here are their reference and serve everything else.
 
 Token i's slot j (0 <= j < top_k) is the flat index t = i * top_k + j throughout.
 """
@@ -18,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+
+from humming_aot.moe import cuda_steps
 
 
 def _check_topk_ids(topk_ids: torch.Tensor, num_experts: int, check_range: bool = True) -> None:
@@ -53,27 +59,34 @@ class IndexedRouting:
 
 
 def align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: int,
-                     expert_map: torch.Tensor | None = None) -> IndexedRouting:
+                     expert_map: torch.Tensor | None = None, *, check_range: bool = True) -> IndexedRouting:
     """vLLM's moe_align_block_size: sort the M * top_k routed slots by expert (stable: each
     expert's slots in increasing flat order), pad each expert's run to a multiple of block_size
     with M * top_k, and name each block's expert. Experts with no slot get no block. The arrays
     are sized for the worst case, M * top_k + E * (block_size - 1) rows, so that a CUDA graph can
     hold them. ``expert_map`` (E,) maps a global expert to this rank's local id, -1 where another
-    rank holds it (its blocks are skipped)."""
-    _check_topk_ids(topk_ids, num_experts)
-    if block_size < 1:
-        raise ValueError(f"block_size must be at least 1, got {block_size}")
+    rank holds it (its blocks are skipped). check_range=False skips reading the ids back (the one
+    host round trip on a GPU; CUDA-graph capturable): the kernel then drops an id outside
+    [0, E), and the torch path fails on it."""
+    _check_topk_ids(topk_ids, num_experts, check_range=check_range)
+    if type(block_size) is not int or block_size < 1:
+        raise ValueError(f"block_size must be at least 1 (an int), got {block_size!r}")
     if expert_map is not None and (expert_map.dim() != 1 or expert_map.shape[0] != num_experts):
         raise ValueError(f"expert_map must be ({num_experts},), got {tuple(expert_map.shape)}")
     device = topk_ids.device
     m, top_k = topk_ids.shape
     slots = m * top_k
+    max_padded = slots + num_experts * (block_size - 1)
+    if cuda_steps.route_supported(topk_ids, num_experts) and cuda_steps.usable(topk_ids):
+        out = cuda_steps.route(topk_ids, num_experts, block_size, pad_slot=slots, slot_of_row32=True,
+                               block_expert_len=-(-max_padded // block_size), expert_map=expert_map, total=True)
+        return IndexedRouting(sorted_token_ids=out["slot_of_row32"], expert_ids=out["block_expert"],
+                              num_tokens_post_padded=out["total"], block_size=block_size, top_k=top_k, num_tokens=m)
     flat = topk_ids.reshape(-1).long()
     counts = torch.bincount(flat, minlength=num_experts)
     padded = (counts + block_size - 1) // block_size * block_size
     starts = torch.cumsum(padded, 0) - padded  # where each expert's run begins
-    total = int(padded.sum())
-    max_padded = slots + num_experts * (block_size - 1)
+    total = padded.sum().reshape(1).to(torch.int32)
     order = torch.argsort(flat, stable=True)  # slots by expert, increasing within each
     rank = torch.arange(slots, device=device) - (torch.cumsum(counts, 0) - counts)[flat[order]]
     sorted_ids = torch.full((max_padded,), slots, dtype=torch.int32, device=device)
@@ -85,7 +98,7 @@ def align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: int,
     expert_ids = torch.full((blocks,), -1, dtype=torch.int32, device=device)
     expert_ids[: block_expert.shape[0]] = block_expert.to(torch.int32)
     return IndexedRouting(sorted_token_ids=sorted_ids, expert_ids=expert_ids,
-                          num_tokens_post_padded=torch.tensor([total], dtype=torch.int32, device=device),
+                          num_tokens_post_padded=total,
                           block_size=block_size, top_k=top_k, num_tokens=m)
 
 
@@ -94,12 +107,15 @@ class GroupedRouting:
     """The grouped contiguous layout of one routing: row r of the grouped activations is flat slot
     slot_of_row[r] (token slot_of_row[r] // top_k), rows expert after expert, each expert's in
     increasing slot order; expert e owns rows [offsets[e], offsets[e + 1]); row_expert[r] is its
-    expert."""
+    expert; row_of_slot inverts slot_of_row (what combine reads). A kernel-made routing drops ids
+    outside [0, E): their slots have row -1, and the rows past offsets[E] slot and expert -1."""
 
     slot_of_row: torch.Tensor  # (M * top_k,) int64
     offsets: torch.Tensor  # (E + 1,) int64
     row_expert: torch.Tensor  # (M * top_k,) int32
     top_k: int
+    row_of_slot: torch.Tensor  # (M * top_k,) int32
+    offsets_int32: torch.Tensor  # (E + 1,) int32: offsets, as gemm_grouped_kernel takes them
 
 
 def group_rows(topk_ids: torch.Tensor, num_experts: int, *, check_range: bool = True) -> GroupedRouting:
@@ -108,6 +124,12 @@ def group_rows(topk_ids: torch.Tensor, num_experts: int, *, check_range: bool = 
     host synchronization (a CUDA-graph capturable caller; an id out of range then fails on the
     device)."""
     _check_topk_ids(topk_ids, num_experts, check_range=check_range)
+    if cuda_steps.route_supported(topk_ids, num_experts) and cuda_steps.usable(topk_ids):
+        out = cuda_steps.route(topk_ids, num_experts, 1, pad_slot=-1, slot_of_row64=True, row_expert=True,
+                               row_of_slot=True, offsets64=True, offsets32=True)
+        return GroupedRouting(slot_of_row=out["slot_of_row64"], offsets=out["offsets64"], row_expert=out["row_expert"],
+                              top_k=topk_ids.shape[1], row_of_slot=out["row_of_slot"],
+                              offsets_int32=out["offsets32"])
     flat = topk_ids.reshape(-1).long()
     order = torch.argsort(flat, stable=True)
     # (scatter_add_, not bincount: bincount on a GPU reads the largest id back to the host)
@@ -115,7 +137,16 @@ def group_rows(topk_ids: torch.Tensor, num_experts: int, *, check_range: bool = 
     offsets = torch.zeros(num_experts + 1, dtype=torch.long, device=flat.device)
     offsets[1:] = torch.cumsum(counts, 0)
     return GroupedRouting(slot_of_row=order, offsets=offsets, row_expert=flat[order].to(torch.int32),
-                          top_k=topk_ids.shape[1])
+                          top_k=topk_ids.shape[1], row_of_slot=_inverse(order, order.numel(), order.numel()),
+                          offsets_int32=offsets.to(torch.int32))
+
+
+def _inverse(slot_of_row: torch.Tensor, slots: int, rows: int) -> torch.Tensor:
+    """(slots,) int32: the row holding each slot (-1 for none), from (rows,) slot_of_row (-1: padding)."""
+    inverse = torch.full((slots + 1,), -1, dtype=torch.int32, device=slot_of_row.device)
+    inverse[torch.where(slot_of_row >= 0, slot_of_row, slots)] = torch.arange(rows, dtype=torch.int32,
+                                                                               device=slot_of_row.device)
+    return inverse[:slots]
 
 
 def permute(hidden: torch.Tensor, routing: GroupedRouting) -> torch.Tensor:
@@ -142,6 +173,7 @@ class AlignedGrouping:
     slot_of_row: torch.Tensor  # (rows,) int64: each row's flat slot (token slot // top_k), -1 for padding
     block: int
     top_k: int
+    row_of_slot: torch.Tensor  # (M * top_k,) int32: the row of each slot (what combine reads)
 
 
 def align_groups(topk_ids: torch.Tensor, num_experts: int, block: int) -> AlignedGrouping:
@@ -153,6 +185,11 @@ def align_groups(topk_ids: torch.Tensor, num_experts: int, block: int) -> Aligne
     _check_topk_ids(topk_ids, num_experts, check_range=not topk_ids.is_cuda)
     if type(block) is not int or block < 1:
         raise ValueError(f"align_groups: block must be a positive int (moe.grouped_block_m), got {block!r}")
+    if cuda_steps.route_supported(topk_ids, num_experts) and cuda_steps.usable(topk_ids):
+        out = cuda_steps.route(topk_ids, num_experts, block, pad_slot=-1, slot_of_row64=True, row_expert=True,
+                               row_of_slot=True)
+        return AlignedGrouping(row_expert=out["row_expert"], slot_of_row=out["slot_of_row64"], block=block,
+                               top_k=topk_ids.shape[1], row_of_slot=out["row_of_slot"])
     flat = topk_ids.reshape(-1).long()
     device = flat.device
     rows = flat.numel() + num_experts * (block - 1)
@@ -168,7 +205,8 @@ def align_groups(topk_ids: torch.Tensor, num_experts: int, block: int) -> Aligne
     row_expert[dest] = sorted_expert.to(torch.int32)
     slot_of_row = torch.full((rows,), -1, dtype=torch.long, device=device)
     slot_of_row[dest] = order
-    return AlignedGrouping(row_expert=row_expert, slot_of_row=slot_of_row, block=block, top_k=topk_ids.shape[1])
+    return AlignedGrouping(row_expert=row_expert, slot_of_row=slot_of_row, block=block, top_k=topk_ids.shape[1],
+                           row_of_slot=_inverse(slot_of_row, flat.numel(), rows))
 
 
 def align_offsets(offsets: torch.Tensor, rows: int, block: int) -> AlignedGrouping:
@@ -198,7 +236,8 @@ def align_offsets(offsets: torch.Tensor, rows: int, block: int) -> AlignedGroupi
     row_expert[dest] = torch.where(owned, expert, -1).to(torch.int32)
     slot_of_row = torch.full((size + 1,), -1, dtype=torch.long, device=device)
     slot_of_row[dest] = torch.where(owned, source, -1)
-    return AlignedGrouping(row_expert=row_expert[:size], slot_of_row=slot_of_row[:size], block=block, top_k=1)
+    return AlignedGrouping(row_expert=row_expert[:size], slot_of_row=slot_of_row[:size], block=block, top_k=1,
+                           row_of_slot=_inverse(slot_of_row[:size], rows, size))
 
 
 def permute_aligned(hidden: torch.Tensor, grouping: AlignedGrouping) -> torch.Tensor:
@@ -224,6 +263,10 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     rounded once to the input dtype."""
     if gate_up.shape[-1] % 2:
         raise ValueError(f"silu_and_mul: the last dimension holds gate and up halves, got {gate_up.shape[-1]}")
+    if cuda_steps.usable(gate_up):
+        out = cuda_steps.activation(gate_up, "silu")
+        if out is not None:
+            return out
     gate, up = gate_up.float().chunk(2, dim=-1)
     return (torch.nn.functional.silu(gate) * up).to(gate_up.dtype)
 
@@ -234,6 +277,10 @@ def swiglu_oai(gate_up: torch.Tensor, alpha: float = 1.702, limit: float = 7.0) 
     [-limit, limit]; fp32, rounded once to the input dtype."""
     if gate_up.shape[-1] % 2:
         raise ValueError(f"swiglu_oai: the last dimension interleaves gate and up, got {gate_up.shape[-1]}")
+    if cuda_steps.usable(gate_up):
+        out = cuda_steps.activation(gate_up, "swiglu_oai", alpha, limit)
+        if out is not None:
+            return out
     x = gate_up.float()
     gate, up = x[..., 0::2].clamp(max=limit), x[..., 1::2].clamp(min=-limit, max=limit)
     return ((up + 1) * gate * torch.sigmoid(alpha * gate)).to(gate_up.dtype)
@@ -249,3 +296,27 @@ def weighted_sum(outputs: torch.Tensor, topk_weights: torch.Tensor) -> torch.Ten
     for j in range(outputs.shape[1]):
         total += outputs[:, j].float() * topk_weights[:, j : j + 1].float()
     return total.to(outputs.dtype)
+
+
+def combine(rows: torch.Tensor, routing: GroupedRouting | AlignedGrouping, topk_weights: torch.Tensor) -> torch.Tensor:
+    """(R, N) grouped rows (the second GEMM's output) -> (M, N): each token's top-k rows times its
+    routing weights, summed in fp32 in slot order and rounded once to the rows' dtype, exactly
+    weighted_sum(unpermute(rows, routing), topk_weights) (unpermute_aligned for an AlignedGrouping),
+    without the (M, top_k, N) intermediate; a slot with no row (an id a kernel-made routing
+    dropped) adds nothing. topk_weights (M, top_k): fp32 or the rows' dtype."""
+    slots = routing.row_of_slot.shape[0]
+    if rows.dim() != 2 or topk_weights.dim() != 2 or topk_weights.shape[1] != routing.top_k \
+            or topk_weights.shape[0] * routing.top_k != slots:
+        raise ValueError(f"combine: rows must be (R, N) and topk_weights (M, {routing.top_k}) for the routing's "
+                         f"{slots} slots, got {tuple(rows.shape)} and {tuple(topk_weights.shape)}")
+    if rows.shape[0] < routing.slot_of_row.shape[0]:
+        raise ValueError(f"combine: the routing has {routing.slot_of_row.shape[0]} rows, rows has {rows.shape[0]}")
+    if cuda_steps.usable(rows, routing.row_of_slot, topk_weights):
+        out = cuda_steps.combine(rows, routing.row_of_slot, topk_weights)
+        if out is not None:
+            return out
+    tokens = topk_weights.shape[0]
+    present = routing.row_of_slot >= 0
+    gathered = rows.index_select(0, torch.where(present, routing.row_of_slot, 0).long())
+    gathered = gathered.masked_fill(~present.unsqueeze(1), 0).reshape(tokens, routing.top_k, rows.shape[1])
+    return weighted_sum(gathered, topk_weights)

@@ -1,0 +1,167 @@
+"""The MoE steps around the GEMMs as helper kernels (humming_aot.moe.cuda_steps) against their
+torch operations, bit for bit: routing into the three layouts (uniform, skewed, empty and
+dropped-id routing; int32 and int64 ids; 1 to 1024 experts; one chunk and many), the two
+activations and the weighted combine (fp32 and 16-bit weights, 16-byte and 4-byte paths, strided
+rows), and all of them replayed in a CUDA graph. The torch reference runs on the same GPU with
+HUMMING_AOT_HELPERS=0, so both sides use the GPU's expf."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from humming_aot import helper_kernels, moe
+from humming_aot.testing.jit import why_no_jit
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _need_helpers():
+    why = why_no_jit("the helper kernels are built by the JIT", "to build them")
+    if why is not None:
+        pytest.skip(why)
+    assert helper_kernels.available("moe", torch.cuda.current_device()), "the moe helper unit did not load"
+
+
+def _seed() -> int:
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"seed={seed}")
+    return seed
+
+
+def _reference(monkeypatch, fn, *args, **kwargs):
+    monkeypatch.setenv("HUMMING_AOT_HELPERS", "0")
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        monkeypatch.delenv("HUMMING_AOT_HELPERS")
+
+
+def _topk(tokens: int, experts: int, top_k: int, kind: str, gen: torch.Generator) -> torch.Tensor:
+    scores = torch.rand(tokens, experts, generator=gen)
+    if kind == "skewed":
+        scores[:, : max(1, experts // 16)] += 4.0
+    elif kind == "empty":
+        scores[:, experts // 2:] -= 10.0
+    elif kind == "one":  # every token's first choice is expert 0
+        scores[:, 0] += 10.0
+    return scores.topk(top_k, dim=1).indices
+
+
+CASES = [  # tokens, experts, top_k
+    (1, 256, 8), (3, 8, 2), (37, 128, 8), (256, 256, 8), (300, 1024, 4), (1000, 64, 6), (4096, 256, 8),
+    (0, 16, 2), (17, 1, 1),
+]
+
+
+@pytest.mark.parametrize("tokens,experts,top_k", CASES)
+@pytest.mark.parametrize("kind", ["uniform", "skewed", "empty", "one"])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_routing_kernels_match_the_torch_layouts(monkeypatch, tokens, experts, top_k, kind, dtype):
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    ids = _topk(tokens, experts, min(top_k, experts), kind, gen).to(dtype).cuda()
+    got = moe.group_rows(ids, experts, check_range=False)
+    ref = _reference(monkeypatch, moe.group_rows, ids, experts, check_range=False)
+    for field in ("slot_of_row", "offsets", "row_expert", "row_of_slot", "offsets_int32"):
+        assert torch.equal(getattr(got, field), getattr(ref, field)), f"group_rows {field} seed={seed}"
+    for block in (1, 8, 16, 64):
+        got = moe.align_groups(ids, experts, block)
+        ref = _reference(monkeypatch, moe.align_groups, ids, experts, block)
+        for field in ("slot_of_row", "row_expert", "row_of_slot"):
+            assert torch.equal(getattr(got, field), getattr(ref, field)), f"align_groups {field} {block} seed={seed}"
+        emap = None
+        if block == 16:  # expert parallelism: every other expert on another rank
+            emap = torch.where(torch.arange(experts) % 2 == 0, torch.arange(experts) // 2, -1).int().cuda()
+        got = moe.align_block_size(ids, experts, block, emap, check_range=False)
+        ref = _reference(monkeypatch, moe.align_block_size, ids, experts, block, emap)
+        for field in ("sorted_token_ids", "expert_ids", "num_tokens_post_padded"):
+            assert torch.equal(getattr(got, field), getattr(ref, field)), f"align_block_size {field} {block} seed={seed}"
+
+
+def test_routing_kernel_drops_ids_out_of_range():
+    """An id outside [0, E) (expert parallelism's -1) gets no row: its slot's row is -1 and the
+    other slots keep the layout they would have without it."""
+    ids = torch.tensor([[0, -1], [3, 1], [7, 0], [2, 9]], dtype=torch.int32).cuda()  # E = 8: -1 and 9 drop
+    r = moe.group_rows(ids, 8, check_range=False)
+    flat = ids.reshape(-1).cpu()
+    kept = [(int(e), s) for s, e in enumerate(flat.tolist()) if 0 <= e < 8]
+    order = [s for _, s in sorted(kept)]
+    assert r.slot_of_row.cpu().tolist() == order + [-1, -1]
+    assert r.offsets.cpu().tolist() == [0, 2, 3, 4, 5, 5, 5, 5, 6]
+    assert r.row_of_slot.cpu().tolist() == [0, -1, 4, 2, 5, 1, 3, -1]
+    y = torch.randn(8, 16, dtype=torch.bfloat16).cuda()
+    w = torch.rand(4, 2).cuda()
+    expect = torch.zeros(4, 16)
+    for s, row in enumerate(r.row_of_slot.cpu().tolist()):
+        if row >= 0:
+            expect[s // 2] += y[row].float().cpu() * w.reshape(-1)[s].cpu()
+    assert torch.equal(moe.combine(y, r, w).cpu(), expect.bfloat16())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("inter", [256, 1536, 6, 2880])
+@pytest.mark.parametrize("kind", ["silu", "swiglu_oai"])
+def test_activation_kernels_match_torch(monkeypatch, dtype, inter, kind):
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    fn = moe.silu_and_mul if kind == "silu" else moe.swiglu_oai
+    for rows in (1, 37, 2048):
+        x = (torch.randn(rows, 2 * inter, generator=gen) * 4).to(dtype).cuda()
+        x[0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), 100.0])
+        got, ref = fn(x), _reference(monkeypatch, fn, x)
+        assert torch.equal(got.isnan(), ref.isnan()), f"{kind} {dtype} {rows}x{inter} NaNs seed={seed}"
+        assert torch.equal(got.nan_to_num(), ref.nan_to_num()), f"{kind} {dtype} {rows}x{inter} seed={seed}"
+    wide = (torch.randn(5, 2 * inter + 8, generator=gen)).to(dtype).cuda()[:, : 2 * inter]  # strided rows
+    assert torch.equal(fn(wide), _reference(monkeypatch, fn, wide))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", [7168, 2048, 2880, 6])
+@pytest.mark.parametrize("weight_dtype", ["fp32", "act"])
+def test_combine_kernel_matches_unpermute_and_weighted_sum(monkeypatch, dtype, n, weight_dtype):
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    for tokens, experts, top_k in ((1, 256, 8), (37, 16, 4), (513, 128, 8)):
+        ids = _topk(tokens, experts, top_k, "uniform", gen).int().cuda()
+        weights = torch.softmax(torch.randn(tokens, top_k, generator=gen), 1)
+        weights = (weights if weight_dtype == "fp32" else weights.to(dtype)).cuda()
+        routing = moe.group_rows(ids, experts, check_range=False)
+        rows = torch.randn(tokens * top_k, n + 2, generator=gen).to(dtype).cuda()[:, :n]  # strided
+        got = moe.combine(rows, routing, weights)
+        ref = _reference(monkeypatch, lambda: moe.weighted_sum(moe.unpermute(rows, routing), weights))
+        assert torch.equal(got, ref), f"combine {dtype} n={n} tokens={tokens} seed={seed}"
+        grouping = moe.align_groups(ids, experts, 16)
+        padded = torch.randn(grouping.slot_of_row.shape[0], n, generator=gen).to(dtype).cuda()
+        ref = _reference(monkeypatch, lambda: moe.weighted_sum(moe.unpermute_aligned(padded, grouping, tokens),
+                                                               weights))
+        assert torch.equal(moe.combine(padded, grouping, weights), ref), f"combine aligned seed={seed}"
+
+
+def test_steps_replay_in_a_cuda_graph(monkeypatch):
+    """Routing, activation and combine have no host round trip: captured once and replayed on a
+    new routing and new rows copied into the captured inputs, they give the eager results."""
+    gen = torch.Generator().manual_seed(_seed())
+    tokens, experts, top_k, inter = 64, 256, 8, 256
+    ids = _topk(tokens, experts, top_k, "uniform", gen).int().cuda()
+    weights = torch.rand(tokens, top_k, generator=gen).cuda()
+    gate_up = torch.randn(tokens * top_k, 2 * inter, generator=gen).bfloat16().cuda()
+
+    def steps():
+        routing = moe.group_rows(ids, experts, check_range=False)
+        indexed = moe.align_block_size(ids, experts, 16, check_range=False)
+        h = moe.silu_and_mul(gate_up)
+        return routing.slot_of_row, indexed.sorted_token_ids, moe.combine(h, routing, weights)
+
+    steps()  # load the unit outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = steps()
+    ids.copy_(_topk(tokens, experts, top_k, "skewed", gen).int().cuda())
+    gate_up.copy_(torch.randn(tokens * top_k, 2 * inter, generator=gen).bfloat16().cuda())
+    graph.replay()
+    torch.cuda.synchronize()
+    for got, ref in zip(captured, _reference(monkeypatch, steps), strict=True):
+        assert torch.equal(got, ref)

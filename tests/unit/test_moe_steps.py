@@ -1,0 +1,182 @@
+"""The MoE steps' helper kernels without a GPU: the unit's generated source and its NVRTC build
+for every arch family, the Params layouts against the headers' static_asserts, the host path of
+each launch (recorded by a fake unit), and the torch references the kernels are held to (the
+inverse row map, combine = weighted_sum of unpermute, the drop of ids out of range)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from humming_aot import env, helper_kernels, moe
+from humming_aot.jit.cubin import CubinError
+from humming_aot.moe import cuda_steps
+
+HEADERS = Path(__file__).resolve().parents[2] / "csrc" / "include" / "humming_aot" / "helpers"
+
+
+def test_unit_source_is_deterministic_and_names_every_kernel():
+    for arch in ("sm75", "sm80", "sm90a", "sm120a"):
+        source = helper_kernels.unit_source("moe", arch)
+        assert source == helper_kernels.unit_source("moe", arch)
+        names = helper_kernels.kernel_names("moe", arch)
+        assert len(names) == len(set(names))
+        for name in names:
+            assert f"\n{name}(const __grid_constant__" in source
+    assert not any("bf16" in n for n in helper_kernels.kernel_names("moe", "sm75"))  # no bf16 cvt before sm_80
+    assert "moe_combine_bf16_w32_v4" in helper_kernels.kernel_names("moe", "sm80")
+    with pytest.raises(ValueError, match="no helper kernel unit 'dense'"):
+        helper_kernels.unit_source("dense", "sm90a")
+
+
+@pytest.mark.parametrize("struct_name,packer", [("RouteParams", cuda_steps._ROUTE),
+                                                ("ActivationParams", cuda_steps._ACTIVATION),
+                                                ("CombineParams", cuda_steps._COMBINE)])
+def test_params_layouts_match_the_headers(struct_name, packer):
+    text = "\n".join(p.read_text() for p in HEADERS.glob("*.cuh"))
+    found = re.search(rf"static_assert\(sizeof\({struct_name}\) == (\d+), \"{struct_name} must match the Python "
+                      rf"struct format ([^\"]+)\"", text)
+    assert found, f"no size static_assert for {struct_name}"
+    assert int(found.group(1)) == packer.size and found.group(2) == packer.format
+
+
+def test_kernel_constants_match_the_headers():
+    route = (HEADERS / "moe_route.cuh").read_text()
+    assert f"kThreads = {cuda_steps.ROUTE_THREADS};" in route
+    assert f"kChunk = {cuda_steps.ROUTE_CHUNK};" in route
+    assert f"kMaxExperts = {cuda_steps.MAX_EXPERTS};" in route
+    for name in ("moe_activation.cuh", "moe_combine.cuh"):
+        assert f"kThreads = {cuda_steps.ELEMENTWISE_THREADS};" in (HEADERS / name).read_text()
+
+
+@pytest.mark.parametrize("arch", ["sm75", "sm80", "sm90a", "sm120a"])
+def test_unit_compiles_with_nvrtc_and_passes_its_check(arch, tmp_path, monkeypatch):
+    from humming_aot import jit
+    from humming_aot.testing.jit import why_no_jit
+
+    why = why_no_jit("the unit is compiled by NVRTC", "to compile it")
+    if why is not None:
+        pytest.skip(why)
+    monkeypatch.setenv("HUMMING_AOT_CACHE_DIR", str(tmp_path))
+    unit = helper_kernels.compile_unit("moe", arch)
+    result = jit.cache.obtain(unit, include_dir=jit._include_dir(), nvrtc_lib=jit.nvrtc.load_nvrtc())
+    assert result.compiled and result.data
+    helper_kernels.check_unit_cubin(result.data, "moe", arch)
+    again = jit.cache.obtain(unit, include_dir=jit._include_dir(), nvrtc_lib=jit.nvrtc.load_nvrtc())
+    assert not again.compiled and again.data == result.data
+    other = "sm80" if arch != "sm80" else "sm90a"
+    with pytest.raises(CubinError, match="expected sm_"):
+        helper_kernels.check_unit_cubin(result.data, "moe", other)
+    with pytest.raises(CubinError, match="not a readable cubin"):
+        helper_kernels.check_unit_cubin(b"\x7fELF" + bytes(60), "moe", arch)
+
+
+class _RecordingUnit:
+    def __init__(self):
+        self.calls = []
+
+    def launch(self, symbol, grid, threads, smem, stream, params):
+        self.calls.append(dict(symbol=symbol, grid=grid, threads=threads, smem=smem, params=params))
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    unit = _RecordingUnit()
+    monkeypatch.setattr(cuda_steps, "_unit", lambda device: unit)
+    monkeypatch.setattr(cuda_steps, "_stream", lambda device: 7)
+    return unit
+
+
+def test_route_launches_count_then_place_over_chunks(recorder):
+    ids = torch.randint(0, 256, (700, 8), dtype=torch.int64)  # 5600 slots: 3 chunks of 2048
+    out = cuda_steps.route(ids, 256, 16, pad_slot=5600, slot_of_row32=True, block_expert_len=600, total=True)
+    assert [c["symbol"] for c in recorder.calls] == ["moe_route_count_i64", "moe_route_place_i64"]
+    count, place = recorder.calls
+    assert count["grid"] == place["grid"] == (3, 1, 1) and count["threads"] == 256
+    assert count["smem"] == 256 * 4 and place["smem"] == (256 * 9 + 8) * 4
+    fields = cuda_steps._ROUTE.unpack(place["params"])
+    assert fields[1:5] == (5600, 256, 16, 3) and fields[6:8] == (5600 + 256 * 15, 5600)
+    assert out["slot_of_row32"].shape == (5600 + 256 * 15,) and out["block_expert"].shape == (600,)
+    assert set(out) == {"slot_of_row32", "block_expert", "total"}
+    assert fields[8] == 0 and fields[9] == out["slot_of_row32"].data_ptr() and fields[15] == 600
+    recorder.calls.clear()
+    small = torch.randint(0, 128, (256, 8), dtype=torch.int32)  # 2048 slots: one chunk, one CTA
+    out = cuda_steps.route(small, 128, 1, pad_slot=-1, slot_of_row64=True, row_of_slot=True, offsets32=True)
+    assert [(c["symbol"], c["grid"]) for c in recorder.calls] == [("moe_route_single_i32", (1, 1, 1))]
+    fields = cuda_steps._ROUTE.unpack(recorder.calls[0]["params"])
+    assert fields[4:8] == (1, 0, 2048, -1)  # one chunk, no workspace
+    assert set(out) == {"slot_of_row64", "row_of_slot", "offsets32"} and out["offsets32"].shape == (129,)
+
+
+def test_elementwise_launches_pick_the_vector_width(recorder):
+    x = torch.zeros(10, 512, dtype=torch.bfloat16)
+    assert cuda_steps.activation(x, "silu").shape == (10, 256)
+    assert recorder.calls[-1]["symbol"] == "moe_silu_and_mul_bf16_v4" and recorder.calls[-1]["grid"] == (10, 1, 1)
+    assert cuda_steps.activation(torch.zeros(3, 12, dtype=torch.float16), "swiglu_oai").shape == (3, 6)
+    assert recorder.calls[-1]["symbol"] == "moe_swiglu_oai_f16_v1"
+    assert cuda_steps.activation(torch.zeros(3, 10, dtype=torch.float16), "silu") is None  # I odd
+    assert cuda_steps.activation(torch.zeros(3, 8, dtype=torch.float32), "silu") is None  # fp32
+    rows = torch.zeros(16, 7168, dtype=torch.bfloat16)
+    out = cuda_steps.combine(rows, torch.zeros(16, dtype=torch.int32), torch.zeros(2, 8))
+    assert out.shape == (2, 7168)
+    call = recorder.calls[-1]
+    assert call["symbol"] == "moe_combine_bf16_w32_v4" and call["grid"] == (2, 7, 1)
+    assert cuda_steps._COMBINE.unpack(call["params"])[4:] == (2, 8, 7168, 7168, 7168)
+    assert cuda_steps.combine(rows, torch.zeros(16, dtype=torch.int64), torch.zeros(2, 8)) is None
+
+
+def test_usable_is_false_off_the_gpu_and_when_switched_off(monkeypatch):
+    assert not cuda_steps.usable(torch.zeros(2))
+    monkeypatch.setenv("HUMMING_AOT_HELPERS", "0")
+    assert not env.helpers_enabled()
+    monkeypatch.setenv("HUMMING_AOT_HELPERS", "maybe")
+    with pytest.raises(ValueError, match="HUMMING_AOT_HELPERS='maybe'"):
+        env.helpers_enabled()
+
+
+def _routing(tokens: int, experts: int, top_k: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.rand(tokens, experts, generator=gen).topk(top_k, dim=1).indices
+
+
+def test_reference_row_of_slot_inverts_slot_of_row():
+    ids = _routing(37, 16, 4, 1)
+    r = moe.group_rows(ids, 16)
+    assert torch.equal(r.slot_of_row[r.row_of_slot.long()], torch.arange(37 * 4))
+    assert torch.equal(r.offsets_int32, r.offsets.int())
+    g = moe.align_groups(ids, 16, 8)
+    assert torch.equal(g.slot_of_row[g.row_of_slot.long()], torch.arange(37 * 4))
+    grouped = moe.align_offsets(torch.tensor([2, 5, 5, 9]), 12, 4)  # rows 0, 1, 9, 10, 11 in no expert
+    assert grouped.row_of_slot.tolist()[:2] == [-1, -1] and grouped.row_of_slot.tolist()[9:] == [-1, -1, -1]
+    owned = grouped.row_of_slot[2:9].long()
+    assert torch.equal(grouped.slot_of_row[owned], torch.arange(2, 9))
+
+
+@pytest.mark.parametrize("weights_dtype", [torch.float32, torch.bfloat16])
+def test_combine_reference_is_unpermute_then_weighted_sum(weights_dtype):
+    ids = _routing(21, 32, 4, 2)
+    gen = torch.Generator().manual_seed(3)
+    weights = torch.rand(21, 4, generator=gen).to(weights_dtype)
+    r = moe.group_rows(ids, 32)
+    rows = torch.randn(84, 40, generator=gen).bfloat16()
+    assert torch.equal(moe.combine(rows, r, weights), moe.weighted_sum(moe.unpermute(rows, r), weights))
+    g = moe.align_groups(ids, 32, 16)
+    padded = torch.randn(g.slot_of_row.shape[0], 40, generator=gen).bfloat16()
+    assert torch.equal(moe.combine(padded, g, weights),
+                       moe.weighted_sum(moe.unpermute_aligned(padded, g, 21), weights))
+    with pytest.raises(ValueError, match=r"topk_weights \(M, 4\)"):
+        moe.combine(rows, r, weights[:, :3])
+    with pytest.raises(ValueError, match="the routing has 84 rows"):
+        moe.combine(rows[:80], r, weights)
+
+
+def test_align_block_size_total_stays_on_the_device_and_checks_block():
+    ids = _routing(9, 8, 2, 4)
+    indexed = moe.align_block_size(ids, 8, 4)
+    assert indexed.num_tokens_post_padded.dtype == torch.int32 and indexed.num_tokens_post_padded.shape == (1,)
+    counts = torch.bincount(ids.reshape(-1), minlength=8)
+    assert int(indexed.num_tokens_post_padded) == int(((counts + 3) // 4 * 4).sum())
+    with pytest.raises(ValueError, match="block_size must be at least 1"):
+        moe.align_block_size(ids, 8, 0)
