@@ -7,12 +7,14 @@ down (E, H, I)) with random weights quantized to --format, forward(hidden, topk_
 with use_grouped_kernels (QuantizedMoE._forward_grouped_kernels). Steps, each timed on its own in
 CUDA-graph replays (humming_aot.testing.bench) on the outputs of the steps before it:
 
-  route       moe.group_rows (argsort, counts, offsets; no host round trip) and the int32 offsets
+  route       moe.group_rows: the grouped layout and its int32 offsets (the routing kernels of
+              moe/cuda_steps.py; with HUMMING_AOT_HELPERS=0 torch's argsort, counts and cumsum)
   permute     the routed rows grouped expert after expert (moe.permute)
   gemm1       gate_up on the offsets (moe.gemm_grouped_kernel)
-  activation  silu_and_mul, or swiglu_oai for gpt-oss
+  activation  silu_and_mul, or swiglu_oai for gpt-oss (a helper kernel, or torch operations)
   gemm2       down on the offsets
-  reduce      back to slot order and the weighted sum over the top-k (moe.unpermute, weighted_sum)
+  reduce      the weighted sum of each token's top-k rows (moe.combine: one helper kernel, or
+              torch's unpermute and weighted_sum)
 
 and the whole forward ("layer"), whose time the steps' sum should match (the difference is what
 one graph of all of them saves in launch gaps). Each point rotates --routings routings drawn from
@@ -87,7 +89,7 @@ def step_closures(layer, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weig
 
     def route():
         routing = moe.group_rows(topk_ids, layer.num_experts, check_range=False)
-        return routing, routing.offsets.to(torch.int32)
+        return routing, routing.offsets_int32
 
     routing, offsets = route()
     rows = moe.permute(hidden, routing)
@@ -113,7 +115,7 @@ def step_closures(layer, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weig
         "gemm1": gemm1,
         "activation": activation,
         "gemm2": gemm2,
-        "reduce": lambda: moe.weighted_sum(moe.unpermute(y_out, routing), topk_weights),
+        "reduce": lambda: moe.combine(y_out, routing, topk_weights),
         "layer": lambda: layer(hidden, topk_ids, topk_weights),
     }
 
