@@ -55,6 +55,17 @@ class CatalogEntry:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class HelperEntry:
+    """One precompiled unit of helper kernels (humming_aot.helper_kernels) as its manifest describes it."""
+
+    name: str  # helper_kernels.unit_name(unit, arch)
+    unit: str
+    path: Path
+    sha256: str
+    arch: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class ManifestInfo:
     """The header of one catalog directory's manifest."""
 
@@ -74,7 +85,7 @@ def _package_of(directory: Path) -> str | None:
     return distribution.kernel_dist_name(*parsed) if parsed else None
 
 
-def _load_dir(directory: Path) -> tuple[ManifestInfo, list[CatalogEntry]]:
+def _load_dir(directory: Path) -> tuple[ManifestInfo, list[CatalogEntry], list[HelperEntry]]:
     path = directory / MANIFEST_NAME
     try:
         manifest = json.loads(path.read_text())
@@ -103,12 +114,23 @@ def _load_dir(directory: Path) -> tuple[ManifestInfo, list[CatalogEntry]]:
             smem_bytes=int(entry["smem_bytes"]), threads=int(entry["threads"]),
             params_version=int(entry["params_version"]),
         ))
+    from humming_aot.helper_kernels import HELPERS_VERSION
+
+    helpers = []
+    for name, entry in sorted(manifest.get("helpers", {}).items()):
+        if entry["helpers_version"] != HELPERS_VERSION:
+            raise CatalogIntegrityError(
+                f"{path}: helper unit {name} has version {entry['helpers_version']}, this humming_aot launches "
+                f"version {HELPERS_VERSION}: rebuild the catalog"
+            )
+        helpers.append(HelperEntry(name=name, unit=entry["unit"], path=directory / entry["file"],
+                                   sha256=entry["sha256"], arch=entry["arch"]))
     info = ManifestInfo(
         directory=directory, catalog=manifest["catalog"], cuda_version=manifest["cuda_version"],
         toolkit=manifest["toolkit"], archs=tuple(manifest["archs"]), kernel_count=len(entries),
         package=package,
     )
-    return info, entries
+    return info, entries, helpers
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -117,16 +139,19 @@ class Catalog:
 
     manifests: tuple[ManifestInfo, ...]
     entries: dict[str, CatalogEntry]
+    helpers: dict[str, HelperEntry] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_dirs(cls, directories: list[Path]) -> "Catalog":
-        manifests, entries = [], {}
+        manifests, entries, helpers = [], {}, {}
         for directory in directories:
-            info, dir_entries = _load_dir(Path(directory).resolve())
+            info, dir_entries, dir_helpers = _load_dir(Path(directory).resolve())
             manifests.append(info)
             for entry in dir_entries:
                 entries.setdefault(entry.name, entry)
-        return cls(tuple(manifests), entries)
+            for helper in dir_helpers:
+                helpers.setdefault(helper.name, helper)
+        return cls(tuple(manifests), entries, helpers)
 
     @property
     def archs(self) -> list[str]:
@@ -145,8 +170,8 @@ class Catalog:
         return [name for name, entry in sorted(self.entries.items()) if entry.arch == arch]
 
     def read_image(self, name: str) -> bytes:
-        """The fatbin bytes of a kernel, verified against the manifest's sha256."""
-        entry = self.entries.get(name)
+        """The fatbin bytes of a kernel (or of a helper unit), verified against the manifest's sha256."""
+        entry = self.entries.get(name) or self.helpers.get(name)
         if entry is None:
             dirs = ", ".join(str(m.directory) for m in self.manifests)
             raise KeyError(f"kernel {name} is not in the catalog ({dirs})")

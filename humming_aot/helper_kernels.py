@@ -3,8 +3,10 @@ translation unit per (unit, arch), each unit a handful of ``extern "C"`` kernels
 
 The ``moe`` unit holds the steps around the MoE GEMMs (routing, activation, combine:
 humming_aot.moe.cuda_steps launches them). A unit's source is generated here, like a GEMM key's
-(codegen.py), and compiled by NVRTC into the JIT disk cache on first use (``jit.cache``, the same
-content-hash keyed cache as the GEMMs'); its library is loaded once per device. ``available``
+(codegen.py). Every catalog build (``humming-aot build``) compiles the units of its archs with
+nvcc into ``helpers/<unit>_<arch>.fatbin`` beside its kernels, listed in its manifest; outside a
+catalog, NVRTC compiles the same source into the JIT disk cache on first use (``jit.cache``, the
+same content-hash keyed cache as the GEMMs'). A library is loaded once per device. ``available``
 says whether a device can get a unit now; callers fall back to their torch path when it cannot
 (``HUMMING_AOT_JIT=0`` without a build of the unit), so a helper kernel is never the only way.
 """
@@ -140,15 +142,27 @@ _unavailable: dict[tuple[str, int], str] = {}
 _lock = threading.Lock()
 
 
-def _image(unit: str, arch: str) -> bytes:
+def obtain_image(unit: str, arches: tuple[str, ...] | list[str]) -> tuple[str, bytes]:
+    """(arch, image) of a unit for a device that runs ``arches`` (best first): the installed
+    catalog's fatbin of the first arch it holds (every catalog build carries the units of its
+    archs), else an NVRTC build for the best arch through the JIT cache. RuntimeError saying why
+    when neither can be had (HUMMING_AOT_JIT=0 and no catalog of these archs)."""
     from humming_aot import jit
+    from humming_aot.catalog import installed_catalog
 
+    catalog = installed_catalog()
+    if catalog is not None:
+        for arch in arches:
+            if unit_name(unit, arch) in catalog.helpers:
+                return arch, catalog.read_image(unit_name(unit, arch))
+    arch = arches[0]
     ok, why = jit.jit_available(arch)
     if not ok:
-        raise RuntimeError(f"helper kernels {unit_name(unit, arch)} cannot be compiled: {why}")
+        raise RuntimeError(f"helper kernels {unit_name(unit, arch)} are in no installed catalog and cannot be "
+                           f"compiled: {why}")
     result = jit.cache.obtain(compile_unit(unit, arch), include_dir=jit._include_dir(),
                               nvrtc_lib=jit.nvrtc.load_nvrtc())
-    return result.data
+    return arch, result.data
 
 
 def load(unit: str, device: int) -> LoadedUnit:
@@ -164,8 +178,7 @@ def load(unit: str, device: int) -> LoadedUnit:
             return hit
         from humming_aot.dispatch import device_info
 
-        arch = device_info(device).arches[0]
-        image = _image(unit, arch)
+        arch, image = obtain_image(unit, device_info(device).arches)
         library = _launcher.load_library(image, unit_name(unit, arch))
         kernels = {symbol: _launcher.get_kernel(library, symbol) for symbol in kernel_names(unit, arch)}
         hit = LoadedUnit(unit=unit, arch=arch, device=device, library=library, kernels=kernels)
@@ -184,7 +197,7 @@ def available(unit: str, device: int) -> bool:
     try:
         load(unit, device)
         return True
-    except Exception as error:  # noqa: BLE001: any failure means the torch path
+    except Exception as error:  # noqa: BLE001 (any failure means the torch path)
         _unavailable[key] = str(error)
         logger.warning("humming_aot: %s helper kernels unavailable on device %d, using torch operations: %s",
                        unit, device, error)

@@ -19,9 +19,12 @@ from humming_aot.spec import KernelKey
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 KERNELS_DIR = "kernels"
+HELPERS_DIR = "helpers"
 _TOP_FIELDS = ("schema_version", "package_version", "cuda_version", "toolkit", "catalog", "archs",
                "params_version", "kernels")
 _ENTRY_FIELDS = ("file", "sha256", "arch", "toolkit", "smem_bytes", "threads", "params_version")
+# "helpers" (optional; catalogs built before it have none): unit name -> its entry
+_HELPER_FIELDS = ("file", "sha256", "arch", "unit", "toolkit", "helpers_version")
 
 
 def sha256_file(path: Path) -> str:
@@ -37,6 +40,11 @@ def kernel_file(name: str) -> str:
     return f"{KERNELS_DIR}/{name}.fatbin"
 
 
+def helper_file(name: str) -> str:
+    """A helper kernel unit's file (humming_aot.helper_kernels), relative to the catalog directory."""
+    return f"{HELPERS_DIR}/{name}.fatbin"
+
+
 def build_manifest(
     *,
     keys: list[KernelKey],
@@ -45,8 +53,12 @@ def build_manifest(
     toolkit: str,
     catalog: str,
     archs: list[str],
+    helpers: dict[str, tuple[str, str, Path]] | None = None,
 ) -> dict:
-    """The manifest for compiled ``keys`` (``fatbins``: key name -> compiled file)."""
+    """The manifest for compiled ``keys`` (``fatbins``: key name -> compiled file) and helper
+    kernel units (``helpers``: unit name -> (unit, arch, compiled file); those of ``archs`` only)."""
+    from humming_aot.helper_kernels import HELPERS_VERSION
+
     kernels = {}
     for key in sorted(keys):
         kernels[key.name] = {
@@ -67,6 +79,11 @@ def build_manifest(
         "archs": sorted(set(archs)),
         "params_version": PARAMS_VERSION,
         "kernels": kernels,
+        "helpers": {
+            name: {"file": helper_file(name), "sha256": sha256_file(path), "arch": arch, "unit": unit,
+                   "toolkit": toolkit, "helpers_version": HELPERS_VERSION}
+            for name, (unit, arch, path) in sorted((helpers or {}).items()) if arch in archs
+        },
     }
 
 
@@ -99,4 +116,13 @@ def manifest_problems(manifest: object) -> list[str]:
             problems.append(f"kernel {name!r} lacks {', '.join(missing)}")
         elif entry["file"] != kernel_file(name):
             problems.append(f"kernel {name!r} points at {entry['file']!r}, expected {kernel_file(name)!r}")
+    helpers = manifest.get("helpers", {})
+    if not isinstance(helpers, dict):
+        return problems + ["'helpers' is not an object"]
+    for name, entry in sorted(helpers.items()):
+        missing = [f for f in _HELPER_FIELDS if not isinstance(entry, dict) or f not in entry]
+        if missing:
+            problems.append(f"helper unit {name!r} lacks {', '.join(missing)}")
+        elif entry["file"] != helper_file(name):
+            problems.append(f"helper unit {name!r} points at {entry['file']!r}, expected {helper_file(name)!r}")
     return problems

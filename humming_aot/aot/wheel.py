@@ -21,11 +21,18 @@ from collections import Counter
 from pathlib import Path
 from typing import TextIO
 
-from humming_aot import distribution
+from humming_aot import distribution, helper_kernels
 from humming_aot._version import __version__
 from humming_aot.aot.ninja import CompileError, compile_keys, kernel_build_seconds, nvcc_info
 from humming_aot.enumerate import enumerate_catalog
-from humming_aot.manifest import KERNELS_DIR, MANIFEST_NAME, build_manifest, manifest_bytes, write_manifest
+from humming_aot.manifest import (
+    HELPERS_DIR,
+    KERNELS_DIR,
+    MANIFEST_NAME,
+    build_manifest,
+    manifest_bytes,
+    write_manifest,
+)
 
 DIST_NAME = distribution.CORE_NAME
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -135,7 +142,7 @@ def catalog_wheel_files(catalog_dir: Path, manifest: dict, directory: str) -> di
     """One arch's manifest and the kernels it lists -> humming_aot_kernels/<directory>/."""
     root = f"{distribution.KERNELS_NAMESPACE}/{directory}"
     files: dict[str, Path | bytes] = {f"{root}/{MANIFEST_NAME}": manifest_bytes(manifest)}
-    for entry in manifest["kernels"].values():
+    for entry in (*manifest["kernels"].values(), *manifest.get("helpers", {}).values()):
         files[f"{root}/{entry['file']}"] = catalog_dir / entry["file"]
     return files
 
@@ -215,14 +222,16 @@ def write_wheel(files: dict[str, Path | bytes], out_dir: Path, meta: WheelMetada
 
 
 def _install_inplace(catalog_dir: Path, manifest: dict, target: Path) -> None:
-    """Make ``target`` hold exactly this build's kernels and manifest (the manifest goes last)."""
-    (target / KERNELS_DIR).mkdir(parents=True, exist_ok=True)
-    wanted = {Path(e["file"]).name for e in manifest["kernels"].values()}
-    for stale in (target / KERNELS_DIR).iterdir():
-        if stale.name not in wanted:
-            stale.unlink()
-    for entry in manifest["kernels"].values():
-        shutil.copyfile(catalog_dir / entry["file"], target / entry["file"])
+    """Make ``target`` hold exactly this build's kernels, helper units and manifest (the manifest
+    goes last)."""
+    for folder, entries in ((KERNELS_DIR, manifest["kernels"]), (HELPERS_DIR, manifest.get("helpers", {}))):
+        (target / folder).mkdir(parents=True, exist_ok=True)
+        wanted = {Path(e["file"]).name for e in entries.values()}
+        for stale in (target / folder).iterdir():
+            if stale.name not in wanted:
+                stale.unlink()
+        for entry in entries.values():
+            shutil.copyfile(catalog_dir / entry["file"], target / entry["file"])
     write_manifest(manifest, target / MANIFEST_NAME)
 
 
@@ -286,9 +295,12 @@ def build(
     build_dir = Path(build_dir or Path("build") / "humming_aot_kernels").resolve()
     # The launcher first: it takes seconds, and a missing compiler should not wait for the kernels.
     core = write_core_wheel(out_dir, build_dir / "launcher") if index_dir is not None else None
-    result = compile_keys(list(enumeration.keys), build_dir, jobs=jobs, nvcc=info.path, stream=stream)
+    # every catalog carries the helper kernels of its archs (the MoE steps; small, arch-generic)
+    helper_units = [(unit, arch) for arch in enumeration.archs for unit in helper_kernels.unit_names()]
+    result = compile_keys(list(enumeration.keys), build_dir, jobs=jobs, nvcc=info.path, stream=stream,
+                          helper_units=helper_units)
     manifest_args = dict(fatbins=result.fatbins, cuda_version=info.cuda_version, toolkit=info.toolkit,
-                         catalog=enumeration.catalog)
+                         catalog=enumeration.catalog, helpers=result.helpers)
     manifest = build_manifest(keys=list(enumeration.keys), archs=list(enumeration.archs), **manifest_args)
     write_manifest(manifest, build_dir / MANIFEST_NAME)
     wheels: dict[str, Path] = {}

@@ -180,3 +180,55 @@ def test_align_block_size_total_stays_on_the_device_and_checks_block():
     assert int(indexed.num_tokens_post_padded) == int(((counts + 3) // 4 * 4).sum())
     with pytest.raises(ValueError, match="block_size must be at least 1"):
         moe.align_block_size(ids, 8, 0)
+
+
+def _nvcc_or_none():
+    from humming_aot.aot import ninja
+
+    try:
+        return ninja.find_nvcc()
+    except ninja.NvccNotFoundError:
+        return None
+
+
+@pytest.fixture
+def fresh_catalog():
+    from humming_aot.catalog import installed_catalog
+
+    installed_catalog.cache_clear()
+    yield
+    installed_catalog.cache_clear()
+
+
+@pytest.mark.skipif(_nvcc_or_none() is None, reason="nvcc not found (set HUMMING_AOT_NVCC)")
+def test_catalog_builds_carry_the_helper_units(tmp_path, monkeypatch, fresh_catalog):
+    """A catalog build compiles the helper unit of its arch with nvcc into helpers/, lists it in the
+    manifest, and the run time takes it from there with the JIT off; a corrupt file is an
+    integrity error, and with neither a catalog nor the JIT the error says both are missing."""
+    import io
+
+    from humming_aot import manifest as mf
+    from humming_aot.aot import ninja, wheel
+    from humming_aot.catalog import CatalogIntegrityError, installed_catalog
+
+    result = ninja.compile_keys([], tmp_path / "build", jobs=2, stream=io.StringIO(), helper_units=[("moe", "sm90a")])
+    name = helper_kernels.unit_name("moe", "sm90a")
+    assert set(result.helpers) == {name} and result.helpers[name][:2] == ("moe", "sm90a")
+    manifest = mf.build_manifest(keys=[], fatbins={}, cuda_version="13.0", toolkit=result.nvcc.toolkit,
+                                 catalog="test", archs=["sm90a"], helpers=result.helpers)
+    assert mf.manifest_problems(manifest) == []
+    assert manifest["helpers"][name]["file"] == f"helpers/{name}.fatbin"
+    catalog_dir = tmp_path / "catalog"
+    wheel._install_inplace(result.out_dir, manifest, catalog_dir)
+    monkeypatch.setenv("HUMMING_AOT_CATALOG_DIR", str(catalog_dir))
+    monkeypatch.setenv("HUMMING_AOT_JIT", "0")
+    arch, image = helper_kernels.obtain_image("moe", ("sm90a", "sm90"))
+    assert arch == "sm90a" and image == result.helpers[name][2].read_bytes()
+    (catalog_dir / "helpers" / f"{name}.fatbin").write_bytes(image[:-1])
+    installed_catalog.cache_clear()
+    with pytest.raises(CatalogIntegrityError, match="sha256"):
+        helper_kernels.obtain_image("moe", ("sm90a",))
+    with pytest.raises(RuntimeError, match="in no installed catalog and cannot be compiled"):
+        helper_kernels.obtain_image("moe", ("sm80",))
+    broken = dict(manifest, helpers={name: {"file": "elsewhere"}})
+    assert mf.manifest_problems(broken) == [f"helper unit {name!r} lacks sha256, arch, unit, toolkit, helpers_version"]
