@@ -4,7 +4,7 @@
 #   tools/device_check.sh OUTDIR
 #   DEVICE_STEPS=catalog,tests tools/device_check.sh OUTDIR      # only some steps
 #
-# Steps (DEVICE_STEPS, comma list, default all but tune, moe, moelayer, moeprof and ab, in this order):
+# Steps (DEVICE_STEPS, comma list, default all but tune, moe, moelayer, moesteps, moeprof and ab, in this order):
 #   env       nvidia-smi, python / torch / nvcc versions            -> summary.txt (top)
 #   wheels    install carried wheels from ./.whl/ into /tmp/site    -> build.log (fails without one:
 #             the benchmarks' Humming columns need humming-kernels)
@@ -18,6 +18,8 @@
 #             CUDA graph                                            -> bench.log, eager.json
 #   moe       tools/bench/bench_moe.py (extra args: $MOE_ARGS): MoE expert GEMMs vs Humming and
 #             torch._grouped_mm                                     -> bench.log, moe.json
+#   moesteps  tools/bench/bench_moe_steps.py ($MOESTEPS_ARGS): the steps around the MoE GEMMs, helper
+#             kernels against torch operations                      -> bench.log, moe_steps.json
 #   moelayer  tools/bench/bench_moe_layer.py ($MOELAYER_ARGS): one QuantizedMoE layer end to end on
 #             the grouped kernels, each step's share                -> bench.log, moe_layer.json
 #   moeprof   ncu (clocks left alone) on tools/bench/profile_moe.py ($MOEPROF_ARGS: one bench_moe
@@ -34,9 +36,9 @@
 # A failing step does not stop the next; each step's exit code and duration go to summary.txt
 # as soon as it ends (so a run cut short still says how far it got). At most 8 files are written
 # to OUTDIR, as many as the device tool brings back: summary.txt build.log tests.log tests.xml
-# bench.log (the tune, bench, cold, eager, moe, moelayer, moeprof and ab steps) bench.json
+# bench.log (the tune, bench, cold, eager, moe, moesteps, moelayer, moeprof and ab steps) bench.json
 # cold_start.json eager.json with the default steps; tune.json, moe.json, moe_layer.json,
-# moe_profile.csv and ab.json come on top (tune, moe, moelayer, moeprof and ab are not in the
+# moe_steps.json, moe_profile.csv and ab.json come on top (tune, moe, moesteps, moelayer, moeprof and ab are not in the
 # default list: a call that runs one should leave out a default step whose file it does not need). The tune
 # step only makes sense with a catalog of tile variants
 # (HUMMING_AOT_DEVICE_CATALOG=catalog/tuning_sm90a.toml).
@@ -52,7 +54,7 @@ OUTDIR=$(cd "$1" && pwd)
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO" || exit 2
 
-ALL_STEPS=env,wheels,launcher,catalog,tests,tune,bench,cold,eager,moe,moelayer,moeprof,ab
+ALL_STEPS=env,wheels,launcher,catalog,tests,tune,bench,cold,eager,moe,moesteps,moelayer,moeprof,ab
 DEFAULT_STEPS=env,wheels,launcher,catalog,tests,bench,cold,eager
 STEPS=",${DEVICE_STEPS:-$DEFAULT_STEPS},"
 ARCH=${DEVICE_ARCH:-sm90a}
@@ -206,6 +208,12 @@ step_moe() {
     python3 tools/bench/bench_moe.py --json "$OUTDIR/moe.json" "${extra[@]}"
 }
 
+step_moesteps() {
+    local -a extra=()
+    [[ -n "${MOESTEPS_ARGS:-}" ]] && mapfile -t extra < <(split_args "$MOESTEPS_ARGS")
+    python3 tools/bench/bench_moe_steps.py --json "$OUTDIR/moe_steps.json" "${extra[@]}"
+}
+
 step_moelayer() {
     local -a extra=()
     [[ -n "${MOELAYER_ARGS:-}" ]] && mapfile -t extra < <(split_args "$MOELAYER_ARGS")
@@ -261,6 +269,7 @@ wanted bench && run_step bench "$OUTDIR/bench.log" step_bench
 wanted cold && run_step cold "$OUTDIR/bench.log" step_cold
 wanted eager && run_step eager "$OUTDIR/bench.log" step_eager
 wanted moe && run_step moe "$OUTDIR/bench.log" step_moe
+wanted moesteps && run_step moesteps "$OUTDIR/bench.log" step_moesteps
 wanted moelayer && run_step moelayer "$OUTDIR/bench.log" step_moelayer
 wanted moeprof && run_step moeprof "$OUTDIR/bench.log" step_moeprof
 wanted ab && run_step ab "$OUTDIR/bench.log" step_ab
