@@ -1,7 +1,7 @@
 """Kernels that are not GEMMs: fixed sources under csrc/include/humming_aot/helpers/, one
 translation unit per (unit, arch), each unit a handful of ``extern "C"`` kernels.
 
-The ``moe`` unit holds the steps around the MoE GEMMs (routing, activation, combine:
+The ``moe`` unit holds the steps around the MoE GEMMs (routing, permute, activation, combine:
 humming_aot.moe.cuda_steps launches them). A unit's source is generated here, like a GEMM key's
 (codegen.py). Every catalog build (``humming-aot build``) compiles the units of its archs with
 nvcc into ``helpers/<unit>_<arch>.fatbin`` beside its kernels, listed in its manifest; outside a
@@ -37,6 +37,8 @@ def _moe_kernels(arch: str) -> list[tuple[str, str, str, str]]:
         kernels.append((f"moe_route_count_{id_name}", "RouteParams", route, "count"))
         kernels.append((f"moe_route_place_{id_name}", "RouteParams", route, "place"))
         kernels.append((f"moe_route_single_{id_name}", "RouteParams", route, "single"))
+    for words in (4, 1):  # the gather copies 16-bit values of any dtype
+        kernels.append((f"moe_gather_v{words}", "GatherParams", f"humming_aot::helpers::MoeGather<{words}>", "run"))
     number, _ = parse_arch(arch)
     acts = ("f16", "bf16") if number >= 80 else ("f16",)  # no bf16 conversions before sm_80
     for act in acts:
@@ -52,7 +54,7 @@ def _moe_kernels(arch: str) -> list[tuple[str, str, str, str]]:
 
 
 _UNITS = {
-    "moe": (("moe_route.cuh", "moe_activation.cuh", "moe_combine.cuh"), _moe_kernels),
+    "moe": (("moe_route.cuh", "moe_gather.cuh", "moe_activation.cuh", "moe_combine.cuh"), _moe_kernels),
 }
 
 

@@ -1,6 +1,7 @@
 """The steps around the MoE GEMMs as humming_aot's own kernels (the ``moe`` unit of
 humming_aot.helper_kernels; csrc/include/humming_aot/helpers/): routing into the grouped layouts,
-the activation between the GEMMs, and the weighted combine of each token's top-k outputs.
+the gather of the routed rows, the activation between the GEMMs, and the weighted combine of
+each token's top-k outputs.
 
 Each function here computes, bit for bit, what its torch counterpart in humming_aot.moe.routing
 computes, in one or two kernel launches and with no host round trip (CUDA-graph capturable).
@@ -26,6 +27,7 @@ ELEMENTWISE_THREADS = 128
 _ROUTE = struct.Struct("<19q")  # helpers::RouteParams
 _ACTIVATION = struct.Struct("<6q2f")  # helpers::ActivationParams
 _COMBINE = struct.Struct("<9q")  # helpers::CombineParams
+_GATHER = struct.Struct("<8q")  # helpers::GatherParams
 
 _ACT_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 
@@ -126,6 +128,26 @@ def _rows_2d(x: torch.Tensor) -> torch.Tensor | None:
     if x2.stride(-1) != 1 or x2.shape[-1] % 2 or (x2.shape[0] > 1 and x2.stride(0) % 2) or x2.data_ptr() % 4:
         return None
     return x2
+
+
+def gather(hidden: torch.Tensor, slot_of_row: torch.Tensor, top_k: int) -> torch.Tensor | None:
+    """(rows, K) = hidden[slot_of_row // top_k], zeros where slot_of_row is -1 (the permute step);
+    None when the kernel does not take these tensors (the caller's torch path serves them)."""
+    if hidden.dtype not in _ACT_NAMES or hidden.dim() != 2 or slot_of_row.dtype != torch.int64:
+        return None
+    x = _rows_2d(hidden) if hidden.shape[0] else None
+    if x is None:
+        return None
+    rows, cols = slot_of_row.shape[0], x.shape[1]
+    out = torch.empty(rows, cols, dtype=x.dtype, device=x.device)
+    if rows == 0:
+        return out
+    slots = slot_of_row.contiguous()
+    words = 4 if x.data_ptr() % 16 == 0 and cols % 8 == 0 and x.stride(0) % 8 == 0 else 1
+    params = _GATHER.pack(x.data_ptr(), slots.data_ptr(), out.data_ptr(), rows, cols, x.stride(0), out.stride(0), top_k)
+    grid = (rows, -(-cols // (ELEMENTWISE_THREADS * 2 * words)), 1)
+    _unit(x.device).launch(f"moe_gather_v{words}", grid, ELEMENTWISE_THREADS, 0, _stream(x.device), params)
+    return out
 
 
 def activation(gate_up: torch.Tensor, kind: str, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor | None:

@@ -150,8 +150,22 @@ def _inverse(slot_of_row: torch.Tensor, slots: int, rows: int) -> torch.Tensor:
 
 
 def permute(hidden: torch.Tensor, routing: GroupedRouting) -> torch.Tensor:
-    """(M, K) tokens -> (M * top_k, K) grouped rows: row r is token slot_of_row[r] // top_k."""
-    return hidden.index_select(0, routing.slot_of_row // routing.top_k)
+    """(M, K) tokens -> (M * top_k, K) grouped rows: row r is token slot_of_row[r] // top_k (zeros
+    for a row of no slot: the tail a kernel-made routing leaves for dropped ids)."""
+    if cuda_steps.usable(hidden, routing.slot_of_row):
+        out = cuda_steps.gather(hidden, routing.slot_of_row, routing.top_k)
+        if out is not None:
+            return out
+    return _gather_rows(hidden, routing.slot_of_row, routing.top_k)
+
+
+def _gather_rows(hidden: torch.Tensor, slot_of_row: torch.Tensor, top_k: int) -> torch.Tensor:
+    """hidden[slot_of_row // top_k], zeros where slot_of_row is -1, with torch operations (no host
+    round trip)."""
+    real = slot_of_row >= 0
+    if hidden.shape[0] == 0:  # no token: padding rows only
+        return hidden.new_zeros(slot_of_row.shape[0], hidden.shape[-1])
+    return hidden.index_select(0, torch.where(real, slot_of_row // top_k, 0)).masked_fill_(~real.unsqueeze(1), 0)
 
 
 def unpermute(rows: torch.Tensor, routing: GroupedRouting) -> torch.Tensor:
@@ -243,11 +257,11 @@ def align_offsets(offsets: torch.Tensor, rows: int, block: int) -> AlignedGroupi
 def permute_aligned(hidden: torch.Tensor, grouping: AlignedGrouping) -> torch.Tensor:
     """(M, K) tokens -> (rows, K) aligned grouped rows: row r is token slot_of_row[r] // top_k, and
     zeros for padding rows (whose outputs are then the bias, or zeros)."""
-    real = grouping.slot_of_row >= 0
-    if hidden.shape[0] == 0:  # no token: padding rows only
-        return hidden.new_zeros(grouping.slot_of_row.shape[0], hidden.shape[-1])
-    source = torch.where(real, grouping.slot_of_row // grouping.top_k, 0)
-    return hidden.index_select(0, source).masked_fill_(~real.unsqueeze(1), 0)
+    if cuda_steps.usable(hidden, grouping.slot_of_row):
+        out = cuda_steps.gather(hidden, grouping.slot_of_row, grouping.top_k)
+        if out is not None:
+            return out
+    return _gather_rows(hidden, grouping.slot_of_row, grouping.top_k)
 
 
 def unpermute_aligned(rows: torch.Tensor, grouping: AlignedGrouping, num_tokens: int) -> torch.Tensor:

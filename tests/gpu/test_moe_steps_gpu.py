@@ -1,7 +1,7 @@
 """The MoE steps around the GEMMs as helper kernels (humming_aot.moe.cuda_steps) against their
 torch operations, bit for bit: routing into the three layouts (uniform, skewed, empty and
-dropped-id routing; int32 and int64 ids; 1 to 1024 experts; one chunk and many), the two
-activations and the weighted combine (fp32 and 16-bit weights, 16-byte and 4-byte paths, strided
+dropped-id routing; int32 and int64 ids; 1 to 1024 experts; one chunk and many), the gather of
+the routed rows, the two activations and the weighted combine (fp32 and 16-bit weights, 16-byte and 4-byte paths, strided
 rows), and all of them replayed in a CUDA graph. The torch reference runs on the same GPU with
 HUMMING_AOT_HELPERS=0, so both sides use the GPU's expf."""
 from __future__ import annotations
@@ -102,6 +102,27 @@ def test_routing_kernel_drops_ids_out_of_range():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("k", [7168, 2048, 2880, 6])
+def test_gather_kernel_matches_index_select(monkeypatch, dtype, k):
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    for tokens, experts, top_k in ((1, 256, 8), (37, 16, 4), (513, 128, 8)):
+        ids = _topk(tokens, experts, top_k, "uniform", gen).int().cuda()
+        hidden = torch.randn(tokens, k + 2, generator=gen).to(dtype).cuda()[:, :k]  # strided rows
+        routing = moe.group_rows(ids, experts, check_range=False)
+        got = moe.permute(hidden, routing)
+        assert torch.equal(got, _reference(monkeypatch, moe.permute, hidden, routing)), f"permute seed={seed}"
+        assert torch.equal(got, hidden.index_select(0, routing.slot_of_row // top_k))
+        grouping = moe.align_groups(ids, experts, 16)
+        got = moe.permute_aligned(hidden.contiguous(), grouping)
+        ref = _reference(monkeypatch, moe.permute_aligned, hidden.contiguous(), grouping)
+        assert torch.equal(got, ref), f"permute_aligned seed={seed}"
+    empty = moe.align_groups(torch.zeros(0, 2, dtype=torch.int32).cuda(), 4, 8)
+    rows = moe.permute_aligned(torch.zeros(0, k, dtype=dtype).cuda(), empty)
+    assert rows.shape == (4 * 7, k) and not rows.any()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("inter", [256, 1536, 6, 2880])
 @pytest.mark.parametrize("kind", ["silu", "swiglu_oai"])
 def test_activation_kernels_match_torch(monkeypatch, dtype, inter, kind):
@@ -149,10 +170,12 @@ def test_steps_replay_in_a_cuda_graph(monkeypatch):
     weights = torch.rand(tokens, top_k, generator=gen).cuda()
     gate_up = torch.randn(tokens * top_k, 2 * inter, generator=gen).bfloat16().cuda()
 
+    hidden = torch.randn(tokens, 2 * inter, generator=gen).bfloat16().cuda()
+
     def steps():
         routing = moe.group_rows(ids, experts, check_range=False)
         indexed = moe.align_block_size(ids, experts, 16, check_range=False)
-        h = moe.silu_and_mul(gate_up)
+        h = moe.silu_and_mul(gate_up + moe.permute(hidden, routing))
         return routing.slot_of_row, indexed.sorted_token_ids, moe.combine(h, routing, weights)
 
     steps()  # load the unit outside the capture

@@ -32,6 +32,7 @@ def test_unit_source_is_deterministic_and_names_every_kernel():
 
 
 @pytest.mark.parametrize("struct_name,packer", [("RouteParams", cuda_steps._ROUTE),
+                                                ("GatherParams", cuda_steps._GATHER),
                                                 ("ActivationParams", cuda_steps._ACTIVATION),
                                                 ("CombineParams", cuda_steps._COMBINE)])
 def test_params_layouts_match_the_headers(struct_name, packer):
@@ -47,7 +48,7 @@ def test_kernel_constants_match_the_headers():
     assert f"kThreads = {cuda_steps.ROUTE_THREADS};" in route
     assert f"kChunk = {cuda_steps.ROUTE_CHUNK};" in route
     assert f"kMaxExperts = {cuda_steps.MAX_EXPERTS};" in route
-    for name in ("moe_activation.cuh", "moe_combine.cuh"):
+    for name in ("moe_activation.cuh", "moe_combine.cuh", "moe_gather.cuh"):
         assert f"kThreads = {cuda_steps.ELEMENTWISE_THREADS};" in (HEADERS / name).read_text()
 
 
@@ -125,6 +126,16 @@ def test_elementwise_launches_pick_the_vector_width(recorder):
     assert call["symbol"] == "moe_combine_bf16_w32_v4" and call["grid"] == (2, 7, 1)
     assert cuda_steps._COMBINE.unpack(call["params"])[4:] == (2, 8, 7168, 7168, 7168)
     assert cuda_steps.combine(rows, torch.zeros(16, dtype=torch.int64), torch.zeros(2, 8)) is None
+    hidden = torch.zeros(3, 2880, dtype=torch.float16)
+    assert cuda_steps.gather(hidden, torch.zeros(5, dtype=torch.int64), 2).shape == (5, 2880)
+    call = recorder.calls[-1]
+    assert call["symbol"] == "moe_gather_v4" and call["grid"] == (5, 3, 1)
+    assert cuda_steps._GATHER.unpack(call["params"])[3:] == (5, 2880, 2880, 2880, 2)
+    assert cuda_steps.gather(hidden[:, :6], torch.zeros(5, dtype=torch.int64), 2).shape == (5, 6)
+    assert recorder.calls[-1]["symbol"] == "moe_gather_v1"  # a row stride of 2880: 16-byte rows, but 6 columns
+    assert cuda_steps.gather(hidden, torch.zeros(0, dtype=torch.int64), 2).shape == (0, 2880)
+    assert recorder.calls[-1]["symbol"] == "moe_gather_v1"  # no launch for no rows
+    assert cuda_steps.gather(hidden.float(), torch.zeros(5, dtype=torch.int64), 2) is None
 
 
 def test_usable_is_false_off_the_gpu_and_when_switched_off(monkeypatch):
@@ -152,6 +163,16 @@ def test_reference_row_of_slot_inverts_slot_of_row():
     assert grouped.row_of_slot.tolist()[:2] == [-1, -1] and grouped.row_of_slot.tolist()[9:] == [-1, -1, -1]
     owned = grouped.row_of_slot[2:9].long()
     assert torch.equal(grouped.slot_of_row[owned], torch.arange(2, 9))
+
+
+def test_permute_reference_zeros_rows_of_no_slot():
+    hidden = torch.arange(12, dtype=torch.float32).reshape(3, 4).bfloat16()
+    routing = moe.GroupedRouting(slot_of_row=torch.tensor([4, 0, 1, -1]), offsets=torch.tensor([0, 1, 3]),
+                                 row_expert=torch.tensor([0, 1, 1, -1], dtype=torch.int32), top_k=2,
+                                 row_of_slot=torch.tensor([1, 2, -1, -1, 0, -1], dtype=torch.int32),
+                                 offsets_int32=torch.tensor([0, 1, 3], dtype=torch.int32))
+    rows = moe.permute(hidden, routing)
+    assert torch.equal(rows, torch.stack([hidden[2], hidden[0], hidden[0], torch.zeros(4).bfloat16()]))
 
 
 @pytest.mark.parametrize("weights_dtype", [torch.float32, torch.bfloat16])

@@ -7,6 +7,7 @@ Steps (humming_aot.moe; GEMM1's output width 2 I and the hidden size H from benc
 table):
   align       align_block_size (vLLM's indexed layout, block 16, check_range=False)
   group       group_rows (the grouped contiguous layout the QuantizedMoE forward uses)
+  permute     permute: the routed rows of (M, H) hidden states, grouped
   activation  silu_and_mul of (M * top_k, 2 I)
   combine     combine of (M * top_k, H) rows with fp32 weights (unpermute + weighted_sum)
 Each in CUDA-graph replays (humming_aot.testing.bench.time_cuda_graph) over --routings routings;
@@ -32,7 +33,7 @@ from humming_aot.testing.bench import eager_per_call_us, sibling_tool, time_cuda
 
 bench_moe = sibling_tool("bench_moe", __file__)
 
-STEPS = ("align", "group", "activation", "combine")
+STEPS = ("align", "group", "permute", "activation", "combine")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -56,6 +57,10 @@ def closures(step: str, experts: int, top_k: int, gate_up_n: int, hidden: int, t
         return lambda: moe.align_block_size(ids, experts, 16, check_range=False)
     if step == "group":
         return lambda: moe.group_rows(ids, experts, check_range=False)
+    if step == "permute":
+        routing = moe.group_rows(ids, experts, check_range=False)
+        hidden_states = torch.randn(tokens, hidden, generator=gen).bfloat16().cuda()
+        return lambda: moe.permute(hidden_states, routing)
     if step == "activation":
         x = torch.randn(slots, gate_up_n, generator=gen).bfloat16().cuda()
         return lambda: moe.silu_and_mul(x)
