@@ -118,11 +118,10 @@ def _load_dir(directory: Path) -> tuple[ManifestInfo, list[CatalogEntry], list[H
 
     helpers = []
     for name, entry in sorted(manifest.get("helpers", {}).items()):
-        if entry["helpers_version"] != HELPERS_VERSION:
-            raise CatalogIntegrityError(
-                f"{path}: helper unit {name} has version {entry['helpers_version']}, this humming_aot launches "
-                f"version {HELPERS_VERSION}: rebuild the catalog"
-            )
+        if entry["helpers_version"] != HELPERS_VERSION:  # the JIT serves it; the GEMM kernels stay usable
+            logger.warning("%s: helper unit %s has version %s, this humming_aot launches version %s: not using it "
+                           "(rebuild the catalog)", path, name, entry["helpers_version"], HELPERS_VERSION)
+            continue
         helpers.append(HelperEntry(name=name, unit=entry["unit"], path=directory / entry["file"],
                                    sha256=entry["sha256"], arch=entry["arch"]))
     info = ManifestInfo(

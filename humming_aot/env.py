@@ -77,8 +77,8 @@ HELPERS = _declare(
     "1",
     "'1', 'true' or 'on' (default): on a GPU the steps around the MoE GEMMs (routing, activation, "
     "combine) run as humming_aot's own kernels (humming_aot.helper_kernels). '0', 'false' or 'off': "
-    "as torch operations, the same results bit for bit (slower: several kernels per step). Read at "
-    "each call.",
+    "as torch operations, the same results bit for bit for expert ids in [0, E) (slower: several "
+    "kernels per step; an id out of range, which the kernels drop, fails there). Read at each call.",
 )
 CACHE_DIR = _declare(
     "HUMMING_AOT_CACHE_DIR",

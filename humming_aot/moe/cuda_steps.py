@@ -5,9 +5,11 @@ each token's top-k outputs.
 
 Each function here computes, bit for bit, what its torch counterpart in humming_aot.moe.routing
 computes, in one or two kernel launches and with no host round trip (CUDA-graph capturable).
-``routing.py`` calls them for CUDA tensors when ``usable`` says the kernels can run, and keeps
-its torch operations for everything else (the CPU, HUMMING_AOT_HELPERS=0, a unit that cannot be
-compiled, shapes the kernels do not take). Inputs are checked by the callers in routing.py.
+``routing.py`` calls them, and keeps its torch operations for whatever they return None for (the
+CPU, HUMMING_AOT_HELPERS=0, a unit that cannot be had, shapes and dtypes the kernels do not take:
+each checks those first, and only then loads the unit). Inputs are checked by the callers in
+routing.py. One difference: the routing kernels drop an id outside [0, E) (no row, row_of_slot
+-1), where the torch path fails on it.
 """
 from __future__ import annotations
 
@@ -51,6 +53,23 @@ def _stream(device: torch.device) -> int:
     from humming_aot.dispatch import current_stream
 
     return current_stream(device.index)
+
+
+def _has(device: torch.device, symbol: str) -> bool:
+    """Whether the device's unit holds ``symbol`` (an sm_75 unit has no bfloat16 kernels)."""
+    return symbol in _unit(device).kernels
+
+
+def _launch(device: torch.device, symbol: str, grid: tuple[int, int, int], threads: int, smem: int,
+            params: bytes) -> None:
+    """One launch on the device's current stream. Tensors on a device other than the current one
+    are launched with that device made current for the call (a launch on the legacy default
+    stream, 0, runs in the current context)."""
+    if device.index == torch.cuda.current_device():
+        _unit(device).launch(symbol, grid, threads, smem, _stream(device), params)
+        return
+    with torch.cuda.device(device.index):
+        _unit(device).launch(symbol, grid, threads, smem, _stream(device), params)
 
 
 def _ptr(t: torch.Tensor | None) -> int:
@@ -98,21 +117,22 @@ def route(topk_ids: torch.Tensor, num_experts: int, block: int, *, pad_slot: int
         _ptr(ids), slots, num_experts, block, chunks, _ptr(counts), rows, pad_slot, _ptr(s64), _ptr(s32), _ptr(rex),
         _ptr(ros), _ptr(o64), _ptr(o32), _ptr(bex), block_expert_len or 0, _ptr(emap), _ptr(tot), 0,
     )
-    unit, stream = _unit(device), _stream(device)
     suffix = "i32" if ids.dtype == torch.int32 else "i64"
     place_smem = (num_experts * (ROUTE_WARPS + 1) + ROUTE_WARPS) * 4
     if chunks == 1:  # one CTA counts and places: one launch, no workspace
-        unit.launch(f"moe_route_single_{suffix}", (1, 1, 1), ROUTE_THREADS, place_smem, stream, params)
+        _launch(device, f"moe_route_single_{suffix}", (1, 1, 1), ROUTE_THREADS, place_smem, params)
         return out
-    unit.launch(f"moe_route_count_{suffix}", (chunks, 1, 1), ROUTE_THREADS, num_experts * 4, stream, params)
-    unit.launch(f"moe_route_place_{suffix}", (chunks, 1, 1), ROUTE_THREADS, place_smem, stream, params)
+    _launch(device, f"moe_route_count_{suffix}", (chunks, 1, 1), ROUTE_THREADS, num_experts * 4, params)
+    _launch(device, f"moe_route_place_{suffix}", (chunks, 1, 1), ROUTE_THREADS, place_smem, params)
     return out
 
 
-def route_supported(topk_ids: torch.Tensor, num_experts: int) -> bool:
-    """The routing kernels take int32 / int64 ids, up to MAX_EXPERTS experts and fewer than 2^31 rows."""
+def route_supported(topk_ids: torch.Tensor, num_experts: int, block: int = 1) -> bool:
+    """Whether the routing kernels take this routing (int32 / int64 ids, up to MAX_EXPERTS experts,
+    rows and blocks that fit int32) and can run on its device now (``usable``)."""
     return (topk_ids.dtype in (torch.int32, torch.int64) and 1 <= num_experts <= MAX_EXPERTS
-            and topk_ids.numel() + num_experts * 1024 < 2**31)
+            and 1 <= block and topk_ids.numel() + num_experts * (block - 1) < 2**31 - block
+            and usable(topk_ids))
 
 
 def _pairs(*extents: int) -> int:
@@ -138,6 +158,8 @@ def gather(hidden: torch.Tensor, slot_of_row: torch.Tensor, top_k: int) -> torch
     x = _rows_2d(hidden) if hidden.shape[0] else None
     if x is None:
         return None
+    if not usable(x, slot_of_row):
+        return None
     rows, cols = slot_of_row.shape[0], x.shape[1]
     out = torch.empty(rows, cols, dtype=x.dtype, device=x.device)
     if rows == 0:
@@ -146,7 +168,7 @@ def gather(hidden: torch.Tensor, slot_of_row: torch.Tensor, top_k: int) -> torch
     words = 4 if x.data_ptr() % 16 == 0 and cols % 8 == 0 and x.stride(0) % 8 == 0 else 1
     params = _GATHER.pack(x.data_ptr(), slots.data_ptr(), out.data_ptr(), rows, cols, x.stride(0), out.stride(0), top_k)
     grid = (rows, -(-cols // (ELEMENTWISE_THREADS * 2 * words)), 1)
-    _unit(x.device).launch(f"moe_gather_v{words}", grid, ELEMENTWISE_THREADS, 0, _stream(x.device), params)
+    _launch(x.device, f"moe_gather_v{words}", grid, ELEMENTWISE_THREADS, 0, params)
     return out
 
 
@@ -156,17 +178,19 @@ def activation(gate_up: torch.Tensor, kind: str, alpha: float = 1.702, limit: fl
     if gate_up.dtype not in _ACT_NAMES or gate_up.shape[-1] % 4 or gate_up.numel() == 0:
         return None
     x = _rows_2d(gate_up)
-    if x is None:
+    if x is None or not usable(x):
         return None
     rows, inter = x.shape[0], x.shape[1] // 2
-    out = torch.empty(rows, inter, dtype=x.dtype, device=x.device)
     aligned = x.data_ptr() % 16 == 0
     pairs = _pairs(inter, x.stride(0)) if aligned else 1
     name = "silu_and_mul" if kind == "silu" else "swiglu_oai"
+    symbol = f"moe_{name}_{_ACT_NAMES[x.dtype]}_v{pairs}"
+    if not _has(x.device, symbol):
+        return None
+    out = torch.empty(rows, inter, dtype=x.dtype, device=x.device)
     params = _ACTIVATION.pack(x.data_ptr(), out.data_ptr(), rows, inter, x.stride(0), out.stride(0), alpha, limit)
     grid = (rows, -(-inter // (ELEMENTWISE_THREADS * 2 * pairs)), 1)
-    _unit(x.device).launch(f"moe_{name}_{_ACT_NAMES[x.dtype]}_v{pairs}", grid, ELEMENTWISE_THREADS, 0,
-                           _stream(x.device), params)
+    _launch(x.device, symbol, grid, ELEMENTWISE_THREADS, 0, params)
     return out.reshape(*gate_up.shape[:-1], inter)
 
 
@@ -180,17 +204,19 @@ def combine(rows: torch.Tensor, row_of_slot: torch.Tensor, topk_weights: torch.T
     if topk_weights.dtype not in (torch.float32, rows.dtype) or row_of_slot.dtype != torch.int32:
         return None
     x = _rows_2d(rows)
-    if x is None:
+    if x is None or not usable(x, row_of_slot, topk_weights):
         return None
     n = x.shape[1]
+    pairs = _pairs(n, x.stride(0)) if x.data_ptr() % 16 == 0 else 1
+    fp32 = topk_weights.dtype == torch.float32
+    symbol = f"moe_combine_{_ACT_NAMES[x.dtype]}_{'w32' if fp32 else 'wact'}_v{pairs}"
+    if not _has(x.device, symbol):
+        return None
     weights = topk_weights.contiguous()
     ros = row_of_slot.contiguous()
     out = torch.empty(tokens, n, dtype=x.dtype, device=x.device)
-    pairs = _pairs(n, x.stride(0)) if x.data_ptr() % 16 == 0 else 1
-    fp32 = weights.dtype == torch.float32
     params = _COMBINE.pack(x.data_ptr(), ros.data_ptr(), weights.data_ptr(), out.data_ptr(), tokens, top_k, n,
                            x.stride(0), out.stride(0))
     grid = (tokens, -(-n // (ELEMENTWISE_THREADS * 2 * pairs)), 1)
-    _unit(x.device).launch(f"moe_combine_{_ACT_NAMES[x.dtype]}_{'w32' if fp32 else 'wact'}_v{pairs}", grid,
-                           ELEMENTWISE_THREADS, 0, _stream(x.device), params)
+    _launch(x.device, symbol, grid, ELEMENTWISE_THREADS, 0, params)
     return out

@@ -77,7 +77,7 @@ def align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: int,
     m, top_k = topk_ids.shape
     slots = m * top_k
     max_padded = slots + num_experts * (block_size - 1)
-    if cuda_steps.route_supported(topk_ids, num_experts) and cuda_steps.usable(topk_ids):
+    if cuda_steps.route_supported(topk_ids, num_experts, block_size):
         out = cuda_steps.route(topk_ids, num_experts, block_size, pad_slot=slots, slot_of_row32=True,
                                block_expert_len=-(-max_padded // block_size), expert_map=expert_map, total=True)
         return IndexedRouting(sorted_token_ids=out["slot_of_row32"], expert_ids=out["block_expert"],
@@ -119,12 +119,13 @@ class GroupedRouting:
 
 
 def group_rows(topk_ids: torch.Tensor, num_experts: int, *, check_range: bool = True) -> GroupedRouting:
-    """The grouped contiguous layout of a top-k routing (see GroupedRouting), with torch
-    operations only. check_range=False skips reading the ids back to check their range, the one
-    host synchronization (a CUDA-graph capturable caller; an id out of range then fails on the
-    device)."""
+    """The grouped contiguous layout of a top-k routing (see GroupedRouting): the routing kernels on
+    a GPU (moe/cuda_steps.py), else torch operations. check_range=False skips reading the ids back
+    to check their range, the one host synchronization (a CUDA-graph capturable caller): an id
+    out of range is then dropped by the kernels (its slot gets no row) and fails on the device
+    on the torch path."""
     _check_topk_ids(topk_ids, num_experts, check_range=check_range)
-    if cuda_steps.route_supported(topk_ids, num_experts) and cuda_steps.usable(topk_ids):
+    if cuda_steps.route_supported(topk_ids, num_experts):
         out = cuda_steps.route(topk_ids, num_experts, 1, pad_slot=-1, slot_of_row64=True, row_expert=True,
                                row_of_slot=True, offsets64=True, offsets32=True)
         return GroupedRouting(slot_of_row=out["slot_of_row64"], offsets=out["offsets64"], row_expert=out["row_expert"],
@@ -152,10 +153,9 @@ def _inverse(slot_of_row: torch.Tensor, slots: int, rows: int) -> torch.Tensor:
 def permute(hidden: torch.Tensor, routing: GroupedRouting) -> torch.Tensor:
     """(M, K) tokens -> (M * top_k, K) grouped rows: row r is token slot_of_row[r] // top_k (zeros
     for a row of no slot: the tail a kernel-made routing leaves for dropped ids)."""
-    if cuda_steps.usable(hidden, routing.slot_of_row):
-        out = cuda_steps.gather(hidden, routing.slot_of_row, routing.top_k)
-        if out is not None:
-            return out
+    out = cuda_steps.gather(hidden, routing.slot_of_row, routing.top_k)
+    if out is not None:
+        return out
     return _gather_rows(hidden, routing.slot_of_row, routing.top_k)
 
 
@@ -169,10 +169,11 @@ def _gather_rows(hidden: torch.Tensor, slot_of_row: torch.Tensor, top_k: int) ->
 
 
 def unpermute(rows: torch.Tensor, routing: GroupedRouting) -> torch.Tensor:
-    """(M * top_k, N) grouped rows -> (M, top_k, N) in slot order (the inverse of the grouping)."""
-    out = torch.empty_like(rows)
-    out[routing.slot_of_row] = rows
-    return out.reshape(-1, routing.top_k, rows.shape[-1])
+    """(M * top_k, N) grouped rows -> (M, top_k, N) in slot order (the inverse of the grouping); a
+    slot of no row (an id a kernel-made routing dropped) is zeros."""
+    present = routing.row_of_slot >= 0
+    out = rows.index_select(0, torch.where(present, routing.row_of_slot, 0).long())
+    return out.masked_fill_(~present.unsqueeze(1), 0).reshape(-1, routing.top_k, rows.shape[-1])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,15 +192,15 @@ class AlignedGrouping:
 
 
 def align_groups(topk_ids: torch.Tensor, num_experts: int, block: int) -> AlignedGrouping:
-    """The block-aligned grouped contiguous layout of a top-k routing (see AlignedGrouping), with
-    torch operations only and no host synchronization (the sizes depend on M, top_k, E and the
-    block alone; CUDA-graph capturable): each expert's slots in increasing flat order, as
-    group_rows orders them. The ids' range is checked on the CPU only (on a GPU that would read
-    them back; an id out of range there fails as a device-side assert)."""
+    """The block-aligned grouped contiguous layout of a top-k routing (see AlignedGrouping), with no
+    host synchronization (the sizes depend on M, top_k, E and the block alone; CUDA-graph
+    capturable): each expert's slots in increasing flat order, as group_rows orders them. The
+    ids' range is checked on the CPU only (on a GPU that would read them back; an id out of range
+    there is dropped by the routing kernels, and fails as a device-side assert on the torch path)."""
     _check_topk_ids(topk_ids, num_experts, check_range=not topk_ids.is_cuda)
     if type(block) is not int or block < 1:
         raise ValueError(f"align_groups: block must be a positive int (moe.grouped_block_m), got {block!r}")
-    if cuda_steps.route_supported(topk_ids, num_experts) and cuda_steps.usable(topk_ids):
+    if cuda_steps.route_supported(topk_ids, num_experts, block):
         out = cuda_steps.route(topk_ids, num_experts, block, pad_slot=-1, slot_of_row64=True, row_expert=True,
                                row_of_slot=True)
         return AlignedGrouping(row_expert=out["row_expert"], slot_of_row=out["slot_of_row64"], block=block,
@@ -257,10 +258,9 @@ def align_offsets(offsets: torch.Tensor, rows: int, block: int) -> AlignedGroupi
 def permute_aligned(hidden: torch.Tensor, grouping: AlignedGrouping) -> torch.Tensor:
     """(M, K) tokens -> (rows, K) aligned grouped rows: row r is token slot_of_row[r] // top_k, and
     zeros for padding rows (whose outputs are then the bias, or zeros)."""
-    if cuda_steps.usable(hidden, grouping.slot_of_row):
-        out = cuda_steps.gather(hidden, grouping.slot_of_row, grouping.top_k)
-        if out is not None:
-            return out
+    out = cuda_steps.gather(hidden, grouping.slot_of_row, grouping.top_k)
+    if out is not None:
+        return out
     return _gather_rows(hidden, grouping.slot_of_row, grouping.top_k)
 
 
@@ -277,10 +277,9 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     rounded once to the input dtype."""
     if gate_up.shape[-1] % 2:
         raise ValueError(f"silu_and_mul: the last dimension holds gate and up halves, got {gate_up.shape[-1]}")
-    if cuda_steps.usable(gate_up):
-        out = cuda_steps.activation(gate_up, "silu")
-        if out is not None:
-            return out
+    out = cuda_steps.activation(gate_up, "silu")
+    if out is not None:
+        return out
     gate, up = gate_up.float().chunk(2, dim=-1)
     return (torch.nn.functional.silu(gate) * up).to(gate_up.dtype)
 
@@ -291,10 +290,9 @@ def swiglu_oai(gate_up: torch.Tensor, alpha: float = 1.702, limit: float = 7.0) 
     [-limit, limit]; fp32, rounded once to the input dtype."""
     if gate_up.shape[-1] % 2:
         raise ValueError(f"swiglu_oai: the last dimension interleaves gate and up, got {gate_up.shape[-1]}")
-    if cuda_steps.usable(gate_up):
-        out = cuda_steps.activation(gate_up, "swiglu_oai", alpha, limit)
-        if out is not None:
-            return out
+    out = cuda_steps.activation(gate_up, "swiglu_oai", alpha, limit)
+    if out is not None:
+        return out
     x = gate_up.float()
     gate, up = x[..., 0::2].clamp(max=limit), x[..., 1::2].clamp(min=-limit, max=limit)
     return ((up + 1) * gate * torch.sigmoid(alpha * gate)).to(gate_up.dtype)
@@ -325,12 +323,13 @@ def combine(rows: torch.Tensor, routing: GroupedRouting | AlignedGrouping, topk_
                          f"{slots} slots, got {tuple(rows.shape)} and {tuple(topk_weights.shape)}")
     if rows.shape[0] < routing.slot_of_row.shape[0]:
         raise ValueError(f"combine: the routing has {routing.slot_of_row.shape[0]} rows, rows has {rows.shape[0]}")
-    if cuda_steps.usable(rows, routing.row_of_slot, topk_weights):
-        out = cuda_steps.combine(rows, routing.row_of_slot, topk_weights)
-        if out is not None:
-            return out
+    out = cuda_steps.combine(rows, routing.row_of_slot, topk_weights)
+    if out is not None:
+        return out
     tokens = topk_weights.shape[0]
     present = routing.row_of_slot >= 0
     gathered = rows.index_select(0, torch.where(present, routing.row_of_slot, 0).long())
     gathered = gathered.masked_fill(~present.unsqueeze(1), 0).reshape(tokens, routing.top_k, rows.shape[1])
-    return weighted_sum(gathered, topk_weights)
+    # a slot of no row adds nothing, whatever its weight (the kernel skips it)
+    weights = topk_weights.masked_fill(~present.reshape(tokens, routing.top_k), 0)
+    return weighted_sum(gathered, weights)

@@ -12,17 +12,29 @@ import pytest
 import torch
 
 from humming_aot import helper_kernels, moe
+from humming_aot.moe import cuda_steps
 from humming_aot.testing.jit import why_no_jit
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(autouse=True)
-def _need_helpers():
-    why = why_no_jit("the helper kernels are built by the JIT", "to build them")
-    if why is not None:
-        pytest.skip(why)
-    assert helper_kernels.available("moe", torch.cuda.current_device()), "the moe helper unit did not load"
+def launched(monkeypatch):
+    """The helper kernels switched on and loadable (from a catalog or the JIT), and the symbols
+    launched during the test (a test that means the kernels checks that they ran)."""
+    monkeypatch.setenv("HUMMING_AOT_HELPERS", "1")
+    if not helper_kernels.available("moe", torch.cuda.current_device()):
+        why = why_no_jit("the helper kernels come from a catalog or the JIT", "to build them")
+        pytest.skip(why or "the moe helper unit cannot be loaded here (see the warning logged)")
+    symbols = []
+    launch = cuda_steps._launch
+
+    def spy(device, symbol, *args):
+        symbols.append(symbol)
+        return launch(device, symbol, *args)
+
+    monkeypatch.setattr(cuda_steps, "_launch", spy)
+    return symbols
 
 
 def _seed() -> int:
@@ -36,7 +48,7 @@ def _reference(monkeypatch, fn, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
     finally:
-        monkeypatch.delenv("HUMMING_AOT_HELPERS")
+        monkeypatch.setenv("HUMMING_AOT_HELPERS", "1")
 
 
 def _topk(tokens: int, experts: int, top_k: int, kind: str, gen: torch.Generator) -> torch.Tensor:
@@ -52,14 +64,14 @@ def _topk(tokens: int, experts: int, top_k: int, kind: str, gen: torch.Generator
 
 CASES = [  # tokens, experts, top_k
     (1, 256, 8), (3, 8, 2), (37, 128, 8), (256, 256, 8), (300, 1024, 4), (1000, 64, 6), (4096, 256, 8),
-    (0, 16, 2), (17, 1, 1),
+    (4096, 1024, 8), (0, 16, 2), (17, 1, 1),
 ]
 
 
 @pytest.mark.parametrize("tokens,experts,top_k", CASES)
 @pytest.mark.parametrize("kind", ["uniform", "skewed", "empty", "one"])
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
-def test_routing_kernels_match_the_torch_layouts(monkeypatch, tokens, experts, top_k, kind, dtype):
+def test_routing_kernels_match_the_torch_layouts(monkeypatch, launched, tokens, experts, top_k, kind, dtype):
     seed = _seed()
     gen = torch.Generator().manual_seed(seed)
     ids = _topk(tokens, experts, min(top_k, experts), kind, gen).to(dtype).cuda()
@@ -79,6 +91,41 @@ def test_routing_kernels_match_the_torch_layouts(monkeypatch, tokens, experts, t
         ref = _reference(monkeypatch, moe.align_block_size, ids, experts, block, emap)
         for field in ("sorted_token_ids", "expert_ids", "num_tokens_post_padded"):
             assert torch.equal(getattr(got, field), getattr(ref, field)), f"align_block_size {field} {block} seed={seed}"
+    kernel = "single" if tokens * top_k <= cuda_steps.ROUTE_CHUNK else "place"
+    assert f"moe_route_{kernel}_{'i32' if dtype == torch.int32 else 'i64'}" in launched
+
+
+@pytest.mark.parametrize("tokens", [5, 700])  # one chunk, and three
+def test_routing_kernels_drop_ids_out_of_range_in_every_layout(monkeypatch, tokens):
+    """Ids outside [0, E) get no row in any layout; the other slots are laid out as the torch
+    path lays them out when every dropped id is sent to an extra last expert, whose rows are then
+    the padding."""
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    experts, top_k = 64, 8
+    ids = _topk(tokens, experts, top_k, "uniform", gen)
+    drop = torch.rand(ids.shape, generator=gen) < 0.2
+    ids = torch.where(drop, torch.where(torch.rand(ids.shape, generator=gen) < 0.5, -1, experts + 3), ids).cuda()
+    virtual = torch.where(drop.cuda(), experts, ids)  # the dropped ids on an extra expert E
+    kept = int((~drop).sum())
+    got = moe.group_rows(ids, experts, check_range=False)
+    ref = _reference(monkeypatch, moe.group_rows, virtual, experts + 1)
+    assert torch.equal(got.offsets, ref.offsets[:-1]) and int(got.offsets[-1]) == kept
+    assert torch.equal(got.slot_of_row[:kept], ref.slot_of_row[:kept]) and bool((got.slot_of_row[kept:] == -1).all())
+    assert torch.equal(got.row_of_slot, torch.where(drop.reshape(-1).cuda(), -1, ref.row_of_slot))
+    for block in (1, 16):
+        got = moe.align_groups(ids, experts, block)
+        ref = _reference(monkeypatch, moe.align_groups, virtual, experts + 1, block)
+        ref_slots = torch.where(ref.row_expert == experts, -1, ref.slot_of_row)[: got.slot_of_row.shape[0]]
+        assert torch.equal(got.slot_of_row, ref_slots), f"align_groups {block} seed={seed}"
+        got = moe.align_block_size(ids, experts, block, check_range=False)
+        ref = _reference(monkeypatch, moe.align_block_size, virtual, experts + 1, block)
+        size = got.sorted_token_ids.shape[0]
+        total = int(got.num_tokens_post_padded)
+        assert torch.equal(got.sorted_token_ids[:total], ref.sorted_token_ids[:total])
+        assert bool((got.sorted_token_ids[total:] == tokens * top_k).all()) and size == tokens * top_k + experts * (block - 1)
+        assert torch.equal(got.expert_ids[: total // block], ref.expert_ids[: total // block])
+        assert bool((got.expert_ids[total // block:] == -1).all())
 
 
 def test_routing_kernel_drops_ids_out_of_range():
@@ -103,7 +150,7 @@ def test_routing_kernel_drops_ids_out_of_range():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("k", [7168, 2048, 2880, 6])
-def test_gather_kernel_matches_index_select(monkeypatch, dtype, k):
+def test_gather_kernel_matches_index_select(monkeypatch, launched, dtype, k):
     seed = _seed()
     gen = torch.Generator().manual_seed(seed)
     for tokens, experts, top_k in ((1, 256, 8), (37, 16, 4), (513, 128, 8)):
@@ -120,12 +167,13 @@ def test_gather_kernel_matches_index_select(monkeypatch, dtype, k):
     empty = moe.align_groups(torch.zeros(0, 2, dtype=torch.int32).cuda(), 4, 8)
     rows = moe.permute_aligned(torch.zeros(0, k, dtype=dtype).cuda(), empty)
     assert rows.shape == (4 * 7, k) and not rows.any()
+    assert f"moe_gather_v{4 if k % 8 == 0 else 1}" in launched
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("inter", [256, 1536, 6, 2880])
 @pytest.mark.parametrize("kind", ["silu", "swiglu_oai"])
-def test_activation_kernels_match_torch(monkeypatch, dtype, inter, kind):
+def test_activation_kernels_match_torch(monkeypatch, launched, dtype, inter, kind):
     seed = _seed()
     gen = torch.Generator().manual_seed(seed)
     fn = moe.silu_and_mul if kind == "silu" else moe.swiglu_oai
@@ -137,12 +185,14 @@ def test_activation_kernels_match_torch(monkeypatch, dtype, inter, kind):
         assert torch.equal(got.nan_to_num(), ref.nan_to_num()), f"{kind} {dtype} {rows}x{inter} seed={seed}"
     wide = (torch.randn(5, 2 * inter + 8, generator=gen)).to(dtype).cuda()[:, : 2 * inter]  # strided rows
     assert torch.equal(fn(wide), _reference(monkeypatch, fn, wide))
+    name = "silu_and_mul" if kind == "silu" else "swiglu_oai"
+    assert f"moe_{name}_{'bf16' if dtype == torch.bfloat16 else 'f16'}_v{4 if inter % 8 == 0 else 1}" in launched
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n", [7168, 2048, 2880, 6])
 @pytest.mark.parametrize("weight_dtype", ["fp32", "act"])
-def test_combine_kernel_matches_unpermute_and_weighted_sum(monkeypatch, dtype, n, weight_dtype):
+def test_combine_kernel_matches_unpermute_and_weighted_sum(monkeypatch, launched, dtype, n, weight_dtype):
     seed = _seed()
     gen = torch.Generator().manual_seed(seed)
     for tokens, experts, top_k in ((1, 256, 8), (37, 16, 4), (513, 128, 8)):
@@ -150,23 +200,30 @@ def test_combine_kernel_matches_unpermute_and_weighted_sum(monkeypatch, dtype, n
         weights = torch.softmax(torch.randn(tokens, top_k, generator=gen), 1)
         weights = (weights if weight_dtype == "fp32" else weights.to(dtype)).cuda()
         routing = moe.group_rows(ids, experts, check_range=False)
-        rows = torch.randn(tokens * top_k, n + 2, generator=gen).to(dtype).cuda()[:, :n]  # strided
-        got = moe.combine(rows, routing, weights)
-        ref = _reference(monkeypatch, lambda: moe.weighted_sum(moe.unpermute(rows, routing), weights))
-        assert torch.equal(got, ref), f"combine {dtype} n={n} tokens={tokens} seed={seed}"
+        wide = torch.randn(tokens * top_k, n + 8, generator=gen).to(dtype).cuda()
+        for rows in (wide[:, :n], wide[:, 2:n + 2]):  # a row stride of n + 8; 16-byte aligned, then not
+            got = moe.combine(rows, routing, weights)
+            ref = _reference(monkeypatch, lambda: moe.weighted_sum(moe.unpermute(rows, routing), weights))
+            assert torch.equal(got, ref), f"combine {dtype} n={n} tokens={tokens} seed={seed}"
         grouping = moe.align_groups(ids, experts, 16)
         padded = torch.randn(grouping.slot_of_row.shape[0], n, generator=gen).to(dtype).cuda()
         ref = _reference(monkeypatch, lambda: moe.weighted_sum(moe.unpermute_aligned(padded, grouping, tokens),
                                                                weights))
         assert torch.equal(moe.combine(padded, grouping, weights), ref), f"combine aligned seed={seed}"
+    act = "bf16" if dtype == torch.bfloat16 else "f16"
+    weights_name = "w32" if weight_dtype == "fp32" else "wact"
+    assert f"moe_combine_{act}_{weights_name}_v1" in launched
+    assert (f"moe_combine_{act}_{weights_name}_v4" in launched) == (n % 8 == 0)
 
 
-def test_steps_replay_in_a_cuda_graph(monkeypatch):
-    """Routing, activation and combine have no host round trip: captured once and replayed on a
-    new routing and new rows copied into the captured inputs, they give the eager results."""
+@pytest.mark.parametrize("tokens,dtype", [(64, torch.int32), (300, torch.int64)])  # one chunk, two
+def test_steps_replay_in_a_cuda_graph(monkeypatch, launched, tokens, dtype):
+    """Routing, permute, activation and combine have no host round trip: captured once and
+    replayed on a new routing and new rows copied into the captured inputs, they give the eager
+    results."""
     gen = torch.Generator().manual_seed(_seed())
-    tokens, experts, top_k, inter = 64, 256, 8, 256
-    ids = _topk(tokens, experts, top_k, "uniform", gen).int().cuda()
+    experts, top_k, inter = 256, 8, 256
+    ids = _topk(tokens, experts, top_k, "uniform", gen).to(dtype).cuda()
     weights = torch.rand(tokens, top_k, generator=gen).cuda()
     gate_up = torch.randn(tokens * top_k, 2 * inter, generator=gen).bfloat16().cuda()
 
@@ -182,9 +239,10 @@ def test_steps_replay_in_a_cuda_graph(monkeypatch):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = steps()
-    ids.copy_(_topk(tokens, experts, top_k, "skewed", gen).int().cuda())
+    ids.copy_(_topk(tokens, experts, top_k, "skewed", gen).to(dtype).cuda())
     gate_up.copy_(torch.randn(tokens * top_k, 2 * inter, generator=gen).bfloat16().cuda())
     graph.replay()
     torch.cuda.synchronize()
     for got, ref in zip(captured, _reference(monkeypatch, steps), strict=True):
         assert torch.equal(got, ref)
+    assert {"moe_gather_v4", "moe_silu_and_mul_bf16_v4", "moe_combine_bf16_w32_v4"} <= set(launched)

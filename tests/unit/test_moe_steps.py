@@ -74,20 +74,28 @@ def test_unit_compiles_with_nvrtc_and_passes_its_check(arch, tmp_path, monkeypat
         helper_kernels.check_unit_cubin(b"\x7fELF" + bytes(60), "moe", arch)
 
 
-class _RecordingUnit:
-    def __init__(self):
+class _Recorder:
+    def __init__(self, arch: str):
         self.calls = []
+        self.kernels = set(helper_kernels.kernel_names("moe", arch))
 
-    def launch(self, symbol, grid, threads, smem, stream, params):
+    def launch(self, device, symbol, grid, threads, smem, params):
+        assert symbol in self.kernels
         self.calls.append(dict(symbol=symbol, grid=grid, threads=threads, smem=smem, params=params))
+
+
+def _record(monkeypatch, arch: str) -> _Recorder:
+    """Launches recorded instead of made, on CPU tensors, as if a GPU of ``arch`` held the unit."""
+    recorder = _Recorder(arch)
+    monkeypatch.setattr(cuda_steps, "usable", lambda *tensors: True)
+    monkeypatch.setattr(cuda_steps, "_has", lambda device, symbol: symbol in recorder.kernels)
+    monkeypatch.setattr(cuda_steps, "_launch", recorder.launch)
+    return recorder
 
 
 @pytest.fixture
 def recorder(monkeypatch):
-    unit = _RecordingUnit()
-    monkeypatch.setattr(cuda_steps, "_unit", lambda device: unit)
-    monkeypatch.setattr(cuda_steps, "_stream", lambda device: 7)
-    return unit
+    return _record(monkeypatch, "sm90a")
 
 
 def test_route_launches_count_then_place_over_chunks(recorder):
@@ -138,8 +146,26 @@ def test_elementwise_launches_pick_the_vector_width(recorder):
     assert cuda_steps.gather(hidden.float(), torch.zeros(5, dtype=torch.int64), 2) is None
 
 
+def test_bfloat16_steps_on_sm75_take_the_torch_path(monkeypatch):
+    """An sm_75 unit has no bfloat16 kernels: those steps return None (the torch path), float16 runs."""
+    recorder = _record(monkeypatch, "sm75")
+    assert cuda_steps.activation(torch.zeros(2, 16, dtype=torch.bfloat16), "silu") is None
+    assert cuda_steps.combine(torch.zeros(4, 16, dtype=torch.bfloat16), torch.zeros(4, dtype=torch.int32),
+                              torch.zeros(2, 2)) is None
+    assert recorder.calls == []
+    assert cuda_steps.activation(torch.zeros(2, 16, dtype=torch.float16), "silu").shape == (2, 8)
+    assert [c["symbol"] for c in recorder.calls] == ["moe_silu_and_mul_f16_v4"]
+
+
 def test_usable_is_false_off_the_gpu_and_when_switched_off(monkeypatch):
     assert not cuda_steps.usable(torch.zeros(2))
+    assert cuda_steps.activation(torch.zeros(2, 16, dtype=torch.bfloat16), "silu") is None  # CPU: torch path
+    assert not cuda_steps.route_supported(torch.zeros(2, 2, dtype=torch.int32), 8)
+    monkeypatch.setattr(cuda_steps, "usable", lambda *tensors: True)
+    ids = torch.zeros(2, 2, dtype=torch.int32)
+    assert cuda_steps.route_supported(ids, 1024, 16) and not cuda_steps.route_supported(ids, 1025, 16)
+    assert not cuda_steps.route_supported(ids, 1024, 2**21)  # 1024 * (2^21 - 1) rows: past int32
+    assert not cuda_steps.route_supported(ids.float(), 8)
     monkeypatch.setenv("HUMMING_AOT_HELPERS", "0")
     assert not env.helpers_enabled()
     monkeypatch.setenv("HUMMING_AOT_HELPERS", "maybe")
@@ -173,6 +199,14 @@ def test_permute_reference_zeros_rows_of_no_slot():
                                  offsets_int32=torch.tensor([0, 1, 3], dtype=torch.int32))
     rows = moe.permute(hidden, routing)
     assert torch.equal(rows, torch.stack([hidden[2], hidden[0], hidden[0], torch.zeros(4).bfloat16()]))
+    # slots 2, 3 and 5 have no row: unpermute gives zeros there, combine adds nothing for them
+    # (not even a NaN weight's NaN), as the kernel skips them
+    out = moe.unpermute(rows, routing)
+    assert torch.equal(out.reshape(6, 4)[[2, 3, 5]], torch.zeros(3, 4).bfloat16())
+    assert torch.equal(out.reshape(6, 4)[[0, 1, 4]], rows[[1, 2, 0]])
+    weights = torch.tensor([[0.5, 0.25], [float("nan"), float("inf")], [2.0, float("nan")]])
+    expect = torch.stack([rows[1].float() * 0.5 + rows[2].float() * 0.25, torch.zeros(4), rows[0].float() * 2.0])
+    assert torch.equal(moe.combine(rows, routing, weights), expect.bfloat16())
 
 
 @pytest.mark.parametrize("weights_dtype", [torch.float32, torch.bfloat16])
