@@ -2,7 +2,8 @@
 translation unit per (unit, arch), each unit a handful of ``extern "C"`` kernels.
 
 The ``moe`` unit holds the steps around the MoE GEMMs (routing, permute, activation, combine:
-humming_aot.moe.cuda_steps launches them). A unit's source is generated here, like a GEMM key's
+humming_aot.moe.cuda_steps launches them); the ``quant`` unit quantizes activations
+(humming_aot.quant.cuda_quant). A unit's source is generated here, like a GEMM key's
 (codegen.py). Every catalog build (``humming-aot build``) compiles the units of its archs with
 nvcc into ``helpers/<unit>_<arch>.fatbin`` beside its kernels, listed in its manifest; outside a
 catalog, NVRTC compiles the same source into the JIT disk cache on first use (``jit.cache``, the
@@ -53,8 +54,33 @@ def _moe_kernels(arch: str) -> list[tuple[str, str, str, str]]:
     return kernels
 
 
+QUANT_ELEMENTS = {"int8": "kInt8", "float8e4m3": "kE4M3", "float8e5m2": "kE5M2"}
+
+
+def quant_elements(arch: str) -> tuple[str, ...]:
+    """The activation elements the quant unit encodes on ``arch`` (fp8 needs sm_89's cvt.satfinite)."""
+    number, _ = parse_arch(arch)
+    return tuple(e for e in QUANT_ELEMENTS if e == "int8" or number >= 89)
+
+
+def _quant_kernels(arch: str) -> list[tuple[str, str, str, str]]:
+    """(symbol, Params struct, class, member) of every kernel of the quant unit on ``arch``."""
+    number, _ = parse_arch(arch)
+    kernels = []
+    for act in ("f16", "bf16") if number >= 80 else ("f16",):
+        for element in quant_elements(arch):
+            cls = (f"humming_aot::helpers::ActQuant<{_ACTS[act]}, "
+                   f"humming_aot::helpers::QuantElement::{QUANT_ELEMENTS[element]}>")
+            for member in ("token", "group", "tensor_apply"):
+                kernels.append((f"quant_{member}_{act}_{element}", "ActQuantParams", cls, member))
+            if element == "int8":  # the amax pass does not depend on the element
+                kernels.append((f"quant_tensor_amax_{act}", "ActQuantParams", cls, "tensor_amax"))
+    return kernels
+
+
 _UNITS = {
     "moe": (("moe_route.cuh", "moe_gather.cuh", "moe_activation.cuh", "moe_combine.cuh"), _moe_kernels),
+    "quant": (("act_quant.cuh",), _quant_kernels),
 }
 
 

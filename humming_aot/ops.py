@@ -307,4 +307,39 @@ def effective_weight(packed: PackedWeight, m: int) -> torch.Tensor:
     return packed.effective_weight(scales_in_fp32=key.scales_in_fp32)
 
 
-__all__ = ["effective_weight", "gemm", "gemm_spec", "gemm_with_tile", "ZeroPoint", "unpack"]
+def quantize_activation(a: torch.Tensor, fmt, *, static_scale: torch.Tensor | float | None = None,
+                        global_scale: torch.Tensor | float | None = None):
+    """Quantize activations ``a`` ((*lead, K), floating) by ``fmt`` (an ActivationFormat or its string,
+    e.g. "float8e4m3:token", "int8:token", "float8e4m3:g128", "float8e4m3:tensor") -> a
+    humming_aot.quant.QuantizedActivation (uint8 codes of a's shape, float32 scales).
+
+    On a GPU the recipes humming_aot.quant.cuda_quant takes run as one kernel (two for a dynamic
+    per-tensor scale), with no host round trip when ``static_scale`` is a tensor or absent (CUDA-
+    graph capturable); their codes and scales are the reference's bit for bit, but non-finite
+    activations are not refused there (their codes are unspecified). Everything else (the CPU,
+    other elements and scale dtypes, NVFP4 / MXFP4, HUMMING_AOT_HELPERS=0) runs the exact reference,
+    humming_aot.quant.activation. ``static_scale``: a per-tensor recipe's calibrated scale (a float or
+    a one-element tensor); ``global_scale``: a two-level (float8e4m3-scaled) recipe's second level.
+    """
+    from humming_aot.quant import ActivationFormat
+    from humming_aot.quant.activation import ActivationGranularity, _as_scale
+
+    fmt = ActivationFormat.parse(fmt)
+    if isinstance(a, torch.Tensor) and a.is_cuda and global_scale is None and a.is_floating_point():
+        from humming_aot.quant import cuda_quant
+
+        scale = None
+        if static_scale is not None and fmt.granularity is ActivationGranularity.TENSOR:
+            if torch.cuda.is_current_stream_capturing() and isinstance(static_scale, torch.Tensor):
+                # no read-back while capturing: the tensor is the caller's to keep positive and finite
+                scale = static_scale.to(device=a.device, dtype=torch.float32).reshape(())
+            else:
+                scale = _as_scale(static_scale, "static_scale", a.device)
+        if static_scale is None or scale is not None:
+            out = cuda_quant.quantize(a, fmt, scale)
+            if out is not None:
+                return out
+    return fmt.quantize(a, static_scale=static_scale, global_scale=global_scale)
+
+
+__all__ = ["effective_weight", "gemm", "gemm_spec", "gemm_with_tile", "quantize_activation", "ZeroPoint", "unpack"]

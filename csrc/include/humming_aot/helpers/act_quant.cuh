@@ -1,0 +1,201 @@
+#pragma once
+// Activation quantization: 16-bit activations (rows, k) -> uint8 codes (rows, k) and float32 scales,
+// bit for bit humming_aot.quant.activation's recipes with float32 scales: scale = amax / d with d
+// the element's largest value (127 for int8, as vLLM), correctly rounded; codes = encode(x / scale),
+// the quotient correctly rounded; int8 rounds half to even and saturates, fp8 (sm_89+: cvt
+// .satfinite) rounds to nearest even and saturates. A tile of zeros gets scale 1; a nonzero tile
+// whose scale underflows to 0 gets the smallest positive float. Per token (two passes over the row),
+// per group of G = 8 * lanes elements (one pass, each group in `lanes` consecutive lanes of a warp),
+// or per tensor (static: a given scale; dynamic: an amax pass into one word, then an apply pass).
+// Non-finite inputs give unspecified codes and scales (the reference refuses them).
+
+#include <humming_aot/numerics/packed_half2.cuh>
+#include <humming_aot/numerics/types.cuh>
+
+namespace humming_aot::helpers {
+
+// Packed by humming_aot.quant.cuda_quant as "<9q" (72 bytes).
+struct ActQuantParams {
+  const void* in;        // (rows, k) activation dtype, row stride ld_in elements (a multiple of 8)
+  unsigned char* codes;  // (rows, k) uint8, contiguous
+  float* scales;         // token: (rows,); group: (rows, k / group); tensor: (1,), written by CTA 0
+  const float* given;    // tensor, static: the given scale (1,); else nullptr
+  u32* amax_bits;        // tensor, dynamic: (1,) the tensor's amax as float bits, zero before the amax pass
+  i64 rows;              // gridDim.x
+  i64 k;                 // a multiple of 8
+  i64 ld_in;             //
+  i64 group;             // group: G (a power of two from 16 to 256, dividing k); else 0
+};
+static_assert(sizeof(ActQuantParams) == 72, "ActQuantParams must match the Python struct format <9q");
+
+enum class QuantElement { kInt8, kE4M3, kE5M2 };
+
+template <class Act,              // numerics::Float16 or BFloat16
+          QuantElement kElement>  //
+struct ActQuant {
+  static constexpr int kThreads = 256;
+  static constexpr int kVector = 8;  // elements per thread and step: one 16-byte load, one 8-byte store
+  static constexpr float kFloat32SmallestPositive = 1.40129846e-45f;
+  using Half2 = numerics::PackedHalf2<Act>;
+  struct alignas(16) Loaded {
+    u32 pair[kVector / 2];
+  };
+  struct alignas(8) Codes {
+    u32 word[2];
+  };
+
+  // The element's largest value: the scale's divisor.
+  static __device__ __forceinline__ float largest() {
+    if constexpr (kElement == QuantElement::kInt8) return 127.0f;
+    if constexpr (kElement == QuantElement::kE4M3) return 448.0f;
+    return 57344.0f;
+  }
+
+  // amax -> scale (the reference's symmetric_scales with float32 scales).
+  static __device__ __forceinline__ float scale_of(float amax) {
+    if (!(amax > 0.0f)) return 1.0f;
+    const float s = __fdiv_rn(amax, largest());
+    return s == 0.0f ? kFloat32SmallestPositive : s;
+  }
+
+  static __device__ __forceinline__ void to_floats(const Loaded& v, float (&x)[kVector]) {
+#pragma unroll
+    for (int i = 0; i < kVector / 2; ++i) Half2::to_floats(v.pair[i], x[2 * i], x[2 * i + 1]);
+  }
+
+  static __device__ __forceinline__ float local_amax(const float (&x)[kVector]) {
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kVector; ++i) m = fmaxf(m, fabsf(x[i]));
+    return m;
+  }
+
+  // Two quotients -> two codes in the low 16 bits (the first in the low byte).
+  static __device__ __forceinline__ u32 encode2(float lo, float hi) {
+    if constexpr (kElement == QuantElement::kInt8) {
+      const int a = min(max(__float2int_rn(lo), -128), 127);
+      const int b = min(max(__float2int_rn(hi), -128), 127);
+      return (static_cast<u32>(a) & 0xFFu) | ((static_cast<u32>(b) & 0xFFu) << 8);
+    } else {
+      unsigned short d = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+      if constexpr (kElement == QuantElement::kE4M3) {
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(hi), "f"(lo));
+      } else {
+        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(d) : "f"(hi), "f"(lo));
+      }
+#else
+      static_assert(kElement == QuantElement::kInt8, "fp8 codes need sm_89+ (cvt.satfinite e4m3x2 / e5m2x2)");
+#endif
+      return d;
+    }
+  }
+
+  static __device__ __forceinline__ Codes encode(const float (&x)[kVector], float scale) {
+    Codes c;
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+      const u32 a = encode2(__fdiv_rn(x[4 * w], scale), __fdiv_rn(x[4 * w + 1], scale));
+      const u32 b = encode2(__fdiv_rn(x[4 * w + 2], scale), __fdiv_rn(x[4 * w + 3], scale));
+      c.word[w] = a | (b << 16);
+    }
+    return c;
+  }
+
+  static __device__ __forceinline__ const Loaded* row_in(const ActQuantParams& p, i64 row) {
+    return reinterpret_cast<const Loaded*>(static_cast<const unsigned short*>(p.in) + row * p.ld_in);
+  }
+  static __device__ __forceinline__ Codes* row_codes(const ActQuantParams& p, i64 row) {
+    return reinterpret_cast<Codes*>(p.codes + row * p.k);
+  }
+
+  // The CTA's largest value of `value` (every thread gets it); `shared` holds kThreads / 32 floats.
+  static __device__ __forceinline__ float cta_max(float value, float* shared) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
+    if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = value;
+    __syncthreads();
+    float m = 0.0f;
+    for (int w = 0; w < kThreads / 32; ++w) m = fmaxf(m, shared[w]);
+    return m;
+  }
+
+  static __device__ __forceinline__ float row_amax(const ActQuantParams& p, i64 row) {
+    const Loaded* in = row_in(p, row);
+    float m = 0.0f;
+    for (i64 v = threadIdx.x; v < p.k / kVector; v += kThreads) {
+      float x[kVector];
+      to_floats(in[v], x);
+      m = fmaxf(m, local_amax(x));
+    }
+    return m;
+  }
+
+  static __device__ __forceinline__ void apply(const ActQuantParams& p, i64 row, float scale) {
+    const Loaded* in = row_in(p, row);
+    Codes* out = row_codes(p, row);
+    for (i64 v = threadIdx.x; v < p.k / kVector; v += kThreads) {
+      float x[kVector];
+      to_floats(in[v], x);
+      out[v] = encode(x, scale);
+    }
+  }
+
+  // Grid (rows): one scale per row.
+  static __device__ void token(const ActQuantParams& p) {
+    __shared__ float shared[kThreads / 32];
+    const i64 row = blockIdx.x;
+    const float scale = scale_of(cta_max(row_amax(p, row), shared));
+    if (threadIdx.x == 0) p.scales[row] = scale;
+    apply(p, row, scale);
+  }
+
+  // Grid (rows): one scale per `group` elements of the row, each group in group / 8 lanes.
+  static __device__ void group(const ActQuantParams& p) {
+    const i64 row = blockIdx.x;
+    const int lanes = static_cast<int>(p.group / kVector);
+    const Loaded* in = row_in(p, row);
+    Codes* out = row_codes(p, row);
+    const i64 vectors = p.k / kVector;
+    for (i64 base = 0; base < vectors; base += kThreads) {  // the same trip count in every thread
+      const i64 v = base + threadIdx.x;
+      const bool valid = v < vectors;  // k is whole groups, so a group is all valid or all not
+      float x[kVector];
+      if (valid) {
+        to_floats(in[v], x);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kVector; ++i) x[i] = 0.0f;
+      }
+      float m = local_amax(x);
+      for (int offset = 1; offset < lanes; offset *= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+      const float scale = scale_of(m);
+      if (valid) {
+        out[v] = encode(x, scale);
+        if (threadIdx.x % lanes == 0) p.scales[row * (p.k / p.group) + v / lanes] = scale;
+      }
+    }
+  }
+
+  // Grid (rows), before tensor_apply of a dynamic scale: the tensor's amax into *amax_bits.
+  static __device__ void tensor_amax(const ActQuantParams& p) {
+    __shared__ float shared[kThreads / 32];
+    const float m = cta_max(row_amax(p, blockIdx.x), shared);
+    if (threadIdx.x == 0) atomicMax(p.amax_bits, __float_as_uint(m));  // non-negative floats order as their bits
+  }
+
+  // Grid (rows): the one scale (given, or from the amax pass) applied; CTA 0 writes it.
+  static __device__ void tensor_apply(const ActQuantParams& p) {
+    float scale;
+    if (p.given != nullptr) {
+      scale = *p.given;
+      scale = scale == 0.0f ? kFloat32SmallestPositive : scale;
+    } else {
+      scale = scale_of(__uint_as_float(*p.amax_bits));
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) *p.scales = scale;
+    apply(p, blockIdx.x, scale);
+  }
+};
+
+}  // namespace humming_aot::helpers

@@ -1,0 +1,102 @@
+"""Activation quantization on a GPU: the ``quant`` unit of humming_aot.helper_kernels
+(csrc/include/humming_aot/helpers/act_quant.cuh), bit for bit humming_aot.quant.activation's
+references for the recipes it takes, in one launch (two for a dynamic per-tensor scale) and with
+no host round trip.
+
+It takes: float16 / bfloat16 activations (*lead, K), K a multiple of 8, rows 16-byte aligned;
+int8 (any arch), float8e4m3 and float8e5m2 (sm_89+) elements; float32 scales per token, per
+group of 16, 32, 64, 128 or 256 (dividing K), or per tensor (static or dynamic). ``quantize``
+returns None for anything else, and ops.quantize_activation then runs the reference.
+"""
+from __future__ import annotations
+
+import struct
+
+import torch
+
+from humming_aot import env, helper_kernels
+from humming_aot.quant.activation import ActivationGranularity, QuantizedActivation, _scale_shape
+from humming_aot.quant.activation_format import ActivationFormat
+
+THREADS = 256  # ActQuant::kThreads
+VECTOR = 8  # ActQuant::kVector
+GROUP_SIZES = (16, 32, 64, 128, 256)  # 8 times a power-of-two lane count up to a warp
+_PARAMS = struct.Struct("<9q")  # helpers::ActQuantParams
+_ACT_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16"}
+
+
+def _rows(a: torch.Tensor) -> torch.Tensor | None:
+    """a as (rows, K) with unit column stride, row stride a multiple of 8 and a 16-byte aligned
+    start, or None."""
+    k = a.shape[-1]
+    x = a.reshape(-1, k)
+    if x.stride(-1) != 1 or (x.shape[0] > 1 and x.stride(0) % VECTOR) or x.data_ptr() % 16:
+        return None
+    return x
+
+
+def recipe_supported(dtype: torch.dtype, shape: tuple[int, ...], fmt: ActivationFormat) -> bool:
+    """Whether the kernels take activations of this dtype and shape by this recipe (the device and
+    its arch aside: see ``quantize``)."""
+    gran = fmt.granularity
+    return (dtype in _ACT_NAMES and len(shape) >= 1 and 0 not in shape and shape[-1] % VECTOR == 0
+            and fmt.scale_dtype == "float32" and fmt.element in helper_kernels.QUANT_ELEMENTS
+            and (gran is not ActivationGranularity.GROUP
+                 or (fmt.group_size in GROUP_SIZES and shape[-1] % fmt.group_size == 0)))
+
+
+def supported(a: torch.Tensor, fmt: ActivationFormat) -> bool:
+    """recipe_supported, on a CUDA device."""
+    return a.device.type == "cuda" and recipe_supported(a.dtype, tuple(a.shape), fmt)
+
+
+def quantize(a: torch.Tensor, fmt: ActivationFormat, static_scale: torch.Tensor | None) -> QuantizedActivation | None:
+    """``fmt.quantize(a, static_scale=static_scale)`` on the GPU, or None when the kernels do not
+    take it (``supported``, the helper kernels off or not loadable, an element this arch cannot
+    encode). ``static_scale``: a float32 tensor of one element on a's device (per tensor only)."""
+    if not supported(a, fmt) or not env.helpers_enabled():
+        return None
+    x = _rows(a)
+    device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    if x is None or not helper_kernels.available("quant", device):
+        return None
+    unit = helper_kernels.load("quant", device)
+    act = _ACT_NAMES[a.dtype]
+    gran = fmt.granularity
+    member = {ActivationGranularity.TOKEN: "token", ActivationGranularity.GROUP: "group",
+              ActivationGranularity.TENSOR: "tensor_apply"}[gran]
+    symbol = f"quant_{member}_{act}_{fmt.element}"
+    if symbol not in unit.kernels:
+        return None
+    rows, k = x.shape
+    codes = torch.empty(rows, k, dtype=torch.uint8, device=a.device)
+    scale_shape = _scale_shape(gran, fmt.group_size, tuple(a.shape))
+    scales = torch.empty(scale_shape, dtype=torch.float32, device=a.device)
+    amax = None
+    if gran is ActivationGranularity.TENSOR and static_scale is None:
+        amax = torch.zeros(1, dtype=torch.int32, device=a.device)  # the amax pass's float bits
+    given = static_scale.reshape(1) if static_scale is not None else None
+    params = _PARAMS.pack(x.data_ptr(), codes.data_ptr(), scales.data_ptr(), 0 if given is None else given.data_ptr(),
+                          0 if amax is None else amax.data_ptr(), rows, k, x.stride(0) if rows > 1 else k,
+                          fmt.group_size or 0)
+
+    def launch(name: str) -> None:
+        unit.launch(name, (rows, 1, 1), THREADS, 0, _stream(device), params)
+
+    if device == torch.cuda.current_device():
+        if amax is not None:
+            launch(f"quant_tensor_amax_{act}")
+        launch(symbol)
+    else:
+        with torch.cuda.device(device):
+            if amax is not None:
+                launch(f"quant_tensor_amax_{act}")
+            launch(symbol)
+    return QuantizedActivation(element=fmt.element, granularity=gran, group_size=fmt.group_size,
+                               scale_dtype=fmt.scale_dtype, codes=codes.reshape(a.shape), scales=scales)
+
+
+def _stream(device: int) -> int:
+    from humming_aot.dispatch import current_stream
+
+    return current_stream(device)

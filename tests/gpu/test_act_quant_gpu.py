@@ -1,0 +1,119 @@
+"""ops.quantize_activation's kernels (humming_aot.quant.cuda_quant) against the exact references of
+humming_aot.quant.activation, bit for bit on codes and scales: int8 and fp8 elements, per token,
+per group and per tensor (static and dynamic), float16 and bfloat16, odd row counts, rows of zeros,
+values near the saturation and underflow edges, strided and 3-d activations, and a CUDA graph. The
+reference runs on the CPU on the same values (its arithmetic is the same there)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from humming_aot import helper_kernels, ops
+from humming_aot.quant import ActivationFormat, cuda_quant
+from humming_aot.testing.jit import why_no_jit
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def launched(monkeypatch):
+    """The quant unit loadable (from a catalog or the JIT); the symbols launched in the test."""
+    monkeypatch.setenv("HUMMING_AOT_HELPERS", "1")
+    if not helper_kernels.available("quant", torch.cuda.current_device()):
+        pytest.skip(why_no_jit("the quant unit comes from a catalog or the JIT", "to build it")
+                    or "the quant helper unit cannot be loaded here (see the warning logged)")
+    unit = helper_kernels.load("quant", torch.cuda.current_device())
+    symbols = []
+    launch = type(unit).launch
+
+    def spy(self, symbol, *args):
+        symbols.append(symbol)
+        return launch(self, symbol, *args)
+
+    monkeypatch.setattr(type(unit), "launch", spy)
+    return symbols
+
+
+def _seed() -> int:
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"seed={seed}")
+    return seed
+
+
+def _elements() -> list[str]:
+    major, minor = torch.cuda.get_device_capability()
+    return ["int8"] + (["float8e4m3", "float8e5m2"] if (major, minor) >= (8, 9) else [])
+
+
+def _activations(rows: int, k: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    """Random rows over six decades of magnitude, with a row of zeros (scale 1) and a half row of
+    tiny values beside large ones (codes that round to zero or to subnormal fp8)."""
+    x = torch.randn(rows, k, generator=gen) * torch.logspace(-3, 3, rows).unsqueeze(1)
+    if rows > 2:
+        x[1] = 0
+        x[2, : k // 2] = 1e-6
+    return x.to(dtype)
+
+
+def _check(a: torch.Tensor, text: str, launched: list[str], expect_kernel: str, **kwargs) -> None:
+    got = ops.quantize_activation(a, text, **kwargs)
+    cpu_kwargs = {key: (v.cpu() if isinstance(v, torch.Tensor) else v) for key, v in kwargs.items()}
+    ref = ActivationFormat.parse(text).quantize(a.cpu(), **cpu_kwargs)
+    assert expect_kernel in launched, f"{text}: {expect_kernel} did not run ({launched})"
+    assert got.codes.is_cuda and got.codes.shape == ref.codes.shape and got.scales.shape == ref.scales.shape
+    assert torch.equal(got.scales.cpu(), ref.scales), f"{text} {tuple(a.shape)} {a.dtype}: scales differ"
+    mismatch = (got.codes.cpu() != ref.codes).nonzero()
+    assert mismatch.numel() == 0, f"{text} {tuple(a.shape)} {a.dtype}: codes differ at {mismatch[:5].tolist()}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("granularity", ["token", "g16", "g128", "g256", "tensor"])
+def test_kernels_match_the_reference(launched, dtype, granularity):
+    gen = torch.Generator().manual_seed(_seed())
+    act = "bf16" if dtype == torch.bfloat16 else "f16"
+    member = {"token": "token", "tensor": "tensor_apply"}.get(granularity, "group")
+    for element in _elements():
+        for rows, k in ((1, 256), (37, 4096), (300, 7168), (5, 16384)):
+            a = _activations(rows, k, dtype, gen).cuda()
+            _check(a, f"{element}:{granularity}", launched, f"quant_{member}_{act}_{element}")
+        if granularity == "tensor":
+            assert f"quant_tensor_amax_{act}" in launched
+            for given in (0.03125, torch.tensor([7.5]).cuda()):
+                _check(a, f"{element}:tensor", launched, f"quant_tensor_apply_{act}_{element}", static_scale=given)
+
+
+def test_strided_and_3d_activations(launched):
+    gen = torch.Generator().manual_seed(_seed())
+    wide = _activations(24, 2048 + 64, torch.bfloat16, gen).cuda()
+    _check(wide[:, 64:], "int8:token", launched, "quant_token_bf16_int8")  # row stride 2112, 128-byte offset
+    _check(wide[:, :2048].reshape(4, 6, 2048), "int8:g32", launched, "quant_group_bf16_int8")
+    launched.clear()
+    ops.quantize_activation(wide[:, 4:2052], "int8:token")  # an 8-byte offset: the reference serves it
+    assert launched == []
+
+
+def test_quantization_replays_in_a_cuda_graph(launched):
+    gen = torch.Generator().manual_seed(_seed())
+    element = _elements()[-1]
+    a = _activations(64, 4096, torch.bfloat16, gen).cuda()
+    static = torch.tensor([0.5]).cuda()
+    formats = [f"{element}:token", f"{element}:g128", f"{element}:tensor"]
+    ops.quantize_activation(a, formats[0])  # the unit is loaded before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = [ops.quantize_activation(a, text) for text in formats]
+        captured.append(ops.quantize_activation(a, formats[2], static_scale=static))
+    a.copy_(_activations(64, 4096, torch.bfloat16, gen).cuda() * 3)
+    graph.replay()
+    torch.cuda.synchronize()
+    for q, text, kwargs in zip(captured, formats + [formats[2]], [{}, {}, {}, {"static_scale": 0.5}], strict=True):
+        ref = ActivationFormat.parse(text).quantize(a.cpu(), **kwargs)
+        assert torch.equal(q.codes.cpu(), ref.codes) and torch.equal(q.scales.cpu(), ref.scales), text
+
+
+def test_kernel_path_is_taken_for_what_the_kernels_support():
+    a = torch.zeros(4, 64, dtype=torch.bfloat16).cuda()
+    assert cuda_quant.supported(a, ActivationFormat.parse("int8:token"))
+    assert not cuda_quant.supported(a.float(), ActivationFormat.parse("int8:token"))

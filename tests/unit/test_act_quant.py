@@ -1,0 +1,133 @@
+"""Activation quantization's kernels without a GPU: the quant unit's source and its NVRTC build
+per arch family, its Params layout against the header, which recipes the kernels take, the host
+path of each launch (recorded), and ops.quantize_activation's reference path on the CPU."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from humming_aot import helper_kernels, ops
+from humming_aot.quant import ActivationFormat, cuda_quant
+
+HEADER = Path(__file__).resolve().parents[2] / "csrc" / "include" / "humming_aot" / "helpers" / "act_quant.cuh"
+
+
+def test_quant_unit_kernels_per_arch():
+    assert helper_kernels.quant_elements("sm80") == ("int8",)
+    assert helper_kernels.quant_elements("sm89") == ("int8", "float8e4m3", "float8e5m2")
+    assert sorted(helper_kernels.kernel_names("quant", "sm75")) == [
+        "quant_group_f16_int8", "quant_tensor_amax_f16", "quant_tensor_apply_f16_int8", "quant_token_f16_int8"]
+    names = helper_kernels.kernel_names("quant", "sm90a")
+    assert len(names) == 2 * (3 * 3 + 1) and "quant_token_bf16_float8e4m3" in names
+    source = helper_kernels.unit_source("quant", "sm90a")
+    assert "#include <humming_aot/helpers/act_quant.cuh>" in source and source == helper_kernels.unit_source(
+        "quant", "sm90a")
+
+
+def test_params_layout_and_constants_match_the_header():
+    text = HEADER.read_text()
+    found = re.search(r'sizeof\(ActQuantParams\) == (\d+), "ActQuantParams must match the Python struct format ([^"]+)"',
+                      text)
+    assert found and int(found.group(1)) == cuda_quant._PARAMS.size and found.group(2) == cuda_quant._PARAMS.format
+    assert f"kThreads = {cuda_quant.THREADS};" in text and f"kVector = {cuda_quant.VECTOR};" in text
+
+
+@pytest.mark.parametrize("arch", ["sm75", "sm89", "sm90a"])
+def test_quant_unit_compiles_with_nvrtc(arch, tmp_path, monkeypatch):
+    from humming_aot import jit
+    from humming_aot.testing.jit import why_no_jit
+
+    why = why_no_jit("the unit is compiled by NVRTC", "to compile it")
+    if why is not None:
+        pytest.skip(why)
+    monkeypatch.setenv("HUMMING_AOT_CACHE_DIR", str(tmp_path))
+    result = jit.cache.obtain(helper_kernels.compile_unit("quant", arch), include_dir=jit._include_dir(),
+                              nvrtc_lib=jit.nvrtc.load_nvrtc())
+    helper_kernels.check_unit_cubin(result.data, "quant", arch)
+
+
+@pytest.mark.parametrize("text,shape,dtype,taken", [
+    ("float8e4m3:token", (4, 4096), torch.bfloat16, True),
+    ("int8:token", (2, 3, 2880), torch.float16, True),
+    ("float8e4m3:g128", (4, 7168), torch.bfloat16, True),
+    ("float8e4m3:g128", (4, 2880), torch.bfloat16, False),  # 128 does not divide K
+    ("float8e4m3:g48", (4, 4800), torch.bfloat16, False),  # not a lane count a warp splits into
+    ("float8e5m2:tensor", (4, 64), torch.bfloat16, True),
+    ("float8e4m3:token", (4, 4100), torch.bfloat16, False),  # K not a multiple of 8
+    ("float8e4m3:token", (4, 64), torch.float32, False),
+    ("float8e4m3:token:s=bfloat16", (4, 64), torch.bfloat16, False),
+    ("int4:token", (4, 64), torch.bfloat16, False),
+    ("nvfp4", (4, 64), torch.bfloat16, False),
+    ("float8e4m3:token", (0, 64), torch.bfloat16, False),
+])
+def test_which_recipes_the_kernels_take(text, shape, dtype, taken):
+    assert cuda_quant.recipe_supported(dtype, shape, ActivationFormat.parse(text)) is taken
+    assert not cuda_quant.supported(torch.zeros(shape, dtype=dtype), ActivationFormat.parse(text))  # CPU
+
+
+class _Unit:
+    def __init__(self, arch: str):
+        self.kernels = {name: i for i, name in enumerate(helper_kernels.kernel_names("quant", arch))}
+        self.calls = []
+
+    def launch(self, symbol, grid, threads, smem, stream, params):
+        assert symbol in self.kernels
+        self.calls.append((symbol, grid, threads, cuda_quant._PARAMS.unpack(params)))
+
+
+def _record(monkeypatch, arch: str) -> _Unit:
+    unit = _Unit(arch)
+    monkeypatch.setattr(cuda_quant, "supported", lambda a, fmt: cuda_quant.recipe_supported(a.dtype, tuple(a.shape), fmt))
+    monkeypatch.setattr(helper_kernels, "available", lambda name, device: True)
+    monkeypatch.setattr(helper_kernels, "load", lambda name, device: unit)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(cuda_quant, "_stream", lambda device: 0)
+    return unit
+
+
+def test_launches_per_granularity(monkeypatch):
+    unit = _record(monkeypatch, "sm90a")
+    a = torch.zeros(6, 4096, dtype=torch.bfloat16)
+    q = cuda_quant.quantize(a, ActivationFormat.parse("float8e4m3:token"), None)
+    assert q.codes.shape == (6, 4096) and q.codes.dtype == torch.uint8 and q.scales.shape == (6, 1)
+    symbol, grid, threads, fields = unit.calls[-1]
+    assert (symbol, grid, threads) == ("quant_token_bf16_float8e4m3", (6, 1, 1), 256)
+    assert fields[3:5] == (0, 0) and fields[5:] == (6, 4096, 4096, 0)
+    q = cuda_quant.quantize(a.reshape(2, 3, 4096), ActivationFormat.parse("int8:g128"), None)
+    assert q.scales.shape == (2, 3, 32) and unit.calls[-1][0] == "quant_group_bf16_int8"
+    assert unit.calls[-1][3][-1] == 128
+    unit.calls.clear()
+    q = cuda_quant.quantize(a, ActivationFormat.parse("float8e5m2:tensor"), None)  # dynamic: amax, then apply
+    assert [c[0] for c in unit.calls] == ["quant_tensor_amax_bf16", "quant_tensor_apply_bf16_float8e5m2"]
+    assert unit.calls[0][3][4] != 0 and unit.calls[0][3][3] == 0 and q.scales.shape == (1,)
+    unit.calls.clear()
+    given = torch.tensor(0.5)
+    cuda_quant.quantize(a, ActivationFormat.parse("float8e4m3:tensor"), given)
+    assert [c[0] for c in unit.calls] == ["quant_tensor_apply_bf16_float8e4m3"]
+    assert unit.calls[0][3][3] == given.data_ptr() and unit.calls[0][3][4] == 0
+
+
+def test_fp8_before_sm89_and_bf16_on_sm75_take_the_reference(monkeypatch):
+    unit = _record(monkeypatch, "sm80")
+    a = torch.zeros(2, 64, dtype=torch.bfloat16)
+    assert cuda_quant.quantize(a, ActivationFormat.parse("float8e4m3:token"), None) is None
+    assert cuda_quant.quantize(a, ActivationFormat.parse("int8:token"), None) is not None
+    unit = _record(monkeypatch, "sm75")
+    assert cuda_quant.quantize(a, ActivationFormat.parse("int8:token"), None) is None
+    assert unit.calls == []
+
+
+def test_ops_quantize_activation_runs_the_reference_on_the_cpu():
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(5, 256, generator=gen).bfloat16()
+    for text in ("float8e4m3:token", "int8:g64", "float8e4m3:tensor", "nvfp4"):
+        got = ops.quantize_activation(a, text)
+        ref = ActivationFormat.parse(text).quantize(a)
+        assert torch.equal(got.codes, ref.codes) and torch.equal(got.scales, ref.scales)
+    got = ops.quantize_activation(a, "int8:tensor", static_scale=0.25)
+    assert torch.equal(got.scales, torch.tensor([0.25]))
+    with pytest.raises(ValueError, match="cannot parse activation format"):
+        ops.quantize_activation(a, "float8e4m3")

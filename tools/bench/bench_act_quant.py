@@ -1,0 +1,66 @@
+"""Time ops.quantize_activation's kernels against the memory floor, in one run.
+
+    python3 tools/bench/bench_act_quant.py --shapes 8192x8192,4096x7168,16x4096 --json q.json
+
+For each shape (M x K, bfloat16) and recipe, the CUDA-graph time per call (humming_aot.testing.bench),
+the bytes it must move (M K reads of 2 bytes, M K code bytes, the scales) and the fraction of
+--peak-gbps (default 3500, the weight-streaming rate measured on the H200) that makes. (The
+reference path is no baseline: it checks finiteness on the host and encodes in float64.)
+Benchmarks never assert.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+if importlib.util.find_spec("humming_aot") is None:  # run from a checkout without installing
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from humming_aot.testing.bench import time_cuda_graph  # noqa: E402 - after the path fix above
+
+RECIPES = ("float8e4m3:token", "float8e4m3:g128", "float8e4m3:tensor", "int8:token")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default="8192x8192,4096x7168,1024x4096,16x4096,1x7168")
+    parser.add_argument("--recipes", default=",".join(RECIPES))
+    parser.add_argument("--peak-gbps", type=float, default=3500.0)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--json", default="")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from humming_aot import ops
+    from humming_aot.quant import ActivationFormat
+
+    args = parse_args(argv)
+    results = []
+    print(f"{'shape':>12} {'recipe':>20} {'kernel us':>10} {'GB/s':>8} {'of peak':>8}")
+    for shape in args.shapes.split(","):
+        m, k = (int(x) for x in shape.split("x"))
+        a = [torch.randn(m, k, device="cuda").bfloat16() for _ in range(2)]
+        for recipe in args.recipes.split(","):
+            fmt = ActivationFormat.parse(recipe)
+            scales = 4 * (1 if fmt.granularity.value == "tensor" else m * (k // fmt.group_size if fmt.group_size else 1))
+            moved = 3 * m * k + scales
+            row = dict(m=m, k=k, recipe=recipe, bytes=moved)
+            row["kernel_us"] = time_cuda_graph([lambda x=x: ops.quantize_activation(x, fmt) for x in a],
+                                               repeats=args.repeats)["median_us"]
+            row["gbps"] = moved / row["kernel_us"] / 1e3
+            results.append(row)
+            print(f"{shape:>12} {recipe:>20} {row['kernel_us']:>10.1f} {row['gbps']:>8.0f} "
+                  f"{row['gbps'] / args.peak_gbps:>8.0%}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(device=torch.cuda.get_device_name(), results=results), indent=1)
+                                   + "\n")
+
+
+if __name__ == "__main__":
+    main()
