@@ -320,11 +320,29 @@ def quantize_activation(a: torch.Tensor, fmt, *, static_scale: torch.Tensor | fl
     other elements and scale dtypes, NVFP4 / MXFP4, HUMMING_AOT_HELPERS=0) runs the exact reference,
     humming_aot.quant.activation. ``static_scale``: a per-tensor recipe's calibrated scale (a float or
     a one-element tensor); ``global_scale``: a two-level (float8e4m3-scaled) recipe's second level.
+    A torch custom op (humming_aot::quantize_activation, with a fake implementation) under
+    torch.compile and torch's modes.
     """
-    from humming_aot.quant import ActivationFormat
-    from humming_aot.quant.activation import ActivationGranularity, _as_scale
+    from humming_aot.quant import ActivationFormat, QuantizedActivation
 
     fmt = ActivationFormat.parse(fmt)
+    if not torch.compiler.is_compiling() and _no_torch_modes():
+        return _quantize_activation(a, fmt, static_scale, global_scale)
+
+    def as_tensor(value):
+        return value if value is None or isinstance(value, torch.Tensor) else torch.tensor(float(value))
+
+    codes, scales, glob = torch.ops.humming_aot.quantize_activation(a, str(fmt), as_tensor(static_scale),
+                                                                      as_tensor(global_scale))
+    return QuantizedActivation(element=fmt.element, granularity=fmt.granularity, group_size=fmt.group_size,
+                               scale_dtype=fmt.scale_dtype, codes=codes, scales=scales,
+                               global_scale=glob if fmt.has_global_scale else None)
+
+
+def _quantize_activation(a, fmt, static_scale, global_scale):
+    """ops.quantize_activation's work: the kernels where they apply, else the reference."""
+    from humming_aot.quant.activation import ActivationGranularity, _as_scale
+
     if isinstance(a, torch.Tensor) and a.is_cuda and global_scale is None and a.is_floating_point():
         from humming_aot.quant import cuda_quant
 
@@ -340,6 +358,34 @@ def quantize_activation(a: torch.Tensor, fmt, *, static_scale: torch.Tensor | fl
             if out is not None:
                 return out
     return fmt.quantize(a, static_scale=static_scale, global_scale=global_scale)
+
+
+_LIBRARY.define(
+    "quantize_activation(Tensor a, str fmt, Tensor? static_scale, Tensor? global_scale) -> (Tensor, Tensor, Tensor)"
+)
+
+
+def _quantize_activation_op(a, fmt, static_scale, global_scale):
+    from humming_aot.quant import ActivationFormat
+
+    q = _quantize_activation(a, ActivationFormat.parse(fmt), static_scale, global_scale)
+    glob = q.global_scale.clone() if q.global_scale is not None else torch.ones((), device=a.device)
+    return q.codes, q.scales, glob  # a format without a global scale returns 1.0 there
+
+
+def _quantize_activation_fake(a, fmt, static_scale, global_scale):
+    from humming_aot.quant import ActivationFormat
+    from humming_aot.quant.activation import _scale_shape
+
+    fmt = ActivationFormat.parse(fmt)
+    return (a.new_empty(a.shape, dtype=torch.uint8),
+            a.new_empty(_scale_shape(fmt.granularity, fmt.group_size, tuple(a.shape)), dtype=torch.float32),
+            a.new_empty((), dtype=torch.float32))
+
+
+_LIBRARY.impl("quantize_activation", _quantize_activation_op, "CPU")
+_LIBRARY.impl("quantize_activation", _quantize_activation_op, "CUDA")
+torch.library.register_fake("humming_aot::quantize_activation", _quantize_activation_fake, lib=_LIBRARY)
 
 
 __all__ = ["effective_weight", "gemm", "gemm_spec", "gemm_with_tile", "quantize_activation", "ZeroPoint", "unpack"]

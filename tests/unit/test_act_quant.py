@@ -131,3 +131,22 @@ def test_ops_quantize_activation_runs_the_reference_on_the_cpu():
     assert torch.equal(got.scales, torch.tensor([0.25]))
     with pytest.raises(ValueError, match="cannot parse activation format"):
         ops.quantize_activation(a, "float8e4m3")
+
+
+def test_quantize_activation_is_a_custom_op_under_torch_compile():
+    a = torch.randn(4, 256, generator=torch.Generator().manual_seed(1)).bfloat16()
+    for text in ("float8e4m3:token", "int8:g64", "nvfp4"):
+        eager = ops.quantize_activation(a, text)
+        fn = torch.compile(lambda x, text=text: ops.quantize_activation(x, text), backend="eager")
+        got = fn(a)
+        assert torch.equal(got.codes, eager.codes) and torch.equal(got.scales, eager.scales)
+        assert (got.global_scale is None) == (eager.global_scale is None)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        codes, scales, glob = torch.ops.humming_aot.quantize_activation(mode.from_tensor(a), "float8e4m3:g128",
+                                                                       None, None)
+        assert codes.shape == (4, 256) and codes.dtype == torch.uint8 and scales.shape == (4, 2)
+    q = ops.quantize_activation(a, "int8:tensor", static_scale=torch.tensor([0.25]))
+    op = torch.ops.humming_aot.quantize_activation(a, "int8:tensor", torch.tensor([0.25]), None)
+    assert torch.equal(op[0], q.codes) and torch.equal(op[1], q.scales)
