@@ -248,8 +248,9 @@ def installed_catalog() -> Catalog | None:
     return Catalog.from_dirs(dirs)
 
 
-def test_keys(arch: str, tier: str = "smoke", catalog: str = "default") -> list[KernelKey]:
-    """Kernel keys for tests on ``arch``, from a catalog's families (default: the default catalog).
+def test_keys(arch: str, tier: str = "smoke", catalog: str = "dense") -> list[KernelKey]:
+    """Kernel keys for tests on ``arch``, from a catalog's families (default: the dense catalog,
+    the default one without its MoE GEMMs).
 
     tier "smoke": one tile per GemmSpec (the smallest); "full": every kernel. An arch the catalog
     does not cover gives no keys.

@@ -15,7 +15,7 @@ _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def catalog_data_dir() -> Path:
-    """The folder holding support.toml, tiles.toml, default.toml and smoke.toml."""
+    """The folder holding support.toml, tiles.toml and the built-in catalogs' .toml files."""
     for candidate in (_PACKAGE_DIR / "catalog_files", _PACKAGE_DIR.parent / "catalog"):
         if (candidate / "support.toml").is_file():
             return candidate
@@ -52,13 +52,18 @@ def load_toml(name: str) -> dict:
     return data
 
 
+BUILTIN_CATALOG_NAMES = ("default", "dense", "moe", "smoke")
+
+
 def catalog_file(name_or_path: str) -> Path:
-    """'default' / 'smoke' / 'moe' -> the packaged family file; anything else is a path to a .toml file."""
-    if name_or_path in ("default", "smoke", "moe"):
+    """A built-in catalog's name ('default', 'dense', 'moe', 'smoke') -> its packaged family file;
+    anything else is a path to a .toml file."""
+    if name_or_path in BUILTIN_CATALOG_NAMES:
         return catalog_data_dir() / f"{name_or_path}.toml"
     path = Path(name_or_path)
     if not path.is_file():
         raise FileNotFoundError(
-            f"catalog {name_or_path!r} is neither 'default', 'smoke', 'moe' nor an existing .toml file"
+            f"catalog {name_or_path!r} is neither a built-in catalog ({', '.join(BUILTIN_CATALOG_NAMES)}) nor an "
+            "existing .toml file"
         )
     return path

@@ -49,9 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     build = sub.add_parser("build", help="compile a kernel catalog into one wheel per arch (or in place)")
     build.add_argument("--arch", action="append", required=True, metavar="ARCH",
                        help="target to compile for, e.g. sm80, sm89, sm90a, sm120 (repeat for several)")
-    build.add_argument("--catalog", default="default", metavar="default|smoke|moe|PATH",
-                       help="which kernels: a built-in catalog name or a catalog .toml file (default: default; "
-                            "moe: the grouped MoE GEMMs)")
+    build.add_argument("--catalog", default="default", metavar="default|dense|moe|smoke|PATH",
+                       help="which kernels: a built-in catalog name or a catalog .toml file (default: default, "
+                            "the dense and the grouped MoE GEMMs; dense or moe: one of the two)")
     build.add_argument("--model", type=Path, default=None, metavar="MODEL_DIR",
                        help="build only the kernels this quantized checkpoint's layers need (instead of --catalog)")
     build.add_argument("-j", "--jobs", type=_jobs, default=None, help="parallel nvcc jobs (default: CPU count)")

@@ -71,16 +71,26 @@ def wheel_name_part(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
+def _families(folder: Path, name: str) -> list[dict]:
+    """A built-in catalog's [[family]] tables, those of the catalogs it includes first (read
+    without humming_aot.enumerate, which needs the support matrix; every family of a built-in
+    catalog lists its archs)."""
+    with (folder / f"{name}.toml").open("rb") as f:
+        data = tomllib.load(f)
+    families = []
+    for included in data.get("include", []):
+        families += _families(folder, included)
+    return families + data.get("family", [])
+
+
 def default_catalog_archs(source_root: Path | str | None = None) -> list[str]:
     """The archs of the default catalog (catalog/default.toml, or the installed copy), in file order."""
     root = Path(source_root) if source_root is not None else _SOURCE_ROOT
     here = Path(__file__).resolve().parent  # the installed package
-    for path in (root / "catalog" / "default.toml", here / "catalog_files" / "default.toml"):
-        if path.is_file():
-            with path.open("rb") as f:
-                families = tomllib.load(f)["family"]
+    for folder in (root / "catalog", here / "catalog_files"):
+        if (folder / "default.toml").is_file():
             archs: list[str] = []
-            for family in families:
+            for family in _families(folder, "default"):
                 archs += [a for a in family["archs"] if a not in archs]
             return sorted(archs, key=lambda a: (int(re.sub(r"\D", "", a)), a))
     raise FileNotFoundError(f"catalog/default.toml is missing under {root} and {here / 'catalog_files'}")

@@ -21,7 +21,7 @@ from humming_aot.spec import GemmSpec, GemmType, KernelKey, MmaKind, TileConfig,
 
 logger = logging.getLogger(__name__)
 
-BUILTIN_CATALOGS = ("default", "smoke", "moe")
+BUILTIN_CATALOGS = ("default", "dense", "moe", "smoke")
 _FAMILY_KEYS = {"pairing", "doc", "archs", "gemm_type", "a_dtype", "w_dtype", "tiles"}
 _TILE_FIELD_RE = re.compile(r"^(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)(?:x(\d+))?_s(\d+)$")
 
@@ -177,13 +177,23 @@ def _parse_family(path: Path, index: int, entry: dict) -> Family:
     return family
 
 
-def load_families(catalog: str) -> list[Family]:
-    """The validated families of a catalog ('default', 'smoke' or a path to a .toml file)."""
+def load_families(catalog: str, _including: tuple[str, ...] = ()) -> list[Family]:
+    """The validated families of a catalog (a built-in name or a path to a .toml file): those of
+    the built-in catalogs its ``include`` list names, in order, then its own."""
     path, data = _load_catalog_toml(catalog)
-    families = data.get("family", [])
-    if not families:
-        raise ValueError(f"catalog file {path} has no [[family]] entries")
-    return [_parse_family(path, i, entry) for i, entry in enumerate(families)]
+    included = data.get("include", [])
+    if not isinstance(included, list) or any(name not in BUILTIN_CATALOGS for name in included):
+        raise ValueError(f"catalog file {path}: include must list built-in catalogs ({', '.join(BUILTIN_CATALOGS)}), "
+                         f"got {included!r}")
+    families = []
+    for name in included:
+        if name in (*_including, catalog):
+            raise ValueError(f"catalog file {path}: including {name!r} would include it in itself")
+        families += load_families(name, (*_including, catalog))
+    own = data.get("family", [])
+    if not own and not families:
+        raise ValueError(f"catalog file {path} has no [[family]] entries and includes no catalog")
+    return families + [_parse_family(path, i, entry) for i, entry in enumerate(own)]
 
 
 def catalog_archs(catalog: str) -> list[str]:

@@ -167,7 +167,7 @@ def test_parse_tile_field_rejects(field):
 @pytest.mark.parametrize(
     "catalog,archs,match",
     [
-        ("smokey", ["sm80"], "unknown catalog 'smokey': use one of default, smoke, moe"),
+        ("smokey", ["sm80"], "unknown catalog 'smokey': use one of default, dense, moe, smoke"),
         ("smoke", ["sm100a"], "catalog 'smoke' has no kernels for sm100a: it covers sm75, sm80, sm86, sm89, sm90a, sm100, sm110, sm120"),
         ("default", ["sm90"], "has no kernels for sm90: it covers"),
         ("smoke", ["sm91"], "arch 'sm91' is not a target"),
@@ -204,8 +204,8 @@ def test_catalog_file_errors(tmp_path, body, match):
 def test_the_moe_catalog_holds_every_tile_the_moe_schedules_pick():
     """The moe catalog (catalog/moe.toml): the grouped masked and contiguous kernels of every 16-bit pairing, for
     every tile heuristics.select_masked_tile picks (M from 1 up, K that 256 or 128 does not
-    divide, channel and group scales), and nothing else; the default catalog holds none of them
-    (a family's gemm_type defaults to dense)."""
+    divide, channel and group scales), and nothing else; the dense catalog holds none of them (a
+    family's gemm_type defaults to dense), and the default catalog is the two together."""
     for arch in ("sm90a", "sm80", "sm120"):
         keys = enumerate_keys("moe", [arch])
         names = {key.name for key in keys}
@@ -220,8 +220,34 @@ def test_the_moe_catalog_holds_every_tile_the_moe_schedules_pick():
                     for gemm_type in (GemmType.MASKED, GemmType.GROUPED):
                         name = KernelKey(arch=arch, spec=dataclasses.replace(spec, gemm_type=gemm_type), tile=tile).name
                         assert name in names, f"{name} (m={m}, k={k}, group={group})"
-    default = enumerate_keys("default", ["sm90a"])
-    assert {key.spec.gemm_type for key in default} == {GemmType.DENSE}
+    dense = enumerate_keys("dense", ["sm90a"])
+    assert {key.spec.gemm_type for key in dense} == {GemmType.DENSE}
+    default = {key.name for key in enumerate_keys("default", ["sm90a"])}
+    assert default == {key.name for key in dense} | {key.name for key in enumerate_keys("moe", ["sm90a"])}
+
+
+def test_catalog_includes(tmp_path):
+    """A catalog file may include built-in catalogs by name (their families first, then its own);
+    anything else, or a catalog including itself, is refused."""
+    from humming_aot.enumerate import load_families
+
+    own = tmp_path / "own.toml"
+    own.write_text('schema_version = 1\ninclude = ["smoke"]\n\n[[family]]\npairing = "wna16_int_symmetric"\n'
+                   'archs = ["sm80"]\ntiles = ["16x128x64_w1x2_s4"]\n')
+    smoke = load_families("smoke")
+    families = load_families(str(own))
+    assert len(families) == len(smoke) + 1 and families[-1].archs == ("sm80",)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('schema_version = 1\ninclude = ["other.toml"]\n')
+    with pytest.raises(ValueError, match="include must list built-in catalogs"):
+        load_families(str(bad))
+    empty = tmp_path / "empty.toml"
+    empty.write_text("schema_version = 1\ninclude = []\n")
+    with pytest.raises(ValueError, match="has no \\[\\[family\\]\\] entries and includes no catalog"):
+        load_families(str(empty))
+    from humming_aot.distribution import default_catalog_archs
+
+    assert default_catalog_archs() == ["sm75", "sm80", "sm86", "sm89", "sm90a", "sm100", "sm110", "sm120"]
 
 
 # --- manifest ----------------------------------------------------------------------------------
@@ -385,7 +411,7 @@ def test_first_directory_wins(tmp_path):
 def test_test_keys_tiers():
     full = test_keys("sm90a", "full")
     smoke = test_keys("sm90a", "smoke")
-    assert full == enumerate_keys("default", ["sm90a"])
+    assert full == enumerate_keys("dense", ["sm90a"])
     assert len(smoke) == len({k.spec for k in full}) == len(support.supported_specs("sm90a", GemmType.DENSE))
     smallest = min(k.tile.block_m * k.tile.block_n for k in full)
     assert all(k.tile.block_m * k.tile.block_n == smallest for k in smoke)

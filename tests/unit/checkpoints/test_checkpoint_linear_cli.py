@@ -94,7 +94,7 @@ def test_build_model_names_a_layer_without_kernel(tmp_path, capsys):
 def test_model_catalog_of_stacked_experts_holds_the_grouped_moe_gemms_too(tmp_path):
     """gpt-oss's stacked MXFP4 experts: the dense kernels of their spec (QuantizedMoE's expert
     loop) and the grouped masked and contiguous ones (its grouped kernels), for every M bucket:
-    exactly the default and moe catalogs' kernels of that spec."""
+    exactly the default catalog's kernels of that spec (its dense and moe parts)."""
     from humming_aot.aot.model_catalog import write_model_catalog
     from humming_aot.enumerate import enumerate_catalog
     from humming_aot.spec import GemmType
@@ -104,8 +104,11 @@ def test_model_catalog_of_stacked_experts_holds_the_grouped_moe_gemms_too(tmp_pa
     assert {k.spec.gemm_type for k in keys} == {GemmType.DENSE, GemmType.MASKED, GemmType.GROUPED}
     specs = {k.spec for k in keys if k.spec.gemm_type is GemmType.DENSE}
     assert {k.spec.w_dtype for k in keys} == {"float4e2m1"}
-    expected = [k for catalog in ("default", "moe") for k in enumerate_catalog(catalog, ["sm90a"]).keys
+    expected = [k for k in enumerate_catalog("default", ["sm90a"]).keys
                 if dataclasses.replace(k.spec, gemm_type=GemmType.DENSE) in specs]
+    assert {k.name for k in expected} == {k.name for catalog in ("dense", "moe")
+                                          for k in enumerate_catalog(catalog, ["sm90a"]).keys
+                                          if dataclasses.replace(k.spec, gemm_type=GemmType.DENSE) in specs}
     assert sorted(k.name for k in keys) == sorted(k.name for k in expected)
 
 
