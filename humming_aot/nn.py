@@ -143,12 +143,13 @@ class QuantizedMoE(torch.nn.Module):
     gate_up_bias (E, 2 I), down_bias (E, H): optional, in the activation dtype (gpt-oss has them)
 
     forward(hidden (..., H), topk_ids (M, top_k), topk_weights (M, top_k)) -> (..., H), M the
-    tokens of hidden. The experts run in the grouped contiguous layout as a loop of dense GEMMs,
-    one per expert with tokens (humming_aot.moe.expert_loop): correct on every device, with one
-    host round trip per layer. With ``use_grouped_kernels = True`` (opt in, off by default until the
-    GPU suite has held it to the loop) a CUDA forward runs the grouped kernels instead
-    (humming_aot.moe.gemm_grouped_kernel on the routing's prefix offsets, no alignment): two GEMM
-    launches and no host round trip (capturable in a CUDA graph).
+    tokens of hidden. On a GPU of compute capability 8.0 or newer the experts run as the grouped
+    kernels (humming_aot.moe.gemm_grouped_kernel on the routing's prefix offsets, no alignment),
+    with the routing, permute, activation and combine of the helper kernels: no host round trip
+    (capturable in a CUDA graph). Elsewhere, or with ``use_grouped_kernels = False``, they run in
+    the grouped contiguous layout as a loop of dense GEMMs, one per expert with tokens
+    (humming_aot.moe.expert_loop): correct on every device, with one host round trip per layer.
+    ``use_grouped_kernels`` None (the default) chooses by the device; True or False forces.
     """
 
     def __init__(self, gate_up, down, activation: str = "silu", gate_up_bias: torch.Tensor | None = None,
@@ -165,7 +166,7 @@ class QuantizedMoE(torch.nn.Module):
         if gate_up.act_dtype != down.act_dtype or gate_up.device != down.device:
             raise ValueError("QuantizedMoE: gate_up and down must be packed for one activation dtype on one device")
         self.activation = activation
-        self.use_grouped_kernels = False
+        self.use_grouped_kernels: bool | None = None
         self.num_experts, self.hidden_size, self.intermediate_size = gate_up.experts, gu_k, down_k
         # the packed experts as buffers (they move with .to() and are in the state dict), with
         # what is not a tensor kept beside them
@@ -287,7 +288,10 @@ class QuantizedMoE(torch.nn.Module):
         if topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape:
             raise ValueError(f"QuantizedMoE: topk_ids and topk_weights must be ({x.shape[0]}, top_k) for "
                              f"{x.shape[0]} tokens, got {tuple(topk_ids.shape)} and {tuple(topk_weights.shape)}")
-        if self.use_grouped_kernels and x.is_cuda:
+        grouped = self.use_grouped_kernels
+        if grouped is None:  # the MoE schedules wrap the mma.sync bodies of sm_80 and newer
+            grouped = x.is_cuda and torch.cuda.get_device_capability(x.device) >= (8, 0)
+        if grouped and x.is_cuda:
             return self._forward_grouped_kernels(x, topk_ids, topk_weights).reshape(*shape[:-1], self.hidden_size)
         routing = moe.group_rows(topk_ids, self.num_experts)
         rows = moe.permute(x, routing)

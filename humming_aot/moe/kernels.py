@@ -15,8 +15,8 @@ All are persistent schedules around a dense mma.sync body (``heuristics.select_m
 tile for the expected rows per expert), from the installed catalog or the JIT, one K slice per
 tile: at most the resident CTAs, each walking the real tiles in turn, so that the empty experts and
 padding blocks of a small batch cost no CTA.
-``QuantizedMoE`` takes the offsets form only when opted in (``use_grouped_kernels``), until the
-GPU suite has held it to the expert loop (issue 23).
+``QuantizedMoE`` runs the offsets form on sm_80+ GPUs (``use_grouped_kernels``: None chooses, a
+bool forces).
 """
 from __future__ import annotations
 

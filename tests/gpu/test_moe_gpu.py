@@ -25,7 +25,7 @@ def test_quantized_moe_on_gpu_matches_the_float64_layer(activation, fmt, kind, k
     if kernels:
         from humming_aot.testing.jit import why_no_jit
 
-        why = why_no_jit("no catalog holds the grouped kernels yet, only the JIT builds them", "to build them")
+        why = why_no_jit("the device suite's catalog (dense) holds no grouped kernels: the JIT builds them", "to build them")
         if why is not None or torch.cuda.get_device_capability() < (8, 0):
             pytest.skip(why or "the grouped kernels wrap the sm_80+ mma.sync bodies")
     seed = _seed()
@@ -57,7 +57,7 @@ def test_quantized_moe_grouped_kernels_replay_in_a_cuda_graph():
     into the captured inputs, it gives what the eager forward gives on them."""
     from humming_aot.testing.jit import why_no_jit
 
-    why = why_no_jit("no catalog holds the grouped kernels yet, only the JIT builds them", "to build them")
+    why = why_no_jit("the device suite's catalog (dense) holds no grouped kernels: the JIT builds them", "to build them")
     if why is not None or torch.cuda.get_device_capability() < (8, 0):
         pytest.skip(why or "the grouped kernels wrap the sm_80+ mma.sync bodies")
     seed = _seed()
@@ -84,3 +84,37 @@ def test_quantized_moe_grouped_kernels_replay_in_a_cuda_graph():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(captured, layer(*fresh)), f"seed={seed}"
+
+
+def test_quantized_moe_takes_the_grouped_kernels_by_default_on_sm80_and_newer(monkeypatch):
+    """use_grouped_kernels None (the default) chooses the grouped kernels on sm_80+ and the expert
+    loop before; False forces the loop."""
+    from humming_aot.nn import QuantizedMoE
+    from humming_aot.testing.jit import why_no_jit
+
+    why = why_no_jit("the device suite's catalog (dense) holds no grouped kernels: the JIT builds them", "to build them")
+    if why is not None:
+        pytest.skip(why)
+    gen = torch.Generator().manual_seed(_seed())
+    layer = random_moe_layer(8, 256, 128, "int4:g128", "silu", gen).to("cuda")
+    assert layer.use_grouped_kernels is None
+    calls = []
+    grouped = QuantizedMoE._forward_grouped_kernels
+
+    def spy(self, *args):
+        calls.append(args[0].shape)
+        return grouped(self, *args)
+
+    monkeypatch.setattr(QuantizedMoE, "_forward_grouped_kernels", spy)
+    topk_ids = torch.tensor([[0, 3], [5, 1]], dtype=torch.int32).cuda()
+    weights = torch.full((2, 2), 0.5).cuda()
+    hidden = torch.randn(2, 256, generator=gen).bfloat16().cuda()
+    out = layer(hidden, topk_ids, weights)
+    assert len(calls) == (1 if torch.cuda.get_device_capability() >= (8, 0) else 0)
+    layer.use_grouped_kernels = False
+    loop = layer(hidden, topk_ids, weights)
+    assert len(calls) <= 1
+    ref = moe_layer_reference(layer, hidden.cpu(), topk_ids.cpu(), weights.cpu())
+    for got in (out, loop):
+        err = (got.cpu().double() - ref).abs()
+        assert bool((err <= 2**-7 * ref.abs() + 1e-2 * float(ref.abs().max()) + 1e-6).all())
