@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import threading
 
-from humming_aot import _launcher, env
+from humming_aot import _launcher
 from humming_aot.jit.cubin import EM_CUDA, STT_FUNC, CubinError, read_cubin
 from humming_aot.spec import parse_arch
 
@@ -239,6 +239,13 @@ def clear() -> None:
         _unavailable.clear()
 
 
-def helpers_enabled() -> bool:
-    """HUMMING_AOT_HELPERS (default on): 0 keeps every step on its torch path."""
-    return env.helpers_enabled()
+def current_for(device: int):
+    """A context in which ``device`` is the current CUDA device: nothing when it already is (the
+    common case, one cheap query), else torch.cuda.device. A launch on the legacy default stream
+    (0) runs in the current context, so a unit's kernels for tensors on another device launch
+    inside this."""
+    import contextlib
+
+    import torch
+
+    return contextlib.nullcontext() if device == torch.cuda.current_device() else torch.cuda.device(device)

@@ -65,10 +65,7 @@ def _launch(device: torch.device, symbol: str, grid: tuple[int, int, int], threa
     """One launch on the device's current stream. Tensors on a device other than the current one
     are launched with that device made current for the call (a launch on the legacy default
     stream, 0, runs in the current context)."""
-    if device.index == torch.cuda.current_device():
-        _unit(device).launch(symbol, grid, threads, smem, _stream(device), params)
-        return
-    with torch.cuda.device(device.index):
+    with helper_kernels.current_for(device.index):
         _unit(device).launch(symbol, grid, threads, smem, _stream(device), params)
 
 

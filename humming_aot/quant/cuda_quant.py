@@ -80,18 +80,9 @@ def quantize(a: torch.Tensor, fmt: ActivationFormat, static_scale: torch.Tensor 
                           0 if amax is None else amax.data_ptr(), rows, k, x.stride(0) if rows > 1 else k,
                           fmt.group_size or 0)
 
-    def launch(name: str) -> None:
-        unit.launch(name, (rows, 1, 1), THREADS, 0, _stream(device), params)
-
-    if device == torch.cuda.current_device():
-        if amax is not None:
-            launch(f"quant_tensor_amax_{act}")
-        launch(symbol)
-    else:
-        with torch.cuda.device(device):
-            if amax is not None:
-                launch(f"quant_tensor_amax_{act}")
-            launch(symbol)
+    with helper_kernels.current_for(device):  # a launch on stream 0 runs in the current context
+        for name in ([f"quant_tensor_amax_{act}"] if amax is not None else []) + [symbol]:
+            unit.launch(name, (rows, 1, 1), THREADS, 0, _stream(device), params)
     return QuantizedActivation(element=fmt.element, granularity=gran, group_size=fmt.group_size,
                                scale_dtype=fmt.scale_dtype, codes=codes.reshape(a.shape), scales=scales)
 
