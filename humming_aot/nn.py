@@ -149,7 +149,10 @@ class QuantizedMoE(torch.nn.Module):
     (capturable in a CUDA graph). Elsewhere, or with ``use_grouped_kernels = False``, they run in
     the grouped contiguous layout as a loop of dense GEMMs, one per expert with tokens
     (humming_aot.moe.expert_loop): correct on every device, with one host round trip per layer.
-    ``use_grouped_kernels`` None (the default) chooses by the device; True or False forces.
+    ``use_grouped_kernels`` None (the default) chooses by the device; True or False forces. The
+    grouped-kernel forward does not read the ids back to check them (that would stall every eager
+    call): an expert id outside [0, E) there adds nothing for its slot (expert parallelism's -1),
+    where the expert loop raises a ValueError naming the range.
     """
 
     def __init__(self, gate_up, down, activation: str = "silu", gate_up_bias: torch.Tensor | None = None,
