@@ -218,6 +218,16 @@ def gbps(nbytes: float, us: float) -> float:
     return nbytes / (us * 1e-6) / 1e9 if us > 0 else math.nan
 
 
+def write_results_json(path: str | Path, results: list, **extra) -> None:
+    """A benchmark's JSON file: {"device": this GPU's name, **extra, "results": results}."""
+    import json
+
+    import torch
+
+    payload = {"device": torch.cuda.get_device_name(), **extra, "results": results}
+    Path(path).write_text(json.dumps(payload, indent=1) + "\n")
+
+
 def sibling_tool(name: str, beside: str) -> ModuleType:
     """The benchmark script ``<name>.py`` in the directory of the file ``beside`` (a tool's
     ``__file__``), imported once per process as module ``name``: registered in sys.modules before

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import torch
 if importlib.util.find_spec("humming_aot") is None:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from humming_aot.testing.bench import time_cuda_graph  # noqa: E402 - after the path fix above
+from humming_aot.testing.bench import gbps, time_cuda_graph, write_results_json  # noqa: E402 - after the path fix above
 
 RECIPES = ("float8e4m3:token", "float8e4m3:g128", "float8e4m3:tensor", "int8:token")
 
@@ -53,13 +52,12 @@ def main(argv: list[str] | None = None) -> None:
             row = dict(m=m, k=k, recipe=recipe, bytes=moved)
             row["kernel_us"] = time_cuda_graph([lambda x=x: ops.quantize_activation(x, fmt) for x in a],
                                                repeats=args.repeats)["median_us"]
-            row["gbps"] = moved / row["kernel_us"] / 1e3
+            row["gbps"] = gbps(moved, row["kernel_us"])
             results.append(row)
             print(f"{shape:>12} {recipe:>20} {row['kernel_us']:>10.1f} {row['gbps']:>8.0f} "
                   f"{row['gbps'] / args.peak_gbps:>8.0%}", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps(dict(device=torch.cuda.get_device_name(), results=results), indent=1)
-                                   + "\n")
+        write_results_json(args.json, results)
 
 
 if __name__ == "__main__":

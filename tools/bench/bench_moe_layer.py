@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import sys
 from pathlib import Path
 
@@ -33,7 +32,7 @@ import torch
 if importlib.util.find_spec("humming_aot") is None:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from humming_aot.testing.bench import sibling_tool, time_cuda_graph  # noqa: E402 - after the path fix above
+from humming_aot.testing.bench import sibling_tool, time_cuda_graph, write_results_json  # noqa: E402
 
 bench_moe = sibling_tool("bench_moe", __file__)
 
@@ -151,8 +150,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("bench_moe_layer.py needs a CUDA GPU")
     results = bench(args)
     if args.json_path:
-        with open(args.json_path, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "args": vars(args), "results": results}, f, indent=1)
+        write_results_json(args.json_path, results, args=vars(args))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import sys
 from pathlib import Path
@@ -29,7 +28,12 @@ import torch
 if importlib.util.find_spec("humming_aot") is None:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from humming_aot.testing.bench import eager_per_call_us, sibling_tool, time_cuda_graph  # noqa: E402
+from humming_aot.testing.bench import (  # noqa: E402
+    eager_per_call_us,
+    sibling_tool,
+    time_cuda_graph,
+    write_results_json,
+)
 
 bench_moe = sibling_tool("bench_moe", __file__)
 
@@ -99,8 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     results = bench(args)
     if args.json:
-        Path(args.json).write_text(json.dumps(dict(device=torch.cuda.get_device_name(), results=results),
-                                              indent=1) + "\n")
+        write_results_json(args.json, results)
 
 
 if __name__ == "__main__":
