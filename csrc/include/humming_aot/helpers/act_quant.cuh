@@ -120,13 +120,35 @@ struct ActQuant {
     return m;
   }
 
+  // kUnroll vectors per thread and step, all loaded before any is used: enough bytes in flight per
+  // SM to stream at the memory's rate (one vector per step leaves a row's loads one at a time).
+  static constexpr int kUnroll = 4;
+  static constexpr int kStep = kThreads * kUnroll;  // vectors per CTA and step
+
+  // The thread's vectors base + threadIdx.x + j * kThreads (j < kUnroll) of the row that exist.
+  static __device__ __forceinline__ void load_step(const Loaded* in, i64 base, i64 vectors, Loaded (&v)[kUnroll]) {
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const i64 at = base + threadIdx.x + j * kThreads;
+      if (at < vectors) v[j] = in[at];
+    }
+  }
+
   static __device__ __forceinline__ float row_amax(const ActQuantParams& p, i64 row) {
     const Loaded* in = row_in(p, row);
+    const i64 vectors = p.k / kVector;
     float m = 0.0f;
-    for (i64 v = threadIdx.x; v < p.k / kVector; v += kThreads) {
-      float x[kVector];
-      to_floats(in[v], x);
-      m = fmaxf(m, local_amax(x));
+    for (i64 base = 0; base < vectors; base += kStep) {
+      Loaded v[kUnroll];
+      load_step(in, base, vectors, v);
+#pragma unroll
+      for (int j = 0; j < kUnroll; ++j) {
+        if (base + threadIdx.x + j * kThreads < vectors) {
+          float x[kVector];
+          to_floats(v[j], x);
+          m = fmaxf(m, local_amax(x));
+        }
+      }
     }
     return m;
   }
@@ -134,10 +156,19 @@ struct ActQuant {
   static __device__ __forceinline__ void apply(const ActQuantParams& p, i64 row, float scale) {
     const Loaded* in = row_in(p, row);
     Codes* out = row_codes(p, row);
-    for (i64 v = threadIdx.x; v < p.k / kVector; v += kThreads) {
-      float x[kVector];
-      to_floats(in[v], x);
-      out[v] = encode(x, scale);
+    const i64 vectors = p.k / kVector;
+    for (i64 base = 0; base < vectors; base += kStep) {
+      Loaded v[kUnroll];
+      load_step(in, base, vectors, v);
+#pragma unroll
+      for (int j = 0; j < kUnroll; ++j) {
+        const i64 at = base + threadIdx.x + j * kThreads;
+        if (at < vectors) {
+          float x[kVector];
+          to_floats(v[j], x);
+          out[at] = encode(x, scale);
+        }
+      }
     }
   }
 
@@ -150,29 +181,35 @@ struct ActQuant {
     apply(p, row, scale);
   }
 
-  // Grid (rows): one scale per `group` elements of the row, each group in group / 8 lanes.
+  // Grid (rows): one scale per `group` elements of the row, each group in group / 8 consecutive
+  // lanes (of one of the step's kUnroll vectors per thread).
   static __device__ void group(const ActQuantParams& p) {
     const i64 row = blockIdx.x;
     const int lanes = static_cast<int>(p.group / kVector);
     const Loaded* in = row_in(p, row);
     Codes* out = row_codes(p, row);
     const i64 vectors = p.k / kVector;
-    for (i64 base = 0; base < vectors; base += kThreads) {  // the same trip count in every thread
-      const i64 v = base + threadIdx.x;
-      const bool valid = v < vectors;  // k is whole groups, so a group is all valid or all not
-      float x[kVector];
-      if (valid) {
-        to_floats(in[v], x);
-      } else {
+    for (i64 base = 0; base < vectors; base += kStep) {  // the same trip count in every thread
+      Loaded v[kUnroll];
+      load_step(in, base, vectors, v);
 #pragma unroll
-        for (int i = 0; i < kVector; ++i) x[i] = 0.0f;
-      }
-      float m = local_amax(x);
-      for (int offset = 1; offset < lanes; offset *= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-      const float scale = scale_of(m);
-      if (valid) {
-        out[v] = encode(x, scale);
-        if (threadIdx.x % lanes == 0) p.scales[row * (p.k / p.group) + v / lanes] = scale;
+      for (int j = 0; j < kUnroll; ++j) {
+        const i64 at = base + threadIdx.x + j * kThreads;
+        const bool valid = at < vectors;  // k is whole groups, so a group is all valid or all not
+        float x[kVector];
+        if (valid) {
+          to_floats(v[j], x);
+        } else {
+#pragma unroll
+          for (int i = 0; i < kVector; ++i) x[i] = 0.0f;
+        }
+        float m = local_amax(x);
+        for (int offset = 1; offset < lanes; offset *= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+        const float scale = scale_of(m);
+        if (valid) {
+          out[at] = encode(x, scale);
+          if (threadIdx.x % lanes == 0) p.scales[row * (p.k / p.group) + at / lanes] = scale;
+        }
       }
     }
   }
