@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 # Bumped when a helper Params struct or a kernel's contract changes (part of every unit's source,
 # so a cached cubin of another version is never loaded).
-HELPERS_VERSION = 1
+HELPERS_VERSION = 2
 
 _ACTS = {"f16": "humming_aot::numerics::Float16", "bf16": "humming_aot::numerics::BFloat16"}
 
@@ -38,6 +38,8 @@ def _moe_kernels(arch: str) -> list[tuple[str, str, str, str]]:
         kernels.append((f"moe_route_count_{id_name}", "RouteParams", route, "count"))
         kernels.append((f"moe_route_place_{id_name}", "RouteParams", route, "place"))
         kernels.append((f"moe_route_single_{id_name}", "RouteParams", route, "single"))
+        kernels.append((f"moe_route_segments_{id_name}", "RouteParams",
+                        f"humming_aot::helpers::MoeRouteSegments<{id_type}>", "segments"))
     for words in (4, 1):  # the gather copies 16-bit values of any dtype
         kernels.append((f"moe_gather_v{words}", "GatherParams", f"humming_aot::helpers::MoeGather<{words}>", "run"))
     number, _ = parse_arch(arch)

@@ -23,6 +23,13 @@ from humming_aot import env, helper_kernels
 ROUTE_THREADS = 256
 ROUTE_WARPS = ROUTE_THREADS // 32
 ROUTE_CHUNK = 2048  # slots per CTA
+# MoeRouteSegments: one CTA of 1024 threads from this many slots up to its maximum (2048), for at
+# most its experts (its table of 32 warps x E ints fits 48 KB)
+ROUTE_SEGMENTS_THREADS = 1024
+ROUTE_SEGMENTS_WARPS = ROUTE_SEGMENTS_THREADS // 32
+ROUTE_SEGMENTS_MIN_SLOTS = 513
+ROUTE_SEGMENTS_MAX_SLOTS = 2048
+ROUTE_SEGMENTS_MAX_EXPERTS = 256
 MAX_EXPERTS = 1024
 ELEMENTWISE_THREADS = 128
 
@@ -82,7 +89,8 @@ def route(topk_ids: torch.Tensor, num_experts: int, block: int, *, pad_slot: int
     slots + E * (block - 1)): slot_of_row64/32 (pad_slot for padding), row_expert (-1 for
     padding), row_of_slot, offsets64/32 (each expert's first row, then the padded total),
     block_expert (block_expert_len entries: the expert of each block, through expert_map; -1
-    past the total), total. One launch when the slots fit one chunk (ROUTE_CHUNK), else two."""
+    past the total), total. One launch when the slots fit one chunk (ROUTE_CHUNK), else two; from
+    ROUTE_SEGMENTS_MIN_SLOTS slots the one launch is MoeRouteSegments' (1024 threads)."""
     device = topk_ids.device
     ids = topk_ids.reshape(-1)
     if not ids.is_contiguous():
@@ -116,6 +124,10 @@ def route(topk_ids: torch.Tensor, num_experts: int, block: int, *, pad_slot: int
     )
     suffix = "i32" if ids.dtype == torch.int32 else "i64"
     place_smem = (num_experts * (ROUTE_WARPS + 1) + ROUTE_WARPS) * 4
+    if ROUTE_SEGMENTS_MIN_SLOTS <= slots <= ROUTE_SEGMENTS_MAX_SLOTS and num_experts <= ROUTE_SEGMENTS_MAX_EXPERTS:
+        smem = (num_experts * (ROUTE_SEGMENTS_WARPS + 1) + ROUTE_SEGMENTS_WARPS) * 4
+        _launch(device, f"moe_route_segments_{suffix}", (1, 1, 1), ROUTE_SEGMENTS_THREADS, smem, params)
+        return out
     if chunks == 1:  # one CTA counts and places: one launch, no workspace
         _launch(device, f"moe_route_single_{suffix}", (1, 1, 1), ROUTE_THREADS, place_smem, params)
         return out

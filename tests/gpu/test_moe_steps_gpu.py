@@ -65,7 +65,16 @@ def _topk(tokens: int, experts: int, top_k: int, kind: str, gen: torch.Generator
 CASES = [  # tokens, experts, top_k
     (1, 256, 8), (3, 8, 2), (37, 128, 8), (256, 256, 8), (300, 1024, 4), (1000, 64, 6), (4096, 256, 8),
     (4096, 1024, 8), (0, 16, 2), (17, 1, 1),
+    (65, 256, 8), (100, 128, 8), (129, 16, 4), (600, 1, 1), (64, 257, 8),  # around the segments kernel's range
 ]
+
+
+def _route_kernel(slots: int, experts: int) -> str:
+    """The routing kernel cuda_steps.route launches for this many slots and experts."""
+    if (cuda_steps.ROUTE_SEGMENTS_MIN_SLOTS <= slots <= cuda_steps.ROUTE_SEGMENTS_MAX_SLOTS
+            and experts <= cuda_steps.ROUTE_SEGMENTS_MAX_EXPERTS):
+        return "segments"
+    return "single" if slots <= cuda_steps.ROUTE_CHUNK else "place"
 
 
 @pytest.mark.parametrize("tokens,experts,top_k", CASES)
@@ -91,11 +100,11 @@ def test_routing_kernels_match_the_torch_layouts(monkeypatch, launched, tokens, 
         ref = _reference(monkeypatch, moe.align_block_size, ids, experts, block, emap)
         for field in ("sorted_token_ids", "expert_ids", "num_tokens_post_padded"):
             assert torch.equal(getattr(got, field), getattr(ref, field)), f"align_block_size {field} {block} seed={seed}"
-    kernel = "single" if tokens * top_k <= cuda_steps.ROUTE_CHUNK else "place"
+    kernel = _route_kernel(tokens * min(top_k, experts), experts)
     assert f"moe_route_{kernel}_{'i32' if dtype == torch.int32 else 'i64'}" in launched
 
 
-@pytest.mark.parametrize("tokens", [5, 700])  # one chunk, and three
+@pytest.mark.parametrize("tokens", [5, 100, 700])  # one chunk (single, segments), and three
 def test_routing_kernels_drop_ids_out_of_range_in_every_layout(monkeypatch, tokens):
     """Ids outside [0, E) get no row in any layout; the other slots are laid out as the torch
     path lays them out when every dropped id is sent to an extra last expert, whose rows are then

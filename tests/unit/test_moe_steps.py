@@ -111,12 +111,19 @@ def test_route_launches_count_then_place_over_chunks(recorder):
     assert set(out) == {"slot_of_row32", "block_expert", "total"}
     assert fields[8] == 0 and fields[9] == out["slot_of_row32"].data_ptr() and fields[15] == 600
     recorder.calls.clear()
-    small = torch.randint(0, 128, (256, 8), dtype=torch.int32)  # 2048 slots: one chunk, one CTA
+    small = torch.randint(0, 128, (256, 8), dtype=torch.int32)  # 2048 slots: one chunk, one CTA of 1024 threads
     out = cuda_steps.route(small, 128, 1, pad_slot=-1, slot_of_row64=True, row_of_slot=True, offsets32=True)
-    assert [(c["symbol"], c["grid"]) for c in recorder.calls] == [("moe_route_single_i32", (1, 1, 1))]
+    assert [(c["symbol"], c["grid"], c["threads"]) for c in recorder.calls] == [
+        ("moe_route_segments_i32", (1, 1, 1), 1024)]
+    assert recorder.calls[0]["smem"] == (128 * 33 + 32) * 4  # the (32 warps + 1, E) table and the scan's sums
     fields = cuda_steps._ROUTE.unpack(recorder.calls[0]["params"])
     assert fields[4:8] == (1, 0, 2048, -1)  # one chunk, no workspace
     assert set(out) == {"slot_of_row64", "row_of_slot", "offsets32"} and out["offsets32"].shape == (129,)
+    for tokens, experts, symbol in ((64, 128, "single"), (65, 128, "segments"), (65, 257, "single")):
+        recorder.calls.clear()  # 512 slots and fewer, or more than 256 experts: the 256-thread kernel
+        cuda_steps.route(torch.randint(0, experts, (tokens, 8), dtype=torch.int32), experts, 1, pad_slot=-1,
+                         offsets32=True)
+        assert [c["symbol"] for c in recorder.calls] == [f"moe_route_{symbol}_i32"]
 
 
 def test_elementwise_launches_pick_the_vector_width(recorder):

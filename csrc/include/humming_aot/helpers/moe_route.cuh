@@ -4,7 +4,8 @@
 // indexed layout), with no host round trip. Two kernels over the same grid of chunks: `count`
 // takes each chunk's per-expert histogram (and fills every output with its padding value),
 // `place` turns the histograms into run starts and writes each slot at its row; `single` does
-// both in one CTA when the slots fit one chunk (up to 256 tokens of top-8). Any arch from sm_75.
+// both in one CTA when the slots fit one chunk (up to 256 tokens of top-8), and MoeRouteSegments
+// (below) does that with 1024 threads from 513 slots. Any arch from sm_75.
 // Each expert's slots keep their flat order (stable), so the layout is a function of the routing
 // alone; ids outside [0, E) are dropped (no row; row_of_slot -1).
 
@@ -239,6 +240,135 @@ struct MoeRoute {
       __syncthreads();                                             // every thread has read next_row and the table
       if (e >= 0 && rank == 0 && before == 0) next_row[e] += all;  // e's first slot of the round
       __syncthreads();
+    }
+  }
+};
+
+// The routing of up to kMaxSlots slots of at most kMaxExperts experts in one CTA of 1024 threads
+// and one launch (the `segments` kernel; humming_aot.moe.cuda_steps takes it from 513 slots up to
+// kMaxSlots, where MoeRoute::single runs eight rounds of CTA barriers). Each warp ranks a
+// contiguous segment of kPerLane x 32 slots by itself (warp-synchronous steps of 32 slots: a
+// slot's rank is its expert's count so far in the warp's segment plus its earlier lanes), then
+// the warps' counts become each expert's prefix over the warps, the experts' padded totals their
+// run starts, and every slot is written at start + prefix + rank: the same layout as MoeRoute
+// (stable: segments in warp order, steps and lanes in slot order), with four CTA barriers
+// and the scan's two in all.
+template <class Id>  // int or i64: the dtype of topk_ids
+struct MoeRouteSegments {
+  static constexpr int kThreads = 1024;
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kPerLane = 2;  // slots per lane (segments of 64 slots)
+  static constexpr int kMaxSlots = kThreads * kPerLane;
+  static constexpr int kMaxExperts = 256;  // the table fits 48 KB of shared memory
+  using Route = MoeRoute<Id>;
+
+  // Dynamic shared memory (bytes), computed by humming_aot.moe.cuda_steps: (kWarps + 1) * E +
+  // kWarps ints: the (kWarps, E) table of counts, then prefixes; the E run starts; the scan's sums.
+
+  // Exclusive prefix sum of one int per thread over the CTA; `sums` holds kWarps ints.
+  static __device__ __forceinline__ int exclusive_scan(int value, int* sums) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int inclusive = value;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
+      if (lane >= offset) inclusive += other;
+    }
+    if (lane == 31) sums[warp] = inclusive;
+    __syncthreads();
+    int before = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) before += w < warp ? sums[w] : 0;
+    return before + inclusive - value;
+  }
+
+  // Grid (1), slots <= kMaxSlots, experts <= kMaxExperts.
+  static __device__ void segments(const RouteParams& p) {
+    extern __shared__ int shared[];
+    const int experts = static_cast<int>(p.experts);
+    int* table = shared;                     // (kWarps, E): warp w's slots of expert e, then the prefix
+    int* start = shared + kWarps * experts;  // (E,): expert e's total, then its run start
+    int* sums = start + experts;             // (kWarps,)
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const Id* ids = static_cast<const Id*>(p.topk_ids);
+
+    int e[kPerLane];
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {  // slot warp * 64 + 32 j + lane: loads before any use
+      const i64 slot = (warp * kPerLane + j) * 32 + lane;
+      const i64 id = slot < p.slots ? static_cast<i64>(ids[slot]) : -1;
+      e[j] = (id >= 0 && id < p.experts) ? static_cast<int>(id) : -1;
+    }
+    for (int i = threadIdx.x; i < kWarps * experts; i += kThreads) table[i] = 0;
+    Route::fill_padding(p, threadIdx.x, kThreads);
+    __syncthreads();  // the table zeroed; the padding written before any real row
+
+    // 1. Each warp's segment, 32 slots a step, on the warp's own row of the table.
+    int rank[kPerLane];
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const u32 peers = Route::same_expert_lanes(e[j], p.experts);
+      const int below = __popc(peers & ((1u << lane) - 1u));
+      const int base = e[j] >= 0 ? table[warp * experts + e[j]] : 0;
+      __syncwarp();  // every lane has read its count before the first lane of each expert moves it
+      if (e[j] >= 0 && below == 0) table[warp * experts + e[j]] = base + __popc(peers);
+      __syncwarp();
+      rank[j] = base + below;
+    }
+    __syncthreads();
+
+    // 2. Per expert: its warps' counts -> their exclusive prefix, and its total.
+    for (int x = threadIdx.x; x < experts; x += kThreads) {
+      int run = 0;
+#pragma unroll
+      for (int w0 = 0; w0 < kWarps; w0 += 8) {  // 8 loads in flight at a time
+        int n[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) n[i] = table[(w0 + i) * experts + x];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          table[(w0 + i) * experts + x] = run;
+          run += n[i];
+        }
+      }
+      start[x] = run;
+    }
+
+    // 3. The padded totals scanned over the experts (one per thread: experts <= kThreads); CTA 0
+    // (the only one) writes the offsets, the block experts and the total.
+    const int block = static_cast<int>(p.block);
+    const int x = threadIdx.x;
+    const int padded = x < experts ? (start[x] + block - 1) / block * block : 0;  // this thread's own write
+    const int first = exclusive_scan(padded, sums);
+    if (x < experts) {
+      start[x] = first;
+      if (p.offsets64 != nullptr) p.offsets64[x] = first;
+      if (p.offsets32 != nullptr) p.offsets32[x] = first;
+      if (p.block_expert != nullptr) {
+        const int id = p.expert_map != nullptr ? p.expert_map[x] : x;
+        for (int b = first / block; b < (first + padded) / block; ++b) p.block_expert[b] = id;
+      }
+    }
+    if (x == kThreads - 1) {  // the last thread's `first` is the total (threads past E add nothing)
+      if (p.offsets64 != nullptr) p.offsets64[experts] = first;
+      if (p.offsets32 != nullptr) p.offsets32[experts] = first;
+      if (p.total != nullptr) p.total[0] = first;
+    }
+    __syncthreads();
+
+    // 4. Every slot at its expert's start + its warp's prefix + its rank in the segment.
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const i64 slot = (warp * kPerLane + j) * 32 + lane;
+      if (e[j] >= 0) {
+        const int row = start[e[j]] + table[warp * experts + e[j]] + rank[j];
+        if (p.slot_of_row64 != nullptr) p.slot_of_row64[row] = slot;
+        if (p.slot_of_row32 != nullptr) p.slot_of_row32[row] = static_cast<int>(slot);
+        if (p.row_expert != nullptr) p.row_expert[row] = e[j];
+        if (p.row_of_slot != nullptr) p.row_of_slot[slot] = row;
+      } else if (slot < p.slots && p.row_of_slot != nullptr) {
+        p.row_of_slot[slot] = -1;
+      }
     }
   }
 };
