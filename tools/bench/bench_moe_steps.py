@@ -44,11 +44,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="deepseek-v3-tp8,qwen3-30b-a3b")
     parser.add_argument("--tokens", default="1,4,16,64,256,1024,4096,16384")
+    parser.add_argument("--steps", default=",".join(STEPS), help=f"comma list from {', '.join(STEPS)}")
+    parser.add_argument("--impls", default="kernel,torch", help="comma list from kernel, torch")
     parser.add_argument("--routings", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default="")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for name, allowed in (("steps", STEPS), ("impls", ("kernel", "torch"))):
+        bad = [x for x in getattr(args, name).split(",") if x not in allowed]
+        if bad:
+            parser.error(f"--{name}: {', '.join(bad)} not in {', '.join(allowed)}")
+    return args
 
 
 def closures(step: str, experts: int, top_k: int, gate_up_n: int, hidden: int, tokens: int, seed: int):
@@ -80,10 +87,10 @@ def bench(args: argparse.Namespace) -> list[dict]:
     for model in args.models.split(","):
         experts, top_k, gemms = bench_moe.model_spec(model)
         gate_up_n, hidden = gemms[0][1], gemms[0][2]
-        for step in STEPS:
+        for step in args.steps.split(","):
             for tokens in (int(t) for t in args.tokens.split(",")):
                 row = dict(model=model, step=step, tokens=tokens, experts=experts, top_k=top_k)
-                for impl in ("kernel", "torch"):
+                for impl in args.impls.split(","):
                     os.environ["HUMMING_AOT_HELPERS"] = "1" if impl == "kernel" else "0"
                     fns = [closures(step, experts, top_k, gate_up_n, hidden, tokens, args.seed + i)
                            for i in range(args.routings)]
@@ -94,7 +101,8 @@ def bench(args: argparse.Namespace) -> list[dict]:
                         row[f"{impl}_us"] = time_cuda_graph(fns, repeats=args.repeats)["median_us"]
                 os.environ.pop("HUMMING_AOT_HELPERS")
                 results.append(row)
-                print(f"{model:>16} {step:>10} {tokens:>6} {row['kernel_us']:>10.1f} {row['torch_us']:>10.1f}  "
+                kernel_us, torch_us = row.get("kernel_us", float("nan")), row.get("torch_us", float("nan"))
+                print(f"{model:>16} {step:>10} {tokens:>6} {kernel_us:>10.1f} {torch_us:>10.1f}  "
                       f"{row.get('torch_mode', '')}", flush=True)
     return results
 
