@@ -4,12 +4,12 @@ steps (``align_block_size``, ``group_rows``, ``permute`` / ``unpermute``, activa
 three GEMM types as a loop of dense GEMMs (``gemm_indexed``, ``gemm_grouped``, ``gemm_masked``),
 which define what the grouped kernels must compute, and the grouped kernels,
 ``gemm_masked_kernel`` and ``gemm_grouped_kernel`` (persistent schedules around the mma.sync
-bodies; moe/kernels.py).
+bodies; moe/kernels.py), with ``gemm_indexed_kernel`` (fused_moe's layout) on the latter.
 ``humming_aot.nn.QuantizedMoE`` is the layer built on them."""
 from __future__ import annotations
 
 from humming_aot.moe.expert_loop import gemm_grouped, gemm_indexed, gemm_masked
-from humming_aot.moe.kernels import gemm_grouped_kernel, gemm_masked_kernel, grouped_block_m
+from humming_aot.moe.kernels import gemm_grouped_kernel, gemm_indexed_kernel, gemm_masked_kernel, grouped_block_m
 from humming_aot.moe.packing import PackedExperts, expert_weight, pack_experts
 from humming_aot.moe.routing import (
     AlignedGrouping,
@@ -31,7 +31,8 @@ from humming_aot.moe.routing import (
 
 __all__ = [
     "AlignedGrouping", "GroupedRouting", "IndexedRouting", "PackedExperts", "align_block_size",
-    "align_groups", "align_offsets", "combine", "expert_weight", "gemm_grouped", "gemm_grouped_kernel", "gemm_indexed", "gemm_masked",
+    "align_groups", "align_offsets", "combine", "expert_weight", "gemm_grouped", "gemm_grouped_kernel", "gemm_indexed",
+    "gemm_indexed_kernel", "gemm_masked",
     "gemm_masked_kernel", "group_rows", "grouped_block_m", "pack_experts", "permute", "permute_aligned",
     "silu_and_mul", "swiglu_oai", "unpermute", "unpermute_aligned", "weighted_sum",
 ]

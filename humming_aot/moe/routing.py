@@ -153,10 +153,16 @@ def _inverse(slot_of_row: torch.Tensor, slots: int, rows: int) -> torch.Tensor:
 def permute(hidden: torch.Tensor, routing: GroupedRouting) -> torch.Tensor:
     """(M, K) tokens -> (M * top_k, K) grouped rows: row r is token slot_of_row[r] // top_k (zeros
     for a row of no slot: the tail a kernel-made routing leaves for dropped ids)."""
-    out = cuda_steps.gather(hidden, routing.slot_of_row, routing.top_k)
+    return gather_rows(hidden, routing.slot_of_row, routing.top_k)
+
+
+def gather_rows(hidden: torch.Tensor, slot_of_row: torch.Tensor, top_k: int) -> torch.Tensor:
+    """(rows, K) = hidden[slot_of_row // top_k], zeros where slot_of_row (int64) is -1: the gather
+    kernel where it takes these tensors, else torch operations (no host round trip either way)."""
+    out = cuda_steps.gather(hidden, slot_of_row, top_k)
     if out is not None:
         return out
-    return _gather_rows(hidden, routing.slot_of_row, routing.top_k)
+    return _gather_rows(hidden, slot_of_row, top_k)
 
 
 def _gather_rows(hidden: torch.Tensor, slot_of_row: torch.Tensor, top_k: int) -> torch.Tensor:

@@ -242,6 +242,112 @@ def test_the_whole_contiguous_path_replays_in_a_cuda_graph_with_new_routings():
                                   w_eff=w_eff, context=f"graph replay expert {x} seed={seed}")
 
 
+# --- the indexed (fused_moe) layout on the grouped kernel ---
+
+
+def _indexed_reference_check(out, a_rows, topk_ids, experts, key, kept, context):
+    """out (slots, N) against the float64 reference of each kept slot's row and expert; the
+    slots not kept are zeros."""
+    flat = topk_ids.reshape(-1)
+    for x in range(experts.experts):
+        slots = torch.nonzero((flat == x) & kept, as_tuple=True)[0]
+        if slots.numel():
+            w_eff = experts.effective_weight(x, scales_in_fp32=key.scales_in_fp32)
+            assert_gemm_close(out[slots], reference_gemm(a_rows[slots], w_eff), a=a_rows[slots], w_eff=w_eff,
+                              context=f"{context} expert {x}")
+    assert bool((out[~kept] == 0).all()), f"{context}: slots of no block are not zeros"
+
+
+@pytest.mark.parametrize("fmt", ("int4:g128", "uint4:g64:zp"))
+@pytest.mark.parametrize("kind", ("uniform", "one", "ep"))
+def test_indexed_kernel_matches_the_reference_in_both_gemms(fmt, kind):
+    """gemm_indexed_kernel on moe.align_block_size's layout: the first GEMM (one row per token,
+    a_rows_per_token = top_k) and the second (one row per slot, with the routing weights) against
+    the float64 reference of each slot's operands; the weights applied as the expert loop applies
+    them (bit for bit on the same rows); with expert parallelism (kind "ep": every other expert
+    on another rank) those experts' slots are zeros."""
+    from humming_aot.moe import align_block_size, gemm_indexed_kernel, grouped_block_m
+
+    seed = _seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    experts_n, n, k, tokens, top_k = 8, 128, 256, 37, 2
+    local_n = experts_n // 2 if kind == "ep" else experts_n
+    experts = pack_experts(humming_aot.quantize(torch.randn(local_n, n, k, device="cuda", generator=gen) * 0.05,
+                                                fmt), act_dtype=torch.bfloat16)
+    scores = torch.randn(tokens, experts_n, device="cuda", generator=gen)
+    if kind == "one":
+        scores[:, 3] += 10.0  # every token's first choice is expert 3
+    topk_ids = scores.topk(top_k, dim=1).indices
+    expected = max(1, tokens * top_k // experts_n)
+    block = 2 * grouped_block_m(experts, expected)  # a multiple of the kernel's rows
+    expert_map = None
+    global_ids = topk_ids
+    if kind == "ep":  # this rank holds the even experts, as local ids 0, 1, ...
+        expert_map = torch.where(torch.arange(experts_n) % 2 == 0, torch.arange(experts_n) // 2, -1).int().cuda()
+    routing = align_block_size(topk_ids, experts_n, block, expert_map, check_range=False)
+    kept = torch.ones(tokens * top_k, dtype=torch.bool, device="cuda")
+    local_ids = global_ids
+    if kind == "ep":
+        kept = (global_ids.reshape(-1) % 2) == 0
+        local_ids = torch.where(global_ids % 2 == 0, global_ids // 2, -1)
+    hidden = torch.randn(tokens, k, device="cuda", generator=gen).to(torch.bfloat16)
+    key = _key(experts, expected, GemmType.GROUPED)
+    first = gemm_indexed_kernel(hidden, experts, routing, a_rows_per_token=top_k, expected_m=expected)
+    assert first.shape == (tokens * top_k, n) and first.dtype == torch.bfloat16
+    _indexed_reference_check(first, hidden.repeat_interleave(top_k, 0), local_ids, experts, key, kept,
+                             f"{fmt} {kind} gemm1 seed={seed}")
+    per_slot = torch.randn(tokens * top_k, k, device="cuda", generator=gen).to(torch.bfloat16)
+    weights = torch.rand(tokens, top_k, device="cuda", generator=gen)
+    plain = gemm_indexed_kernel(per_slot, experts, routing, a_rows_per_token=1, expected_m=expected)
+    _indexed_reference_check(plain, per_slot, local_ids, experts, key, kept, f"{fmt} {kind} gemm2 seed={seed}")
+    weighted = gemm_indexed_kernel(per_slot, experts, routing, a_rows_per_token=1, topk_weights=weights,
+                                   expected_m=expected)
+    expect = (plain.float() * weights.reshape(-1, 1)).to(torch.bfloat16)
+    assert torch.equal(weighted, torch.where(kept.unsqueeze(1), expect, torch.zeros_like(expect))), \
+        f"{fmt} {kind}: the routing weights are not applied as the expert loop applies them (seed={seed})"
+
+
+def test_indexed_kernel_replays_in_a_cuda_graph_and_refuses_a_block_it_cannot_tile():
+    """align_block_size (check_range=False) and gemm_indexed_kernel captured in one CUDA graph (no
+    host round trip), replayed with new routings; a block_size the kernel's tile rows do not divide
+    is refused with the block to use."""
+    from humming_aot.moe import align_block_size, gemm_indexed_kernel, grouped_block_m
+
+    seed = _seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    experts_n, n, k, tokens, top_k = 6, 128, 256, 9, 2
+    experts = pack_experts(humming_aot.quantize(torch.randn(experts_n, n, k, device="cuda", generator=gen) * 0.05,
+                                                "int4:g128"), act_dtype=torch.bfloat16)
+    expected = 4
+    block = grouped_block_m(experts, expected)
+    topk_ids = torch.randn(tokens, experts_n, device="cuda", generator=gen).topk(top_k, dim=1).indices
+    hidden = torch.randn(tokens, k, device="cuda", generator=gen).to(torch.bfloat16)
+    weights = torch.rand(tokens, top_k, device="cuda", generator=gen)
+
+    def step():
+        routing = align_block_size(topk_ids, experts_n, block, check_range=False)
+        return gemm_indexed_kernel(hidden, experts, routing, a_rows_per_token=top_k, expected_m=expected)
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    key = _key(experts, expected, GemmType.GROUPED)
+    kept = torch.ones(tokens * top_k, dtype=torch.bool, device="cuda")
+    for replay in range(2):
+        topk_ids.copy_(torch.randn(tokens, experts_n, device="cuda", generator=gen).topk(top_k, dim=1).indices)
+        hidden.copy_(torch.randn(tokens, k, device="cuda", generator=gen).to(torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        _indexed_reference_check(out, hidden.repeat_interleave(top_k, 0), topk_ids, experts, key, kept,
+                                 f"graph replay {replay} seed={seed}")
+    if block > 1:
+        odd = align_block_size(topk_ids, experts_n, block + 1)
+        with pytest.raises(ValueError, match="not a multiple of the kernel's"):
+            gemm_indexed_kernel(hidden, experts, odd, a_rows_per_token=top_k, topk_weights=weights, expected_m=expected)
+
+
 # --- the persistent walk: many experts, many tiles per CTA, long runs of empty experts / padding ---
 
 

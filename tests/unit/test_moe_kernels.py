@@ -330,3 +330,59 @@ def test_the_offsets_form_launch_from_the_call_on_a_cuda_like_tensor(monkeypatch
     for bad in (0, 17, 2.0):
         with pytest.raises(ValueError, match=f"splits={bad!r} must be an int in \\[1, K / 128 = 16\\]"):
             gemm_grouped_kernel(a, experts, offsets=offsets, expected_m=1, splits=bad)
+
+
+# --- the indexed (fused_moe) layout: gather, the block-aligned grouped kernel, scatter ----------------
+
+
+def test_indexed_arguments_are_refused_before_any_launch():
+    from humming_aot.moe import align_block_size, gemm_indexed_kernel, group_rows
+
+    experts = _experts()
+    ids = torch.tensor([[0, 2], [1, 2], [2, 0]])
+    routing = align_block_size(ids, 3, 8)
+    a = torch.zeros(3, 256, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="routing must be an IndexedRouting .* got GroupedRouting"):
+        gemm_indexed_kernel(a, experts, group_rows(ids, 3), a_rows_per_token=2)
+    with pytest.raises(ValueError, match=r"a_rows_per_token must be the routing's top_k \(2.* got 3"):
+        gemm_indexed_kernel(a, experts, routing, a_rows_per_token=3)
+    with pytest.raises(ValueError, match=r"a must be \(6, 256\) for 3 tokens of top-2 and a_rows_per_token=1"):
+        gemm_indexed_kernel(a, experts, routing, a_rows_per_token=1)
+    with pytest.raises(ValueError, match=r"topk_weights must be \(3, 2\) floating"):
+        gemm_indexed_kernel(a, experts, routing, a_rows_per_token=2, topk_weights=torch.ones(6))
+
+
+def test_indexed_form_is_the_expert_loop_with_the_grouped_kernel_swapped_for_its_definition(monkeypatch):
+    """gemm_indexed_kernel's gather, row experts, scatter and weights around a stand-in for the
+    grouped kernel (expert_loop.gemm_grouped on the same rows, on the CPU), against
+    expert_loop.gemm_indexed: both GEMMs, weights, and expert parallelism's skipped blocks."""
+    from humming_aot.moe import align_block_size, expert_loop, gemm_indexed, gemm_indexed_kernel, kernels
+
+    calls = []
+
+    def grouped(a, experts, row_expert, *, expected_m, tile=None):
+        calls.append((a.shape[0], expected_m, tile))
+        return expert_loop.gemm_grouped(a, experts, row_expert=row_expert)
+
+    monkeypatch.setattr(kernels, "gemm_grouped_kernel", grouped)
+    monkeypatch.setattr(kernels, "grouped_block_m", lambda experts, expected_m, device=None: 4)
+    gen = torch.Generator().manual_seed(1)
+    local = _experts(e=2, n=64, k=256)
+    tokens, top_k, experts_n = 7, 2, 4
+    ids = torch.randn(tokens, experts_n, generator=gen).topk(top_k, dim=1).indices
+    expert_map = torch.tensor([0, -1, 1, -1], dtype=torch.int32)  # this rank: experts 0 and 2
+    routing = align_block_size(ids, experts_n, 8, expert_map)
+    hidden = torch.randn(tokens, 256, generator=gen).bfloat16()
+    per_slot = torch.randn(tokens * top_k, 256, generator=gen).bfloat16()
+    weights = torch.rand(tokens, top_k, generator=gen)
+    for a, per_token, w in ((hidden, top_k, None), (per_slot, 1, weights)):
+        got = gemm_indexed_kernel(a, local, routing, a_rows_per_token=per_token, topk_weights=w)
+        ref = gemm_indexed(a, local, routing, a_rows_per_token=per_token, topk_weights=w)
+        assert got.shape == ref.shape == (tokens * top_k, 64)
+        torch.testing.assert_close(got.float(), ref.float(), rtol=1e-2, atol=1e-3)
+        remote = (ids.reshape(-1) % 2) == 1  # experts 1 and 3 are another rank's: zeros
+        assert bool((got[remote] == 0).all()) and bool((got[~remote] != 0).any())
+    assert calls == [(routing.sorted_token_ids.shape[0], 7, None)] * 2  # 14 slots over 2 local experts
+    with pytest.raises(ValueError, match="block_size 8 is not a multiple of the kernel's 16 rows"):
+        monkeypatch.setattr(kernels, "grouped_block_m", lambda experts, expected_m, device=None: 16)
+        gemm_indexed_kernel(hidden, local, routing, a_rows_per_token=top_k)
