@@ -65,7 +65,8 @@ def _topk(tokens: int, experts: int, top_k: int, kind: str, gen: torch.Generator
 CASES = [  # tokens, experts, top_k
     (1, 256, 8), (3, 8, 2), (37, 128, 8), (256, 256, 8), (300, 1024, 4), (1000, 64, 6), (4096, 256, 8),
     (4096, 1024, 8), (0, 16, 2), (17, 1, 1),
-    (65, 256, 8), (100, 128, 8), (129, 16, 4), (600, 1, 1), (64, 257, 8),  # around the segments kernel's range
+    # around the segments kernel's range: 513 slots, 512 slots, more than 256 experts
+    (65, 256, 8), (100, 128, 8), (129, 16, 4), (600, 1, 1), (171, 64, 3), (64, 256, 8), (65, 257, 8),
 ]
 
 
@@ -105,7 +106,7 @@ def test_routing_kernels_match_the_torch_layouts(monkeypatch, launched, tokens, 
 
 
 @pytest.mark.parametrize("tokens", [5, 100, 700])  # one chunk (single, segments), and three
-def test_routing_kernels_drop_ids_out_of_range_in_every_layout(monkeypatch, tokens):
+def test_routing_kernels_drop_ids_out_of_range_in_every_layout(monkeypatch, launched, tokens):
     """Ids outside [0, E) get no row in any layout; the other slots are laid out as the torch
     path lays them out when every dropped id is sent to an extra last expert, whose rows are then
     the padding."""
@@ -135,6 +136,7 @@ def test_routing_kernels_drop_ids_out_of_range_in_every_layout(monkeypatch, toke
         assert bool((got.sorted_token_ids[total:] == tokens * top_k).all()) and size == tokens * top_k + experts * (block - 1)
         assert torch.equal(got.expert_ids[: total // block], ref.expert_ids[: total // block])
         assert bool((got.expert_ids[total // block:] == -1).all())
+    assert f"moe_route_{_route_kernel(tokens * top_k, experts)}_i64" in launched  # the kernel this size takes
 
 
 def test_routing_kernel_drops_ids_out_of_range():

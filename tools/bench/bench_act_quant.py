@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> None:
         for recipe in args.recipes.split(","):
             spelling, static = recipe.removesuffix("@static"), recipe.endswith("@static")
             fmt = ActivationFormat.parse(spelling)
+            if static and fmt.granularity.value != "tensor":
+                sys.exit(f"bench_act_quant.py: {recipe}: a given scale is a per-tensor recipe's (e.g. "
+                         "float8e4m3:tensor@static)")
             given = torch.tensor([0.05], device="cuda") if static else None
             scales = 4 * (1 if fmt.granularity.value == "tensor" else m * (k // fmt.group_size if fmt.group_size else 1))
             moved = 3 * m * k + scales

@@ -328,7 +328,6 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
                             results.append(dict(tokens=tokens, model=model, gemm=gemm, layout=args.layout, n=n, k=k,
                                                 experts=experts, top_k=top_k, format=fmt, impl=impl.name, us=None,
                                                 error=f"{type(exc).__name__}: {exc}"))
-                            torch.cuda.synchronize()
                             continue
                         mode = timing["mode"] if timing["mode"] == "graph" else "eager"
                         print(f"{tokens:>6} {model:>16} {gemm:>5} {n:>6} {k:>6} {experts:>4} {top_k:>4} {fmt:<12} "
