@@ -296,7 +296,9 @@ def gemm_indexed_kernel(a: torch.Tensor, experts: PackedExperts, routing, *, a_r
     a[t // a_rows_per_token] @ W[expert of t's block]^T, times topk_weights.flat[t] when given
     (the product rounded once from float32, as ``expert_loop.gemm_indexed``); slots of no block
     (ids a kernel-made routing dropped) are zeros. No host round trip (CUDA-graph capturable):
-    the routing's arrays, num_tokens_post_padded included, are read on the device only.
+    the routing's arrays are read on the device only. num_tokens_post_padded is not read: every
+    entry of sorted_token_ids past it must be the pad value M * top_k (as align_block_size and
+    vLLM's moe_align_block_size leave them), which makes those rows padding.
 
     a:                (M, K) one row per token (a_rows_per_token = top_k: the first GEMM) or
                       (M * top_k, K) one per slot (a_rows_per_token = 1: the second), the
@@ -324,15 +326,19 @@ def gemm_indexed_kernel(a: torch.Tensor, experts: PackedExperts, routing, *, a_r
     if type(a_rows_per_token) is not int or a_rows_per_token not in (1, routing.top_k):
         raise ValueError(f"{what}: a_rows_per_token must be the routing's top_k ({routing.top_k}: a holds one row "
                          f"per token) or 1 (one row per slot), got {a_rows_per_token!r}")
-    if not isinstance(a, torch.Tensor) or a.dim() != 2 or a.shape[0] * a_rows_per_token != slots:
-        raise ValueError(f"{what}: a must be ({slots // a_rows_per_token}, {experts.in_features}) for "
-                         f"{routing.num_tokens} tokens of top-{routing.top_k} and a_rows_per_token={a_rows_per_token}, "
-                         f"got {_describe(a)}")
+    if (not isinstance(a, torch.Tensor) or a.dim() != 2 or a.shape[0] * a_rows_per_token != slots
+            or a.shape[1] != experts.in_features or a.dtype != experts.act_dtype):
+        raise ValueError(f"{what}: a must be ({slots // a_rows_per_token}, {experts.in_features}) "
+                         f"{experts.act_dtype} for {routing.num_tokens} tokens of top-{routing.top_k} and "
+                         f"a_rows_per_token={a_rows_per_token}, got {_describe(a)}")
     if topk_weights is not None and (not isinstance(topk_weights, torch.Tensor)
                                      or topk_weights.shape != (routing.num_tokens, routing.top_k)
                                      or not topk_weights.is_floating_point() or topk_weights.device != a.device):
         raise ValueError(f"{what}: topk_weights must be ({routing.num_tokens}, {routing.top_k}) floating on "
                          f"{a.device}, got {_describe(topk_weights)}")
+    if not a.is_cuda or a.device != experts.device:
+        raise ValueError(f"{what}: a ({a.device}) and the experts ({experts.device}) must be on one CUDA device; "
+                         "on the CPU, humming_aot.moe.gemm_indexed computes the same")
     rows = routing.sorted_token_ids.shape[0]
     block = routing.block_size
     if routing.expert_ids.shape[0] * block < rows:
@@ -353,7 +359,8 @@ def gemm_indexed_kernel(a: torch.Tensor, experts: PackedExperts, routing, *, a_r
         return torch.zeros(slots, experts.out_features, dtype=a.dtype, device=a.device)
     slot = routing.sorted_token_ids.to(device=a.device, dtype=torch.int64)
     real = (slot >= 0) & (slot < slots)
-    expert = routing.expert_ids.to(device=a.device, dtype=torch.int32).repeat_interleave(block)[:rows]
+    # each block's expert on its rows (expand + reshape: no host round trip in any torch version)
+    expert = routing.expert_ids.to(device=a.device, dtype=torch.int32).unsqueeze(1).expand(-1, block).reshape(-1)[:rows]
     real &= (expert >= 0) & (expert < experts.experts)
     slot = torch.where(real, slot, -1)
     row_expert = torch.where(real, expert, -1)

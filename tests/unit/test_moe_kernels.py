@@ -346,17 +346,21 @@ def test_indexed_arguments_are_refused_before_any_launch():
         gemm_indexed_kernel(a, experts, group_rows(ids, 3), a_rows_per_token=2)
     with pytest.raises(ValueError, match=r"a_rows_per_token must be the routing's top_k \(2.* got 3"):
         gemm_indexed_kernel(a, experts, routing, a_rows_per_token=3)
-    with pytest.raises(ValueError, match=r"a must be \(6, 256\) for 3 tokens of top-2 and a_rows_per_token=1"):
+    with pytest.raises(ValueError, match=r"a must be \(6, 256\) torch.bfloat16 for 3 tokens of top-2 and a_rows_per_token=1"):
         gemm_indexed_kernel(a, experts, routing, a_rows_per_token=1)
     with pytest.raises(ValueError, match=r"topk_weights must be \(3, 2\) floating"):
         gemm_indexed_kernel(a, experts, routing, a_rows_per_token=2, topk_weights=torch.ones(6))
+    with pytest.raises(ValueError, match=r"a must be \(3, 256\) torch.bfloat16 .* got \(3, 256\) torch.float16"):
+        gemm_indexed_kernel(a.half(), experts, routing, a_rows_per_token=2)
+    with pytest.raises(ValueError, match="must be on one CUDA device; on the CPU, humming_aot.moe.gemm_indexed"):
+        gemm_indexed_kernel(a, experts, routing, a_rows_per_token=2)
 
 
 def test_indexed_form_is_the_expert_loop_with_the_grouped_kernel_swapped_for_its_definition(monkeypatch):
     """gemm_indexed_kernel's gather, row experts, scatter and weights around a stand-in for the
     grouped kernel (expert_loop.gemm_grouped on the same rows, on the CPU), against
     expert_loop.gemm_indexed: both GEMMs, weights, and expert parallelism's skipped blocks."""
-    from humming_aot.moe import align_block_size, expert_loop, gemm_indexed, gemm_indexed_kernel, kernels
+    from humming_aot.moe import align_block_size, expert_loop, gemm_indexed, gemm_indexed_kernel, kernels, routing
 
     calls = []
 
@@ -366,6 +370,9 @@ def test_indexed_form_is_the_expert_loop_with_the_grouped_kernel_swapped_for_its
 
     monkeypatch.setattr(kernels, "gemm_grouped_kernel", grouped)
     monkeypatch.setattr(kernels, "grouped_block_m", lambda experts, expected_m, device=None: 4)
+    # CPU tensors made to pass the device check, gathered by the torch path
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(routing, "gather_rows", routing._gather_rows)
     gen = torch.Generator().manual_seed(1)
     local = _experts(e=2, n=64, k=256)
     tokens, top_k, experts_n = 7, 2, 4
@@ -379,7 +386,7 @@ def test_indexed_form_is_the_expert_loop_with_the_grouped_kernel_swapped_for_its
         got = gemm_indexed_kernel(a, local, routing, a_rows_per_token=per_token, topk_weights=w)
         ref = gemm_indexed(a, local, routing, a_rows_per_token=per_token, topk_weights=w)
         assert got.shape == ref.shape == (tokens * top_k, 64)
-        torch.testing.assert_close(got.float(), ref.float(), rtol=1e-2, atol=1e-3)
+        assert torch.equal(got, ref)  # the same per-expert products, the weights rounded the same way
         remote = (ids.reshape(-1) % 2) == 1  # experts 1 and 3 are another rank's: zeros
         assert bool((got[remote] == 0).all()) and bool((got[~remote] != 0).any())
     assert calls == [(routing.sorted_token_ids.shape[0], 7, None)] * 2  # 14 slots over 2 local experts
