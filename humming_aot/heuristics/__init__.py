@@ -5,6 +5,7 @@ compiles). Python branches on arch here and in catalog/ only.
 """
 from humming_aot.heuristics.tiles import (
     MOE_BODIES,
+    MOE_MASKED_BODIES,
     arch_tile_table,
     ctas_per_sm,
     ctas_per_sm_by_registers,
@@ -24,6 +25,7 @@ from humming_aot.heuristics.tiles import (
 
 __all__ = [
     "MOE_BODIES",
+    "MOE_MASKED_BODIES",
     "arch_tile_table",
     "ctas_per_sm",
     "ctas_per_sm_by_registers",

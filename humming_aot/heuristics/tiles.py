@@ -151,6 +151,10 @@ def select_tile(arch: str, m: int, k: int | None = None, group: int | None = Non
 # The bodies the MoE schedules (kernel/grouped_masked.cuh, grouped_contiguous.cuh) wrap: those
 # with run_tile, several tiles per CTA in turn (kernel/dense_mma_sync.cuh).
 MOE_BODIES = (MmaKind.MMA_SYNC, MmaKind.MMA_SWAPPED)
+# The bodies the grouped masked schedule and its offsets form take: those, and the warp-specialized
+# TMA body (kernel/grouped_masked_ws.cuh drives its producer and consumers over the same walk).
+# Forced tiles only until it has been measured: no moe_tiles row names it yet.
+MOE_MASKED_BODIES = MOE_BODIES + (MmaKind.WGMMA_WS,)
 
 
 @functools.cache

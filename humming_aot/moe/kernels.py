@@ -30,7 +30,7 @@ import torch
 
 from humming_aot import params_abi
 from humming_aot.moe.packing import PackedExperts
-from humming_aot.spec import GemmType, TileConfig
+from humming_aot.spec import GemmType, MmaKind, TileConfig
 
 _ELEMENT_BYTES = 2  # activations, scales, zero points, bias and output: 16-bit
 MAX_EXPERTS = 65535  # the experts a launch takes (the masked schedule's walk counts them in 32 bits)
@@ -66,7 +66,7 @@ def gemm_masked_kernel(a: torch.Tensor, experts: PackedExperts, masked_m: torch.
     rows = max_m if expected_m is None else max(1, min(int(expected_m), max_m))
     tile, loaded = _kernel(a, experts, GemmType.MASKED, rows, "gemm_masked_kernel", "gemm_masked", tile)
     grid, params = launch_arguments(a, experts, masked_m, bias, out, tile, _resident(loaded, tile, a.device.index))
-    loaded.launch(grid, _stream(a), params)
+    loaded.launch(grid, _stream(a), params + _activation_map(a.view(e * max_m, -1), tile))
     return out
 
 
@@ -98,11 +98,14 @@ def _grouped_by_offsets(a: torch.Tensor, experts: PackedExperts, offsets: torch.
     resident = _resident(loaded, tile, a.device.index)
     bound = offsets_tile_bound(rows, experts.experts, experts.n, tile)
     k_tiles = experts.k // tile.block_k
+    one_slice = tile.mma is MmaKind.WGMMA_WS  # its schedule runs whole tiles
     if splits is None:
-        splits = offsets_splits(bound, k_tiles, resident)
-    elif type(splits) is not int or not 1 <= splits <= k_tiles or (splits > 1 and bound > _split_k_counters_size()):
+        splits = 1 if one_slice else offsets_splits(bound, k_tiles, resident)
+    elif (type(splits) is not int or not 1 <= splits <= k_tiles or (splits > 1 and bound > _split_k_counters_size())
+          or (one_slice and splits != 1)):
         raise ValueError(f"{what}: splits={splits!r} must be an int in [1, K / {tile.block_k} = {k_tiles}], and 1 "
-                         f"when the rows make more than {_split_k_counters_size()} tiles (here up to {bound})")
+                         f"when the rows make more than {_split_k_counters_size()} tiles (here up to {bound}) or "
+                         f"the tile is a wgmma-ws one")
     splits = nonempty_slices(k_tiles, splits)
     workspace = counters = None
     if splits > 1:
@@ -112,9 +115,27 @@ def _grouped_by_offsets(a: torch.Tensor, experts: PackedExperts, offsets: torch.
         counters = dispatch._split_k_counters(a.device, _stream(a))
     grid, params = offsets_launch_arguments(a, experts, offsets, bias, out, tile, resident, splits=splits,
                                             workspace=workspace, counters=counters)
-    loaded.launch(grid, _stream(a), params)
+    loaded.launch(grid, _stream(a), params + _activation_map(a, tile))
     return out
 
+
+def _activation_map(rows: torch.Tensor, tile: TileConfig) -> bytes:
+    """What a masked schedule's Params add for its body: for the warp-specialized TMA body
+    (kernel/grouped_masked_ws.cuh, MaskedTmaGemmParams) padding to byte 192 and the tensor map of
+    every activation row ((R, K) with its row stride, boxes of the tile's rows x 64); nothing for
+    the mma.sync bodies."""
+    if tile.mma is not MmaKind.WGMMA_WS:
+        return b""
+    from humming_aot import dispatch
+
+    r, k = rows.shape
+    tensor_map = dispatch._activation_tensor_map(rows, rows.stride(0), r, k, tile.block_m)
+    return bytes(MASKED_TMA_MAP_OFFSET - params_abi.GEMM_PARAMS.size - params_abi.MASKED_TAIL.size) + tensor_map
+
+
+# MaskedTmaGemmParams (kernel/params.cuh): MaskedGemmParams (184 bytes), padding, the 128-byte map
+MASKED_TMA_MAP_OFFSET = 192
+MASKED_TMA_PARAMS_BYTES = 320
 
 def offsets_tile_bound(rows: int, experts: int, n: int, tile: TileConfig) -> int:
     """The most tiles the offsets form's walk can find for R rows (kernel/grouped_masked.cuh,
@@ -384,9 +405,11 @@ def _tile(experts: PackedExperts, device_index: int, rows: int) -> TileConfig:
     return heuristics.select_masked_tile(arch, rows, experts.k, experts.group_size, experts.expert(0).bits)
 
 
-def forced_tile(tile: TileConfig | str, experts: PackedExperts, what: str) -> TileConfig:
-    """A caller's tile for a MoE schedule, parsed from its label and checked: a body whose
-    run_tile the schedules call, stages that fit the experts' K and groups."""
+def forced_tile(tile: TileConfig | str, experts: PackedExperts, what: str, *, masked: bool = False) -> TileConfig:
+    """A caller's tile for a MoE schedule, parsed from its label and checked: a body the schedule
+    takes (the mma.sync bodies, whose run_tile it calls; with ``masked``, the grouped masked
+    schedule and its offsets form, the warp-specialized TMA body too), stages that fit the
+    experts' K and groups."""
     from humming_aot import heuristics
     from humming_aot.enumerate import parse_tile_field
 
@@ -394,9 +417,10 @@ def forced_tile(tile: TileConfig | str, experts: PackedExperts, what: str) -> Ti
         tile = parse_tile_field(tile)
     if not isinstance(tile, TileConfig):
         raise ValueError(f"{what}: tile must be a TileConfig or its label, got {type(tile).__name__}")
-    if tile.mma not in heuristics.MOE_BODIES:
-        raise ValueError(f"{what}: tile {tile.label} is of body {tile.mma.value!r}; the MoE schedules run "
-                         f"{', '.join(b.value for b in heuristics.MOE_BODIES)} tiles")
+    bodies = heuristics.MOE_MASKED_BODIES if masked else heuristics.MOE_BODIES
+    if tile.mma not in bodies:
+        raise ValueError(f"{what}: tile {tile.label} is of body {tile.mma.value!r}; this MoE schedule runs "
+                         f"{', '.join(b.value for b in bodies)} tiles")
     if not heuristics.tile_fits(tile, experts.k, experts.group_size):
         raise ValueError(f"{what}: tile {tile.label} stages {tile.block_k} of K at a time, which does not fit K = "
                          f"{experts.k} with groups of {experts.group_size}; use {heuristics.narrow_twin(tile).label}")
@@ -426,7 +450,10 @@ def _kernel(a: torch.Tensor, experts: PackedExperts, gemm_type: GemmType, rows: 
         raise ValueError(f"{what}: the MoE schedules wrap the mma.sync bodies of sm_80 and later; on this GPU, "
                          f"humming_aot.moe.{loop} computes the same")
     spec = dataclasses.replace(ops.gemm_spec(dense), gemm_type=gemm_type)
-    tile = _tile(experts, device_index, rows) if tile is None else forced_tile(tile, experts, what)
+    if tile is not None:
+        tile = forced_tile(tile, experts, what, masked=gemm_type is GemmType.MASKED)
+    else:
+        tile = _tile(experts, device_index, rows)
     _, loaded = dispatch.obtain(spec, device_index, rows, tile, experts.k, experts.group_size, n=experts.n)
     return tile, loaded
 

@@ -59,8 +59,8 @@ def _forced_key(experts, rows: int, tile: str) -> KernelKey:
     from humming_aot.moe.kernels import forced_tile
 
     spec = dataclasses.replace(ops.gemm_spec(experts.expert(0)), gemm_type=GemmType.MASKED)
-    return dispatch.obtain(spec, torch.cuda.current_device(), rows, forced_tile(tile, experts, "test"), experts.k,
-                           experts.group_size, n=experts.n)[0]
+    return dispatch.obtain(spec, torch.cuda.current_device(), rows, forced_tile(tile, experts, "test", masked=True),
+                           experts.k, experts.group_size, n=experts.n)[0]
 
 
 def _check(out, a, experts, counts, bias, key, context):

@@ -320,7 +320,10 @@ def test_turing_and_hopper_bodies_compile_with_the_real_headers(tmp_path):
     keys += [KernelKey.from_name("gemm_masked_sm90a_mma_a-bf16_w-s4-g-bf16_o-bf16_8x128x256_w1x2x4_s2"),
              KernelKey.from_name("gemm_masked_sm90a_mma_a-bf16_w-u4-g-bf16-zpi_o-bf16_16x128x256_w1x2x4_s2"),
              KernelKey.from_name("gemm_grouped_sm90a_mma_a-bf16_w-s4-g-bf16_o-bf16_8x128x256_w1x2x4_s2"),
-             KernelKey.from_name("gemm_grouped_sm90_mma_a-bf16_w-e2m1-g-bf16_o-bf16_64x128x64_w1x2_s6")]
+             KernelKey.from_name("gemm_grouped_sm90_mma_a-bf16_w-e2m1-g-bf16_o-bf16_64x128x64_w1x2_s6"),
+             # and around the warp-specialized TMA body (one and two consumer warpgroups)
+             KernelKey.from_name("gemm_masked_sm90a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_64x128x64_w1x4_s4"),
+             KernelKey.from_name("gemm_masked_sm90a_wgmma-ws_a-bf16_w-u4-g-bf16-zpi_o-bf16_128x128x64_w1x8_s4")]
     result = driver.compile_keys(keys, tmp_path, jobs=2, stream=io.StringIO())
     for key in keys:
         (entry,) = driver.read_fatbin(result.fatbins[key.name].read_bytes())

@@ -281,8 +281,11 @@ def test_a_forced_moe_tile_is_parsed_and_checked():
     experts = _experts()  # K 256, groups of 64
     assert forced_tile("8x128x128_w1x2x2_s2", experts, "w").label == "8x128x128_w1x2x2_s2"
     assert forced_tile("mma-sw:16x64x128_w1x1x2_s2", experts, "w").block_m == 16
-    with pytest.raises(ValueError, match="w: tile wgmma-ws:64x128x64_w1x4_s6 is of body .wgmma-ws.; the MoE schedules run mma, mma-sw"):
+    with pytest.raises(ValueError, match="w: tile wgmma-ws:64x128x64_w1x4_s6 is of body .wgmma-ws.; "
+                                         "this MoE schedule runs mma, mma-sw tiles"):
         forced_tile("wgmma-ws:64x128x64_w1x4_s6", experts, "w")
+    # the masked schedule (and its offsets form) takes the warp-specialized TMA body too
+    assert forced_tile("wgmma-ws:64x128x64_w1x4_s6", experts, "w", masked=True).mma.value == "wgmma-ws"
     with pytest.raises(ValueError, match="stages 512 of K at a time, which does not fit K = 256 .* use 8x128x64"):
         forced_tile("8x128x512_w1x2x4_s2", experts, "w")
     with pytest.raises(ValueError, match="tile must be a TileConfig or its label, got int"):

@@ -295,8 +295,9 @@ def test_grouped_masked_keys_wrap_the_mma_sync_bodies():
     """A grouped masked GEMM (kernel/grouped_masked.cuh) is a schedule around a dense body that
     takes GemmParams: its source wraps the body's template and takes MaskedGemmParams (184 bytes:
     GemmParams, the counts pointer, ExpertWeights, the slabs' two strides, the experts and the
-    offsets pointer); the
-    TMA body and the indexed type have no kernel yet, and say so."""
+    offsets pointer); the masked
+    schedule on the TMA body takes MaskedTmaGemmParams; the aligned grouped schedule on the TMA
+    body and the indexed type have no kernel, and say so."""
     from humming_aot import codegen, params_abi
     from humming_aot.spec import GemmType
 
@@ -313,9 +314,21 @@ def test_grouped_masked_keys_wrap_the_mma_sync_bodies():
         assert "sizeof(humming_aot::kernel::MaskedGemmParams)" in source
         assert codegen.params_type(key) == "MaskedGemmParams"
     assert params_abi.MASKED_PARAMS_BYTES == 184
-    with pytest.raises(ValueError, match="run several tiles per CTA \\(mma, mma-sw\\), not wgmma-ws"):
+    # on the warp-specialized TMA body, the masked schedule drives its producer and consumers
+    # (kernel/grouped_masked_ws.cuh), with the activations' tensor map after MaskedGemmParams
+    ws = KernelKey.from_name("gemm_masked_sm90a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_128x128x64_w1x4_s4")
+    source = codegen.kernel_source(ws)
+    assert "#include <humming_aot/kernel/grouped_masked_ws.cuh>" in source
+    assert "humming_aot::kernel::GroupedMaskedWs<humming_aot::kernel::DenseWgmmaWs<" in source
+    assert "const __grid_constant__ humming_aot::kernel::MaskedTmaGemmParams params" in source
+    assert codegen.params_type(ws) == "MaskedTmaGemmParams"
+    from humming_aot.moe import kernels as moe_kernels
+
+    assert moe_kernels.MASKED_TMA_MAP_OFFSET >= params_abi.MASKED_PARAMS_BYTES
+    assert moe_kernels.MASKED_TMA_PARAMS_BYTES == moe_kernels.MASKED_TMA_MAP_OFFSET + 128
+    with pytest.raises(ValueError, match="takes the bodies mma, mma-sw, not wgmma-ws"):
         codegen.kernel_source(KernelKey.from_name(
-            "gemm_masked_sm90a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_128x128x64_w1x4_s4"))
+            "gemm_grouped_sm90a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_128x128x64_w1x4_s4"))
     # the grouped contiguous schedule (kernel/grouped_contiguous.cuh) the same way, with its own Params
     grouped = KernelKey.from_name("gemm_grouped_sm90a_mma_a-bf16_w-u4-g-bf16-zpi_o-bf16_8x128x256_w1x2x4_s2")
     source = codegen.kernel_source(grouped)
@@ -377,7 +390,6 @@ def test_codegen_refuses_what_no_body_serves_yet():
     name = "gemm_dense_sm90a_wgmma-ws_a-e4m3-k-f32_w-e4m3-g-f32_o-bf16_128x128x64_w1x4_s4"
     with pytest.raises(ValueError, match="no kernel body takes float8e4m3 activations"):
         kernel_source(KernelKey.from_name(name))
-    with pytest.raises(ValueError, match=r"the grouped GEMM \(kernel/grouped_contiguous.cuh\) wraps the bodies that "
-                                         r"take GemmParams and run several tiles per CTA \(mma, mma-sw\), "
-                                         r"not wgmma-ws"):
+    with pytest.raises(ValueError, match=r"the grouped GEMM \(kernel/grouped_contiguous.cuh\) takes the bodies "
+                                         r"mma, mma-sw, not wgmma-ws"):
         kernel_source(KernelKey.from_name("gemm_grouped_sm90a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_128x128x64_w1x4_s4"))

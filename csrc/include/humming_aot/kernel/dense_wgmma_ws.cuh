@@ -50,6 +50,8 @@ template <class Act,      // Float16 or BFloat16: activation, scale and output d
           int kStages>             // slots of the mbarrier ring
 struct DenseWgmmaWs {
   static constexpr int kBits = Weights::kBits;  // weight code bits: 1 to 8
+  // (for the schedules that drive produce and consume: kernel/grouped_masked_ws.cuh)
+  static constexpr int kRingStages = kStages, kTileM = kBlockM, kTileN = kBlockN;
   static constexpr int kBlockK = 64;
   static constexpr int kK16Steps = kBlockK / 16;
   static constexpr int kUnits = kBlockN / 64;
@@ -100,10 +102,11 @@ struct DenseWgmmaWs {
                 "the consumers' registers hold the accumulators and the dequantization");
 
   // The producer: one thread issues the copies of `count` K tiles from k_tile0 on of the tile at
-  // (m0, n0). `fills` counts the ring's fills so far (earlier units of a persistent CTA).
-  static __device__ __forceinline__ void produce(const TmaGemmParams& params, int m0, int n0, int k_tile0, int count,
-                                                 u32 smem_base, u32 full0, u32 empty0, u32& fills) {
-    const GemmParams& p = params.gemm;
+  // (m0, n0): the activation boxes at row m0 of a_map, the weights, scales and zero points of p's
+  // pointers. `fills` counts the ring's fills so far (earlier units of a persistent CTA).
+  static __device__ __forceinline__ void produce(const GemmParams& p, const TensorMap& a_map, int m0, int n0,
+                                                 int k_tile0, int count, u32 smem_base, u32 full0, u32 empty0,
+                                                 u32& fills) {
     // Columns past N (a last tile of a CTA wider than the rest of N) are not copied: their stale
     // shared memory only reaches outputs that are never stored. N is a multiple of 64.
     const int columns = p.n - n0 < kBlockN ? p.n - n0 : kBlockN;
@@ -129,7 +132,7 @@ struct DenseWgmmaWs {
       const u32 stage = smem_base + slot * kStageBytes;
       ptx::mbarrier_arrive_expect_tx(full, stage_tx);
       const int k0 = (k_tile0 + it) * kBlockK;
-      ptx::tensor_copy_2d_g2s(stage, &params.a_map, k0, m0, full);
+      ptx::tensor_copy_2d_g2s(stage, &a_map, k0, m0, full);
 #pragma unroll
       for (int kk = 0; kk < kK16Steps; ++kk) {
         ptx::bulk_copy_g2s(stage + Layout::kABytes + kk * (kBlockN * kBits * 2), w_src + kk * w_row_bytes, w_step_bytes,
@@ -284,8 +287,8 @@ struct DenseWgmmaWs {
         while (more) {
           unit = next;
           more = units.next(next);
-          produce(params, unit.m_tile * kBlockM, unit.n_tile * kBlockN, unit.k_begin, unit.k_end - unit.k_begin,
-                  smem_base, full0, empty0, fills);
+          produce(p, params.a_map, unit.m_tile * kBlockM, unit.n_tile * kBlockN, unit.k_begin,
+                  unit.k_end - unit.k_begin, smem_base, full0, empty0, fills);
           if (more && unit.k_begin == 0) {  // its tile is stored through the ring: wait for that
             ptx::mbarrier_wait(staging_barrier, staging_parity);
             staging_parity ^= 1u;

@@ -100,6 +100,17 @@ struct MaskedGemmParams {
 static_assert(sizeof(MaskedGemmParams) == 184,
               "MaskedGemmParams is GemmParams, a pointer, ExpertWeights, three i64 and a pointer");
 
+// The Params of the grouped masked MoE GEMM (and its offsets form) on the warp-specialized TMA body
+// (kernel/grouped_masked_ws.cuh): MaskedGemmParams, padding to byte 192, then the tensor map of
+// every activation row: the (E x max_m, K) slabs end to end, or the offsets form's (R, K) rows,
+// in boxes of the tile's rows x 64 (320 bytes).
+struct MaskedTmaGemmParams {
+  MaskedGemmParams masked;
+  TensorMap a_map;
+};
+static_assert(sizeof(MaskedTmaGemmParams) == 320 && alignof(MaskedTmaGemmParams) == 64,
+              "MaskedTmaGemmParams is MaskedGemmParams, padding to byte 192, then the 128-byte tensor map");
+
 // The Params of the grouped contiguous MoE GEMM (kernel/grouped_contiguous.cuh): the GemmParams of
 // all the grouped rows with expert 0's weights (k_splits 1), each row's expert on the device and
 // the experts' weights (ExpertWeights). Packed as GemmParams' bytes, then "<2Q4q" (152 bytes).

@@ -1,0 +1,151 @@
+#pragma once
+// The grouped masked MoE GEMM, and its offsets form, on the warp-specialized Hopper body
+// (kernel/dense_wgmma_ws.cuh, SM90a): what kernel/grouped_masked.cuh computes (the same layouts,
+// the same walk over the experts' tiles, the same contract on counts and offsets), for experts of
+// many rows, where the mma.sync bodies that schedule wraps fall behind (prefill-sized batches).
+//
+// A persistent schedule of the body's own producer and consumers, not of a run_tile: the grid is
+// at most the resident CTAs, CTA c takes the tiles c, c + gridDim.x, ... of the experts' tiles
+// (ExpertWalk: expert after expert, an expert of r rows holding ceil(r / kBlockM) x n_tiles tiles,
+// row tile after row tile), and the mbarrier ring runs on from one tile into the next as under the
+// body's stream-K schedule: the producer waits for a tile's staged store before it refills the ring
+// for the next (the staging tile reuses the ring). Every warp of the producer walks (the walk
+// takes a whole warp; its lane 0 issues the copies) and every consumer warp walks the same tiles.
+//
+// Per tile:
+// - the producer copies the activation boxes from the tensor map of all rows (MaskedTmaGemmParams:
+//   the slabs end to end, expert e's at row e x max_m; or the offsets form's rows, expert e's at its
+//   first row), plus the tile's first row; rows of the box past the expert's rows are other
+//   experts' or, past the tensor, zeros: computed and never stored. The weights, scales and zero
+//   points are the expert's (ExpertWeights::move_to);
+// - the consumers store through GemmParams moved to the expert: its output rows (out, with M the
+//   expert's rows, so that no row past them is written), its bias and its global scale.
+// One K slice per tile (gemm.k_splits == 1, the host's precondition); no cluster.
+
+#include <humming_aot/kernel/dense_wgmma_ws.cuh>
+#include <humming_aot/kernel/grouped_masked.cuh>
+#include <humming_aot/kernel/params.cuh>
+#include <humming_aot/ptx/mbarrier.cuh>
+#include <humming_aot/ptx/warpgroup.cuh>
+#include <humming_aot/schedule/grid_dependency.cuh>
+
+namespace humming_aot::kernel {
+
+template <class Dense,  // kernel/dense_wgmma_ws.cuh's DenseWgmmaWs: produce, consume and its Writer
+          int kBlockM,  // its tile's rows (tokens)
+          int kBlockN>  // its tile's columns (weight channels)
+struct GroupedMaskedWs {
+  static constexpr int kThreads = Dense::kThreads;
+  static constexpr int kSmemBytes = Dense::kSmemBytes;
+  static constexpr int kMinBlocksPerSm = Dense::kMinBlocksPerSm;
+  static constexpr bool kScalesInFp32 = Dense::kScalesInFp32;
+  static constexpr int kStages = Dense::kRingStages;
+  static constexpr int kConsumerWarps = Dense::kConsumerWarps;
+  // The producer warp walks the experts too (a window of 8 counts per lane, a scan, the expert's
+  // pointers): more registers than the dense producer's 40, taken from the consumers.
+  static constexpr int kProducerRegisters = 56;
+  static constexpr int kConsumerRegisters =
+      ((Dense::kLaunchRegisters * kThreads - kProducerRegisters * 128) / Dense::kConsumerThreads) / 8 * 8;
+  static_assert(kConsumerRegisters <= 256 && kConsumerRegisters >= Dense::kAccumulators + 48,
+                "the consumers' registers hold the accumulators and the dequantization");
+  static_assert(kBlockM == Dense::kTileM && kBlockN == Dense::kTileN, "the body's tile");
+
+  // Tile `index` of the walk: false past the experts' tiles. p: GemmParams moved to the expert
+  // (weights, bias, global scale; out at the expert's first row and M its rows); m0, n0: the
+  // tile's first row among the expert's and first column; box_row: its first row in the map.
+  static __device__ __forceinline__ bool tile_of(const MaskedGemmParams& g, const ExpertWalk<kBlockM>& walk, u32 index,
+                                                 GemmParams& p, int& m0, int& n0, int& box_row) {
+    u32 expert, rows, local;
+    if (!walk.find(index, expert, rows, local)) return false;
+    p = g.gemm;
+    p.m = static_cast<int>(rows);
+    const i64 first = walk.first_row(expert);  // 0 in a slab; the expert's first row with offsets
+    p.out = static_cast<char*>(p.out) + expert * g.out_stride + first * p.ldo * 2;
+    g.weights.move_to(p, static_cast<int>(expert));
+    const u32 m_tile = local / walk.n_tiles;
+    m0 = static_cast<int>(m_tile) * kBlockM;
+    n0 = static_cast<int>(local - m_tile * walk.n_tiles) * kBlockN;
+    // slabs lie end to end in the map, max_m (= g.gemm.m) rows each; with offsets, one map of rows
+    box_row = static_cast<int>(g.row_offsets == nullptr ? expert * static_cast<u32>(g.gemm.m) : first) + m0;
+    return true;
+  }
+
+  static __device__ __forceinline__ void run(const MaskedTmaGemmParams& params) {
+    const MaskedGemmParams& g = params.masked;
+    extern __shared__ __align__(1024) char smem_raw[];
+    __shared__ __align__(8) u64 full_barriers[kStages];
+    __shared__ __align__(8) u64 empty_barriers[kStages];
+    __shared__ __align__(8) u64 staging_free;  // a tile's staged store is done
+    const u32 raw_base = memory::shared_address(smem_raw);
+    const u32 smem_base = (raw_base + 1023u) & ~1023u;
+    char* smem = smem_raw + (smem_base - raw_base);
+    const u32 full0 = memory::shared_address(full_barriers), empty0 = memory::shared_address(empty_barriers);
+    const u32 staging_barrier = memory::shared_address(&staging_free);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int s = 0; s < kStages; ++s) {
+        ptx::mbarrier_init(full0 + 8 * s, 1);                // the producer's arrive.expect_tx (+ the bytes)
+        ptx::mbarrier_init(empty0 + 8 * s, kConsumerWarps);  // lane 0 of every consumer warp
+      }
+      ptx::mbarrier_init(staging_barrier, 1);  // consumer thread 0, after the consumers' barrier
+      ptx::fence_barrier_init();
+    }
+    __syncthreads();  // the only CTA-wide barrier: the producer may exit early after it
+    // The counts or offsets, the activations and the output may be the previous kernel's (PDL).
+    schedule::wait_for_upstream_grid();
+
+    const ExpertWalk<kBlockM> walk{g.expert_rows, g.row_offsets, static_cast<u32>(g.experts),
+                                   static_cast<u32>(g.gemm.m), (static_cast<u32>(g.gemm.n) + kBlockN - 1) / kBlockN};
+    const int k_tiles = g.gemm.k / Dense::kBlockK;
+    GemmParams p;
+    int m0, n0, box_row;
+
+    if (warp >= kConsumerWarps) {
+      ptx::warpgroup_release_registers<kProducerRegisters>();
+      if (warp == kConsumerWarps) {
+        if (lane == 0) ptx::prefetch_tensor_map(&params.a_map);
+        u32 fills = 0, staging_parity = 0;
+        for (u32 tile = blockIdx.x; tile_of(g, walk, tile, p, m0, n0, box_row); tile += gridDim.x) {
+          if (lane == 0) {
+            // a later tile refills the ring only once the consumers have stored the previous
+            // tile through it (they arrive on staging_free when there is a next tile)
+            if (tile != blockIdx.x) {
+              ptx::mbarrier_wait(staging_barrier, staging_parity);
+              staging_parity ^= 1u;
+            }
+            Dense::produce(p, params.a_map, box_row, n0, 0, k_tiles, smem_base, full0, empty0, fills);
+          }
+          __syncwarp();
+        }
+      }
+      return;
+    }
+    ptx::warpgroup_claim_registers<kConsumerRegisters>();
+
+    const memory::GroupWalk<Dense::kBlockK> groups(g.gemm.group_size);
+    float acc[Dense::kAccumulators];
+    typename Dense::ConsumerRing ring;
+    u32 tile = blockIdx.x;
+    bool more = tile_of(g, walk, tile, p, m0, n0, box_row);
+    if (!more) schedule::release_dependent_grid();  // no tile for this CTA
+    while (more) {
+      const GemmParams current = p;
+      const int current_m0 = m0, current_n0 = n0;
+      tile += gridDim.x;
+      more = tile_of(g, walk, tile, p, m0, n0, box_row);  // the next tile's walk, before this one's K loop
+      Dense::consume(k_tiles, smem_base, full0, empty0, groups, ring, acc);
+      // The next kernel may now be scheduled into the slots this grid leaves as it finishes.
+      if (!more) schedule::release_dependent_grid();
+      Dense::ConsumerBarrier::sync();  // every consumer warpgroup is done with the ring: the staging tile reuses it
+      Dense::Writer::store_tile(current, acc, current_m0, current_n0, smem);
+      if (more) {  // the producer waits for the staging tile's last read before it refills the ring
+        Dense::ConsumerBarrier::sync();
+        if (threadIdx.x == 0) ptx::mbarrier_arrive(staging_barrier);
+      }
+    }
+  }
+};
+
+}  // namespace humming_aot::kernel
