@@ -185,11 +185,13 @@ struct ActQuant {
   // lanes (of one of the step's kUnroll vectors per thread).
   static __device__ void group(const ActQuantParams& p) {
     const i64 row = blockIdx.x;
-    const int lanes = static_cast<int>(p.group / kVector);
+    const int lanes = static_cast<int>(p.group / kVector);  // a power of two from 2 to 32
+    const int lane_shift = __ffs(lanes) - 1;                // (shifts: no 64-bit division per vector)
     const Loaded* in = row_in(p, row);
     Codes* out = row_codes(p, row);
     const i64 vectors = p.k / kVector;
-    for (i64 base = 0; base < vectors; base += kStep) {  // the same trip count in every thread
+    float* row_scales = p.scales + row * (vectors >> lane_shift);  // the row's k / group scales
+    for (i64 base = 0; base < vectors; base += kStep) {            // the same trip count in every thread
       Loaded v[kUnroll];
       load_step(in, base, vectors, v);
 #pragma unroll
@@ -208,7 +210,7 @@ struct ActQuant {
         const float scale = scale_of(m);
         if (valid) {
           out[at] = encode(x, scale);
-          if (threadIdx.x % lanes == 0) p.scales[row * (p.k / p.group) + at / lanes] = scale;
+          if ((threadIdx.x & (lanes - 1)) == 0) row_scales[at >> lane_shift] = scale;
         }
       }
     }
