@@ -265,21 +265,31 @@ struct MoeRouteSegments {
   // Dynamic shared memory (bytes), computed by humming_aot.moe.cuda_steps: (kWarps + 1) * E +
   // kWarps ints: the (kWarps, E) table of counts, then prefixes; the E run starts; the scan's sums.
 
-  // Exclusive prefix sum of one int per thread over the CTA; `sums` holds kWarps ints.
-  static __device__ __forceinline__ int exclusive_scan(int value, int* sums) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    int inclusive = value;
+  // The inclusive prefix sum of one int per lane over the warp.
+  static __device__ __forceinline__ int warp_scan(int value, int lane) {
 #pragma unroll
     for (int offset = 1; offset < 32; offset *= 2) {
-      const int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
-      if (lane >= offset) inclusive += other;
+      const int other = __shfl_up_sync(0xffffffffu, value, offset);
+      if (lane >= offset) value += other;
     }
+    return value;
+  }
+
+  // Exclusive prefix sum of one int per thread over the CTA; `sums` holds kWarps (= 32) ints.
+  // Warp 0 scans the warps' sums, so that no thread reads all 32 of them (the whole CTA runs on
+  // one SM, whose issue slots bound this kernel).
+  static __device__ __forceinline__ int exclusive_scan(int value, int* sums) {
+    static_assert(kWarps == 32, "warp 0 scans one sum per lane");
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int inclusive = warp_scan(value, lane);
     if (lane == 31) sums[warp] = inclusive;
     __syncthreads();
-    int before = 0;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) before += w < warp ? sums[w] : 0;
-    return before + inclusive - value;
+    if (warp == 0) {
+      const int total = sums[lane];
+      sums[lane] = warp_scan(total, lane) - total;  // the warps before warp `lane`
+    }
+    __syncthreads();
+    return sums[warp] + inclusive - value;
   }
 
   // Grid (1), slots <= kMaxSlots, experts <= kMaxExperts.
