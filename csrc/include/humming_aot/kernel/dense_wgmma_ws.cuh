@@ -215,6 +215,23 @@ struct DenseWgmmaWs {
     if (count > 0 && lane == 0) ptx::mbarrier_arrive(empty0 + 8 * previous_slot);
   }
 
+  // The ring's mbarriers (a "full" and an "empty" one per slot, at full0 / empty0 + 8 x slot) and
+  // the staging one, set up by thread 0, then the CTA's only barrier: the producer warpgroup may
+  // exit early after it. For the schedules that drive produce and consume (this body's run,
+  // kernel/grouped_masked_ws.cuh).
+  static __device__ __forceinline__ void init_barriers(u32 full0, u32 empty0, u32 staging_barrier) {
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int s = 0; s < kStages; ++s) {
+        ptx::mbarrier_init(full0 + 8 * s, 1);                // the producer's arrive.expect_tx (+ the bytes)
+        ptx::mbarrier_init(empty0 + 8 * s, kConsumerWarps);  // lane 0 of every consumer warp
+      }
+      ptx::mbarrier_init(staging_barrier, 1);  // consumer thread 0, after the consumers' barrier
+      ptx::fence_barrier_init();
+    }
+    __syncthreads();
+  }
+
   // The units of this CTA's work, each one tile's K tiles [k_begin, k_end): a stream-K range, or
   // the one tile (or K slice of a split tile) of the tail split. One walk for both schedules keeps
   // one copy of the producer's and the consumers' loops in the kernel.
@@ -263,16 +280,7 @@ struct DenseWgmmaWs {
     const u32 staging_barrier = memory::shared_address(&staging_free);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
-    if (threadIdx.x == 0) {
-#pragma unroll
-      for (int s = 0; s < kStages; ++s) {
-        ptx::mbarrier_init(full0 + 8 * s, 1);                // the producer's arrive.expect_tx (+ the bytes)
-        ptx::mbarrier_init(empty0 + 8 * s, kConsumerWarps);  // lane 0 of every consumer warp
-      }
-      ptx::mbarrier_init(staging_barrier, 1);  // consumer thread 0, after the consumers' barrier
-      ptx::fence_barrier_init();
-    }
-    __syncthreads();  // the only CTA-wide barrier: the producer may exit early after it
+    init_barriers(full0, empty0, staging_barrier);
     // Activations, weights and the output may belong to the previous kernel in the stream (PDL).
     schedule::wait_for_upstream_grid();
 

@@ -83,16 +83,7 @@ struct GroupedMaskedWs {
     const u32 staging_barrier = memory::shared_address(&staging_free);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
-    if (threadIdx.x == 0) {
-#pragma unroll
-      for (int s = 0; s < kStages; ++s) {
-        ptx::mbarrier_init(full0 + 8 * s, 1);                // the producer's arrive.expect_tx (+ the bytes)
-        ptx::mbarrier_init(empty0 + 8 * s, kConsumerWarps);  // lane 0 of every consumer warp
-      }
-      ptx::mbarrier_init(staging_barrier, 1);  // consumer thread 0, after the consumers' barrier
-      ptx::fence_barrier_init();
-    }
-    __syncthreads();  // the only CTA-wide barrier: the producer may exit early after it
+    Dense::init_barriers(full0, empty0, staging_barrier);  // then the CTA's only barrier
     // The counts or offsets, the activations and the output may be the previous kernel's (PDL).
     schedule::wait_for_upstream_grid();
 
