@@ -53,7 +53,8 @@ def gemm_masked_kernel(a: torch.Tensor, experts: PackedExperts, masked_m: torch.
                 an H200, for DeepSeek-V3's down projection at 256 experts of 16 rows): pass an
                 output made once where the rows past the counts are not read
     tile:       a forced tile (for tuning and benchmarks; a TileConfig or its label, of a body
-                the MoE schedules wrap: 'mma' or 'mma-sw'); default the table's for expected_m
+                the masked schedule takes: 'mma', 'mma-sw', or 'wgmma-ws' on sm_90a, not yet
+                measured and named by no table row); default the table's for expected_m
     """
     _check(a, experts, masked_m, bias, out)
     if experts.padded:

@@ -39,7 +39,8 @@ def test_masked_schedule_on_the_wgmma_ws_body(fmt, tile):
     w[1] *= 100
     experts = pack_experts(with_every_code(humming_aot.quantize(w, fmt), gen), act_dtype=torch.bfloat16)
     bias = (torch.randn(e, n, device="cuda", generator=gen) * 0.5).to(torch.bfloat16)
-    for max_m, counts in ((40, [0, 40, 1, 17, 0, 39]), (130, [130, 0, 0, 0, 0, 3]), (64, [64] * 6), (16, [0] * 6)):
+    for max_m, counts in ((40, [0, 40, 1, 17, 0, 39]), (130, [130, 0, 0, 0, 0, 3]), (64, [64] * 6),
+                          (16, [16, 0, 5, 16, 1, 0]), (8, [0] * 6)):  # (a map of fewer rows than a box; no tile)
         key = _forced_key(experts, max_m, tile)
         context = f"{key.name} max_m={max_m} counts={counts} seed={seed}"
         masked_m = torch.tensor(counts, dtype=torch.int32, device="cuda")
@@ -68,18 +69,20 @@ def test_masked_schedule_on_the_wgmma_ws_body(fmt, tile):
 @pytest.mark.skipif(not _sm90a(), reason="the wgmma-ws body is sm_90a's")
 @pytest.mark.parametrize("tile", WS_TILES)
 def test_wgmma_ws_schedule_runs_many_tiles_per_cta(tile):
-    """More tiles than resident CTAs (96 experts of up to 100 rows): each CTA runs several tiles
-    through one mbarrier ring, the producer waiting for each tile's staged store; every expert
-    against the float64 reference, in both forms, twice (the same bits: no race between a tile's
-    store and the next tile's fills)."""
+    """More tiles than resident CTAs (110 of 128 experts with 65-100 rows: 440 tiles of 64 x 128
+    against at most 264 resident CTAs, 880 of 32 rows, 220 of 128 rows against 132): each CTA runs
+    several tiles through one mbarrier ring, the producer waiting for each tile's staged store;
+    every expert against the float64 reference, in both forms, twice (the same bits: no race
+    between a tile's store and the next tile's fills)."""
     from humming_aot.moe import gemm_grouped_kernel
 
     seed = _seed()
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    e, n, k, max_m = 96, 256, 256, 100
+    e, n, k, max_m = 128, 256, 256, 100
     experts = pack_experts(humming_aot.quantize(torch.randn(e, n, k, device="cuda", generator=gen) * 0.05,
                                                 "int4:g128"), act_dtype=torch.bfloat16)
-    counts = torch.randint(0, max_m + 1, (e,), device="cuda", generator=gen, dtype=torch.int32)
+    counts = torch.randint(65, max_m + 1, (e,), device="cuda", generator=gen, dtype=torch.int32)
+    counts[::7] = 0  # empty experts among them
     a = torch.randn(e, max_m, k, device="cuda", generator=gen).to(torch.bfloat16)
     key = _forced_key(experts, max_m, tile)
     runs = [gemm_masked_kernel(a, experts, counts, tile=tile) for _ in range(2)]

@@ -25,6 +25,7 @@
 #include <humming_aot/kernel/dense_wgmma_ws.cuh>
 #include <humming_aot/kernel/grouped_masked.cuh>
 #include <humming_aot/kernel/params.cuh>
+#include <humming_aot/mma/wgmma.cuh>
 #include <humming_aot/ptx/mbarrier.cuh>
 #include <humming_aot/ptx/warpgroup.cuh>
 #include <humming_aot/schedule/grid_dependency.cuh>
@@ -50,24 +51,31 @@ struct GroupedMaskedWs {
                 "the consumers' registers hold the accumulators and the dequantization");
   static_assert(kBlockM == Dense::kTileM && kBlockN == Dense::kTileN, "the body's tile");
 
-  // Tile `index` of the walk: false past the experts' tiles. p: GemmParams moved to the expert
-  // (weights, bias, global scale; out at the expert's first row and M its rows); m0, n0: the
-  // tile's first row among the expert's and first column; box_row: its first row in the map.
-  static __device__ __forceinline__ bool tile_of(const MaskedGemmParams& g, const ExpertWalk<kBlockM>& walk, u32 index,
-                                                 GemmParams& p, int& m0, int& n0, int& box_row) {
+  // Where tile `index` of the walk lies: its expert, that expert's rows, and the tile's index
+  // among the expert's tiles (row tile after row tile).
+  struct TileAt {
     u32 expert, rows, local;
-    if (!walk.find(index, expert, rows, local)) return false;
+  };
+
+  static __device__ __forceinline__ bool find(const ExpertWalk<kBlockM>& walk, u32 index, TileAt& t) {
+    return walk.find(index, t.expert, t.rows, t.local);
+  }
+
+  // The tile's GemmParams, moved to its expert (weights, bias, global scale; out at the expert's
+  // first row and M its rows), its first row among the expert's (m0) and first column (n0), and
+  // the map row of its activation box (slabs lie end to end in the map, max_m = g.gemm.m rows
+  // each; with offsets, the map is the rows).
+  static __device__ __forceinline__ void params_of(const MaskedGemmParams& g, const ExpertWalk<kBlockM>& walk,
+                                                   const TileAt& t, GemmParams& p, int& m0, int& n0, int& box_row) {
     p = g.gemm;
-    p.m = static_cast<int>(rows);
-    const i64 first = walk.first_row(expert);  // 0 in a slab; the expert's first row with offsets
-    p.out = static_cast<char*>(p.out) + expert * g.out_stride + first * p.ldo * 2;
-    g.weights.move_to(p, static_cast<int>(expert));
-    const u32 m_tile = local / walk.n_tiles;
+    p.m = static_cast<int>(t.rows);
+    const i64 first = walk.first_row(t.expert);  // 0 in a slab; the expert's first row with offsets
+    p.out = static_cast<char*>(p.out) + t.expert * g.out_stride + first * p.ldo * 2;
+    g.weights.move_to(p, static_cast<int>(t.expert));
+    const u32 m_tile = t.local / walk.n_tiles;
     m0 = static_cast<int>(m_tile) * kBlockM;
-    n0 = static_cast<int>(local - m_tile * walk.n_tiles) * kBlockN;
-    // slabs lie end to end in the map, max_m (= g.gemm.m) rows each; with offsets, one map of rows
-    box_row = static_cast<int>(g.row_offsets == nullptr ? expert * static_cast<u32>(g.gemm.m) : first) + m0;
-    return true;
+    n0 = static_cast<int>(t.local - m_tile * walk.n_tiles) * kBlockN;
+    box_row = static_cast<int>(g.row_offsets == nullptr ? t.expert * static_cast<u32>(g.gemm.m) : first) + m0;
   }
 
   static __device__ __forceinline__ void run(const MaskedTmaGemmParams& params) {
@@ -98,8 +106,10 @@ struct GroupedMaskedWs {
       if (warp == kConsumerWarps) {
         if (lane == 0) ptx::prefetch_tensor_map(&params.a_map);
         u32 fills = 0, staging_parity = 0;
-        for (u32 tile = blockIdx.x; tile_of(g, walk, tile, p, m0, n0, box_row); tile += gridDim.x) {
+        TileAt at;
+        for (u32 tile = blockIdx.x; find(walk, tile, at); tile += gridDim.x) {
           if (lane == 0) {
+            params_of(g, walk, at, p, m0, n0, box_row);
             // a later tile refills the ring only once the consumers have stored the previous
             // tile through it (they arrive on staging_free when there is a next tile)
             if (tile != blockIdx.x) {
@@ -119,22 +129,29 @@ struct GroupedMaskedWs {
     float acc[Dense::kAccumulators];
     typename Dense::ConsumerRing ring;
     u32 tile = blockIdx.x;
-    bool more = tile_of(g, walk, tile, p, m0, n0, box_row);
+    TileAt current, next;
+    bool more = find(walk, tile, current);
     if (!more) schedule::release_dependent_grid();  // no tile for this CTA
     while (more) {
-      const GemmParams current = p;
-      const int current_m0 = m0, current_n0 = n0;
+      // the tile's global scale, and the next tile's walk, in flight before this tile's K loop
+      const float global_scale = g.weights.global_scales[current.expert];
       tile += gridDim.x;
-      more = tile_of(g, walk, tile, p, m0, n0, box_row);  // the next tile's walk, before this one's K loop
+      more = find(walk, tile, next);
       Dense::consume(k_tiles, smem_base, full0, empty0, groups, ring, acc);
       // The next kernel may now be scheduled into the slots this grid leaves as it finishes.
       if (!more) schedule::release_dependent_grid();
+      params_of(g, walk, current, p, m0, n0, box_row);
+      p.global_scale = global_scale;   // (the same value move_to read)
       Dense::ConsumerBarrier::sync();  // every consumer warpgroup is done with the ring: the staging tile reuses it
-      Dense::Writer::store_tile(current, acc, current_m0, current_n0, smem);
+      Dense::Writer::store_tile(p, acc, m0, n0, smem);
       if (more) {  // the producer waits for the staging tile's last read before it refills the ring
+        // this thread's staging accesses (generic proxy) ordered before the TMA writes that refill
+        // the same shared memory (async proxy)
+        mma::fence_shared_for_async_proxy();
         Dense::ConsumerBarrier::sync();
         if (threadIdx.x == 0) ptx::mbarrier_arrive(staging_barrier);
       }
+      current = next;
     }
   }
 };
