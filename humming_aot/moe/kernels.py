@@ -387,7 +387,9 @@ def gemm_indexed_kernel(a: torch.Tensor, experts: PackedExperts, routing, *, a_r
     slot = torch.where(real, slot, -1)
     row_expert = torch.where(real, expert, -1)
     gathered = routing_module.gather_rows(a, slot, a_rows_per_token)
-    y = gemm_grouped_kernel(gathered, experts, row_expert, expected_m=expected_m, tile=tile)
+    # (no zero-fill: the rows the kernel leaves, blocks of padding only, go to the dropped row)
+    y = gemm_grouped_kernel(gathered, experts, row_expert, expected_m=expected_m, tile=tile,
+                            out=torch.empty(rows, experts.out_features, dtype=a.dtype, device=a.device))
     if topk_weights is not None:
         weight = topk_weights.reshape(-1).float().index_select(0, torch.where(real, slot, 0))
         y = (y.float() * weight.unsqueeze(1)).to(a.dtype)
