@@ -9,7 +9,8 @@ bodies; moe/kernels.py), with ``gemm_indexed_kernel`` (fused_moe's layout) on th
 from __future__ import annotations
 
 from humming_aot.moe.expert_loop import gemm_grouped, gemm_indexed, gemm_masked
-from humming_aot.moe.kernels import gemm_grouped_kernel, gemm_indexed_kernel, gemm_masked_kernel, grouped_block_m
+from humming_aot.moe.indexed import gemm_indexed_kernel
+from humming_aot.moe.kernels import gemm_grouped_kernel, gemm_masked_kernel, grouped_block_m
 from humming_aot.moe.packing import PackedExperts, expert_weight, pack_experts
 from humming_aot.moe.routing import (
     AlignedGrouping,

@@ -10,10 +10,8 @@
 - ``gemm_grouped_kernel(a, experts, offsets=offsets)``: the grouped contiguous layout with no
   alignment, expert e owning rows offsets[e] to offsets[e + 1], on the masked kernel's walk
   (its offsets form), what ``expert_loop.gemm_grouped`` defines;
-- ``gemm_indexed_kernel(a, experts, routing)``: vLLM fused_moe's indexed layout
-  (``align_block_size``), what ``expert_loop.gemm_indexed`` defines, as three launches: the
-  gather of the routed rows, the block-aligned grouped kernel on them, and the scatter to the
-  flat top-k rows with the routing weights (not yet fused into the kernel's loader and writer).
+- ``moe.indexed.gemm_indexed_kernel(a, experts, routing)``: vLLM fused_moe's indexed layout on the
+  block-aligned grouped kernel (a gather before it, a scatter after).
 
 All are persistent schedules around a dense mma.sync body (``heuristics.select_masked_tile``: the
 tile for the expected rows per expert), from the installed catalog or the JIT, one K slice per
@@ -309,94 +307,6 @@ def gemm_grouped_kernel(a: torch.Tensor, experts: PackedExperts, row_expert: tor
                                             _resident(loaded, tile, a.device.index))
     loaded.launch(grid, _stream(a), params)
     return out
-
-
-def gemm_indexed_kernel(a: torch.Tensor, experts: PackedExperts, routing, *, a_rows_per_token: int,
-                        topk_weights: torch.Tensor | None = None, expected_m: int | None = None,
-                        tile: TileConfig | str | None = None) -> torch.Tensor:
-    """fused_moe's indexed GEMM on the grouped kernel: out (M * top_k, N), row t (a routed slot) =
-    a[t // a_rows_per_token] @ W[expert of t's block]^T, times topk_weights.flat[t] when given
-    (the product rounded once from float32, as ``expert_loop.gemm_indexed``); slots of no block
-    (ids a kernel-made routing dropped) are zeros. No host round trip (CUDA-graph capturable):
-    the routing's arrays are read on the device only. num_tokens_post_padded is not read: every
-    entry of sorted_token_ids past it must be the pad value M * top_k (as align_block_size and
-    vLLM's moe_align_block_size leave them), which makes those rows padding.
-
-    a:                (M, K) one row per token (a_rows_per_token = top_k: the first GEMM) or
-                      (M * top_k, K) one per slot (a_rows_per_token = 1: the second), the
-                      experts' activation dtype, on their CUDA device
-    routing:          an ``IndexedRouting`` (``align_block_size``) whose block_size is a multiple
-                      of ``grouped_block_m(experts, expected_m)`` (the kernel's tile rows); its
-                      expert_ids are local expert indices, and a block of -1 (another rank's
-                      expert) or of an index outside [0, E) is skipped (its slots zeros)
-    topk_weights:     (M, top_k) floating, or None
-    expected_m:       the rows an expert is expected to hold (picks the tile); default the slots
-                      over the experts, rounded up
-    tile:             a forced tile (tuning, benchmarks), whose block_m must divide block_size
-
-    Three launches: the routed rows gathered (moe_gather), ``gemm_grouped_kernel`` on them (the
-    padding rows of an expert's blocks are zero rows), and the rows scattered to their slots; the
-    gather and scatter are memory-bound copies of the activations and outputs that a loader and
-    writer indexed through sorted_token_ids would save."""
-    from humming_aot.moe import routing as routing_module
-
-    what = "gemm_indexed_kernel"
-    if not isinstance(routing, routing_module.IndexedRouting):
-        raise ValueError(f"{what}: routing must be an IndexedRouting (moe.align_block_size), got "
-                         f"{type(routing).__name__}")
-    slots = routing.num_tokens * routing.top_k
-    if type(a_rows_per_token) is not int or a_rows_per_token not in (1, routing.top_k):
-        raise ValueError(f"{what}: a_rows_per_token must be the routing's top_k ({routing.top_k}: a holds one row "
-                         f"per token) or 1 (one row per slot), got {a_rows_per_token!r}")
-    if (not isinstance(a, torch.Tensor) or a.dim() != 2 or a.shape[0] * a_rows_per_token != slots
-            or a.shape[1] != experts.in_features or a.dtype != experts.act_dtype):
-        raise ValueError(f"{what}: a must be ({slots // a_rows_per_token}, {experts.in_features}) "
-                         f"{experts.act_dtype} for {routing.num_tokens} tokens of top-{routing.top_k} and "
-                         f"a_rows_per_token={a_rows_per_token}, got {_describe(a)}")
-    if topk_weights is not None and (not isinstance(topk_weights, torch.Tensor)
-                                     or topk_weights.shape != (routing.num_tokens, routing.top_k)
-                                     or not topk_weights.is_floating_point() or topk_weights.device != a.device):
-        raise ValueError(f"{what}: topk_weights must be ({routing.num_tokens}, {routing.top_k}) floating on "
-                         f"{a.device}, got {_describe(topk_weights)}")
-    if not a.is_cuda or a.device != experts.device:
-        raise ValueError(f"{what}: a ({a.device}) and the experts ({experts.device}) must be on one CUDA device; "
-                         "on the CPU, humming_aot.moe.gemm_indexed computes the same")
-    rows = routing.sorted_token_ids.shape[0]
-    block = routing.block_size
-    if routing.expert_ids.shape[0] * block < rows:
-        raise ValueError(f"{what}: the routing's expert_ids ({routing.expert_ids.shape[0]}) do not cover its "
-                         f"{rows} rows in blocks of {block}")
-    if expected_m is None:
-        expected_m = max(1, -(-slots // experts.experts))
-    if tile is not None:
-        tile = forced_tile(tile, experts, what)
-        block_m = tile.block_m
-    else:
-        block_m = grouped_block_m(experts, expected_m, a.device)
-    if block % block_m:
-        raise ValueError(f"{what}: the routing's block_size {block} is not a multiple of the kernel's {block_m} rows: "
-                         f"align with moe.align_block_size(..., block_size=grouped_block_m(experts, {expected_m})) "
-                         f"or a multiple of it")
-    if slots == 0 or rows == 0:
-        return torch.zeros(slots, experts.out_features, dtype=a.dtype, device=a.device)
-    slot = routing.sorted_token_ids.to(device=a.device, dtype=torch.int64)
-    real = (slot >= 0) & (slot < slots)
-    # each block's expert on its rows (expand + reshape: no host round trip in any torch version)
-    expert = routing.expert_ids.to(device=a.device, dtype=torch.int32).unsqueeze(1).expand(-1, block).reshape(-1)[:rows]
-    real &= (expert >= 0) & (expert < experts.experts)
-    slot = torch.where(real, slot, -1)
-    row_expert = torch.where(real, expert, -1)
-    gathered = routing_module.gather_rows(a, slot, a_rows_per_token)
-    # (no zero-fill: the rows the kernel leaves, blocks of padding only, go to the dropped row)
-    y = gemm_grouped_kernel(gathered, experts, row_expert, expected_m=expected_m, tile=tile,
-                            out=torch.empty(rows, experts.out_features, dtype=a.dtype, device=a.device))
-    if topk_weights is not None:
-        weight = topk_weights.reshape(-1).float().index_select(0, torch.where(real, slot, 0))
-        y = (y.float() * weight.unsqueeze(1)).to(a.dtype)
-    # every row of no slot goes to one extra row, dropped: the real rows' slots are distinct
-    wide = torch.zeros(slots + 1, experts.out_features, dtype=a.dtype, device=a.device)
-    wide.index_copy_(0, torch.where(real, slot, slots), y)
-    return wide[:slots]
 
 
 def _tile(experts: PackedExperts, device_index: int, rows: int) -> TileConfig:
