@@ -26,7 +26,8 @@
 #             point, ours or --impl humming): speed of light, occupancy, warp states, scheduler
 #             and instruction statistics of its kernels, as CSV    -> bench.log, moe_profile.csv
 #   ab        the base tree in $AB_BASE (default .ab/base; tools/ab_base.sh REV [DIR]) built with the same catalog, then
-#             bench_gemm.py ($AB_ARGS) from each tree in turns, $AB_ROUNDS (2) rounds
+#             $AB_TOOL (default tools/bench/bench_gemm.py; or tools/bench/bench_moe.py) with $AB_ARGS from each tree
+#             in turns, $AB_ROUNDS (2) rounds
 #             -> bench.log (the side-by-side table of tools/bench/ab_compare.py), ab.json
 # Other knobs: HUMMING_AOT_DEVICE_CATALOG (default "dense": the default catalog without its MoE
 # GEMMs, whose build would take the suite past one 600 s call; the MoE tests JIT their kernels;
@@ -246,11 +247,11 @@ step_ab() {
         return 1
     local -a extra=() base_runs=() current_runs=()
     [[ -n "${AB_ARGS:-}" ]] && mapfile -t extra < <(split_args "$AB_ARGS")
-    local round tmp
+    local round tmp tool=${AB_TOOL:-tools/bench/bench_gemm.py}  # or tools/bench/bench_moe.py
     tmp=$(mktemp -d)
     for ((round = 1; round <= ${AB_ROUNDS:-2}; round++)); do
-        (cd "$base" && PYTHONPATH="$base:$SITE" python3 tools/bench/bench_gemm.py --json "$tmp/base_$round.json" "${extra[@]}") || return 1
-        python3 tools/bench/bench_gemm.py --json "$tmp/current_$round.json" "${extra[@]}" || return 1
+        (cd "$base" && PYTHONPATH="$base:$SITE" python3 "$tool" --json "$tmp/base_$round.json" "${extra[@]}") || return 1
+        python3 "$tool" --json "$tmp/current_$round.json" "${extra[@]}" || return 1
         base_runs+=("$tmp/base_$round.json")
         current_runs+=("$tmp/current_$round.json")
     done

@@ -91,3 +91,21 @@ def test_ab_base_writes_a_second_base_under_ab_only(tmp_path):
         result = subprocess.run(["bash", str(script), "HEAD", bad], cwd=clone, capture_output=True, text=True)
         assert result.returncode == 2 and "under .ab/" in result.stderr, bad
     assert not (clone / "elsewhere").exists()
+
+
+def test_bench_moe_rounds_compare_per_model_gemm_and_token_count():
+    """bench_moe.py's rows (tokens, model, gemm, layout, format) are points too: the same N and K
+    of two models stay apart, and a point an external implementation failed (us None) is left out."""
+    def moe_run(us_a: float, us_b: float) -> dict:
+        row = {"impl": "humming_aot", "format": "int4:g128", "tokens": 16, "n": 7168, "k": 256, "layout": "masked"}
+        return {"results": [dict(row, model="deepseek-v3-tp8", gemm="gemm2", us=us_a),
+                            dict(row, model="256x8:7168x256", gemm="gemm", us=us_b),
+                            dict(row, impl="humming", model="deepseek-v3-tp8", gemm="gemm2", us=None)]}
+
+    ab = {"base": {"rev": "a", "rounds": [moe_run(72.0, 73.0), moe_run(74.0, 75.0)]},
+          "current": {"rev": "b", "rounds": [moe_run(60.0, 61.0), moe_run(62.0, 63.0)]}}
+    rows = {r["impl"]: r for r in ab_compare.compare(ab)}
+    assert set(rows) == {"humming_aot deepseek-v3-tp8 gemm2 masked", "humming_aot 256x8:7168x256 gemm masked"}
+    first = rows["humming_aot deepseek-v3-tp8 gemm2 masked"]
+    assert (first["fmt"], first["m"], first["n"], first["k"]) == ("int4:g128", 16, 7168, 256)
+    assert first["base_us"] == pytest.approx(73.0) and first["current_us"] == pytest.approx(61.0)

@@ -5,7 +5,8 @@
         --current c1.json c2.json                          # how tools/device_check.sh's ab step writes it
 
 ab.json: {"base": {"rev": ..., "rounds": [bench JSON, ...]}, "current": {"rev": ..., "rounds": [...]}},
-each round one tools/bench/bench_gemm.py --json output. The table has one row per point (impl,
+each round one tools/bench/bench_gemm.py --json output, or bench_moe.py's (its tokens as M, its
+model and GEMM telling apart shapes of the same N and K). The table has one row per point (impl,
 format, M, N, K): the median over the rounds of each side (each round is itself a median of
 graph replays), the change in us and in percent, and the spread of the rounds (max - min over
 both sides), the size below which a change is not told apart from run-to-run noise.
@@ -26,7 +27,13 @@ def _times(rounds: list[dict]) -> dict[Point, list[float]]:
     times: dict[Point, list[float]] = {}
     for run in rounds:
         for r in run.get("results", []):
-            key = (r["impl"], r["fmt"], int(r["m"]), int(r["n"]), int(r["k"]))
+            if r.get("us") is None:  # a point an implementation failed (bench_moe records those)
+                continue
+            if "tokens" in r:  # bench_moe.py: the MoE GEMM of a model (E x top-k) at a token count
+                impl = f"{r['impl']} {r['model']} {r['gemm']} {r.get('layout', '')}".rstrip()
+                key = (impl, r["format"], int(r["tokens"]), int(r["n"]), int(r["k"]))
+            else:
+                key = (r["impl"], r["fmt"], int(r["m"]), int(r["n"]), int(r["k"]))
             times.setdefault(key, []).append(float(r["us"]))
     return times
 
