@@ -74,9 +74,11 @@ def model_spec(name: str) -> tuple[int, int, tuple[tuple[str, int, int], ...]]:
     if not (1 <= top_k <= experts and n > 0 and k > 0):
         raise ValueError(f"model {name!r}: needs 1 <= top_k <= experts and positive N, K")
     return experts, top_k, (("gemm", n, k),)
-ALL_IMPLS = ("humming_aot", "humming", "torch_grouped_mm", "humming_aot_loop", "humming_aot_aligned")
+ALL_IMPLS = ("humming_aot", "humming", "torch_grouped_mm", "humming_aot_loop", "humming_aot_aligned",
+             "humming_aot_indexed")
 DEFAULT_IMPLS = ALL_IMPLS[:3]
-TILED_IMPLS = ("humming_aot", "humming_aot_aligned")  # the impls --tile forces a tile on
+# the impls --tile forces a tile on
+TILED_IMPLS = ("humming_aot", "humming_aot_aligned", "humming_aot_indexed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,8 +267,38 @@ def prepare_torch_grouped_mm(w: torch.Tensor, fmt: str, layout: str) -> MoeImpl:
     return MoeImpl("torch_grouped_mm", call, lambda x: w[x], "bf16 weights", None, ends.clear)
 
 
+def prepare_humming_aot_indexed(w: torch.Tensor, fmt: str, layout: str, tile: str | None = None) -> MoeImpl:
+    """vLLM fused_moe's indexed layout (moe.gemm_indexed_kernel: gather, the block-aligned grouped
+    kernel, scatter), from the tokens' rows: the first GEMM's form (one row per token). The
+    routing's align_block_size runs once per routing, outside the timing (the routing's step)."""
+    import humming_aot
+    from humming_aot.enumerate import parse_tile_field
+    from humming_aot.moe import align_block_size, gemm_indexed_kernel, grouped_block_m, pack_experts
+
+    if layout != "contiguous":
+        raise bench_gemm.Unavailable("the indexed layout is compared on the contiguous layout's rows")
+    experts = pack_experts(humming_aot.quantize(w.float(), fmt), act_dtype=w.dtype)
+    weight = lambda e: experts.expert(e).effective_weight(scales_in_fp32=False)  # noqa: E731
+    kept: dict[int, tuple] = {}
+
+    def routing_of(r: Routed):
+        if id(r) not in kept:
+            block = parse_tile_field(tile).block_m if tile else grouped_block_m(experts, r.expected_m)
+            kept[id(r)] = (r, align_block_size(r.topk_ids, experts.experts, block, check_range=False))
+        return kept[id(r)][1]
+
+    def call(r: Routed) -> torch.Tensor:
+        return gemm_indexed_kernel(r.hidden, experts, routing_of(r), a_rows_per_token=r.topk_ids.shape[1],
+                                   expected_m=r.expected_m, tile=tile)
+
+    def to_layout(r: Routed, out: torch.Tensor) -> torch.Tensor:  # slot order -> expert after expert
+        return out.index_select(0, torch.argsort(r.topk_ids.reshape(-1), stable=True))
+    return MoeImpl("humming_aot_indexed", call, weight, f"tile {tile}" if tile else "", to_layout, kept.clear)
+
+
 PREPARE = {"humming_aot": prepare_humming_aot, "humming": prepare_humming, "torch_grouped_mm": prepare_torch_grouped_mm,
-           "humming_aot_loop": prepare_humming_aot_loop, "humming_aot_aligned": prepare_humming_aot_aligned}
+           "humming_aot_loop": prepare_humming_aot_loop, "humming_aot_aligned": prepare_humming_aot_aligned,
+           "humming_aot_indexed": prepare_humming_aot_indexed}
 
 
 def relerr(impl: MoeImpl, routed: Routed, layout: str) -> float | None:
