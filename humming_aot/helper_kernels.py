@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 # Bumped when a helper Params struct or a kernel's contract changes (part of every unit's source,
 # so a cached cubin of another version is never loaded).
-HELPERS_VERSION = 2
+HELPERS_VERSION = 3
 
 _ACTS = {"f16": "humming_aot::numerics::Float16", "bf16": "humming_aot::numerics::BFloat16"}
 
@@ -77,12 +77,18 @@ def _quant_kernels(arch: str) -> list[tuple[str, str, str, str]]:
                 kernels.append((f"quant_{member}_{act}_{element}", "ActQuantParams", cls, member))
             if element == "int8":  # the amax pass does not depend on the element
                 kernels.append((f"quant_tensor_amax_{act}", "ActQuantParams", cls, "tensor_amax"))
+        # 4-bit floats per group (act_quant_fp4.cuh): MXFP4 anywhere, NVFP4's e4m3 scales from sm_89
+        for scale, name in (("kE8M0", "mx"), ("kE4M3Global", "nv")):
+            if name == "mx" or number >= 89:
+                kernels.append((f"quant_fp4_{name}_{act}", "Fp4QuantParams",
+                                f"humming_aot::helpers::ActQuantFp4<{_ACTS[act]}, "
+                                f"humming_aot::helpers::Fp4Scale::{scale}>", "group"))
     return kernels
 
 
 _UNITS = {
     "moe": (("moe_route.cuh", "moe_gather.cuh", "moe_activation.cuh", "moe_combine.cuh"), _moe_kernels),
-    "quant": (("act_quant.cuh",), _quant_kernels),
+    "quant": (("act_quant.cuh", "act_quant_fp4.cuh"), _quant_kernels),
 }
 
 

@@ -343,18 +343,22 @@ def _quantize_activation(a, fmt, static_scale, global_scale):
     """ops.quantize_activation's work: the kernels where they apply, else the reference."""
     from humming_aot.quant.activation import ActivationGranularity, _as_scale
 
-    if isinstance(a, torch.Tensor) and a.is_cuda and global_scale is None and a.is_floating_point():
+    if isinstance(a, torch.Tensor) and a.is_cuda and a.is_floating_point():
         from humming_aot.quant import cuda_quant
 
-        scale = None
-        if static_scale is not None and fmt.granularity is ActivationGranularity.TENSOR:
-            if torch.cuda.is_current_stream_capturing() and isinstance(static_scale, torch.Tensor):
+        def as_scale(value, name):
+            if torch.cuda.is_current_stream_capturing() and isinstance(value, torch.Tensor):
                 # no read-back while capturing: the tensor is the caller's to keep positive and finite
-                scale = static_scale.to(device=a.device, dtype=torch.float32).reshape(())
-            else:
-                scale = _as_scale(static_scale, "static_scale", a.device)
-        if static_scale is None or scale is not None:
-            out = cuda_quant.quantize(a, fmt, scale)
+                return value.to(device=a.device, dtype=torch.float32).reshape(())
+            return _as_scale(value, name, a.device)
+
+        scale = glob = None
+        if static_scale is not None and fmt.granularity is ActivationGranularity.TENSOR:
+            scale = as_scale(static_scale, "static_scale")
+        if global_scale is not None and fmt.has_global_scale:
+            glob = as_scale(global_scale, "global_scale")
+        if (static_scale is None or scale is not None) and (global_scale is None or glob is not None):
+            out = cuda_quant.quantize(a, fmt, scale, glob)
             if out is not None:
                 return out
     return fmt.quantize(a, static_scale=static_scale, global_scale=global_scale)

@@ -5,8 +5,11 @@ no host round trip.
 
 It takes: float16 / bfloat16 activations (*lead, K), K a multiple of 8, rows 16-byte aligned;
 int8 (any arch), float8e4m3 and float8e5m2 (sm_89+) elements; float32 scales per token, per
-group of 16, 32, 64, 128 or 256 (dividing K), or per tensor (static or dynamic). ``quantize``
-returns None for anything else, and ops.quantize_activation then runs the reference.
+group of 16, 32, 64, 128 or 256 (dividing K), or per tensor (static or dynamic); and the 4-bit
+float presets (act_quant_fp4.cuh): mxfp4 (float4e2m1, groups of 32, float8e8m0 scales, any arch)
+and nvfp4 (groups of 16, float8e4m3 scales and a float32 global scale given or from the
+tensor's amax, sm_89+). ``quantize`` returns None for anything else, and ops.quantize_activation
+then runs the reference.
 """
 from __future__ import annotations
 
@@ -22,6 +25,9 @@ THREADS = 256  # ActQuant::kThreads
 VECTOR = 8  # ActQuant::kVector
 GROUP_SIZES = (16, 32, 64, 128, 256)  # 8 times a power-of-two lane count up to a warp
 _PARAMS = struct.Struct("<9q")  # helpers::ActQuantParams
+_FP4_PARAMS = struct.Struct("<10q")  # helpers::Fp4QuantParams: ActQuantParams, then the global scale's output
+# the 4-bit float recipes: (group, scale dtype) -> the kernel's name part
+FP4_RECIPES = {(32, "float8e8m0"): "mx", (16, "float8e4m3"): "nv"}
 _ACT_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 
 
@@ -39,8 +45,12 @@ def recipe_supported(dtype: torch.dtype, shape: tuple[int, ...], fmt: Activation
     """Whether the kernels take activations of this dtype and shape by this recipe (the device and
     its arch aside: see ``quantize``)."""
     gran = fmt.granularity
-    return (dtype in _ACT_NAMES and len(shape) >= 1 and 0 not in shape and shape[-1] % VECTOR == 0
-            and fmt.scale_dtype == "float32" and fmt.element in helper_kernels.QUANT_ELEMENTS
+    if not (dtype in _ACT_NAMES and len(shape) >= 1 and 0 not in shape and shape[-1] % VECTOR == 0):
+        return False
+    if fmt.element == "float4e2m1":
+        return (gran is ActivationGranularity.GROUP and (fmt.group_size, fmt.scale_dtype) in FP4_RECIPES
+                and shape[-1] % fmt.group_size == 0)
+    return (fmt.scale_dtype == "float32" and fmt.element in helper_kernels.QUANT_ELEMENTS
             and (gran is not ActivationGranularity.GROUP
                  or (fmt.group_size in GROUP_SIZES and shape[-1] % fmt.group_size == 0)))
 
@@ -50,10 +60,16 @@ def supported(a: torch.Tensor, fmt: ActivationFormat) -> bool:
     return a.device.type == "cuda" and recipe_supported(a.dtype, tuple(a.shape), fmt)
 
 
-def quantize(a: torch.Tensor, fmt: ActivationFormat, static_scale: torch.Tensor | None) -> QuantizedActivation | None:
-    """``fmt.quantize(a, static_scale=static_scale)`` on the GPU, or None when the kernels do not
-    take it (``supported``, the helper kernels off or not loadable, an element this arch cannot
-    encode). ``static_scale``: a float32 tensor of one element on a's device (per tensor only)."""
+def quantize(a: torch.Tensor, fmt: ActivationFormat, static_scale: torch.Tensor | None,
+             global_scale: torch.Tensor | None = None) -> QuantizedActivation | None:
+    """``fmt.quantize(a, static_scale=static_scale, global_scale=global_scale)`` on the GPU, or
+    None when the kernels do not take it (``supported``, the helper kernels off or not loadable,
+    an element or scale this arch cannot encode). ``static_scale`` (per tensor only) and
+    ``global_scale`` (nvfp4 only): a float32 tensor of one element on a's device."""
+    if fmt.element == "float4e2m1":
+        return _quantize_fp4(a, fmt, global_scale)
+    if global_scale is not None:
+        return None
     if not supported(a, fmt) or not env.helpers_enabled():
         return None
     x = _rows(a)
@@ -85,6 +101,47 @@ def quantize(a: torch.Tensor, fmt: ActivationFormat, static_scale: torch.Tensor 
             unit.launch(name, (rows, 1, 1), THREADS, 0, _stream(device), params)
     return QuantizedActivation(element=fmt.element, granularity=gran, group_size=fmt.group_size,
                                scale_dtype=fmt.scale_dtype, codes=codes.reshape(a.shape), scales=scales)
+
+
+def _quantize_fp4(a: torch.Tensor, fmt: ActivationFormat, global_scale: torch.Tensor | None) -> QuantizedActivation | None:
+    """quantize for mxfp4 and nvfp4 (act_quant_fp4.cuh): one launch, two for nvfp4 with the global
+    scale from the tensor's amax (the amax pass of act_quant.cuh first)."""
+    if not supported(a, fmt) or not env.helpers_enabled():
+        return None
+    name = FP4_RECIPES[(fmt.group_size, fmt.scale_dtype)]
+    if global_scale is not None and name != "nv":
+        return None
+    x = _rows(a)
+    device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    if x is None or not helper_kernels.available("quant", device):
+        return None
+    unit = helper_kernels.load("quant", device)
+    act = _ACT_NAMES[a.dtype]
+    symbol = f"quant_fp4_{name}_{act}"
+    if symbol not in unit.kernels:  # nvfp4's e4m3 scales before sm_89
+        return None
+    rows, k = x.shape
+    codes = torch.empty(rows, k, dtype=torch.uint8, device=a.device)
+    scales = torch.empty(_scale_shape(fmt.granularity, fmt.group_size, tuple(a.shape)), dtype=torch.float32,
+                         device=a.device)
+    glob = amax = given = None
+    if name == "nv":
+        glob = torch.empty((), dtype=torch.float32, device=a.device)
+        if global_scale is None:
+            amax = torch.zeros(1, dtype=torch.int32, device=a.device)  # the amax pass's float bits
+        else:
+            given = global_scale.reshape(1)
+    base = _PARAMS.pack(x.data_ptr(), codes.data_ptr(), scales.data_ptr(), 0 if given is None else given.data_ptr(),
+                        0 if amax is None else amax.data_ptr(), rows, k, x.stride(0) if rows > 1 else k,
+                        fmt.group_size)
+    params = _FP4_PARAMS.pack(*_PARAMS.unpack(base), 0 if glob is None else glob.data_ptr())
+    with helper_kernels.current_for(device):  # a launch on stream 0 runs in the current context
+        if amax is not None:  # the amax pass takes ActQuantParams, the prefix of Fp4QuantParams
+            unit.launch(f"quant_tensor_amax_{act}", (rows, 1, 1), THREADS, 0, _stream(device), base)
+        unit.launch(symbol, (rows, 1, 1), THREADS, 0, _stream(device), params)
+    return QuantizedActivation(element=fmt.element, granularity=fmt.granularity, group_size=fmt.group_size,
+                               scale_dtype=fmt.scale_dtype, codes=codes.reshape(a.shape), scales=scales,
+                               global_scale=glob)
 
 
 def _stream(device: int) -> int:

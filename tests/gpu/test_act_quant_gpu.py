@@ -66,6 +66,8 @@ def _check(a: torch.Tensor, text: str, launched: list[str], expect_kernel: str, 
     assert torch.equal(got.scales.cpu(), ref.scales), f"{text} {tuple(a.shape)} {a.dtype}: scales differ"
     mismatch = (got.codes.cpu() != ref.codes).nonzero()
     assert mismatch.numel() == 0, f"{text} {tuple(a.shape)} {a.dtype}: codes differ at {mismatch[:5].tolist()}"
+    if ref.global_scale is not None:
+        assert got.global_scale is not None and torch.equal(got.global_scale.cpu(), ref.global_scale), text
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -82,6 +84,28 @@ def test_kernels_match_the_reference(launched, dtype, granularity):
             assert f"quant_tensor_amax_{act}" in launched
             for given in (0.03125, torch.tensor([7.5]).cuda()):
                 _check(a, f"{element}:tensor", launched, f"quant_tensor_apply_{act}_{element}", static_scale=given)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("text", ["mxfp4", "nvfp4"])
+def test_fp4_kernels_match_the_reference(launched, dtype, text):
+    """4-bit float activations (act_quant_fp4.cuh): MXFP4's e8m0 scales, NVFP4's e4m3 scales with
+    the global scale from the tensor's amax (two launches) or given (one), codes, scales and the
+    global scale bit for bit."""
+    if text == "nvfp4" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("nvfp4's float8e4m3 scales need sm_89 (cvt.satfinite); the reference serves older GPUs")
+    gen = torch.Generator().manual_seed(_seed())
+    act = "bf16" if dtype == torch.bfloat16 else "f16"
+    symbol = f"quant_fp4_{'mx' if text == 'mxfp4' else 'nv'}_{act}"
+    for rows, k in ((1, 64), (37, 4096), (300, 7168), (5, 16384)):
+        a = _activations(rows, k, dtype, gen).cuda()
+        _check(a, text, launched, symbol)
+    if text == "nvfp4":
+        assert f"quant_tensor_amax_{act}" in launched
+        launched.clear()
+        for given in (0.01, torch.tensor([3e-6]).cuda()):  # the second makes scales saturate at 448
+            _check(a, text, launched, symbol, global_scale=given)
+        assert f"quant_tensor_amax_{act}" not in launched
 
 
 def test_strided_and_3d_activations(launched):

@@ -3,7 +3,9 @@ per arch family, its Params layout against the header, which recipes the kernels
 path of each launch (recorded), and ops.quantize_activation's reference path on the CPU."""
 from __future__ import annotations
 
+import math
 import re
+import struct
 from pathlib import Path
 
 import pytest
@@ -19,12 +21,16 @@ def test_quant_unit_kernels_per_arch():
     assert helper_kernels.quant_elements("sm80") == ("int8",)
     assert helper_kernels.quant_elements("sm89") == ("int8", "float8e4m3", "float8e5m2")
     assert sorted(helper_kernels.kernel_names("quant", "sm75")) == [
-        "quant_group_f16_int8", "quant_tensor_amax_f16", "quant_tensor_apply_f16_int8", "quant_token_f16_int8"]
+        "quant_fp4_mx_f16", "quant_group_f16_int8", "quant_tensor_amax_f16", "quant_tensor_apply_f16_int8",
+        "quant_token_f16_int8"]
     names = helper_kernels.kernel_names("quant", "sm90a")
-    assert len(names) == 2 * (3 * 3 + 1) and "quant_token_bf16_float8e4m3" in names
+    # per activation dtype: 3 elements x 3 granularities, the amax pass, mxfp4 and nvfp4
+    assert len(names) == 2 * (3 * 3 + 1 + 2) and "quant_token_bf16_float8e4m3" in names
+    assert "quant_fp4_nv_bf16" in names and "quant_fp4_nv_bf16" not in helper_kernels.kernel_names("quant", "sm80")
     source = helper_kernels.unit_source("quant", "sm90a")
     assert "#include <humming_aot/helpers/act_quant.cuh>" in source and source == helper_kernels.unit_source(
         "quant", "sm90a")
+    assert "#include <humming_aot/helpers/act_quant_fp4.cuh>" in source
 
 
 def test_params_layout_and_constants_match_the_header():
@@ -33,6 +39,10 @@ def test_params_layout_and_constants_match_the_header():
                       text)
     assert found and int(found.group(1)) == cuda_quant._PARAMS.size and found.group(2) == cuda_quant._PARAMS.format
     assert f"kThreads = {cuda_quant.THREADS};" in text and f"kVector = {cuda_quant.VECTOR};" in text
+    fp4 = (HEADER.parent / "act_quant_fp4.cuh").read_text()
+    found = re.search(r'sizeof\(Fp4QuantParams\) == (\d+), "Fp4QuantParams must match the Python struct format '
+                      r'([^"]+)"', fp4)
+    assert found and int(found.group(1)) == cuda_quant._FP4_PARAMS.size and found.group(2) == cuda_quant._FP4_PARAMS.format
 
 
 @pytest.mark.parametrize("arch", ["sm75", "sm89", "sm90a"])
@@ -60,7 +70,11 @@ def test_quant_unit_compiles_with_nvrtc(arch, tmp_path, monkeypatch):
     ("float8e4m3:token", (4, 64), torch.float32, False),
     ("float8e4m3:token:s=bfloat16", (4, 64), torch.bfloat16, False),
     ("int4:token", (4, 64), torch.bfloat16, False),
-    ("nvfp4", (4, 64), torch.bfloat16, False),
+    ("nvfp4", (4, 64), torch.bfloat16, True),
+    ("mxfp4", (2, 3, 2880), torch.float16, True),
+    ("mxfp4", (4, 48), torch.bfloat16, False),  # 32 does not divide K
+    ("float4e2m1:g32", (4, 64), torch.bfloat16, False),  # float32 scales: the reference's
+    ("float4e2m1:token", (4, 64), torch.bfloat16, False),
     ("float8e4m3:token", (0, 64), torch.bfloat16, False),
 ])
 def test_which_recipes_the_kernels_take(text, shape, dtype, taken):
@@ -75,7 +89,8 @@ class _Unit:
 
     def launch(self, symbol, grid, threads, smem, stream, params):
         assert symbol in self.kernels
-        self.calls.append((symbol, grid, threads, cuda_quant._PARAMS.unpack(params)))
+        layout = cuda_quant._FP4_PARAMS if symbol.startswith("quant_fp4_") else cuda_quant._PARAMS
+        self.calls.append((symbol, grid, threads, layout.unpack(params)))
 
 
 def _record(monkeypatch, arch: str) -> _Unit:
@@ -108,6 +123,73 @@ def test_launches_per_granularity(monkeypatch):
     cuda_quant.quantize(a, ActivationFormat.parse("float8e4m3:tensor"), given)
     assert [c[0] for c in unit.calls] == ["quant_tensor_apply_bf16_float8e4m3"]
     assert unit.calls[0][3][3] == given.data_ptr() and unit.calls[0][3][4] == 0
+
+
+def test_fp4_launches(monkeypatch):
+    unit = _record(monkeypatch, "sm90a")
+    a = torch.zeros(6, 4096, dtype=torch.bfloat16)
+    q = cuda_quant.quantize(a, ActivationFormat.parse("mxfp4"), None)
+    assert q.scales.shape == (6, 128) and q.global_scale is None and q.scale_dtype == "float8e8m0"
+    (symbol, grid, threads, fields), = unit.calls
+    assert (symbol, grid, threads) == ("quant_fp4_mx_bf16", (6, 1, 1), 256)
+    assert fields[3:5] == (0, 0) and fields[5:9] == (6, 4096, 4096, 32) and fields[9] == 0
+    unit.calls.clear()  # nvfp4, dynamic global scale: the amax pass (ActQuantParams), then the groups
+    q = cuda_quant.quantize(a, ActivationFormat.parse("nvfp4"), None)
+    assert [c[0] for c in unit.calls] == ["quant_tensor_amax_bf16", "quant_fp4_nv_bf16"]
+    amax_fields, fields = unit.calls[0][3], unit.calls[1][3]
+    assert amax_fields == fields[:9] and fields[4] != 0 and fields[3] == 0 and fields[8] == 16
+    assert q.global_scale is not None and fields[9] == q.global_scale.data_ptr() and q.scales.shape == (6, 256)
+    unit.calls.clear()  # a given global scale: one launch reading it
+    given = torch.tensor(0.25)
+    q = cuda_quant.quantize(a, ActivationFormat.parse("nvfp4"), None, given)
+    assert [c[0] for c in unit.calls] == ["quant_fp4_nv_bf16"] and unit.calls[0][3][3:5] == (given.data_ptr(), 0)
+    assert cuda_quant.quantize(a, ActivationFormat.parse("mxfp4"), None, given) is None  # mxfp4 has none
+    unit = _record(monkeypatch, "sm80")  # nvfp4's e4m3 scales need sm_89; mxfp4 runs anywhere
+    assert cuda_quant.quantize(a, ActivationFormat.parse("nvfp4"), None) is None
+    assert cuda_quant.quantize(a, ActivationFormat.parse("mxfp4"), None) is not None
+
+
+def _encode_e2m1(q: float) -> int:
+    """act_quant_fp4.cuh's encode_e2m1, step by step in Python (float32 values)."""
+    m = min(abs(q), 6.0)
+    binade = 2 if m >= 4.0 else (1 if m >= 2.0 else 0)
+    steps = round(m * {0: 2.0, 1: 1.0, 2: 0.5}[binade])  # Python's round: half to even
+    return (binade << 1) + steps + (8 if math.copysign(1.0, q) < 0 else 0)
+
+
+def _mx_scale(amax: float) -> float:
+    """act_quant_fp4.cuh's mx_scale in Python: floor(log2) from the float32 bits."""
+    if not amax > 0:
+        return 1.0
+    bits = struct.unpack("<I", struct.pack("<f", amax))[0]
+    field = bits >> 23
+    log2 = field - 127 if field else (bits.bit_length() - 1) - 149
+    shared = min(max(log2 - 2, -127), 127)
+    return 2.0 ** shared
+
+
+def test_the_fp4_kernels_arithmetic_is_the_references():
+    """The device formulas of act_quant_fp4.cuh (the e2m1 encode, MXFP4's scale), emulated on the
+    CPU, against humming_aot.formats and the reference's scales, over edge values and random float32
+    (the GPU test compares the kernels themselves)."""
+    from humming_aot import formats
+    from humming_aot.quant import _scaling
+
+    e2m1 = formats.get("float4e2m1")
+    gen = torch.Generator().manual_seed(3)
+    edges = [0.0, -0.0, 0.25, 0.2500001, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 5.9999, 6.0, 7.0, 1e30, 1e-40, -0.25, -5.0,
+             -1e-3]
+    values = torch.tensor(edges + (torch.randn(4000, generator=gen) * torch.logspace(-3, 1, 4000)).tolist(),
+                          dtype=torch.float32)
+    ref = e2m1.encode(values)
+    got = torch.tensor([_encode_e2m1(float(v)) for v in values], dtype=torch.uint8)
+    assert torch.equal(got, ref), values[(got != ref).nonzero()[:5, 0]].tolist()
+    amax = torch.tensor([0.0, 1e-45, 3e-39, 1.17549435e-38, 2.0 ** -125, 0.5, 1.0, 5.99, 6.0, 8.0, 3e38] +
+                        (torch.rand(2000, generator=gen) * torch.logspace(-40, 38, 2000)).tolist(),
+                        dtype=torch.float32)
+    ref_scales = _scaling.mx_scales(amax, e2m1)
+    got_scales = torch.tensor([_mx_scale(float(x)) for x in amax], dtype=torch.float32)
+    assert torch.equal(got_scales, ref_scales.to(torch.float32))
 
 
 def test_fp8_before_sm89_and_bf16_on_sm75_take_the_reference(monkeypatch):

@@ -25,7 +25,7 @@ if importlib.util.find_spec("humming_aot") is None:  # run from a checkout witho
 from humming_aot.testing.bench import gbps, time_cuda_graph, write_results_json  # noqa: E402 - after the path fix above
 
 RECIPES = ("float8e4m3:token", "float8e4m3:g128", "float8e4m3:tensor@static", "float8e4m3:tensor", "int8:token",
-           "int8:g128")
+           "int8:g128", "mxfp4", "nvfp4")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

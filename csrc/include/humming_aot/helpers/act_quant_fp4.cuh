@@ -1,0 +1,152 @@
+#pragma once
+// 4-bit float activation quantization per group: 16-bit activations (rows, k) -> float4e2m1 codes
+// (one per byte, the low nibble) and the group scales as float32 values, bit for bit
+// humming_aot.quant.activation's two recipes:
+// - MXFP4 (groups of 32, float8e8m0 scales): scale = 2^(floor(log2(amax)) - 2), within [2^-127,
+//   2^127] (OCP MX: 2 = floor(log2(6)), the element's largest exponent);
+// - NVFP4 (groups of 16, float8e4m3 scales, two levels): the global scale g (given, or the
+//   tensor's amax / (448 x 6) from the amax pass of act_quant.cuh, 1 for a tensor of zeros),
+//   scale = e4m3(amax / 6 / g) rounded to nearest even and saturated at 448 (a nonzero group
+//   whose scale rounds to 0 gets 2^-9, e4m3's smallest), and the divisor scale x g.
+// A group of zeros gets scale 1. Codes = e2m1(x / divisor): nearest even on {0, 0.5, 1, 1.5, 2, 3,
+// 4, 6}, saturating at 6, the sign kept (a negative that rounds to 0 is -0, code 8). The division
+// and every product are float32 and correctly rounded, as the reference's.
+
+#include <humming_aot/helpers/act_quant.cuh>
+
+namespace humming_aot::helpers {
+
+// Packed by humming_aot.quant.cuda_quant as "<10q" (80 bytes): ActQuantParams (its `given` is the
+// NVFP4 global scale given, or nullptr; `amax_bits` the amax pass's word for a dynamic one;
+// `group` 16 or 32; `scales` (rows, k / group)), then the global scale's output.
+struct Fp4QuantParams {
+  ActQuantParams base;
+  float* global_out;  // NVFP4: (1,) the global scale the codes were divided by, written by CTA 0
+};
+static_assert(sizeof(Fp4QuantParams) == 80, "Fp4QuantParams must match the Python struct format <10q");
+
+enum class Fp4Scale { kE8M0, kE4M3Global };
+
+template <class Act,        // numerics::Float16 or BFloat16
+          Fp4Scale kScale>  // MXFP4's or NVFP4's scales
+struct ActQuantFp4 {
+  // the loads, the float conversions and the amax of ActQuant (the element does not enter them)
+  using Base = ActQuant<Act, QuantElement::kInt8>;
+  static constexpr int kThreads = Base::kThreads;
+  static constexpr int kVector = Base::kVector;
+  static constexpr int kUnroll = Base::kUnroll;
+  static constexpr float kElementMax = 6.0f;
+
+  // The e2m1 code of a finite float32 q (the reference's encode: the magnitude's binade, clamped
+  // below at 1, then the steps of its spacing, rounded half to even; a round-up carries into the
+  // next binade's code).
+  static __device__ __forceinline__ u32 encode_e2m1(float q) {
+    const float m = fminf(fabsf(q), kElementMax);
+    const int binade = m >= 4.0f ? 2 : (m >= 2.0f ? 1 : 0);                              // floor(log2(m)), at least 0
+    const float spacing = binade == 2 ? 0.5f : (binade == 1 ? 1.0f : 2.0f);              // 2^(1 - binade)
+    const u32 steps = static_cast<u32>(rintf(m * spacing));                              // exact product, half to even
+    return (static_cast<u32>(binade) << 1) + steps + ((__float_as_uint(q) >> 31) << 3);  // the sign bit
+  }
+
+  // MXFP4's scale of a group whose amax is `amax` (>= 0).
+  static __device__ __forceinline__ float mx_scale(float amax) {
+    if (!(amax > 0.0f)) return 1.0f;
+    const u32 bits = __float_as_uint(amax);
+    const u32 field = bits >> 23;  // (amax >= 0: no sign bit)
+    // floor(log2(amax)): the exponent field, or for a subnormal its highest set bit
+    const int log2 = field != 0 ? static_cast<int>(field) - 127 : (31 - __clz(static_cast<int>(bits))) - 149;
+    int shared = log2 - 2;
+    shared = shared < -127 ? -127 : (shared > 127 ? 127 : shared);
+    // 2^shared: a normal float's exponent field, or 2^-127's subnormal bit
+    return shared >= -126 ? __uint_as_float(static_cast<u32>(shared + 127) << 23) : __uint_as_float(1u << 22);
+  }
+
+  // raw rounded to the nearest float8e4m3 value (ties to even), saturated at 448, as a float.
+  static __device__ __forceinline__ float e4m3_nearest(float raw) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    unsigned short code = 0, half = 0;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(code) : "f"(0.0f), "f"(raw));  // raw in the low byte
+    u32 pair = 0;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(pair) : "h"(code));
+    half = static_cast<unsigned short>(pair & 0xFFFFu);
+    float value = 0.0f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(half));
+    return value;
+#else
+    static_assert(kScale != Fp4Scale::kE4M3Global, "float8e4m3 scales need sm_89+ (cvt.satfinite e4m3x2)");
+    return raw;
+#endif
+  }
+
+  // The eight codes of one vector, a byte each (the first element in the lowest byte).
+  static __device__ __forceinline__ typename Base::Codes encode(const float (&x)[kVector], float divisor) {
+    typename Base::Codes c;
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+      u32 word = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) word |= encode_e2m1(__fdiv_rn(x[4 * w + i], divisor)) << (8 * i);
+      c.word[w] = word;
+    }
+    return c;
+  }
+
+  // Grid (rows): the row's groups, each in group / 8 consecutive lanes (of one of a step's
+  // kUnroll vectors per thread). NVFP4 with a dynamic global scale runs after
+  // ActQuant::tensor_amax (base.amax_bits).
+  static __device__ void group(const Fp4QuantParams& q) {
+    const ActQuantParams& p = q.base;
+    const i64 row = blockIdx.x;
+    const int lanes = static_cast<int>(p.group / kVector);  // 2 (NVFP4) or 4 (MXFP4)
+    const int lane_shift = __ffs(lanes) - 1;
+    const typename Base::Loaded* in = Base::row_in(p, row);
+    typename Base::Codes* out = Base::row_codes(p, row);
+    const i64 vectors = p.k / kVector;
+    float* row_scales = p.scales + row * (vectors >> lane_shift);
+    float global = 1.0f;
+    if constexpr (kScale == Fp4Scale::kE4M3Global) {
+      if (p.given != nullptr) {
+        global = *p.given;
+      } else {
+        const float amax = __uint_as_float(*p.amax_bits);
+        global = amax > 0.0f ? __fdiv_rn(amax, 448.0f * kElementMax) : 1.0f;
+      }
+      if (blockIdx.x == 0 && threadIdx.x == 0) *q.global_out = global;
+    }
+    for (i64 base = 0; base < vectors; base += Base::kStep) {  // the same trip count in every thread
+      typename Base::Loaded v[kUnroll];
+      Base::load_step(in, base, vectors, v);
+#pragma unroll
+      for (int j = 0; j < kUnroll; ++j) {
+        const i64 at = base + threadIdx.x + j * kThreads;
+        const bool valid = at < vectors;  // k is whole groups, so a group is all valid or all not
+        float x[kVector];
+        if (valid) {
+          Base::to_floats(v[j], x);
+        } else {
+#pragma unroll
+          for (int i = 0; i < kVector; ++i) x[i] = 0.0f;
+        }
+        float m = Base::local_amax(x);
+        for (int offset = 1; offset < lanes; offset *= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+        float scale, divisor;
+        if constexpr (kScale == Fp4Scale::kE8M0) {
+          scale = divisor = mx_scale(m);
+        } else {
+          scale = 1.0f;
+          if (m > 0.0f) {
+            scale = e4m3_nearest(__fdiv_rn(__fdiv_rn(m, kElementMax), global));
+            if (scale == 0.0f) scale = 0.001953125f;  // 2^-9
+          }
+          divisor = __fmul_rn(scale, global);
+        }
+        if (valid) {
+          out[at] = encode(x, divisor);
+          if ((threadIdx.x & (lanes - 1)) == 0) row_scales[at >> lane_shift] = scale;
+        }
+      }
+    }
+  }
+};
+
+}  // namespace humming_aot::helpers
