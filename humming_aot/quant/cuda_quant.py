@@ -70,13 +70,10 @@ def quantize(a: torch.Tensor, fmt: ActivationFormat, static_scale: torch.Tensor 
         return _quantize_fp4(a, fmt, global_scale)
     if global_scale is not None:
         return None
-    if not supported(a, fmt) or not env.helpers_enabled():
+    loaded = _unit_and_rows(a, fmt)
+    if loaded is None:
         return None
-    x = _rows(a)
-    device = a.device.index if a.device.index is not None else torch.cuda.current_device()
-    if x is None or not helper_kernels.available("quant", device):
-        return None
-    unit = helper_kernels.load("quant", device)
+    unit, x, device = loaded
     act = _ACT_NAMES[a.dtype]
     gran = fmt.granularity
     member = {ActivationGranularity.TOKEN: "token", ActivationGranularity.GROUP: "group",
@@ -103,19 +100,28 @@ def quantize(a: torch.Tensor, fmt: ActivationFormat, static_scale: torch.Tensor 
                                scale_dtype=fmt.scale_dtype, codes=codes.reshape(a.shape), scales=scales)
 
 
-def _quantize_fp4(a: torch.Tensor, fmt: ActivationFormat, global_scale: torch.Tensor | None) -> QuantizedActivation | None:
-    """quantize for mxfp4 and nvfp4 (act_quant_fp4.cuh): one launch, two for nvfp4 with the global
-    scale from the tensor's amax (the amax pass of act_quant.cuh first)."""
+def _unit_and_rows(a: torch.Tensor, fmt: ActivationFormat):
+    """(the loaded quant unit, a as (rows, K), the device index) when the kernels may take a by
+    fmt, else None: the recipe, the helper kernels on, the rows' layout, the unit loadable."""
     if not supported(a, fmt) or not env.helpers_enabled():
-        return None
-    name = FP4_RECIPES[(fmt.group_size, fmt.scale_dtype)]
-    if global_scale is not None and name != "nv":
         return None
     x = _rows(a)
     device = a.device.index if a.device.index is not None else torch.cuda.current_device()
     if x is None or not helper_kernels.available("quant", device):
         return None
-    unit = helper_kernels.load("quant", device)
+    return helper_kernels.load("quant", device), x, device
+
+
+def _quantize_fp4(a: torch.Tensor, fmt: ActivationFormat, global_scale: torch.Tensor | None) -> QuantizedActivation | None:
+    """quantize for mxfp4 and nvfp4 (act_quant_fp4.cuh): one launch, two for nvfp4 with the global
+    scale from the tensor's amax (the amax pass of act_quant.cuh first)."""
+    loaded = _unit_and_rows(a, fmt)
+    if loaded is None:
+        return None
+    unit, x, device = loaded
+    name = FP4_RECIPES[(fmt.group_size, fmt.scale_dtype)]
+    if global_scale is not None and name != "nv":
+        return None
     act = _ACT_NAMES[a.dtype]
     symbol = f"quant_fp4_{name}_{act}"
     if symbol not in unit.kernels:  # nvfp4's e4m3 scales before sm_89

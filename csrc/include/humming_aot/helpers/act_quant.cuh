@@ -181,23 +181,21 @@ struct ActQuant {
     apply(p, row, scale);
   }
 
-  // Grid (rows): one scale per `group` elements of the row, each group in group / 8 consecutive
-  // lanes (of one of the step's kUnroll vectors per thread).
-  static __device__ void group(const ActQuantParams& p) {
-    const i64 row = blockIdx.x;
-    const int lanes = static_cast<int>(p.group / kVector);  // a power of two from 2 to 32
-    const int lane_shift = __ffs(lanes) - 1;                // (shifts: no 64-bit division per vector)
-    const Loaded* in = row_in(p, row);
-    Codes* out = row_codes(p, row);
+  // The vectors of this CTA's row (blockIdx.x) in groups of `lanes` consecutive lanes (of one of a
+  // step's kUnroll vectors per thread): body(x, amax, at, valid) for each, amax the group's over its
+  // lanes. Every lane runs every step (the shuffles); `valid` says whether its vector `at` exists
+  // (k is whole groups, so a group is all valid or all not; an invalid one reads as zeros).
+  template <class Body>
+  static __device__ __forceinline__ void for_each_group_vector(const ActQuantParams& p, int lanes, Body&& body) {
+    const Loaded* in = row_in(p, blockIdx.x);
     const i64 vectors = p.k / kVector;
-    float* row_scales = p.scales + row * (vectors >> lane_shift);  // the row's k / group scales
-    for (i64 base = 0; base < vectors; base += kStep) {            // the same trip count in every thread
+    for (i64 base = 0; base < vectors; base += kStep) {  // the same trip count in every thread
       Loaded v[kUnroll];
       load_step(in, base, vectors, v);
 #pragma unroll
       for (int j = 0; j < kUnroll; ++j) {
         const i64 at = base + threadIdx.x + j * kThreads;
-        const bool valid = at < vectors;  // k is whole groups, so a group is all valid or all not
+        const bool valid = at < vectors;
         float x[kVector];
         if (valid) {
           to_floats(v[j], x);
@@ -207,13 +205,26 @@ struct ActQuant {
         }
         float m = local_amax(x);
         for (int offset = 1; offset < lanes; offset *= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-        const float scale = scale_of(m);
-        if (valid) {
-          out[at] = encode(x, scale);
-          if ((threadIdx.x & (lanes - 1)) == 0) row_scales[at >> lane_shift] = scale;
-        }
+        body(x, m, at, valid);
       }
     }
+  }
+
+  // Grid (rows): one scale per `group` elements of the row, each group in group / 8 consecutive
+  // lanes.
+  static __device__ void group(const ActQuantParams& p) {
+    const i64 row = blockIdx.x;
+    const int lanes = static_cast<int>(p.group / kVector);  // a power of two from 2 to 32
+    const int lane_shift = __ffs(lanes) - 1;                // (shifts: no 64-bit division per vector)
+    Codes* out = row_codes(p, row);
+    float* row_scales = p.scales + row * ((p.k / kVector) >> lane_shift);  // the row's k / group scales
+    for_each_group_vector(p, lanes, [&](const float (&x)[kVector], float amax, i64 at, bool valid) {
+      const float scale = scale_of(amax);
+      if (valid) {
+        out[at] = encode(x, scale);
+        if ((threadIdx.x & (lanes - 1)) == 0) row_scales[at >> lane_shift] = scale;
+      }
+    });
   }
 
   // Grid (rows), before tensor_apply of a dynamic scale: the tensor's amax into *amax_bits.

@@ -34,7 +34,6 @@ struct ActQuantFp4 {
   using Base = ActQuant<Act, QuantElement::kInt8>;
   static constexpr int kThreads = Base::kThreads;
   static constexpr int kVector = Base::kVector;
-  static constexpr int kUnroll = Base::kUnroll;
   static constexpr float kElementMax = 6.0f;
 
   // The e2m1 code of a finite float32 q (the reference's encode: the magnitude's binade, clamped
@@ -99,10 +98,8 @@ struct ActQuantFp4 {
     const i64 row = blockIdx.x;
     const int lanes = static_cast<int>(p.group / kVector);  // 2 (NVFP4) or 4 (MXFP4)
     const int lane_shift = __ffs(lanes) - 1;
-    const typename Base::Loaded* in = Base::row_in(p, row);
     typename Base::Codes* out = Base::row_codes(p, row);
-    const i64 vectors = p.k / kVector;
-    float* row_scales = p.scales + row * (vectors >> lane_shift);
+    float* row_scales = p.scales + row * ((p.k / kVector) >> lane_shift);
     float global = 1.0f;
     if constexpr (kScale == Fp4Scale::kE4M3Global) {
       if (p.given != nullptr) {
@@ -113,39 +110,23 @@ struct ActQuantFp4 {
       }
       if (blockIdx.x == 0 && threadIdx.x == 0) *q.global_out = global;
     }
-    for (i64 base = 0; base < vectors; base += Base::kStep) {  // the same trip count in every thread
-      typename Base::Loaded v[kUnroll];
-      Base::load_step(in, base, vectors, v);
-#pragma unroll
-      for (int j = 0; j < kUnroll; ++j) {
-        const i64 at = base + threadIdx.x + j * kThreads;
-        const bool valid = at < vectors;  // k is whole groups, so a group is all valid or all not
-        float x[kVector];
-        if (valid) {
-          Base::to_floats(v[j], x);
-        } else {
-#pragma unroll
-          for (int i = 0; i < kVector; ++i) x[i] = 0.0f;
+    Base::for_each_group_vector(p, lanes, [&](const float (&x)[kVector], float amax, i64 at, bool valid) {
+      float scale, divisor;
+      if constexpr (kScale == Fp4Scale::kE8M0) {
+        scale = divisor = mx_scale(amax);
+      } else {
+        scale = 1.0f;
+        if (amax > 0.0f) {
+          scale = e4m3_nearest(__fdiv_rn(__fdiv_rn(amax, kElementMax), global));
+          if (scale == 0.0f) scale = 0.001953125f;  // 2^-9
         }
-        float m = Base::local_amax(x);
-        for (int offset = 1; offset < lanes; offset *= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-        float scale, divisor;
-        if constexpr (kScale == Fp4Scale::kE8M0) {
-          scale = divisor = mx_scale(m);
-        } else {
-          scale = 1.0f;
-          if (m > 0.0f) {
-            scale = e4m3_nearest(__fdiv_rn(__fdiv_rn(m, kElementMax), global));
-            if (scale == 0.0f) scale = 0.001953125f;  // 2^-9
-          }
-          divisor = __fmul_rn(scale, global);
-        }
-        if (valid) {
-          out[at] = encode(x, divisor);
-          if ((threadIdx.x & (lanes - 1)) == 0) row_scales[at >> lane_shift] = scale;
-        }
+        divisor = __fmul_rn(scale, global);
       }
-    }
+      if (valid) {
+        out[at] = encode(x, divisor);
+        if ((threadIdx.x & (lanes - 1)) == 0) row_scales[at >> lane_shift] = scale;
+      }
+    });
   }
 };
 
