@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from humming_aot.bodies.base import Body, check_block_k
+from humming_aot.bodies.base import Body, check_block_k, stage_bytes
 from humming_aot.bodies.wgmma import wgmma_smem_bytes
 
 if TYPE_CHECKING:
@@ -51,6 +51,14 @@ class WgmmaWsBody(Body):
 
     def smem_bytes(self, tile: "TileConfig", w_bits: int, has_zero_point: bool) -> int:
         return wgmma_smem_bytes(tile, w_bits, has_zero_point)
+
+
+def masked_smem_bytes(tile: "TileConfig", w_bits: int, has_zero_point: bool) -> int:
+    """The grouped masked schedule's on this body (kernel/grouped_masked_ws.cuh kSmemBytes): the
+    ring, then a staging tile of its own (the dense body stages in the ring: wgmma_smem_bytes), so
+    that the next tile's stages fill while this one is stored; +1024 to align the base."""
+    stage = stage_bytes(tile, w_bits, has_zero_point, tile.block_k, tile.block_n)
+    return tile.stages * (-(-stage // 1024) * 1024) + tile.block_m * (tile.block_n + 8) * 2 + 1024
 
 
 WGMMA_WS = WgmmaWsBody()

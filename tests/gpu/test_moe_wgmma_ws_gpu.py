@@ -14,7 +14,8 @@ from humming_aot.testing.numerics import assert_gemm_close, reference_gemm, with
 
 pytestmark = pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")
 
-WS_TILES = ("wgmma-ws:64x128x64_w1x4_s4", "wgmma-ws:128x128x64_w1x8_s4", "wgmma-ws:32x128x64_w1x4_s6")
+# the moe_tiles rows' tiles, and a 32-row one of a single consumer warpgroup (two CTAs per SM)
+WS_TILES = ("wgmma-ws:64x256x64_w1x8_s4", "wgmma-ws:128x256x64_w1x8_s4", "wgmma-ws:32x128x64_w1x4_s6")
 
 
 def _sm90a() -> bool:
@@ -69,16 +70,16 @@ def test_masked_schedule_on_the_wgmma_ws_body(fmt, tile):
 @pytest.mark.skipif(not _sm90a(), reason="the wgmma-ws body is sm_90a's")
 @pytest.mark.parametrize("tile", WS_TILES)
 def test_wgmma_ws_schedule_runs_many_tiles_per_cta(tile):
-    """More tiles than resident CTAs (110 of 128 experts with 65-100 rows: 440 tiles of 64 x 128
-    against at most 264 resident CTAs, 880 of 32 rows, 220 of 128 rows against 132): each CTA runs
-    several tiles through one mbarrier ring, the producer waiting for each tile's staged store;
-    every expert against the float64 reference, in both forms, twice (the same bits: no race
-    between a tile's store and the next tile's fills)."""
+    """More tiles than resident CTAs (110 of 128 experts with 65-100 rows, N = 512: 440 tiles of
+    64 x 256 and 220 of 128 x 256 against 132 resident CTAs, 1760 of 32 x 128 against 264): each
+    CTA runs several tiles through one mbarrier ring, filling the next tile's stages while it
+    stores this one; every expert against the float64 reference, in both forms, twice (the same
+    bits: no race between a tile's staged store and the next tile's)."""
     from humming_aot.moe import gemm_grouped_kernel
 
     seed = _seed()
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    e, n, k, max_m = 128, 256, 256, 100
+    e, n, k, max_m = 128, 512, 256, 100
     experts = pack_experts(humming_aot.quantize(torch.randn(e, n, k, device="cuda", generator=gen) * 0.05,
                                                 "int4:g128"), act_dtype=torch.bfloat16)
     counts = torch.randint(65, max_m + 1, (e,), device="cuda", generator=gen, dtype=torch.int32)

@@ -215,17 +215,22 @@ struct DenseWgmmaWs {
     if (count > 0 && lane == 0) ptx::mbarrier_arrive(empty0 + 8 * previous_slot);
   }
 
-  // The ring's mbarriers (a "full" and an "empty" one per slot, at full0 / empty0 + 8 x slot) and
-  // the staging one, set up by thread 0, then the CTA's only barrier: the producer warpgroup may
-  // exit early after it. For the schedules that drive produce and consume (this body's run,
-  // kernel/grouped_masked_ws.cuh).
+  // The ring's mbarriers: a "full" and an "empty" one per slot, at full0 / empty0 + 8 x slot. For
+  // thread 0, before fence_barrier_init and the CTA's barrier (init_barriers; the schedules that
+  // drive produce and consume: kernel/grouped_masked_ws.cuh).
+  static __device__ __forceinline__ void init_ring_barriers(u32 full0, u32 empty0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbarrier_init(full0 + 8 * s, 1);                // the producer's arrive.expect_tx (+ the bytes)
+      ptx::mbarrier_init(empty0 + 8 * s, kConsumerWarps);  // lane 0 of every consumer warp
+    }
+  }
+
+  // The ring's mbarriers and the staging one, set up by thread 0, then the CTA's only barrier: the
+  // producer warpgroup may exit early after it.
   static __device__ __forceinline__ void init_barriers(u32 full0, u32 empty0, u32 staging_barrier) {
     if (threadIdx.x == 0) {
-#pragma unroll
-      for (int s = 0; s < kStages; ++s) {
-        ptx::mbarrier_init(full0 + 8 * s, 1);                // the producer's arrive.expect_tx (+ the bytes)
-        ptx::mbarrier_init(empty0 + 8 * s, kConsumerWarps);  // lane 0 of every consumer warp
-      }
+      init_ring_barriers(full0, empty0);
       ptx::mbarrier_init(staging_barrier, 1);  // consumer thread 0, after the consumers' barrier
       ptx::fence_barrier_init();
     }

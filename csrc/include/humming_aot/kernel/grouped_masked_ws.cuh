@@ -7,10 +7,14 @@
 // A persistent schedule of the body's own producer and consumers, not of a run_tile: the grid is
 // at most the resident CTAs, CTA c takes the tiles c, c + gridDim.x, ... of the experts' tiles
 // (ExpertWalk: expert after expert, an expert of r rows holding ceil(r / kBlockM) x n_tiles tiles,
-// row tile after row tile), and the mbarrier ring runs on from one tile into the next as under the
-// body's stream-K schedule: the producer waits for a tile's staged store before it refills the ring
-// for the next (the staging tile reuses the ring). Every warp of the producer walks (the walk
-// takes a whole warp; its lane 0 issues the copies) and every consumer warp walks the same tiles.
+// row tile after row tile), and the mbarrier ring runs on from one tile into the next without a
+// pause: the output is staged in shared memory of its own after the ring (kSmemBytes), so the
+// producer fills the next tile's stages while the consumers store this one. (The body's stream-K
+// schedule stages through the ring and waits for the store instead: it runs a unit or two per CTA,
+// where a tile here may have 4 K tiles and a CTA dozens of tiles, the load latency and the store
+// of each paid in turn: session 26, docs/performance/log.md section 30.) Every warp of the
+// producer walks (the walk takes a whole warp; its lane 0 issues the copies) and every consumer
+// warp walks the same tiles.
 //
 // Per tile:
 // - the producer copies the activation boxes from the tensor map of all rows (MaskedTmaGemmParams:
@@ -25,7 +29,6 @@
 #include <humming_aot/kernel/dense_wgmma_ws.cuh>
 #include <humming_aot/kernel/grouped_masked.cuh>
 #include <humming_aot/kernel/params.cuh>
-#include <humming_aot/mma/wgmma.cuh>
 #include <humming_aot/ptx/mbarrier.cuh>
 #include <humming_aot/ptx/warpgroup.cuh>
 #include <humming_aot/schedule/grid_dependency.cuh>
@@ -37,7 +40,10 @@ template <class Dense,  // kernel/dense_wgmma_ws.cuh's DenseWgmmaWs: produce, co
           int kBlockN>  // its tile's columns (weight channels)
 struct GroupedMaskedWs {
   static constexpr int kThreads = Dense::kThreads;
-  static constexpr int kSmemBytes = Dense::kSmemBytes;
+  // the ring, then the staging tile (the ring's slots are 1024-byte multiples), + 1024 to align
+  // the base at run time (bodies/wgmma_ws.py masked_smem_bytes)
+  static constexpr int kStagingOffset = Dense::kPipelineBytes;
+  static constexpr int kSmemBytes = Dense::kPipelineBytes + Dense::Writer::kStagingBytes + 1024;
   static constexpr int kMinBlocksPerSm = Dense::kMinBlocksPerSm;
   static constexpr bool kScalesInFp32 = Dense::kScalesInFp32;
   static constexpr int kStages = Dense::kRingStages;
@@ -83,15 +89,17 @@ struct GroupedMaskedWs {
     extern __shared__ __align__(1024) char smem_raw[];
     __shared__ __align__(8) u64 full_barriers[kStages];
     __shared__ __align__(8) u64 empty_barriers[kStages];
-    __shared__ __align__(8) u64 staging_free;  // a tile's staged store is done
     const u32 raw_base = memory::shared_address(smem_raw);
     const u32 smem_base = (raw_base + 1023u) & ~1023u;
     char* smem = smem_raw + (smem_base - raw_base);
     const u32 full0 = memory::shared_address(full_barriers), empty0 = memory::shared_address(empty_barriers);
-    const u32 staging_barrier = memory::shared_address(&staging_free);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
-    Dense::init_barriers(full0, empty0, staging_barrier);  // then the CTA's only barrier
+    if (threadIdx.x == 0) {
+      Dense::init_ring_barriers(full0, empty0);
+      ptx::fence_barrier_init();
+    }
+    __syncthreads();  // the CTA's only barrier: the producer warpgroup may exit early after it
     // The counts or offsets, the activations and the output may be the previous kernel's (PDL).
     schedule::wait_for_upstream_grid();
 
@@ -105,17 +113,11 @@ struct GroupedMaskedWs {
       ptx::warpgroup_release_registers<kProducerRegisters>();
       if (warp == kConsumerWarps) {
         if (lane == 0) ptx::prefetch_tensor_map(&params.a_map);
-        u32 fills = 0, staging_parity = 0;
+        u32 fills = 0;
         TileAt at;
         for (u32 tile = blockIdx.x; find(walk, tile, at); tile += gridDim.x) {
           if (lane == 0) {
             params_of(g, walk, at, p, m0, n0, box_row);
-            // a later tile refills the ring only once the consumers have stored the previous
-            // tile through it (they arrive on staging_free when there is a next tile)
-            if (tile != blockIdx.x) {
-              ptx::mbarrier_wait(staging_barrier, staging_parity);
-              staging_parity ^= 1u;
-            }
             Dense::produce(p, params.a_map, box_row, n0, 0, k_tiles, smem_base, full0, empty0, fills);
           }
           __syncwarp();
@@ -141,16 +143,11 @@ struct GroupedMaskedWs {
       // The next kernel may now be scheduled into the slots this grid leaves as it finishes.
       if (!more) schedule::release_dependent_grid();
       params_of(g, walk, current, p, m0, n0, box_row);
-      p.global_scale = global_scale;   // (the same value move_to read)
-      Dense::ConsumerBarrier::sync();  // every consumer warpgroup is done with the ring: the staging tile reuses it
-      Dense::Writer::store_tile(p, acc, m0, n0, smem);
-      if (more) {  // the producer waits for the staging tile's last read before it refills the ring
-        // this thread's staging accesses (generic proxy) ordered before the TMA writes that refill
-        // the same shared memory (async proxy)
-        mma::fence_shared_for_async_proxy();
-        Dense::ConsumerBarrier::sync();
-        if (threadIdx.x == 0) ptx::mbarrier_arrive(staging_barrier);
-      }
+      p.global_scale = global_scale;  // (the same value move_to read)
+      // every consumer is done reading the previous tile's staging (store_tile's copy-out has no
+      // barrier after it) before any writes this tile's
+      Dense::ConsumerBarrier::sync();
+      Dense::Writer::store_tile(p, acc, m0, n0, smem + kStagingOffset);
       current = next;
     }
   }
