@@ -17,7 +17,8 @@ from pathlib import Path
 from humming_aot import heuristics, support
 from humming_aot.arch import validate_target
 from humming_aot.catalog_data import catalog_file, load_toml
-from humming_aot.spec import GemmSpec, GemmType, KernelKey, MmaKind, TileConfig, ZeroPoint
+from humming_aot.codegen import kernel_smem_bytes
+from humming_aot.spec import GemmSpec, GemmType, KernelKey, MmaKind, TileConfig
 
 logger = logging.getLogger(__name__)
 
@@ -47,15 +48,17 @@ class Family:
     def tiles_for(self, arch: str, w_bits: int, gemm_type: GemmType = GemmType.DENSE) -> list[TileConfig]:
         """The family's tiles for an arch, w_bits-bit codes and a GEMM type: "table" is the table's
         rows for such codes, for the MoE types every tile heuristics.select_masked_tile can pick
-        (heuristics.moe_tile_table); listed tiles serve the MoE types where their body does (the
-        mma.sync ones). A tile wider than 64 in K brings its 64-wide twin, which serves the shapes
-        and group sizes it does not fit (heuristics.tile_fits)."""
+        for the type (heuristics.moe_tile_table); listed tiles serve the MoE types where their body
+        does (the mma.sync ones; for the masked type, the warp-specialized TMA body too). A tile
+        wider than 64 in K brings its 64-wide twin, which serves the shapes and group sizes it does
+        not fit (heuristics.tile_fits)."""
         moe = gemm_type is not GemmType.DENSE
         if self.tiles == "table":
-            listed = (list(heuristics.moe_tile_table(arch, w_bits)) if moe
+            listed = (list(heuristics.moe_tile_table(arch, w_bits, masked=gemm_type is GemmType.MASKED)) if moe
                       else [tile for _, tile in heuristics.arch_tile_table(arch, w_bits)])
         else:
-            listed = [tile for tile in self.tiles if not moe or tile.mma in heuristics.MOE_BODIES]
+            bodies = heuristics.MOE_MASKED_BODIES if gemm_type is GemmType.MASKED else heuristics.MOE_BODIES
+            listed = [tile for tile in self.tiles if not moe or tile.mma in bodies]
         seen = []
         for tile in listed:
             for t in (tile, heuristics.narrow_twin(tile)):
@@ -221,7 +224,7 @@ def enumerate_catalog(catalog: str = "default", archs: list[str] | None = None) 
                     raise AssertionError(support.why_unsupported(spec, arch))
                 for tile in family.tiles_for(arch, spec.w_bits, spec.gemm_type):
                     key = KernelKey(arch=arch, spec=spec, tile=tile)
-                    smem = heuristics.smem_bytes(tile, spec.w_bits, spec.w_zero_point is not ZeroPoint.NONE)
+                    smem = kernel_smem_bytes(key)
                     if smem > limit:
                         skipped[key.name] = SkippedTile(name=key.name, smem_bytes=smem, smem_limit=limit)
                         logger.info("skipping %s: %d bytes of shared memory > %d on %s", key.name, smem, limit, arch)

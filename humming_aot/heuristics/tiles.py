@@ -153,8 +153,15 @@ def select_tile(arch: str, m: int, k: int | None = None, group: int | None = Non
 MOE_BODIES = (MmaKind.MMA_SYNC, MmaKind.MMA_SWAPPED)
 # The bodies the grouped masked schedule and its offsets form take: those, and the warp-specialized
 # TMA body (kernel/grouped_masked_ws.cuh drives its producer and consumers over the same walk).
-# Forced tiles only until it has been measured: no moe_tiles row names it yet.
+# sm90a's moe_tiles rows of more than 16 rows per expert name it (log section 30); the grouped
+# row-expert GEMM skips those rows and takes the mma.sync tiles below.
 MOE_MASKED_BODIES = MOE_BODIES + (MmaKind.WGMMA_WS,)
+
+
+def moe_bodies(masked: bool) -> tuple[MmaKind, ...]:
+    """The bodies a MoE schedule takes: the masked one's (and its offsets form's), else the grouped
+    row-expert one's."""
+    return MOE_MASKED_BODIES if masked else MOE_BODIES
 
 
 @functools.cache
@@ -168,21 +175,23 @@ def _moe_rows(arch: str) -> tuple[tuple[int, int | None, TileConfig], ...]:
         max_k = row.pop("max_k", None)
         mma = MmaKind(row.pop("mma", MmaKind.MMA_SYNC.value))
         tile = TileConfig(mma=mma, **row)
-        if tile.mma not in MOE_BODIES:
+        if tile.mma not in MOE_MASKED_BODIES:
             raise ValueError(f"tiles.toml: moe_tiles of {arch} holds {tile.label} of body {tile.mma.value!r}; "
-                             f"the MoE schedules wrap {', '.join(b.value for b in MOE_BODIES)} only")
+                             f"the MoE schedules wrap {', '.join(b.value for b in MOE_MASKED_BODIES)} only")
         rows.append((max_m, max_k, tile))
     return tuple(rows)
 
 
-def moe_tile_table(arch: str, w_bits: int = 8) -> tuple[TileConfig, ...]:
-    """Every tile select_masked_tile can pick on an arch for w_bits-bit codes (before twins): the
-    rows of the arch's moe_tiles table, else its dense table's rows of the MoE bodies; then, above
-    the largest M those serve, the rows of the same arch's mma.sync table without its suffix
-    (sm90a's wgmma rows give way to sm90's)."""
-    moe = _moe_rows(arch)
+def moe_tile_table(arch: str, w_bits: int = 8, masked: bool = True) -> tuple[TileConfig, ...]:
+    """Every tile select_masked_tile can pick on an arch for w_bits-bit codes (before twins), for
+    the masked schedule or (masked=False) the grouped row-expert one: the rows of the arch's
+    moe_tiles table of the bodies that schedule takes, else its dense table's rows of the MoE
+    bodies; then, above the largest M those serve, the rows of the same arch's mma.sync table
+    without its suffix (sm90a's wgmma rows give way to sm90's)."""
+    bodies = moe_bodies(masked)
+    moe = [(max_m, tile) for max_m, _, tile in _moe_rows(arch) if tile.mma in bodies]
     if moe:
-        own = [(max_m, tile) for max_m, _, tile in moe]
+        own = moe
     else:
         own = [(max_m, tile) for max_m, tile in arch_tile_table(arch, w_bits) if tile.mma in MOE_BODIES]
     served = max((max_m for max_m, _ in own), default=0)
@@ -194,11 +203,12 @@ def moe_tile_table(arch: str, w_bits: int = 8) -> tuple[TileConfig, ...]:
     return tuple(dict.fromkeys(tiles))
 
 
-def _select_moe_row(arch: str, m: int, k: int | None, group: int | None) -> TileConfig | None:
+def _select_moe_row(arch: str, m: int, k: int | None, group: int | None, masked: bool) -> TileConfig | None:
     """The moe_tiles row's tile for m rows per expert and K, or None when the table has no row
     for m (or no table): the first row of m's interval whose max_k admits K and whose stages fit
     K and the groups, else the first that fits, else the narrow twin of the first row for K."""
-    rows = _moe_rows(arch)
+    bodies = moe_bodies(masked)
+    rows = [row for row in _moe_rows(arch) if row[2].mma in bodies]
     row_m = next((max_m for max_m, _, _ in rows if m <= max_m), None)
     if row_m is None:
         return None
@@ -213,13 +223,14 @@ def _select_moe_row(arch: str, m: int, k: int | None, group: int | None) -> Tile
 
 
 def select_masked_tile(arch: str, m: int, k: int | None = None, group: int | None = None,
-                       w_bits: int = 8) -> TileConfig:
-    """The tile of a grouped MoE GEMM (kernel/grouped_masked.cuh, grouped_contiguous.cuh) whose
-    experts hold about m rows each: the arch's moe_tiles row for m and K where it has one; else the
-    arch's table tile for m where it is an mma.sync one (the bodies whose run_tile the persistent
-    MoE schedules call), else the mma.sync table of the same arch without its suffix (sm90a's
-    wgmma rows give way to sm90's)."""
-    tile = _select_moe_row(arch, m, k, group)
+                       w_bits: int = 8, masked: bool = True) -> TileConfig:
+    """The tile of a grouped MoE GEMM whose experts hold about m rows each, for the masked schedule
+    and its offsets form (kernel/grouped_masked.cuh, grouped_masked_ws.cuh) or, with masked=False,
+    the grouped row-expert one (grouped_contiguous.cuh): the arch's moe_tiles row for m and K of a
+    body that schedule takes where it has one; else the arch's table tile for m where it is an
+    mma.sync one (the bodies whose run_tile the persistent MoE schedules call), else the mma.sync
+    table of the same arch without its suffix (sm90a's wgmma rows give way to sm90's)."""
+    tile = _select_moe_row(arch, m, k, group, masked)
     if tile is not None:
         return tile
     tile = select_tile(arch, m, k, group, w_bits)

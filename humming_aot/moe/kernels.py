@@ -51,8 +51,8 @@ def gemm_masked_kernel(a: torch.Tensor, experts: PackedExperts, masked_m: torch.
                 an H200, for DeepSeek-V3's down projection at 256 experts of 16 rows): pass an
                 output made once where the rows past the counts are not read
     tile:       a forced tile (for tuning and benchmarks; a TileConfig or its label, of a body
-                the masked schedule takes: 'mma', 'mma-sw', or 'wgmma-ws' on sm_90a, not yet
-                measured and named by no table row); default the table's for expected_m
+                the masked schedule takes: 'mma', 'mma-sw', or 'wgmma-ws' on sm_90a); default the
+                table's for expected_m
     """
     _check(a, experts, masked_m, bias, out)
     if experts.padded:
@@ -246,7 +246,8 @@ def grouped_block_m(experts: PackedExperts, expected_m: int, device: torch.devic
     ``gemm_grouped_kernel`` with this ``expected_m`` (the tile's block_m; the same arguments give
     the same answer), so that a caller aligns its rows to the kernel it will run."""
     index = torch.device(device if device is not None else experts.device).index
-    return _tile(experts, index if index is not None else torch.cuda.current_device(), max(1, int(expected_m))).block_m
+    return _tile(experts, index if index is not None else torch.cuda.current_device(), max(1, int(expected_m)),
+                 masked=False).block_m
 
 
 def gemm_grouped_kernel(a: torch.Tensor, experts: PackedExperts, row_expert: torch.Tensor | None = None, *,
@@ -309,13 +310,15 @@ def gemm_grouped_kernel(a: torch.Tensor, experts: PackedExperts, row_expert: tor
     return out
 
 
-def _tile(experts: PackedExperts, device_index: int, rows: int) -> TileConfig:
-    """The mma.sync tile of a MoE schedule for `rows` expected rows per expert on a device: the one
-    gemm_*_kernel launches and grouped_block_m names."""
+def _tile(experts: PackedExperts, device_index: int, rows: int, masked: bool) -> TileConfig:
+    """The tile of a MoE schedule for `rows` expected rows per expert on a device: the one
+    gemm_*_kernel launches; for the grouped row-expert schedule (masked=False), the mma.sync one
+    grouped_block_m names."""
     from humming_aot import dispatch, heuristics
 
     arch = dispatch.device_info(device_index).arches[0]
-    return heuristics.select_masked_tile(arch, rows, experts.k, experts.group_size, experts.expert(0).bits)
+    return heuristics.select_masked_tile(arch, rows, experts.k, experts.group_size, experts.expert(0).bits,
+                                         masked=masked)
 
 
 def forced_tile(tile: TileConfig | str, experts: PackedExperts, what: str, *, masked: bool = False) -> TileConfig:
@@ -366,7 +369,7 @@ def _kernel(a: torch.Tensor, experts: PackedExperts, gemm_type: GemmType, rows: 
     if tile is not None:
         tile = forced_tile(tile, experts, what, masked=gemm_type is GemmType.MASKED)
     else:
-        tile = _tile(experts, device_index, rows)
+        tile = _tile(experts, device_index, rows, masked=gemm_type is GemmType.MASKED)
     _, loaded = dispatch.obtain(spec, device_index, rows, tile, experts.k, experts.group_size, n=experts.n)
     return tile, loaded
 

@@ -203,21 +203,24 @@ def test_catalog_file_errors(tmp_path, body, match):
 
 def test_the_moe_catalog_holds_every_tile_the_moe_schedules_pick():
     """The moe catalog (catalog/moe.toml): the grouped masked and contiguous kernels of every 16-bit pairing, for
-    every tile heuristics.select_masked_tile picks (M from 1 up, K that 256 or 128 does not
-    divide, channel and group scales), and nothing else; the dense catalog holds none of them (a
-    family's gemm_type defaults to dense), and the default catalog is the two together."""
+    every tile heuristics.select_masked_tile picks for each (the masked one's wgmma-ws tiles on
+    sm90a; M from 1 up, K that 256 or 128 does not divide, channel and group scales), and nothing
+    else; the dense catalog holds none of them (a family's gemm_type defaults to dense), and the
+    default catalog is the two together."""
     for arch in ("sm90a", "sm80", "sm120"):
         keys = enumerate_keys("moe", [arch])
         names = {key.name for key in keys}
         assert {key.spec.gemm_type for key in keys} == {GemmType.MASKED, GemmType.GROUPED}
-        assert all(key.tile.mma in heuristics.MOE_BODIES for key in keys)
+        assert all(key.tile.mma in heuristics.MOE_BODIES or (key.spec.gemm_type is GemmType.MASKED and key.tile.mma
+                                                             in heuristics.MOE_MASKED_BODIES) for key in keys)
         dense_specs = {dataclasses.replace(key.spec, gemm_type=GemmType.DENSE) for key in keys}
         assert dense_specs == set(support.supported_specs(arch, GemmType.DENSE))
         for spec in support.supported_specs(arch, GemmType.MASKED):
             for m in (1, 8, 9, 16, 17, 32, 64, 200, 256, 257, 4096):
                 for k, group in ((4096, 128), (4096 + 64, 64), (4096 + 128, 128), (2880, 32), (4096, 4096)):
-                    tile = heuristics.select_masked_tile(arch, m, k, group, spec.w_bits)
                     for gemm_type in (GemmType.MASKED, GemmType.GROUPED):
+                        tile = heuristics.select_masked_tile(arch, m, k, group, spec.w_bits,
+                                                             masked=gemm_type is GemmType.MASKED)
                         name = KernelKey(arch=arch, spec=dataclasses.replace(spec, gemm_type=gemm_type), tile=tile).name
                         assert name in names, f"{name} (m={m}, k={k}, group={group})"
     dense = enumerate_keys("dense", ["sm90a"])

@@ -19,16 +19,34 @@ def _experts(fmt="uint4:g64:zp", e=3, n=192, k=256):
     return pack_experts(humming_aot.quantize(w, fmt), act_dtype=torch.bfloat16)
 
 
-def test_the_tile_is_an_mma_sync_tile_for_the_expected_rows():
+def test_the_grouped_row_expert_tile_is_an_mma_sync_tile_for_the_expected_rows():
     for arch in ("sm90a", "sm80", "sm120"):
         for m in (1, 8, 16, 17, 64, 1024):
-            tile = heuristics.select_masked_tile(arch, m, 4096, 128, 4)
+            tile = heuristics.select_masked_tile(arch, m, 4096, 128, 4, masked=False)
             assert tile.body.params_type == "GemmParams" and tile.mma in (MmaKind.MMA_SYNC, MmaKind.MMA_SWAPPED)
             own = heuristics.select_tile(arch, m, 4096, 128, 4)
             if own.mma is MmaKind.MMA_SYNC:  # the arch's own tile wherever it is an mma.sync one
                 assert tile == own
-    assert heuristics.select_masked_tile("sm90a", 1, 4096, 128, 4).block_m == 8
-    assert heuristics.select_masked_tile("sm90a", 64, 4096, 128, 4) == heuristics.select_tile("sm90", 64, 4096, 128, 4)
+            if arch != "sm90a":  # the masked schedule takes the same tiles there
+                assert heuristics.select_masked_tile(arch, m, 4096, 128, 4) == tile
+    assert heuristics.select_masked_tile("sm90a", 1, 4096, 128, 4, masked=False).block_m == 8
+    assert (heuristics.select_masked_tile("sm90a", 64, 4096, 128, 4, masked=False)
+            == heuristics.select_tile("sm90", 64, 4096, 128, 4))
+
+
+def test_the_masked_schedule_runs_the_tma_body_above_16_rows_on_sm90a():
+    # tiles.toml's moe_tiles of sm90a: the warp-specialized TMA body from 17 rows per expert, 64
+    # tokens up to 48 rows, then 128; the same rows up to 16 as the grouped row-expert schedule
+    for k, group in ((256, 128), (768, 128), (2880, 32), (7168, 128)):
+        for m in (1, 8, 16):
+            assert (heuristics.select_masked_tile("sm90a", m, k, group, 4)
+                    == heuristics.select_masked_tile("sm90a", m, k, group, 4, masked=False))
+        for m, label in ((17, "wgmma-ws:64x256x64_w1x8_s4"), (48, "wgmma-ws:64x256x64_w1x8_s4"),
+                         (49, "wgmma-ws:128x256x64_w1x8_s4"), (100000, "wgmma-ws:128x256x64_w1x8_s4")):
+            tile = heuristics.select_masked_tile("sm90a", m, k, group, 4)
+            assert tile.label == label and heuristics.tile_fits(tile, k, group)
+    # the plain arch (no wgmma) keeps the mma.sync tiles
+    assert heuristics.select_masked_tile("sm90", 64, 4096, 128, 4).mma is MmaKind.MMA_SYNC
 
 
 def test_the_moe_table_picks_small_ctas_for_short_k_and_the_decode_tiles_for_long_k():
@@ -44,14 +62,17 @@ def test_the_moe_table_picks_small_ctas_for_short_k_and_the_decode_tiles_for_lon
     for m in (1, 16):
         tile = heuristics.select_masked_tile("sm90a", m, 2880, 32, 4)
         assert tile.block_k == 64 and heuristics.tile_fits(tile, 2880, 32)
-    # above the table's 16 rows, the mma.sync table of sm90 as before
-    assert heuristics.select_masked_tile("sm90a", 17, 256, 128, 4) == heuristics.select_tile("sm90", 17, 256, 128, 4)
+    # above the table's 16 rows the grouped row-expert schedule takes the mma.sync table of sm90
+    assert (heuristics.select_masked_tile("sm90a", 17, 256, 128, 4, masked=False)
+            == heuristics.select_tile("sm90", 17, 256, 128, 4))
     # every tile picked is in moe_tile_table (the catalog's MoE families), or its 64-wide twin
-    table = heuristics.moe_tile_table("sm90a", 4)
-    for m in (1, 8, 9, 16, 17, 200):
-        for k, group in ((256, 128), (768, 128), (2048, 64), (2880, 32), (7168, 128), (192, 64)):
-            tile = heuristics.select_masked_tile("sm90a", m, k, group, 4)
-            assert tile in table or any(tile == heuristics.narrow_twin(t) for t in table)
+    for masked in (True, False):
+        table = heuristics.moe_tile_table("sm90a", 4, masked=masked)
+        assert any(t.mma is MmaKind.WGMMA_WS for t in table) == masked
+        for m in (1, 8, 9, 16, 17, 200):
+            for k, group in ((256, 128), (768, 128), (2048, 64), (2880, 32), (7168, 128), (192, 64)):
+                tile = heuristics.select_masked_tile("sm90a", m, k, group, 4, masked=masked)
+                assert tile in table or any(tile == heuristics.narrow_twin(t) for t in table)
 
 
 def test_a_moe_row_of_a_body_without_run_tile_is_refused(monkeypatch):
@@ -65,7 +86,7 @@ def test_a_moe_row_of_a_body_without_run_tile_is_refused(monkeypatch):
             return data
         data = {**data, "arch": {**data["arch"]}}
         data["arch"]["sm90a"] = {**data["arch"]["sm90a"], "moe_tiles": [
-            {"max_m": 64, "mma": "wgmma-ws", "block_m": 64, "block_n": 128, "warps_m": 1, "warps_n": 4, "stages": 6}]}
+            {"max_m": 64, "mma": "wgmma", "block_m": 64, "block_n": 128, "warps_m": 1, "warps_n": 8, "stages": 6}]}
         return data
 
     monkeypatch.setattr(tiles, "load_toml", with_wgmma_row)
