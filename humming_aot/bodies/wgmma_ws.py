@@ -22,8 +22,8 @@ class WgmmaWsBody(Body):
 
     def check_tile(self, tile: "TileConfig") -> None:
         check_block_k(tile, (64,))
-        if tile.block_m not in (32, 64, 128, 256):
-            raise ValueError(f"block_m={tile.block_m}: the wgmma-ws body takes 32, 64, 128 or 256 tokens per CTA")
+        if tile.block_m not in (8, 16, 32, 64, 128, 256):
+            raise ValueError(f"block_m={tile.block_m}: the wgmma-ws body takes 8, 16, 32, 64, 128 or 256 tokens per CTA")
         if tile.warps_m != 1 or tile.warps_k != 1 or tile.warps_n not in (4, 8):
             raise ValueError(
                 f"warps {tile.warps_m}x{tile.warps_n}x{tile.warps_k}: the wgmma-ws body runs 1 x 4 or 1 x 8 consumer "

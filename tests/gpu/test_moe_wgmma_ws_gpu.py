@@ -14,8 +14,10 @@ from humming_aot.testing.numerics import assert_gemm_close, reference_gemm, with
 
 pytestmark = pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")
 
-# the moe_tiles rows' tiles, and a 32-row one of a single consumer warpgroup (two CTAs per SM)
-WS_TILES = ("wgmma-ws:64x256x64_w1x8_s4", "wgmma-ws:128x256x64_w1x8_s4", "wgmma-ws:32x128x64_w1x4_s6")
+# the moe_tiles rows' tiles, a 32-row one of a single consumer warpgroup (two CTAs per SM), and
+# the 16- and 8-row ones (wgmma N = 16 and 8)
+WS_TILES = ("wgmma-ws:64x256x64_w1x8_s4", "wgmma-ws:128x256x64_w1x8_s4", "wgmma-ws:32x128x64_w1x4_s6",
+            "wgmma-ws:16x256x64_w1x8_s4", "wgmma-ws:8x128x64_w1x4_s8")
 
 
 def _sm90a() -> bool:

@@ -211,7 +211,7 @@ def test_wgmma_ws_tiles_count_the_producer_warpgroup_and_round_trip():
 
 
 @pytest.mark.parametrize("tile,message", [
-    (dict(block_m=96, block_n=128, warps_n=4), "32, 64, 128 or 256 tokens"),
+    (dict(block_m=96, block_n=128, warps_n=4), "8, 16, 32, 64, 128 or 256 tokens"),
     (dict(block_m=128, block_n=128, warps_n=12), "one or two consumer warpgroups"),
     (dict(block_m=128, block_n=192, warps_n=4), "64 or 128 channels per consumer warpgroup"),
     (dict(block_m=256, block_n=256, warps_n=8), "at most 128"),

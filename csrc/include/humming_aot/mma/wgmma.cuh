@@ -61,6 +61,8 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&d)[kCount]) {
   HUMMING_AOT_WGMMA_D8(i), HUMMING_AOT_WGMMA_D8(i + 8), HUMMING_AOT_WGMMA_D8(i + 16), HUMMING_AOT_WGMMA_D8(i + 24)
 
 // The operand text of an m64nNk16 wgmma with N / 2 accumulators: {d...}, {a0..a3}, desc.
+#define HUMMING_AOT_WGMMA_OPERANDS_4 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %8"
+#define HUMMING_AOT_WGMMA_OPERANDS_8 "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12"
 #define HUMMING_AOT_WGMMA_OPERANDS_16 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20"
 #define HUMMING_AOT_WGMMA_OPERANDS_32 \
@@ -88,7 +90,23 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&d)[kCount]) {
 template <class Act, int kN>
 struct Wgmma;
 
-// d += a * B(desc), N = 32, 64, 128 or 256
+// d += a * B(desc), N = 8, 16, 32, 64, 128 or 256
+template <class Act>
+struct Wgmma<Act, 8> {
+  static constexpr int kAccumulators = 4;
+  static __device__ __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], u64 desc) {
+    HUMMING_AOT_WGMMA_FOR_ACT(8, HUMMING_AOT_WGMMA_OPERANDS_4, "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]))
+  }
+};
+
+template <class Act>
+struct Wgmma<Act, 16> {
+  static constexpr int kAccumulators = 8;
+  static __device__ __forceinline__ void mma(float (&d)[8], const u32 (&a)[4], u64 desc) {
+    HUMMING_AOT_WGMMA_FOR_ACT(16, HUMMING_AOT_WGMMA_OPERANDS_8, HUMMING_AOT_WGMMA_D8(0))
+  }
+};
+
 template <class Act>
 struct Wgmma<Act, 32> {
   static constexpr int kAccumulators = 16;
