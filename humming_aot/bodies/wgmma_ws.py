@@ -13,6 +13,24 @@ if TYPE_CHECKING:
     from humming_aot.spec import TileConfig
 
 
+# The register budget of kernel/dense_wgmma_ws.cuh (and grouped_masked_ws.cuh, whose producer
+# keeps more): with one consumer warpgroup two CTAs share an SM, with two one CTA does; setmaxnreg
+# moves the producer warpgroup's registers to the consumers, which need their accumulators and 48
+# more (the static_asserts there).
+_PRODUCER_REGISTERS = 56  # the masked schedule's (the dense body's producer keeps 40)
+_SPARE_REGISTERS = 48
+
+
+def max_accumulators(consumer_warpgroups: int) -> int:
+    """The most fp32 accumulators per consumer thread the body's register split holds for one or
+    two consumer warpgroups (152 or 176)."""
+    threads = 128 * consumer_warpgroups + 128
+    ctas = 2 if consumer_warpgroups == 1 else 1
+    launch = 65536 // ctas // threads // 8 * 8
+    consumer = (launch * threads - _PRODUCER_REGISTERS * 128) // (128 * consumer_warpgroups) // 8 * 8
+    return min(consumer, 256) - _SPARE_REGISTERS
+
+
 class WgmmaWsBody(Body):
     kind = "wgmma-ws"
     header = "dense_wgmma_ws.cuh"
@@ -22,8 +40,9 @@ class WgmmaWsBody(Body):
 
     def check_tile(self, tile: "TileConfig") -> None:
         check_block_k(tile, (64,))
-        if tile.block_m not in (8, 16, 32, 64, 128, 256):
-            raise ValueError(f"block_m={tile.block_m}: the wgmma-ws body takes 8, 16, 32, 64, 128 or 256 tokens per CTA")
+        if not (tile.block_m == 8 or (tile.block_m % 16 == 0 and 16 <= tile.block_m <= 256)):
+            raise ValueError(f"block_m={tile.block_m}: the wgmma-ws body takes 8 tokens per CTA, or a multiple of 16 "
+                             "up to 256 (the wgmma N)")
         if tile.warps_m != 1 or tile.warps_k != 1 or tile.warps_n not in (4, 8):
             raise ValueError(
                 f"warps {tile.warps_m}x{tile.warps_n}x{tile.warps_k}: the wgmma-ws body runs 1 x 4 or 1 x 8 consumer "
@@ -37,10 +56,12 @@ class WgmmaWsBody(Body):
         if tile.stages < 2:
             raise ValueError(f"stages={tile.stages}: the wgmma-ws ring needs at least 2 slots")
         accumulators = tile.block_m // 2 * tile.units_per_warpgroup
-        if accumulators > 128:
+        limit = max_accumulators(tile.warps_n // 4)
+        if accumulators > limit:
             raise ValueError(
-                f"tile {tile.field}: {accumulators} fp32 accumulators per thread; the wgmma-ws body holds at most 128 "
-                "(block_m x channels per warpgroup <= 256 x 64 or 128 x 128)"
+                f"tile {tile.field}: {accumulators} fp32 accumulators per thread; with {tile.warps_n // 4} consumer "
+                f"warpgroup(s) the wgmma-ws body holds at most {limit} (block_m x channels per warpgroup <= "
+                f"{2 * limit} x 64 or {limit} x 128)"
             )
 
     def threads(self, tile: "TileConfig") -> int:

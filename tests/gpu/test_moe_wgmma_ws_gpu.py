@@ -14,10 +14,12 @@ from humming_aot.testing.numerics import assert_gemm_close, reference_gemm, with
 
 pytestmark = pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")
 
-# the moe_tiles rows' tiles, a 32-row one of a single consumer warpgroup (two CTAs per SM), and
-# the 16- and 8-row ones (wgmma N = 16 and 8)
+# the moe_tiles rows' tiles, a 32-row one of a single consumer warpgroup (two CTAs per SM), the
+# 16- and 8-row ones (wgmma N = 16 and 8), and token counts that are not powers of two (96, and
+# 176 with the most accumulators the register split holds)
 WS_TILES = ("wgmma-ws:64x256x64_w1x8_s4", "wgmma-ws:128x256x64_w1x8_s4", "wgmma-ws:32x128x64_w1x4_s6",
-            "wgmma-ws:16x256x64_w1x8_s4", "wgmma-ws:8x128x64_w1x4_s8")
+            "wgmma-ws:16x256x64_w1x8_s4", "wgmma-ws:8x128x64_w1x4_s8", "wgmma-ws:96x256x64_w1x8_s4",
+            "wgmma-ws:176x256x64_w1x8_s3")
 
 
 def _sm90a() -> bool:
@@ -73,7 +75,7 @@ def test_masked_schedule_on_the_wgmma_ws_body(fmt, tile):
 @pytest.mark.parametrize("tile", WS_TILES)
 def test_wgmma_ws_schedule_runs_many_tiles_per_cta(tile):
     """More tiles than resident CTAs (110 of 128 experts with 65-100 rows, N = 512: 440 tiles of
-    64 x 256 and 220 of 128 x 256 against 132 resident CTAs, 1760 of 32 x 128 against 264): each
+    64 x 256 and 220 of 96 to 176 x 256 against 132 resident CTAs, 1760 of 32 x 128 against 264): each
     CTA runs several tiles through one mbarrier ring, filling the next tile's stages while it
     stores this one; every expert against the float64 reference, in both forms, twice (the same
     bits: no race between a tile's staged store and the next tile's)."""

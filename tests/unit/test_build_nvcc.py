@@ -420,3 +420,24 @@ def test_wgmma_ws_tiles_keep_their_accumulators_in_registers(tmp_path, m):
             report = _ptxas_report(key, tmp_path)
             assert f"Used {launch_registers} registers" in report, f"{key.name}: {report}"
             assert "0 bytes spill stores" in report and "0 bytes spill loads" in report, f"{key.name}: {report}"
+
+
+@pytest.mark.slow
+@needs_nvcc
+@pytest.mark.parametrize("field", ["176x256x64_w1x8_s3", "144x128x64_w1x4_s4", "moe_tiles"])
+def test_masked_wgmma_ws_tiles_at_the_register_limit_do_not_spill(tmp_path, field):
+    """The masked MoE schedule's wgmma-ws tiles (the moe_tiles rows of sm90a) and the most tokens
+    the register split holds (bodies/wgmma_ws.max_accumulators: 176 accumulators per thread with two
+    consumer warpgroups, 152 with one) compile without spills for the heaviest dequantizers."""
+    from humming_aot import heuristics
+
+    if field == "moe_tiles":
+        fields = [t.field for t in heuristics.moe_tile_table("sm90a", 8) if t.mma is MmaKind.WGMMA_WS]
+        assert fields, "no wgmma-ws row in sm90a's moe_tiles"
+    else:
+        fields = [field]
+    for tile_field in fields:
+        for act, weight in [("bf16", "u8-g-bf16-zpf"), ("bf16", "s5-g-bf16"), ("f16", "e2m1-g-f16")]:
+            key = KernelKey.from_name(f"gemm_masked_sm90a_wgmma-ws_a-{act}_w-{weight}_o-{act}_{tile_field}")
+            report = _ptxas_report(key, tmp_path)
+            assert "0 bytes spill stores" in report and "0 bytes spill loads" in report, f"{key.name}: {report}"

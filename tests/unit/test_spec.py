@@ -211,10 +211,12 @@ def test_wgmma_ws_tiles_count_the_producer_warpgroup_and_round_trip():
 
 
 @pytest.mark.parametrize("tile,message", [
-    (dict(block_m=96, block_n=128, warps_n=4), "8, 16, 32, 64, 128 or 256 tokens"),
+    (dict(block_m=100, block_n=128, warps_n=4), "8 tokens per CTA, or a multiple of 16 up to 256"),
+    (dict(block_m=272, block_n=128, warps_n=8), "8 tokens per CTA, or a multiple of 16 up to 256"),
     (dict(block_m=128, block_n=128, warps_n=12), "one or two consumer warpgroups"),
     (dict(block_m=128, block_n=192, warps_n=4), "64 or 128 channels per consumer warpgroup"),
-    (dict(block_m=256, block_n=256, warps_n=8), "at most 128"),
+    (dict(block_m=192, block_n=256, warps_n=8), "at most 176"),
+    (dict(block_m=160, block_n=128, warps_n=4), "at most 152"),
 ])
 def test_wgmma_ws_tile_rules(tile, message):
     with pytest.raises(ValueError, match=message):

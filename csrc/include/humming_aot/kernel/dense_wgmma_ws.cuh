@@ -44,7 +44,7 @@ namespace humming_aot::kernel {
 template <class Act,      // Float16 or BFloat16: activation, scale and output dtype
           class Weights,  // numerics::IntWeights<bits> or FloatWeights<exp, man>
           numerics::ZeroPointKind kZeroPoint,
-          int kBlockM,             // tokens per CTA: the wgmma N (8, 16, 32, 64, 128 or 256)
+          int kBlockM,             // tokens per CTA: the wgmma N (8, or a multiple of 16 up to 256)
           int kBlockN,             // weight channels per CTA: 64 x kUnitsPerWarpGroup x consumer warpgroups
           int kUnitsPerWarpGroup,  // 64-channel units each consumer warpgroup multiplies (1 or 2)
           int kStages>             // slots of the mbarrier ring
@@ -65,8 +65,8 @@ struct DenseWgmmaWs {
                 "one or two units per warpgroup");
   static_assert(kUnits % kUnitsPerWarpGroup == 0 && (kConsumerWarpGroups == 1 || kConsumerWarpGroups == 2),
                 "one or two consumer warpgroups (the register split below assumes it)");
-  static_assert(kBlockM == 8 || kBlockM == 16 || kBlockM == 32 || kBlockM == 64 || kBlockM == 128 || kBlockM == 256,
-                "wgmma wrappers exist for N = 8, 16, 32, 64, 128, 256");
+  static_assert(kBlockM == 8 || (kBlockM % 16 == 0 && kBlockM >= 16 && kBlockM <= 256),
+                "wgmma wrappers exist for N = 8 and the multiples of 16 up to 256");
   static_assert(kStages >= 2, "a ring of at least two slots");
 
   using Layout = memory::StageLayout<kBlockM, kBlockN, kBlockK, kBits, kHasZeroPoint>;
