@@ -345,6 +345,11 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
                         impls.append(PREPARE[name](w, fmt, args.layout, **forced))
                     except bench_gemm.Unavailable as why:
                         print(f"{name} {fmt} {model} {gemm}: n/a: {why}")
+                    except ValueError as why:  # a format this model's shapes do not take (g128 on K = 2880)
+                        print(f"{name} {fmt} {model} {gemm}: n/a: {why}")
+                        results.append(dict(tokens=None, model=model, gemm=gemm, layout=args.layout, n=n, k=k,
+                                            experts=experts, top_k=top_k, format=fmt, impl=name, us=None,
+                                            error=f"ValueError: {why}"))
                 for tokens in map(int, args.tokens.split(",")):
                     routings = [route(tokens, experts, top_k, k, args.seed + i, device, dtype)
                                 for i in range(args.routings)]
