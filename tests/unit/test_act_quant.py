@@ -149,12 +149,18 @@ def test_fp4_launches(monkeypatch):
     assert cuda_quant.quantize(a, ActivationFormat.parse("mxfp4"), None) is not None
 
 
+def _f32_bits(x: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
 def _encode_e2m1(q: float) -> int:
-    """act_quant_fp4.cuh's encode_e2m1, step by step in Python (float32 values)."""
+    """act_quant_fp4.cuh's encode_e2m1, step by step in Python (float32 values, 32-bit words)."""
     m = min(abs(q), 6.0)
-    binade = 2 if m >= 4.0 else (1 if m >= 2.0 else 0)
-    steps = round(m * {0: 2.0, 1: 1.0, 2: 0.5}[binade])  # Python's round: half to even
-    return (binade << 1) + steps + (8 if math.copysign(1.0, q) < 0 else 0)
+    below_one = _f32_bits(m * 2.0 + 8388608.0) & 3  # exact in float64, then one float32 rounding
+    u = _f32_bits(m)
+    rounded = (u + 0x1FFFFF + ((u >> 22) & 1)) & 0xFFFFFFFF
+    code = below_one if m < 1.0 else (rounded >> 22) - 252
+    return code + (8 if math.copysign(1.0, q) < 0 else 0)
 
 
 def _mx_scale(amax: float) -> float:
@@ -177,8 +183,8 @@ def test_the_fp4_kernels_arithmetic_is_the_references():
 
     e2m1 = formats.get("float4e2m1")
     gen = torch.Generator().manual_seed(3)
-    edges = [0.0, -0.0, 0.25, 0.2500001, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 5.9999, 6.0, 7.0, 1e30, 1e-40, -0.25, -5.0,
-             -1e-3]
+    edges = [0.0, -0.0, 0.25, 0.2500001, 0.24999999, 0.75, 0.7499999, 0.9999999, 1.0, 1.25, 1.75, 2.5, 3.5,
+             4.9999995, 5.0, 5.0000005, 5.9999, 6.0, 7.0, 1e30, 1e-40, -0.25, -5.0, -1e-3]
     values = torch.tensor(edges + (torch.randn(4000, generator=gen) * torch.logspace(-3, 1, 4000)).tolist(),
                           dtype=torch.float32)
     ref = e2m1.encode(values)
@@ -190,6 +196,21 @@ def test_the_fp4_kernels_arithmetic_is_the_references():
     ref_scales = _scaling.mx_scales(amax, e2m1)
     got_scales = torch.tensor([_mx_scale(float(x)) for x in amax], dtype=torch.float32)
     assert torch.equal(got_scales, ref_scales.to(torch.float32))
+
+
+def test_mxfp4_quotients_by_the_exact_reciprocal_are_the_divisions():
+    """act_quant_fp4.cuh divides MXFP4's values by their scale 2^e as a product with 2^-e (exact
+    for e in [-127, 127], subnormal 2^-127 included): the same float32 as the division, over random
+    values and e2m1's rounding boundaries times the scale."""
+    gen = torch.Generator().manual_seed(5)
+    boundaries = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0], dtype=torch.float32)
+    for e in (-127, -126, -60, -2, 0, 3, 60, 126, 127):
+        d = torch.tensor([2.0 ** e], dtype=torch.float32)
+        r = torch.tensor([2.0 ** -e], dtype=torch.float32)
+        assert float(d) * float(r) == 1.0
+        values = torch.cat([torch.randn(3000, generator=gen) * 4 * d, boundaries * d, -boundaries * d,
+                            torch.tensor([0.0, -0.0, 1e-40, float("inf")])])
+        assert torch.equal(values * r, values / d)
 
 
 def test_fp8_before_sm89_and_bf16_on_sm75_take_the_reference(monkeypatch):
