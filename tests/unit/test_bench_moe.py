@@ -91,3 +91,9 @@ def test_bench_moe_layer_arguments():
     for bad in (["--tokens", "1,x"], ["--tokens", "0"], ["--model", "llama"]):
         with pytest.raises(SystemExit):
             layer_bench.parse_args(bad)
+
+
+def test_each_forced_tile_is_an_implementation_of_its_own():
+    assert bench_moe.impl_variants("humming_aot,humming", None) == [("humming_aot", None), ("humming", None)]
+    assert bench_moe.impl_variants("humming_aot,humming", "default,wgmma-ws:128x256x64_w1x8_s4") == [
+        ("humming_aot", None), ("humming_aot", "wgmma-ws:128x256x64_w1x8_s4"), ("humming", None)]

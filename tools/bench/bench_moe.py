@@ -301,6 +301,17 @@ PREPARE = {"humming_aot": prepare_humming_aot, "humming": prepare_humming, "torc
            "humming_aot_indexed": prepare_humming_aot_indexed}
 
 
+def impl_variants(impls: str, tiles: str | None) -> list[tuple[str, str | None]]:
+    """(implementation, forced tile or None) for --impls and --tile: each tile of the comma list
+    --tile ('default': the table's) makes the implementations that take one (TILED_IMPLS) an
+    implementation of its own, timed side by side on the same routings."""
+    out = []
+    for name in impls.split(","):
+        for tile in (tiles.split(",") if tiles and name in TILED_IMPLS else [None]):
+            out.append((name, None if tile == "default" else tile))
+    return out
+
+
 def relerr(impl: MoeImpl, routed: Routed, layout: str) -> float | None:
     """max |out - ref| / max |ref| over the rows of the first two experts with rows."""
     out = impl.call(routed)
@@ -339,9 +350,9 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
             w = (torch.randn(experts, n, k, generator=gen) * 0.02).to(dtype).to(device)
             for fmt in args.formats.split(","):
                 impls = []
-                for name in args.impls.split(","):
+                for name, tile in impl_variants(args.impls, args.tile):
                     try:
-                        forced = {"tile": args.tile} if args.tile and name in TILED_IMPLS else {}
+                        forced = {"tile": tile} if tile is not None else {}
                         impls.append(PREPARE[name](w, fmt, args.layout, **forced))
                     except bench_gemm.Unavailable as why:
                         print(f"{name} {fmt} {model} {gemm}: n/a: {why}")
@@ -393,8 +404,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"comma list from {', '.join(ALL_IMPLS)} (default {','.join(DEFAULT_IMPLS)})")
     parser.add_argument("--layout", default="contiguous", choices=LAYOUTS, help="grouped contiguous or masked")
     parser.add_argument("--tile", default=None,
-                        help="force this MoE tile label on humming_aot and humming_aot_aligned (e.g. 8x128x128_w1x2x2_s2, "
-                             "mma-sw:16x64x128_w1x1x2_s2); default the table's for the expected rows")
+                        help="force these MoE tile labels on humming_aot, humming_aot_aligned and humming_aot_indexed (a "
+                             "comma list, each timed as an implementation of its own beside the others, 'default' "
+                             "for the table's; e.g. default,wgmma-ws:128x256x64_w1x8_s4); default the table's")
     parser.add_argument("--routings", type=int, default=4, help="routings rotated per point")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
