@@ -3,8 +3,8 @@ steps (``align_block_size``, ``group_rows``, ``permute`` / ``unpermute``, activa
 ``weighted_sum``, ``combine``; on a GPU as humming_aot's own kernels, moe/cuda_steps.py) and the
 three GEMM types as a loop of dense GEMMs (``gemm_indexed``, ``gemm_grouped``, ``gemm_masked``),
 which define what the grouped kernels must compute, and the grouped kernels,
-``gemm_masked_kernel`` and ``gemm_grouped_kernel`` (persistent schedules around the mma.sync
-bodies; moe/kernels.py), with ``gemm_indexed_kernel`` (fused_moe's layout) on the latter.
+``gemm_masked_kernel`` and ``gemm_grouped_kernel`` (persistent schedules around the dense bodies;
+moe/kernels.py), with ``gemm_indexed_kernel`` (fused_moe's layout) on the latter.
 ``humming_aot.nn.QuantizedMoE`` is the layer built on them."""
 from __future__ import annotations
 

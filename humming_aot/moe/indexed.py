@@ -1,8 +1,9 @@
 """vLLM fused_moe's indexed MoE GEMM on the grouped kernel: ``gemm_indexed_kernel`` takes
 ``align_block_size``'s layout as it is and computes what ``expert_loop.gemm_indexed`` defines, as
-three launches with no host round trip: the gather of the routed rows, the block-aligned grouped
-contiguous kernel (moe/kernels.py) on them, and the scatter to the flat top-k rows with the
-routing weights. A loader that gathers through sorted_token_ids and a writer that scatters would
+three launches with no host round trip: the gather of the routed rows, the grouped contiguous
+kernel (moe/kernels.py) on them (its offsets form, the masked schedule, where the blocks' experts
+rise; else the block-aligned form), and the scatter to the flat top-k rows with the routing
+weights. A loader that gathers through sorted_token_ids and a writer that scatters would
 save the two copies; they are not built yet."""
 from __future__ import annotations
 
@@ -28,17 +29,22 @@ def gemm_indexed_kernel(a: torch.Tensor, experts: PackedExperts, routing, *, a_r
     a:                (M, K) one row per token (a_rows_per_token = top_k: the first GEMM) or
                       (M * top_k, K) one per slot (a_rows_per_token = 1: the second), the
                       experts' activation dtype, on their CUDA device
-    routing:          an ``IndexedRouting`` (``align_block_size``) whose block_size is a multiple
-                      of ``grouped_block_m(experts, expected_m)`` (the kernel's tile rows); its
-                      expert_ids are local expert indices, and a block of -1 (another rank's
-                      expert) or of an index outside [0, E) is skipped (its slots zeros)
+    routing:          an ``IndexedRouting`` (``align_block_size``); its expert_ids are local
+                      expert indices, and a block of -1 (another rank's expert) or of an index
+                      outside [0, E) is skipped (its slots zeros). Where its blocks' experts rise
+                      (``by_expert``: align_block_size with no expert_map) any block_size runs, on
+                      the offsets form of the grouped kernel; otherwise block_size must be a
+                      multiple of ``grouped_block_m(experts, expected_m)`` (the tile rows of the
+                      block-aligned form)
     topk_weights:     (M, top_k) floating, or None
     expected_m:       the rows an expert is expected to hold (picks the tile); default the slots
                       over the experts, rounded up
-    tile:             a forced tile (tuning, benchmarks), whose block_m must divide block_size
+    tile:             a forced tile (tuning, benchmarks): of the masked schedule's bodies where
+                      the blocks' experts rise, else one whose block_m divides block_size
 
     Three launches: the routed rows gathered (moe_gather), ``gemm_grouped_kernel`` on them (the
-    padding rows of an expert's blocks are zero rows), and the rows scattered to their slots; the
+    padding rows of an expert's blocks are zero rows; with offsets, ``expert_offsets``), and the
+    rows scattered to their slots; the
     gather and scatter are memory-bound copies of the activations and outputs that a loader and
     writer indexed through sorted_token_ids would save."""
     what = "gemm_indexed_kernel"
@@ -69,15 +75,19 @@ def gemm_indexed_kernel(a: torch.Tensor, experts: PackedExperts, routing, *, a_r
                          f"{rows} rows in blocks of {block}")
     if expected_m is None:
         expected_m = max(1, -(-slots // experts.experts))
-    if tile is not None:
-        tile = kernels.forced_tile(tile, experts, what)
-        block_m = tile.block_m
+    if routing.by_expert:  # the offsets form: any block, the masked schedule's tiles (wgmma-ws on sm90a)
+        if tile is not None:
+            tile = kernels.forced_tile(tile, experts, what, masked=True)
     else:
-        block_m = kernels.grouped_block_m(experts, expected_m, a.device)
-    if block % block_m:
-        raise ValueError(f"{what}: the routing's block_size {block} is not a multiple of the kernel's {block_m} rows: "
-                         f"align with moe.align_block_size(..., block_size=grouped_block_m(experts, {expected_m})) "
-                         f"or a multiple of it")
+        if tile is not None:
+            tile = kernels.forced_tile(tile, experts, what)
+            block_m = tile.block_m
+        else:
+            block_m = kernels.grouped_block_m(experts, expected_m, a.device)
+        if block % block_m:
+            raise ValueError(f"{what}: the routing's block_size {block} is not a multiple of the kernel's {block_m} "
+                             f"rows: align with moe.align_block_size(..., block_size=grouped_block_m(experts, "
+                             f"{expected_m})) or a multiple of it")
     if slots == 0 or rows == 0:
         return torch.zeros(slots, experts.out_features, dtype=a.dtype, device=a.device)
     slot = routing.sorted_token_ids.to(device=a.device, dtype=torch.int64)
@@ -88,9 +98,14 @@ def gemm_indexed_kernel(a: torch.Tensor, experts: PackedExperts, routing, *, a_r
     slot = torch.where(real, slot, -1)
     row_expert = torch.where(real, expert, -1)
     gathered = routing_module.gather_rows(a, slot, a_rows_per_token)
-    # (no zero-fill: the rows the kernel leaves, blocks of padding only, go to the dropped row)
-    y = kernels.gemm_grouped_kernel(gathered, experts, row_expert, expected_m=expected_m, tile=tile,
-                            out=torch.empty(rows, experts.out_features, dtype=a.dtype, device=a.device))
+    # (no zero-fill: the rows the kernel leaves, of no expert or blocks of padding only, go to the
+    # dropped row)
+    out = torch.empty(rows, experts.out_features, dtype=a.dtype, device=a.device)
+    if routing.by_expert:
+        offsets = expert_offsets(routing.expert_ids.to(a.device), block, experts.experts, rows)
+        y = kernels.gemm_grouped_kernel(gathered, experts, offsets=offsets, expected_m=expected_m, tile=tile, out=out)
+    else:
+        y = kernels.gemm_grouped_kernel(gathered, experts, row_expert, expected_m=expected_m, tile=tile, out=out)
     if topk_weights is not None:
         weight = topk_weights.reshape(-1).float().index_select(0, torch.where(real, slot, 0))
         y = (y.float() * weight.unsqueeze(1)).to(a.dtype)
@@ -98,3 +113,19 @@ def gemm_indexed_kernel(a: torch.Tensor, experts: PackedExperts, routing, *, a_r
     wide = torch.zeros(slots + 1, experts.out_features, dtype=a.dtype, device=a.device)
     wide.index_copy_(0, torch.where(real, slot, slots), y)
     return wide[:slots]
+
+
+def expert_offsets(expert_ids: torch.Tensor, block: int, experts: int, rows: int) -> torch.Tensor:
+    """(E + 1,) int32 prefix offsets of the gathered rows for blocks whose experts rise
+    (IndexedRouting.by_expert), on the device with no host round trip: expert e owns the rows of
+    its blocks, and of the skipped blocks (-1, or an id outside [0, E)) that follow them up to the
+    next expert's (computed with its weights, never stored: their slots are dropped). Rows before
+    the first expert's block and from the last expert's last block on belong to no expert."""
+    ids = expert_ids.to(torch.int64)
+    valid = (ids >= 0) & (ids < experts)
+    # each block's expert, a skipped block taking the expert before it (-1 before the first)
+    owner = torch.cummax(torch.where(valid, ids, -1), 0).values
+    index = torch.arange(ids.shape[0], device=ids.device)
+    end = (torch.where(valid, index + 1, 0).max() * block).clamp(max=rows)  # past the last expert's last block
+    first = torch.searchsorted(owner, torch.arange(experts + 1, device=ids.device))  # each expert's first block
+    return torch.minimum(first * block, end).to(torch.int32)

@@ -11,12 +11,14 @@
   alignment, expert e owning rows offsets[e] to offsets[e + 1], on the masked kernel's walk
   (its offsets form), what ``expert_loop.gemm_grouped`` defines;
 - ``moe.indexed.gemm_indexed_kernel(a, experts, routing)``: vLLM fused_moe's indexed layout on the
-  block-aligned grouped kernel (a gather before it, a scatter after).
+  offsets form (blocks whose experts rise) or the block-aligned grouped kernel (a gather before
+  it, a scatter after).
 
-All are persistent schedules around a dense mma.sync body (``heuristics.select_masked_tile``: the
-tile for the expected rows per expert), from the installed catalog or the JIT, one K slice per
-tile: at most the resident CTAs, each walking the real tiles in turn, so that the empty experts and
-padding blocks of a small batch cost no CTA.
+All are persistent schedules around a dense body (``heuristics.select_masked_tile``: the tile for
+the expected rows per expert; the mma.sync bodies, and for the masked schedule and its offsets
+form on sm_90a the warp-specialized TMA body above 16 rows per expert), from the installed
+catalog or the JIT: at most the resident CTAs, each walking the real tiles in turn, so that the
+empty experts and padding blocks of a small batch cost no CTA.
 ``QuantizedMoE`` runs the offsets form on sm_80+ GPUs (``use_grouped_kernels``: None chooses, a
 bool forces).
 """

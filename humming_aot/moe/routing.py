@@ -48,6 +48,10 @@ class IndexedRouting:
     expert_ids:       (max_padded // block_size,) int32: the expert of each block (its local id
                       through expert_map), -1 for a block to skip; blocks past the padded total: -1
     num_tokens_post_padded: (1,) int32, on the device (the kernels read it there)
+    by_expert:        whether the blocks' experts rise block after block (each expert's blocks
+                      contiguous, in expert order, -1 blocks anywhere): align_block_size's with
+                      no expert_map. gemm_indexed_kernel then runs the grouped kernel's offsets
+                      form, which takes any block_size; otherwise the block-aligned form
     """
 
     sorted_token_ids: torch.Tensor
@@ -56,6 +60,7 @@ class IndexedRouting:
     block_size: int
     top_k: int
     num_tokens: int
+    by_expert: bool = False
 
 
 def align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: int,
@@ -81,7 +86,8 @@ def align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: int,
         out = cuda_steps.route(topk_ids, num_experts, block_size, pad_slot=slots, slot_of_row32=True,
                                block_expert_len=-(-max_padded // block_size), expert_map=expert_map, total=True)
         return IndexedRouting(sorted_token_ids=out["slot_of_row32"], expert_ids=out["block_expert"],
-                              num_tokens_post_padded=out["total"], block_size=block_size, top_k=top_k, num_tokens=m)
+                              num_tokens_post_padded=out["total"], block_size=block_size, top_k=top_k, num_tokens=m,
+                              by_expert=expert_map is None)
     flat = topk_ids.reshape(-1).long()
     counts = torch.bincount(flat, minlength=num_experts)
     padded = (counts + block_size - 1) // block_size * block_size
@@ -99,7 +105,7 @@ def align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: int,
     expert_ids[: block_expert.shape[0]] = block_expert.to(torch.int32)
     return IndexedRouting(sorted_token_ids=sorted_ids, expert_ids=expert_ids,
                           num_tokens_post_padded=total,
-                          block_size=block_size, top_k=top_k, num_tokens=m)
+                          block_size=block_size, top_k=top_k, num_tokens=m, by_expert=expert_map is None)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -292,7 +292,8 @@ def test_indexed_kernel_matches_the_reference_in_both_gemms(fmt, kind):
         kept = (global_ids.reshape(-1) % 2) == 0
         local_ids = torch.where(global_ids % 2 == 0, global_ids // 2, -1)
     hidden = torch.randn(tokens, k, device="cuda", generator=gen).to(torch.bfloat16)
-    key = _key(experts, expected, GemmType.GROUPED)
+    # no expert_map: the offsets form (the masked schedule's tile); with one, the block-aligned form
+    key = _key(experts, expected, GemmType.MASKED if routing.by_expert else GemmType.GROUPED)
     first = gemm_indexed_kernel(hidden, experts, routing, a_rows_per_token=top_k, expected_m=expected)
     assert first.shape == (tokens * top_k, n) and first.dtype == torch.bfloat16
     _indexed_reference_check(first, hidden.repeat_interleave(top_k, 0), local_ids, experts, key, kept,
@@ -311,7 +312,8 @@ def test_indexed_kernel_matches_the_reference_in_both_gemms(fmt, kind):
 def test_indexed_kernel_replays_in_a_cuda_graph_and_refuses_a_block_it_cannot_tile():
     """align_block_size (check_range=False) and gemm_indexed_kernel captured in one CUDA graph (no
     host round trip), replayed with new routings; a block_size the kernel's tile rows do not divide
-    is refused with the block to use."""
+    runs on the offsets form (no expert_map) and is refused with the block to use on the
+    block-aligned one (an expert_map)."""
     from humming_aot.moe import align_block_size, gemm_indexed_kernel, grouped_block_m
 
     seed = _seed()
@@ -334,7 +336,7 @@ def test_indexed_kernel_replays_in_a_cuda_graph_and_refuses_a_block_it_cannot_ti
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = step()
-    key = _key(experts, expected, GemmType.GROUPED)
+    key = _key(experts, expected, GemmType.MASKED)
     kept = torch.ones(tokens * top_k, dtype=torch.bool, device="cuda")
     for replay in range(2):
         topk_ids.copy_(torch.randn(tokens, experts_n, device="cuda", generator=gen).topk(top_k, dim=1).indices)
@@ -343,10 +345,15 @@ def test_indexed_kernel_replays_in_a_cuda_graph_and_refuses_a_block_it_cannot_ti
         torch.cuda.synchronize()
         _indexed_reference_check(out, hidden.repeat_interleave(top_k, 0), topk_ids, experts, key, kept,
                                  f"graph replay {replay} seed={seed}")
+    odd = align_block_size(topk_ids, experts_n, block + 1)
+    out = gemm_indexed_kernel(hidden, experts, odd, a_rows_per_token=top_k, expected_m=expected)
+    _indexed_reference_check(out, hidden.repeat_interleave(top_k, 0), topk_ids, experts, key, kept,
+                             f"block {block + 1} seed={seed}")
     if block > 1:
-        odd = align_block_size(topk_ids, experts_n, block + 1)
+        mapped = align_block_size(topk_ids, experts_n, block + 1, torch.arange(experts_n, device="cuda").int())
         with pytest.raises(ValueError, match="not a multiple of the kernel's"):
-            gemm_indexed_kernel(hidden, experts, odd, a_rows_per_token=top_k, topk_weights=weights, expected_m=expected)
+            gemm_indexed_kernel(hidden, experts, mapped, a_rows_per_token=top_k, topk_weights=weights,
+                                expected_m=expected)
 
 
 # --- the persistent walk: many experts, many tiles per CTA, long runs of empty experts / padding ---

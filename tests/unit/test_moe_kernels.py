@@ -419,3 +419,50 @@ def test_indexed_form_is_the_expert_loop_with_the_grouped_kernel_swapped_for_its
     with pytest.raises(ValueError, match="block_size 8 is not a multiple of the kernel's 16 rows"):
         monkeypatch.setattr(kernels, "grouped_block_m", lambda experts, expected_m, device=None: 16)
         gemm_indexed_kernel(hidden, local, routing, a_rows_per_token=top_k)
+
+
+def test_indexed_offsets_give_each_expert_its_blocks_and_the_skipped_ones_after_them():
+    from humming_aot.moe.indexed import expert_offsets
+
+    ids = torch.tensor([-1, 0, 0, -1, 2, 2, 2, -1, -1], dtype=torch.int32)
+    assert expert_offsets(ids, 4, 4, 36).tolist() == [4, 16, 16, 28, 28]
+    assert expert_offsets(ids, 4, 4, 20).tolist() == [4, 16, 16, 20, 20]  # clamped to the rows
+    # an id outside [0, E) is a skipped block; no expert at all: every offset 0
+    assert expert_offsets(torch.tensor([0, 9, 1, 1]), 2, 3, 8).tolist() == [0, 4, 8, 8]
+    assert expert_offsets(torch.full((5,), -1), 8, 3, 40).tolist() == [0, 0, 0, 0]
+
+
+def test_indexed_form_runs_the_offsets_form_where_the_blocks_experts_rise(monkeypatch):
+    """With align_block_size's routing of no expert_map (by_expert), gemm_indexed_kernel runs the
+    grouped kernel's offsets form (a stand-in here: expert_loop.gemm_grouped on the same offsets,
+    rows of no expert left as garbage) for any block size, against expert_loop.gemm_indexed."""
+    from humming_aot.moe import align_block_size, expert_loop, gemm_indexed, gemm_indexed_kernel, kernels, routing
+
+    calls = []
+
+    def grouped(a, experts, row_expert=None, *, offsets=None, expected_m, tile=None, out=None):
+        assert row_expert is None and offsets.dtype == torch.int32 and offsets.shape == (experts.experts + 1,)
+        calls.append((a.shape[0], expected_m))
+        y = expert_loop.gemm_grouped(a, experts, offsets=offsets.long())
+        rows = torch.arange(a.shape[0])
+        owned = (rows >= offsets[0]) & (rows < offsets[-1])
+        return torch.where(owned.unsqueeze(1), y, torch.full_like(y, float("nan")))
+
+    monkeypatch.setattr(kernels, "gemm_grouped_kernel", grouped)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(routing, "gather_rows", routing._gather_rows)
+    gen = torch.Generator().manual_seed(2)
+    local = _experts(e=4, n=64, k=256)
+    tokens, top_k = 9, 2
+    ids = torch.randn(tokens, 4, generator=gen).topk(top_k, dim=1).indices
+    hidden = torch.randn(tokens, 256, generator=gen).bfloat16()
+    per_slot = torch.randn(tokens * top_k, 256, generator=gen).bfloat16()
+    weights = torch.rand(tokens, top_k, generator=gen)
+    for block in (1, 3, 8):  # any block: the offsets form needs no alignment to the tile
+        aligned = align_block_size(ids, 4, block)
+        assert aligned.by_expert and not align_block_size(ids, 4, block, torch.arange(4).int()).by_expert
+        for a, per_token, w in ((hidden, top_k, None), (per_slot, 1, weights)):
+            got = gemm_indexed_kernel(a, local, aligned, a_rows_per_token=per_token, topk_weights=w)
+            ref = gemm_indexed(a, local, aligned, a_rows_per_token=per_token, topk_weights=w)
+            assert torch.equal(got, ref), f"block {block}"
+    assert calls == [(align_block_size(ids, 4, b).sorted_token_ids.shape[0], 5) for b in (1, 1, 3, 3, 8, 8)]

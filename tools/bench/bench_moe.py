@@ -268,8 +268,8 @@ def prepare_torch_grouped_mm(w: torch.Tensor, fmt: str, layout: str) -> MoeImpl:
 
 
 def prepare_humming_aot_indexed(w: torch.Tensor, fmt: str, layout: str, tile: str | None = None) -> MoeImpl:
-    """vLLM fused_moe's indexed layout (moe.gemm_indexed_kernel: gather, the block-aligned grouped
-    kernel, scatter), from the tokens' rows: the first GEMM's form (one row per token). The
+    """vLLM fused_moe's indexed layout (moe.gemm_indexed_kernel: gather, the grouped kernel's
+    offsets form on align_block_size's blocks, scatter), from the tokens' rows: the first GEMM's form (one row per token). The
     routing's align_block_size runs once per routing, outside the timing (the routing's step)."""
     import humming_aot
     from humming_aot.enumerate import parse_tile_field
