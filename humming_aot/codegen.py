@@ -113,7 +113,7 @@ namespace {{
 using Kernel = {kernel};
 }}  // namespace
 
-static_assert(Kernel::kSmemBytes == {smem}, "shared memory differs from humming_aot.heuristics.smem_bytes");
+static_assert(Kernel::kSmemBytes == {smem}, "shared memory differs from humming_aot.codegen.kernel_smem_bytes");
 static_assert(Kernel::kThreads == {tile.threads}, "thread count differs from the TileConfig");
 static_assert(Kernel::kScalesInFp32 == {"true" if key.scales_in_fp32 else "false"}, "scale rounding differs from KernelKey.scales_in_fp32");
 static_assert(humming_aot::kernel::kParamsVersion == {PARAMS_VERSION}, "GemmParams version differs from codegen");

@@ -339,6 +339,9 @@ struct DenseWgmmaWs {
       }
       Writer::store_tile(p, acc, unit.m_tile * kBlockM, unit.n_tile * kBlockN, smem);
       if (more) {  // the producer waits for the staging tile's last read before it refills the ring
+        // this thread's staging accesses (generic proxy) ordered before the TMA and bulk copies
+        // (async proxy) that refill the same shared memory
+        mma::fence_shared_for_async_proxy();
         ConsumerBarrier::sync();
         if (threadIdx.x == 0) ptx::mbarrier_arrive(staging_barrier);
       }
