@@ -24,7 +24,9 @@
 #             the grouped kernels, each step's share                -> bench.log, moe_layer.json
 #   moeprof   ncu (clocks left alone) on tools/bench/profile_moe.py ($MOEPROF_ARGS: one bench_moe
 #             point, ours or --impl humming): speed of light, occupancy, warp states, scheduler
-#             and instruction statistics of its kernels, as CSV    -> bench.log, moe_profile.csv
+#             and instruction statistics of its kernels, as CSV (MOEPROF_RAW=1: every metric of
+#             ncu's full set, the stall reasons among them, one row per kernel)
+#                                                                  -> bench.log, moe_profile.csv
 #   ab        the base tree in $AB_BASE (default .ab/base; tools/ab_base.sh REV [DIR]) built with the same catalog, then
 #             $AB_TOOL (default tools/bench/bench_gemm.py; or tools/bench/bench_moe.py) with $AB_ARGS from each tree
 #             in turns, $AB_ROUNDS (2) rounds
@@ -223,11 +225,12 @@ step_moelayer() {
 }
 
 step_moeprof() {
-    local -a extra=()
+    local -a extra=() view=(--page details --section SpeedOfLight --section LaunchStats --section Occupancy
+        --section WarpStateStats --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis)
     [[ -n "${MOEPROF_ARGS:-}" ]] && mapfile -t extra < <(split_args "$MOEPROF_ARGS")
-    ncu --clock-control none --nvtx --nvtx-include "profile/" --csv --page details \
-        --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
-        --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis \
+    # MOEPROF_RAW=1: every metric of the full set, one row per kernel (the stall reasons among them)
+    [[ "${MOEPROF_RAW:-0}" == 1 ]] && view=(--page raw --set full)
+    ncu --clock-control none --nvtx --nvtx-include "profile/" --csv "${view[@]}" \
         python3 tools/bench/profile_moe.py "${extra[@]}" >"$OUTDIR/moe_profile.csv"
 }
 
