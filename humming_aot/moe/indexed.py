@@ -1,8 +1,8 @@
 """vLLM fused_moe's indexed MoE GEMM on the grouped kernel: ``gemm_indexed_kernel`` takes
 ``align_block_size``'s layout as it is and computes what ``expert_loop.gemm_indexed`` defines, as
 three launches with no host round trip: the gather of the routed rows, the grouped contiguous
-kernel (moe/kernels.py) on them (its offsets form, the masked schedule, where the blocks' experts
-rise; else the block-aligned form), and the scatter to the flat top-k rows with the routing
+kernel (moe/kernels.py) on them (its offsets form, the masked schedule, where the routing holds
+the experts' offsets; else the block-aligned form), and the scatter to the flat top-k rows with the routing
 weights. A loader that gathers through sorted_token_ids and a writer that scatters would
 save the two copies; they are not built yet."""
 from __future__ import annotations
@@ -31,20 +31,19 @@ def gemm_indexed_kernel(a: torch.Tensor, experts: PackedExperts, routing, *, a_r
                       experts' activation dtype, on their CUDA device
     routing:          an ``IndexedRouting`` (``align_block_size``); its expert_ids are local
                       expert indices, and a block of -1 (another rank's expert) or of an index
-                      outside [0, E) is skipped (its slots zeros). Where its blocks' experts rise
-                      (``by_expert``: align_block_size with no expert_map) any block_size runs, on
-                      the offsets form of the grouped kernel; otherwise block_size must be a
-                      multiple of ``grouped_block_m(experts, expected_m)`` (the tile rows of the
-                      block-aligned form)
+                      outside [0, E) is skipped (its slots zeros). Where it holds the experts'
+                      offsets (``expert_offsets``: align_block_size with no expert_map) any
+                      block_size runs, on the offsets form of the grouped kernel; otherwise
+                      block_size must be a multiple of ``grouped_block_m(experts, expected_m)``
+                      (the tile rows of the block-aligned form)
     topk_weights:     (M, top_k) floating, or None
     expected_m:       the rows an expert is expected to hold (picks the tile); default the slots
                       over the experts, rounded up
-    tile:             a forced tile (tuning, benchmarks): of the masked schedule's bodies where
-                      the blocks' experts rise, else one whose block_m divides block_size
+    tile:             a forced tile (tuning, benchmarks): of the masked schedule's bodies with
+                      the experts' offsets, else one whose block_m divides block_size
 
     Three launches: the routed rows gathered (moe_gather), ``gemm_grouped_kernel`` on them (the
-    padding rows of an expert's blocks are zero rows; with offsets, ``expert_offsets``), and the
-    rows scattered to their slots; the
+    padding rows of an expert's blocks are zero rows), and the rows scattered to their slots; the
     gather and scatter are memory-bound copies of the activations and outputs that a loader and
     writer indexed through sorted_token_ids would save."""
     what = "gemm_indexed_kernel"
@@ -75,7 +74,10 @@ def gemm_indexed_kernel(a: torch.Tensor, experts: PackedExperts, routing, *, a_r
                          f"{rows} rows in blocks of {block}")
     if expected_m is None:
         expected_m = max(1, -(-slots // experts.experts))
-    if routing.by_expert:  # the offsets form: any block, the masked schedule's tiles (wgmma-ws on sm90a)
+    offsets = routing.expert_offsets
+    if offsets is not None and (not isinstance(offsets, torch.Tensor) or offsets.shape != (experts.experts + 1,)):
+        offsets = None  # (not these experts' offsets: the block-aligned form, which checks the blocks' ids)
+    if offsets is not None:  # the offsets form: any block, the masked schedule's tiles (wgmma-ws on sm90a)
         if tile is not None:
             tile = kernels.forced_tile(tile, experts, what, masked=True)
     else:
@@ -101,9 +103,9 @@ def gemm_indexed_kernel(a: torch.Tensor, experts: PackedExperts, routing, *, a_r
     # (no zero-fill: the rows the kernel leaves, of no expert or blocks of padding only, go to the
     # dropped row)
     out = torch.empty(rows, experts.out_features, dtype=a.dtype, device=a.device)
-    if routing.by_expert:
-        offsets = expert_offsets(routing.expert_ids.to(a.device), block, experts.experts, rows)
-        y = kernels.gemm_grouped_kernel(gathered, experts, offsets=offsets, expected_m=expected_m, tile=tile, out=out)
+    if offsets is not None:
+        y = kernels.gemm_grouped_kernel(gathered, experts, offsets=offsets.to(device=a.device, dtype=torch.int32),
+                                        expected_m=expected_m, tile=tile, out=out)
     else:
         y = kernels.gemm_grouped_kernel(gathered, experts, row_expert, expected_m=expected_m, tile=tile, out=out)
     if topk_weights is not None:
@@ -114,18 +116,3 @@ def gemm_indexed_kernel(a: torch.Tensor, experts: PackedExperts, routing, *, a_r
     wide.index_copy_(0, torch.where(real, slot, slots), y)
     return wide[:slots]
 
-
-def expert_offsets(expert_ids: torch.Tensor, block: int, experts: int, rows: int) -> torch.Tensor:
-    """(E + 1,) int32 prefix offsets of the gathered rows for blocks whose experts rise
-    (IndexedRouting.by_expert), on the device with no host round trip: expert e owns the rows of
-    its blocks, and of the skipped blocks (-1, or an id outside [0, E)) that follow them up to the
-    next expert's (computed with its weights, never stored: their slots are dropped). Rows before
-    the first expert's block and from the last expert's last block on belong to no expert."""
-    ids = expert_ids.to(torch.int64)
-    valid = (ids >= 0) & (ids < experts)
-    # each block's expert, a skipped block taking the expert before it (-1 before the first)
-    owner = torch.cummax(torch.where(valid, ids, -1), 0).values
-    index = torch.arange(ids.shape[0], device=ids.device)
-    end = (torch.where(valid, index + 1, 0).max() * block).clamp(max=rows)  # past the last expert's last block
-    first = torch.searchsorted(owner, torch.arange(experts + 1, device=ids.device))  # each expert's first block
-    return torch.minimum(first * block, end).to(torch.int32)

@@ -48,10 +48,10 @@ class IndexedRouting:
     expert_ids:       (max_padded // block_size,) int32: the expert of each block (its local id
                       through expert_map), -1 for a block to skip; blocks past the padded total: -1
     num_tokens_post_padded: (1,) int32, on the device (the kernels read it there)
-    by_expert:        whether the blocks' experts rise block after block (each expert's blocks
-                      contiguous, in expert order, -1 blocks anywhere): align_block_size's with
-                      no expert_map. gemm_indexed_kernel then runs the grouped kernel's offsets
-                      form, which takes any block_size; otherwise the block-aligned form
+    expert_offsets:   (E + 1,) int32 on the device, or None: each expert's first row and then the
+                      padded total, where the blocks are in expert order (align_block_size with no
+                      expert_map). gemm_indexed_kernel then runs the grouped kernel's offsets form,
+                      which takes any block_size; without them the block-aligned form
     """
 
     sorted_token_ids: torch.Tensor
@@ -60,7 +60,7 @@ class IndexedRouting:
     block_size: int
     top_k: int
     num_tokens: int
-    by_expert: bool = False
+    expert_offsets: torch.Tensor | None = None
 
 
 def align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: int,
@@ -84,10 +84,11 @@ def align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: int,
     max_padded = slots + num_experts * (block_size - 1)
     if cuda_steps.route_supported(topk_ids, num_experts, block_size):
         out = cuda_steps.route(topk_ids, num_experts, block_size, pad_slot=slots, slot_of_row32=True,
-                               block_expert_len=-(-max_padded // block_size), expert_map=expert_map, total=True)
+                               block_expert_len=-(-max_padded // block_size), expert_map=expert_map, total=True,
+                               offsets32=expert_map is None)
         return IndexedRouting(sorted_token_ids=out["slot_of_row32"], expert_ids=out["block_expert"],
                               num_tokens_post_padded=out["total"], block_size=block_size, top_k=top_k, num_tokens=m,
-                              by_expert=expert_map is None)
+                              expert_offsets=out.get("offsets32"))
     flat = topk_ids.reshape(-1).long()
     counts = torch.bincount(flat, minlength=num_experts)
     padded = (counts + block_size - 1) // block_size * block_size
@@ -103,9 +104,12 @@ def align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: int,
         block_expert = expert_map.to(device=device, dtype=torch.long)[block_expert]
     expert_ids = torch.full((blocks,), -1, dtype=torch.int32, device=device)
     expert_ids[: block_expert.shape[0]] = block_expert.to(torch.int32)
+    offsets = None
+    if expert_map is None:  # each expert's first row, then the padded total
+        offsets = torch.cat([starts, total.to(starts.dtype)]).to(torch.int32)
     return IndexedRouting(sorted_token_ids=sorted_ids, expert_ids=expert_ids,
                           num_tokens_post_padded=total,
-                          block_size=block_size, top_k=top_k, num_tokens=m, by_expert=expert_map is None)
+                          block_size=block_size, top_k=top_k, num_tokens=m, expert_offsets=offsets)
 
 
 @dataclasses.dataclass(frozen=True)

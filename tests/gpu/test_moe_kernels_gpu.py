@@ -293,7 +293,7 @@ def test_indexed_kernel_matches_the_reference_in_both_gemms(fmt, kind):
         local_ids = torch.where(global_ids % 2 == 0, global_ids // 2, -1)
     hidden = torch.randn(tokens, k, device="cuda", generator=gen).to(torch.bfloat16)
     # no expert_map: the offsets form (the masked schedule's tile); with one, the block-aligned form
-    key = _key(experts, expected, GemmType.MASKED if routing.by_expert else GemmType.GROUPED)
+    key = _key(experts, expected, GemmType.GROUPED if routing.expert_offsets is None else GemmType.MASKED)
     first = gemm_indexed_kernel(hidden, experts, routing, a_rows_per_token=top_k, expected_m=expected)
     assert first.shape == (tokens * top_k, n) and first.dtype == torch.bfloat16
     _indexed_reference_check(first, hidden.repeat_interleave(top_k, 0), local_ids, experts, key, kept,

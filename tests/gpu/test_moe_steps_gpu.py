@@ -101,6 +101,10 @@ def test_routing_kernels_match_the_torch_layouts(monkeypatch, launched, tokens, 
         ref = _reference(monkeypatch, moe.align_block_size, ids, experts, block, emap)
         for field in ("sorted_token_ids", "expert_ids", "num_tokens_post_padded"):
             assert torch.equal(getattr(got, field), getattr(ref, field)), f"align_block_size {field} {block} seed={seed}"
+        if emap is None:  # the experts' offsets (the offsets form of gemm_indexed_kernel); none with a map
+            assert torch.equal(got.expert_offsets, ref.expert_offsets), f"align_block_size offsets {block} seed={seed}"
+        else:
+            assert got.expert_offsets is None and ref.expert_offsets is None
     kernel = _route_kernel(tokens * min(top_k, experts), experts)
     assert f"moe_route_{kernel}_{'i32' if dtype == torch.int32 else 'i64'}" in launched
 

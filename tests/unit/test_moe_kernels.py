@@ -421,19 +421,25 @@ def test_indexed_form_is_the_expert_loop_with_the_grouped_kernel_swapped_for_its
         gemm_indexed_kernel(hidden, local, routing, a_rows_per_token=top_k)
 
 
-def test_indexed_offsets_give_each_expert_its_blocks_and_the_skipped_ones_after_them():
-    from humming_aot.moe.indexed import expert_offsets
+def test_align_block_size_gives_the_experts_offsets_without_an_expert_map():
+    """IndexedRouting.expert_offsets (the torch path here; the GPU test compares the kernel's):
+    each expert's first row, then the padded total, consistent with the blocks' experts; none
+    with an expert_map (local ids need not rise)."""
+    from humming_aot.moe import align_block_size
 
-    ids = torch.tensor([-1, 0, 0, -1, 2, 2, 2, -1, -1], dtype=torch.int32)
-    assert expert_offsets(ids, 4, 4, 36).tolist() == [4, 16, 16, 28, 28]
-    assert expert_offsets(ids, 4, 4, 20).tolist() == [4, 16, 16, 20, 20]  # clamped to the rows
-    # an id outside [0, E) is a skipped block; no expert at all: every offset 0
-    assert expert_offsets(torch.tensor([0, 9, 1, 1]), 2, 3, 8).tolist() == [0, 4, 8, 8]
-    assert expert_offsets(torch.full((5,), -1), 8, 3, 40).tolist() == [0, 0, 0, 0]
+    ids = torch.tensor([[0, 2], [2, 3], [0, 2], [3, 0]])  # expert 0: 3 slots, 1: none, 2: 3, 3: 2
+    routing = align_block_size(ids, 4, 4)
+    assert routing.expert_offsets.dtype == torch.int32
+    assert routing.expert_offsets.tolist() == [0, 4, 4, 8, 12]
+    blocks = routing.expert_ids.tolist()
+    for e in range(4):
+        lo, hi = routing.expert_offsets[e].item(), routing.expert_offsets[e + 1].item()
+        assert all(blocks[b] == e for b in range(lo // 4, hi // 4))
+    assert align_block_size(ids, 4, 4, torch.tensor([0, -1, 1, 2], dtype=torch.int32)).expert_offsets is None
 
 
 def test_indexed_form_runs_the_offsets_form_where_the_blocks_experts_rise(monkeypatch):
-    """With align_block_size's routing of no expert_map (by_expert), gemm_indexed_kernel runs the
+    """With align_block_size's routing of no expert_map (its expert_offsets), gemm_indexed_kernel runs the
     grouped kernel's offsets form (a stand-in here: expert_loop.gemm_grouped on the same offsets,
     rows of no expert left as garbage) for any block size, against expert_loop.gemm_indexed."""
     from humming_aot.moe import align_block_size, expert_loop, gemm_indexed, gemm_indexed_kernel, kernels, routing
@@ -460,7 +466,7 @@ def test_indexed_form_runs_the_offsets_form_where_the_blocks_experts_rise(monkey
     weights = torch.rand(tokens, top_k, generator=gen)
     for block in (1, 3, 8):  # any block: the offsets form needs no alignment to the tile
         aligned = align_block_size(ids, 4, block)
-        assert aligned.by_expert and not align_block_size(ids, 4, block, torch.arange(4).int()).by_expert
+        assert aligned.expert_offsets is not None
         for a, per_token, w in ((hidden, top_k, None), (per_slot, 1, weights)):
             got = gemm_indexed_kernel(a, local, aligned, a_rows_per_token=per_token, topk_weights=w)
             ref = gemm_indexed(a, local, aligned, a_rows_per_token=per_token, topk_weights=w)
