@@ -2,9 +2,9 @@
 ``align_block_size``'s layout as it is and computes what ``expert_loop.gemm_indexed`` defines, as
 three launches with no host round trip: the gather of the routed rows, the grouped contiguous
 kernel (moe/kernels.py) on them (its offsets form, the masked schedule, where the routing holds
-the experts' offsets; else the block-aligned form), and the scatter to the flat top-k rows with the routing
-weights. A loader that gathers through sorted_token_ids and a writer that scatters would
-save the two copies; they are not built yet."""
+the experts' offsets; else the block-aligned form), and the scatter to the flat top-k rows with
+the routing weights. A loader that gathers through sorted_token_ids and a writer that scatters
+would save the two copies; they are not built yet."""
 from __future__ import annotations
 
 import torch
@@ -98,7 +98,6 @@ def gemm_indexed_kernel(a: torch.Tensor, experts: PackedExperts, routing, *, a_r
     expert = routing.expert_ids.to(device=a.device, dtype=torch.int32).unsqueeze(1).expand(-1, block).reshape(-1)[:rows]
     real &= (expert >= 0) & (expert < experts.experts)
     slot = torch.where(real, slot, -1)
-    row_expert = torch.where(real, expert, -1)
     gathered = routing_module.gather_rows(a, slot, a_rows_per_token)
     # (no zero-fill: the rows the kernel leaves, of no expert or blocks of padding only, go to the
     # dropped row)
@@ -107,6 +106,7 @@ def gemm_indexed_kernel(a: torch.Tensor, experts: PackedExperts, routing, *, a_r
         y = kernels.gemm_grouped_kernel(gathered, experts, offsets=offsets.to(device=a.device, dtype=torch.int32),
                                         expected_m=expected_m, tile=tile, out=out)
     else:
+        row_expert = torch.where(real, expert, -1)
         y = kernels.gemm_grouped_kernel(gathered, experts, row_expert, expected_m=expected_m, tile=tile, out=out)
     if topk_weights is not None:
         weight = topk_weights.reshape(-1).float().index_select(0, torch.where(real, slot, 0))
@@ -115,4 +115,3 @@ def gemm_indexed_kernel(a: torch.Tensor, experts: PackedExperts, routing, *, a_r
     wide = torch.zeros(slots + 1, experts.out_features, dtype=a.dtype, device=a.device)
     wide.index_copy_(0, torch.where(real, slot, slots), y)
     return wide[:slots]
-
