@@ -25,7 +25,8 @@
 #   moeprof   ncu (clocks left alone) on tools/bench/profile_moe.py ($MOEPROF_ARGS: one bench_moe
 #             point, ours or --impl humming): speed of light, occupancy, warp states, scheduler
 #             and instruction statistics of its kernels, as CSV (MOEPROF_RAW=1: every metric of
-#             ncu's full set, the stall reasons among them, one row per kernel)
+#             ncu's full set, the stall reasons among them, one row per kernel; MOEPROF_SOURCE=1:
+#             each SASS instruction's executed count and stall samples)
 #                                                                  -> bench.log, moe_profile.csv
 #   ab        the base tree in $AB_BASE (default .ab/base; tools/ab_base.sh REV [DIR]) built with the same catalog, then
 #             $AB_TOOL (default tools/bench/bench_gemm.py; or tools/bench/bench_moe.py) with $AB_ARGS from each tree
@@ -230,6 +231,9 @@ step_moeprof() {
     [[ -n "${MOEPROF_ARGS:-}" ]] && mapfile -t extra < <(split_args "$MOEPROF_ARGS")
     # MOEPROF_RAW=1: every metric of the full set, one row per kernel (the stall reasons among them)
     [[ "${MOEPROF_RAW:-0}" == 1 ]] && view=(--page raw --set full)
+    # MOEPROF_SOURCE=1: each SASS instruction's executed count and stall samples (where the
+    # instructions of a kernel go), one table per kernel
+    [[ "${MOEPROF_SOURCE:-0}" == 1 ]] && view=(--page source --print-source sass --section SourceCounters)
     ncu --clock-control none --nvtx --nvtx-include "profile/" --csv "${view[@]}" \
         python3 tools/bench/profile_moe.py "${extra[@]}" >"$OUTDIR/moe_profile.csv"
 }

@@ -165,21 +165,29 @@ def moe_bodies(masked: bool) -> tuple[MmaKind, ...]:
 
 
 @functools.cache
-def _moe_rows(arch: str) -> tuple[tuple[int, int | None, TileConfig], ...]:
-    """((max_m, max_k or None, tile), ...) of the arch's moe_tiles table in M order (empty
-    without one)."""
+def _moe_rows_all(arch: str) -> tuple[tuple[int, int | None, int, TileConfig], ...]:
+    """((max_m, max_k or None, max_w_bits, tile), ...) of the arch's moe_tiles table in M order
+    (empty without one)."""
     rows = []
     for row in load_toml("tiles.toml")["arch"][table_arch_for(arch)].get("moe_tiles", []):
         row = dict(row)
         max_m = row.pop("max_m")
         max_k = row.pop("max_k", None)
+        max_w_bits = row.pop("max_w_bits", 8)
         mma = MmaKind(row.pop("mma", MmaKind.MMA_SYNC.value))
         tile = TileConfig(mma=mma, **row)
         if tile.mma not in MOE_MASKED_BODIES:
             raise ValueError(f"tiles.toml: moe_tiles of {arch} holds {tile.label} of body {tile.mma.value!r}; "
                              f"the MoE schedules wrap {', '.join(b.value for b in MOE_MASKED_BODIES)} only")
-        rows.append((max_m, max_k, tile))
+        rows.append((max_m, max_k, max_w_bits, tile))
     return tuple(rows)
+
+
+def _moe_rows(arch: str, w_bits: int = 8) -> tuple[tuple[int, int | None, TileConfig], ...]:
+    """((max_m, max_k or None, tile), ...) of the arch's moe_tiles rows that serve w_bits-bit
+    codes: those whose max_w_bits (default 8) admits them (a row for narrow codes comes before
+    the row of the same max_m that serves the rest)."""
+    return tuple((max_m, max_k, tile) for max_m, max_k, max_w_bits, tile in _moe_rows_all(arch) if w_bits <= max_w_bits)
 
 
 def moe_tile_table(arch: str, w_bits: int = 8, masked: bool = True) -> tuple[TileConfig, ...]:
@@ -189,7 +197,7 @@ def moe_tile_table(arch: str, w_bits: int = 8, masked: bool = True) -> tuple[Til
     bodies; then, above the largest M those serve, the rows of the same arch's mma.sync table
     without its suffix (sm90a's wgmma rows give way to sm90's)."""
     bodies = moe_bodies(masked)
-    moe = [(max_m, tile) for max_m, _, tile in _moe_rows(arch) if tile.mma in bodies]
+    moe = [(max_m, tile) for max_m, _, tile in _moe_rows(arch, w_bits) if tile.mma in bodies]
     if moe:
         own = moe
     else:
@@ -203,12 +211,14 @@ def moe_tile_table(arch: str, w_bits: int = 8, masked: bool = True) -> tuple[Til
     return tuple(dict.fromkeys(tiles))
 
 
-def _select_moe_row(arch: str, m: int, k: int | None, group: int | None, masked: bool) -> TileConfig | None:
-    """The moe_tiles row's tile for m rows per expert and K, or None when the table has no row
-    for m (or no table): the first row of m's interval whose max_k admits K and whose stages fit
-    K and the groups, else the first that fits, else the narrow twin of the first row for K."""
+def _select_moe_row(arch: str, m: int, k: int | None, group: int | None, masked: bool,
+                    w_bits: int) -> TileConfig | None:
+    """The moe_tiles row's tile for m rows per expert, K and w_bits-bit codes, or None when the
+    table has no row for m (or no table): the first row of m's interval whose max_k admits K and
+    whose stages fit K and the groups, else the first that fits, else the narrow twin of the
+    first row for K."""
     bodies = moe_bodies(masked)
-    rows = [row for row in _moe_rows(arch) if row[2].mma in bodies]
+    rows = [row for row in _moe_rows(arch, w_bits) if row[2].mma in bodies]
     row_m = next((max_m for max_m, _, _ in rows if m <= max_m), None)
     if row_m is None:
         return None
@@ -230,7 +240,7 @@ def select_masked_tile(arch: str, m: int, k: int | None = None, group: int | Non
     body that schedule takes where it has one; else the arch's table tile for m where it is an
     mma.sync one (the bodies whose run_tile the persistent MoE schedules call), else the mma.sync
     table of the same arch without its suffix (sm90a's wgmma rows give way to sm90's)."""
-    tile = _select_moe_row(arch, m, k, group, masked)
+    tile = _select_moe_row(arch, m, k, group, masked, w_bits)
     if tile is not None:
         return tile
     tile = select_tile(arch, m, k, group, w_bits)

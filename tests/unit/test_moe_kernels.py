@@ -35,16 +35,21 @@ def test_the_grouped_row_expert_tile_is_an_mma_sync_tile_for_the_expected_rows()
 
 
 def test_the_masked_schedule_runs_the_tma_body_above_16_rows_on_sm90a():
-    # tiles.toml's moe_tiles of sm90a: the warp-specialized TMA body from 17 rows per expert, 64
-    # tokens up to 48 rows, then 128; the same rows up to 16 as the grouped row-expert schedule
+    # tiles.toml's moe_tiles of sm90a: the warp-specialized TMA body from 17 rows per expert, its
+    # rows by the expected rows and their spread; the same rows up to 16 as the grouped row-expert
+    # schedule
     for k, group in ((256, 128), (768, 128), (2880, 32), (7168, 128)):
         for m in (1, 8, 16):
             assert (heuristics.select_masked_tile("sm90a", m, k, group, 4)
                     == heuristics.select_masked_tile("sm90a", m, k, group, 4, masked=False))
-        for m, label in ((17, "wgmma-ws:64x256x64_w1x8_s4"), (48, "wgmma-ws:64x256x64_w1x8_s4"),
-                         (49, "wgmma-ws:128x256x64_w1x8_s4"), (100000, "wgmma-ws:128x256x64_w1x8_s4")):
+        for m, rows in ((17, 64), (54, 64), (55, 96), (85, 96), (86, 144), (120, 144), (121, 176),
+                        (189, 176), (190, 144), (271, 144), (272, 176), (100000, 176)):
+            label = f"wgmma-ws:{rows}x256x64_w1x8_s{3 if rows == 176 else 4}"
             tile = heuristics.select_masked_tile("sm90a", m, k, group, 4)
             assert tile.label == label and heuristics.tile_fits(tile, k, group)
+            # 8-bit codes: 144 rows in 3 stages (4 exceed the shared memory with float zero points)
+            wide = heuristics.select_masked_tile("sm90a", m, k, group, 8)
+            assert wide.label == (label if rows != 144 else "wgmma-ws:144x256x64_w1x8_s3"), (m, wide.label)
     # the plain arch (no wgmma) keeps the mma.sync tiles
     assert heuristics.select_masked_tile("sm90", 64, 4096, 128, 4).mma is MmaKind.MMA_SYNC
 
@@ -90,13 +95,13 @@ def test_a_moe_row_of_a_body_without_run_tile_is_refused(monkeypatch):
         return data
 
     monkeypatch.setattr(tiles, "load_toml", with_wgmma_row)
-    tiles._moe_rows.cache_clear()
+    tiles._moe_rows_all.cache_clear()
     try:
         with pytest.raises(ValueError, match="moe_tiles of sm90a holds .* the MoE schedules wrap"):
             heuristics.select_masked_tile("sm90a", 1, 256, 128, 4)
     finally:
         monkeypatch.undo()
-        tiles._moe_rows.cache_clear()
+        tiles._moe_rows_all.cache_clear()
 
 
 def test_the_launch_passes_expert_zero_and_the_strides_between_experts():
