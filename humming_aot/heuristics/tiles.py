@@ -215,8 +215,8 @@ def _select_moe_row(arch: str, m: int, k: int | None, group: int | None, masked:
                     w_bits: int) -> TileConfig | None:
     """The moe_tiles row's tile for m rows per expert, K and w_bits-bit codes, or None when the
     table has no row for m (or no table): the first row of m's interval whose max_k admits K and
-    whose stages fit K and the groups, else the first that fits, else the narrow twin of the
-    first row for K."""
+    whose stages fit K and the groups, else the narrow twin of the first such row where it fits,
+    else the first row that fits, else the narrow twin of the first row for K."""
     bodies = moe_bodies(masked)
     rows = [row for row in _moe_rows(arch, w_bits) if row[2].mma in bodies]
     row_m = next((max_m for max_m, _, _ in rows if m <= max_m), None)
@@ -229,7 +229,12 @@ def _select_moe_row(arch: str, m: int, k: int | None, group: int | None, masked:
     def fits(tile: TileConfig) -> bool:
         return k is None or group is None or tile_fits(tile, k, group)
 
-    return next((tile for tile in ordered if fits(tile)), narrow_twin(ordered[0]))
+    # an admitted row, or its narrow twin, before a row whose max_k is below K (a short-K tile
+    # that fits a long K would run it with no K split)
+    chosen = next((tile for tile in admitted if fits(tile)), None)
+    if chosen is None and admitted and fits(narrow_twin(admitted[0])):
+        chosen = narrow_twin(admitted[0])
+    return chosen or next((tile for tile in ordered if fits(tile)), narrow_twin(ordered[0]))
 
 
 def select_masked_tile(arch: str, m: int, k: int | None = None, group: int | None = None,

@@ -8,6 +8,7 @@ import torch
 
 import humming_aot
 from humming_aot import heuristics, params_abi
+from humming_aot.enumerate import parse_tile_field
 from humming_aot.moe import gemm_masked_kernel, pack_experts
 from humming_aot.moe import kernels as moe_kernels
 from humming_aot.moe.kernels import launch_arguments
@@ -25,8 +26,8 @@ def test_the_grouped_row_expert_tile_is_an_mma_sync_tile_for_the_expected_rows()
             tile = heuristics.select_masked_tile(arch, m, 4096, 128, 4, masked=False)
             assert tile.body.params_type == "GemmParams" and tile.mma in (MmaKind.MMA_SYNC, MmaKind.MMA_SWAPPED)
             own = heuristics.select_tile(arch, m, 4096, 128, 4)
-            if own.mma is MmaKind.MMA_SYNC:  # the arch's own tile wherever it is an mma.sync one
-                assert tile == own
+            if arch != "sm90a" and own.mma is MmaKind.MMA_SYNC:  # without moe_tiles, the arch's own
+                assert tile == own  # tile wherever it is an mma.sync one
             if arch != "sm90a":  # the masked schedule takes the same tiles there
                 assert heuristics.select_masked_tile(arch, m, 4096, 128, 4) == tile
     assert heuristics.select_masked_tile("sm90a", 1, 4096, 128, 4, masked=False).block_m == 8
@@ -39,10 +40,13 @@ def test_the_masked_schedule_runs_the_tma_body_above_16_rows_on_sm90a():
     # rows by the expected rows and their spread; the same rows up to 16 as the grouped row-expert
     # schedule
     for k, group in ((256, 128), (768, 128), (2880, 32), (7168, 128)):
-        for m in (1, 8, 16):
-            assert (heuristics.select_masked_tile("sm90a", m, k, group, 4)
-                    == heuristics.select_masked_tile("sm90a", m, k, group, 4, masked=False))
-        for m, rows in ((17, 64), (54, 64), (55, 96), (85, 96), (86, 144), (120, 144), (121, 176),
+        for m in (1, 4, 8, 16):  # up to 16 rows the TMA body only where K is short (16 and 32 rows)
+            tile = heuristics.select_masked_tile("sm90a", m, k, group, 4)
+            if (m > 4 and k <= 256) or (m > 9 and k <= 1024):
+                assert tile.mma is MmaKind.WGMMA_WS and tile.block_m == (16 if m <= 9 else 32), (m, k)
+            else:
+                assert tile == heuristics.select_masked_tile("sm90a", m, k, group, 4, masked=False), (m, k)
+        for m, rows in ((17, 48), (36, 48), (37, 64), (54, 64), (55, 96), (85, 96), (86, 144), (120, 144), (121, 176),
                         (189, 176), (190, 144), (271, 144), (272, 176), (100000, 176)):
             label = f"wgmma-ws:{rows}x256x64_w1x8_s{3 if rows == 176 else 4}"
             tile = heuristics.select_masked_tile("sm90a", m, k, group, 4)
@@ -59,9 +63,20 @@ def test_the_moe_table_picks_small_ctas_for_short_k_and_the_decode_tiles_for_lon
     # tile's latency, so 4-warp CTAs of 128-wide stages; a long K keeps the dense decode tile
     for k in (256, 768, 2048):
         assert heuristics.select_masked_tile("sm90a", 1, k, 128, 4).label == "8x128x128_w1x2x2_s2"
-        assert heuristics.select_masked_tile("sm90a", 16, k, 128, 4).label == "mma-sw:16x64x128_w1x1x2_s2"
+    for k in (768, 2048):  # 16 tokens from 5 rows per expert (mean + 2 sqrt(mean) rows fit)
+        for m in (5, 9):
+            assert heuristics.select_masked_tile("sm90a", m, k, 128, 4).label == "mma-sw:16x256x128_w1x4x2_s2"
+    assert heuristics.select_masked_tile("sm90a", 16, 2048, 128, 4).label == "mma-sw:16x256x128_w1x4x2_s2"
+    assert heuristics.select_masked_tile("sm90a", 16, 768, 128, 4).label == "wgmma-ws:32x256x64_w1x8_s4"
+    # K = 256 (DeepSeek-V3 TP8 down): the TMA body's 16- and 32-row tiles, whose ring runs across
+    # tiles; the grouped row-expert schedule keeps the swapped tile
+    assert heuristics.select_masked_tile("sm90a", 8, 256, 128, 4).label == "wgmma-ws:16x256x64_w1x8_s4"
+    assert heuristics.select_masked_tile("sm90a", 16, 256, 128, 4).label == "wgmma-ws:32x256x64_w1x8_s4"
+    assert (heuristics.select_masked_tile("sm90a", 16, 256, 128, 4, masked=False).label
+            == "mma-sw:16x256x128_w1x4x2_s2")
     for k in (4096, 7168):
-        assert heuristics.select_masked_tile("sm90a", 8, k, 128, 4) == heuristics.select_tile("sm90a", 8, k, 128, 4)
+        assert heuristics.select_masked_tile("sm90a", 4, k, 128, 4) == heuristics.select_tile("sm90a", 4, k, 128, 4)
+        assert heuristics.select_masked_tile("sm90a", 8, k, 128, 4).label == "mma-sw:16x256x128_w1x4x2_s2"
         assert heuristics.select_masked_tile("sm90a", 12, k, 128, 4).label == "mma-sw:16x64x128_w1x1x2_s4"
     # a K that no row's stages tile (gpt-oss 2880) takes a 64-wide twin, which fits it
     for m in (1, 16):
@@ -111,7 +126,7 @@ def test_the_launch_passes_expert_zero_and_the_strides_between_experts():
     out = torch.zeros(e, max_m, n, dtype=torch.bfloat16)
     counts = torch.tensor([5, 0, 20], dtype=torch.int32)
     bias = torch.zeros(e, n, dtype=torch.bfloat16)
-    tile = heuristics.select_masked_tile("sm90a", 16, k, 64, 4)
+    tile = heuristics.select_masked_tile("sm90a", 16, k, 64, 4, masked=False)
     grid, params = launch_arguments(a, experts, counts, bias, out, tile, resident=1000)
     assert tile.block_m == 16
     # persistent: ceil(20 / 16) x ceil(192 / block_n) tiles of a full slab, per expert, at most the
@@ -145,7 +160,7 @@ def test_the_offsets_form_launches_the_masked_walk_over_one_activation():
     a = torch.zeros(rows, k, dtype=torch.bfloat16)
     out = torch.zeros(rows, n, dtype=torch.bfloat16)
     offsets = torch.tensor([3, 20, 20, 70], dtype=torch.int32)
-    tile = heuristics.select_masked_tile("sm90a", 16, k, 64, 4)
+    tile = parse_tile_field("mma-sw:16x64x128_w1x1x2_s2")  # 3 column tiles
     grid, params = offsets_launch_arguments(a, experts, offsets, None, out, tile, resident=10_000)
     # at most R / block_m row tiles plus one partial tile per expert with rows, per N tile
     bound = (rows // tile.block_m + min(e, rows)) * -(-n // tile.block_n)
@@ -238,7 +253,7 @@ def test_the_grouped_launch_passes_every_row_and_the_weight_strides():
     out = torch.zeros(rows, n, dtype=torch.bfloat16)
     row_expert = torch.full((rows,), -1, dtype=torch.int32)
     bias = torch.zeros(3, n, dtype=torch.bfloat16)
-    tile = heuristics.select_masked_tile("sm90a", 8, k, 64, 4)
+    tile = heuristics.select_masked_tile("sm90a", 4, k, 64, 4, masked=False)
     grid, params = grouped_launch_arguments(a, experts, row_expert, bias, out, tile, resident=1000)
     assert grid == (5 * 2, 1, 1)  # ceil(40 / 8) x ceil(192 / 128) tiles over every row
     # persistent: at most the resident CTAs, each walking several tiles
