@@ -117,7 +117,7 @@ class MmaKind(str, Enum):
     WGMMA_WS = "wgmma-ws"
     """The warp-specialized wgmma body (sm90a only): a producer warpgroup feeds an mbarrier ring
     with TMA (activations, through a tensor map in the kernel's Params) and bulk copies (weights,
-    scales); one or two consumer warpgroups of 64 or 128 weight channels each (block_n / 64 units
+    scales); one or two consumer warpgroups of 64, 128 or 256 weight channels each (block_n / 64 units
     over warps_n / 4 warpgroups) dequantize and issue wgmma with block_m tokens as the wgmma N."""
 
     @property
@@ -214,7 +214,7 @@ class TileConfig:
     mma: MmaKind = MmaKind.MMA_SYNC
     block_m: int  # rows of the output per CTA (mma.sync: multiple of 16, or 8 = swapped operands; wgmma: 64, 128 or 256)
     # block_n: columns per CTA (mma.sync: 64 * warps_n; wgmma: 16 * warps_n, 64 per warpgroup;
-    # wgmma-ws: 64 or 128 per consumer warpgroup)
+    # wgmma-ws: 64, 128 or 256 per consumer warpgroup)
     block_n: int
     block_k: int = 64  # K per pipeline stage (mma.sync: 64, 128, 256 or 512; wgmma: 64; simt: 16)
     warps_m: int
@@ -235,7 +235,7 @@ class TileConfig:
 
     @property
     def units_per_warpgroup(self) -> int:
-        """wgmma-ws: 64-channel units each consumer warpgroup multiplies (1 or 2)."""
+        """wgmma-ws: 64-channel units each consumer warpgroup multiplies (1, 2 or 4)."""
         return self.block_n // 16 // self.warps_n
 
     @property

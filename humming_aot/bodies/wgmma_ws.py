@@ -1,6 +1,6 @@
 """The warp-specialized Hopper body (kernel/dense_wgmma_ws.cuh, sm90a): a producer warpgroup feeds
-an mbarrier ring with TMA and bulk copies, one or two consumer warpgroups of 64 or 128 weight
-channels dequantize into wgmma's register operand; its Params carry the activations' tensor map
+an mbarrier ring with TMA and bulk copies, one or two consumer warpgroups of 64, 128 or 256
+weight channels dequantize into wgmma's register operand; its Params carry the activations' tensor map
 and the tail-split / stream-K schedule (TmaGemmParams)."""
 from __future__ import annotations
 
@@ -48,10 +48,10 @@ class WgmmaWsBody(Body):
                 f"warps {tile.warps_m}x{tile.warps_n}x{tile.warps_k}: the wgmma-ws body runs 1 x 4 or 1 x 8 consumer "
                 "warps (one or two consumer warpgroups; the producer warpgroup is not counted)"
             )
-        if tile.block_n not in (16 * tile.warps_n, 32 * tile.warps_n):
+        if tile.block_n not in (16 * tile.warps_n, 32 * tile.warps_n, 64 * tile.warps_n):
             raise ValueError(
-                f"block_n={tile.block_n} must be 64 or 128 channels per consumer warpgroup "
-                f"({16 * tile.warps_n} or {32 * tile.warps_n})"
+                f"block_n={tile.block_n} must be 64, 128 or 256 channels per consumer warpgroup "
+                f"({16 * tile.warps_n}, {32 * tile.warps_n} or {64 * tile.warps_n})"
             )
         if tile.stages < 2:
             raise ValueError(f"stages={tile.stages}: the wgmma-ws ring needs at least 2 slots")

@@ -16,11 +16,12 @@ pytestmark = pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")
 
 # the moe_tiles rows' tiles (16 to 176 rows), a 32-row one of a single consumer warpgroup (two
 # CTAs per SM), the 16- and 8-row ones (wgmma N = 16 and 8), and token counts that are not
-# powers of two (48, 96, 144, and 176 with the most accumulators the register split holds)
+# powers of two (48, 96, 144, and 176 with the most accumulators the register split holds), and
+# consumer warpgroups of 256 channels (four units; 512 columns: a tile past N = 192)
 WS_TILES = ("wgmma-ws:64x256x64_w1x8_s4", "wgmma-ws:144x256x64_w1x8_s4", "wgmma-ws:128x256x64_w1x8_s4",
             "wgmma-ws:32x128x64_w1x4_s6", "wgmma-ws:32x256x64_w1x8_s4", "wgmma-ws:48x256x64_w1x8_s4",
             "wgmma-ws:16x256x64_w1x8_s4", "wgmma-ws:8x128x64_w1x4_s8", "wgmma-ws:96x256x64_w1x8_s4",
-            "wgmma-ws:176x256x64_w1x8_s3")
+            "wgmma-ws:176x256x64_w1x8_s3", "wgmma-ws:16x256x64_w1x4_s6", "wgmma-ws:16x512x64_w1x8_s4")
 
 
 def _sm90a() -> bool:

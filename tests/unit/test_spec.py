@@ -207,6 +207,9 @@ def test_wgmma_ws_tiles_count_the_producer_warpgroup_and_round_trip():
     assert key.tile.threads == 128 + 128 and key.tile.units_per_warpgroup == 2
     wide = KernelKey.from_name("gemm_dense_sm90a_wgmma-ws_a-f16_w-u4-g-f16-zpi_o-f16_256x128x64_w1x8_s5")
     assert wide.tile.threads == 256 + 128 and wide.tile.units_per_warpgroup == 1
+    # four units per warpgroup: 256 channels of few tokens (decode, bytes in flight per CTA)
+    four = KernelKey.from_name("gemm_masked_sm90a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_16x256x64_w1x4_s6")
+    assert four.tile.threads == 128 + 128 and four.tile.units_per_warpgroup == 4
     assert not key.scales_in_fp32 and not key.reduces_splits_in_cluster
 
 
@@ -214,7 +217,9 @@ def test_wgmma_ws_tiles_count_the_producer_warpgroup_and_round_trip():
     (dict(block_m=100, block_n=128, warps_n=4), "8 tokens per CTA, or a multiple of 16 up to 256"),
     (dict(block_m=272, block_n=128, warps_n=8), "8 tokens per CTA, or a multiple of 16 up to 256"),
     (dict(block_m=128, block_n=128, warps_n=12), "one or two consumer warpgroups"),
-    (dict(block_m=128, block_n=192, warps_n=4), "64 or 128 channels per consumer warpgroup"),
+    (dict(block_m=128, block_n=192, warps_n=4), "64, 128 or 256 channels per consumer warpgroup"),
+    (dict(block_m=16, block_n=1024, warps_n=8), "64, 128 or 256 channels per consumer warpgroup"),
+    (dict(block_m=80, block_n=256, warps_n=4), "at most 152"),
     (dict(block_m=192, block_n=256, warps_n=8), "at most 176"),
     (dict(block_m=160, block_n=128, warps_n=4), "at most 152"),
 ])

@@ -46,7 +46,7 @@ template <class Act,      // Float16 or BFloat16: activation, scale and output d
           numerics::ZeroPointKind kZeroPoint,
           int kBlockM,             // tokens per CTA: the wgmma N (8, or a multiple of 16 up to 256)
           int kBlockN,             // weight channels per CTA: 64 x kUnitsPerWarpGroup x consumer warpgroups
-          int kUnitsPerWarpGroup,  // 64-channel units each consumer warpgroup multiplies (1 or 2)
+          int kUnitsPerWarpGroup,  // 64-channel units each consumer warpgroup multiplies (1, 2 or 4)
           int kStages>             // slots of the mbarrier ring
 struct DenseWgmmaWs {
   static constexpr int kBits = Weights::kBits;  // weight code bits: 1 to 8
@@ -61,8 +61,8 @@ struct DenseWgmmaWs {
   static constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup, last
   static constexpr bool kHasZeroPoint = kZeroPoint != numerics::ZeroPointKind::kImplicit;
 
-  static_assert(kBlockN % 64 == 0 && (kUnitsPerWarpGroup == 1 || kUnitsPerWarpGroup == 2),
-                "one or two units per warpgroup");
+  static_assert(kBlockN % 64 == 0 && (kUnitsPerWarpGroup == 1 || kUnitsPerWarpGroup == 2 || kUnitsPerWarpGroup == 4),
+                "one, two or four units per warpgroup");
   static_assert(kUnits % kUnitsPerWarpGroup == 0 && (kConsumerWarpGroups == 1 || kConsumerWarpGroups == 2),
                 "one or two consumer warpgroups (the register split below assumes it)");
   static_assert(kBlockM == 8 || (kBlockM % 16 == 0 && kBlockM >= 16 && kBlockM <= 256),
