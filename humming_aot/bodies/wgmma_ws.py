@@ -19,16 +19,19 @@ if TYPE_CHECKING:
 # more (the static_asserts there).
 _PRODUCER_REGISTERS = 56  # the masked schedule's (the dense body's producer keeps 40)
 _SPARE_REGISTERS = 48
+# four units per warpgroup hold twice the weight fragments (16 more registers) and more scale
+# values: 80 tokens x 4 units (160 accumulators) spilled with 8-bit codes and float zero points
+_FOUR_UNIT_SPARE_REGISTERS = 24
 
 
-def max_accumulators(consumer_warpgroups: int) -> int:
+def max_accumulators(consumer_warpgroups: int, units_per_warpgroup: int = 1) -> int:
     """The most fp32 accumulators per consumer thread the body's register split holds for one or
-    two consumer warpgroups (152 or 176)."""
+    two consumer warpgroups (152 or 176; 128 or 152 with four 64-channel units per warpgroup)."""
     threads = 128 * consumer_warpgroups + 128
     ctas = 2 if consumer_warpgroups == 1 else 1
     launch = 65536 // ctas // threads // 8 * 8
     consumer = (launch * threads - _PRODUCER_REGISTERS * 128) // (128 * consumer_warpgroups) // 8 * 8
-    return min(consumer, 256) - _SPARE_REGISTERS
+    return min(consumer, 256) - _SPARE_REGISTERS - (_FOUR_UNIT_SPARE_REGISTERS if units_per_warpgroup == 4 else 0)
 
 
 class WgmmaWsBody(Body):
@@ -56,12 +59,12 @@ class WgmmaWsBody(Body):
         if tile.stages < 2:
             raise ValueError(f"stages={tile.stages}: the wgmma-ws ring needs at least 2 slots")
         accumulators = tile.block_m // 2 * tile.units_per_warpgroup
-        limit = max_accumulators(tile.warps_n // 4)
+        limit = max_accumulators(tile.warps_n // 4, tile.units_per_warpgroup)
         if accumulators > limit:
             raise ValueError(
                 f"tile {tile.field}: {accumulators} fp32 accumulators per thread; with {tile.warps_n // 4} consumer "
                 f"warpgroup(s) the wgmma-ws body holds at most {limit} (block_m x channels per warpgroup <= "
-                f"{2 * limit} x 64 or {limit} x 128)"
+                f"{2 * limit} x 64, {limit} x 128 or {limit // 2} x 256)"
             )
 
     def threads(self, tile: "TileConfig") -> int:

@@ -185,9 +185,15 @@ def _moe_rows_all(arch: str) -> tuple[tuple[int, int | None, int, TileConfig], .
 
 def _moe_rows(arch: str, w_bits: int = 8) -> tuple[tuple[int, int | None, TileConfig], ...]:
     """((max_m, max_k or None, tile), ...) of the arch's moe_tiles rows that serve w_bits-bit
-    codes: those whose max_w_bits (default 8) admits them (a row for narrow codes comes before
-    the row of the same max_m that serves the rest)."""
-    return tuple((max_m, max_k, tile) for max_m, max_k, max_w_bits, tile in _moe_rows_all(arch) if w_bits <= max_w_bits)
+    codes: the first of each (max_m, max_k, body) whose max_w_bits (default 8) admits them (a row
+    for narrow codes comes before the row of the same max_m and max_k that serves the rest, which
+    then serves no narrow code: the catalog holds no kernel no selection picks)."""
+    rows, seen = [], set()
+    for max_m, max_k, max_w_bits, tile in _moe_rows_all(arch):
+        if w_bits <= max_w_bits and (max_m, max_k, tile.mma) not in seen:
+            seen.add((max_m, max_k, tile.mma))
+            rows.append((max_m, max_k, tile))
+    return tuple(rows)
 
 
 def moe_tile_table(arch: str, w_bits: int = 8, masked: bool = True) -> tuple[TileConfig, ...]:
@@ -215,8 +221,9 @@ def _select_moe_row(arch: str, m: int, k: int | None, group: int | None, masked:
                     w_bits: int) -> TileConfig | None:
     """The moe_tiles row's tile for m rows per expert, K and w_bits-bit codes, or None when the
     table has no row for m (or no table): the first row of m's interval whose max_k admits K and
-    whose stages fit K and the groups, else the narrow twin of the first such row where it fits,
-    else the first row that fits, else the narrow twin of the first row for K."""
+    whose stages fit K and the groups, else the first other mma.sync row that fits, else the
+    narrow twin of the first admitted row where it fits, else the first row that fits, else the
+    narrow twin of the first row for K."""
     bodies = moe_bodies(masked)
     rows = [row for row in _moe_rows(arch, w_bits) if row[2].mma in bodies]
     row_m = next((max_m for max_m, _, _ in rows if m <= max_m), None)
@@ -229,9 +236,11 @@ def _select_moe_row(arch: str, m: int, k: int | None, group: int | None, masked:
     def fits(tile: TileConfig) -> bool:
         return k is None or group is None or tile_fits(tile, k, group)
 
-    # an admitted row, or its narrow twin, before a row whose max_k is below K (a short-K tile
-    # that fits a long K would run it with no K split)
-    chosen = next((tile for tile in admitted if fits(tile)), None)
+    # an admitted row; else a row whose max_k is below K (the mma.sync bodies split K), but a
+    # wgmma-ws one only after the admitted row's narrow twin (the TMA body's MoE schedule has no
+    # K slices: a short-K tile would run a long K in one CTA per tile)
+    chosen = next((tile for tile in ordered if fits(tile) and (tile in admitted or tile.mma is not MmaKind.WGMMA_WS)),
+                  None)
     if chosen is None and admitted and fits(narrow_twin(admitted[0])):
         chosen = narrow_twin(admitted[0])
     return chosen or next((tile for tile in ordered if fits(tile)), narrow_twin(ordered[0]))

@@ -424,11 +424,13 @@ def test_wgmma_ws_tiles_keep_their_accumulators_in_registers(tmp_path, m):
 
 @pytest.mark.slow
 @needs_nvcc
-@pytest.mark.parametrize("field", ["176x256x64_w1x8_s3", "144x128x64_w1x4_s4", "moe_tiles"])
+@pytest.mark.parametrize("field", ["176x256x64_w1x8_s3", "144x128x64_w1x4_s4", "64x512x64_w1x8_s3", "64x256x64_w1x4_s4",
+                                   "moe_tiles"])
 def test_masked_wgmma_ws_tiles_at_the_register_limit_do_not_spill(tmp_path, field):
     """The masked MoE schedule's wgmma-ws tiles (the moe_tiles rows of sm90a) and the most tokens
     the register split holds (bodies/wgmma_ws.max_accumulators: 176 accumulators per thread with two
-    consumer warpgroups, 152 with one) compile without spills for the heaviest dequantizers."""
+    consumer warpgroups, 152 with one; also with warpgroups of four 64-channel units) compile
+    without spills for the heaviest dequantizers."""
     from humming_aot import heuristics
 
     if field == "moe_tiles":

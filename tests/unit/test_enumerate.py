@@ -216,8 +216,9 @@ def test_the_moe_catalog_holds_every_tile_the_moe_schedules_pick():
         dense_specs = {dataclasses.replace(key.spec, gemm_type=GemmType.DENSE) for key in keys}
         assert dense_specs == set(support.supported_specs(arch, GemmType.DENSE))
         for spec in support.supported_specs(arch, GemmType.MASKED):
-            for m in (1, 8, 9, 16, 17, 32, 64, 200, 256, 257, 4096):
-                for k, group in ((4096, 128), (4096 + 64, 64), (4096 + 128, 128), (2880, 32), (4096, 4096)):
+            for m in (1, 5, 8, 9, 10, 16, 17, 32, 37, 64, 121, 200, 256, 257, 4096):
+                for k, group in ((4096, 128), (4096 + 64, 64), (4096 + 128, 128), (2880, 32), (4096, 4096), (256, 128),
+                                 (768, 64), (2048, 2048)):
                     for gemm_type in (GemmType.MASKED, GemmType.GROUPED):
                         tile = heuristics.select_masked_tile(arch, m, k, group, spec.w_bits,
                                                              masked=gemm_type is GemmType.MASKED)

@@ -219,7 +219,8 @@ def test_wgmma_ws_tiles_count_the_producer_warpgroup_and_round_trip():
     (dict(block_m=128, block_n=128, warps_n=12), "one or two consumer warpgroups"),
     (dict(block_m=128, block_n=192, warps_n=4), "64, 128 or 256 channels per consumer warpgroup"),
     (dict(block_m=16, block_n=1024, warps_n=8), "64, 128 or 256 channels per consumer warpgroup"),
-    (dict(block_m=80, block_n=256, warps_n=4), "at most 152"),
+    (dict(block_m=80, block_n=256, warps_n=4), "at most 128"),
+    (dict(block_m=80, block_n=512, warps_n=8), "at most 152"),
     (dict(block_m=192, block_n=256, warps_n=8), "at most 176"),
     (dict(block_m=160, block_n=128, warps_n=4), "at most 152"),
 ])

@@ -98,7 +98,10 @@ struct DenseWgmmaWs {
   static constexpr int kLaunchRegisters = (65536 / kMinBlocksPerSm / kThreads) / 8 * 8;
   static constexpr int kConsumerRegisters =
       ((kLaunchRegisters * kThreads - kProducerRegisters * 128) / kConsumerThreads) / 8 * 8;
-  static_assert(kConsumerRegisters <= 256 && kConsumerRegisters >= kAccumulators + 48,
+  // what the consumers need beside the accumulators: the dequantization, and with four units twice
+  // the weight fragments (bodies/wgmma_ws.py max_accumulators)
+  static constexpr int kSpareRegisters = 48 + (kUnitsPerWarpGroup == 4 ? 24 : 0);
+  static_assert(kConsumerRegisters <= 256 && kConsumerRegisters >= kAccumulators + kSpareRegisters,
                 "the consumers' registers hold the accumulators and the dequantization");
 
   // The producer: one thread issues the copies of `count` K tiles from k_tile0 on of the tile at

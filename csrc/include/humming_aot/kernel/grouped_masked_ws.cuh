@@ -53,7 +53,7 @@ struct GroupedMaskedWs {
   static constexpr int kProducerRegisters = 56;
   static constexpr int kConsumerRegisters =
       ((Dense::kLaunchRegisters * kThreads - kProducerRegisters * 128) / Dense::kConsumerThreads) / 8 * 8;
-  static_assert(kConsumerRegisters <= 256 && kConsumerRegisters >= Dense::kAccumulators + 48,
+  static_assert(kConsumerRegisters <= 256 && kConsumerRegisters >= Dense::kAccumulators + Dense::kSpareRegisters,
                 "the consumers' registers hold the accumulators and the dequantization");
   static_assert(kBlockM == Dense::kTileM && kBlockN == Dense::kTileN, "the body's tile");
 
