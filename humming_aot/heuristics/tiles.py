@@ -183,6 +183,7 @@ def _moe_rows_all(arch: str) -> tuple[tuple[int, int | None, int, TileConfig], .
     return tuple(rows)
 
 
+@functools.cache
 def _moe_rows(arch: str, w_bits: int = 8) -> tuple[tuple[int, int | None, TileConfig], ...]:
     """((max_m, max_k or None, tile), ...) of the arch's moe_tiles rows that serve w_bits-bit
     codes: the first of each (max_m, max_k, body) whose max_w_bits (default 8) admits them (a row

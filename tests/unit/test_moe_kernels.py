@@ -111,12 +111,14 @@ def test_a_moe_row_of_a_body_without_run_tile_is_refused(monkeypatch):
 
     monkeypatch.setattr(tiles, "load_toml", with_wgmma_row)
     tiles._moe_rows_all.cache_clear()
+    tiles._moe_rows.cache_clear()
     try:
         with pytest.raises(ValueError, match="moe_tiles of sm90a holds .* the MoE schedules wrap"):
             heuristics.select_masked_tile("sm90a", 1, 256, 128, 4)
     finally:
         monkeypatch.undo()
         tiles._moe_rows_all.cache_clear()
+        tiles._moe_rows.cache_clear()
 
 
 def test_the_launch_passes_expert_zero_and_the_strides_between_experts():
