@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from humming_aot.bodies.base import Body, check_block_k, stage_bytes
+from humming_aot.bodies.base import MOE_WALK_TABLE_BYTES, Body, check_block_k, stage_bytes
 from humming_aot.bodies.wgmma import wgmma_smem_bytes
 
 if TYPE_CHECKING:
@@ -80,9 +80,11 @@ class WgmmaWsBody(Body):
 def masked_smem_bytes(tile: "TileConfig", w_bits: int, has_zero_point: bool) -> int:
     """The grouped masked schedule's on this body (kernel/grouped_masked_ws.cuh kSmemBytes): the
     ring, then a staging tile of its own (the dense body stages in the ring: wgmma_smem_bytes), so
-    that the next tile's stages fill while this one is stored; +1024 to align the base."""
+    that the next tile's stages fill while this one is stored; +1024 to align the base; then the
+    walk's table of the experts' tiles (MOE_WALK_TABLE_BYTES)."""
     stage = stage_bytes(tile, w_bits, has_zero_point, tile.block_k, tile.block_n)
-    return tile.stages * (-(-stage // 1024) * 1024) + tile.block_m * (tile.block_n + 8) * 2 + 1024
+    return (tile.stages * (-(-stage // 1024) * 1024) + tile.block_m * (tile.block_n + 8) * 2 + 1024
+            + MOE_WALK_TABLE_BYTES)
 
 
 WGMMA_WS = WgmmaWsBody()

@@ -12,9 +12,10 @@
 // producer fills the next tile's stages while the consumers store this one. (The body's stream-K
 // schedule stages through the ring and waits for the store instead: it runs a unit or two per CTA,
 // where a tile here may have 4 K tiles and a CTA dozens of tiles, the load latency and the store
-// of each paid in turn: session 26, docs/performance/log.md section 30.) Every warp of the
-// producer walks (the walk takes a whole warp; its lane 0 issues the copies) and every consumer
-// warp walks the same tiles.
+// of each paid in turn: session 26, docs/performance/log.md section 30.) Warp 0 writes the walk's
+// table once (ExpertWalk::build, in shared memory after the staging tile), then the producer's
+// warp (find takes a whole warp; its lane 0 issues the copies) and every consumer warp look up the
+// same tiles in it.
 //
 // Per tile:
 // - the producer copies the activation boxes from the tensor map of all rows (MaskedTmaGemmParams:
@@ -42,8 +43,13 @@ struct GroupedMaskedWs {
   static constexpr int kThreads = Dense::kThreads;
   // the ring, then the staging tile (the ring's slots are 1024-byte multiples), + 1024 to align
   // the base at run time (bodies/wgmma_ws.py masked_smem_bytes)
+  // the walk's table after the aligned part (bodies/wgmma_ws.py masked_smem_bytes), at a fixed
+  // offset from the unaligned base: the alignment moves the ring and staging by at most 1023 bytes
   static constexpr int kStagingOffset = Dense::kPipelineBytes;
-  static constexpr int kSmemBytes = Dense::kPipelineBytes + Dense::Writer::kStagingBytes + 1024;
+  static constexpr int kTableOffset = Dense::kPipelineBytes + Dense::Writer::kStagingBytes + 1024;
+  using Walk = ExpertWalk<kBlockM, kTableOffset>;
+  static constexpr int kSmemBytes = kTableOffset + Walk::kTableBytes;
+  static_assert(kTableOffset % 16 == 0, "the table starts on a 16-byte boundary");
   static constexpr int kMinBlocksPerSm = Dense::kMinBlocksPerSm;
   static constexpr bool kScalesInFp32 = Dense::kScalesInFp32;
   static constexpr int kStages = Dense::kRingStages;
@@ -63,7 +69,7 @@ struct GroupedMaskedWs {
     u32 expert, rows, local;
   };
 
-  static __device__ __forceinline__ bool find(const ExpertWalk<kBlockM>& walk, u32 index, TileAt& t) {
+  static __device__ __forceinline__ bool find(const Walk& walk, u32 index, TileAt& t) {
     return walk.find(index, t.expert, t.rows, t.local);
   }
 
@@ -71,8 +77,8 @@ struct GroupedMaskedWs {
   // first row and M its rows), its first row among the expert's (m0) and first column (n0), and
   // the map row of its activation box (slabs lie end to end in the map, max_m = g.gemm.m rows
   // each; with offsets, the map is the rows).
-  static __device__ __forceinline__ void params_of(const MaskedGemmParams& g, const ExpertWalk<kBlockM>& walk,
-                                                   const TileAt& t, GemmParams& p, int& m0, int& n0, int& box_row) {
+  static __device__ __forceinline__ void params_of(const MaskedGemmParams& g, const Walk& walk, const TileAt& t,
+                                                   GemmParams& p, int& m0, int& n0, int& box_row) {
     p = g.gemm;
     p.m = static_cast<int>(t.rows);
     const i64 first = walk.first_row(t.expert);  // 0 in a slab; the expert's first row with offsets
@@ -99,12 +105,14 @@ struct GroupedMaskedWs {
       Dense::init_ring_barriers(full0, empty0);
       ptx::fence_barrier_init();
     }
-    __syncthreads();  // the CTA's only barrier: the producer warpgroup may exit early after it
     // The counts or offsets, the activations and the output may be the previous kernel's (PDL).
     schedule::wait_for_upstream_grid();
-
-    const ExpertWalk<kBlockM> walk{g.expert_rows, g.row_offsets, static_cast<u32>(g.experts),
-                                   static_cast<u32>(g.gemm.m), (static_cast<u32>(g.gemm.n) + kBlockN - 1) / kBlockN};
+    const Walk walk{g.expert_rows, g.row_offsets, static_cast<u32>(g.experts), static_cast<u32>(g.gemm.m),
+                    (static_cast<u32>(g.gemm.n) + kBlockN - 1) / kBlockN};
+    if (warp == 0) walk.build();
+    // the CTA's only barrier (the barriers' init and the table before any use): the producer
+    // warpgroup may exit early after it
+    __syncthreads();
     const int k_tiles = g.gemm.k / Dense::kBlockK;
     GemmParams p;
     int m0, n0, box_row;
