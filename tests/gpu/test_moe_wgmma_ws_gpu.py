@@ -1,6 +1,6 @@
 """The grouped masked MoE GEMM and its offsets form on the warp-specialized TMA body
-(kernel/grouped_masked_ws.cuh, sm_90a), through forced wgmma-ws tiles (no moe_tiles row names
-them yet): against the float64 reference of each expert's operands, with NaN-poisoned outputs,
+(kernel/grouped_masked_ws.cuh, sm_90a), through forced wgmma-ws tiles (the moe_tiles rows' and
+others): against the float64 reference of each expert's operands, with NaN-poisoned outputs,
 and with more tiles than resident CTAs, so that each CTA runs several tiles through one ring."""
 from __future__ import annotations
 
@@ -17,11 +17,13 @@ pytestmark = pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")
 # the moe_tiles rows' tiles (16 to 176 rows), a 32-row one of a single consumer warpgroup (two
 # CTAs per SM), the 16- and 8-row ones (wgmma N = 16 and 8), and token counts that are not
 # powers of two (48, 96, 144, and 176 with the most accumulators the register split holds), and
-# consumer warpgroups of 256 channels (four units; 512 columns: a tile past N = 192)
+# consumer warpgroups of 256 channels (four units; 512 columns: a tile past N = 192; the decode
+# rows' 8-, 16- and 32-row tiles of one such warpgroup)
 WS_TILES = ("wgmma-ws:64x256x64_w1x8_s4", "wgmma-ws:144x256x64_w1x8_s4", "wgmma-ws:128x256x64_w1x8_s4",
             "wgmma-ws:32x128x64_w1x4_s6", "wgmma-ws:32x256x64_w1x8_s4", "wgmma-ws:48x256x64_w1x8_s4",
             "wgmma-ws:16x256x64_w1x8_s4", "wgmma-ws:8x128x64_w1x4_s8", "wgmma-ws:96x256x64_w1x8_s4",
-            "wgmma-ws:176x256x64_w1x8_s3", "wgmma-ws:16x256x64_w1x4_s6", "wgmma-ws:16x512x64_w1x8_s4")
+            "wgmma-ws:176x256x64_w1x8_s3", "wgmma-ws:16x256x64_w1x4_s6", "wgmma-ws:16x512x64_w1x8_s4",
+            "wgmma-ws:8x256x64_w1x4_s6", "wgmma-ws:32x256x64_w1x4_s6", "wgmma-ws:32x256x64_w1x4_s4")
 
 
 def _sm90a() -> bool:
@@ -100,3 +102,39 @@ def test_wgmma_ws_schedule_runs_many_tiles_per_cta(tile):
     grouped = gemm_grouped_kernel(rows, experts, offsets=offsets, expected_m=max_m, tile=tile)
     expect = torch.cat([runs[0][x, :c] for x, c in enumerate(counts.tolist())])
     assert torch.equal(grouped, expect), f"{key.name}: the offsets form differs from the slabs (seed={seed})"
+
+
+@pytest.mark.skipif(not _sm90a(), reason="the wgmma-ws body is sm_90a's")
+@pytest.mark.parametrize("tile", ("wgmma-ws:32x256x64_w1x4_s6", "wgmma-ws:8x256x64_w1x4_s6"))
+@pytest.mark.parametrize("e", (256, 300))
+def test_walk_table_at_and_past_256_experts(tile, e):
+    """The walk's table in shared memory (kernel/grouped_masked.cuh ExpertWalk): 256 experts, one a
+    bucket (the table's last start, written apart), and 300, two a bucket (the experts of a bucket
+    walked one by one): counts at the buckets' and the lanes' edges among empty experts, in both
+    forms, every real row against the float64 reference and every other row untouched (NaN)."""
+    from humming_aot.moe import gemm_grouped_kernel
+
+    seed = _seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    n, k, max_m = 256, 256, 40
+    experts = pack_experts(humming_aot.quantize(torch.randn(e, n, k, device="cuda", generator=gen) * 0.05,
+                                                "int4:g128"), act_dtype=torch.bfloat16)
+    sparse = [0] * e
+    for expert, count in ((0, 3), (1, 40), (7, 1), (8, 9), (254, 17), (255, 40), (e - 2, 5), (e - 1, 33)):
+        sparse[expert] = count
+    counts = torch.tensor(sparse, dtype=torch.int32, device="cuda")
+    a = torch.randn(e, max_m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    key = _forced_key(experts, max_m, tile)
+    out = torch.full((e, max_m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    gemm_masked_kernel(a, experts, counts, out=out, tile=tile)
+    _check(out, a, experts, counts, None, key, f"{key.name} e={e} seed={seed}")
+    for i, count in enumerate(sparse):
+        assert out[i, count:].isnan().all(), f"{key.name} e={e} expert {i} seed={seed}"
+    offsets = torch.cat([torch.ones(1, device="cuda", dtype=torch.int32), 1 + counts.cumsum(0).to(torch.int32)])
+    rows = torch.cat([a[x, :c] for x, c in enumerate(sparse)])
+    flat = torch.cat([rows.new_zeros(1, k), rows, rows.new_zeros(2, k)])  # a row of no expert each side
+    grouped = torch.full((flat.shape[0], n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    gemm_grouped_kernel(flat, experts, offsets=offsets, expected_m=max_m, tile=tile, out=grouped)
+    expect = torch.cat([out[x, :c] for x, c in enumerate(sparse)])
+    assert torch.equal(grouped[1:-2], expect), f"{key.name} e={e}: the offsets form differs (seed={seed})"
+    assert grouped[0].isnan().all() and grouped[-2:].isnan().all()

@@ -40,10 +40,11 @@ def test_the_masked_schedule_runs_the_tma_body_above_16_rows_on_sm90a():
     # rows by the expected rows and their spread; the same rows up to 16 as the grouped row-expert
     # schedule
     for k, group in ((256, 128), (768, 128), (2880, 32), (7168, 128)):
-        for m in (1, 4, 8, 16):  # up to 16 rows the TMA body only where K is short (16 and 32 rows)
+        for m in (1, 4, 8, 12, 16):  # up to 9 rows the TMA body only where K is short (8 and 16 rows)
             tile = heuristics.select_masked_tile("sm90a", m, k, group, 4)
-            if (m > 4 and k <= 256) or (m > 9 and k <= 1024):
-                assert tile.mma is MmaKind.WGMMA_WS and tile.block_m == (16 if m <= 9 else 32), (m, k)
+            if k <= 256 or m > 9:  # one consumer warpgroup of four units, six stages
+                rows = 8 if m <= 4 else 16 if m <= 9 else 32
+                assert tile.label == f"wgmma-ws:{rows}x256x64_w1x4_s6", (m, k)
             else:
                 assert tile == heuristics.select_masked_tile("sm90a", m, k, group, 4, masked=False), (m, k)
         for m, rows in ((17, 48), (36, 48), (37, 64), (54, 64), (55, 96), (85, 96), (86, 144), (120, 144), (121, 176),
@@ -61,23 +62,27 @@ def test_the_masked_schedule_runs_the_tma_body_above_16_rows_on_sm90a():
 def test_the_moe_table_picks_small_ctas_for_short_k_and_the_decode_tiles_for_long_k():
     # tiles.toml's moe_tiles of sm90a: a short K (a TP shard's down projection) is bound by each
     # tile's latency, so 4-warp CTAs of 128-wide stages; a long K keeps the dense decode tile
-    for k in (256, 768, 2048):
+    for k in (768, 2048):
         assert heuristics.select_masked_tile("sm90a", 1, k, 128, 4).label == "8x128x128_w1x2x2_s2"
     for k in (768, 2048):  # 16 tokens from 5 rows per expert (mean + 2 sqrt(mean) rows fit)
         for m in (5, 9):
             assert heuristics.select_masked_tile("sm90a", m, k, 128, 4).label == "mma-sw:16x256x128_w1x4x2_s2"
-    assert heuristics.select_masked_tile("sm90a", 16, 2048, 128, 4).label == "mma-sw:16x256x128_w1x4x2_s2"
-    assert heuristics.select_masked_tile("sm90a", 16, 768, 128, 4).label == "wgmma-ws:32x256x64_w1x8_s4"
-    # K = 256 (DeepSeek-V3 TP8 down): the TMA body's 16- and 32-row tiles, whose ring runs across
-    # tiles; the grouped row-expert schedule keeps the swapped tile
-    assert heuristics.select_masked_tile("sm90a", 8, 256, 128, 4).label == "wgmma-ws:16x256x64_w1x8_s4"
-    assert heuristics.select_masked_tile("sm90a", 16, 256, 128, 4).label == "wgmma-ws:32x256x64_w1x8_s4"
+    # K = 256 (DeepSeek-V3 TP8 down): the TMA body's 8- and 16-row tiles of one consumer warpgroup
+    # of four units, whose ring runs across tiles (four stages for codes over 4 bits); from 10 rows
+    # its 32-row tile at any K; the grouped row-expert schedule keeps the swapped tiles
+    assert heuristics.select_masked_tile("sm90a", 1, 256, 128, 4).label == "wgmma-ws:8x256x64_w1x4_s6"
+    assert heuristics.select_masked_tile("sm90a", 8, 256, 128, 4).label == "wgmma-ws:16x256x64_w1x4_s6"
+    assert heuristics.select_masked_tile("sm90a", 8, 256, 128, 8).label == "wgmma-ws:16x256x64_w1x4_s4"
+    for k in (256, 768, 2048, 7168):
+        assert heuristics.select_masked_tile("sm90a", 16, k, 128, 4).label == "wgmma-ws:32x256x64_w1x4_s6"
+        assert heuristics.select_masked_tile("sm90a", 16, k, 128, 8).label == "wgmma-ws:32x256x64_w1x4_s4"
     assert (heuristics.select_masked_tile("sm90a", 16, 256, 128, 4, masked=False).label
             == "mma-sw:16x256x128_w1x4x2_s2")
     for k in (4096, 7168):
         assert heuristics.select_masked_tile("sm90a", 4, k, 128, 4) == heuristics.select_tile("sm90a", 4, k, 128, 4)
         assert heuristics.select_masked_tile("sm90a", 8, k, 128, 4).label == "mma-sw:16x256x128_w1x4x2_s2"
-        assert heuristics.select_masked_tile("sm90a", 12, k, 128, 4).label == "mma-sw:16x64x128_w1x1x2_s4"
+        assert (heuristics.select_masked_tile("sm90a", 12, k, 128, 4, masked=False).label
+                == "mma-sw:16x64x128_w1x1x2_s4")
     # a K that no row's stages tile (gpt-oss 2880) takes a 64-wide twin, which fits it
     for m in (1, 16):
         tile = heuristics.select_masked_tile("sm90a", m, 2880, 32, 4)
