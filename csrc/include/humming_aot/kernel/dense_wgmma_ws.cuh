@@ -176,6 +176,19 @@ struct DenseWgmmaWs {
   static __device__ __forceinline__ void consume(int count, u32 smem_base, u32 full0, u32 empty0,
                                                  const memory::GroupWalk<kBlockK>& walk, ConsumerRing& ring,
                                                  float (&acc)[kAccumulators]) {
+    // groups of at least a K tile (step_shift >= 2: every step reads scale row 0): each unit's
+    // scale pair loaded once per K tile rather than once per K step (a uniform branch, two loops)
+    if (walk.step_shift >= 2) {
+      consume_tiles<true>(count, smem_base, full0, empty0, walk, ring, acc);
+    } else {
+      consume_tiles<false>(count, smem_base, full0, empty0, walk, ring, acc);
+    }
+  }
+
+  template <bool kOneScaleRow>  // every K step of a K tile reads scale row 0
+  static __device__ __forceinline__ void consume_tiles(int count, u32 smem_base, u32 full0, u32 empty0,
+                                                       const memory::GroupWalk<kBlockK>& walk, ConsumerRing& ring,
+                                                       float (&acc)[kAccumulators]) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int unit0 = (warp >> 2) * kUnitsPerWarpGroup, weight_tile = warp & 3;
 #pragma unroll
@@ -185,16 +198,28 @@ struct DenseWgmmaWs {
     for (int it = 0; it < count; ++it) {
       ptx::mbarrier_wait(full0 + 8 * ring.slot, ring.full_parity);
       const u32 stage_smem = smem_base + ring.slot * kStageBytes;
+      typename WeightFragment::ScalePair scales[kUnitsPerWarpGroup];
+      if constexpr (kOneScaleRow) {
+#pragma unroll
+        for (int u = 0; u < kUnitsPerWarpGroup; ++u)
+          scales[u] = WeightFragment::scales(stage_smem, 0, unit0 + u, weight_tile);
+      }
+      // the K step's descriptor: the stage's plus 32 bytes a step (2 in the 16-byte address field,
+      // which the stage's offset below 2^18 bytes leaves room for)
+      const u64 desc0 = mma::k_major_sw128_descriptor(stage_smem);
 #pragma unroll
       for (int kk = 0; kk < kK16Steps; ++kk) {
         // a[kk % kFragmentBuffers] was last read by the wgmma kFragmentBuffers steps back,
         // complete after the previous wait
 #pragma unroll
         for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
-          WeightFragment::load(stage_smem, kk, unit0 + u, weight_tile, walk, a[kk % kFragmentBuffers][u]);
+          if constexpr (!kOneScaleRow) {
+            scales[u] = WeightFragment::scales(stage_smem, kk >> walk.step_shift, unit0 + u, weight_tile);
+          }
+          WeightFragment::load(stage_smem, kk, unit0 + u, weight_tile, scales[u], a[kk % kFragmentBuffers][u]);
         }
         mma::wgmma_fence();
-        const u64 desc = mma::k_major_sw128_descriptor(stage_smem + 32 * kk);
+        const u64 desc = desc0 + static_cast<u64>(2 * kk);
 #pragma unroll
         for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
           Mma::mma(*reinterpret_cast<float (*)[kUnitAccumulators]>(acc + u * kUnitAccumulators),

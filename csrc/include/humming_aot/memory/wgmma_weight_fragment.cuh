@@ -44,14 +44,37 @@ struct WgmmaWeightFragment {
     Codes::template unfold_tile<kTile>(stored, words);
   }
 
+  // The lane's scale pair of a tile (channels 16 tile + g and 16 tile + 8 + g, permuted per unit)
+  // and its zero-point pair (0 without zero points).
+  struct ScalePair {
+    u32 scale2, zero2;
+  };
+
+  // Tile `tile`'s scale (and zero-point) pair of unit `unit` in staged scale row `row`.
+  static __device__ __forceinline__ ScalePair scales(u32 stage_smem, int row, int unit, int tile) {
+    const int lane = threadIdx.x & 31;
+    const u32 s_smem = stage_smem + Layout::kABytes + Layout::kWBytes;
+    const u32 s_offset = 2 * (row * kBlockN + unit * 64 + (lane >> 2) * 8 + 2 * tile);
+    ScalePair s{0u, 0u};
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(s.scale2) : "r"(s_smem + s_offset));
+    if constexpr (kHasZeroPoint) {
+      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(s.zero2) : "r"(s_smem + Layout::kSBytes + s_offset));
+    }
+    return s;
+  }
+
   // Dequantize tile `tile` (0..3, warp-uniform) of unit `unit` at K step kk into a (wgmma A
-  // fragment registers of this lane).
+  // fragment registers of this lane), with the scales of its row.
   static __device__ __forceinline__ void load(u32 stage_smem, int kk, int unit, int tile,
                                               const GroupWalk<kBlockK>& walk, u32 (&a)[4]) {
+    load(stage_smem, kk, unit, tile, scales(stage_smem, kk >> walk.step_shift, unit, tile), a);
+  }
+
+  // The same with the tile's scale pair given (loaded once for the K steps of one scale row).
+  static __device__ __forceinline__ void load(u32 stage_smem, int kk, int unit, int tile, const ScalePair& s,
+                                              u32 (&a)[4]) {
     const int lane = threadIdx.x & 31;
     const u32 w_smem = stage_smem + Layout::kABytes;
-    const u32 s_smem = w_smem + Layout::kWBytes;
-    const u32 z_smem = s_smem + Layout::kSBytes;
     // the lane's kBits stored words of (kk, unit) hold the unit's 4 tiles
     u32 words[Dequantizer::kWordsPerTile];
     const u32 w_addr = w_smem + 4 * (((kk * Layout::kUnits + unit) * 32 + lane) * kBits);
@@ -84,14 +107,8 @@ struct WgmmaWeightFragment {
         }
       }
     }
-    // scale pair of the tile: (channel 16 tile + g, 16 tile + 8 + g), permuted per unit
-    const int scale_row = kk >> walk.step_shift;
-    const u32 s_offset = 2 * (scale_row * kBlockN + unit * 64 + (lane >> 2) * 8 + 2 * tile);
-    u32 scale2, zero2 = 0;
-    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(scale2) : "r"(s_smem + s_offset));
-    if constexpr (kHasZeroPoint) asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(zero2) : "r"(z_smem + s_offset));
     u32 frag[2][2];  // frag[h][r]: channel g + 8 h, K half r
-    Dequantizer::dequantize(words, scale2, zero2, frag);
+    Dequantizer::dequantize(words, s.scale2, s.zero2, frag);
     a[0] = frag[0][0];
     a[1] = frag[1][0];
     a[2] = frag[0][1];
