@@ -18,7 +18,7 @@ from humming_aot import heuristics, support
 from humming_aot.arch import validate_target
 from humming_aot.catalog_data import catalog_file, load_toml
 from humming_aot.codegen import kernel_smem_bytes
-from humming_aot.spec import GemmSpec, GemmType, KernelKey, MmaKind, TileConfig
+from humming_aot.spec import GemmSpec, GemmType, KernelKey, MmaKind, TileConfig, ZeroPoint
 
 logger = logging.getLogger(__name__)
 
@@ -45,16 +45,18 @@ class Family:
             w_dtypes=list(self.w_dtypes) if self.w_dtypes is not None else None,
         ) if spec.gemm_type in self.gemm_types]
 
-    def tiles_for(self, arch: str, w_bits: int, gemm_type: GemmType = GemmType.DENSE) -> list[TileConfig]:
-        """The family's tiles for an arch, w_bits-bit codes and a GEMM type: "table" is the table's
-        rows for such codes, for the MoE types every tile heuristics.select_masked_tile can pick
-        for the type (heuristics.moe_tile_table); listed tiles serve the MoE types where their body
+    def tiles_for(self, arch: str, w_bits: int, gemm_type: GemmType = GemmType.DENSE,
+                  zero_point: bool = False) -> list[TileConfig]:
+        """The family's tiles for an arch, w_bits-bit codes (with zero points or not) and a GEMM
+        type: "table" is the table's rows for such codes, for the MoE types every tile
+        heuristics.select_masked_tile can pick for the type (heuristics.moe_tile_table); listed tiles serve the MoE types where their body
         does (the mma.sync ones; for the masked type, the warp-specialized TMA body too). A tile
         wider than 64 in K brings its 64-wide twin, which serves the shapes and group sizes it does
         not fit (heuristics.tile_fits)."""
         moe = gemm_type is not GemmType.DENSE
         if self.tiles == "table":
-            listed = (list(heuristics.moe_tile_table(arch, w_bits, masked=gemm_type is GemmType.MASKED)) if moe
+            listed = (list(heuristics.moe_tile_table(arch, w_bits, masked=gemm_type is GemmType.MASKED,
+                                                     zero_point=zero_point)) if moe
                       else [tile for _, tile in heuristics.arch_tile_table(arch, w_bits)])
         else:
             bodies = heuristics.MOE_MASKED_BODIES if gemm_type is GemmType.MASKED else heuristics.MOE_BODIES
@@ -229,7 +231,8 @@ def enumerate_catalog(catalog: str = "default", archs: list[str] | None = None) 
             for spec in family.specs():
                 if not support.is_supported(spec, arch):  # a family never widens support.toml
                     raise AssertionError(support.why_unsupported(spec, arch))
-                for tile in family.tiles_for(arch, spec.w_bits, spec.gemm_type):
+                for tile in family.tiles_for(arch, spec.w_bits, spec.gemm_type,
+                                             spec.w_zero_point is not ZeroPoint.NONE):
                     key = KernelKey(arch=arch, spec=spec, tile=tile)
                     smem = kernel_smem_bytes(key)
                     if smem + STATIC_SMEM_ALLOWANCE > limit:

@@ -320,7 +320,7 @@ def _tile(experts: PackedExperts, device_index: int, rows: int, masked: bool) ->
 
     arch = dispatch.device_info(device_index).arches[0]
     return heuristics.select_masked_tile(arch, rows, experts.k, experts.group_size, experts.expert(0).bits,
-                                         masked=masked)
+                                         masked=masked, zero_point=experts.w_zero_point is not None)
 
 
 def forced_tile(tile: TileConfig | str, experts: PackedExperts, what: str, *, masked: bool = False) -> TileConfig:

@@ -48,7 +48,8 @@ def _key(experts, rows: int, gemm_type: GemmType = GemmType.MASKED) -> KernelKey
     spec = dataclasses.replace(ops.gemm_spec(experts.expert(0)), gemm_type=gemm_type)
     info = dispatch.device_info(torch.cuda.current_device())
     tile = heuristics.select_masked_tile(info.arches[0], rows, experts.k, experts.group_size, spec.w_bits,
-                                         masked=gemm_type is GemmType.MASKED)
+                                         masked=gemm_type is GemmType.MASKED,
+                                         zero_point=experts.w_zero_point is not None)
     return dispatch.obtain(spec, torch.cuda.current_device(), rows, tile, experts.k, experts.group_size,
                            n=experts.n)[0]
 

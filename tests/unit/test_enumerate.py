@@ -221,7 +221,8 @@ def test_the_moe_catalog_holds_every_tile_the_moe_schedules_pick():
                                  (768, 64), (2048, 2048)):
                     for gemm_type in (GemmType.MASKED, GemmType.GROUPED):
                         tile = heuristics.select_masked_tile(arch, m, k, group, spec.w_bits,
-                                                             masked=gemm_type is GemmType.MASKED)
+                                                             masked=gemm_type is GemmType.MASKED,
+                                                             zero_point=spec.w_zero_point is not ZeroPoint.NONE)
                         name = KernelKey(arch=arch, spec=dataclasses.replace(spec, gemm_type=gemm_type), tile=tile).name
                         assert name in names, f"{name} (m={m}, k={k}, group={group})"
     dense = enumerate_keys("dense", ["sm90a"])

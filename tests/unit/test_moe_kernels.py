@@ -3,6 +3,8 @@ contiguous schedules) without a GPU: the tile they pick, the grid and Params byt
 with, and the errors they raise before anything reaches a kernel."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -42,7 +44,7 @@ def test_the_masked_schedule_runs_the_tma_body_above_16_rows_on_sm90a():
     for k, group in ((256, 128), (768, 128), (2880, 32), (7168, 128)):
         for m in (1, 4, 8, 12, 16):  # up to 9 rows the TMA body only where K is short (8 and 16 rows)
             tile = heuristics.select_masked_tile("sm90a", m, k, group, 4)
-            if k <= 256 or m > 9:  # one consumer warpgroup of four units, six stages
+            if k <= 256 or m > 9 or (m > 1 and m <= 4 and k <= 1024):  # one warpgroup of four units
                 rows = 8 if m <= 4 else 16 if m <= 9 else 32
                 assert tile.label == f"wgmma-ws:{rows}x256x64_w1x4_s6", (m, k)
             else:
@@ -499,3 +501,32 @@ def test_indexed_form_runs_the_offsets_form_where_the_blocks_experts_rise(monkey
             ref = gemm_indexed(a, local, aligned, a_rows_per_token=per_token, topk_weights=w)
             assert torch.equal(got, ref), f"block {block}"
     assert calls == [(align_block_size(ids, 4, b).sorted_token_ids.shape[0], 5) for b in (1, 1, 3, 3, 8, 8)]
+
+
+def test_one_warpgroup_tma_tiles_keep_two_ctas_per_sm_for_every_code():
+    # heuristics.fit_two_per_sm: a moe_tiles row's one-warpgroup wgmma-ws tile, sized for 4-bit
+    # codes without zero points, takes fewer stages where its shared memory would leave one CTA
+    # per SM (uint4 with zero points: the 32-row tile's 6 stages -> 5; 8-bit codes 4 -> 3); the
+    # rows' tiles that fit keep their stages, and the catalog's MoE table lists what is picked
+    from humming_aot.bodies.wgmma_ws import masked_smem_bytes
+
+    capacity = heuristics.smem_limit("sm90a") + 1024
+    assert heuristics.select_masked_tile("sm90a", 16, 256, 128, 4).label == "wgmma-ws:32x256x64_w1x4_s6"
+    assert (heuristics.select_masked_tile("sm90a", 16, 256, 128, 4, zero_point=True).label
+            == "wgmma-ws:32x256x64_w1x4_s5")
+    assert (heuristics.select_masked_tile("sm90a", 16, 256, 128, 8, zero_point=True).label
+            == "wgmma-ws:32x256x64_w1x4_s3")
+    for w_bits in range(1, 9):
+        for zero_point in (False, True):
+            table = heuristics.moe_tile_table("sm90a", w_bits, zero_point=zero_point)
+            for m in (1, 4, 8, 16, 17, 64, 200):
+                for k in (256, 768, 2048, 7168):
+                    tile = heuristics.select_masked_tile("sm90a", m, k, 128, w_bits, zero_point=zero_point)
+                    assert tile in table, (w_bits, zero_point, m, k, tile.label)
+                    if tile.mma is MmaKind.WGMMA_WS and tile.threads == 256:
+                        smem = masked_smem_bytes(tile, w_bits, zero_point)
+                        assert 2 * (smem + 2048) <= capacity, (w_bits, zero_point, m, tile.label, smem)
+                        bigger = masked_smem_bytes(dataclasses.replace(tile, stages=tile.stages + 1), w_bits,
+                                                   zero_point)
+                        row = heuristics.select_masked_tile("sm90a", m, k, 128, w_bits)
+                        assert tile.stages == row.stages or 2 * (bigger + 2048) > capacity, (tile.label, row.label)
