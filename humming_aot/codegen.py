@@ -5,7 +5,6 @@ includes only humming_aot's own headers, which include no CUDA toolkit header.
 """
 from __future__ import annotations
 
-from humming_aot.bodies.base import MOE_WALK_TABLE_BYTES
 from humming_aot.bodies.wgmma_ws import masked_smem_bytes
 from humming_aot.heuristics.tiles import MOE_BODIES, MOE_MASKED_BODIES
 from humming_aot.params_abi import PARAMS_VERSION
@@ -21,13 +20,12 @@ _ZERO_POINT = {
 
 def kernel_smem_bytes(key: KernelKey) -> int:
     """Dynamic shared memory of a key's kernel: its body's, or its MoE schedule's where that lays
-    out its own (the masked schedule on the TMA body stages its output beside the ring); the
-    masked schedules add the table of their walk over the experts' tiles."""
+    out its own (the masked schedule on the TMA body stages its output beside the ring and keeps
+    its walk's table after it)."""
     has_zero_point = key.spec.w_zero_point is not ZeroPoint.NONE
     if key.spec.gemm_type in _MOE_SCHEDULES and _moe_schedule(key) == _MOE_WS_SCHEDULE:
         return masked_smem_bytes(key.tile, key.spec.w_bits, has_zero_point)
-    body = key.tile.body.smem_bytes(key.tile, key.spec.w_bits, has_zero_point)
-    return body + MOE_WALK_TABLE_BYTES if key.spec.gemm_type is GemmType.MASKED else body
+    return key.tile.body.smem_bytes(key.tile, key.spec.w_bits, has_zero_point)
 
 
 # The MoE GEMM types that are a schedule around a dense body taking GemmParams:

@@ -7,12 +7,6 @@ if TYPE_CHECKING:
     from humming_aot.spec import KernelKey, TileConfig
 
 
-# The grouped masked schedules' table of the experts' first tiles and rows in shared memory, after
-# what the body or the schedule lays out (kernel/grouped_masked.cuh ExpertWalk::kTableBytes: 2 x 256
-# + 1 words and 12 bytes of padding).
-MOE_WALK_TABLE_BYTES = (2 * 256 + 1) * 4 + 12
-
-
 class Body:
     """One kernel body. Subclasses set the class attributes and implement the methods that say
     what differs; the defaults are those of a body with one Params struct (GemmParams), no

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from humming_aot.bodies.base import MOE_WALK_TABLE_BYTES, Body, check_block_k, stage_bytes
+from humming_aot.bodies.base import Body, check_block_k, stage_bytes
 from humming_aot.bodies.wgmma import wgmma_smem_bytes
 
 if TYPE_CHECKING:
@@ -75,6 +75,12 @@ class WgmmaWsBody(Body):
 
     def smem_bytes(self, tile: "TileConfig", w_bits: int, has_zero_point: bool) -> int:
         return wgmma_smem_bytes(tile, w_bits, has_zero_point)
+
+
+# The masked schedule's table of the experts' first tiles in shared memory, after the staging tile
+# (schedule/expert_table.cuh ExpertTable::kTableBytes: 256 bucket starts, the total, 256 rows and
+# three header words).
+MOE_WALK_TABLE_BYTES = (2 * 256 + 1 + 3) * 4
 
 
 def masked_smem_bytes(tile: "TileConfig", w_bits: int, has_zero_point: bool) -> int:

@@ -109,7 +109,7 @@ def test_wgmma_ws_schedule_runs_many_tiles_per_cta(tile):
 @pytest.mark.parametrize("tile", ("wgmma-ws:32x256x64_w1x4_s6", "wgmma-ws:8x256x64_w1x4_s6"))
 @pytest.mark.parametrize("e", (256, 300))
 def test_walk_table_at_and_past_256_experts(tile, e):
-    """The walk's table in shared memory (kernel/grouped_masked.cuh ExpertWalk): 256 experts, one a
+    """The walk's table in shared memory (schedule/expert_table.cuh ExpertTable): 256 experts, one a
     bucket (the table's last start, written apart), and 300, two a bucket (the experts of a bucket
     walked one by one): counts at the buckets' and the lanes' edges among empty experts, in both
     forms, every real row against the float64 reference and every other row untouched (NaN)."""

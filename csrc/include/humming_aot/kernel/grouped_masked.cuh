@@ -19,10 +19,9 @@
 // (the walk finds no tile past the bound of tile_limit, nor one that wrapped the 32-bit tile
 // counts); no row outside the tensors and no split-K counter past the bound is touched.
 //
-// Each CTA waits on the upstream grid (the counts may be its output), writes the experts' first
-// tiles and rows into a table in shared memory after the body's (ExpertWalk::build, up to 256
-// experts; above that every find walks the counts), then finds each tile's expert in it (every
-// warp the same), one tile ahead: while it runs a tile, the
+// Each CTA waits on the upstream grid (the counts may be its output), then finds each tile's
+// expert by walking the counts in windows of 256 experts (ExpertWalk: every warp computes the same
+// walk, so the result is uniform without shared memory), one tile ahead: while it runs a tile, the
 // next one's weights are on their way into L2 (Dense::prefetch_tile), so that the tiles of one CTA
 // (a few dozen of short K at decode sizes) do not each wait on DRAM for their first stages. Each
 // tile runs the dense body on a copy of GemmParams whose pointers are moved to the expert's slab,
@@ -42,39 +41,21 @@
 
 namespace humming_aot::kernel {
 
-// Where a persistent CTA's tile lies among the experts' tiles. Once per CTA, one warp writes a
-// table into shared memory (build): the first tile of each of up to 256 buckets of experts (one
-// expert each for E <= 256, every model of the MoE benchmark; ceil(E / 256) consecutive experts
-// each above that) and, one expert per bucket, its rows. find(tile) is then two shared loads and
-// two ballots over the table (the group of 8 buckets that holds the tile, then the bucket within
-// it); a bucket of several experts is then walked expert by expert (one count per step). find is
-// uniform over the warp that calls it, and every warp of the CTA finds the same tile: the
-// schedule keeps the next tile's three values, no other state. An expert's rows are its count
-// clamped to [0, max_rows]; with offsets, from its first row (offsets[e] clamped to [0, max_rows])
-// to offsets[e + 1] clamped to [that, max_rows], so that no expert's rows leave the activation and
-// output, whatever the offsets hold.
-template <int kBlockM,       // the tile's rows
-          int kTableOffset>  // the table's byte offset in the dynamic shared memory
+// Where a persistent CTA's tile lies among the experts' tiles: find(tile) walks the counts from
+// expert 0 in windows of 256 experts, 8 consecutive ones per lane (eight independent loads: one
+// memory latency per window, L1 hits after a CTA's first tile), a warp scan of the lanes' tiles,
+// and a ballot for the lane whose experts hold the tile (with offsets, each count is the
+// difference of two clamped offsets). The walk keeps no state between tiles (the schedule keeps
+// the next tile's three values; the 8-bit 8-row tiles still fit 128 registers without spills): with
+// at most 256 experts each find reads one window.
+template <int kBlockM>
 struct ExpertWalk {
   static constexpr int kPerLane = 8;
-  static constexpr u32 kBuckets = 32 * kPerLane;
-  // The table: the first tile of each bucket and, at index `buckets`, the tiles of all experts
-  // (starts saturated at tile_limit() + 1), then at kBuckets + 1 each bucket's rows (one expert
-  // per bucket only), then at kHeader the buckets, the experts per bucket and tile_limit().
-  static constexpr int kHeader = 2 * kBuckets + 1;
-  static constexpr int kTableBytes = (kHeader + 3) * 4;
-  static_assert(kTableBytes % 16 == 0, "the table keeps the 16-byte alignment of what follows");
+  static constexpr u32 kWindow = 32 * kPerLane;
 
   const int* rows_of;  // the counts (slabs)
   const int* offsets;  // the prefix offsets of the rows (one activation), or nullptr (slabs)
   u32 experts, max_rows, n_tiles;
-
-  // The table's words: at a fixed offset from the dynamic shared memory's base (an address the
-  // compiler knows, not a pointer kept in registers across the tiles).
-  static __device__ __forceinline__ u32* table() {
-    extern __shared__ __align__(16) char walk_smem[];
-    return reinterpret_cast<u32*>(walk_smem + kTableOffset);
-  }
 
   // The tiles a walk may find: every tile with slabs; with offsets, the most that R rows make,
   // (R / kBlockM + min(E, R)) x n_tiles (rows summing to at most R, in at most min(E, R) experts
@@ -93,105 +74,80 @@ struct ExpertWalk {
   // Expert e's first row: 0 in its slab; with offsets, offsets[e] clamped to [0, max_rows].
   __device__ __forceinline__ u32 first_row(u32 e) const { return offsets == nullptr ? 0u : clamp_rows(offsets[e], 0); }
 
-  // Expert e's rows (e < experts).
-  __device__ __forceinline__ u32 rows(u32 e) const {
-    if (offsets == nullptr) return clamp_rows(rows_of[e], 0);
-    const u32 lo = first_row(e);
-    return clamp_rows(offsets[e + 1], lo) - lo;
+  // The rows of experts [base, base + kPerLane) (0 past the last expert): each count clamped to
+  // [0, max_rows]; with offsets, from the expert's first row to offsets[e + 1] clamped to [first
+  // row, max_rows], so that no expert's rows leave the activation and output, whatever the
+  // offsets hold. The form is uniform (a launch argument), tested once; each form issues all of
+  // its loads (predicated, no branch per expert) before it uses any.
+  __device__ __forceinline__ void rows_from(u32 base, u32 (&counts)[kPerLane]) const {
+    if (offsets != nullptr) {
+      int bound[kPerLane + 1];
+#pragma unroll
+      for (int i = 0; i <= kPerLane; ++i) bound[i] = base + i <= experts ? offsets[base + i] : 0;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const u32 lo = clamp_rows(bound[i], 0);
+        counts[i] = base + i < experts ? clamp_rows(bound[i + 1], lo) - lo : 0u;
+      }
+    } else {
+      int count[kPerLane];
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) count[i] = base + i < experts ? rows_of[base + i] : 0;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) counts[i] = clamp_rows(count[i], 0);
+    }
   }
 
   __device__ __forceinline__ u32 tiles(u32 r) const { return (r + kBlockM - 1) / kBlockM * n_tiles; }
 
-  static __device__ __forceinline__ u32 saturating_add(u32 a, u32 b) { return a + b < a ? 0xffffffffu : a + b; }
-
-  // Experts per bucket and the buckets: one expert each up to kBuckets experts.
-  __device__ __forceinline__ u32 per_bucket() const {
-    return experts <= kBuckets ? 1u : (experts + kBuckets - 1) / kBuckets;
-  }
-
-  // The table, by one whole warp (then a barrier before any find): each lane's 8 buckets' tiles
-  // and rows, a warp scan of the tiles (saturating: offsets that do not rise may sum past 32 bits),
-  // each start capped at tile_limit() + 1 (a bucket past the limit is found by no tile).
-  __device__ __forceinline__ void build() const {
-    const u32 lane = threadIdx.x & 31, base = lane * kPerLane, per = per_bucket();
-    u32 counts[kPerLane], bucket_tiles[kPerLane];
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) bucket_tiles[i] = 0;
-    // expert j of each of the lane's buckets at a time (once with one expert per bucket): eight
-    // loads in flight; the rows kept with one expert per bucket
-    for (u32 j = 0; j < per; ++j) {
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {
-        const u32 e = (base + i) * per + j;
-        counts[i] = e < experts && j < per ? rows(e) : 0u;
-      }
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i) bucket_tiles[i] = saturating_add(bucket_tiles[i], tiles(counts[i]));
-    }
-    u32 sum = 0;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) sum = saturating_add(sum, bucket_tiles[i]);
-    u32 inclusive = sum;
-#pragma unroll
-    for (int offset = 1; offset < 32; offset <<= 1) {
-      const u32 other = __shfl_up_sync(0xffffffffu, inclusive, offset);
-      if (lane >= static_cast<u32>(offset)) inclusive = saturating_add(inclusive, other);
-    }
-    const u32 limit = tile_limit(), cap = limit == 0xffffffffu ? limit : limit + 1;
-    const u32 buckets = (experts + per - 1) / per;
-    u32 start = inclusive - sum;  // (a saturated scan only overstates starts past the cap)
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      if (base + i < buckets) {
-        table()[base + i] = start < cap ? start : cap;
-        table()[kBuckets + 1 + base + i] = counts[i];
-      }
-      start = saturating_add(start, bucket_tiles[i]);
-    }
-    if (lane == 31) {
-      table()[buckets] = inclusive < cap ? inclusive : cap;  // the tiles of all experts
-      table()[kHeader] = buckets;
-      table()[kHeader + 1] = per;
-      table()[kHeader + 2] = limit;
-    }
-  }
-
   // The expert, its rows and the tile's index among the expert's tiles of tile `tile`; false when
-  // the experts hold fewer tiles, or the expert's tiles pass tile_limit(). Uniform over the warp.
+  // the experts hold fewer tiles. Uniform over the CTA (every warp reads the same counts).
   __device__ __forceinline__ bool find(u32 tile, u32& expert, u32& expert_rows, u32& local) const {
-    // (read back from the table rather than kept in registers across the tiles)
-    const u32 lane = threadIdx.x & 31, buckets = table()[kHeader], per = table()[kHeader + 1];
-    const u32 limit = table()[kHeader + 2];
-    if (tile >= limit || tile >= table()[buckets]) return false;
-    // the group of 8 buckets that holds the tile: the last whose first bucket starts at or before
-    // it (group 0 always does); then the buckets of that group that end at or before it
-    const u32 group_first = lane * kPerLane;
-    const u32 groups = __ballot_sync(0xffffffffu, group_first < buckets && table()[group_first] <= tile);
-    const u32 first = static_cast<u32>(31 - __clz(groups)) * kPerLane, b = first + lane;
-    const u32 ended = __ballot_sync(0xffffffffu, lane < kPerLane && b < buckets && table()[b + 1] <= tile);
-    const u32 bucket = first + __popc(ended);
-    u32 at = table()[bucket];
-    if (per == 1) {
-      if (table()[bucket + 1] > limit) return false;  // its tiles pass the limit
-      expert = bucket;
-      expert_rows = table()[kBuckets + 1 + bucket];
-      local = tile - at;
-      return true;
-    }
-    // a bucket of several experts: one after the other
-    const u32 end = (bucket + 1) * per < experts ? (bucket + 1) * per : experts;
-    for (u32 e = bucket * per; e < end; ++e) {
-      const u32 r = rows(e), next = saturating_add(at, tiles(r));
-      if (tile < next) {
-        if (next > limit) return false;
-        expert = e;
-        expert_rows = r;
-        local = tile - at;
-        return true;
+    const u32 limit = tile_limit();
+    if (tile >= limit) return false;
+    const u32 lane = threadIdx.x & 31;
+    u32 before = 0;  // tiles of the experts before the window
+    for (u32 first = 0; first < experts; first += kWindow) {
+      const u32 base = first + lane * kPerLane;
+      u32 counts[kPerLane];
+      rows_from(base, counts);  // all loads in flight at once
+      u32 sum = 0;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) sum += tiles(counts[i]);
+      u32 inclusive = sum;  // the warp's inclusive scan of the lanes' sums
+#pragma unroll
+      for (int offset = 1; offset < 32; offset <<= 1) {
+        const u32 other = __shfl_up_sync(0xffffffffu, inclusive, offset);
+        if (lane >= static_cast<u32>(offset)) inclusive += other;
       }
-      at = next;
+      const u32 window_tiles = __shfl_sync(0xffffffffu, inclusive, 31);
+      if (tile < before + window_tiles) {
+        const u32 in_window = tile - before;
+        // the lane whose experts hold the tile: the last lane that starts at or before it (a
+        // lane of no tiles starts where the next lane does, past the tile if that one is)
+        const u32 starts = __ballot_sync(0xffffffffu, inclusive - sum <= in_window);
+        const int holder = 31 - __clz(starts);
+        u32 at = __shfl_sync(0xffffffffu, inclusive - sum, holder);
+        bool hit = false;  // always, unless the tile counts wrapped (offsets that do not rise)
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) {
+          const u32 t = __shfl_sync(0xffffffffu, tiles(counts[i]), holder);
+          const u32 r = __shfl_sync(0xffffffffu, counts[i], holder);
+          // (an expert whose tiles would pass the limit is not found either: the split-K counters
+          // of its tiles would)
+          if (in_window >= at && in_window < at + t && before + at + t <= limit) {
+            expert = first + static_cast<u32>(holder) * kPerLane + i;
+            expert_rows = r;
+            local = in_window - at;
+            hit = true;
+          }
+          at += t;
+        }
+        return hit;  // a miss ends the CTA's walk rather than run a tile of no expert
+      }
+      before += window_tiles;
     }
-    return false;  // (only where the saturated tile counts overstate the bucket's tiles)
+    return false;
   }
 };
 
@@ -200,19 +156,14 @@ template <class Dense,  // the dense body: run_tile(const GemmParams&, tile, at_
           int kBlockN>  // its tile's columns (weight channels)
 struct GroupedMasked {
   static constexpr int kThreads = Dense::kThreads;
-  using Walk = ExpertWalk<kBlockM, Dense::kSmemBytes>;
-  // the body's, then the walk's table (bodies/base.py MOE_WALK_TABLE_BYTES)
-  static constexpr int kSmemBytes = Dense::kSmemBytes + Walk::kTableBytes;
+  static constexpr int kSmemBytes = Dense::kSmemBytes;
   static constexpr int kMinBlocksPerSm = Dense::kMinBlocksPerSm;
   static constexpr bool kScalesInFp32 = Dense::kScalesInFp32;
-  static_assert(Dense::kSmemBytes % 16 == 0, "the table starts on a 16-byte boundary after the body's");
 
   static __device__ __forceinline__ void run(const MaskedGemmParams& g) {
     schedule::wait_for_upstream_grid();  // the counts (and the activations) may come from the previous kernel
-    const Walk walk{g.expert_rows, g.row_offsets, static_cast<u32>(g.experts), static_cast<u32>(g.gemm.m),
-                    (static_cast<u32>(g.gemm.n) + kBlockN - 1) / kBlockN};
-    if (threadIdx.x < 32) walk.build();
-    __syncthreads();  // the table written before any warp's find
+    const ExpertWalk<kBlockM> walk{g.expert_rows, g.row_offsets, static_cast<u32>(g.experts),
+                                   static_cast<u32>(g.gemm.m), (static_cast<u32>(g.gemm.n) + kBlockN - 1) / kBlockN};
     u32 expert, rows, local;
     if (!walk.find(blockIdx.x, expert, rows, local)) {
       schedule::release_dependent_grid();  // no tile for this CTA

@@ -6,14 +6,14 @@
 //
 // A persistent schedule of the body's own producer and consumers, not of a run_tile: the grid is
 // at most the resident CTAs, CTA c takes the tiles c, c + gridDim.x, ... of the experts' tiles
-// (ExpertWalk: expert after expert, an expert of r rows holding ceil(r / kBlockM) x n_tiles tiles,
+// (schedule/expert_table.cuh: expert after expert, an expert of r rows holding ceil(r / kBlockM) x n_tiles tiles,
 // row tile after row tile), and the mbarrier ring runs on from one tile into the next without a
 // pause: the output is staged in shared memory of its own after the ring (kSmemBytes), so the
 // producer fills the next tile's stages while the consumers store this one. (The body's stream-K
 // schedule stages through the ring and waits for the store instead: it runs a unit or two per CTA,
 // where a tile here may have 4 K tiles and a CTA dozens of tiles, the load latency and the store
 // of each paid in turn: session 26, docs/performance/log.md section 30.) Warp 0 writes the walk's
-// table once (ExpertWalk::build, in shared memory after the staging tile), then the producer's
+// table once (ExpertTable::build, in shared memory after the staging tile), then the producer's
 // warp (find takes a whole warp; its lane 0 issues the copies) and every consumer warp look up the
 // same tiles in it.
 //
@@ -28,10 +28,10 @@
 // One K slice per tile (gemm.k_splits == 1, the host's precondition); no cluster.
 
 #include <humming_aot/kernel/dense_wgmma_ws.cuh>
-#include <humming_aot/kernel/grouped_masked.cuh>
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/ptx/mbarrier.cuh>
 #include <humming_aot/ptx/warpgroup.cuh>
+#include <humming_aot/schedule/expert_table.cuh>
 #include <humming_aot/schedule/grid_dependency.cuh>
 
 namespace humming_aot::kernel {
@@ -41,21 +41,21 @@ template <class Dense,  // kernel/dense_wgmma_ws.cuh's DenseWgmmaWs: produce, co
           int kBlockN>  // its tile's columns (weight channels)
 struct GroupedMaskedWs {
   static constexpr int kThreads = Dense::kThreads;
-  // the ring, then the staging tile (the ring's slots are 1024-byte multiples), + 1024 to align
-  // the base at run time (bodies/wgmma_ws.py masked_smem_bytes)
-  // the walk's table after the aligned part (bodies/wgmma_ws.py masked_smem_bytes), at a fixed
-  // offset from the unaligned base: the alignment moves the ring and staging by at most 1023 bytes
+  // Shared memory (bodies/wgmma_ws.py masked_smem_bytes): the ring, then the staging tile (the
+  // ring's slots are 1024-byte multiples), + 1024 to align the base at run time; then the walk's
+  // table, at a fixed offset from the unaligned base (the alignment moves the ring and staging by
+  // at most 1023 bytes)
   static constexpr int kStagingOffset = Dense::kPipelineBytes;
   static constexpr int kTableOffset = Dense::kPipelineBytes + Dense::Writer::kStagingBytes + 1024;
-  using Walk = ExpertWalk<kBlockM, kTableOffset>;
+  using Walk = schedule::ExpertTable<kBlockM, kTableOffset>;
   static constexpr int kSmemBytes = kTableOffset + Walk::kTableBytes;
   static_assert(kTableOffset % 16 == 0, "the table starts on a 16-byte boundary");
   static constexpr int kMinBlocksPerSm = Dense::kMinBlocksPerSm;
   static constexpr bool kScalesInFp32 = Dense::kScalesInFp32;
   static constexpr int kStages = Dense::kRingStages;
   static constexpr int kConsumerWarps = Dense::kConsumerWarps;
-  // The producer warp walks the experts too (a window of 8 counts per lane, a scan, the expert's
-  // pointers): more registers than the dense producer's 40, taken from the consumers.
+  // The producer warp walks the experts too (the table's lookups, the expert's pointers): more
+  // registers than the dense producer's 40, taken from the consumers.
   static constexpr int kProducerRegisters = 56;
   static constexpr int kConsumerRegisters =
       ((Dense::kLaunchRegisters * kThreads - kProducerRegisters * 128) / Dense::kConsumerThreads) / 8 * 8;
