@@ -107,8 +107,8 @@ struct GroupedMaskedWs {
     }
     // The counts or offsets, the activations and the output may be the previous kernel's (PDL).
     schedule::wait_for_upstream_grid();
-    const Walk walk{g.expert_rows, g.row_offsets, static_cast<u32>(g.experts), static_cast<u32>(g.gemm.m),
-                    (static_cast<u32>(g.gemm.n) + kBlockN - 1) / kBlockN};
+    const Walk walk{{g.expert_rows, g.row_offsets, static_cast<u32>(g.experts), static_cast<u32>(g.gemm.m),
+                     (static_cast<u32>(g.gemm.n) + kBlockN - 1) / kBlockN}};
     if (warp == 0) walk.build();
     // the CTA's only barrier (the barriers' init and the table before any use): the producer
     // warpgroup may exit early after it

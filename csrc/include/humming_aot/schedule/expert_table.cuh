@@ -2,7 +2,7 @@
 // ExpertTable: the walk over the experts' tiles of the grouped masked MoE schedule on the TMA body,
 // as a table in shared memory (below). SM80+ (warp shuffles and ballots only).
 
-#include <humming_aot/numerics/types.cuh>
+#include <humming_aot/kernel/grouped_masked.cuh>
 
 namespace humming_aot::schedule {
 
@@ -22,7 +22,7 @@ namespace humming_aot::schedule {
 // output, whatever the offsets hold.
 template <int kBlockM,       // the tile's rows
           int kTableOffset>  // the table's byte offset in the dynamic shared memory
-struct ExpertTable {
+struct ExpertTable : kernel::ExpertWalk<kBlockM> {
   static constexpr int kPerLane = 8;
   static constexpr u32 kBuckets = 32 * kPerLane;
   // The table: the first tile of each bucket and, at index `buckets`, the tiles of all experts
@@ -32,9 +32,11 @@ struct ExpertTable {
   static constexpr int kTableBytes = (kHeader + 3) * 4;
   static_assert(kTableBytes % 16 == 0, "the table keeps the 16-byte alignment of what follows");
 
-  const int* rows_of;  // the counts (slabs)
-  const int* offsets;  // the prefix offsets of the rows (one activation), or nullptr (slabs)
-  u32 experts, max_rows, n_tiles;
+  // (the counts, offsets, experts, max_rows, n_tiles, tile_limit, clamp_rows, first_row and tiles
+  // of ExpertWalk, whose find this one replaces)
+  using Base = kernel::ExpertWalk<kBlockM>;
+  using Base::clamp_rows, Base::first_row, Base::tile_limit, Base::tiles;
+  using Base::experts, Base::offsets, Base::rows_of;
 
   // The table's words: at a fixed offset from the dynamic shared memory's base (an address the
   // compiler knows, not a pointer kept in registers across the tiles).
@@ -43,31 +45,12 @@ struct ExpertTable {
     return reinterpret_cast<u32*>(walk_smem + kTableOffset);
   }
 
-  // The tiles a walk may find: every tile with slabs; with offsets, the most that R rows make,
-  // (R / kBlockM + min(E, R)) x n_tiles (rows summing to at most R, in at most min(E, R) experts
-  // with rows, each with one partial tile at most), which the host sizes the split-K counters by:
-  // offsets that do not rise (more rows in all) find no tile past it.
-  __device__ __forceinline__ u32 tile_limit() const {
-    if (offsets == nullptr) return 0xffffffffu;
-    return (max_rows / kBlockM + (experts < max_rows ? experts : max_rows)) * n_tiles;
-  }
-
-  // v clamped to [lo, max_rows].
-  __device__ __forceinline__ u32 clamp_rows(int v, u32 lo) const {
-    return v <= static_cast<int>(lo) ? lo : (static_cast<u32>(v) < max_rows ? static_cast<u32>(v) : max_rows);
-  }
-
-  // Expert e's first row: 0 in its slab; with offsets, offsets[e] clamped to [0, max_rows].
-  __device__ __forceinline__ u32 first_row(u32 e) const { return offsets == nullptr ? 0u : clamp_rows(offsets[e], 0); }
-
   // Expert e's rows (e < experts).
   __device__ __forceinline__ u32 rows(u32 e) const {
     if (offsets == nullptr) return clamp_rows(rows_of[e], 0);
     const u32 lo = first_row(e);
     return clamp_rows(offsets[e + 1], lo) - lo;
   }
-
-  __device__ __forceinline__ u32 tiles(u32 r) const { return (r + kBlockM - 1) / kBlockM * n_tiles; }
 
   static __device__ __forceinline__ u32 saturating_add(u32 a, u32 b) { return a + b < a ? 0xffffffffu : a + b; }
 
