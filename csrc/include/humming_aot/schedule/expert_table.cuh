@@ -23,8 +23,9 @@ namespace humming_aot::schedule {
 template <int kBlockM,       // the tile's rows
           int kTableOffset>  // the table's byte offset in the dynamic shared memory
 struct ExpertTable : kernel::ExpertWalk<kBlockM> {
-  static constexpr int kPerLane = 8;
-  static constexpr u32 kBuckets = 32 * kPerLane;
+  using Base = kernel::ExpertWalk<kBlockM>;
+  static constexpr int kPerLane = Base::kPerLane;  // the buckets a lane builds and a group holds
+  static constexpr u32 kBuckets = Base::kWindow;   // 32 x kPerLane
   // The table: the first tile of each bucket and, at index `buckets`, the tiles of all experts
   // (starts saturated at tile_limit() + 1), then at kBuckets + 1 each bucket's rows (one expert
   // per bucket only), then at kHeader the buckets, the experts per bucket and tile_limit().
@@ -34,7 +35,6 @@ struct ExpertTable : kernel::ExpertWalk<kBlockM> {
 
   // (the counts, offsets, experts, max_rows, n_tiles, tile_limit, clamp_rows, first_row and tiles
   // of ExpertWalk, whose find this one replaces)
-  using Base = kernel::ExpertWalk<kBlockM>;
   using Base::clamp_rows, Base::first_row, Base::tile_limit, Base::tiles;
   using Base::experts, Base::offsets, Base::rows_of;
 
@@ -73,7 +73,7 @@ struct ExpertTable : kernel::ExpertWalk<kBlockM> {
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i) {
         const u32 e = (base + i) * per + j;
-        counts[i] = e < experts && j < per ? rows(e) : 0u;
+        counts[i] = e < experts ? rows(e) : 0u;
       }
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i) bucket_tiles[i] = saturating_add(bucket_tiles[i], tiles(counts[i]));
