@@ -38,6 +38,7 @@
 #include <humming_aot/schedule/grid_dependency.cuh>
 #include <humming_aot/schedule/stream_k_scheduler.cuh>
 #include <humming_aot/schedule/tail_split_scheduler.cuh>
+#include <humming_aot/schedule/work_units.cuh>
 
 namespace humming_aot::kernel {
 
@@ -72,7 +73,6 @@ struct DenseWgmmaWs {
   using Layout = memory::StageLayout<kBlockM, kBlockN, kBlockK, kBits, kHasZeroPoint>;
   using WeightFragment = memory::WgmmaWeightFragment<Act, Weights, kZeroPoint, Layout, kBlockN, kBlockK>;
   using Mma = mma::Wgmma<Act, kBlockM>;
-  using Scheduler = schedule::TailSplitScheduler<kBlockM, kBlockN, kBlockK>;
   using StreamK = schedule::StreamKScheduler<kBlockM, kBlockN, kBlockK>;
   using Fragments = epilogue::WarpgroupFragments<kBlockM, kUnitsPerWarpGroup>;
   using ConsumerBarrier = ptx::NamedBarrier<kConsumerThreads, 1>;
@@ -265,39 +265,8 @@ struct DenseWgmmaWs {
     __syncthreads();
   }
 
-  // The units of this CTA's work, each one tile's K tiles [k_begin, k_end): a stream-K range, or
-  // the one tile (or K slice of a split tile) of the tail split. One walk for both schedules keeps
-  // one copy of the producer's and the consumers' loops in the kernel.
-  struct Units {
-    StreamK range;
-    typename StreamK::Unit single;   // the tail split's unit
-    int split_index, slice, splits;  // the tail split's K slicing (splits == 1: whole tiles)
-    bool stream_k, single_left;
-
-    __device__ __forceinline__ explicit Units(const TmaGemmParams& params)
-        : range(params.gemm.m, params.gemm.n, params.gemm.k), stream_k(params.stream_k != 0), single_left(false) {
-      if (!stream_k) {
-        const Scheduler tile(params.gemm.m, params.gemm.n, params.gemm.k, params.dp_ctas, params.tail_splits);
-        single.m_tile = tile.m_tile;
-        single.n_tile = tile.n_tile;
-        single.tile = tile.split_index;
-        single.k_begin = tile.k_tile_begin;
-        single.k_end = tile.k_tile_end;
-        split_index = tile.split_index;
-        slice = tile.slice;
-        splits = tile.splits;
-        single_left = true;
-      }
-    }
-
-    __device__ __forceinline__ bool next(typename StreamK::Unit& unit) {
-      if (stream_k) return range.next(unit);
-      if (!single_left) return false;
-      unit = single;
-      single_left = false;
-      return true;
-    }
-  };
+  // The units of this CTA's work (a stream-K range, or the tail split's one tile or K slice).
+  using Units = schedule::WorkUnits<kBlockM, kBlockN, kBlockK>;
 
   static __device__ __forceinline__ void run(const TmaGemmParams& params) {
     const GemmParams& p = params.gemm;
