@@ -82,24 +82,32 @@ def weight_codes(spec) -> str:
 def kernel_source(key: KernelKey) -> str:
     """The generated .cu text for one key (deterministic: same key, same bytes)."""
     spec, tile = key.spec, key.tile
-    if spec.a_is_quantized or (spec.gemm_type is not GemmType.DENSE and spec.gemm_type not in _MOE_SCHEDULES):
+    quantized_body = tile.mma is MmaKind.WGMMA_SS  # (its check_key holds it to its one pairing)
+    if ((spec.a_is_quantized and not quantized_body)
+            or (spec.gemm_type is not GemmType.DENSE and spec.gemm_type not in _MOE_SCHEDULES)):
         raise ValueError(
-            f"{key.name}: no kernel body takes {spec.a_dtype} activations or a {spec.gemm_type.value} GEMM yet "
-            "(the data model names them; the bodies serve dense GEMMs with 16-bit activations, and the grouped "
-            "masked and contiguous ones around the mma.sync bodies)"
+            f"{key.name}: no kernel body takes {spec.a_dtype} activations or a {spec.gemm_type.value} GEMM yet on "
+            f"{tile.mma.value} tiles (the bodies serve dense GEMMs with 16-bit activations, float8e4m3 x float8e4m3 "
+            "on wgmma-ss tiles, and the grouped masked and contiguous ones around the mma.sync and wgmma-ws bodies)"
         )
     schedule = _moe_schedule(key)  # (raises for a body the MoE schedule does not take)
-    if spec.w_scale_dtype != spec.a_dtype or spec.out_dtype != spec.a_dtype:
+    if quantized_body and schedule is not None:
+        raise ValueError(f"{key.name}: the wgmma-ss body serves dense GEMMs only")
+    if not quantized_body and (spec.w_scale_dtype != spec.a_dtype or spec.out_dtype != spec.a_dtype):
         raise ValueError(f"{key.name}: the kernel bodies need scales and output in the activation dtype")
     smem = kernel_smem_bytes(key)
     name = key.name
     body = tile.body  # header, template and tile arguments (humming_aot.bodies)
     header, template, tile_args = body.header, body.template, body.template_args(tile)
     params = params_type(key)
-    kernel = f"""humming_aot::kernel::{template}<
-    {_ACT_TYPES[spec.a_dtype]},  // activation, scale and output dtype
+    if quantized_body:
+        type_args = f"""{_ACT_TYPES[spec.out_dtype]},  // output dtype (e4m3 codes, fp32 token and channel scales)"""
+    else:
+        type_args = f"""{_ACT_TYPES[spec.a_dtype]},  // activation, scale and output dtype
     {weight_codes(spec)},  // weight codes: {spec.w_dtype}
-    {_ZERO_POINT[spec.w_zero_point]},
+    {_ZERO_POINT[spec.w_zero_point]},"""
+    kernel = f"""humming_aot::kernel::{template}<
+    {type_args}
     {", ".join(map(str, tile_args))}>"""
     includes = f"#include <humming_aot/kernel/{header}>"
     if schedule is not None:  # the schedule around the dense body (its rows and columns)

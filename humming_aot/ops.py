@@ -220,6 +220,10 @@ def gemm(a: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None
     packed: PackedWeight from humming_aot.pack(), on a's device
     bias:   (N,) in a's dtype, or None
     returns (..., N) in a's dtype
+
+    W8A8: ``a`` a QuantizedActivation (``quantize_activation(x, "float8e4m3:token")``) and ``packed``
+    a ``humming_aot.w8a8.PackedW8A8Weight`` run ``humming_aot.w8a8.gemm`` (bfloat16 output, or the
+    bias's dtype).
     """
     if (not torch.compiler.is_compiling() and type(a) is torch.Tensor and a.is_cuda and not a.requires_grad
             and type(packed) is PackedWeight and getattr(packed, "layout_version", None) is not None
@@ -232,6 +236,10 @@ def gemm(a: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None
         )
         if out is not None:
             return out
+    from humming_aot import w8a8
+
+    if isinstance(packed, w8a8.PackedW8A8Weight):
+        return w8a8.gemm(a, packed, bias=bias, out_dtype=torch.bfloat16 if bias is None else bias.dtype)
     _validate(a, packed, bias)
     if packed.padded:
         return _padded(gemm, a, packed, bias)

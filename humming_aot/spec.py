@@ -120,6 +120,12 @@ class MmaKind(str, Enum):
     scales); one or two consumer warpgroups of 64, 128 or 256 weight channels each (block_n / 64 units
     over warps_n / 4 warpgroups) dequantize and issue wgmma with block_m tokens as the wgmma N."""
 
+    WGMMA_SS = "wgmma-ss"
+    """The warp-specialized W8A8 body (sm90a only): e4m3 activation and weight codes both staged in
+    shared memory by TMA, wgmma reading each through a descriptor (no register operand), K stages of
+    128 promoted into fp32 accumulators; block_m tokens as the wgmma N, 64 or 128 weight channels per
+    consumer warpgroup."""
+
     @property
     def is_wgmma(self) -> bool:
         """A wgmma body (sm90a only; K stages of 64)."""

@@ -20,12 +20,13 @@ from humming_aot.bodies.mma_swapped import MMA_SWAPPED
 from humming_aot.bodies.mma_sync import MMA_SYNC
 from humming_aot.bodies.simt import SIMT
 from humming_aot.bodies.wgmma import WGMMA
+from humming_aot.bodies.wgmma_ss import WGMMA_SS
 from humming_aot.bodies.wgmma_ws import WGMMA_WS
 
 if TYPE_CHECKING:
     from humming_aot.spec import MmaKind
 
-BODIES: dict[str, Body] = {body.kind: body for body in (MMA_SYNC, MMA_SWAPPED, WGMMA, WGMMA_WS, SIMT)}
+BODIES: dict[str, Body] = {body.kind: body for body in (MMA_SYNC, MMA_SWAPPED, WGMMA, WGMMA_WS, WGMMA_SS, SIMT)}
 
 
 def body_of(kind: "MmaKind | str") -> Body:

@@ -61,6 +61,21 @@ struct TmaGemmParams {
 static_assert(sizeof(TmaGemmParams) == 256 && alignof(TensorMap) == 64 && sizeof(TensorMap) == 128,
               "TmaGemmParams is GemmParams, three ints, padding to byte 128, then the 128-byte tensor map");
 
+// The Params of the warp-specialized 8-bit body (kernel/dense_wgmma_ss.cuh, W8A8): TmaGemmParams
+// whose GemmParams name the e4m3 weight codes (w: (n, k) bytes, row-major), their fp32 channel
+// scales (w_scale: (n,)) and the e4m3 activation codes (a: (m, k) bytes, row stride lda bytes),
+// with k rounded up to a multiple of 128 (the K tile; the maps read zeros past the codes' own K);
+// a_map over the activation codes and, at byte 256, w_map over the weight codes, both as rows of
+// 16-bit pairs in boxes of (rows, 64 pairs = 128 codes) with the 128-byte swizzle; at byte 384 the
+// fp32 token scales (a_scale: (m,)). Packed by humming_aot.w8a8 (448 bytes).
+struct ScaledTmaGemmParams {
+  TmaGemmParams tma;
+  TensorMap w_map;
+  const float* a_scale;
+};
+static_assert(sizeof(ScaledTmaGemmParams) == 448,
+              "ScaledTmaGemmParams is TmaGemmParams, the weights' tensor map, a pointer and padding to 64 bytes");
+
 // What moves GemmParams from expert 0's weights to expert e's in the MoE schedules
 // (kernel/grouped_masked.cuh, kernel/grouped_contiguous.cuh): the experts' global scales and the
 // bytes between consecutive experts' packed codes, scales, zero points and biases (40 bytes).

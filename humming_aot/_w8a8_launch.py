@@ -1,0 +1,117 @@
+"""The GPU side of humming_aot.w8a8.gemm: checks, the wgmma-ss kernel (catalog or JIT), its
+schedule (the TMA body's tail split or stream-K, heuristics.tail_split_schedule /
+stream_k_ctas), the two tensor maps and ScaledTmaGemmParams, one launch on torch's current stream
+(CUDA-graph capturable once the kernel is loaded)."""
+from __future__ import annotations
+
+import torch
+
+from humming_aot import _launcher, dispatch, heuristics, params_abi
+from humming_aot import obtain as _obtain
+from humming_aot.enumerate import parse_tile_field
+from humming_aot.spec import MmaKind, TileConfig
+from humming_aot.w8a8 import K_ALIGN, _pack_params, kernel_key, select_tile
+
+ARCH = "sm90a"
+_weight_maps: dict[tuple[int, int, int, int], bytes] = {}
+_MAX_MAPS = 4096
+
+
+def _tensor_map(address: int, rows: int, k: int, row_bytes: int, box_rows: int) -> bytes:
+    """A map over (rows, k) one-byte codes as (rows, k / 2) 16-bit pairs, boxes of 128 codes."""
+    return _launcher.encode_tensor_map_2d(address, rows, k // 2, row_bytes, box_rows, 64)
+
+
+def _weight_map(w: torch.Tensor, n: int, k: int, box_rows: int) -> bytes:
+    slot = (w.data_ptr(), n, k, box_rows)
+    tensor_map = _weight_maps.get(slot)
+    if tensor_map is None:
+        if len(_weight_maps) >= _MAX_MAPS:
+            _weight_maps.clear()
+        tensor_map = _tensor_map(w.data_ptr(), n, k, k, box_rows)
+        _weight_maps[slot] = tensor_map
+    return tensor_map
+
+
+def _schedule(loaded, tile: TileConfig, info, m: int, n: int, k_tiles: int, stream_k: int | None):
+    """(dp_ctas, splits, stream_k_ctas) as dispatch.launch_plan chooses them for the wgmma-ws body."""
+    tiles = -(-m // tile.block_m) * -(-n // tile.block_n)
+    capacity = info.num_sms * dispatch._resident_ctas(loaded, tile, info)
+    dp_ctas, splits = heuristics.tail_split_schedule(tiles=tiles, k_tiles=k_tiles, slots=capacity,
+                                                     max_tiles=dispatch.SPLIT_K_COUNTERS)
+    if stream_k is None:
+        return dp_ctas, splits, heuristics.stream_k_ctas(tiles=tiles, k_tiles=k_tiles, slots=capacity,
+                                                         max_tiles=dispatch.SPLIT_K_COUNTERS)
+    if stream_k:
+        most = min(tiles * k_tiles, capacity)
+        if not 1 <= stream_k <= most or tiles > dispatch.SPLIT_K_COUNTERS:
+            raise ValueError(
+                f"stream_k={stream_k} persistent CTAs: must be in [1, {most}] (at most the problem's {tiles} tiles x "
+                f"{k_tiles} K tiles, and at most the {capacity} CTAs of tile {tile.label} resident at once), with at "
+                f"most {dispatch.SPLIT_K_COUNTERS} tiles"
+            )
+    return dp_ctas, splits, stream_k
+
+
+def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, tile, stream_k: int | None):
+    k, n = packed.k, packed.n
+    codes = qa.codes.reshape(-1, k)
+    m = codes.shape[0]
+    device = codes.device
+    if codes.stride(-1) != 1 or (m > 1 and codes.stride(0) % K_ALIGN) or codes.data_ptr() % 16:
+        raise ValueError(f"the activation codes' rows must be contiguous, 16-byte aligned and a multiple of {K_ALIGN} "
+                         f"bytes apart (strides {tuple(codes.stride())}); pass qa.codes.contiguous()")
+    scales = qa.scales.reshape(-1)
+    scales = (scales.expand(m) if scales.numel() == 1 else scales).contiguous()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    info = dispatch.device_info(index)
+    if ARCH not in info.arches:
+        raise RuntimeError(
+            f"the W8A8 float8 kernels are built for {ARCH} (H100, H200) only; {info.name} is sm_"
+            f"{info.capability[0]}{info.capability[1]}. Run it on an sm_90 GPU, or on CPU tensors (the reference)."
+        )
+    if out is None:
+        out = torch.empty((m, n), dtype=out_dtype, device=device)
+    elif out.shape != (m, n) or out.dtype != out_dtype or not out.is_contiguous() or out.device != device:
+        raise ValueError(f"out must be a contiguous ({m}, {n}) {out_dtype} tensor on {device}")
+    if m == 0:
+        return out
+    if bias is not None and packed.n_valid is not None:  # the kernel reads a bias for every padded column
+        bias = torch.nn.functional.pad(bias, (0, n - packed.n_valid))
+    if tile is None:
+        tile = select_tile(m)
+    elif isinstance(tile, str):
+        tile = parse_tile_field(tile)
+    if tile.mma is not MmaKind.WGMMA_SS:
+        raise ValueError(f"tile {tile.label}: the W8A8 kernels run wgmma-ss tiles")
+    loaded = _obtain.load(kernel_key(ARCH, out_dtype, tile), info)
+    k_tiles = -(-k // 128)
+    dp_ctas, splits, stream_k_ctas = _schedule(loaded, tile, info, m, n, k_tiles, stream_k)
+    tiles = -(-m // tile.block_m) * -(-n // tile.block_n)
+    if stream_k_ctas:
+        grid = stream_k_ctas
+        workspace_shape = (stream_k_ctas, tile.block_m * tile.block_n)
+    else:
+        grid = dp_ctas + (tiles - dp_ctas) * splits
+        workspace_shape = ((tiles - dp_ctas) * splits, tile.block_m * tile.block_n) if splits > 1 else None
+    stream = dispatch.current_stream(index)
+    workspace = counters = None
+    if workspace_shape is not None:
+        workspace = torch.empty(workspace_shape, dtype=torch.float32, device=device)
+        counters = dispatch._split_k_counters(device, stream)
+    gemm_params = params_abi.GEMM_PARAMS.pack(
+        codes.data_ptr(), packed.w.data_ptr(), packed.w_scale.data_ptr(), 0, 0 if bias is None else bias.data_ptr(),
+        out.data_ptr(), 0 if workspace is None else workspace.data_ptr(), 0 if counters is None else counters.data_ptr(),
+        codes.stride(0), out.stride(0), m, n, 128 * k_tiles, 128 * k_tiles, splits, 1.0)
+    schedule = params_abi.TMA_SCHEDULE.pack(dp_ctas, splits, 1 if stream_k_ctas else 0)
+    a_map = _tensor_map(codes.data_ptr(), m, k, codes.stride(0) if m > 1 else k, tile.block_m)
+    params = _pack_params(gemm_params, schedule, a_map, _weight_map(packed.w, n, k, tile.block_n), scales.data_ptr())
+    if loaded.params_bytes != len(params):
+        raise ValueError(f"kernel {loaded.name}: takes {loaded.params_bytes} bytes of params, not {len(params)}; the "
+                         "Python ScaledTmaGemmParams layout differs from kernel/params.cuh")
+    try:
+        loaded.launch((grid, 1, 1), stream, params)
+    except Exception as error:
+        error.add_note(f"launching kernel {loaded.name} on device {loaded.device}")
+        raise
+    return out

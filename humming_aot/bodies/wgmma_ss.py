@@ -1,0 +1,91 @@
+"""The warp-specialized Hopper W8A8 body (kernel/dense_wgmma_ss.cuh, sm90a): both operands, e4m3
+activation and weight codes, in shared memory through TMA, wgmma reading each through a
+descriptor; fp32 token and channel scales on the fp32 sums; its Params add the weights' tensor map
+and the token scales to the TMA body's (ScaledTmaGemmParams)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from humming_aot.bodies.base import Body
+
+if TYPE_CHECKING:
+    from humming_aot.spec import KernelKey, TileConfig
+
+# the wgmma N (tokens per CTA) mma/wgmma_e4m3.cuh has wrappers for
+TOKENS = (8, 16, 32, 64, 96, 128, 160, 192)
+_PRODUCER_REGISTERS = 40
+_HELD_LIMIT = 240  # the consumers' setmaxnreg (kConsumerRegistersHeld)
+_SPARE_REGISTERS = 40  # the loop and the epilogue beside the accumulators and their scratch set
+# the pairing the body computes: e4m3 codes both sides, fp32 token and channel scales
+_ACTIVATION = ("float8e4m3", "k", "float32")
+_WEIGHT = ("float8e4m3", "float32")
+OUT_DTYPES = ("bfloat16", "float16")
+
+
+def consumer_registers(consumer_warpgroups: int) -> int:
+    """Registers per consumer thread after setmaxnreg (kernel/dense_wgmma_ss.cuh)."""
+    threads = 128 * consumer_warpgroups + 128
+    ctas = 2 if consumer_warpgroups == 1 else 1
+    launch = 65536 // ctas // threads // 8 * 8
+    consumer = (launch * threads - _PRODUCER_REGISTERS * 128) // (128 * consumer_warpgroups) // 8 * 8
+    return min(consumer, _HELD_LIMIT)
+
+
+class WgmmaSsBody(Body):
+    kind = "wgmma-ss"
+    header = "dense_wgmma_ss.cuh"
+    template = "DenseWgmmaSs"
+    params_type = "ScaledTmaGemmParams"
+    only_arch = "sm90a"
+
+    def check_tile(self, tile: "TileConfig") -> None:
+        if tile.block_k != 128:
+            raise ValueError(f"block_k={tile.block_k}: the wgmma-ss body stages 128 K (one 128-byte row of 8-bit codes)")
+        if tile.block_m not in TOKENS:
+            raise ValueError(f"block_m={tile.block_m}: the wgmma-ss body takes {', '.join(map(str, TOKENS))} tokens "
+                             "per CTA (the e4m3 wgmma wrappers' N)")
+        if tile.warps_m != 1 or tile.warps_k != 1 or tile.warps_n not in (4, 8):
+            raise ValueError(
+                f"warps {tile.warps_m}x{tile.warps_n}x{tile.warps_k}: the wgmma-ss body runs 1 x 4 or 1 x 8 consumer "
+                "warps (one or two consumer warpgroups; the producer warpgroup is not counted)"
+            )
+        if tile.block_n not in (16 * tile.warps_n, 32 * tile.warps_n):
+            raise ValueError(f"block_n={tile.block_n} must be 64 or 128 channels per consumer warpgroup "
+                             f"({16 * tile.warps_n} or {32 * tile.warps_n})")
+        if tile.stages < 2:
+            raise ValueError(f"stages={tile.stages}: the wgmma-ss ring needs at least 2 slots")
+        accumulators = tile.block_m // 2 * tile.units_per_warpgroup
+        limit = (consumer_registers(tile.warps_n // 4) - _SPARE_REGISTERS) // 2
+        if accumulators > limit:
+            raise ValueError(
+                f"tile {tile.field}: {accumulators} fp32 accumulators per thread and as many for the promotion; "
+                f"with {tile.warps_n // 4} consumer warpgroup(s) the wgmma-ss body holds at most {limit} of each "
+                f"(block_m x channels per warpgroup <= {2 * limit} x 64 or {limit} x 128)"
+            )
+
+    def check_key(self, key: "KernelKey") -> None:
+        s = key.spec
+        if ((s.a_dtype, s.a_scale.value, s.a_scale_dtype) != _ACTIVATION or (s.w_dtype, s.w_scale_dtype) != _WEIGHT
+                or s.w_zero_point.value != "none" or s.out_dtype not in OUT_DTYPES):
+            raise ValueError(
+                f"{key.name}: the wgmma-ss body computes float8e4m3 activations with float32 token scales (a-e4m3-k-f32) "
+                "x float8e4m3 weights with float32 channel scales (w-e4m3-g-f32), no zero point, into bfloat16 or "
+                "float16"
+            )
+
+    def threads(self, tile: "TileConfig") -> int:
+        return super().threads(tile) + 128  # + the producer warpgroup
+
+    def template_args(self, tile: "TileConfig") -> tuple[int, ...]:
+        return (tile.block_m, tile.block_n, tile.units_per_warpgroup, tile.stages)
+
+    def smem_bytes(self, tile: "TileConfig", w_bits: int, has_zero_point: bool) -> int:
+        stage = -(-(tile.block_n + tile.block_m) * 128 // 1024) * 1024
+        staging = tile.block_m * (tile.block_n + 8) * 2
+        return max(tile.stages * stage, staging) + 1024
+
+    def scales_in_fp32(self, key: "KernelKey") -> bool:
+        return True
+
+
+WGMMA_SS = WgmmaSsBody()

@@ -1,0 +1,220 @@
+"""W8A8 float8: float8e4m3 weights (one fp32 scale per output channel, or per tensor) x float8e4m3
+activations (one fp32 scale per token, or per tensor), 16-bit output, on the sm90a wgmma-ss body
+(csrc/include/humming_aot/kernel/dense_wgmma_ss.cuh).
+
+    qw = humming_aot.quant.quantize(w, "float8e4m3:channel")
+    packed = humming_aot.w8a8.pack(qw)                  # (N, K) codes, fp32 channel scales
+    qa = humming_aot.ops.quantize_activation(x, "float8e4m3:token")
+    y = humming_aot.w8a8.gemm(qa, packed)               # (M, N) bfloat16
+
+``gemm`` computes ``out[m, n] = sum_k a[m, k] w[n, k] * a_scale[m] * w_scale[n] (+ bias)`` with
+fp32 sums (the kernel promotes its fp8 wgmma partial sums into fp32 every 128 of K). On a CPU
+tensor, or any device other than an sm_90 GPU, it runs the float64 reference of the same operands
+rounded once to the output dtype; on other GPUs it raises (the kernels are sm90a ones: H100 and
+H200). The weights keep the codes as the checkpoint has them, one byte each, rows of K: TMA reads
+them as they are, so there is no packed layout to version.
+"""
+from __future__ import annotations
+
+import dataclasses
+import struct
+
+import torch
+
+from humming_aot import formats, params_abi
+from humming_aot.quant.activation import ActivationGranularity, QuantizedActivation
+from humming_aot.quant.weight import QuantizedWeight
+from humming_aot.quant.weight_format import ScaleGranularity
+from humming_aot.spec import ActivationScale, GemmSpec, KernelKey, TileConfig
+
+__all__ = ["PackedW8A8Weight", "gemm", "gemm_spec", "pack", "reference", "select_tile"]
+
+ELEMENT = "float8e4m3"
+_OUT_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+# N is padded to this many channels by pack (zero codes, zero scales): the output tile's 16-byte
+# row stores and the weights' rows need no edge case, and the kernel's output columns past the
+# weight's own N are dropped.
+N_ALIGN = 16
+# K must be a multiple of this many codes: the TMA maps' rows are 16-byte aligned (the kernel reads
+# zeros past K up to its K tile of 128).
+K_ALIGN = 16
+SCALED_PARAMS_BYTES = 448  # kernel/params.cuh ScaledTmaGemmParams
+_W_MAP_OFFSET = 256
+_A_SCALE_OFFSET = 384
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PackedW8A8Weight:
+    """A float8e4m3 weight as the W8A8 kernels read it, on one device.
+
+    w:        (n, k) uint8, the e4m3 codes row-major (rows past n_valid: zero codes)
+    w_scale:  (n,) float32, each output channel's scale (a per-tensor scale repeated; 0 past n_valid)
+    n, k:     the kernel's N (a multiple of N_ALIGN) and K (the weight's own, a multiple of K_ALIGN)
+    n_valid:  the weight's own N where pack padded it, else None
+    format:   the WeightFormat string it was packed from
+    """
+
+    w: torch.Tensor
+    w_scale: torch.Tensor
+    n: int
+    k: int
+    format: str
+    n_valid: int | None = None
+
+    @property
+    def out_features(self) -> int:
+        return self.n if self.n_valid is None else self.n_valid
+
+    @property
+    def in_features(self) -> int:
+        return self.k
+
+    @property
+    def device(self) -> torch.device:
+        return self.w.device
+
+    def to(self, device) -> "PackedW8A8Weight":
+        return dataclasses.replace(self, w=self.w.to(device), w_scale=self.w_scale.to(device))
+
+    def effective_weight(self) -> torch.Tensor:
+        """(out_features, K) float64: decode(codes) x channel scale, what gemm multiplies with."""
+        n = self.out_features
+        return _decode(self.w[:n]) * self.w_scale[:n].to(torch.float64)[:, None]
+
+
+def _decode(codes: torch.Tensor) -> torch.Tensor:
+    return formats.get(ELEMENT).decode(codes).to(torch.float64)
+
+
+def pack(qw: QuantizedWeight) -> PackedW8A8Weight:
+    """The W8A8 kernels' operands from a float8e4m3 weight quantized per channel or per tensor
+    (``quant.quantize(w, "float8e4m3:channel")``, a checkpoint loader's QuantizedWeight), on its
+    device. Scales of any WeightFormat scale dtype are widened to float32 (exactly); N is padded to
+    a multiple of N_ALIGN."""
+    if not isinstance(qw, QuantizedWeight):
+        raise TypeError(f"pack takes a humming_aot.quant.QuantizedWeight, got {type(qw).__name__}")
+    fmt = qw.format
+    if fmt.element != ELEMENT or fmt.granularity not in (ScaleGranularity.CHANNEL, ScaleGranularity.TENSOR):
+        raise ValueError(
+            f"the W8A8 kernels take float8e4m3 weights with a scale per channel or per tensor, got {fmt}; "
+            "quantize with 'float8e4m3:channel' (or 'float8e4m3:tensor')"
+        )
+    if qw.codes.dim() != 2:
+        raise ValueError(f"pack takes one (N, K) weight, got codes of shape {tuple(qw.codes.shape)}")
+    n, k = qw.codes.shape
+    if k % K_ALIGN:
+        raise ValueError(f"K={k}: the W8A8 kernels need K to be a multiple of {K_ALIGN} (TMA rows are 16-byte "
+                         "aligned); pad the weight's K with zero columns and the activations' K with zeros")
+    scales = qw.scales.to(torch.float32).reshape(-1)
+    if fmt.granularity is ScaleGranularity.TENSOR:
+        scales = scales.expand(n)
+    n_pad = -(-n // N_ALIGN) * N_ALIGN
+    w = torch.zeros((n_pad, k), dtype=torch.uint8, device=qw.codes.device)
+    w[:n] = qw.codes
+    w_scale = torch.zeros((n_pad,), dtype=torch.float32, device=qw.codes.device)
+    w_scale[:n] = scales
+    return PackedW8A8Weight(w=w, w_scale=w_scale, n=n_pad, k=k, format=str(fmt), n_valid=n if n_pad != n else None)
+
+
+def gemm_spec(out_dtype: torch.dtype) -> GemmSpec:
+    """The GemmSpec of the W8A8 kernels with this output dtype."""
+    return GemmSpec(a_dtype=ELEMENT, a_scale=ActivationScale.TOKEN, a_scale_dtype="float32", w_dtype=ELEMENT,
+                    w_scale_dtype="float32", out_dtype=_OUT_DTYPES[out_dtype])
+
+
+def select_tile(m: int) -> TileConfig:
+    """The wgmma-ss tile for m tokens (catalog/tiles.toml has no rows for this body yet)."""
+    from humming_aot.enumerate import parse_tile_field
+
+    for limit, label in _TILES:
+        if m <= limit:
+            return parse_tile_field(label)
+    return parse_tile_field(_TILES[-1][1])
+
+
+# (most tokens, tile), from an H200 sweep (docs/performance/log.md section 33): one consumer
+# warpgroup of two units (two CTAs per SM) up to 32 tokens, then two consumer warpgroups of one
+# unit each, their tokens growing with M (64 tokens: more CTAs than 128 on 4096 x 4096; 192
+# tokens above 1,024: 8-17 % faster than 128 at M = 8192 by less L2 traffic per product).
+_TILES = (
+    (8, "wgmma-ss:8x128x128_w1x4_s6"),
+    (16, "wgmma-ss:16x128x128_w1x4_s6"),
+    (32, "wgmma-ss:32x128x128_w1x4_s5"),
+    (64, "wgmma-ss:64x128x128_w1x8_s6"),
+    (1024, "wgmma-ss:128x128x128_w1x8_s6"),
+    (1 << 62, "wgmma-ss:192x128x128_w1x8_s5"),
+)
+
+
+def _check_activation(qa: QuantizedActivation, packed: PackedW8A8Weight) -> None:
+    if not isinstance(qa, QuantizedActivation):
+        raise TypeError(f"gemm takes a humming_aot.quant.QuantizedActivation (ops.quantize_activation), got "
+                        f"{type(qa).__name__}")
+    if not isinstance(packed, PackedW8A8Weight):
+        raise TypeError(f"gemm takes a PackedW8A8Weight (humming_aot.w8a8.pack), got {type(packed).__name__}")
+    if qa.element != ELEMENT or qa.granularity not in (ActivationGranularity.TOKEN, ActivationGranularity.TENSOR) \
+            or qa.scale_dtype != "float32":
+        raise ValueError(
+            f"the W8A8 kernels take float8e4m3 activations with a float32 scale per token or per tensor, got "
+            f"{qa.element} per {qa.granularity.value} with {qa.scale_dtype} scales; quantize with "
+            "'float8e4m3:token' or 'float8e4m3:tensor'"
+        )
+    if qa.codes.shape[-1] != packed.k:
+        raise ValueError(f"activations have K={qa.codes.shape[-1]} but the weight has K={packed.k}")
+    if qa.codes.device != packed.w.device:
+        raise ValueError(f"activations are on {qa.codes.device} but the weight is on {packed.w.device}")
+
+
+def reference(qa: QuantizedActivation, packed: PackedW8A8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """(M, out_features) float64: the exact product of the operands gemm sees (+ bias), for rows
+    M = prod(qa.codes.shape[:-1])."""
+    codes = qa.codes.reshape(-1, packed.k)
+    scales = qa.scales.to(torch.float64).reshape(-1, 1)  # (M, 1) or (1, 1)
+    a = _decode(codes) * scales
+    out = a @ packed.effective_weight().T
+    if bias is not None:
+        out = out + bias.to(torch.float64)
+    return out
+
+
+def gemm(qa: QuantizedActivation, packed: PackedW8A8Weight, *, bias: torch.Tensor | None = None,
+         out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None,
+         tile: TileConfig | str | None = None, stream_k: int | None = None) -> torch.Tensor:
+    """(*lead, out_features) = decode(qa) @ decode(packed)^T x scales (+ bias) in out_dtype.
+
+    ``bias``: (out_features,) in out_dtype. ``out`` (GPU only, tests): a contiguous (M, packed.n)
+    tensor to write instead of a new one (the padded columns are written too). ``tile``: a wgmma-ss
+    tile label to run instead of select_tile's; ``stream_k``: persistent CTAs of the stream-K
+    schedule, 0 for the tail split, None for the heuristic's choice."""
+    _check_activation(qa, packed)
+    if out_dtype not in _OUT_DTYPES:
+        raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float16, got {out_dtype}")
+    lead = tuple(qa.codes.shape[:-1])
+    n = packed.out_features
+    if bias is not None and (bias.shape != (n,) or bias.dtype != out_dtype or bias.device != packed.device):
+        raise ValueError(f"bias must be a ({n},) {out_dtype} tensor on {packed.device}, got "
+                         f"{tuple(bias.shape)} {bias.dtype} on {bias.device}")
+    if packed.device.type != "cuda":
+        if out is not None or tile is not None or stream_k is not None:
+            raise ValueError("out, tile and stream_k choose how the GPU kernel runs; leave them None on the CPU")
+        return reference(qa, packed, bias).to(out_dtype).reshape(*lead, n)
+    from humming_aot import _w8a8_launch
+
+    y = _w8a8_launch.launch(qa, packed, bias, out_dtype, out, tile, stream_k)
+    if packed.n_valid is not None and out is None:
+        y = y[:, :n]
+    return y.reshape(*lead, n)
+
+
+def _pack_params(gemm_params: bytes, schedule: bytes, a_map: bytes, w_map: bytes, a_scale: int) -> bytes:
+    """ScaledTmaGemmParams' bytes (kernel/params.cuh): TmaGemmParams (GemmParams, the schedule,
+    padding, the activations' map), the weights' map at byte 256, the token scales' pointer at 384."""
+    head = gemm_params + schedule + params_abi.TMA_PADDING + a_map
+    assert len(head) == _W_MAP_OFFSET and len(w_map) == params_abi.TMA_MAP_BYTES
+    tail = struct.pack("<Q", a_scale)
+    params = head + w_map + tail
+    return params + bytes(SCALED_PARAMS_BYTES - len(params))
+
+
+def kernel_key(arch: str, out_dtype: torch.dtype, tile: TileConfig) -> KernelKey:
+    return KernelKey(arch=arch, spec=gemm_spec(out_dtype), tile=tile)

@@ -1,0 +1,142 @@
+"""The W8A8 float8 GEMM (humming_aot.w8a8, the sm90a wgmma-ss body) on an sm_90 GPU: every tile of
+its table and the wider ones against the float64 product of the exact codes and scales, at odd
+shapes (M, N and K off every tile), NaN-poisoned outputs, both schedules (tail split, stream-K),
+a per-tensor activation scale and a bias, the error bound at K = 16384 that needs the fp32
+promotion, two runs equal, and a CUDA graph replay. Fresh random data each run (seed printed)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from humming_aot import ops, quant, w8a8
+
+_TILES = sorted({label for _, label in w8a8._TILES} | {
+    "wgmma-ss:96x128x128_w1x8_s6", "wgmma-ss:160x128x128_w1x8_s5", "wgmma-ss:64x128x128_w1x4_s4",
+    "wgmma-ss:64x256x128_w1x8_s4", "wgmma-ss:32x256x128_w1x8_s6",
+})
+
+
+@pytest.fixture(autouse=True)
+def _needs_sm90():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the W8A8 kernels are sm90a ones")
+    from humming_aot.catalog import installed_catalog
+    from humming_aot.enumerate import parse_tile_field
+    from humming_aot.testing.jit import why_no_jit
+
+    why = why_no_jit("the W8A8 kernels must come from the installed catalog", "to build the W8A8 kernels")
+    catalog = installed_catalog()
+    names = [w8a8.kernel_key("sm90a", dtype, parse_tile_field(t)).name
+             for t in _TILES for dtype in (torch.bfloat16, torch.float16)]
+    if why is not None and (catalog is None or any(catalog.lookup(name) is None for name in names)):
+        pytest.skip(why)
+
+
+def _seed() -> int:
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"seed={seed}")
+    return seed
+
+
+def _operands(m: int, n: int, k: int, gen: torch.Generator, act: str = "float8e4m3:token"):
+    w = torch.randn(n, k, generator=gen) * torch.rand(n, 1, generator=gen).add(0.1)
+    x = torch.randn(m, k, generator=gen) * torch.rand(m, 1, generator=gen).add(0.1)
+    packed = w8a8.pack(quant.quantize(w, "float8e4m3:channel")).to("cuda")
+    qa = ops.quantize_activation(x.cuda(), act)
+    return qa, packed
+
+
+def _check(y: torch.Tensor, qa, packed, bias=None, out_dtype=torch.bfloat16):
+    ref = w8a8.reference(qa, packed, bias)
+    y = y.reshape(ref.shape).double()
+    assert not torch.isnan(y).any(), "NaN in the output: some element was never written"
+    # The output's rounding (half an ulp of its dtype: 2^-8 or 2^-11 of |ref|), plus the fp8
+    # wgmma's own sums: Hopper's fp8 tensor cores keep about 14 bits of each running sum of a
+    # promotion's 128 products (truncating), which bounds their error by a few 2^-14 of the sum
+    # of |products|; 2^-11 of it leaves room and still catches a code, step or tile gone wrong
+    # (one missing K step of 32 is about a quarter of it).
+    eps = 2.0**-8 if out_dtype == torch.bfloat16 else 2.0**-11
+    k = packed.k
+    a_abs = w8a8._decode(qa.codes.reshape(-1, k)).abs() * qa.scales.reshape(-1, 1).double()
+    w_abs = packed.effective_weight().abs()
+    bound = eps * ref.abs() + 2.0**-11 * (a_abs @ w_abs.T)
+    bad = (y - ref).abs() > bound
+    assert not bad.any(), f"{int(bad.sum())} of {bad.numel()} outputs off; worst {(y - ref).abs().max().item()}"
+
+
+@pytest.mark.parametrize("tile", _TILES)
+@pytest.mark.parametrize("m,n,k", [(1, 256, 128), (37, 112, 272), (200, 384, 1040), (300, 4096, 512)])
+def test_every_tile_matches_the_float64_product(tile, m, n, k):
+    gen = torch.Generator().manual_seed(_seed())
+    qa, packed = _operands(m, n, k, gen)
+    out = torch.full((m, packed.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    for stream_k in (None, 0):
+        out.fill_(float("nan"))
+        y = w8a8.gemm(qa, packed, out=out, tile=tile, stream_k=stream_k)
+        _check(y[:, : packed.out_features], qa, packed)
+
+
+@pytest.mark.parametrize("tile", ["wgmma-ss:8x128x128_w1x4_s6", "wgmma-ss:128x128x128_w1x8_s6"])
+def test_stream_k_ranges_that_split_tiles(tile):
+    gen = torch.Generator().manual_seed(_seed())
+    qa, packed = _operands(20, 512, 4096, gen)
+    tiles = -(-20 // int(tile.split(":")[1].split("x")[0])) * 4
+    for ctas in (tiles + 1, 3 * tiles - 1, 64):
+        y = w8a8.gemm(qa, packed, tile=tile, stream_k=ctas)
+        _check(y, qa, packed)
+        assert torch.equal(y, w8a8.gemm(qa, packed, tile=tile, stream_k=ctas)), "two runs differ"
+
+
+def test_tensor_scale_bias_float16_and_padded_n():
+    gen = torch.Generator().manual_seed(_seed())
+    qa, packed = _operands(50, 100, 256, gen, act="float8e4m3:tensor")
+    bias = torch.randn(100, generator=gen).to(torch.float16).cuda()
+    y = w8a8.gemm(qa, packed, bias=bias, out_dtype=torch.float16)
+    assert y.shape == (50, 100) and y.dtype == torch.float16
+    _check(y, qa, packed, bias, torch.float16)
+
+
+def test_long_k_error_bound_needs_the_fp32_promotion():
+    # float16 output: its rounding (2^-11) leaves room to see the sums' own error at 1e-3
+    gen = torch.Generator().manual_seed(_seed())
+    qa, packed = _operands(256, 1024, 16384, gen)
+    for m in (256, 16, 1):
+        sub = quant.QuantizedActivation(element=qa.element, granularity=qa.granularity, group_size=qa.group_size,
+                                        scale_dtype=qa.scale_dtype, codes=qa.codes[:m], scales=qa.scales[:m])
+        y = w8a8.gemm(sub, packed, out_dtype=torch.float16).double()
+        ref = w8a8.reference(sub, packed)
+        rel = ((y - ref).norm() / ref.norm()).item()
+        print(f"m={m} relative error {rel:.2e}")
+        assert rel <= 1e-3
+
+
+def test_cuda_graph_replay_and_3d_input():
+    gen = torch.Generator().manual_seed(_seed())
+    qa, packed = _operands(24, 256, 512, gen)
+    codes3 = qa.codes.reshape(2, 12, 512)
+    qa3 = quant.QuantizedActivation(element=qa.element, granularity=qa.granularity, group_size=None,
+                                    scale_dtype=qa.scale_dtype, codes=codes3, scales=qa.scales.reshape(2, 12, 1))
+    eager = w8a8.gemm(qa3, packed)
+    assert eager.shape == (2, 12, 256)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = w8a8.gemm(qa3, packed)
+    captured.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+
+
+def test_bad_operands_are_refused_before_a_launch():
+    gen = torch.Generator().manual_seed(_seed())
+    qa, packed = _operands(4, 128, 256, gen)
+    int8 = ops.quantize_activation(torch.randn(4, 256, device="cuda"), "int8:token")
+    with pytest.raises(ValueError, match="float8e4m3 activations"):
+        w8a8.gemm(int8, packed)
+    short = ops.quantize_activation(torch.randn(4, 128, device="cuda"), "float8e4m3:token")
+    with pytest.raises(ValueError, match="K=128 but the weight has K=256"):
+        w8a8.gemm(short, packed)
+    with pytest.raises(ValueError, match="wgmma-ss tiles"):
+        w8a8.gemm(qa, packed, tile="wgmma-ws:64x128x64_w1x4_s4")

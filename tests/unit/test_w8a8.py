@@ -1,0 +1,165 @@
+"""The W8A8 float8 pairing on the CPU: packing, the float64 reference path of w8a8.gemm, the
+wgmma-ss body's names, tile rules and generated source, its Params bytes, NVRTC and nvcc
+compiling its keys, and the errors a caller can cause (GPU runs: tests/gpu/test_w8a8_gpu.py)."""
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from humming_aot import codegen, formats, ops, params_abi, quant, w8a8
+from humming_aot.bodies.wgmma_ss import WGMMA_SS
+from humming_aot.enumerate import parse_tile_field
+from humming_aot.spec import KernelKey, MmaKind
+
+REPO = Path(__file__).resolve().parents[2]
+ALL_M = (1, 8, 9, 16, 17, 32, 33, 64, 65, 1024, 1025, 8192)
+
+
+def _operands(m, n, k, seed=0, act="float8e4m3:token", wfmt="float8e4m3:channel"):
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=gen)
+    x = torch.randn(m, k, generator=gen)
+    return x, w, w8a8.pack(quant.quantize(w, wfmt)), ops.quantize_activation(x, act)
+
+
+def test_pack_keeps_the_codes_and_widens_the_scales():
+    _, w, packed, _ = _operands(3, 100, 256)
+    qw = quant.quantize(w, "float8e4m3:channel")
+    assert (packed.n, packed.k, packed.n_valid, packed.out_features) == (112, 256, 100, 100)
+    assert torch.equal(packed.w[:100], qw.codes) and not packed.w[100:].any()
+    assert torch.equal(packed.w_scale[:100], qw.scales.reshape(-1)) and not packed.w_scale[100:].any()
+    tensor = w8a8.pack(quant.quantize(w[:96], "float8e4m3:tensor"))
+    assert tensor.n_valid is None and tensor.w_scale.unique().numel() == 1
+
+
+def test_cpu_gemm_is_the_float64_product_of_the_codes_rounded_once():
+    x, w, packed, qa = _operands(5, 64, 128)
+    e4m3 = formats.get("float8e4m3")
+    a = e4m3.decode(qa.codes).double() * qa.scales.double()
+    wt = e4m3.decode(packed.w).double() * packed.w_scale.double()[:, None]
+    bias = torch.randn(64).to(torch.bfloat16)
+    expected = (a @ wt.T + bias.double()).to(torch.bfloat16)
+    assert torch.equal(w8a8.gemm(qa, packed, bias=bias), expected)
+    assert torch.equal(w8a8.reference(qa, packed, bias), a @ wt.T + bias.double())
+    assert torch.equal(ops.gemm(qa, packed, bias), expected)  # the op routes a W8A8 weight here
+    # and it approximates the float product (e4m3 keeps 3 mantissa bits)
+    rel = ((w8a8.gemm(qa, packed).double() - x.double() @ w.double().T).norm() / (x @ w.T).norm()).item()
+    assert rel < 0.1
+
+
+def test_leading_dimensions_and_per_tensor_activation_scales():
+    _, _, packed, qa = _operands(6, 64, 128, act="float8e4m3:tensor")
+    y = w8a8.gemm(qa, packed, out_dtype=torch.float16)
+    assert y.dtype == torch.float16 and y.shape == (6, 64)
+    qa3 = quant.QuantizedActivation(element=qa.element, granularity=qa.granularity, group_size=None,
+                                    scale_dtype="float32", codes=qa.codes.reshape(2, 3, 128), scales=qa.scales)
+    assert torch.equal(w8a8.gemm(qa3, packed, out_dtype=torch.float16).reshape(6, 64), y)
+
+
+def test_errors_say_what_to_do():
+    _, w, packed, qa = _operands(2, 64, 128)
+    with pytest.raises(ValueError, match="quantize with 'float8e4m3:channel'"):
+        w8a8.pack(quant.quantize(w, "int8:channel"))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        w8a8.pack(quant.quantize(torch.randn(16, 72), "float8e4m3:channel"))
+    with pytest.raises(TypeError, match="QuantizedWeight"):
+        w8a8.pack(w)
+    with pytest.raises(ValueError, match="float8e4m3 activations with a float32 scale per token"):
+        w8a8.gemm(ops.quantize_activation(torch.randn(2, 128), "int8:token"), packed)
+    with pytest.raises(ValueError, match="K=64 but the weight has K=128"):
+        w8a8.gemm(ops.quantize_activation(torch.randn(2, 64), "float8e4m3:token"), packed)
+    with pytest.raises(ValueError, match=r"bias must be a \(64,\) torch.bfloat16"):
+        w8a8.gemm(qa, packed, bias=torch.zeros(63, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="out_dtype"):
+        w8a8.gemm(qa, packed, out_dtype=torch.float32)
+    with pytest.raises(ValueError, match="leave them None on the CPU"):
+        w8a8.gemm(qa, packed, tile="wgmma-ss:8x128x128_w1x4_s6")
+
+
+@pytest.mark.parametrize("m", ALL_M)
+def test_every_m_has_a_tile_whose_key_round_trips(m):
+    tile = w8a8.select_tile(m)
+    assert tile.mma is MmaKind.WGMMA_SS and tile.block_m >= (m if m <= 64 else 128)
+    for dtype in (torch.bfloat16, torch.float16):
+        key = w8a8.kernel_key("sm90a", dtype, tile)
+        assert KernelKey.from_name(key.name) == key and key.scales_in_fp32
+        assert "_wgmma-ss_a-e4m3-k-f32_w-e4m3-g-f32_o-" in key.name
+
+
+def test_tile_rules_name_the_limit():
+    with pytest.raises(ValueError, match="stages 128 K"):
+        parse_tile_field("wgmma-ss:64x128x64_w1x8_s4")
+    with pytest.raises(ValueError, match="tokens per CTA"):
+        parse_tile_field("wgmma-ss:48x128x128_w1x8_s4")
+    with pytest.raises(ValueError, match="at most 96 of each"):
+        parse_tile_field("wgmma-ss:128x256x128_w1x8_s4")
+    with pytest.raises(ValueError, match="64 or 128 channels per consumer warpgroup"):
+        parse_tile_field("wgmma-ss:64x512x128_w1x8_s2")
+    tile = parse_tile_field("wgmma-ss:64x128x128_w1x8_s6")
+    with pytest.raises(ValueError, match="a-e4m3-k-f32"):
+        KernelKey.from_name("gemm_dense_sm90a_wgmma-ss_a-bf16_w-s4-g-bf16_o-bf16_" + tile.field)
+    with pytest.raises(ValueError, match="exist only for sm90a"):
+        w8a8.kernel_key("sm89", torch.bfloat16, tile)
+
+
+def test_generated_source_and_shared_memory():
+    key = w8a8.kernel_key("sm90a", torch.bfloat16, parse_tile_field("wgmma-ss:192x128x128_w1x8_s5"))
+    source = codegen.kernel_source(key)
+    assert "humming_aot::kernel::DenseWgmmaSs<\n    humming_aot::numerics::BFloat16," in source
+    assert "192, 128, 1, 5>" in source and "ScaledTmaGemmParams params" in source
+    # five slots of (128 + 192) rows of 128 bytes, + the 1024 bytes of base alignment
+    assert f"Kernel::kSmemBytes == {5 * 320 * 128 + 1024}" in source
+    assert WGMMA_SS.smem_bytes(key.tile, 8, False) == 5 * 320 * 128 + 1024
+    # the staging tile when it outgrows the ring: 8 tokens x 2 slots
+    small = parse_tile_field("wgmma-ss:8x128x128_w1x4_s2")
+    assert WGMMA_SS.smem_bytes(small, 8, False) == 2 * 17 * 1024 + 1024
+
+
+def test_params_bytes_follow_the_header():
+    gemm = params_abi.GEMM_PARAMS.pack(*range(1, 9), 9, 10, 11, 12, 13, 14, 15, 1.0)
+    schedule = params_abi.TMA_SCHEDULE.pack(3, 4, 1)
+    params = w8a8._pack_params(gemm, schedule, b"\xaa" * 128, b"\xbb" * 128, 0x1234)
+    assert len(params) == w8a8.SCALED_PARAMS_BYTES == 448
+    assert params[:104] == gemm and params[104:116] == schedule and params[116:128] == bytes(12)
+    assert params[128:256] == b"\xaa" * 128 and params[256:384] == b"\xbb" * 128
+    assert struct.unpack_from("<Q", params, 384)[0] == 0x1234 and params[392:] == bytes(56)
+    text = (REPO / "csrc" / "include" / "humming_aot" / "kernel" / "params.cuh").read_text()
+    assert "sizeof(ScaledTmaGemmParams) == 448" in text
+
+
+def test_nvrtc_compiles_a_key():
+    from humming_aot import jit
+    from humming_aot.testing.jit import why_no_jit
+
+    why = why_no_jit("the test compiles with NVRTC", "to compile")
+    if why is not None:
+        pytest.skip(why)
+    key = w8a8.kernel_key("sm90a", torch.float16, w8a8.select_tile(64))
+    image = jit.compile_kernel(key)
+    assert len(image) > 10000
+
+
+@pytest.mark.slow
+def test_nvcc_compiles_every_table_tile_without_spills():
+    import subprocess
+    import tempfile
+
+    from humming_aot.aot import ninja
+
+    try:
+        nvcc = ninja.find_nvcc()
+    except ninja.NvccNotFoundError:
+        pytest.skip("nvcc not found (set HUMMING_AOT_NVCC)")
+    include = str(REPO / "csrc" / "include")
+    for _, label in w8a8._TILES:
+        key = w8a8.kernel_key("sm90a", torch.bfloat16, parse_tile_field(label))
+        with tempfile.TemporaryDirectory() as tmp:
+            src = f"{tmp}/k.cu"
+            open(src, "w").write(codegen.kernel_source(key))
+            done = subprocess.run([str(nvcc), "-cubin", "-O3", "-std=c++17", "-arch=sm_90a", "-I", include,
+                                   "-Xptxas", "-v", src, "-o", f"{tmp}/k.cubin"], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert " 0 bytes spill stores" in done.stderr and "bytes stack frame" in done.stderr, (key.name, done.stderr)
