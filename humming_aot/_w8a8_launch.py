@@ -8,6 +8,7 @@ import torch
 
 from humming_aot import _launcher, dispatch, heuristics, params_abi
 from humming_aot import obtain as _obtain
+from humming_aot.bodies.wgmma_ss import stages_token_scales
 from humming_aot.enumerate import parse_tile_field
 from humming_aot.spec import MmaKind, TileConfig
 from humming_aot.w8a8 import K_ALIGN, _pack_params, kernel_key, select_tile
@@ -61,8 +62,11 @@ def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, t
     if codes.stride(-1) != 1 or (m > 1 and codes.stride(0) % K_ALIGN) or codes.data_ptr() % 16:
         raise ValueError(f"the activation codes' rows must be contiguous, 16-byte aligned and a multiple of {K_ALIGN} "
                          f"bytes apart (strides {tuple(codes.stride())}); pass qa.codes.contiguous()")
-    scales = qa.scales.reshape(-1)
-    scales = (scales.expand(m) if scales.numel() == 1 else scales).contiguous()
+    if packed.blocks:  # (m, k / 128): one per token per K block, rows of k / 128
+        scales = qa.scales.reshape(m, k // 128)
+    else:
+        scales = qa.scales.reshape(-1)
+        scales = (scales.expand(m) if scales.numel() == 1 else scales).contiguous()
     index = device.index if device.index is not None else torch.cuda.current_device()
     info = dispatch.device_info(index)
     if ARCH not in info.arches:
@@ -79,12 +83,23 @@ def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, t
     if bias is not None and packed.n_valid is not None:  # the kernel reads a bias for every padded column
         bias = torch.nn.functional.pad(bias, (0, n - packed.n_valid))
     if tile is None:
-        tile = select_tile(m)
+        tile = select_tile(m, packed.blocks)
     elif isinstance(tile, str):
         tile = parse_tile_field(tile)
     if tile.mma is not MmaKind.WGMMA_SS:
         raise ValueError(f"tile {tile.label}: the W8A8 kernels run wgmma-ss tiles")
-    loaded = _obtain.load(kernel_key(ARCH, out_dtype, tile), info)
+    key = kernel_key(ARCH, out_dtype, tile, packed.blocks)
+    loaded = _obtain.load(key, info)
+    scale_stride = 0
+    if packed.blocks and stages_token_scales(key):
+        # transposed for the kernel's staged copies: (k / 128) rows of m rounded up to 4 (the
+        # columns past m are never read into a stored row)
+        scale_stride = -(-m // 4) * 4
+        transposed = torch.empty((k // 128, scale_stride), dtype=torch.float32, device=device)
+        transposed[:, :m].copy_(scales.t())
+        scales = transposed
+    else:
+        scales = scales.contiguous()
     k_tiles = -(-k // 128)
     dp_ctas, splits, stream_k_ctas = _schedule(loaded, tile, info, m, n, k_tiles, stream_k)
     tiles = -(-m // tile.block_m) * -(-n // tile.block_n)
@@ -105,7 +120,8 @@ def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, t
         codes.stride(0), out.stride(0), m, n, 128 * k_tiles, 128 * k_tiles, splits, 1.0)
     schedule = params_abi.TMA_SCHEDULE.pack(dp_ctas, splits, 1 if stream_k_ctas else 0)
     a_map = _tensor_map(codes.data_ptr(), m, k, codes.stride(0) if m > 1 else k, tile.block_m)
-    params = _pack_params(gemm_params, schedule, a_map, _weight_map(packed.w, n, k, tile.block_n), scales.data_ptr())
+    params = _pack_params(gemm_params, schedule, a_map, _weight_map(packed.w, n, k, tile.block_n), scales.data_ptr(),
+                          scale_stride)
     if loaded.params_bytes != len(params):
         raise ValueError(f"kernel {loaded.name}: takes {loaded.params_bytes} bytes of params, not {len(params)}; the "
                          "Python ScaledTmaGemmParams layout differs from kernel/params.cuh")

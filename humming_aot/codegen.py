@@ -25,7 +25,7 @@ def kernel_smem_bytes(key: KernelKey) -> int:
     has_zero_point = key.spec.w_zero_point is not ZeroPoint.NONE
     if key.spec.gemm_type in _MOE_SCHEDULES and _moe_schedule(key) == _MOE_WS_SCHEDULE:
         return masked_smem_bytes(key.tile, key.spec.w_bits, has_zero_point)
-    return key.tile.body.smem_bytes(key.tile, key.spec.w_bits, has_zero_point)
+    return key.tile.body.key_smem_bytes(key)
 
 
 # The MoE GEMM types that are a schedule around a dense body taking GemmParams:
@@ -101,7 +101,9 @@ def kernel_source(key: KernelKey) -> str:
     header, template, tile_args = body.header, body.template, body.template_args(tile)
     params = params_type(key)
     if quantized_body:
-        type_args = f"""{_ACT_TYPES[spec.out_dtype]},  // output dtype (e4m3 codes, fp32 token and channel scales)"""
+        blocks = "true" if body.block_scales(key) else "false"
+        type_args = f"""{_ACT_TYPES[spec.out_dtype]},  // output dtype (e4m3 codes, fp32 scales)
+    {blocks},  // scales per 128 x 128 weight block and 1 x 128 token group"""
     else:
         type_args = f"""{_ACT_TYPES[spec.a_dtype]},  // activation, scale and output dtype
     {weight_codes(spec)},  // weight codes: {spec.w_dtype}

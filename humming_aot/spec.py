@@ -69,6 +69,8 @@ class ScaleGranularity(str, Enum):
     GROUP = "g"
     """One scale per output channel per group of K; the group size is a run-time argument, and a
     per-channel scale is the group that spans all of K."""
+    BLOCK = "b"
+    """One scale per 128 x 128 block of (N, K) (DeepSeek-V3's fp8 weights; the W8A8 body only)."""
 
 
 class ActivationScale(str, Enum):

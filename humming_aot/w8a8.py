@@ -1,6 +1,9 @@
-"""W8A8 float8: float8e4m3 weights (one fp32 scale per output channel, or per tensor) x float8e4m3
-activations (one fp32 scale per token, or per tensor), 16-bit output, on the sm90a wgmma-ss body
-(csrc/include/humming_aot/kernel/dense_wgmma_ss.cuh).
+"""W8A8 float8: float8e4m3 weights x float8e4m3 activations, 16-bit output, on the sm90a wgmma-ss
+body (csrc/include/humming_aot/kernel/dense_wgmma_ss.cuh), in two scalings:
+
+- per channel (or per tensor) weights x per token (or per tensor) activations, fp32 scales;
+- DeepSeek-V3's blocks: one fp32 scale per 128 x 128 weight block ("float8e4m3:b128x128") x one
+  per token per 128 of K ("float8e4m3:g128" activations).
 
     qw = humming_aot.quant.quantize(w, "float8e4m3:channel")
     packed = humming_aot.w8a8.pack(qw)                  # (N, K) codes, fp32 channel scales
@@ -8,7 +11,8 @@ activations (one fp32 scale per token, or per tensor), 16-bit output, on the sm9
     y = humming_aot.w8a8.gemm(qa, packed)               # (M, N) bfloat16
 
 ``gemm`` computes ``out[m, n] = sum_k a[m, k] w[n, k] * a_scale[m] * w_scale[n] (+ bias)`` with
-fp32 sums (the kernel promotes its fp8 wgmma partial sums into fp32 every 128 of K). On a CPU
+fp32 sums (the kernel promotes its fp8 wgmma partial sums into fp32 every 128 of K, and applies
+block scales there). On a CPU
 tensor, or any device other than an sm_90 GPU, it runs the float64 reference of the same operands
 rounded once to the output dtype; on other GPUs it raises (the kernels are sm90a ones: H100 and
 H200). The weights keep the codes as the checkpoint has them, one byte each, rows of K: TMA reads
@@ -26,6 +30,7 @@ from humming_aot.quant.activation import ActivationGranularity, QuantizedActivat
 from humming_aot.quant.weight import QuantizedWeight
 from humming_aot.quant.weight_format import ScaleGranularity
 from humming_aot.spec import ActivationScale, GemmSpec, KernelKey, TileConfig
+from humming_aot.spec import ScaleGranularity as ScaleGranularitySpec
 
 __all__ = ["PackedW8A8Weight", "gemm", "gemm_spec", "pack", "reference", "select_tile"]
 
@@ -48,7 +53,8 @@ class PackedW8A8Weight:
     """A float8e4m3 weight as the W8A8 kernels read it, on one device.
 
     w:        (n, k) uint8, the e4m3 codes row-major (rows past n_valid: zero codes)
-    w_scale:  (n,) float32, each output channel's scale (a per-tensor scale repeated; 0 past n_valid)
+    w_scale:  (n,) float32, each output channel's scale (a per-tensor scale repeated; 0 past n_valid),
+              or with ``blocks`` (ceil(n / 128), ceil(k / 128)) float32, one per 128 x 128 block
     n, k:     the kernel's N (a multiple of N_ALIGN) and K (the weight's own, a multiple of K_ALIGN)
     n_valid:  the weight's own N where pack padded it, else None
     format:   the WeightFormat string it was packed from
@@ -60,6 +66,7 @@ class PackedW8A8Weight:
     k: int
     format: str
     n_valid: int | None = None
+    blocks: bool = False
 
     @property
     def out_features(self) -> int:
@@ -79,7 +86,11 @@ class PackedW8A8Weight:
     def effective_weight(self) -> torch.Tensor:
         """(out_features, K) float64: decode(codes) x channel scale, what gemm multiplies with."""
         n = self.out_features
-        return _decode(self.w[:n]) * self.w_scale[:n].to(torch.float64)[:, None]
+        scales = self.w_scale.to(torch.float64)
+        if self.blocks:
+            scales = scales.repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, : self.k]
+            return _decode(self.w[:n]) * scales
+        return _decode(self.w[:n]) * scales[:n, None]
 
 
 def _decode(codes: torch.Tensor) -> torch.Tensor:
@@ -87,17 +98,18 @@ def _decode(codes: torch.Tensor) -> torch.Tensor:
 
 
 def pack(qw: QuantizedWeight) -> PackedW8A8Weight:
-    """The W8A8 kernels' operands from a float8e4m3 weight quantized per channel or per tensor
-    (``quant.quantize(w, "float8e4m3:channel")``, a checkpoint loader's QuantizedWeight), on its
-    device. Scales of any WeightFormat scale dtype are widened to float32 (exactly); N is padded to
-    a multiple of N_ALIGN."""
+    """The W8A8 kernels' operands from a float8e4m3 weight quantized per channel, per tensor or per
+    128 x 128 block (``quant.quantize(w, "float8e4m3:channel")``, a checkpoint loader's
+    QuantizedWeight), on its device. Scales of any WeightFormat scale dtype are widened to float32
+    (exactly); N is padded to a multiple of N_ALIGN."""
     if not isinstance(qw, QuantizedWeight):
         raise TypeError(f"pack takes a humming_aot.quant.QuantizedWeight, got {type(qw).__name__}")
     fmt = qw.format
-    if fmt.element != ELEMENT or fmt.granularity not in (ScaleGranularity.CHANNEL, ScaleGranularity.TENSOR):
+    blocks = fmt.granularity is ScaleGranularity.BLOCK and (fmt.block_n, fmt.group_size) == (128, 128)
+    if fmt.element != ELEMENT or not (blocks or fmt.granularity in (ScaleGranularity.CHANNEL, ScaleGranularity.TENSOR)):
         raise ValueError(
-            f"the W8A8 kernels take float8e4m3 weights with a scale per channel or per tensor, got {fmt}; "
-            "quantize with 'float8e4m3:channel' (or 'float8e4m3:tensor')"
+            f"the W8A8 kernels take float8e4m3 weights with a scale per channel, per tensor or per 128 x 128 block, "
+            f"got {fmt}; quantize with 'float8e4m3:channel', 'float8e4m3:tensor' or 'float8e4m3:b128x128'"
         )
     if qw.codes.dim() != 2:
         raise ValueError(f"pack takes one (N, K) weight, got codes of shape {tuple(qw.codes.shape)}")
@@ -105,31 +117,38 @@ def pack(qw: QuantizedWeight) -> PackedW8A8Weight:
     if k % K_ALIGN:
         raise ValueError(f"K={k}: the W8A8 kernels need K to be a multiple of {K_ALIGN} (TMA rows are 16-byte "
                          "aligned); pad the weight's K with zero columns and the activations' K with zeros")
-    scales = qw.scales.to(torch.float32).reshape(-1)
-    if fmt.granularity is ScaleGranularity.TENSOR:
-        scales = scales.expand(n)
     n_pad = -(-n // N_ALIGN) * N_ALIGN
     w = torch.zeros((n_pad, k), dtype=torch.uint8, device=qw.codes.device)
     w[:n] = qw.codes
-    w_scale = torch.zeros((n_pad,), dtype=torch.float32, device=qw.codes.device)
-    w_scale[:n] = scales
-    return PackedW8A8Weight(w=w, w_scale=w_scale, n=n_pad, k=k, format=str(fmt), n_valid=n if n_pad != n else None)
+    if blocks:  # (ceil(N / 128), ceil(K / 128)) already; padding N to 16 adds no 128-row block
+        w_scale = qw.scales.to(torch.float32).contiguous()
+    else:
+        scales = qw.scales.to(torch.float32).reshape(-1)
+        if fmt.granularity is ScaleGranularity.TENSOR:
+            scales = scales.expand(n)
+        w_scale = torch.zeros((n_pad,), dtype=torch.float32, device=qw.codes.device)
+        w_scale[:n] = scales
+    return PackedW8A8Weight(w=w, w_scale=w_scale, n=n_pad, k=k, format=str(fmt), n_valid=n if n_pad != n else None,
+                            blocks=blocks)
 
 
-def gemm_spec(out_dtype: torch.dtype) -> GemmSpec:
-    """The GemmSpec of the W8A8 kernels with this output dtype."""
-    return GemmSpec(a_dtype=ELEMENT, a_scale=ActivationScale.TOKEN, a_scale_dtype="float32", w_dtype=ELEMENT,
+def gemm_spec(out_dtype: torch.dtype, blocks: bool = False) -> GemmSpec:
+    """The GemmSpec of the W8A8 kernels with this output dtype (blocks: DeepSeek-V3's scales)."""
+    return GemmSpec(a_dtype=ELEMENT, a_scale=ActivationScale.GROUP if blocks else ActivationScale.TOKEN,
+                    a_scale_dtype="float32", w_dtype=ELEMENT,
+                    w_scale=ScaleGranularitySpec.BLOCK if blocks else ScaleGranularitySpec.GROUP,
                     w_scale_dtype="float32", out_dtype=_OUT_DTYPES[out_dtype])
 
 
-def select_tile(m: int) -> TileConfig:
-    """The wgmma-ss tile for m tokens (catalog/tiles.toml has no rows for this body yet)."""
+def select_tile(m: int, blocks: bool = False) -> TileConfig:
+    """The wgmma-ss tile for m tokens (catalog/tiles.toml has no rows for this body yet). With block
+    scales a consumer thread also holds its tokens' scales: at most 128 tokens per CTA."""
     from humming_aot.enumerate import parse_tile_field
 
-    for limit, label in _TILES:
+    for limit, label in _BLOCK_TILES if blocks else _TILES:
         if m <= limit:
             return parse_tile_field(label)
-    return parse_tile_field(_TILES[-1][1])
+    raise AssertionError("the last row takes every m")
 
 
 # (most tokens, tile), from an H200 sweep (docs/performance/log.md section 33): one consumer
@@ -144,6 +163,7 @@ _TILES = (
     (1024, "wgmma-ss:128x128x128_w1x8_s6"),
     (1 << 62, "wgmma-ss:192x128x128_w1x8_s5"),
 )
+_BLOCK_TILES = _TILES[:-2] + ((1 << 62, "wgmma-ss:128x128x128_w1x8_s6"),)
 
 
 def _check_activation(qa: QuantizedActivation, packed: PackedW8A8Weight) -> None:
@@ -152,12 +172,21 @@ def _check_activation(qa: QuantizedActivation, packed: PackedW8A8Weight) -> None
                         f"{type(qa).__name__}")
     if not isinstance(packed, PackedW8A8Weight):
         raise TypeError(f"gemm takes a PackedW8A8Weight (humming_aot.w8a8.pack), got {type(packed).__name__}")
-    if qa.element != ELEMENT or qa.granularity not in (ActivationGranularity.TOKEN, ActivationGranularity.TENSOR) \
+    if packed.blocks:
+        if qa.element != ELEMENT or qa.granularity is not ActivationGranularity.GROUP or qa.group_size != 128 \
+                or qa.scale_dtype != "float32":
+            raise ValueError(
+                f"a weight with 128 x 128 block scales takes float8e4m3 activations with a float32 scale per token "
+                f"per 128 of K, got {qa.element} per {qa.granularity.value} (group {qa.group_size}) with "
+                f"{qa.scale_dtype} scales; quantize with 'float8e4m3:g128'"
+            )
+    elif qa.element != ELEMENT or qa.granularity not in (ActivationGranularity.TOKEN, ActivationGranularity.TENSOR) \
             or qa.scale_dtype != "float32":
         raise ValueError(
             f"the W8A8 kernels take float8e4m3 activations with a float32 scale per token or per tensor, got "
             f"{qa.element} per {qa.granularity.value} with {qa.scale_dtype} scales; quantize with "
-            "'float8e4m3:token' or 'float8e4m3:tensor'"
+            "'float8e4m3:token' or 'float8e4m3:tensor' (or pack the weight per 128 x 128 block for "
+            "'float8e4m3:g128')"
         )
     if qa.codes.shape[-1] != packed.k:
         raise ValueError(f"activations have K={qa.codes.shape[-1]} but the weight has K={packed.k}")
@@ -165,13 +194,21 @@ def _check_activation(qa: QuantizedActivation, packed: PackedW8A8Weight) -> None
         raise ValueError(f"activations are on {qa.codes.device} but the weight is on {packed.w.device}")
 
 
+def dequantized_activation(qa: QuantizedActivation, k: int) -> torch.Tensor:
+    """(M, k) float64: decode(codes) x their scales (per token, per tensor or per token and 128 of K)."""
+    codes = qa.codes.reshape(-1, k)
+    scales = qa.scales.to(torch.float64)
+    if qa.granularity is ActivationGranularity.GROUP:
+        scales = scales.reshape(codes.shape[0], -1).repeat_interleave(qa.group_size, 1)
+    else:
+        scales = scales.reshape(-1, 1)  # (M, 1) or (1, 1)
+    return _decode(codes) * scales
+
+
 def reference(qa: QuantizedActivation, packed: PackedW8A8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """(M, out_features) float64: the exact product of the operands gemm sees (+ bias), for rows
     M = prod(qa.codes.shape[:-1])."""
-    codes = qa.codes.reshape(-1, packed.k)
-    scales = qa.scales.to(torch.float64).reshape(-1, 1)  # (M, 1) or (1, 1)
-    a = _decode(codes) * scales
-    out = a @ packed.effective_weight().T
+    out = dequantized_activation(qa, packed.k) @ packed.effective_weight().T
     if bias is not None:
         out = out + bias.to(torch.float64)
     return out
@@ -206,15 +243,17 @@ def gemm(qa: QuantizedActivation, packed: PackedW8A8Weight, *, bias: torch.Tenso
     return y.reshape(*lead, n)
 
 
-def _pack_params(gemm_params: bytes, schedule: bytes, a_map: bytes, w_map: bytes, a_scale: int) -> bytes:
+def _pack_params(gemm_params: bytes, schedule: bytes, a_map: bytes, w_map: bytes, a_scale: int,
+                 a_scale_stride: int = 0) -> bytes:
     """ScaledTmaGemmParams' bytes (kernel/params.cuh): TmaGemmParams (GemmParams, the schedule,
-    padding, the activations' map), the weights' map at byte 256, the token scales' pointer at 384."""
+    padding, the activations' map), the weights' map at byte 256, the activation scales' pointer
+    at 384 and the row stride of their transposed form at 392."""
     head = gemm_params + schedule + params_abi.TMA_PADDING + a_map
     assert len(head) == _W_MAP_OFFSET and len(w_map) == params_abi.TMA_MAP_BYTES
-    tail = struct.pack("<Q", a_scale)
+    tail = struct.pack("<Qi", a_scale, a_scale_stride)
     params = head + w_map + tail
     return params + bytes(SCALED_PARAMS_BYTES - len(params))
 
 
-def kernel_key(arch: str, out_dtype: torch.dtype, tile: TileConfig) -> KernelKey:
-    return KernelKey(arch=arch, spec=gemm_spec(out_dtype), tile=tile)
+def kernel_key(arch: str, out_dtype: torch.dtype, tile: TileConfig, blocks: bool = False) -> KernelKey:
+    return KernelKey(arch=arch, spec=gemm_spec(out_dtype, blocks), tile=tile)

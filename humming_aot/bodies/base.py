@@ -18,6 +18,7 @@ class Body:
     params_type: str = "GemmParams"  # the C++ Params struct of kernel/params.cuh it takes
     only_arch: str | None = None  # the one arch it compiles for (wgmma: "sm90a"), or None for any
     splits_k: bool = True  # whether its CTAs may take K slices of a tile (split-K); False: splits = 1
+    fixed_block_k: bool = False  # its K per stage is one value (no 64-wide twin: heuristics.narrow_twin)
 
     def check_tile(self, tile: "TileConfig") -> None:
         """Raise ValueError saying what is wrong with a tile this body cannot run."""
@@ -39,6 +40,11 @@ class Body:
         """Dynamic shared memory of one CTA: must equal the C++ Kernel::kSmemBytes (the generated
         source static_asserts it)."""
         raise NotImplementedError
+
+    def key_smem_bytes(self, key: "KernelKey") -> int:
+        """Dynamic shared memory of a key's kernel: smem_bytes of its tile, code bits and zero
+        point, unless the body stages something its operands decide (wgmma-ss: block scales)."""
+        return self.smem_bytes(key.tile, key.spec.w_bits, key.spec.w_zero_point.value != "none")
 
     def scales_in_fp32(self, key: "KernelKey") -> bool:
         """Whether the kernel applies weight scales to fp32 partial sums (KernelKey.scales_in_fp32)."""

@@ -16,9 +16,10 @@ TOKENS = (8, 16, 32, 64, 96, 128, 160, 192)
 _PRODUCER_REGISTERS = 40
 _HELD_LIMIT = 240  # the consumers' setmaxnreg (kConsumerRegistersHeld)
 _SPARE_REGISTERS = 40  # the loop and the epilogue beside the accumulators and their scratch set
-# the pairing the body computes: e4m3 codes both sides, fp32 token and channel scales
-_ACTIVATION = ("float8e4m3", "k", "float32")
-_WEIGHT = ("float8e4m3", "float32")
+# the pairings the body computes: e4m3 codes both sides, fp32 scales per token x per channel, or
+# per 1 x 128 token group x per 128 x 128 weight block (kBlockScales)
+_CHANNEL = (("float8e4m3", "k", "float32"), ("float8e4m3", "g", "float32"))
+_BLOCKS = (("float8e4m3", "g", "float32"), ("float8e4m3", "b", "float32"))
 OUT_DTYPES = ("bfloat16", "float16")
 
 
@@ -31,12 +32,24 @@ def consumer_registers(consumer_warpgroups: int) -> int:
     return min(consumer, _HELD_LIMIT)
 
 
+def block_scales(key: "KernelKey") -> bool:
+    """Whether the key scales per 128 x 128 weight block and 1 x 128 token group."""
+    return key.spec.w_scale.value == "b"
+
+
+def stages_token_scales(key: "KernelKey") -> bool:
+    """Whether the key's kernel stages its token scales in the ring (block scales, more than 16
+    tokens per CTA), reading them transposed: (K / 128) rows of M rounded up to 4 (kernel/params.cuh)."""
+    return block_scales(key) and key.tile.block_m > 16
+
+
 class WgmmaSsBody(Body):
     kind = "wgmma-ss"
     header = "dense_wgmma_ss.cuh"
     template = "DenseWgmmaSs"
     params_type = "ScaledTmaGemmParams"
     only_arch = "sm90a"
+    fixed_block_k = True  # 128 of K a stage: one 128-byte row of codes, one promotion
 
     def check_tile(self, tile: "TileConfig") -> None:
         if tile.block_k != 128:
@@ -65,13 +78,26 @@ class WgmmaSsBody(Body):
 
     def check_key(self, key: "KernelKey") -> None:
         s = key.spec
-        if ((s.a_dtype, s.a_scale.value, s.a_scale_dtype) != _ACTIVATION or (s.w_dtype, s.w_scale_dtype) != _WEIGHT
-                or s.w_zero_point.value != "none" or s.out_dtype not in OUT_DTYPES):
+        operands = ((s.a_dtype, s.a_scale.value, s.a_scale_dtype), (s.w_dtype, s.w_scale.value, s.w_scale_dtype))
+        if operands not in (_CHANNEL, _BLOCKS) or s.w_zero_point.value != "none" or s.out_dtype not in OUT_DTYPES:
             raise ValueError(
-                f"{key.name}: the wgmma-ss body computes float8e4m3 activations with float32 token scales (a-e4m3-k-f32) "
-                "x float8e4m3 weights with float32 channel scales (w-e4m3-g-f32), no zero point, into bfloat16 or "
-                "float16"
+                f"{key.name}: the wgmma-ss body computes float8e4m3 activations x float8e4m3 weights with float32 "
+                "scales per token and per channel (a-e4m3-k-f32, w-e4m3-g-f32) or per 1 x 128 token group and per "
+                "128 x 128 weight block (a-e4m3-g-f32, w-e4m3-b-f32), no zero point, into bfloat16 or float16"
             )
+        if operands == _BLOCKS and key.tile.block_n % 128:
+            raise ValueError(f"{key.name}: block scales need whole 128-channel blocks per CTA (block_n 128 or 256)")
+        if operands == _BLOCKS:
+            accumulators = key.tile.block_m // 2 * key.tile.units_per_warpgroup
+            limit = consumer_registers(key.tile.warps_n // 4) - _SPARE_REGISTERS - key.tile.block_m // 4
+            if 2 * accumulators > limit:
+                raise ValueError(f"{key.name}: with block scales a consumer thread also holds its {key.tile.block_m // 4} "
+                                 f"token scales: {2 * accumulators} accumulators exceed the {limit} registers left")
+
+    @staticmethod
+    def block_scales(key: "KernelKey") -> bool:
+        """Whether the key scales per 128 x 128 weight block and 1 x 128 token group."""
+        return block_scales(key)
 
     def threads(self, tile: "TileConfig") -> int:
         return super().threads(tile) + 128  # + the producer warpgroup
@@ -79,10 +105,13 @@ class WgmmaSsBody(Body):
     def template_args(self, tile: "TileConfig") -> tuple[int, ...]:
         return (tile.block_m, tile.block_n, tile.units_per_warpgroup, tile.stages)
 
-    def smem_bytes(self, tile: "TileConfig", w_bits: int, has_zero_point: bool) -> int:
-        stage = -(-(tile.block_n + tile.block_m) * 128 // 1024) * 1024
+    def smem_bytes(self, tile: "TileConfig", w_bits: int, has_zero_point: bool, staged_scale_bytes: int = 0) -> int:
+        stage = -(-((tile.block_n + tile.block_m) * 128 + staged_scale_bytes) // 1024) * 1024
         staging = tile.block_m * (tile.block_n + 8) * 2
         return max(tile.stages * stage, staging) + 1024
+
+    def key_smem_bytes(self, key: "KernelKey") -> int:
+        return self.smem_bytes(key.tile, 8, False, 4 * key.tile.block_m if stages_token_scales(key) else 0)
 
     def scales_in_fp32(self, key: "KernelKey") -> bool:
         return True

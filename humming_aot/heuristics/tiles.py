@@ -114,7 +114,7 @@ def narrow_twin(tile: TileConfig) -> TileConfig:
     so its twin keeps at least 32 of K per warp and stage (at most 2 K warps) and half the wide
     tile's K in flight: 4 K warps of 16 took 55.4 us at M = 1 on 8192 x 29568, 2 K warps with 4
     stages 34.0 (log section 25)."""
-    if tile.block_k == 64:
+    if tile.block_k == 64 or tile.body.fixed_block_k:  # (wgmma-ss: its K stage is 128, always)
         return tile
     if tile.body.pipeline_per_warp(tile):
         return dataclasses.replace(tile, block_k=64, warps_k=min(tile.warps_k, 2),

@@ -12,6 +12,7 @@ import torch
 
 from humming_aot import ops, quant, w8a8
 
+_BLOCK_TILES = sorted({label for _, label in w8a8._BLOCK_TILES} | {"wgmma-ss:64x256x128_w1x8_s4"})
 _TILES = sorted({label for _, label in w8a8._TILES} | {
     "wgmma-ss:96x128x128_w1x8_s6", "wgmma-ss:160x128x128_w1x8_s5", "wgmma-ss:64x128x128_w1x4_s4",
     "wgmma-ss:64x256x128_w1x8_s4", "wgmma-ss:32x256x128_w1x8_s6",
@@ -30,6 +31,8 @@ def _needs_sm90():
     catalog = installed_catalog()
     names = [w8a8.kernel_key("sm90a", dtype, parse_tile_field(t)).name
              for t in _TILES for dtype in (torch.bfloat16, torch.float16)]
+    names += [w8a8.kernel_key("sm90a", dtype, parse_tile_field(t), blocks=True).name
+              for t in _BLOCK_TILES for dtype in (torch.bfloat16, torch.float16)]
     if why is not None and (catalog is None or any(catalog.lookup(name) is None for name in names)):
         pytest.skip(why)
 
@@ -40,10 +43,12 @@ def _seed() -> int:
     return seed
 
 
-def _operands(m: int, n: int, k: int, gen: torch.Generator, act: str = "float8e4m3:token"):
-    w = torch.randn(n, k, generator=gen) * torch.rand(n, 1, generator=gen).add(0.1)
-    x = torch.randn(m, k, generator=gen) * torch.rand(m, 1, generator=gen).add(0.1)
-    packed = w8a8.pack(quant.quantize(w, "float8e4m3:channel")).to("cuda")
+def _operands(m: int, n: int, k: int, gen: torch.Generator, act: str = "float8e4m3:token",
+              weights: str = "float8e4m3:channel"):
+    # rows (and for blocks, K ranges) of different magnitudes, so that a misplaced scale shows
+    w = torch.randn(n, k, generator=gen) * torch.rand(n, 1, generator=gen).add(0.1) * torch.rand(1, k, generator=gen).add(0.1)
+    x = torch.randn(m, k, generator=gen) * torch.rand(m, 1, generator=gen).add(0.1) * torch.rand(1, k, generator=gen).add(0.1)
+    packed = w8a8.pack(quant.quantize(w, weights)).to("cuda")
     qa = ops.quantize_activation(x.cuda(), act)
     return qa, packed
 
@@ -59,7 +64,7 @@ def _check(y: torch.Tensor, qa, packed, bias=None, out_dtype=torch.bfloat16):
     # (one missing K step of 32 is about a quarter of it).
     eps = 2.0**-8 if out_dtype == torch.bfloat16 else 2.0**-11
     k = packed.k
-    a_abs = w8a8._decode(qa.codes.reshape(-1, k)).abs() * qa.scales.reshape(-1, 1).double()
+    a_abs = w8a8.dequantized_activation(qa, k).abs()
     w_abs = packed.effective_weight().abs()
     bound = eps * ref.abs() + 2.0**-11 * (a_abs @ w_abs.T)
     bad = (y - ref).abs() > bound
@@ -78,10 +83,25 @@ def test_every_tile_matches_the_float64_product(tile, m, n, k):
         _check(y[:, : packed.out_features], qa, packed)
 
 
-@pytest.mark.parametrize("tile", ["wgmma-ss:8x128x128_w1x4_s6", "wgmma-ss:128x128x128_w1x8_s6"])
-def test_stream_k_ranges_that_split_tiles(tile):
+@pytest.mark.parametrize("tile", _BLOCK_TILES)
+@pytest.mark.parametrize("m,n,k", [(1, 256, 128), (37, 112, 384), (200, 384, 1024), (300, 4096, 512)])
+def test_block_scales_match_the_float64_product(tile, m, n, k):
     gen = torch.Generator().manual_seed(_seed())
-    qa, packed = _operands(20, 512, 4096, gen)
+    qa, packed = _operands(m, n, k, gen, act="float8e4m3:g128", weights="float8e4m3:b128x128")
+    assert packed.blocks
+    out = torch.full((m, packed.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    for stream_k in (None, 0):
+        out.fill_(float("nan"))
+        y = w8a8.gemm(qa, packed, out=out, tile=tile, stream_k=stream_k)
+        _check(y[:, : packed.out_features], qa, packed)
+
+
+@pytest.mark.parametrize("blocks", [False, True], ids=["channel", "blocks"])
+@pytest.mark.parametrize("tile", ["wgmma-ss:8x128x128_w1x4_s6", "wgmma-ss:128x128x128_w1x8_s6"])
+def test_stream_k_ranges_that_split_tiles(tile, blocks):
+    gen = torch.Generator().manual_seed(_seed())
+    formats = dict(act="float8e4m3:g128", weights="float8e4m3:b128x128") if blocks else {}
+    qa, packed = _operands(20, 512, 4096, gen, **formats)
     tiles = -(-20 // int(tile.split(":")[1].split("x")[0])) * 4
     for ctas in (tiles + 1, 3 * tiles - 1, 64):
         y = w8a8.gemm(qa, packed, tile=tile, stream_k=ctas)
@@ -98,10 +118,12 @@ def test_tensor_scale_bias_float16_and_padded_n():
     _check(y, qa, packed, bias, torch.float16)
 
 
-def test_long_k_error_bound_needs_the_fp32_promotion():
+@pytest.mark.parametrize("blocks", [False, True], ids=["channel", "blocks"])
+def test_long_k_error_bound_needs_the_fp32_promotion(blocks):
     # float16 output: its rounding (2^-11) leaves room to see the sums' own error at 1e-3
     gen = torch.Generator().manual_seed(_seed())
-    qa, packed = _operands(256, 1024, 16384, gen)
+    formats = dict(act="float8e4m3:g128", weights="float8e4m3:b128x128") if blocks else {}
+    qa, packed = _operands(256, 1024, 16384, gen, **formats)
     for m in (256, 16, 1):
         sub = quant.QuantizedActivation(element=qa.element, granularity=qa.granularity, group_size=qa.group_size,
                                         scale_dtype=qa.scale_dtype, codes=qa.codes[:m], scales=qa.scales[:m])

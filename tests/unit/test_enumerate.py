@@ -61,6 +61,8 @@ def test_table_tiles_kept_exactly_when_they_fit():
     for arch in enumeration.archs:
         limit = heuristics.smem_limit(arch)
         for spec in support.supported_specs(arch, GemmType.DENSE):
+            if spec.a_is_quantized:  # W8A8: the wgmma-ss tiles its families list, not the table
+                continue
             for _, tile in heuristics.arch_tile_table(arch):
                 smem = heuristics.smem_bytes(tile, spec.w_bits, spec.w_zero_point is not ZeroPoint.NONE)
                 name = KernelKey(arch=arch, spec=spec, tile=tile).name
@@ -214,7 +216,8 @@ def test_the_moe_catalog_holds_every_tile_the_moe_schedules_pick():
         assert all(key.tile.mma in heuristics.MOE_BODIES or (key.spec.gemm_type is GemmType.MASKED and key.tile.mma
                                                              in heuristics.MOE_MASKED_BODIES) for key in keys)
         dense_specs = {dataclasses.replace(key.spec, gemm_type=GemmType.DENSE) for key in keys}
-        assert dense_specs == set(support.supported_specs(arch, GemmType.DENSE))
+        # (the W8A8 pairings have no MoE type yet)
+        assert dense_specs == {s for s in support.supported_specs(arch, GemmType.DENSE) if not s.a_is_quantized}
         for spec in support.supported_specs(arch, GemmType.MASKED):
             for m in (1, 5, 8, 9, 10, 16, 17, 32, 37, 64, 121, 200, 256, 257, 4096):
                 for k, group in ((4096, 128), (4096 + 64, 64), (4096 + 128, 128), (2880, 32), (4096, 4096), (256, 128),

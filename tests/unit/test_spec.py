@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from humming_aot.enumerate import enumerate_keys, parse_tile_field
-from humming_aot.spec import GemmSpec, KernelKey, MmaKind, TileConfig, ZeroPoint, parse_arch
+from humming_aot.spec import ActivationScale, GemmSpec, KernelKey, MmaKind, ScaleGranularity, TileConfig, ZeroPoint, parse_arch
 
 DEFAULT_KEYS = enumerate_keys("default")
 SMOKE_KEYS = enumerate_keys("smoke")
@@ -26,7 +26,10 @@ def test_round_trip_covers_every_field_value():
     assert len(names) == len(DEFAULT_KEYS)
     assert {k.spec.w_zero_point for k in DEFAULT_KEYS} == set(ZeroPoint)
     assert {k.spec.w_is_float for k in DEFAULT_KEYS} == {False, True}
-    assert {k.spec.a_dtype for k in DEFAULT_KEYS} == {"float16", "bfloat16"}
+    assert {k.spec.a_dtype for k in DEFAULT_KEYS} == {"float16", "bfloat16", "float8e4m3"}
+    assert {k.spec.w_scale for k in DEFAULT_KEYS} == set(ScaleGranularity)
+    assert {k.spec.a_scale for k in DEFAULT_KEYS} == {ActivationScale.NONE, ActivationScale.TOKEN,
+                                                      ActivationScale.GROUP}
     assert len({k.tile for k in DEFAULT_KEYS}) > 1
 
 
@@ -191,7 +194,9 @@ def test_only_the_8_row_tile_on_sm90_and_later_reduces_in_a_cluster(name, expect
 def test_default_catalog_holds_kernels_of_both_scale_models():
     """The sm90a table serves M <= 16 (the swapped 8- and 16-token tiles) with fp32-scaled integer
     kernels and everything else rounded."""
-    sm90a = [key for key in DEFAULT_KEYS if key.arch == "sm90a"]
+    sm90a = [key for key in DEFAULT_KEYS if key.arch == "sm90a" and not key.spec.a_is_quantized]
+    # (W8A8 keys scale fp32 sums at every M: their codes carry no scale to round with)
+    assert all(key.scales_in_fp32 for key in DEFAULT_KEYS if key.spec.a_is_quantized)
     scaled = [key for key in sm90a if key.scales_in_fp32]
     assert scaled and all(key.tile.block_m <= 16 and key.tile.body.kind in ("mma", "mma-sw") for key in scaled)
     assert {key.tile.block_m for key in scaled} == {8, 16}

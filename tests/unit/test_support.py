@@ -8,7 +8,7 @@ import pytest
 
 from humming_aot import arch as arch_mod
 from humming_aot import support
-from humming_aot.spec import DTYPE_SHORT, ActivationScale, GemmSpec, GemmType, ZeroPoint
+from humming_aot.spec import DTYPE_SHORT, ActivationScale, GemmSpec, GemmType, ScaleGranularity, ZeroPoint
 
 BF16_INT4 = GemmSpec(a_dtype="bfloat16", w_dtype="int4", w_scale_dtype="bfloat16", out_dtype="bfloat16")
 BF16_INT4_ZP = GemmSpec(
@@ -131,9 +131,11 @@ def test_supported_specs_sorted_unique_and_supported():
         # integer or float zero points), + float weights: every signed eXmY of 2..8 bits for
         # bfloat16 (35), those float16 holds exactly for float16 (30: E <= 4, and float8e5m2)
         dense = support.supported_specs(arch, GemmType.DENSE)
-        assert len(dense) == len(set(dense)) == (24 + 30 if arch == "sm75" else 48 + 35 + 30)
-        # the MoE types (grouped masked and contiguous) for every dense spec of sm80 and later
-        assert len(specs) == len(set(specs)) == len(dense) * (1 if arch == "sm75" else 3)
+        w8a8 = [s for s in dense if s.a_is_quantized]  # sm90a: float8 x float8, two scalings x two outputs
+        assert len(w8a8) == (4 if arch == "sm90a" else 0)
+        assert len(dense) == len(set(dense)) == (24 + 30 if arch == "sm75" else 48 + 35 + 30) + len(w8a8)
+        # the MoE types (grouped masked and contiguous) for every 16-bit dense spec of sm80 and later
+        assert len(specs) == len(set(specs)) == len(dense) * (1 if arch == "sm75" else 3) - 2 * len(w8a8)
         assert {dataclasses.replace(s, gemm_type=GemmType.DENSE) for s in specs} == set(dense)
         assert specs == sorted(specs, key=support._spec_sort_key)
         assert all(support.is_supported(s, arch) for s in specs)
@@ -319,9 +321,14 @@ FP8_TOKEN = GemmSpec(a_dtype="float8e4m3", a_scale=ActivationScale.TOKEN, a_scal
                      w_dtype="float8e4m3", w_scale_dtype="float32", out_dtype="bfloat16")
 
 
-def test_no_pairing_allows_quantized_activations_yet_and_the_reason_says_which_field():
-    reason = support.why_unsupported(FP8_TOKEN, "sm90a")
-    assert reason is not None and "a_dtype in [" in reason and "a_scale in [none]" in reason
+def test_quantized_activations_are_the_sm90a_w8a8_pairings_and_the_reason_says_which_field():
+    assert support.why_unsupported(FP8_TOKEN, "sm90a") is None
+    assert {s for s in support.supported_specs("sm90a") if s.a_is_quantized} == {
+        dataclasses.replace(FP8_TOKEN, out_dtype=out, **scales) for out in ("bfloat16", "float16")
+        for scales in ({}, {"a_scale": ActivationScale.GROUP, "w_scale": ScaleGranularity.BLOCK})}
+    assert "only on sm90a, not on sm89" in support.why_unsupported(FP8_TOKEN, "sm89")
+    int8 = dataclasses.replace(FP8_TOKEN, a_dtype="int8", w_dtype="int8")
+    assert "a_dtype in [" in support.why_unsupported(int8, "sm90a")
     assert "a=float8e4m3 a_scale=token/float32" in support.describe_spec(FP8_TOKEN)
 
 

@@ -154,8 +154,10 @@ def test_nvcc_compiles_every_table_tile_without_spills():
     except ninja.NvccNotFoundError:
         pytest.skip("nvcc not found (set HUMMING_AOT_NVCC)")
     include = str(REPO / "csrc" / "include")
-    for _, label in w8a8._TILES:
-        key = w8a8.kernel_key("sm90a", torch.bfloat16, parse_tile_field(label))
+    keys = [w8a8.kernel_key("sm90a", torch.bfloat16, parse_tile_field(label)) for _, label in w8a8._TILES]
+    keys += [w8a8.kernel_key("sm90a", torch.float16, parse_tile_field(label), blocks=True)
+             for _, label in w8a8._BLOCK_TILES]
+    for key in keys:
         with tempfile.TemporaryDirectory() as tmp:
             src = f"{tmp}/k.cu"
             open(src, "w").write(codegen.kernel_source(key))
@@ -163,3 +165,41 @@ def test_nvcc_compiles_every_table_tile_without_spills():
                                    "-Xptxas", "-v", src, "-o", f"{tmp}/k.cubin"], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-2000:]
         assert " 0 bytes spill stores" in done.stderr and "bytes stack frame" in done.stderr, (key.name, done.stderr)
+
+
+def test_block_scales_pack_reference_and_keys():
+    gen = torch.Generator().manual_seed(1)
+    w, x = torch.randn(200, 384, generator=gen), torch.randn(7, 384, generator=gen)
+    qw = quant.quantize(w, "float8e4m3:b128x128")
+    packed = w8a8.pack(qw)
+    assert packed.blocks and packed.w_scale.shape == (2, 3) and (packed.n, packed.n_valid) == (208, 200)
+    qa = ops.quantize_activation(x, "float8e4m3:g128")
+    e4m3 = formats.get("float8e4m3")
+    a = e4m3.decode(qa.codes).double() * qa.scales.double().repeat_interleave(128, 1)
+    wt = e4m3.decode(qw.codes).double() * qw.scales.double().repeat_interleave(128, 0)[:200].repeat_interleave(128, 1)
+    assert torch.equal(w8a8.reference(qa, packed), a @ wt.T)
+    assert torch.equal(w8a8.gemm(qa, packed), (a @ wt.T).to(torch.bfloat16))
+    with pytest.raises(ValueError, match="quantize with 'float8e4m3:g128'"):
+        w8a8.gemm(ops.quantize_activation(x, "float8e4m3:token"), packed)
+    channel = w8a8.pack(quant.quantize(w, "float8e4m3:channel"))
+    with pytest.raises(ValueError, match="per 128 x 128 block for 'float8e4m3:g128'"):
+        w8a8.gemm(qa, channel)
+    with pytest.raises(ValueError, match="float8e4m3:b128x128"):
+        w8a8.pack(quant.quantize(w, "float8e4m3:b64x128"))
+    for m in ALL_M:
+        key = w8a8.kernel_key("sm90a", torch.bfloat16, w8a8.select_tile(m, blocks=True), blocks=True)
+        assert "_a-e4m3-g-f32_w-e4m3-b-f32_" in key.name and KernelKey.from_name(key.name) == key
+        assert "    true,  // scales per 128 x 128 weight block" in codegen.kernel_source(key)
+    # the 192-token tile leaves no room for the token scales
+    with pytest.raises(ValueError, match="token scales"):
+        w8a8.kernel_key("sm90a", torch.bfloat16, parse_tile_field("wgmma-ss:192x128x128_w1x8_s5"), blocks=True)
+
+
+def test_the_default_catalog_holds_every_table_tile():
+    from humming_aot.enumerate import enumerate_keys
+
+    names = {key.name for key in enumerate_keys("default", ["sm90a"])}
+    for blocks, table in ((False, w8a8._TILES), (True, w8a8._BLOCK_TILES)):
+        for _, label in table:
+            for dtype in (torch.bfloat16, torch.float16):
+                assert w8a8.kernel_key("sm90a", dtype, parse_tile_field(label), blocks=blocks).name in names

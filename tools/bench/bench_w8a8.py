@@ -1,14 +1,18 @@
-"""Time the W8A8 float8 GEMM (channel x token scales) side by side, in one run, over real layer shapes
-and M: humming_aot.w8a8.gemm on pre-quantized activations, the same with
+"""Time the W8A8 float8 GEMM side by side, in one run, over real layer shapes and M: channel x
+token scales (default) or DeepSeek-V3's 128 x 128 weight blocks x 1 x 128 token groups (--blocks).
+Implementations: humming_aot.w8a8.gemm on pre-quantized activations, the same with
 ops.quantize_activation in front (what a layer pays), torch._scaled_mm with rowwise scales
-(cuBLAS), and Humming's W8A8 layer (its forward quantizes the bf16 input itself), each in a CUDA
-graph over buffer sets that keep L2 cold, median of repeats.
+(cuBLAS; channel x token only), and Humming's W8A8 layer of the same scaling (its forward
+quantizes the bf16 input itself), each in a CUDA graph over buffer sets that keep L2 cold,
+median of repeats.
 
     python3 tools/bench/bench_w8a8.py --shape-set large-m --m 1,16,64,128,512,2048,8192 --json out.json
+    python3 tools/bench/bench_w8a8.py --blocks --shapes 7168x18432,24576x1536 --m 1,128,4096
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import sys
 import time
@@ -25,28 +29,32 @@ from humming_aot.testing.bench import buffer_sets_for_cold_l2, gemm_flops, sibli
 IMPLS = ("humming_aot", "humming_aot+quant", "scaled_mm", "humming")
 
 
-def _prepare(n: int, k: int, sets: int, gen: torch.Generator):
-    """`sets` copies of a float8e4m3:channel weight: ours packed, cuBLAS's (K, N) column-major codes
-    and (1, N) scales, and the float weight for Humming."""
+def _prepare(n: int, k: int, sets: int, gen: torch.Generator, blocks: bool):
+    """`sets` copies of a float8e4m3 weight (per channel, or per 128 x 128 block): ours packed,
+    cuBLAS's (K, N) column-major codes and (1, N) scales, and the float weight for Humming."""
     w = torch.randn(n, k, generator=gen)
-    qw = quant.quantize(w, "float8e4m3:channel")
+    qw = quant.quantize(w, "float8e4m3:b128x128" if blocks else "float8e4m3:channel")
     packed = w8a8.pack(qw).to("cuda")
     codes = qw.codes.cuda().view(torch.float8_e4m3fn)
-    cublas = (codes.t(), qw.scales.cuda().reshape(1, n))
-    return w, [packed] + [w8a8.PackedW8A8Weight(w=packed.w.clone(), w_scale=packed.w_scale.clone(), n=packed.n,
-                                                 k=packed.k, format=packed.format, n_valid=packed.n_valid)
+    cublas = (codes.t(), qw.scales.cuda().reshape(1, n) if not blocks else qw.scales.cuda())
+    return w, [packed] + [dataclasses.replace(packed, w=packed.w.clone(), w_scale=packed.w_scale.clone())
                           for _ in range(sets - 1)], [cublas] + [(cublas[0].clone(), cublas[1].clone())
                                                                 for _ in range(sets - 1)]
 
 
-def _humming_layers(w: torch.Tensor, sets: int):
+def _humming_layers(w: torch.Tensor, sets: int, blocks: bool):
     from humming.layer import HummingLayer
 
     n, k = w.shape
+    if blocks:
+        weight_config = {"dtype": "float8e4m3", "group_size": 128, "group_size_n": 128}
+        input_config = {"dtype": "float8e4m3", "group_size": 128, "quant_mode": "dynamic_group"}
+    else:
+        weight_config = {"dtype": "float8e4m3", "group_size": 0}
+        input_config = {"dtype": "float8e4m3", "quant_mode": "dynamic_token"}
     layers = []
     for _ in range(sets):
-        layer = HummingLayer(shape_n=n, shape_k=k, weight_config={"dtype": "float8e4m3", "group_size": 0},
-                             input_config={"dtype": "float8e4m3", "quant_mode": "dynamic_token"},
+        layer = HummingLayer(shape_n=n, shape_k=k, weight_config=dict(weight_config), input_config=dict(input_config),
                              torch_dtype=torch.bfloat16).cuda()
         layer.load_from_unquantized(w.to(torch.bfloat16).cuda())
         layer.transform()
@@ -63,6 +71,8 @@ def main(argv=None) -> int:
     parser.add_argument("--impls", default=",".join(IMPLS))
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--tile", default=None, help="force this wgmma-ss tile on humming_aot")
+    parser.add_argument("--blocks", action="store_true", help="DeepSeek-V3 scaling: float8e4m3:b128x128 weights, "
+                        "float8e4m3:g128 activations")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
     shapes_text = args.shapes or ",".join(bench_gemm.SHAPE_SETS[s] for s in args.shape_set.split(","))
@@ -74,28 +84,31 @@ def main(argv=None) -> int:
     print(f"{'N':>6} {'K':>6} {'M':>5} {'impl':>18} {'us':>9} {'TFLOP/s':>8} {'relerr':>8}")
     for n, k in shapes:
         sets = min(8, buffer_sets_for_cold_l2(n * k + max(ms) * k * 3))
-        w, packs, cublas = _prepare(n, k, sets, gen)
+        w, packs, cublas = _prepare(n, k, sets, gen, args.blocks)
         humming = None
         if "humming" in impls:
             try:
                 start = time.perf_counter()
-                humming = _humming_layers(w, sets)
+                humming = _humming_layers(w, sets, args.blocks)
                 print(f"humming layers for {n}x{k}: {time.perf_counter() - start:.1f} s")
             except Exception as exc:  # noqa: BLE001 - a baseline that fails is reported, not fatal
                 print(f"humming unavailable for {n}x{k}: {type(exc).__name__}: {exc}"[:300])
         for m in ms:
             xs = [torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16) for _ in range(sets)]
-            qas = [ops.quantize_activation(x, "float8e4m3:token") for x in xs]
+            act = "float8e4m3:g128" if args.blocks else "float8e4m3:token"
+            qas = [ops.quantize_activation(x, act) for x in xs]
             ref = w8a8.reference(qas[0], packs[0]).float()
             calls = {
                 "humming_aot": [lambda qa=qa, p=p: w8a8.gemm(qa, p, tile=args.tile) for qa, p in zip(qas, packs)],
-                "humming_aot+quant": [lambda x=x, p=p: w8a8.gemm(ops.quantize_activation(x, "float8e4m3:token"), p,
-                                                               tile=args.tile) for x, p in zip(xs, packs)],
+                "humming_aot+quant": [lambda x=x, p=p: w8a8.gemm(ops.quantize_activation(x, act), p, tile=args.tile)
+                                      for x, p in zip(xs, packs)],
                 "scaled_mm": [lambda qa=qa, c=c: torch._scaled_mm(qa.codes.view(torch.float8_e4m3fn), c[0],
                                                                   scale_a=qa.scales, scale_b=c[1],
                                                                   out_dtype=torch.bfloat16)
                               for qa, c in zip(qas, cublas)],
             }
+            if args.blocks:
+                del calls["scaled_mm"]
             if humming is not None:
                 calls["humming"] = [lambda x=x, layer=layer: layer(x) for x, layer in zip(xs, humming)]
             for impl in impls:
@@ -111,7 +124,8 @@ def main(argv=None) -> int:
                 us = timing["median_us"]
                 row = {"impl": impl, "m": m, "n": n, "k": k, "us": us, "p10_us": timing["p10_us"],
                        "p90_us": timing["p90_us"], "tflops": tflops(gemm_flops(m, n, k), us), "relerr": relerr,
-                       "tile": w8a8.select_tile(m).label if impl.startswith("humming_aot") and not args.tile
+                       "blocks": args.blocks,
+                       "tile": w8a8.select_tile(m, args.blocks).label if impl.startswith("humming_aot") and not args.tile
                        else args.tile}
                 results.append(row)
                 print(f"{n:>6} {k:>6} {m:>5} {impl:>18} {us:9.1f} {row['tflops']:8.1f} {relerr:8.1e}")

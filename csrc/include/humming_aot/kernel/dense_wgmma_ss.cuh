@@ -1,7 +1,11 @@
 #pragma once
-// The warp-specialized Hopper W8A8 body: out[m, n] = (sum_k a[m, k] w[n, k]) x a_scale[m] x
-// w_scale[n] x global scale (+ bias) on wgmma (SM90a), with e4m3 activation and weight codes, fp32
-// token and channel scales, and a 16-bit output.
+// The warp-specialized Hopper W8A8 body on wgmma (SM90a), e4m3 activation and weight codes, fp32
+// scales, a 16-bit output, in one of two scalings:
+// - token x channel: out[m, n] = (sum_k a[m, k] w[n, k]) x a_scale[m] x w_scale[n] x global scale
+//   (+ bias), the scales on the reduced fp32 sums;
+// - blocks (kBlockScales, DeepSeek-V3): a_scale[m, k / 128] per token and K block of 128, w_scale[n
+//   / 128, k / 128] per 128 x 128 weight block, both applied at each K tile's promotion (a K tile
+//   is one K block), so out[m, n] = sum_b (sum_{k in b} a w) a_scale[m, b] w_scale[n / 128, b].
 //
 // Both operands are in shared memory: nothing is dequantized, so wgmma reads each through a
 // descriptor (mma/wgmma_e4m3.cuh), the weights as its A (64-channel units, M) and the tokens as
@@ -36,6 +40,7 @@
 namespace humming_aot::kernel {
 
 template <class Out,               // Float16 or BFloat16: output (and bias) dtype
+          bool kBlockScales,       // scales per 128 x 128 weight block and 1 x 128 token group
           int kBlockM,             // tokens per CTA: the wgmma N (8, 16, 32, 64, 96, 128, 160 or 192)
           int kBlockN,             // weight channels per CTA: 64 x kUnitsPerWarpGroup x consumer warpgroups
           int kUnitsPerWarpGroup,  // 64-channel units each consumer warpgroup multiplies (1 or 2)
@@ -54,6 +59,7 @@ struct DenseWgmmaSs {
                 "one or two consumer warpgroups (the register split below assumes it)");
   static_assert(kBlockN <= 256 && kBlockM <= 256, "a TMA box has at most 256 rows");
   static_assert(kStages >= 2, "a ring of at least two slots");
+  static_assert(!kBlockScales || kBlockN % 128 == 0, "whole 128-channel weight blocks per CTA");
 
   using Mma = mma::WgmmaE4m3<kBlockM>;
   using Units = schedule::WorkUnits<kBlockM, kBlockN, kBlockK>;
@@ -66,9 +72,13 @@ struct DenseWgmmaSs {
 
   // A slot: the weight box (kBlockN rows of 128 bytes: a multiple of 8 KB, so the activation box
   // after it keeps the 1024-byte alignment the swizzle repeats on), then the activation box.
+  // Blocks, above 16 tokens: the K block's token scales too, staged after the activation box from
+  // the (K / 128, a_scale_stride) transposed scales (a thread reads its tokens' pairs with 8-byte
+  // loads); at 8 and 16 tokens each thread loads its two or four from the (M, K / 128) rows.
+  static constexpr bool kStagedTokenScales = kBlockScales && kBlockM > 16;
   static constexpr int kWeightBytes = kBlockN * 128;
-  static constexpr int kStageTx = (kBlockN + kBlockM) * 128;
-  static constexpr int kStageBytes = (kStageTx + 1023) / 1024 * 1024;
+  static constexpr int kCodeBytes = (kBlockN + kBlockM) * 128;
+  static constexpr int kStageBytes = (kCodeBytes + (kStagedTokenScales ? kBlockM * 4 : 0) + 1023) / 1024 * 1024;
   static constexpr int kPipelineBytes = kStages * kStageBytes;
   static constexpr int kSmemBytes =
       (kPipelineBytes > Writer::kStagingBytes ? kPipelineBytes : Writer::kStagingBytes) + 1024;
@@ -83,7 +93,8 @@ struct DenseWgmmaSs {
       ((kLaunchRegisters * kThreads - kProducerRegisters * 128) / kConsumerThreads) / 8 * 8;
   static constexpr int kConsumerRegistersHeld = kConsumerRegisters > 240 ? 240 : kConsumerRegisters;
   // accumulators and their scratch set, and what the loop and the epilogue need beside them
-  static_assert(kConsumerRegistersHeld >= 2 * kAccumulators + 40,
+  static constexpr int kTokenScales = kBlockM / 4;  // the tokens of a thread's accumulators (blocks)
+  static_assert(kConsumerRegistersHeld >= 2 * kAccumulators + (kBlockScales ? kTokenScales : 0) + 40,
                 "the consumers' registers hold the accumulators, the promotion's scratch set and the loop");
 
   // The producer: one thread issues the copies of `count` K tiles from k_tile0 on of the tile at (m0, n0).
@@ -95,11 +106,24 @@ struct DenseWgmmaSs {
       // lap f of the slot waits for the consumers' release of lap f - 1: the empty barrier's phase f - 1
       if (lap > 0) ptx::mbarrier_wait(empty0 + 8 * slot, (lap + 1) & 1u);
       const u32 stage = smem_base + slot * kStageBytes;
-      ptx::mbarrier_arrive_expect_tx(full, kStageTx);
+      // the token scales of the tile's rows up to the stride (a multiple of 4: 16-byte copies; m0 is
+      // a multiple of 8 below it); the rest of the slot keeps stale values, for rows never stored
+      const u32 scale_bytes = kStagedTokenScales ? 4u * static_cast<u32>(min(kBlockM, params.a_scale_stride - m0)) : 0u;
+      ptx::mbarrier_arrive_expect_tx(full, kCodeBytes + scale_bytes);
       const int pair0 = (k_tile0 + it) * (kBlockK / 2);  // the maps count 16-bit pairs of codes
       ptx::tensor_copy_2d_g2s(stage, &params.w_map, pair0, n0, full);
       ptx::tensor_copy_2d_g2s(stage + kWeightBytes, &params.tma.a_map, pair0, m0, full);
+      if constexpr (kStagedTokenScales) {
+        const float* row = params.a_scale + static_cast<i64>(k_tile0 + it) * params.a_scale_stride + m0;
+        ptx::bulk_copy_g2s(stage + kCodeBytes, row, scale_bytes, full);
+      }
     }
+  }
+
+  // A generic pointer to the shared-memory address `address` (the ring is addressed as u32).
+  static __device__ __forceinline__ const void* smem_generic(u32 address) {
+    extern __shared__ __align__(1024) char smem_raw[];
+    return smem_raw + (address - memory::shared_address(smem_raw));
   }
 
   struct ConsumerRing {
@@ -109,14 +133,24 @@ struct DenseWgmmaSs {
 
   // The consumers: `count` K tiles into acc (zeroed first), each promoted from the scratch set once
   // its wgmma have completed; every slot is released once read, so the ring is free at the end.
-  static __device__ __forceinline__ void consume(int count, u32 smem_base, u32 full0, u32 empty0, ConsumerRing& ring,
+  // (blocks: the unit's K tiles are K blocks k_tile0.. of the tile at (m0, n0), whose scales weight
+  // each promotion)
+  static __device__ __forceinline__ void consume(const ScaledTmaGemmParams& params, int m0, int n0, int k_tile0,
+                                                 int count, u32 smem_base, u32 full0, u32 empty0, ConsumerRing& ring,
                                                  float (&acc)[kAccumulators]) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int unit0 = (warp >> 2) * kUnitsPerWarpGroup;
+    const GemmParams& p = params.tma.gemm;
+    const int k_blocks = p.k / kBlockK;  // p.k: K rounded up to the K tile
 #pragma unroll
     for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.f;
     float scratch[kAccumulators];
     for (int it = 0; it < count; ++it) {
+      // blocks: this K block's scales, loaded before the wait so that the wgmma hide their latency
+      // (the staged token scales once the slot is full, before it is released)
+      float token_scales[kBlockScales ? kTokenScales : 1], unit_scales[kUnitsPerWarpGroup];
+      if constexpr (kBlockScales)
+        load_block_scales(params, m0, n0, unit0, k_tile0 + it, k_blocks, token_scales, unit_scales);
       ptx::mbarrier_wait(full0 + 8 * ring.slot, ring.full_parity);
       const u32 stage = smem_base + ring.slot * kStageBytes;
       // K step kk: 32 codes = 32 bytes further along each row, 2 in the descriptors' address field
@@ -133,15 +167,62 @@ struct DenseWgmmaSs {
         }
       }
       mma::wgmma_commit_group();
+      if constexpr (kStagedTokenScales) {
+        // token 2 (lane % 4) + 8 j + {0, 1}: one 8-byte pair per j
+        const float* staged = reinterpret_cast<const float*>(smem_generic(stage + kCodeBytes)) + 2 * (lane & 3);
+#pragma unroll
+        for (int j = 0; j < kTokenScales / 2; ++j) {
+          const float2 pair = *reinterpret_cast<const float2*>(staged + 8 * j);
+          token_scales[2 * j] = pair.x;
+          token_scales[2 * j + 1] = pair.y;
+        }
+      }
       mma::wgmma_wait_group<0>();
       mma::wgmma_fence_operands(scratch);
       if (lane == 0) ptx::mbarrier_arrive(empty0 + 8 * ring.slot);
+      if constexpr (kBlockScales) {
+        // acc[u * kUnitAccumulators + i] holds token 8 (i >> 2) + (i & 1) (+ this thread's first)
 #pragma unroll
-      for (int i = 0; i < kAccumulators; ++i) acc[i] += scratch[i];
+        for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
+#pragma unroll
+          for (int i = 0; i < kUnitAccumulators; ++i) {
+            const int a = u * kUnitAccumulators + i;
+            acc[a] = fmaf(scratch[a], token_scales[2 * (i >> 2) + (i & 1)] * unit_scales[u], acc[a]);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kAccumulators; ++i) acc[i] += scratch[i];
+      }
       if (++ring.slot == kStages) {
         ring.slot = 0;
         ring.full_parity ^= 1u;
       }
+    }
+  }
+
+  // Blocks: the scales of K block kb for this thread's tokens (a_scale rows of k_blocks; 0 past M)
+  // and for each of its units' 128-channel weight block (w_scale rows of k_blocks, ceil(n / 128)
+  // of them; 0 past them, for a CTA wider than the rest of N).
+  static __device__ __forceinline__ void load_block_scales(const ScaledTmaGemmParams& params, int m0, int n0, int unit0,
+                                                           int kb, int k_blocks, float (&token_scales)[kTokenScales],
+                                                           float (&unit_scales)[kUnitsPerWarpGroup]) {
+    const GemmParams& p = params.tma.gemm;
+    const int lane = threadIdx.x & 31;
+    if constexpr (!kStagedTokenScales) {
+      const float* a_scale = params.a_scale + kb;
+#pragma unroll
+      for (int j = 0; j < kTokenScales; ++j) {
+        const int m = m0 + 2 * (lane & 3) + 8 * (j >> 1) + (j & 1);
+        token_scales[j] = m < p.m ? __ldg(a_scale + static_cast<i64>(m) * k_blocks) : 0.f;
+      }
+    }
+    const float* w_scale = static_cast<const float*>(p.w_scale) + kb;
+    const int block_rows = (p.n + 127) >> 7;
+#pragma unroll
+    for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
+      const int block = (n0 + 64 * (unit0 + u)) >> 7;
+      unit_scales[u] = block < block_rows ? __ldg(w_scale + static_cast<i64>(block) * k_blocks) : 0.f;
     }
   }
 
@@ -217,7 +298,8 @@ struct DenseWgmmaSs {
     while (more) {
       unit = next;
       more = units.next(next);
-      consume(unit.k_end - unit.k_begin, smem_base, full0, empty0, ring, acc);
+      const int m0 = unit.m_tile * kBlockM, n0 = unit.n_tile * kBlockN;
+      consume(params, m0, n0, unit.k_begin, unit.k_end - unit.k_begin, smem_base, full0, empty0, ring, acc);
       if (!more) schedule::release_dependent_grid();
       if (units.stream_k) {
         if (unit.k_begin > 0) {  // a later part of a tile whose head another CTA holds
@@ -233,8 +315,7 @@ struct DenseWgmmaSs {
           !SplitK::reduce(p, acc, units.split_index, units.slice, units.splits, &arrival_flag)) {
         return;
       }
-      const int m0 = unit.m_tile * kBlockM, n0 = unit.n_tile * kBlockN;
-      apply_scales(params, acc, m0, n0);
+      if constexpr (!kBlockScales) apply_scales(params, acc, m0, n0);
       Writer::store_tile(p, acc, m0, n0, smem);
       if (more) {  // the producer waits for the staging tile's last read before it refills the ring
         mma::fence_shared_for_async_proxy();

@@ -67,11 +67,14 @@ static_assert(sizeof(TmaGemmParams) == 256 && alignof(TensorMap) == 64 && sizeof
 // with k rounded up to a multiple of 128 (the K tile; the maps read zeros past the codes' own K);
 // a_map over the activation codes and, at byte 256, w_map over the weight codes, both as rows of
 // 16-bit pairs in boxes of (rows, 64 pairs = 128 codes) with the 128-byte swizzle; at byte 384 the
-// fp32 token scales (a_scale: (m,)). Packed by humming_aot.w8a8 (448 bytes).
+// fp32 activation scales: per token (m,), or with block scales per token per K block of 128,
+// either (m, k / 128) rows or, for tiles of more than 16 tokens, transposed: (k / 128) rows of
+// a_scale_stride (m rounded up to 4) at byte 392. Packed by humming_aot.w8a8 (448 bytes).
 struct ScaledTmaGemmParams {
   TmaGemmParams tma;
   TensorMap w_map;
   const float* a_scale;
+  int a_scale_stride;
 };
 static_assert(sizeof(ScaledTmaGemmParams) == 448,
               "ScaledTmaGemmParams is TmaGemmParams, the weights' tensor map, a pointer and padding to 64 bytes");

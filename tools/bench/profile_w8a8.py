@@ -1,0 +1,45 @@
+"""One W8A8 GEMM launch for a profiler: builds the operands, runs the GEMM once untimed (kernel
+load), then once inside the NVTX range "profile" that ncu selects
+(``ncu --nvtx --nvtx-include "profile/" ...``).
+
+    ncu --clock-control none --nvtx --nvtx-include "profile/" --section WarpStateStats \\
+        python3 tools/bench/profile_w8a8.py --shape 7168x18432 --m 4096 --blocks
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+if importlib.util.find_spec("humming_aot") is None:  # run from a checkout without installing
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from humming_aot import ops, quant, w8a8  # noqa: E402
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="7168x18432", help="N x K")
+    parser.add_argument("--m", type=int, default=4096)
+    parser.add_argument("--blocks", action="store_true", help="128 x 128 weight blocks x 1 x 128 token groups")
+    parser.add_argument("--tile", default=None)
+    args = parser.parse_args(argv)
+    n, k = (int(v) for v in args.shape.split("x"))
+    gen = torch.Generator().manual_seed(0)
+    weights, act = ("float8e4m3:b128x128", "float8e4m3:g128") if args.blocks else ("float8e4m3:channel",
+                                                                                    "float8e4m3:token")
+    packed = w8a8.pack(quant.quantize(torch.randn(n, k, generator=gen), weights)).to("cuda")
+    qa = ops.quantize_activation(torch.randn(args.m, k, generator=gen).to("cuda", torch.bfloat16), act)
+    w8a8.gemm(qa, packed, tile=args.tile)
+    torch.cuda.synchronize()
+    with torch.cuda.nvtx.range("profile"):
+        w8a8.gemm(qa, packed, tile=args.tile)
+    torch.cuda.synchronize()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
