@@ -11,7 +11,7 @@ from humming_aot import obtain as _obtain
 from humming_aot.bodies.wgmma_ss import stages_token_scales
 from humming_aot.enumerate import parse_tile_field
 from humming_aot.spec import MmaKind, TileConfig
-from humming_aot.w8a8 import K_ALIGN, _pack_params, kernel_key, select_tile
+from humming_aot.w8a8 import K_ALIGN, SCALED_PARAMS_BYTES, _pack_params, kernel_key, select_tile
 
 ARCH = "sm90a"
 _weight_maps: dict[tuple[int, int, int, int], bytes] = {}
@@ -59,14 +59,10 @@ def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, t
     codes = qa.codes.reshape(-1, k)
     m = codes.shape[0]
     device = codes.device
-    if codes.stride(-1) != 1 or (m > 1 and codes.stride(0) % K_ALIGN) or codes.data_ptr() % 16:
+    if codes.stride(-1) != 1 or (m > 1 and (codes.stride(0) % K_ALIGN or codes.stride(0) < k)) \
+            or codes.data_ptr() % 16:
         raise ValueError(f"the activation codes' rows must be contiguous, 16-byte aligned and a multiple of {K_ALIGN} "
-                         f"bytes apart (strides {tuple(codes.stride())}); pass qa.codes.contiguous()")
-    if packed.blocks:  # (m, k / 128): one per token per K block, rows of k / 128
-        scales = qa.scales.reshape(m, k // 128)
-    else:
-        scales = qa.scales.reshape(-1)
-        scales = (scales.expand(m) if scales.numel() == 1 else scales).contiguous()
+                         f"bytes apart, at least K (strides {tuple(codes.stride())}); pass qa.codes.contiguous()")
     index = device.index if device.index is not None else torch.cuda.current_device()
     info = dispatch.device_info(index)
     if ARCH not in info.arches:
@@ -74,34 +70,41 @@ def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, t
             f"the W8A8 float8 kernels are built for {ARCH} (H100, H200) only; {info.name} is sm_"
             f"{info.capability[0]}{info.capability[1]}. Run it on an sm_90 GPU, or on CPU tensors (the reference)."
         )
-    if out is None:
-        out = torch.empty((m, n), dtype=out_dtype, device=device)
-    elif out.shape != (m, n) or out.dtype != out_dtype or not out.is_contiguous() or out.device != device:
+    if out is not None and (out.shape != (m, n) or out.dtype != out_dtype or not out.is_contiguous()
+                            or out.device != device):
         raise ValueError(f"out must be a contiguous ({m}, {n}) {out_dtype} tensor on {device}")
-    if m == 0:
-        return out
-    if bias is not None and packed.n_valid is not None:  # the kernel reads a bias for every padded column
-        bias = torch.nn.functional.pad(bias, (0, n - packed.n_valid))
     if tile is None:
         tile = select_tile(m, packed.blocks)
     elif isinstance(tile, str):
         tile = parse_tile_field(tile)
     if tile.mma is not MmaKind.WGMMA_SS:
         raise ValueError(f"tile {tile.label}: the W8A8 kernels run wgmma-ss tiles")
-    key = kernel_key(ARCH, out_dtype, tile, packed.blocks)
+    key = kernel_key(ARCH, out_dtype, tile, packed.blocks)  # (raises for a tile the scaling cannot take)
+    if out is None:
+        out = torch.empty((m, n), dtype=out_dtype, device=device)
+    if m == 0:
+        return out
+    # Every check a caller can fail is above or in the schedule's below; the GPU work starts after.
     loaded = _obtain.load(key, info)
-    scale_stride = 0
-    if packed.blocks and stages_token_scales(key):
-        # transposed for the kernel's staged copies: (k / 128) rows of m rounded up to 4 (the
-        # columns past m are never read into a stored row)
-        scale_stride = -(-m // 4) * 4
-        transposed = torch.empty((k // 128, scale_stride), dtype=torch.float32, device=device)
-        transposed[:, :m].copy_(scales.t())
-        scales = transposed
-    else:
-        scales = scales.contiguous()
     k_tiles = -(-k // 128)
     dp_ctas, splits, stream_k_ctas = _schedule(loaded, tile, info, m, n, k_tiles, stream_k)
+    if loaded.params_bytes != SCALED_PARAMS_BYTES:
+        raise ValueError(f"kernel {loaded.name}: takes {loaded.params_bytes} bytes of params, not "
+                         f"{SCALED_PARAMS_BYTES}; the Python ScaledTmaGemmParams layout differs from kernel/params.cuh")
+    if bias is not None and packed.n_valid is not None:  # the kernel reads a bias for every padded column
+        bias = torch.nn.functional.pad(bias, (0, n - packed.n_valid))
+    scale_stride = 0
+    if packed.blocks and stages_token_scales(key):
+        # (m, k / 128) transposed for the kernel's staged copies: (k / 128) rows of m rounded up to
+        # 4 (the columns past m are never read into a stored row)
+        scale_stride = -(-m // 4) * 4
+        scales = torch.empty((k // 128, scale_stride), dtype=torch.float32, device=device)
+        scales[:, :m].copy_(qa.scales.reshape(m, k // 128).t())
+    elif packed.blocks:  # (m, k / 128): one per token per K block, rows of k / 128
+        scales = qa.scales.reshape(m, k // 128).contiguous()
+    else:
+        scales = qa.scales.reshape(-1)
+        scales = (scales.expand(m) if scales.numel() == 1 else scales).contiguous()
     tiles = -(-m // tile.block_m) * -(-n // tile.block_n)
     if stream_k_ctas:
         grid = stream_k_ctas
@@ -122,9 +125,6 @@ def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, t
     a_map = _tensor_map(codes.data_ptr(), m, k, codes.stride(0) if m > 1 else k, tile.block_m)
     params = _pack_params(gemm_params, schedule, a_map, _weight_map(packed.w, n, k, tile.block_n), scales.data_ptr(),
                           scale_stride)
-    if loaded.params_bytes != len(params):
-        raise ValueError(f"kernel {loaded.name}: takes {loaded.params_bytes} bytes of params, not {len(params)}; the "
-                         "Python ScaledTmaGemmParams layout differs from kernel/params.cuh")
     try:
         loaded.launch((grid, 1, 1), stream, params)
     except Exception as error:

@@ -239,6 +239,8 @@ def gemm(a: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None
     from humming_aot import w8a8
 
     if isinstance(packed, w8a8.PackedW8A8Weight):
+        if bias is not None and bias.dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"a W8A8 GEMM's bias is bfloat16 or float16 (the output takes its dtype), got {bias.dtype}")
         return w8a8.gemm(a, packed, bias=bias, out_dtype=torch.bfloat16 if bias is None else bias.dtype)
     _validate(a, packed, bias)
     if packed.padded:

@@ -12,10 +12,9 @@ body (csrc/include/humming_aot/kernel/dense_wgmma_ss.cuh), in two scalings:
 
 ``gemm`` computes ``out[m, n] = sum_k a[m, k] w[n, k] * a_scale[m] * w_scale[n] (+ bias)`` with
 fp32 sums (the kernel promotes its fp8 wgmma partial sums into fp32 every 128 of K, and applies
-block scales there). On a CPU
-tensor, or any device other than an sm_90 GPU, it runs the float64 reference of the same operands
-rounded once to the output dtype; on other GPUs it raises (the kernels are sm90a ones: H100 and
-H200). The weights keep the codes as the checkpoint has them, one byte each, rows of K: TMA reads
+block scales there). On CPU tensors it runs the float64 reference of the same operands rounded
+once to the output dtype; on a GPU other than sm_90 it raises (the kernels are sm90a ones: H100
+and H200). The weights keep the codes as the checkpoint has them, one byte each, rows of K: TMA reads
 them as they are, so there is no packed layout to version.
 """
 from __future__ import annotations
@@ -190,8 +189,9 @@ def _check_activation(qa: QuantizedActivation, packed: PackedW8A8Weight) -> None
         )
     if qa.codes.shape[-1] != packed.k:
         raise ValueError(f"activations have K={qa.codes.shape[-1]} but the weight has K={packed.k}")
-    if qa.codes.device != packed.w.device:
-        raise ValueError(f"activations are on {qa.codes.device} but the weight is on {packed.w.device}")
+    if qa.codes.device != packed.w.device or qa.scales.device != packed.w.device:
+        raise ValueError(f"activation codes are on {qa.codes.device} and their scales on {qa.scales.device}, but "
+                         f"the weight is on {packed.w.device}: move them together")
 
 
 def dequantized_activation(qa: QuantizedActivation, k: int) -> torch.Tensor:
@@ -219,8 +219,9 @@ def gemm(qa: QuantizedActivation, packed: PackedW8A8Weight, *, bias: torch.Tenso
          tile: TileConfig | str | None = None, stream_k: int | None = None) -> torch.Tensor:
     """(*lead, out_features) = decode(qa) @ decode(packed)^T x scales (+ bias) in out_dtype.
 
-    ``bias``: (out_features,) in out_dtype. ``out`` (GPU only, tests): a contiguous (M, packed.n)
-    tensor to write instead of a new one (the padded columns are written too). ``tile``: a wgmma-ss
+    ``bias``: contiguous (out_features,) in out_dtype. ``out`` (GPU only, tests): a contiguous
+    (M, packed.n) tensor to write instead of a new one (the padded columns are written too, and the
+    result has packed.n columns). ``tile``: a wgmma-ss
     tile label to run instead of select_tile's; ``stream_k``: persistent CTAs of the stream-K
     schedule, 0 for the tail split, None for the heuristic's choice."""
     _check_activation(qa, packed)
@@ -228,9 +229,10 @@ def gemm(qa: QuantizedActivation, packed: PackedW8A8Weight, *, bias: torch.Tenso
         raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float16, got {out_dtype}")
     lead = tuple(qa.codes.shape[:-1])
     n = packed.out_features
-    if bias is not None and (bias.shape != (n,) or bias.dtype != out_dtype or bias.device != packed.device):
-        raise ValueError(f"bias must be a ({n},) {out_dtype} tensor on {packed.device}, got "
-                         f"{tuple(bias.shape)} {bias.dtype} on {bias.device}")
+    if bias is not None and (bias.shape != (n,) or bias.dtype != out_dtype or bias.device != packed.device
+                             or not bias.is_contiguous()):
+        raise ValueError(f"bias must be a contiguous ({n},) {out_dtype} tensor on {packed.device}, got "
+                         f"{tuple(bias.shape)} {bias.dtype} on {bias.device} with stride {tuple(bias.stride())}")
     if packed.device.type != "cuda":
         if out is not None or tile is not None or stream_k is not None:
             raise ValueError("out, tile and stream_k choose how the GPU kernel runs; leave them None on the CPU")
@@ -238,7 +240,9 @@ def gemm(qa: QuantizedActivation, packed: PackedW8A8Weight, *, bias: torch.Tenso
     from humming_aot import _w8a8_launch
 
     y = _w8a8_launch.launch(qa, packed, bias, out_dtype, out, tile, stream_k)
-    if packed.n_valid is not None and out is None:
+    if out is not None:  # the caller's (M, packed.n) tensor, padded columns included
+        return y.reshape(*lead, packed.n)
+    if packed.n_valid is not None:
         y = y[:, :n]
     return y.reshape(*lead, n)
 

@@ -109,6 +109,42 @@ def test_stream_k_ranges_that_split_tiles(tile, blocks):
         assert torch.equal(y, w8a8.gemm(qa, packed, tile=tile, stream_k=ctas)), "two runs differ"
 
 
+@pytest.mark.parametrize("blocks", [False, True], ids=["channel", "blocks"])
+@pytest.mark.parametrize("tile,m,n,k", [("wgmma-ss:128x128x128_w1x8_s6", 200, 2560, 4096),
+                                        ("wgmma-ss:8x128x128_w1x4_s6", 5, 5120, 8192)])
+def test_tail_split_slices_meet_in_fp32(tile, m, n, k, blocks):
+    # the tail split's K slices (stream_k=0 on fewer tiles than resident CTAs) sum in the workspace
+    # before the channel scales, and inside each slice's sums with block scales
+    from humming_aot import dispatch, obtain
+    from humming_aot._w8a8_launch import _schedule
+    from humming_aot.enumerate import parse_tile_field
+
+    gen = torch.Generator().manual_seed(_seed())
+    formats = dict(act="float8e4m3:g128", weights="float8e4m3:b128x128") if blocks else {}
+    qa, packed = _operands(m, n, k, gen, **formats)
+    info = dispatch.device_info(torch.cuda.current_device())
+    parsed = parse_tile_field(tile)
+    loaded = obtain.load(w8a8.kernel_key("sm90a", torch.bfloat16, parsed, blocks), info)
+    dp_ctas, splits, _ = _schedule(loaded, parsed, info, m, packed.n, k // 128, 0)
+    assert splits > 1, f"the schedule did not split K (dp {dp_ctas}, splits {splits}): the test misses its path"
+    y = w8a8.gemm(qa, packed, tile=tile, stream_k=0)
+    _check(y, qa, packed)
+    assert torch.equal(y, w8a8.gemm(qa, packed, tile=tile, stream_k=0)), "two runs differ"
+
+
+def test_block_scales_with_bias_float16_padded_n_and_a_partial_last_block():
+    # N = 200: padded to 208, the second CTA's 128 channels hold 72 of a partial block and 56 past N
+    gen = torch.Generator().manual_seed(_seed())
+    qa, packed = _operands(70, 200, 384, gen, act="float8e4m3:g128", weights="float8e4m3:b128x128")
+    bias = torch.randn(200, generator=gen).to(torch.float16).cuda()
+    y = w8a8.gemm(qa, packed, bias=bias, out_dtype=torch.float16)
+    assert y.shape == (70, 200) and y.dtype == torch.float16
+    _check(y, qa, packed, bias, torch.float16)
+    out = torch.full((70, packed.n), float("nan"), dtype=torch.float16, device="cuda")
+    whole = w8a8.gemm(qa, packed, bias=bias, out_dtype=torch.float16, out=out)
+    assert whole.shape == (70, packed.n) and torch.equal(whole[:, :200], y)
+
+
 def test_tensor_scale_bias_float16_and_padded_n():
     gen = torch.Generator().manual_seed(_seed())
     qa, packed = _operands(50, 100, 256, gen, act="float8e4m3:tensor")
@@ -151,7 +187,7 @@ def test_cuda_graph_replay_and_3d_input():
     assert torch.equal(captured, eager)
 
 
-def test_bad_operands_are_refused_before_a_launch():
+def test_bad_operands_raise_errors_that_say_what_to_do():
     gen = torch.Generator().manual_seed(_seed())
     qa, packed = _operands(4, 128, 256, gen)
     int8 = ops.quantize_activation(torch.randn(4, 256, device="cuda"), "int8:token")
@@ -162,3 +198,9 @@ def test_bad_operands_are_refused_before_a_launch():
         w8a8.gemm(short, packed)
     with pytest.raises(ValueError, match="wgmma-ss tiles"):
         w8a8.gemm(qa, packed, tile="wgmma-ws:64x128x64_w1x4_s4")
+    cpu_scales = quant.QuantizedActivation(element=qa.element, granularity=qa.granularity, group_size=None,
+                                           scale_dtype="float32", codes=qa.codes, scales=qa.scales.cpu())
+    with pytest.raises(ValueError, match="move them together"):
+        w8a8.gemm(cpu_scales, packed)
+    with pytest.raises(ValueError, match="bias must be a contiguous"):
+        w8a8.gemm(qa, packed, bias=torch.zeros(256, dtype=torch.bfloat16, device="cuda")[::2])

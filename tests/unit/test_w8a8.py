@@ -71,10 +71,14 @@ def test_errors_say_what_to_do():
         w8a8.gemm(ops.quantize_activation(torch.randn(2, 128), "int8:token"), packed)
     with pytest.raises(ValueError, match="K=64 but the weight has K=128"):
         w8a8.gemm(ops.quantize_activation(torch.randn(2, 64), "float8e4m3:token"), packed)
-    with pytest.raises(ValueError, match=r"bias must be a \(64,\) torch.bfloat16"):
+    with pytest.raises(ValueError, match=r"bias must be a contiguous \(64,\) torch.bfloat16"):
         w8a8.gemm(qa, packed, bias=torch.zeros(63, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="out_dtype"):
         w8a8.gemm(qa, packed, out_dtype=torch.float32)
+    with pytest.raises(ValueError, match="bias must be a contiguous"):
+        w8a8.gemm(qa, packed, bias=torch.zeros(128, dtype=torch.bfloat16)[::2])
+    with pytest.raises(ValueError, match="W8A8 GEMM's bias is bfloat16 or float16"):
+        ops.gemm(qa, packed, torch.zeros(64))
     with pytest.raises(ValueError, match="leave them None on the CPU"):
         w8a8.gemm(qa, packed, tile="wgmma-ss:8x128x128_w1x4_s6")
 

@@ -18,8 +18,8 @@
 // wgmma steps (128 of K) go into a scratch set that the first step overwrites, which is added to
 // the fp32 accumulators once the tile's wgmma have completed (the error bound then holds at
 // K = 16384: tests/gpu/test_w8a8_gpu.py). The slot is released at that point, before the add.
-// Twice the accumulator registers: a consumer warpgroup holds at most 64 channels x 160 tokens,
-// or 128 x 80.
+// Twice the accumulator registers: a consumer warpgroup holds at most 64 channels x 192 tokens
+// (128 with block scales, whose token scales it holds too), or 128 x 96.
 //
 // Schedules (tail split or stream-K, schedule/work_units.cuh) and the epilogue (fixup or split-K
 // reduction in fp32, then the staging tile of epilogue/column_major_writer.cuh) are the 16-bit
