@@ -221,9 +221,29 @@ def gemm(qa: QuantizedActivation, packed: PackedW8A8Weight, *, bias: torch.Tenso
 
     ``bias``: contiguous (out_features,) in out_dtype. ``out`` (GPU only, tests): a contiguous
     (M, packed.n) tensor to write instead of a new one (the padded columns are written too, and the
-    result has packed.n columns). ``tile``: a wgmma-ss
-    tile label to run instead of select_tile's; ``stream_k``: persistent CTAs of the stream-K
-    schedule, 0 for the tail split, None for the heuristic's choice."""
+    result has packed.n columns). ``tile``: a wgmma-ss tile label to run instead of select_tile's;
+    ``stream_k``: persistent CTAs of the stream-K schedule, 0 for the tail split, None for the
+    heuristic's choice.
+
+    Under torch.compile and torch's modes (FakeTensorMode, make_fx, ...) it is the custom op
+    ``humming_aot::gemm_w8a8`` (with a fake implementation); out, tile and stream_k are eager only.
+    """
+    from humming_aot.ops import _no_torch_modes
+
+    if torch.compiler.is_compiling() or not _no_torch_modes():
+        if out is not None or tile is not None or stream_k is not None:
+            raise ValueError("out, tile and stream_k are eager-only arguments of w8a8.gemm (tests and tuning)")
+        _check_activation(qa, packed)
+        return torch.ops.humming_aot.gemm_w8a8(qa.codes, qa.scales, packed.w, packed.w_scale, bias,
+                                                packed.out_features, packed.blocks, qa.granularity.value,
+                                                qa.group_size or 0, out_dtype)
+    return _gemm(qa, packed, bias=bias, out_dtype=out_dtype, out=out, tile=tile, stream_k=stream_k)
+
+
+def _gemm(qa: QuantizedActivation, packed: PackedW8A8Weight, *, bias: torch.Tensor | None = None,
+         out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None,
+         tile: TileConfig | str | None = None, stream_k: int | None = None) -> torch.Tensor:
+    """gemm without the dispatcher (eager, or inside the custom op)."""
     _check_activation(qa, packed)
     if out_dtype not in _OUT_DTYPES:
         raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float16, got {out_dtype}")
@@ -261,3 +281,30 @@ def _pack_params(gemm_params: bytes, schedule: bytes, a_map: bytes, w_map: bytes
 
 def kernel_key(arch: str, out_dtype: torch.dtype, tile: TileConfig, blocks: bool = False) -> KernelKey:
     return KernelKey(arch=arch, spec=gemm_spec(out_dtype, blocks), tile=tile)
+
+
+# The custom op: the QuantizedActivation and PackedW8A8Weight as their tensors and fields.
+_LIBRARY = torch.library.Library("humming_aot", "FRAGMENT")
+_LIBRARY.define(
+    "gemm_w8a8(Tensor codes, Tensor scales, Tensor w, Tensor w_scale, Tensor? bias, int n_valid, bool blocks, "
+    "str granularity, int group_size, ScalarType out_dtype) -> Tensor"
+)
+
+
+def _gemm_w8a8_op(codes, scales, w, w_scale, bias, n_valid, blocks, granularity, group_size, out_dtype):
+    qa = QuantizedActivation(element=ELEMENT, granularity=ActivationGranularity(granularity),
+                             group_size=group_size or None, scale_dtype="float32", codes=codes, scales=scales)
+    n, k = w.shape
+    packed = PackedW8A8Weight(w=w, w_scale=w_scale, n=n, k=k,
+                              format="float8e4m3:b128x128" if blocks else "float8e4m3:channel",
+                              n_valid=n_valid if n_valid != n else None, blocks=blocks)
+    return _gemm(qa, packed, bias=bias, out_dtype=out_dtype)
+
+
+def _gemm_w8a8_fake(codes, scales, w, w_scale, bias, n_valid, blocks, granularity, group_size, out_dtype):
+    return codes.new_empty((*codes.shape[:-1], n_valid), dtype=out_dtype)
+
+
+_LIBRARY.impl("gemm_w8a8", _gemm_w8a8_op, "CPU")
+_LIBRARY.impl("gemm_w8a8", _gemm_w8a8_op, "CUDA")
+torch.library.register_fake("humming_aot::gemm_w8a8", _gemm_w8a8_fake, lib=_LIBRARY)

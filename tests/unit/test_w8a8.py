@@ -207,3 +207,27 @@ def test_the_default_catalog_holds_every_table_tile():
         for _, label in table:
             for dtype in (torch.bfloat16, torch.float16):
                 assert w8a8.kernel_key("sm90a", dtype, parse_tile_field(label), blocks=blocks).name in names
+
+
+def test_gemm_is_a_custom_op_under_torch_compile_and_fake_tensors():
+    for blocks in (False, True):
+        formats = dict(act="float8e4m3:g128", wfmt="float8e4m3:b128x128") if blocks else {}
+        _, _, packed, qa = _operands(6, 100, 256, seed=3, **formats)
+        bias = torch.randn(100).to(torch.bfloat16)
+        eager = w8a8.gemm(qa, packed, bias=bias)
+        fn = torch.compile(lambda codes, scales: w8a8.gemm(
+            quant.QuantizedActivation(element=qa.element, granularity=qa.granularity, group_size=qa.group_size,
+                                      scale_dtype="float32", codes=codes, scales=scales), packed, bias=bias),
+            backend="eager", fullgraph=True)
+        assert torch.equal(fn(qa.codes, qa.scales), eager)
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            out = torch.ops.humming_aot.gemm_w8a8(mode.from_tensor(qa.codes.reshape(2, 3, 256)), mode.from_tensor(
+                qa.scales.reshape(2, 3, -1)), packed.w, packed.w_scale, None, 100, blocks, qa.granularity.value,
+                qa.group_size or 0, torch.float16)
+            assert out.shape == (2, 3, 100) and out.dtype == torch.float16
+        with torch.device("cpu"):  # a torch function mode: the op path, where tile, out and stream_k are refused
+            assert torch.equal(w8a8.gemm(qa, packed, bias=bias), eager)
+            with pytest.raises(ValueError, match="eager-only"):
+                w8a8.gemm(qa, packed, tile="wgmma-ss:8x128x128_w1x4_s6")
