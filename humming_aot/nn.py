@@ -1,5 +1,6 @@
-"""nn.Module front end: QuantizedLinear (a drop-in for nn.Linear with a quantized weight) and
-QuantizedMoE (a mixture-of-experts MLP with quantized experts)."""
+"""nn.Module front end: QuantizedLinear (a drop-in for nn.Linear with a quantized weight),
+W8A8Linear (the same with float8 activations quantized on the way in) and QuantizedMoE (a
+mixture-of-experts MLP with quantized experts)."""
 from __future__ import annotations
 
 import torch
@@ -40,13 +41,18 @@ class QuantizedLinear(torch.nn.Module):
                              torch.tensor(packed.layout_version, dtype=torch.int32, device=packed.w.device))
 
     @classmethod
-    def from_linear(cls, linear: torch.nn.Linear, fmt: str, act_dtype: torch.dtype | None = None) -> "QuantizedLinear":
+    def from_linear(cls, linear: torch.nn.Linear, fmt: str, act_dtype: torch.dtype | None = None,
+                    activations: str | None = None) -> "QuantizedLinear | W8A8Linear":
         """Quantize an nn.Linear's weight with `fmt` (e.g. "int4:g128") and pack it.
 
         act_dtype defaults to the linear's dtype when it is float16 or bfloat16, else bfloat16.
+        ``activations``: an ActivationFormat ("float8e4m3:token", "float8e4m3:g128") to quantize the
+        inputs with: a W8A8Linear (float8e4m3 weights only, so far).
         """
         from humming_aot.quant import quantize
 
+        if activations is not None:
+            return W8A8Linear.from_linear(linear, fmt, activations)
         if not isinstance(linear, torch.nn.Linear):
             raise TypeError(f"from_linear: expected torch.nn.Linear, got {type(linear).__name__}")
         weight = linear.weight.detach()
@@ -128,6 +134,67 @@ class QuantizedLinear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, format={self._meta['format']!r}"
+
+
+class W8A8Linear(torch.nn.Module):
+    """y = w8a8.gemm(quantize_activation(x, activations), W) (+ b): a float8 W8A8 layer (sm_90a
+    kernels; the float64 reference on the CPU). The output takes x's dtype when it is float16 or
+    bfloat16, else bfloat16. Weight codes, scales and bias are buffers (``.to()`` moves them)."""
+
+    def __init__(self, packed, activations: str, bias: torch.Tensor | None = None):
+        from humming_aot.quant import ActivationFormat
+        from humming_aot.quant.activation import ActivationGranularity
+
+        super().__init__()
+        fmt = ActivationFormat.parse(activations)
+        wanted = ((ActivationGranularity.GROUP,) if packed.blocks
+                  else (ActivationGranularity.TOKEN, ActivationGranularity.TENSOR))
+        if fmt.element != "float8e4m3" or fmt.granularity not in wanted or fmt.scale_dtype != "float32" or (
+                packed.blocks and fmt.group_size != 128):
+            raise ValueError(f"W8A8Linear: activations {fmt} do not suit weights {packed.format}; use "
+                             f"{'float8e4m3:g128' if packed.blocks else 'float8e4m3:token or float8e4m3:tensor'}")
+        self.activations = str(fmt)
+        self.in_features, self.out_features = packed.in_features, packed.out_features
+        self._meta = {"n": packed.n, "k": packed.k, "format": packed.format, "n_valid": packed.n_valid,
+                      "blocks": packed.blocks}
+        self.register_buffer("w", packed.w)
+        self.register_buffer("w_scale", packed.w_scale)
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, fmt: str = "float8e4m3:channel",
+                    activations: str | None = None) -> "W8A8Linear":
+        """Quantize an nn.Linear's weight with `fmt` ("float8e4m3:channel", ":tensor" or
+        ":b128x128"); activations default to per token (per token and 128 of K for block weights)."""
+        from humming_aot import w8a8
+        from humming_aot.quant import quantize
+
+        if not isinstance(linear, torch.nn.Linear):
+            raise TypeError(f"from_linear: expected torch.nn.Linear, got {type(linear).__name__}")
+        packed = w8a8.pack(quantize(linear.weight.detach().float(), fmt))
+        if activations is None:
+            activations = "float8e4m3:g128" if packed.blocks else "float8e4m3:token"
+        bias = None if linear.bias is None else linear.bias.detach().float()
+        return cls(packed, activations, bias)
+
+    @property
+    def packed(self):
+        from humming_aot import w8a8
+
+        meta = self._meta
+        return w8a8.PackedW8A8Weight(w=self.w, w_scale=self.w_scale, n=meta["n"], k=meta["k"], format=meta["format"],
+                                     n_valid=meta["n_valid"], blocks=meta["blocks"])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from humming_aot import w8a8
+
+        out_dtype = x.dtype if x.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+        bias = None if self.bias is None else self.bias.to(out_dtype)
+        return w8a8.gemm(ops.quantize_activation(x, self.activations), self.packed, bias=bias, out_dtype=out_dtype)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, format={self._meta['format']!r}, "
+                f"activations={self.activations!r}")
 
 
 _MOE_ACTIVATIONS = ("silu", "swiglu_oai")

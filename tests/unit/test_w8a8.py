@@ -231,3 +231,23 @@ def test_gemm_is_a_custom_op_under_torch_compile_and_fake_tensors():
             assert torch.equal(w8a8.gemm(qa, packed, bias=bias), eager)
             with pytest.raises(ValueError, match="eager-only"):
                 w8a8.gemm(qa, packed, tile="wgmma-ss:8x128x128_w1x4_s6")
+
+
+def test_w8a8_linear_quantizes_its_input_and_matches_the_reference():
+    from humming_aot.nn import QuantizedLinear, W8A8Linear
+
+    gen = torch.Generator().manual_seed(4)
+    linear = torch.nn.Linear(256, 100)
+    x = torch.randn(2, 3, 256, generator=gen).to(torch.bfloat16)
+    for fmt, acts in (("float8e4m3:channel", "float8e4m3:token"), ("float8e4m3:b128x128", None)):
+        layer = QuantizedLinear.from_linear(linear, fmt, activations=acts or "float8e4m3:g128")
+        assert isinstance(layer, W8A8Linear) and "activations='float8e4m3:" in repr(layer)
+        y = layer(x)
+        assert y.shape == (2, 3, 100) and y.dtype == torch.bfloat16
+        qa = ops.quantize_activation(x, layer.activations)
+        expected = (w8a8.reference(qa, layer.packed) + linear.bias.detach().to(torch.bfloat16).double()).to(torch.bfloat16)
+        assert torch.equal(y.reshape(6, 100), expected)
+        rel = ((y.double() - linear(x.float()).double()).norm() / linear(x.float()).double().norm()).item()
+        assert rel < 0.1
+    with pytest.raises(ValueError, match="do not suit weights"):
+        W8A8Linear.from_linear(linear, "float8e4m3:channel", activations="float8e4m3:g128")
