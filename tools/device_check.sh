@@ -4,7 +4,7 @@
 #   tools/device_check.sh OUTDIR
 #   DEVICE_STEPS=catalog,tests tools/device_check.sh OUTDIR      # only some steps
 #
-# Steps (DEVICE_STEPS, comma list, default all but tune, moe, moelayer, moesteps, moeprof and ab, in this order):
+# Steps (DEVICE_STEPS, comma list, default all but tune, w8a8, moe, moelayer, moesteps, moeprof and ab, in this order):
 #   env       nvidia-smi, python / torch / nvcc versions            -> summary.txt (top)
 #   wheels    install carried wheels from ./.whl/ into /tmp/site    -> build.log (fails without one:
 #             the benchmarks' Humming columns need humming-kernels)
@@ -16,6 +16,8 @@
 #   cold      tools/bench/cold_start.py (extra args: $COLD_ARGS)   -> bench.log, cold_start.json
 #   eager     tools/bench/eager_overhead.py ($EAGER_ARGS): eager per-call cost vs F.linear and vs a
 #             CUDA graph                                            -> bench.log, eager.json
+#   w8a8      tools/bench/bench_w8a8.py (extra args: $W8A8_ARGS, e.g. --blocks): the W8A8 float8 GEMM
+#             vs cuBLAS torch._scaled_mm and Humming's W8A8     -> bench.log, w8a8.json
 #   moe       tools/bench/bench_moe.py (extra args: $MOE_ARGS): MoE expert GEMMs vs Humming and
 #             torch._grouped_mm                                     -> bench.log, moe.json
 #   moesteps  tools/bench/bench_moe_steps.py ($MOESTEPS_ARGS): the steps around the MoE GEMMs, helper
@@ -59,7 +61,7 @@ OUTDIR=$(cd "$1" && pwd)
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO" || exit 2
 
-ALL_STEPS=env,wheels,launcher,catalog,tests,tune,bench,cold,eager,moe,moesteps,moelayer,moeprof,ab
+ALL_STEPS=env,wheels,launcher,catalog,tests,tune,bench,cold,eager,w8a8,moe,moesteps,moelayer,moeprof,ab
 DEFAULT_STEPS=env,wheels,launcher,catalog,tests,bench,cold,eager
 STEPS=",${DEVICE_STEPS:-$DEFAULT_STEPS},"
 ARCH=${DEVICE_ARCH:-sm90a}
@@ -207,6 +209,12 @@ step_eager() {
     python3 tools/bench/eager_overhead.py --json "$OUTDIR/eager.json" "${extra[@]}"
 }
 
+step_w8a8() {
+    local -a extra=()
+    [[ -n "${W8A8_ARGS:-}" ]] && mapfile -t extra < <(split_args "$W8A8_ARGS")
+    python3 tools/bench/bench_w8a8.py --json "$OUTDIR/w8a8.json" "${extra[@]}"
+}
+
 step_moe() {
     local -a extra=()
     [[ -n "${MOE_ARGS:-}" ]] && mapfile -t extra < <(split_args "$MOE_ARGS")
@@ -277,6 +285,7 @@ wanted tune && run_step tune "$OUTDIR/bench.log" step_tune
 wanted bench && run_step bench "$OUTDIR/bench.log" step_bench
 wanted cold && run_step cold "$OUTDIR/bench.log" step_cold
 wanted eager && run_step eager "$OUTDIR/bench.log" step_eager
+wanted w8a8 && run_step w8a8 "$OUTDIR/bench.log" step_w8a8
 wanted moe && run_step moe "$OUTDIR/bench.log" step_moe
 wanted moesteps && run_step moesteps "$OUTDIR/bench.log" step_moesteps
 wanted moelayer && run_step moelayer "$OUTDIR/bench.log" step_moelayer
