@@ -1,0 +1,141 @@
+"""humming_aot._w8a8_launch on CPU tensors with a fake H200 and launcher (the GPU runs are
+tests/gpu/test_w8a8_gpu.py): the ScaledTmaGemmParams bytes a launch packs (pointers, the problem,
+the schedule, both tensor maps, the token scales and their transposed stride), the grid of each
+schedule, and that every error a caller can cause comes before any launch."""
+from __future__ import annotations
+
+import struct
+
+import pytest
+import torch
+
+from humming_aot import _launcher, _w8a8_launch, dispatch, ops, params_abi, quant, w8a8
+from humming_aot import obtain as kernel_obtain
+from humming_aot.kernels import LoadedKernel
+
+H200 = dispatch.DeviceInfo(index=0, name="fake H200", capability=(9, 0), num_sms=132, smem_per_sm=233472,
+                           arches=("sm90a",))
+
+
+class Fakes:
+    def __init__(self, monkeypatch):
+        self.launches, self.loads, self.maps = [], [], []
+        _w8a8_launch._weight_maps.clear()
+        monkeypatch.setattr(dispatch, "device_info", lambda index: H200)
+        monkeypatch.setattr(kernel_obtain, "load", self.load)
+        monkeypatch.setattr(_launcher, "launch", self.launch)
+        monkeypatch.setattr(_launcher, "encode_tensor_map_2d", self.encode)
+        monkeypatch.setattr(_launcher, "kernel_attribute", self.kernel_attribute)
+        monkeypatch.setattr(dispatch, "_split_k_counters", lambda device, stream: torch.zeros(8, dtype=torch.int32))
+        monkeypatch.setattr(dispatch, "current_stream", lambda index: 0x5EED)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        self.threads = {}
+
+    def load(self, key, info):
+        self.loads.append(key.name)
+        handle = 100 + len(self.loads)
+        self.threads[handle] = key.tile.threads
+        smem = key.tile.body.key_smem_bytes(key)  # what the kernel's metadata would say
+        return LoadedKernel(name=key.name, library=1, kernel=handle, threads=key.tile.threads, smem_bytes=smem,
+                            device=0, params_bytes=w8a8.SCALED_PARAMS_BYTES, programmatic_launch=True)
+
+    def kernel_attribute(self, kernel, attribute, device):
+        if attribute == _launcher.FunctionAttribute.SHARED_SIZE_BYTES:
+            return 1024
+        threads = self.threads[kernel]  # the launch bounds: two CTAs per SM of 256 threads, one of 384
+        return (65536 // (2 if threads <= 256 else 1) // threads) // 8 * 8
+
+    def encode(self, address, rows, cols, row_stride_bytes, box_rows, box_cols):
+        self.maps.append((address, rows, cols, row_stride_bytes, box_rows, box_cols))
+        return bytes([len(self.maps)]) * 128
+
+    def launch(self, kernel, grid, block, smem, stream, params, device, *, programmatic_dependent_launch=False,
+               cluster=(1, 1, 1)):
+        self.launches.append(dict(grid=grid, block=block, smem=smem, stream=stream, params=params))
+
+
+def _operands(m, n, k, blocks=False):
+    gen = torch.Generator().manual_seed(0)
+    fmt, act = ("float8e4m3:b128x128", "float8e4m3:g128") if blocks else ("float8e4m3:channel", "float8e4m3:token")
+    packed = w8a8.pack(quant.quantize(torch.randn(n, k, generator=gen), fmt))
+    return ops.quantize_activation(torch.randn(m, k, generator=gen), act), packed
+
+
+@pytest.mark.parametrize("blocks", [False, True], ids=["channel", "blocks"])
+def test_a_launch_packs_the_scaled_tma_params(monkeypatch, blocks):
+    fakes = Fakes(monkeypatch)
+    qa, packed = _operands(200, 100, 384, blocks)  # N padded to 112
+    bias = torch.randn(100).to(torch.bfloat16)
+    out = _w8a8_launch.launch(qa, packed, bias, torch.bfloat16, None, "wgmma-ss:128x128x128_w1x8_s6", None)
+    assert out.shape == (200, 112) and fakes.loads == [
+        w8a8.kernel_key("sm90a", torch.bfloat16, w8a8.select_tile(200, blocks), blocks).name]
+    (launch,) = fakes.launches
+    params = launch["params"]
+    assert len(params) == 448 and launch["block"] == (384, 1, 1) and launch["stream"] == 0x5EED
+    fields = params_abi.GEMM_PARAMS.unpack(params[:104])
+    a, w, w_scale, zp, bias_ptr, out_ptr = fields[:6]
+    assert (a, w, w_scale, zp, out_ptr) == (qa.codes.data_ptr(), packed.w.data_ptr(), packed.w_scale.data_ptr(), 0,
+                                            out.data_ptr())
+    assert bias_ptr not in (0, bias.data_ptr())  # the bias padded to 112 columns is a copy
+    lda, ldo, m, n, k, group, splits, global_scale = fields[8:]
+    assert (lda, ldo, m, n, k, group, global_scale) == (384, 112, 200, 112, 384, 384, 1.0)
+    dp_ctas, tail_splits, stream_k = struct.unpack_from("<3i", params, 104)
+    # 2 x 1 tiles of 128 x 128, 3 K tiles each: too little work for stream-K, one CTA a tile
+    assert (dp_ctas, tail_splits, stream_k) == (2, 1, 0) and launch["grid"] == (2, 1, 1)
+    # the activation map (box: the tile's tokens) at 128, the weights' (box: its channels) at 256
+    assert fakes.maps[0] == (qa.codes.data_ptr(), 200, 192, 384, 128, 64)
+    assert fakes.maps[1] == (packed.w.data_ptr(), 112, 192, 384, 128, 64)
+    assert params[128:256] == bytes([1]) * 128 and params[256:384] == bytes([2]) * 128
+    scale_ptr, stride = struct.unpack_from("<Qi", params, 384)
+    if blocks:  # staged token scales: the transposed copy, rows of M rounded up to 4
+        assert stride == 200 and scale_ptr != qa.scales.data_ptr()
+    else:
+        assert stride == 0 and scale_ptr == qa.scales.data_ptr()
+
+
+def test_stream_k_takes_every_slot_below_a_wave(monkeypatch):
+    fakes = Fakes(monkeypatch)
+    qa, packed = _operands(20, 512, 4096)
+    _w8a8_launch.launch(qa, packed, None, torch.bfloat16, None, "wgmma-ss:8x128x128_w1x4_s6", None)
+    (launch,) = fakes.launches
+    # 3 x 4 tiles of 8 x 128 with 32 K tiles each, two CTAs per SM: 264 persistent CTAs
+    assert struct.unpack_from("<3i", launch["params"], 104)[2] == 1 and launch["grid"] == (264, 1, 1)
+    assert launch["block"] == (256, 1, 1)
+
+
+def test_the_tail_split_grid_and_workspace(monkeypatch):
+    fakes = Fakes(monkeypatch)
+    qa, packed = _operands(200, 2560, 4096)
+    _w8a8_launch.launch(qa, packed, None, torch.bfloat16, None, "wgmma-ss:128x128x128_w1x8_s6", 0)
+    (launch,) = fakes.launches
+    dp_ctas, tail_splits, stream_k = struct.unpack_from("<3i", launch["params"], 104)
+    # 40 tiles of 32 K tiles on 132 one-CTA slots: no whole wave, every tile in K slices
+    assert (dp_ctas, tail_splits, stream_k) == (0, 3, 0) and launch["grid"] == (40 * 3, 1, 1)
+    fields = params_abi.GEMM_PARAMS.unpack(launch["params"][:104])
+    assert fields[6] != 0 and fields[7] != 0  # workspace and counters
+    assert fields[14] == 3
+
+
+def test_errors_come_before_any_launch(monkeypatch):
+    fakes = Fakes(monkeypatch)
+    qa, packed = _operands(8, 128, 256)
+    with pytest.raises(ValueError, match="wgmma-ss tiles"):
+        _w8a8_launch.launch(qa, packed, None, torch.bfloat16, None, "wgmma-ws:64x128x64_w1x4_s4", None)
+    with pytest.raises(ValueError, match=r"stream_k=1000 persistent CTAs: must be in \[1, 2\]"):
+        _w8a8_launch.launch(qa, packed, None, torch.bfloat16, None, "wgmma-ss:8x128x128_w1x4_s6", 1000)
+    with pytest.raises(ValueError, match="out must be a contiguous"):
+        _w8a8_launch.launch(qa, packed, None, torch.bfloat16, torch.empty(8, 100, dtype=torch.bfloat16), None, None)
+    strided = quant.QuantizedActivation(element=qa.element, granularity=qa.granularity, group_size=None,
+                                        scale_dtype="float32", codes=torch.zeros(8, 512, dtype=torch.uint8)[:, :256],
+                                        scales=qa.scales)
+    _w8a8_launch.launch(strided, packed, None, torch.bfloat16, None, None, None)  # 512-byte rows: fine
+    overlapping = quant.QuantizedActivation(element=qa.element, granularity=qa.granularity, group_size=None,
+                                            scale_dtype="float32",
+                                            codes=torch.zeros(4096, dtype=torch.uint8).as_strided((8, 256), (16, 1)),
+                                            scales=qa.scales)
+    with pytest.raises(ValueError, match="at least K"):
+        _w8a8_launch.launch(overlapping, packed, None, torch.bfloat16, None, None, None)
+    blocks_qa, blocks = _operands(300, 128, 256, blocks=True)
+    with pytest.raises(ValueError, match="token scales"):
+        _w8a8_launch.launch(blocks_qa, blocks, None, torch.bfloat16, None, "wgmma-ss:192x128x128_w1x8_s5", None)
+    assert len(fakes.launches) == 1  # only the strided call launched
