@@ -59,9 +59,11 @@ def _check(y: torch.Tensor, qa, packed, bias=None, out_dtype=torch.bfloat16):
     assert not torch.isnan(y).any(), "NaN in the output: some element was never written"
     # The output's rounding (half an ulp of its dtype: 2^-8 or 2^-11 of |ref|), plus the fp8
     # wgmma's own sums: Hopper's fp8 tensor cores keep about 14 bits of each running sum of a
-    # promotion's 128 products (truncating), which bounds their error by a few 2^-14 of the sum
-    # of |products|; 2^-11 of it leaves room and still catches a code, step or tile gone wrong
-    # (one missing K step of 32 is about a quarter of it).
+    # promotion's 128 products (truncating): each of its four k32 steps, and the additions inside
+    # one, may lose about 2^-14 of the running sum, so a promotion errs by up to a few 2^-14 of its
+    # sum of |products|, and the fp32 sums of the promotions add little. 2^-11 of the sum of
+    # |products| covers that worst case with room, and still catches a code, step or tile gone
+    # wrong (one missing K step of 32 is about a quarter of the sum).
     eps = 2.0**-8 if out_dtype == torch.bfloat16 else 2.0**-11
     k = packed.k
     a_abs = w8a8.dequantized_activation(qa, k).abs()

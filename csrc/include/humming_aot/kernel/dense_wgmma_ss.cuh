@@ -179,6 +179,8 @@ struct DenseWgmmaSs {
       }
       mma::wgmma_wait_group<0>();
       mma::wgmma_fence_operands(scratch);
+      // Lane 0 releases the slot for the warp: the staged scales' shared loads above are warp-wide
+      // instructions issued before this point, as the 16-bit body's fragment loads are.
       if (lane == 0) ptx::mbarrier_arrive(empty0 + 8 * ring.slot);
       if constexpr (kBlockScales) {
         // acc[u * kUnitAccumulators + i] holds token 8 (i >> 2) + (i & 1) (+ this thread's first)
