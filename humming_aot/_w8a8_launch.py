@@ -1,12 +1,14 @@
 """The GPU side of humming_aot.w8a8.gemm: checks, the wgmma-ss kernel (catalog or JIT), its
 schedule (the TMA body's tail split or stream-K, heuristics.tail_split_schedule /
 stream_k_ctas), the two tensor maps and ScaledTmaGemmParams, one launch on torch's current stream
-(CUDA-graph capturable once the kernel is loaded)."""
+(CUDA-graph capturable once the kernel is loaded). The kernel and schedule of a problem are
+worked out once (its driver queries included) and kept, as dispatch.LaunchPlan keeps the 16-bit
+GEMM's; the tensor maps are cached by address."""
 from __future__ import annotations
 
 import torch
 
-from humming_aot import _launcher, dispatch, heuristics, params_abi
+from humming_aot import dispatch, heuristics, params_abi
 from humming_aot import obtain as _obtain
 from humming_aot.bodies.wgmma_ss import stages_token_scales
 from humming_aot.enumerate import parse_tile_field
@@ -14,24 +16,14 @@ from humming_aot.spec import MmaKind, TileConfig
 from humming_aot.w8a8 import K_ALIGN, SCALED_PARAMS_BYTES, _pack_params, kernel_key, select_tile
 
 ARCH = "sm90a"
-_weight_maps: dict[tuple[int, int, int, int], bytes] = {}
-_MAX_MAPS = 4096
+# (device, out dtype, blocks, tile, m, n, k, stream_k) -> (loaded kernel, dp_ctas, splits, stream_k_ctas)
+_plans: dict[tuple, tuple] = {}
 
 
-def _tensor_map(address: int, rows: int, k: int, row_bytes: int, box_rows: int) -> bytes:
-    """A map over (rows, k) one-byte codes as (rows, k / 2) 16-bit pairs, boxes of 128 codes."""
-    return _launcher.encode_tensor_map_2d(address, rows, k // 2, row_bytes, box_rows, 64)
-
-
-def _weight_map(w: torch.Tensor, n: int, k: int, box_rows: int) -> bytes:
-    slot = (w.data_ptr(), n, k, box_rows)
-    tensor_map = _weight_maps.get(slot)
-    if tensor_map is None:
-        if len(_weight_maps) >= _MAX_MAPS:
-            _weight_maps.clear()
-        tensor_map = _tensor_map(w.data_ptr(), n, k, k, box_rows)
-        _weight_maps[slot] = tensor_map
-    return tensor_map
+def _codes_map(codes: torch.Tensor, rows: int, k: int, row_bytes: int, box_rows: int) -> bytes:
+    """The TMA map over (rows, k) one-byte codes, rows row_bytes apart, read as 16-bit pairs in
+    boxes of (box_rows, 128 codes): dispatch's cached activation map (16-bit elements) over them."""
+    return dispatch._activation_tensor_map(codes, row_bytes // 2, rows, k // 2, box_rows)
 
 
 def _schedule(loaded, tile: TileConfig, info, m: int, n: int, k_tiles: int, stream_k: int | None):
@@ -84,13 +76,21 @@ def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, t
         out = torch.empty((m, n), dtype=out_dtype, device=device)
     if m == 0:
         return out
-    # Every check a caller can fail is above or in the schedule's below; the GPU work starts after.
-    loaded = _obtain.load(key, info)
+    # Every check a caller can fail is above or in the plan's below; the GPU work starts after.
     k_tiles = -(-k // 128)
-    dp_ctas, splits, stream_k_ctas = _schedule(loaded, tile, info, m, n, k_tiles, stream_k)
-    if loaded.params_bytes != SCALED_PARAMS_BYTES:
-        raise ValueError(f"kernel {loaded.name}: takes {loaded.params_bytes} bytes of params, not "
-                         f"{SCALED_PARAMS_BYTES}; the Python ScaledTmaGemmParams layout differs from kernel/params.cuh")
+    plan_key = (index, key, m, n, k, stream_k)
+    plan = _plans.get(plan_key)
+    if plan is None:
+        loaded = _obtain.load(key, info)
+        if loaded.params_bytes != SCALED_PARAMS_BYTES:
+            raise ValueError(f"kernel {loaded.name}: takes {loaded.params_bytes} bytes of params, not "
+                             f"{SCALED_PARAMS_BYTES}; the Python ScaledTmaGemmParams layout differs from "
+                             "kernel/params.cuh")
+        plan = (loaded, *_schedule(loaded, tile, info, m, n, k_tiles, stream_k))
+        if len(_plans) >= dispatch.MAX_PLANS:
+            _plans.clear()
+        _plans[plan_key] = plan
+    loaded, dp_ctas, splits, stream_k_ctas = plan
     if bias is not None and packed.n_valid is not None:  # the kernel reads a bias for every padded column
         bias = torch.nn.functional.pad(bias, (0, n - packed.n_valid))
     scale_stride = 0
@@ -122,9 +122,9 @@ def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, t
         out.data_ptr(), 0 if workspace is None else workspace.data_ptr(), 0 if counters is None else counters.data_ptr(),
         codes.stride(0), out.stride(0), m, n, 128 * k_tiles, 128 * k_tiles, splits, 1.0)
     schedule = params_abi.TMA_SCHEDULE.pack(dp_ctas, splits, 1 if stream_k_ctas else 0)
-    a_map = _tensor_map(codes.data_ptr(), m, k, codes.stride(0) if m > 1 else k, tile.block_m)
-    params = _pack_params(gemm_params, schedule, a_map, _weight_map(packed.w, n, k, tile.block_n), scales.data_ptr(),
-                          scale_stride)
+    a_map = _codes_map(codes, m, k, codes.stride(0), tile.block_m)  # (one row: any stride, dispatch's rule)
+    w_map = _codes_map(packed.w, n, k, k, tile.block_n)
+    params = _pack_params(gemm_params, schedule, a_map, w_map, scales.data_ptr(), scale_stride)
     try:
         loaded.launch((grid, 1, 1), stream, params)
     except Exception as error:

@@ -20,7 +20,9 @@ H200 = dispatch.DeviceInfo(index=0, name="fake H200", capability=(9, 0), num_sms
 class Fakes:
     def __init__(self, monkeypatch):
         self.launches, self.loads, self.maps = [], [], []
-        _w8a8_launch._weight_maps.clear()
+        _w8a8_launch._plans.clear()
+        dispatch._tensor_maps.clear()
+        self.attribute_queries = 0
         monkeypatch.setattr(dispatch, "device_info", lambda index: H200)
         monkeypatch.setattr(kernel_obtain, "load", self.load)
         monkeypatch.setattr(_launcher, "launch", self.launch)
@@ -40,6 +42,7 @@ class Fakes:
                             device=0, params_bytes=w8a8.SCALED_PARAMS_BYTES, programmatic_launch=True)
 
     def kernel_attribute(self, kernel, attribute, device):
+        self.attribute_queries += 1
         if attribute == _launcher.FunctionAttribute.SHARED_SIZE_BYTES:
             return 1024
         threads = self.threads[kernel]  # the launch bounds: two CTAs per SM of 256 threads, one of 384
@@ -139,3 +142,19 @@ def test_errors_come_before_any_launch(monkeypatch):
     with pytest.raises(ValueError, match="token scales"):
         _w8a8_launch.launch(blocks_qa, blocks, None, torch.bfloat16, None, "wgmma-ss:192x128x128_w1x8_s5", None)
     assert len(fakes.launches) == 1  # only the strided call launched
+
+
+def test_a_problem_is_planned_once(monkeypatch):
+    # the kernel, its schedule (and the driver queries behind it) and the weight map are worked out
+    # on the first call; the next call of the same problem only packs pointers and launches
+    fakes = Fakes(monkeypatch)
+    qa, packed = _operands(20, 512, 4096)
+    _w8a8_launch.launch(qa, packed, None, torch.bfloat16, None, None, None)
+    loads, queries, maps = len(fakes.loads), fakes.attribute_queries, len(fakes.maps)
+    assert loads == 1 and queries > 0 and maps == 2
+    out = torch.empty(20, 512, dtype=torch.bfloat16)
+    _w8a8_launch.launch(qa, packed, None, torch.bfloat16, out, None, None)
+    assert (len(fakes.loads), fakes.attribute_queries, len(fakes.maps)) == (loads, queries, maps)
+    first, second = fakes.launches
+    assert first["grid"] == second["grid"] and first["params"][104:] == second["params"][104:]
+    assert params_abi.GEMM_PARAMS.unpack(second["params"][:104])[5] == out.data_ptr()
