@@ -149,7 +149,7 @@ def _import_dispatch():
 
 
 def _gemm_planned(a, w, w_scale, w_zero_point, bias, w_dtype, act_dtype, n, k, group_size, global_scale,
-                  float_zero_point, version):
+                  float_zero_point, version, bound=None):
     """The GEMM on a CUDA device through a cached LaunchPlan, or None where the general path must
     run instead: any argument it does not check cheaply as fine (the general path then raises the
     error that argument deserves, or handles it: M = 0, a view of `a` that needs a copy).
@@ -158,7 +158,8 @@ def _gemm_planned(a, w, w_scale, w_zero_point, bias, w_dtype, act_dtype, n, k, g
     alignment, and the bias's shape, dtype, device, contiguity and alignment. What the plan
     proved (the weight's layout version and support on this device, the tile, split-K) it holds.
     `version`: the weight's packed-layout version (None: the op's flat arguments, which carry
-    none; the op then assumes the current one, as it always did)."""
+    none; the op then assumes the current one, as it always did). `bound`: a PackedWeight's dict of
+    bound launches (_bound_launches), which gets this call's where the plan allows one."""
     shape, strides = a.shape, a.stride()
     if a.dtype != act_dtype or not shape or shape[-1] != k or strides[-1] != 1:
         return None
@@ -201,6 +202,56 @@ def _gemm_planned(a, w, w_scale, w_zero_point, bias, w_dtype, act_dtype, n, k, g
     else:
         out = torch.empty(*shape[:-1], n, dtype=act_dtype, device=plan.device)
     plan.launch(a, lda, w, w_scale, w_zero_point, bias, out, n, global_scale)
+    if bound is not None and lda == k and plan.workspace_shape is None and plan.dp_ctas is None:
+        # a contiguous input of a plan with no per-call allocation or tensor map: the next call of
+        # this shape on this device and stream launches with four ints (_gemm_bound)
+        if len(bound) >= _BOUND_LAUNCHES:
+            bound.clear()
+        launch = plan.planned.bind(stream, w.data_ptr(), w_scale.data_ptr(),
+                                   0 if w_zero_point is None else w_zero_point.data_ptr(), n, global_scale)
+        bound[(shape, device_index, stream)] = (launch, (*shape[:-1], n), plan.device)
+    return out
+
+
+# Bound launches kept per PackedWeight (one per input shape, device and stream it ran with).
+_BOUND_LAUNCHES = 64
+
+
+def _bound_launches(packed: PackedWeight) -> dict:
+    """The PackedWeight's bound launches: {(a.shape, device index, stream): (_C.BoundLaunch with the
+    weight's pointers, output shape, device)}, in the instance's __dict__ (PackedWeight is frozen:
+    its tensors are the ones bound for its lifetime; PackedWeight.__getstate__ leaves it out)."""
+    bound = packed.__dict__.get("_bound_launches")
+    if bound is None:
+        bound = packed.__dict__["_bound_launches"] = {}
+    return bound
+
+
+def _gemm_bound(a, packed, bias, device_index):
+    """The eager GEMM through a launch bound to `packed` (made by an earlier call of the same
+    shape, device and stream that took the planned path), or None where there is none or an
+    argument needs a check only the planned path makes. Per call: a's dtype, contiguity and
+    alignment, and the bias's shape, dtype, device, contiguity and alignment."""
+    bound = packed.__dict__.get("_bound_launches")
+    if bound is None:
+        return None
+    entry = bound.get((a.shape, device_index, (_dispatch or _import_dispatch()).current_stream(device_index)))
+    if entry is None or a.dtype is not packed.act_dtype or not a.is_contiguous():
+        return None
+    address = a.data_ptr()
+    if address % 16:
+        return None
+    bias_address = 0
+    if bias is not None:
+        if not (type(bias) is torch.Tensor and bias.shape == (packed.n,) and bias.dtype is packed.act_dtype
+                and bias.get_device() == device_index and bias.is_contiguous()):
+            return None
+        bias_address = bias.data_ptr()
+        if bias_address % 4:
+            return None
+    launch, out_shape, device = entry
+    out = torch.empty(*out_shape, dtype=packed.act_dtype, device=device)
+    launch.launch(address, bias_address, out.data_ptr(), packed.k)
     return out
 
 
@@ -225,17 +276,21 @@ def gemm(a: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None
     a ``humming_aot.w8a8.PackedW8A8Weight`` run ``humming_aot.w8a8.gemm`` (bfloat16 output, or the
     bias's dtype).
     """
-    if (not torch.compiler.is_compiling() and type(a) is torch.Tensor and a.is_cuda and not a.requires_grad
-            and type(packed) is PackedWeight and getattr(packed, "layout_version", None) is not None
-            and packed.k_valid is None and packed.n_valid is None and _no_torch_modes()):
-        # eager on a CUDA device: straight to the launch plan, past the dispatcher (which would
-        # add nothing here: no autograd, no mode, no tracing)
-        out = _gemm_planned(
-            a, packed.w, packed.w_scale, packed.w_zero_point, bias, packed.w_dtype, packed.act_dtype, packed.n,
-            packed.k, packed.group_size, packed.global_scale, packed.float_zero_point, packed.layout_version,
-        )
+    if (not _is_compiling() and type(a) is torch.Tensor and type(packed) is PackedWeight and a.is_cuda
+            and not a.requires_grad and _no_torch_modes()):
+        # eager on a CUDA device: straight to a bound launch or the launch plan, past the
+        # dispatcher (which would add nothing here: no autograd, no mode, no tracing)
+        out = _gemm_bound(a, packed, bias, a.get_device())
         if out is not None:
             return out
+        if getattr(packed, "layout_version", None) is not None and packed.k_valid is None and packed.n_valid is None:
+            out = _gemm_planned(
+                a, packed.w, packed.w_scale, packed.w_zero_point, bias, packed.w_dtype, packed.act_dtype, packed.n,
+                packed.k, packed.group_size, packed.global_scale, packed.float_zero_point, packed.layout_version,
+                _bound_launches(packed),
+            )
+            if out is not None:
+                return out
     from humming_aot import w8a8
 
     if isinstance(packed, w8a8.PackedW8A8Weight):
@@ -271,6 +326,7 @@ def _no_torch_modes() -> bool:
     return not (_function_mode_enabled() or _dispatch_stack_len() or _functorch_active())
 
 
+_is_compiling = torch.compiler.is_compiling
 _function_mode_enabled = torch._C._is_torch_function_mode_enabled
 _dispatch_stack_len = torch._C._len_torch_dispatch_stack
 _functorch_active = torch._C._are_functorch_transforms_active

@@ -102,6 +102,11 @@ class PackedWeight(PaddedShape):
         if self.layout_version is None:
             object.__setattr__(self, "layout_version", layout_version(self.bits))
 
+    def __getstate__(self) -> dict:
+        """The fields only: ops.gemm's bound launches (``_bound_launches``, pointers into this
+        process's device memory) are not copied or pickled."""
+        return {name: value for name, value in self.__dict__.items() if name != "_bound_launches"}
+
     def check_layout(self) -> None:
         """Raise a ValueError unless the words are in the packed layout this humming_aot reads."""
         # getattr: a PackedWeight unpickled from before the field existed has no such attribute

@@ -15,72 +15,17 @@
 #include "cuda_driver.h"
 #include "device_context.h"
 #include "image_format.h"
+#include "planned_launch.h"
+#include "py_values.h"
 
 namespace py = pybind11;
 
 namespace humming_aot::launcher {
 namespace {
 
-using Dim3 = std::array<unsigned int, 3>;
-
 // Python exception types, created once in PYBIND11_MODULE and owned by the module.
 PyObject* g_cuda_error_type = nullptr;
 PyObject* g_driver_not_found_type = nullptr;
-
-template <typename Handle>
-Handle to_handle(std::uint64_t value, const char* kind) {
-  if (value == 0) {
-    throw py::value_error(std::string("the ") + kind + " handle is 0: pass the value that load_library / " +
-                          "get_kernel returned");
-  }
-  return reinterpret_cast<Handle>(static_cast<std::uintptr_t>(value));
-}
-
-template <typename Handle>
-std::uint64_t from_handle(Handle handle) {
-  return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(handle));
-}
-
-// Read-only view of a bytes-like object without copying. bytes take a fast path with no buffer
-// export; anything else (bytearray, memoryview, ctypes structure) must be C-contiguous.
-// Construct and destroy with the GIL held.
-class ByteView {
- public:
-  explicit ByteView(py::handle object) {
-    if (PyBytes_CheckExact(object.ptr())) {
-      data_ = reinterpret_cast<const unsigned char*>(PyBytes_AS_STRING(object.ptr()));
-      size_ = static_cast<std::size_t>(PyBytes_GET_SIZE(object.ptr()));
-      return;
-    }
-    if (PyObject_GetBuffer(object.ptr(), &view_, PyBUF_SIMPLE) != 0) {
-      throw py::error_already_set();
-    }
-    exported_ = true;
-    data_ = static_cast<const unsigned char*>(view_.buf);
-    size_ = static_cast<std::size_t>(view_.len);
-  }
-  ByteView(const ByteView&) = delete;
-  ByteView& operator=(const ByteView&) = delete;
-  ~ByteView() {
-    if (exported_) {
-      PyBuffer_Release(&view_);
-    }
-  }
-  const unsigned char* data() const { return data_; }
-  std::size_t size() const { return size_; }
-
- private:
-  Py_buffer view_{};
-  bool exported_ = false;
-  const unsigned char* data_ = nullptr;
-  std::size_t size_ = 0;
-};
-
-std::string dim3_text(const Dim3& dim) {
-  return "(" + std::to_string(dim[0]) + ", " + std::to_string(dim[1]) + ", " + std::to_string(dim[2]) + ")";
-}
-
-std::string device_text(int device) { return "device " + std::to_string(device); }
 
 // ---- The Python-visible functions ----
 
@@ -246,63 +191,6 @@ py::bytes encode_tensor_map_2d(std::uint64_t address, std::uint64_t rows, std::u
   return py::bytes(reinterpret_cast<const char*>(&map), sizeof(map));
 }
 
-// Launches `function` with the `size` bytes at `params` as its one by-value struct argument.
-void launch_bytes(cu::CUfunction function, const Dim3& grid, const Dim3& block, unsigned int smem, std::uint64_t stream,
-                  const unsigned char* params, std::size_t size, int device, bool programmatic_dependent_launch,
-                  const Dim3& cluster) {
-  const cu::DriverApi& api = cu::driver();
-  ensure_current_context(api, device);
-  const auto cu_stream = reinterpret_cast<cu::CUstream>(static_cast<std::uintptr_t>(stream));
-  // The kernel takes one struct by value: kernelParams holds a single pointer to its bytes, which
-  // the driver copies before the launch call returns.
-  void* kernel_params[] = {const_cast<unsigned char*>(params)};
-  const char* call = "cuLaunchKernel";
-  cu::CUresult result;
-  const bool clustered = cluster[0] * cluster[1] * cluster[2] > 1;
-  // A cluster shape changes what the kernel computes with (it may rely on its cluster), so it
-  // cannot be dropped: without cuLaunchKernelEx that is an error, checked before anything runs.
-  if (clustered && api.cuLaunchKernelEx == nullptr) {
-    throw py::value_error("launch: cluster " + dim3_text(cluster) +
-                          " needs cuLaunchKernelEx, which this driver lacks (supports_programmatic_launch() is "
-                          "False); launch without clusters");
-  }
-  // Without cuLaunchKernelEx a PDL launch is merely serialized as usual: PDL only overlaps this
-  // kernel's prologue with the previous kernel's tail, results do not depend on it.
-  if ((programmatic_dependent_launch || clustered) && api.cuLaunchKernelEx != nullptr) {
-    call = "cuLaunchKernelEx";
-    cu::CUlaunchAttribute attributes[3]{};
-    unsigned int count = 0;
-    if (programmatic_dependent_launch) {
-      attributes[count].id = cu::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-      attributes[count].value.programmaticStreamSerializationAllowed = 1;
-      ++count;
-    }
-    if (clustered) {
-      attributes[count].id = cu::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-      attributes[count].value.clusterDim = {cluster[0], cluster[1], cluster[2]};
-      ++count;
-      // The default (spread) placement measured 11.1 -> 16.5 us for an int1 GEMV of 4-CTA clusters on
-      // an H200, load balancing 10.7 (docs/performance/log.md section 14).
-      attributes[count].id = cu::CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
-      attributes[count].value.clusterSchedulingPolicyPreference = cu::CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING;
-      ++count;
-    }
-    const cu::CUlaunchConfig config{grid[0],  grid[1], grid[2],   block[0],   block[1],
-                                    block[2], smem,    cu_stream, attributes, count};
-    result = api.cuLaunchKernelEx(&config, function, kernel_params, nullptr);
-  } else {
-    result = api.cuLaunchKernel(function, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, cu_stream,
-                                kernel_params, nullptr);
-  }
-  if (result != cu::CUDA_SUCCESS) {
-    cu::throw_cuda_error(api, result, call,
-                         "grid " + dim3_text(grid) + ", block " + dim3_text(block) +
-                             (clustered ? ", cluster " + dim3_text(cluster) : std::string()) + ", smem " +
-                             std::to_string(smem) + " bytes, params " + std::to_string(size) + " bytes, " +
-                             device_text(device));
-  }
-}
-
 void launch(std::uint64_t kernel, const Dim3& grid, const Dim3& block, unsigned int smem, std::uint64_t stream,
             const py::buffer& params, int device, bool programmatic_dependent_launch, const Dim3& cluster) {
   const auto function = to_handle<cu::CUfunction>(kernel, "kernel");
@@ -313,118 +201,6 @@ void launch(std::uint64_t kernel, const Dim3& grid, const Dim3& block, unsigned 
   launch_bytes(function, grid, block, smem, stream, param_bytes.data(), param_bytes.size(), device,
                programmatic_dependent_launch, cluster);
 }
-
-// One kernel's launch with everything but the per-call fields fixed (humming_aot.dispatch's
-// LaunchPlan holds one): the kernel, grid, block, shared memory, cluster, PDL, and a template of
-// its Params bytes. Per call only the 7 pointers, the two row strides, the global scale and (TMA
-// bodies) the activations' tensor map are written into a copy of the template. Python passes
-// the byte offsets of those fields (humming_aot/params_abi.py owns the layout), so no Params
-// layout is written down here; the constructor checks that every field lies inside the bytes.
-class PlannedLaunch {
- public:
-  static constexpr std::size_t kMaxParamsBytes = 1024;
-  static constexpr std::size_t kTensorMapBytes = 128;
-
-  PlannedLaunch(std::uint64_t kernel, const Dim3& grid, const Dim3& block, unsigned int smem, int device,
-                bool programmatic_dependent_launch, const Dim3& cluster, const py::buffer& params_template,
-                const std::array<std::size_t, 7>& pointer_offsets, std::size_t lda_offset, std::size_t ldo_offset,
-                std::size_t global_scale_offset, std::int64_t tensor_map_offset)
-      : function_(to_handle<cu::CUfunction>(kernel, "kernel")),
-        grid_(grid),
-        block_(block),
-        smem_(smem),
-        device_(device),
-        programmatic_dependent_launch_(programmatic_dependent_launch),
-        cluster_(cluster),
-        pointer_offsets_(pointer_offsets),
-        lda_offset_(lda_offset),
-        ldo_offset_(ldo_offset),
-        global_scale_offset_(global_scale_offset),
-        tensor_map_offset_(tensor_map_offset) {
-    const ByteView bytes(params_template);
-    size_ = bytes.size();
-    if (size_ == 0 || size_ > kMaxParamsBytes) {
-      throw py::value_error("PlannedLaunch: the params template is " + std::to_string(size_) +
-                            " bytes; a Params struct is 1 to " + std::to_string(kMaxParamsBytes) + " bytes");
-    }
-    std::memcpy(template_.data(), bytes.data(), size_);
-    for (const std::size_t offset : pointer_offsets_) {
-      check_field(offset, sizeof(std::uint64_t), "a pointer");
-    }
-    check_field(lda_offset_, sizeof(std::int64_t), "lda");
-    check_field(ldo_offset_, sizeof(std::int64_t), "ldo");
-    check_field(global_scale_offset_, sizeof(float), "the global scale");
-    if (tensor_map_offset_ >= 0) {
-      check_field(static_cast<std::size_t>(tensor_map_offset_), kTensorMapBytes, "the tensor map");
-    }
-  }
-
-  using Params = std::array<unsigned char, kMaxParamsBytes>;
-
-  // Pointers in the order of GemmParams: a, w, w_scale, w_zero_point, bias, out, workspace.
-  void launch(std::uint64_t stream, std::uint64_t a, std::uint64_t w, std::uint64_t w_scale, std::uint64_t w_zero_point,
-              std::uint64_t bias, std::uint64_t out, std::uint64_t workspace, std::int64_t lda, std::int64_t ldo,
-              float global_scale, const py::object& tensor_map) const {
-    alignas(16) Params params;
-    fill(params, a, w, w_scale, w_zero_point, bias, out, workspace, lda, ldo, global_scale, tensor_map);
-    launch_bytes(function_, grid_, block_, smem_, stream, params.data(), size_, device_, programmatic_dependent_launch_,
-                 cluster_);
-  }
-
-  // The bytes launch() would pass (for tests: needs no driver).
-  py::bytes params(std::uint64_t a, std::uint64_t w, std::uint64_t w_scale, std::uint64_t w_zero_point,
-                   std::uint64_t bias, std::uint64_t out, std::uint64_t workspace, std::int64_t lda, std::int64_t ldo,
-                   float global_scale, const py::object& tensor_map) const {
-    alignas(16) Params params;
-    fill(params, a, w, w_scale, w_zero_point, bias, out, workspace, lda, ldo, global_scale, tensor_map);
-    return py::bytes(reinterpret_cast<const char*>(params.data()), size_);
-  }
-
-  std::size_t params_bytes() const { return size_; }
-
- private:
-  void fill(Params& params, std::uint64_t a, std::uint64_t w, std::uint64_t w_scale, std::uint64_t w_zero_point,
-            std::uint64_t bias, std::uint64_t out, std::uint64_t workspace, std::int64_t lda, std::int64_t ldo,
-            float global_scale, const py::object& tensor_map) const {
-    std::memcpy(params.data(), template_.data(), size_);
-    const std::uint64_t pointers[7] = {a, w, w_scale, w_zero_point, bias, out, workspace};
-    for (std::size_t i = 0; i < 7; ++i) {
-      std::memcpy(params.data() + pointer_offsets_[i], &pointers[i], sizeof(std::uint64_t));
-    }
-    std::memcpy(params.data() + lda_offset_, &lda, sizeof(lda));
-    std::memcpy(params.data() + ldo_offset_, &ldo, sizeof(ldo));
-    std::memcpy(params.data() + global_scale_offset_, &global_scale, sizeof(global_scale));
-    if (tensor_map_offset_ >= 0) {
-      if (tensor_map.is_none()) {
-        throw py::value_error("PlannedLaunch: this kernel's Params hold a tensor map; pass its 128 bytes");
-      }
-      const ByteView map(tensor_map);
-      if (map.size() != kTensorMapBytes) {
-        throw py::value_error("PlannedLaunch: the tensor map is " + std::to_string(map.size()) + " bytes, not 128");
-      }
-      std::memcpy(params.data() + tensor_map_offset_, map.data(), kTensorMapBytes);
-    }
-  }
-
-  void check_field(std::size_t offset, std::size_t bytes, const char* what) const {
-    if (offset + bytes > size_) {
-      throw py::value_error(std::string("PlannedLaunch: ") + what + " at byte " + std::to_string(offset) +
-                            " does not fit in the " + std::to_string(size_) + "-byte params template");
-    }
-  }
-
-  cu::CUfunction function_;
-  Dim3 grid_, block_;
-  unsigned int smem_;
-  int device_;
-  bool programmatic_dependent_launch_;
-  Dim3 cluster_;
-  std::array<std::size_t, 7> pointer_offsets_;
-  std::size_t lda_offset_, ldo_offset_, global_scale_offset_;
-  std::int64_t tensor_map_offset_;
-  std::array<unsigned char, kMaxParamsBytes> template_{};
-  std::size_t size_ = 0;
-};
 
 // ---- Exceptions ----
 
@@ -547,7 +323,20 @@ PYBIND11_MODULE(_C, m) {
       .def("params", &hl::PlannedLaunch::params,
            "params(a, w, w_scale, w_zero_point, bias, out, workspace, lda, ldo, global_scale, tensor_map): the "
            "Params bytes launch() would pass with these fields (needs no driver).")
-      .def_property_readonly("params_bytes", &hl::PlannedLaunch::params_bytes);
+      .def_property_readonly("params_bytes", &hl::PlannedLaunch::params_bytes)
+      .def("bind", &hl::PlannedLaunch::bind, py::arg("stream"), py::arg("w"), py::arg("w_scale"),
+           py::arg("w_zero_point"), py::arg("ldo"), py::arg("global_scale"),
+           "bind(stream, w, w_scale, w_zero_point, ldo, global_scale) -> BoundLaunch: this launch with one weight's "
+           "pointers, the output's row stride, the global scale and the stream written, and no workspace; for "
+           "kernels without a tensor map (ValueError otherwise). The caller keeps the weight alive.");
+  py::class_<hl::BoundLaunch>(m, "BoundLaunch",
+                              "A PlannedLaunch bound to one weight and stream (PlannedLaunch.bind): launch(a, bias, "
+                              "out, lda) writes the three pointers and the row stride and launches.")
+      .def("launch", &hl::BoundLaunch::launch,
+           "launch(a, bias, out, lda): pointers as ints (bias 0 for none); asynchronous, on the bound stream.")
+      .def("params", &hl::BoundLaunch::params,
+           "params(a, bias, out, lda): the Params bytes launch() would pass (needs no driver).")
+      .def_property_readonly("stream", &hl::BoundLaunch::stream);
   m.def("launch", &hl::launch, py::arg("kernel"), py::arg("grid"), py::arg("block"), py::arg("smem"), py::arg("stream"),
         py::arg("params"), py::arg("device"), py::kw_only(), py::arg("programmatic_dependent_launch") = false,
         py::arg("cluster") = std::array<unsigned int, 3>{1, 1, 1},

@@ -1,8 +1,12 @@
 """The eager path of ops.gemm on CUDA tensors (ops._gemm_planned: a cached launch plan, past the
-dispatcher): the same bits as the general path for every input layout it takes or declines,
-every bad-input error with its message before and after a plan exists, modes and autograd still
-seeing the op, QuantizedLinear in a CUDA graph."""
+dispatcher; then ops._gemm_bound: the plan's launch bound to the weight): the same bits as the
+general path for every input layout it takes or declines, every bad-input error with its message
+before and after a plan exists, modes and autograd still seeing the op, QuantizedLinear in a CUDA
+graph."""
 from __future__ import annotations
+
+import copy
+import pickle
 
 import pytest
 import torch
@@ -93,6 +97,37 @@ def test_the_plan_is_made_once(packed, monkeypatch):
     monkeypatch.setattr(dispatch, "launch_plan", no_second_plan)
     for _ in range(3):
         assert_bitwise_equal(ops.gemm(a, packed), first, "planned call")
+
+
+@pytest.mark.parametrize("shape", [(K,), (5, K), (2, 3, K)], ids=["1-d", "2-d", "3-d"])
+def test_a_repeated_shape_takes_the_bound_launch_with_the_same_bits(shape, monkeypatch):
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    packed = humming_aot.pack(humming_aot.quantize(torch.randn(N, K, device="cuda", generator=gen) * 0.05,
+                                                   "int4:g128"), act_dtype=torch.bfloat16)
+    bias = torch.randn(N, device="cuda").bfloat16()
+    ops.gemm(torch.randn(*shape, device="cuda").bfloat16(), packed, bias)  # the planned path binds
+    stream = dispatch.current_stream(torch.cuda.current_device())
+    assert list(packed.__dict__["_bound_launches"]) == [(torch.Size(shape), torch.cuda.current_device(), stream)]
+
+    def not_planned(*args, **kwargs):
+        raise AssertionError("the planned path ran for a shape with a bound launch")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ops, "_gemm_planned", not_planned)
+        for with_bias in (True, False):
+            a = torch.randn(*shape, device="cuda").bfloat16()
+            out = ops.gemm(a, packed, bias if with_bias else None)
+            assert out.shape == (*shape[:-1], N)
+            assert_bitwise_equal(out, _reference(a, packed, bias if with_bias else None), f"bound, bias={with_bias}")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):  # another stream: its own launch
+        a = torch.randn(*shape, device="cuda").bfloat16()
+        out = ops.gemm(a, packed)
+    side.synchronize()
+    assert len(packed.__dict__["_bound_launches"]) == 2
+    assert_bitwise_equal(out, _reference(a, packed, None), "bound on a side stream")
+    for clone in (pickle.loads(pickle.dumps(packed)), copy.deepcopy(packed)):  # bound launches stay behind
+        assert "_bound_launches" not in clone.__dict__ and torch.equal(clone.w, packed.w)
 
 
 class _SeenOps(TorchDispatchMode):

@@ -433,6 +433,21 @@ def test_the_launchers_planned_launch_refuses_bad_layouts_and_maps():
         tma.params(*fields, bytes(64))
 
 
+def test_a_bound_launch_writes_the_weight_once_and_four_fields_per_call():
+    """PlannedLaunch.bind (the eager path's launch) fixes the weight's pointers, ldo, the global
+    scale and the stream; its params are the planned launch's with the same fields, no workspace."""
+    template = dispatch._PARAMS.pack(0, 0, 0, 0, 0, 0, 0, 0xC0117, 0, 0, 5, 256, 512, 128, 2, 0.0)
+    planned = _planned(template)
+    bound = planned.bind(0x5EED, 0xB0, 0xC0, 0xD0, 256, 0.375)
+    assert bound.stream == 0x5EED
+    for a, bias, out, lda in ((0xA0, 0, 0xF0, 512), (0xA00, 0xE00, 0xF00, 640)):
+        assert bound.params(a, bias, out, lda) == planned.params(a, 0xB0, 0xC0, 0xD0, bias, out, 0, lda, 256, 0.375,
+                                                                 None)
+    tma = _planned(bytes(params_abi.TMA_PARAMS_BYTES), params_abi.TMA_MAP_OFFSET)
+    with pytest.raises(ValueError, match="hold the activations' tensor map, which changes with every call"):
+        tma.bind(0x5EED, 1, 2, 3, 256, 1.0)
+
+
 def test_the_simt_reference_body_runs_one_cta_per_tile_over_all_of_k(monkeypatch):
     """The test-only simt body takes no split-K: its plan is one CTA per 8 x 64 tile, no workspace,
     and a forced split count is refused before any launch."""

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Where an eager ``ops.gemm`` call spends its host time: each piece of the planned path timed alone.
 
-The eager path (ops.gemm -> ops._gemm_planned -> LaunchPlan.launch -> the launcher's PlannedLaunch)
-does a guard, argument checks, a plan lookup, one output allocation and one launch. This times each
+The eager path (ops.gemm -> ops._gemm_planned -> LaunchPlan.launch -> the launcher's PlannedLaunch,
+then for a shape seen before ops._gemm_bound -> the launcher's BoundLaunch) does a guard, argument
+checks, a plan lookup, one output allocation and one launch. This times each
 piece on its own (``--calls`` calls, best of ``--repeats``; pieces that launch end with a
 synchronize) beside F.linear, so a change to the path can say which piece it moved. M = 1, bf16,
 N = K = --n (default 256); then at --big-n x --big-k (4096 x 4096 int4:g128) ops.gemm and F.linear
@@ -47,6 +48,7 @@ def pieces(n: int, fmt: str) -> dict[str, tuple[Callable[[], Any], bool]]:
             packed.global_scale, None)
     params = plan.planned.params(*ints)
     kernel = plan.kernel
+    bound = plan.planned.bind(stream, packed.w.data_ptr(), packed.w_scale.data_ptr(), 0, n, packed.global_scale)
 
     def old_launch():  # the path before PlannedLaunch: struct packing and the keyword launch
         raw = dispatch._PARAMS.pack(a.data_ptr(), packed.w.data_ptr(), packed.w_scale.data_ptr(), 0, 0,
@@ -57,9 +59,8 @@ def pieces(n: int, fmt: str) -> dict[str, tuple[Callable[[], Any], bool]]:
                                      cluster=plan.cluster)
 
     def guard():
-        return (not torch.compiler.is_compiling() and type(a) is torch.Tensor and a.is_cuda and not a.requires_grad
-                and type(packed) is PackedWeight and getattr(packed, "layout_version", None) is not None
-                and ops._no_torch_modes())
+        return (not ops._is_compiling() and type(a) is torch.Tensor and type(packed) is PackedWeight and a.is_cuda
+                and not a.requires_grad and ops._no_torch_modes())
 
     real_launch = type(plan).launch
 
@@ -85,6 +86,8 @@ def pieces(n: int, fmt: str) -> dict[str, tuple[Callable[[], Any], bool]]:
         "LaunchPlan.launch (into a given out)": (
             lambda: plan.launch(a, n, packed.w, packed.w_scale, None, None, out, n, packed.global_scale), True),
         "PlannedLaunch.launch (ints ready)": (lambda: plan.planned.launch(stream, *ints), True),
+        "BoundLaunch.launch (ints ready)": (lambda: bound.launch(ints[0], 0, ints[5], n), True),
+        "_gemm_bound (a whole call through the bound launch)": (lambda: ops._gemm_bound(a, packed, None, 0), True),
         "old: struct pack + keyword launch": (old_launch, True),
         "_launcher.launch without PDL (cuLaunchKernel where no cluster)": (
             lambda: humming_aot._launcher.launch(kernel.kernel, plan.grid, plan.block, kernel.smem_bytes, stream,
@@ -119,12 +122,20 @@ def floor_rows(n: int, k: int, fmt: str, calls: int, repeats: int) -> list[dict[
         plan.planned.launch(stream, *fixed, out.data_ptr(), 0, k, n, packed.global_scale, None)
         return out
 
+    bound = plan.planned.bind(stream, packed.w.data_ptr(), packed.w_scale.data_ptr(), 0, n, packed.global_scale)
+
+    def bound_floor():
+        out = torch.empty(1, n, dtype=torch.bfloat16, device="cuda")
+        bound.launch(fixed[0], 0, out.data_ptr(), k)
+        return out
+
     if plan.workspace_shape is not None:
         floor = None  # a workspace plan allocates twice: no single floor to state
     rows = []
     cases = {"ops.gemm": lambda: ops.gemm(a, packed), "F.linear": lambda: F.linear(a, weight)}
     if floor is not None:
         cases["allocation + launch only"] = floor
+        cases["allocation + bound launch only"] = bound_floor
     for name, fn in cases.items():
         eager = per_call_us(fn, calls, repeats, True)
         graph = graph_per_call_us(fn)
