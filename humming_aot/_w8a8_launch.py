@@ -10,14 +10,19 @@ import torch
 
 from humming_aot import dispatch, heuristics, params_abi
 from humming_aot import obtain as _obtain
-from humming_aot.bodies.wgmma_ss import stages_token_scales
+from humming_aot.bodies.wgmma_ss import separate_staging, staged_scale_bytes, stages_token_scales
 from humming_aot.enumerate import parse_tile_field
 from humming_aot.spec import MmaKind, TileConfig
 from humming_aot.w8a8 import K_ALIGN, SCALED_PARAMS_BYTES, _pack_params, kernel_key, select_tile
 
 ARCH = "sm90a"
-# (device, out dtype, blocks, tile, m, n, k, stream_k) -> (loaded kernel, dp_ctas, splits, stream_k_ctas)
+# (device, out dtype, blocks, tile, m, n, k, stream_k, persistent) -> (loaded kernel, dp_ctas, splits,
+# stream_k_ctas, persistent_ctas)
 _plans: dict[tuple, tuple] = {}
+# The longest K (in K tiles of 128) whose whole tiles a wave of CTAs walks by default: longer ones
+# (K = 14336) measured 4-8 % slower walked than one CTA per tile from 4096 tokens on, shorter ones
+# 5-14 % faster (docs/performance/log.md section 34).
+WALK_K_TILES = 64
 
 
 def _codes_map(codes: torch.Tensor, rows: int, k: int, row_bytes: int, box_rows: int) -> bytes:
@@ -26,15 +31,25 @@ def _codes_map(codes: torch.Tensor, rows: int, k: int, row_bytes: int, box_rows:
     return dispatch._activation_tensor_map(codes, row_bytes // 2, rows, k // 2, box_rows)
 
 
-def _schedule(loaded, tile: TileConfig, info, m: int, n: int, k_tiles: int, stream_k: int | None):
-    """(dp_ctas, splits, stream_k_ctas) as dispatch.launch_plan chooses them for the wgmma-ws body."""
+def _schedule(loaded, tile: TileConfig, info, m: int, n: int, k_tiles: int, stream_k: int | None,
+              persistent: bool | None, separate_staging: bool):
+    """(dp_ctas, splits, stream_k_ctas, persistent_ctas): the tail split as dispatch.launch_plan
+    chooses it for the wgmma-ws body, and under it the CTAs that walk its dp_ctas whole tiles
+    (schedule/work_units.cuh): at most the resident ones when `persistent` (None: where the tile's
+    staging tile is apart from its ring, so that a CTA loads its next tile while it stores one, and
+    K is at most 64 tiles), else dp_ctas, one tile each. Stream-K (`stream_k` None: the wgmma-ws
+    body's rule) only for the one-warpgroup tiles (up to 32 tokens): with two consumer warpgroups
+    the tail split measured as fast or faster at every M (docs/performance/log.md section 34)."""
     tiles = -(-m // tile.block_m) * -(-n // tile.block_n)
     capacity = info.num_sms * dispatch._resident_ctas(loaded, tile, info)
     dp_ctas, splits = heuristics.tail_split_schedule(tiles=tiles, k_tiles=k_tiles, slots=capacity,
                                                      max_tiles=dispatch.SPLIT_K_COUNTERS)
+    walk = separate_staging and k_tiles <= WALK_K_TILES if persistent is None else persistent
+    walkers = min(dp_ctas, capacity) if walk else dp_ctas
     if stream_k is None:
-        return dp_ctas, splits, heuristics.stream_k_ctas(tiles=tiles, k_tiles=k_tiles, slots=capacity,
-                                                         max_tiles=dispatch.SPLIT_K_COUNTERS)
+        stream_k_ctas = 0 if tile.warps_n == 8 else heuristics.stream_k_ctas(
+            tiles=tiles, k_tiles=k_tiles, slots=capacity, max_tiles=dispatch.SPLIT_K_COUNTERS)
+        return dp_ctas, splits, stream_k_ctas, walkers
     if stream_k:
         most = min(tiles * k_tiles, capacity)
         if not 1 <= stream_k <= most or tiles > dispatch.SPLIT_K_COUNTERS:
@@ -43,10 +58,11 @@ def _schedule(loaded, tile: TileConfig, info, m: int, n: int, k_tiles: int, stre
                 f"{k_tiles} K tiles, and at most the {capacity} CTAs of tile {tile.label} resident at once), with at "
                 f"most {dispatch.SPLIT_K_COUNTERS} tiles"
             )
-    return dp_ctas, splits, stream_k
+    return dp_ctas, splits, stream_k, walkers
 
 
-def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, tile, stream_k: int | None):
+def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, tile, stream_k: int | None,
+           persistent: bool | None = None):
     k, n = packed.k, packed.n
     codes = qa.codes.reshape(-1, k)
     m = codes.shape[0]
@@ -66,7 +82,7 @@ def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, t
                             or out.device != device):
         raise ValueError(f"out must be a contiguous ({m}, {n}) {out_dtype} tensor on {device}")
     if tile is None:
-        tile = select_tile(m, packed.blocks)
+        tile = select_tile(m, packed.blocks, n=n, num_sms=info.num_sms)
     elif isinstance(tile, str):
         tile = parse_tile_field(tile)
     if tile.mma is not MmaKind.WGMMA_SS:
@@ -78,7 +94,7 @@ def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, t
         return out
     # Every check a caller can fail is above or in the plan's below; the GPU work starts after.
     k_tiles = -(-k // 128)
-    plan_key = (index, key, m, n, k, stream_k)
+    plan_key = (index, key, m, n, k, stream_k, persistent)
     plan = _plans.get(plan_key)
     if plan is None:
         loaded = _obtain.load(key, info)
@@ -86,11 +102,12 @@ def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, t
             raise ValueError(f"kernel {loaded.name}: takes {loaded.params_bytes} bytes of params, not "
                              f"{SCALED_PARAMS_BYTES}; the Python ScaledTmaGemmParams layout differs from "
                              "kernel/params.cuh")
-        plan = (loaded, *_schedule(loaded, tile, info, m, n, k_tiles, stream_k))
+        plan = (loaded, *_schedule(loaded, tile, info, m, n, k_tiles, stream_k, persistent,
+                                   separate_staging(key.tile, staged_scale_bytes(key))))
         if len(_plans) >= dispatch.MAX_PLANS:
             _plans.clear()
         _plans[plan_key] = plan
-    loaded, dp_ctas, splits, stream_k_ctas = plan
+    loaded, dp_ctas, splits, stream_k_ctas, walkers = plan
     if bias is not None and packed.n_valid is not None:  # the kernel reads a bias for every padded column
         bias = torch.nn.functional.pad(bias, (0, n - packed.n_valid))
     scale_stride = 0
@@ -110,7 +127,7 @@ def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, t
         grid = stream_k_ctas
         workspace_shape = (stream_k_ctas, tile.block_m * tile.block_n)
     else:
-        grid = dp_ctas + (tiles - dp_ctas) * splits
+        grid = walkers + (tiles - dp_ctas) * splits
         workspace_shape = ((tiles - dp_ctas) * splits, tile.block_m * tile.block_n) if splits > 1 else None
     stream = dispatch.current_stream(index)
     workspace = counters = None

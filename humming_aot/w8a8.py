@@ -139,30 +139,47 @@ def gemm_spec(out_dtype: torch.dtype, blocks: bool = False) -> GemmSpec:
                     w_scale_dtype="float32", out_dtype=_OUT_DTYPES[out_dtype])
 
 
-def select_tile(m: int, blocks: bool = False) -> TileConfig:
+def select_tile(m: int, blocks: bool = False, n: int | None = None, num_sms: int = 132) -> TileConfig:
     """The wgmma-ss tile for m tokens (catalog/tiles.toml has no rows for this body yet). With block
-    scales a consumer thread also holds its tokens' scales: at most 128 tokens per CTA."""
+    scales a consumer thread also holds its tokens' scales: at most 128 tokens per CTA. Given N
+    (and the device's SMs), the 64-token tile's row only where its tiles fit in one wave: above
+    that, 128 tokens per CTA halve the tiles (and the waves) for as many products."""
     from humming_aot.enumerate import parse_tile_field
 
-    for limit, label in _BLOCK_TILES if blocks else _TILES:
+    table = _BLOCK_TILES if blocks else _TILES
+    for i, (limit, label) in enumerate(table):
         if m <= limit:
-            return parse_tile_field(label)
+            tile = parse_tile_field(label)
+            if (n is not None and tile.block_m == 64 and m > 64 and i + 1 < len(table)
+                    and -(-m // 64) * -(-n // tile.block_n) > num_sms):
+                return parse_tile_field(table[i + 1][1])
+            return tile
     raise AssertionError("the last row takes every m")
 
 
-# (most tokens, tile), from an H200 sweep (docs/performance/log.md section 33): one consumer
+# (most tokens, tile), from H200 sweeps (docs/performance/log.md sections 33 and 34): one consumer
 # warpgroup of two units (two CTAs per SM) up to 32 tokens, then two consumer warpgroups of one
-# unit each, their tokens growing with M (64 tokens: more CTAs than 128 on 4096 x 4096; 192
-# tokens above 1,024: 8-17 % faster than 128 at M = 8192 by less L2 traffic per product).
+# unit each: 64 tokens up to 128 (twice the CTAs of 128 tokens where N has few tiles), then 128
+# tokens with five stages, whose staging tile fits after its ring (so that a CTA walking several
+# tiles loads the next while it stores one) and whose promotion overlaps the next K tile's wgmma:
+# faster than 192 tokens (no room for the overlap) at every M measured, 8192 included.
 _TILES = (
     (8, "wgmma-ss:8x128x128_w1x4_s6"),
     (16, "wgmma-ss:16x128x128_w1x4_s6"),
     (32, "wgmma-ss:32x128x128_w1x4_s5"),
-    (64, "wgmma-ss:64x128x128_w1x8_s6"),
-    (1024, "wgmma-ss:128x128x128_w1x8_s6"),
-    (1 << 62, "wgmma-ss:192x128x128_w1x8_s5"),
+    (128, "wgmma-ss:64x128x128_w1x8_s6"),
+    (1 << 62, "wgmma-ss:128x128x128_w1x8_s5"),
 )
-_BLOCK_TILES = _TILES[:-2] + ((1 << 62, "wgmma-ss:128x128x128_w1x8_s6"),)
+# Block scales: the same up to 64 tokens, then 128 (no overlapped promotion: the token scales take
+# the third set's registers); five stages put the staging tile after the ring, which measured
+# 0-10 % faster than six over it (most at short K, where a CTA walks the most tiles).
+_BLOCK_TILES = (
+    (8, "wgmma-ss:8x128x128_w1x4_s6"),
+    (16, "wgmma-ss:16x128x128_w1x4_s6"),
+    (32, "wgmma-ss:32x128x128_w1x4_s5"),
+    (64, "wgmma-ss:64x128x128_w1x8_s6"),
+    (1 << 62, "wgmma-ss:128x128x128_w1x8_s5"),
+)
 
 
 def _check_activation(qa: QuantizedActivation, packed: PackedW8A8Weight) -> None:
@@ -216,33 +233,39 @@ def reference(qa: QuantizedActivation, packed: PackedW8A8Weight, bias: torch.Ten
 
 def gemm(qa: QuantizedActivation, packed: PackedW8A8Weight, *, bias: torch.Tensor | None = None,
          out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None,
-         tile: TileConfig | str | None = None, stream_k: int | None = None) -> torch.Tensor:
+         tile: TileConfig | str | None = None, stream_k: int | None = None,
+         persistent: bool | None = None) -> torch.Tensor:
     """(*lead, out_features) = decode(qa) @ decode(packed)^T x scales (+ bias) in out_dtype.
 
     ``bias``: contiguous (out_features,) in out_dtype. ``out`` (GPU only, tests): a contiguous
     (M, packed.n) tensor to write instead of a new one (the padded columns are written too, and the
     result has packed.n columns). ``tile``: a wgmma-ss tile label to run instead of select_tile's;
     ``stream_k``: persistent CTAs of the stream-K schedule, 0 for the tail split, None for the
-    heuristic's choice.
+    heuristic's choice; ``persistent`` (tail split): whether at most one wave of resident CTAs walks
+    the whole tiles (True), one CTA each (False), or the heuristic's choice (None).
 
     Under torch.compile and torch's modes (FakeTensorMode, make_fx, ...) it is the custom op
-    ``humming_aot::gemm_w8a8`` (with a fake implementation); out, tile and stream_k are eager only.
+    ``humming_aot::gemm_w8a8`` (with a fake implementation); out, tile, stream_k and persistent are
+    eager only.
     """
     from humming_aot.ops import _no_torch_modes
 
     if torch.compiler.is_compiling() or not _no_torch_modes():
-        if out is not None or tile is not None or stream_k is not None:
-            raise ValueError("out, tile and stream_k are eager-only arguments of w8a8.gemm (tests and tuning)")
+        if out is not None or tile is not None or stream_k is not None or persistent is not None:
+            raise ValueError("out, tile, stream_k and persistent are eager-only arguments of w8a8.gemm (tests and "
+                             "tuning)")
         _check_activation(qa, packed)
         return torch.ops.humming_aot.gemm_w8a8(qa.codes, qa.scales, packed.w, packed.w_scale, bias,
                                                 packed.out_features, packed.blocks, qa.granularity.value,
                                                 qa.group_size or 0, out_dtype)
-    return _gemm(qa, packed, bias=bias, out_dtype=out_dtype, out=out, tile=tile, stream_k=stream_k)
+    return _gemm(qa, packed, bias=bias, out_dtype=out_dtype, out=out, tile=tile, stream_k=stream_k,
+                 persistent=persistent)
 
 
 def _gemm(qa: QuantizedActivation, packed: PackedW8A8Weight, *, bias: torch.Tensor | None = None,
          out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None,
-         tile: TileConfig | str | None = None, stream_k: int | None = None) -> torch.Tensor:
+         tile: TileConfig | str | None = None, stream_k: int | None = None,
+         persistent: bool | None = None) -> torch.Tensor:
     """gemm without the dispatcher (eager, or inside the custom op)."""
     _check_activation(qa, packed)
     if out_dtype not in _OUT_DTYPES:
@@ -254,12 +277,13 @@ def _gemm(qa: QuantizedActivation, packed: PackedW8A8Weight, *, bias: torch.Tens
         raise ValueError(f"bias must be a contiguous ({n},) {out_dtype} tensor on {packed.device}, got "
                          f"{tuple(bias.shape)} {bias.dtype} on {bias.device} with stride {tuple(bias.stride())}")
     if packed.device.type != "cuda":
-        if out is not None or tile is not None or stream_k is not None:
-            raise ValueError("out, tile and stream_k choose how the GPU kernel runs; leave them None on the CPU")
+        if out is not None or tile is not None or stream_k is not None or persistent is not None:
+            raise ValueError("out, tile, stream_k and persistent choose how the GPU kernel runs; leave them None on "
+                             "the CPU")
         return reference(qa, packed, bias).to(out_dtype).reshape(*lead, n)
     from humming_aot import _w8a8_launch
 
-    y = _w8a8_launch.launch(qa, packed, bias, out_dtype, out, tile, stream_k)
+    y = _w8a8_launch.launch(qa, packed, bias, out_dtype, out, tile, stream_k, persistent)
     if out is not None:  # the caller's (M, packed.n) tensor, padded columns included
         return y.reshape(*lead, packed.n)
     if packed.n_valid is not None:

@@ -43,6 +43,29 @@ def stages_token_scales(key: "KernelKey") -> bool:
     return block_scales(key) and key.tile.block_m > 16
 
 
+def staged_scale_bytes(key: "KernelKey") -> int:
+    """Bytes of token scales a ring slot holds besides the codes."""
+    return 4 * key.tile.block_m if stages_token_scales(key) else 0
+
+
+def _stage_bytes(tile: "TileConfig", staged_scale_bytes: int) -> int:
+    return -(-((tile.block_n + tile.block_m) * 128 + staged_scale_bytes) // 1024) * 1024
+
+
+def _staging_bytes(tile: "TileConfig") -> int:
+    return tile.block_m * (tile.block_n + 8) * 2
+
+
+def separate_staging(tile: "TileConfig", staged_scale_bytes: int = 0) -> bool:
+    """Whether the output's staging tile lies after the ring (kSeparateStaging): two consumer
+    warpgroups, and ring, staging tile and 1 KB of alignment within sm_90's 227 KB less 1 KB."""
+    return (tile.warps_n == 8
+            and tile.stages * _stage_bytes(tile, staged_scale_bytes) + _staging_bytes(tile) + 1024 <= _MAX_SMEM - 1024)
+
+
+_MAX_SMEM = 232448  # dynamic shared memory per block on sm_90 (opt-in)
+
+
 class WgmmaSsBody(Body):
     kind = "wgmma-ss"
     header = "dense_wgmma_ss.cuh"
@@ -106,12 +129,13 @@ class WgmmaSsBody(Body):
         return (tile.block_m, tile.block_n, tile.units_per_warpgroup, tile.stages)
 
     def smem_bytes(self, tile: "TileConfig", w_bits: int, has_zero_point: bool, staged_scale_bytes: int = 0) -> int:
-        stage = -(-((tile.block_n + tile.block_m) * 128 + staged_scale_bytes) // 1024) * 1024
-        staging = tile.block_m * (tile.block_n + 8) * 2
-        return max(tile.stages * stage, staging) + 1024
+        pipeline = tile.stages * _stage_bytes(tile, staged_scale_bytes)
+        if separate_staging(tile, staged_scale_bytes):
+            return pipeline + _staging_bytes(tile) + 1024
+        return max(pipeline, _staging_bytes(tile)) + 1024
 
     def key_smem_bytes(self, key: "KernelKey") -> int:
-        return self.smem_bytes(key.tile, 8, False, 4 * key.tile.block_m if stages_token_scales(key) else 0)
+        return self.smem_bytes(key.tile, 8, False, staged_scale_bytes(key))
 
     def scales_in_fp32(self, key: "KernelKey") -> bool:
         return True

@@ -3,7 +3,8 @@ JIT's), launched in a subprocess on a small problem (racecheck runs each kernel 
 8-row swapped tile with its split-K slices summed in a thread-block cluster and through the global
 workspace, the 16-row and 32-row mma.sync tiles, and on sm90a the 16-token swapped tile (like the
 8-row), the wgmma tile and the warp-specialized TMA wgmma tile (ragged M:
-one row short of its tile, N = 320 a part tile), each split over K in two; synccheck too. Any error or
+one row short of its tile, N = 320 a part tile), each split over K in two; synccheck too. And the
+W8A8 body's kinds (wgmma-ss: a wave of CTAs walking tiles, stream-K, K slices). Any error or
 hazard the tool reports fails the test, with the tool's report."""
 from __future__ import annotations
 
@@ -129,20 +130,15 @@ def _count(pattern: str, text: str) -> int | None:
     return None if found is None else int(found.group(1))
 
 
-@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
-def test_sanitizer_finds_nothing_in_one_kernel_of_each_tile_kind(tool):
-    if SANITIZER is None:
-        pytest.skip("compute-sanitizer is neither on PATH nor beside nvcc (it comes with the CUDA toolkit's bin/)")
-    kinds = _kinds()
-    assert kinds, "a GPU is present but no kernel catalog is installed: build one (tools/device_check.sh)"
-    launches = _launches(kinds)
+def _sanitize(tool: str, child: str, launches: list, what: list) -> None:
+    """Run `child` over `launches` (JSON in argv[1]) under the tool; fail on anything it reports."""
     # only our kernels are instrumented (torch's run at full speed), and failing CUDA API calls of
     # torch's own probing are not ours to report
     command = [SANITIZER, "--tool", tool, "--kernel-name", "kns=gemm_dense", "--report-api-errors", "no",
-               "--print-limit", "20", sys.executable, "-c", CHILD, json.dumps(launches)]
+               "--print-limit", "20", sys.executable, "-c", child, json.dumps(launches)]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
     report = result.stdout + result.stderr
-    context = f"{' '.join(command[:-4])} over {[(name, cluster) for name, *_, cluster in launches]}:\n{report[-8000:]}"
+    context = f"{' '.join(command[:-4])} over {what}:\n{report[-8000:]}"
     assert result.returncode == 0, context
     assert report.count("launched ") == len(launches), context
     errors = _count(r"ERROR SUMMARY: (\d+) error", report)
@@ -151,3 +147,50 @@ def test_sanitizer_finds_nothing_in_one_kernel_of_each_tile_kind(tool):
         assert hazards == 0 and errors in (None, 0), context
     else:
         assert errors == 0, context  # the summary line is missing or counts errors
+
+
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
+def test_sanitizer_finds_nothing_in_one_kernel_of_each_tile_kind(tool):
+    if SANITIZER is None:
+        pytest.skip("compute-sanitizer is neither on PATH nor beside nvcc (it comes with the CUDA toolkit's bin/)")
+    kinds = _kinds()
+    assert kinds, "a GPU is present but no kernel catalog is installed: build one (tools/device_check.sh)"
+    launches = _launches(kinds)
+    _sanitize(tool, CHILD, launches, [(name, cluster) for name, *_, cluster in launches])
+
+
+# The W8A8 child: (tile, blocks, M, N, K, stream_k, persistent) per launch, NaN-poisoned outputs.
+W8A8_CHILD = r"""
+import json, sys, torch
+from humming_aot import ops, quant, w8a8
+
+for tile, blocks, m, n, k, stream_k, persistent in json.loads(sys.argv[1]):
+    fmt, act = ("float8e4m3:b128x128", "float8e4m3:g128") if blocks else ("float8e4m3:channel", "float8e4m3:token")
+    gen = torch.Generator().manual_seed(0)
+    packed = w8a8.pack(quant.quantize(torch.randn(n, k, generator=gen), fmt)).to("cuda")
+    qa = ops.quantize_activation(torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16), act)
+    out = torch.full((m, packed.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    w8a8.gemm(qa, packed, out=out, tile=tile, stream_k=stream_k, persistent=persistent)
+    torch.cuda.synchronize()
+    assert not out.isnan().any(), tile
+    print("launched", tile, flush=True)
+"""
+
+# 1100 x 2048 in 128 x 128 tiles: 144 tiles for 132 walking CTAs (the staging tile after the ring
+# with the overlapped promotion; over it with block scales); the decode tile under stream-K; the
+# 64-token tile's K slices summed in the workspace.
+W8A8_LAUNCHES = [
+    ("wgmma-ss:128x128x128_w1x8_s5", False, 1100, 2048, 256, 0, True),
+    ("wgmma-ss:128x128x128_w1x8_s6", True, 1100, 2048, 256, 0, True),
+    ("wgmma-ss:8x128x128_w1x4_s6", False, 5, 1024, 1024, None, None),
+    ("wgmma-ss:64x128x128_w1x8_s6", False, 63, 320, 2048, 0, False),
+]
+
+
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
+def test_sanitizer_finds_nothing_in_the_w8a8_body(tool):
+    if SANITIZER is None:
+        pytest.skip("compute-sanitizer is neither on PATH nor beside nvcc (it comes with the CUDA toolkit's bin/)")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the W8A8 kernels are sm90a ones")
+    _sanitize(tool, W8A8_CHILD, W8A8_LAUNCHES, [launch[:2] for launch in W8A8_LAUNCHES])

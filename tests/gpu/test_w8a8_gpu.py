@@ -12,10 +12,12 @@ import torch
 
 from humming_aot import ops, quant, w8a8
 
-_BLOCK_TILES = sorted({label for _, label in w8a8._BLOCK_TILES} | {"wgmma-ss:64x256x128_w1x8_s4"})
+_BLOCK_TILES = sorted({label for _, label in w8a8._BLOCK_TILES} | {"wgmma-ss:64x256x128_w1x8_s4",
+                                                                    "wgmma-ss:128x128x128_w1x8_s6"})
 _TILES = sorted({label for _, label in w8a8._TILES} | {
     "wgmma-ss:96x128x128_w1x8_s6", "wgmma-ss:160x128x128_w1x8_s5", "wgmma-ss:64x128x128_w1x4_s4",
-    "wgmma-ss:64x256x128_w1x8_s4", "wgmma-ss:32x256x128_w1x8_s6",
+    "wgmma-ss:64x256x128_w1x8_s4", "wgmma-ss:32x256x128_w1x8_s6", "wgmma-ss:128x128x128_w1x8_s6",
+    "wgmma-ss:192x128x128_w1x8_s5", "wgmma-ss:192x128x128_w1x8_s4",
 })
 
 
@@ -127,11 +129,37 @@ def test_tail_split_slices_meet_in_fp32(tile, m, n, k, blocks):
     info = dispatch.device_info(torch.cuda.current_device())
     parsed = parse_tile_field(tile)
     loaded = obtain.load(w8a8.kernel_key("sm90a", torch.bfloat16, parsed, blocks), info)
-    dp_ctas, splits, _ = _schedule(loaded, parsed, info, m, packed.n, k // 128, 0)
+    dp_ctas, splits, _, _ = _schedule(loaded, parsed, info, m, packed.n, k // 128, 0, False, False)
     assert splits > 1, f"the schedule did not split K (dp {dp_ctas}, splits {splits}): the test misses its path"
     y = w8a8.gemm(qa, packed, tile=tile, stream_k=0)
     _check(y, qa, packed)
     assert torch.equal(y, w8a8.gemm(qa, packed, tile=tile, stream_k=0)), "two runs differ"
+
+
+@pytest.mark.parametrize("blocks", [False, True], ids=["channel", "blocks"])
+@pytest.mark.parametrize("tile", ["wgmma-ss:128x128x128_w1x8_s5", "wgmma-ss:128x128x128_w1x8_s6",
+                                  "wgmma-ss:64x128x128_w1x8_s6"])
+def test_a_wave_of_ctas_walks_many_tiles_then_the_split_tail(tile, blocks):
+    # persistent CTAs (at most a wave) walk the tail split's whole tiles, the staging tile after the
+    # ring (s5, the 64-token tile) or over it (s6), and CTAs after them take the split tail
+    from humming_aot import dispatch, obtain
+    from humming_aot._w8a8_launch import _schedule
+    from humming_aot.enumerate import parse_tile_field
+
+    gen = torch.Generator().manual_seed(_seed())
+    m, n, k = 601, 7680, 4096
+    formats = dict(act="float8e4m3:g128", weights="float8e4m3:b128x128") if blocks else {}
+    qa, packed = _operands(m, n, k, gen, **formats)
+    info = dispatch.device_info(torch.cuda.current_device())
+    parsed = parse_tile_field(tile)
+    loaded = obtain.load(w8a8.kernel_key("sm90a", torch.bfloat16, parsed, blocks), info)
+    dp_ctas, splits, _, walkers = _schedule(loaded, parsed, info, m, packed.n, k // 128, 0, True, False)
+    assert walkers < dp_ctas, f"{walkers} CTAs for {dp_ctas} whole tiles: the test misses the walk"
+    out = torch.full((m, packed.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    y = w8a8.gemm(qa, packed, out=out, tile=tile, stream_k=0, persistent=True)
+    _check(y, qa, packed)
+    assert torch.equal(y, w8a8.gemm(qa, packed, tile=tile, stream_k=0, persistent=False)), "walk and one-per-tile differ"
+    print(f"dp {dp_ctas} walked by {walkers}, tail splits {splits}")
 
 
 def test_block_scales_with_bias_float16_padded_n_and_a_partial_last_block():

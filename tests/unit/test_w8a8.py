@@ -86,11 +86,22 @@ def test_errors_say_what_to_do():
 @pytest.mark.parametrize("m", ALL_M)
 def test_every_m_has_a_tile_whose_key_round_trips(m):
     tile = w8a8.select_tile(m)
-    assert tile.mma is MmaKind.WGMMA_SS and tile.block_m >= (m if m <= 64 else 128)
+    # up to 32 tokens a tile that holds them all, then 64 up to 128 tokens, then 128
+    assert tile.mma is MmaKind.WGMMA_SS and tile.block_m == (next(t for t in (8, 16, 32) if m <= t) if m <= 32
+                                                             else 64 if m <= 128 else 128)
     for dtype in (torch.bfloat16, torch.float16):
         key = w8a8.kernel_key("sm90a", dtype, tile)
         assert KernelKey.from_name(key.name) == key and key.scales_in_fp32
         assert "_wgmma-ss_a-e4m3-k-f32_w-e4m3-g-f32_o-" in key.name
+
+
+def test_the_64_token_rows_give_way_to_128_tokens_past_one_wave():
+    """65-128 tokens: the 64-token tile while its tiles fit on the SMs at once, else 128 tokens."""
+    assert w8a8.select_tile(128, n=8192).block_m == 64  # 2 x 64 tiles: one wave of 132
+    assert w8a8.select_tile(128, n=8448).block_m == 64 and w8a8.select_tile(128, n=8576).block_m == 128
+    assert w8a8.select_tile(100, n=28672).block_m == 128 and w8a8.select_tile(64, n=28672).block_m == 64
+    assert w8a8.select_tile(128, n=28672, num_sms=500).block_m == 64
+    assert w8a8.select_tile(128, n=28672).label == w8a8.select_tile(129).label
 
 
 def test_tile_rules_name_the_limit():

@@ -11,6 +11,7 @@ import torch
 
 from humming_aot import _launcher, _w8a8_launch, dispatch, ops, params_abi, quant, w8a8
 from humming_aot import obtain as kernel_obtain
+from humming_aot.enumerate import parse_tile_field
 from humming_aot.kernels import LoadedKernel
 
 H200 = dispatch.DeviceInfo(index=0, name="fake H200", capability=(9, 0), num_sms=132, smem_per_sm=233472,
@@ -71,7 +72,7 @@ def test_a_launch_packs_the_scaled_tma_params(monkeypatch, blocks):
     bias = torch.randn(100).to(torch.bfloat16)
     out = _w8a8_launch.launch(qa, packed, bias, torch.bfloat16, None, "wgmma-ss:128x128x128_w1x8_s6", None)
     assert out.shape == (200, 112) and fakes.loads == [
-        w8a8.kernel_key("sm90a", torch.bfloat16, w8a8.select_tile(200, blocks), blocks).name]
+        w8a8.kernel_key("sm90a", torch.bfloat16, parse_tile_field("wgmma-ss:128x128x128_w1x8_s6"), blocks).name]
     (launch,) = fakes.launches
     params = launch["params"]
     assert len(params) == 448 and launch["block"] == (384, 1, 1) and launch["stream"] == 0x5EED
@@ -117,6 +118,28 @@ def test_the_tail_split_grid_and_workspace(monkeypatch):
     fields = params_abi.GEMM_PARAMS.unpack(launch["params"][:104])
     assert fields[6] != 0 and fields[7] != 0  # workspace and counters
     assert fields[14] == 3
+
+
+def test_a_wave_of_ctas_walks_the_whole_tiles_where_the_staging_tile_is_apart(monkeypatch):
+    """The tail split's whole tiles are walked by at most one wave of resident CTAs (P), its split
+    tail taken by CTAs P on (schedule/work_units.cuh): by default where the tile's staging tile lies
+    after its ring (the producer then loads a CTA's next tile during its store), and on request."""
+    fakes = Fakes(monkeypatch)
+    qa, packed = _operands(640, 7680, 4096)  # 5 x 60 = 300 tiles of 128 x 128, 32 K tiles each
+    separate, shared = "wgmma-ss:128x128x128_w1x8_s5", "wgmma-ss:128x128x128_w1x8_s6"
+    key = w8a8.kernel_key("sm90a", torch.bfloat16, parse_tile_field(separate), False)
+    assert key.tile.body.key_smem_bytes(key) == 5 * 32768 + 128 * 136 * 2 + 1024  # ring, then the staging tile
+    cases = [(separate, None, 132), (separate, False, 264), (shared, None, 264), (shared, True, 132)]
+    for tile, persistent, walkers in cases:
+        _w8a8_launch.launch(qa, packed, None, torch.bfloat16, None, tile, 0, persistent)
+        launch = fakes.launches[-1]
+        # two whole waves of 132 (dp_ctas 264), then 36 tiles in 3 K slices each
+        assert struct.unpack_from("<3i", launch["params"], 104) == (264, 3, 0)
+        assert launch["grid"] == (walkers + 36 * 3, 1, 1), (tile, persistent)
+    qa, packed = _operands(2048, 4096, 4096)  # 512 tiles: whole waves only, so no tail
+    _w8a8_launch.launch(qa, packed, None, torch.bfloat16, None, separate, 0, None)
+    assert struct.unpack_from("<3i", fakes.launches[-1]["params"], 104) == (512, 1, 0)
+    assert fakes.launches[-1]["grid"] == (132, 1, 1)
 
 
 def test_errors_come_before_any_launch(monkeypatch):

@@ -19,7 +19,9 @@
 // the fp32 accumulators once the tile's wgmma have completed (the error bound then holds at
 // K = 16384: tests/gpu/test_w8a8_gpu.py). The slot is released at that point, before the add.
 // Twice the accumulator registers: a consumer warpgroup holds at most 64 channels x 192 tokens
-// (128 with block scales, whose token scales it holds too), or 128 x 96.
+// (128 with block scales, whose token scales it holds too), or 128 x 96. Where a third set fits
+// (token x channel scales, up to 64 x 128 per warpgroup), two scratch sets take turns and each K
+// tile's add runs beside the next one's wgmma (consume_overlapped).
 //
 // Schedules (tail split or stream-K, schedule/work_units.cuh) and the epilogue (fixup or split-K
 // reduction in fp32, then the staging tile of epilogue/column_major_writer.cuh) are the 16-bit
@@ -62,7 +64,7 @@ struct DenseWgmmaSs {
   static_assert(!kBlockScales || kBlockN % 128 == 0, "whole 128-channel weight blocks per CTA");
 
   using Mma = mma::WgmmaE4m3<kBlockM>;
-  using Units = schedule::WorkUnits<kBlockM, kBlockN, kBlockK>;
+  using Units = schedule::WorkUnits<kBlockM, kBlockN, kBlockK, /*kPersistentTiles=*/true>;
   using StreamK = typename Units::StreamK;
   using Fragments = epilogue::WarpgroupFragments<kBlockM, kUnitsPerWarpGroup>;
   using ConsumerBarrier = ptx::NamedBarrier<kConsumerThreads, 1>;
@@ -80,8 +82,18 @@ struct DenseWgmmaSs {
   static constexpr int kCodeBytes = (kBlockN + kBlockM) * 128;
   static constexpr int kStageBytes = (kCodeBytes + (kStagedTokenScales ? kBlockM * 4 : 0) + 1023) / 1024 * 1024;
   static constexpr int kPipelineBytes = kStages * kStageBytes;
+  // The output's staging tile: after the ring where both fit in a CTA that has the SM to itself
+  // (two consumer warpgroups), leaving 1 KB of sm_90's 227 KB per block for the static shared
+  // memory, so that the producer fills the ring with the next tile's K tiles while the consumers
+  // store this one; else over the ring, which the producer then leaves alone until the store is done.
+  static constexpr int kMaxSmemBytes = 232448;
+  static constexpr bool kSeparateStaging =
+      kConsumerWarpGroups == 2 && kPipelineBytes + Writer::kStagingBytes + 1024 <= kMaxSmemBytes - 1024;
+  static constexpr int kStagingOffset = kSeparateStaging ? kPipelineBytes : 0;
   static constexpr int kSmemBytes =
-      (kPipelineBytes > Writer::kStagingBytes ? kPipelineBytes : Writer::kStagingBytes) + 1024;
+      (kSeparateStaging ? kPipelineBytes + Writer::kStagingBytes
+                        : (kPipelineBytes > Writer::kStagingBytes ? kPipelineBytes : Writer::kStagingBytes)) +
+      1024;
   static constexpr bool kScalesInFp32 = true;  // the scales multiply fp32 sums
 
   static constexpr int kUnitAccumulators = Mma::kAccumulators;
@@ -96,6 +108,9 @@ struct DenseWgmmaSs {
   static constexpr int kTokenScales = kBlockM / 4;  // the tokens of a thread's accumulators (blocks)
   static_assert(kConsumerRegistersHeld >= 2 * kAccumulators + (kBlockScales ? kTokenScales : 0) + 40,
                 "the consumers' registers hold the accumulators, the promotion's scratch set and the loop");
+  // Token x channel scales with registers for a second scratch set: promotion overlapped with the
+  // next K tile's wgmma (consume_overlapped).
+  static constexpr bool kOverlappedPromotion = !kBlockScales && 3 * kAccumulators + 40 <= kConsumerRegistersHeld;
 
   // The producer: one thread issues the copies of `count` K tiles from k_tile0 on of the tile at (m0, n0).
   static __device__ __forceinline__ void produce(const ScaledTmaGemmParams& params, int m0, int n0, int k_tile0,
@@ -131,13 +146,84 @@ struct DenseWgmmaSs {
     u32 full_parity = 0;
   };
 
-  // The consumers: `count` K tiles into acc (zeroed first), each promoted from the scratch set once
+  // The consumers: `count` K tiles into acc (zeroed first), each promoted from a scratch set once
   // its wgmma have completed; every slot is released once read, so the ring is free at the end.
   // (blocks: the unit's K tiles are K blocks k_tile0.. of the tile at (m0, n0), whose scales weight
   // each promotion)
   static __device__ __forceinline__ void consume(const ScaledTmaGemmParams& params, int m0, int n0, int k_tile0,
                                                  int count, u32 smem_base, u32 full0, u32 empty0, ConsumerRing& ring,
                                                  float (&acc)[kAccumulators]) {
+    if constexpr (kOverlappedPromotion) {
+      consume_overlapped(count, smem_base, full0, empty0, ring, acc);
+    } else {
+      consume_serial(params, m0, n0, k_tile0, count, smem_base, full0, empty0, ring, acc);
+    }
+  }
+
+  // K tile `ring.slot`'s wgmma into `into` (the first k32 step overwrites it), committed as one
+  // group; returns the slot and moves the ring on.
+  static __device__ __forceinline__ int issue_tile(u32 smem_base, u32 full0, ConsumerRing& ring,
+                                                   float (&into)[kAccumulators]) {
+    const int unit0 = (static_cast<int>(threadIdx.x) >> 7) * kUnitsPerWarpGroup;
+    const int slot = ring.slot;
+    ptx::mbarrier_wait(full0 + 8 * slot, ring.full_parity);
+    const u32 stage = smem_base + slot * kStageBytes;
+    const u64 tokens = mma::k_major_sw128_descriptor(stage + kWeightBytes);
+    const u64 channels = mma::k_major_sw128_descriptor(stage + unit0 * (64 * 128));
+    mma::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kK32Steps; ++kk) {
+#pragma unroll
+      for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
+        Mma::mma(*reinterpret_cast<float (*)[kUnitAccumulators]>(into + u * kUnitAccumulators),
+                 channels + static_cast<u64>(512 * u + 2 * kk), tokens + static_cast<u64>(2 * kk), kk > 0);
+      }
+    }
+    mma::wgmma_commit_group();
+    if (++ring.slot == kStages) {
+      ring.slot = 0;
+      ring.full_parity ^= 1u;
+    }
+    return slot;
+  }
+
+  // Once at most kPending groups are in flight: release `slot` and add `from` into acc.
+  template <int kPending>
+  static __device__ __forceinline__ void retire_tile(u32 empty0, int slot, float (&from)[kAccumulators],
+                                                     float (&acc)[kAccumulators]) {
+    mma::wgmma_wait_group<kPending>();
+    mma::wgmma_fence_operands(from);
+    if ((threadIdx.x & 31) == 0) ptx::mbarrier_arrive(empty0 + 8 * slot);
+#pragma unroll
+    for (int i = 0; i < kAccumulators; ++i) acc[i] += from[i];
+  }
+
+  // Token x channel scales, where three sets of accumulators fit: two scratch sets in turn, so
+  // that K tile t + 1's wgmma run while K tile t's sums are added into acc (the serial loop below
+  // leaves the tensor cores idle for that add whenever both consumer warpgroups do it at once).
+  static __device__ __forceinline__ void consume_overlapped(int count, u32 smem_base, u32 full0, u32 empty0,
+                                                            ConsumerRing& ring, float (&acc)[kAccumulators]) {
+#pragma unroll
+    for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.f;
+    if (count <= 0) return;
+    float even[kAccumulators], odd[kAccumulators];
+    int even_slot = issue_tile(smem_base, full0, ring, even), odd_slot;
+    for (int it = 1; it < count; it += 2) {
+      odd_slot = issue_tile(smem_base, full0, ring, odd);  // K tile it
+      retire_tile<1>(empty0, even_slot, even, acc);        // K tile it - 1
+      if (it + 1 == count) {
+        retire_tile<0>(empty0, odd_slot, odd, acc);
+        return;
+      }
+      even_slot = issue_tile(smem_base, full0, ring, even);  // K tile it + 1
+      retire_tile<1>(empty0, odd_slot, odd, acc);
+    }
+    retire_tile<0>(empty0, even_slot, even, acc);
+  }
+
+  static __device__ __forceinline__ void consume_serial(const ScaledTmaGemmParams& params, int m0, int n0, int k_tile0,
+                                                        int count, u32 smem_base, u32 full0, u32 empty0,
+                                                        ConsumerRing& ring, float (&acc)[kAccumulators]) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int unit0 = (warp >> 2) * kUnitsPerWarpGroup;
     const GemmParams& p = params.tma.gemm;
@@ -283,7 +369,7 @@ struct DenseWgmmaSs {
           more = units.next(next);
           produce(params, unit.m_tile * kBlockM, unit.n_tile * kBlockN, unit.k_begin, unit.k_end - unit.k_begin,
                   smem_base, full0, empty0, fills);
-          if (more && unit.k_begin == 0) {  // its tile is stored through the ring: wait for that
+          if (!kSeparateStaging && more && unit.k_begin == 0) {  // its tile is stored through the ring
             ptx::mbarrier_wait(staging_barrier, staging_parity);
             staging_parity ^= 1u;
           }
@@ -312,14 +398,17 @@ struct DenseWgmmaSs {
           Fixup::accumulate(p, acc, blockIdx.x + 1, units.range.partials_of(unit.tile), p.tile_counters + unit.tile);
         }
       }
-      ConsumerBarrier::sync();  // every consumer warpgroup is done with the ring: the staging tile reuses it
+      // every consumer warpgroup is done with the ring, which the staging tile may reuse, and with
+      // the previous tile's store, whose staging tile this one overwrites
+      ConsumerBarrier::sync();
       if (!units.stream_k && units.splits > 1 &&
           !SplitK::reduce(p, acc, units.split_index, units.slice, units.splits, &arrival_flag)) {
         return;
       }
       if constexpr (!kBlockScales) apply_scales(params, acc, m0, n0);
-      Writer::store_tile(p, acc, m0, n0, smem);
-      if (more) {  // the producer waits for the staging tile's last read before it refills the ring
+      Writer::store_tile(p, acc, m0, n0, smem + kStagingOffset);
+      if (!kSeparateStaging &&
+          more) {  // the producer waits for the staging tile's last read before it refills the ring
         mma::fence_shared_for_async_proxy();
         ConsumerBarrier::sync();
         if (threadIdx.x == 0) ptx::mbarrier_arrive(staging_barrier);

@@ -20,10 +20,13 @@ struct TailSplitScheduler {
   int slice, splits;             // this CTA's K slice of `splits` (1: the whole of K)
   int k_tile_begin, k_tile_end;  // this CTA's K tiles [begin, end)
 
-  __device__ __forceinline__ TailSplitScheduler(int m, int n, int k, int dp_ctas, int tail_splits) {
+  // `cta`: this CTA's place in the schedule (blockIdx.x, unless persistent CTAs walk the whole
+  // tiles: schedule/work_units.cuh)
+  __device__ __forceinline__ TailSplitScheduler(int m, int n, int k, int dp_ctas, int tail_splits,
+                                                u32 cta = blockIdx.x) {
     const u32 m_tiles = (static_cast<u32>(m) + kBlockM - 1) / kBlockM;
     const u32 n_tiles = (static_cast<u32>(n) + kBlockN - 1) / kBlockN;
-    const u32 cta = blockIdx.x, dp = static_cast<u32>(dp_ctas);
+    const u32 dp = static_cast<u32>(dp_ctas);
     u32 tile;
     if (cta < dp) {
       tile = cta;
