@@ -4,6 +4,9 @@ load), then once inside the NVTX range "profile" that ncu selects
 
     ncu --clock-control none --nvtx --nvtx-include "profile/" --section WarpStateStats \\
         python3 tools/bench/profile_w8a8.py --shape 7168x18432 --m 4096 --blocks
+
+``--cublas`` (channel x token scales) also runs torch._scaled_mm once in the range "cublas", for
+``--nvtx-include "cublas/"`` beside ours.
 """
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ def main(argv=None) -> int:
     parser.add_argument("--m", type=int, default=4096)
     parser.add_argument("--blocks", action="store_true", help="128 x 128 weight blocks x 1 x 128 token groups")
     parser.add_argument("--tile", default=None)
+    parser.add_argument("--cublas", action="store_true",
+                        help="also run torch._scaled_mm (rowwise scales) once inside the NVTX range \"cublas\"")
     args = parser.parse_args(argv)
     n, k = (int(v) for v in args.shape.split("x"))
     gen = torch.Generator().manual_seed(0)
@@ -38,6 +43,20 @@ def main(argv=None) -> int:
     with torch.cuda.nvtx.range("profile"):
         w8a8.gemm(qa, packed, tile=args.tile)
     torch.cuda.synchronize()
+    if args.cublas and not args.blocks:
+        qw = quant.quantize(torch.randn(n, k, generator=gen), weights)
+        codes = qw.codes.cuda().view(torch.float8_e4m3fn).t()  # (K, N) column-major, as cuBLAS takes it
+        scale_b = qw.scales.cuda().reshape(1, n)
+
+        def scaled_mm():
+            return torch._scaled_mm(qa.codes.view(torch.float8_e4m3fn), codes, scale_a=qa.scales, scale_b=scale_b,
+                                    out_dtype=torch.bfloat16)
+
+        scaled_mm()
+        torch.cuda.synchronize()
+        with torch.cuda.nvtx.range("cublas"):
+            scaled_mm()
+        torch.cuda.synchronize()
     return 0
 
 
