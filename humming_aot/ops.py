@@ -207,9 +207,9 @@ def _gemm_planned(a, w, w_scale, w_zero_point, bias, w_dtype, act_dtype, n, k, g
         # this shape on this device and stream launches with four ints (_gemm_bound)
         if len(bound) >= _BOUND_LAUNCHES:
             bound.clear()
-        launch = plan.planned.bind(stream, w.data_ptr(), w_scale.data_ptr(),
-                                   0 if w_zero_point is None else w_zero_point.data_ptr(), n, global_scale)
-        bound[(shape, device_index, stream)] = (launch, (*shape[:-1], n), plan.device)
+        addresses = (w.data_ptr(), w_scale.data_ptr(), 0 if w_zero_point is None else w_zero_point.data_ptr())
+        launch = plan.planned.bind(stream, *addresses, n, global_scale)
+        bound[(shape, device_index, stream)] = (launch, (*shape[:-1], n), plan.device, addresses)
     return out
 
 
@@ -219,8 +219,10 @@ _BOUND_LAUNCHES = 64
 
 def _bound_launches(packed: PackedWeight) -> dict:
     """The PackedWeight's bound launches: {(a.shape, device index, stream): (_C.BoundLaunch with the
-    weight's pointers, output shape, device)}, in the instance's __dict__ (PackedWeight is frozen:
-    its tensors are the ones bound for its lifetime; PackedWeight.__getstate__ leaves it out)."""
+    weight's pointers, output shape, device, the three addresses bound)}, in the instance's __dict__
+    (PackedWeight is frozen, so its tensors stay the same objects; their storage may still be
+    swapped in place, `.data =` or load_state_dict(assign=True), so each call compares the
+    addresses. PackedWeight.__getstate__ leaves the dict out)."""
     bound = packed.__dict__.get("_bound_launches")
     if bound is None:
         bound = packed.__dict__["_bound_launches"] = {}
@@ -231,7 +233,8 @@ def _gemm_bound(a, packed, bias, device_index):
     """The eager GEMM through a launch bound to `packed` (made by an earlier call of the same
     shape, device and stream that took the planned path), or None where there is none or an
     argument needs a check only the planned path makes. Per call: a's dtype, contiguity and
-    alignment, and the bias's shape, dtype, device, contiguity and alignment."""
+    alignment, the bias's shape, dtype, device, contiguity and alignment, and that the weight's
+    tensors still hold the storage bound."""
     bound = packed.__dict__.get("_bound_launches")
     if bound is None:
         return None
@@ -249,7 +252,11 @@ def _gemm_bound(a, packed, bias, device_index):
         bias_address = bias.data_ptr()
         if bias_address % 4:
             return None
-    launch, out_shape, device = entry
+    launch, out_shape, device, (w, w_scale, w_zero_point) = entry
+    if packed.w.data_ptr() != w or packed.w_scale.data_ptr() != w_scale or (
+            w_zero_point and packed.w_zero_point.data_ptr() != w_zero_point):
+        del bound[(a.shape, device_index, launch.stream)]  # storage swapped in place: plan again
+        return None
     out = torch.empty(*out_shape, dtype=packed.act_dtype, device=device)
     launch.launch(address, bias_address, out.data_ptr(), packed.k)
     return out

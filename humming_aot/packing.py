@@ -58,8 +58,17 @@ class PaddedShape:
 
     def unpadded_view(self):
         """The same tensors with the kernel's N x K as their own (n_valid, k_valid None): what a
-        launch sees once the activations are padded."""
-        return dataclasses.replace(self, n_valid=None, k_valid=None)
+        launch sees once the activations are padded. Made once per (frozen) instance, so that what
+        a GEMM keeps on the view (ops.gemm's bound launches) lasts as long as the weight."""
+        view = self.__dict__.get("_unpadded_view")
+        if view is None:
+            view = self.__dict__["_unpadded_view"] = dataclasses.replace(self, n_valid=None, k_valid=None)
+        return view
+
+    def __getstate__(self) -> dict:
+        """The fields only: what the instance keeps for the GEMMs (its unpadded view, ops.gemm's
+        bound launches: pointers into this process's device memory) is not copied or pickled."""
+        return {name: value for name, value in self.__dict__.items() if not name.startswith("_")}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -101,11 +110,6 @@ class PackedWeight(PaddedShape):
     def __post_init__(self) -> None:
         if self.layout_version is None:
             object.__setattr__(self, "layout_version", layout_version(self.bits))
-
-    def __getstate__(self) -> dict:
-        """The fields only: ops.gemm's bound launches (``_bound_launches``, pointers into this
-        process's device memory) are not copied or pickled."""
-        return {name: value for name, value in self.__dict__.items() if name != "_bound_launches"}
 
     def check_layout(self) -> None:
         """Raise a ValueError unless the words are in the packed layout this humming_aot reads."""

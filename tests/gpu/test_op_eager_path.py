@@ -130,6 +130,21 @@ def test_a_repeated_shape_takes_the_bound_launch_with_the_same_bits(shape, monke
         assert "_bound_launches" not in clone.__dict__ and torch.equal(clone.w, packed.w)
 
 
+def test_a_bound_launch_follows_weight_storage_swapped_in_place():
+    """`.data =` (or load_state_dict(assign=True)) gives the same tensor objects new storage: the
+    bound launch of the old addresses must not run (it would read freed memory)."""
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    first, second = (humming_aot.pack(humming_aot.quantize(torch.randn(N, K, device="cuda", generator=gen) * 0.05,
+                                                           "int4:g128"), act_dtype=torch.bfloat16) for _ in range(2))
+    a = torch.randn(4, K, device="cuda").bfloat16()
+    ops.gemm(a, first)
+    assert len(first.__dict__["_bound_launches"]) == 1
+    first.w.data = second.w.clone()
+    first.w_scale.data = second.w_scale.clone()
+    assert_bitwise_equal(ops.gemm(a, first), _reference(a, second, None), "after the swap")
+    assert_bitwise_equal(ops.gemm(a, first), _reference(a, second, None), "bound again after the swap")
+
+
 class _SeenOps(TorchDispatchMode):
     def __init__(self):
         super().__init__()

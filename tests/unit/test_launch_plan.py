@@ -448,6 +448,21 @@ def test_a_bound_launch_writes_the_weight_once_and_four_fields_per_call():
         tma.bind(0x5EED, 1, 2, 3, 256, 1.0)
 
 
+def test_a_padded_weights_view_is_made_once_and_never_pickled():
+    """ops.gemm keeps bound launches on the unpadded view of a padded PackedWeight: the view is
+    the instance's own (made once), and neither it nor the launches travel in a pickle or a copy."""
+    import copy
+    import pickle
+
+    packed = humming_aot.pack(humming_aot.quantize(torch.randn(100, 192), "int4:g64"), act_dtype=torch.bfloat16)
+    assert packed.padded and packed.unpadded_view() is packed.unpadded_view()
+    packed.unpadded_view().__dict__["_bound_launches"] = {"launch": object()}
+    for clone in (pickle.loads(pickle.dumps(packed)), copy.deepcopy(packed), copy.copy(packed)):
+        assert not [name for name in clone.__dict__ if name.startswith("_")]
+        assert clone.n_valid == 100 and torch.equal(clone.w, packed.w)
+        assert "_bound_launches" not in clone.unpadded_view().__dict__
+
+
 def test_the_simt_reference_body_runs_one_cta_per_tile_over_all_of_k(monkeypatch):
     """The test-only simt body takes no split-K: its plan is one CTA per 8 x 64 tile, no workspace,
     and a forced split count is refused before any launch."""

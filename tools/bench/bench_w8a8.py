@@ -80,6 +80,7 @@ def main(argv=None) -> int:
     impls = args.impls.split(",")
     ms = [int(v) for v in args.m.split(",")]
     gen = torch.Generator().manual_seed(0)
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     results = []
     print(f"{'N':>6} {'K':>6} {'M':>5} {'impl':>18} {'us':>9} {'TFLOP/s':>8} {'relerr':>8}")
     for n, k in shapes:
@@ -127,8 +128,8 @@ def main(argv=None) -> int:
                 row = {"impl": impl, "m": m, "n": n, "k": k, "us": us, "p10_us": timing["p10_us"],
                        "p90_us": timing["p90_us"], "tflops": tflops(gemm_flops(m, n, k), us), "relerr": relerr,
                        "blocks": args.blocks,
-                       "tile": w8a8.select_tile(m, args.blocks, n=n).label if impl.startswith("humming_aot") and not args.tile
-                       else args.tile}
+                       "tile": (w8a8.select_tile(m, args.blocks, n=n, num_sms=sms).label
+                                if impl.startswith("humming_aot") and not args.tile else args.tile)}
                 results.append(row)
                 print(f"{n:>6} {k:>6} {m:>5} {impl:>18} {us:9.1f} {row['tflops']:8.1f} {relerr:8.1e}")
     if args.json_path:

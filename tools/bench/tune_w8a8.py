@@ -51,6 +51,7 @@ def main(argv=None) -> int:
     weights, act = ("float8e4m3:b128x128", "float8e4m3:g128") if args.blocks else ("float8e4m3:channel",
                                                                                     "float8e4m3:token")
     gen = torch.Generator().manual_seed(0)
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     results = []
     for n, k in shapes:
         # enough sets that the smallest M's calls (the weight, mostly) meet a cold L2; larger M only
@@ -70,7 +71,7 @@ def main(argv=None) -> int:
             ref = w8a8.reference(qas[0], packs[0]).float()
             calls = {}
             for label in args.tiles.split(","):
-                tile = w8a8.select_tile(m, args.blocks, n=n).label if label == "table" else label
+                tile = w8a8.select_tile(m, args.blocks, n=n, num_sms=sms).label if label == "table" else label
                 for stream_k in schedules:
                     for walk in args.persistent.split(","):
                         persistent = None if walk == "auto" else bool(int(walk))

@@ -11,7 +11,8 @@
 // the whole tiles c, c + P, c + 2P, ... < dp_ctas (in raster order, so the tiles in flight at once
 // are neighbours), and the CTAs from P on taking the split tail's slices, as CTAs dp_ctas, ... of
 // the tail split would. With P = dp_ctas it is the tail split. The host keeps P at most the CTAs
-// resident at once, so the split tail only runs after the persistent CTAs' walks.
+// resident at once: the split tail's CTAs start as walkers finish (its K slices meet through the
+// split-K workspace, where the last to arrive sums: nothing waits for a CTA not yet resident).
 
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/schedule/stream_k_scheduler.cuh>
