@@ -168,6 +168,7 @@ struct DenseWgmmaSs {
     const int slot = ring.slot;
     ptx::mbarrier_wait(full0 + 8 * slot, ring.full_parity);
     const u32 stage = smem_base + slot * kStageBytes;
+    // K step kk: 32 codes = 32 bytes further along each row, 2 in the descriptors' address field
     const u64 tokens = mma::k_major_sw128_descriptor(stage + kWeightBytes);
     const u64 channels = mma::k_major_sw128_descriptor(stage + unit0 * (64 * 128));
     mma::wgmma_fence();
@@ -175,6 +176,7 @@ struct DenseWgmmaSs {
     for (int kk = 0; kk < kK32Steps; ++kk) {
 #pragma unroll
       for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
+        // unit u's 64 rows start 8 KB (512 in the address field) after unit u - 1's
         Mma::mma(*reinterpret_cast<float (*)[kUnitAccumulators]>(into + u * kUnitAccumulators),
                  channels + static_cast<u64>(512 * u + 2 * kk), tokens + static_cast<u64>(2 * kk), kk > 0);
       }
@@ -237,25 +239,11 @@ struct DenseWgmmaSs {
       float token_scales[kBlockScales ? kTokenScales : 1], unit_scales[kUnitsPerWarpGroup];
       if constexpr (kBlockScales)
         load_block_scales(params, m0, n0, unit0, k_tile0 + it, k_blocks, token_scales, unit_scales);
-      ptx::mbarrier_wait(full0 + 8 * ring.slot, ring.full_parity);
-      const u32 stage = smem_base + ring.slot * kStageBytes;
-      // K step kk: 32 codes = 32 bytes further along each row, 2 in the descriptors' address field
-      const u64 tokens = mma::k_major_sw128_descriptor(stage + kWeightBytes);
-      const u64 channels = mma::k_major_sw128_descriptor(stage + unit0 * (64 * 128));
-      mma::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kK32Steps; ++kk) {
-#pragma unroll
-        for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
-          // unit u's 64 rows start 8 KB (512 in the address field) after unit u - 1's
-          Mma::mma(*reinterpret_cast<float (*)[kUnitAccumulators]>(scratch + u * kUnitAccumulators),
-                   channels + static_cast<u64>(512 * u + 2 * kk), tokens + static_cast<u64>(2 * kk), kk > 0);
-        }
-      }
-      mma::wgmma_commit_group();
+      const int slot = issue_tile(smem_base, full0, ring, scratch);
       if constexpr (kStagedTokenScales) {
         // token 2 (lane % 4) + 8 j + {0, 1}: one 8-byte pair per j
-        const float* staged = reinterpret_cast<const float*>(smem_generic(stage + kCodeBytes)) + 2 * (lane & 3);
+        const float* staged =
+            reinterpret_cast<const float*>(smem_generic(smem_base + slot * kStageBytes + kCodeBytes)) + 2 * (lane & 3);
 #pragma unroll
         for (int j = 0; j < kTokenScales / 2; ++j) {
           const float2 pair = *reinterpret_cast<const float2*>(staged + 8 * j);
@@ -267,7 +255,7 @@ struct DenseWgmmaSs {
       mma::wgmma_fence_operands(scratch);
       // Lane 0 releases the slot for the warp: the staged scales' shared loads above are warp-wide
       // instructions issued before this point, as the 16-bit body's fragment loads are.
-      if (lane == 0) ptx::mbarrier_arrive(empty0 + 8 * ring.slot);
+      if (lane == 0) ptx::mbarrier_arrive(empty0 + 8 * slot);
       if constexpr (kBlockScales) {
         // acc[u * kUnitAccumulators + i] holds token 8 (i >> 2) + (i & 1) (+ this thread's first)
 #pragma unroll
@@ -281,10 +269,6 @@ struct DenseWgmmaSs {
       } else {
 #pragma unroll
         for (int i = 0; i < kAccumulators; ++i) acc[i] += scratch[i];
-      }
-      if (++ring.slot == kStages) {
-        ring.slot = 0;
-        ring.full_parity ^= 1u;
       }
     }
   }
