@@ -16,9 +16,8 @@ from humming_aot.spec import MmaKind, TileConfig
 from humming_aot.w8a8 import K_ALIGN, SCALED_PARAMS_BYTES, _pack_params, kernel_key, select_tile
 
 ARCH = "sm90a"
-# (device, out dtype, blocks, tile, m, n, k, stream_k, persistent) -> (loaded kernel, dp_ctas, splits,
-# stream_k_ctas, persistent_ctas)
-_plans: dict[tuple, tuple] = {}
+# (device, out dtype, blocks, tile argument, m, n, k, stream_k, persistent) -> _Plan
+_plans: dict[tuple, "_Plan"] = {}
 # The longest K (in K tiles of 128) whose whole tiles a wave of CTAs walks by default: longer ones
 # (K = 14336) measured 4-8 % slower walked than one CTA per tile from 4096 tokens on, shorter ones
 # 5-14 % faster (docs/performance/log.md section 34).
@@ -61,14 +60,52 @@ def _schedule(loaded, tile: TileConfig, info, m: int, n: int, k_tiles: int, stre
     return dp_ctas, splits, stream_k, walkers
 
 
+class _Plan:
+    """What a W8A8 launch of one problem (device, out dtype, scaling, tile argument, M, N, K,
+    schedule knobs) needs that no call changes: the kernel, its schedule and grid, the workspace
+    shape, whether it stages transposed token scales, and the schedule's bytes."""
+
+    __slots__ = ("tile", "loaded", "splits", "grid", "workspace_shape", "stages_scales", "schedule")
+
+    def __init__(self, tile: TileConfig, key, loaded, info, m: int, n: int, k_tiles: int, stream_k, persistent):
+        if loaded.params_bytes != SCALED_PARAMS_BYTES:
+            raise ValueError(f"kernel {loaded.name}: takes {loaded.params_bytes} bytes of params, not "
+                             f"{SCALED_PARAMS_BYTES}; the Python ScaledTmaGemmParams layout differs from "
+                             "kernel/params.cuh")
+        dp_ctas, splits, stream_k_ctas, walkers = _schedule(loaded, tile, info, m, n, k_tiles, stream_k, persistent,
+                                                            separate_staging(key.tile, staged_scale_bytes(key)))
+        tiles = -(-m // tile.block_m) * -(-n // tile.block_n)
+        if stream_k_ctas:
+            self.grid = (stream_k_ctas, 1, 1)
+            self.workspace_shape = (stream_k_ctas, tile.block_m * tile.block_n)
+        else:
+            self.grid = (walkers + (tiles - dp_ctas) * splits, 1, 1)
+            self.workspace_shape = ((tiles - dp_ctas) * splits, tile.block_m * tile.block_n) if splits > 1 else None
+        self.tile, self.loaded, self.splits = tile, loaded, splits
+        self.stages_scales = stages_token_scales(key)
+        self.schedule = params_abi.TMA_SCHEDULE.pack(dp_ctas, splits, 1 if stream_k_ctas else 0)
+
+
+def _kernel(info, out_dtype: torch.dtype, blocks: bool, tile, m: int, n: int):
+    """(tile, kernel key) of a launch: select_tile's for tile None, else the given one (a label or
+    a TileConfig), refused unless the wgmma-ss body takes it with this scaling."""
+    if tile is None:
+        tile = select_tile(m, blocks, n=n, num_sms=info.num_sms)
+    elif isinstance(tile, str):
+        tile = parse_tile_field(tile)
+    if tile.mma is not MmaKind.WGMMA_SS:
+        raise ValueError(f"tile {tile.label}: the W8A8 kernels run wgmma-ss tiles")
+    return tile, kernel_key(ARCH, out_dtype, tile, blocks)  # (raises for a tile the scaling cannot take)
+
+
 def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, tile, stream_k: int | None,
            persistent: bool | None = None):
     k, n = packed.k, packed.n
     codes = qa.codes.reshape(-1, k)
     m = codes.shape[0]
     device = codes.device
-    if codes.stride(-1) != 1 or (m > 1 and (codes.stride(0) % K_ALIGN or codes.stride(0) < k)) \
-            or codes.data_ptr() % 16:
+    row_stride = codes.stride(0)
+    if codes.stride(-1) != 1 or (m > 1 and (row_stride % K_ALIGN or row_stride < k)) or codes.data_ptr() % 16:
         raise ValueError(f"the activation codes' rows must be contiguous, 16-byte aligned and a multiple of {K_ALIGN} "
                          f"bytes apart, at least K (strides {tuple(codes.stride())}); pass qa.codes.contiguous()")
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -81,37 +118,24 @@ def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, t
     if out is not None and (out.shape != (m, n) or out.dtype != out_dtype or not out.is_contiguous()
                             or out.device != device):
         raise ValueError(f"out must be a contiguous ({m}, {n}) {out_dtype} tensor on {device}")
-    if tile is None:
-        tile = select_tile(m, packed.blocks, n=n, num_sms=info.num_sms)
-    elif isinstance(tile, str):
-        tile = parse_tile_field(tile)
-    if tile.mma is not MmaKind.WGMMA_SS:
-        raise ValueError(f"tile {tile.label}: the W8A8 kernels run wgmma-ss tiles")
-    key = kernel_key(ARCH, out_dtype, tile, packed.blocks)  # (raises for a tile the scaling cannot take)
-    if out is None:
-        out = torch.empty((m, n), dtype=out_dtype, device=device)
-    if m == 0:
-        return out
-    # Every check a caller can fail is above or in the plan's below; the GPU work starts after.
     k_tiles = -(-k // 128)
-    plan_key = (index, key, m, n, k, stream_k, persistent)
+    plan_key = (index, out_dtype, packed.blocks, tile, m, n, k, stream_k, persistent)
     plan = _plans.get(plan_key)
     if plan is None:
-        loaded = _obtain.load(key, info)
-        if loaded.params_bytes != SCALED_PARAMS_BYTES:
-            raise ValueError(f"kernel {loaded.name}: takes {loaded.params_bytes} bytes of params, not "
-                             f"{SCALED_PARAMS_BYTES}; the Python ScaledTmaGemmParams layout differs from "
-                             "kernel/params.cuh")
-        plan = (loaded, *_schedule(loaded, tile, info, m, n, k_tiles, stream_k, persistent,
-                                   separate_staging(key.tile, staged_scale_bytes(key))))
+        tile_config, key = _kernel(info, out_dtype, packed.blocks, tile, m, n)
+        if m == 0:
+            return out if out is not None else torch.empty((0, n), dtype=out_dtype, device=device)
+        # every check a caller can fail is above or in the plan; the GPU work starts after
+        plan = _Plan(tile_config, key, _obtain.load(key, info), info, m, n, k_tiles, stream_k, persistent)
         if len(_plans) >= dispatch.MAX_PLANS:
             _plans.clear()
         _plans[plan_key] = plan
-    loaded, dp_ctas, splits, stream_k_ctas, walkers = plan
+    if out is None:
+        out = torch.empty((m, n), dtype=out_dtype, device=device)
     if bias is not None and packed.n_valid is not None:  # the kernel reads a bias for every padded column
         bias = torch.nn.functional.pad(bias, (0, n - packed.n_valid))
     scale_stride = 0
-    if packed.blocks and stages_token_scales(key):
+    if plan.stages_scales:
         # (m, k / 128) transposed for the kernel's staged copies: (k / 128) rows of m rounded up to
         # 4 (the columns past m are never read into a stored row)
         scale_stride = -(-m // 4) * 4
@@ -122,28 +146,22 @@ def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, t
     else:
         scales = qa.scales.reshape(-1)
         scales = (scales.expand(m) if scales.numel() == 1 else scales).contiguous()
-    tiles = -(-m // tile.block_m) * -(-n // tile.block_n)
-    if stream_k_ctas:
-        grid = stream_k_ctas
-        workspace_shape = (stream_k_ctas, tile.block_m * tile.block_n)
-    else:
-        grid = walkers + (tiles - dp_ctas) * splits
-        workspace_shape = ((tiles - dp_ctas) * splits, tile.block_m * tile.block_n) if splits > 1 else None
     stream = dispatch.current_stream(index)
     workspace = counters = None
-    if workspace_shape is not None:
-        workspace = torch.empty(workspace_shape, dtype=torch.float32, device=device)
+    if plan.workspace_shape is not None:
+        workspace = torch.empty(plan.workspace_shape, dtype=torch.float32, device=device)
         counters = dispatch._split_k_counters(device, stream)
     gemm_params = params_abi.GEMM_PARAMS.pack(
         codes.data_ptr(), packed.w.data_ptr(), packed.w_scale.data_ptr(), 0, 0 if bias is None else bias.data_ptr(),
         out.data_ptr(), 0 if workspace is None else workspace.data_ptr(), 0 if counters is None else counters.data_ptr(),
-        codes.stride(0), out.stride(0), m, n, 128 * k_tiles, 128 * k_tiles, splits, 1.0)
-    schedule = params_abi.TMA_SCHEDULE.pack(dp_ctas, splits, 1 if stream_k_ctas else 0)
-    a_map = _codes_map(codes, m, k, codes.stride(0), tile.block_m)  # (one row: any stride, dispatch's rule)
+        row_stride, out.stride(0), m, n, 128 * k_tiles, 128 * k_tiles, plan.splits, 1.0)
+    tile = plan.tile
+    a_map = _codes_map(codes, m, k, row_stride, tile.block_m)  # (one row: any stride, dispatch's rule)
     w_map = _codes_map(packed.w, n, k, k, tile.block_n)
-    params = _pack_params(gemm_params, schedule, a_map, w_map, scales.data_ptr(), scale_stride)
+    params = _pack_params(gemm_params, plan.schedule, a_map, w_map, scales.data_ptr(), scale_stride)
+    loaded = plan.loaded
     try:
-        loaded.launch((grid, 1, 1), stream, params)
+        loaded.launch(plan.grid, stream, params)
     except Exception as error:
         error.add_note(f"launching kernel {loaded.name} on device {loaded.device}")
         raise

@@ -8,7 +8,8 @@ What a decode step that is not captured in a graph pays (issue 25), in one fresh
             each with a 2-d input, a 3-d input (1, 1, K) and with bias; --calls eager calls then
             one synchronize, best of --repeats. Host-bound: this is the per-call overhead.
   graph     M = 1 on N x K = 4096 x 4096 (--big-n, --big-k): --calls back-to-back eager
-            ``ops.gemm`` calls against the same calls replayed from one CUDA graph (per call).
+            ``ops.gemm`` calls against the same calls replayed from one CUDA graph (per call);
+            on sm_90 the same for ``w8a8.gemm`` (float8e4m3 channel x token, pre-quantized).
 
 The goals of issue 25 are printed beside each ratio (ops.gemm <= 1.3x and QuantizedLinear <= 1.5x
 of F.linear; eager <= 1.2x of the graph); nothing is asserted.
@@ -111,6 +112,26 @@ def graph_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     ]
 
 
+def w8a8_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The same at N x K for the W8A8 float8 GEMM on pre-quantized activations (sm_90 only): its
+    launch packs its Params in Python each call, so this is where its host cost shows."""
+    from humming_aot import quant, w8a8
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        return []
+    n, k = args.big_n, args.big_k
+    packed = w8a8.pack(quant.quantize(torch.randn(n, k), "float8e4m3:channel")).to("cuda")
+    qa = ops.quantize_activation(torch.randn(1, k, device="cuda").to(torch.bfloat16), "float8e4m3:token")
+    eager = eager_us(lambda: w8a8.gemm(qa, packed), args.calls, args.repeats)
+    graph = graph_us(lambda: w8a8.gemm(qa, packed), args.graph_calls, args.calls, args.repeats)
+    case = f"{n}x{k} float8e4m3 W8A8 M=1"
+    return [
+        {"case": case, "call": "w8a8.gemm graph replay", "us_per_call": round(graph, 2), "ratio": 1.0, "goal": None},
+        {"case": case, "call": "w8a8.gemm eager", "us_per_call": round(eager, 2), "ratio": round(eager / graph, 3),
+         "goal": None},
+    ]
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| case | call | us per call | ratio | goal |", "|---|---|---|---|---|"]
     for row in rows:
@@ -133,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("eager_overhead: no CUDA device: nothing to measure")
         return 1
-    rows = tiny_rows(args) + graph_rows(args)
+    rows = tiny_rows(args) + graph_rows(args) + w8a8_rows(args)
     print(markdown(rows))
     if args.json_path:
         result = {
