@@ -105,6 +105,10 @@ def test_stream_k_takes_every_slot_below_a_wave(monkeypatch):
     # 3 x 4 tiles of 8 x 128 with 32 K tiles each, two CTAs per SM: 264 persistent CTAs
     assert struct.unpack_from("<3i", launch["params"], 104)[2] == 1 and launch["grid"] == (264, 1, 1)
     assert launch["block"] == (256, 1, 1)
+    # two consumer warpgroups: the tail split below a wave too (4 tiles of 128 x 128, K in slices)
+    _w8a8_launch.launch(qa, packed, None, torch.bfloat16, None, "wgmma-ss:128x128x128_w1x8_s5", None)
+    dp_ctas, splits, stream_k = struct.unpack_from("<3i", fakes.launches[-1]["params"], 104)
+    assert stream_k == 0 and dp_ctas == 0 and splits > 1 and fakes.launches[-1]["grid"] == (4 * splits, 1, 1)
 
 
 def test_the_tail_split_grid_and_workspace(monkeypatch):
@@ -140,6 +144,11 @@ def test_a_wave_of_ctas_walks_the_whole_tiles_where_the_staging_tile_is_apart(mo
     _w8a8_launch.launch(qa, packed, None, torch.bfloat16, None, separate, 0, None)
     assert struct.unpack_from("<3i", fakes.launches[-1]["params"], 104) == (512, 1, 0)
     assert fakes.launches[-1]["grid"] == (132, 1, 1)
+    # past WALK_K_TILES K tiles (K = 8320: 65) a CTA per tile by default, the walk on request
+    qa, packed = _operands(2048, 4096, 128 * (_w8a8_launch.WALK_K_TILES + 1))
+    for persistent, grid in ((None, 512), (True, 132)):
+        _w8a8_launch.launch(qa, packed, None, torch.bfloat16, None, separate, 0, persistent)
+        assert fakes.launches[-1]["grid"] == (grid, 1, 1), persistent
 
 
 def test_errors_come_before_any_launch(monkeypatch):
