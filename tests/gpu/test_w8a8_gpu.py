@@ -113,23 +113,29 @@ def test_stream_k_ranges_that_split_tiles(tile, blocks):
         assert torch.equal(y, w8a8.gemm(qa, packed, tile=tile, stream_k=ctas)), "two runs differ"
 
 
+def _tail_split(tile: str, blocks: bool, m: int, n: int, k: int, persistent: bool):
+    """(dp_ctas, splits, walking CTAs) of the tail split a launch of this problem gets."""
+    from humming_aot import dispatch, obtain
+    from humming_aot._w8a8_launch import _schedule
+    from humming_aot.enumerate import parse_tile_field
+
+    info = dispatch.device_info(torch.cuda.current_device())
+    parsed = parse_tile_field(tile)
+    loaded = obtain.load(w8a8.kernel_key("sm90a", torch.bfloat16, parsed, blocks), info)
+    dp_ctas, splits, _, walkers = _schedule(loaded, parsed, info, m, n, k // 128, 0, persistent, False)
+    return dp_ctas, splits, walkers
+
+
 @pytest.mark.parametrize("blocks", [False, True], ids=["channel", "blocks"])
 @pytest.mark.parametrize("tile,m,n,k", [("wgmma-ss:128x128x128_w1x8_s6", 200, 2560, 4096),
                                         ("wgmma-ss:8x128x128_w1x4_s6", 5, 5120, 8192)])
 def test_tail_split_slices_meet_in_fp32(tile, m, n, k, blocks):
     # the tail split's K slices (stream_k=0 on fewer tiles than resident CTAs) sum in the workspace
     # before the channel scales, and inside each slice's sums with block scales
-    from humming_aot import dispatch, obtain
-    from humming_aot._w8a8_launch import _schedule
-    from humming_aot.enumerate import parse_tile_field
-
     gen = torch.Generator().manual_seed(_seed())
     formats = dict(act="float8e4m3:g128", weights="float8e4m3:b128x128") if blocks else {}
     qa, packed = _operands(m, n, k, gen, **formats)
-    info = dispatch.device_info(torch.cuda.current_device())
-    parsed = parse_tile_field(tile)
-    loaded = obtain.load(w8a8.kernel_key("sm90a", torch.bfloat16, parsed, blocks), info)
-    dp_ctas, splits, _, _ = _schedule(loaded, parsed, info, m, packed.n, k // 128, 0, False, False)
+    dp_ctas, splits, _ = _tail_split(tile, blocks, m, packed.n, k, persistent=False)
     assert splits > 1, f"the schedule did not split K (dp {dp_ctas}, splits {splits}): the test misses its path"
     y = w8a8.gemm(qa, packed, tile=tile, stream_k=0)
     _check(y, qa, packed)
@@ -142,18 +148,11 @@ def test_tail_split_slices_meet_in_fp32(tile, m, n, k, blocks):
 def test_a_wave_of_ctas_walks_many_tiles_then_the_split_tail(tile, blocks):
     # persistent CTAs (at most a wave) walk the tail split's whole tiles, the staging tile after the
     # ring (s5, the 64-token tile) or over it (s6), and CTAs after them take the split tail
-    from humming_aot import dispatch, obtain
-    from humming_aot._w8a8_launch import _schedule
-    from humming_aot.enumerate import parse_tile_field
-
     gen = torch.Generator().manual_seed(_seed())
     m, n, k = 601, 7680, 4096
     formats = dict(act="float8e4m3:g128", weights="float8e4m3:b128x128") if blocks else {}
     qa, packed = _operands(m, n, k, gen, **formats)
-    info = dispatch.device_info(torch.cuda.current_device())
-    parsed = parse_tile_field(tile)
-    loaded = obtain.load(w8a8.kernel_key("sm90a", torch.bfloat16, parsed, blocks), info)
-    dp_ctas, splits, _, walkers = _schedule(loaded, parsed, info, m, packed.n, k // 128, 0, True, False)
+    dp_ctas, splits, walkers = _tail_split(tile, blocks, m, packed.n, k, persistent=True)
     assert walkers < dp_ctas, f"{walkers} CTAs for {dp_ctas} whole tiles: the test misses the walk"
     out = torch.full((m, packed.n), float("nan"), dtype=torch.bfloat16, device="cuda")
     y = w8a8.gemm(qa, packed, out=out, tile=tile, stream_k=0, persistent=True)
