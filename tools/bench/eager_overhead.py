@@ -97,19 +97,26 @@ def tiny_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def _eager_against_graph(args: argparse.Namespace, case: str, name: str, fn: Callable[[], Any],
+                         goal: float | None) -> list[dict[str, Any]]:
+    """Rows of `fn` (the call `name`) replayed from a CUDA graph and called eagerly, the second's
+    ratio to the first."""
+    eager = eager_us(fn, args.calls, args.repeats)
+    graph = graph_us(fn, args.graph_calls, args.calls, args.repeats)
+    return [
+        {"case": case, "call": f"{name} graph replay", "us_per_call": round(graph, 2), "ratio": 1.0, "goal": None},
+        {"case": case, "call": f"{name} eager", "us_per_call": round(eager, 2), "ratio": round(eager / graph, 3),
+         "goal": goal},
+    ]
+
+
 def graph_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     n, k = args.big_n, args.big_k
     _, module = _weights(n, k, args.fmt, False)
     packed = module.packed
     x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
-    eager = eager_us(lambda: ops.gemm(x, packed), args.calls, args.repeats)
-    graph = graph_us(lambda: ops.gemm(x, packed), args.graph_calls, args.calls, args.repeats)
-    case = f"{n}x{k} {args.fmt} M=1"
-    return [
-        {"case": case, "call": "ops.gemm graph replay", "us_per_call": round(graph, 2), "ratio": 1.0, "goal": None},
-        {"case": case, "call": "ops.gemm eager", "us_per_call": round(eager, 2), "ratio": round(eager / graph, 3),
-         "goal": GOALS["graph"]},
-    ]
+    return _eager_against_graph(args, f"{n}x{k} {args.fmt} M=1", "ops.gemm", lambda: ops.gemm(x, packed),
+                                GOALS["graph"])
 
 
 def w8a8_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -122,14 +129,8 @@ def w8a8_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     n, k = args.big_n, args.big_k
     packed = w8a8.pack(quant.quantize(torch.randn(n, k), "float8e4m3:channel")).to("cuda")
     qa = ops.quantize_activation(torch.randn(1, k, device="cuda").to(torch.bfloat16), "float8e4m3:token")
-    eager = eager_us(lambda: w8a8.gemm(qa, packed), args.calls, args.repeats)
-    graph = graph_us(lambda: w8a8.gemm(qa, packed), args.graph_calls, args.calls, args.repeats)
-    case = f"{n}x{k} float8e4m3 W8A8 M=1"
-    return [
-        {"case": case, "call": "w8a8.gemm graph replay", "us_per_call": round(graph, 2), "ratio": 1.0, "goal": None},
-        {"case": case, "call": "w8a8.gemm eager", "us_per_call": round(eager, 2), "ratio": round(eager / graph, 3),
-         "goal": None},
-    ]
+    return _eager_against_graph(args, f"{n}x{k} float8e4m3 W8A8 M=1", "w8a8.gemm", lambda: w8a8.gemm(qa, packed),
+                                None)
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
