@@ -11,6 +11,8 @@ from humming_aot.params_abi import PARAMS_VERSION
 from humming_aot.spec import GemmType, KernelKey, MmaKind, ZeroPoint
 
 _ACT_TYPES = {"float16": "humming_aot::numerics::Float16", "bfloat16": "humming_aot::numerics::BFloat16"}
+# the wgmma-ss body's operand traits per 8-bit code dtype (both operands alike)
+_CODE_TYPES = {"float8e4m3": "humming_aot::mma::E4m3Codes", "int8": "humming_aot::mma::S8Codes"}
 _ZERO_POINT = {
     ZeroPoint.NONE: "humming_aot::numerics::ZeroPointKind::kImplicit",
     ZeroPoint.INTEGER: "humming_aot::numerics::ZeroPointKind::kInteger",
@@ -102,7 +104,8 @@ def kernel_source(key: KernelKey) -> str:
     params = params_type(key)
     if quantized_body:
         blocks = "true" if body.block_scales(key) else "false"
-        type_args = f"""{_ACT_TYPES[spec.out_dtype]},  // output dtype (e4m3 codes, fp32 scales)
+        type_args = f"""{_ACT_TYPES[spec.out_dtype]},  // output dtype (fp32 scales)
+    {_CODE_TYPES[spec.a_dtype]},  // both operands' codes: {spec.a_dtype}
     {blocks},  // scales per 128 x 128 weight block and 1 x 128 token group"""
     else:
         type_args = f"""{_ACT_TYPES[spec.a_dtype]},  // activation, scale and output dtype

@@ -1,5 +1,5 @@
 """The warp-specialized Hopper W8A8 body (kernel/dense_wgmma_ss.cuh, sm90a): both operands, e4m3
-activation and weight codes, in shared memory through TMA, wgmma reading each through a
+(or s8) activation and weight codes, in shared memory through TMA, wgmma reading each through a
 descriptor; fp32 token and channel scales on the fp32 sums; its Params add the weights' tensor map
 and the token scales to the TMA body's (ScaledTmaGemmParams)."""
 from __future__ import annotations
@@ -11,8 +11,9 @@ from humming_aot.bodies.base import Body
 if TYPE_CHECKING:
     from humming_aot.spec import KernelKey, TileConfig
 
-# the wgmma N (tokens per CTA) mma/wgmma_e4m3.cuh has wrappers for
+# the wgmma N (tokens per CTA) mma/wgmma_e4m3.cuh has wrappers for (mma/wgmma_s8.cuh: these and 256)
 TOKENS = (8, 16, 32, 64, 96, 128, 160, 192)
+S8_TOKENS = TOKENS + (256,)
 _PRODUCER_REGISTERS = 40
 _HELD_LIMIT = 240  # the consumers' setmaxnreg (kConsumerRegistersHeld)
 _SPARE_REGISTERS = 40  # the loop and the epilogue beside the accumulators and their scratch set
@@ -20,6 +21,8 @@ _SPARE_REGISTERS = 40  # the loop and the epilogue beside the accumulators and t
 # per 1 x 128 token group x per 128 x 128 weight block (kBlockScales)
 _CHANNEL = (("float8e4m3", "k", "float32"), ("float8e4m3", "g", "float32"))
 _BLOCKS = (("float8e4m3", "g", "float32"), ("float8e4m3", "b", "float32"))
+# s8 codes both sides (exact int32 sums, no promotion), per token x per channel
+_INT8_CHANNEL = (("int8", "k", "float32"), ("int8", "g", "float32"))
 OUT_DTYPES = ("bfloat16", "float16")
 
 
@@ -77,9 +80,9 @@ class WgmmaSsBody(Body):
     def check_tile(self, tile: "TileConfig") -> None:
         if tile.block_k != 128:
             raise ValueError(f"block_k={tile.block_k}: the wgmma-ss body stages 128 K (one 128-byte row of 8-bit codes)")
-        if tile.block_m not in TOKENS:
-            raise ValueError(f"block_m={tile.block_m}: the wgmma-ss body takes {', '.join(map(str, TOKENS))} tokens "
-                             "per CTA (the e4m3 wgmma wrappers' N)")
+        if tile.block_m not in S8_TOKENS:
+            raise ValueError(f"block_m={tile.block_m}: the wgmma-ss body takes {', '.join(map(str, S8_TOKENS))} "
+                             "tokens per CTA (the wgmma wrappers' N; 256 for int8 only)")
         if tile.warps_m != 1 or tile.warps_k != 1 or tile.warps_n not in (4, 8):
             raise ValueError(
                 f"warps {tile.warps_m}x{tile.warps_n}x{tile.warps_k}: the wgmma-ss body runs 1 x 4 or 1 x 8 consumer "
@@ -91,22 +94,32 @@ class WgmmaSsBody(Body):
         if tile.stages < 2:
             raise ValueError(f"stages={tile.stages}: the wgmma-ss ring needs at least 2 slots")
         accumulators = tile.block_m // 2 * tile.units_per_warpgroup
-        limit = (consumer_registers(tile.warps_n // 4) - _SPARE_REGISTERS) // 2
+        limit = consumer_registers(tile.warps_n // 4) - _SPARE_REGISTERS
         if accumulators > limit:
             raise ValueError(
-                f"tile {tile.field}: {accumulators} fp32 accumulators per thread and as many for the promotion; "
-                f"with {tile.warps_n // 4} consumer warpgroup(s) the wgmma-ss body holds at most {limit} of each "
-                f"(block_m x channels per warpgroup <= {2 * limit} x 64 or {limit} x 128)"
+                f"tile {tile.field}: {accumulators} accumulators per thread; with {tile.warps_n // 4} consumer "
+                f"warpgroup(s) the wgmma-ss body holds at most {limit} (float8e4m3: half that, for the promotion)"
             )
 
     def check_key(self, key: "KernelKey") -> None:
         s = key.spec
         operands = ((s.a_dtype, s.a_scale.value, s.a_scale_dtype), (s.w_dtype, s.w_scale.value, s.w_scale_dtype))
-        if operands not in (_CHANNEL, _BLOCKS) or s.w_zero_point.value != "none" or s.out_dtype not in OUT_DTYPES:
+        if operands not in (_CHANNEL, _BLOCKS, _INT8_CHANNEL) or s.w_zero_point.value != "none" \
+                or s.out_dtype not in OUT_DTYPES:
             raise ValueError(
                 f"{key.name}: the wgmma-ss body computes float8e4m3 activations x float8e4m3 weights with float32 "
                 "scales per token and per channel (a-e4m3-k-f32, w-e4m3-g-f32) or per 1 x 128 token group and per "
-                "128 x 128 weight block (a-e4m3-g-f32, w-e4m3-b-f32), no zero point, into bfloat16 or float16"
+                "128 x 128 weight block (a-e4m3-g-f32, w-e4m3-b-f32), or int8 x int8 per token and per channel "
+                "(a-s8-k-f32, w-s8-g-f32), no zero point, into bfloat16 or float16"
+            )
+        accumulators = key.tile.block_m // 2 * key.tile.units_per_warpgroup
+        limit = (consumer_registers(key.tile.warps_n // 4) - _SPARE_REGISTERS) // 2
+        if operands != _INT8_CHANNEL and (key.tile.block_m not in TOKENS or accumulators > limit):
+            raise ValueError(
+                f"{key.name}: float8e4m3 tiles hold {accumulators} fp32 accumulators per thread and as many for the "
+                f"promotion; with {key.tile.warps_n // 4} consumer warpgroup(s) at most {limit} of each (block_m x "
+                f"channels per warpgroup <= {2 * limit} x 64 or {limit} x 128, block_m one of "
+                f"{', '.join(map(str, TOKENS))})"
             )
         if operands == _BLOCKS and key.tile.block_n % 128:
             raise ValueError(f"{key.name}: block scales need whole 128-channel blocks per CTA (block_n 128 or 256)")

@@ -1,27 +1,26 @@
 #pragma once
-// The warp-specialized Hopper W8A8 body on wgmma (SM90a), e4m3 activation and weight codes, fp32
-// scales, a 16-bit output, in one of two scalings:
+// The warp-specialized Hopper W8A8 body on wgmma (SM90a): 8-bit activation and weight codes (e4m3
+// both, or s8 both: Codes), fp32 scales, a 16-bit output, in one of two scalings:
 // - token x channel: out[m, n] = (sum_k a[m, k] w[n, k]) x a_scale[m] x w_scale[n] x global scale
 //   (+ bias), the scales on the reduced fp32 sums;
-// - blocks (kBlockScales, DeepSeek-V3): a_scale[m, k / 128] per token and K block of 128, w_scale[n
-//   / 128, k / 128] per 128 x 128 weight block, both applied at each K tile's promotion (a K tile
-//   is one K block), so out[m, n] = sum_b (sum_{k in b} a w) a_scale[m, b] w_scale[n / 128, b].
+// - blocks (kBlockScales, DeepSeek-V3, e4m3 only): a_scale[m, k / 128] per token and K block of
+//   128, w_scale[n / 128, k / 128] per 128 x 128 weight block, both applied at each K tile's
+//   promotion (a K tile is one K block), so out[m, n] = sum_b (sum_{k in b} a w) a_scale[m, b]
+//   w_scale[n / 128, b].
 //
 // Both operands are in shared memory: nothing is dequantized, so wgmma reads each through a
-// descriptor (mma/wgmma_e4m3.cuh), the weights as its A (64-channel units, M) and the tokens as
-// its B (N), which keeps a few tokens cheap. Roles as in kernel/dense_wgmma_ws.cuh: one producer
-// warpgroup whose first thread issues, per K tile of 128, one TMA box of weight codes (kBlockN
-// rows) and one of activation codes (kBlockM rows), both 128 bytes a row with the 128-byte swizzle
-// and zero-filled past N, M and K; one or two consumer warpgroups.
-//
-// Promotion: Hopper's fp8 wgmma keeps fewer accumulator bits than fp32, so each K tile's four
-// wgmma steps (128 of K) go into a scratch set that the first step overwrites, which is added to
-// the fp32 accumulators once the tile's wgmma have completed (the error bound then holds at
-// K = 16384: tests/gpu/test_w8a8_gpu.py). The slot is released at that point, before the add.
-// Twice the accumulator registers: a consumer warpgroup holds at most 64 channels x 192 tokens
-// (128 with block scales, whose token scales it holds too), or 128 x 96. Where a third set fits
-// (token x channel scales, up to 64 x 128 per warpgroup), two scratch sets take turns and each K
-// tile's add runs beside the next one's wgmma (consume_overlapped).
+// descriptor (mma/wgmma_e4m3.cuh, mma/wgmma_s8.cuh), the weights as its A (64-channel units, M)
+// and the tokens as its B (N), which keeps a few tokens cheap. Roles as in
+// kernel/dense_wgmma_ws.cuh: one producer warpgroup whose first thread issues, per K tile of 128,
+// one TMA box of weight codes (kBlockN rows) and one of activation codes (kBlockM rows), both 128
+// bytes a row with the 128-byte swizzle and zero-filled past N, M and K; one or two consumer
+// warpgroups, whose K loop is a component of its own:
+// - e4m3 (mainloop/fp8_promotion.cuh): each K tile's wgmma into a scratch set promoted into fp32
+//   accumulators (serial, or overlapped with the next K tile's wgmma where a third set of
+//   registers fits: token x channel scales up to 64 x 128 per warpgroup);
+// - s8 (mainloop/integer_sums.cuh): exact int32 sums over the unit's whole K, made fp32 once.
+// The e4m3 promotion needs twice the accumulator registers: a consumer warpgroup holds at most
+// 64 channels x 192 tokens (128 with block scales, whose token scales it holds too), or 128 x 96.
 //
 // Schedules (tail split or stream-K, schedule/work_units.cuh) and the epilogue (fixup or split-K
 // reduction in fp32, then the staging tile of epilogue/column_major_writer.cuh) are the 16-bit
@@ -31,8 +30,11 @@
 #include <humming_aot/epilogue/fragment_split_k.cuh>
 #include <humming_aot/epilogue/stream_k_fixup.cuh>
 #include <humming_aot/kernel/params.cuh>
+#include <humming_aot/mainloop/fp8_promotion.cuh>
+#include <humming_aot/mainloop/integer_sums.cuh>
 #include <humming_aot/memory/cp_async.cuh>
 #include <humming_aot/mma/wgmma_e4m3.cuh>
+#include <humming_aot/mma/wgmma_s8.cuh>
 #include <humming_aot/ptx/bulk_copy.cuh>
 #include <humming_aot/ptx/mbarrier.cuh>
 #include <humming_aot/ptx/warpgroup.cuh>
@@ -42,14 +44,14 @@
 namespace humming_aot::kernel {
 
 template <class Out,               // Float16 or BFloat16: output (and bias) dtype
-          bool kBlockScales,       // scales per 128 x 128 weight block and 1 x 128 token group
+          class Codes,             // mma::E4m3Codes or mma::S8Codes: both operands' codes
+          bool kBlockScales,       // scales per 128 x 128 weight block and 1 x 128 token group (e4m3)
           int kBlockM,             // tokens per CTA: the wgmma N (8, 16, 32, 64, 96, 128, 160 or 192)
           int kBlockN,             // weight channels per CTA: 64 x kUnitsPerWarpGroup x consumer warpgroups
           int kUnitsPerWarpGroup,  // 64-channel units each consumer warpgroup multiplies (1 or 2)
           int kStages>             // slots of the mbarrier ring
 struct DenseWgmmaSs {
   static constexpr int kBlockK = 128;  // one 128-byte row of e4m3 codes per stage, one promotion
-  static constexpr int kK32Steps = kBlockK / 32;
   static constexpr int kUnits = kBlockN / 64;
   static constexpr int kConsumerWarpGroups = kUnits / kUnitsPerWarpGroup;
   static constexpr int kConsumerThreads = 128 * kConsumerWarpGroups;
@@ -62,8 +64,9 @@ struct DenseWgmmaSs {
   static_assert(kBlockN <= 256 && kBlockM <= 256, "a TMA box has at most 256 rows");
   static_assert(kStages >= 2, "a ring of at least two slots");
   static_assert(!kBlockScales || kBlockN % 128 == 0, "whole 128-channel weight blocks per CTA");
+  static_assert(!(kBlockScales && Codes::kExactSums), "block scales apply at the promotion, which s8 sums skip");
 
-  using Mma = mma::WgmmaE4m3<kBlockM>;
+  using Mma = typename Codes::template Mma<kBlockM>;
   using Units = schedule::WorkUnits<kBlockM, kBlockN, kBlockK, /*kPersistentTiles=*/true>;
   using StreamK = typename Units::StreamK;
   using Fragments = epilogue::WarpgroupFragments<kBlockM, kUnitsPerWarpGroup>;
@@ -104,13 +107,20 @@ struct DenseWgmmaSs {
   static constexpr int kConsumerRegisters =
       ((kLaunchRegisters * kThreads - kProducerRegisters * 128) / kConsumerThreads) / 8 * 8;
   static constexpr int kConsumerRegistersHeld = kConsumerRegisters > 240 ? 240 : kConsumerRegisters;
-  // accumulators and their scratch set, and what the loop and the epilogue need beside them
   static constexpr int kTokenScales = kBlockM / 4;  // the tokens of a thread's accumulators (blocks)
-  static_assert(kConsumerRegistersHeld >= 2 * kAccumulators + (kBlockScales ? kTokenScales : 0) + 40,
-                "the consumers' registers hold the accumulators, the promotion's scratch set and the loop");
+  // (e4m3: the accumulators and the promotion's scratch set; s8: the sums alone, made fp32 in place)
+  static_assert(kConsumerRegistersHeld >=
+                    (Codes::kExactSums ? 1 : 2) * kAccumulators + (kBlockScales ? kTokenScales : 0) + 40,
+                "the consumers' registers hold the accumulators (and the promotion's scratch set) and the loop");
   // Token x channel scales with registers for a second scratch set: promotion overlapped with the
-  // next K tile's wgmma (consume_overlapped).
-  static constexpr bool kOverlappedPromotion = !kBlockScales && 3 * kAccumulators + 40 <= kConsumerRegistersHeld;
+  // next K tile's wgmma (mainloop/fp8_promotion.cuh).
+  static constexpr bool kOverlappedPromotion =
+      !Codes::kExactSums && !kBlockScales && 3 * kAccumulators + 40 <= kConsumerRegistersHeld;
+
+  using Ring = mainloop::WgmmaSsRing<Mma, kUnitsPerWarpGroup, kStages, kStageBytes, kWeightBytes>;
+  using Consumer =
+      typename Select<Codes::kExactSums, mainloop::IntegerSums<Ring>,
+                      mainloop::Fp8Promotion<Ring, kBlockScales, kBlockM, kCodeBytes, kOverlappedPromotion>>::Type;
 
   // The producer: one thread issues the copies of `count` K tiles from k_tile0 on of the tile at (m0, n0).
   static __device__ __forceinline__ void produce(const ScaledTmaGemmParams& params, int m0, int n0, int k_tile0,
@@ -132,169 +142,6 @@ struct DenseWgmmaSs {
         const float* row = params.a_scale + static_cast<i64>(k_tile0 + it) * params.a_scale_stride + m0;
         ptx::bulk_copy_g2s(stage + kCodeBytes, row, scale_bytes, full);
       }
-    }
-  }
-
-  // A generic pointer to the shared-memory address `address` (the ring is addressed as u32).
-  static __device__ __forceinline__ const void* smem_generic(u32 address) {
-    extern __shared__ __align__(1024) char smem_raw[];
-    return smem_raw + (address - memory::shared_address(smem_raw));
-  }
-
-  struct ConsumerRing {
-    int slot = 0;
-    u32 full_parity = 0;
-  };
-
-  // The consumers: `count` K tiles into acc (zeroed first), each promoted from a scratch set once
-  // its wgmma have completed; every slot is released once read, so the ring is free at the end.
-  // (blocks: the unit's K tiles are K blocks k_tile0.. of the tile at (m0, n0), whose scales weight
-  // each promotion)
-  static __device__ __forceinline__ void consume(const ScaledTmaGemmParams& params, int m0, int n0, int k_tile0,
-                                                 int count, u32 smem_base, u32 full0, u32 empty0, ConsumerRing& ring,
-                                                 float (&acc)[kAccumulators]) {
-    if constexpr (kOverlappedPromotion) {
-      consume_overlapped(count, smem_base, full0, empty0, ring, acc);
-    } else {
-      consume_serial(params, m0, n0, k_tile0, count, smem_base, full0, empty0, ring, acc);
-    }
-  }
-
-  // K tile `ring.slot`'s wgmma into `into` (the first k32 step overwrites it), committed as one
-  // group; returns the slot and moves the ring on.
-  static __device__ __forceinline__ int issue_tile(u32 smem_base, u32 full0, ConsumerRing& ring,
-                                                   float (&into)[kAccumulators]) {
-    const int unit0 = (static_cast<int>(threadIdx.x) >> 7) * kUnitsPerWarpGroup;
-    const int slot = ring.slot;
-    ptx::mbarrier_wait(full0 + 8 * slot, ring.full_parity);
-    const u32 stage = smem_base + slot * kStageBytes;
-    // K step kk: 32 codes = 32 bytes further along each row, 2 in the descriptors' address field
-    const u64 tokens = mma::k_major_sw128_descriptor(stage + kWeightBytes);
-    const u64 channels = mma::k_major_sw128_descriptor(stage + unit0 * (64 * 128));
-    mma::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kK32Steps; ++kk) {
-#pragma unroll
-      for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
-        // unit u's 64 rows start 8 KB (512 in the address field) after unit u - 1's
-        Mma::mma(*reinterpret_cast<float (*)[kUnitAccumulators]>(into + u * kUnitAccumulators),
-                 channels + static_cast<u64>(512 * u + 2 * kk), tokens + static_cast<u64>(2 * kk), kk > 0);
-      }
-    }
-    mma::wgmma_commit_group();
-    if (++ring.slot == kStages) {
-      ring.slot = 0;
-      ring.full_parity ^= 1u;
-    }
-    return slot;
-  }
-
-  // Once at most kPending groups are in flight: release `slot` and add `from` into acc.
-  template <int kPending>
-  static __device__ __forceinline__ void retire_tile(u32 empty0, int slot, float (&from)[kAccumulators],
-                                                     float (&acc)[kAccumulators]) {
-    mma::wgmma_wait_group<kPending>();
-    mma::wgmma_fence_operands(from);
-    if ((threadIdx.x & 31) == 0) ptx::mbarrier_arrive(empty0 + 8 * slot);
-#pragma unroll
-    for (int i = 0; i < kAccumulators; ++i) acc[i] += from[i];
-  }
-
-  // Token x channel scales, where three sets of accumulators fit: two scratch sets in turn, so
-  // that K tile t + 1's wgmma run while K tile t's sums are added into acc (the serial loop below
-  // leaves the tensor cores idle for that add whenever both consumer warpgroups do it at once).
-  static __device__ __forceinline__ void consume_overlapped(int count, u32 smem_base, u32 full0, u32 empty0,
-                                                            ConsumerRing& ring, float (&acc)[kAccumulators]) {
-#pragma unroll
-    for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.f;
-    if (count <= 0) return;
-    float even[kAccumulators], odd[kAccumulators];
-    int even_slot = issue_tile(smem_base, full0, ring, even), odd_slot;
-    for (int it = 1; it < count; it += 2) {
-      odd_slot = issue_tile(smem_base, full0, ring, odd);  // K tile it
-      retire_tile<1>(empty0, even_slot, even, acc);        // K tile it - 1
-      if (it + 1 == count) {
-        retire_tile<0>(empty0, odd_slot, odd, acc);
-        return;
-      }
-      even_slot = issue_tile(smem_base, full0, ring, even);  // K tile it + 1
-      retire_tile<1>(empty0, odd_slot, odd, acc);
-    }
-    retire_tile<0>(empty0, even_slot, even, acc);
-  }
-
-  static __device__ __forceinline__ void consume_serial(const ScaledTmaGemmParams& params, int m0, int n0, int k_tile0,
-                                                        int count, u32 smem_base, u32 full0, u32 empty0,
-                                                        ConsumerRing& ring, float (&acc)[kAccumulators]) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int unit0 = (warp >> 2) * kUnitsPerWarpGroup;
-    const GemmParams& p = params.tma.gemm;
-    const int k_blocks = p.k / kBlockK;  // p.k: K rounded up to the K tile
-#pragma unroll
-    for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.f;
-    float scratch[kAccumulators];
-    for (int it = 0; it < count; ++it) {
-      // blocks: this K block's scales, loaded before the wait so that the wgmma hide their latency
-      // (the staged token scales once the slot is full, before it is released)
-      float token_scales[kBlockScales ? kTokenScales : 1], unit_scales[kUnitsPerWarpGroup];
-      if constexpr (kBlockScales)
-        load_block_scales(params, m0, n0, unit0, k_tile0 + it, k_blocks, token_scales, unit_scales);
-      const int slot = issue_tile(smem_base, full0, ring, scratch);
-      if constexpr (kStagedTokenScales) {
-        // token 2 (lane % 4) + 8 j + {0, 1}: one 8-byte pair per j
-        const float* staged =
-            reinterpret_cast<const float*>(smem_generic(smem_base + slot * kStageBytes + kCodeBytes)) + 2 * (lane & 3);
-#pragma unroll
-        for (int j = 0; j < kTokenScales / 2; ++j) {
-          const float2 pair = *reinterpret_cast<const float2*>(staged + 8 * j);
-          token_scales[2 * j] = pair.x;
-          token_scales[2 * j + 1] = pair.y;
-        }
-      }
-      mma::wgmma_wait_group<0>();
-      mma::wgmma_fence_operands(scratch);
-      // Lane 0 releases the slot for the warp: the staged scales' shared loads above are warp-wide
-      // instructions issued before this point, as the 16-bit body's fragment loads are.
-      if (lane == 0) ptx::mbarrier_arrive(empty0 + 8 * slot);
-      if constexpr (kBlockScales) {
-        // acc[u * kUnitAccumulators + i] holds token 8 (i >> 2) + (i & 1) (+ this thread's first)
-#pragma unroll
-        for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
-#pragma unroll
-          for (int i = 0; i < kUnitAccumulators; ++i) {
-            const int a = u * kUnitAccumulators + i;
-            acc[a] = fmaf(scratch[a], token_scales[2 * (i >> 2) + (i & 1)] * unit_scales[u], acc[a]);
-          }
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < kAccumulators; ++i) acc[i] += scratch[i];
-      }
-    }
-  }
-
-  // Blocks: the scales of K block kb for this thread's tokens (a_scale rows of k_blocks; 0 past M)
-  // and for each of its units' 128-channel weight block (w_scale rows of k_blocks, ceil(n / 128)
-  // of them; 0 past them, for a CTA wider than the rest of N).
-  static __device__ __forceinline__ void load_block_scales(const ScaledTmaGemmParams& params, int m0, int n0, int unit0,
-                                                           int kb, int k_blocks, float (&token_scales)[kTokenScales],
-                                                           float (&unit_scales)[kUnitsPerWarpGroup]) {
-    const GemmParams& p = params.tma.gemm;
-    const int lane = threadIdx.x & 31;
-    if constexpr (!kStagedTokenScales) {
-      const float* a_scale = params.a_scale + kb;
-#pragma unroll
-      for (int j = 0; j < kTokenScales; ++j) {
-        const int m = m0 + 2 * (lane & 3) + 8 * (j >> 1) + (j & 1);
-        token_scales[j] = m < p.m ? __ldg(a_scale + static_cast<i64>(m) * k_blocks) : 0.f;
-      }
-    }
-    const float* w_scale = static_cast<const float*>(p.w_scale) + kb;
-    const int block_rows = (p.n + 127) >> 7;
-#pragma unroll
-    for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
-      const int block = (n0 + 64 * (unit0 + u)) >> 7;
-      unit_scales[u] = block < block_rows ? __ldg(w_scale + static_cast<i64>(block) * k_blocks) : 0.f;
     }
   }
 
@@ -364,14 +211,14 @@ struct DenseWgmmaSs {
     ptx::warpgroup_claim_registers<kConsumerRegistersHeld>();
 
     float acc[kAccumulators];
-    ConsumerRing ring;
+    typename Ring::State ring;
     Units units(tma);
     bool more = units.next(next);
     while (more) {
       unit = next;
       more = units.next(next);
       const int m0 = unit.m_tile * kBlockM, n0 = unit.n_tile * kBlockN;
-      consume(params, m0, n0, unit.k_begin, unit.k_end - unit.k_begin, smem_base, full0, empty0, ring, acc);
+      Consumer::consume(params, m0, n0, unit.k_begin, unit.k_end - unit.k_begin, smem_base, full0, empty0, ring, acc);
       if (!more) schedule::release_dependent_grid();
       if (units.stream_k) {
         if (unit.k_begin > 0) {  // a later part of a tile whose head another CTA holds

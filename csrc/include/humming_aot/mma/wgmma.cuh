@@ -53,6 +53,11 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&d)[kCount]) {
 #pragma unroll
   for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+template <int kCount>
+__device__ __forceinline__ void wgmma_fence_operands(int (&d)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
 
 // Constraints of the accumulators d[i .. i + 3], d[i .. i + 7], d[i .. i + 31] (read and written).
 #define HUMMING_AOT_WGMMA_D8(i)                                                                               \

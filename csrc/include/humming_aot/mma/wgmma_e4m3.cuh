@@ -178,4 +178,13 @@ struct WgmmaE4m3<192> {
   }
 };
 
+// The wgmma-ss body's operand traits for e4m3 codes (kernel/dense_wgmma_ss.cuh): fp32 sums the
+// hardware keeps with fewer bits than fp32 over a K tile, so each K tile is promoted.
+struct E4m3Codes {
+  template <int kN>
+  using Mma = WgmmaE4m3<kN>;
+  using Sum = float;
+  static constexpr bool kExactSums = false;
+};
+
 }  // namespace humming_aot::mma
