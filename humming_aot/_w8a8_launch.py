@@ -16,7 +16,7 @@ from humming_aot.spec import MmaKind, TileConfig
 from humming_aot.w8a8 import K_ALIGN, SCALED_PARAMS_BYTES, _pack_params, kernel_key, select_tile
 
 ARCH = "sm90a"
-# (device, out dtype, blocks, tile argument, m, n, k, stream_k, persistent) -> _Plan
+# (device, out dtype, element, blocks, tile argument, m, n, k, stream_k, persistent) -> _Plan
 _plans: dict[tuple, "_Plan"] = {}
 # The longest K (in K tiles of 128) whose whole tiles a wave of CTAs walks by default: longer ones
 # (K = 14336) measured 4-8 % slower walked than one CTA per tile from 4096 tokens on, shorter ones
@@ -86,16 +86,16 @@ class _Plan:
         self.schedule = params_abi.TMA_SCHEDULE.pack(dp_ctas, splits, 1 if stream_k_ctas else 0)
 
 
-def _kernel(info, out_dtype: torch.dtype, blocks: bool, tile, m: int, n: int):
+def _kernel(info, out_dtype: torch.dtype, blocks: bool, tile, m: int, n: int, element: str):
     """(tile, kernel key) of a launch: select_tile's for tile None, else the given one (a label or
     a TileConfig), refused unless the wgmma-ss body takes it with this scaling."""
     if tile is None:
-        tile = select_tile(m, blocks, n=n, num_sms=info.num_sms)
+        tile = select_tile(m, blocks, n=n, num_sms=info.num_sms, element=element)
     elif isinstance(tile, str):
         tile = parse_tile_field(tile)
     if tile.mma is not MmaKind.WGMMA_SS:
         raise ValueError(f"tile {tile.label}: the W8A8 kernels run wgmma-ss tiles")
-    return tile, kernel_key(ARCH, out_dtype, tile, blocks)  # (raises for a tile the scaling cannot take)
+    return tile, kernel_key(ARCH, out_dtype, tile, blocks, element)  # (raises for a tile the scaling cannot take)
 
 
 def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, tile, stream_k: int | None,
@@ -112,17 +112,18 @@ def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, t
     info = dispatch.device_info(index)
     if ARCH not in info.arches:
         raise RuntimeError(
-            f"the W8A8 float8 kernels are built for {ARCH} (H100, H200) only; {info.name} is sm_"
+            f"the W8A8 kernels are built for {ARCH} (H100, H200) only; {info.name} is sm_"
             f"{info.capability[0]}{info.capability[1]}. Run it on an sm_90 GPU, or on CPU tensors (the reference)."
         )
     if out is not None and (out.shape != (m, n) or out.dtype != out_dtype or not out.is_contiguous()
                             or out.device != device):
         raise ValueError(f"out must be a contiguous ({m}, {n}) {out_dtype} tensor on {device}")
     k_tiles = -(-k // 128)
-    plan_key = (index, out_dtype, packed.blocks, tile, m, n, k, stream_k, persistent)
+    element = packed.element
+    plan_key = (index, out_dtype, element, packed.blocks, tile, m, n, k, stream_k, persistent)
     plan = _plans.get(plan_key)
     if plan is None:
-        tile_config, key = _kernel(info, out_dtype, packed.blocks, tile, m, n)
+        tile_config, key = _kernel(info, out_dtype, packed.blocks, tile, m, n, element)
         if m == 0:
             return out if out is not None else torch.empty((0, n), dtype=out_dtype, device=device)
         # every check a caller can fail is above or in the plan; the GPU work starts after

@@ -46,8 +46,8 @@ class QuantizedLinear(torch.nn.Module):
         """Quantize an nn.Linear's weight with `fmt` (e.g. "int4:g128") and pack it.
 
         act_dtype defaults to the linear's dtype when it is float16 or bfloat16, else bfloat16.
-        ``activations``: an ActivationFormat ("float8e4m3:token", "float8e4m3:g128") to quantize the
-        inputs with: a W8A8Linear (float8e4m3 weights only, so far).
+        ``activations``: an ActivationFormat ("float8e4m3:token", "float8e4m3:g128", "int8:token") to
+        quantize the inputs with: a W8A8Linear (float8e4m3 or int8 weights of the same element).
         """
         from humming_aot.quant import quantize
 
@@ -137,7 +137,7 @@ class QuantizedLinear(torch.nn.Module):
 
 
 class W8A8Linear(torch.nn.Module):
-    """y = w8a8.gemm(quantize_activation(x, activations), W) (+ b): a float8 W8A8 layer (sm_90a
+    """y = w8a8.gemm(quantize_activation(x, activations), W) (+ b): a float8 or int8 W8A8 layer (sm_90a
     kernels; the float64 reference on the CPU). The output takes x's dtype when it is float16 or
     bfloat16, else bfloat16. Weight codes, scales and bias are buffers (``.to()`` moves them)."""
 
@@ -149,10 +149,11 @@ class W8A8Linear(torch.nn.Module):
         fmt = ActivationFormat.parse(activations)
         wanted = ((ActivationGranularity.GROUP,) if packed.blocks
                   else (ActivationGranularity.TOKEN, ActivationGranularity.TENSOR))
-        if fmt.element != "float8e4m3" or fmt.granularity not in wanted or fmt.scale_dtype != "float32" or (
+        element = packed.element
+        if fmt.element != element or fmt.granularity not in wanted or fmt.scale_dtype != "float32" or (
                 packed.blocks and fmt.group_size != 128):
             raise ValueError(f"W8A8Linear: activations {fmt} do not suit weights {packed.format}; use "
-                             f"{'float8e4m3:g128' if packed.blocks else 'float8e4m3:token or float8e4m3:tensor'}")
+                             f"{'float8e4m3:g128' if packed.blocks else f'{element}:token or {element}:tensor'}")
         self.activations = str(fmt)
         self.in_features, self.out_features = packed.in_features, packed.out_features
         self._meta = {"n": packed.n, "k": packed.k, "format": packed.format, "n_valid": packed.n_valid,
@@ -165,7 +166,8 @@ class W8A8Linear(torch.nn.Module):
     def from_linear(cls, linear: torch.nn.Linear, fmt: str = "float8e4m3:channel",
                     activations: str | None = None) -> "W8A8Linear":
         """Quantize an nn.Linear's weight with `fmt` ("float8e4m3:channel", ":tensor" or
-        ":b128x128"); activations default to per token (per token and 128 of K for block weights)."""
+        ":b128x128", "int8:channel" or ":tensor"); activations default to the weight's element per
+        token (float8e4m3 per token and 128 of K for block weights)."""
         from humming_aot import w8a8
         from humming_aot.quant import quantize
 
@@ -173,7 +175,7 @@ class W8A8Linear(torch.nn.Module):
             raise TypeError(f"from_linear: expected torch.nn.Linear, got {type(linear).__name__}")
         packed = w8a8.pack(quantize(linear.weight.detach().float(), fmt))
         if activations is None:
-            activations = "float8e4m3:g128" if packed.blocks else "float8e4m3:token"
+            activations = "float8e4m3:g128" if packed.blocks else f"{packed.element}:token"
         bias = None if linear.bias is None else linear.bias.detach().float()
         return cls(packed, activations, bias)
 

@@ -1,9 +1,12 @@
-"""W8A8 float8: float8e4m3 weights x float8e4m3 activations, 16-bit output, on the sm90a wgmma-ss
-body (csrc/include/humming_aot/kernel/dense_wgmma_ss.cuh), in two scalings:
+"""W8A8: 8-bit weights x 8-bit activations of the same element, 16-bit output, on the sm90a
+wgmma-ss body (csrc/include/humming_aot/kernel/dense_wgmma_ss.cuh):
 
-- per channel (or per tensor) weights x per token (or per tensor) activations, fp32 scales;
-- DeepSeek-V3's blocks: one fp32 scale per 128 x 128 weight block ("float8e4m3:b128x128") x one
-  per token per 128 of K ("float8e4m3:g128" activations).
+- float8e4m3 per channel (or per tensor) weights x per token (or per tensor) activations, fp32
+  scales;
+- float8e4m3 with DeepSeek-V3's blocks: one fp32 scale per 128 x 128 weight block
+  ("float8e4m3:b128x128") x one per token per 128 of K ("float8e4m3:g128" activations);
+- int8 per channel (or per tensor) weights x int8 per token (or per tensor) activations
+  (SmoothQuant-style, "int8:channel" x "int8:token"): exact int32 sums, fp32 scales after them.
 
     qw = humming_aot.quant.quantize(w, "float8e4m3:channel")
     packed = humming_aot.w8a8.pack(qw)                  # (N, K) codes, fp32 channel scales
@@ -12,10 +15,11 @@ body (csrc/include/humming_aot/kernel/dense_wgmma_ss.cuh), in two scalings:
 
 ``gemm`` computes ``out[m, n] = sum_k a[m, k] w[n, k] * a_scale[m] * w_scale[n] (+ bias)`` with
 fp32 sums (the kernel promotes its fp8 wgmma partial sums into fp32 every 128 of K, and applies
-block scales there). On CPU tensors it runs the float64 reference of the same operands rounded
-once to the output dtype; on a GPU other than sm_90 it raises (the kernels are sm90a ones: H100
-and H200). The weights keep the codes as the checkpoint has them, one byte each, rows of K: TMA reads
-them as they are, so there is no packed layout to version.
+block scales there; int8 sums are exact int32 over the CTA's K, made fp32 once). On CPU tensors
+it runs the float64 reference of the same operands rounded once to the output dtype; on a GPU
+other than sm_90 it raises (the kernels are sm90a ones: H100 and H200). The weights keep the
+codes as the checkpoint has them, one byte each, rows of K: TMA reads them as they are, so there
+is no packed layout to version.
 """
 from __future__ import annotations
 
@@ -27,13 +31,15 @@ import torch
 from humming_aot import formats, params_abi
 from humming_aot.quant.activation import ActivationGranularity, QuantizedActivation
 from humming_aot.quant.weight import QuantizedWeight
-from humming_aot.quant.weight_format import ScaleGranularity
+from humming_aot.quant.weight_format import ScaleGranularity, ZeroPointKind
 from humming_aot.spec import ActivationScale, GemmSpec, KernelKey, TileConfig
 from humming_aot.spec import ScaleGranularity as ScaleGranularitySpec
 
 __all__ = ["PackedW8A8Weight", "gemm", "gemm_spec", "pack", "reference", "select_tile"]
 
 ELEMENT = "float8e4m3"
+# the 8-bit elements the kernels multiply (activations and weights alike)
+ELEMENTS = ("float8e4m3", "int8")
 _OUT_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 # N is padded to this many channels by pack (zero codes, zero scales): the output tile's 16-byte
 # row stores and the weights' rows need no edge case, and the kernel's output columns past the
@@ -49,9 +55,10 @@ _A_SCALE_OFFSET = 384
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class PackedW8A8Weight:
-    """A float8e4m3 weight as the W8A8 kernels read it, on one device.
+    """A float8e4m3 or int8 weight as the W8A8 kernels read it, on one device.
 
-    w:        (n, k) uint8, the e4m3 codes row-major (rows past n_valid: zero codes)
+    w:        (n, k) uint8, the e4m3 or two's complement int8 codes row-major (rows past n_valid:
+              zero codes)
     w_scale:  (n,) float32, each output channel's scale (a per-tensor scale repeated; 0 past n_valid),
               or with ``blocks`` (ceil(n / 128), ceil(k / 128)) float32, one per 128 x 128 block
     n, k:     the kernel's N (a multiple of N_ALIGN) and K (the weight's own, a multiple of K_ALIGN)
@@ -66,6 +73,11 @@ class PackedW8A8Weight:
     format: str
     n_valid: int | None = None
     blocks: bool = False
+
+    @property
+    def element(self) -> str:
+        """The codes' element: "float8e4m3" or "int8" (the format's)."""
+        return self.format.split(":", 1)[0]
 
     @property
     def out_features(self) -> int:
@@ -88,27 +100,31 @@ class PackedW8A8Weight:
         scales = self.w_scale.to(torch.float64)
         if self.blocks:
             scales = scales.repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, : self.k]
-            return _decode(self.w[:n]) * scales
-        return _decode(self.w[:n]) * scales[:n, None]
+            return _decode(self.w[:n], self.element) * scales
+        return _decode(self.w[:n], self.element) * scales[:n, None]
 
 
-def _decode(codes: torch.Tensor) -> torch.Tensor:
-    return formats.get(ELEMENT).decode(codes).to(torch.float64)
+def _decode(codes: torch.Tensor, element: str) -> torch.Tensor:
+    return formats.get(element).decode(codes).to(torch.float64)
 
 
 def pack(qw: QuantizedWeight) -> PackedW8A8Weight:
     """The W8A8 kernels' operands from a float8e4m3 weight quantized per channel, per tensor or per
     128 x 128 block (``quant.quantize(w, "float8e4m3:channel")``, a checkpoint loader's
-    QuantizedWeight), on its device. Scales of any WeightFormat scale dtype are widened to float32
-    (exactly); N is padded to a multiple of N_ALIGN."""
+    QuantizedWeight), or an int8 one per channel or per tensor ("int8:channel"), on its device.
+    Scales of any WeightFormat scale dtype are widened to float32 (exactly); N is padded to a
+    multiple of N_ALIGN."""
     if not isinstance(qw, QuantizedWeight):
         raise TypeError(f"pack takes a humming_aot.quant.QuantizedWeight, got {type(qw).__name__}")
     fmt = qw.format
     blocks = fmt.granularity is ScaleGranularity.BLOCK and (fmt.block_n, fmt.group_size) == (128, 128)
-    if fmt.element != ELEMENT or not (blocks or fmt.granularity in (ScaleGranularity.CHANNEL, ScaleGranularity.TENSOR)):
+    channel = fmt.granularity in (ScaleGranularity.CHANNEL, ScaleGranularity.TENSOR)
+    if not ((fmt.element == ELEMENT and (blocks or channel)) or (fmt.element == "int8" and channel)) \
+            or fmt.zero_point is not ZeroPointKind.NONE:
         raise ValueError(
             f"the W8A8 kernels take float8e4m3 weights with a scale per channel, per tensor or per 128 x 128 block, "
-            f"got {fmt}; quantize with 'float8e4m3:channel', 'float8e4m3:tensor' or 'float8e4m3:b128x128'"
+            f"or symmetric int8 weights with a scale per channel or per tensor, got {fmt}; quantize with "
+            "'float8e4m3:channel', 'float8e4m3:tensor', 'float8e4m3:b128x128', 'int8:channel' or 'int8:tensor'"
         )
     if qw.codes.dim() != 2:
         raise ValueError(f"pack takes one (N, K) weight, got codes of shape {tuple(qw.codes.shape)}")
@@ -131,22 +147,24 @@ def pack(qw: QuantizedWeight) -> PackedW8A8Weight:
                             blocks=blocks)
 
 
-def gemm_spec(out_dtype: torch.dtype, blocks: bool = False) -> GemmSpec:
-    """The GemmSpec of the W8A8 kernels with this output dtype (blocks: DeepSeek-V3's scales)."""
-    return GemmSpec(a_dtype=ELEMENT, a_scale=ActivationScale.GROUP if blocks else ActivationScale.TOKEN,
-                    a_scale_dtype="float32", w_dtype=ELEMENT,
+def gemm_spec(out_dtype: torch.dtype, blocks: bool = False, element: str = ELEMENT) -> GemmSpec:
+    """The GemmSpec of the W8A8 kernels with this output dtype and code element (blocks:
+    DeepSeek-V3's scales, float8e4m3 only)."""
+    return GemmSpec(a_dtype=element, a_scale=ActivationScale.GROUP if blocks else ActivationScale.TOKEN,
+                    a_scale_dtype="float32", w_dtype=element,
                     w_scale=ScaleGranularitySpec.BLOCK if blocks else ScaleGranularitySpec.GROUP,
                     w_scale_dtype="float32", out_dtype=_OUT_DTYPES[out_dtype])
 
 
-def select_tile(m: int, blocks: bool = False, n: int | None = None, num_sms: int = 132) -> TileConfig:
+def select_tile(m: int, blocks: bool = False, n: int | None = None, num_sms: int = 132,
+                element: str = ELEMENT) -> TileConfig:
     """The wgmma-ss tile for m tokens (catalog/tiles.toml has no rows for this body yet). With block
     scales a consumer thread also holds its tokens' scales: at most 128 tokens per CTA. Given N
     (and the device's SMs), the 64-token tile's row only where its tiles fit in one wave: above
     that, 128 tokens per CTA halve the tiles (and the waves) for as many products."""
     from humming_aot.enumerate import parse_tile_field
 
-    table = _BLOCK_TILES if blocks else _TILES
+    table = _BLOCK_TILES if blocks else _INT8_TILES if element == "int8" else _TILES
     for i, (limit, label) in enumerate(table):
         if m <= limit:
             tile = parse_tile_field(label)
@@ -180,6 +198,16 @@ _BLOCK_TILES = (
     (64, "wgmma-ss:64x128x128_w1x8_s6"),
     (1 << 62, "wgmma-ss:128x128x128_w1x8_s5"),
 )
+# int8: the float8 rows. Its sums need no promotion, so wider tiles fit (128 x 256, 256 tokens),
+# but in an H200 sweep over four layers at 64-8192 tokens none beat these rows by more than the
+# noise, and most lost 5-20 % (docs/performance/log.md section 35).
+_INT8_TILES = (
+    (8, "wgmma-ss:8x128x128_w1x4_s6"),
+    (16, "wgmma-ss:16x128x128_w1x4_s6"),
+    (32, "wgmma-ss:32x128x128_w1x4_s5"),
+    (128, "wgmma-ss:64x128x128_w1x8_s6"),
+    (1 << 62, "wgmma-ss:128x128x128_w1x8_s5"),
+)
 
 
 def _check_activation(qa: QuantizedActivation, packed: PackedW8A8Weight) -> None:
@@ -196,13 +224,13 @@ def _check_activation(qa: QuantizedActivation, packed: PackedW8A8Weight) -> None
                 f"per 128 of K, got {qa.element} per {qa.granularity.value} (group {qa.group_size}) with "
                 f"{qa.scale_dtype} scales; quantize with 'float8e4m3:g128'"
             )
-    elif qa.element != ELEMENT or qa.granularity not in (ActivationGranularity.TOKEN, ActivationGranularity.TENSOR) \
-            or qa.scale_dtype != "float32":
+    elif qa.element != packed.element or qa.scale_dtype != "float32" \
+            or qa.granularity not in (ActivationGranularity.TOKEN, ActivationGranularity.TENSOR):
+        e = packed.element
         raise ValueError(
-            f"the W8A8 kernels take float8e4m3 activations with a float32 scale per token or per tensor, got "
-            f"{qa.element} per {qa.granularity.value} with {qa.scale_dtype} scales; quantize with "
-            "'float8e4m3:token' or 'float8e4m3:tensor' (or pack the weight per 128 x 128 block for "
-            "'float8e4m3:g128')"
+            f"the {e} weight ({packed.format}) takes {e} activations with a float32 scale per token or per tensor, got "
+            f"{qa.element} per {qa.granularity.value} with {qa.scale_dtype} scales; quantize with '{e}:token' or "
+            f"'{e}:tensor'" + (" (or pack the weight per 128 x 128 block for 'float8e4m3:g128')" if e == ELEMENT else "")
         )
     if qa.codes.shape[-1] != packed.k:
         raise ValueError(f"activations have K={qa.codes.shape[-1]} but the weight has K={packed.k}")
@@ -219,7 +247,7 @@ def dequantized_activation(qa: QuantizedActivation, k: int) -> torch.Tensor:
         scales = scales.reshape(codes.shape[0], -1).repeat_interleave(qa.group_size, 1)
     else:
         scales = scales.reshape(-1, 1)  # (M, 1) or (1, 1)
-    return _decode(codes) * scales
+    return _decode(codes, qa.element) * scales
 
 
 def reference(qa: QuantizedActivation, packed: PackedW8A8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -257,7 +285,7 @@ def gemm(qa: QuantizedActivation, packed: PackedW8A8Weight, *, bias: torch.Tenso
         _check_activation(qa, packed)
         return torch.ops.humming_aot.gemm_w8a8(qa.codes, qa.scales, packed.w, packed.w_scale, bias,
                                                 packed.out_features, packed.blocks, qa.granularity.value,
-                                                qa.group_size or 0, out_dtype)
+                                                qa.group_size or 0, out_dtype, packed.element)
     return _gemm(qa, packed, bias=bias, out_dtype=out_dtype, out=out, tile=tile, stream_k=stream_k,
                  persistent=persistent)
 
@@ -303,29 +331,32 @@ def _pack_params(gemm_params: bytes, schedule: bytes, a_map: bytes, w_map: bytes
     return params + bytes(SCALED_PARAMS_BYTES - len(params))
 
 
-def kernel_key(arch: str, out_dtype: torch.dtype, tile: TileConfig, blocks: bool = False) -> KernelKey:
-    return KernelKey(arch=arch, spec=gemm_spec(out_dtype, blocks), tile=tile)
+def kernel_key(arch: str, out_dtype: torch.dtype, tile: TileConfig, blocks: bool = False,
+               element: str = ELEMENT) -> KernelKey:
+    return KernelKey(arch=arch, spec=gemm_spec(out_dtype, blocks, element), tile=tile)
 
 
 # The custom op: the QuantizedActivation and PackedW8A8Weight as their tensors and fields.
 _LIBRARY = torch.library.Library("humming_aot", "FRAGMENT")
 _LIBRARY.define(
     "gemm_w8a8(Tensor codes, Tensor scales, Tensor w, Tensor w_scale, Tensor? bias, int n_valid, bool blocks, "
-    "str granularity, int group_size, ScalarType out_dtype) -> Tensor"
+    "str granularity, int group_size, ScalarType out_dtype, str element=\"float8e4m3\") -> Tensor"
 )
 
 
-def _gemm_w8a8_op(codes, scales, w, w_scale, bias, n_valid, blocks, granularity, group_size, out_dtype):
-    qa = QuantizedActivation(element=ELEMENT, granularity=ActivationGranularity(granularity),
+def _gemm_w8a8_op(codes, scales, w, w_scale, bias, n_valid, blocks, granularity, group_size, out_dtype,
+                  element=ELEMENT):
+    qa = QuantizedActivation(element=element, granularity=ActivationGranularity(granularity),
                              group_size=group_size or None, scale_dtype="float32", codes=codes, scales=scales)
     n, k = w.shape
     packed = PackedW8A8Weight(w=w, w_scale=w_scale, n=n, k=k,
-                              format="float8e4m3:b128x128" if blocks else "float8e4m3:channel",
+                              format="float8e4m3:b128x128" if blocks else f"{element}:channel",
                               n_valid=n_valid if n_valid != n else None, blocks=blocks)
     return _gemm(qa, packed, bias=bias, out_dtype=out_dtype)
 
 
-def _gemm_w8a8_fake(codes, scales, w, w_scale, bias, n_valid, blocks, granularity, group_size, out_dtype):
+def _gemm_w8a8_fake(codes, scales, w, w_scale, bias, n_valid, blocks, granularity, group_size, out_dtype,
+                    element=ELEMENT):
     return codes.new_empty((*codes.shape[:-1], n_valid), dtype=out_dtype)
 
 
