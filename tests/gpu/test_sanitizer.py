@@ -159,13 +159,15 @@ def test_sanitizer_finds_nothing_in_one_kernel_of_each_tile_kind(tool):
     _sanitize(tool, CHILD, launches, [(name, cluster) for name, *_, cluster in launches])
 
 
-# The W8A8 child: (tile, blocks, M, N, K, stream_k, persistent) per launch, NaN-poisoned outputs.
+# The W8A8 child: (tile, pairing, M, N, K, stream_k, persistent) per launch, NaN-poisoned outputs.
 W8A8_CHILD = r"""
 import json, sys, torch
 from humming_aot import ops, quant, w8a8
 
-for tile, blocks, m, n, k, stream_k, persistent in json.loads(sys.argv[1]):
-    fmt, act = ("float8e4m3:b128x128", "float8e4m3:g128") if blocks else ("float8e4m3:channel", "float8e4m3:token")
+FORMATS = {"channel": ("float8e4m3:channel", "float8e4m3:token"), "blocks": ("float8e4m3:b128x128", "float8e4m3:g128"),
+           "int8": ("int8:channel", "int8:token")}
+for tile, pairing, m, n, k, stream_k, persistent in json.loads(sys.argv[1]):
+    fmt, act = FORMATS[pairing]
     gen = torch.Generator().manual_seed(0)
     packed = w8a8.pack(quant.quantize(torch.randn(n, k, generator=gen), fmt)).to("cuda")
     qa = ops.quantize_activation(torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16), act)
@@ -177,13 +179,15 @@ for tile, blocks, m, n, k, stream_k, persistent in json.loads(sys.argv[1]):
 """
 
 # 1100 x 2048 in 128 x 128 tiles: 144 tiles for 132 walking CTAs (the staging tile after the ring
-# with the overlapped promotion; over it with block scales); the decode tile under stream-K; the
-# 64-token tile's K slices summed in the workspace.
+# with the overlapped promotion; over it with block scales; int8's sums in one set); the decode
+# tile under stream-K (float8 and int8); the 64-token tile's K slices summed in the workspace.
 W8A8_LAUNCHES = [
-    ("wgmma-ss:128x128x128_w1x8_s5", False, 1100, 2048, 256, 0, True),
-    ("wgmma-ss:128x128x128_w1x8_s6", True, 1100, 2048, 256, 0, True),
-    ("wgmma-ss:8x128x128_w1x4_s6", False, 5, 1024, 1024, None, None),
-    ("wgmma-ss:64x128x128_w1x8_s6", False, 63, 320, 2048, 0, False),
+    ("wgmma-ss:128x128x128_w1x8_s5", "channel", 1100, 2048, 256, 0, True),
+    ("wgmma-ss:128x128x128_w1x8_s6", "blocks", 1100, 2048, 256, 0, True),
+    ("wgmma-ss:8x128x128_w1x4_s6", "channel", 5, 1024, 1024, None, None),
+    ("wgmma-ss:64x128x128_w1x8_s6", "channel", 63, 320, 2048, 0, False),
+    ("wgmma-ss:128x128x128_w1x8_s5", "int8", 1100, 2048, 256, 0, True),
+    ("wgmma-ss:8x128x128_w1x4_s6", "int8", 5, 1024, 1024, 24, None),
 ]
 
 

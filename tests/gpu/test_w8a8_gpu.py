@@ -5,12 +5,12 @@ a per-tensor activation scale and a bias, the error bound at K = 16384 that need
 promotion, two runs equal, and a CUDA graph replay. Fresh random data each run (seed printed)."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from humming_aot import ops, quant, w8a8
+from humming_aot.testing.w8a8 import fresh_seed as _seed
+from humming_aot.testing.w8a8 import skip_without_kernels, tail_split
 
 _BLOCK_TILES = sorted({label for _, label in w8a8._BLOCK_TILES} | {"wgmma-ss:64x256x128_w1x8_s4",
                                                                     "wgmma-ss:128x128x128_w1x8_s6"})
@@ -23,26 +23,11 @@ _TILES = sorted({label for _, label in w8a8._TILES} | {
 
 @pytest.fixture(autouse=True)
 def _needs_sm90():
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the W8A8 kernels are sm90a ones")
-    from humming_aot.catalog import installed_catalog
     from humming_aot.enumerate import parse_tile_field
-    from humming_aot.testing.jit import why_no_jit
 
-    why = why_no_jit("the W8A8 kernels must come from the installed catalog", "to build the W8A8 kernels")
-    catalog = installed_catalog()
-    names = [w8a8.kernel_key("sm90a", dtype, parse_tile_field(t)).name
-             for t in _TILES for dtype in (torch.bfloat16, torch.float16)]
-    names += [w8a8.kernel_key("sm90a", dtype, parse_tile_field(t), blocks=True).name
-              for t in _BLOCK_TILES for dtype in (torch.bfloat16, torch.float16)]
-    if why is not None and (catalog is None or any(catalog.lookup(name) is None for name in names)):
-        pytest.skip(why)
-
-
-def _seed() -> int:
-    seed = int.from_bytes(os.urandom(4), "little")
-    print(f"seed={seed}")
-    return seed
+    skip_without_kernels([w8a8.kernel_key("sm90a", dtype, parse_tile_field(t), blocks)
+                          for tiles, blocks in ((_TILES, False), (_BLOCK_TILES, True)) for t in tiles
+                          for dtype in (torch.bfloat16, torch.float16)])
 
 
 def _operands(m: int, n: int, k: int, gen: torch.Generator, act: str = "float8e4m3:token",
@@ -113,19 +98,6 @@ def test_stream_k_ranges_that_split_tiles(tile, blocks):
         assert torch.equal(y, w8a8.gemm(qa, packed, tile=tile, stream_k=ctas)), "two runs differ"
 
 
-def _tail_split(tile: str, blocks: bool, m: int, n: int, k: int, persistent: bool):
-    """(dp_ctas, splits, walking CTAs) of the tail split a launch of this problem gets."""
-    from humming_aot import dispatch, obtain
-    from humming_aot._w8a8_launch import _schedule
-    from humming_aot.enumerate import parse_tile_field
-
-    info = dispatch.device_info(torch.cuda.current_device())
-    parsed = parse_tile_field(tile)
-    loaded = obtain.load(w8a8.kernel_key("sm90a", torch.bfloat16, parsed, blocks), info)
-    dp_ctas, splits, _, walkers = _schedule(loaded, parsed, info, m, n, k // 128, 0, persistent, False)
-    return dp_ctas, splits, walkers
-
-
 @pytest.mark.parametrize("blocks", [False, True], ids=["channel", "blocks"])
 @pytest.mark.parametrize("tile,m,n,k", [("wgmma-ss:128x128x128_w1x8_s6", 200, 2560, 4096),
                                         ("wgmma-ss:8x128x128_w1x4_s6", 5, 5120, 8192)])
@@ -135,7 +107,7 @@ def test_tail_split_slices_meet_in_fp32(tile, m, n, k, blocks):
     gen = torch.Generator().manual_seed(_seed())
     formats = dict(act="float8e4m3:g128", weights="float8e4m3:b128x128") if blocks else {}
     qa, packed = _operands(m, n, k, gen, **formats)
-    dp_ctas, splits, _ = _tail_split(tile, blocks, m, packed.n, k, persistent=False)
+    dp_ctas, splits, _ = tail_split(tile, m, packed.n, k, persistent=False, blocks=blocks)
     assert splits > 1, f"the schedule did not split K (dp {dp_ctas}, splits {splits}): the test misses its path"
     y = w8a8.gemm(qa, packed, tile=tile, stream_k=0)
     _check(y, qa, packed)
@@ -152,7 +124,7 @@ def test_a_wave_of_ctas_walks_many_tiles_then_the_split_tail(tile, blocks):
     m, n, k = 601, 7680, 4096
     formats = dict(act="float8e4m3:g128", weights="float8e4m3:b128x128") if blocks else {}
     qa, packed = _operands(m, n, k, gen, **formats)
-    dp_ctas, splits, walkers = _tail_split(tile, blocks, m, packed.n, k, persistent=True)
+    dp_ctas, splits, walkers = tail_split(tile, m, packed.n, k, persistent=True, blocks=blocks)
     assert walkers < dp_ctas, f"{walkers} CTAs for {dp_ctas} whole tiles: the test misses the walk"
     out = torch.full((m, packed.n), float("nan"), dtype=torch.bfloat16, device="cuda")
     y = w8a8.gemm(qa, packed, out=out, tile=tile, stream_k=0, persistent=True)

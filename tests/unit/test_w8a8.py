@@ -1,4 +1,4 @@
-"""The W8A8 float8 pairing on the CPU: packing, the float64 reference path of w8a8.gemm, the
+"""The W8A8 pairings (float8, int8) on the CPU: packing, the float64 reference path of w8a8.gemm, the
 wgmma-ss body's names, tile rules and generated source, its Params bytes, NVRTC and nvcc
 compiling its keys, and the errors a caller can cause (GPU runs: tests/gpu/test_w8a8_gpu.py)."""
 from __future__ import annotations
@@ -62,7 +62,9 @@ def test_leading_dimensions_and_per_tensor_activation_scales():
 def test_errors_say_what_to_do():
     _, w, packed, qa = _operands(2, 64, 128)
     with pytest.raises(ValueError, match="quantize with 'float8e4m3:channel'"):
-        w8a8.pack(quant.quantize(w, "int8:channel"))
+        w8a8.pack(quant.quantize(w, "int8:g64"))
+    with pytest.raises(ValueError, match="symmetric int8 weights"):
+        w8a8.pack(quant.quantize(w.abs(), "uint8:channel:zp"))
     with pytest.raises(ValueError, match="multiple of 16"):
         w8a8.pack(quant.quantize(torch.randn(16, 72), "float8e4m3:channel"))
     with pytest.raises(TypeError, match="QuantizedWeight"):
@@ -109,8 +111,8 @@ def test_tile_rules_name_the_limit():
         parse_tile_field("wgmma-ss:64x128x64_w1x8_s4")
     with pytest.raises(ValueError, match="tokens per CTA"):
         parse_tile_field("wgmma-ss:48x128x128_w1x8_s4")
-    with pytest.raises(ValueError, match="at most 96 of each"):
-        parse_tile_field("wgmma-ss:128x256x128_w1x8_s4")
+    with pytest.raises(ValueError, match="holds at most 192"):
+        parse_tile_field("wgmma-ss:256x256x128_w1x8_s2")
     with pytest.raises(ValueError, match="64 or 128 channels per consumer warpgroup"):
         parse_tile_field("wgmma-ss:64x512x128_w1x8_s2")
     tile = parse_tile_field("wgmma-ss:64x128x128_w1x8_s6")
@@ -172,6 +174,8 @@ def test_nvcc_compiles_every_table_tile_without_spills():
     keys = [w8a8.kernel_key("sm90a", torch.bfloat16, parse_tile_field(label)) for _, label in w8a8._TILES]
     keys += [w8a8.kernel_key("sm90a", torch.float16, parse_tile_field(label), blocks=True)
              for _, label in w8a8._BLOCK_TILES]
+    keys += [w8a8.kernel_key("sm90a", torch.bfloat16, parse_tile_field(label), element="int8")
+             for _, label in w8a8._INT8_TILES]
     for key in keys:
         with tempfile.TemporaryDirectory() as tmp:
             src = f"{tmp}/k.cu"
@@ -262,3 +266,67 @@ def test_w8a8_linear_quantizes_its_input_and_matches_the_reference():
         assert rel < 0.1
     with pytest.raises(ValueError, match="do not suit weights"):
         W8A8Linear.from_linear(linear, "float8e4m3:channel", activations="float8e4m3:g128")
+
+
+def test_int8_pack_reference_keys_and_errors():
+    gen = torch.Generator().manual_seed(5)
+    w, x = torch.randn(100, 256, generator=gen), torch.randn(7, 256, generator=gen)
+    qw = quant.quantize(w, "int8:channel")
+    packed = w8a8.pack(qw)
+    assert packed.element == "int8" and not packed.blocks and (packed.n, packed.n_valid) == (112, 100)
+    qa = ops.quantize_activation(x, "int8:token")
+    int8 = formats.get("int8")
+    a = int8.decode(qa.codes).double() * qa.scales.double()
+    wt = int8.decode(qw.codes).double() * qw.scales.double().reshape(-1, 1)
+    assert torch.equal(w8a8.reference(qa, packed), a @ wt.T)
+    assert torch.equal(w8a8.gemm(qa, packed, out_dtype=torch.float16), (a @ wt.T).to(torch.float16))
+    assert torch.equal(ops.gemm(qa, packed), (a @ wt.T).to(torch.bfloat16))
+    rel = ((w8a8.gemm(qa, packed).double() - x.double() @ w.double().T).norm() / (x @ w.T).norm()).item()
+    assert rel < 0.02  # int8 keeps 7 bits of each row's scale
+    tensor = w8a8.pack(quant.quantize(w, "int8:tensor"))
+    assert tensor.element == "int8" and tensor.w_scale[:100].unique().numel() == 1
+    with pytest.raises(ValueError, match="takes int8 activations with a float32 scale per token"):
+        w8a8.gemm(ops.quantize_activation(x, "float8e4m3:token"), packed)
+    with pytest.raises(ValueError, match="quantize with 'int8:token' or 'int8:tensor'"):
+        w8a8.gemm(ops.quantize_activation(x, "int8:g128"), packed)
+    with pytest.raises(ValueError, match="takes float8e4m3 activations"):
+        w8a8.gemm(qa, w8a8.pack(quant.quantize(w, "float8e4m3:channel")))
+    for m in ALL_M:
+        tile = w8a8.select_tile(m, element="int8")
+        key = w8a8.kernel_key("sm90a", torch.bfloat16, tile, element="int8")
+        assert "_wgmma-ss_a-s8-k-f32_w-s8-g-f32_o-bf16_" in key.name and KernelKey.from_name(key.name) == key
+        assert "humming_aot::mma::S8Codes,  // both operands' codes: int8" in codegen.kernel_source(key)
+    # exact sums hold no promotion's scratch set: tiles float8 cannot hold, and the 256-token wgmma
+    wide = parse_tile_field("wgmma-ss:128x256x128_w1x8_s4")
+    assert w8a8.kernel_key("sm90a", torch.bfloat16, wide, element="int8").tile == wide
+    with pytest.raises(ValueError, match="float8e4m3 tiles hold 128 fp32 accumulators"):
+        w8a8.kernel_key("sm90a", torch.bfloat16, wide)
+    with pytest.raises(ValueError, match="float8e4m3 tiles hold"):
+        w8a8.kernel_key("sm90a", torch.bfloat16, parse_tile_field("wgmma-ss:256x128x128_w1x8_s4"))
+    with pytest.raises(ValueError, match="int8 x int8 per token and per channel"):
+        KernelKey.from_name("gemm_dense_sm90a_wgmma-ss_a-s8-g-f32_w-s8-b-f32_o-bf16_" + wide.field)
+
+
+def test_int8_linear_custom_op_and_catalog():
+    from humming_aot.enumerate import enumerate_keys
+    from humming_aot.nn import QuantizedLinear, W8A8Linear
+
+    gen = torch.Generator().manual_seed(6)
+    linear = torch.nn.Linear(256, 100)
+    x = torch.randn(2, 3, 256, generator=gen).to(torch.bfloat16)
+    layer = QuantizedLinear.from_linear(linear, "int8:channel", activations="int8:token")
+    assert isinstance(layer, W8A8Linear) and layer.activations == "int8:token"
+    assert W8A8Linear.from_linear(linear, "int8:channel").activations == "int8:token"
+    qa = ops.quantize_activation(x, "int8:token")
+    expected = (w8a8.reference(qa, layer.packed) + linear.bias.detach().to(torch.bfloat16).double()).to(torch.bfloat16)
+    assert torch.equal(layer(x).reshape(6, 100), expected)
+    with pytest.raises(ValueError, match="int8:token or int8:tensor"):
+        W8A8Linear.from_linear(linear, "int8:channel", activations="float8e4m3:token")
+    fn = torch.compile(lambda codes, scales: w8a8.gemm(
+        quant.QuantizedActivation(element="int8", granularity=qa.granularity, group_size=None, scale_dtype="float32",
+                                  codes=codes, scales=scales), layer.packed), backend="eager", fullgraph=True)
+    assert torch.equal(fn(qa.codes, qa.scales), w8a8.gemm(qa, layer.packed))
+    names = {key.name for key in enumerate_keys("default", ["sm90a"])}
+    for _, label in w8a8._INT8_TILES:
+        for dtype in (torch.bfloat16, torch.float16):
+            assert w8a8.kernel_key("sm90a", dtype, parse_tile_field(label), element="int8").name in names

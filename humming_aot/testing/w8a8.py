@@ -1,0 +1,44 @@
+"""Helpers of the W8A8 GPU tests (tests/gpu/test_w8a8*_gpu.py): a fresh seed, the skip rule for
+a machine without the kernels, and the tail-split schedule a launch gets."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def fresh_seed() -> int:
+    """A random seed, printed so that a failing run can be repeated."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"seed={seed}")
+    return seed
+
+
+def skip_without_kernels(keys) -> None:
+    """pytest.skip unless this is an sm_90 GPU that has every key (KernelKey) from the installed
+    catalog or can build them (NVRTC)."""
+    import pytest
+
+    from humming_aot.catalog import installed_catalog
+    from humming_aot.testing.jit import why_no_jit
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the W8A8 kernels are sm90a ones")
+    why = why_no_jit("the W8A8 kernels must come from the installed catalog", "to build the W8A8 kernels")
+    catalog = installed_catalog()
+    if why is not None and (catalog is None or any(catalog.lookup(key.name) is None for key in keys)):
+        pytest.skip(why)
+
+
+def tail_split(tile: str, m: int, n: int, k: int, persistent: bool, blocks: bool = False,
+               element: str = "float8e4m3") -> tuple[int, int, int]:
+    """(dp_ctas, splits, walking CTAs) of the tail split a launch of this problem gets."""
+    from humming_aot import dispatch, obtain, w8a8
+    from humming_aot._w8a8_launch import _schedule
+    from humming_aot.enumerate import parse_tile_field
+
+    info = dispatch.device_info(torch.cuda.current_device())
+    parsed = parse_tile_field(tile)
+    loaded = obtain.load(w8a8.kernel_key("sm90a", torch.bfloat16, parsed, blocks, element), info)
+    dp_ctas, splits, _, walkers = _schedule(loaded, parsed, info, m, n, k // 128, 0, persistent, False)
+    return dp_ctas, splits, walkers
