@@ -4,7 +4,8 @@ For every N x K and M: ``humming_aot.w8a8.gemm`` with each tile of --tiles ("tab
 w8a8.select_tile picks) under each schedule of --stream-k ("auto": the dispatcher's choice, "0":
 the tail split, an integer: that many persistent stream-K CTAs) and each tail-split walk of
 --persistent ("auto", "1": at most a wave of resident CTAs walks the whole tiles, "0": a CTA per
-tile), and torch._scaled_mm with rowwise scales (channel x token only), each in a CUDA graph over
+tile), and torch._scaled_mm with rowwise scales (float8 channel x token) or torch._int_mm with the
+scales after it (--int8: int8 channel x token; M > 16), each in a CUDA graph over
 buffer sets that keep L2 cold, median of repeats. What the tile tables of humming_aot/w8a8.py are
 chosen from.
 
@@ -41,6 +42,7 @@ def main(argv=None) -> int:
     parser.add_argument("--persistent", default="auto",
                         help="tail-split walks: auto, 1 (a wave of CTAs walks the tiles), 0 (a CTA per tile)")
     parser.add_argument("--blocks", action="store_true", help="128 x 128 weight blocks x 1 x 128 token groups")
+    parser.add_argument("--int8", action="store_true", help="int8:channel weights x int8:token activations")
     parser.add_argument("--no-cublas", action="store_true")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--json", dest="json_path", default=None)
@@ -50,6 +52,9 @@ def main(argv=None) -> int:
     schedules = _schedules(args.stream_k)
     weights, act = ("float8e4m3:b128x128", "float8e4m3:g128") if args.blocks else ("float8e4m3:channel",
                                                                                     "float8e4m3:token")
+    if args.int8:
+        weights, act = "int8:channel", "int8:token"
+    element = "int8" if args.int8 else "float8e4m3"
     gen = torch.Generator().manual_seed(0)
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     results = []
@@ -63,7 +68,7 @@ def main(argv=None) -> int:
                             for _ in range(sets - 1)]
         cublas = []
         if not args.blocks and not args.no_cublas:
-            codes = qw.codes.cuda().view(torch.float8_e4m3fn).t()
+            codes = qw.codes.cuda().view(torch.int8 if args.int8 else torch.float8_e4m3fn).t()
             cublas = [(codes.clone(), qw.scales.cuda().reshape(1, n).clone()) for _ in range(sets)]
         for m in ms:
             qas = [ops.quantize_activation(torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16), act)
@@ -71,7 +76,8 @@ def main(argv=None) -> int:
             ref = w8a8.reference(qas[0], packs[0]).float()
             calls = {}
             for label in args.tiles.split(","):
-                tile = w8a8.select_tile(m, args.blocks, n=n, num_sms=sms).label if label == "table" else label
+                tile = (w8a8.select_tile(m, args.blocks, n=n, num_sms=sms, element=element).label if label == "table"
+                        else label)
                 for stream_k in schedules:
                     for walk in args.persistent.split(","):
                         persistent = None if walk == "auto" else bool(int(walk))
@@ -82,7 +88,11 @@ def main(argv=None) -> int:
                             knobs["persistent"] = persistent
                         calls[name] = (tile, [lambda qa=qa, p=p, knobs=knobs: w8a8.gemm(qa, p, **knobs)
                                               for qa, p in zip(qas, packs)])
-            if not args.blocks and not args.no_cublas:
+            if args.int8 and not args.no_cublas and m > 16:
+                calls["int_mm"] = (None, [lambda qa=qa, c=c: (torch._int_mm(qa.codes.view(torch.int8), c[0]).float()
+                                                              * qa.scales.reshape(-1, 1) * c[1]).to(torch.bfloat16)
+                                          for qa, c in zip(qas, cublas)])
+            elif not args.blocks and not args.no_cublas and not args.int8:
                 calls["scaled_mm"] = (None, [lambda qa=qa, c=c: torch._scaled_mm(
                     qa.codes.view(torch.float8_e4m3fn), c[0], scale_a=qa.scales, scale_b=c[1],
                     out_dtype=torch.bfloat16) for qa, c in zip(qas, cublas)])
@@ -95,7 +105,8 @@ def main(argv=None) -> int:
                     continue
                 us = timing["median_us"]
                 results.append({"n": n, "k": k, "m": m, "variant": name, "tile": tile, "us": us,
-                                "tflops": tflops(gemm_flops(m, n, k), us), "relerr": relerr, "blocks": args.blocks})
+                                "tflops": tflops(gemm_flops(m, n, k), us), "relerr": relerr, "blocks": args.blocks,
+                                "int8": args.int8})
                 print(f"{n:>6} {k:>6} {m:>5} {name:>40} {us:9.1f} {results[-1]['tflops']:8.1f} {relerr:8.1e}")
     if args.json_path:
         write_results_json(args.json_path, results, command=" ".join(sys.argv))
