@@ -17,7 +17,7 @@
 // warpgroups, whose K loop is a component of its own:
 // - e4m3 (mainloop/fp8_promotion.cuh): each K tile's wgmma into a scratch set promoted into fp32
 //   accumulators (serial, or overlapped with the next K tile's wgmma where a third set of
-//   registers fits: token x channel scales up to 64 x 128 per warpgroup);
+//   registers fits: up to 64 x 128 per warpgroup; with block scales above 16 tokens only);
 // - s8 (mainloop/integer_sums.cuh): exact int32 sums over the unit's whole K, made fp32 once.
 // The e4m3 promotion needs twice the accumulator registers: a consumer warpgroup holds at most
 // 64 channels x 192 tokens (128 with block scales, whose token scales it holds too), or 128 x 96.
@@ -112,10 +112,10 @@ struct DenseWgmmaSs {
   static_assert(kConsumerRegistersHeld >=
                     (Codes::kExactSums ? 1 : 2) * kAccumulators + (kBlockScales ? kTokenScales : 0) + 40,
                 "the consumers' registers hold the accumulators (and the promotion's scratch set) and the loop");
-  // Token x channel scales with registers for a second scratch set: promotion overlapped with the
-  // next K tile's wgmma (mainloop/fp8_promotion.cuh).
+  // Registers for a second scratch set: promotion overlapped with the next K tile's wgmma
+  // (mainloop/fp8_promotion.cuh; with block scales where the token scales are staged in the slot).
   static constexpr bool kOverlappedPromotion =
-      !Codes::kExactSums && !kBlockScales && 3 * kAccumulators + 40 <= kConsumerRegistersHeld;
+      !Codes::kExactSums && (!kBlockScales || kStagedTokenScales) && 3 * kAccumulators + 40 <= kConsumerRegistersHeld;
 
   using Ring = mainloop::WgmmaSsRing<Mma, kUnitsPerWarpGroup, kStages, kStageBytes, kWeightBytes>;
   using Consumer =
