@@ -97,6 +97,7 @@ def time_cuda_graph(
     inner: int | None = None,
     warmup_replays: int = 3,
     warmup_passes: int = 2,
+    warmup_ms: float = 100.0,
 ) -> dict[str, Any]:
     """Per-call GPU time of a rotation of closures, from CUDA-graph replays.
 
@@ -108,8 +109,13 @@ def time_cuda_graph(
         repeats: timed replays; the statistics are over these.
         inner: passes over the rotation inside one graph (calls per replay = inner x sets).
             ``None`` picks it from an eager timing so that one replay lasts about 2 ms.
-        warmup_replays: untimed replays before the timed ones.
+        warmup_replays: untimed replays before the timed ones, at least.
         warmup_passes: eager passes over the rotation before capture.
+        warmup_ms: more untimed replays until this much GPU time has passed: a GPU that idled
+            (a benchmark's host-side reference, operand set-up) comes back at low clocks, and
+            the first implementation timed after such a pause measured 8-10 % slow on
+            weight-streaming shapes with the fixed replays alone (docs/performance/log.md
+            section 35).
 
     Returns:
         ``{"median_us", "p10_us", "p90_us", "samples_us", "calls_per_replay", "mode"}``: times per
@@ -151,8 +157,17 @@ def time_cuda_graph(
                 for fn in fns:
                     fn()
 
-    for _ in range(warmup_replays):
+    warm_start, warm_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    warm_start.record()
+    for _ in range(max(1, warmup_replays)):
         run()
+    warm_end.record()
+    warm_end.synchronize()
+    warm = warm_start.elapsed_time(warm_end)
+    if warm < warmup_ms:
+        per_replay = warm / max(1, warmup_replays)
+        for _ in range(min(1000, math.ceil((warmup_ms - warm) / max(per_replay, 1e-3)))):
+            run()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     for start, end in zip(starts, ends):
