@@ -30,6 +30,24 @@ def skip_without_kernels(keys) -> None:
         pytest.skip(why)
 
 
+def schedule(tile: str | None, m: int, n: int, k: int, stream_k: int | None = None, persistent: bool | None = None,
+             blocks: bool = False, element: str = "float8e4m3") -> tuple[str, int, int, int, int]:
+    """(tile label, dp_ctas, splits, stream_k_ctas, walking CTAs) of the schedule a launch of this
+    problem gets with these knobs (tile None: the table's)."""
+    from humming_aot import dispatch, obtain, w8a8
+    from humming_aot._w8a8_launch import _schedule
+    from humming_aot.bodies.wgmma_ss import separate_staging
+    from humming_aot.enumerate import parse_tile_field
+
+    info = dispatch.device_info(torch.cuda.current_device())
+    parsed = (w8a8.select_tile(m, blocks, n=n, num_sms=info.num_sms, element=element) if tile is None
+              else parse_tile_field(tile))
+    key = w8a8.kernel_key("sm90a", torch.bfloat16, parsed, blocks, element)
+    loaded = obtain.load(key, info)
+    return (parsed.label, *_schedule(loaded, parsed, info, m, n, -(-k // 128), stream_k, persistent,
+                                     separate_staging(parsed)))
+
+
 def tail_split(tile: str, m: int, n: int, k: int, persistent: bool, blocks: bool = False,
                element: str = "float8e4m3") -> tuple[int, int, int]:
     """(dp_ctas, splits, walking CTAs) of the tail split a launch of this problem gets."""

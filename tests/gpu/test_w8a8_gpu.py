@@ -10,7 +10,7 @@ import torch
 
 from humming_aot import ops, quant, w8a8
 from humming_aot.testing.w8a8 import fresh_seed as _seed
-from humming_aot.testing.w8a8 import skip_without_kernels, tail_split
+from humming_aot.testing.w8a8 import schedule, skip_without_kernels, tail_split
 
 _BLOCK_TILES = sorted({label for _, label in w8a8._BLOCK_TILES} | {"wgmma-ss:64x256x128_w1x8_s4",
                                                                     "wgmma-ss:128x128x128_w1x8_s6"})
@@ -131,6 +131,24 @@ def test_a_wave_of_ctas_walks_many_tiles_then_the_split_tail(tile, blocks):
     _check(y, qa, packed)
     assert torch.equal(y, w8a8.gemm(qa, packed, tile=tile, stream_k=0, persistent=False)), "walk and one-per-tile differ"
     print(f"dp {dp_ctas} walked by {walkers}, tail splits {splits}")
+
+
+@pytest.mark.parametrize("blocks", [False, True], ids=["channel", "blocks"])
+@pytest.mark.parametrize("m,n,k", [(5, 34560, 1024), (100, 17920, 6144)])
+def test_stream_k_over_one_wave_when_the_last_wave_is_partial(m, n, k, blocks):
+    # more tiles than resident CTAs, the last wave about half full: the default schedule streams K
+    # over one wave (one warpgroup at 5 tokens: 270 tiles for 264 CTAs; two at 100 tokens: 140
+    # tiles of 128 for 132 CTAs over 48 K tiles), partial tiles meeting in the fix-up
+    gen = torch.Generator().manual_seed(_seed())
+    formats = dict(act="float8e4m3:g128", weights="float8e4m3:b128x128") if blocks else {}
+    qa, packed = _operands(m, n, k, gen, **formats)
+    label, dp_ctas, splits, stream_k_ctas, _ = schedule(None, m, packed.n, k, blocks=blocks)
+    assert stream_k_ctas > 0, f"{label}: {dp_ctas} whole tiles, {splits} splits: the test misses stream-K"
+    out = torch.full((m, packed.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    y = w8a8.gemm(qa, packed, out=out)[:, : packed.out_features]
+    _check(y, qa, packed)
+    assert torch.equal(y, w8a8.gemm(qa, packed)), "two runs differ"
+    print(f"{label}: stream-K over {stream_k_ctas} CTAs")
 
 
 def test_block_scales_with_bias_float16_padded_n_and_a_partial_last_block():

@@ -330,3 +330,17 @@ def test_int8_linear_custom_op_and_catalog():
     for _, label in w8a8._INT8_TILES:
         for dtype in (torch.bfloat16, torch.float16):
             assert w8a8.kernel_key("sm90a", dtype, parse_tile_field(label), element="int8").name in names
+
+
+def test_partial_last_waves_stream_k_at_decode_sizes():
+    from humming_aot._w8a8_launch import partial_wave_stream_k
+
+    one, two = parse_tile_field("wgmma-ss:8x128x128_w1x4_s6"), parse_tile_field("wgmma-ss:128x128x128_w1x8_s5")
+    assert partial_wave_stream_k(one, 1, 448, 64, 264)  # 57344 x 8192: 1.7 waves
+    assert not partial_wave_stream_k(one, 1, 528, 64, 264)  # two whole waves
+    assert not partial_wave_stream_k(one, 1, 500, 64, 264)  # a last wave 95 % full
+    assert not partial_wave_stream_k(one, 1, 200, 64, 264)  # below a wave: heuristics.stream_k_ctas' case
+    assert partial_wave_stream_k(two, 128, 448, 64, 132) and partial_wave_stream_k(two, 100, 288, 56, 132)
+    assert not partial_wave_stream_k(two, 128, 224, 32, 132)  # short K: the fix-up is not paid back
+    assert not partial_wave_stream_k(two, 256, 448, 64, 132)  # past decode sizes
+    assert not partial_wave_stream_k(two, 128, 5000, 64, 132)  # more tiles than split-K counters
