@@ -6,7 +6,9 @@ load), then once inside the NVTX range "profile" that ncu selects
         python3 tools/bench/profile_w8a8.py --shape 7168x18432 --m 4096 --blocks
 
 ``--cublas`` (channel x token scales) also runs torch._scaled_mm once in the range "cublas", for
-``--nvtx-include "cublas/"`` beside ours.
+``--nvtx-include "cublas/"`` beside ours; ``--humming`` runs Humming's W8A8 layer of the same
+pairing once in the range "humming" (its quantization kernel and its GEMM). ``--int8``: int8
+channel x token instead of float8.
 """
 from __future__ import annotations
 
@@ -23,27 +25,46 @@ if importlib.util.find_spec("humming_aot") is None:  # run from a checkout witho
 from humming_aot import ops, quant, w8a8  # noqa: E402
 
 
+def _bench_w8a8():
+    """tools/bench/bench_w8a8.py as a module (the pairings' formats, Humming's layers)."""
+    from humming_aot.testing.bench import sibling_tool
+
+    return sibling_tool("bench_w8a8", __file__)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="7168x18432", help="N x K")
     parser.add_argument("--m", type=int, default=4096)
     parser.add_argument("--blocks", action="store_true", help="128 x 128 weight blocks x 1 x 128 token groups")
     parser.add_argument("--tile", default=None)
+    parser.add_argument("--int8", action="store_true", help="int8:channel weights x int8:token activations")
+    parser.add_argument("--humming", action="store_true",
+                        help="also run Humming's W8A8 layer once inside the NVTX range \"humming\"")
     parser.add_argument("--cublas", action="store_true",
                         help="also run torch._scaled_mm (rowwise scales) once inside the NVTX range \"cublas\"")
     args = parser.parse_args(argv)
     n, k = (int(v) for v in args.shape.split("x"))
     gen = torch.Generator().manual_seed(0)
-    weights, act = ("float8e4m3:b128x128", "float8e4m3:g128") if args.blocks else ("float8e4m3:channel",
-                                                                                    "float8e4m3:token")
-    packed = w8a8.pack(quant.quantize(torch.randn(n, k, generator=gen), weights)).to("cuda")
-    qa = ops.quantize_activation(torch.randn(args.m, k, generator=gen).to("cuda", torch.bfloat16), act)
+    bench = _bench_w8a8()
+    weights, act = bench._formats(args.blocks, args.int8)
+    w = torch.randn(n, k, generator=gen)
+    packed = w8a8.pack(quant.quantize(w, weights)).to("cuda")
+    x = torch.randn(args.m, k, generator=gen).to("cuda", torch.bfloat16)
+    qa = ops.quantize_activation(x, act)
     w8a8.gemm(qa, packed, tile=args.tile)
     torch.cuda.synchronize()
     with torch.cuda.nvtx.range("profile"):
         w8a8.gemm(qa, packed, tile=args.tile)
     torch.cuda.synchronize()
-    if args.cublas and not args.blocks:
+    if args.humming:
+        (layer,) = bench._humming_layers(w, 1, args.blocks, args.int8)
+        layer(x)
+        torch.cuda.synchronize()
+        with torch.cuda.nvtx.range("humming"):
+            layer(x)
+        torch.cuda.synchronize()
+    if args.cublas and not args.blocks and not args.int8:
         qw = quant.quantize(torch.randn(n, k, generator=gen), weights)
         codes = qw.codes.cuda().view(torch.float8_e4m3fn).t()  # (K, N) column-major, as cuBLAS takes it
         scale_b = qw.scales.cuda().reshape(1, n)
