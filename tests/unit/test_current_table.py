@@ -31,3 +31,25 @@ def test_a_shape_without_our_point_shows_a_dash():
                    _point("humming_aot", "int8:channel", 64, 6.0, n=4096)])
     text = current_table.table(points, ["x.json"], "dev")
     assert "| 4096 x 4096 | - | 6.0 / - / - |" in text and "Against Humming" not in text
+
+
+def test_w8a8_rows_get_their_pairing_and_their_cublas_column(tmp_path):
+    import json
+
+    rows = [dict(impl="humming_aot", n=4096, k=4096, m=16, us=10.0, blocks=False, int8=True),
+            dict(impl="int_mm", n=4096, k=4096, m=16, us=20.0, blocks=False, int8=True),
+            dict(impl="humming", n=4096, k=4096, m=16, us=12.0, blocks=False, int8=True),
+            dict(impl="humming_aot", n=4096, k=4096, m=16, us=8.0, blocks=True),
+            dict(impl="humming", n=4096, k=4096, m=16, us=4.0, blocks=True),
+            dict(impl="humming_aot", fmt="int4:g128", n=4096, k=4096, m=16, us=5.0)]
+    path = tmp_path / "session.json"
+    path.write_text(json.dumps({"device": "dev", "runs": {"a": {"results": rows[:3]}, "b": {"results": rows[3:]}}}))
+    payloads = [current_table.load(f"{path}:a"), current_table.load(f"{path}:b")]
+    text = current_table.table(current_table.merge(payloads), ["s:a", "s:b"], "dev", note="A note.")
+    assert "A note." in text
+    # 16-bit formats first, then the W8A8 pairings, each with its own baseline column (none for blocks)
+    assert text.index("## int4:g128") < text.index("## W8A8 float8e4m3:b128x128")
+    assert "## W8A8 int8:channel x int8:token: ours / Humming / torch._int_mm + scales" in text
+    assert "| 4096 x 4096 | 10.0 / 12.0 / 20.0 |" in text and "| 4096 x 4096 | 8.0 / 4.0 |" in text
+    assert "Against torch._int_mm + scales: geometric mean 2.00x its speed over 1 points" in text
+    assert "Against Humming: geometric mean 0.50x its speed over 1 points; 1 below 0.95x" in text
