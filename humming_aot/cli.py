@@ -248,7 +248,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
             continue
         shape = f"{r.experts} x {r.n} x {r.k}" if r.experts else f"{r.n} x {r.k}"
         step = {"gather": ", gathers activations (act-order)", "scale": ", scales activations (pre_quant_scale)"}
-        print(f"  {r.prefix}: {r.format}, N x K = {shape}{step.get(r.activation_step, '')}; "
+        acts = f", activations {r.activations}" if r.activations else ""
+        print(f"  {r.prefix}: {r.format}, N x K = {shape}{step.get(r.activation_step, '')}{acts}; "
               f"{arch or 'served'}: {r.served or why_no_arch}")
     return 0
 

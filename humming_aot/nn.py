@@ -64,7 +64,8 @@ class QuantizedLinear(torch.nn.Module):
 
     @classmethod
     def from_checkpoint(cls, model_dir, prefix: str, act_dtype: torch.dtype | None = None,
-                        device: torch.device | str | None = None) -> "QuantizedLinear":
+                        device: torch.device | str | None = None,
+                        activations: str | None = None) -> "QuantizedLinear | W8A8Linear":
         """The layer ``prefix`` of a published quantized checkpoint (GPTQ, AWQ, compressed-tensors,
         fp8, ModelOpt, auto-round, HQQ; see humming_aot.checkpoints), packed for the kernels.
 
@@ -73,10 +74,18 @@ class QuantizedLinear(torch.nn.Module):
         layers gather their activations with ``input_perm`` before the GEMM (one index_select over
         M x K elements; measured on an H200 it adds 6-8 us per call at M = 1 and 8-39 % at
         M = 1024, docs/CHECKPOINTS.md); ModelOpt INT4_AWQ layers multiply them by ``input_scale``
-        (pre_quant_scale)."""
+        (pre_quant_scale).
+
+        ``activations``: None runs 16-bit activations whatever the checkpoint calibrated them for;
+        "checkpoint" quantizes them as its producer did (compressed-tensors ``input_activations``,
+        fp8 ``activation_scheme``, ModelOpt FP8: ``CheckpointLayer.activations``, a static
+        per-tensor scale included) and returns a W8A8Linear; an ActivationFormat string
+        ("float8e4m3:token") quantizes them that way, dynamically."""
         from humming_aot.checkpoints import load_layer
 
         layer = load_layer(model_dir, prefix)
+        if activations is not None:
+            return W8A8Linear.from_checkpoint_layer(layer, activations, device)
         if layer.weight.codes.dim() != 2:
             raise ValueError(f"from_checkpoint: {prefix!r} is a stacked MoE weight of shape {layer.weight.shape}; "
                              "QuantizedLinear holds one (N, K) weight: load the layer's experts with "
@@ -141,7 +150,8 @@ class W8A8Linear(torch.nn.Module):
     kernels; the float64 reference on the CPU). The output takes x's dtype when it is float16 or
     bfloat16, else bfloat16. Weight codes, scales and bias are buffers (``.to()`` moves them)."""
 
-    def __init__(self, packed, activations: str, bias: torch.Tensor | None = None):
+    def __init__(self, packed, activations: str, bias: torch.Tensor | None = None,
+                 static_scale: torch.Tensor | float | None = None):
         from humming_aot.quant import ActivationFormat
         from humming_aot.quant.activation import ActivationGranularity
 
@@ -154,6 +164,9 @@ class W8A8Linear(torch.nn.Module):
                 packed.blocks and fmt.group_size != 128):
             raise ValueError(f"W8A8Linear: activations {fmt} do not suit weights {packed.format}; use "
                              f"{'float8e4m3:g128' if packed.blocks else f'{element}:token or {element}:tensor'}")
+        if static_scale is not None and fmt.granularity is not ActivationGranularity.TENSOR:
+            raise ValueError(f"W8A8Linear: a static activation scale is one per tensor; activations {fmt} are "
+                             "quantized per token or group on the fly (leave static_scale None)")
         self.activations = str(fmt)
         self.in_features, self.out_features = packed.in_features, packed.out_features
         self._meta = {"n": packed.n, "k": packed.k, "format": packed.format, "n_valid": packed.n_valid,
@@ -161,6 +174,43 @@ class W8A8Linear(torch.nn.Module):
         self.register_buffer("w", packed.w)
         self.register_buffer("w_scale", packed.w_scale)
         self.register_buffer("bias", bias)
+        if static_scale is not None:
+            static_scale = torch.as_tensor(static_scale, dtype=torch.float32).to(packed.w.device).reshape(())
+            if not bool(torch.isfinite(static_scale)) or float(static_scale) <= 0:
+                raise ValueError(f"W8A8Linear: static_scale must be a positive finite number, got {float(static_scale)}")
+        self.register_buffer("static_scale", static_scale)
+
+    @classmethod
+    def from_checkpoint_layer(cls, layer, activations: str, device=None) -> "W8A8Linear":
+        """A checkpoint layer (humming_aot.checkpoints.CheckpointLayer) on the W8A8 kernels, its
+        inputs quantized by ``activations``: "checkpoint" (the producer's scheme, its static scale
+        included) or an ActivationFormat string (dynamic)."""
+        from humming_aot import w8a8
+
+        where = f"from_checkpoint: layer {layer.prefix!r}"
+        scheme, static_scale = layer.activations, None
+        if activations == "checkpoint":
+            if scheme is None:
+                raise ValueError(f"{where} ({layer.schema}, {layer.weight.format}) quantizes no activations: the "
+                                 "checkpoint is weight-only; leave activations None for 16-bit activations, or name "
+                                 "a format such as 'float8e4m3:token'")
+            if scheme.format is None:
+                raise ValueError(f"{where}: the checkpoint quantizes activations as {scheme.description}, which no "
+                                 "humming_aot kernel takes yet; leave activations None for 16-bit activations")
+            activations, static_scale = scheme.format, scheme.static_scale
+        if layer.input_perm is not None or layer.input_scale is not None:
+            raise ValueError(f"{where} gathers or scales its activations before the GEMM, which the W8A8 layer "
+                             "does not; leave activations None")
+        if layer.weight.codes.dim() != 2:
+            raise ValueError(f"{where} is a stacked MoE weight of shape {tuple(layer.weight.shape)}; W8A8Linear "
+                             "holds one (N, K) weight")
+        weight = layer.weight if device is None else layer.weight.to(device)
+        try:
+            packed = w8a8.pack(weight)
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from None
+        bias = None if layer.bias is None else layer.bias.to(device=packed.w.device, dtype=torch.float32)
+        return cls(packed, activations, bias, static_scale)
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, fmt: str = "float8e4m3:channel",
@@ -192,11 +242,13 @@ class W8A8Linear(torch.nn.Module):
 
         out_dtype = x.dtype if x.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
         bias = None if self.bias is None else self.bias.to(out_dtype)
-        return w8a8.gemm(ops.quantize_activation(x, self.activations), self.packed, bias=bias, out_dtype=out_dtype)
+        qa = ops.quantize_activation(x, self.activations, static_scale=self.static_scale)
+        return w8a8.gemm(qa, self.packed, bias=bias, out_dtype=out_dtype)
 
     def extra_repr(self) -> str:
+        static = "" if self.static_scale is None else f", static_scale={float(self.static_scale):.6g}"
         return (f"in_features={self.in_features}, out_features={self.out_features}, format={self._meta['format']!r}, "
-                f"activations={self.activations!r}")
+                f"activations={self.activations!r}{static}")
 
 
 _MOE_ACTIVATIONS = ("silu", "swiglu_oai")

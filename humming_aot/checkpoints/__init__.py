@@ -116,6 +116,9 @@ class LayerInfo:
     activation_step: str | None  # "gather" (act-order), "scale" (pre_quant_scale) or None
     error: str | None = None     # why the layer cannot be loaded, when it cannot
     served: str | None = None    # inspect(arch=...): "catalog", "JIT ..." or "no: why"
+    # the producer's activation quantization: its ActivationFormat ("float8e4m3:token"), or its
+    # description with "(no kernel)"; None for 16-bit inputs
+    activations: str | None = None
 
 
 def inspect(model_dir: str | os.PathLike, arch: str | None = None) -> list[LayerInfo]:
@@ -142,6 +145,9 @@ def inspect(model_dir: str | os.PathLike, arch: str | None = None) -> list[Layer
         *lead, n, k = layer.weight.shape
         step = "gather" if layer.input_perm is not None else "scale" if layer.input_scale is not None else None
         served = None if arch is None else serving_status(layer, arch, catalog)
+        scheme = layer.activations
+        activations = None if scheme is None else scheme.format or f"{scheme.description} (no kernel)"
         rows.append(LayerInfo(prefix=prefix, schema=qc.schema, format=str(layer.weight.format), n=n, k=k,
-                              experts=lead[0] if lead else None, activation_step=step, served=served))
+                              experts=lead[0] if lead else None, activation_step=step, served=served,
+                              activations=activations))
     return rows

@@ -32,6 +32,7 @@ from humming_aot.checkpoints._common import (
     optional_bias,
     scalar_scale,
 )
+from humming_aot.checkpoints.activations import compressed_tensors_scheme
 from humming_aot.checkpoints.bitstream import unpack_bitstream, unpack_nibbles, unpack_padded_words
 from humming_aot.checkpoints.config import QuantConfig
 from humming_aot.checkpoints.layer import CheckpointLayer
@@ -106,8 +107,9 @@ def load_layer(reader: CheckpointReader, qc: QuantConfig, prefix: str) -> Checkp
         qw = _fp4(reader, prefix, fmt)
     else:
         qw = _unpacked(reader, qc, prefix, args, where, fmt)
+    activations = compressed_tensors_scheme(reader, qc.config["config_groups"][group].get("input_activations"), prefix)
     return CheckpointLayer(prefix=prefix, schema="compressed-tensors", weight=qw,
-                           bias=optional_bias(reader, prefix, qw.shape[-2]))
+                           bias=optional_bias(reader, prefix, qw.shape[-2]), activations=activations)
 
 
 def _granularity(qc: QuantConfig, args: dict, where: str, n: int, k: int) -> str:

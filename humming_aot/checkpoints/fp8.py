@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from humming_aot.checkpoints._common import E8M0_DTYPES, check_scales_positive, e8m0_scales, optional_bias, scalar_scale
+from humming_aot.checkpoints.activations import fp8_scheme
 from humming_aot.checkpoints.config import QuantConfig
 from humming_aot.checkpoints.layer import CheckpointLayer
 from humming_aot.checkpoints.reader import CheckpointReader
@@ -55,4 +56,5 @@ def load_layer(reader: CheckpointReader, qc: QuantConfig, prefix: str) -> Checkp
         check_scales_positive(reader, sname, scales)
         qw = QuantizedWeight(format=WeightFormat.parse(f"float8e4m3:b{bn}x{bk}:s={dtype}"),
                              codes=data.view(torch.uint8), scales=scales)
-    return CheckpointLayer(prefix=prefix, schema="fp8", weight=qw, bias=optional_bias(reader, prefix, n))
+    return CheckpointLayer(prefix=prefix, schema="fp8", weight=qw, bias=optional_bias(reader, prefix, n),
+                           activations=fp8_scheme(reader, cfg, prefix))

@@ -40,6 +40,7 @@ def fuse_layers(layers: list[CheckpointLayer], where: str) -> CheckpointLayer:
                                       "fused into one GEMM must read the same activations: load them separately")
         if layer.weight.codes.dim() != 2:
             raise CheckpointError(f"{where}: {layer.prefix!r} is a stacked MoE weight; fuse (N, K) layers only")
+    activations = _fused_activations(layers, where)
     if len({w.format.granularity for w in weights}) == 1 and weights[0].format.granularity is ScaleGranularity.TENSOR \
             and len({float(w.scales.reshape(())) for w in weights}) > 1:
         weights = [_tensor_to_channel(w) for w in weights]
@@ -68,4 +69,21 @@ def fuse_layers(layers: list[CheckpointLayer], where: str) -> CheckpointLayer:
         bias = torch.cat([b if b is not None else torch.zeros(layer.weight.shape[0], dtype=torch.float32)
                           for b, layer in zip(biases, layers)]).to(torch.float32)
     return CheckpointLayer(prefix="+".join(layer.prefix for layer in layers), schema=first.schema, weight=fused,
-                           input_perm=first.input_perm, input_scale=first.input_scale, bias=bias)
+                           input_perm=first.input_perm, input_scale=first.input_scale, bias=bias,
+                           activations=activations)
+
+
+def _fused_activations(layers: list[CheckpointLayer], where: str):
+    """The siblings' common activation scheme; static per-tensor scales calibrated apart become
+    their largest (every sibling reads the same input, and the largest scale clips none of them)."""
+    schemes = [layer.activations for layer in layers]
+    if all(s is None for s in schemes):
+        return None
+    if any(s is None for s in schemes) or len({(s.description, s.format) for s in schemes}) != 1:
+        raise CheckpointError(f"{where}: siblings {[layer.prefix for layer in layers]} quantize their activations "
+                              f"differently ({[None if s is None else s.description for s in schemes]}); one GEMM "
+                              "reads one quantized input: load them separately")
+    scales = [s.static_scale for s in schemes]
+    if scales[0] is None:
+        return schemes[0]
+    return dataclasses.replace(schemes[0], static_scale=torch.stack(scales).max())

@@ -5,6 +5,7 @@ import dataclasses
 
 import torch
 
+from humming_aot.checkpoints.activations import ActivationScheme
 from humming_aot.quant.weight import QuantizedWeight
 
 __all__ = ["CheckpointLayer"]
@@ -24,6 +25,9 @@ class CheckpointLayer:
     input_scale: (K,) float or None. ModelOpt INT4_AWQ's ``pre_quant_scale``: the layer computes
                  ``(x * input_scale) @ W^T``
     bias:        (N,) or None, in the file's dtype
+    activations: the ActivationScheme the producer calibrated the layer's inputs for (W8A8 ...), or
+                 None for 16-bit inputs (weight-only). The layer runs 16-bit activations unless
+                 asked for this scheme (QuantizedLinear.from_checkpoint(..., activations="checkpoint"))
     """
 
     prefix: str
@@ -32,6 +36,7 @@ class CheckpointLayer:
     input_perm: torch.Tensor | None = None
     input_scale: torch.Tensor | None = None
     bias: torch.Tensor | None = None
+    activations: ActivationScheme | None = None
 
     def reference_weight(self) -> torch.Tensor:
         """float32 (N, K) in the checkpoint's original K order, with ``input_scale`` folded in: the

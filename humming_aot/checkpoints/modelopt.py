@@ -24,6 +24,7 @@ from humming_aot.checkpoints._common import (
     optional_bias,
     scalar_scale,
 )
+from humming_aot.checkpoints.activations import modelopt_scheme
 from humming_aot.checkpoints.bitstream import unpack_nibbles
 from humming_aot.checkpoints.config import QuantConfig
 from humming_aot.checkpoints.layer import CheckpointLayer
@@ -101,4 +102,5 @@ def load_layer(reader: CheckpointReader, qc: QuantConfig, prefix: str) -> Checkp
             qw = QuantizedWeight(format=WeightFormat.parse("nvfp4"), codes=codes, scales=scales,
                                  global_scale=_scalar(reader, f"{prefix}.weight_scale_2"))
     return CheckpointLayer(prefix=prefix, schema="modelopt", weight=qw, input_scale=input_scale,
-                           bias=optional_bias(reader, prefix, qw.shape[-2]))
+                           bias=optional_bias(reader, prefix, qw.shape[-2]),
+                           activations=modelopt_scheme(reader, algo, prefix))

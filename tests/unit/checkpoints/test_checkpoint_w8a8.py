@@ -1,0 +1,113 @@
+"""The activation scheme a checkpoint's producer calibrated for (CheckpointLayer.activations) and
+QuantizedLinear.from_checkpoint(..., activations=...) on the W8A8 layer, on the CPU reference path,
+over the committed W8A8 fixtures (compressed-tensors W8A8 int8, FP8_DYNAMIC, FP8_BLOCK; fp8
+DeepSeek-style blocks; ModelOpt FP8 static and per channel per token). Variants with a static
+compressed-tensors scale and fused siblings are built here from those files, and say so."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from ckpt_fixture_utils import copy_fixture, edit_tensors, fixture, tensors
+
+from humming_aot import checkpoints, ops, w8a8
+from humming_aot.checkpoints.reader import CheckpointError
+from humming_aot.nn import QuantizedLinear, W8A8Linear
+
+KPROJ = "model.layers.0.self_attn.k_proj"
+SCHEMES = [  # fixture, layer, its activations, whether the scheme has a static scale
+    ("ct_w8a8", "proj", "int8:token", False),
+    ("ct_fp8_dynamic", "proj", "float8e4m3:token", False),
+    ("ct_fp8_block", "proj", "float8e4m3:g128", False),
+    ("fp8_block_float", KPROJ, "float8e4m3:g128", False),
+    ("modelopt_fp8_default", KPROJ, "float8e4m3:tensor", True),
+    ("modelopt_fp8_per_channel_per_token", KPROJ, "float8e4m3:token", False),
+]
+
+
+@pytest.mark.parametrize("name,prefix,fmt,static", SCHEMES)
+def test_the_checkpoint_scheme_runs_the_w8a8_layer_exactly(name, prefix, fmt, static):
+    layer = checkpoints.load_layer(fixture(name), prefix)
+    assert layer.activations is not None and layer.activations.format == fmt
+    assert (layer.activations.static_scale is not None) == static
+    linear = QuantizedLinear.from_checkpoint(fixture(name), prefix, activations="checkpoint")
+    assert isinstance(linear, W8A8Linear) and linear.activations == fmt
+    x = torch.randn(2, 3, linear.in_features, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    y = linear(x)
+    # the exact product of the operands the kernel sees: the input quantized by the scheme (its
+    # static scale included), the checkpoint's codes and scales
+    qa = ops.quantize_activation(x, fmt, static_scale=layer.activations.static_scale)
+    packed = w8a8.pack(layer.weight)
+    expected = w8a8.reference(qa, packed)
+    if layer.bias is not None:
+        expected = expected + layer.bias.to(torch.bfloat16).double()
+    assert torch.equal(y.reshape(6, -1), expected.to(torch.bfloat16))
+    # and it approximates the float layer the producer quantized
+    ref = x.double().reshape(6, -1) @ layer.reference_weight().double().T
+    if layer.bias is not None:
+        ref = ref + layer.bias.double()
+    rel = ((y.reshape(6, -1).double() - ref).norm() / ref.norm()).item()
+    assert rel < 0.06, rel
+
+
+def test_weight_only_and_kernel_less_schemes_say_what_to_do():
+    with pytest.raises(ValueError, match="quantizes no activations: the checkpoint is weight-only"):
+        QuantizedLinear.from_checkpoint(fixture("ct_w4a16"), "proj", activations="checkpoint")
+    assert checkpoints.load_layer(fixture("ct_w4a16"), "proj").activations is None
+    with pytest.raises(ValueError, match="NVFP4 .* which no humming_aot kernel takes yet"):
+        QuantizedLinear.from_checkpoint(fixture("modelopt_nvfp4_default"), KPROJ, activations="checkpoint")
+    # the default stays 16-bit, whatever the checkpoint calibrated
+    assert isinstance(QuantizedLinear.from_checkpoint(fixture("ct_fp8_dynamic"), "proj"), QuantizedLinear)
+    # a named format runs dynamically; one the weight cannot take is refused with the layer named
+    named = QuantizedLinear.from_checkpoint(fixture("ct_fp8_dynamic"), "proj", activations="float8e4m3:tensor")
+    assert named.activations == "float8e4m3:tensor" and named.static_scale is None
+    with pytest.raises(ValueError, match="do not suit weights float8e4m3:channel"):
+        QuantizedLinear.from_checkpoint(fixture("ct_fp8_dynamic"), "proj", activations="int8:token")
+    with pytest.raises(ValueError, match="from_checkpoint: layer 'proj': the W8A8 kernels take"):
+        QuantizedLinear.from_checkpoint(fixture("ct_w4a16"), "proj", activations="float8e4m3:token")
+
+
+def test_a_static_compressed_tensors_scheme_reads_its_input_scale(tmp_path):
+    # variant built here: ct_fp8_dynamic's activations made static per tensor, with an input_scale
+    model = copy_fixture("ct_fp8_dynamic", tmp_path)
+    config = json.loads((model / "config.json").read_text())
+    acts = config["quantization_config"]["config_groups"]["group_0"]["input_activations"]
+    acts.update(strategy="tensor", dynamic=False)
+    (model / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="proj.input_scale"):
+        checkpoints.load_layer(model, "proj")
+    edit_tensors(model, proj__input_scale=torch.tensor([0.02], dtype=torch.bfloat16))
+    layer = checkpoints.load_layer(model, "proj")
+    assert layer.activations.format == "float8e4m3:tensor" and layer.activations.description.endswith("static, symmetric")
+    assert float(layer.activations.static_scale) == float(torch.tensor(0.02, dtype=torch.bfloat16))
+    linear = QuantizedLinear.from_checkpoint(model, "proj", activations="checkpoint")
+    assert "static_scale=0.0200195" in repr(linear)
+    acts.update(symmetric=False)
+    (model / "config.json").write_text(json.dumps(config))
+    layer = checkpoints.load_layer(model, "proj")
+    assert layer.activations.format is None and "asymmetric" in layer.activations.description
+
+
+def test_fused_siblings_share_the_largest_static_scale(tmp_path):
+    # variant built here: ModelOpt FP8's k_proj copied as v_proj with twice its input_scale
+    model = copy_fixture("modelopt_fp8_default", tmp_path)
+    data = tensors(model)
+    vproj = "model.layers.0.self_attn.v_proj"
+    for key in [k for k in data if k.startswith(KPROJ + ".")]:
+        data[vproj + key[len(KPROJ):]] = data[key].clone()
+    data[vproj + ".input_scale"] = data[KPROJ + ".input_scale"] * 2
+    from ckpt_fixture_utils import write_tensors
+
+    write_tensors(model, data)
+    fused = checkpoints.load_fused(model, [KPROJ, vproj])
+    assert torch.equal(fused.activations.static_scale, data[vproj + ".input_scale"].reshape(()).float())
+    rows = checkpoints.inspect(model)
+    assert {r.activations for r in rows} == {"float8e4m3:tensor"}
+
+
+def test_inspect_names_each_layers_activations():
+    assert [r.activations for r in checkpoints.inspect(fixture("ct_w8a8"))] == ["int8:token"]
+    assert [r.activations for r in checkpoints.inspect(fixture("ct_w4a16"))] == [None]
+    (row,) = checkpoints.inspect(fixture("modelopt_nvfp4_default"))[:1]
+    assert row.activations.endswith("(no kernel)")
