@@ -22,17 +22,18 @@ _plans: dict[tuple, "_Plan"] = {}
 # (K = 14336) measured 4-8 % slower walked than one CTA per tile from 4096 tokens on, shorter ones
 # 5-14 % faster (docs/performance/log.md section 34).
 WALK_K_TILES = 64
-# Decode-sized problems of more tiles than resident CTAs whose last wave would run less full than
-# this take stream-K over one wave of CTAs instead (partial_wave_stream_k); two consumer
-# warpgroups only from this many K tiles up, where the fix-up is cheap beside a CTA's K range.
+# Decode-sized problems of more tiles than resident CTAs whose waves would run less full than this
+# on average (tiles / (waves x slots)) take stream-K over one wave of CTAs instead
+# (partial_wave_stream_k); two consumer warpgroups only from this many K tiles up, where the
+# fix-up is cheap beside a CTA's K range.
 WAVE_FILL = 0.9
 STREAM_K_MIN_K_TILES = 48
 
 
 def partial_wave_stream_k(tile: TileConfig, m: int, tiles: int, k_tiles: int, slots: int) -> bool:
     """Whether a problem of `tiles` output tiles, at least one wave of `slots` resident CTAs, runs
-    stream-K over those slots rather than whole tiles: a last wave less than WAVE_FILL full, at
-    most 128 tokens (weight streaming: the weights' bytes, not the tiles, set the time, and a
+    stream-K over those slots rather than whole tiles: whole-tile waves less than WAVE_FILL full on
+    average (a last wave of 70 % at 2 waves, 40 % at 4), at most 128 tokens (weight streaming: the weights' bytes, not the tiles, set the time, and a
     partial wave leaves DRAM bandwidth unused), and for two consumer warpgroups at least
     STREAM_K_MIN_K_TILES K tiles. H200, same run (docs/performance/log.md section 35): 57344 x
     8192 at 1 / 16 / 64 / 128 tokens 114.1 / 119.3 / 125.1 / 152.8 us with the tail split against
@@ -71,8 +72,8 @@ def _schedule(loaded, tile: TileConfig, info, m: int, n: int, k_tiles: int, stre
     if stream_k is None:
         stream_k_ctas = 0 if tile.warps_n == 8 else heuristics.stream_k_ctas(
             tiles=tiles, k_tiles=k_tiles, slots=capacity, max_tiles=dispatch.SPLIT_K_COUNTERS)
-        if partial_wave_stream_k(tile, m, tiles, k_tiles, capacity):
-            stream_k_ctas = capacity
+        if persistent is None and partial_wave_stream_k(tile, m, tiles, k_tiles, capacity):
+            stream_k_ctas = capacity  # (a persistent= argument asks for the tail split's walk)
         return dp_ctas, splits, stream_k_ctas, walkers
     if stream_k:
         most = min(tiles * k_tiles, capacity)

@@ -48,6 +48,9 @@ N_ALIGN = 16
 # K must be a multiple of this many codes: the TMA maps' rows are 16-byte aligned (the kernel reads
 # zeros past K up to its K tile of 128).
 K_ALIGN = 16
+# int8 sums are exact in int32 while K x 128 x 128 (-128 x -128 at every k) fits: the kernel does
+# not check, so pack refuses a longer K.
+INT8_MAX_K = (2**31 - 1) // (128 * 128)
 SCALED_PARAMS_BYTES = 448  # kernel/params.cuh ScaledTmaGemmParams
 _W_MAP_OFFSET = 256
 _A_SCALE_OFFSET = 384
@@ -132,6 +135,9 @@ def pack(qw: QuantizedWeight) -> PackedW8A8Weight:
     if k % K_ALIGN:
         raise ValueError(f"K={k}: the W8A8 kernels need K to be a multiple of {K_ALIGN} (TMA rows are 16-byte "
                          "aligned); pad the weight's K with zero columns and the activations' K with zeros")
+    if fmt.element == "int8" and k > INT8_MAX_K:
+        raise ValueError(f"K={k}: int8 sums of more than {INT8_MAX_K} products of -128 x -128 overflow the kernel's "
+                         "int32 accumulators; split K into slices and add their outputs")
     n_pad = -(-n // N_ALIGN) * N_ALIGN
     w = torch.zeros((n_pad, k), dtype=torch.uint8, device=qw.codes.device)
     w[:n] = qw.codes
@@ -159,7 +165,8 @@ def gemm_spec(out_dtype: torch.dtype, blocks: bool = False, element: str = ELEME
 def select_tile(m: int, blocks: bool = False, n: int | None = None, num_sms: int = 132,
                 element: str = ELEMENT) -> TileConfig:
     """The wgmma-ss tile for m tokens (catalog/tiles.toml has no rows for this body yet). With block
-    scales a consumer thread also holds its tokens' scales: at most 128 tokens per CTA. Given N
+    scales at most 128 tokens per CTA (at 192 a thread has the registers neither for the overlapped
+    promotion's three sets nor for the serial one's two beside its 48 token scales). Given N
     (and the device's SMs), the 64-token tile's row only where its tiles fit in one wave: above
     that, 128 tokens per CTA halve the tiles (and the waves) for as many products."""
     from humming_aot.enumerate import parse_tile_field
@@ -188,9 +195,10 @@ _TILES = (
     (128, "wgmma-ss:64x128x128_w1x8_s6"),
     (1 << 62, "wgmma-ss:128x128x128_w1x8_s5"),
 )
-# Block scales: the same up to 64 tokens, then 128 (no overlapped promotion: the token scales take
-# the third set's registers); five stages put the staging tile after the ring, which measured
-# 0-10 % faster than six over it (most at short K, where a CTA walks the most tiles).
+# Block scales: the same up to 64 tokens, then 128 (its promotion overlapped since session 31: the
+# add reads the token scales from the slot two at a time); five stages put the staging tile after
+# the ring, which measured 0-10 % faster than six over it (most at short K, where a CTA walks the
+# most tiles).
 _BLOCK_TILES = (
     (8, "wgmma-ss:8x128x128_w1x4_s6"),
     (16, "wgmma-ss:16x128x128_w1x4_s6"),
@@ -198,9 +206,10 @@ _BLOCK_TILES = (
     (64, "wgmma-ss:64x128x128_w1x8_s6"),
     (1 << 62, "wgmma-ss:128x128x128_w1x8_s5"),
 )
-# int8: the float8 rows. Its sums need no promotion, so wider tiles fit (128 x 256, 256 tokens),
-# but in an H200 sweep over four layers at 64-8192 tokens none beat these rows by more than the
-# noise, and most lost 5-20 % (docs/performance/log.md section 35).
+# int8: the float8 rows. Its sums need no promotion, so wider tiles fit (128 x 256, 256 tokens;
+# they spill 8 and 68 bytes under ptxas), but in an H200 sweep over four layers at 64-8192 tokens
+# none beat these rows by more than the noise, and most lost 5-20 % (docs/performance/log.md
+# section 35).
 _INT8_TILES = (
     (8, "wgmma-ss:8x128x128_w1x4_s6"),
     (16, "wgmma-ss:16x128x128_w1x4_s6"),

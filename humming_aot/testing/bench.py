@@ -111,7 +111,8 @@ def time_cuda_graph(
             ``None`` picks it from an eager timing so that one replay lasts about 2 ms.
         warmup_replays: untimed replays before the timed ones, at least.
         warmup_passes: eager passes over the rotation before capture.
-        warmup_ms: more untimed replays until this much GPU time has passed: a GPU that idled
+        warmup_ms: more untimed replays, about this much GPU time in all (their count estimated
+            from the first replays, which a slow clock makes long, so somewhat less): a GPU that idled
             (a benchmark's host-side reference, operand set-up) comes back at low clocks, and
             the first implementation timed after such a pause measured 8-10 % slow on
             weight-streaming shapes with the fixed replays alone (docs/performance/log.md

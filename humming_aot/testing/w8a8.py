@@ -36,7 +36,7 @@ def schedule(tile: str | None, m: int, n: int, k: int, stream_k: int | None = No
     problem gets with these knobs (tile None: the table's)."""
     from humming_aot import dispatch, obtain, w8a8
     from humming_aot._w8a8_launch import _schedule
-    from humming_aot.bodies.wgmma_ss import separate_staging
+    from humming_aot.bodies.wgmma_ss import separate_staging, staged_scale_bytes
     from humming_aot.enumerate import parse_tile_field
 
     info = dispatch.device_info(torch.cuda.current_device())
@@ -45,7 +45,7 @@ def schedule(tile: str | None, m: int, n: int, k: int, stream_k: int | None = No
     key = w8a8.kernel_key("sm90a", torch.bfloat16, parsed, blocks, element)
     loaded = obtain.load(key, info)
     return (parsed.label, *_schedule(loaded, parsed, info, m, n, -(-k // 128), stream_k, persistent,
-                                     separate_staging(parsed)))
+                                     separate_staging(parsed, staged_scale_bytes(key))))
 
 
 def tail_split(tile: str, m: int, n: int, k: int, persistent: bool, blocks: bool = False,

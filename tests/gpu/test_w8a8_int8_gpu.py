@@ -65,20 +65,33 @@ def test_every_tile_matches_the_float64_product(tile, m, n, k):
 
 def test_every_code_at_long_k_sums_exactly():
     # raw codes over the whole int8 range (-128 too, which the quantizer never writes), power-of-two
-    # scales: the kernel's int32 sums (up to 2^28 here) are exact, so the one fp32 rounding of each
-    # sum (2^-24) and the float16 output's rounding (2^-11, or 2^-25 absolute below its normal
-    # range) are all the error there is
+    # scales, K = 16384: the one fp32 rounding of each exact int32 sum (2^-24) and the float16
+    # output's rounding (2^-11, or 2^-25 absolute below its normal range) are all the error allowed
     gen = torch.Generator().manual_seed(_seed())
     m, n, k = 70, 384, 16384
     codes = torch.randint(0, 256, (n, k), generator=gen, dtype=torch.uint8)
     a_codes = torch.randint(0, 256, (m, k), generator=gen, dtype=torch.uint8)
     scales = 2.0 ** -torch.randint(20, 24, (n,), generator=gen).float()
+    # Sums that cancel: activation rows of +127 over the first half of K and -127 over the second,
+    # less d (1..8) at k = 0, against weight rows of one code c: the exact sum is -c d, while the
+    # running sums pass 2^27 (c = -128), where an accumulator that rounded would lose it.
+    d = torch.randint(1, 9, (8,), generator=gen)
+    cancel = torch.full((8, k), 127, dtype=torch.int16)
+    cancel[:, k // 2:] = -127
+    cancel[:, 0] -= d
+    a_codes[:8] = cancel.to(torch.int8).view(torch.uint8)
+    c = torch.tensor([127, -128, 1, -1], dtype=torch.int16)
+    codes[:4] = c[:, None].expand(4, k).to(torch.int8).view(torch.uint8)
+    scales[:4] = 2.0**-4  # x the activations' 2^-6: -c d 2^-10, exact in float16
     packed = w8a8.PackedW8A8Weight(w=codes.cuda(), w_scale=scales.cuda(), n=n, k=k, format="int8:channel")
     qa = quant.QuantizedActivation(element="int8", granularity=ActivationGranularity.TOKEN,
                                    group_size=None, scale_dtype="float32", codes=a_codes.cuda(),
                                    scales=torch.full((m, 1), 2.0**-6, device="cuda"))
+    exact = (-(c[None, :].double() * d[:, None].double()) * 2.0**-10).to(torch.float16)
     for tile in ("wgmma-ss:8x128x128_w1x4_s6", "wgmma-ss:128x128x128_w1x8_s5"):
-        y = w8a8.gemm(qa, packed, tile=tile, out_dtype=torch.float16).double()
+        y = w8a8.gemm(qa, packed, tile=tile, out_dtype=torch.float16)
+        assert torch.equal(y[:8, :4].cpu(), exact), f"{tile}: cancelling sums {y[:8, :4].cpu()} != {exact}"
+        y = y.double()
         ref = w8a8.reference(qa, packed)
         assert not torch.isnan(y).any()
         excess = ((y - ref).abs() - (2.0**-11 + 2.0**-22) * ref.abs() - 2.0**-25).max().item()

@@ -336,11 +336,22 @@ def test_partial_last_waves_stream_k_at_decode_sizes():
     from humming_aot._w8a8_launch import partial_wave_stream_k
 
     one, two = parse_tile_field("wgmma-ss:8x128x128_w1x4_s6"), parse_tile_field("wgmma-ss:128x128x128_w1x8_s5")
-    assert partial_wave_stream_k(one, 1, 448, 64, 264)  # 57344 x 8192: 1.7 waves
+    assert partial_wave_stream_k(one, 1, 448, 64, 264)  # 57344 x 8192: 1.7 waves, 85 % full on average
     assert not partial_wave_stream_k(one, 1, 528, 64, 264)  # two whole waves
-    assert not partial_wave_stream_k(one, 1, 500, 64, 264)  # a last wave 95 % full
+    assert not partial_wave_stream_k(one, 1, 500, 64, 264)  # two waves 95 % full on average
     assert not partial_wave_stream_k(one, 1, 200, 64, 264)  # below a wave: heuristics.stream_k_ctas' case
     assert partial_wave_stream_k(two, 128, 448, 64, 132) and partial_wave_stream_k(two, 100, 288, 56, 132)
     assert not partial_wave_stream_k(two, 128, 224, 32, 132)  # short K: the fix-up is not paid back
     assert not partial_wave_stream_k(two, 256, 448, 64, 132)  # past decode sizes
     assert not partial_wave_stream_k(two, 128, 5000, 64, 132)  # more tiles than split-K counters
+
+
+def test_int8_k_whose_sums_could_overflow_int32_is_refused():
+    assert w8a8.INT8_MAX_K * 128 * 128 <= 2**31 - 1 < (w8a8.INT8_MAX_K + 1) * 128 * 128
+    gen = torch.Generator().manual_seed(7)
+    longest = w8a8.INT8_MAX_K // w8a8.K_ALIGN * w8a8.K_ALIGN
+    assert w8a8.pack(quant.quantize(torch.randn(16, longest, generator=gen), "int8:channel")).k == longest
+    with pytest.raises(ValueError, match="overflow the kernel's int32 accumulators; split K"):
+        w8a8.pack(quant.quantize(torch.randn(16, longest + w8a8.K_ALIGN, generator=gen), "int8:channel"))
+    # float8 sums are promoted to fp32 every 128 of K: no such limit
+    assert w8a8.pack(quant.quantize(torch.randn(16, longest + w8a8.K_ALIGN, generator=gen), "float8e4m3:channel"))

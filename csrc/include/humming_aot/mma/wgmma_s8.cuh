@@ -4,11 +4,11 @@
 // both operands K-major with the 128-byte swizzle through matrix descriptors, exactly as the e4m3
 // wrappers take them (mma/wgmma_e4m3.cuh: 128 codes a row, a K step of 32 codes is 2 in the
 // descriptor's address field). The sums are exact 32-bit integers (wrapping past 2^31, which
-// needs K > 133,000 at full-scale codes), so a K loop accumulates into the same registers with no
-// promotion. The accumulator layout is that of every m64nN wgmma (mma/wgmma.cuh). `accumulate`
-// false overwrites D with the product (the scale-d predicate). One wrapper per N; the operand lists
-// are spelled out (asm needs literal text). `volatile`: never reordered against the wgmma fences,
-// commits and waits.
+// needs K >= 2^17 at -128 x -128: w8a8.pack refuses it), so a K loop accumulates into the same
+// registers with no promotion. The accumulator layout is that of every m64nN wgmma
+// (mma/wgmma.cuh). `accumulate` false overwrites D with the product (the scale-d predicate). One
+// wrapper per N; the operand lists are spelled out (asm needs literal text). `volatile`: never
+// reordered against the wgmma fences, commits and waits.
 
 #include <humming_aot/mma/wgmma.cuh>
 
