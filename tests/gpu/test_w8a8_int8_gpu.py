@@ -2,9 +2,9 @@
 sm90a wgmma-ss body's exact int32 sums) on an sm_90 GPU: every tile of its table and the wider
 ones against the float64 product of the exact codes and scales at odd shapes (M, N and K off every
 tile), NaN-poisoned outputs, both schedules, the tail split's K slices, a wave of CTAs walking
-tiles, every code of the int8 range (-128 included) at K = 16384, a per-tensor activation scale,
-a bias, float16 output, a CUDA graph replay and the layer. Fresh random data each run (seed
-printed)."""
+tiles, every code of the int8 range (-128 included) at K = 16384, sums that cancel exactly, a
+per-tensor activation scale, a bias, float16 output, a CUDA graph replay and the layer. Fresh
+random data each run (seed printed)."""
 from __future__ import annotations
 
 import pytest
@@ -13,7 +13,7 @@ import torch
 from humming_aot import ops, quant, w8a8
 from humming_aot.quant.activation import ActivationGranularity
 from humming_aot.testing.w8a8 import fresh_seed as _seed
-from humming_aot.testing.w8a8 import skip_without_kernels, tail_split
+from humming_aot.testing.w8a8 import schedule, skip_without_kernels, tail_split
 
 _TILES = sorted({label for _, label in w8a8._INT8_TILES} | {
     "wgmma-ss:128x128x128_w1x8_s6", "wgmma-ss:192x128x128_w1x8_s4", "wgmma-ss:128x256x128_w1x8_s4",
@@ -63,40 +63,57 @@ def test_every_tile_matches_the_float64_product(tile, m, n, k):
         _check(y[:, : packed.out_features], qa, packed)
 
 
-def test_every_code_at_long_k_sums_exactly():
+def test_every_code_at_long_k_within_the_bound():
     # raw codes over the whole int8 range (-128 too, which the quantizer never writes), power-of-two
-    # scales, K = 16384: the one fp32 rounding of each exact int32 sum (2^-24) and the float16
-    # output's rounding (2^-11, or 2^-25 absolute below its normal range) are all the error allowed
+    # scales, K = 16384: the fp32 rounding of the sums (2^-24 each: a CTA's int32 sum, and the fp32
+    # adds of K slices where the schedule splits K) and the float16 output's rounding (2^-11, or
+    # 2^-25 absolute below its normal range) are all the error allowed
     gen = torch.Generator().manual_seed(_seed())
     m, n, k = 70, 384, 16384
     codes = torch.randint(0, 256, (n, k), generator=gen, dtype=torch.uint8)
     a_codes = torch.randint(0, 256, (m, k), generator=gen, dtype=torch.uint8)
     scales = 2.0 ** -torch.randint(20, 24, (n,), generator=gen).float()
-    # Sums that cancel: activation rows of +127 over the first half of K and -127 over the second,
-    # less d (1..8) at k = 0, against weight rows of one code c: the exact sum is -c d, while the
-    # running sums pass 2^27 (c = -128), where an accumulator that rounded would lose it.
-    d = torch.randint(1, 9, (8,), generator=gen)
-    cancel = torch.full((8, k), 127, dtype=torch.int16)
-    cancel[:, k // 2:] = -127
-    cancel[:, 0] -= d
-    a_codes[:8] = cancel.to(torch.int8).view(torch.uint8)
-    c = torch.tensor([127, -128, 1, -1], dtype=torch.int16)
-    codes[:4] = c[:, None].expand(4, k).to(torch.int8).view(torch.uint8)
-    scales[:4] = 2.0**-4  # x the activations' 2^-6: -c d 2^-10, exact in float16
     packed = w8a8.PackedW8A8Weight(w=codes.cuda(), w_scale=scales.cuda(), n=n, k=k, format="int8:channel")
     qa = quant.QuantizedActivation(element="int8", granularity=ActivationGranularity.TOKEN,
                                    group_size=None, scale_dtype="float32", codes=a_codes.cuda(),
                                    scales=torch.full((m, 1), 2.0**-6, device="cuda"))
-    exact = (-(c[None, :].double() * d[:, None].double()) * 2.0**-10).to(torch.float16)
     for tile in ("wgmma-ss:8x128x128_w1x4_s6", "wgmma-ss:128x128x128_w1x8_s5"):
-        y = w8a8.gemm(qa, packed, tile=tile, out_dtype=torch.float16)
-        assert torch.equal(y[:8, :4].cpu(), exact), f"{tile}: cancelling sums {y[:8, :4].cpu()} != {exact}"
-        y = y.double()
+        y = w8a8.gemm(qa, packed, tile=tile, out_dtype=torch.float16).double()
         ref = w8a8.reference(qa, packed)
         assert not torch.isnan(y).any()
         excess = ((y - ref).abs() - (2.0**-11 + 2.0**-22) * ref.abs() - 2.0**-25).max().item()
         print(f"{tile}: largest error beyond the bound {excess:.2e}")
         assert excess <= 0, tile
+
+
+def test_sums_that_cancel_are_exact_within_a_ctas_k_range():
+    # Activation rows of +127 over the first half of K = 16384 and -127 over the second, less d
+    # (1..8) at k = 0, against weight rows of one code c (127, -128, 1, -1; the rest zero): the exact
+    # sum is -c d, while the running sums pass 2^27, where an accumulator that rounded would lose it.
+    # One whole tile per CTA (as many 128-channel tiles as SMs, no K split: the schedule is checked),
+    # so each output is one CTA's int32 sum made fp32 once: -c d x 2^-6 x 2^-4, exact in float16.
+    gen = torch.Generator().manual_seed(_seed())
+    tile, m, k = "wgmma-ss:128x128x128_w1x8_s5", 8, 16384
+    n = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count * 128
+    d = torch.randint(1, 9, (m,), generator=gen)
+    cancel = torch.full((m, k), 127, dtype=torch.int16)
+    cancel[:, k // 2:] = -127
+    cancel[:, 0] -= d
+    c = torch.tensor([127, -128, 1, -1], dtype=torch.int16)
+    codes = torch.zeros((n, k), dtype=torch.uint8, device="cuda")
+    codes[:4] = c[:, None].expand(4, k).to(torch.int8).view(torch.uint8).cuda()
+    packed = w8a8.PackedW8A8Weight(w=codes, w_scale=torch.full((n,), 2.0**-4, device="cuda"), n=n, k=k,
+                                   format="int8:channel")
+    qa = quant.QuantizedActivation(element="int8", granularity=ActivationGranularity.TOKEN,
+                                   group_size=None, scale_dtype="float32",
+                                   codes=cancel.to(torch.int8).view(torch.uint8).cuda(),
+                                   scales=torch.full((m, 1), 2.0**-6, device="cuda"))
+    label, dp_ctas, splits, stream_k_ctas, _ = schedule(tile, m, n, k, element="int8")
+    assert (dp_ctas, splits, stream_k_ctas) == (n // 128, 1, 0), f"{label}: the schedule splits K: the test misses"
+    y = w8a8.gemm(qa, packed, tile=tile, out_dtype=torch.float16).cpu()
+    exact = (-(c[None, :].double() * d[:, None].double()) * 2.0**-10).to(torch.float16)
+    assert torch.equal(y[:, :4], exact), f"cancelling sums {y[:, :4]} != {exact}"
+    assert not y[:, 4:].any(), "rows of zero codes gave non-zero outputs"
 
 
 @pytest.mark.parametrize("tile", ["wgmma-ss:8x128x128_w1x4_s6", "wgmma-ss:32x128x128_w1x4_s5"])
