@@ -33,8 +33,9 @@ STREAM_K_MIN_K_TILES = 48
 def partial_wave_stream_k(tile: TileConfig, m: int, tiles: int, k_tiles: int, slots: int) -> bool:
     """Whether a problem of `tiles` output tiles, at least one wave of `slots` resident CTAs, runs
     stream-K over those slots rather than whole tiles: whole-tile waves less than WAVE_FILL full on
-    average (a last wave of 70 % at 2 waves, 40 % at 4), at most 128 tokens (weight streaming: the weights' bytes, not the tiles, set the time, and a
-    partial wave leaves DRAM bandwidth unused), and for two consumer warpgroups at least
+    average (a last wave under 80 % at two waves, 60 % at four), at most 128 tokens (weight
+    streaming: the weights' bytes, not the tiles, set the time, and a partial wave leaves DRAM
+    bandwidth unused), and for two consumer warpgroups at least
     STREAM_K_MIN_K_TILES K tiles. H200, same run (docs/performance/log.md section 35): 57344 x
     8192 at 1 / 16 / 64 / 128 tokens 114.1 / 119.3 / 125.1 / 152.8 us with the tail split against
     112.6 / 115.0 / 123.8 / 148.6 with stream-K, 59136 x 8192 at 128 tokens 162.5 against 153.6;

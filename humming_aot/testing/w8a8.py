@@ -30,6 +30,24 @@ def skip_without_kernels(keys) -> None:
         pytest.skip(why)
 
 
+def check_both_schedules(qa, packed, tile: str, check) -> None:
+    """w8a8.gemm of the operands with `tile` under the heuristic's schedule and the tail split, each
+    into a NaN-poisoned (M, packed.n) bfloat16 output, `check(y, qa, packed)` on its own columns."""
+    from humming_aot import w8a8
+
+    m = packed_rows(qa, packed.k)
+    out = torch.full((m, packed.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    for stream_k in (None, 0):
+        out.fill_(float("nan"))
+        y = w8a8.gemm(qa, packed, out=out, tile=tile, stream_k=stream_k)
+        check(y[:, : packed.out_features], qa, packed)
+
+
+def packed_rows(qa, k: int) -> int:
+    """The activation rows M of a QuantizedActivation of K = k."""
+    return qa.codes.numel() // k
+
+
 def schedule(tile: str | None, m: int, n: int, k: int, stream_k: int | None = None, persistent: bool | None = None,
              blocks: bool = False, element: str = "float8e4m3") -> tuple[str, int, int, int, int]:
     """(tile label, dp_ctas, splits, stream_k_ctas, walking CTAs) of the schedule a launch of this

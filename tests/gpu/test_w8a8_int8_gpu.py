@@ -12,8 +12,8 @@ import torch
 
 from humming_aot import ops, quant, w8a8
 from humming_aot.quant.activation import ActivationGranularity
+from humming_aot.testing.w8a8 import check_both_schedules, schedule, skip_without_kernels, tail_split
 from humming_aot.testing.w8a8 import fresh_seed as _seed
-from humming_aot.testing.w8a8 import schedule, skip_without_kernels, tail_split
 
 _TILES = sorted({label for _, label in w8a8._INT8_TILES} | {
     "wgmma-ss:128x128x128_w1x8_s6", "wgmma-ss:192x128x128_w1x8_s4", "wgmma-ss:128x256x128_w1x8_s4",
@@ -55,12 +55,7 @@ def _check(y: torch.Tensor, qa, packed, bias=None, out_dtype=torch.bfloat16):
 @pytest.mark.parametrize("m,n,k", [(1, 256, 128), (37, 112, 272), (200, 384, 1040), (300, 4096, 512)])
 def test_every_tile_matches_the_float64_product(tile, m, n, k):
     gen = torch.Generator().manual_seed(_seed())
-    qa, packed = _operands(m, n, k, gen)
-    out = torch.full((m, packed.n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    for stream_k in (None, 0):
-        out.fill_(float("nan"))
-        y = w8a8.gemm(qa, packed, out=out, tile=tile, stream_k=stream_k)
-        _check(y[:, : packed.out_features], qa, packed)
+    check_both_schedules(*_operands(m, n, k, gen), tile, _check)
 
 
 def test_every_code_at_long_k_within_the_bound():

@@ -55,16 +55,13 @@ struct Fp8Promotion {
                                                      u32 smem_base, u32 empty0, int slot, float (&from)[kAccumulators],
                                                      float (&acc)[kAccumulators]) {
     if constexpr (kBlockScales) {
-      const int lane = threadIdx.x & 31;
       const int unit0 = (static_cast<int>(threadIdx.x) >> 7) * kUnitsPerWarpGroup;
       float unit_scales[kUnitsPerWarpGroup];  // (global: their latency under the wait)
       load_unit_scales(params.tma.gemm, n0, unit0, kb, params.tma.gemm.k / kBlockK, unit_scales);
       mma::wgmma_wait_group<kPending>();
       mma::wgmma_fence_operands(from);
       // token 2 (lane % 4) + 8 j + {0, 1}: one 8-byte pair per j, weighing accumulators 4 j .. 4 j + 3
-      const float* staged =
-          reinterpret_cast<const float*>(smem_generic(smem_base + slot * Ring::kStageBytes + kCodeBytes)) +
-          2 * (lane & 3);
+      const float* staged = staged_token_scales(smem_base, slot);
 #pragma unroll
       for (int j = 0; j < kTokenScales / 2; ++j) {
         const float2 pair = *reinterpret_cast<const float2*>(staged + 8 * j);
@@ -116,11 +113,18 @@ struct Fp8Promotion {
     return smem_raw + (address - memory::shared_address(smem_raw));
   }
 
+  // Blocks, above 16 tokens: this thread's first staged token scale in `slot` (token 2 (lane % 4);
+  // its others follow 8 floats apart, in pairs).
+  static __device__ __forceinline__ const float* staged_token_scales(u32 smem_base, int slot) {
+    const int lane = threadIdx.x & 31;
+    return reinterpret_cast<const float*>(smem_generic(smem_base + slot * Ring::kStageBytes + kCodeBytes)) +
+           2 * (lane & 3);
+  }
+
   static __device__ __forceinline__ void consume_serial(const kernel::ScaledTmaGemmParams& params, int m0, int n0,
                                                         int k_tile0, int count, u32 smem_base, u32 full0, u32 empty0,
                                                         typename Ring::State& ring, float (&acc)[kAccumulators]) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int unit0 = (warp >> 2) * kUnitsPerWarpGroup;
+    const int unit0 = (static_cast<int>(threadIdx.x) >> 7) * kUnitsPerWarpGroup;
     const kernel::GemmParams& p = params.tma.gemm;
     const int k_blocks = p.k / kBlockK;  // p.k: K rounded up to the K tile
 #pragma unroll
@@ -135,9 +139,7 @@ struct Fp8Promotion {
       const int slot = Ring::template issue<false>(smem_base, full0, ring, scratch);
       if constexpr (kStagedTokenScales) {
         // token 2 (lane % 4) + 8 j + {0, 1}: one 8-byte pair per j
-        const float* staged =
-            reinterpret_cast<const float*>(smem_generic(smem_base + slot * Ring::kStageBytes + kCodeBytes)) +
-            2 * (lane & 3);
+        const float* staged = staged_token_scales(smem_base, slot);
 #pragma unroll
         for (int j = 0; j < kTokenScales / 2; ++j) {
           const float2 pair = *reinterpret_cast<const float2*>(staged + 8 * j);
