@@ -249,8 +249,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         shape = f"{r.experts} x {r.n} x {r.k}" if r.experts else f"{r.n} x {r.k}"
         step = {"gather": ", gathers activations (act-order)", "scale": ", scales activations (pre_quant_scale)"}
         acts = f", activations {r.activations}" if r.activations else ""
+        w8a8 = f"; with its activations quantized (W8A8): {r.served_w8a8}" if r.served_w8a8 else ""
         print(f"  {r.prefix}: {r.format}, N x K = {shape}{step.get(r.activation_step, '')}{acts}; "
-              f"{arch or 'served'}: {r.served or why_no_arch}")
+              f"{arch or 'served'}: {r.served or why_no_arch}{w8a8}")
     return 0
 
 

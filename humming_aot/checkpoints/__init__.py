@@ -119,6 +119,7 @@ class LayerInfo:
     # the producer's activation quantization: its ActivationFormat ("float8e4m3:token"), or its
     # description with "(no kernel)"; None for 16-bit inputs
     activations: str | None = None
+    served_w8a8: str | None = None  # inspect(arch=...), with activations: the W8A8 path's serving_status
 
 
 def inspect(model_dir: str | os.PathLike, arch: str | None = None) -> list[LayerInfo]:
@@ -126,7 +127,7 @@ def inspect(model_dir: str | os.PathLike, arch: str | None = None) -> list[Layer
     loaded and dropped in turn, so the whole model is never in memory). A layer whose tensors are
     malformed is listed with its error rather than stopping the listing. With ``arch`` (e.g.
     ``sm90a``), ``served`` says whether the installed catalog (or the JIT) runs it there."""
-    from humming_aot.checkpoints.serving import serving_status
+    from humming_aot.checkpoints.serving import serving_status, w8a8_serving_status
 
     catalog = None
     if arch is not None:
@@ -145,9 +146,10 @@ def inspect(model_dir: str | os.PathLike, arch: str | None = None) -> list[Layer
         *lead, n, k = layer.weight.shape
         step = "gather" if layer.input_perm is not None else "scale" if layer.input_scale is not None else None
         served = None if arch is None else serving_status(layer, arch, catalog)
+        served_w8a8 = None if arch is None else w8a8_serving_status(layer, arch, catalog)
         scheme = layer.activations
         activations = None if scheme is None else scheme.format or f"{scheme.description} (no kernel)"
         rows.append(LayerInfo(prefix=prefix, schema=qc.schema, format=str(layer.weight.format), n=n, k=k,
                               experts=lead[0] if lead else None, activation_step=step, served=served,
-                              activations=activations))
+                              activations=activations, served_w8a8=served_w8a8))
     return rows

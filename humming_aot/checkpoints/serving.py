@@ -6,7 +6,7 @@ import torch
 
 from humming_aot.checkpoints.layer import CheckpointLayer
 
-__all__ = ["layer_spec", "serving_status"]
+__all__ = ["layer_spec", "serving_status", "w8a8_serving_status"]
 
 
 def layer_spec(layer: CheckpointLayer):
@@ -54,3 +54,38 @@ def serving_status(layer: CheckpointLayer, arch: str, catalog) -> str:
         if any(KernelKey.from_name(name).spec == spec for name in catalog.keys_for(arch)):
             return "catalog"
     return "JIT (no precompiled kernel of this spec in the installed catalog)"
+
+
+def w8a8_serving_status(layer: CheckpointLayer, arch: str, catalog) -> str | None:
+    """One line for the W8A8 path of a layer whose checkpoint quantizes its activations
+    (``from_checkpoint(..., activations="checkpoint")``): ``catalog``, ``JIT ...`` or ``no: <why>``;
+    None for a weight-only layer."""
+    from humming_aot import support, w8a8
+    from humming_aot.quant import ActivationFormat
+    from humming_aot.quant.activation import ActivationGranularity
+    from humming_aot.spec import KernelKey
+
+    scheme = layer.activations
+    if scheme is None:
+        return None
+    if scheme.format is None:
+        return f"no: no kernel takes {scheme.description} activations"
+    if layer.weight.codes.dim() != 2:
+        return "no: the W8A8 kernels take one (N, K) weight, not stacked experts"
+    try:
+        packed = w8a8.pack(layer.weight)
+    except ValueError as err:
+        return f"no: {err}"
+    fmt = ActivationFormat.parse(scheme.format)
+    wanted = ActivationGranularity.GROUP if packed.blocks else ActivationGranularity.TOKEN
+    if fmt.element != packed.element or fmt.granularity not in (wanted, ActivationGranularity.TENSOR) \
+            or (packed.blocks and (fmt.granularity is not wanted or fmt.group_size != 128)):
+        return f"no: {scheme.format} activations do not suit a {packed.format} weight"
+    spec = w8a8.gemm_spec(torch.bfloat16, packed.blocks, packed.element)
+    why = support.why_unsupported(spec, arch)
+    if why is not None:
+        return f"no: {why}"
+    if catalog is not None and arch in catalog.archs:
+        if any(KernelKey.from_name(name).spec == spec for name in catalog.keys_for(arch)):
+            return "catalog"
+    return "JIT (no precompiled W8A8 kernel of this pairing in the installed catalog)"

@@ -111,3 +111,22 @@ def test_inspect_names_each_layers_activations():
     assert [r.activations for r in checkpoints.inspect(fixture("ct_w4a16"))] == [None]
     (row,) = checkpoints.inspect(fixture("modelopt_nvfp4_default"))[:1]
     assert row.activations.endswith("(no kernel)")
+
+
+def test_inspect_says_whether_the_w8a8_path_serves_an_arch():
+    (row,) = checkpoints.inspect(fixture("ct_w8a8"), arch="sm90a")
+    assert row.served_w8a8 == "catalog" or row.served_w8a8.startswith("JIT")
+    (row,) = checkpoints.inspect(fixture("ct_w8a8"), arch="sm89")
+    assert row.served_w8a8.startswith("no: pairing 'w8a8_int8_channel'") and "only on sm90a" in row.served_w8a8
+    (row,) = checkpoints.inspect(fixture("ct_w4a16"), arch="sm90a")
+    assert row.served_w8a8 is None and row.served is not None
+    row = checkpoints.inspect(fixture("modelopt_nvfp4_default"), arch="sm90a")[0]
+    assert row.served_w8a8.startswith("no: no kernel takes NVFP4")
+
+
+def test_cli_inspect_prints_the_activations_and_the_w8a8_path(capsys):
+    from humming_aot import cli
+
+    assert cli.main(["inspect", str(fixture("ct_fp8_dynamic")), "--arch", "sm89"]) == 0
+    out = capsys.readouterr().out
+    assert "activations float8e4m3:token" in out and "with its activations quantized (W8A8): no: pairing" in out
