@@ -80,11 +80,15 @@ class QuantizedLinear(torch.nn.Module):
         "checkpoint" quantizes them as its producer did (compressed-tensors ``input_activations``,
         fp8 ``activation_scheme``, ModelOpt FP8: ``CheckpointLayer.activations``, a static
         per-tensor scale included) and returns a W8A8Linear; an ActivationFormat string
-        ("float8e4m3:token") quantizes them that way, dynamically."""
+        ("float8e4m3:token") quantizes them that way, dynamically. A W8A8Linear's output takes its
+        input's dtype, so act_dtype must be left None with activations."""
         from humming_aot.checkpoints import load_layer
 
         layer = load_layer(model_dir, prefix)
         if activations is not None:
+            if act_dtype is not None:
+                raise ValueError("from_checkpoint: act_dtype chooses the 16-bit activations' dtype; with activations= "
+                                 "the W8A8 layer quantizes its input and answers in the input's dtype: leave it None")
             return W8A8Linear.from_checkpoint_layer(layer, activations, device)
         if layer.weight.codes.dim() != 2:
             raise ValueError(f"from_checkpoint: {prefix!r} is a stacked MoE weight of shape {layer.weight.shape}; "

@@ -66,6 +66,9 @@ def test_weight_only_and_kernel_less_schemes_say_what_to_do():
         QuantizedLinear.from_checkpoint(fixture("ct_fp8_dynamic"), "proj", activations="int8:token")
     with pytest.raises(ValueError, match="from_checkpoint: layer 'proj': the W8A8 kernels take"):
         QuantizedLinear.from_checkpoint(fixture("ct_w4a16"), "proj", activations="float8e4m3:token")
+    with pytest.raises(ValueError, match="act_dtype chooses the 16-bit activations' dtype"):
+        QuantizedLinear.from_checkpoint(fixture("ct_fp8_dynamic"), "proj", act_dtype=torch.float16,
+                                        activations="checkpoint")
 
 
 def test_a_static_compressed_tensors_scheme_reads_its_input_scale(tmp_path):
