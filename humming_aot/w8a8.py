@@ -210,13 +210,7 @@ _BLOCK_TILES = (
 # they spill 8 and 68 bytes under ptxas), but in an H200 sweep over four layers at 64-8192 tokens
 # none beat these rows by more than the noise, and most lost 5-20 % (docs/performance/log.md
 # section 35).
-_INT8_TILES = (
-    (8, "wgmma-ss:8x128x128_w1x4_s6"),
-    (16, "wgmma-ss:16x128x128_w1x4_s6"),
-    (32, "wgmma-ss:32x128x128_w1x4_s5"),
-    (128, "wgmma-ss:64x128x128_w1x8_s6"),
-    (1 << 62, "wgmma-ss:128x128x128_w1x8_s5"),
-)
+_INT8_TILES = _TILES
 
 
 def _check_activation(qa: QuantizedActivation, packed: PackedW8A8Weight) -> None:
