@@ -334,7 +334,8 @@ def launch_plan(spec: GemmSpec, device_index: int, stream: int, m: int, n: int, 
         )
         if key.reduces_splits_in_cluster and loaded.cluster_launch and cluster_reduction is not False:
             splits = _cluster_splits(loaded, tiles, splits)
-    elif not 1 <= splits <= k // tile.block_k or (splits > 1 and tiles > SPLIT_K_COUNTERS):
+    elif not 1 <= splits <= k // tile.block_k or (splits > 1 and tiles - (dp_ctas or 0) > SPLIT_K_COUNTERS):
+        # (the split tiles take a counter each: every tile, or the TMA body's tail after dp_ctas whole ones)
         raise ValueError(f"splits={splits} must be in [1, K / {tile.block_k}] with at most {SPLIT_K_COUNTERS} tiles")
     can_cluster = key.reduces_splits_in_cluster and loaded.cluster_launch and 2 <= splits <= MAX_CLUSTER_SPLITS
     if cluster_reduction and not can_cluster:

@@ -286,6 +286,9 @@ def test_quantized_linear_keeps_one_packed_weight_until_a_buffer_changes():
     (600, 256, 2048, dict(dp=0, splits=3, grid=6 * 3)),
     # a last wave 79 % full is not split: 8 x 79 = 632 tiles = 4 waves + 104
     (2048, 79 * 128, 1024, None),
+    # more tiles than split-K counters (32 x 129 = 4128), of which only the last wave's 36 split:
+    # once refused for the tiles' count (Llama-3-8B gate_up at 8192 tokens)
+    (8192, 129 * 128, 2048, dict(dp=31 * 132, splits=3, grid=31 * 132 + 36 * 3)),
 ])
 def test_tma_body_splits_only_its_partial_last_wave(monkeypatch, m, n, k, expected):
     fakes = Fakes(monkeypatch)
