@@ -24,12 +24,14 @@
 //
 // Schedules (tail split or stream-K, schedule/work_units.cuh) and the epilogue (fixup or split-K
 // reduction in fp32, then the staging tile of epilogue/column_major_writer.cuh) are the 16-bit
-// body's; the token and channel scales multiply the reduced fp32 sums just before the store.
+// body's; the token and channel scales multiply the reduced fp32 sums just before the store. The
+// roles around produce and Consumer are kernel/scaled_ws_driver.cuh's (shared with the W4A8 body).
 
 #include <humming_aot/epilogue/column_major_writer.cuh>
 #include <humming_aot/epilogue/fragment_split_k.cuh>
 #include <humming_aot/epilogue/stream_k_fixup.cuh>
 #include <humming_aot/kernel/params.cuh>
+#include <humming_aot/kernel/scaled_ws_driver.cuh>
 #include <humming_aot/mainloop/fp8_promotion.cuh>
 #include <humming_aot/mainloop/integer_sums.cuh>
 #include <humming_aot/memory/cp_async.cuh>
@@ -52,6 +54,7 @@ template <class Out,               // Float16 or BFloat16: output (and bias) dty
           int kStages>             // slots of the mbarrier ring
 struct DenseWgmmaSs {
   static constexpr int kBlockK = 128;  // one 128-byte row of e4m3 codes per stage, one promotion
+  static constexpr int kRingStages = kStages, kTileM = kBlockM, kTileN = kBlockN;  // (for the driver)
   static constexpr int kUnits = kBlockN / 64;
   static constexpr int kConsumerWarpGroups = kUnits / kUnitsPerWarpGroup;
   static constexpr int kConsumerThreads = 128 * kConsumerWarpGroups;
@@ -158,93 +161,17 @@ struct DenseWgmmaSs {
     });
   }
 
+  // The tile's fp32 sums times its tokens' and channels' scales, where they come after the sums.
+  static __device__ __forceinline__ void scale_sums(const ScaledTmaGemmParams& params, float (&acc)[kAccumulators],
+                                                    int m0, int n0) {
+    if constexpr (!kBlockScales) apply_scales(params, acc, m0, n0);
+  }
+
+  static constexpr bool kWeightMap = true;  // the weights come through params.w_map
+  using ConsumerState = typename Ring::State;
+
   static __device__ __forceinline__ void run(const ScaledTmaGemmParams& params) {
-    const TmaGemmParams& tma = params.tma;
-    const GemmParams& p = tma.gemm;
-    extern __shared__ __align__(1024) char smem_raw[];
-    __shared__ __align__(8) u64 full_barriers[kStages];
-    __shared__ __align__(8) u64 empty_barriers[kStages];
-    __shared__ __align__(8) u64 staging_free;  // stream-K: a unit's staged store is done
-    __shared__ int arrival_flag;
-    const u32 raw_base = memory::shared_address(smem_raw);
-    const u32 smem_base = (raw_base + 1023u) & ~1023u;
-    char* smem = smem_raw + (smem_base - raw_base);
-    const u32 full0 = memory::shared_address(full_barriers), empty0 = memory::shared_address(empty_barriers);
-    const u32 staging_barrier = memory::shared_address(&staging_free);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-
-    if (threadIdx.x == 0) {
-#pragma unroll
-      for (int s = 0; s < kStages; ++s) {
-        ptx::mbarrier_init(full0 + 8 * s, 1);                // the producer's arrive.expect_tx (+ the bytes)
-        ptx::mbarrier_init(empty0 + 8 * s, kConsumerWarps);  // lane 0 of every consumer warp
-      }
-      ptx::mbarrier_init(staging_barrier, 1);  // consumer thread 0, after the consumers' barrier
-      ptx::fence_barrier_init();
-    }
-    __syncthreads();
-    // Activations, weights, scales and the output may belong to the previous kernel in the stream (PDL).
-    schedule::wait_for_upstream_grid();
-
-    typename StreamK::Unit unit, next;
-    if (warp >= kConsumerWarps) {
-      ptx::warpgroup_release_registers<kProducerRegisters>();
-      if (warp == kConsumerWarps && lane == 0) {
-        ptx::prefetch_tensor_map(&tma.a_map);
-        ptx::prefetch_tensor_map(&params.w_map);
-        Units units(tma);
-        u32 fills = 0, staging_parity = 0;
-        bool more = units.next(next);
-        while (more) {
-          unit = next;
-          more = units.next(next);
-          produce(params, unit.m_tile * kBlockM, unit.n_tile * kBlockN, unit.k_begin, unit.k_end - unit.k_begin,
-                  smem_base, full0, empty0, fills);
-          if (!kSeparateStaging && more && unit.k_begin == 0) {  // its tile is stored through the ring
-            ptx::mbarrier_wait(staging_barrier, staging_parity);
-            staging_parity ^= 1u;
-          }
-        }
-      }
-      return;
-    }
-    ptx::warpgroup_claim_registers<kConsumerRegistersHeld>();
-
-    float acc[kAccumulators];
-    typename Ring::State ring;
-    Units units(tma);
-    bool more = units.next(next);
-    while (more) {
-      unit = next;
-      more = units.next(next);
-      const int m0 = unit.m_tile * kBlockM, n0 = unit.n_tile * kBlockN;
-      Consumer::consume(params, m0, n0, unit.k_begin, unit.k_end - unit.k_begin, smem_base, full0, empty0, ring, acc);
-      if (!more) schedule::release_dependent_grid();
-      if (units.stream_k) {
-        if (unit.k_begin > 0) {  // a later part of a tile whose head another CTA holds
-          Fixup::publish(p, acc, blockIdx.x, p.tile_counters + unit.tile);
-          continue;
-        }
-        if (unit.k_end < static_cast<int>(units.range.k_tiles)) {
-          Fixup::accumulate(p, acc, blockIdx.x + 1, units.range.partials_of(unit.tile), p.tile_counters + unit.tile);
-        }
-      }
-      // every consumer warpgroup is done with the ring, which the staging tile may reuse, and with
-      // the previous tile's store, whose staging tile this one overwrites
-      ConsumerBarrier::sync();
-      if (!units.stream_k && units.splits > 1 &&
-          !SplitK::reduce(p, acc, units.split_index, units.slice, units.splits, &arrival_flag)) {
-        return;
-      }
-      if constexpr (!kBlockScales) apply_scales(params, acc, m0, n0);
-      Writer::store_tile(p, acc, m0, n0, smem + kStagingOffset);
-      if (!kSeparateStaging &&
-          more) {  // the producer waits for the staging tile's last read before it refills the ring
-        mma::fence_shared_for_async_proxy();
-        ConsumerBarrier::sync();
-        if (threadIdx.x == 0) ptx::mbarrier_arrive(staging_barrier);
-      }
-    }
+    ScaledWsDriver<DenseWgmmaSs>::run(params);
   }
 };
 
