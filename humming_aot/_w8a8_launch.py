@@ -1,4 +1,4 @@
-"""The GPU side of humming_aot.w8a8.gemm: checks, the wgmma-ss kernel (catalog or JIT), its
+"""The GPU side of humming_aot.w8a8.gemm and w4a8.gemm: checks, the wgmma-ss or wgmma-w4a8 kernel (catalog or JIT), its
 schedule (the TMA body's tail split or stream-K, heuristics.tail_split_schedule /
 stream_k_ctas), the two tensor maps and ScaledTmaGemmParams, one launch on torch's current stream
 (CUDA-graph capturable once the kernel is loaded). The kernel and schedule of a problem are
@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import torch
 
-from humming_aot import dispatch, heuristics, params_abi
+from humming_aot import dispatch, heuristics, params_abi, w4a8
 from humming_aot import obtain as _obtain
 from humming_aot.bodies.wgmma_ss import separate_staging, staged_scale_bytes, stages_token_scales
+from humming_aot.bodies.wgmma_w4a8 import separate_staging as w4a8_separate_staging
 from humming_aot.enumerate import parse_tile_field
 from humming_aot.spec import MmaKind, TileConfig
+from humming_aot.w4a8 import PackedW4A8Weight
 from humming_aot.w8a8 import K_ALIGN, SCALED_PARAMS_BYTES, _pack_params, kernel_key, select_tile
 
 ARCH = "sm90a"
-# (device, out dtype, element, blocks, tile argument, m, n, k, stream_k, persistent) -> _Plan
+# (device, out dtype, weight element, blocks, tile argument, m, n, k, stream_k, persistent) -> _Plan
 _plans: dict[tuple, "_Plan"] = {}
 # The longest K (in K tiles of 128) whose whole tiles a wave of CTAs walks by default: longer ones
 # (K = 14336) measured 4-8 % slower walked than one CTA per tile from 4096 tokens on, shorter ones
@@ -99,8 +101,10 @@ class _Plan:
             raise ValueError(f"kernel {loaded.name}: takes {loaded.params_bytes} bytes of params, not "
                              f"{SCALED_PARAMS_BYTES}; the Python ScaledTmaGemmParams layout differs from "
                              "kernel/params.cuh")
+        separate = (w4a8_separate_staging(key.tile) if key.tile.mma is MmaKind.WGMMA_W4A8
+                    else separate_staging(key.tile, staged_scale_bytes(key)))
         dp_ctas, splits, stream_k_ctas, walkers = _schedule(loaded, tile, info, m, n, k_tiles, stream_k, persistent,
-                                                            separate_staging(key.tile, staged_scale_bytes(key)))
+                                                            separate)
         tiles = -(-m // tile.block_m) * -(-n // tile.block_n)
         if stream_k_ctas:
             self.grid = (stream_k_ctas, 1, 1)
@@ -113,16 +117,24 @@ class _Plan:
         self.schedule = params_abi.TMA_SCHEDULE.pack(dp_ctas, splits, 1 if stream_k_ctas else 0)
 
 
-def _kernel(info, out_dtype: torch.dtype, blocks: bool, tile, m: int, n: int, element: str):
-    """(tile, kernel key) of a launch: select_tile's for tile None, else the given one (a label or
-    a TileConfig), refused unless the wgmma-ss body takes it with this scaling."""
-    if tile is None:
-        tile = select_tile(m, blocks, n=n, num_sms=info.num_sms, element=element)
-    elif isinstance(tile, str):
+def _kernel(info, out_dtype: torch.dtype, packed, tile, m: int, n: int):
+    """(tile, kernel key) of a launch: the module's select_tile for tile None, else the given one (a
+    label or a TileConfig), refused unless the body of the weight's pairing takes it."""
+    if isinstance(packed, PackedW4A8Weight):
+        kind, label = MmaKind.WGMMA_W4A8, "W4A8"
+        if tile is None:
+            tile = w4a8.select_tile(m, n=n, num_sms=info.num_sms)
+    else:
+        kind, label = MmaKind.WGMMA_SS, "W8A8"
+        if tile is None:
+            tile = select_tile(m, packed.blocks, n=n, num_sms=info.num_sms, element=packed.element)
+    if isinstance(tile, str):
         tile = parse_tile_field(tile)
-    if tile.mma is not MmaKind.WGMMA_SS:
-        raise ValueError(f"tile {tile.label}: the W8A8 kernels run wgmma-ss tiles")
-    return tile, kernel_key(ARCH, out_dtype, tile, blocks, element)  # (raises for a tile the scaling cannot take)
+    if tile.mma is not kind:
+        raise ValueError(f"tile {tile.label}: the {label} kernels run {kind.value} tiles")
+    if kind is MmaKind.WGMMA_W4A8:
+        return tile, w4a8.kernel_key(ARCH, out_dtype, tile)
+    return tile, kernel_key(ARCH, out_dtype, tile, packed.blocks, packed.element)  # (raises for a tile the scaling cannot take)
 
 
 def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, tile, stream_k: int | None,
@@ -146,11 +158,13 @@ def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, t
                             or out.device != device):
         raise ValueError(f"out must be a contiguous ({m}, {n}) {out_dtype} tensor on {device}")
     k_tiles = -(-k // 128)
-    element = packed.element
-    plan_key = (index, out_dtype, element, packed.blocks, tile, m, n, k, stream_k, persistent)
+    w4 = isinstance(packed, PackedW4A8Weight)
+    blocks = not w4 and packed.blocks
+    # (the element: W8A8's float8e4m3 or int8 codes, or W4A8's int4 ones)
+    plan_key = (index, out_dtype, "int4" if w4 else packed.element, blocks, tile, m, n, k, stream_k, persistent)
     plan = _plans.get(plan_key)
     if plan is None:
-        tile_config, key = _kernel(info, out_dtype, packed.blocks, tile, m, n, element)
+        tile_config, key = _kernel(info, out_dtype, packed, tile, m, n)
         if m == 0:
             return out if out is not None else torch.empty((0, n), dtype=out_dtype, device=device)
         # every check a caller can fail is above or in the plan; the GPU work starts after
@@ -169,7 +183,7 @@ def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, t
         scale_stride = -(-m // 4) * 4
         scales = torch.empty((k // 128, scale_stride), dtype=torch.float32, device=device)
         scales[:, :m].copy_(qa.scales.reshape(m, k // 128).t())
-    elif packed.blocks:  # (m, k / 128): one per token per K block, rows of k / 128
+    elif blocks:  # (m, k / 128): one per token per K block, rows of k / 128
         scales = qa.scales.reshape(m, k // 128).contiguous()
     else:
         scales = qa.scales.reshape(-1)
@@ -182,10 +196,11 @@ def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, t
     gemm_params = params_abi.GEMM_PARAMS.pack(
         codes.data_ptr(), packed.w.data_ptr(), packed.w_scale.data_ptr(), 0, 0 if bias is None else bias.data_ptr(),
         out.data_ptr(), 0 if workspace is None else workspace.data_ptr(), 0 if counters is None else counters.data_ptr(),
-        row_stride, out.stride(0), m, n, 128 * k_tiles, 128 * k_tiles, plan.splits, 1.0)
+        row_stride, out.stride(0), m, n, 128 * k_tiles, packed.group_size if w4 else 128 * k_tiles, plan.splits, 1.0)
     tile = plan.tile
     a_map = _codes_map(codes, m, k, row_stride, tile.block_m)  # (one row: any stride, dispatch's rule)
-    w_map = _codes_map(packed.w, n, k, k, tile.block_n)
+    # (W4A8: the packed codes come by bulk copy, the weight map is unused)
+    w_map = bytes(params_abi.TMA_MAP_BYTES) if w4 else _codes_map(packed.w, n, k, k, tile.block_n)
     params = _pack_params(gemm_params, plan.schedule, a_map, w_map, scales.data_ptr(), scale_stride)
     loaded = plan.loaded
     try:

@@ -84,17 +84,19 @@ def weight_codes(spec) -> str:
 def kernel_source(key: KernelKey) -> str:
     """The generated .cu text for one key (deterministic: same key, same bytes)."""
     spec, tile = key.spec, key.tile
-    quantized_body = tile.mma is MmaKind.WGMMA_SS  # (its check_key holds it to its one pairing)
+    # the 8-bit-activation bodies (their check_key holds each to its pairings)
+    quantized_body = tile.mma in (MmaKind.WGMMA_SS, MmaKind.WGMMA_W4A8)
     if ((spec.a_is_quantized and not quantized_body)
             or (spec.gemm_type is not GemmType.DENSE and spec.gemm_type not in _MOE_SCHEDULES)):
         raise ValueError(
             f"{key.name}: no kernel body takes {spec.a_dtype} activations or a {spec.gemm_type.value} GEMM yet on "
             f"{tile.mma.value} tiles (the bodies serve dense GEMMs with 16-bit activations, float8e4m3 x float8e4m3 "
-            "on wgmma-ss tiles, and the grouped masked and contiguous ones around the mma.sync and wgmma-ws bodies)"
+            "on wgmma-ss tiles, int4 x float8e4m3 on wgmma-w4a8 tiles, and the grouped masked and contiguous ones "
+            "around the mma.sync and wgmma-ws bodies)"
         )
     schedule = _moe_schedule(key)  # (raises for a body the MoE schedule does not take)
     if quantized_body and schedule is not None:
-        raise ValueError(f"{key.name}: the wgmma-ss body serves dense GEMMs only")
+        raise ValueError(f"{key.name}: the {tile.mma.value} body serves dense GEMMs only")
     if not quantized_body and (spec.w_scale_dtype != spec.a_dtype or spec.out_dtype != spec.a_dtype):
         raise ValueError(f"{key.name}: the kernel bodies need scales and output in the activation dtype")
     smem = kernel_smem_bytes(key)
@@ -102,7 +104,9 @@ def kernel_source(key: KernelKey) -> str:
     body = tile.body  # header, template and tile arguments (humming_aot.bodies)
     header, template, tile_args = body.header, body.template, body.template_args(tile)
     params = params_type(key)
-    if quantized_body:
+    if tile.mma is MmaKind.WGMMA_W4A8:
+        type_args = f"""{_ACT_TYPES[spec.out_dtype]},  // output dtype (fp32 scales; int4 x float8e4m3)"""
+    elif quantized_body:
         blocks = "true" if body.block_scales(key) else "false"
         type_args = f"""{_ACT_TYPES[spec.out_dtype]},  // output dtype (fp32 scales)
     {_CODE_TYPES[spec.a_dtype]},  // both operands' codes: {spec.a_dtype}

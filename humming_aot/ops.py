@@ -281,7 +281,8 @@ def gemm(a: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None
 
     W8A8: ``a`` a QuantizedActivation (``quantize_activation(x, "float8e4m3:token")``) and ``packed``
     a ``humming_aot.w8a8.PackedW8A8Weight`` run ``humming_aot.w8a8.gemm`` (bfloat16 output, or the
-    bias's dtype).
+    bias's dtype); the same with a ``humming_aot.w4a8.PackedW4A8Weight`` (W4A8) runs
+    ``humming_aot.w4a8.gemm``.
     """
     if (not _is_compiling() and type(a) is torch.Tensor and type(packed) is PackedWeight and a.is_cuda
             and not a.requires_grad and _no_torch_modes()):
@@ -298,12 +299,14 @@ def gemm(a: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None
             )
             if out is not None:
                 return out
-    from humming_aot import w8a8
+    from humming_aot import w4a8, w8a8
 
-    if isinstance(packed, w8a8.PackedW8A8Weight):
-        if bias is not None and bias.dtype not in (torch.bfloat16, torch.float16):
-            raise ValueError(f"a W8A8 GEMM's bias is bfloat16 or float16 (the output takes its dtype), got {bias.dtype}")
-        return w8a8.gemm(a, packed, bias=bias, out_dtype=torch.bfloat16 if bias is None else bias.dtype)
+    for module, name in ((w8a8, "PackedW8A8Weight"), (w4a8, "PackedW4A8Weight")):
+        if isinstance(packed, getattr(module, name)):
+            if bias is not None and bias.dtype not in (torch.bfloat16, torch.float16):
+                raise ValueError(f"a {module.__name__.rsplit('.', 1)[1].upper()} GEMM's bias is bfloat16 or float16 (the "
+                                 f"output takes its dtype), got {bias.dtype}")
+            return module.gemm(a, packed, bias=bias, out_dtype=torch.bfloat16 if bias is None else bias.dtype)
     _validate(a, packed, bias)
     if packed.padded:
         return _padded(gemm, a, packed, bias)

@@ -128,6 +128,12 @@ class MmaKind(str, Enum):
     128 promoted into fp32 accumulators; block_m tokens as the wgmma N, 64 or 128 weight channels per
     consumer warpgroup."""
 
+    WGMMA_W4A8 = "wgmma-w4a8"
+    """The warp-specialized W4A8 body (sm90a only): int4 weight codes turned into e4m3 in registers
+    (wgmma's A) against e4m3 activation codes staged by TMA (its B), K stages of 128 weighed by
+    their group scales into fp32 accumulators; block_m tokens as the wgmma N, 64 or 128 weight
+    channels per consumer warpgroup."""
+
     @property
     def is_wgmma(self) -> bool:
         """A wgmma body (sm90a only; K stages of 64)."""

@@ -21,12 +21,14 @@ from humming_aot.bodies.mma_sync import MMA_SYNC
 from humming_aot.bodies.simt import SIMT
 from humming_aot.bodies.wgmma import WGMMA
 from humming_aot.bodies.wgmma_ss import WGMMA_SS
+from humming_aot.bodies.wgmma_w4a8 import WGMMA_W4A8
 from humming_aot.bodies.wgmma_ws import WGMMA_WS
 
 if TYPE_CHECKING:
     from humming_aot.spec import MmaKind
 
-BODIES: dict[str, Body] = {body.kind: body for body in (MMA_SYNC, MMA_SWAPPED, WGMMA, WGMMA_WS, WGMMA_SS, SIMT)}
+BODIES: dict[str, Body] = {body.kind: body for body in (MMA_SYNC, MMA_SWAPPED, WGMMA, WGMMA_WS, WGMMA_SS, WGMMA_W4A8,
+                                                             SIMT)}
 
 
 def body_of(kind: "MmaKind | str") -> Body:

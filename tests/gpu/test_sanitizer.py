@@ -162,17 +162,18 @@ def test_sanitizer_finds_nothing_in_one_kernel_of_each_tile_kind(tool):
 # The W8A8 child: (tile, pairing, M, N, K, stream_k, persistent) per launch, NaN-poisoned outputs.
 W8A8_CHILD = r"""
 import json, sys, torch
-from humming_aot import ops, quant, w8a8
+from humming_aot import ops, quant, w4a8, w8a8
 
 FORMATS = {"channel": ("float8e4m3:channel", "float8e4m3:token"), "blocks": ("float8e4m3:b128x128", "float8e4m3:g128"),
-           "int8": ("int8:channel", "int8:token")}
+           "int8": ("int8:channel", "int8:token"), "w4a8": ("int4:g128", "float8e4m3:token")}
 for tile, pairing, m, n, k, stream_k, persistent in json.loads(sys.argv[1]):
     fmt, act = FORMATS[pairing]
+    module = w4a8 if pairing == "w4a8" else w8a8
     gen = torch.Generator().manual_seed(0)
-    packed = w8a8.pack(quant.quantize(torch.randn(n, k, generator=gen), fmt)).to("cuda")
+    packed = module.pack(quant.quantize(torch.randn(n, k, generator=gen), fmt)).to("cuda")
     qa = ops.quantize_activation(torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16), act)
     out = torch.full((m, packed.n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    w8a8.gemm(qa, packed, out=out, tile=tile, stream_k=stream_k, persistent=persistent)
+    module.gemm(qa, packed, out=out, tile=tile, stream_k=stream_k, persistent=persistent)
     torch.cuda.synchronize()
     assert not out.isnan().any(), tile
     print("launched", tile, flush=True)
@@ -180,7 +181,8 @@ for tile, pairing, m, n, k, stream_k, persistent in json.loads(sys.argv[1]):
 
 # 1100 x 2048 in 128 x 128 tiles: 144 tiles for 132 walking CTAs (the staging tile after the ring
 # with the overlapped promotion; over it with block scales; int8's sums in one set); the decode
-# tile under stream-K (float8 and int8); the 64-token tile's K slices summed in the workspace.
+# tile under stream-K (float8 and int8); the 64-token tile's K slices summed in the workspace; the
+# W4A8 body (the same roles, its codes made e4m3 in registers) walking, under stream-K, split.
 W8A8_LAUNCHES = [
     ("wgmma-ss:128x128x128_w1x8_s5", "channel", 1100, 2048, 256, 0, True),
     ("wgmma-ss:128x128x128_w1x8_s6", "blocks", 1100, 2048, 256, 0, True),
@@ -188,6 +190,9 @@ W8A8_LAUNCHES = [
     ("wgmma-ss:64x128x128_w1x8_s6", "channel", 63, 320, 2048, 0, False),
     ("wgmma-ss:128x128x128_w1x8_s5", "int8", 1100, 2048, 256, 0, True),
     ("wgmma-ss:8x128x128_w1x4_s6", "int8", 5, 1024, 1024, 24, None),
+    ("wgmma-w4a8:128x128x128_w1x8_s7", "w4a8", 1100, 2048, 256, 0, True),
+    ("wgmma-w4a8:8x128x128_w1x4_s8", "w4a8", 5, 1024, 1024, 24, None),
+    ("wgmma-w4a8:64x128x128_w1x8_s8", "w4a8", 63, 320, 2048, 0, False),
 ]
 
 

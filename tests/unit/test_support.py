@@ -131,9 +131,10 @@ def test_supported_specs_sorted_unique_and_supported():
         # integer or float zero points), + float weights: every signed eXmY of 2..8 bits for
         # bfloat16 (35), those float16 holds exactly for float16 (30: E <= 4, and float8e5m2)
         dense = support.supported_specs(arch, GemmType.DENSE)
-        # sm90a: float8 x float8 in two scalings, int8 x int8 in one, x two outputs
+        # sm90a: float8 x float8 in two scalings, int8 x int8 in one, int4 x float8 (W4A8) in one,
+        # x two outputs
         w8a8 = [s for s in dense if s.a_is_quantized]
-        assert len(w8a8) == (6 if arch == "sm90a" else 0)
+        assert len(w8a8) == (8 if arch == "sm90a" else 0)
         assert len(dense) == len(set(dense)) == (24 + 30 if arch == "sm75" else 48 + 35 + 30) + len(w8a8)
         # the MoE types (grouped masked and contiguous) for every 16-bit dense spec of sm80 and later
         assert len(specs) == len(set(specs)) == len(dense) * (1 if arch == "sm75" else 3) - 2 * len(w8a8)
@@ -322,15 +323,17 @@ FP8_TOKEN = GemmSpec(a_dtype="float8e4m3", a_scale=ActivationScale.TOKEN, a_scal
                      w_dtype="float8e4m3", w_scale_dtype="float32", out_dtype="bfloat16")
 
 
-def test_quantized_activations_are_the_sm90a_w8a8_pairings_and_the_reason_says_which_field():
+def test_quantized_activations_are_the_sm90a_w8a8_and_w4a8_pairings_and_the_reason_says_which_field():
     assert support.why_unsupported(FP8_TOKEN, "sm90a") is None
     int8 = dataclasses.replace(FP8_TOKEN, a_dtype="int8", w_dtype="int8")
+    w4a8 = dataclasses.replace(FP8_TOKEN, w_dtype="int4")
     assert {s for s in support.supported_specs("sm90a") if s.a_is_quantized} == {
         dataclasses.replace(spec, out_dtype=out, **scales) for out in ("bfloat16", "float16")
-        for spec, scales in ((FP8_TOKEN, {}), (int8, {}),
+        for spec, scales in ((FP8_TOKEN, {}), (int8, {}), (w4a8, {}),
                              (FP8_TOKEN, {"a_scale": ActivationScale.GROUP, "w_scale": ScaleGranularity.BLOCK}))}
     assert "only on sm90a, not on sm89" in support.why_unsupported(FP8_TOKEN, "sm89")
     assert "only on sm90a, not on sm89" in support.why_unsupported(int8, "sm89")
+    assert "only on sm90a, not on sm89" in support.why_unsupported(w4a8, "sm89")
     mixed = dataclasses.replace(FP8_TOKEN, w_dtype="int8")
     assert "w_dtype in [" in support.why_unsupported(mixed, "sm90a")
     blocks = dataclasses.replace(int8, a_scale=ActivationScale.GROUP, w_scale=ScaleGranularity.BLOCK)

@@ -1,0 +1,136 @@
+#pragma once
+// The warp-specialized Hopper W4A8 body on wgmma (SM90a): int4 weight codes (-8 .. 7, symmetric)
+// with an fp32 scale per channel per group of K (a multiple of 128, or all of K) x e4m3 activation
+// codes with an fp32 scale per token, a 16-bit output:
+//   out[m, n] = sum_g (sum_{k in g} a[m, k] w[n, k]) w_scale[g, n] x a_scale[m] x global scale (+ bias).
+//
+// The weights are wgmma's A from registers: each consumer thread turns its codes into e4m3 with a
+// table lookup (numerics/int4_e4m3.cuh), so the tensor cores run at the 8-bit rate, and the
+// tokens are its B from shared memory (N = the tile's tokens: a few tokens stay cheap). The group
+// scales weigh each K tile's fp32 sums (mainloop/int4_e4m3_groups.cuh), the token scales the
+// reduced sums before the store. Roles, schedules and epilogue: kernel/scaled_ws_driver.cuh, as
+// for the W8A8 body (kernel/dense_wgmma_ss.cuh).
+//
+// A ring slot, per K tile of 128: the activation box (kBlockM rows x 128 codes, TMA, 128-byte
+// swizzle, zeros past M and K), then the CTA's packed codes (one bulk copy: 64 bytes a channel,
+// laid out as humming_aot.w4a8.pack writes them: per K tile, per 64-channel unit, 4096 bytes in
+// the consumers' fragment order), then the K tile's scale of each channel (one bulk copy of its
+// group's row). Params (ScaledTmaGemmParams): w the packed codes ((K / 128) x (N / 64) x 4096
+// bytes), w_scale the (groups, N) fp32 scales, group_size the K of a group, a_scale the (M,)
+// token scales; the weight map is unused.
+
+#include <humming_aot/epilogue/column_major_writer.cuh>
+#include <humming_aot/epilogue/fragment_split_k.cuh>
+#include <humming_aot/epilogue/stream_k_fixup.cuh>
+#include <humming_aot/kernel/params.cuh>
+#include <humming_aot/kernel/scaled_ws_driver.cuh>
+#include <humming_aot/mainloop/int4_e4m3_groups.cuh>
+#include <humming_aot/ptx/bulk_copy.cuh>
+#include <humming_aot/ptx/mbarrier.cuh>
+#include <humming_aot/schedule/work_units.cuh>
+
+namespace humming_aot::kernel {
+
+template <class Out,               // Float16 or BFloat16: output (and bias) dtype
+          int kBlockM,             // tokens per CTA: the wgmma N (8, 16, 32, 64, 96, 128 or 192)
+          int kBlockN,             // weight channels per CTA: 64 x kUnitsPerWarpGroup x consumer warpgroups
+          int kUnitsPerWarpGroup,  // 64-channel units each consumer warpgroup multiplies (1 or 2)
+          int kStages>             // slots of the mbarrier ring
+struct DenseWgmmaW4A8 {
+  static constexpr int kBlockK = 128;  // one 128-byte row of e4m3 activation codes per stage
+  static constexpr int kRingStages = kStages, kTileM = kBlockM, kTileN = kBlockN;  // (for the driver)
+  static constexpr int kUnits = kBlockN / 64;
+  static constexpr int kConsumerWarpGroups = kUnits / kUnitsPerWarpGroup;
+  static constexpr int kConsumerThreads = 128 * kConsumerWarpGroups;
+  static constexpr int kConsumerWarps = kConsumerThreads / 32;
+  static constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup, last
+
+  static_assert(kBlockN % 64 == 0 && (kUnitsPerWarpGroup == 1 || kUnitsPerWarpGroup == 2), "one or two units");
+  static_assert(kUnits % kUnitsPerWarpGroup == 0 && (kConsumerWarpGroups == 1 || kConsumerWarpGroups == 2),
+                "one or two consumer warpgroups (the register split below assumes it)");
+  static_assert(kBlockM <= 256, "a TMA box has at most 256 rows");
+  static_assert(kStages >= 2, "a ring of at least two slots");
+
+  using Units = schedule::WorkUnits<kBlockM, kBlockN, kBlockK, /*kPersistentTiles=*/true>;
+  using StreamK = typename Units::StreamK;
+  using Fragments = epilogue::WarpgroupFragments<kBlockM, kUnitsPerWarpGroup>;
+  using ConsumerBarrier = ptx::NamedBarrier<kConsumerThreads, 1>;
+  using Writer = epilogue::ColumnMajorWriter<Out, kBlockM, kBlockN, kConsumerThreads, Fragments, ConsumerBarrier>;
+  using SplitK = epilogue::FragmentSplitK<kConsumerThreads, Fragments::kAccumulators, ConsumerBarrier>;
+  using Fixup = epilogue::StreamKFixup<kConsumerThreads, Fragments::kAccumulators, ConsumerBarrier>;
+
+  // A slot: the activation box first (1024-byte aligned, as its swizzle needs), the codes, the scales.
+  static constexpr int kActivationBytes = kBlockM * 128;
+  static constexpr int kWeightOffset = kActivationBytes;
+  static constexpr int kScaleOffset = kWeightOffset + kBlockN * 64;
+  static constexpr int kStageBytes = (kScaleOffset + kBlockN * 4 + 1023) / 1024 * 1024;
+  static constexpr int kPipelineBytes = kStages * kStageBytes;
+  // The output's staging tile: after the ring where both fit in a CTA that has the SM to itself
+  // (as in kernel/dense_wgmma_ss.cuh), else over the ring.
+  static constexpr int kMaxSmemBytes = 232448;
+  static constexpr bool kSeparateStaging =
+      kConsumerWarpGroups == 2 && kPipelineBytes + Writer::kStagingBytes + 1024 <= kMaxSmemBytes - 1024;
+  static constexpr int kStagingOffset = kSeparateStaging ? kPipelineBytes : 0;
+  static constexpr int kSmemBytes =
+      (kSeparateStaging ? kPipelineBytes + Writer::kStagingBytes
+                        : (kPipelineBytes > Writer::kStagingBytes ? kPipelineBytes : Writer::kStagingBytes)) +
+      1024;
+  static constexpr bool kScalesInFp32 = true;  // the scales multiply fp32 sums
+  static constexpr bool kWeightMap = false;    // the codes come by bulk copy
+
+  using Consumer =
+      mainloop::Int4E4m3Groups<kBlockM, kUnitsPerWarpGroup, kStages, kStageBytes, kWeightOffset, kScaleOffset>;
+  using ConsumerState = typename Consumer::State;
+  static constexpr int kAccumulators = Consumer::kAccumulators;
+  static constexpr int kMinBlocksPerSm = kConsumerWarpGroups == 1 ? 2 : 1;
+  static constexpr int kProducerRegisters = 40;
+  static constexpr int kLaunchRegisters = (65536 / kMinBlocksPerSm / kThreads) / 8 * 8;
+  static constexpr int kConsumerRegisters =
+      ((kLaunchRegisters * kThreads - kProducerRegisters * 128) / kConsumerThreads) / 8 * 8;
+  static constexpr int kConsumerRegistersHeld = kConsumerRegisters > 240 ? 240 : kConsumerRegisters;
+  // the accumulators, two scratch sets, two K steps' fragments, a K tile half's codes and the loop
+  static_assert(kConsumerRegistersHeld >= 3 * kAccumulators + 12 * kUnitsPerWarpGroup + 24,
+                "the consumers' registers hold the accumulators, two scratch sets and the fragments");
+
+  // The producer: one thread issues the copies of `count` K tiles from k_tile0 on of the tile at (m0, n0).
+  static __device__ __forceinline__ void produce(const ScaledTmaGemmParams& params, int m0, int n0, int k_tile0,
+                                                 int count, u32 smem_base, u32 full0, u32 empty0, u32& fills) {
+    const GemmParams& p = params.tma.gemm;
+    // Columns past N (a last tile of a CTA wider than the rest of N) are not copied: their stale
+    // shared memory only reaches outputs that are never stored. N is a multiple of 64.
+    const int columns = p.n - n0 < kBlockN ? p.n - n0 : kBlockN;
+    const u32 code_bytes = static_cast<u32>(columns) * 64, scale_bytes = static_cast<u32>(columns) * 4;
+    const i64 tile_stride = static_cast<i64>(p.n) * 64;  // one K tile's codes of every channel
+    const char* codes =
+        static_cast<const char*>(p.w) + static_cast<i64>(k_tile0) * tile_stride + 64 * static_cast<i64>(n0);
+    const char* scales = static_cast<const char*>(p.w_scale) + 4 * static_cast<i64>(n0);
+    const u32 group = static_cast<u32>(p.group_size);
+    for (int it = 0; it < count; ++it, ++fills) {
+      const u32 slot = fills % kStages, lap = fills / kStages;
+      const u32 full = full0 + 8 * slot;
+      // lap f of the slot waits for the consumers' release of lap f - 1: the empty barrier's phase f - 1
+      if (lap > 0) ptx::mbarrier_wait(empty0 + 8 * slot, (lap + 1) & 1u);
+      const u32 stage = smem_base + slot * kStageBytes;
+      ptx::mbarrier_arrive_expect_tx(full, kActivationBytes + code_bytes + scale_bytes);
+      const int k_tile = k_tile0 + it;
+      ptx::tensor_copy_2d_g2s(stage, &params.tma.a_map, k_tile * (kBlockK / 2), m0, full);  // 16-bit pairs
+      ptx::bulk_copy_g2s(stage + kWeightOffset, codes, code_bytes, full);
+      codes += tile_stride;
+      const u32 row = static_cast<u32>(k_tile * kBlockK) / group;
+      ptx::bulk_copy_g2s(stage + kScaleOffset, scales + static_cast<i64>(row) * 4 * p.n, scale_bytes, full);
+    }
+  }
+
+  // The reduced fp32 sums (group scales applied) times their tokens' scales (0 past M: never stored).
+  static __device__ __forceinline__ void scale_sums(const ScaledTmaGemmParams& params, float (&acc)[kAccumulators],
+                                                    int m0, int) {
+    const int m = params.tma.gemm.m;
+    Fragments::for_each([&](int i, int token, int) { acc[i] *= m0 + token < m ? params.a_scale[m0 + token] : 0.f; });
+  }
+
+  static __device__ __forceinline__ void run(const ScaledTmaGemmParams& params) {
+    ScaledWsDriver<DenseWgmmaW4A8>::run(params);
+  }
+};
+
+}  // namespace humming_aot::kernel

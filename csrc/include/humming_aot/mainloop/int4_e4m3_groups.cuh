@@ -1,0 +1,153 @@
+#pragma once
+// The K loop of the W4A8 body's consumers (kernel/dense_wgmma_w4a8.cuh): int4 weight codes in a
+// ring slot become e4m3 A fragments in registers (numerics/int4_e4m3.cuh) and meet the slot's
+// e4m3 activation box on wgmma (mma/wgmma_e4m3_rs.cuh), four k32 steps per K tile of 128, one
+// committed group per step. Each K tile's sums go into a scratch set that its first step
+// overwrites; once they are complete they are weighed by the K tile's group scale of each channel
+// (staged in the slot: one fp32 per channel) and added into the fp32 accumulators, so that a
+// group of 128 (or any multiple of it, or the whole K) is one promotion, and fp8 wgmma's short
+// running sums never span more than 128 of K. Two scratch sets take turns: K tile t is added
+// right after K tile t + 1's first step is issued, while the tensor cores run it.
+//
+// Slot layout (the kernel's producer fills it): the activation box (kBlockM rows of 128 codes,
+// 128-byte swizzle) at 0; at kWeightOffset one 4096-byte block of codes per 64-channel unit, in
+// which the 16 bytes at ((w * 2 + h) * 32 + lane) * 16 hold, for warp w of a consumer warpgroup,
+// the lane's codes of K steps 2 h and 2 h + 1: per step two words, the first with the codes of
+// A registers 0 (nibbles 0-3) and 1 (nibbles 4-7), the second of registers 2 and 3 (the 8-bit A
+// fragment, mma/wgmma_e4m3_rs.cuh); at kScaleOffset the K tile's fp32 scale of each channel.
+// Contract: `consume` leaves acc with the unit's group-scaled fp32 sums and every slot it took
+// released; lane 0 of each consumer warp releases (the empty barriers count the consumer warps).
+
+#include <humming_aot/kernel/params.cuh>
+#include <humming_aot/mma/wgmma_e4m3_rs.cuh>
+#include <humming_aot/numerics/int4_e4m3.cuh>
+#include <humming_aot/ptx/mbarrier.cuh>
+
+namespace humming_aot::mainloop {
+
+template <int kBlockM,             // tokens per CTA: the wgmma N
+          int kUnitsPerWarpGroup,  // 64-channel units each consumer warpgroup multiplies
+          int kStages,             // slots of the ring
+          int kStageBytes,         // bytes a slot takes (a multiple of 1024)
+          int kWeightOffset,       // the codes' offset in a slot
+          int kScaleOffset>        // the group scales' offset in a slot
+struct Int4E4m3Groups {
+  using Mma = mma::WgmmaE4m3Rs<kBlockM>;
+  static constexpr int kUnitAccumulators = Mma::kAccumulators;
+  static constexpr int kAccumulators = kUnitsPerWarpGroup * kUnitAccumulators;
+  static constexpr int kUnitBytes = 4096;  // a 64-channel unit's codes of one K tile
+
+  struct State {
+    int slot = 0;
+    u32 full_parity = 0;
+  };
+
+  // A fragments of two K steps: step kk's are rewritten two steps later, once the wgmma that read
+  // them has completed (every step waits until at most its own group is in flight).
+  using Fragments = u32[2][kUnitsPerWarpGroup][4];
+
+  // Weigh the completed K tile `from` (in `slot`) by its channels' scales into acc, and release the slot.
+  static __device__ __forceinline__ void retire(u32 smem_base, u32 empty0, int slot, float (&from)[kAccumulators],
+                                                float (&acc)[kAccumulators]) {
+    const int lane = threadIdx.x & 31;
+    const int unit0 = (static_cast<int>(threadIdx.x) >> 7) * kUnitsPerWarpGroup;
+    const int row = ((static_cast<int>(threadIdx.x) >> 5) & 3) * 16 + (lane >> 2);  // and row + 8
+    const u32 scales = smem_base + slot * kStageBytes + kScaleOffset + 4 * row;
+    float low[kUnitsPerWarpGroup], high[kUnitsPerWarpGroup];
+#pragma unroll
+    for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
+      const u32 address = scales + 4 * 64 * (unit0 + u);
+      asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(low[u]) : "r"(address));
+      asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(high[u]) : "r"(address + 32));
+    }
+    mma::wgmma_fence_operands(from);
+    __syncwarp();  // every lane's reads of the slot before lane 0's release (mbarrier arrive: release)
+    if (lane == 0) ptx::mbarrier_arrive(empty0 + 8 * slot);
+    // accumulator i of a unit holds row + 8 ((i >> 1) & 1)
+#pragma unroll
+    for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
+#pragma unroll
+      for (int i = 0; i < kUnitAccumulators; ++i) {
+        const int a = u * kUnitAccumulators + i;
+        acc[a] = fmaf(from[a], (i & 2) ? high[u] : low[u], acc[a]);
+      }
+    }
+  }
+
+  // K tile `ring.slot` into `into`; with kRetire, `from` (the previous K tile, in from_slot) is
+  // retired once this tile's first step is issued. Returns the slot and moves the ring on.
+  template <bool kRetire>
+  static __device__ __forceinline__ int issue(u32 smem_base, u32 full0, u32 empty0, State& ring,
+                                              float (&into)[kAccumulators], Fragments& fragments,
+                                              float (&from)[kAccumulators], int from_slot,
+                                              float (&acc)[kAccumulators]) {
+    const int lane = threadIdx.x & 31;
+    const int unit0 = (static_cast<int>(threadIdx.x) >> 7) * kUnitsPerWarpGroup;
+    const int warp = (static_cast<int>(threadIdx.x) >> 5) & 3;
+    const int slot = ring.slot;
+    ptx::mbarrier_wait(full0 + 8 * slot, ring.full_parity);
+    const u32 stage = smem_base + slot * kStageBytes;
+    const u64 tokens = mma::k_major_sw128_descriptor(stage);
+    const u32 codes = stage + kWeightOffset + unit0 * kUnitBytes + (warp * 64 + lane) * 16;
+    u32 words[kUnitsPerWarpGroup][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const int buffer = kk & 1;
+      if (buffer == 0) {
+#pragma unroll
+        for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
+          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                       : "=r"(words[u][0]), "=r"(words[u][1]), "=r"(words[u][2]), "=r"(words[u][3])
+                       : "r"(codes + u * kUnitBytes + (kk >> 1) * 512));
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
+        u32(&a)[4] = fragments[buffer][u];
+        numerics::Int4ToE4m3::convert(words[u][2 * buffer], a[0], a[1]);
+        numerics::Int4ToE4m3::convert(words[u][2 * buffer + 1], a[2], a[3]);
+      }
+      mma::wgmma_fence();
+#pragma unroll
+      for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
+        // K step kk: 32 codes = 32 bytes further along each token row, 2 in the address field
+        Mma::mma(*reinterpret_cast<float (*)[kUnitAccumulators]>(into + u * kUnitAccumulators), fragments[buffer][u],
+                 tokens + static_cast<u64>(2 * kk), kk > 0);
+      }
+      mma::wgmma_commit_group();
+      mma::wgmma_wait_group<1>();
+      if (kRetire && kk == 0) retire(smem_base, empty0, from_slot, from, acc);  // every earlier group is done
+    }
+    if (++ring.slot == kStages) {
+      ring.slot = 0;
+      ring.full_parity ^= 1u;
+    }
+    return slot;
+  }
+
+  // `count` K tiles from the ring's next slot into acc (zeroed first). (The params, the tile and
+  // k_tile0 are the driver's consumer interface: the scales come with the slots.)
+  static __device__ __forceinline__ void consume(const kernel::ScaledTmaGemmParams&, int, int, int, int count,
+                                                 u32 smem_base, u32 full0, u32 empty0, State& ring,
+                                                 float (&acc)[kAccumulators]) {
+#pragma unroll
+    for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.f;
+    if (count <= 0) return;
+    float even[kAccumulators], odd[kAccumulators];
+    Fragments fragments;
+    int even_slot = issue<false>(smem_base, full0, empty0, ring, even, fragments, odd, 0, acc), odd_slot;
+    for (int it = 1; it < count; it += 2) {
+      odd_slot = issue<true>(smem_base, full0, empty0, ring, odd, fragments, even, even_slot, acc);
+      if (it + 1 == count) {
+        mma::wgmma_wait_group<0>();
+        retire(smem_base, empty0, odd_slot, odd, acc);
+        return;
+      }
+      even_slot = issue<true>(smem_base, full0, empty0, ring, even, fragments, odd, odd_slot, acc);
+    }
+    mma::wgmma_wait_group<0>();
+    retire(smem_base, empty0, even_slot, even, acc);
+  }
+};
+
+}  // namespace humming_aot::mainloop

@@ -1,0 +1,106 @@
+"""The warp-specialized Hopper W4A8 body (kernel/dense_wgmma_w4a8.cuh, sm90a): int4 weight codes
+turned into e4m3 in the consumers' registers (wgmma's A) against e4m3 activation codes staged by
+TMA (its B); fp32 scales per channel per group of K on each K tile's sums and per token on the
+reduced sums; the W8A8 body's Params (ScaledTmaGemmParams, the weight map unused), roles and
+schedules (kernel/scaled_ws_driver.cuh)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from humming_aot.bodies.base import Body
+from humming_aot.bodies.wgmma_ss import OUT_DTYPES, TOKENS, consumer_registers
+
+if TYPE_CHECKING:
+    from humming_aot.spec import KernelKey, TileConfig
+
+# the one pairing: e4m3 activations with a float32 scale per token x symmetric int4 weights with
+# a float32 scale per channel per group of K
+_OPERANDS = (("float8e4m3", "k", "float32"), ("int4", "g", "float32"))
+_MAX_SMEM = 232448  # dynamic shared memory per block on sm_90 (opt-in)
+
+
+def _stage_bytes(tile: "TileConfig") -> int:
+    """A ring slot: the activation box, 64 bytes of codes and 4 of scale per channel, in KB."""
+    return -(-(tile.block_m * 128 + tile.block_n * 68) // 1024) * 1024
+
+
+def _staging_bytes(tile: "TileConfig") -> int:
+    return tile.block_m * (tile.block_n + 8) * 2
+
+
+def separate_staging(tile: "TileConfig") -> bool:
+    """Whether the output's staging tile lies after the ring (kSeparateStaging)."""
+    return tile.warps_n == 8 and tile.stages * _stage_bytes(tile) + _staging_bytes(tile) + 1024 <= _MAX_SMEM - 1024
+
+
+def _register_need(tile: "TileConfig") -> int:
+    """Registers a consumer thread needs: the accumulators, two scratch sets (the promotion of K
+    tile t overlaps K tile t + 1's wgmma), two K steps' A fragments and half a K tile's codes per
+    unit, and the loop (the static_assert of kernel/dense_wgmma_w4a8.cuh)."""
+    units = tile.units_per_warpgroup
+    return 3 * (tile.block_m // 2) * units + 12 * units + 24
+
+
+class WgmmaW4A8Body(Body):
+    kind = "wgmma-w4a8"
+    header = "dense_wgmma_w4a8.cuh"
+    template = "DenseWgmmaW4A8"
+    params_type = "ScaledTmaGemmParams"
+    only_arch = "sm90a"
+    fixed_block_k = True  # 128 of K a stage: one 128-byte row of e4m3 activation codes
+
+    def check_tile(self, tile: "TileConfig") -> None:
+        if tile.block_k != 128:
+            raise ValueError(f"block_k={tile.block_k}: the wgmma-w4a8 body stages 128 K (one 128-byte row of e4m3 "
+                             "activation codes)")
+        if tile.block_m not in TOKENS:
+            raise ValueError(f"block_m={tile.block_m}: the wgmma-w4a8 body takes {', '.join(map(str, TOKENS))} tokens "
+                             "per CTA (the wgmma wrappers' N)")
+        if tile.warps_m != 1 or tile.warps_k != 1 or tile.warps_n not in (4, 8):
+            raise ValueError(
+                f"warps {tile.warps_m}x{tile.warps_n}x{tile.warps_k}: the wgmma-w4a8 body runs 1 x 4 or 1 x 8 consumer "
+                "warps (one or two consumer warpgroups; the producer warpgroup is not counted)"
+            )
+        if tile.block_n not in (16 * tile.warps_n, 32 * tile.warps_n):
+            raise ValueError(f"block_n={tile.block_n} must be 64 or 128 channels per consumer warpgroup "
+                             f"({16 * tile.warps_n} or {32 * tile.warps_n})")
+        if tile.stages < 2:
+            raise ValueError(f"stages={tile.stages}: the wgmma-w4a8 ring needs at least 2 slots")
+        need, held = _register_need(tile), consumer_registers(tile.warps_n // 4)
+        if need > held:
+            raise ValueError(
+                f"tile {tile.field}: a consumer thread needs {need} registers (three sets of {tile.block_m // 2} x "
+                f"{tile.units_per_warpgroup} accumulators and the fragments); with {tile.warps_n // 4} consumer "
+                f"warpgroup(s) it has {held}"
+            )
+        if self.smem_bytes(tile, 4, False) > _MAX_SMEM:
+            raise ValueError(f"tile {tile.field}: {tile.stages} slots of {_stage_bytes(tile)} bytes exceed sm_90's "
+                             f"{_MAX_SMEM} bytes of shared memory per block; take fewer stages")
+
+    def check_key(self, key: "KernelKey") -> None:
+        s = key.spec
+        operands = ((s.a_dtype, s.a_scale.value, s.a_scale_dtype), (s.w_dtype, s.w_scale.value, s.w_scale_dtype))
+        if operands != _OPERANDS or s.w_zero_point.value != "none" or s.out_dtype not in OUT_DTYPES:
+            raise ValueError(
+                f"{key.name}: the wgmma-w4a8 body computes float8e4m3 activations with a float32 scale per token x "
+                "symmetric int4 weights with a float32 scale per channel per group of K (a-e4m3-k-f32, w-s4-g-f32), "
+                "no zero point, into bfloat16 or float16"
+            )
+
+    def threads(self, tile: "TileConfig") -> int:
+        return super().threads(tile) + 128  # + the producer warpgroup
+
+    def template_args(self, tile: "TileConfig") -> tuple[int, ...]:
+        return (tile.block_m, tile.block_n, tile.units_per_warpgroup, tile.stages)
+
+    def smem_bytes(self, tile: "TileConfig", w_bits: int, has_zero_point: bool) -> int:
+        pipeline = tile.stages * _stage_bytes(tile)
+        if separate_staging(tile):
+            return pipeline + _staging_bytes(tile) + 1024
+        return max(pipeline, _staging_bytes(tile)) + 1024
+
+    def scales_in_fp32(self, key: "KernelKey") -> bool:
+        return True
+
+
+WGMMA_W4A8 = WgmmaW4A8Body()

@@ -1,0 +1,338 @@
+"""W4A8: symmetric int4 weights (GPTQ-style, -8 .. 7) with a float32 scale per channel per group
+of K x float8e4m3 activations with a float32 scale per token (or per tensor), 16-bit output, on
+the sm90a wgmma-w4a8 body (csrc/include/humming_aot/kernel/dense_wgmma_w4a8.cuh):
+
+    qw = humming_aot.quant.quantize(w, "int4:g128")
+    packed = humming_aot.w4a8.pack(qw)                  # the kernel's packed codes, fp32 scales
+    qa = humming_aot.ops.quantize_activation(x, "float8e4m3:token")
+    y = humming_aot.w4a8.gemm(qa, packed)               # (M, N) bfloat16
+
+``gemm`` computes ``out[m, n] = sum_g (sum_{k in g} a[m, k] w[n, k]) w_scale[n, g] a_scale[m]
+(+ bias)``: every int4 value is exact in e4m3, so the kernel turns the codes into e4m3 with a
+table lookup and multiplies at the 8-bit tensor-core rate; each K tile of 128 is summed apart and
+weighed by its group's scale in fp32, so groups must be whole K tiles: g128, g256, ..., a scale per
+channel or per tensor. On CPU tensors it runs the float64 reference of the same operands (decoded
+from the packed layout the kernel reads), rounded once to the output dtype; on a GPU other than
+sm_90 it raises.
+
+The packed layout (version 1): for each K tile of 128 and each 64-channel unit, 4096 bytes in the
+order the consumer threads load them (one 16-byte load a thread per two k32 steps: the 8-bit
+wgmma A fragment, mainloop/int4_e4m3_groups.cuh), each code re-encoded as an index into the
+kernel's two lookup tables (``encode``, numerics/int4_e4m3.cuh). N is padded to a multiple of 64
+and K to a multiple of 128 with zero codes.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from humming_aot.quant.activation import ActivationGranularity, QuantizedActivation
+from humming_aot.quant.weight import QuantizedWeight
+from humming_aot.quant.weight_format import ScaleGranularity, ZeroPointKind
+from humming_aot.spec import ActivationScale, GemmSpec, KernelKey, TileConfig
+from humming_aot.spec import ScaleGranularity as ScaleGranularitySpec
+
+__all__ = ["LAYOUT_VERSION", "PackedW4A8Weight", "decode_packed", "encode", "gemm", "gemm_spec", "pack", "reference",
+           "select_tile"]
+
+WEIGHT_ELEMENT = "int4"
+ACT_ELEMENT = "float8e4m3"
+LAYOUT_VERSION = 1
+_OUT_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+N_ALIGN = 64  # channels of a packed unit (pack pads N with zero codes and zero scales)
+K_TILE = 128  # K of a packed tile and of a kernel stage (pack pads K with zero codes)
+K_ALIGN = 16  # the activation codes' rows are 16-byte aligned (TMA); the kernel reads zeros past K
+
+# The kernel's two tables (numerics/int4_e4m3.cuh): a code is an index m (bits 0-2) and a bit b
+# (bit 3); b = 0 reads _CLEAR[m], b = 1 reads _SET[m].
+_CLEAR = (0, 2, 4, 6, -1, -3, -5, -7)
+_SET = (1, 3, 5, 7, -2, -4, -6, -8)
+
+
+def _code_of_value() -> torch.Tensor:
+    table = torch.zeros(16, dtype=torch.uint8)
+    for m in range(8):
+        table[_CLEAR[m] + 8] = m
+        table[_SET[m] + 8] = 8 | m
+    return table
+
+
+_CODE_OF_VALUE = _code_of_value()  # value + 8 -> stored code
+_VALUE_OF_CODE = torch.tensor([_CLEAR[c] if c < 8 else _SET[c - 8] for c in range(16)], dtype=torch.int8)
+
+
+def encode(values: torch.Tensor) -> torch.Tensor:
+    """Stored codes (uint8, 0..15) of int4 values (any integer dtype, -8..7)."""
+    return _CODE_OF_VALUE.to(values.device)[(values.to(torch.int64) + 8)]
+
+
+def _values_of_twos_complement(codes: torch.Tensor) -> torch.Tensor:
+    """int4 values (int64) of QuantizedWeight codes (two's complement nibbles: -1 is 0x0F)."""
+    c = codes.to(torch.int64) & 0xF
+    return torch.where(c >= 8, c - 16, c)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PackedW4A8Weight:
+    """An int4 weight as the W4A8 kernels read it, on one device.
+
+    w:          (k_tiles, n / 64, 4096) uint8, the packed codes (module docstring)
+    w_scale:    (groups, n) float32, each channel's scale per group of K (0 past n_valid)
+    n:          the kernel's N (a multiple of 64)
+    k:          the weight's own K (the activations' K; a multiple of K_ALIGN)
+    group_size: K per scale group, a multiple of 128 (k_tiles x 128 for a scale per channel)
+    format:     the WeightFormat string it was packed from
+    n_valid:    the weight's own N where pack padded it, else None
+    """
+
+    w: torch.Tensor
+    w_scale: torch.Tensor
+    n: int
+    k: int
+    group_size: int
+    format: str
+    n_valid: int | None = None
+
+    @property
+    def out_features(self) -> int:
+        return self.n if self.n_valid is None else self.n_valid
+
+    @property
+    def in_features(self) -> int:
+        return self.k
+
+    @property
+    def k_tiles(self) -> int:
+        return self.w.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.w.device
+
+    def to(self, device) -> "PackedW4A8Weight":
+        return dataclasses.replace(self, w=self.w.to(device), w_scale=self.w_scale.to(device))
+
+    def effective_weight(self) -> torch.Tensor:
+        """(out_features, K) float64: the values decoded from the packed layout x their group
+        scales, what gemm multiplies with."""
+        values = decode_packed(self.w).to(torch.float64)  # (n, k_tiles x 128)
+        scales = self.w_scale.to(torch.float64).t().repeat_interleave(self.group_size, 1)
+        n = self.out_features
+        return (values * scales[:, : values.shape[1]])[:n, : self.k]
+
+
+# The packed order of one K tile's codes of one 64-channel unit, as dims of the (n, k) codes:
+# n = 16 w + 8 r + g (warp, upper rows, lane group), k = 32 (2 h + s) + 16 q + 4 t + j (K step
+# pair, step in it, upper K half, lane in group, code); bytes in the order (w, h, g, t, s, q, r,
+# j / 2), two codes a byte, the even j in the low nibble.
+_UNIT_DIMS = (4, 2, 8)  # w, r, g
+_TILE_DIMS = (2, 2, 2, 4, 4)  # h, s, q, t, j
+
+
+def _pack_codes(codes: torch.Tensor) -> torch.Tensor:
+    """(n, k_tiles x 128) stored codes (0..15) -> (k_tiles, n / 64, 4096) packed bytes."""
+    n, k = codes.shape
+    units, k_tiles = n // 64, k // K_TILE
+    c = codes.reshape(units, *_UNIT_DIMS, k_tiles, *_TILE_DIMS)  # u w r g kt h s q t j
+    c = c.permute(4, 0, 1, 5, 3, 8, 6, 7, 2, 9)  # kt u w h g t s q r j
+    c = c.reshape(k_tiles, units, 4096, 2)
+    return (c[..., 0] | (c[..., 1] << 4)).contiguous()
+
+
+def decode_packed(w: torch.Tensor) -> torch.Tensor:
+    """(n, k_tiles x 128) int8 values of packed codes: the inverse of pack's layout and encoding."""
+    k_tiles, units, _ = w.shape
+    nibbles = torch.stack((w & 0xF, w >> 4), dim=-1).reshape(k_tiles, units, 4, 2, 8, 4, 2, 2, 2, 4)
+    codes = nibbles.permute(1, 2, 8, 4, 0, 3, 6, 7, 5, 9)  # u w r g kt h s q t j
+    codes = codes.reshape(units * 64, k_tiles * K_TILE)
+    return _VALUE_OF_CODE.to(w.device)[codes.to(torch.int64)]
+
+
+def pack(qw: QuantizedWeight) -> PackedW4A8Weight:
+    """The W4A8 kernels' operands from a symmetric int4 weight quantized per group of a multiple of
+    128, per channel or per tensor (``quant.quantize(w, "int4:g128")``, a GPTQ checkpoint's
+    QuantizedWeight), on its device. Scales of any scale dtype are widened to float32 (exactly)."""
+    if not isinstance(qw, QuantizedWeight):
+        raise TypeError(f"pack takes a humming_aot.quant.QuantizedWeight, got {type(qw).__name__}")
+    fmt = qw.format
+    grouped = fmt.granularity is ScaleGranularity.GROUP and fmt.group_size % K_TILE == 0
+    whole = fmt.granularity in (ScaleGranularity.CHANNEL, ScaleGranularity.TENSOR)
+    if fmt.element != WEIGHT_ELEMENT or not (grouped or whole) or fmt.zero_point is not ZeroPointKind.NONE \
+            or qw.global_scale is not None:
+        raise ValueError(
+            f"the W4A8 kernels take symmetric int4 weights with a scale per group of a multiple of {K_TILE}, per "
+            f"channel or per tensor, got {fmt}; quantize with 'int4:g128' or 'int4:channel' (an asymmetric or "
+            "finer-grouped int4 weight runs with 16-bit activations: humming_aot.ops.gemm)"
+        )
+    if qw.codes.dim() != 2:
+        raise ValueError(f"pack takes one (N, K) weight, got codes of shape {tuple(qw.codes.shape)}")
+    n, k = qw.codes.shape
+    if k % K_ALIGN:
+        raise ValueError(f"K={k}: the W4A8 kernels need K to be a multiple of {K_ALIGN} (TMA rows of the activation "
+                         "codes are 16-byte aligned); pad the weight's K with zero columns and the activations' K with "
+                         "zeros")
+    device = qw.codes.device
+    n_pad = -(-n // N_ALIGN) * N_ALIGN
+    k_tiles = -(-k // K_TILE)
+    stored = torch.zeros((n_pad, k_tiles * K_TILE), dtype=torch.uint8, device=device)  # code 0 is the value 0
+    stored[:n, :k] = encode(_values_of_twos_complement(qw.codes))
+    scales = qw.scales.to(torch.float32)
+    if grouped:
+        group_size = fmt.group_size
+        scales = scales.reshape(n, -1)
+    else:
+        group_size = k_tiles * K_TILE
+        scales = scales.reshape(-1, 1).expand(n, 1)
+    w_scale = torch.zeros((scales.shape[1], n_pad), dtype=torch.float32, device=device)
+    w_scale[:, :n] = scales.t()
+    return PackedW4A8Weight(w=_pack_codes(stored), w_scale=w_scale, n=n_pad, k=k, group_size=group_size,
+                            format=str(fmt), n_valid=n if n_pad != n else None)
+
+
+def gemm_spec(out_dtype: torch.dtype) -> GemmSpec:
+    """The GemmSpec of the W4A8 kernels with this output dtype."""
+    return GemmSpec(a_dtype=ACT_ELEMENT, a_scale=ActivationScale.TOKEN, a_scale_dtype="float32",
+                    w_dtype=WEIGHT_ELEMENT, w_scale=ScaleGranularitySpec.GROUP, w_scale_dtype="float32",
+                    out_dtype=_OUT_DTYPES[out_dtype])
+
+
+def kernel_key(arch: str, out_dtype: torch.dtype, tile: TileConfig) -> KernelKey:
+    return KernelKey(arch=arch, spec=gemm_spec(out_dtype), tile=tile)
+
+
+# (most tokens, tile): the W8A8 rows' shapes (docs/performance/log.md section 36), with more stages
+# (a slot holds half the weight bytes of W8A8's): one consumer warpgroup of two units up to 32
+# tokens (two CTAs per SM), two warpgroups of one unit with 64 tokens up to 128 while those tiles
+# fit in one wave of N, then 128 tokens with seven stages and the staging tile after the ring.
+_TILES = (
+    (8, "wgmma-w4a8:8x128x128_w1x4_s8"),
+    (16, "wgmma-w4a8:16x128x128_w1x4_s8"),
+    (32, "wgmma-w4a8:32x128x128_w1x4_s8"),
+    (128, "wgmma-w4a8:64x128x128_w1x8_s8"),
+    (1 << 62, "wgmma-w4a8:128x128x128_w1x8_s7"),
+)
+
+
+def select_tile(m: int, n: int | None = None, num_sms: int = 132) -> TileConfig:
+    """The wgmma-w4a8 tile for m tokens: _TILES' row, and given N (and the device's SMs) the
+    64-token row only where its tiles fit in one wave (above that 128 tokens a CTA)."""
+    from humming_aot.enumerate import parse_tile_field
+
+    for i, (limit, label) in enumerate(_TILES):
+        if m <= limit:
+            tile = parse_tile_field(label)
+            if (n is not None and tile.block_m == 64 and m > 64 and i + 1 < len(_TILES)
+                    and -(-m // 64) * -(-n // tile.block_n) > num_sms):
+                return parse_tile_field(_TILES[i + 1][1])
+            return tile
+    raise AssertionError("the last row takes every m")
+
+
+def _check_activation(qa: QuantizedActivation, packed: PackedW4A8Weight) -> None:
+    if not isinstance(qa, QuantizedActivation):
+        raise TypeError(f"gemm takes a humming_aot.quant.QuantizedActivation (ops.quantize_activation), got "
+                        f"{type(qa).__name__}")
+    if not isinstance(packed, PackedW4A8Weight):
+        raise TypeError(f"gemm takes a PackedW4A8Weight (humming_aot.w4a8.pack), got {type(packed).__name__}")
+    if qa.element != ACT_ELEMENT or qa.scale_dtype != "float32" \
+            or qa.granularity not in (ActivationGranularity.TOKEN, ActivationGranularity.TENSOR):
+        raise ValueError(
+            f"the int4 weight ({packed.format}) takes float8e4m3 activations with a float32 scale per token or per "
+            f"tensor, got {qa.element} per {qa.granularity.value} with {qa.scale_dtype} scales; quantize with "
+            "'float8e4m3:token' or 'float8e4m3:tensor'"
+        )
+    if qa.codes.shape[-1] != packed.k:
+        raise ValueError(f"activations have K={qa.codes.shape[-1]} but the weight has K={packed.k}")
+    if qa.codes.device != packed.w.device or qa.scales.device != packed.w.device:
+        raise ValueError(f"activation codes are on {qa.codes.device} and their scales on {qa.scales.device}, but "
+                         f"the weight is on {packed.w.device}: move them together")
+
+
+def reference(qa: QuantizedActivation, packed: PackedW4A8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """(M, out_features) float64: the exact product of the operands gemm sees (+ bias), for rows
+    M = prod(qa.codes.shape[:-1])."""
+    from humming_aot.w8a8 import dequantized_activation
+
+    out = dequantized_activation(qa, packed.k) @ packed.effective_weight().T
+    if bias is not None:
+        out = out + bias.to(torch.float64)
+    return out
+
+
+def gemm(qa: QuantizedActivation, packed: PackedW4A8Weight, *, bias: torch.Tensor | None = None,
+         out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None,
+         tile: TileConfig | str | None = None, stream_k: int | None = None,
+         persistent: bool | None = None) -> torch.Tensor:
+    """(*lead, out_features) = decode(qa) @ decode(packed)^T x scales (+ bias) in out_dtype.
+
+    The arguments are w8a8.gemm's (``tile``: a wgmma-w4a8 tile label). Under torch.compile and
+    torch's modes it is the custom op ``humming_aot::gemm_w4a8`` (with a fake implementation);
+    out, tile, stream_k and persistent are eager only.
+    """
+    from humming_aot.ops import _no_torch_modes
+
+    if torch.compiler.is_compiling() or not _no_torch_modes():
+        if out is not None or tile is not None or stream_k is not None or persistent is not None:
+            raise ValueError("out, tile, stream_k and persistent are eager-only arguments of w4a8.gemm (tests and "
+                             "tuning)")
+        _check_activation(qa, packed)
+        return torch.ops.humming_aot.gemm_w4a8(qa.codes, qa.scales, packed.w, packed.w_scale, bias, packed.k,
+                                                packed.group_size, packed.out_features, qa.granularity.value,
+                                                out_dtype)
+    return _gemm(qa, packed, bias=bias, out_dtype=out_dtype, out=out, tile=tile, stream_k=stream_k,
+                 persistent=persistent)
+
+
+def _gemm(qa: QuantizedActivation, packed: PackedW4A8Weight, *, bias: torch.Tensor | None = None,
+          out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None,
+          tile: TileConfig | str | None = None, stream_k: int | None = None,
+          persistent: bool | None = None) -> torch.Tensor:
+    """gemm without the dispatcher (eager, or inside the custom op)."""
+    _check_activation(qa, packed)
+    if out_dtype not in _OUT_DTYPES:
+        raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float16, got {out_dtype}")
+    lead = tuple(qa.codes.shape[:-1])
+    n = packed.out_features
+    if bias is not None and (bias.shape != (n,) or bias.dtype != out_dtype or bias.device != packed.device
+                             or not bias.is_contiguous()):
+        raise ValueError(f"bias must be a contiguous ({n},) {out_dtype} tensor on {packed.device}, got "
+                         f"{tuple(bias.shape)} {bias.dtype} on {bias.device} with stride {tuple(bias.stride())}")
+    if packed.device.type != "cuda":
+        if out is not None or tile is not None or stream_k is not None or persistent is not None:
+            raise ValueError("out, tile, stream_k and persistent choose how the GPU kernel runs; leave them None on "
+                             "the CPU")
+        return reference(qa, packed, bias).to(out_dtype).reshape(*lead, n)
+    from humming_aot import _w8a8_launch
+
+    y = _w8a8_launch.launch(qa, packed, bias, out_dtype, out, tile, stream_k, persistent)
+    if out is not None:
+        return y.reshape(*lead, packed.n)
+    if packed.n_valid is not None:
+        y = y[:, :n]
+    return y.reshape(*lead, n)
+
+
+_LIBRARY = torch.library.Library("humming_aot", "FRAGMENT")
+_LIBRARY.define(
+    "gemm_w4a8(Tensor codes, Tensor scales, Tensor w, Tensor w_scale, Tensor? bias, int k, int group_size, "
+    "int n_valid, str granularity, ScalarType out_dtype) -> Tensor"
+)
+
+
+def _gemm_w4a8_op(codes, scales, w, w_scale, bias, k, group_size, n_valid, granularity, out_dtype):
+    qa = QuantizedActivation(element=ACT_ELEMENT, granularity=ActivationGranularity(granularity), group_size=None,
+                             scale_dtype="float32", codes=codes, scales=scales)
+    n = w.shape[1] * N_ALIGN
+    packed = PackedW4A8Weight(w=w, w_scale=w_scale, n=n, k=k, group_size=group_size, format="int4",
+                              n_valid=n_valid if n_valid != n else None)
+    return _gemm(qa, packed, bias=bias, out_dtype=out_dtype)
+
+
+def _gemm_w4a8_fake(codes, scales, w, w_scale, bias, k, group_size, n_valid, granularity, out_dtype):
+    return codes.new_empty((*codes.shape[:-1], n_valid), dtype=out_dtype)
+
+
+_LIBRARY.impl("gemm_w4a8", _gemm_w4a8_op, "CPU")
+_LIBRARY.impl("gemm_w4a8", _gemm_w4a8_op, "CUDA")
+torch.library.register_fake("humming_aot::gemm_w4a8", _gemm_w4a8_fake, lib=_LIBRARY)

@@ -1,0 +1,252 @@
+"""W4A8 (int4 x float8e4m3) on the CPU: the kernel's lookup tables and the packed layout against
+the PTX fragment layout (an emulation of the consumer threads' loads and prmt conversion), the
+float64 reference path of w4a8.gemm, the wgmma-w4a8 body's names, tile rules and generated
+source, NVRTC and nvcc compiling its keys, and the errors a caller can cause (GPU runs:
+tests/gpu/test_w4a8_gpu.py)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from humming_aot import codegen, formats, ops, quant, w4a8
+from humming_aot.enumerate import parse_tile_field
+from humming_aot.spec import KernelKey
+
+REPO = Path(__file__).resolve().parents[2]
+HEADER = REPO / "csrc" / "include" / "humming_aot" / "numerics" / "int4_e4m3.cuh"
+E4M3 = formats.get("float8e4m3")
+
+
+def _tables() -> dict[str, int]:
+    """The kernel's table constants, read from its header."""
+    text = HEADER.read_text()
+    return {name: int(value, 16) for name, value in re.findall(r"(k\w+) = (0x[0-9A-Fa-f]+)u", text)}
+
+
+def _prmt(lo: int, hi: int, selector: int) -> int:
+    """PTX prmt.b32 in its default mode: byte i from (lo, hi) by selector nibble i's low 3 bits, or
+    that byte's sign replicated where the nibble's bit 3 is set."""
+    pool = (lo | (hi << 32)).to_bytes(8, "little")
+    out = 0
+    for i in range(4):
+        nibble = (selector >> (4 * i)) & 0xF
+        byte = pool[nibble & 7]
+        if nibble & 8:
+            byte = 0xFF if byte & 0x80 else 0x00
+        out |= byte << (8 * i)
+    return out
+
+
+def _convert(word: int) -> tuple[int, int]:
+    """Int4ToE4m3::convert, emulated: (low, high) registers of four e4m3 codes each."""
+    t = _tables()
+    flipped = word ^ 0x88888888
+    low = _prmt(t["kClearLo"], t["kClearHi"], word) ^ _prmt(t["kSetLo"], t["kSetHi"], flipped)
+    high = _prmt(t["kClearLo"], t["kClearHi"], word >> 16) ^ _prmt(t["kSetLo"], t["kSetHi"], flipped >> 16)
+    return low, high
+
+
+def _e4m3_values(register: int) -> list[float]:
+    return [E4M3.decode(torch.tensor([(register >> (8 * j)) & 0xFF], dtype=torch.uint8)).item() for j in range(4)]
+
+
+def test_every_int4_value_converts_to_its_e4m3_code_at_every_nibble():
+    for v in range(-8, 8):
+        code = int(w4a8.encode(torch.tensor([v])).item())
+        for position in range(8):
+            low, high = _convert(code << (4 * position))
+            values = _e4m3_values(low) + _e4m3_values(high)
+            assert values[position] == v, (v, position, values)
+            # the other nibbles hold code 0, the value 0
+            assert all(x == 0 for i, x in enumerate(values) if i != position)
+
+
+def test_the_packed_layout_is_the_8_bit_wgmma_a_fragment():
+    """Each consumer thread's 16-byte loads, converted, hold the rows and K of the PTX ISA's 8-bit A
+    fragment (m64nNk32: warp w rows 16 w + g (+ 8), register r: K 4 t .. 4 t + 3 (+ 16))."""
+    gen = torch.Generator().manual_seed(7)
+    n, k = 128, 256
+    values = torch.randint(-8, 8, (n, k), generator=gen)
+    qw = quant.QuantizedWeight(format=quant.WeightFormat.parse("int4:channel"), codes=(values & 0xF).to(torch.uint8),
+                               scales=torch.ones(n, 1))
+    packed = w4a8.pack(qw)
+    assert packed.w.shape == (2, 2, 4096)
+    data = packed.w
+    for kt in range(2):
+        for unit in range(2):
+            block = bytes(data[kt, unit].tolist())
+            for warp in range(4):
+                for lane in (0, 5, 18, 31):
+                    g, t = lane // 4, lane % 4
+                    for kk in range(4):
+                        h, s = kk // 2, kk % 2
+                        base = ((warp * 2 + h) * 32 + lane) * 16
+                        words = [int.from_bytes(block[base + 4 * i: base + 4 * i + 4], "little") for i in range(4)]
+                        a0, a1 = _convert(words[2 * s])
+                        a2, a3 = _convert(words[2 * s + 1])
+                        for r, register in enumerate((a0, a1, a2, a3)):
+                            row = unit * 64 + 16 * warp + g + 8 * (r & 1)
+                            k0 = kt * 128 + 32 * kk + 16 * (r >> 1) + 4 * t
+                            assert _e4m3_values(register) == values[row, k0:k0 + 4].tolist(), (kt, unit, warp, lane, kk, r)
+
+
+def test_pack_pads_and_decodes_back():
+    gen = torch.Generator().manual_seed(1)
+    for fmt, k in (("int4:g128", 384), ("int4:channel", 400), ("int4:tensor", 400), ("int4:g256", 512)):
+        w = torch.randn(200, k, generator=gen)
+        qw = quant.quantize(w, fmt)
+        packed = w4a8.pack(qw)
+        assert packed.n == 256 and packed.n_valid == 200 and packed.k == k and packed.out_features == 200
+        assert packed.w.shape == (-(-k // 128), 4, 4096)
+        assert packed.group_size == (int(fmt[6:]) if fmt.startswith("int4:g") else -(-k // 128) * 128)
+        assert torch.equal(packed.effective_weight(), _dequantized(qw))
+        assert not packed.w_scale[:, 200:].any()
+        values = w4a8.decode_packed(packed.w)
+        assert not values[200:].any() and not values[:, k:].any()  # the padding is code 0: the value 0
+
+
+def _dequantized(qw) -> torch.Tensor:
+    """(N, K) float64 values x scales of an int4 QuantizedWeight (two's complement codes)."""
+    c = qw.codes.to(torch.int64)
+    values = torch.where(c >= 8, c - 16, c).double()
+    n, k = values.shape
+    scales = qw.scales.double().reshape(n if qw.scales.numel() > 1 else 1, -1).expand(n, -1)
+    return values * scales.repeat_interleave(-(-k // scales.shape[1]), 1)[:, :k]
+
+
+def _operands(m, n, k, seed=0, wfmt="int4:g128", act="float8e4m3:token"):
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=gen)
+    x = torch.randn(m, k, generator=gen)
+    return x, w, w4a8.pack(quant.quantize(w, wfmt)), ops.quantize_activation(x, act)
+
+
+def test_cpu_gemm_is_the_float64_product_rounded_once():
+    x, w, packed, qa = _operands(5, 100, 384)
+    qw = quant.quantize(w, "int4:g128")
+    a = E4M3.decode(qa.codes).double() * qa.scales.double()
+    expected = a @ _dequantized(qw).T
+    bias = torch.randn(100).to(torch.bfloat16)
+    assert torch.equal(w4a8.reference(qa, packed), expected)
+    assert torch.equal(w4a8.gemm(qa, packed, bias=bias), (expected + bias.double()).to(torch.bfloat16))
+    y = w4a8.gemm(qa, packed, out_dtype=torch.float16)
+    assert y.dtype == torch.float16 and y.shape == (5, 100)
+    rel = ((y.double() - x.double() @ w.double().T).norm() / (x.double() @ w.double().T).norm()).item()
+    assert rel < 0.2  # int4 weights and e4m3 activations approximate the float product
+
+
+def test_errors_say_what_to_do():
+    _, w, packed, qa = _operands(3, 64, 256)
+    with pytest.raises(ValueError, match="int4:g128"):
+        w4a8.pack(quant.quantize(w, "int4:g64"))
+    with pytest.raises(ValueError, match="symmetric int4"):
+        w4a8.pack(quant.quantize(w, "uint4:g128:zp"))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        w4a8.pack(quant.quantize(torch.randn(64, 136), "int4:channel"))
+    with pytest.raises(TypeError, match="QuantizedWeight"):
+        w4a8.pack(w)
+    with pytest.raises(ValueError, match="'float8e4m3:token'"):
+        w4a8.gemm(ops.quantize_activation(torch.randn(3, 256), "int8:token"), packed)
+    with pytest.raises(ValueError, match="K=128 but the weight has K=256"):
+        w4a8.gemm(ops.quantize_activation(torch.randn(3, 128), "float8e4m3:token"), packed)
+    with pytest.raises(ValueError, match="bias must be"):
+        w4a8.gemm(qa, packed, bias=torch.zeros(64))
+    with pytest.raises(ValueError, match="leave them None on the CPU"):
+        w4a8.gemm(qa, packed, tile="wgmma-w4a8:8x128x128_w1x4_s8")
+
+
+@pytest.mark.parametrize("m", (1, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 8192))
+def test_every_m_has_a_tile_whose_key_round_trips(m):
+    tile = w4a8.select_tile(m, n=4096)
+    assert tile.label in {label for _, label in w4a8._TILES} and tile.block_m >= min(m, 64)
+    for dtype in (torch.bfloat16, torch.float16):
+        key = w4a8.kernel_key("sm90a", dtype, tile)
+        assert KernelKey.from_name(key.name) == key
+        assert "_wgmma-w4a8_a-e4m3-k-f32_w-s4-g-f32_" in key.name
+
+
+def test_tile_rules_name_the_limit():
+    with pytest.raises(ValueError, match="block_k=64"):
+        parse_tile_field("wgmma-w4a8:64x128x64_w1x8_s4")
+    with pytest.raises(ValueError, match="registers"):
+        parse_tile_field("wgmma-w4a8:128x256x128_w1x8_s4")
+    with pytest.raises(ValueError, match="shared memory"):
+        parse_tile_field("wgmma-w4a8:128x128x128_w1x8_s10")
+    with pytest.raises(ValueError, match="wgmma-w4a8 body computes"):
+        KernelKey.from_name("gemm_dense_sm90a_wgmma-w4a8_a-e4m3-k-f32_w-u4-g-f32_o-bf16_8x128x128_w1x4_s8")
+    with pytest.raises(ValueError, match="exist only for sm90a"):
+        KernelKey.from_name("gemm_dense_sm100a_wgmma-w4a8_a-e4m3-k-f32_w-s4-g-f32_o-bf16_8x128x128_w1x4_s8")
+
+
+def test_generated_source_names_the_body_and_its_shared_memory():
+    key = w4a8.kernel_key("sm90a", torch.bfloat16, w4a8.select_tile(4096))
+    text = codegen.kernel_source(key)
+    assert "humming_aot::kernel::DenseWgmmaW4A8<" in text and "ScaledTmaGemmParams" in text
+    # 7 slots of 128 x 128 activation bytes + 128 x 68 (codes and scales) -> 25 KB, the staging tile after them
+    assert f"Kernel::kSmemBytes == {7 * 25600 + 128 * 136 * 2 + 1024}" in text
+
+
+def test_nvrtc_compiles_a_key():
+    from humming_aot import jit
+    from humming_aot.testing.jit import why_no_jit
+
+    why = why_no_jit("the test compiles with NVRTC", "to compile")
+    if why is not None:
+        pytest.skip(why)
+    image = jit.compile_kernel(w4a8.kernel_key("sm90a", torch.float16, w4a8.select_tile(16)))
+    assert len(image) > 10000
+
+
+@pytest.mark.slow
+def test_nvcc_compiles_every_table_tile_without_spills_or_serialized_wgmma():
+    import subprocess
+    import tempfile
+
+    from humming_aot.aot import ninja
+
+    try:
+        nvcc = ninja.find_nvcc()
+    except ninja.NvccNotFoundError:
+        pytest.skip("nvcc not found (set HUMMING_AOT_NVCC)")
+    include = str(REPO / "csrc" / "include")
+    for _, label in w4a8._TILES:
+        key = w4a8.kernel_key("sm90a", torch.bfloat16, parse_tile_field(label))
+        with tempfile.TemporaryDirectory() as tmp:
+            src = f"{tmp}/k.cu"
+            open(src, "w").write(codegen.kernel_source(key))
+            done = subprocess.run([str(nvcc), "-cubin", "-O3", "-std=c++17", "-arch=sm_90a", "-I", include,
+                                   "-Xptxas", "-v", src, "-o", f"{tmp}/k.cubin"], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert " 0 bytes spill stores" in done.stderr and "serialized" not in done.stderr, (key.name, done.stderr)
+
+
+def test_the_default_catalog_holds_every_table_tile():
+    from humming_aot.enumerate import enumerate_keys
+
+    names = {key.name for key in enumerate_keys("default", ["sm90a"])}
+    for _, label in w4a8._TILES:
+        for dtype in (torch.bfloat16, torch.float16):
+            assert w4a8.kernel_key("sm90a", dtype, parse_tile_field(label)).name in names
+
+
+def test_gemm_is_a_custom_op_under_torch_compile_and_fake_tensors():
+    _, _, packed, qa = _operands(6, 100, 256, seed=3)
+    bias = torch.randn(100).to(torch.bfloat16)
+    eager = w4a8.gemm(qa, packed, bias=bias)
+    fn = torch.compile(lambda codes, scales: w4a8.gemm(
+        quant.QuantizedActivation(element=qa.element, granularity=qa.granularity, group_size=None,
+                                  scale_dtype="float32", codes=codes, scales=scales), packed, bias=bias),
+        backend="eager", fullgraph=True)
+    assert torch.equal(fn(qa.codes, qa.scales), eager)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        out = torch.ops.humming_aot.gemm_w4a8(mode.from_tensor(qa.codes.reshape(2, 3, 256)), mode.from_tensor(
+            qa.scales.reshape(2, 3, 1)), packed.w, packed.w_scale, None, 256, 128, 100, qa.granularity.value,
+            torch.float16)
+        assert out.shape == (2, 3, 100) and out.dtype == torch.float16
+    with torch.device("cpu"):
+        assert torch.equal(w4a8.gemm(qa, packed, bias=bias), eager)

@@ -1,0 +1,135 @@
+"""Time the W4A8 GEMM (int4:g128 weights x float8e4m3:token activations) side by side, in one run,
+over real layer shapes and M: humming_aot.w4a8.gemm on pre-quantized activations, the same with
+ops.quantize_activation in front (what a layer pays), our own W4A16 of the same weights
+(humming_aot.ops.gemm on bfloat16 activations: what W4A8 must beat by its tensor-core rate), and
+Humming's W4A8 layer of the same pairing (its forward quantizes the bf16 input itself), each in a
+CUDA graph over buffer sets that keep L2 cold, median of repeats.
+
+    python3 tools/bench/bench_w4a8.py --shape-set large-m --m 1,16,64,128,512,2048,8192 --json out.json
+    python3 tools/bench/bench_w4a8.py --shapes 8192x8192 --m 1,1024,4096 --impls humming_aot,w4a16,humming
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+if importlib.util.find_spec("humming_aot") is None:  # run from a checkout without installing
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import humming_aot  # noqa: E402
+from humming_aot import ops, quant, w4a8  # noqa: E402
+from humming_aot.testing.bench import buffer_sets_for_cold_l2, gemm_flops, sibling_tool, tflops, time_cuda_graph, write_results_json  # noqa: E402
+
+IMPLS = ("humming_aot", "humming_aot+quant", "w4a16", "humming")
+WEIGHTS, ACTIVATIONS = "int4:g128", "float8e4m3:token"
+# Humming's spellings of a symmetric int4 g128 weight, tried in order (bench_gemm: it stores int-b as
+# uint-b codes with the implicit zero point)
+HUMMING_WEIGHTS = ({"dtype": "uint4", "group_size": 128}, {"dtype": "int4", "group_size": 128})
+
+
+def _prepare(n: int, k: int, sets: int, gen: torch.Generator):
+    """`sets` copies of an int4:g128 weight: ours for W4A8 and for W4A16, and the float weight for Humming."""
+    w = torch.randn(n, k, generator=gen)
+    qw = quant.quantize(w, WEIGHTS)
+    packed = w4a8.pack(qw).to("cuda")
+    w16 = humming_aot.pack(qw, torch.bfloat16, device="cuda")
+    return w, ([packed] + [dataclasses.replace(packed, w=packed.w.clone(), w_scale=packed.w_scale.clone())
+                           for _ in range(sets - 1)],
+               [w16] + [humming_aot.pack(qw, torch.bfloat16, device="cuda") for _ in range(sets - 1)])
+
+
+def _humming_layers(w: torch.Tensor, sets: int):
+    from humming.layer import HummingLayer
+
+    n, k = w.shape
+    input_config = {"dtype": "float8e4m3", "quant_mode": "dynamic_token"}
+    error = None
+    for weight_config in HUMMING_WEIGHTS:
+        try:
+            layers = []
+            for _ in range(sets):
+                layer = HummingLayer(shape_n=n, shape_k=k, weight_config=dict(weight_config),
+                                     input_config=dict(input_config), torch_dtype=torch.bfloat16).cuda()
+                layer.load_from_unquantized(w.to(torch.bfloat16).cuda())
+                layer.transform()
+                layers.append(layer)
+            print(f"humming weight_config {weight_config}")
+            return layers
+        except Exception as exc:  # noqa: BLE001 - the next spelling
+            error = exc
+    raise error
+
+
+def main(argv=None) -> int:
+    bench_gemm = sibling_tool("bench_gemm", __file__)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape-set", default="large-m", help=f"names from {', '.join(bench_gemm.SHAPE_SETS)}")
+    parser.add_argument("--shapes", default=None, help="N x K list instead of the set, e.g. 8192x8192,4096x14336")
+    parser.add_argument("--m", default="1,16,32,64,128,256,512,1024,2048,4096,8192")
+    parser.add_argument("--impls", default=",".join(IMPLS))
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--tile", default=None, help="force this wgmma-w4a8 tile on humming_aot")
+    parser.add_argument("--json", dest="json_path", default=None)
+    args = parser.parse_args(argv)
+    shapes_text = args.shapes or ",".join(bench_gemm.SHAPE_SETS[s] for s in args.shape_set.split(","))
+    shapes = list(dict.fromkeys(tuple(int(v) for v in s.split("x")) for s in shapes_text.split(",")))
+    impls = args.impls.split(",")
+    ms = [int(v) for v in args.m.split(",")]
+    gen = torch.Generator().manual_seed(0)
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    results = []
+    print(f"{'N':>6} {'K':>6} {'M':>5} {'impl':>18} {'us':>9} {'TFLOP/s':>8} {'relerr':>8}")
+    for n, k in shapes:
+        sets = min(8, buffer_sets_for_cold_l2(n * k // 2 + min(ms) * k * 3))
+        w, (packs, packs16) = _prepare(n, k, sets, gen)
+        humming = None
+        if "humming" in impls:
+            try:
+                start = time.perf_counter()
+                humming = _humming_layers(w, sets)
+                print(f"humming layers for {n}x{k}: {time.perf_counter() - start:.1f} s")
+            except Exception as exc:  # noqa: BLE001 - a baseline that fails is reported, not fatal
+                print(f"humming unavailable for {n}x{k}: {type(exc).__name__}: {exc}"[:300])
+        for m in ms:
+            xs = [torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16) for _ in range(sets)]
+            qas = [ops.quantize_activation(x, ACTIVATIONS) for x in xs]
+            ref = w4a8.reference(qas[0], packs[0]).float()
+            calls = {
+                "humming_aot": [lambda qa=qa, p=p: w4a8.gemm(qa, p, tile=args.tile) for qa, p in zip(qas, packs)],
+                "humming_aot+quant": [lambda x=x, p=p: w4a8.gemm(ops.quantize_activation(x, ACTIVATIONS), p,
+                                                                 tile=args.tile) for x, p in zip(xs, packs)],
+                "w4a16": [lambda x=x, p=p: ops.gemm(x, p) for x, p in zip(xs, packs16)],
+            }
+            if humming is not None:
+                calls["humming"] = [lambda x=x, layer=layer: layer(x) for x, layer in zip(xs, humming)]
+            for impl in impls:
+                if impl not in calls:
+                    continue
+                try:
+                    out = calls[impl][0]()[:m].float()
+                    relerr = ((out - ref).abs().max() / ref.abs().max()).item()
+                    timing = time_cuda_graph(calls[impl], repeats=args.repeats)
+                except Exception as exc:  # noqa: BLE001
+                    print(f"{n:>6} {k:>6} {m:>5} {impl:>18} failed: {type(exc).__name__}: {exc}"[:300])
+                    continue
+                us = timing["median_us"]
+                row = {"impl": impl, "m": m, "n": n, "k": k, "us": us, "p10_us": timing["p10_us"],
+                       "p90_us": timing["p90_us"], "tflops": tflops(gemm_flops(m, n, k), us), "relerr": relerr,
+                       "w4a8": True,
+                       "tile": (w4a8.select_tile(m, n=n, num_sms=sms).label
+                                if impl.startswith("humming_aot") and not args.tile else args.tile)}
+                results.append(row)
+                print(f"{n:>6} {k:>6} {m:>5} {impl:>18} {us:9.1f} {row['tflops']:8.1f} {relerr:8.1e}")
+    if args.json_path:
+        write_results_json(args.json_path, results, command=" ".join(sys.argv))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
