@@ -201,16 +201,20 @@ def kernel_key(arch: str, out_dtype: torch.dtype, tile: TileConfig) -> KernelKey
     return KernelKey(arch=arch, spec=gemm_spec(out_dtype), tile=tile)
 
 
-# (most tokens, tile): the W8A8 rows' shapes (docs/performance/log.md section 36), with more stages
-# (a slot holds half the weight bytes of W8A8's): one consumer warpgroup of two units up to 32
-# tokens (two CTAs per SM), two warpgroups of one unit with 64 tokens up to 128 while those tiles
-# fit in one wave of N, then 128 tokens with seven stages and the staging tile after the ring.
+# (most tokens, tile), from H200 sweeps (docs/performance/log.md section 36): the W8A8 rows' shapes
+# up to 2048 tokens, with more stages (a slot holds half the weight bytes of W8A8's): one consumer
+# warpgroup of two units up to 32 tokens (two CTAs per SM), two warpgroups of one unit with 64
+# tokens up to 128 while those tiles fit in one wave of N, then 128 tokens with seven stages (two
+# scratch sets: the promotion beside the next K tile's wgmma); above 2048, 192 tokens with one
+# scratch set, whose conversion of the codes serves half as many tokens again: 4-10 % faster at
+# 4096 and 8192 tokens, 2-6 % slower at 512 and 1024.
 _TILES = (
     (8, "wgmma-w4a8:8x128x128_w1x4_s8"),
     (16, "wgmma-w4a8:16x128x128_w1x4_s8"),
     (32, "wgmma-w4a8:32x128x128_w1x4_s8"),
     (128, "wgmma-w4a8:64x128x128_w1x8_s8"),
-    (1 << 62, "wgmma-w4a8:128x128x128_w1x8_s7"),
+    (2048, "wgmma-w4a8:128x128x128_w1x8_s7"),
+    (1 << 62, "wgmma-w4a8:192x128x128_w1x8_s5"),
 )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from humming_aot.bodies.base import Body
-from humming_aot.bodies.wgmma_ss import OUT_DTYPES, TOKENS, consumer_registers
+from humming_aot.bodies.wgmma_ss import _HELD_LIMIT, _PRODUCER_REGISTERS, OUT_DTYPES, TOKENS
 
 if TYPE_CHECKING:
     from humming_aot.spec import KernelKey, TileConfig
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 # a float32 scale per channel per group of K
 _OPERANDS = (("float8e4m3", "k", "float32"), ("int4", "g", "float32"))
 _MAX_SMEM = 232448  # dynamic shared memory per block on sm_90 (opt-in)
+_SMEM_PER_SM = 233472  # shared memory per SM on sm_90 (each CTA also takes 1 KB of the driver's)
 
 
 def _stage_bytes(tile: "TileConfig") -> int:
@@ -33,12 +34,41 @@ def separate_staging(tile: "TileConfig") -> bool:
     return tile.warps_n == 8 and tile.stages * _stage_bytes(tile) + _staging_bytes(tile) + 1024 <= _MAX_SMEM - 1024
 
 
+def ctas_per_sm(tile: "TileConfig") -> int:
+    """The CTAs the kernel is built to hold per SM (kMinBlocksPerSm): four for one consumer
+    warpgroup of one 64-channel unit at most 16 tokens, two for other one-warpgroup tiles, one
+    for two warpgroups."""
+    if tile.warps_n == 8:
+        return 1
+    return 4 if tile.block_n == 64 and tile.block_m <= 16 else 2
+
+
+def consumer_registers(tile: "TileConfig") -> int:
+    """Registers per consumer thread after setmaxnreg (kernel/dense_wgmma_w4a8.cuh)."""
+    threads = 32 * tile.warps_n + 128
+    launch = 65536 // ctas_per_sm(tile) // threads // 8 * 8
+    consumer = (launch * threads - _PRODUCER_REGISTERS * 128) // (32 * tile.warps_n) // 8 * 8
+    return min(consumer, _HELD_LIMIT)
+
+
+def _loop_registers(tile: "TileConfig") -> int:
+    """Registers beside the accumulator sets: the A fragments of wait depth + 1 K steps (four from
+    128 tokens, else two) and half a K tile's codes per unit, and the loop (kLoopRegisters of
+    kernel/dense_wgmma_w4a8.cuh)."""
+    wait_depth = 3 if tile.block_m >= 128 else 1
+    return (4 * wait_depth + 8) * tile.units_per_warpgroup + 16
+
+
+def overlapped(tile: "TileConfig") -> bool:
+    """Whether the tile's consumers hold two scratch sets, so that a K tile's promotion runs beside
+    the next one's wgmma (kOverlapped), rather than one."""
+    accumulators = (tile.block_m // 2) * tile.units_per_warpgroup
+    return 3 * accumulators + _loop_registers(tile) <= consumer_registers(tile)
+
+
 def _register_need(tile: "TileConfig") -> int:
-    """Registers a consumer thread needs: the accumulators, two scratch sets (the promotion of K
-    tile t overlaps K tile t + 1's wgmma), two K steps' A fragments and half a K tile's codes per
-    unit, and the loop (the static_assert of kernel/dense_wgmma_w4a8.cuh)."""
-    units = tile.units_per_warpgroup
-    return 3 * (tile.block_m // 2) * units + 12 * units + 24
+    """Registers a consumer thread needs at least: the accumulators, one scratch set and the loop's."""
+    return 2 * (tile.block_m // 2) * tile.units_per_warpgroup + _loop_registers(tile)
 
 
 class WgmmaW4A8Body(Body):
@@ -66,16 +96,18 @@ class WgmmaW4A8Body(Body):
                              f"({16 * tile.warps_n} or {32 * tile.warps_n})")
         if tile.stages < 2:
             raise ValueError(f"stages={tile.stages}: the wgmma-w4a8 ring needs at least 2 slots")
-        need, held = _register_need(tile), consumer_registers(tile.warps_n // 4)
+        need, held = _register_need(tile), consumer_registers(tile)
         if need > held:
             raise ValueError(
-                f"tile {tile.field}: a consumer thread needs {need} registers (three sets of {tile.block_m // 2} x "
+                f"tile {tile.field}: a consumer thread needs {need} registers (two sets of {tile.block_m // 2} x "
                 f"{tile.units_per_warpgroup} accumulators and the fragments); with {tile.warps_n // 4} consumer "
                 f"warpgroup(s) it has {held}"
             )
-        if self.smem_bytes(tile, 4, False) > _MAX_SMEM:
-            raise ValueError(f"tile {tile.field}: {tile.stages} slots of {_stage_bytes(tile)} bytes exceed sm_90's "
-                             f"{_MAX_SMEM} bytes of shared memory per block; take fewer stages")
+        limit = _MAX_SMEM if ctas_per_sm(tile) == 1 else _SMEM_PER_SM // ctas_per_sm(tile) - 2048
+        if self.smem_bytes(tile, 4, False) > limit:
+            raise ValueError(f"tile {tile.field}: {tile.stages} slots of {_stage_bytes(tile)} bytes exceed the {limit} "
+                             f"bytes of shared memory each of its {ctas_per_sm(tile)} CTAs per SM has on sm_90; take "
+                             "fewer stages")
 
     def check_key(self, key: "KernelKey") -> None:
         s = key.spec

@@ -17,6 +17,8 @@ from humming_aot.testing.w8a8 import skip_without_kernels
 _TILES = sorted({label for _, label in w4a8._TILES} | {
     "wgmma-w4a8:128x128x128_w1x8_s5", "wgmma-w4a8:96x128x128_w1x8_s6", "wgmma-w4a8:16x256x128_w1x8_s6",
     "wgmma-w4a8:8x64x128_w1x4_s4", "wgmma-w4a8:32x256x128_w1x8_s6", "wgmma-w4a8:32x128x128_w1x8_s8",
+    "wgmma-w4a8:192x128x128_w1x8_s5", "wgmma-w4a8:160x128x128_w1x8_s6",  # one scratch set (serial promotion)
+    "wgmma-w4a8:8x64x128_w1x4_s8", "wgmma-w4a8:16x64x128_w1x4_s7",  # four CTAs per SM
 })
 
 

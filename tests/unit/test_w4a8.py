@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from humming_aot import codegen, formats, ops, quant, w4a8
+from humming_aot.bodies.wgmma_w4a8 import overlapped
 from humming_aot.enumerate import parse_tile_field
 from humming_aot.spec import KernelKey
 
@@ -162,6 +163,7 @@ def test_errors_say_what_to_do():
 def test_every_m_has_a_tile_whose_key_round_trips(m):
     tile = w4a8.select_tile(m, n=4096)
     assert tile.label in {label for _, label in w4a8._TILES} and tile.block_m >= min(m, 64)
+    assert tile.block_m == (192 if m > 2048 else tile.block_m)
     for dtype in (torch.bfloat16, torch.float16):
         key = w4a8.kernel_key("sm90a", dtype, tile)
         assert KernelKey.from_name(key.name) == key
@@ -182,11 +184,16 @@ def test_tile_rules_name_the_limit():
 
 
 def test_generated_source_names_the_body_and_its_shared_memory():
-    key = w4a8.kernel_key("sm90a", torch.bfloat16, w4a8.select_tile(4096))
+    key = w4a8.kernel_key("sm90a", torch.bfloat16, w4a8.select_tile(1024))
     text = codegen.kernel_source(key)
     assert "humming_aot::kernel::DenseWgmmaW4A8<" in text and "ScaledTmaGemmParams" in text
     # 7 slots of 128 x 128 activation bytes + 128 x 68 (codes and scales) -> 25 KB, the staging tile after them
     assert f"Kernel::kSmemBytes == {7 * 25600 + 128 * 136 * 2 + 1024}" in text
+    # 192 tokens: 5 slots of 192 x 128 + 128 x 68 -> 33 KB, the staging tile after them
+    big = codegen.kernel_source(w4a8.kernel_key("sm90a", torch.bfloat16, w4a8.select_tile(4096)))
+    assert f"Kernel::kSmemBytes == {5 * 33792 + 192 * 136 * 2 + 1024}" in big
+    assert overlapped(parse_tile_field("wgmma-w4a8:128x128x128_w1x8_s7"))
+    assert not overlapped(parse_tile_field("wgmma-w4a8:192x128x128_w1x8_s5"))
 
 
 def test_nvrtc_compiles_a_key():

@@ -167,7 +167,8 @@ struct DenseWgmmaSs {
     if constexpr (!kBlockScales) apply_scales(params, acc, m0, n0);
   }
 
-  static constexpr bool kWeightMap = true;  // the weights come through params.w_map
+  static constexpr bool kWeightMap = true;               // the weights come through params.w_map
+  static constexpr int kEmptyArrivals = kConsumerWarps;  // lane 0 of each consumer warp releases a slot
   using ConsumerState = typename Ring::State;
 
   static __device__ __forceinline__ void run(const ScaledTmaGemmParams& params) {

@@ -77,20 +77,35 @@ struct DenseWgmmaW4A8 {
       1024;
   static constexpr bool kScalesInFp32 = true;  // the scales multiply fp32 sums
   static constexpr bool kWeightMap = false;    // the codes come by bulk copy
+  // every consumer thread releases a slot after its own reads of it (mainloop/int4_e4m3_groups.cuh)
+  static constexpr int kEmptyArrivals = kConsumerThreads;
 
-  using Consumer =
-      mainloop::Int4E4m3Groups<kBlockM, kUnitsPerWarpGroup, kStages, kStageBytes, kWeightOffset, kScaleOffset>;
-  using ConsumerState = typename Consumer::State;
-  static constexpr int kAccumulators = Consumer::kAccumulators;
-  static constexpr int kMinBlocksPerSm = kConsumerWarpGroups == 1 ? 2 : 1;
+  // CTAs per SM: one consumer warpgroup of one unit at decode sizes (at most 16 tokens) runs four,
+  // whose conversions of the codes (the same work per weight at any M) then have four warps per
+  // SM sub-partition to hide their latencies; other one-warpgroup tiles two, two-warpgroup ones one.
+  static constexpr int kMinBlocksPerSm = kConsumerWarpGroups == 2 ? 1 : (kUnits == 1 && kBlockM <= 16 ? 4 : 2);
   static constexpr int kProducerRegisters = 40;
   static constexpr int kLaunchRegisters = (65536 / kMinBlocksPerSm / kThreads) / 8 * 8;
   static constexpr int kConsumerRegisters =
       ((kLaunchRegisters * kThreads - kProducerRegisters * 128) / kConsumerThreads) / 8 * 8;
   static constexpr int kConsumerRegistersHeld = kConsumerRegisters > 240 ? 240 : kConsumerRegisters;
-  // the accumulators, two scratch sets, two K steps' fragments, a K tile half's codes and the loop
-  static_assert(kConsumerRegistersHeld >= 3 * kAccumulators + 12 * kUnitsPerWarpGroup + 24,
-                "the consumers' registers hold the accumulators, two scratch sets and the fragments");
+
+  // Wgmma steps in flight after each issue: three from 128 tokens (the next steps' conversion and
+  // the previous K tile's promotion run beside up to three queued steps: 2-4 % faster than one
+  // at 256-8192 tokens), one below (3-4 % faster at 64 and 128 tokens on the 64-token tile)
+  // (docs/performance/log.md section 36).
+  static constexpr int kWaitDepth = kBlockM >= 128 ? 3 : 1;
+  static constexpr int kAccumulators = kUnitsPerWarpGroup * (kBlockM / 2);  // (m64nN: N / 2 per unit)
+  // registers for the fragments of kWaitDepth + 1 steps, half a K tile's codes, and the loop
+  static constexpr int kLoopRegisters = (4 * kWaitDepth + 8) * kUnitsPerWarpGroup + 16;
+  // two scratch sets where they fit beside the accumulators, else one (bodies/wgmma_w4a8.py)
+  static constexpr bool kOverlapped = 3 * kAccumulators + kLoopRegisters <= kConsumerRegistersHeld;
+  static_assert(2 * kAccumulators + kLoopRegisters <= kConsumerRegistersHeld,
+                "the consumers' registers hold the accumulators, a scratch set and the fragments");
+  using Consumer = mainloop::Int4E4m3Groups<kBlockM, kUnitsPerWarpGroup, kStages, kStageBytes, kWeightOffset,
+                                            kScaleOffset, kWaitDepth, kOverlapped>;
+  using ConsumerState = typename Consumer::State;
+  static_assert(Consumer::kAccumulators == kAccumulators, "one accumulator per N / 2 of each unit");
 
   // The producer: one thread issues the copies of `count` K tiles from k_tile0 on of the tile at (m0, n0).
   static __device__ __forceinline__ void produce(const ScaledTmaGemmParams& params, int m0, int n0, int k_tile0,

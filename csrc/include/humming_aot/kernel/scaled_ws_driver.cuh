@@ -9,7 +9,8 @@
 // lies after the ring (Body::kSeparateStaging: the producer fills the ring with the next tile's K
 // tiles while the consumers store one) or over it (the producer then waits for the store).
 //
-// Body provides: kRingStages, kTileM, kTileN, kConsumerWarps, kProducerRegisters, kConsumerRegistersHeld,
+// Body provides: kRingStages, kTileM, kTileN, kConsumerWarps, kEmptyArrivals (the arrivals that release
+// a slot: lane 0 of each consumer warp, or every consumer thread), kProducerRegisters, kConsumerRegistersHeld,
 // kAccumulators, kSeparateStaging, kStagingOffset, kWeightMap (prefetch params.w_map), the types
 // Units, StreamK, Consumer, ConsumerState, Fixup, SplitK, ConsumerBarrier, Writer, and
 // produce(params, m0, n0, k_tile0, count, smem_base, full0, empty0, fills) and
@@ -49,8 +50,8 @@ struct ScaledWsDriver {
     if (threadIdx.x == 0) {
 #pragma unroll
       for (int s = 0; s < kStages; ++s) {
-        ptx::mbarrier_init(full0 + 8 * s, 1);                // the producer's arrive.expect_tx (+ the bytes)
-        ptx::mbarrier_init(empty0 + 8 * s, kConsumerWarps);  // lane 0 of every consumer warp
+        ptx::mbarrier_init(full0 + 8 * s, 1);                      // the producer's arrive.expect_tx (+ the bytes)
+        ptx::mbarrier_init(empty0 + 8 * s, Body::kEmptyArrivals);  // consumer warps or threads
       }
       ptx::mbarrier_init(staging_barrier, 1);  // consumer thread 0, after the consumers' barrier
       ptx::fence_barrier_init();

@@ -2,12 +2,14 @@
 // The K loop of the W4A8 body's consumers (kernel/dense_wgmma_w4a8.cuh): int4 weight codes in a
 // ring slot become e4m3 A fragments in registers (numerics/int4_e4m3.cuh) and meet the slot's
 // e4m3 activation box on wgmma (mma/wgmma_e4m3_rs.cuh), four k32 steps per K tile of 128, one
-// committed group per step. Each K tile's sums go into a scratch set that its first step
+// committed group per step, kWaitDepth of them left in flight. Each K tile's sums go into a scratch set that its first step
 // overwrites; once they are complete they are weighed by the K tile's group scale of each channel
 // (staged in the slot: one fp32 per channel) and added into the fp32 accumulators, so that a
 // group of 128 (or any multiple of it, or the whole K) is one promotion, and fp8 wgmma's short
-// running sums never span more than 128 of K. Two scratch sets take turns: K tile t is added
-// right after K tile t + 1's first step is issued, while the tensor cores run it.
+// running sums never span more than 128 of K. Where registers allow (kOverlapped), two scratch
+// sets take turns: K tile t is added once K tile t + 1's first kWaitDepth steps are issued, while
+// the tensor cores run them; else one set is waited for and added after each K tile (the other
+// consumer warpgroup's wgmma keep the tensor cores busy meanwhile).
 //
 // Slot layout (the kernel's producer fills it): the activation box (kBlockM rows of 128 codes,
 // 128-byte swizzle) at 0; at kWeightOffset one 4096-byte block of codes per 64-channel unit, in
@@ -16,7 +18,7 @@
 // A registers 0 (nibbles 0-3) and 1 (nibbles 4-7), the second of registers 2 and 3 (the 8-bit A
 // fragment, mma/wgmma_e4m3_rs.cuh); at kScaleOffset the K tile's fp32 scale of each channel.
 // Contract: `consume` leaves acc with the unit's group-scaled fp32 sums and every slot it took
-// released; lane 0 of each consumer warp releases (the empty barriers count the consumer warps).
+// released; every consumer thread releases (the empty barriers count the consumer threads).
 
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/mma/wgmma_e4m3_rs.cuh>
@@ -30,7 +32,9 @@ template <int kBlockM,             // tokens per CTA: the wgmma N
           int kStages,             // slots of the ring
           int kStageBytes,         // bytes a slot takes (a multiple of 1024)
           int kWeightOffset,       // the codes' offset in a slot
-          int kScaleOffset>        // the group scales' offset in a slot
+          int kScaleOffset,        // the group scales' offset in a slot
+          int kWaitDepth,          // wgmma steps left in flight after each step's issue: 1 or 3
+          bool kOverlapped>        // two scratch sets (the promotion beside the next K tile), or one
 struct Int4E4m3Groups {
   using Mma = mma::WgmmaE4m3Rs<kBlockM>;
   static constexpr int kUnitAccumulators = Mma::kAccumulators;
@@ -42,9 +46,12 @@ struct Int4E4m3Groups {
     u32 full_parity = 0;
   };
 
-  // A fragments of two K steps: step kk's are rewritten two steps later, once the wgmma that read
-  // them has completed (every step waits until at most its own group is in flight).
-  using Fragments = u32[2][kUnitsPerWarpGroup][4];
+  // A fragments of kWaitDepth + 1 K steps: a step's are rewritten kWaitDepth + 1 steps later, once
+  // the wgmma that read them has completed (every step waits until at most kWaitDepth groups, its
+  // own included, are in flight). 1 or 3, so that a step's buffer is the same in every K tile.
+  static_assert(kWaitDepth == 1 || kWaitDepth == 3, "a wait depth of 1 or 3 steps");
+  static constexpr int kBuffers = kWaitDepth + 1;
+  using Fragments = u32[kBuffers][kUnitsPerWarpGroup][4];
 
   // Weigh the completed K tile `from` (in `slot`) by its channels' scales into acc, and release the slot.
   static __device__ __forceinline__ void retire(u32 smem_base, u32 empty0, int slot, float (&from)[kAccumulators],
@@ -61,8 +68,12 @@ struct Int4E4m3Groups {
       asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(high[u]) : "r"(address + 32));
     }
     mma::wgmma_fence_operands(from);
-    __syncwarp();  // every lane's reads of the slot before lane 0's release (mbarrier arrive: release)
-    if (lane == 0) ptx::mbarrier_arrive(empty0 + 8 * slot);
+    // Every thread releases the slot after its own reads (its codes and scales: mbarrier arrive
+    // has release semantics for the arriving thread's accesses). One elected lane after a
+    // __syncwarp would do under the PTX memory model, but compute-sanitizer's racecheck cannot
+    // follow that chain to the producer's bulk copies that refill the slot (it reports their
+    // writes against these reads), and per-thread arrivals keep the racecheck step meaningful.
+    ptx::mbarrier_arrive(empty0 + 8 * slot);
     // accumulator i of a unit holds row + 8 ((i >> 1) & 1)
 #pragma unroll
     for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
@@ -75,7 +86,8 @@ struct Int4E4m3Groups {
   }
 
   // K tile `ring.slot` into `into`; with kRetire, `from` (the previous K tile, in from_slot) is
-  // retired once this tile's first step is issued. Returns the slot and moves the ring on.
+  // retired once its last step has completed: after this tile's step kWaitDepth - 1 is issued and
+  // waited for. Returns the slot and moves the ring on.
   template <bool kRetire>
   static __device__ __forceinline__ int issue(u32 smem_base, u32 full0, u32 empty0, State& ring,
                                               float (&into)[kAccumulators], Fragments& fragments,
@@ -92,8 +104,8 @@ struct Int4E4m3Groups {
     u32 words[kUnitsPerWarpGroup][4];
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      const int buffer = kk & 1;
-      if (buffer == 0) {
+      const int buffer = kk % kBuffers, half = kk & 1;
+      if (half == 0) {
 #pragma unroll
         for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
           asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
@@ -104,8 +116,8 @@ struct Int4E4m3Groups {
 #pragma unroll
       for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
         u32(&a)[4] = fragments[buffer][u];
-        numerics::Int4ToE4m3::convert(words[u][2 * buffer], a[0], a[1]);
-        numerics::Int4ToE4m3::convert(words[u][2 * buffer + 1], a[2], a[3]);
+        numerics::Int4ToE4m3::convert(words[u][2 * half], a[0], a[1]);
+        numerics::Int4ToE4m3::convert(words[u][2 * half + 1], a[2], a[3]);
       }
       mma::wgmma_fence();
 #pragma unroll
@@ -115,8 +127,9 @@ struct Int4E4m3Groups {
                  tokens + static_cast<u64>(2 * kk), kk > 0);
       }
       mma::wgmma_commit_group();
-      mma::wgmma_wait_group<1>();
-      if (kRetire && kk == 0) retire(smem_base, empty0, from_slot, from, acc);  // every earlier group is done
+      mma::wgmma_wait_group<kWaitDepth>();
+      // the previous K tile's groups are the ones before this tile's first kWaitDepth
+      if (kRetire && kk == kWaitDepth - 1) retire(smem_base, empty0, from_slot, from, acc);
     }
     if (++ring.slot == kStages) {
       ring.slot = 0;
@@ -133,6 +146,16 @@ struct Int4E4m3Groups {
 #pragma unroll
     for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.f;
     if (count <= 0) return;
+    if constexpr (!kOverlapped) {  // one scratch set: each K tile waited for and added before the next
+      float scratch[kAccumulators];
+      Fragments fragments;
+      for (int it = 0; it < count; ++it) {
+        const int slot = issue<false>(smem_base, full0, empty0, ring, scratch, fragments, scratch, 0, acc);
+        mma::wgmma_wait_group<0>();
+        retire(smem_base, empty0, slot, scratch, acc);
+      }
+      return;
+    }
     float even[kAccumulators], odd[kAccumulators];
     Fragments fragments;
     int even_slot = issue<false>(smem_base, full0, empty0, ring, even, fragments, odd, 0, acc), odd_slot;

@@ -103,6 +103,21 @@ struct WgmmaE4m3Rs<128> {
 };
 
 template <>
+struct WgmmaE4m3Rs<160> {
+  static constexpr int kAccumulators = 80;
+  static __device__ __forceinline__ void mma(float (&d)[80], const u32 (&a)[4], u64 desc_b, bool accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %85, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n160k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79}, {%80, %81, %82, %83}, %84, p, 1, 1;\n}\n"
+        : HUMMING_AOT_RS_D8(0), HUMMING_AOT_RS_D8(8), HUMMING_AOT_RS_D8(16), HUMMING_AOT_RS_D8(24),
+          HUMMING_AOT_RS_D8(32), HUMMING_AOT_RS_D8(40), HUMMING_AOT_RS_D8(48), HUMMING_AOT_RS_D8(56),
+          HUMMING_AOT_RS_D8(64), HUMMING_AOT_RS_D8(72)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+  }
+};
+
+template <>
 struct WgmmaE4m3Rs<192> {
   static constexpr int kAccumulators = 96;
   static __device__ __forceinline__ void mma(float (&d)[96], const u32 (&a)[4], u64 desc_b, bool accumulate) {
