@@ -218,11 +218,23 @@ _TILES = (
 )
 
 
+# Decode (at most 16 tokens) on layers of at least 8192 channels: two consumer warpgroups of 128
+# channels each. A K tile's codes then take eight warps to convert instead of four, which is what
+# bounds decode (the conversion is the same work per weight at any M): 8192 x 8192, 10240 x 8192,
+# 28672 x 4096 and 57344 x 8192 at 1 token 14.3 / 17.2 / 20.9 / 66.6 us against 16.1 / 19.5 / 24.3 /
+# 69.8 with 8 x 128 under stream-K; on 4096 channels (16 CTAs) 17.5 against 14.6 (log section 36).
+_WIDE_DECODE_TILE = "wgmma-w4a8:16x256x128_w1x8_s6"
+WIDE_DECODE_N = 8192
+
+
 def select_tile(m: int, n: int | None = None, num_sms: int = 132) -> TileConfig:
     """The wgmma-w4a8 tile for m tokens: _TILES' row, and given N (and the device's SMs) the
-    64-token row only where its tiles fit in one wave (above that 128 tokens a CTA)."""
+    64-token row only where its tiles fit in one wave (above that 128 tokens a CTA), and at most 16
+    tokens on at least WIDE_DECODE_N channels the two-warpgroup decode tile."""
     from humming_aot.enumerate import parse_tile_field
 
+    if n is not None and m <= 16 and n >= WIDE_DECODE_N:
+        return parse_tile_field(_WIDE_DECODE_TILE)
     for i, (limit, label) in enumerate(_TILES):
         if m <= limit:
             tile = parse_tile_field(label)

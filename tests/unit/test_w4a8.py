@@ -164,6 +164,9 @@ def test_every_m_has_a_tile_whose_key_round_trips(m):
     tile = w4a8.select_tile(m, n=4096)
     assert tile.label in {label for _, label in w4a8._TILES} and tile.block_m >= min(m, 64)
     assert tile.block_m == (192 if m > 2048 else tile.block_m)
+    # decode on wide layers: two warpgroups of 128 channels
+    wide = w4a8.select_tile(m, n=8192)
+    assert (wide.label == w4a8._WIDE_DECODE_TILE) == (m <= 16)
     for dtype in (torch.bfloat16, torch.float16):
         key = w4a8.kernel_key("sm90a", dtype, tile)
         assert KernelKey.from_name(key.name) == key
@@ -219,7 +222,7 @@ def test_nvcc_compiles_every_table_tile_without_spills_or_serialized_wgmma():
     except ninja.NvccNotFoundError:
         pytest.skip("nvcc not found (set HUMMING_AOT_NVCC)")
     include = str(REPO / "csrc" / "include")
-    for _, label in w4a8._TILES:
+    for label in [label for _, label in w4a8._TILES] + [w4a8._WIDE_DECODE_TILE]:
         key = w4a8.kernel_key("sm90a", torch.bfloat16, parse_tile_field(label))
         with tempfile.TemporaryDirectory() as tmp:
             src = f"{tmp}/k.cu"
@@ -234,7 +237,7 @@ def test_the_default_catalog_holds_every_table_tile():
     from humming_aot.enumerate import enumerate_keys
 
     names = {key.name for key in enumerate_keys("default", ["sm90a"])}
-    for _, label in w4a8._TILES:
+    for label in [label for _, label in w4a8._TILES] + [w4a8._WIDE_DECODE_TILE]:
         for dtype in (torch.bfloat16, torch.float16):
             assert w4a8.kernel_key("sm90a", dtype, parse_tile_field(label)).name in names
 
