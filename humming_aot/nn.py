@@ -47,7 +47,8 @@ class QuantizedLinear(torch.nn.Module):
 
         act_dtype defaults to the linear's dtype when it is float16 or bfloat16, else bfloat16.
         ``activations``: an ActivationFormat ("float8e4m3:token", "float8e4m3:g128", "int8:token") to
-        quantize the inputs with: a W8A8Linear (float8e4m3 or int8 weights of the same element).
+        quantize the inputs with: a W8A8Linear (float8e4m3 or int8 weights of the same element, or
+        int4 weights with float8e4m3 activations: W4A8).
         """
         from humming_aot.quant import quantize
 
@@ -150,31 +151,36 @@ class QuantizedLinear(torch.nn.Module):
 
 
 class W8A8Linear(torch.nn.Module):
-    """y = w8a8.gemm(quantize_activation(x, activations), W) (+ b): a float8 or int8 W8A8 layer (sm_90a
-    kernels; the float64 reference on the CPU). The output takes x's dtype when it is float16 or
-    bfloat16, else bfloat16. Weight codes, scales and bias are buffers (``.to()`` moves them)."""
+    """y = gemm(quantize_activation(x, activations), W) (+ b): a layer with 8-bit activations (sm_90a
+    kernels; the float64 reference on the CPU): float8 or int8 W8A8 (humming_aot.w8a8), or W4A8 with
+    int4 weights and float8 activations (humming_aot.w4a8). The output takes x's dtype when it is
+    float16 or bfloat16, else bfloat16. Weight codes, scales and bias are buffers (``.to()`` moves
+    them)."""
 
     def __init__(self, packed, activations: str, bias: torch.Tensor | None = None,
                  static_scale: torch.Tensor | float | None = None):
+        from humming_aot import w4a8
         from humming_aot.quant import ActivationFormat
         from humming_aot.quant.activation import ActivationGranularity
 
         super().__init__()
         fmt = ActivationFormat.parse(activations)
-        wanted = ((ActivationGranularity.GROUP,) if packed.blocks
+        w4 = isinstance(packed, w4a8.PackedW4A8Weight)
+        blocks = not w4 and packed.blocks
+        wanted = ((ActivationGranularity.GROUP,) if blocks
                   else (ActivationGranularity.TOKEN, ActivationGranularity.TENSOR))
-        element = packed.element
+        element = w4a8.ACT_ELEMENT if w4 else packed.element
         if fmt.element != element or fmt.granularity not in wanted or fmt.scale_dtype != "float32" or (
-                packed.blocks and fmt.group_size != 128):
+                blocks and fmt.group_size != 128):
             raise ValueError(f"W8A8Linear: activations {fmt} do not suit weights {packed.format}; use "
-                             f"{'float8e4m3:g128' if packed.blocks else f'{element}:token or {element}:tensor'}")
+                             f"{'float8e4m3:g128' if blocks else f'{element}:token or {element}:tensor'}")
         if static_scale is not None and fmt.granularity is not ActivationGranularity.TENSOR:
             raise ValueError(f"W8A8Linear: a static activation scale is one per tensor; activations {fmt} are "
                              "quantized per token or group on the fly (leave static_scale None)")
         self.activations = str(fmt)
         self.in_features, self.out_features = packed.in_features, packed.out_features
         self._meta = {"n": packed.n, "k": packed.k, "format": packed.format, "n_valid": packed.n_valid,
-                      "blocks": packed.blocks}
+                      "blocks": blocks, "w4a8": w4, "group_size": packed.group_size if w4 else None}
         self.register_buffer("w", packed.w)
         self.register_buffer("w_scale", packed.w_scale)
         self.register_buffer("bias", bias)
@@ -184,12 +190,18 @@ class W8A8Linear(torch.nn.Module):
                 raise ValueError(f"W8A8Linear: static_scale must be a positive finite number, got {float(static_scale)}")
         self.register_buffer("static_scale", static_scale)
 
+    @staticmethod
+    def _pack(weight):
+        """The weight as the 8-bit-activation kernels read it: int4 for W4A8, else W8A8."""
+        from humming_aot import w4a8, w8a8
+
+        return (w4a8 if weight.format.element == w4a8.WEIGHT_ELEMENT else w8a8).pack(weight)
+
     @classmethod
     def from_checkpoint_layer(cls, layer, activations: str, device=None) -> "W8A8Linear":
-        """A checkpoint layer (humming_aot.checkpoints.CheckpointLayer) on the W8A8 kernels, its
-        inputs quantized by ``activations``: "checkpoint" (the producer's scheme, its static scale
-        included) or an ActivationFormat string (dynamic)."""
-        from humming_aot import w8a8
+        """A checkpoint layer (humming_aot.checkpoints.CheckpointLayer) on the W8A8 kernels (W4A8
+        for int4 weights), its inputs quantized by ``activations``: "checkpoint" (the producer's
+        scheme, its static scale included) or an ActivationFormat string (dynamic)."""
 
         where = f"from_checkpoint: layer {layer.prefix!r}"
         scheme, static_scale = layer.activations, None
@@ -210,7 +222,7 @@ class W8A8Linear(torch.nn.Module):
                              "holds one (N, K) weight")
         weight = layer.weight if device is None else layer.weight.to(device)
         try:
-            packed = w8a8.pack(weight)
+            packed = cls._pack(weight)
         except ValueError as error:
             raise ValueError(f"{where}: {error}") from None
         bias = None if layer.bias is None else layer.bias.to(device=packed.w.device, dtype=torch.float32)
@@ -220,34 +232,41 @@ class W8A8Linear(torch.nn.Module):
     def from_linear(cls, linear: torch.nn.Linear, fmt: str = "float8e4m3:channel",
                     activations: str | None = None) -> "W8A8Linear":
         """Quantize an nn.Linear's weight with `fmt` ("float8e4m3:channel", ":tensor" or
-        ":b128x128", "int8:channel" or ":tensor"); activations default to the weight's element per
-        token (float8e4m3 per token and 128 of K for block weights)."""
-        from humming_aot import w8a8
+        ":b128x128", "int8:channel" or ":tensor", or for W4A8 "int4:g128", ":channel"); activations
+        default to the weight's element per token (float8e4m3 per token and 128 of K for block
+        weights, float8e4m3 per token for int4 weights)."""
+        from humming_aot import w4a8
         from humming_aot.quant import quantize
 
         if not isinstance(linear, torch.nn.Linear):
             raise TypeError(f"from_linear: expected torch.nn.Linear, got {type(linear).__name__}")
-        packed = w8a8.pack(quantize(linear.weight.detach().float(), fmt))
+        packed = cls._pack(quantize(linear.weight.detach().float(), fmt))
         if activations is None:
-            activations = "float8e4m3:g128" if packed.blocks else f"{packed.element}:token"
+            if isinstance(packed, w4a8.PackedW4A8Weight):
+                activations = f"{w4a8.ACT_ELEMENT}:token"
+            else:
+                activations = "float8e4m3:g128" if packed.blocks else f"{packed.element}:token"
         bias = None if linear.bias is None else linear.bias.detach().float()
         return cls(packed, activations, bias)
 
     @property
     def packed(self):
-        from humming_aot import w8a8
+        from humming_aot import w4a8, w8a8
 
         meta = self._meta
+        if meta["w4a8"]:
+            return w4a8.PackedW4A8Weight(w=self.w, w_scale=self.w_scale, n=meta["n"], k=meta["k"],
+                                         group_size=meta["group_size"], format=meta["format"], n_valid=meta["n_valid"])
         return w8a8.PackedW8A8Weight(w=self.w, w_scale=self.w_scale, n=meta["n"], k=meta["k"], format=meta["format"],
                                      n_valid=meta["n_valid"], blocks=meta["blocks"])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from humming_aot import w8a8
+        from humming_aot import w4a8, w8a8
 
         out_dtype = x.dtype if x.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
         bias = None if self.bias is None else self.bias.to(out_dtype)
         qa = ops.quantize_activation(x, self.activations, static_scale=self.static_scale)
-        return w8a8.gemm(qa, self.packed, bias=bias, out_dtype=out_dtype)
+        return (w4a8 if self._meta["w4a8"] else w8a8).gemm(qa, self.packed, bias=bias, out_dtype=out_dtype)
 
     def extra_repr(self) -> str:
         static = "" if self.static_scale is None else f", static_scale={float(self.static_scale):.6g}"

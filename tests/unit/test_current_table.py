@@ -53,3 +53,13 @@ def test_w8a8_rows_get_their_pairing_and_their_cublas_column(tmp_path):
     assert "| 4096 x 4096 | 10.0 / 12.0 / 20.0 |" in text and "| 4096 x 4096 | 8.0 / 4.0 |" in text
     assert "Against torch._int_mm + scales: geometric mean 2.00x its speed over 1 points" in text
     assert "Against Humming: geometric mean 0.50x its speed over 1 points; 1 below 0.95x" in text
+
+
+def test_w4a8_rows_get_their_pairing_and_our_w4a16_column():
+    rows = [dict(impl="humming_aot", n=8192, k=8192, m=4096, us=600.0, w4a8=True),
+            dict(impl="w4a16", n=8192, k=8192, m=4096, us=780.0, w4a8=True),
+            dict(impl="humming", n=8192, k=8192, m=4096, us=590.0, w4a8=True)]
+    text = current_table.table(current_table.merge([{"results": rows}]), ["s"], "dev")
+    assert "## W4A8 int4:g128 x float8e4m3:token: ours / Humming / our W4A16 (bf16 activations)" in text
+    assert "| 8192 x 8192 | 600.0 / 590.0 / 780.0 |" in text
+    assert "Against our W4A16 (bf16 activations): geometric mean 1.30x its speed over 1 points" in text

@@ -260,3 +260,24 @@ def test_gemm_is_a_custom_op_under_torch_compile_and_fake_tensors():
         assert out.shape == (2, 3, 100) and out.dtype == torch.float16
     with torch.device("cpu"):
         assert torch.equal(w4a8.gemm(qa, packed, bias=bias), eager)
+
+
+def test_the_layer_quantizes_its_input_and_matches_the_reference():
+    from humming_aot.nn import QuantizedLinear, W8A8Linear
+
+    gen = torch.Generator().manual_seed(5)
+    linear = torch.nn.Linear(256, 100)
+    x = torch.randn(2, 3, 256, generator=gen).to(torch.bfloat16)
+    layer = QuantizedLinear.from_linear(linear, "int4:g128", activations="float8e4m3:token")
+    assert isinstance(layer, W8A8Linear) and "activations='float8e4m3:token'" in repr(layer)
+    assert isinstance(layer.packed, w4a8.PackedW4A8Weight) and layer.packed.group_size == 128
+    y = layer(x)
+    qa = ops.quantize_activation(x, "float8e4m3:token")
+    expected = w4a8.gemm(qa, w4a8.pack(quant.quantize(linear.weight.detach().float(), "int4:g128")),
+                         bias=linear.bias.detach().to(torch.bfloat16))
+    assert y.shape == (2, 3, 100) and torch.equal(y, expected)
+    # per-tensor activations (dynamic); the default is per token; int8 activations are refused
+    assert W8A8Linear.from_linear(linear, "int4:channel").activations == "float8e4m3:token"
+    assert W8A8Linear.from_linear(linear, "int4:g128", activations="float8e4m3:tensor")(x).shape == (2, 3, 100)
+    with pytest.raises(ValueError, match="float8e4m3:token or float8e4m3:tensor"):
+        W8A8Linear.from_linear(linear, "int4:g128", activations="int8:token")
