@@ -192,10 +192,11 @@ class W8A8Linear(torch.nn.Module):
 
     @staticmethod
     def _pack(weight):
-        """The weight as the 8-bit-activation kernels read it: int4 for W4A8, else W8A8."""
+        """The weight as the 8-bit-activation kernels read it: 4-bit integers for W4A8 (whose pack
+        says what it takes), else W8A8."""
         from humming_aot import w4a8, w8a8
 
-        return (w4a8 if weight.format.element == w4a8.WEIGHT_ELEMENT else w8a8).pack(weight)
+        return (w4a8 if weight.format.element in ("int4", "uint4") else w8a8).pack(weight)
 
     @classmethod
     def from_checkpoint_layer(cls, layer, activations: str, device=None) -> "W8A8Linear":

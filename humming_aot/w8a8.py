@@ -127,7 +127,8 @@ def pack(qw: QuantizedWeight) -> PackedW8A8Weight:
         raise ValueError(
             f"the W8A8 kernels take float8e4m3 weights with a scale per channel, per tensor or per 128 x 128 block, "
             f"or symmetric int8 weights with a scale per channel or per tensor, got {fmt}; quantize with "
-            "'float8e4m3:channel', 'float8e4m3:tensor', 'float8e4m3:b128x128', 'int8:channel' or 'int8:tensor'"
+            "'float8e4m3:channel', 'float8e4m3:tensor', 'float8e4m3:b128x128', 'int8:channel' or 'int8:tensor' "
+            "(symmetric int4 weights run with float8e4m3 activations through humming_aot.w4a8)"
         )
     if qw.codes.dim() != 2:
         raise ValueError(f"pack takes one (N, K) weight, got codes of shape {tuple(qw.codes.shape)}")

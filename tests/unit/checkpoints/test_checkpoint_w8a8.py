@@ -11,7 +11,7 @@ import pytest
 import torch
 from ckpt_fixture_utils import copy_fixture, edit_tensors, fixture, tensors
 
-from humming_aot import checkpoints, ops, w8a8
+from humming_aot import checkpoints, ops, w4a8, w8a8
 from humming_aot.checkpoints.reader import CheckpointError
 from humming_aot.nn import QuantizedLinear, W8A8Linear
 
@@ -64,8 +64,19 @@ def test_weight_only_and_kernel_less_schemes_say_what_to_do():
     assert named.activations == "float8e4m3:tensor" and named.static_scale is None
     with pytest.raises(ValueError, match="do not suit weights float8e4m3:channel"):
         QuantizedLinear.from_checkpoint(fixture("ct_fp8_dynamic"), "proj", activations="int8:token")
-    with pytest.raises(ValueError, match="from_checkpoint: layer 'proj': the W8A8 kernels take"):
-        QuantizedLinear.from_checkpoint(fixture("ct_w4a16"), "proj", activations="float8e4m3:token")
+    # a weight-only int4:g128 checkpoint runs as W4A8 with its inputs quantized dynamically
+    w4 = QuantizedLinear.from_checkpoint(fixture("ct_w4a16"), "proj", activations="float8e4m3:token")
+    assert isinstance(w4, W8A8Linear) and isinstance(w4.packed, w4a8.PackedW4A8Weight)
+    x = torch.randn(3, w4.in_features, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    layer = checkpoints.load_layer(fixture("ct_w4a16"), "proj")
+    bias = None if layer.bias is None else layer.bias.to(torch.bfloat16)
+    expected = w4a8.gemm(ops.quantize_activation(x, "float8e4m3:token"), w4a8.pack(layer.weight), bias=bias)
+    assert torch.equal(w4(x), expected)
+    with pytest.raises(ValueError, match="do not suit weights int4:g128"):
+        QuantizedLinear.from_checkpoint(fixture("ct_w4a16"), "proj", activations="int8:token")
+    # a weight no 8-bit-activation kernel takes (int4 with zero points) is refused with the layer named
+    with pytest.raises(ValueError, match="from_checkpoint: layer 'proj': the W4A8 kernels take symmetric int4"):
+        QuantizedLinear.from_checkpoint(fixture("ct_w4a16_asym"), "proj", activations="float8e4m3:token")
     with pytest.raises(ValueError, match="act_dtype chooses the 16-bit activations' dtype"):
         QuantizedLinear.from_checkpoint(fixture("ct_fp8_dynamic"), "proj", act_dtype=torch.float16,
                                         activations="checkpoint")
