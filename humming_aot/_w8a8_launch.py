@@ -151,7 +151,8 @@ def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, t
     info = dispatch.device_info(index)
     if ARCH not in info.arches:
         raise RuntimeError(
-            f"the W8A8 kernels are built for {ARCH} (H100, H200) only; {info.name} is sm_"
+            f"the {'W4A8' if isinstance(packed, PackedW4A8Weight) else 'W8A8'} kernels are built for {ARCH} (H100, "
+            f"H200) only; {info.name} is sm_"
             f"{info.capability[0]}{info.capability[1]}. Run it on an sm_90 GPU, or on CPU tensors (the reference)."
         )
     if out is not None and (out.shape != (m, n) or out.dtype != out_dtype or not out.is_contiguous()

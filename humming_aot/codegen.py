@@ -81,6 +81,19 @@ def weight_codes(spec) -> str:
     return f"humming_aot::numerics::IntWeights<{spec.w_bits}>"
 
 
+def _body_asserts(key: KernelKey) -> str:
+    """The static_asserts of the rules a body's module repeats from its C++ (bodies/wgmma_w4a8.py:
+    the promotion's scratch sets and the wgmma wait depth)."""
+    if key.tile.mma is not MmaKind.WGMMA_W4A8:
+        return ""
+    from humming_aot.bodies.wgmma_w4a8 import overlapped, wait_depth
+
+    return (f'static_assert(Kernel::kOverlapped == {"true" if overlapped(key.tile) else "false"}, '
+            '"scratch sets differ from humming_aot.bodies.wgmma_w4a8.overlapped");\n'
+            f'static_assert(Kernel::kWaitDepth == {wait_depth(key.tile)}, '
+            '"wait depth differs from humming_aot.bodies.wgmma_w4a8.wait_depth");\n')
+
+
 def kernel_source(key: KernelKey) -> str:
     """The generated .cu text for one key (deterministic: same key, same bytes)."""
     spec, tile = key.spec, key.tile
@@ -135,7 +148,7 @@ static_assert(Kernel::kSmemBytes == {smem}, "shared memory differs from humming_
 static_assert(Kernel::kThreads == {tile.threads}, "thread count differs from the TileConfig");
 static_assert(Kernel::kScalesInFp32 == {"true" if key.scales_in_fp32 else "false"}, "scale rounding differs from KernelKey.scales_in_fp32");
 static_assert(humming_aot::kernel::kParamsVersion == {PARAMS_VERSION}, "GemmParams version differs from codegen");
-
+{_body_asserts(key)}
 extern "C" __global__ void __launch_bounds__(Kernel::kThreads, Kernel::kMinBlocksPerSm)
 {key.symbol}(const __grid_constant__ humming_aot::kernel::{params} params) {{
   Kernel::run(params);

@@ -189,6 +189,24 @@ class W8A8Linear(torch.nn.Module):
             if not bool(torch.isfinite(static_scale)) or float(static_scale) <= 0:
                 raise ValueError(f"W8A8Linear: static_scale must be a positive finite number, got {float(static_scale)}")
         self.register_buffer("static_scale", static_scale)
+        if w4:  # W4A8 codes are in a packed layout of their own: its version goes with them
+            self.register_buffer("packed_layout_version",
+                                 torch.tensor(w4a8.LAYOUT_VERSION, dtype=torch.int32, device=packed.w.device))
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        from humming_aot import w4a8
+
+        # a W4A8 layer's layout version is checked before any tensor is copied
+        saved = state_dict.get(prefix + "packed_layout_version")
+        if self._meta["w4a8"] and isinstance(saved, torch.Tensor) and int(saved) != w4a8.LAYOUT_VERSION:
+            raise ValueError(
+                f"the state dict of W8A8Linear {prefix.rstrip('.') or '(root)'} ({self._meta['format']}) holds W4A8 "
+                f"codes in packed layout version {int(saved)}, but this humming_aot reads version "
+                f"{w4a8.LAYOUT_VERSION}: pack the quantized weight again (humming_aot.w4a8.pack) or load it with "
+                "the humming_aot version that packed it")
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     @staticmethod
     def _pack(weight):

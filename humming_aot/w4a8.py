@@ -260,9 +260,25 @@ def _check_activation(qa: QuantizedActivation, packed: PackedW4A8Weight) -> None
         )
     if qa.codes.shape[-1] != packed.k:
         raise ValueError(f"activations have K={qa.codes.shape[-1]} but the weight has K={packed.k}")
+    _check_packed(packed)
     if qa.codes.device != packed.w.device or qa.scales.device != packed.w.device:
         raise ValueError(f"activation codes are on {qa.codes.device} and their scales on {qa.scales.device}, but "
                          f"the weight is on {packed.w.device}: move them together")
+
+
+def _check_packed(packed: PackedW4A8Weight) -> None:
+    """The packed tensors agree with n, k and group_size (the kernel reads them by these alone)."""
+    k_tiles = -(-packed.k // K_TILE)
+    groups = -(-k_tiles * K_TILE // packed.group_size) if packed.group_size > 0 else 0
+    w, s = packed.w, packed.w_scale
+    if (packed.n % N_ALIGN or packed.group_size <= 0 or packed.group_size % K_TILE or w.dtype != torch.uint8
+            or tuple(w.shape) != (k_tiles, packed.n // N_ALIGN, 4096) or s.dtype != torch.float32
+            or tuple(s.shape) != (groups, packed.n) or not w.is_contiguous() or not s.is_contiguous()):
+        raise ValueError(
+            f"a PackedW4A8Weight of n={packed.n}, k={packed.k}, group_size={packed.group_size} holds contiguous uint8 "
+            f"codes of shape ({k_tiles}, {packed.n // N_ALIGN}, 4096) and float32 scales of shape ({groups}, {packed.n}) "
+            f"(n a multiple of {N_ALIGN}, group_size of {K_TILE}), got {w.dtype} {tuple(w.shape)} and {s.dtype} "
+            f"{tuple(s.shape)}: make it with humming_aot.w4a8.pack")
 
 
 def reference(qa: QuantizedActivation, packed: PackedW4A8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:

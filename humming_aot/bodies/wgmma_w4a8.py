@@ -51,19 +51,25 @@ def consumer_registers(tile: "TileConfig") -> int:
     return min(consumer, _HELD_LIMIT)
 
 
+def wait_depth(tile: "TileConfig") -> int:
+    """wgmma steps a consumer leaves in flight after each issue (kWaitDepth): three from 128
+    tokens, else one."""
+    return 3 if tile.block_m >= 128 else 1
+
+
 def _loop_registers(tile: "TileConfig") -> int:
     """Registers beside the accumulator sets: the A fragments of wait depth + 1 K steps (four from
     128 tokens, else two) and half a K tile's codes per unit, and the loop (kLoopRegisters of
     kernel/dense_wgmma_w4a8.cuh)."""
-    wait_depth = 3 if tile.block_m >= 128 else 1
-    return (4 * wait_depth + 8) * tile.units_per_warpgroup + 16
+    return (4 * wait_depth(tile) + 8) * tile.units_per_warpgroup + 16
 
 
 def overlapped(tile: "TileConfig") -> bool:
     """Whether the tile's consumers hold two scratch sets, so that a K tile's promotion runs beside
     the next one's wgmma (kOverlapped), rather than one."""
     accumulators = (tile.block_m // 2) * tile.units_per_warpgroup
-    return 3 * accumulators + _loop_registers(tile) <= consumer_registers(tile)
+    # strictly below: at equality ptxas spilled (64 x 256 with two scratch sets)
+    return 3 * accumulators + _loop_registers(tile) < consumer_registers(tile)
 
 
 def _register_need(tile: "TileConfig") -> int:
@@ -105,9 +111,10 @@ class WgmmaW4A8Body(Body):
             )
         limit = _MAX_SMEM if ctas_per_sm(tile) == 1 else _SMEM_PER_SM // ctas_per_sm(tile) - 2048
         if self.smem_bytes(tile, 4, False) > limit:
-            raise ValueError(f"tile {tile.field}: {tile.stages} slots of {_stage_bytes(tile)} bytes exceed the {limit} "
-                             f"bytes of shared memory each of its {ctas_per_sm(tile)} CTAs per SM has on sm_90; take "
-                             "fewer stages")
+            raise ValueError(f"tile {tile.field}: its ring ({tile.stages} slots of {_stage_bytes(tile)} bytes), output "
+                             f"staging tile and alignment need {self.smem_bytes(tile, 4, False)} bytes, more than the "
+                             f"{limit} bytes of shared memory each of its {ctas_per_sm(tile)} CTA(s) per SM has on sm_90; "
+                             "take fewer stages")
 
     def check_key(self, key: "KernelKey") -> None:
         s = key.spec

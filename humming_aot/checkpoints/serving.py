@@ -57,10 +57,10 @@ def serving_status(layer: CheckpointLayer, arch: str, catalog) -> str:
 
 
 def w8a8_serving_status(layer: CheckpointLayer, arch: str, catalog) -> str | None:
-    """One line for the W8A8 path of a layer whose checkpoint quantizes its activations
+    """One line for the W8A8 (or, for int4 weights, W4A8) path of a layer whose checkpoint quantizes its activations
     (``from_checkpoint(..., activations="checkpoint")``): ``catalog``, ``JIT ...`` or ``no: <why>``;
     None for a weight-only layer."""
-    from humming_aot import support, w8a8
+    from humming_aot import support, w4a8, w8a8
     from humming_aot.quant import ActivationFormat
     from humming_aot.quant.activation import ActivationGranularity
     from humming_aot.spec import KernelKey
@@ -72,20 +72,30 @@ def w8a8_serving_status(layer: CheckpointLayer, arch: str, catalog) -> str | Non
         return f"no: no kernel takes {scheme.description} activations"
     if layer.weight.codes.dim() != 2:
         return "no: the W8A8 kernels take one (N, K) weight, not stacked experts"
-    try:
-        packed = w8a8.pack(layer.weight)
-    except ValueError as err:
-        return f"no: {err}"
     fmt = ActivationFormat.parse(scheme.format)
-    wanted = ActivationGranularity.GROUP if packed.blocks else ActivationGranularity.TOKEN
-    if fmt.element != packed.element or fmt.granularity not in (wanted, ActivationGranularity.TENSOR) \
-            or (packed.blocks and (fmt.granularity is not wanted or fmt.group_size != 128)):
-        return f"no: {scheme.format} activations do not suit a {packed.format} weight"
-    spec = w8a8.gemm_spec(torch.bfloat16, packed.blocks, packed.element)
+    if layer.weight.format.element in ("int4", "uint4"):  # W4A8 (nn.W8A8Linear packs it with w4a8)
+        try:
+            packed = w4a8.pack(layer.weight)
+        except ValueError as err:
+            return f"no: {err}"
+        if fmt.element != w4a8.ACT_ELEMENT or fmt.granularity not in (ActivationGranularity.TOKEN,
+                                                                       ActivationGranularity.TENSOR):
+            return f"no: {scheme.format} activations do not suit a {packed.format} weight"
+        spec = w4a8.gemm_spec(torch.bfloat16)
+    else:
+        try:
+            packed = w8a8.pack(layer.weight)
+        except ValueError as err:
+            return f"no: {err}"
+        wanted = ActivationGranularity.GROUP if packed.blocks else ActivationGranularity.TOKEN
+        if fmt.element != packed.element or fmt.granularity not in (wanted, ActivationGranularity.TENSOR) \
+                or (packed.blocks and (fmt.granularity is not wanted or fmt.group_size != 128)):
+            return f"no: {scheme.format} activations do not suit a {packed.format} weight"
+        spec = w8a8.gemm_spec(torch.bfloat16, packed.blocks, packed.element)
     why = support.why_unsupported(spec, arch)
     if why is not None:
         return f"no: {why}"
     if catalog is not None and arch in catalog.archs:
         if any(KernelKey.from_name(name).spec == spec for name in catalog.keys_for(arch)):
             return "catalog"
-    return "JIT (no precompiled W8A8 kernel of this pairing in the installed catalog)"
+    return "JIT (no precompiled kernel of this 8-bit-activation pairing in the installed catalog)"

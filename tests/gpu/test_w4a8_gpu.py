@@ -67,7 +67,9 @@ def _both_schedules(qa, packed, tile: str) -> None:
 @pytest.mark.parametrize("tile", _TILES)
 @pytest.mark.parametrize("m,n,k,weights", [(1, 256, 128, "int4:g128"), (37, 200, 400, "int4:channel"),
                                            (200, 384, 1024, "int4:g128"), (300, 4096, 512, "int4:g256"),
-                                           (129, 1000, 2048, "int4:tensor")])
+                                           (129, 1000, 2048, "int4:tensor"),
+                                           # N = 320: a 128-wide CTA of 64 columns; 3 K tiles (odd)
+                                           (77, 320, 384, "int4:g128")])
 def test_every_tile_matches_the_float64_product(tile, m, n, k, weights):
     gen = torch.Generator().manual_seed(_seed())
     _both_schedules(*_operands(m, n, k, gen, weights), tile)

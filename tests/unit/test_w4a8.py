@@ -162,8 +162,10 @@ def test_errors_say_what_to_do():
 @pytest.mark.parametrize("m", (1, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 8192))
 def test_every_m_has_a_tile_whose_key_round_trips(m):
     tile = w4a8.select_tile(m, n=4096)
-    assert tile.label in {label for _, label in w4a8._TILES} and tile.block_m >= min(m, 64)
-    assert tile.block_m == (192 if m > 2048 else tile.block_m)
+    assert tile.label in {label for _, label in w4a8._TILES}
+    # 64 tokens up to 128 on 4096 channels (64 x 32 tiles fit a wave of 132), then 128, 192 above 2048
+    expected = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 128 else 128 if m <= 2048 else 192
+    assert tile.block_m == expected
     # decode on wide layers: two warpgroups of 128 channels
     wide = w4a8.select_tile(m, n=8192)
     assert (wide.label == w4a8._WIDE_DECODE_TILE) == (m <= 16)
@@ -210,6 +212,14 @@ def test_nvrtc_compiles_a_key():
     assert len(image) > 10000
 
 
+def _probe_tiles() -> list[str]:
+    """The W4A8 tiles of the GPU tests' catalog (catalog/probe_w8a8_sm90a.toml)."""
+    import tomllib
+
+    data = tomllib.loads((REPO / "catalog" / "probe_w8a8_sm90a.toml").read_text())
+    return [t for family in data["family"] if family["pairing"] == "w4a8_int4_float8" for t in family["tiles"]]
+
+
 @pytest.mark.slow
 def test_nvcc_compiles_every_table_tile_without_spills_or_serialized_wgmma():
     import subprocess
@@ -222,7 +232,8 @@ def test_nvcc_compiles_every_table_tile_without_spills_or_serialized_wgmma():
     except ninja.NvccNotFoundError:
         pytest.skip("nvcc not found (set HUMMING_AOT_NVCC)")
     include = str(REPO / "csrc" / "include")
-    for label in [label for _, label in w4a8._TILES] + [w4a8._WIDE_DECODE_TILE]:
+    for label in sorted({label for _, label in w4a8._TILES} | {w4a8._WIDE_DECODE_TILE} | set(_probe_tiles())
+                        | {"wgmma-w4a8:64x256x128_w1x8_s4"}):
         key = w4a8.kernel_key("sm90a", torch.bfloat16, parse_tile_field(label))
         with tempfile.TemporaryDirectory() as tmp:
             src = f"{tmp}/k.cu"
@@ -281,3 +292,27 @@ def test_the_layer_quantizes_its_input_and_matches_the_reference():
     assert W8A8Linear.from_linear(linear, "int4:g128", activations="float8e4m3:tensor")(x).shape == (2, 3, 100)
     with pytest.raises(ValueError, match="float8e4m3:token or float8e4m3:tensor"):
         W8A8Linear.from_linear(linear, "int4:g128", activations="int8:token")
+
+
+def test_the_layer_records_its_packed_layout_version():
+    from humming_aot.nn import W8A8Linear
+
+    layer = W8A8Linear.from_linear(torch.nn.Linear(256, 64), "int4:g128")
+    state = layer.state_dict()
+    assert int(state["packed_layout_version"]) == w4a8.LAYOUT_VERSION
+    again = W8A8Linear.from_linear(torch.nn.Linear(256, 64), "int4:g128")
+    again.load_state_dict(state)
+    assert torch.equal(again.w, layer.w)
+    state["packed_layout_version"] = torch.tensor(w4a8.LAYOUT_VERSION + 1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="packed layout version 2, but this humming_aot reads version 1"):
+        again.load_state_dict(state)
+
+
+def test_packed_tensors_that_disagree_with_their_fields_are_refused():
+    import dataclasses
+
+    _, _, packed, qa = _operands(3, 64, 256)
+    with pytest.raises(ValueError, match="make it with humming_aot.w4a8.pack"):
+        w4a8.gemm(qa, dataclasses.replace(packed, group_size=256))  # w_scale has two rows, not one
+    with pytest.raises(ValueError, match="make it with humming_aot.w4a8.pack"):
+        w4a8.gemm(qa, dataclasses.replace(packed, w=packed.w[:1]))

@@ -144,3 +144,22 @@ def test_cli_inspect_prints_the_activations_and_the_w8a8_path(capsys):
     assert cli.main(["inspect", str(fixture("ct_fp8_dynamic")), "--arch", "sm89"]) == 0
     out = capsys.readouterr().out
     assert "activations float8e4m3:token" in out and "with its activations quantized (W8A8): no: pairing" in out
+
+
+def test_an_int4_checkpoint_with_float8_token_activations_is_served_as_w4a8(tmp_path):
+    # variant built here: ct_w4a16 with compressed-tensors' dynamic float8 per-token input_activations
+    # (the W4A8-FP8 scheme)
+    model = copy_fixture("ct_w4a16", tmp_path)
+    config = json.loads((model / "config.json").read_text())
+    config["quantization_config"]["config_groups"]["group_0"]["input_activations"] = {
+        "num_bits": 8, "type": "float", "strategy": "token", "dynamic": True, "symmetric": True}
+    (model / "config.json").write_text(json.dumps(config))
+    layer = checkpoints.load_layer(model, "proj")
+    assert layer.activations.format == "float8e4m3:token"
+    (row,) = checkpoints.inspect(model, arch="sm90a")
+    assert row.served_w8a8 == "catalog" or row.served_w8a8.startswith("JIT"), row.served_w8a8
+    (row,) = checkpoints.inspect(model, arch="sm89")
+    assert row.served_w8a8.startswith("no: pairing 'w4a8_int4_float8'") and "only on sm90a" in row.served_w8a8
+    linear = QuantizedLinear.from_checkpoint(model, "proj", activations="checkpoint")
+    assert isinstance(linear, W8A8Linear) and isinstance(linear.packed, w4a8.PackedW4A8Weight)
+    assert linear.activations == "float8e4m3:token"

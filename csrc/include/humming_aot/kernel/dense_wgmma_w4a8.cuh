@@ -99,7 +99,8 @@ struct DenseWgmmaW4A8 {
   // registers for the fragments of kWaitDepth + 1 steps, half a K tile's codes, and the loop
   static constexpr int kLoopRegisters = (4 * kWaitDepth + 8) * kUnitsPerWarpGroup + 16;
   // two scratch sets where they fit beside the accumulators, else one (bodies/wgmma_w4a8.py)
-  static constexpr bool kOverlapped = 3 * kAccumulators + kLoopRegisters <= kConsumerRegistersHeld;
+  // (strictly below: at equality ptxas spilled, 64 x 256 with two scratch sets)
+  static constexpr bool kOverlapped = 3 * kAccumulators + kLoopRegisters < kConsumerRegistersHeld;
   static_assert(2 * kAccumulators + kLoopRegisters <= kConsumerRegistersHeld,
                 "the consumers' registers hold the accumulators, a scratch set and the fragments");
   using Consumer = mainloop::Int4E4m3Groups<kBlockM, kUnitsPerWarpGroup, kStages, kStageBytes, kWeightOffset,
