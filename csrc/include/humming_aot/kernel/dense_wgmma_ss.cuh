@@ -88,28 +88,19 @@ struct DenseWgmmaSs {
   static constexpr int kCodeBytes = (kBlockN + kBlockM) * 128;
   static constexpr int kStageBytes = (kCodeBytes + (kStagedTokenScales ? kBlockM * 4 : 0) + 1023) / 1024 * 1024;
   static constexpr int kPipelineBytes = kStages * kStageBytes;
-  // The output's staging tile: after the ring where both fit in a CTA that has the SM to itself
-  // (two consumer warpgroups), leaving 1 KB of sm_90's 227 KB per block for the static shared
-  // memory, so that the producer fills the ring with the next tile's K tiles while the consumers
-  // store this one; else over the ring, which the producer then leaves alone until the store is done.
-  static constexpr int kMaxSmemBytes = 232448;
-  static constexpr bool kSeparateStaging =
-      kConsumerWarpGroups == 2 && kPipelineBytes + Writer::kStagingBytes + 1024 <= kMaxSmemBytes - 1024;
-  static constexpr int kStagingOffset = kSeparateStaging ? kPipelineBytes : 0;
-  static constexpr int kSmemBytes =
-      (kSeparateStaging ? kPipelineBytes + Writer::kStagingBytes
-                        : (kPipelineBytes > Writer::kStagingBytes ? kPipelineBytes : Writer::kStagingBytes)) +
-      1024;
+  // The output's staging tile: after the ring where both fit (kernel/scaled_ws_driver.cuh).
+  using Staging = StagingPlacement<kPipelineBytes, Writer::kStagingBytes, kConsumerWarpGroups>;
+  static constexpr bool kSeparateStaging = Staging::kSeparate;
+  static constexpr int kStagingOffset = Staging::kOffset;
+  static constexpr int kSmemBytes = Staging::kSmemBytes;
   static constexpr bool kScalesInFp32 = true;  // the scales multiply fp32 sums
 
   static constexpr int kUnitAccumulators = Mma::kAccumulators;
   static constexpr int kAccumulators = kUnitsPerWarpGroup * kUnitAccumulators;
   static constexpr int kMinBlocksPerSm = kConsumerWarpGroups == 1 ? 2 : 1;
-  static constexpr int kProducerRegisters = 40;
-  static constexpr int kLaunchRegisters = (65536 / kMinBlocksPerSm / kThreads) / 8 * 8;
-  static constexpr int kConsumerRegisters =
-      ((kLaunchRegisters * kThreads - kProducerRegisters * 128) / kConsumerThreads) / 8 * 8;
-  static constexpr int kConsumerRegistersHeld = kConsumerRegisters > 240 ? 240 : kConsumerRegisters;
+  using Registers = RegisterSplit<kThreads, kConsumerThreads, kMinBlocksPerSm>;
+  static constexpr int kProducerRegisters = Registers::kProducer;
+  static constexpr int kConsumerRegistersHeld = Registers::kHeld;
   static constexpr int kTokenScales = kBlockM / 4;  // the tokens of a thread's accumulators (blocks)
   // (e4m3: the accumulators and the promotion's scratch set; s8: the sums alone, made fp32 in place)
   static_assert(kConsumerRegistersHeld >=

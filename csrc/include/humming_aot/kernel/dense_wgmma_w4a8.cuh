@@ -65,16 +65,11 @@ struct DenseWgmmaW4A8 {
   static constexpr int kScaleOffset = kWeightOffset + kBlockN * 64;
   static constexpr int kStageBytes = (kScaleOffset + kBlockN * 4 + 1023) / 1024 * 1024;
   static constexpr int kPipelineBytes = kStages * kStageBytes;
-  // The output's staging tile: after the ring where both fit in a CTA that has the SM to itself
-  // (as in kernel/dense_wgmma_ss.cuh), else over the ring.
-  static constexpr int kMaxSmemBytes = 232448;
-  static constexpr bool kSeparateStaging =
-      kConsumerWarpGroups == 2 && kPipelineBytes + Writer::kStagingBytes + 1024 <= kMaxSmemBytes - 1024;
-  static constexpr int kStagingOffset = kSeparateStaging ? kPipelineBytes : 0;
-  static constexpr int kSmemBytes =
-      (kSeparateStaging ? kPipelineBytes + Writer::kStagingBytes
-                        : (kPipelineBytes > Writer::kStagingBytes ? kPipelineBytes : Writer::kStagingBytes)) +
-      1024;
+  // The output's staging tile: after the ring where both fit (kernel/scaled_ws_driver.cuh).
+  using Staging = StagingPlacement<kPipelineBytes, Writer::kStagingBytes, kConsumerWarpGroups>;
+  static constexpr bool kSeparateStaging = Staging::kSeparate;
+  static constexpr int kStagingOffset = Staging::kOffset;
+  static constexpr int kSmemBytes = Staging::kSmemBytes;
   static constexpr bool kScalesInFp32 = true;  // the scales multiply fp32 sums
   static constexpr bool kWeightMap = false;    // the codes come by bulk copy
   // every consumer thread releases a slot after its own reads of it (mainloop/int4_e4m3_groups.cuh)
@@ -84,11 +79,9 @@ struct DenseWgmmaW4A8 {
   // whose conversions of the codes (the same work per weight at any M) then have four warps per
   // SM sub-partition to hide their latencies; other one-warpgroup tiles two, two-warpgroup ones one.
   static constexpr int kMinBlocksPerSm = kConsumerWarpGroups == 2 ? 1 : (kUnits == 1 && kBlockM <= 16 ? 4 : 2);
-  static constexpr int kProducerRegisters = 40;
-  static constexpr int kLaunchRegisters = (65536 / kMinBlocksPerSm / kThreads) / 8 * 8;
-  static constexpr int kConsumerRegisters =
-      ((kLaunchRegisters * kThreads - kProducerRegisters * 128) / kConsumerThreads) / 8 * 8;
-  static constexpr int kConsumerRegistersHeld = kConsumerRegisters > 240 ? 240 : kConsumerRegisters;
+  using Registers = RegisterSplit<kThreads, kConsumerThreads, kMinBlocksPerSm>;
+  static constexpr int kProducerRegisters = Registers::kProducer;
+  static constexpr int kConsumerRegistersHeld = Registers::kHeld;
 
   // Wgmma steps in flight after each issue: three from 128 tokens (the next steps' conversion and
   // the previous K tile's promotion run beside up to three queued steps: 2-4 % faster than one

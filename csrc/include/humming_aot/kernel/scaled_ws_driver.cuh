@@ -26,6 +26,32 @@
 
 namespace humming_aot::kernel {
 
+// Where a body's output staging tile goes: after the ring where both fit in a CTA that has the SM
+// to itself (two consumer warpgroups), leaving 1 KB of sm_90's 227 KB per block for the static
+// shared memory, so that the producer fills the ring with the next tile's K tiles while the
+// consumers store this one; else over the ring, which the producer then leaves alone until the
+// store is done. kSmemBytes: the dynamic shared memory (+1024: the base is aligned up at run time).
+template <int kPipelineBytes, int kStagingBytes, int kConsumerWarpGroups>
+struct StagingPlacement {
+  static constexpr int kMaxSmemBytes = 232448;
+  static constexpr bool kSeparate =
+      kConsumerWarpGroups == 2 && kPipelineBytes + kStagingBytes + 1024 <= kMaxSmemBytes - 1024;
+  static constexpr int kOffset = kSeparate ? kPipelineBytes : 0;
+  static constexpr int kSmemBytes =
+      (kSeparate ? kPipelineBytes + kStagingBytes : (kPipelineBytes > kStagingBytes ? kPipelineBytes : kStagingBytes)) +
+      1024;
+};
+
+// The register split of a CTA of kThreads built for kMinBlocksPerSm per SM: the producer warpgroup
+// keeps 40 (setmaxnreg), the consumers take the rest, at most 240 each (kHeld).
+template <int kThreads, int kConsumerThreads, int kMinBlocksPerSm>
+struct RegisterSplit {
+  static constexpr int kProducer = 40;
+  static constexpr int kLaunch = (65536 / kMinBlocksPerSm / kThreads) / 8 * 8;
+  static constexpr int kConsumer = ((kLaunch * kThreads - kProducer * 128) / kConsumerThreads) / 8 * 8;
+  static constexpr int kHeld = kConsumer > 240 ? 240 : kConsumer;
+};
+
 template <class Body>
 struct ScaledWsDriver {
   static __device__ __forceinline__ void run(const ScaledTmaGemmParams& params) {
