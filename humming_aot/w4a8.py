@@ -321,28 +321,11 @@ def _gemm(qa: QuantizedActivation, packed: PackedW4A8Weight, *, bias: torch.Tens
           tile: TileConfig | str | None = None, stream_k: int | None = None,
           persistent: bool | None = None) -> torch.Tensor:
     """gemm without the dispatcher (eager, or inside the custom op)."""
-    _check_activation(qa, packed)
-    if out_dtype not in _OUT_DTYPES:
-        raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float16, got {out_dtype}")
-    lead = tuple(qa.codes.shape[:-1])
-    n = packed.out_features
-    if bias is not None and (bias.shape != (n,) or bias.dtype != out_dtype or bias.device != packed.device
-                             or not bias.is_contiguous()):
-        raise ValueError(f"bias must be a contiguous ({n},) {out_dtype} tensor on {packed.device}, got "
-                         f"{tuple(bias.shape)} {bias.dtype} on {bias.device} with stride {tuple(bias.stride())}")
-    if packed.device.type != "cuda":
-        if out is not None or tile is not None or stream_k is not None or persistent is not None:
-            raise ValueError("out, tile, stream_k and persistent choose how the GPU kernel runs; leave them None on "
-                             "the CPU")
-        return reference(qa, packed, bias).to(out_dtype).reshape(*lead, n)
-    from humming_aot import _w8a8_launch
+    from humming_aot.w8a8 import run_checked
 
-    y = _w8a8_launch.launch(qa, packed, bias, out_dtype, out, tile, stream_k, persistent)
-    if out is not None:
-        return y.reshape(*lead, packed.n)
-    if packed.n_valid is not None:
-        y = y[:, :n]
-    return y.reshape(*lead, n)
+    _check_activation(qa, packed)
+    return run_checked(qa, packed, reference, bias=bias, out_dtype=out_dtype, out=out, tile=tile, stream_k=stream_k,
+                       persistent=persistent)
 
 
 _LIBRARY = torch.library.Library("humming_aot", "FRAGMENT")

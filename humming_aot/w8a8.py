@@ -300,6 +300,15 @@ def _gemm(qa: QuantizedActivation, packed: PackedW8A8Weight, *, bias: torch.Tens
          persistent: bool | None = None) -> torch.Tensor:
     """gemm without the dispatcher (eager, or inside the custom op)."""
     _check_activation(qa, packed)
+    return run_checked(qa, packed, reference, bias=bias, out_dtype=out_dtype, out=out, tile=tile, stream_k=stream_k,
+                       persistent=persistent)
+
+
+def run_checked(qa: QuantizedActivation, packed, reference_fn, *, bias, out_dtype, out, tile, stream_k,
+                persistent) -> torch.Tensor:
+    """The 8-bit-activation GEMM of operands whose pairing its module has checked (w8a8, w4a8):
+    the output dtype and bias checks, then on the CPU reference_fn(qa, packed, bias) rounded once,
+    on a GPU the launch (humming_aot._w8a8_launch), shaped (*lead, N)."""
     if out_dtype not in _OUT_DTYPES:
         raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float16, got {out_dtype}")
     lead = tuple(qa.codes.shape[:-1])
@@ -312,7 +321,7 @@ def _gemm(qa: QuantizedActivation, packed: PackedW8A8Weight, *, bias: torch.Tens
         if out is not None or tile is not None or stream_k is not None or persistent is not None:
             raise ValueError("out, tile, stream_k and persistent choose how the GPU kernel runs; leave them None on "
                              "the CPU")
-        return reference(qa, packed, bias).to(out_dtype).reshape(*lead, n)
+        return reference_fn(qa, packed, bias).to(out_dtype).reshape(*lead, n)
     from humming_aot import _w8a8_launch
 
     y = _w8a8_launch.launch(qa, packed, bias, out_dtype, out, tile, stream_k, persistent)
