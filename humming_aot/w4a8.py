@@ -32,6 +32,7 @@ from humming_aot.quant.weight import QuantizedWeight
 from humming_aot.quant.weight_format import ScaleGranularity, ZeroPointKind
 from humming_aot.spec import ActivationScale, GemmSpec, KernelKey, TileConfig
 from humming_aot.spec import ScaleGranularity as ScaleGranularitySpec
+from humming_aot.w8a8 import reference  # (the float64 product of any 8-bit-activation operands)
 
 __all__ = ["LAYOUT_VERSION", "PackedW4A8Weight", "decode_packed", "encode", "gemm", "gemm_spec", "pack", "reference",
            "select_tile"]
@@ -279,17 +280,6 @@ def _check_packed(packed: PackedW4A8Weight) -> None:
             f"codes of shape ({k_tiles}, {packed.n // N_ALIGN}, 4096) and float32 scales of shape ({groups}, {packed.n}) "
             f"(n a multiple of {N_ALIGN}, group_size of {K_TILE}), got {w.dtype} {tuple(w.shape)} and {s.dtype} "
             f"{tuple(s.shape)}: make it with humming_aot.w4a8.pack")
-
-
-def reference(qa: QuantizedActivation, packed: PackedW4A8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """(M, out_features) float64: the exact product of the operands gemm sees (+ bias), for rows
-    M = prod(qa.codes.shape[:-1])."""
-    from humming_aot.w8a8 import dequantized_activation
-
-    out = dequantized_activation(qa, packed.k) @ packed.effective_weight().T
-    if bias is not None:
-        out = out + bias.to(torch.float64)
-    return out
 
 
 def gemm(qa: QuantizedActivation, packed: PackedW4A8Weight, *, bias: torch.Tensor | None = None,

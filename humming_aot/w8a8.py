@@ -256,7 +256,8 @@ def dequantized_activation(qa: QuantizedActivation, k: int) -> torch.Tensor:
 
 def reference(qa: QuantizedActivation, packed: PackedW8A8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """(M, out_features) float64: the exact product of the operands gemm sees (+ bias), for rows
-    M = prod(qa.codes.shape[:-1])."""
+    M = prod(qa.codes.shape[:-1]); also w4a8.reference (any packed weight with k and
+    effective_weight())."""
     out = dequantized_activation(qa, packed.k) @ packed.effective_weight().T
     if bias is not None:
         out = out + bias.to(torch.float64)
