@@ -197,8 +197,13 @@ class W8A8Linear(torch.nn.Module):
                               error_msgs):
         from humming_aot import w4a8
 
-        # a W4A8 layer's layout version is checked before any tensor is copied
+        # a W4A8 layer's layout version is checked before any tensor is copied; version 1's codes
+        # are converted (the same values in this version's layout)
         saved = state_dict.get(prefix + "packed_layout_version")
+        codes = state_dict.get(prefix + "w")
+        if self._meta["w4a8"] and isinstance(saved, torch.Tensor) and int(saved) == 1 and isinstance(codes, torch.Tensor):
+            state_dict[prefix + "w"] = w4a8.upgrade_packed(codes, 1)
+            state_dict[prefix + "packed_layout_version"] = saved = torch.tensor(w4a8.LAYOUT_VERSION, dtype=torch.int32)
         if self._meta["w4a8"] and isinstance(saved, torch.Tensor) and int(saved) != w4a8.LAYOUT_VERSION:
             raise ValueError(
                 f"the state dict of W8A8Linear {prefix.rstrip('.') or '(root)'} ({self._meta['format']}) holds W4A8 "

@@ -8,18 +8,20 @@ the sm90a wgmma-w4a8 body (csrc/include/humming_aot/kernel/dense_wgmma_w4a8.cuh)
     y = humming_aot.w4a8.gemm(qa, packed)               # (M, N) bfloat16
 
 ``gemm`` computes ``out[m, n] = sum_g (sum_{k in g} a[m, k] w[n, k]) w_scale[n, g] a_scale[m]
-(+ bias)``: every int4 value is exact in e4m3, so the kernel turns the codes into e4m3 with a
-table lookup and multiplies at the 8-bit tensor-core rate; each K tile of 128 is summed apart and
+(+ bias)``: every int4 value is exact in e4m3, so the kernel turns the codes into e4m3 with
+integer adds and multiplies at the 8-bit tensor-core rate; each K tile of 128 is summed apart and
 weighed by its group's scale in fp32, so groups must be whole K tiles: g128, g256, ..., a scale per
 channel or per tensor. On CPU tensors it runs the float64 reference of the same operands (decoded
 from the packed layout the kernel reads), rounded once to the output dtype; on a GPU other than
 sm_90 it raises.
 
-The packed layout (version 1): for each K tile of 128 and each 64-channel unit, 4096 bytes in the
+The packed layout (version 2): for each K tile of 128 and each 64-channel unit, 4096 bytes in the
 order the consumer threads load them (one 16-byte load a thread per two k32 steps: the 8-bit
-wgmma A fragment, mainloop/int4_e4m3_groups.cuh), each code re-encoded as an index into the
-kernel's two lookup tables (``encode``, numerics/int4_e4m3.cuh). N is padded to a multiple of 64
-and K to a multiple of 128 with zero codes.
+wgmma A fragment, mainloop/int4_e4m3_groups.cuh), each code stored as a sign and a magnitude
+(``encode``) at the bits from which the kernel makes e4m3 bytes with integer adds
+(numerics/int4_e4m3.cuh). N is padded to a multiple of 64 and K to a multiple of 128 with zero
+codes. (Version 1, a lookup table's indices in another byte order, is converted when a layer's
+state dict is loaded: ``upgrade_packed``.)
 """
 from __future__ import annotations
 
@@ -35,37 +37,32 @@ from humming_aot.spec import ScaleGranularity as ScaleGranularitySpec
 from humming_aot.w8a8 import reference  # (the float64 product of any 8-bit-activation operands)
 
 __all__ = ["LAYOUT_VERSION", "PackedW4A8Weight", "decode_packed", "encode", "gemm", "gemm_spec", "pack", "reference",
-           "select_tile"]
+           "select_tile", "upgrade_packed"]
 
 WEIGHT_ELEMENT = "int4"
 ACT_ELEMENT = "float8e4m3"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 _OUT_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 N_ALIGN = 64  # channels of a packed unit (pack pads N with zero codes and zero scales)
 K_TILE = 128  # K of a packed tile and of a kernel stage (pack pads K with zero codes)
 K_ALIGN = 16  # the activation codes' rows are 16-byte aligned (TMA); the kernel reads zeros past K
 
-# The kernel's two tables (numerics/int4_e4m3.cuh): a code is an index m (bits 0-2) and a bit b
-# (bit 3); b = 0 reads _CLEAR[m], b = 1 reads _SET[m].
-_CLEAR = (0, 2, 4, 6, -1, -3, -5, -7)
-_SET = (1, 3, 5, 7, -2, -4, -6, -8)
-
-
-def _code_of_value() -> torch.Tensor:
-    table = torch.zeros(16, dtype=torch.uint8)
-    for m in range(8):
-        table[_CLEAR[m] + 8] = m
-        table[_SET[m] + 8] = 8 | m
-    return table
-
-
-_CODE_OF_VALUE = _code_of_value()  # value + 8 -> stored code
-_VALUE_OF_CODE = torch.tensor([_CLEAR[c] if c < 8 else _SET[c - 8] for c in range(16)], dtype=torch.int8)
+# A stored code (``encode``): bit 3 the sign, bits 0-2 the magnitude m, v = m or v = -(m + 1); the
+# kernel (numerics/int4_e4m3.cuh) turns it into the e4m3 byte of v x 2^-9 with integer adds and
+# puts the 2^9 back with the token scales.
 
 
 def encode(values: torch.Tensor) -> torch.Tensor:
-    """Stored codes (uint8, 0..15) of int4 values (any integer dtype, -8..7)."""
-    return _CODE_OF_VALUE.to(values.device)[(values.to(torch.int64) + 8)]
+    """Stored codes (uint8, 0..15: bit 3 the sign, bits 0-2 v or -v - 1) of int4 values (any integer
+    dtype, -8..7)."""
+    v = values.to(torch.int64)
+    return torch.where(v < 0, 8 | (-v - 1), v).to(torch.uint8)
+
+
+def _value_of_code(codes: torch.Tensor) -> torch.Tensor:
+    """int8 values of stored codes (the inverse of ``encode``)."""
+    c = codes.to(torch.int64)
+    return torch.where(c >= 8, -(c & 7) - 1, c).to(torch.int8)
 
 
 def _values_of_twos_complement(codes: torch.Tensor) -> torch.Tensor:
@@ -125,8 +122,11 @@ class PackedW4A8Weight:
 
 # The packed order of one K tile's codes of one 64-channel unit, as dims of the (n, k) codes:
 # n = 16 w + 8 r + g (warp, upper rows, lane group), k = 32 (2 h + s) + 16 q + 4 t + j (K step
-# pair, step in it, upper K half, lane in group, code); bytes in the order (w, h, g, t, s, q, r,
-# j / 2), two codes a byte, the even j in the low nibble.
+# pair, step in it, upper K half, lane in group, code); bytes in the order (w, h, g, t, s, q, j):
+# one 32-bit word per (s, q) holds the codes of A registers 2 q (rows r = 0) and 2 q + 1 (r = 1),
+# byte j their code j: the r = 0 code's magnitude in bits 0-2 and sign in bit 7, the r = 1 code's
+# magnitude in bits 4-6 and its sign in bit 3 of byte j + 1 (mod 4), where the kernel's rotation
+# of the word by 4 bits brings it (numerics/int4_e4m3.cuh).
 _UNIT_DIMS = (4, 2, 8)  # w, r, g
 _TILE_DIMS = (2, 2, 2, 4, 4)  # h, s, q, t, j
 
@@ -136,18 +136,40 @@ def _pack_codes(codes: torch.Tensor) -> torch.Tensor:
     n, k = codes.shape
     units, k_tiles = n // 64, k // K_TILE
     c = codes.reshape(units, *_UNIT_DIMS, k_tiles, *_TILE_DIMS)  # u w r g kt h s q t j
-    c = c.permute(4, 0, 1, 5, 3, 8, 6, 7, 2, 9)  # kt u w h g t s q r j
-    c = c.reshape(k_tiles, units, 4096, 2)
-    return (c[..., 0] | (c[..., 1] << 4)).contiguous()
+    c = c.permute(4, 0, 1, 5, 3, 8, 6, 7, 9, 2)  # kt u w h g t s q j r
+    low, high = c[..., 0], c[..., 1]  # (..., 4): byte j of a word
+    high_sign = torch.roll(high >> 3, 1, dims=-1)  # byte j carries the sign of high code j - 1
+    packed = (low & 7) | (high_sign << 3) | ((high & 7) << 4) | ((low >> 3) << 7)
+    return packed.reshape(k_tiles, units, 4096).contiguous()
 
 
 def decode_packed(w: torch.Tensor) -> torch.Tensor:
     """(n, k_tiles x 128) int8 values of packed codes: the inverse of pack's layout and encoding."""
     k_tiles, units, _ = w.shape
+    b = w.to(torch.int64).reshape(k_tiles, units, 4, 2, 8, 4, 2, 2, 4)  # kt u w h g t s q j
+    low = (b & 7) | ((b >> 7) << 3)
+    high = ((b >> 4) & 7) | (torch.roll((b >> 3) & 1, -1, dims=-1) << 3)
+    codes = torch.stack((low, high), dim=-1)  # kt u w h g t s q j r
+    codes = codes.permute(1, 2, 9, 4, 0, 3, 6, 7, 5, 8)  # u w r g kt h s q t j
+    return _value_of_code(codes.reshape(units * 64, k_tiles * K_TILE))
+
+
+# Layout version 1's table (a code is an index m, bits 0-2, into the first row or, with bit 3, the
+# second) and byte order (w, h, g, t, s, q, r, j / 2; the even j in the low nibble).
+_V1_VALUES = torch.tensor((0, 2, 4, 6, -1, -3, -5, -7, 1, 3, 5, 7, -2, -4, -6, -8), dtype=torch.int8)
+
+
+def upgrade_packed(w: torch.Tensor, version: int) -> torch.Tensor:
+    """Packed codes of an earlier layout version in this version's layout (the same values)."""
+    if version == LAYOUT_VERSION:
+        return w
+    if version != 1 or w.dim() != 3 or w.shape[2] != 4096 or w.dtype != torch.uint8:
+        raise ValueError(f"packed W4A8 codes of layout version {version} and shape {tuple(w.shape)} ({w.dtype}) cannot "
+                         f"be converted to version {LAYOUT_VERSION}: pack the quantized weight again (w4a8.pack)")
+    k_tiles, units, _ = w.shape
     nibbles = torch.stack((w & 0xF, w >> 4), dim=-1).reshape(k_tiles, units, 4, 2, 8, 4, 2, 2, 2, 4)
-    codes = nibbles.permute(1, 2, 8, 4, 0, 3, 6, 7, 5, 9)  # u w r g kt h s q t j
-    codes = codes.reshape(units * 64, k_tiles * K_TILE)
-    return _VALUE_OF_CODE.to(w.device)[codes.to(torch.int64)]
+    codes = nibbles.permute(1, 2, 8, 4, 0, 3, 6, 7, 5, 9).reshape(units * 64, k_tiles * K_TILE)
+    return _pack_codes(encode(_V1_VALUES.to(w.device)[codes.to(torch.int64)]))
 
 
 def pack(qw: QuantizedWeight) -> PackedW4A8Weight:

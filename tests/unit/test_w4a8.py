@@ -21,48 +21,64 @@ HEADER = REPO / "csrc" / "include" / "humming_aot" / "numerics" / "int4_e4m3.cuh
 E4M3 = formats.get("float8e4m3")
 
 
-def _tables() -> dict[str, int]:
-    """The kernel's table constants, read from its header."""
+def _constants() -> dict[str, float]:
+    """The kernel's conversion constants, read from its header."""
     text = HEADER.read_text()
-    return {name: int(value, 16) for name, value in re.findall(r"(k\w+) = (0x[0-9A-Fa-f]+)u", text)}
-
-
-def _prmt(lo: int, hi: int, selector: int) -> int:
-    """PTX prmt.b32 in its default mode: byte i from (lo, hi) by selector nibble i's low 3 bits, or
-    that byte's sign replicated where the nibble's bit 3 is set."""
-    pool = (lo | (hi << 32)).to_bytes(8, "little")
-    out = 0
-    for i in range(4):
-        nibble = (selector >> (4 * i)) & 0xF
-        byte = pool[nibble & 7]
-        if nibble & 8:
-            byte = 0xFF if byte & 0x80 else 0x00
-        out |= byte << (8 * i)
-    return out
+    found = {name: int(value, 16) for name, value in re.findall(r"(k\w+) = (0x[0-9A-Fa-f]+)u;", text)}
+    found.update({name: float(value) for name, value in re.findall(r"(k\w+) = ([0-9.]+)f;", text)})
+    return found
 
 
 def _convert(word: int) -> tuple[int, int]:
     """Int4ToE4m3::convert, emulated: (low, high) registers of four e4m3 codes each."""
-    t = _tables()
-    flipped = word ^ 0x88888888
-    low = _prmt(t["kClearLo"], t["kClearHi"], word) ^ _prmt(t["kSetLo"], t["kSetHi"], flipped)
-    high = _prmt(t["kClearLo"], t["kClearHi"], word >> 16) ^ _prmt(t["kSetLo"], t["kSetHi"], flipped >> 16)
-    return low, high
+    c = _constants()
+
+    def four(w: int) -> int:
+        return ((w & c["kCode"]) + ((w & c["kSign"]) >> 7)) & 0xFFFFFFFF
+
+    rotated = ((word >> 4) | (word << 28)) & 0xFFFFFFFF
+    return four(word), four(rotated)
 
 
 def _e4m3_values(register: int) -> list[float]:
-    return [E4M3.decode(torch.tensor([(register >> (8 * j)) & 0xFF], dtype=torch.uint8)).item() for j in range(4)]
+    """The four e4m3 values of a register, times the kernel's 2^9 (its sums' scale)."""
+    scale = _constants()["kValueScale"]
+    return [E4M3.decode(torch.tensor([(register >> (8 * j)) & 0xFF], dtype=torch.uint8)).item() * scale
+            for j in range(4)]
 
 
-def test_every_int4_value_converts_to_its_e4m3_code_at_every_nibble():
+def test_every_int4_value_converts_to_its_e4m3_code_in_every_register_byte():
+    """A value packed alone at any of a word's eight places comes out at its register byte, the
+    other bytes 0 (through the packed layout: the high codes' signs sit one byte over)."""
     for v in range(-8, 8):
-        code = int(w4a8.encode(torch.tensor([v])).item())
-        for position in range(8):
-            low, high = _convert(code << (4 * position))
-            values = _e4m3_values(low) + _e4m3_values(high)
-            assert values[position] == v, (v, position, values)
-            # the other nibbles hold code 0, the value 0
-            assert all(x == 0 for i, x in enumerate(values) if i != position)
+        for r in range(2):
+            for j in range(4):
+                values = torch.zeros(64, 128, dtype=torch.int64)
+                values[8 * r, j] = v  # warp 0, lane 0, K step 0: word 0's register r, byte j
+                qw = quant.QuantizedWeight(format=quant.WeightFormat.parse("int4:channel"),
+                                           codes=(values & 0xF).to(torch.uint8), scales=torch.ones(64, 1))
+                word = int.from_bytes(bytes(w4a8.pack(qw).w[0, 0, :4].tolist()), "little")
+                registers = _convert(word)
+                assert _e4m3_values(registers[r])[j] == v, (v, r, j)
+                assert all(x == 0 for i, x in enumerate(_e4m3_values(registers[r]) + _e4m3_values(registers[1 - r]))
+                           if i != j), (v, r, j)
+    assert {int(w4a8.encode(torch.tensor([v])).item()) for v in range(-8, 8)} == set(range(16))
+
+
+def test_layout_version_1_codes_are_converted_to_the_same_values():
+    gen = torch.Generator().manual_seed(3)
+    values = torch.randint(-8, 8, (128, 256), generator=gen)
+    qw = quant.QuantizedWeight(format=quant.WeightFormat.parse("int4:channel"), codes=(values & 0xF).to(torch.uint8),
+                               scales=torch.ones(128, 1))
+    # version 1, written by hand: table indices (first row 0 2 4 6 -1 -3 -5 -7, second 1 3 5 7 -2 ...)
+    # in the byte order (w, h, g, t, s, q, r, j / 2)
+    index = {v: i for i, v in enumerate((0, 2, 4, 6, -1, -3, -5, -7, 1, 3, 5, 7, -2, -4, -6, -8))}
+    codes = values.clone().apply_(lambda v: index[v]).reshape(2, 4, 2, 8, 2, 2, 2, 2, 4, 4)  # u w r g kt h s q t j
+    nibbles = codes.permute(4, 0, 1, 5, 3, 8, 6, 7, 2, 9).reshape(2, 2, 4096, 2)
+    v1 = (nibbles[..., 0] | (nibbles[..., 1] << 4)).to(torch.uint8)
+    assert torch.equal(w4a8.upgrade_packed(v1, 1), w4a8.pack(qw).w)
+    with pytest.raises(ValueError, match="pack the quantized weight again"):
+        w4a8.upgrade_packed(v1, 7)
 
 
 def test_the_packed_layout_is_the_8_bit_wgmma_a_fragment():
@@ -303,8 +319,19 @@ def test_the_layer_records_its_packed_layout_version():
     again = W8A8Linear.from_linear(torch.nn.Linear(256, 64), "int4:g128")
     again.load_state_dict(state)
     assert torch.equal(again.w, layer.w)
+    # a state dict of layout version 1 loads as the same values
+    values = w4a8.decode_packed(layer.w)
+    index = {v: i for i, v in enumerate((0, 2, 4, 6, -1, -3, -5, -7, 1, 3, 5, 7, -2, -4, -6, -8))}
+    codes = values.to(torch.int64).apply_(lambda v: index[v]).reshape(1, 4, 2, 8, 2, 2, 2, 2, 4, 4)
+    nibbles = codes.permute(4, 0, 1, 5, 3, 8, 6, 7, 2, 9).reshape(2, 1, 4096, 2)
+    old = dict(state, w=(nibbles[..., 0] | (nibbles[..., 1] << 4)).to(torch.uint8),
+               packed_layout_version=torch.tensor(1, dtype=torch.int32))
+    third = W8A8Linear.from_linear(torch.nn.Linear(256, 64), "int4:g128")
+    third.load_state_dict(old)
+    assert torch.equal(third.w, layer.w) and int(third.packed_layout_version) == w4a8.LAYOUT_VERSION
     state["packed_layout_version"] = torch.tensor(w4a8.LAYOUT_VERSION + 1, dtype=torch.int32)
-    with pytest.raises(ValueError, match="packed layout version 2, but this humming_aot reads version 1"):
+    with pytest.raises(ValueError, match=f"packed layout version {w4a8.LAYOUT_VERSION + 1}, but this humming_aot "
+                                         f"reads version {w4a8.LAYOUT_VERSION}"):
         again.load_state_dict(state)
 
 

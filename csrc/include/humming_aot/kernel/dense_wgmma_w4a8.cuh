@@ -4,8 +4,9 @@
 // codes with an fp32 scale per token, a 16-bit output:
 //   out[m, n] = sum_g (sum_{k in g} a[m, k] w[n, k]) w_scale[g, n] x a_scale[m] x global scale (+ bias).
 //
-// The weights are wgmma's A from registers: each consumer thread turns its codes into e4m3 with a
-// table lookup (numerics/int4_e4m3.cuh), so the tensor cores run at the 8-bit rate, and the
+// The weights are wgmma's A from registers: each consumer thread turns its codes into e4m3 bytes of
+// the values times 2^-9 with integer adds (numerics/int4_e4m3.cuh), so the tensor cores run at the
+// 8-bit rate, and the
 // tokens are its B from shared memory (N = the tile's tokens: a few tokens stay cheap). The group
 // scales weigh each K tile's fp32 sums (mainloop/int4_e4m3_groups.cuh), the token scales the
 // reduced sums before the store. Roles, schedules and epilogue: kernel/scaled_ws_driver.cuh, as
@@ -25,6 +26,7 @@
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/kernel/scaled_ws_driver.cuh>
 #include <humming_aot/mainloop/int4_e4m3_groups.cuh>
+#include <humming_aot/numerics/int4_e4m3.cuh>
 #include <humming_aot/ptx/bulk_copy.cuh>
 #include <humming_aot/ptx/mbarrier.cuh>
 #include <humming_aot/schedule/work_units.cuh>
@@ -130,11 +132,15 @@ struct DenseWgmmaW4A8 {
     }
   }
 
-  // The reduced fp32 sums (group scales applied) times their tokens' scales (0 past M: never stored).
+  // The reduced fp32 sums (group scales applied) times the codes' 2^9 (numerics/int4_e4m3.cuh: exact,
+  // and first, so that no token scale near the float limit overflows with it) and their tokens'
+  // scales (0 past M: never stored).
   static __device__ __forceinline__ void scale_sums(const ScaledTmaGemmParams& params, float (&acc)[kAccumulators],
                                                     int m0, int) {
     const int m = params.tma.gemm.m;
-    Fragments::for_each([&](int i, int token, int) { acc[i] *= m0 + token < m ? params.a_scale[m0 + token] : 0.f; });
+    Fragments::for_each([&](int i, int token, int) {
+      acc[i] = (acc[i] * numerics::Int4ToE4m3::kValueScale) * (m0 + token < m ? params.a_scale[m0 + token] : 0.f);
+    });
   }
 
   static __device__ __forceinline__ void run(const ScaledTmaGemmParams& params) {

@@ -1,44 +1,38 @@
 #pragma once
-// int4 weight codes (-8 .. 7) -> e4m3 codes of the same values, four at a time, for W4A8's
-// register operand (mainloop/int4_e4m3_groups.cuh). Every int4 value is exact in e4m3; the group
-// scale is not applied here (it weighs the fp32 sums of its K group instead), so the conversion
-// is a table lookup and nothing else.
+// int4 weight codes (-8 .. 7) -> e4m3 codes of the same values times 2^-9, eight at a time, for
+// W4A8's register operand (mainloop/int4_e4m3_groups.cuh). The group scale is not applied here (it
+// weighs the fp32 sums of its K group), and the 2^9 is put back with the token scales at the end
+// (kernel/dense_wgmma_w4a8.cuh): an exact power of two, so the output is the same as with e4m3
+// codes of the values themselves.
 //
-// prmt looks up 8 bytes with the low 3 bits of each selector nibble; a nibble whose bit 3 is set
-// yields its byte's sign (0x00 or 0xFF) instead. So each 4-bit code is stored (humming_aot.w4a8,
-// `encode`) as an index m (bits 0-2) into two tables and a bit b (bit 3) saying which: with b = 0
-// the value is kClear[m], with b = 1 kSet[m], and the two values of one index share their sign
-// (m 0-3: 2m and 2m + 1; m 4-7: 7 - 2m and 6 - 2m). Looking up the code in the first table and
-// the code with b flipped in the second, one of the two yields the value (or its complement) and
-// the other a sign byte that is 0x00 for m 0-3 and 0xFF for m 4-7, and their XOR is the value's
-// e4m3 code: the first table holds the complements of the negative values (so its entries are all
-// positive bytes, whose sign byte is 0x00), the second the values themselves.
-// Cost: 2 prmt + 1 xor per 4 codes, plus 1 xor and 2 shifts per 8.
+// Why 2^-9: e4m3 bit patterns 0x00 .. 0x0F are the values p x 2^-9 (subnormals 0 .. 7, then the
+// first binade 8 .. 15), a straight line, so a code becomes its e4m3 byte with integer adds and
+// masks alone. A value v is stored (humming_aot.w4a8, `encode`) as the nibble n = v for v >= 0 and
+// n = 7 - v for v < 0 (8 .. 15: bit 3 is the sign, bits 0-2 are |v| - 1); its byte is then
+// n + 0x79 x (bit 3 of n): 0x81 .. 0x88 for v = -1 .. -8, the sign bit and |v| in the line.
+// Cost: 9 integer instructions per 8 codes, every constant an immediate (the table lookup this
+// replaced, 2 prmt per 4 codes, needed its table in a register for every prmt, which ptxas
+// re-materialised under the consumers' register pressure: a move per prmt).
 
 #include <humming_aot/numerics/types.cuh>
 
 namespace humming_aot::numerics {
 
 struct Int4ToE4m3 {
-  // bytes m = 0..7 of (kClearLo, kClearHi): e4m3(0, 2, 4, 6), ~e4m3(-1, -3, -5, -7)
-  static constexpr u32 kClearLo = 0x4C484000u, kClearHi = 0x31353B47u;
-  // bytes m = 0..7 of (kSetLo, kSetHi): e4m3(1, 3, 5, 7, -2, -4, -6, -8)
-  static constexpr u32 kSetLo = 0x4E4A4438u, kSetHi = 0xD0CCC8C0u;
+  static constexpr u32 kCode = 0x87878787u;  // a code's bits in each byte: |v| - 1 or v in bits 0-2, the sign in 7
+  static constexpr u32 kSign = 0x80808080u;  // the sign bit of each byte
+  static constexpr float kValueScale = 512.f;  // 2^9: e4m3 byte p is the value p / kValueScale
 
-  // prmt.b32 in its default mode (bit 3 of a selector nibble replicates the byte's sign;
-  // __byte_perm ignores that bit)
-  static __device__ __forceinline__ u32 permute(u32 lo, u32 hi, u32 selector) {
-    u32 d;
-    asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(lo), "r"(hi), "r"(selector));
-    return d;
-  }
+  // Four e4m3 bytes from four codes, one a byte: n = v (sign 0) or n = 0x80 + |v| - 1 (sign 1),
+  // byte n + sign = v or 0x80 + |v|. (t >> 7) + y is one instruction (LEA.HI).
+  static __device__ __forceinline__ u32 bytes(u32 word) { return (word & kCode) + ((word & kSign) >> 7); }
 
-  // Eight codes (nibble j = code j) into two registers of four e4m3 codes: codes 0-3 into `low`
-  // (byte j = code j), codes 4-7 into `high`.
+  // Eight codes into two registers of four e4m3 codes. Byte j of the word holds code j of `low` in
+  // bits 0-2 and 7 and the magnitude bits of code j of `high` in bits 4-6; the sign of code j of
+  // `high` is bit 3 of byte j + 1 (mod 4), where a rotation by 4 bits puts it beside them.
   static __device__ __forceinline__ void convert(u32 codes, u32& low, u32& high) {
-    const u32 flipped = codes ^ 0x88888888u;
-    low = permute(kClearLo, kClearHi, codes) ^ permute(kSetLo, kSetHi, flipped);
-    high = permute(kClearLo, kClearHi, codes >> 16) ^ permute(kSetLo, kSetHi, flipped >> 16);
+    low = bytes(codes);
+    high = bytes(__funnelshift_r(codes, codes, 4));
   }
 };
 
