@@ -228,15 +228,17 @@ def kernel_key(arch: str, out_dtype: torch.dtype, tile: TileConfig) -> KernelKey
 # up to 2048 tokens, with more stages (a slot holds half the weight bytes of W8A8's): one consumer
 # warpgroup of two units up to 32 tokens (two CTAs per SM), two warpgroups of one unit with 64
 # tokens up to 128 while those tiles fit in one wave of N, then 128 tokens with seven stages (two
-# scratch sets: the promotion beside the next K tile's wgmma); above 2048, 192 tokens with one
+# scratch sets: the promotion beside the next K tile's wgmma); above 1536, 192 tokens with one
 # scratch set, whose conversion of the codes serves half as many tokens again: 4-10 % faster at
-# 4096 and 8192 tokens, 2-6 % slower at 512 and 1024.
+# 4096 and 8192 tokens, 2-6 % slower at 512 and 1024 (section 36); with the integer conversion
+# (section 37) 1.2-4.4 % faster at 2048 on three of four layers (0.8 % slower on 4096 x 14336) and
+# still 1-5 % slower at 1024, so the rows meet between the two.
 _TILES = (
     (8, "wgmma-w4a8:8x128x128_w1x4_s8"),
     (16, "wgmma-w4a8:16x128x128_w1x4_s8"),
     (32, "wgmma-w4a8:32x128x128_w1x4_s8"),
     (128, "wgmma-w4a8:64x128x128_w1x8_s8"),
-    (2048, "wgmma-w4a8:128x128x128_w1x8_s7"),
+    (1536, "wgmma-w4a8:128x128x128_w1x8_s7"),
     (1 << 62, "wgmma-w4a8:192x128x128_w1x8_s5"),
 )
 

@@ -175,12 +175,12 @@ def test_errors_say_what_to_do():
         w4a8.gemm(qa, packed, tile="wgmma-w4a8:8x128x128_w1x4_s8")
 
 
-@pytest.mark.parametrize("m", (1, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 8192))
+@pytest.mark.parametrize("m", (1, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 1536, 1537, 8192))
 def test_every_m_has_a_tile_whose_key_round_trips(m):
     tile = w4a8.select_tile(m, n=4096)
     assert tile.label in {label for _, label in w4a8._TILES}
-    # 64 tokens up to 128 on 4096 channels (64 x 32 tiles fit a wave of 132), then 128, 192 above 2048
-    expected = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 128 else 128 if m <= 2048 else 192
+    # 64 tokens up to 128 on 4096 channels (64 x 32 tiles fit a wave of 132), then 128, 192 above 1536
+    expected = 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 128 else 128 if m <= 1536 else 192
     assert tile.block_m == expected
     # decode on wide layers: two warpgroups of 128 channels
     wide = w4a8.select_tile(m, n=8192)
