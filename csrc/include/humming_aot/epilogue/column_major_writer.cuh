@@ -1,14 +1,16 @@
 #pragma once
 // Epilogue of the wgmma body, whose accumulators hold the output transposed: rows are output
 // columns (weight channels), columns are output rows (tokens). fp32 accumulators x global scale
-// (+ bias) -> activation dtype -> a tile in shared memory -> 16-byte row stores to global memory,
+// (+ bias) -> activation dtype, two tokens a register -> a tile in shared memory, transposed back
+// by stmatrix (four 8 x 8 blocks an instruction) -> 16-byte row stores to global memory,
 // with the same deterministic split-K reduction as epilogue/output_writer.cuh: each K slice
 // stores its fp32 partial tile in the workspace, and the CTA that arrives last at the tile's
 // counter sums the partials in slice order 0..k_splits-1, writes the output and resets the
 // counter. SM90.
 
-#include <humming_aot/kernel/params.cuh>
 #include <humming_aot/epilogue/split_k_arrival.cuh>
+#include <humming_aot/kernel/params.cuh>
+#include <humming_aot/memory/cp_async.cuh>
 #include <humming_aot/numerics/packed_half2.cuh>
 #include <humming_aot/ptx/warpgroup.cuh>
 
@@ -16,18 +18,29 @@ namespace humming_aot::epilogue {
 
 // Where a thread's accumulators sit in the tile, for the wgmma bodies: threads in warpgroups of
 // 128, warpgroup wg holding the kUnits 64-column units kUnits wg + [0, kUnits), one wgmma m64nN
-// accumulator set of kTokens / 2 floats per unit: acc[u * kTokens / 2 + 4 j + e] is column
-// 64 (kUnits wg + u) + 16 w + g + 8 (e >> 1), token 8 j + 2 t + (e & 1) (w: warp in the
-// warpgroup, g = lane / 4, t = lane % 4).
+// accumulator set of kTokens / 2 floats per unit: acc[index(u, j, e)] = acc[u * kTokens / 2 + 4 j + e]
+// is column first_column() + 64 u + 8 (e >> 1), token first_token() + 8 j + (e & 1), where
+// first_column() = 64 kUnits wg + 16 w + g and first_token() = 2 t (w: warp in the warpgroup,
+// g = lane / 4, t = lane % 4): per unit and 8-token chunk j, the m16n8 accumulator layout of an
+// 8 x 8 block of columns g and one of columns 8 + g (which stmatrix stores).
 template <int kTokens, int kUnits = 1>
 struct WarpgroupFragments {
+  static_assert(kTokens % 8 == 0, "whole 8-token chunks");
   static constexpr int kUnitAccumulators = kTokens / 2;
   static constexpr int kAccumulators = kUnits * kUnitAccumulators;
+  static constexpr int kChunks = kTokens / 8;
+  static constexpr int kUnitsPerWarpGroup = kUnits;
+
+  static __device__ __forceinline__ int first_column() {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    return 64 * kUnits * (warp >> 2) + 16 * (warp & 3) + (lane >> 2);
+  }
+  static __device__ __forceinline__ int first_token() { return 2 * (threadIdx.x & 3); }
+  static constexpr __host__ __device__ int index(int u, int j, int e) { return u * kUnitAccumulators + 4 * j + e; }
+
   template <class Fn>
   static __device__ __forceinline__ void for_each(Fn&& fn) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int col0 = 64 * kUnits * (warp >> 2) + 16 * (warp & 3) + (lane >> 2);
-    const int token0 = 2 * (lane & 3);
+    const int col0 = first_column(), token0 = first_token();
 #pragma unroll
     for (int u = 0; u < kUnits; ++u) {
 #pragma unroll
@@ -36,7 +49,36 @@ struct WarpgroupFragments {
       }
     }
   }
+
+  // The thread's accumulators times per-token factors: fn(token) is the factor of a tile token
+  // (called once per token the thread holds; tokens 0 .. kTokens - 1).
+  template <class Fn>
+  static __device__ __forceinline__ void scale_tokens(float (&acc)[kAccumulators], Fn&& factor_of) {
+    const int token0 = first_token();
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const float f0 = factor_of(token0 + 8 * j), f1 = factor_of(token0 + 8 * j + 1);
+#pragma unroll
+      for (int u = 0; u < kUnits; ++u) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[index(u, j, e)] *= (e & 1) ? f1 : f0;
+      }
+    }
+  }
 };
+
+// stmatrix (sm_90): 8 x 8 b16 blocks from the m16n8 accumulator layout (register i: block i, the
+// lane's row g = lane / 4, columns 2 t and 2 t + 1 in its low and high halves), stored transposed:
+// column c of block i goes to the 16 bytes at the address lane 8 i + c supplies.
+__device__ __forceinline__ void stmatrix_trans_x4(u32 address, u32 r0, u32 r1, u32 r2, u32 r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+__device__ __forceinline__ void stmatrix_trans_x2(u32 address, u32 r0, u32 r1) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1, %2};\n" ::"r"(address), "r"(r0), "r"(r1)
+               : "memory");
+}
 
 // kTokens x kColumns output tile written by kThreads threads (the first kThreads of the CTA)
 // whose accumulators Fragments places (Fragments::for_each(fn(index, token, column))); Barrier
@@ -48,20 +90,47 @@ struct ColumnMajorWriter {
   static constexpr int kStagingBytes = kTokens * kRowElems * 2;
   using H2 = numerics::PackedHalf2<Act>;
 
-  static __device__ __forceinline__ u32 round_to_bits(float v) { return H2::from_floats(v, 0.f) & 0xFFFFu; }
-
   // acc x global scale (+ bias) rounded into the staging tile, then copied row by row to the output.
+  // Per unit, the thread's two columns' biases are read once; per pair of 8-token chunks one
+  // stmatrix stores the blocks (chunk j, columns g), (j, 8 + g), (j + 1, g), (j + 1, 8 + g): lane
+  // 8 i + c supplies the staged row of token c of block i (an odd last chunk: two blocks).
   static __device__ __forceinline__ void store_tile(const kernel::GemmParams& p, const float (&acc)[kAccumulators],
                                                     int m0, int n0, char* staging) {
-    unsigned short* tile = reinterpret_cast<unsigned short*>(staging);
-    Fragments::for_each([&](int i, int token, int col) {
-      float bias = 0.f;
-      if (p.bias != nullptr && n0 + col < p.n) {
-        float hi;
-        H2::to_floats(static_cast<u32>(static_cast<const unsigned short*>(p.bias)[n0 + col]), bias, hi);
+    static_assert(kRowElems % 8 == 0, "16-byte staged rows (stmatrix)");
+    const unsigned short* bias = static_cast<const unsigned short*>(p.bias);
+    const int lane = threadIdx.x & 31, col0 = Fragments::first_column();
+    const int block = lane >> 3;  // the block whose row this lane addresses
+    const u32 tile_address = memory::shared_address(staging);
+    const unsigned short* tile = reinterpret_cast<const unsigned short*>(staging);
+    const auto pack = [&](int i, float b) {
+      return H2::from_floats(acc[i] * p.global_scale + b, acc[i + 1] * p.global_scale + b);
+    };
+#pragma unroll
+    for (int u = 0; u < Fragments::kUnitsPerWarpGroup; ++u) {
+      float b[2] = {0.f, 0.f};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int col = n0 + col0 + 64 * u + 8 * h;
+        if (bias != nullptr && col < p.n) {
+          float unused;
+          H2::to_floats(static_cast<u32>(bias[col]), b[h], unused);
+        }
       }
-      tile[token * kRowElems + col] = static_cast<unsigned short>(round_to_bits(acc[i] * p.global_scale + bias));
-    });
+      // this lane's staged row: token 8 (j + block / 2) + lane % 8, columns from the warp's 8 (block % 2)
+      const int lane_col = col0 - (lane >> 2) + 64 * u + 8 * (block & 1);
+      const u32 row = tile_address + 2u * static_cast<u32>(((block >> 1) * 8 + (lane & 7)) * kRowElems + lane_col);
+#pragma unroll
+      for (int j = 0; j + 1 < Fragments::kChunks; j += 2) {
+        stmatrix_trans_x4(row + 2u * static_cast<u32>(8 * j * kRowElems), pack(Fragments::index(u, j, 0), b[0]),
+                          pack(Fragments::index(u, j, 2), b[1]), pack(Fragments::index(u, j + 1, 0), b[0]),
+                          pack(Fragments::index(u, j + 1, 2), b[1]));
+      }
+      if constexpr (Fragments::kChunks % 2 == 1) {
+        constexpr int j = Fragments::kChunks - 1;  // lanes 0-15 address its two blocks
+        stmatrix_trans_x2(row + 2u * static_cast<u32>(8 * j * kRowElems), pack(Fragments::index(u, j, 0), b[0]),
+                          pack(Fragments::index(u, j, 2), b[1]));
+      }
+    }
     Barrier::sync();
     constexpr int kChunksPerRow = kColumns / 8;
     const bool vector = ((reinterpret_cast<u64>(p.out) | static_cast<u64>(p.ldo) * 2) & 15) == 0;

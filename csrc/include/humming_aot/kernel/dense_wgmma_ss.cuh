@@ -145,11 +145,27 @@ struct DenseWgmmaSs {
                                                       int m0, int n0) {
     const GemmParams& p = params.tma.gemm;
     const float* channel_scales = static_cast<const float*>(p.w_scale);
-    Fragments::for_each([&](int i, int token, int col) {
-      const float a_scale = m0 + token < p.m ? params.a_scale[m0 + token] : 0.f;
-      const float w_scale = n0 + col < p.n ? channel_scales[n0 + col] : 0.f;
-      acc[i] *= a_scale * w_scale;
-    });
+    // each token's and each column's scale read once (a thread holds two columns per unit)
+    const int token0 = m0 + Fragments::first_token(), col0 = n0 + Fragments::first_column();
+    float w[kUnitsPerWarpGroup][2];
+#pragma unroll
+    for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int col = col0 + 64 * u + 8 * h;
+        w[u][h] = col < p.n ? channel_scales[col] : 0.f;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < Fragments::kChunks; ++j) {
+      const int token = token0 + 8 * j;
+      const float a[2] = {token < p.m ? params.a_scale[token] : 0.f, token + 1 < p.m ? params.a_scale[token + 1] : 0.f};
+#pragma unroll
+      for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[Fragments::index(u, j, e)] *= a[e & 1] * w[u][e >> 1];
+      }
+    }
   }
 
   // The tile's fp32 sums times its tokens' and channels' scales, where they come after the sums.

@@ -138,9 +138,9 @@ struct DenseWgmmaW4A8 {
   static __device__ __forceinline__ void scale_sums(const ScaledTmaGemmParams& params, float (&acc)[kAccumulators],
                                                     int m0, int) {
     const int m = params.tma.gemm.m;
-    Fragments::for_each([&](int i, int token, int) {
-      acc[i] = (acc[i] * numerics::Int4ToE4m3::kValueScale) * (m0 + token < m ? params.a_scale[m0 + token] : 0.f);
-    });
+#pragma unroll
+    for (int i = 0; i < kAccumulators; ++i) acc[i] *= numerics::Int4ToE4m3::kValueScale;
+    Fragments::scale_tokens(acc, [&](int token) { return m0 + token < m ? params.a_scale[m0 + token] : 0.f; });
   }
 
   static __device__ __forceinline__ void run(const ScaledTmaGemmParams& params) {
