@@ -19,8 +19,8 @@
 namespace humming_aot::numerics {
 
 struct Int4ToE4m3 {
-  static constexpr u32 kCode = 0x87878787u;  // a code's bits in each byte: |v| - 1 or v in bits 0-2, the sign in 7
-  static constexpr u32 kSign = 0x80808080u;  // the sign bit of each byte
+  static constexpr u32 kCode = 0x87878787u;    // a code's bits in each byte: |v| - 1 or v in bits 0-2, the sign in 7
+  static constexpr u32 kSign = 0x80808080u;    // the sign bit of each byte
   static constexpr float kValueScale = 512.f;  // 2^9: e4m3 byte p is the value p / kValueScale
 
   // Four e4m3 bytes from four codes, one a byte: n = v (sign 0) or n = 0x80 + |v| - 1 (sign 1),
