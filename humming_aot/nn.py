@@ -166,6 +166,8 @@ class W8A8Linear(torch.nn.Module):
         super().__init__()
         fmt = ActivationFormat.parse(activations)
         w4 = isinstance(packed, w4a8.PackedW4A8Weight)
+        if w4:
+            w4a8._check_packed(packed)  # (its layout version too: the layer records this version's)
         blocks = not w4 and packed.blocks
         wanted = ((ActivationGranularity.GROUP,) if blocks
                   else (ActivationGranularity.TOKEN, ActivationGranularity.TENSOR))
@@ -201,6 +203,11 @@ class W8A8Linear(torch.nn.Module):
         # are converted (the same values in this version's layout)
         saved = state_dict.get(prefix + "packed_layout_version")
         codes = state_dict.get(prefix + "w")
+        if self._meta["w4a8"] and saved is None and codes is not None:
+            raise ValueError(
+                f"the state dict of W8A8Linear {prefix.rstrip('.') or '(root)'} ({self._meta['format']}) holds W4A8 codes "
+                "without their packed layout version (packed_layout_version): they cannot be read safely; pack the "
+                "quantized weight again (humming_aot.w4a8.pack)")
         if self._meta["w4a8"] and isinstance(saved, torch.Tensor) and int(saved) == 1 and isinstance(codes, torch.Tensor):
             state_dict[prefix + "w"] = w4a8.upgrade_packed(codes, 1)
             state_dict[prefix + "packed_layout_version"] = saved = torch.tensor(w4a8.LAYOUT_VERSION, dtype=torch.int32)
@@ -280,7 +287,8 @@ class W8A8Linear(torch.nn.Module):
         meta = self._meta
         if meta["w4a8"]:
             return w4a8.PackedW4A8Weight(w=self.w, w_scale=self.w_scale, n=meta["n"], k=meta["k"],
-                                         group_size=meta["group_size"], format=meta["format"], n_valid=meta["n_valid"])
+                                         group_size=meta["group_size"], format=meta["format"], n_valid=meta["n_valid"],
+                                         layout_version=w4a8.LAYOUT_VERSION)  # (load_state_dict checks the buffer)
         return w8a8.PackedW8A8Weight(w=self.w, w_scale=self.w_scale, n=meta["n"], k=meta["k"], format=meta["format"],
                                      n_valid=meta["n_valid"], blocks=meta["blocks"])
 

@@ -18,7 +18,9 @@ Contract changes bump PARAMS_VERSION together with the header's kParamsVersion: 
 kernels wait on griddepcontrol before reading upstream data, so the launcher may launch them with
 programmatic dependent launch; 3 the last GemmParams field is the fp32 global weight scale; 4 the
 8-row tiles of sm_90+ launched with cluster dims (1, k_splits, 1) sum their K slices inside the
-cluster; 5 TmaGemmParams' third schedule int switches the TMA body to stream-K. (A body with a
+cluster; 5 TmaGemmParams' third schedule int switches the TMA body to stream-K; 6 the W4A8 body's
+weight codes are in packed layout version 2 (humming_aot.w4a8: a kernel built before reads them
+as version 1's table indices, which would be wrong values, so catalogs built before are refused). (A body with a
 Params struct of its own, as TmaGemmParams, adds a layout, not a version: the kernel's metadata
 records its size, which every launch checks. The grouped contiguous schedule's grid became
 persistent, its Params unchanged, without a version: no catalog holds the MoE kernels, and the JIT
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import struct
 
-PARAMS_VERSION = 5
+PARAMS_VERSION = 6
 
 GEMM_PARAMS = struct.Struct("<8Q2q5if")
 TMA_SCHEDULE = struct.Struct("<3i")  # dp_ctas, tail_splits, stream_k

@@ -56,6 +56,8 @@ def encode(values: torch.Tensor) -> torch.Tensor:
     """Stored codes (uint8, 0..15: bit 3 the sign, bits 0-2 v or -v - 1) of int4 values (any integer
     dtype, -8..7)."""
     v = values.to(torch.int64)
+    if v.numel() and (int(v.min()) < -8 or int(v.max()) > 7):
+        raise ValueError(f"encode takes int4 values -8..7, got values from {int(v.min())} to {int(v.max())}")
     return torch.where(v < 0, 8 | (-v - 1), v).to(torch.uint8)
 
 
@@ -82,6 +84,7 @@ class PackedW4A8Weight:
     group_size: K per scale group, a multiple of 128 (k_tiles x 128 for a scale per channel)
     format:     the WeightFormat string it was packed from
     n_valid:    the weight's own N where pack padded it, else None
+    layout_version: the packed layout of w (LAYOUT_VERSION from pack; None: not recorded, refused)
     """
 
     w: torch.Tensor
@@ -91,6 +94,7 @@ class PackedW4A8Weight:
     group_size: int
     format: str
     n_valid: int | None = None
+    layout_version: int | None = None
 
     @property
     def out_features(self) -> int:
@@ -210,7 +214,7 @@ def pack(qw: QuantizedWeight) -> PackedW4A8Weight:
     w_scale = torch.zeros((scales.shape[1], n_pad), dtype=torch.float32, device=device)
     w_scale[:, :n] = scales.t()
     return PackedW4A8Weight(w=_pack_codes(stored), w_scale=w_scale, n=n_pad, k=k, group_size=group_size,
-                            format=str(fmt), n_valid=n if n_pad != n else None)
+                            format=str(fmt), n_valid=n if n_pad != n else None, layout_version=LAYOUT_VERSION)
 
 
 def gemm_spec(out_dtype: torch.dtype) -> GemmSpec:
@@ -224,8 +228,8 @@ def kernel_key(arch: str, out_dtype: torch.dtype, tile: TileConfig) -> KernelKey
     return KernelKey(arch=arch, spec=gemm_spec(out_dtype), tile=tile)
 
 
-# (most tokens, tile), from H200 sweeps (docs/performance/log.md section 36): the W8A8 rows' shapes
-# up to 2048 tokens, with more stages (a slot holds half the weight bytes of W8A8's): one consumer
+# (most tokens, tile), from H200 sweeps (docs/performance/log.md sections 36 and 37): the W8A8
+# rows' shapes up to 1536 tokens, with more stages (a slot holds half the weight bytes of W8A8's): one consumer
 # warpgroup of two units up to 32 tokens (two CTAs per SM), two warpgroups of one unit with 64
 # tokens up to 128 while those tiles fit in one wave of N, then 128 tokens with seven stages (two
 # scratch sets: the promotion beside the next K tile's wgmma); above 1536, 192 tokens with one
@@ -292,7 +296,14 @@ def _check_activation(qa: QuantizedActivation, packed: PackedW4A8Weight) -> None
 
 
 def _check_packed(packed: PackedW4A8Weight) -> None:
-    """The packed tensors agree with n, k and group_size (the kernel reads them by these alone)."""
+    """The packed tensors agree with n, k and group_size (the kernel reads them by these alone), in
+    this version's packed layout."""
+    if packed.layout_version != LAYOUT_VERSION:
+        got = "records no packed layout version" if packed.layout_version is None else \
+            f"holds codes in packed layout version {packed.layout_version}"
+        raise ValueError(
+            f"a PackedW4A8Weight that {got}, but this humming_aot's W4A8 kernels read version {LAYOUT_VERSION}: make it "
+            "with humming_aot.w4a8.pack (codes packed in version 1: humming_aot.w4a8.upgrade_packed(w, 1))")
     k_tiles = -(-packed.k // K_TILE)
     groups = -(-k_tiles * K_TILE // packed.group_size) if packed.group_size > 0 else 0
     w, s = packed.w, packed.w_scale
@@ -350,11 +361,12 @@ _LIBRARY.define(
 
 
 def _gemm_w4a8_op(codes, scales, w, w_scale, bias, k, group_size, n_valid, granularity, out_dtype):
+    # (the op's w is in this version's packed layout: gemm checks a PackedW4A8Weight's version first)
     qa = QuantizedActivation(element=ACT_ELEMENT, granularity=ActivationGranularity(granularity), group_size=None,
                              scale_dtype="float32", codes=codes, scales=scales)
     n = w.shape[1] * N_ALIGN
     packed = PackedW4A8Weight(w=w, w_scale=w_scale, n=n, k=k, group_size=group_size, format="int4",
-                              n_valid=n_valid if n_valid != n else None)
+                              n_valid=n_valid if n_valid != n else None, layout_version=LAYOUT_VERSION)
     return _gemm(qa, packed, bias=bias, out_dtype=out_dtype)
 
 

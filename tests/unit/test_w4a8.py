@@ -1,5 +1,5 @@
-"""W4A8 (int4 x float8e4m3) on the CPU: the kernel's lookup tables and the packed layout against
-the PTX fragment layout (an emulation of the consumer threads' loads and prmt conversion), the
+"""W4A8 (int4 x float8e4m3) on the CPU: the kernel's integer conversion and the packed layout
+against the PTX fragment layout (an emulation of the consumer threads' loads and conversion), the
 float64 reference path of w4a8.gemm, the wgmma-w4a8 body's names, tile rules and generated
 source, NVRTC and nvcc compiling its keys, and the errors a caller can cause (GPU runs:
 tests/gpu/test_w4a8_gpu.py)."""
@@ -343,3 +343,29 @@ def test_packed_tensors_that_disagree_with_their_fields_are_refused():
         w4a8.gemm(qa, dataclasses.replace(packed, group_size=256))  # w_scale has two rows, not one
     with pytest.raises(ValueError, match="make it with humming_aot.w4a8.pack"):
         w4a8.gemm(qa, dataclasses.replace(packed, w=packed.w[:1]))
+
+
+def test_codes_of_another_or_no_layout_version_are_refused():
+    """A PackedW4A8Weight carries its packed layout version; gemm and the layer refuse another one
+    (or none recorded), a state dict without it, and encode refuses values outside int4."""
+    import dataclasses
+
+    from humming_aot.nn import W8A8Linear
+
+    _, _, packed, qa = _operands(3, 64, 256)
+    assert packed.layout_version == w4a8.LAYOUT_VERSION
+    for version, what in ((None, "records no packed layout version"), (1, "packed layout version 1")):
+        stale = dataclasses.replace(packed, layout_version=version)
+        with pytest.raises(ValueError, match=what):
+            w4a8.gemm(qa, stale)
+        with pytest.raises(ValueError, match="upgrade_packed"):
+            W8A8Linear(stale, "float8e4m3:token")
+    layer = W8A8Linear.from_linear(torch.nn.Linear(256, 64), "int4:g128")
+    assert layer.packed.layout_version == w4a8.LAYOUT_VERSION
+    state = layer.state_dict()
+    del state["packed_layout_version"]
+    with pytest.raises(ValueError, match="without their packed layout version"):
+        W8A8Linear.from_linear(torch.nn.Linear(256, 64), "int4:g128").load_state_dict(state, strict=False)
+    for bad in (8, -9):
+        with pytest.raises(ValueError, match="int4 values -8..7"):
+            w4a8.encode(torch.tensor([0, bad]))

@@ -7,13 +7,14 @@
 // global weight scale (it was a reserved 0); version 4: the 8-row tiles of sm_90+ launched with
 // cluster dims (1, k_splits, 1) sum their K slices inside the cluster and get no workspace or
 // counters (epilogue/cluster_exchange.cuh); version 5: TmaGemmParams carries the stream-K switch
-// (its third schedule int, which version 4 left zero as padding).
+// (its third schedule int, which version 4 left zero as padding); version 6: the W4A8 body reads
+// its weight codes in packed layout version 2 (numerics/int4_e4m3.cuh, humming_aot.w4a8).
 
 #include <humming_aot/numerics/types.cuh>
 
 namespace humming_aot::kernel {
 
-inline constexpr u32 kParamsVersion = 5;
+inline constexpr u32 kParamsVersion = 6;
 inline constexpr u32 kMetadataMagic = 0x544F4148u;  // "HAOT" little-endian
 
 // Packed by humming_aot.dispatch with struct format "<8Q2q5if" (104 bytes).
