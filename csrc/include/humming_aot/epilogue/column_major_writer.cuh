@@ -81,14 +81,17 @@ __device__ __forceinline__ void stmatrix_trans_x2(u32 address, u32 r0, u32 r1) {
 }
 
 // kTokens x kColumns output tile written by kThreads threads (the first kThreads of the CTA)
-// whose accumulators Fragments places (Fragments::for_each(fn(index, token, column))); Barrier
-// synchronizes exactly those threads.
+// whose accumulators are in WarpgroupFragments' layout (the stmatrix store needs its m16n8 blocks:
+// first_column, index, kChunks; the split-K path its for_each); Barrier synchronizes exactly
+// those threads.
 template <class Act, int kTokens, int kColumns, int kThreads, class Fragments, class Barrier = ptx::CtaBarrier>
 struct ColumnMajorWriter {
   static constexpr int kAccumulators = Fragments::kAccumulators;
   static constexpr int kRowElems = kColumns + 8;  // staged row stride: +16 bytes against bank conflicts
   static constexpr int kStagingBytes = kTokens * kRowElems * 2;
   using H2 = numerics::PackedHalf2<Act>;
+  static_assert(kColumns == 64 * Fragments::kUnitsPerWarpGroup * (kThreads / 128),
+                "the threads' warpgroups hold every staged column (the stmatrix store writes whole rows)");
 
   // acc x global scale (+ bias) rounded into the staging tile, then copied row by row to the output.
   // Per unit, the thread's two columns' biases are read once; per pair of 8-token chunks one

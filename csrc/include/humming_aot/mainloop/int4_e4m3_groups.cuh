@@ -15,8 +15,9 @@
 // 128-byte swizzle) at 0; at kWeightOffset one 4096-byte block of codes per 64-channel unit, in
 // which the 16 bytes at ((w * 2 + h) * 32 + lane) * 16 hold, for warp w of a consumer warpgroup,
 // the lane's codes of K steps 2 h and 2 h + 1: per step two words, the first with the codes of
-// A registers 0 (nibbles 0-3) and 1 (nibbles 4-7), the second of registers 2 and 3 (the 8-bit A
-// fragment, mma/wgmma_e4m3_rs.cuh); at kScaleOffset the K tile's fp32 scale of each channel.
+// A registers 0 and 1, the second of registers 2 and 3 (the 8-bit A fragment, mma/wgmma_e4m3_rs.cuh;
+// byte j of a word holds code j of both, in packed layout version 2: numerics/int4_e4m3.cuh); at
+// kScaleOffset the K tile's fp32 scale of each channel.
 // Contract: `consume` leaves acc with the unit's group-scaled fp32 sums and every slot it took
 // released; every consumer thread releases (the empty barriers count the consumer threads).
 

@@ -7,12 +7,16 @@
 //
 // Why 2^-9: e4m3 bit patterns 0x00 .. 0x0F are the values p x 2^-9 (subnormals 0 .. 7, then the
 // first binade 8 .. 15), a straight line, so a code becomes its e4m3 byte with integer adds and
-// masks alone. A value v is stored (humming_aot.w4a8, `encode`) as the nibble n = v for v >= 0 and
-// n = 7 - v for v < 0 (8 .. 15: bit 3 is the sign, bits 0-2 are |v| - 1); its byte is then
-// n + 0x79 x (bit 3 of n): 0x81 .. 0x88 for v = -1 .. -8, the sign bit and |v| in the line.
-// Cost: 9 integer instructions per 8 codes, every constant an immediate (the table lookup this
-// replaced, 2 prmt per 4 codes, needed its table in a register for every prmt, which ptxas
-// re-materialised under the consumers' register pressure: a move per prmt).
+// masks alone. A value v is stored (humming_aot.w4a8, `encode`) as a sign s and three bits m: v = m
+// (s = 0) or v = -(m + 1) (s = 1). With m in bits 0-2 of a byte and s in bit 7, the byte plus s is
+// the e4m3 byte: m, or 0x80 + |v| (0x81 .. 0x88 for v = -1 .. -8). Each byte of a packed word holds
+// one code of the low register that way (bits 0-2 and 7) and the magnitude bits of one code of the
+// high register (bits 4-6); the high code's sign sits in bit 3 of the next byte (mod 4), so that a
+// rotation of the word by 4 bits lays the high codes out as the low ones were.
+// Cost: 7 instructions per 8 codes (a rotation, 4 lop3, 2 LEA.HI), every constant an immediate.
+// The prmt table lookup this replaced (2 prmt + 1 xor per 4 codes) needed a table word in a
+// register for every prmt, which ptxas moved there from a uniform register each time under the
+// consumers' register pressure (docs/performance/log.md section 37).
 
 #include <humming_aot/numerics/types.cuh>
 
