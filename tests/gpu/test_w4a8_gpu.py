@@ -158,3 +158,28 @@ def test_bad_operands_raise_errors_that_say_what_to_do():
         w4a8.gemm(qa, packed, tile="wgmma-ss:8x128x128_w1x4_s6")
     with pytest.raises(ValueError, match="bias must be a contiguous"):
         w4a8.gemm(qa, packed, bias=torch.zeros(256, dtype=torch.bfloat16, device="cuda")[::2])
+
+
+@pytest.mark.parametrize("tile", ["wgmma-w4a8:8x128x128_w1x4_s8", "wgmma-w4a8:128x128x128_w1x8_s7",
+                                  "wgmma-w4a8:192x128x128_w1x8_s5"])
+def test_subnormal_activations_times_every_weight_value(tile):
+    """The kernel multiplies e4m3 bytes of v x 2^-9 (numerics/int4_e4m3.cuh): weights 1 .. 7 are
+    e4m3 subnormals there, so subnormal activation codes make products of two subnormals (2^-18 at
+    the least). Activation codes drawn from every subnormal and zero (both signs) with unit scales,
+    weights cycling through -8 .. 7 with unit scales: the sums are small integers times 2^-9, which
+    the float64 product must match to the usual bound (a product flushed to zero would miss it)."""
+    gen = torch.Generator().manual_seed(_seed())
+    m, n, k = 24, 128, 256
+    codes = torch.randint(0, 8, (m, k), generator=gen, dtype=torch.uint8)  # subnormals 1 .. 7 and 0
+    codes |= torch.randint(0, 2, (m, k), generator=gen, dtype=torch.uint8) << 7  # either sign
+    qa = quant.QuantizedActivation(element="float8e4m3", granularity=quant.ActivationGranularity.TOKEN,
+                                   group_size=None, scale_dtype="float32", codes=codes.cuda(),
+                                   scales=torch.ones(m, 1, device="cuda"))
+    values = (torch.arange(n * k).reshape(n, k) + torch.randint(0, 16, (n, 1), generator=gen)) % 16 - 8
+    qw = quant.QuantizedWeight(format=quant.WeightFormat.parse("int4:channel"), codes=(values & 0xF).to(torch.uint8),
+                               scales=torch.ones(n, 1))
+    packed = w4a8.pack(qw).to("cuda")
+    out = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
+    y = w4a8.gemm(qa, packed, out=out, out_dtype=torch.float16, tile=tile)
+    _check(y, qa, packed, out_dtype=torch.float16)
+    assert y.abs().max().item() > 0, "every sum is zero: the subnormal products were flushed"
