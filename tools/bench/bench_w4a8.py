@@ -1,9 +1,13 @@
 """Time the W4A8 GEMM (int4:g128 weights x float8e4m3:token activations) side by side, in one run,
 over real layer shapes and M: humming_aot.w4a8.gemm on pre-quantized activations, the same with
 ops.quantize_activation in front (what a layer pays), our own W4A16 of the same weights
-(humming_aot.ops.gemm on bfloat16 activations: what W4A8 must beat by its tensor-core rate), and
-Humming's W4A8 layer of the same pairing (its forward quantizes the bf16 input itself), each in a
-CUDA graph over buffer sets that keep L2 cold, median of repeats.
+(humming_aot.ops.gemm on bfloat16 activations: what W4A8 must beat by its tensor-core rate),
+Humming's W4A8 layer of the same pairing (its forward quantizes the bf16 input itself), and two
+cuBLAS baselines of the same layer: ``torch_bf16`` (F.linear with the weight dequantized to
+bfloat16) and ``scaled_mm`` (torch._scaled_mm on the same float8 activations with the weight
+quantized to float8e4m3 per channel: what an FP8 W8A8 deployment of the layer runs; its relerr is
+against the W4A8 reference, so it shows that weight's own error), each in a CUDA graph over buffer
+sets that keep L2 cold, median of repeats.
 
     python3 tools/bench/bench_w4a8.py --shape-set large-m --m 1,16,64,128,512,2048,8192 --json out.json
     python3 tools/bench/bench_w4a8.py --shapes 8192x8192 --m 1,1024,4096 --impls humming_aot,w4a16,humming
@@ -26,22 +30,30 @@ import humming_aot  # noqa: E402
 from humming_aot import ops, quant, w4a8  # noqa: E402
 from humming_aot.testing.bench import buffer_sets_for_cold_l2, gemm_flops, sibling_tool, tflops, time_cuda_graph, write_results_json  # noqa: E402
 
-IMPLS = ("humming_aot", "humming_aot+quant", "w4a16", "humming")
+IMPLS = ("humming_aot", "humming_aot+quant", "w4a16", "humming", "torch_bf16", "scaled_mm")
 WEIGHTS, ACTIVATIONS = "int4:g128", "float8e4m3:token"
 # Humming's spellings of a symmetric int4 g128 weight, tried in order (bench_gemm: it stores int-b as
 # uint-b codes with the implicit zero point)
 HUMMING_WEIGHTS = ({"dtype": "uint4", "group_size": 128}, {"dtype": "int4", "group_size": 128})
 
 
-def _prepare(n: int, k: int, sets: int, gen: torch.Generator):
-    """`sets` copies of an int4:g128 weight: ours for W4A8 and for W4A16, and the float weight for Humming."""
+def _prepare(n: int, k: int, sets: int, gen: torch.Generator, cublas: bool):
+    """`sets` copies of an int4:g128 weight: ours for W4A8 and for W4A16, the float weight for
+    Humming, and with `cublas` the cuBLAS baselines' weights: the dequantized bfloat16 (N, K) and
+    the float8e4m3 per-channel (K, N) column-major codes with their (1, N) scales."""
     w = torch.randn(n, k, generator=gen)
     qw = quant.quantize(w, WEIGHTS)
     packed = w4a8.pack(qw).to("cuda")
     w16 = humming_aot.pack(qw, torch.bfloat16, device="cuda")
+    baselines = []
+    if cublas:
+        dequantized = packed.effective_weight().to("cuda", torch.bfloat16)
+        q8 = quant.quantize(dequantized.float().cpu(), "float8e4m3:channel")
+        codes, scales = q8.codes.cuda().view(torch.float8_e4m3fn), q8.scales.cuda().reshape(1, n)
+        baselines = [(dequantized.clone(), codes.clone().t(), scales.clone()) for _ in range(sets)]
     return w, ([packed] + [dataclasses.replace(packed, w=packed.w.clone(), w_scale=packed.w_scale.clone())
                            for _ in range(sets - 1)],
-               [w16] + [humming_aot.pack(qw, torch.bfloat16, device="cuda") for _ in range(sets - 1)])
+               [w16] + [humming_aot.pack(qw, torch.bfloat16, device="cuda") for _ in range(sets - 1)], baselines)
 
 
 def _humming_layers(w: torch.Tensor, sets: int):
@@ -87,7 +99,7 @@ def main(argv=None) -> int:
     print(f"{'N':>6} {'K':>6} {'M':>5} {'impl':>18} {'us':>9} {'TFLOP/s':>8} {'relerr':>8}")
     for n, k in shapes:
         sets = min(8, buffer_sets_for_cold_l2(n * k // 2 + min(ms) * k * 3))
-        w, (packs, packs16) = _prepare(n, k, sets, gen)
+        w, (packs, packs16, baselines) = _prepare(n, k, sets, gen, cublas=bool({"torch_bf16", "scaled_mm"} & set(impls)))
         humming = None
         if "humming" in impls:
             try:
@@ -108,6 +120,12 @@ def main(argv=None) -> int:
             }
             if humming is not None:
                 calls["humming"] = [lambda x=x, layer=layer: layer(x) for x, layer in zip(xs, humming)]
+            if baselines:
+                calls["torch_bf16"] = [lambda x=x, b=b: torch.nn.functional.linear(x, b[0]) for x, b in zip(xs, baselines)]
+                calls["scaled_mm"] = [lambda qa=qa, b=b: torch._scaled_mm(qa.codes.view(torch.float8_e4m3fn), b[1],
+                                                                          scale_a=qa.scales, scale_b=b[2],
+                                                                          out_dtype=torch.bfloat16)
+                                      for qa, b in zip(qas, baselines)]
             for impl in impls:
                 if impl not in calls:
                     continue
