@@ -7,10 +7,9 @@
 // The weights are wgmma's A from registers: each consumer thread turns its codes into e4m3 bytes of
 // the values times 2^-9 with integer adds (numerics/int4_e4m3.cuh), so the tensor cores run at the
 // 8-bit rate, and the tokens are its B from shared memory (N = the tile's tokens: a few tokens
-// stay cheap). The group
-// scales weigh each K tile's fp32 sums (mainloop/int4_e4m3_groups.cuh), the token scales the
-// reduced sums before the store. Roles, schedules and epilogue: kernel/scaled_ws_driver.cuh, as
-// for the W8A8 body (kernel/dense_wgmma_ss.cuh).
+// stay cheap). The group scales weigh each K tile's fp32 sums (mainloop/int4_e4m3_groups.cuh), the
+// token scales the reduced sums before the store. Roles, schedules and epilogue:
+// kernel/scaled_ws_driver.cuh, as for the W8A8 body (kernel/dense_wgmma_ss.cuh).
 //
 // A ring slot, per K tile of 128: the activation box (kBlockM rows x 128 codes, TMA, 128-byte
 // swizzle, zeros past M and K), then the CTA's packed codes (one bulk copy: 64 bytes a channel,
