@@ -30,9 +30,10 @@
 #             ncu's full set, the stall reasons among them, one row per kernel; MOEPROF_SOURCE=1:
 #             each SASS instruction's executed count and stall samples)
 #                                                                  -> bench.log, moe_profile.csv
-#   ab        the base tree in $AB_BASE (default .ab/base; tools/ab_base.sh REV [DIR]) built with the same catalog, then
-#             $AB_TOOL (default tools/bench/bench_gemm.py; or tools/bench/bench_moe.py) with $AB_ARGS from each tree
-#             in turns, $AB_ROUNDS (2) rounds
+#   ab        the base tree in $AB_BASE (default .ab/base; tools/ab_base.sh REV [DIR]) built with the same catalog
+#             (AB_CARRIED_CATALOG=1: each tree keeps the humming_aot/_catalog built here and carried, which
+#             saves the box's nvcc time), then $AB_TOOL (default tools/bench/bench_gemm.py; or bench_moe.py,
+#             bench_w8a8.py, bench_w4a8.py) with $AB_ARGS from each tree in turns, $AB_ROUNDS (2) rounds
 #             -> bench.log (the side-by-side table of tools/bench/ab_compare.py), ab.json
 # Other knobs: HUMMING_AOT_DEVICE_CATALOG (default "dense": the default catalog without its MoE
 # GEMMs, whose build would take the suite past one 600 s call; the MoE tests JIT their kernels;
@@ -257,12 +258,20 @@ step_ab() {
     fi
     local catalog=$CATALOG
     [[ "$catalog" != default && -f "$catalog" ]] && catalog=$(cd "$(dirname "$catalog")" && pwd)/$(basename "$catalog")
-    (cd "$base" && PYTHONPATH="$base:$SITE" python3 setup.py build_ext --inplace -j "$JOBS" &&
-        PYTHONPATH="$base:$SITE" python3 -m humming_aot build --arch "$ARCH" --catalog "$catalog" --inplace -j "$JOBS") ||
-        return 1
+    if [[ -n "${AB_CARRIED_CATALOG:-}" ]]; then
+        if [[ ! -f "$base/humming_aot/_catalog/manifest.json" || ! -f "$REPO/humming_aot/_catalog/manifest.json" ]]; then
+            echo "AB_CARRIED_CATALOG is set but a tree has no humming_aot/_catalog: build both here and carry them" >&2
+            return 2
+        fi
+        (cd "$base" && PYTHONPATH="$base:$SITE" python3 setup.py build_ext --inplace -j "$JOBS") || return 1
+    else
+        (cd "$base" && PYTHONPATH="$base:$SITE" python3 setup.py build_ext --inplace -j "$JOBS" &&
+            PYTHONPATH="$base:$SITE" python3 -m humming_aot build --arch "$ARCH" --catalog "$catalog" --inplace -j "$JOBS") ||
+            return 1
+    fi
     local -a extra=() base_runs=() current_runs=()
     [[ -n "${AB_ARGS:-}" ]] && mapfile -t extra < <(split_args "$AB_ARGS")
-    local round tmp tool=${AB_TOOL:-tools/bench/bench_gemm.py}  # or tools/bench/bench_moe.py
+    local round tmp tool=${AB_TOOL:-tools/bench/bench_gemm.py}  # or bench_moe.py, bench_w8a8.py, bench_w4a8.py
     tmp=$(mktemp -d)
     for ((round = 1; round <= ${AB_ROUNDS:-2}; round++)); do
         (cd "$base" && PYTHONPATH="$base:$SITE" python3 "$tool" --json "$tmp/base_$round.json" "${extra[@]}") || return 1

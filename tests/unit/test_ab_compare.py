@@ -109,3 +109,20 @@ def test_bench_moe_rounds_compare_per_model_gemm_and_token_count():
     first = rows["humming_aot deepseek-v3-tp8 gemm2 masked"]
     assert (first["fmt"], first["m"], first["n"], first["k"]) == ("int4:g128", 16, 7168, 256)
     assert first["base_us"] == pytest.approx(73.0) and first["current_us"] == pytest.approx(61.0)
+
+
+def test_w8a8_and_w4a8_rounds_compare_per_pairing():
+    """bench_w8a8.py's and bench_w4a8.py's rows carry no format: their pairing (current_table.py's
+    row_format) stands in for it, so a float8 and an int8 point of one shape stay apart."""
+    def run(fp8: float, int8: float, w4: float) -> dict:
+        row = {"impl": "humming_aot", "m": 128, "n": 6144, "k": 4096}
+        return {"results": [dict(row, us=fp8), dict(row, int8=True, us=int8), dict(row, w4a8=True, us=w4)]}
+
+    ab = {"base": {"rev": "a", "rounds": [run(12.4, 12.0, 15.4), run(12.6, 12.2, 15.6)]},
+          "current": {"rev": "b", "rounds": [run(11.9, 12.1, 14.8), run(12.1, 12.3, 15.0)]}}
+    rows = {r["fmt"]: r for r in ab_compare.compare(ab)}
+    assert set(rows) == {"W8A8 float8e4m3:channel x float8e4m3:token", "W8A8 int8:channel x int8:token",
+                         "W4A8 int4:g128 x float8e4m3:token"}
+    w4 = rows["W4A8 int4:g128 x float8e4m3:token"]
+    assert w4["base_us"] == pytest.approx(15.5) and w4["current_us"] == pytest.approx(14.9)
+    assert "W4A8 int4:g128" in ab_compare.format_table(ab)

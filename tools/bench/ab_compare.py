@@ -5,8 +5,9 @@
         --current c1.json c2.json                          # how tools/device_check.sh's ab step writes it
 
 ab.json: {"base": {"rev": ..., "rounds": [bench JSON, ...]}, "current": {"rev": ..., "rounds": [...]}},
-each round one tools/bench/bench_gemm.py --json output, or bench_moe.py's (its tokens as M, its
-model and GEMM telling apart shapes of the same N and K). The table has one row per point (impl,
+each round one tools/bench/bench_gemm.py --json output, bench_w8a8.py's or bench_w4a8.py's (their
+pairing as the format, as in current_table.py), or bench_moe.py's (its tokens as M, its model and
+GEMM telling apart shapes of the same N and K). The table has one row per point (impl,
 format, M, N, K): the median over the rounds of each side (each round is itself a median of
 graph replays), the change in us and in percent, and the spread of the rounds (max - min over
 both sides), the size below which a change is not told apart from run-to-run noise.
@@ -14,12 +15,24 @@ both sides), the size below which a change is not told apart from run-to-run noi
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import json
 import statistics
 import sys
 from pathlib import Path
 
 Point = tuple[str, str, int, int, int]
+
+
+@functools.cache
+def _row_format():
+    """current_table.row_format (a row's weight format, or its W8A8 / W4A8 pairing), loaded from
+    the file beside this one (no package import: this tool needs only the standard library)."""
+    spec = importlib.util.spec_from_file_location("_current_table", Path(__file__).with_name("current_table.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.row_format
 
 
 def _times(rounds: list[dict]) -> dict[Point, list[float]]:
@@ -33,7 +46,7 @@ def _times(rounds: list[dict]) -> dict[Point, list[float]]:
                 impl = f"{r['impl']} {r['model']} {r['gemm']} {r.get('layout', '')}".rstrip()
                 key = (impl, r["format"], int(r["tokens"]), int(r["n"]), int(r["k"]))
             else:
-                key = (r["impl"], r["fmt"], int(r["m"]), int(r["n"]), int(r["k"]))
+                key = (r["impl"], _row_format()(r), int(r["m"]), int(r["n"]), int(r["k"]))
             times.setdefault(key, []).append(float(r["us"]))
     return times
 
@@ -82,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merge", action="store_true", help="write ab_json from --base and --current round files")
     parser.add_argument("--rev", default="?", help="the base tree's revision (with --merge)")
     parser.add_argument("--current-rev", default="working tree", help="the current tree's revision (with --merge)")
-    parser.add_argument("--base", type=Path, nargs="*", default=[], help="bench_gemm.py JSON of each base round")
-    parser.add_argument("--current", type=Path, nargs="*", default=[], help="bench_gemm.py JSON of each current round")
+    parser.add_argument("--base", type=Path, nargs="*", default=[], help="bench JSON of each base round")
+    parser.add_argument("--current", type=Path, nargs="*", default=[], help="bench JSON of each current round")
     args = parser.parse_args(argv)
     if args.merge:
         if not args.base or not args.current:
