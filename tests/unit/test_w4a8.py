@@ -65,17 +65,23 @@ def test_every_int4_value_converts_to_its_e4m3_code_in_every_register_byte():
     assert {int(w4a8.encode(torch.tensor([v])).item()) for v in range(-8, 8)} == set(range(16))
 
 
+def _pack_v1(values: torch.Tensor) -> torch.Tensor:
+    """(n, k) int4 values in layout version 1, written by hand: table indices (first row 0 2 4 6 -1
+    -3 -5 -7, second 1 3 5 7 -2 ...) in the byte order (w, h, g, t, s, q, r, j / 2)."""
+    n, k = values.shape
+    index = {v: i for i, v in enumerate((0, 2, 4, 6, -1, -3, -5, -7, 1, 3, 5, 7, -2, -4, -6, -8))}
+    codes = values.to(torch.int64).clone().apply_(lambda v: index[v])
+    codes = codes.reshape(n // 64, 4, 2, 8, k // 128, 2, 2, 2, 4, 4)  # u w r g kt h s q t j
+    nibbles = codes.permute(4, 0, 1, 5, 3, 8, 6, 7, 2, 9).reshape(k // 128, n // 64, 4096, 2)
+    return (nibbles[..., 0] | (nibbles[..., 1] << 4)).to(torch.uint8)
+
+
 def test_layout_version_1_codes_are_converted_to_the_same_values():
     gen = torch.Generator().manual_seed(3)
     values = torch.randint(-8, 8, (128, 256), generator=gen)
     qw = quant.QuantizedWeight(format=quant.WeightFormat.parse("int4:channel"), codes=(values & 0xF).to(torch.uint8),
                                scales=torch.ones(128, 1))
-    # version 1, written by hand: table indices (first row 0 2 4 6 -1 -3 -5 -7, second 1 3 5 7 -2 ...)
-    # in the byte order (w, h, g, t, s, q, r, j / 2)
-    index = {v: i for i, v in enumerate((0, 2, 4, 6, -1, -3, -5, -7, 1, 3, 5, 7, -2, -4, -6, -8))}
-    codes = values.clone().apply_(lambda v: index[v]).reshape(2, 4, 2, 8, 2, 2, 2, 2, 4, 4)  # u w r g kt h s q t j
-    nibbles = codes.permute(4, 0, 1, 5, 3, 8, 6, 7, 2, 9).reshape(2, 2, 4096, 2)
-    v1 = (nibbles[..., 0] | (nibbles[..., 1] << 4)).to(torch.uint8)
+    v1 = _pack_v1(values)
     assert torch.equal(w4a8.upgrade_packed(v1, 1), w4a8.pack(qw).w)
     with pytest.raises(ValueError, match="pack the quantized weight again"):
         w4a8.upgrade_packed(v1, 7)
@@ -320,12 +326,7 @@ def test_the_layer_records_its_packed_layout_version():
     again.load_state_dict(state)
     assert torch.equal(again.w, layer.w)
     # a state dict of layout version 1 loads as the same values
-    values = w4a8.decode_packed(layer.w)
-    index = {v: i for i, v in enumerate((0, 2, 4, 6, -1, -3, -5, -7, 1, 3, 5, 7, -2, -4, -6, -8))}
-    codes = values.to(torch.int64).apply_(lambda v: index[v]).reshape(1, 4, 2, 8, 2, 2, 2, 2, 4, 4)
-    nibbles = codes.permute(4, 0, 1, 5, 3, 8, 6, 7, 2, 9).reshape(2, 1, 4096, 2)
-    old = dict(state, w=(nibbles[..., 0] | (nibbles[..., 1] << 4)).to(torch.uint8),
-               packed_layout_version=torch.tensor(1, dtype=torch.int32))
+    old = dict(state, w=_pack_v1(w4a8.decode_packed(layer.w)), packed_layout_version=torch.tensor(1, dtype=torch.int32))
     third = W8A8Linear.from_linear(torch.nn.Linear(256, 64), "int4:g128")
     third.load_state_dict(old)
     assert torch.equal(third.w, layer.w) and int(third.packed_layout_version) == w4a8.LAYOUT_VERSION
