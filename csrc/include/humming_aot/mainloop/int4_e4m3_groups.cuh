@@ -54,20 +54,29 @@ struct Int4E4m3Groups {
   static constexpr int kBuffers = kWaitDepth + 1;
   using Fragments = u32[kBuffers][kUnitsPerWarpGroup][4];
 
-  // Weigh the completed K tile `from` (in `slot`) by its channels' scales into acc, and release the slot.
-  static __device__ __forceinline__ void retire(u32 smem_base, u32 empty0, int slot, float (&from)[kAccumulators],
-                                                float (&acc)[kAccumulators]) {
+  // A K tile's group scales of the thread's two rows (row and row + 8) of each unit, read from its
+  // slot when the slot is taken, so that the loads' latency passes before the promotion needs them.
+  struct Scales {
+    float low[kUnitsPerWarpGroup], high[kUnitsPerWarpGroup];
+  };
+  static __device__ __forceinline__ void load_scales(u32 stage, Scales& scales) {
     const int lane = threadIdx.x & 31;
     const int unit0 = (static_cast<int>(threadIdx.x) >> 7) * kUnitsPerWarpGroup;
     const int row = ((static_cast<int>(threadIdx.x) >> 5) & 3) * 16 + (lane >> 2);  // and row + 8
-    const u32 scales = smem_base + slot * kStageBytes + kScaleOffset + 4 * row;
-    float low[kUnitsPerWarpGroup], high[kUnitsPerWarpGroup];
+    const u32 base = stage + kScaleOffset + 4 * row;
 #pragma unroll
     for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
-      const u32 address = scales + 4 * 64 * (unit0 + u);
-      asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(low[u]) : "r"(address));
-      asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(high[u]) : "r"(address + 32));
+      const u32 address = base + 4 * 64 * (unit0 + u);
+      asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(scales.low[u]) : "r"(address));
+      asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(scales.high[u]) : "r"(address + 32));
     }
+  }
+
+  // Weigh the completed K tile `from` (in `slot`, whose scales are `scales`) into acc, and release the slot.
+  static __device__ __forceinline__ void retire(u32 empty0, int slot, const Scales& scales,
+                                                float (&from)[kAccumulators], float (&acc)[kAccumulators]) {
+    const float (&low)[kUnitsPerWarpGroup] = scales.low;
+    const float (&high)[kUnitsPerWarpGroup] = scales.high;
     mma::wgmma_fence_operands(from);
     // Every thread releases the slot after its own reads (its codes and scales: mbarrier arrive
     // has release semantics for the arriving thread's accesses). One elected lane after a
@@ -91,8 +100,8 @@ struct Int4E4m3Groups {
   // waited for. Returns the slot and moves the ring on.
   template <bool kRetire>
   static __device__ __forceinline__ int issue(u32 smem_base, u32 full0, u32 empty0, State& ring,
-                                              float (&into)[kAccumulators], Fragments& fragments,
-                                              float (&from)[kAccumulators], int from_slot,
+                                              float (&into)[kAccumulators], Scales& into_scales, Fragments& fragments,
+                                              float (&from)[kAccumulators], int from_slot, const Scales& from_scales,
                                               float (&acc)[kAccumulators]) {
     const int lane = threadIdx.x & 31;
     const int unit0 = (static_cast<int>(threadIdx.x) >> 7) * kUnitsPerWarpGroup;
@@ -102,23 +111,26 @@ struct Int4E4m3Groups {
     const u32 stage = smem_base + slot * kStageBytes;
     const u64 tokens = mma::k_major_sw128_descriptor(stage);
     const u32 codes = stage + kWeightOffset + unit0 * kUnitBytes + (warp * 64 + lane) * 16;
-    u32 words[kUnitsPerWarpGroup][4];
+    // both halves' codes and the K tile's scales first: only the first half's loads are waited for
+    u32 words[2][kUnitsPerWarpGroup][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(words[h][u][0]), "=r"(words[h][u][1]), "=r"(words[h][u][2]), "=r"(words[h][u][3])
+                     : "r"(codes + u * kUnitBytes + h * 512));
+      }
+    }
+    load_scales(stage, into_scales);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      const int buffer = kk % kBuffers, half = kk & 1;
-      if (half == 0) {
-#pragma unroll
-        for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
-          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                       : "=r"(words[u][0]), "=r"(words[u][1]), "=r"(words[u][2]), "=r"(words[u][3])
-                       : "r"(codes + u * kUnitBytes + (kk >> 1) * 512));
-        }
-      }
+      const int buffer = kk % kBuffers, half = kk & 1, pair = kk >> 1;
 #pragma unroll
       for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
         u32(&a)[4] = fragments[buffer][u];
-        numerics::Int4ToE4m3::convert(words[u][2 * half], a[0], a[1]);
-        numerics::Int4ToE4m3::convert(words[u][2 * half + 1], a[2], a[3]);
+        numerics::Int4ToE4m3::convert(words[pair][u][2 * half], a[0], a[1]);
+        numerics::Int4ToE4m3::convert(words[pair][u][2 * half + 1], a[2], a[3]);
       }
       mma::wgmma_fence();
 #pragma unroll
@@ -130,7 +142,7 @@ struct Int4E4m3Groups {
       mma::wgmma_commit_group();
       mma::wgmma_wait_group<kWaitDepth>();
       // the previous K tile's groups are the ones before this tile's first kWaitDepth
-      if (kRetire && kk == kWaitDepth - 1) retire(smem_base, empty0, from_slot, from, acc);
+      if (kRetire && kk == kWaitDepth - 1) retire(empty0, from_slot, from_scales, from, acc);
     }
     if (++ring.slot == kStages) {
       ring.slot = 0;
@@ -149,28 +161,34 @@ struct Int4E4m3Groups {
     if (count <= 0) return;
     if constexpr (!kOverlapped) {  // one scratch set: each K tile waited for and added before the next
       float scratch[kAccumulators];
+      Scales scales;
       Fragments fragments;
       for (int it = 0; it < count; ++it) {
-        const int slot = issue<false>(smem_base, full0, empty0, ring, scratch, fragments, scratch, 0, acc);
+        const int slot =
+            issue<false>(smem_base, full0, empty0, ring, scratch, scales, fragments, scratch, 0, scales, acc);
         mma::wgmma_wait_group<0>();
-        retire(smem_base, empty0, slot, scratch, acc);
+        retire(empty0, slot, scales, scratch, acc);
       }
       return;
     }
     float even[kAccumulators], odd[kAccumulators];
+    Scales even_scales, odd_scales;
     Fragments fragments;
-    int even_slot = issue<false>(smem_base, full0, empty0, ring, even, fragments, odd, 0, acc), odd_slot;
+    int even_slot = issue<false>(smem_base, full0, empty0, ring, even, even_scales, fragments, odd, 0, odd_scales, acc),
+        odd_slot;
     for (int it = 1; it < count; it += 2) {
-      odd_slot = issue<true>(smem_base, full0, empty0, ring, odd, fragments, even, even_slot, acc);
+      odd_slot =
+          issue<true>(smem_base, full0, empty0, ring, odd, odd_scales, fragments, even, even_slot, even_scales, acc);
       if (it + 1 == count) {
         mma::wgmma_wait_group<0>();
-        retire(smem_base, empty0, odd_slot, odd, acc);
+        retire(empty0, odd_slot, odd_scales, odd, acc);
         return;
       }
-      even_slot = issue<true>(smem_base, full0, empty0, ring, even, fragments, odd, odd_slot, acc);
+      even_slot =
+          issue<true>(smem_base, full0, empty0, ring, even, even_scales, fragments, odd, odd_slot, odd_scales, acc);
     }
     mma::wgmma_wait_group<0>();
-    retire(smem_base, empty0, even_slot, even, acc);
+    retire(empty0, even_slot, even_scales, even, acc);
   }
 };
 
