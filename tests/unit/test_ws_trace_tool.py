@@ -4,15 +4,11 @@ kernels compile (nvcc, sm90a)."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from humming_aot import codegen
-from humming_aot.aot import ninja as driver
-from humming_aot.spec import KernelKey
+from humming_aot.testing import trace_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "trace" / "apply_ws_trace.py"
@@ -30,8 +26,8 @@ def _copy(tmp_path: Path) -> Path:
     return copy
 
 
-def _apply(root: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), str(root)], capture_output=True, text=True)
+def _apply(root: Path):
+    return trace_tools.apply(SCRIPT, root)
 
 
 def test_instruments_a_copy_and_only_a_copy(tmp_path):
@@ -52,16 +48,8 @@ def test_instruments_a_copy_and_only_a_copy(tmp_path):
 
 @pytest.mark.parametrize("name", KERNELS)
 def test_the_instrumented_kernels_compile(tmp_path, name):
-    try:
-        nvcc = driver.find_nvcc()
-    except driver.NvccNotFoundError:
-        pytest.fail("nvcc not found: the CI machine has nvcc 13.0 (set HUMMING_AOT_NVCC)")
     copy = _copy(tmp_path)
     assert _apply(copy).returncode == 0
-    source = tmp_path / "k.cu"
-    source.write_text(codegen.kernel_source(KernelKey.from_name(name)))
-    result = subprocess.run([str(nvcc), "-cubin", "-O3", "-std=c++17", "--expt-relaxed-constexpr", "-arch=sm_90a",
-                             "-I", str(copy / "csrc" / "include"), "-o", str(tmp_path / "k.cubin"), str(source)],
-                            capture_output=True, text=True)
+    result = trace_tools.compile_against(copy / "csrc" / "include", name, tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert (tmp_path / "k.cubin").stat().st_size > 0
