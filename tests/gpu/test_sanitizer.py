@@ -100,7 +100,11 @@ def _kinds() -> dict[str, KernelKey] | None:
         kinds |= {
             "16-swapped": (lambda t: t.mma is MmaKind.MMA_SWAPPED, parse_tile_field("mma-sw:16x64x256_w1x1x4_s2")),
             "wgmma": (lambda t: t.mma is MmaKind.WGMMA, parse_tile_field("wgmma:256x128x64_w1x8_s5")),
-            "wgmma-ws": (lambda t: t.mma is MmaKind.WGMMA_WS, parse_tile_field("wgmma-ws:128x128x64_w1x4_s4")),
+            "wgmma-ws": (lambda t: t.mma is MmaKind.WGMMA_WS and t.warps_n == 4,
+                         parse_tile_field("wgmma-ws:128x128x64_w1x4_s4")),
+            # two consumer warpgroups (their barrier, the staging tile's placement)
+            "wgmma-ws-2wg": (lambda t: t.mma is MmaKind.WGMMA_WS and t.warps_n == 8,
+                             parse_tile_field("wgmma-ws:128x128x64_w1x8_s6")),
         }
     chosen = {}
     for kind, (fits, fallback) in kinds.items():
@@ -193,6 +197,9 @@ W8A8_LAUNCHES = [
     ("wgmma-w4a8:128x128x128_w1x8_s7", "w4a8", 1100, 2048, 256, 0, True),
     ("wgmma-w4a8:8x128x128_w1x4_s8", "w4a8", 5, 1024, 1024, 24, None),
     ("wgmma-w4a8:64x128x128_w1x8_s8", "w4a8", 63, 320, 2048, 0, False),
+    # stream-K on the tiles whose staging tile lies after the ring (the fix-up beside the store)
+    ("wgmma-ss:128x128x128_w1x8_s5", "channel", 300, 2048, 1024, 24, None),
+    ("wgmma-w4a8:128x128x128_w1x8_s7", "w4a8", 300, 2048, 1024, 24, None),
 ]
 
 
