@@ -1,10 +1,22 @@
 """Helpers for the tests of tools/trace's instrumenting scripts (apply_trace.py, apply_ws_trace.py):
-run a script on a copy of the tree, and compile one kernel against the copy's headers with nvcc."""
+copy the tree, run a script on the copy, and compile one kernel against its headers with nvcc."""
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+
+def copy_tree(root: Path, into: Path, files: tuple[str, ...]) -> Path:
+    """A copy of the tree at `root` for a script to instrument, under `into`: the named files and
+    every header (csrc/include)."""
+    copy = into / "copy"
+    for name in files:
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(root / name, copy / name)
+    shutil.copytree(root / "csrc" / "include", copy / "csrc" / "include", dirs_exist_ok=True)
+    return copy
 
 
 def apply(script: Path, root: Path) -> subprocess.CompletedProcess:

@@ -2,7 +2,6 @@
 anchors still match the kernel, and the instrumented swapped tile compiles (nvcc, sm90a)."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from humming_aot.testing import trace_tools
@@ -15,12 +14,7 @@ INT1_SWAPPED = "gemm_dense_sm90a_mma_a-bf16_w-s1-g-bf16_o-bf16_8x128x512_w1x2x4_
 
 
 def _copy(tmp_path: Path) -> Path:
-    copy = tmp_path / "copy"
-    for name in TRACED_FILES + ("humming_aot/__init__.py",):
-        (copy / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / name, copy / name)
-    shutil.copytree(ROOT / "csrc" / "include", copy / "csrc" / "include", dirs_exist_ok=True)
-    return copy
+    return trace_tools.copy_tree(ROOT, tmp_path, TRACED_FILES + ("humming_aot/__init__.py",))
 
 
 def _apply(root: Path):

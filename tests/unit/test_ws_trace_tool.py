@@ -3,7 +3,6 @@ source anchors still match the W8A8 / W4A8 driver and launcher, and the instrume
 kernels compile (nvcc, sm90a)."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -19,11 +18,7 @@ KERNELS = ("gemm_dense_sm90a_wgmma-ss_a-e4m3-k-f32_w-e4m3-g-f32_o-bf16_128x128x1
 
 
 def _copy(tmp_path: Path) -> Path:
-    copy = tmp_path / "copy"
-    (copy / LAUNCHER).parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(ROOT / LAUNCHER, copy / LAUNCHER)
-    shutil.copytree(ROOT / "csrc" / "include", copy / "csrc" / "include", dirs_exist_ok=True)
-    return copy
+    return trace_tools.copy_tree(ROOT, tmp_path, (LAUNCHER,))
 
 
 def _apply(root: Path):
