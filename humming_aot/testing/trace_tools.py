@@ -1,5 +1,6 @@
-"""Helpers for the tests of tools/trace's instrumenting scripts (apply_trace.py, apply_ws_trace.py):
-copy the tree, run a script on the copy, and compile one kernel against its headers with nvcc."""
+"""Helpers for the tests of tools/trace's instrumenting scripts (apply_trace.py, apply_ws_trace.py,
+apply_ws16_trace.py): copy the tree, run a script on the copy, and compile one kernel against its
+headers with nvcc."""
 from __future__ import annotations
 
 import shutil
