@@ -18,25 +18,17 @@ one tensor per call, filled by trace_run.py). Lane 0 of each warp writes 20 u64 
 The source anchors below are asserted: when the kernel changes, this script fails and names the
 anchor to update (docs/performance/log.md section 17 has what the timeline showed).
 """
-import pathlib
-import sys
+from anchors import copy_root
+from anchors import patch as _patch
 
-if len(sys.argv) != 2:
-    sys.exit("usage: apply_trace.py COPY_OF_THE_TREE")
-root = pathlib.Path(sys.argv[1])
-if (root / ".git").exists():
-    sys.exit(f"{root} is a git checkout: instrument a copy of the tree, not the working tree")
+root = copy_root("apply_trace.py")
 W = 20
+
+
 def patch(path, pairs):
-    """Replace each anchor a by b; (a, b, n): the anchor occurs n times, each replaced."""
-    p = root / path
-    s = p.read_text()
-    for a, b, *times in pairs:
-        n = times[0] if times else 1
-        if s.count(a) != n:
-            sys.exit(f"{path}: anchor found {s.count(a)} times, expected {n} (update tools/trace/apply_trace.py):\n{a}")
-        s = s.replace(a, b)
-    p.write_text(s)
+    _patch(root, path, pairs, "apply_trace.py")
+
+
 helpers = '''namespace humming_aot::mainloop {
 
 namespace trace {

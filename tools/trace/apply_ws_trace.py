@@ -15,25 +15,14 @@ Thread 0 of each consumer warpgroup writes, at (blockIdx.x * 2 + warpgroup) * (8
 The source anchors are asserted: when the driver changes, this script fails and names the anchor.
 (docs/performance/log.md section 38 has what the trace showed.)
 """
-import pathlib
-import sys
+from anchors import copy_root
+from anchors import patch as _patch
 
-if len(sys.argv) != 2:
-    sys.exit("usage: apply_ws_trace.py COPY_OF_THE_TREE")
-root = pathlib.Path(sys.argv[1])
-if (root / ".git").exists():
-    sys.exit(f"{root} is a git checkout: instrument a copy of the tree, not the working tree")
+root = copy_root("apply_ws_trace.py")
 
 
 def patch(path, pairs):
-    """Replace each anchor a, found exactly once, by b."""
-    p = root / path
-    s = p.read_text()
-    for a, b in pairs:
-        if s.count(a) != 1:
-            sys.exit(f"{path}: anchor found {s.count(a)} times, expected 1 (update tools/trace/apply_ws_trace.py):\n{a}")
-        s = s.replace(a, b)
-    p.write_text(s)
+    _patch(root, path, pairs, "apply_ws_trace.py")
 
 
 
