@@ -11,7 +11,6 @@
 #include <humming_aot/epilogue/split_k_arrival.cuh>
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/memory/cp_async.cuh>
-#include <humming_aot/memory/shared_fragments.cuh>
 #include <humming_aot/numerics/packed_half2.cuh>
 #include <humming_aot/ptx/warpgroup.cuh>
 
@@ -105,6 +104,7 @@ struct ColumnMajorWriter {
     const int lane = threadIdx.x & 31, col0 = Fragments::first_column();
     const int block = lane >> 3;  // the block whose row this lane addresses
     const u32 tile_address = memory::shared_address(staging);
+    const unsigned short* tile = reinterpret_cast<const unsigned short*>(staging);
     const auto pack = [&](int i, float b) {
       return H2::from_floats(acc[i] * p.global_scale + b, acc[i + 1] * p.global_scale + b);
     };
@@ -135,49 +135,18 @@ struct ColumnMajorWriter {
       }
     }
     Barrier::sync();
-    copy_out(p, m0, n0, tile_address);
-  }
-
-  // The staged tile to the output, 16-byte chunks: thread t copies column chunk t % kChunksPerRow
-  // of rows t / kChunksPerRow + kRowsPerPass i. Its shared-memory loads go out kBatch at a time
-  // before their stores (one load latency per batch rather than per chunk), with the row and
-  // column addresses stepped by constants.
-  static constexpr int kChunksPerRow = kColumns / 8;
-  static_assert(kThreads % kChunksPerRow == 0, "every thread keeps one column chunk");
-  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
-  static constexpr int kPasses = (kTokens + kRowsPerPass - 1) / kRowsPerPass;
-  static constexpr int kBatch = kPasses < 4 ? kPasses : 4;
-
-  static __device__ __forceinline__ void copy_out(const kernel::GemmParams& p, int m0, int n0, u32 tile_address) {
-    const int col = (threadIdx.x % kChunksPerRow) * 8, row0 = threadIdx.x / kChunksPerRow;
-    const bool col_in = n0 + col < p.n;
-    const int rows_in = p.m - m0;  // tile rows inside M
+    constexpr int kChunksPerRow = kColumns / 8;
     const bool vector = ((reinterpret_cast<u64>(p.out) | static_cast<u64>(p.ldo) * 2) & 15) == 0;
-    const u32 src0 = tile_address + 2u * static_cast<u32>(row0 * kRowElems + col);
-    char* const dst0 = static_cast<char*>(p.out) + 2 * (static_cast<i64>(m0 + row0) * p.ldo + n0 + col);
-    const i64 dst_pass = 2 * static_cast<i64>(kRowsPerPass) * p.ldo;
+    for (int c = threadIdx.x; c < kTokens * kChunksPerRow; c += kThreads) {
+      const int token = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+      if (m0 + token >= p.m || n0 + col >= p.n) continue;
+      const u32* src = reinterpret_cast<const u32*>(tile + token * kRowElems + col);
+      char* dst = static_cast<char*>(p.out) + 2 * ((m0 + token) * p.ldo + n0 + col);
+      if (vector) {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(src[0], src[1], src[2], src[3]);
+      } else {
 #pragma unroll
-    for (int pass0 = 0; pass0 < kPasses; pass0 += kBatch) {
-      u32 v[kBatch][4];
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const int row = row0 + (pass0 + b) * kRowsPerPass;
-        if (pass0 + b < kPasses && (kTokens % kRowsPerPass == 0 || row < kTokens)) {
-          memory::lds_128(v[b], src0 + 2u * static_cast<u32>((pass0 + b) * kRowsPerPass * kRowElems));
-        }
-      }
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const int row = row0 + (pass0 + b) * kRowsPerPass;
-        if (pass0 + b < kPasses && row < kTokens && row < rows_in && col_in) {
-          char* dst = dst0 + (pass0 + b) * dst_pass;
-          if (vector) {
-            *reinterpret_cast<uint4*>(dst) = make_uint4(v[b][0], v[b][1], v[b][2], v[b][3]);
-          } else {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) reinterpret_cast<u32*>(dst)[e] = v[b][e];
-          }
-        }
+        for (int e = 0; e < 4; ++e) reinterpret_cast<u32*>(dst)[e] = src[e];
       }
     }
   }
