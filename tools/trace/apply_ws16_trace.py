@@ -118,13 +118,11 @@ __device__ __forceinline__ unsigned long long* row(const void* buffer, int r) {
           if (ts) { ts[3] = ws16trace::ck(); ts[7] = 1; }
           if (tr) { tr[3] = ws16trace::gt(); tr[4] = ws16trace::ck(); }
           continue;"""),
-("""          Fixup::template accumulate<kSmemBytes - 1024>(p, acc, blockIdx.x + 1, units.range.partials_of(unit.tile),
-                                                        p.tile_counters + unit.tile, smem_base);
+("""          Fixup::accumulate(p, acc, blockIdx.x + 1, units.range.partials_of(unit.tile), p.tile_counters + unit.tile);
         }
       }
       ConsumerBarrier::sync();  // every consumer warpgroup is done with the ring: the staging tile reuses it""",
-"""          Fixup::template accumulate<kSmemBytes - 1024>(p, acc, blockIdx.x + 1, units.range.partials_of(unit.tile),
-                                                        p.tile_counters + unit.tile, smem_base);
+"""          Fixup::accumulate(p, acc, blockIdx.x + 1, units.range.partials_of(unit.tile), p.tile_counters + unit.tile);
           if (ts) ts[7] = 2;
         }
       }

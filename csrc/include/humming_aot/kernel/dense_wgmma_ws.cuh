@@ -326,10 +326,7 @@ struct DenseWgmmaWs {
           continue;
         }
         if (unit.k_end < static_cast<int>(units.range.k_tiles)) {
-          // the ring and the staging tile are free (the producer waits for this store before it
-          // refills them): the partials stream through all of it
-          Fixup::template accumulate<kSmemBytes - 1024>(p, acc, blockIdx.x + 1, units.range.partials_of(unit.tile),
-                                                        p.tile_counters + unit.tile, smem_base);
+          Fixup::accumulate(p, acc, blockIdx.x + 1, units.range.partials_of(unit.tile), p.tile_counters + unit.tile);
         }
       }
       ConsumerBarrier::sync();  // every consumer warpgroup is done with the ring: the staging tile reuses it

@@ -127,12 +127,8 @@ struct ScaledWsDriver {
           continue;
         }
         if (unit.k_end < static_cast<int>(units.range.k_tiles)) {
-          // the partials stream through the staging tile, or through the ring too where the
-          // producer leaves that alone until this tile's store
-          constexpr int kScratchBytes = kSeparateStaging ? Body::Writer::kStagingBytes : Body::kSmemBytes - 1024;
-          Body::Fixup::template accumulate<kScratchBytes>(p, acc, blockIdx.x + 1, units.range.partials_of(unit.tile),
-                                                          p.tile_counters + unit.tile,
-                                                          smem_base + Body::kStagingOffset);
+          Body::Fixup::accumulate(p, acc, blockIdx.x + 1, units.range.partials_of(unit.tile),
+                                  p.tile_counters + unit.tile);
         }
       }
       // every consumer warpgroup is done with the ring, which the staging tile may reuse, and with
