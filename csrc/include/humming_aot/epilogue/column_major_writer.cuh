@@ -11,6 +11,7 @@
 #include <humming_aot/epilogue/split_k_arrival.cuh>
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/memory/cp_async.cuh>
+#include <humming_aot/memory/shared_fragments.cuh>
 #include <humming_aot/numerics/packed_half2.cuh>
 #include <humming_aot/ptx/warpgroup.cuh>
 
@@ -104,7 +105,6 @@ struct ColumnMajorWriter {
     const int lane = threadIdx.x & 31, col0 = Fragments::first_column();
     const int block = lane >> 3;  // the block whose row this lane addresses
     const u32 tile_address = memory::shared_address(staging);
-    const unsigned short* tile = reinterpret_cast<const unsigned short*>(staging);
     const auto pack = [&](int i, float b) {
       return H2::from_floats(acc[i] * p.global_scale + b, acc[i + 1] * p.global_scale + b);
     };
@@ -135,18 +135,83 @@ struct ColumnMajorWriter {
       }
     }
     Barrier::sync();
-    constexpr int kChunksPerRow = kColumns / 8;
+    copy_out(p, m0, n0, tile_address);
+  }
+
+  // The staged tile to the output, 16-byte chunks: thread t copies column chunk t % kChunksPerRow
+  // of rows t / kChunksPerRow + kRowsPerPass i. Its shared-memory loads go out kBatch at a time
+  // before their stores (one load latency per batch rather than per chunk), with the row and
+  // column addresses stepped by constants.
+  static constexpr int kChunksPerRow = kColumns / 8;
+  static_assert(kThreads % kChunksPerRow == 0, "every thread keeps one column chunk");
+  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static constexpr int kPasses = (kTokens + kRowsPerPass - 1) / kRowsPerPass;
+  static constexpr int kBatch = kPasses < 4 ? kPasses : 4;
+
+  // The tiles whose threads hold 128 accumulators (two consumer warpgroups of a 168-register
+  // split): there the batched copy-out below makes ptxas spill a register set up before the K loop
+  // (int5 256 x 128), so one chunk at a time, its index recomputed per chunk (one 16-byte load each).
+  static constexpr bool kRegisterBound = kAccumulators >= 128;
+  static __device__ __forceinline__ void copy_out_by_chunks(const kernel::GemmParams& p, int m0, int n0,
+                                                            u32 tile_address) {
     const bool vector = ((reinterpret_cast<u64>(p.out) | static_cast<u64>(p.ldo) * 2) & 15) == 0;
     for (int c = threadIdx.x; c < kTokens * kChunksPerRow; c += kThreads) {
       const int token = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
       if (m0 + token >= p.m || n0 + col >= p.n) continue;
-      const u32* src = reinterpret_cast<const u32*>(tile + token * kRowElems + col);
+      u32 v[4];
+      memory::lds_128(v, tile_address + 2u * static_cast<u32>(token * kRowElems + col));
       char* dst = static_cast<char*>(p.out) + 2 * ((m0 + token) * p.ldo + n0 + col);
       if (vector) {
-        *reinterpret_cast<uint4*>(dst) = make_uint4(src[0], src[1], src[2], src[3]);
+        *reinterpret_cast<uint4*>(dst) = make_uint4(v[0], v[1], v[2], v[3]);
       } else {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) reinterpret_cast<u32*>(dst)[e] = src[e];
+        for (int e = 0; e < 4; ++e) reinterpret_cast<u32*>(dst)[e] = v[e];
+      }
+    }
+  }
+
+  static __device__ __forceinline__ void copy_out(const kernel::GemmParams& p, int m0, int n0, u32 tile_address) {
+    if constexpr (kRegisterBound) {
+      copy_out_by_chunks(p, m0, n0, tile_address);
+      return;
+    }
+    // The thread's index and the output's address and stride pass through empty volatile asm, so
+    // that what is derived from them is worked out here, per tile, rather than hoisted above the
+    // K loop of a persistent CTA, where it would hold registers the accumulators need (a 256 x 128
+    // wgmma-ws tile spilled).
+    int thread = threadIdx.x;
+    u64 out = reinterpret_cast<u64>(p.out);
+    i64 ldo = p.ldo;
+    asm volatile("" : "+r"(thread), "+l"(out), "+l"(ldo));
+    const int col = (thread % kChunksPerRow) * 8, row0 = thread / kChunksPerRow;
+    const bool col_in = n0 + col < p.n;
+    const int rows_in = p.m - m0;  // tile rows inside M
+    const bool vector = ((out | static_cast<u64>(ldo) * 2) & 15) == 0;
+    const u32 src0 = tile_address + 2u * static_cast<u32>(row0 * kRowElems + col);
+    char* const dst0 = reinterpret_cast<char*>(out) + 2 * (static_cast<i64>(m0 + row0) * ldo + n0 + col);
+    const i64 dst_pass = 2 * static_cast<i64>(kRowsPerPass) * ldo;
+#pragma unroll
+    for (int pass0 = 0; pass0 < kPasses; pass0 += kBatch) {
+      u32 v[kBatch][4];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int row = row0 + (pass0 + b) * kRowsPerPass;
+        if (pass0 + b < kPasses && (kTokens % kRowsPerPass == 0 || row < kTokens)) {
+          memory::lds_128(v[b], src0 + 2u * static_cast<u32>((pass0 + b) * kRowsPerPass * kRowElems));
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int row = row0 + (pass0 + b) * kRowsPerPass;
+        if (pass0 + b < kPasses && row < kTokens && row < rows_in && col_in) {
+          char* dst = dst0 + (pass0 + b) * dst_pass;
+          if (vector) {
+            *reinterpret_cast<uint4*>(dst) = make_uint4(v[b][0], v[b][1], v[b][2], v[b][3]);
+          } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) reinterpret_cast<u32*>(dst)[e] = v[b][e];
+          }
+        }
       }
     }
   }
