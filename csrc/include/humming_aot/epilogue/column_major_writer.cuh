@@ -152,6 +152,15 @@ struct ColumnMajorWriter {
   // split): there the batched copy-out below makes ptxas spill a register set up before the K loop
   // (int5 256 x 128), so one chunk at a time, its index recomputed per chunk (one 16-byte load each).
   static constexpr bool kRegisterBound = kAccumulators >= 128;
+  // One 16-byte chunk to the output: one store where the output's rows are 16-byte aligned, else four.
+  static __device__ __forceinline__ void store_chunk(char* dst, const u32 (&v)[4], bool vector) {
+    if (vector) {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(v[0], v[1], v[2], v[3]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) reinterpret_cast<u32*>(dst)[e] = v[e];
+    }
+  }
   static __device__ __forceinline__ void copy_out_by_chunks(const kernel::GemmParams& p, int m0, int n0,
                                                             u32 tile_address) {
     const bool vector = ((reinterpret_cast<u64>(p.out) | static_cast<u64>(p.ldo) * 2) & 15) == 0;
@@ -160,13 +169,7 @@ struct ColumnMajorWriter {
       if (m0 + token >= p.m || n0 + col >= p.n) continue;
       u32 v[4];
       memory::lds_128(v, tile_address + 2u * static_cast<u32>(token * kRowElems + col));
-      char* dst = static_cast<char*>(p.out) + 2 * ((m0 + token) * p.ldo + n0 + col);
-      if (vector) {
-        *reinterpret_cast<uint4*>(dst) = make_uint4(v[0], v[1], v[2], v[3]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) reinterpret_cast<u32*>(dst)[e] = v[e];
-      }
+      store_chunk(static_cast<char*>(p.out) + 2 * ((m0 + token) * p.ldo + n0 + col), v, vector);
     }
   }
 
@@ -204,13 +207,7 @@ struct ColumnMajorWriter {
       for (int b = 0; b < kBatch; ++b) {
         const int row = row0 + (pass0 + b) * kRowsPerPass;
         if (pass0 + b < kPasses && row < kTokens && row < rows_in && col_in) {
-          char* dst = dst0 + (pass0 + b) * dst_pass;
-          if (vector) {
-            *reinterpret_cast<uint4*>(dst) = make_uint4(v[b][0], v[b][1], v[b][2], v[b][3]);
-          } else {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) reinterpret_cast<u32*>(dst)[e] = v[b][e];
-          }
+          store_chunk(dst0 + (pass0 + b) * dst_pass, v[b], vector);
         }
       }
     }
