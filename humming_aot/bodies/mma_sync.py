@@ -22,7 +22,7 @@ class MmaSyncBody(Body):
         weights as the mma A operand, one pipeline per warp) rather than the CTA-shared one. Under the
         mma kind the kernel name spells it as block_m = 8, the only block_m below 16
         (kernel/dense_mma_sync.cuh's kSwapped defaults to kBlockM == 8); the mma-sw kind
-        (bodies/mma_swapped.py) is the same pipeline at 16 tokens."""
+        (bodies/mma_swapped.py) is the same pipeline at 16 or 32 tokens."""
         return tile.block_m == 8
 
     def check_tile(self, tile: "TileConfig") -> None:

@@ -123,14 +123,16 @@ def narrow_twin(tile: TileConfig) -> TileConfig:
 
 
 def select_tile(arch: str, m: int, k: int | None = None, group: int | None = None, w_bits: int = 8,
-                n: int | None = None, num_sms: int | None = None) -> TileConfig:
+                n: int | None = None, num_sms: int | None = None, dense_rows: bool = True) -> TileConfig:
     """The table's tile for a problem with m rows and w_bits-bit weight codes. When given, K and
     the group size rule out a wide-K tile that does not fit them (it gives way to the next row of
     the same M that fits, else to its own 64-wide twin), and N with the device's SM count rule out
     a row whose max_tiles_per_sm the problem's output tiles exceed (the next row of the same M
     serves it): few output tiles favour a tile with fewer, larger CTAs per SM, many tiles one with
-    more CTAs (docs/performance/log.md section 23)."""
-    rows = _tile_rows(arch, w_bits)
+    more CTAs (docs/performance/log.md sections 23 and 41). dense_rows=False leaves out the rows
+    with a max_tiles_per_sm (choices measured on dense layers, which the MoE schedules do not
+    share: select_masked_tile)."""
+    rows = [row for row in _tile_rows(arch, w_bits) if dense_rows or row[2] is None]
     row_m = next((max_m for max_m, _, _ in rows if m <= max_m), rows[-1][0])
     candidates = [(tile, fill) for max_m, tile, fill in rows if max_m == row_m]
 
@@ -287,11 +289,11 @@ def select_masked_tile(arch: str, m: int, k: int | None = None, group: int | Non
     tile = _select_moe_row(arch, m, k, group, masked, w_bits)
     if tile is not None:
         return fit_two_per_sm(arch, tile, w_bits, zero_point)
-    tile = select_tile(arch, m, k, group, w_bits)
+    tile = select_tile(arch, m, k, group, w_bits, dense_rows=False)
     if tile.mma in MOE_BODIES:
         return tile
     number, _ = parse_arch(arch)
-    plain = select_tile(f"sm{number}", m, k, group, w_bits)
+    plain = select_tile(f"sm{number}", m, k, group, w_bits, dense_rows=False)
     if plain.mma not in MOE_BODIES:
         raise ValueError(f"no mma.sync tile in the tables of {arch} and sm{number} for the grouped masked GEMM")
     return plain

@@ -360,10 +360,11 @@ def _ptxas_report(key: KernelKey, directory: Path) -> str:
 
 @pytest.mark.slow
 @needs_nvcc
-@pytest.mark.parametrize("m,block_m", [(1, 8), (16, 16)])
+@pytest.mark.parametrize("m,block_m", [(1, 8), (16, 16), (32, 32)])
 def test_small_m_tiles_fit_their_ctas_per_sm_without_spills(tmp_path, m, block_m):
-    """The sm90a table's 8-row (swapped, scales applied to fp32 sums for integer codes) and 16-row
-    (swapped, mma-sw) tiles: for every code width and the heaviest dequantizers, in each tile the
+    """The sm90a table's 8-row (swapped, scales applied to fp32 sums for integer codes), 16-row
+    (swapped, mma-sw) and 32-row tiles (mma-sw on few output tiles, else the TMA body's 32-token
+    tile): for every code width and the heaviest dequantizers, in each tile the
     table picks for that width with groups of 128 (few output tiles, many output tiles, and a K
     that only 128-wide stages divide; 1- and 2-bit codes get 512-wide 8-row stages, with the run
     offset and its one-token path), ptxas must keep within the registers that __launch_bounds__

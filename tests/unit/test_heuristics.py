@@ -160,6 +160,27 @@ def test_rows_of_one_m_are_chosen_by_output_tiles_per_sm():
     assert heuristics.select_tile("sm90a", 128, k=4096, group=128, w_bits=4, n=10240, num_sms=264) == few
 
 
+def test_up_to_32_tokens_layers_of_few_tiles_take_the_swapped_32_token_tile():
+    """sm90a at 17-32 tokens, codes of at most 4 bits: the swapped 32-token tile (mma.sync,
+    split-K) while its 64-column tiles are at most one per SM, else the one-warpgroup TMA tile with
+    stream-K; a K that 256 does not divide goes to the TMA tile too, not to the swapped tile's
+    64-wide twin, and so do wider codes (measured for 4-bit codes only). The MoE schedules keep
+    their own choice (the rule is measured on dense layers)."""
+    def pick(m, n, k=4096, bits=4, sms=132):
+        return heuristics.select_tile("sm90a", m, k=k, group=128, w_bits=bits, n=n, num_sms=sms).label
+
+    for m in (17, 24, 32):
+        assert pick(m, 4096) == pick(m, 8192, 8192) == pick(m, 8192, 28672, 2) == "mma-sw:32x64x256_w1x1x4_s3"
+        assert pick(m, 4096, bits=5) == pick(m, 4096, bits=8) == "wgmma-ws:32x128x64_w1x4_s8"
+        assert pick(m, 10240, 8192) == pick(m, 28672) == "wgmma-ws:32x128x64_w1x4_s8"  # 160, 448 tiles
+        assert pick(m, 8192, 29568) == "wgmma-ws:32x128x64_w1x4_s8"
+    assert pick(16, 4096).startswith("mma-sw:16x") and pick(33, 4096).startswith("wgmma-ws:64x")
+    assert pick(32, 10240, 8192, sms=264) == "mma-sw:32x64x256_w1x1x4_s3"  # 160 tiles on 264 SMs
+    for m in (17, 32):  # the grouped row-expert GEMM: the plain sm90 table's mma.sync row
+        grouped = heuristics.select_masked_tile("sm90a", m, 256, 128, 4, masked=False)
+        assert grouped == heuristics.select_tile("sm90", m, 256, 128, 4) and grouped.mma is MmaKind.MMA_SYNC
+
+
 def test_stream_k_runs_below_one_wave_of_tiles():
     def ctas(tiles, k_tiles, slots):
         return heuristics.stream_k_ctas(tiles=tiles, k_tiles=k_tiles, slots=slots, max_tiles=4096)

@@ -192,14 +192,15 @@ def test_only_the_8_row_tile_on_sm90_and_later_reduces_in_a_cluster(name, expect
 
 
 def test_default_catalog_holds_kernels_of_both_scale_models():
-    """The sm90a table serves M <= 16 (the swapped 8- and 16-token tiles) with fp32-scaled integer
-    kernels and everything else rounded."""
+    """The sm90a table serves M <= 16 (the swapped 8- and 16-token tiles) and M <= 32 on layers of
+    few output tiles (the swapped 32-token tile) with fp32-scaled integer kernels and everything
+    else rounded."""
     sm90a = [key for key in DEFAULT_KEYS if key.arch == "sm90a" and not key.spec.a_is_quantized]
     # (W8A8 keys scale fp32 sums at every M: their codes carry no scale to round with)
     assert all(key.scales_in_fp32 for key in DEFAULT_KEYS if key.spec.a_is_quantized)
     scaled = [key for key in sm90a if key.scales_in_fp32]
-    assert scaled and all(key.tile.block_m <= 16 and key.tile.body.kind in ("mma", "mma-sw") for key in scaled)
-    assert {key.tile.block_m for key in scaled} == {8, 16}
+    assert scaled and all(key.tile.block_m <= 32 and key.tile.body.kind in ("mma", "mma-sw") for key in scaled)
+    assert {key.tile.block_m for key in scaled} == {8, 16, 32}
     assert {key.spec.w_dtype for key in scaled} >= {f"int{bits}" for bits in range(1, 9)}
     assert any(key.tile.block_m == 8 and not key.scales_in_fp32 for key in sm90a)  # float codes
 
@@ -283,8 +284,10 @@ def test_swapped_16_token_tiles_round_trip_and_take_the_swapped_pipeline():
     float_key = KernelKey.from_name("gemm_dense_sm90a_mma-sw_a-bf16_w-e2m1-g-bf16_o-bf16_16x128x256_w1x2x4_s2")
     assert not float_key.scales_in_fp32
     assert not KernelKey.from_name(name.replace("sm90a", "sm80")).reduces_splits_in_cluster
-    for bad in ("mma-sw:8x128x256_w1x2x4_s2", "mma-sw:32x128x256_w1x2x4_s2", "mma-sw:16x128x256_w2x2x4_s2"):
-        with pytest.raises(ValueError, match="the mma-sw body holds 16 tokens in one warp along M"):
+    thirty_two = parse_tile_field("mma-sw:32x64x256_w1x1x4_s2")
+    assert thirty_two.block_m == 32 and heuristics.narrow_twin(thirty_two).label == "mma-sw:32x64x64_w1x1x2_s4"
+    for bad in ("mma-sw:8x128x256_w1x2x4_s2", "mma-sw:64x128x256_w1x2x4_s2", "mma-sw:16x128x256_w2x2x4_s2"):
+        with pytest.raises(ValueError, match="the mma-sw body holds 16 or 32 tokens in one warp along M"):
             parse_tile_field(bad)
 
 

@@ -1,5 +1,5 @@
 #pragma once
-// Epilogue of the mma.sync body with swapped operands (8- and 16-token tiles): its accumulators
+// Epilogue of the mma.sync body with swapped operands (8- to 32-token tiles): its accumulators
 // hold the output transposed, m16n8 fragments whose 16 rows are output columns (weight
 // channels) and whose 8 columns are output rows (tokens). fp32 accumulators x global scale
 // (+ bias) -> activation dtype -> global memory, with the deterministic split-K reduction of
@@ -8,7 +8,7 @@
 // the output and resets the counter; or, on sm_90+ when the launch made the K slices one
 // thread-block cluster, write_in_cluster sums them through distributed shared memory (st.async
 // into the owning CTA, counted on its mbarriers) in the same order (same bits). Every lane
-// writes its own values in place: a tile of at most 16 rows gains nothing from being staged for
+// writes its own values in place: a tile of at most 32 rows gains nothing from being staged for
 // wider stores, and staging would cost a CTA barrier behind the slowest warp. SM80+.
 
 #include <humming_aot/kernel/params.cuh>
@@ -19,8 +19,8 @@
 
 namespace humming_aot::epilogue {
 
-// kTiles m16n8 fragments of one warp, kRowTiles groups of 8 tokens (1, or 2 for the 16-token
-// tile) of kTiles / kRowTiles fragments each; fragment j = r * (kTiles / kRowTiles) + c covers
+// kTiles m16n8 fragments of one warp, kRowTiles groups of 8 tokens (1; 2 or 4 for the 16- and
+// 32-token tiles) of kTiles / kRowTiles fragments each; fragment j = r * (kTiles / kRowTiles) + c covers
 // output columns col0 + 16 c + [0, 16) and rows token0 + 8 r + [0, 8).
 template <class Act, int kTiles, int kRowTiles = 1>
 struct SwappedOutputWriter {

@@ -34,14 +34,15 @@ template <class Act,      // Float16 or BFloat16: activation, scale and output d
           int kWarpsM, int kWarpsN,     // warp grid of the CTA over the output tile
           int kWarpsK,                  // warps sharing each stage's K steps (1, 2 or 4)
           int kStages,                  // cp.async pipeline depth
-          int kSwapped = kBlockM == 8>  // 1: the swapped per-warp pipeline (8 or 16 tokens)
+          int kSwapped = kBlockM == 8>  // 1: the swapped per-warp pipeline (8, 16 or 32 tokens)
 struct DenseMmaSync {
   // M <= 8 runs the swapped operands (one mma per weight tile instead of two) in a pipeline per
   // warp, with no CTA barrier per stage; larger tiles share their stages, since their warps'
-  // operands overlap much more. The body "mma-sw" (humming_aot/bodies/mma_swapped.py) runs 16
-  // tokens in the per-warp pipeline too: twice the mma of the 8-token tile per dequantized weight.
-  static_assert(kSwapped == (kBlockM == 8) || (kSwapped == 1 && kBlockM == 16),
-                "8 tokens run swapped; 16 either way (mma or mma-sw); more only in the CTA pipeline");
+  // operands overlap much more. The body "mma-sw" (humming_aot/bodies/mma_swapped.py) runs 16 or
+  // 32 tokens in the per-warp pipeline too: 2 or 4 times the mma of the 8-token tile per
+  // dequantized weight.
+  static_assert(kSwapped == (kBlockM == 8) || (kSwapped == 1 && (kBlockM == 16 || kBlockM == 32)),
+                "8 tokens run swapped; 16 and 32 either way (mma or mma-sw); more only in the CTA pipeline");
   using Mainloop = typename Select<kSwapped != 0,
                                    mainloop::SwappedWarpPipeline<Act, Weights, kZeroPoint, kBlockM, kBlockN, kBlockK,
                                                                  kWarpsM, kWarpsN, kWarpsK, kStages>,

@@ -1,9 +1,10 @@
 #pragma once
-// The K loop of the mma.sync body's swapped tiles (8 tokens, M <= 8; or 16), and its epilogue
+// The K loop of the mma.sync body's swapped tiles (8 tokens, M <= 8; or 16 or 32), and its epilogue
 // wiring: one cp.async pipeline per warp over the warp's own region of each stage, with no CTA
 // barrier per stage, and swapped mma operands. Any mma.sync arch (catalog/tiles.toml picks it on
-// sm90a). Invariants: kBlockM 8 or 16, one warp along M; kernel/dense_mma_sync.cuh composes it with
-// the tile scheduler (the 16-token tile is the body "mma-sw", humming_aot/bodies/mma_swapped.py).
+// sm90a). Invariants: kBlockM 8, 16 or 32, one warp along M; kernel/dense_mma_sync.cuh composes it
+// with the tile scheduler (the 16- and 32-token tiles are the body "mma-sw",
+// humming_aot/bodies/mma_swapped.py).
 
 #include <humming_aot/epilogue/k_warp_reduction.cuh>
 #include <humming_aot/epilogue/output_writer.cuh>
@@ -19,7 +20,8 @@ namespace humming_aot::mainloop {
 
 // The swapped operands: the dequantized 16 x 16 weight tiles are the mma A operand (the packed
 // tile is exactly an A fragment) and each 8 tokens an n8 B operand, so a weight tile costs one mma
-// instead of two when M <= 8; a 16-token tile multiplies each dequantized tile twice, with the
+// instead of two when M <= 8; a 16-token tile multiplies each dequantized tile twice (a 32-token
+// tile four times: twice the accumulators, up to 241 registers of a 128-thread CTA), with the
 // dequantization, the weight copies and the per-warp pipeline of the 8-token one.
 // The per-warp pipeline: each warp copies what it multiplies (its run of the stage's K steps: the
 // activations, its unit's packed weights and scale rows) into a region of the stage that only it
@@ -29,7 +31,7 @@ namespace humming_aot::mainloop {
 template <class Act,      // Float16 or BFloat16: activation, scale and output dtype
           class Weights,  // numerics::IntWeights<bits> or FloatWeights<exp, man>
           numerics::ZeroPointKind kZeroPoint,
-          int kBlockM,               // output rows per CTA: 8 or 16
+          int kBlockM,               // output rows per CTA: 8, 16 or 32
           int kBlockN,               // output columns per CTA (64 per warp along N)
           int kBlockK,               // K per pipeline stage: 64, 128, 256 or 512
           int kWarpsM, int kWarpsN,  // warp grid of the CTA over the output tile: 1 x kWarpsN
@@ -44,7 +46,8 @@ struct SwappedWarpPipeline {
   static constexpr bool kHasZeroPoint = kZeroPoint != numerics::ZeroPointKind::kImplicit;
   static constexpr int kWordsPerLane = kBits;  // stored words per (16-row K step, unit, lane)
 
-  static_assert(kBlockM == 8 || kBlockM == 16, "the swapped operands hold 8 tokens per mma n8: 8 or 16");
+  static_assert(kBlockM == 8 || kBlockM == 16 || kBlockM == 32,
+                "the swapped operands hold 8 tokens per mma n8: 8, 16 or 32");
   static_assert(kWarpsM == 1, "the tile's rows are one warp's");
   static_assert(kBlockN == 64 * kWarpsN, "one packed 64-column unit per warp along N");
   static_assert(kStages >= 2, "a pipeline needs two stages");
@@ -110,7 +113,7 @@ struct SwappedWarpPipeline {
   //   whose sum the run subtracts from its partial sums before the scale. The partial sums are
   //   ~2^7 larger than without the bias, which costs a bf16 result nothing; exact-grid inputs
   //   stay exact, and zero weights cancel to fp32 rounding of those sums, not bit for bit. The
-  //   16-token tile takes the fma instead (its offset would be one mma per 8 tokens).
+  //   16- and 32-token tiles take the fma instead (the offset would be one mma per 8 tokens).
   //   Their decode is a lop3 per register pair and little else (on the half-rate ALU pipe,
   //   which bounds these tiles), so an fma each would cost them more than the mma saves.
   static constexpr bool kBiasedDecode = kScalesInFp32 && Dequantizer::kFoldsOffset;

@@ -5,7 +5,7 @@
 //
 // Who copies what: a CTA-wide loader (kThreads = the CTA's threads) copies a whole kBlockK-wide K
 // tile of the CTA's columns, and every warp reads its part after a CTA barrier; a per-warp loader
-// (kThreads = 32, the swapped 8- and 16-token tiles) copies only what its warp multiplies - the run of K
+// (kThreads = 32, the swapped 8-, 16- and 32-token tiles) copies only what its warp multiplies - the run of K
 // steps [k_offset, + kBlockK) of each kStageK-wide K tile, for the warp's 64 columns - into a
 // region of the stage that no other warp reads, so the main loop needs no CTA barrier. Scale
 // rows and activations that several warps share are then copied once per warp.
@@ -100,7 +100,7 @@ struct StageLoader {
   static_assert(kThreads % kSChunksPerRow == 0, "every pass over the scale chunks starts a new scale row");
   static_assert(kStageK % kBlockK == 0, "the K run lies inside a K tile");
 
-  // The per-warp loader (the swapped tiles, 8 or 16 tokens) keeps one activation source, pass 0's, and
+  // The per-warp loader (the swapped tiles, 8 to 32 tokens) keeps one activation source, pass 0's, and
   // skips passes past M with a branch; CTA-wide loaders keep one source per pass and predicate
   // (fewer instructions in their stages, docs/performance/log.md section 16).
   static constexpr bool kOneActivationSource = kThreads == 32;
