@@ -2,6 +2,7 @@
 absolute one where the reference is all zeros (an all-zero quantized weight), instead of a
 division by ~0."""
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -56,3 +57,19 @@ def test_shape_sets_name_real_layers_and_reject_unknown_names(bench_gemm):
     assert len(every) == len(set(every)) and "7168x18432" in every and "8192x29568" in every
     with pytest.raises(SystemExit):
         bench_gemm.parse_args(["--shape-set", "llama9"])
+
+
+def test_the_json_is_written_after_every_shape_and_says_when_it_is_complete(bench_gemm, tmp_path):
+    """A run cut short by a time limit keeps the points of the shapes it finished: the JSON is
+    written after each shape with complete false, and at the end with complete true; the share
+    of the measured read bandwidth is filled in, or null without a bandwidth figure."""
+    path = tmp_path / "out" / "bench.json"
+    rows = [{"impl": "humming_aot", "m": 1, "n": 64, "k": 64, "us": 2.0, "gbps": 500.0}]
+    bench_gemm._write_json(str(path), {"device": "d"}, 2000.0, {"m": "1"}, rows, [], complete=False)
+    first = json.loads(path.read_text())
+    assert first["complete"] is False and first["results"][0]["pct_read_bw"] == 25.0 and first["device"] == "d"
+    rows.append({"impl": "humming", "m": 1, "n": 64, "k": 64, "us": float("nan"), "gbps": 400.0})
+    bench_gemm._write_json(str(path), {"device": "d"}, None, {"m": "1"}, rows, [], complete=True)
+    last = json.loads(path.read_text())
+    assert last["complete"] is True and len(last["results"]) == 2
+    assert last["results"][1]["us"] is None and last["results"][0]["pct_read_bw"] is None

@@ -529,13 +529,11 @@ def main(argv: list[str] | None = None) -> int:
                 print_row(result, read_gbps)
         prepared.clear()
         torch.cuda.empty_cache()
+        if args.json_path:  # after every shape, so that a run cut short by a time limit keeps its points
+            _write_json(args.json_path, env, read_gbps, vars(args), results, unavailable, complete=False)
 
     if args.json_path:
-        for result in results:
-            result["pct_read_bw"] = 100 * result["gbps"] / read_gbps if read_gbps else None
-        payload = {**env, "read_gbps": read_gbps, "args": vars(args), "results": results, "unavailable": unavailable}
-        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_path).write_text(json.dumps(_finite(payload), indent=1, default=str) + "\n")
+        _write_json(args.json_path, env, read_gbps, vars(args), results, unavailable, complete=True)
         print(f"wrote {args.json_path}")
     if args.plot_path:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -543,6 +541,17 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"wrote {plot(merge_results([{'results': results}]), args.plot_path, env.get('device', ''))}")
     return 0
+
+
+def _write_json(path: str, env: dict, read_gbps: float | None, args: dict, results: list[dict[str, Any]],
+                unavailable: list[dict[str, Any]], complete: bool) -> None:
+    """The run's JSON; complete: False while shapes remain (a run cut short leaves that)."""
+    for result in results:
+        result["pct_read_bw"] = 100 * result["gbps"] / read_gbps if read_gbps else None
+    payload = {**env, "read_gbps": read_gbps, "args": args, "complete": complete, "results": results,
+               "unavailable": unavailable}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(_finite(payload), indent=1, default=str) + "\n")
 
 
 def _finite(value: Any) -> Any:

@@ -39,12 +39,14 @@ def main() -> None:
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
     results = []
-    for shape in args.shape.split(","):
+    shapes = args.shape.split(",")
+    for index, shape in enumerate(shapes):
         n, k = map(int, shape.split("x"))
         results += tune_shape(args, n, k)
-    if args.json_path:
-        with open(args.json_path, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "format": args.format, "results": results}, f, indent=1)
+        if args.json_path:  # after every shape, so that a run cut short by a time limit keeps its points
+            with open(args.json_path, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "format": args.format,
+                           "complete": index == len(shapes) - 1, "results": results}, f, indent=1)
 
 
 def _resident_capacity(packed, tile, m: int) -> int:
