@@ -27,6 +27,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -551,7 +552,9 @@ def _write_json(path: str, env: dict, read_gbps: float | None, args: dict, resul
     payload = {**env, "read_gbps": read_gbps, "args": args, "complete": complete, "results": results,
                "unavailable": unavailable}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(_finite(payload), indent=1, default=str) + "\n")
+    partial = Path(f"{path}.partial")  # then renamed: a kill mid-write leaves the last whole file
+    partial.write_text(json.dumps(_finite(payload), indent=1, default=str) + "\n")
+    os.replace(partial, path)
 
 
 def _finite(value: Any) -> Any:

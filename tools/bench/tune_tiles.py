@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import torch
 
@@ -44,9 +45,11 @@ def main() -> None:
         n, k = map(int, shape.split("x"))
         results += tune_shape(args, n, k)
         if args.json_path:  # after every shape, so that a run cut short by a time limit keeps its points
-            with open(args.json_path, "w") as f:
+            partial = f"{args.json_path}.partial"  # then renamed: a kill mid-write leaves the last whole file
+            with open(partial, "w") as f:
                 json.dump({"device": torch.cuda.get_device_name(), "format": args.format,
                            "complete": index == len(shapes) - 1, "results": results}, f, indent=1)
+            os.replace(partial, args.json_path)
 
 
 def _resident_capacity(packed, tile, m: int) -> int:
