@@ -52,7 +52,8 @@ class Family:
         heuristics.select_masked_tile can pick for the type (heuristics.moe_tile_table); listed tiles serve the MoE types where their body
         does (the mma.sync ones; for the masked type, the warp-specialized TMA body too). A tile
         wider than 64 in K brings its 64-wide twin, which serves the shapes and group sizes it does
-        not fit (heuristics.tile_fits)."""
+        not fit (heuristics.tile_fits), unless in the dense table a later row of its M interval
+        serves those (heuristics.twin_reachable)."""
         moe = gemm_type is not GemmType.DENSE
         if self.tiles == "table":
             listed = (list(heuristics.moe_tile_table(arch, w_bits, masked=gemm_type is GemmType.MASKED,
@@ -61,9 +62,11 @@ class Family:
         else:
             bodies = heuristics.MOE_MASKED_BODIES if gemm_type is GemmType.MASKED else heuristics.MOE_BODIES
             listed = [tile for tile in self.tiles if not moe or tile.mma in bodies]
+        dense_table = self.tiles == "table" and not moe
         seen = []
         for tile in listed:
-            for t in (tile, heuristics.narrow_twin(tile)):
+            twin = not dense_table or heuristics.twin_reachable(arch, w_bits, tile)
+            for t in (tile, heuristics.narrow_twin(tile)) if twin else (tile,):
                 if t not in seen:
                     seen.append(t)
         return seen

@@ -21,6 +21,7 @@ from humming_aot.heuristics.tiles import (
     table_arch_for,
     tail_split_schedule,
     tile_fits,
+    twin_reachable,
 )
 
 __all__ = [
@@ -41,4 +42,5 @@ __all__ = [
     "table_arch_for",
     "tail_split_schedule",
     "tile_fits",
+    "twin_reachable",
 ]

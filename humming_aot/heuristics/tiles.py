@@ -122,6 +122,23 @@ def narrow_twin(tile: TileConfig) -> TileConfig:
     return dataclasses.replace(tile, block_k=64, stages=max(tile.stages, 3))
 
 
+def twin_reachable(arch: str, w_bits: int, tile: TileConfig) -> bool:
+    """Whether select_tile can pick the narrow twin of `tile`, a row of the arch's table for
+    w_bits-bit codes: not when a later row of its M interval serves every K (64-wide stages) with
+    no max_tiles_per_sm condition, since that row takes the problems the wide tile does not fit
+    (and a K that 64 does not divide is refused at launch). A tile in no row: True."""
+    rows = _tile_rows(arch, w_bits)
+    found = False
+    for index, (max_m, row_tile, _) in enumerate(rows):
+        if row_tile != tile:
+            continue
+        found = True
+        if not any(later_m == max_m and later.block_k == 64 and fill is None
+                   for later_m, later, fill in rows[index + 1:]):
+            return True
+    return not found
+
+
 def select_tile(arch: str, m: int, k: int | None = None, group: int | None = None, w_bits: int = 8,
                 n: int | None = None, num_sms: int | None = None, dense_rows: bool = True) -> TileConfig:
     """The table's tile for a problem with m rows and w_bits-bit weight codes. When given, K and

@@ -9,7 +9,7 @@ import pytest
 from humming_aot import heuristics
 from humming_aot.enumerate import enumerate_keys, parse_tile_field
 from humming_aot.heuristics.tiles import DEFAULT_SPLIT_CTAS_PER_SM
-from humming_aot.spec import KernelKey, MmaKind
+from humming_aot.spec import GemmType, KernelKey, MmaKind
 
 WIDE = parse_tile_field("16x128x128_w1x2x4_s4")
 
@@ -95,9 +95,15 @@ def test_every_catalog_with_a_wide_tile_holds_its_twin():
     names = {key.name for key in keys}
     wide = [key for key in keys if key.tile.block_k > 64]
     assert wide, "the default catalog has no tile wider than 64 in K: this test no longer checks anything"
+    skipped = set()
     for key in wide:
         twin = KernelKey(arch=key.arch, spec=key.spec, tile=heuristics.narrow_twin(key.tile))
+        if key.spec.gemm_type is GemmType.DENSE and not heuristics.twin_reachable(key.arch, key.spec.w_bits, key.tile):
+            skipped.add(key.tile.label)  # a later row of its M interval takes what the wide tile does not fit
+            assert twin.name not in names, f"{twin.name}: built, though no selection picks it"
+            continue
         assert twin.name in names, f"{key.name} has no 64-wide twin in the default catalog"
+    assert skipped == {"mma-sw:32x64x256_w1x1x4_s3"}, skipped
 
 
 @pytest.mark.parametrize(
@@ -179,6 +185,25 @@ def test_up_to_32_tokens_layers_of_few_tiles_take_the_swapped_32_token_tile():
     for m in (17, 32):  # the grouped row-expert GEMM: the plain sm90 table's mma.sync row
         grouped = heuristics.select_masked_tile("sm90a", m, 256, 128, 4, masked=False)
         assert grouped == heuristics.select_tile("sm90", m, 256, 128, 4) and grouped.mma is MmaKind.MMA_SYNC
+
+
+def test_a_wide_rows_twin_is_built_only_where_the_table_can_pick_it():
+    """The 32-token swapped row is followed in its M interval by the TMA tile (64-wide stages, no
+    tiles-per-SM condition), which takes every K the wide tile does not fit: its twin is never
+    picked and the default catalog does not build it; the 16-token rows' twin is reachable (no
+    64-wide row follows them) and is built."""
+    wide32 = heuristics.select_tile("sm90a", 32, k=4096, group=128, w_bits=4, n=4096, num_sms=132)
+    wide16 = heuristics.select_tile("sm90a", 16, k=4096, group=128, w_bits=4)
+    assert not heuristics.twin_reachable("sm90a", 4, wide32)
+    assert heuristics.twin_reachable("sm90a", 4, wide16)
+    assert heuristics.twin_reachable("sm90a", 4, parse_tile_field("mma-sw:32x64x512_w1x1x4_s2"))  # in no row
+    for k in (4096 + 128, 4096 + 64):  # K the wide tile does not fit: the next row, never the twin
+        assert heuristics.select_tile("sm90a", 32, k=k, group=64, w_bits=4, n=4096, num_sms=132).block_k == 64
+        assert heuristics.select_tile("sm90a", 32, k=k, group=64, w_bits=4, n=4096, num_sms=132) != \
+            heuristics.narrow_twin(wide32)
+    labels = {key.tile.label for key in enumerate_keys("default", ["sm90a"]) if key.spec.w_dtype == "int4"}
+    assert wide32.label in labels and heuristics.narrow_twin(wide32).label not in labels
+    assert heuristics.narrow_twin(wide16).label in labels
 
 
 def test_stream_k_runs_below_one_wave_of_tiles():
