@@ -234,14 +234,23 @@ def gbps(nbytes: float, us: float) -> float:
     return nbytes / (us * 1e-6) / 1e9 if us > 0 else math.nan
 
 
-def write_results_json(path: str | Path, results: list, **extra) -> None:
-    """A benchmark's JSON file: {"device": this GPU's name, **extra, "results": results}."""
+def write_json(path: str | Path, payload: dict) -> None:
+    """Write a benchmark's JSON payload to a ``.partial`` file beside `path`, then rename it over
+    `path`: a run killed mid-write (a device call's time limit) leaves the last whole file."""
     import json
+    import os
 
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(f"{path}.partial")
+    partial.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    os.replace(partial, path)
+
+
+def write_results_json(path: str | Path, results: list, **extra) -> None:
+    """A benchmark's JSON file: {"device": this GPU's name, **extra, "results": results} (write_json)."""
     import torch
 
-    payload = {"device": torch.cuda.get_device_name(), **extra, "results": results}
-    Path(path).write_text(json.dumps(payload, indent=1) + "\n")
+    write_json(path, {"device": torch.cuda.get_device_name(), **extra, "results": results})
 
 
 def sibling_tool(name: str, beside: str) -> ModuleType:

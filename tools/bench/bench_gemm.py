@@ -25,9 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
-import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -50,6 +48,7 @@ from humming_aot.testing.bench import (  # noqa: E402 - after the path fix above
     l2_cache_bytes,
     tflops,
     time_cuda_graph,
+    write_json,
 )
 
 DEFAULT_SHAPES = "8192x8192,4096x14336,14336x4096"  # N x K: the anchor, then a 7-8B MLP's down / up
@@ -551,10 +550,7 @@ def _write_json(path: str, env: dict, read_gbps: float | None, args: dict, resul
         result["pct_read_bw"] = 100 * result["gbps"] / read_gbps if read_gbps else None
     payload = {**env, "read_gbps": read_gbps, "args": args, "complete": complete, "results": results,
                "unavailable": unavailable}
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(f"{path}.partial")  # then renamed: a kill mid-write leaves the last whole file
-    partial.write_text(json.dumps(_finite(payload), indent=1, default=str) + "\n")
-    os.replace(partial, path)
+    write_json(path, _finite(payload))
 
 
 def _finite(value: Any) -> Any:

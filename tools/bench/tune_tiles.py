@@ -16,8 +16,6 @@ never assert, so this only reports.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 
 import torch
 
@@ -25,7 +23,7 @@ import humming_aot
 from humming_aot import dispatch, ops
 from humming_aot.catalog import installed_catalog
 from humming_aot.spec import KernelKey
-from humming_aot.testing.bench import buffer_sets_for_cold_l2, gemm_flops, tflops, time_cuda_graph
+from humming_aot.testing.bench import buffer_sets_for_cold_l2, gemm_flops, tflops, time_cuda_graph, write_results_json
 
 
 def main() -> None:
@@ -45,11 +43,7 @@ def main() -> None:
         n, k = map(int, shape.split("x"))
         results += tune_shape(args, n, k)
         if args.json_path:  # after every shape, so that a run cut short by a time limit keeps its points
-            partial = f"{args.json_path}.partial"  # then renamed: a kill mid-write leaves the last whole file
-            with open(partial, "w") as f:
-                json.dump({"device": torch.cuda.get_device_name(), "format": args.format,
-                           "complete": index == len(shapes) - 1, "results": results}, f, indent=1)
-            os.replace(partial, args.json_path)
+            write_results_json(args.json_path, results, format=args.format, complete=index == len(shapes) - 1)
 
 
 def _resident_capacity(packed, tile, m: int) -> int:
