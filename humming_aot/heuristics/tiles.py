@@ -33,9 +33,32 @@ def table_arch_for(arch: str) -> str:
 DEFAULT_SPLIT_CTAS_PER_SM = 4
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class FillCondition:
+    """When a table row serves a problem beyond its M interval and code width: at most
+    max_tiles_per_sm of the row tile's output tiles per SM, and at most max_k_per_sm columns of K
+    per SM summed over those tiles (output tiles x K / SMs: how much of the reduction each SM runs).
+    Few output tiles favour a tile with fewer, larger CTAs per SM; the swapped 32-token tile at
+    33-64 tokens runs two token tiles per weight tile, which pays only while each SM's share of the
+    K loop is short (docs/performance/log.md sections 23, 41 and 42)."""
+
+    max_tiles_per_sm: float | None = None
+    max_k_per_sm: int | None = None
+
+    def admits(self, tile: TileConfig, m: int, n: int | None, k: int | None, num_sms: int | None) -> bool:
+        """Whether the problem meets the condition; a quantity the caller does not give (N, K, the
+        SM count) does not rule the row out."""
+        if n is None or num_sms is None:
+            return True
+        tiles = -(-m // tile.block_m) * -(-n // tile.block_n)
+        if self.max_tiles_per_sm is not None and tiles > self.max_tiles_per_sm * num_sms:
+            return False
+        return self.max_k_per_sm is None or k is None or tiles * k <= self.max_k_per_sm * num_sms
+
+
 @functools.cache
-def _table_rows(arch: str) -> tuple[tuple[int, TileConfig, int, int, float | None], ...]:
-    """((max_m, tile, split-K CTAs per SM, max_w_bits, max_tiles_per_sm), ...) in M order."""
+def _table_rows(arch: str) -> tuple[tuple[int, TileConfig, int, int, FillCondition | None], ...]:
+    """((max_m, tile, split-K CTAs per SM, max_w_bits, fill condition or None), ...) in M order."""
     entry = load_toml("tiles.toml")["arch"][table_arch_for(arch)]
     rows = []
     for row in entry["tiles"]:
@@ -43,9 +66,11 @@ def _table_rows(arch: str) -> tuple[tuple[int, TileConfig, int, int, float | Non
         max_m = row.pop("max_m")
         split = row.pop("split_ctas_per_sm", DEFAULT_SPLIT_CTAS_PER_SM)
         max_w_bits = row.pop("max_w_bits", 8)
-        max_tiles_per_sm = row.pop("max_tiles_per_sm", None)
+        fill = FillCondition(max_tiles_per_sm=row.pop("max_tiles_per_sm", None),
+                             max_k_per_sm=row.pop("max_k_per_sm", None))
         mma = MmaKind(row.pop("mma", MmaKind.MMA_SYNC.value))
-        rows.append((max_m, TileConfig(mma=mma, **row), split, max_w_bits, max_tiles_per_sm))
+        rows.append((max_m, TileConfig(mma=mma, **row), split, max_w_bits,
+                     fill if fill != FillCondition() else None))
     return tuple(rows)
 
 
@@ -57,8 +82,8 @@ def arch_tile_table(arch: str, w_bits: int = 8) -> tuple[tuple[int, TileConfig],
     return tuple((max_m, tile) for max_m, tile, _, max_w_bits, _ in _table_rows(arch) if w_bits <= max_w_bits)
 
 
-def _tile_rows(arch: str, w_bits: int) -> tuple[tuple[int, TileConfig, float | None], ...]:
-    """((max_m, tile, max_tiles_per_sm), ...): arch_tile_table with each row's fill condition."""
+def _tile_rows(arch: str, w_bits: int) -> tuple[tuple[int, TileConfig, FillCondition | None], ...]:
+    """((max_m, tile, fill condition or None), ...): arch_tile_table with each row's fill condition."""
     return tuple((max_m, tile, fill) for max_m, tile, _, max_w_bits, fill in _table_rows(arch) if w_bits <= max_w_bits)
 
 
@@ -125,7 +150,7 @@ def narrow_twin(tile: TileConfig) -> TileConfig:
 def twin_reachable(arch: str, w_bits: int, tile: TileConfig) -> bool:
     """Whether select_tile can pick the narrow twin of `tile`, a row of the arch's table for
     w_bits-bit codes: not when a later row of its M interval serves every K (64-wide stages) with
-    no max_tiles_per_sm condition, since that row takes the problems the wide tile does not fit
+    no fill condition, since that row takes the problems the wide tile does not fit
     (and a K that 64 does not divide is refused at launch). A tile in no row: True."""
     rows = _tile_rows(arch, w_bits)
     found = False
@@ -143,12 +168,10 @@ def select_tile(arch: str, m: int, k: int | None = None, group: int | None = Non
                 n: int | None = None, num_sms: int | None = None, dense_rows: bool = True) -> TileConfig:
     """The table's tile for a problem with m rows and w_bits-bit weight codes. When given, K and
     the group size rule out a wide-K tile that does not fit them (it gives way to the next row of
-    the same M that fits, else to its own 64-wide twin), and N with the device's SM count rule out
-    a row whose max_tiles_per_sm the problem's output tiles exceed (the next row of the same M
-    serves it): few output tiles favour a tile with fewer, larger CTAs per SM, many tiles one with
-    more CTAs (docs/performance/log.md sections 23 and 41). dense_rows=False leaves out the rows
-    with a max_tiles_per_sm (choices measured on dense layers, which the MoE schedules do not
-    share: select_masked_tile)."""
+    the same M that fits, else to its own 64-wide twin), and N, K and the device's SM count rule
+    out a row whose fill condition the problem does not meet (FillCondition; the next row of the
+    same M serves it). dense_rows=False leaves out the rows with a fill condition (choices
+    measured on dense layers, which the MoE schedules do not share: select_masked_tile)."""
     rows = [row for row in _tile_rows(arch, w_bits) if dense_rows or row[2] is None]
     row_m = next((max_m for max_m, _, _ in rows if m <= max_m), rows[-1][0])
     candidates = [(tile, fill) for max_m, tile, fill in rows if max_m == row_m]
@@ -156,13 +179,8 @@ def select_tile(arch: str, m: int, k: int | None = None, group: int | None = Non
     def fits(tile: TileConfig) -> bool:
         return k is None or group is None or tile_fits(tile, k, group)
 
-    def fills(tile: TileConfig, fill: float | None) -> bool:
-        if fill is None or n is None or num_sms is None:
-            return True
-        return -(-m // tile.block_m) * -(-n // tile.block_n) <= fill * num_sms
-
     for tile, fill in candidates:
-        if fits(tile) and fills(tile, fill):
+        if fits(tile) and (fill is None or fill.admits(tile, m, n, k, num_sms)):
             return tile
     return next((tile for tile, _ in candidates if fits(tile)), narrow_twin(candidates[0][0]))
 

@@ -88,10 +88,11 @@ def test_swapped_tile_matches_the_reference(fmt, act, tile):
 
 
 @pytest.mark.parametrize("fmt", ("int4:g128", "uint4:g128:zp", "mxfp4"))
-def test_the_op_sends_17_to_32_tokens_on_few_tiles_to_the_32_token_tile(fmt):
-    """Through pack + ops.gemm (the table's choice and its split-K): on sm90a, 17-32 tokens of a
-    layer with at most one 64-column tile per SM and codes of at most 4 bits run the swapped
-    32-token tile; the output matches
+def test_the_op_sends_17_to_64_tokens_on_few_tiles_to_the_32_token_tile(fmt):
+    """Through pack + ops.gemm (the table's choice and its split-K): on sm90a, 17-64 tokens of a
+    layer with at most one 64-column tile per SM (and from 33 tokens, two token tiles, a short
+    share of the K loop per SM) and codes of at most 4 bits run the swapped 32-token tile; the
+    output matches
     the float64 product of the weight that kernel multiplies (ops.effective_weight: fp32 scales
     for integer codes), the same bits twice."""
     if dispatch.device_info(torch.cuda.current_device()).arches[0] != "sm90a":
@@ -104,7 +105,7 @@ def test_the_op_sends_17_to_32_tokens_on_few_tiles_to_the_32_token_tile(fmt):
     w = torch.randn(n, k, device="cuda", generator=gen) * 0.05
     packed = humming_aot.pack(with_every_code(humming_aot.quantize(w, fmt), gen), act_dtype=torch.bfloat16)
     info = dispatch.device_info(torch.cuda.current_device())
-    for m in (17, 24, 32):
+    for m in (17, 24, 32, 33, 50, 64):
         key = obtain.select_key(ops.gemm_spec(packed), info, m, k=k, group=packed.group_size, n=n)
         assert key.tile.label == "mma-sw:32x64x256_w1x1x4_s3", f"m={m}: {key.name}"
         _kernel_or_skip(packed, key.tile.label)
