@@ -67,7 +67,8 @@ def obtain(spec: GemmSpec, device_index: int, m: int, tile: TileConfig | None = 
            k: int | None = None, group: int | None = None, n: int | None = None):
     """(KernelKey, LoadedKernel) for this problem; cached per (spec, device, table tile). K and the
     group size, when given, steer the table away from a tile they do not fit (heuristics.tile_fits);
-    N, when given, picks between the rows of one M by the problem's output tiles per SM.
+    N (with K), when given, picks between the rows of one M by the problem's output tiles per SM
+    and each SM's share of the K loop (heuristics.tiles.FillCondition).
 
     Which key and where its image comes from (catalog, JIT cache, NVRTC) is ``humming_aot.obtain``'s
     job; a first call that compiles blocks other first calls of this process for its duration.

@@ -87,8 +87,8 @@ def _key_if_valid(arch: str, spec: GemmSpec, tile: TileConfig) -> KernelKey | No
 def select_key(spec: GemmSpec, info: "DeviceInfo", m: int, tile: TileConfig | None = None,
                k: int | None = None, group: int | None = None, n: int | None = None) -> KernelKey:
     """The key to run for ``m`` rows (``tile``: forced, for tuning), without loading anything; K
-    and the group size, when given, rule out table tiles they do not fit, and N picks between the
-    rows of one M (heuristics.select_tile)."""
+    and the group size, when given, rule out table tiles they do not fit, and N (with K) picks
+    between the rows of one M (heuristics.select_tile, heuristics.tiles.FillCondition)."""
     from humming_aot.catalog import installed_catalog
 
     catalog = installed_catalog()

@@ -215,8 +215,9 @@ def test_33_to_64_tokens_take_the_swapped_32_token_tile_while_each_sms_k_share_i
 
 
 def test_a_wide_rows_twin_is_built_only_where_the_table_can_pick_it():
-    """The 32-token swapped row is followed in its M interval by the TMA tile (64-wide stages, no
-    tiles-per-SM condition), which takes every K the wide tile does not fit: its twin is never
+    """The 32-token swapped rows (up to 32 and up to 64 tokens) are each followed in their M
+    interval by a TMA tile (64-wide stages, no fill condition), which takes every K the wide
+    tile does not fit: its twin is never
     picked and the default catalog does not build it; the 16-token rows' twin is reachable (no
     64-wide row follows them) and is built."""
     wide32 = heuristics.select_tile("sm90a", 32, k=4096, group=128, w_bits=4, n=4096, num_sms=132)
