@@ -49,13 +49,25 @@ struct DenseMmaSync {
                                    mainloop::CtaPipeline<Act, Weights, kZeroPoint, kBlockM, kBlockN, kBlockK, kWarpsM,
                                                          kWarpsN, kWarpsK, kStages>>::Type;
   static constexpr int kThreads = Mainloop::kThreads;
-  // Small-M tiles of 8 warps run two CTAs per SM (split-K sizes its slices for that): hold
-  // ptxas to the 128 registers that allows (8-bit codes with 256-wide stages would take ~135).
-  static constexpr int kMinBlocksPerSm = kThreads == 256 && kBlockM <= 16 ? 2 : 1;
   // humming_aot.spec.KernelKey.scales_in_fp32 says so to the host (the generated source
   // static_asserts that they agree)
   static constexpr bool kScalesInFp32 = Mainloop::kScalesInFp32;
   static constexpr int kSmemBytes = Mainloop::kSmemBytes;  // = humming_aot.heuristics.smem_bytes
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  static constexpr int kSmemPerSm = 233472;  // 228 KB per SM on sm_90 and sm_100 (1 KB of it per CTA reserved)
+#else
+  static constexpr int kSmemPerSm = 0;  // (the host pass, and arches where three such CTAs never fit)
+#endif
+  // A swapped 32-token tile of 4 warps whose scales multiply the 16-bit weights (one accumulator
+  // set: about 161 registers under a 168 cap, no spills) runs three CTAs per SM where three fit
+  // the shared memory (2 stages of 256): 12 warps per SM to hide its per-warp pipeline's
+  // latencies, which bind it (ncu, docs/performance/log.md section 42). With fp32 scales on the
+  // sums (a second accumulator set, 233 registers) it would spill, so those keep two.
+  static constexpr bool kThreeSwapped32 = kSwapped == 1 && kBlockM == 32 && kThreads == 128 && !kScalesInFp32 &&
+                                          3 * (kSmemBytes + 128 + 1024) <= kSmemPerSm;
+  // Small-M tiles of 8 warps run two CTAs per SM (split-K sizes its slices for that): hold
+  // ptxas to the 128 registers that allows (8-bit codes with 256-wide stages would take ~135).
+  static constexpr int kMinBlocksPerSm = kThreads == 256 && kBlockM <= 16 ? 2 : (kThreeSwapped32 ? 3 : 1);
   using Scheduler = schedule::TileScheduler<kBlockM, kBlockN, kBlockK>;
 
   static __device__ __forceinline__ void run(const GemmParams& p) {
