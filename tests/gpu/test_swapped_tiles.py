@@ -116,3 +116,36 @@ def test_the_op_sends_17_to_64_tokens_on_few_tiles_to_the_32_token_tile(fmt):
         context = f"fmt={fmt} m={m} seed={seed}"
         assert_gemm_close(outs[0], reference_gemm(a, w_eff, bias), a=a, w_eff=w_eff, bias=bias, context=context)
         assert_bitwise_equal(outs[0], outs[1], context)
+
+
+@pytest.mark.parametrize("fmt", ("int4:g128", "uint4:g128:zpf", "mxfp4", "int8:channel"))
+def test_the_op_sends_33_to_48_tokens_on_many_tiles_to_the_48_token_tma_tile(fmt):
+    """Through pack + ops.gemm: on sm90a, 33-48 tokens of a layer whose swapped tiles would be more
+    than one per SM (N = 4352: 2 x 68 tiles of 64 columns on 132 SMs) run the 48-token TMA tile for
+    codes of at most 4 bits, and the 64-token one for 8-bit codes and from 49 tokens; the output
+    matches the float64 product of the weight that kernel multiplies, the same bits twice."""
+    if dispatch.device_info(torch.cuda.current_device()).arches[0] != "sm90a":
+        pytest.skip("the 48-token row is in the sm90a table only")
+    from humming_aot import obtain
+
+    seed = _seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    n, k = 4352, 512
+    w = torch.randn(n, k, device="cuda", generator=gen) * 0.05
+    packed = humming_aot.pack(with_every_code(humming_aot.quantize(w, fmt), gen), act_dtype=torch.bfloat16)
+    info = dispatch.device_info(torch.cuda.current_device())
+    if info.num_sms >= 136:
+        pytest.skip(f"{info.num_sms} SMs: 136 swapped tiles are at most one per SM there")
+    for m in (33, 41, 48, 49):
+        key = obtain.select_key(ops.gemm_spec(packed), info, m, k=k, group=packed.group_size, n=n)
+        wide = m <= 48 and fmt != "int8:channel"
+        expected = "wgmma-ws:48x128x64_w1x4_s8" if wide else "wgmma-ws:64x128x64_w1x4_s6"
+        assert key.tile.label == expected, f"m={m}: {key.name}"
+        _kernel_or_skip(packed, key.tile.label)
+        a = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        bias = (torch.randn(n, device="cuda", generator=gen) * 0.5).to(torch.bfloat16) if m % 2 else None
+        w_eff = ops.effective_weight(packed, m)
+        outs = [ops.gemm(a, packed, bias) for _ in range(2)]
+        context = f"fmt={fmt} m={m} seed={seed}"
+        assert_gemm_close(outs[0], reference_gemm(a, w_eff, bias), a=a, w_eff=w_eff, bias=bias, context=context)
+        assert_bitwise_equal(outs[0], outs[1], context)

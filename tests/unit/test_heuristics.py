@@ -180,7 +180,7 @@ def test_up_to_32_tokens_layers_of_few_tiles_take_the_swapped_32_token_tile():
         assert pick(m, 4096, bits=5) == pick(m, 4096, bits=8) == "wgmma-ws:32x128x64_w1x4_s8"
         assert pick(m, 10240, 8192) == pick(m, 28672) == "wgmma-ws:32x128x64_w1x4_s8"  # 160, 448 tiles
         assert pick(m, 8192, 29568) == "wgmma-ws:32x128x64_w1x4_s8"
-    assert pick(16, 4096).startswith("mma-sw:16x") and pick(33, 6144).startswith("wgmma-ws:64x")
+    assert pick(16, 4096).startswith("mma-sw:16x") and pick(33, 6144).startswith("wgmma-ws:48x")
     assert pick(32, 10240, 8192, sms=264) == "mma-sw:32x64x256_w1x1x4_s3"  # 160 tiles on 264 SMs
     for m in (17, 32):  # the grouped row-expert GEMM: the plain sm90 table's mma.sync row
         grouped = heuristics.select_masked_tile("sm90a", m, 256, 128, 4, masked=False)
@@ -190,22 +190,27 @@ def test_up_to_32_tokens_layers_of_few_tiles_take_the_swapped_32_token_tile():
 def test_33_to_64_tokens_take_the_swapped_32_token_tile_while_each_sms_k_share_is_short():
     """sm90a at 33-64 tokens, codes of at most 4 bits: the swapped 32-token tile (two token tiles
     per weight tile) while its output tiles are at most one per SM and those tiles times K over the
-    SM count are at most 6144 columns (log section 42: 4096 x 6144 at 5958 columns per SM won,
-    4096 x 8192 at 7944 lost); else the 64-token TMA tile. Without N or the SM count the condition
-    cannot be judged and the first row of the interval is taken, as for max_tiles_per_sm alone."""
+    SM count are short: at most 4864 columns up to 48 tokens (log section 43: 4096 x 4096 at 3972
+    columns won, 4096 x 6144 at 5958 lost to the 48-token TMA tile), 6144 from 49 (section 42:
+    4096 x 6144 won, 4096 x 8192 at 7944 lost). Else the 48-token TMA tile up to 48 tokens (8-bit
+    codes keep the 64-token one: 48 rows of 8 stages fit one CTA per SM there, and lost), the
+    64-token TMA tile above. Without N or the SM count the condition cannot be judged and the first
+    row of the interval is taken, as for max_tiles_per_sm alone."""
     def pick(m, n, k, bits=4, sms=132):
         return heuristics.select_tile("sm90a", m, k=k, group=128, w_bits=bits, n=n, num_sms=sms).label
 
-    swapped, tma = "mma-sw:32x64x256_w1x1x4_s3", "wgmma-ws:64x128x64_w1x4_s6"
-    for m in (33, 48, 64):
-        for n, k in ((4096, 4096), (3584, 3584), (2048, 4096), (4096, 6144), (2048, 8192)):
+    swapped, tma48, tma = "mma-sw:32x64x256_w1x1x4_s3", "wgmma-ws:48x128x64_w1x4_s8", "wgmma-ws:64x128x64_w1x4_s6"
+    for m in (33, 40, 48, 49, 56, 64):
+        wide = tma48 if m <= 48 else tma
+        for n, k in ((4096, 4096), (3584, 3584), (2048, 4096), (2048, 8192)):
             assert pick(m, n, k) == swapped, (m, n, k)
-        for n, k in ((4096, 8192), (4096, 11008), (3584, 18944), (6144, 4096), (8192, 8192)):
-            assert pick(m, n, k) == tma, (m, n, k)
-        assert pick(m, 4096, 4096, bits=8) == tma  # measured for 4-bit codes only
-        assert pick(m, 4096, 4096 + 64) == tma  # a K that 256 does not divide: the TMA tile, not the twin
+        assert pick(m, 4096, 6144) == (tma48 if m <= 48 else swapped), m
+        for n, k in ((4096, 8192), (4096, 11008), (3584, 18944), (6144, 4096), (8192, 8192), (28672, 4096)):
+            assert pick(m, n, k) == wide, (m, n, k)
+        assert pick(m, 4096, 4096, bits=8) == pick(m, 8192, 8192, bits=5) == tma  # 48 rows: 4-bit codes only
+        assert pick(m, 4096, 4096 + 64) == wide  # a K that 256 does not divide: a TMA tile, not the twin
         assert pick(m, 4096, 8192, sms=264) == swapped  # 128 tiles x 8192 on 264 SMs: 3972 columns each
-        assert heuristics.select_tile("sm90a", m, k=4096, group=128, w_bits=4, dense_rows=False).label == tma
+        assert heuristics.select_tile("sm90a", m, k=4096, group=128, w_bits=4, dense_rows=False).label == wide
     assert pick(65, 4096, 4096).startswith("wgmma-ws:128x")
     fill = heuristics.tiles.FillCondition(max_tiles_per_sm=1.0, max_k_per_sm=6144)
     tile = parse_tile_field("mma-sw:32x64x256_w1x1x4_s3")
