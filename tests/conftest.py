@@ -26,3 +26,36 @@ def _default_switches_and_fresh_dispatch(monkeypatch):
         # setting must not serve the next test
         kernels.clear_loaded_kernels()
     _clear_dispatch_caches()
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--part", default=None, metavar="I/N",
+        help="run only the I-th of N contiguous, equally long slices of the selected tests (1 <= I <= N), "
+             "so that a suite longer than one call of the GPU box runs in N calls "
+             "(tools/device_check.sh: DEVICE_TEST_PART)")
+
+
+def _parse_part(text: str) -> tuple[int, int]:
+    index, sep, count = text.partition("/")
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        i = n = 0
+    if not sep or n < 1 or not 1 <= i <= n:
+        raise pytest.UsageError(f"--part {text!r}: expected I/N with 1 <= I <= N, e.g. --part 2/3")
+    return i, n
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """--part I/N: after every other selection (-m, -k, deselection), keep the I-th of N
+    contiguous slices; the N parts together are exactly the selected tests, in order."""
+    text = config.getoption("--part")
+    if text is None:
+        return
+    i, n = _parse_part(text)
+    start, stop = len(items) * (i - 1) // n, len(items) * i // n
+    if start or stop < len(items):
+        config.hook.pytest_deselected(items=items[:start] + items[stop:])
+        items[:] = items[start:stop]

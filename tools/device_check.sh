@@ -9,8 +9,13 @@
 #   wheels    install carried wheels from ./.whl/ into /tmp/site    -> build.log (fails without one:
 #             the benchmarks' Humming columns need humming-kernels)
 #   launcher  python3 setup.py build_ext --inplace -j 16            -> build.log
-#   catalog   python3 -m humming_aot build --arch sm90a --inplace   -> build.log (timed)
-#   tests     pytest tests -m gpu (every gpu-marked test, tests/unit's too) -> tests.log, tests.xml
+#   catalog   python3 -m humming_aot build --arch sm90a --inplace   -> build.log (timed); kept, not
+#             rebuilt, when this box built the same catalog from the same sources in an earlier call
+#             (a warm box: the build outputs stay between calls; humming_aot/_catalog/.device_check_stamp)
+#   tests     pytest tests -m gpu (every gpu-marked test, tests/unit's too) -> tests.log, tests.xml;
+#             DEVICE_TEST_PART=I/N runs the I-th of N equal contiguous slices of them (pytest --part,
+#             tests/conftest.py): the whole suite (launcher ~25 s, catalog ~150 s, tests ~460 s on the
+#             H200) does not fit one 600 s call, so run it as DEVICE_TEST_PART=1/2 then 2/2
 #   tune      tools/bench/tune_tiles.py (extra args: $TUNE_ARGS)   -> bench.log, tune.json
 #   bench     tools/bench/bench_gemm.py (extra args: $BENCH_ARGS)  -> bench.log, bench.json
 #   cold      tools/bench/cold_start.py (extra args: $COLD_ARGS)   -> bench.log, cold_start.json
@@ -173,15 +178,37 @@ for name in names:
 open(target, "w").write("\n".join(parts))
 PY
     fi
+    local stamp_file="$REPO/humming_aot/_catalog/.device_check_stamp" stamp
+    stamp=$(catalog_stamp "$catalog")
+    if [[ -f "$REPO/humming_aot/_catalog/manifest.json" && -f "$stamp_file" && "$(cat "$stamp_file")" == "$stamp" ]]; then
+        echo "catalog ($ARCH, $CATALOG): kept, built on this box from the same sources by an earlier call"
+        return 0
+    fi
+    rm -f "$stamp_file"  # a build that fails half-way must not leave a stamp for what it overwrote
     python3 -m humming_aot build --arch "$ARCH" --catalog "$catalog" --inplace -j "$JOBS"
     local rc=$?
+    [[ $rc -eq 0 ]] && echo "$stamp" >"$stamp_file"
     echo "catalog build ($ARCH, $CATALOG, -j $JOBS): $((SECONDS - start)) s wall, exit $rc"
     return $rc
+}
+
+# catalog_stamp CATALOG: what an in-place catalog was built from (arch, catalog, and the contents of
+# the sources that generate and compile its kernels), so that a later call can keep it.
+catalog_stamp() {
+    {
+        echo "$ARCH $CATALOG"
+        [[ -f "$1" ]] && sha256sum "$1"
+        find csrc catalog humming_aot -path humming_aot/_catalog -prune -o -type f \
+            \( -name '*.py' -o -name '*.cuh' -o -name '*.h' -o -name '*.cu' -o -name '*.toml' \) -print |
+            LC_ALL=C sort | xargs sha256sum
+        nvcc --version 2>/dev/null | tail -n 1
+    } | sha256sum | cut -d' ' -f1
 }
 
 step_tests() {
     local -a extra=()
     [[ -n "${PYTEST_ARGS:-}" ]] && mapfile -t extra < <(split_args "$PYTEST_ARGS")
+    [[ -n "${DEVICE_TEST_PART:-}" ]] && extra=(--part "$DEVICE_TEST_PART" "${extra[@]}")
     python3 -m pytest tests -m gpu -q -x --timeout 900 -p no:cacheprovider \
         --junitxml "$OUTDIR/tests.xml" "${extra[@]}"
 }
