@@ -40,7 +40,7 @@ class FillCondition:
     per SM summed over those tiles (output tiles x K / SMs: how much of the reduction each SM runs).
     Few output tiles favour a tile with fewer, larger CTAs per SM; the swapped 32-token tile at
     33-64 tokens runs two token tiles per weight tile, which pays only while each SM's share of the
-    K loop is short (docs/performance/log.md sections 23, 41 and 42)."""
+    K loop is short (docs/performance/log.md sections 23, 41, 42 and 43)."""
 
     max_tiles_per_sm: float | None = None
     max_k_per_sm: int | None = None

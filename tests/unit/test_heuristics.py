@@ -211,6 +211,9 @@ def test_33_to_64_tokens_take_the_swapped_32_token_tile_while_each_sms_k_share_i
         assert pick(m, 4096, 4096 + 64) == wide  # a K that 256 does not divide: a TMA tile, not the twin
         assert pick(m, 4096, 8192, sms=264) == swapped  # 128 tiles x 8192 on 264 SMs: 3972 columns each
         assert heuristics.select_tile("sm90a", m, k=4096, group=128, w_bits=4, dense_rows=False).label == wide
+        # N or the SM count unknown: the interval's first row, the swapped tile
+        assert heuristics.select_tile("sm90a", m, k=4096, group=128, w_bits=4).label == swapped
+        assert pick(m, 8192, 8192, sms=None) == swapped
     assert pick(65, 4096, 4096).startswith("wgmma-ws:128x")
     fill = heuristics.tiles.FillCondition(max_tiles_per_sm=1.0, max_k_per_sm=6144)
     tile = parse_tile_field("mma-sw:32x64x256_w1x1x4_s3")
@@ -220,7 +223,7 @@ def test_33_to_64_tokens_take_the_swapped_32_token_tile_while_each_sms_k_share_i
 
 
 def test_a_wide_rows_twin_is_built_only_where_the_table_can_pick_it():
-    """The 32-token swapped rows (up to 32 and up to 64 tokens) are each followed in their M
+    """The 32-token swapped rows (up to 32, 48 and 64 tokens) are each followed in their M
     interval by a TMA tile (64-wide stages, no fill condition), which takes every K the wide
     tile does not fit: its twin is never
     picked and the default catalog does not build it; the 16-token rows' twin is reachable (no

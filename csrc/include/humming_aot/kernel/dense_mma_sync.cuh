@@ -59,7 +59,7 @@ struct DenseMmaSync {
   static constexpr int kSmemPerSm = 0;  // (the host pass, and arches where three such CTAs never fit)
 #endif
   // A swapped 32-token tile of 4 warps whose scales multiply the 16-bit weights (one accumulator
-  // set: about 161 registers under a 168 cap, no spills) runs three CTAs per SM where three fit
+  // set: 153 registers for mxfp4 under a 168 cap, no spills) runs three CTAs per SM where three fit
   // the shared memory (2 stages of 256): 12 warps per SM to hide its per-warp pipeline's
   // latencies, which bind it (ncu, docs/performance/log.md section 42). With fp32 scales on the
   // sums (a second accumulator set, 233 registers) it would spill, so those keep two.
