@@ -57,6 +57,27 @@ def _kernel_or_skip(packed, tile: str) -> KernelKey:
     return key
 
 
+def _packed_layer(fmt: str, n: int, k: int, device: str = "cuda"):
+    """(seed, generator, packed bf16-activation weight) of a fresh random n x k layer in fmt, every
+    code of the format present."""
+    seed = _seed()
+    gen = torch.Generator(device=device).manual_seed(seed)
+    w = torch.randn(n, k, device=device, generator=gen) * 0.05
+    return seed, gen, humming_aot.pack(with_every_code(humming_aot.quantize(w, fmt), gen), act_dtype=torch.bfloat16)
+
+
+def _op_matches_the_reference_twice(packed, m: int, gen: torch.Generator, context: str) -> None:
+    """m fresh random tokens (a bias on odd m) through ops.gemm twice: the first output matches
+    the float64 product of the weight the chosen kernel multiplies, the second has its bits."""
+    n, k = packed.n, packed.k
+    a = torch.randn(m, k, device=gen.device, generator=gen).to(torch.bfloat16)
+    bias = (torch.randn(n, device=gen.device, generator=gen) * 0.5).to(torch.bfloat16) if m % 2 else None
+    w_eff = ops.effective_weight(packed, m)
+    outs = [ops.gemm(a, packed, bias) for _ in range(2)]
+    assert_gemm_close(outs[0], reference_gemm(a, w_eff, bias), a=a, w_eff=w_eff, bias=bias, context=context)
+    assert_bitwise_equal(outs[0], outs[1], context)
+
+
 @pytest.mark.parametrize("tile", TILES)
 @pytest.mark.parametrize("act", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -99,23 +120,14 @@ def test_the_op_sends_17_to_64_tokens_on_few_tiles_to_the_32_token_tile(fmt):
         pytest.skip("the 32-token row is in the sm90a table only")
     from humming_aot import obtain
 
-    seed = _seed()
-    gen = torch.Generator(device="cuda").manual_seed(seed)
     n, k = 384, 2048
-    w = torch.randn(n, k, device="cuda", generator=gen) * 0.05
-    packed = humming_aot.pack(with_every_code(humming_aot.quantize(w, fmt), gen), act_dtype=torch.bfloat16)
+    seed, gen, packed = _packed_layer(fmt, n, k)
     info = dispatch.device_info(torch.cuda.current_device())
     for m in (17, 24, 32, 33, 50, 64):
         key = obtain.select_key(ops.gemm_spec(packed), info, m, k=k, group=packed.group_size, n=n)
         assert key.tile.label == "mma-sw:32x64x256_w1x1x4_s3", f"m={m}: {key.name}"
         _kernel_or_skip(packed, key.tile.label)
-        a = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-        bias = (torch.randn(n, device="cuda", generator=gen) * 0.5).to(torch.bfloat16) if m % 2 else None
-        w_eff = ops.effective_weight(packed, m)
-        outs = [ops.gemm(a, packed, bias) for _ in range(2)]
-        context = f"fmt={fmt} m={m} seed={seed}"
-        assert_gemm_close(outs[0], reference_gemm(a, w_eff, bias), a=a, w_eff=w_eff, bias=bias, context=context)
-        assert_bitwise_equal(outs[0], outs[1], context)
+        _op_matches_the_reference_twice(packed, m, gen, f"fmt={fmt} m={m} seed={seed}")
 
 
 @pytest.mark.parametrize("fmt", ("int4:g128", "uint4:g128:zpf", "mxfp4", "int8:channel"))
@@ -128,11 +140,8 @@ def test_the_op_sends_33_to_48_tokens_on_many_tiles_to_the_48_token_tma_tile(fmt
         pytest.skip("the 48-token row is in the sm90a table only")
     from humming_aot import obtain
 
-    seed = _seed()
-    gen = torch.Generator(device="cuda").manual_seed(seed)
     n, k = 4352, 512
-    w = torch.randn(n, k, device="cuda", generator=gen) * 0.05
-    packed = humming_aot.pack(with_every_code(humming_aot.quantize(w, fmt), gen), act_dtype=torch.bfloat16)
+    seed, gen, packed = _packed_layer(fmt, n, k)
     info = dispatch.device_info(torch.cuda.current_device())
     if info.num_sms >= 136:
         pytest.skip(f"{info.num_sms} SMs: 136 swapped tiles are at most one per SM there")
@@ -142,10 +151,4 @@ def test_the_op_sends_33_to_48_tokens_on_many_tiles_to_the_48_token_tma_tile(fmt
         expected = "wgmma-ws:48x128x64_w1x4_s8" if wide else "wgmma-ws:64x128x64_w1x4_s6"
         assert key.tile.label == expected, f"m={m}: {key.name}"
         _kernel_or_skip(packed, key.tile.label)
-        a = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-        bias = (torch.randn(n, device="cuda", generator=gen) * 0.5).to(torch.bfloat16) if m % 2 else None
-        w_eff = ops.effective_weight(packed, m)
-        outs = [ops.gemm(a, packed, bias) for _ in range(2)]
-        context = f"fmt={fmt} m={m} seed={seed}"
-        assert_gemm_close(outs[0], reference_gemm(a, w_eff, bias), a=a, w_eff=w_eff, bias=bias, context=context)
-        assert_bitwise_equal(outs[0], outs[1], context)
+        _op_matches_the_reference_twice(packed, m, gen, f"fmt={fmt} m={m} seed={seed}")
