@@ -10,12 +10,13 @@ import torch
 
 from humming_aot import dispatch, heuristics, params_abi, w4a8
 from humming_aot import obtain as _obtain
+from humming_aot.bodies.mma_ss import FIRST_ARCH as MMA_SS_FIRST_ARCH
 from humming_aot.bodies.wgmma_ss import separate_staging, staged_scale_bytes, stages_token_scales
 from humming_aot.bodies.wgmma_w4a8 import separate_staging as w4a8_separate_staging
 from humming_aot.enumerate import parse_tile_field
-from humming_aot.spec import MmaKind, TileConfig
+from humming_aot.spec import MmaKind, TileConfig, parse_arch
 from humming_aot.w4a8 import PackedW4A8Weight
-from humming_aot.w8a8 import K_ALIGN, SCALED_PARAMS_BYTES, _pack_params, kernel_key, select_tile
+from humming_aot.w8a8 import K_ALIGN, SCALED_PARAMS_BYTES, _pack_params, kernel_key, select_sync_tile, select_tile
 
 ARCH = "sm90a"
 # (device, out dtype, weight element, blocks, tile argument, m, n, k, stream_k, persistent) -> _Plan
@@ -30,6 +31,9 @@ WALK_K_TILES = 64
 # fix-up is cheap beside a CTA's K range.
 WAVE_FILL = 0.9
 STREAM_K_MIN_K_TILES = 48
+# The mma-ss body splits K until this many of its CTAs per SM have work (at most what fits:
+# heuristics.split_k_factor).
+SYNC_SPLIT_CTAS_PER_SM = 2
 
 
 def partial_wave_stream_k(tile: TileConfig, m: int, tiles: int, k_tiles: int, slots: int) -> bool:
@@ -95,12 +99,26 @@ class _Plan:
     shape, whether it stages transposed token scales, and the schedule's bytes."""
 
     __slots__ = ("tile", "loaded", "splits", "grid", "workspace_shape", "stages_scales", "schedule")
+    # (mma-ss: one CTA per output tile and K slice, grid (tiles, splits), the workspace (splits, M, N))
 
     def __init__(self, tile: TileConfig, key, loaded, info, m: int, n: int, k_tiles: int, stream_k, persistent):
         if loaded.params_bytes != SCALED_PARAMS_BYTES:
             raise ValueError(f"kernel {loaded.name}: takes {loaded.params_bytes} bytes of params, not "
                              f"{SCALED_PARAMS_BYTES}; the Python ScaledTmaGemmParams layout differs from "
                              "kernel/params.cuh")
+        self.tile, self.loaded, self.stages_scales = tile, loaded, False
+        if key.tile.mma is MmaKind.MMA_SS:  # one CTA per tile and K slice (gridDim.y), no schedule words
+            if stream_k or persistent:
+                raise ValueError(f"tile {tile.label}: the mma-ss body has no stream-K or persistent schedule (it "
+                                 "splits K by slices of every tile); leave stream_k and persistent None")
+            tiles = -(-m // tile.block_m) * -(-n // tile.block_n)
+            self.splits = heuristics.split_k_factor(
+                m=m, n=n, k=128 * k_tiles, tile=tile, num_sms=info.num_sms, max_tiles=dispatch.SPLIT_K_COUNTERS,
+                ctas_per_sm=dispatch._resident_ctas(loaded, tile, info), target_ctas_per_sm=SYNC_SPLIT_CTAS_PER_SM)
+            self.grid = (tiles, self.splits, 1)
+            self.workspace_shape = (self.splits, m, n) if self.splits > 1 else None
+            self.schedule = params_abi.TMA_SCHEDULE.pack(0, self.splits, 0)
+            return
         separate = (w4a8_separate_staging(key.tile) if key.tile.mma is MmaKind.WGMMA_W4A8
                     else separate_staging(key.tile, staged_scale_bytes(key)))
         dp_ctas, splits, stream_k_ctas, walkers = _schedule(loaded, tile, info, m, n, k_tiles, stream_k, persistent,
@@ -118,23 +136,58 @@ class _Plan:
 
 
 def _kernel(info, out_dtype: torch.dtype, packed, tile, m: int, n: int):
-    """(tile, kernel key) of a launch: the module's select_tile for tile None, else the given one (a
-    label or a TileConfig), refused unless the body of the weight's pairing takes it."""
+    """(tile, kernel key) of a launch: the module's select_tile for tile None (on an sm_90 GPU the
+    wgmma-ss table, elsewhere the mma-ss one), else the given one (a label or a TileConfig), refused
+    unless the body of the weight's pairing takes it. The key's arch: sm90a for the wgmma bodies,
+    for mma-ss the first of the GPU's serving arches it compiles for."""
     if isinstance(packed, PackedW4A8Weight):
+        _require_sm90a(info, "W4A8")
         kind, label = MmaKind.WGMMA_W4A8, "W4A8"
         if tile is None:
             tile = w4a8.select_tile(m, n=n, num_sms=info.num_sms)
     else:
-        kind, label = MmaKind.WGMMA_SS, "W8A8"
+        label = "W8A8"
         if tile is None:
-            tile = select_tile(m, packed.blocks, n=n, num_sms=info.num_sms, element=packed.element)
+            if ARCH in info.arches:
+                tile = select_tile(m, packed.blocks, n=n, num_sms=info.num_sms, element=packed.element)
+            else:
+                tile = select_sync_tile(m)
     if isinstance(tile, str):
         tile = parse_tile_field(tile)
-    if tile.mma is not kind:
-        raise ValueError(f"tile {tile.label}: the {label} kernels run {kind.value} tiles")
-    if kind is MmaKind.WGMMA_W4A8:
+    if isinstance(packed, PackedW4A8Weight):
+        if tile.mma is not kind:
+            raise ValueError(f"tile {tile.label}: the {label} kernels run {kind.value} tiles")
         return tile, w4a8.kernel_key(ARCH, out_dtype, tile)
-    return tile, kernel_key(ARCH, out_dtype, tile, packed.blocks, packed.element)  # (raises for a tile the scaling cannot take)
+    if tile.mma is MmaKind.WGMMA_SS:
+        _require_sm90a(info, label)
+        return tile, kernel_key(ARCH, out_dtype, tile, packed.blocks, packed.element)  # (raises for a tile the scaling cannot take)
+    if tile.mma is not MmaKind.MMA_SS:
+        raise ValueError(f"tile {tile.label}: the W8A8 kernels run wgmma-ss tiles (sm90a) or mma-ss tiles")
+    if packed.blocks:
+        raise ValueError(
+            "the W8A8 kernels with 128 x 128 weight blocks run on sm90a's wgmma-ss tiles only (H100, H200); "
+            f"{info.name} is sm_{info.capability[0]}{info.capability[1]}: pack the weight per channel "
+            "('float8e4m3:channel') for the portable mma-ss kernels"
+        )
+    first = MMA_SS_FIRST_ARCH[packed.element]
+    for arch in info.arches:  # (the plain arch's build: the portable body needs no 'a' features)
+        number, _ = parse_arch(arch)
+        if number >= first:
+            return tile, kernel_key(f"sm{number}", out_dtype, tile, False, packed.element)
+    raise RuntimeError(
+        f"{packed.element} W8A8 needs mma.sync on {packed.element} codes: sm{first} or later; {info.name} is sm_"
+        f"{info.capability[0]}{info.capability[1]}"
+        + (". int8 W8A8 runs from sm80 (A100) on; or keep the weight and use 16-bit activations (W8A16)"
+           if packed.element == "float8e4m3" else ". Use 16-bit activations (W8A16) on this GPU")
+    )
+
+
+def _require_sm90a(info, label: str) -> None:
+    if ARCH not in info.arches:
+        raise RuntimeError(
+            f"the {label} kernels of this pairing are built for {ARCH} (H100, H200) only; {info.name} is sm_"
+            f"{info.capability[0]}{info.capability[1]}. Run it on an sm_90 GPU, or on CPU tensors (the reference)."
+        )
 
 
 def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, tile, stream_k: int | None,
@@ -149,12 +202,6 @@ def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, t
                          f"bytes apart, at least K (strides {tuple(codes.stride())}); pass qa.codes.contiguous()")
     index = device.index if device.index is not None else torch.cuda.current_device()
     info = dispatch.device_info(index)
-    if ARCH not in info.arches:
-        raise RuntimeError(
-            f"the {'W4A8' if isinstance(packed, PackedW4A8Weight) else 'W8A8'} kernels are built for {ARCH} (H100, "
-            f"H200) only; {info.name} is sm_"
-            f"{info.capability[0]}{info.capability[1]}. Run it on an sm_90 GPU, or on CPU tensors (the reference)."
-        )
     if out is not None and (out.shape != (m, n) or out.dtype != out_dtype or not out.is_contiguous()
                             or out.device != device):
         raise ValueError(f"out must be a contiguous ({m}, {n}) {out_dtype} tensor on {device}")
@@ -194,14 +241,21 @@ def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, t
     if plan.workspace_shape is not None:
         workspace = torch.empty(plan.workspace_shape, dtype=torch.float32, device=device)
         counters = dispatch._split_k_counters(device, stream)
+    tile = plan.tile
+    sync = tile.mma is MmaKind.MMA_SS
+    # group_size: W4A8's groups; the wgmma-ss body's K tiles of 128; mma-ss: the codes' own K (the
+    # weights' row length)
+    group_size = packed.group_size if w4 else k if sync else 128 * k_tiles
     gemm_params = params_abi.GEMM_PARAMS.pack(
         codes.data_ptr(), packed.w.data_ptr(), packed.w_scale.data_ptr(), 0, 0 if bias is None else bias.data_ptr(),
         out.data_ptr(), 0 if workspace is None else workspace.data_ptr(), 0 if counters is None else counters.data_ptr(),
-        row_stride, out.stride(0), m, n, 128 * k_tiles, packed.group_size if w4 else 128 * k_tiles, plan.splits, 1.0)
-    tile = plan.tile
-    a_map = _codes_map(codes, m, k, row_stride, tile.block_m)  # (one row: any stride, dispatch's rule)
-    # (W4A8: the packed codes come by bulk copy, the weight map is unused)
-    w_map = bytes(params_abi.TMA_MAP_BYTES) if w4 else _codes_map(packed.w, n, k, k, tile.block_n)
+        row_stride, out.stride(0), m, n, 128 * k_tiles, group_size, plan.splits, 1.0)
+    if sync:  # (no tensor maps: cp.async reads the codes)
+        a_map = w_map = bytes(params_abi.TMA_MAP_BYTES)
+    else:
+        a_map = _codes_map(codes, m, k, row_stride, tile.block_m)  # (one row: any stride, dispatch's rule)
+        # (W4A8: the packed codes come by bulk copy, the weight map is unused)
+        w_map = bytes(params_abi.TMA_MAP_BYTES) if w4 else _codes_map(packed.w, n, k, k, tile.block_n)
     params = _pack_params(gemm_params, plan.schedule, a_map, w_map, scales.data_ptr(), scale_stride)
     loaded = plan.loaded
     try:

@@ -13,6 +13,8 @@ from humming_aot.spec import GemmType, KernelKey, MmaKind, ZeroPoint
 _ACT_TYPES = {"float16": "humming_aot::numerics::Float16", "bfloat16": "humming_aot::numerics::BFloat16"}
 # the wgmma-ss body's operand traits per 8-bit code dtype (both operands alike)
 _CODE_TYPES = {"float8e4m3": "humming_aot::mma::E4m3Codes", "int8": "humming_aot::mma::S8Codes"}
+# the mma-ss body's (mma/mma_sync_8bit.cuh)
+_SYNC_CODE_TYPES = {"float8e4m3": "humming_aot::mma::E4m3SyncCodes", "int8": "humming_aot::mma::S8SyncCodes"}
 _ZERO_POINT = {
     ZeroPoint.NONE: "humming_aot::numerics::ZeroPointKind::kImplicit",
     ZeroPoint.INTEGER: "humming_aot::numerics::ZeroPointKind::kInteger",
@@ -98,13 +100,13 @@ def kernel_source(key: KernelKey) -> str:
     """The generated .cu text for one key (deterministic: same key, same bytes)."""
     spec, tile = key.spec, key.tile
     # the 8-bit-activation bodies (their check_key holds each to its pairings)
-    quantized_body = tile.mma in (MmaKind.WGMMA_SS, MmaKind.WGMMA_W4A8)
+    quantized_body = tile.mma in (MmaKind.WGMMA_SS, MmaKind.WGMMA_W4A8, MmaKind.MMA_SS)
     if ((spec.a_is_quantized and not quantized_body)
             or (spec.gemm_type is not GemmType.DENSE and spec.gemm_type not in _MOE_SCHEDULES)):
         raise ValueError(
             f"{key.name}: no kernel body takes {spec.a_dtype} activations or a {spec.gemm_type.value} GEMM yet on "
             f"{tile.mma.value} tiles (the bodies serve dense GEMMs with 16-bit activations, float8e4m3 x float8e4m3 "
-            "on wgmma-ss tiles, int4 x float8e4m3 on wgmma-w4a8 tiles, and the grouped masked and contiguous ones "
+            "on wgmma-ss and mma-ss tiles, int4 x float8e4m3 on wgmma-w4a8 tiles, and the grouped masked and contiguous ones "
             "around the mma.sync and wgmma-ws bodies)"
         )
     schedule = _moe_schedule(key)  # (raises for a body the MoE schedule does not take)
@@ -119,6 +121,9 @@ def kernel_source(key: KernelKey) -> str:
     params = params_type(key)
     if tile.mma is MmaKind.WGMMA_W4A8:
         type_args = f"""{_ACT_TYPES[spec.out_dtype]},  // output dtype (fp32 scales; int4 x float8e4m3)"""
+    elif tile.mma is MmaKind.MMA_SS:
+        type_args = f"""{_ACT_TYPES[spec.out_dtype]},  // output dtype (fp32 scales)
+    {_SYNC_CODE_TYPES[spec.a_dtype]},  // both operands' codes: {spec.a_dtype}"""
     elif quantized_body:
         blocks = "true" if body.block_scales(key) else "false"
         type_args = f"""{_ACT_TYPES[spec.out_dtype]},  // output dtype (fp32 scales)

@@ -134,6 +134,11 @@ class MmaKind(str, Enum):
     their group scales into fp32 accumulators; block_m tokens as the wgmma N, 64 or 128 weight
     channels per consumer warpgroup."""
 
+    MMA_SS = "mma-ss"
+    """The portable W8A8 body on mma.sync (s8 SM80+, e4m3 SM89+): activation and weight codes both
+    K-major in shared memory (cp.async), ldmatrix into m16n8k32 fragments, fp32 token x channel
+    scales on the sums; the arches without wgmma run W8A8 here."""
+
     @property
     def is_wgmma(self) -> bool:
         """A wgmma body (sm90a only; K stages of 64)."""

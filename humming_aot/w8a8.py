@@ -35,7 +35,7 @@ from humming_aot.quant.weight_format import ScaleGranularity, ZeroPointKind
 from humming_aot.spec import ActivationScale, GemmSpec, KernelKey, TileConfig
 from humming_aot.spec import ScaleGranularity as ScaleGranularitySpec
 
-__all__ = ["PackedW8A8Weight", "gemm", "gemm_spec", "pack", "reference", "select_tile"]
+__all__ = ["PackedW8A8Weight", "gemm", "gemm_spec", "pack", "reference", "select_sync_tile", "select_tile"]
 
 ELEMENT = "float8e4m3"
 # the 8-bit elements the kernels multiply (activations and weights alike)
@@ -212,6 +212,29 @@ _BLOCK_TILES = (
 # none beat these rows by more than the noise, and most lost 5-20 % (docs/performance/log.md
 # section 35).
 _INT8_TILES = _TILES
+
+
+def select_sync_tile(m: int) -> TileConfig:
+    """The mma-ss tile (the portable body: GPUs without wgmma) for m tokens, from _SYNC_TILES."""
+    from humming_aot.enumerate import parse_tile_field
+
+    for limit, label in _SYNC_TILES:
+        if m <= limit:
+            return parse_tile_field(label)
+    raise AssertionError("the last row takes every m")
+
+
+# (most tokens, tile) of the mma-ss body, every arch alike: each tile's ring fits the 99 KB of
+# shared memory a block may take on sm86, sm89 and sm120 (98,304 bytes at most), its warps hold at
+# most 32 x 64 outputs (e4m3: 128 fp32 registers of sums and accumulators), and K is split
+# (heuristics.split_k_factor) where the tiles leave SMs idle. A rule from the tile sizes, not a
+# tuning run: measured on an H200 through its sm_90 build only (docs/performance/log.md).
+_SYNC_TILES = (
+    (16, "mma-ss:16x128x128_w1x4_s4"),
+    (32, "mma-ss:32x128x128_w1x4_s4"),
+    (64, "mma-ss:64x128x128_w2x2_s4"),
+    (1 << 62, "mma-ss:128x128x128_w2x4_s3"),
+)
 
 
 def _check_activation(qa: QuantizedActivation, packed: PackedW8A8Weight) -> None:

@@ -19,20 +19,12 @@ from humming_aot import codegen
 from humming_aot.aot import ninja as driver
 from humming_aot.enumerate import enumerate_keys
 from humming_aot.spec import KernelKey, MmaKind, ZeroPoint, code_bits, parse_arch
+from humming_aot.testing.nvcc import needs_nvcc
 
 REPO = Path(__file__).resolve().parents[2]
 REAL_HEADER = REPO / "csrc" / "include" / "humming_aot" / "kernel" / "dense_mma_sync.cuh"
 H100_SMEM_PER_SM = 233472  # 228 KiB of shared memory per SM on H100 / H200
 
-
-def _nvcc_or_none():
-    try:
-        return driver.find_nvcc()
-    except driver.NvccNotFoundError:
-        return None
-
-
-needs_nvcc = pytest.mark.skipif(_nvcc_or_none() is None, reason="nvcc not found (set HUMMING_AOT_NVCC)")
 
 _STAND_IN = """\
 #pragma once

@@ -190,3 +190,84 @@ def test_a_problem_is_planned_once(monkeypatch):
     first, second = fakes.launches
     assert first["grid"] == second["grid"] and first["params"][104:] == second["params"][104:]
     assert params_abi.GEMM_PARAMS.unpack(second["params"][:104])[5] == out.data_ptr()
+
+
+# --- the portable mma-ss body (GPUs without wgmma) ----------------------------------------------
+
+def _device(monkeypatch, name, capability, smem_per_sm=102400, num_sms=84):
+    from humming_aot import arch
+
+    info = dispatch.DeviceInfo(index=0, name=name, capability=capability, num_sms=num_sms, smem_per_sm=smem_per_sm,
+                               arches=tuple(arch.serving_arches(capability)))
+    monkeypatch.setattr(dispatch, "device_info", lambda index: info)
+    return info
+
+
+def _int8_operands(m, n, k):
+    gen = torch.Generator().manual_seed(1)
+    packed = w8a8.pack(quant.quantize(torch.randn(n, k, generator=gen), "int8:channel"))
+    return ops.quantize_activation(torch.randn(m, k, generator=gen), "int8:token"), packed
+
+
+@pytest.mark.parametrize("element", ["int8", "float8e4m3"])
+def test_an_ada_gpu_runs_the_mma_ss_table_with_gemm_params_and_no_tensor_map(monkeypatch, element):
+    fakes = Fakes(monkeypatch)
+    _device(monkeypatch, "fake L40S", (8, 9), num_sms=142)
+    qa, packed = _int8_operands(200, 100, 400) if element == "int8" else _operands(200, 100, 400)
+    out = _w8a8_launch.launch(qa, packed, None, torch.bfloat16, None, None, None)
+    tile = w8a8.select_sync_tile(200)
+    assert out.shape == (200, 112) and tile.mma.value == "mma-ss"
+    assert fakes.loads == [w8a8.kernel_key("sm89", torch.bfloat16, tile, False, element).name]
+    assert fakes.maps == []  # cp.async reads the codes: no tensor map encoded
+    (launch,) = fakes.launches
+    params = launch["params"]
+    fields = params_abi.GEMM_PARAMS.unpack(params[:104])
+    # m, n, k (K tiles of 128: 4), group_size (the codes' own K), global scale; 2 tiles on 142 SMs
+    # split K in 2 (at least 256 of K a slice)
+    assert fields[10:14] == (200, 112, 512, 400) and fields[15] == 1.0 and fields[14] == 2
+    assert fields[0] == qa.codes.data_ptr() and fields[1] == packed.w.data_ptr()
+    assert params[128:384] == bytes(256)  # both tensor maps zero
+    assert struct.unpack_from("<Q", params, 384)[0] != 0  # the token scales
+    assert launch["grid"] == (2, 2, 1) and launch["block"] == (tile.threads, 1, 1)
+
+
+def test_the_mma_ss_body_splits_k_where_the_tiles_leave_sms_idle(monkeypatch):
+    fakes = Fakes(monkeypatch)
+    _device(monkeypatch, "fake A100", (8, 0), smem_per_sm=167936, num_sms=108)
+    qa, packed = _int8_operands(4, 1024, 8192)  # 8 tiles of 16 x 128 on 108 SMs
+    _w8a8_launch.launch(qa, packed, None, torch.bfloat16, None, None, None)
+    (launch,) = fakes.launches
+    splits = launch["grid"][1]
+    assert launch["grid"][0] == 8 and splits > 1
+    fields = params_abi.GEMM_PARAMS.unpack(launch["params"][:104])
+    assert fields[14] == splits and fields[6] != 0 and fields[7] != 0  # k_splits, workspace, counters
+    assert fakes.loads[0].startswith("gemm_dense_sm80_mma-ss_a-s8")
+
+
+def test_an_h200_runs_a_named_mma_ss_tile_from_the_plain_sm90_build(monkeypatch):
+    fakes = Fakes(monkeypatch)
+    qa, packed = _operands(40, 256, 256)
+    _w8a8_launch.launch(qa, packed, None, torch.float16, None, "mma-ss:32x128x128_w1x4_s4", None)
+    assert fakes.loads == [w8a8.kernel_key("sm90", torch.float16, parse_tile_field("mma-ss:32x128x128_w1x4_s4"),
+                                           False, "float8e4m3").name]
+    with pytest.raises(ValueError, match="no stream-K"):
+        _w8a8_launch.launch(qa, packed, None, torch.float16, None, "mma-ss:16x128x128_w1x4_s4", 4)
+
+
+def test_what_an_arch_without_the_pairing_gets_is_a_clear_error_before_any_launch(monkeypatch):
+    fakes = Fakes(monkeypatch)
+    _device(monkeypatch, "fake A10", (8, 6))
+    qa, packed = _operands(8, 128, 256)
+    with pytest.raises(RuntimeError, match="float8e4m3 W8A8 needs mma.sync on float8e4m3 codes: sm89 or later"):
+        _w8a8_launch.launch(qa, packed, None, torch.bfloat16, None, None, None)
+    _device(monkeypatch, "fake L40S", (8, 9))
+    blocks_qa, blocks = _operands(8, 128, 256, blocks=True)
+    with pytest.raises(ValueError, match="pack the weight per channel"):
+        _w8a8_launch.launch(blocks_qa, blocks, None, torch.bfloat16, None, None, None)
+    with pytest.raises(RuntimeError, match="sm90a"):
+        _w8a8_launch.launch(qa, packed, None, torch.bfloat16, None, "wgmma-ss:8x128x128_w1x4_s6", None)
+    _device(monkeypatch, "fake T4", (7, 5))
+    int8_qa, int8 = _int8_operands(8, 128, 256)
+    with pytest.raises(RuntimeError, match="sm80 or later"):
+        _w8a8_launch.launch(int8_qa, int8, None, torch.bfloat16, None, None, None)
+    assert fakes.launches == []

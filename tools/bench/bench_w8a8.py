@@ -82,7 +82,9 @@ def main(argv=None) -> int:
     parser.add_argument("--m", default="1,16,32,64,128,256,512,1024,2048,4096,8192")
     parser.add_argument("--impls", default=",".join(IMPLS))
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--tile", default=None, help="force this wgmma-ss tile on humming_aot")
+    parser.add_argument("--tile", default=None, help="force this wgmma-ss (or mma-ss) tile on humming_aot")
+    parser.add_argument("--portable", action="store_true", help="humming_aot through the mma-ss body's table "
+                        "(w8a8.select_sync_tile: what GPUs without wgmma run) instead of wgmma-ss's")
     parser.add_argument("--blocks", action="store_true", help="DeepSeek-V3 scaling: float8e4m3:b128x128 weights, "
                         "float8e4m3:g128 activations")
     parser.add_argument("--int8", action="store_true", help="int8:channel weights x int8:token activations")
@@ -110,6 +112,7 @@ def main(argv=None) -> int:
             except Exception as exc:  # noqa: BLE001 - a baseline that fails is reported, not fatal
                 print(f"humming unavailable for {n}x{k}: {type(exc).__name__}: {exc}"[:300])
         for m in ms:
+            tile = w8a8.select_sync_tile(m).label if args.portable else args.tile
             xs = [torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16) for _ in range(sets)]
             act = _formats(args.blocks, args.int8)[1]
             qas = [ops.quantize_activation(x, act) for x in xs]
@@ -118,8 +121,8 @@ def main(argv=None) -> int:
             int_scales = [torch.nn.functional.pad(qa.scales.reshape(-1, 1), (0, 0, 0, max(0, 17 - m))) for qa in qas]
             ref = w8a8.reference(qas[0], packs[0]).float()
             calls = {
-                "humming_aot": [lambda qa=qa, p=p: w8a8.gemm(qa, p, tile=args.tile) for qa, p in zip(qas, packs)],
-                "humming_aot+quant": [lambda x=x, p=p: w8a8.gemm(ops.quantize_activation(x, act), p, tile=args.tile)
+                "humming_aot": [lambda qa=qa, p=p: w8a8.gemm(qa, p, tile=tile) for qa, p in zip(qas, packs)],
+                "humming_aot+quant": [lambda x=x, p=p: w8a8.gemm(ops.quantize_activation(x, act), p, tile=tile)
                                       for x, p in zip(xs, packs)],
                 "scaled_mm": [lambda qa=qa, c=c: torch._scaled_mm(qa.codes.view(torch.float8_e4m3fn), c[0],
                                                                   scale_a=qa.scales, scale_b=c[1],
@@ -150,7 +153,7 @@ def main(argv=None) -> int:
                        "blocks": args.blocks, "int8": args.int8,
                        "tile": (w8a8.select_tile(m, args.blocks, n=n, num_sms=sms,
                                                  element="int8" if args.int8 else "float8e4m3").label
-                                if impl.startswith("humming_aot") and not args.tile else args.tile)}
+                                if impl.startswith("humming_aot") and not tile else tile)}
                 results.append(row)
                 print(f"{n:>6} {k:>6} {m:>5} {impl:>18} {us:9.1f} {row['tflops']:8.1f} {relerr:8.1e}")
     if args.json_path:

@@ -1,0 +1,176 @@
+#pragma once
+// The portable W8A8 body on mma.sync (SM80+ for s8, SM89+ for e4m3): out[m, n] = (sum_k a[m, k]
+// w[n, k]) x a_scale[m] x w_scale[n] (+ bias), 8-bit activation and weight codes of one element
+// (Codes: mma/mma_sync_8bit.cuh), fp32 token and channel scales, a 16-bit output. The arches
+// without wgmma (Ampere, Ada, Blackwell's portable path) run W8A8 here; sm90a has the
+// warp-specialized wgmma-ss body (kernel/dense_wgmma_ss.cuh), which takes the same operands.
+//
+// Both operands stay codes: K-major rows (the checkpoint's (N, K) weight codes as they are, and
+// the (M, K) activation codes), copied by cp.async into a kStages-deep ring of 128-code K tiles
+// (memory/k_major_code_tile.cuh), read by ldmatrix straight into mma.sync m16n8k32 fragments
+// (a row of 8-bit codes is a row of b16 pairs). Nothing is dequantized. e4m3 sums are promoted
+// into fp32 accumulators once per K tile (the fp8 tensor cores' running sums keep fewer bits);
+// s8 sums are exact int32 over the CTA's K, made fp32 once. The scales multiply the fp32 sums at
+// the end, then the mma.sync body's writer (epilogue/output_writer.cuh) adds the bias and stores,
+// or reduces the K slices of a split tile through the workspace in slice order (deterministic).
+//
+// Params: ScaledTmaGemmParams (kernel/params.cuh), of which this body reads tma.gemm (a, w,
+// w_scale: (n,) fp32, bias, out, workspace, tile_counters, lda in bytes, ldo, m, n, k: K rounded
+// up to 128, group_size: the codes' own K, a multiple of 16 and the weights' row length, k_splits
+// = gridDim.y) and a_scale ((m,) fp32); no tensor map. gridDim.x: the output tiles.
+
+#include <humming_aot/epilogue/output_writer.cuh>
+#include <humming_aot/kernel/params.cuh>
+#include <humming_aot/memory/cp_async.cuh>
+#include <humming_aot/memory/k_major_code_tile.cuh>
+#include <humming_aot/memory/shared_fragments.cuh>
+#include <humming_aot/mma/mma_sync_8bit.cuh>
+#include <humming_aot/schedule/tile_scheduler.cuh>
+
+namespace humming_aot::kernel {
+
+template <class Out,                 // Float16 or BFloat16: the output (and bias) dtype
+          class Codes,               // mma::S8SyncCodes or mma::E4m3SyncCodes: both operands' codes
+          int kBlockM,               // tokens per CTA: 16 x m16 fragments x kWarpsM
+          int kBlockN,               // weight channels per CTA: 16 x n16 pairs x kWarpsN
+          int kWarpsM, int kWarpsN,  // the warp grid over the output tile
+          int kStages>               // cp.async ring depth (K tiles of 128 codes)
+struct DenseMmaSs {
+  static constexpr int kBlockK = 128;  // codes per K tile: one 128-byte row per operand row
+  static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
+  static constexpr int kWarpRows = kBlockM / kWarpsM, kWarpCols = kBlockN / kWarpsN;
+  static constexpr int kMTiles = kWarpRows / 16;  // m16 fragments per warp
+  static constexpr int kNTiles = kWarpCols / 8;   // n8 fragments per warp
+  static constexpr bool kPromote = !Codes::kExactSums;
+  static_assert(kWarpRows % 16 == 0 && kWarpRows > 0, "whole m16 fragments per warp");
+  static_assert(kWarpCols % 16 == 0 && kWarpCols > 0, "whole pairs of n8 fragments per warp (one ldmatrix.x4)");
+  static_assert(kStages >= 2, "a ring of at least two K tiles");
+  static_assert(kThreads <= 512, "at most 16 warps");
+
+  using ATile = memory::KMajorCodeTile<kBlockM, kThreads>;
+  using WTile = memory::KMajorCodeTile<kBlockN, kThreads>;
+  static constexpr int kStageBytes = ATile::kBytes + WTile::kBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes;  // = humming_aot.bodies.mma_ss smem_bytes
+  static constexpr bool kScalesInFp32 = true;               // the scales weigh fp32 sums
+  static constexpr int kMinBlocksPerSm = 1;
+  using Sum = typename Codes::Sum;
+  using Writer = epilogue::OutputWriter<Out, kMTiles, kNTiles>;
+  using Scheduler = schedule::TileScheduler<kBlockM, kBlockN, kBlockK>;
+
+  static __device__ __forceinline__ void run(const ScaledTmaGemmParams& params) {
+    const GemmParams& p = params.tma.gemm;
+    extern __shared__ __align__(128) char smem[];
+    __shared__ int arrival_flag;
+    const Scheduler tile(p.m, p.n, p.k, p.k_splits);
+    const int m0 = tile.m_tile * kBlockM, n0 = tile.n_tile * kBlockN;
+    const int count = tile.k_tile_end - tile.k_tile_begin;  // may be 0: a slice past K adds zeros
+    const int k_codes = p.group_size;
+    const int k_first = tile.k_tile_begin * kBlockK;
+    const u32 smem_base = memory::shared_address(smem);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int warp_m = warp / kWarpsN, warp_n = warp % kWarpsN;
+
+    const ATile a_tile(static_cast<const char*>(p.a) + static_cast<i64>(m0) * p.lda, p.lda, p.m - m0, k_codes);
+    const WTile w_tile(static_cast<const char*>(p.w) + static_cast<i64>(n0) * k_codes, k_codes, p.n - n0, k_codes);
+    auto load = [&](int slot, int k_tile) {
+      const u32 stage = smem_base + static_cast<u32>(slot * kStageBytes);
+      const int k0 = k_first + k_tile * kBlockK;
+      a_tile.load(stage, k0);
+      w_tile.load(stage + ATile::kBytes, k0);
+    };
+
+    Sum sums[kMTiles][kNTiles][4];
+    float acc[kMTiles][kNTiles][4];  // kPromote: the fp32 accumulators the K tiles' sums go into
+    zero(sums);
+    if constexpr (kPromote) zero(acc);
+
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < count) load(s, s);
+      memory::cp_async_commit();  // (an empty group past the slice keeps the wait counts uniform)
+    }
+    for (int it = 0; it < count; ++it) {
+      memory::cp_async_wait<kStages - 2>();
+      __syncthreads();  // K tile `it` is in; every warp is done with the slot the next load takes
+      const int next = it + kStages - 1;
+      if (next < count) load(next % kStages, next);
+      memory::cp_async_commit();
+      multiply(smem_base + static_cast<u32>((it % kStages) * kStageBytes), warp_m, warp_n, lane, sums);
+      if constexpr (kPromote) {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+          for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              acc[mi][ni][c] += sums[mi][ni][c];
+              sums[mi][ni][c] = 0.f;
+            }
+      }
+    }
+    memory::cp_async_wait<0>();
+
+    // The scales on the fp32 sums: the token's (rows past M: 0, never stored) and the channel's
+    // (N is padded to the weight's own 16, so every column of the tile below p.n has one).
+    const int row0 = m0 + warp_m * kWarpRows, col0 = n0 + warp_n * kWarpCols;
+    const float* w_scale = static_cast<const float*>(p.w_scale);
+    Writer::for_each_pair(row0, col0, [&](int mi, int ni, int half, int row, int col) {
+      const float a_scale = row < p.m ? params.a_scale[row] : 0.f;
+      const float s0 = col < p.n ? a_scale * w_scale[col] : 0.f, s1 = col < p.n ? a_scale * w_scale[col + 1] : 0.f;
+      float* v = acc[mi][ni] + 2 * half;
+      if constexpr (kPromote) {
+        v[0] *= s0;
+        v[1] *= s1;
+      } else {
+        v[0] = static_cast<float>(sums[mi][ni][2 * half]) * s0;
+        v[1] = static_cast<float>(sums[mi][ni][2 * half + 1]) * s1;
+      }
+    });
+    Writer::write(p, acc, row0, col0, tile.tile_index, &arrival_flag);
+  }
+
+ private:
+  template <class T>
+  static __device__ __forceinline__ void zero(T (&v)[kMTiles][kNTiles][4]) {
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) v[mi][ni][c] = T(0);
+  }
+
+  // The warp's products of one K tile (four k32 steps) at `stage` into its sums. ldmatrix.x4 of
+  // A: matrices (rows 0-7, K 0-15), (rows 8-15, K 0-15), (rows 0-7, K 16-31), (rows 8-15, K 16-31)
+  // of the step, a[0..3] in mma order; of W: (channels 0-7, K 0-15), (0-7, K 16-31), (8-15, K
+  // 0-15), (8-15, K 16-31), the b[0..1] of two n8 fragments.
+  static __device__ __forceinline__ void multiply(u32 stage, int warp_m, int warp_n, int lane,
+                                                  Sum (&sums)[kMTiles][kNTiles][4]) {
+    const u32 w_stage = stage + ATile::kBytes;
+    const int a_row = warp_m * kWarpRows + (lane & 15), a_chunk = lane >> 4;
+    const int w_row = warp_n * kWarpCols + (lane & 7) + ((lane >> 4) << 3), w_chunk = (lane >> 3) & 1;
+#pragma unroll
+    for (int step = 0; step < kBlockK / 32; ++step) {
+      u32 a[kMTiles][4];
+      u32 b[kNTiles][2];
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi)
+        memory::ldmatrix_x4(a[mi], ATile::chunk_address(stage, a_row + 16 * mi, 2 * step + a_chunk));
+#pragma unroll
+      for (int nj = 0; nj < kNTiles / 2; ++nj) {
+        u32 r[4];
+        memory::ldmatrix_x4(r, WTile::chunk_address(w_stage, w_row + 16 * nj, 2 * step + w_chunk));
+        b[2 * nj][0] = r[0];
+        b[2 * nj][1] = r[1];
+        b[2 * nj + 1][0] = r[2];
+        b[2 * nj + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < kNTiles; ++ni) Codes::mma(sums[mi][ni], a[mi], b[ni]);
+    }
+  }
+};
+
+}  // namespace humming_aot::kernel

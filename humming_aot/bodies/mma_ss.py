@@ -1,0 +1,91 @@
+"""The portable W8A8 body on mma.sync (kernel/dense_mma_ss.cuh): 8-bit activation and weight codes
+of one element, both K-major in shared memory (cp.async, K tiles of 128 codes), read by ldmatrix
+into mma.sync m16n8k32; fp32 token x channel scales on the fp32 sums. s8 on SM80 and later, e4m3
+on SM89 and later (the mma.sync fp8 instructions); sm90a runs the same operands on wgmma-ss. Its
+Params are ScaledTmaGemmParams with no tensor map (humming_aot._w8a8_launch)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from humming_aot.bodies.base import Body
+
+if TYPE_CHECKING:
+    from humming_aot.spec import KernelKey, TileConfig
+
+# (element, its first arch number): s8 x s8 mma.sync m16n8k32 is SM80's, e4m3 x e4m3 SM89's
+FIRST_ARCH = {"int8": 80, "float8e4m3": 89}
+OUT_DTYPES = ("bfloat16", "float16")
+# per token x per channel, fp32 scales, one element both sides (the wgmma-ss body's channel scaling)
+_OPERANDS = tuple(((e, "k", "float32"), (e, "g", "float32")) for e in FIRST_ARCH)
+# Registers a thread has beside its accumulators (fragments, addresses, the loop): ptxas caps a
+# thread at 255, and a tile that needs more would spill in its K loop.
+_REGISTER_LIMIT = 255
+_SPARE_REGISTERS = 64
+
+
+def accumulators(tile: "TileConfig", element: str) -> int:
+    """fp32 (or int32) registers a thread holds for its sums: 4 per m16n8 fragment of its warp's
+    tile, twice that for e4m3 (each K tile's sums apart from the fp32 accumulators they go into)."""
+    fragments = (tile.block_m // tile.warps_m // 16) * (tile.block_n // tile.warps_n // 8)
+    return 4 * fragments * (2 if element == "float8e4m3" else 1)
+
+
+class MmaSsBody(Body):
+    kind = "mma-ss"
+    header = "dense_mma_ss.cuh"
+    template = "DenseMmaSs"
+    params_type = "ScaledTmaGemmParams"
+    fixed_block_k = True  # 128 codes a stage: one 128-byte row per operand row
+
+    def check_tile(self, tile: "TileConfig") -> None:
+        if tile.block_k != 128:
+            raise ValueError(f"block_k={tile.block_k}: the mma-ss body stages 128 K (one 128-byte row of 8-bit codes)")
+        if tile.warps_k != 1:
+            raise ValueError(f"warps_k={tile.warps_k}: the mma-ss body's warps split the output tile, not K")
+        if tile.block_m % (16 * tile.warps_m) or tile.block_m > 256:
+            raise ValueError(f"block_m={tile.block_m} must be a multiple of 16 * warps_m={tile.warps_m}, at most 256")
+        if tile.block_n % (16 * tile.warps_n) or tile.block_n > 256:
+            raise ValueError(f"block_n={tile.block_n} must be a multiple of 16 * warps_n={tile.warps_n} (pairs of n8 "
+                             "fragments per warp), at most 256")
+        if not 1 <= tile.warps_m * tile.warps_n <= 16:
+            raise ValueError(f"warps {tile.warps_m}x{tile.warps_n}: the mma-ss body runs 1 to 16 warps")
+        if tile.stages < 2:
+            raise ValueError(f"stages={tile.stages}: the mma-ss ring needs at least 2 K tiles")
+        # the copies: each thread keeps one 16-byte column chunk, one validity bit per pass
+        if (tile.block_m + tile.block_n) * 8 // self.threads(tile) > 64:
+            raise ValueError(f"tile {tile.label}: too many copy passes per thread; use more warps")
+        if accumulators(tile, "int8") + _SPARE_REGISTERS > _REGISTER_LIMIT:
+            raise ValueError(f"tile {tile.label}: {accumulators(tile, 'int8')} accumulators per thread; at most "
+                             f"{_REGISTER_LIMIT - _SPARE_REGISTERS} (more warps, or a smaller tile)")
+
+    def check_key(self, key: "KernelKey") -> None:
+        from humming_aot.spec import parse_arch
+
+        s = key.spec
+        operands = ((s.a_dtype, s.a_scale.value, s.a_scale_dtype), (s.w_dtype, s.w_scale.value, s.w_scale_dtype))
+        if operands not in _OPERANDS or s.w_zero_point.value != "none" or s.out_dtype not in OUT_DTYPES \
+                or s.gemm_type.value != "dense":
+            raise ValueError(
+                f"{key.name}: the mma-ss body computes dense float8e4m3 x float8e4m3 or int8 x int8 with float32 "
+                "scales per token and per channel (a-e4m3-k-f32 w-e4m3-g-f32, a-s8-k-f32 w-s8-g-f32), no zero "
+                "point, into bfloat16 or float16"
+            )
+        first = FIRST_ARCH[s.a_dtype]
+        if parse_arch(key.arch)[0] < first:
+            raise ValueError(f"{key.name}: mma.sync on {s.a_dtype} codes needs sm{first} or later, not {key.arch}")
+        need = accumulators(key.tile, s.a_dtype) + _SPARE_REGISTERS
+        if need > _REGISTER_LIMIT:
+            raise ValueError(f"{key.name}: {accumulators(key.tile, s.a_dtype)} {s.a_dtype} accumulators per thread "
+                             f"(e4m3: its K tile's sums too); at most {_REGISTER_LIMIT - _SPARE_REGISTERS}")
+
+    def template_args(self, tile: "TileConfig") -> tuple[int, ...]:
+        return (tile.block_m, tile.block_n, tile.warps_m, tile.warps_n, tile.stages)
+
+    def smem_bytes(self, tile: "TileConfig", w_bits: int, has_zero_point: bool) -> int:
+        return tile.stages * (tile.block_m + tile.block_n) * 128
+
+    def scales_in_fp32(self, key: "KernelKey") -> bool:
+        return True
+
+
+MMA_SS = MmaSsBody()
