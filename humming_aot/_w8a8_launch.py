@@ -34,6 +34,8 @@ STREAM_K_MIN_K_TILES = 48
 # The mma-ss body splits K until this many of its CTAs per SM have work (at most what fits:
 # heuristics.split_k_factor).
 SYNC_SPLIT_CTAS_PER_SM = 2
+# the portable mma.sync bodies (W8A8, W4A8): cp.async, no tensor maps, one CTA per tile and K slice
+PORTABLE = (MmaKind.MMA_SS, MmaKind.MMA_W4A8)
 
 
 def partial_wave_stream_k(tile: TileConfig, m: int, tiles: int, k_tiles: int, slots: int) -> bool:
@@ -101,13 +103,14 @@ class _Plan:
     __slots__ = ("tile", "loaded", "splits", "grid", "workspace_shape", "stages_scales", "schedule")
     # (mma-ss: one CTA per output tile and K slice, grid (tiles, splits), the workspace (splits, M, N))
 
-    def __init__(self, tile: TileConfig, key, loaded, info, m: int, n: int, k_tiles: int, stream_k, persistent):
+    def __init__(self, tile: TileConfig, key, loaded, info, m: int, n: int, k_tiles: int, stream_k, persistent,
+                 a_k: int = 0):
         if loaded.params_bytes != SCALED_PARAMS_BYTES:
             raise ValueError(f"kernel {loaded.name}: takes {loaded.params_bytes} bytes of params, not "
                              f"{SCALED_PARAMS_BYTES}; the Python ScaledTmaGemmParams layout differs from "
                              "kernel/params.cuh")
         self.tile, self.loaded, self.stages_scales = tile, loaded, False
-        if key.tile.mma is MmaKind.MMA_SS:  # one CTA per tile and K slice (gridDim.y), no schedule words
+        if key.tile.mma in PORTABLE:  # one CTA per tile and K slice (gridDim.y), no schedule
             if stream_k or persistent:
                 raise ValueError(f"tile {tile.label}: the mma-ss body has no stream-K or persistent schedule (it "
                                  "splits K by slices of every tile); leave stream_k and persistent None")
@@ -117,7 +120,8 @@ class _Plan:
                 ctas_per_sm=dispatch._resident_ctas(loaded, tile, info), target_ctas_per_sm=SYNC_SPLIT_CTAS_PER_SM)
             self.grid = (tiles, self.splits, 1)
             self.workspace_shape = (self.splits, m, n) if self.splits > 1 else None
-            self.schedule = params_abi.TMA_SCHEDULE.pack(0, self.splits, 0)
+            # (mma-w4a8 reads the activations' own K where the TMA bodies read dp_ctas)
+            self.schedule = params_abi.TMA_SCHEDULE.pack(a_k if key.tile.mma is MmaKind.MMA_W4A8 else 0, self.splits, 0)
             return
         separate = (w4a8_separate_staging(key.tile) if key.tile.mma is MmaKind.WGMMA_W4A8
                     else separate_staging(key.tile, staged_scale_bytes(key)))
@@ -135,51 +139,71 @@ class _Plan:
         self.schedule = params_abi.TMA_SCHEDULE.pack(dp_ctas, splits, 1 if stream_k_ctas else 0)
 
 
-def _kernel(info, out_dtype: torch.dtype, packed, tile, m: int, n: int):
-    """(tile, kernel key) of a launch: the module's select_tile for tile None (on an sm_90 GPU the
-    wgmma-ss table, elsewhere the mma-ss one), else the given one (a label or a TileConfig), refused
-    unless the body of the weight's pairing takes it. The key's arch: sm90a for the wgmma bodies,
-    for mma-ss the first of the GPU's serving arches it compiles for."""
-    if isinstance(packed, PackedW4A8Weight):
-        _require_sm90a(info, "W4A8")
-        kind, label = MmaKind.WGMMA_W4A8, "W4A8"
-        if tile is None:
-            tile = w4a8.select_tile(m, n=n, num_sms=info.num_sms)
-    else:
-        label = "W8A8"
-        if tile is None:
-            if ARCH in info.arches:
-                tile = select_tile(m, packed.blocks, n=n, num_sms=info.num_sms, element=packed.element)
-            else:
-                tile = select_sync_tile(m)
+def _kernel(info, out_dtype: torch.dtype, packed, tile, m: int, n: int, act_element: str):
+    """(tile, kernel key) of a launch: for tile None the module's table, the sm90a wgmma body's
+    where the GPU has sm90a and that body takes the pairing (W8A8; W4A8 with float8 activations),
+    else the portable mma.sync body's; else the given tile (a label or a TileConfig), refused
+    unless a body of the pairing takes it. The key's arch: sm90a for the wgmma bodies, for the
+    portable ones _portable_key's."""
+    w4 = isinstance(packed, PackedW4A8Weight)
+    label = "W4A8" if w4 else "W8A8"
+    fast, portable = (MmaKind.WGMMA_W4A8, MmaKind.MMA_W4A8) if w4 else (MmaKind.WGMMA_SS, MmaKind.MMA_SS)
+    fast_takes = not w4 or act_element == w4a8.ACT_ELEMENT  # (wgmma-w4a8: float8 activations only)
+    if tile is None:
+        if ARCH in info.arches and fast_takes:
+            tile = (w4a8.select_tile(m, n=n, num_sms=info.num_sms) if w4
+                    else select_tile(m, packed.blocks, n=n, num_sms=info.num_sms, element=packed.element))
+        else:
+            tile = w4a8.select_sync_tile(m) if w4 else select_sync_tile(m)
     if isinstance(tile, str):
         tile = parse_tile_field(tile)
-    if isinstance(packed, PackedW4A8Weight):
-        if tile.mma is not kind:
-            raise ValueError(f"tile {tile.label}: the {label} kernels run {kind.value} tiles")
-        return tile, w4a8.kernel_key(ARCH, out_dtype, tile)
-    if tile.mma is MmaKind.WGMMA_SS:
+    if tile.mma is fast:
+        if not fast_takes:
+            raise ValueError(f"tile {tile.label}: the wgmma-w4a8 kernels take float8e4m3 activations; int8 ones run on "
+                             "mma-w4a8 tiles (leave tile None for the table's)")
         _require_sm90a(info, label)
+        if w4:
+            return tile, w4a8.kernel_key(ARCH, out_dtype, tile)
         return tile, kernel_key(ARCH, out_dtype, tile, packed.blocks, packed.element)  # (raises for a tile the scaling cannot take)
-    if tile.mma is not MmaKind.MMA_SS:
-        raise ValueError(f"tile {tile.label}: the W8A8 kernels run wgmma-ss tiles (sm90a) or mma-ss tiles")
-    if packed.blocks:
+    if tile.mma is not portable:
+        raise ValueError(f"tile {tile.label}: the {label} kernels run {fast.value} tiles (sm90a) or {portable.value} tiles")
+    if not w4 and packed.blocks:
         raise ValueError(
             "the W8A8 kernels with 128 x 128 weight blocks run on sm90a's wgmma-ss tiles only (H100, H200); "
             f"{info.name} is sm_{info.capability[0]}{info.capability[1]}: pack the weight per channel "
             "('float8e4m3:channel') for the portable mma-ss kernels"
         )
-    first = MMA_SS_FIRST_ARCH[packed.element]
-    for arch in info.arches:  # (the plain arch's build: the portable body needs no 'a' features)
-        number, _ = parse_arch(arch)
-        if number >= first:
-            return tile, kernel_key(f"sm{number}", out_dtype, tile, False, packed.element)
-    raise RuntimeError(
-        f"{packed.element} W8A8 needs mma.sync on {packed.element} codes: sm{first} or later; {info.name} is sm_"
-        f"{info.capability[0]}{info.capability[1]}"
-        + (". int8 W8A8 runs from sm80 (A100) on; or keep the weight and use 16-bit activations (W8A16)"
-           if packed.element == "float8e4m3" else ". Use 16-bit activations (W8A16) on this GPU")
-    )
+    if w4:
+        return tile, _portable_key(info, act_element, label, lambda arch: w4a8.kernel_key(arch, out_dtype, tile,
+                                                                                         act_element))
+    return tile, _portable_key(info, act_element, label,
+                               lambda arch: kernel_key(arch, out_dtype, tile, False, packed.element))
+
+
+def _portable_key(info, element: str, label: str, make_key):
+    """The key of a portable (mma.sync) W8A8 / W4A8 kernel for this GPU: of the GPU's serving
+    arches that have mma.sync on the element's codes, the first whose key the installed catalog
+    holds, else the first (the JIT builds it)."""
+    from humming_aot.catalog import installed_catalog
+
+    first = MMA_SS_FIRST_ARCH[element]
+    arches = [arch for arch in info.arches if parse_arch(arch)[0] >= first]
+    if not arches:
+        hint = {("float8e4m3", "W8A8"): "int8 W8A8 runs from sm80 (A100) on; or keep the weight and use 16-bit "
+                                        "activations (W8A16)",
+                ("float8e4m3", "W4A8"): "int4 x int8 (quantize the activations with 'int8:token') runs from sm80 "
+                                        "on; or use 16-bit activations (W4A16)"}
+        raise RuntimeError(
+            f"{element} {label} needs mma.sync on {element} codes: sm{first} or later; {info.name} is sm_"
+            f"{info.capability[0]}{info.capability[1]}. "
+            + hint.get((element, label), "Use 16-bit activations on this GPU")
+        )
+    keys = [make_key(arch) for arch in arches]
+    catalog = installed_catalog()
+    for key in keys:
+        if catalog is not None and catalog.lookup(key.name) is not None:
+            return key
+    return keys[0]
 
 
 def _require_sm90a(info, label: str) -> None:
@@ -208,15 +232,16 @@ def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, t
     k_tiles = -(-k // 128)
     w4 = isinstance(packed, PackedW4A8Weight)
     blocks = not w4 and packed.blocks
-    # (the element: W8A8's float8e4m3 or int8 codes, or W4A8's int4 ones)
-    plan_key = (index, out_dtype, "int4" if w4 else packed.element, blocks, tile, m, n, k, stream_k, persistent)
+    # (the elements: W8A8's float8e4m3 or int8 codes, or W4A8's int4 ones with float8e4m3 or int8 activations)
+    element = f"int4x{qa.element}" if w4 else packed.element
+    plan_key = (index, out_dtype, element, blocks, tile, m, n, k, stream_k, persistent)
     plan = _plans.get(plan_key)
     if plan is None:
-        tile_config, key = _kernel(info, out_dtype, packed, tile, m, n)
+        tile_config, key = _kernel(info, out_dtype, packed, tile, m, n, qa.element)
         if m == 0:
             return out if out is not None else torch.empty((0, n), dtype=out_dtype, device=device)
         # every check a caller can fail is above or in the plan; the GPU work starts after
-        plan = _Plan(tile_config, key, _obtain.load(key, info), info, m, n, k_tiles, stream_k, persistent)
+        plan = _Plan(tile_config, key, _obtain.load(key, info), info, m, n, k_tiles, stream_k, persistent, k)
         if len(_plans) >= dispatch.MAX_PLANS:
             _plans.clear()
         _plans[plan_key] = plan
@@ -242,9 +267,9 @@ def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, t
         workspace = torch.empty(plan.workspace_shape, dtype=torch.float32, device=device)
         counters = dispatch._split_k_counters(device, stream)
     tile = plan.tile
-    sync = tile.mma is MmaKind.MMA_SS
-    # group_size: W4A8's groups; the wgmma-ss body's K tiles of 128; mma-ss: the codes' own K (the
-    # weights' row length)
+    sync = tile.mma in PORTABLE
+    # group_size: W4A8's groups (either body); the wgmma-ss body's K tiles of 128; mma-ss: the
+    # codes' own K (the weights' row length)
     group_size = packed.group_size if w4 else k if sync else 128 * k_tiles
     gemm_params = params_abi.GEMM_PARAMS.pack(
         codes.data_ptr(), packed.w.data_ptr(), packed.w_scale.data_ptr(), 0, 0 if bias is None else bias.data_ptr(),

@@ -171,11 +171,11 @@ class W8A8Linear(torch.nn.Module):
         blocks = not w4 and packed.blocks
         wanted = ((ActivationGranularity.GROUP,) if blocks
                   else (ActivationGranularity.TOKEN, ActivationGranularity.TENSOR))
-        element = w4a8.ACT_ELEMENT if w4 else packed.element
-        if fmt.element != element or fmt.granularity not in wanted or fmt.scale_dtype != "float32" or (
+        elements = w4a8.ACT_ELEMENTS if w4 else (packed.element,)
+        if fmt.element not in elements or fmt.granularity not in wanted or fmt.scale_dtype != "float32" or (
                 blocks and fmt.group_size != 128):
-            raise ValueError(f"W8A8Linear: activations {fmt} do not suit weights {packed.format}; use "
-                             f"{'float8e4m3:g128' if blocks else f'{element}:token or {element}:tensor'}")
+            hint = "float8e4m3:g128" if blocks else " or ".join(f"{e}:token or {e}:tensor" for e in elements)
+            raise ValueError(f"W8A8Linear: activations {fmt} do not suit weights {packed.format}; use {hint}")
         if static_scale is not None and fmt.granularity is not ActivationGranularity.TENSOR:
             raise ValueError(f"W8A8Linear: a static activation scale is one per tensor; activations {fmt} are "
                              "quantized per token or group on the fly (leave static_scale None)")
@@ -265,7 +265,7 @@ class W8A8Linear(torch.nn.Module):
         """Quantize an nn.Linear's weight with `fmt` ("float8e4m3:channel", ":tensor" or
         ":b128x128", "int8:channel" or ":tensor", or for W4A8 "int4:g128", ":channel"); activations
         default to the weight's element per token (float8e4m3 per token and 128 of K for block
-        weights, float8e4m3 per token for int4 weights)."""
+        weights, float8e4m3 per token for int4 weights, which take int8 per token too)."""
         from humming_aot import w4a8
         from humming_aot.quant import quantize
 

@@ -139,6 +139,11 @@ class MmaKind(str, Enum):
     K-major in shared memory (cp.async), ldmatrix into m16n8k32 fragments, fp32 token x channel
     scales on the sums; the arches without wgmma run W8A8 here."""
 
+    MMA_W4A8 = "mma-w4a8"
+    """The portable W4A8 body on mma.sync: int4 codes of W4A8's packed layout widened in registers
+    to s8 (int8 activations, SM80+) or e4m3 (float8 activations, SM89+) as the mma's A, the
+    activation codes its B (cp.async, ldmatrix), fp32 group scales per K tile of 128."""
+
     @property
     def is_wgmma(self) -> bool:
         """A wgmma body (sm90a only; K stages of 64)."""

@@ -37,10 +37,13 @@ from humming_aot.spec import ScaleGranularity as ScaleGranularitySpec
 from humming_aot.w8a8 import reference  # (the float64 product of any 8-bit-activation operands)
 
 __all__ = ["LAYOUT_VERSION", "PackedW4A8Weight", "decode_packed", "encode", "gemm", "gemm_spec", "pack", "reference",
-           "select_tile", "upgrade_packed"]
+           "select_sync_tile", "select_tile", "upgrade_packed"]
 
 WEIGHT_ELEMENT = "int4"
 ACT_ELEMENT = "float8e4m3"
+# the activation elements the kernels take: float8e4m3 (wgmma-w4a8 on sm90a, mma-w4a8 from sm89),
+# int8 (mma-w4a8 from sm80)
+ACT_ELEMENTS = ("float8e4m3", "int8")
 LAYOUT_VERSION = 2
 _OUT_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 N_ALIGN = 64  # channels of a packed unit (pack pads N with zero codes and zero scales)
@@ -217,15 +220,15 @@ def pack(qw: QuantizedWeight) -> PackedW4A8Weight:
                             format=str(fmt), n_valid=n if n_pad != n else None, layout_version=LAYOUT_VERSION)
 
 
-def gemm_spec(out_dtype: torch.dtype) -> GemmSpec:
-    """The GemmSpec of the W4A8 kernels with this output dtype."""
-    return GemmSpec(a_dtype=ACT_ELEMENT, a_scale=ActivationScale.TOKEN, a_scale_dtype="float32",
+def gemm_spec(out_dtype: torch.dtype, act_element: str = ACT_ELEMENT) -> GemmSpec:
+    """The GemmSpec of the W4A8 kernels with this output dtype and activation element."""
+    return GemmSpec(a_dtype=act_element, a_scale=ActivationScale.TOKEN, a_scale_dtype="float32",
                     w_dtype=WEIGHT_ELEMENT, w_scale=ScaleGranularitySpec.GROUP, w_scale_dtype="float32",
                     out_dtype=_OUT_DTYPES[out_dtype])
 
 
-def kernel_key(arch: str, out_dtype: torch.dtype, tile: TileConfig) -> KernelKey:
-    return KernelKey(arch=arch, spec=gemm_spec(out_dtype), tile=tile)
+def kernel_key(arch: str, out_dtype: torch.dtype, tile: TileConfig, act_element: str = ACT_ELEMENT) -> KernelKey:
+    return KernelKey(arch=arch, spec=gemm_spec(out_dtype, act_element), tile=tile)
 
 
 # (most tokens, tile), from H200 sweeps (docs/performance/log.md sections 36 and 37): the W8A8
@@ -274,18 +277,41 @@ def select_tile(m: int, n: int | None = None, num_sms: int = 132) -> TileConfig:
     raise AssertionError("the last row takes every m")
 
 
+def select_sync_tile(m: int) -> TileConfig:
+    """The mma-w4a8 tile (the portable body: int8 activations anywhere, float8 ones off sm90a) for
+    m tokens, from _SYNC_TILES."""
+    from humming_aot.enumerate import parse_tile_field
+
+    for limit, label in _SYNC_TILES:
+        if m <= limit:
+            return parse_tile_field(label)
+    raise AssertionError("the last row takes every m")
+
+
+# (most tokens, tile) of the mma-w4a8 body, every arch alike: rings within the 99 KB a block takes
+# on sm86 / sm89 / sm120, warp tiles of at most 32 tokens x 32 channels (bodies/mma_w4a8.py: wider
+# ones spill), K split (heuristics.split_k_factor) where the tiles leave SMs idle. A rule from
+# those limits, not a tuning run (docs/performance/log.md section 44).
+_SYNC_TILES = (
+    (16, "mma-w4a8:16x128x128_w1x4_s4"),
+    (32, "mma-w4a8:32x128x128_w1x4_s4"),
+    (64, "mma-w4a8:64x128x128_w2x4_s4"),
+    (1 << 62, "mma-w4a8:128x64x128_w4x2_s4"),
+)
+
+
 def _check_activation(qa: QuantizedActivation, packed: PackedW4A8Weight) -> None:
     if not isinstance(qa, QuantizedActivation):
         raise TypeError(f"gemm takes a humming_aot.quant.QuantizedActivation (ops.quantize_activation), got "
                         f"{type(qa).__name__}")
     if not isinstance(packed, PackedW4A8Weight):
         raise TypeError(f"gemm takes a PackedW4A8Weight (humming_aot.w4a8.pack), got {type(packed).__name__}")
-    if qa.element != ACT_ELEMENT or qa.scale_dtype != "float32" \
+    if qa.element not in ACT_ELEMENTS or qa.scale_dtype != "float32" \
             or qa.granularity not in (ActivationGranularity.TOKEN, ActivationGranularity.TENSOR):
         raise ValueError(
-            f"the int4 weight ({packed.format}) takes float8e4m3 activations with a float32 scale per token or per "
-            f"tensor, got {qa.element} per {qa.granularity.value} with {qa.scale_dtype} scales; quantize with "
-            "'float8e4m3:token' or 'float8e4m3:tensor'"
+            f"the int4 weight ({packed.format}) takes float8e4m3 or int8 activations with a float32 scale per token "
+            f"or per tensor, got {qa.element} per {qa.granularity.value} with {qa.scale_dtype} scales; quantize with "
+            "'float8e4m3:token', 'int8:token' or either ':tensor'"
         )
     if qa.codes.shape[-1] != packed.k:
         raise ValueError(f"activations have K={qa.codes.shape[-1]} but the weight has K={packed.k}")
@@ -323,7 +349,8 @@ def gemm(qa: QuantizedActivation, packed: PackedW4A8Weight, *, bias: torch.Tenso
          persistent: bool | None = None) -> torch.Tensor:
     """(*lead, out_features) = decode(qa) @ decode(packed)^T x scales (+ bias) in out_dtype.
 
-    The arguments are w8a8.gemm's (``tile``: a wgmma-w4a8 tile label). Under torch.compile and
+    The arguments are w8a8.gemm's (``tile``: a wgmma-w4a8 tile label, float8 activations on sm90a,
+    or an mma-w4a8 one, the portable body: int8 activations from sm80, float8 from sm89). Under torch.compile and
     torch's modes it is the custom op ``humming_aot::gemm_w4a8`` (with a fake implementation);
     out, tile, stream_k and persistent are eager only.
     """
@@ -336,7 +363,7 @@ def gemm(qa: QuantizedActivation, packed: PackedW4A8Weight, *, bias: torch.Tenso
         _check_activation(qa, packed)
         return torch.ops.humming_aot.gemm_w4a8(qa.codes, qa.scales, packed.w, packed.w_scale, bias, packed.k,
                                                 packed.group_size, packed.out_features, qa.granularity.value,
-                                                out_dtype)
+                                                out_dtype, qa.element)
     return _gemm(qa, packed, bias=bias, out_dtype=out_dtype, out=out, tile=tile, stream_k=stream_k,
                  persistent=persistent)
 
@@ -356,13 +383,14 @@ def _gemm(qa: QuantizedActivation, packed: PackedW4A8Weight, *, bias: torch.Tens
 _LIBRARY = torch.library.Library("humming_aot", "FRAGMENT")
 _LIBRARY.define(
     "gemm_w4a8(Tensor codes, Tensor scales, Tensor w, Tensor w_scale, Tensor? bias, int k, int group_size, "
-    "int n_valid, str granularity, ScalarType out_dtype) -> Tensor"
+    "int n_valid, str granularity, ScalarType out_dtype, str element=\"float8e4m3\") -> Tensor"
 )
 
 
-def _gemm_w4a8_op(codes, scales, w, w_scale, bias, k, group_size, n_valid, granularity, out_dtype):
+def _gemm_w4a8_op(codes, scales, w, w_scale, bias, k, group_size, n_valid, granularity, out_dtype,
+                  element=ACT_ELEMENT):
     # (the op's w is in this version's packed layout: gemm checks a PackedW4A8Weight's version first)
-    qa = QuantizedActivation(element=ACT_ELEMENT, granularity=ActivationGranularity(granularity), group_size=None,
+    qa = QuantizedActivation(element=element, granularity=ActivationGranularity(granularity), group_size=None,
                              scale_dtype="float32", codes=codes, scales=scales)
     n = w.shape[1] * N_ALIGN
     packed = PackedW4A8Weight(w=w, w_scale=w_scale, n=n, k=k, group_size=group_size, format="int4",
@@ -370,7 +398,8 @@ def _gemm_w4a8_op(codes, scales, w, w_scale, bias, k, group_size, n_valid, granu
     return _gemm(qa, packed, bias=bias, out_dtype=out_dtype)
 
 
-def _gemm_w4a8_fake(codes, scales, w, w_scale, bias, k, group_size, n_valid, granularity, out_dtype):
+def _gemm_w4a8_fake(codes, scales, w, w_scale, bias, k, group_size, n_valid, granularity, out_dtype,
+                    element=ACT_ELEMENT):
     return codes.new_empty((*codes.shape[:-1], n_valid), dtype=out_dtype)
 
 

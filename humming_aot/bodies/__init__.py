@@ -19,6 +19,7 @@ from humming_aot.bodies.base import Body
 from humming_aot.bodies.mma_ss import MMA_SS
 from humming_aot.bodies.mma_swapped import MMA_SWAPPED
 from humming_aot.bodies.mma_sync import MMA_SYNC
+from humming_aot.bodies.mma_w4a8 import MMA_W4A8
 from humming_aot.bodies.simt import SIMT
 from humming_aot.bodies.wgmma import WGMMA
 from humming_aot.bodies.wgmma_ss import WGMMA_SS
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from humming_aot.spec import MmaKind
 
 BODIES: dict[str, Body] = {body.kind: body for body in (MMA_SYNC, MMA_SWAPPED, WGMMA, WGMMA_WS, WGMMA_SS, WGMMA_W4A8,
-                                                             MMA_SS, SIMT)}
+                                                             MMA_SS, MMA_W4A8, SIMT)}
 
 
 def body_of(kind: "MmaKind | str") -> Body:

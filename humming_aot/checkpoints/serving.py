@@ -78,10 +78,10 @@ def w8a8_serving_status(layer: CheckpointLayer, arch: str, catalog) -> str | Non
             packed = w4a8.pack(layer.weight)
         except ValueError as err:
             return f"no: {err}"
-        if fmt.element != w4a8.ACT_ELEMENT or fmt.granularity not in (ActivationGranularity.TOKEN,
-                                                                       ActivationGranularity.TENSOR):
+        if fmt.element not in w4a8.ACT_ELEMENTS or fmt.granularity not in (ActivationGranularity.TOKEN,
+                                                                            ActivationGranularity.TENSOR):
             return f"no: {scheme.format} activations do not suit a {packed.format} weight"
-        spec = w4a8.gemm_spec(torch.bfloat16)
+        spec = w4a8.gemm_spec(torch.bfloat16, fmt.element)
     else:
         try:
             packed = w8a8.pack(layer.weight)

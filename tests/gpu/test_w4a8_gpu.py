@@ -152,8 +152,11 @@ def test_cuda_graph_replay_and_3d_input():
 def test_bad_operands_raise_errors_that_say_what_to_do():
     gen = torch.Generator().manual_seed(_seed())
     qa, packed = _operands(4, 128, 256, gen)
-    with pytest.raises(ValueError, match="float8e4m3 activations"):
-        w4a8.gemm(ops.quantize_activation(torch.randn(4, 256, device="cuda"), "int8:token"), packed)
+    with pytest.raises(ValueError, match="float8e4m3 or int8 activations"):
+        w4a8.gemm(ops.quantize_activation(torch.randn(4, 256, device="cuda"), "float8e4m3:g128"), packed)
+    int8 = ops.quantize_activation(torch.randn(4, 256, device="cuda"), "int8:token")
+    with pytest.raises(ValueError, match="int8 ones run on mma-w4a8 tiles"):
+        w4a8.gemm(int8, packed, tile="wgmma-w4a8:8x128x128_w1x4_s8")
     with pytest.raises(ValueError, match="wgmma-w4a8 tiles"):
         w4a8.gemm(qa, packed, tile="wgmma-ss:8x128x128_w1x4_s6")
     with pytest.raises(ValueError, match="bias must be a contiguous"):

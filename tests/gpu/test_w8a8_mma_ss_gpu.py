@@ -1,6 +1,7 @@
 """The portable W8A8 body (mma-ss: mma.sync m16n8k32 on s8 or e4m3 codes, kernel/dense_mma_ss.cuh)
-on the GPU at hand, through its plain-arch build (on an H200: sm_90, where the e4m3 mma.sync runs
-as ptxas's f16 emulation, the same fragments and schedule as Ada's native one): every tile of its
+on the GPU at hand, through the build of the first arch that serves it (on an H200: sm_90a, where
+the e4m3 mma.sync runs as ptxas's f16 emulation, the same fragments and schedule as Ada's native
+one): every tile of its
 table and wider ones against the float64 product of the exact codes and scales, at odd shapes (M,
 N and K off every tile, K not a multiple of 128), NaN-poisoned outputs, split K (deterministic), a
 bias, float16, per-tensor activation scales, the long-K error bound, and a CUDA graph replay.
@@ -13,6 +14,7 @@ import torch
 from humming_aot import _w8a8_launch, dispatch, ops, quant, w8a8
 from humming_aot.bodies.mma_ss import FIRST_ARCH
 from humming_aot.enumerate import parse_tile_field
+from humming_aot.spec import parse_arch
 from humming_aot.testing.w8a8 import fresh_seed as _seed
 
 pytestmark = pytest.mark.gpu
@@ -26,9 +28,9 @@ _OUT_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def _arch() -> str:
-    """The plain arch whose build the launcher takes here (sm90 on an H100 / H200)."""
-    major, minor = torch.cuda.get_device_capability()
-    return f"sm{10 * major + minor}"
+    """The arch whose build the launcher takes here without a catalog key (sm90a on an H100 / H200):
+    the first that serves the GPU."""
+    return dispatch.device_info(torch.cuda.current_device()).arches[0]
 
 
 @pytest.fixture(autouse=True)
@@ -38,7 +40,7 @@ def _needs_the_kernels(request):
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    number = int(_arch()[2:])
+    number = parse_arch(_arch())[0]
     element = request.node.callspec.params.get("element", "int8") if hasattr(request.node, "callspec") else "int8"
     if number < FIRST_ARCH[element]:
         pytest.skip(f"mma.sync on {element} codes needs sm{FIRST_ARCH[element]}; this GPU is sm{number}")
@@ -120,7 +122,7 @@ def test_tensor_scale_bias_float16_and_padded_n(element):
 
 def test_long_k_error_bound_of_the_float8_sums():
     # float16 output: its rounding (2^-11) leaves room to see the sums' own error at 1e-3
-    if int(_arch()[2:]) < FIRST_ARCH["float8e4m3"]:
+    if parse_arch(_arch())[0] < FIRST_ARCH["float8e4m3"]:
         pytest.skip("e4m3 mma.sync needs sm89")
     gen = torch.Generator().manual_seed(_seed())
     qa, packed = _operands(256, 1024, 16384, gen, "float8e4m3")
@@ -150,10 +152,10 @@ def test_cuda_graph_replay(element):
     assert torch.equal(captured, eager)
 
 
-def test_the_plain_arch_serves_the_named_tiles():
-    # (on an sm_90 GPU the table keeps wgmma-ss; a named mma-ss tile runs the plain sm90 build)
+def test_a_serving_arch_runs_the_named_tiles():
+    # (on an sm_90 GPU the table keeps wgmma-ss; a named mma-ss tile runs a build of its arches)
     info = dispatch.device_info(torch.cuda.current_device())
     gen = torch.Generator().manual_seed(_seed())
     qa, packed = _operands(8, 128, 256, gen, "int8")
-    tile, key = _w8a8_launch._kernel(info, torch.bfloat16, packed, "mma-ss:16x128x128_w1x4_s4", 8, 128)
-    assert key.arch == _arch() and key.tile == tile
+    tile, key = _w8a8_launch._kernel(info, torch.bfloat16, packed, "mma-ss:16x128x128_w1x4_s4", 8, 128, "int8")
+    assert key.arch in info.arches and key.tile == tile

@@ -171,8 +171,8 @@ def test_errors_say_what_to_do():
         w4a8.pack(quant.quantize(torch.randn(64, 136), "int4:channel"))
     with pytest.raises(TypeError, match="QuantizedWeight"):
         w4a8.pack(w)
-    with pytest.raises(ValueError, match="'float8e4m3:token'"):
-        w4a8.gemm(ops.quantize_activation(torch.randn(3, 256), "int8:token"), packed)
+    with pytest.raises(ValueError, match="'float8e4m3:token', 'int8:token'"):
+        w4a8.gemm(ops.quantize_activation(torch.randn(3, 256), "float8e4m3:g128"), packed)
     with pytest.raises(ValueError, match="K=128 but the weight has K=256"):
         w4a8.gemm(ops.quantize_activation(torch.randn(3, 128), "float8e4m3:token"), packed)
     with pytest.raises(ValueError, match="bias must be"):
@@ -309,11 +309,15 @@ def test_the_layer_quantizes_its_input_and_matches_the_reference():
     expected = w4a8.gemm(qa, w4a8.pack(quant.quantize(linear.weight.detach().float(), "int4:g128")),
                          bias=linear.bias.detach().to(torch.bfloat16))
     assert y.shape == (2, 3, 100) and torch.equal(y, expected)
-    # per-tensor activations (dynamic); the default is per token; int8 activations are refused
+    # per-tensor activations (dynamic); the default is per token; int8 activations too (int4 x int8);
+    # groups of K are refused
     assert W8A8Linear.from_linear(linear, "int4:channel").activations == "float8e4m3:token"
     assert W8A8Linear.from_linear(linear, "int4:g128", activations="float8e4m3:tensor")(x).shape == (2, 3, 100)
-    with pytest.raises(ValueError, match="float8e4m3:token or float8e4m3:tensor"):
-        W8A8Linear.from_linear(linear, "int4:g128", activations="int8:token")
+    int8 = W8A8Linear.from_linear(linear, "int4:g128", activations="int8:token")
+    assert torch.equal(int8(x), w4a8.gemm(ops.quantize_activation(x, "int8:token"), int8.packed,
+                                          bias=linear.bias.detach().to(torch.bfloat16)))
+    with pytest.raises(ValueError, match="float8e4m3:token or float8e4m3:tensor or int8:token or int8:tensor"):
+        W8A8Linear.from_linear(linear, "int4:g128", activations="float8e4m3:g128")
 
 
 def test_the_layer_records_its_packed_layout_version():

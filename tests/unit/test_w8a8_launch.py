@@ -244,11 +244,12 @@ def test_the_mma_ss_body_splits_k_where_the_tiles_leave_sms_idle(monkeypatch):
     assert fakes.loads[0].startswith("gemm_dense_sm80_mma-ss_a-s8")
 
 
-def test_an_h200_runs_a_named_mma_ss_tile_from_the_plain_sm90_build(monkeypatch):
+def test_an_h200_runs_a_named_mma_ss_tile_from_its_first_arch_without_a_catalog_key(monkeypatch):
     fakes = Fakes(monkeypatch)
+    monkeypatch.setattr("humming_aot.catalog.installed_catalog", lambda: None)
     qa, packed = _operands(40, 256, 256)
     _w8a8_launch.launch(qa, packed, None, torch.float16, None, "mma-ss:32x128x128_w1x4_s4", None)
-    assert fakes.loads == [w8a8.kernel_key("sm90", torch.float16, parse_tile_field("mma-ss:32x128x128_w1x4_s4"),
+    assert fakes.loads == [w8a8.kernel_key("sm90a", torch.float16, parse_tile_field("mma-ss:32x128x128_w1x4_s4"),
                                            False, "float8e4m3").name]
     with pytest.raises(ValueError, match="no stream-K"):
         _w8a8_launch.launch(qa, packed, None, torch.float16, None, "mma-ss:16x128x128_w1x4_s4", 4)

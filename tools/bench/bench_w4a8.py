@@ -56,11 +56,11 @@ def _prepare(n: int, k: int, sets: int, gen: torch.Generator, cublas: bool):
                [w16] + [humming_aot.pack(qw, torch.bfloat16, device="cuda") for _ in range(sets - 1)], baselines)
 
 
-def _humming_layers(w: torch.Tensor, sets: int):
+def _humming_layers(w: torch.Tensor, sets: int, int8: bool = False):
     from humming.layer import HummingLayer
 
     n, k = w.shape
-    input_config = {"dtype": "float8e4m3", "quant_mode": "dynamic_token"}
+    input_config = {"dtype": "int8" if int8 else "float8e4m3", "quant_mode": "dynamic_token"}
     error = None
     for weight_config in HUMMING_WEIGHTS:
         try:
@@ -86,7 +86,11 @@ def main(argv=None) -> int:
     parser.add_argument("--m", default="1,16,32,64,128,256,512,1024,2048,4096,8192")
     parser.add_argument("--impls", default=",".join(IMPLS))
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--tile", default=None, help="force this wgmma-w4a8 tile on humming_aot")
+    parser.add_argument("--tile", default=None, help="force this wgmma-w4a8 (or mma-w4a8) tile on humming_aot")
+    parser.add_argument("--portable", action="store_true", help="humming_aot through the mma-w4a8 body's table "
+                        "(w4a8.select_sync_tile: what GPUs without wgmma run) instead of wgmma-w4a8's")
+    parser.add_argument("--int8", action="store_true", help="int8:token activations (int4 x int8: the mma-w4a8 body; "
+                        "scaled_mm is left out, Humming gets its int8 input config)")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
     shapes_text = args.shapes or ",".join(bench_gemm.SHAPE_SETS[s] for s in args.shape_set.split(","))
@@ -104,24 +108,27 @@ def main(argv=None) -> int:
         if "humming" in impls:
             try:
                 start = time.perf_counter()
-                humming = _humming_layers(w, sets)
+                humming = _humming_layers(w, sets, args.int8)
                 print(f"humming layers for {n}x{k}: {time.perf_counter() - start:.1f} s")
             except Exception as exc:  # noqa: BLE001 - a baseline that fails is reported, not fatal
                 print(f"humming unavailable for {n}x{k}: {type(exc).__name__}: {exc}"[:300])
+        activations = "int8:token" if args.int8 else ACTIVATIONS
         for m in ms:
+            tile = w4a8.select_sync_tile(m).label if args.portable else args.tile
             xs = [torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16) for _ in range(sets)]
-            qas = [ops.quantize_activation(x, ACTIVATIONS) for x in xs]
+            qas = [ops.quantize_activation(x, activations) for x in xs]
             ref = w4a8.reference(qas[0], packs[0]).float()
             calls = {
-                "humming_aot": [lambda qa=qa, p=p: w4a8.gemm(qa, p, tile=args.tile) for qa, p in zip(qas, packs)],
-                "humming_aot+quant": [lambda x=x, p=p: w4a8.gemm(ops.quantize_activation(x, ACTIVATIONS), p,
-                                                                 tile=args.tile) for x, p in zip(xs, packs)],
+                "humming_aot": [lambda qa=qa, p=p: w4a8.gemm(qa, p, tile=tile) for qa, p in zip(qas, packs)],
+                "humming_aot+quant": [lambda x=x, p=p: w4a8.gemm(ops.quantize_activation(x, activations), p,
+                                                                 tile=tile) for x, p in zip(xs, packs)],
                 "w4a16": [lambda x=x, p=p: ops.gemm(x, p) for x, p in zip(xs, packs16)],
             }
             if humming is not None:
                 calls["humming"] = [lambda x=x, layer=layer: layer(x) for x, layer in zip(xs, humming)]
             if baselines:
                 calls["torch_bf16"] = [lambda x=x, b=b: torch.nn.functional.linear(x, b[0]) for x, b in zip(xs, baselines)]
+            if baselines and not args.int8:  # (float8 activations only)
                 calls["scaled_mm"] = [lambda qa=qa, b=b: torch._scaled_mm(qa.codes.view(torch.float8_e4m3fn), b[1],
                                                                           scale_a=qa.scales, scale_b=b[2],
                                                                           out_dtype=torch.bfloat16)
@@ -140,8 +147,11 @@ def main(argv=None) -> int:
                 row = {"impl": impl, "m": m, "n": n, "k": k, "us": us, "p10_us": timing["p10_us"],
                        "p90_us": timing["p90_us"], "tflops": tflops(gemm_flops(m, n, k), us), "relerr": relerr,
                        "w4a8": True,
+                       "int8": args.int8,
                        "tile": (w4a8.select_tile(m, n=n, num_sms=sms).label
-                                if impl.startswith("humming_aot") and not args.tile else args.tile)}
+                                if impl.startswith("humming_aot") and not tile and not args.int8
+                                else w4a8.select_sync_tile(m).label if impl.startswith("humming_aot") and not tile
+                                else tile)}
                 results.append(row)
                 print(f"{n:>6} {k:>6} {m:>5} {impl:>18} {us:9.1f} {row['tflops']:8.1f} {relerr:8.1e}")
     if args.json_path:

@@ -72,8 +72,12 @@ def test_weight_only_and_kernel_less_schemes_say_what_to_do():
     bias = None if layer.bias is None else layer.bias.to(torch.bfloat16)
     expected = w4a8.gemm(ops.quantize_activation(x, "float8e4m3:token"), w4a8.pack(layer.weight), bias=bias)
     assert torch.equal(w4(x), expected)
+    # and with int8 activations on the portable body (int4 x int8: mma-w4a8)
+    w4_int8 = QuantizedLinear.from_checkpoint(fixture("ct_w4a16"), "proj", activations="int8:token")
+    expected = w4a8.gemm(ops.quantize_activation(x, "int8:token"), w4a8.pack(layer.weight), bias=bias)
+    assert w4_int8.activations == "int8:token" and torch.equal(w4_int8(x), expected)
     with pytest.raises(ValueError, match="do not suit weights int4:g128"):
-        QuantizedLinear.from_checkpoint(fixture("ct_w4a16"), "proj", activations="int8:token")
+        QuantizedLinear.from_checkpoint(fixture("ct_w4a16"), "proj", activations="float8e4m3:g128")
     # a weight no 8-bit-activation kernel takes (int4 with zero points) is refused with the layer named
     with pytest.raises(ValueError, match="from_checkpoint: layer 'proj': the W4A8 kernels take symmetric int4"):
         QuantizedLinear.from_checkpoint(fixture("ct_w4a16_asym"), "proj", activations="float8e4m3:token")
@@ -161,8 +165,10 @@ def test_an_int4_checkpoint_with_float8_token_activations_is_served_as_w4a8(tmp_
     assert layer.activations.format == "float8e4m3:token"
     (row,) = checkpoints.inspect(model, arch="sm90a")
     assert row.served_w8a8 == "catalog" or row.served_w8a8.startswith("JIT"), row.served_w8a8
-    (row,) = checkpoints.inspect(model, arch="sm89")
-    assert row.served_w8a8.startswith("no: pairing 'w4a8_int4_float8'") and "only on sm90a" in row.served_w8a8
+    (row,) = checkpoints.inspect(model, arch="sm89")  # the portable mma-w4a8 body
+    assert row.served_w8a8 == "catalog" or row.served_w8a8.startswith("JIT"), row.served_w8a8
+    (row,) = checkpoints.inspect(model, arch="sm86")
+    assert row.served_w8a8.startswith("no: pairing 'w4a8_int4_float8'") and "not on sm86" in row.served_w8a8
     linear = QuantizedLinear.from_checkpoint(model, "proj", activations="checkpoint")
     assert isinstance(linear, W8A8Linear) and isinstance(linear.packed, w4a8.PackedW4A8Weight)
     assert linear.activations == "float8e4m3:token"

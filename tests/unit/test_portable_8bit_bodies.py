@@ -1,7 +1,9 @@
-"""The portable W8A8 body (mma-ss, kernel/dense_mma_ss.cuh; humming_aot/bodies/mma_ss.py) on the
-host: which tiles and keys it takes and why not, its catalog families, the generated source, and
-(with nvcc) that each arch's build compiles without spills and runs the mma it should: s8 IMMA
-from sm80, e4m3 QMMA natively on sm89 and sm120 (the GPU runs: tests/gpu/test_w8a8_mma_ss_gpu.py)."""
+"""The portable 8-bit-activation bodies on the host: W8A8's mma-ss (kernel/dense_mma_ss.cuh,
+humming_aot/bodies/mma_ss.py) and W4A8's mma-w4a8 (kernel/dense_mma_w4a8.cuh, bodies/mma_w4a8.py):
+which tiles and keys they take and why not, their catalog families, the generated source, and
+(with nvcc) that each arch's build compiles and runs the mma it should: s8 IMMA from sm80, e4m3
+QMMA natively on sm89 and sm120 (the GPU runs: tests/gpu/test_w8a8_mma_ss_gpu.py,
+tests/gpu/test_w4a8_mma_gpu.py)."""
 from __future__ import annotations
 
 import io
@@ -11,7 +13,7 @@ import subprocess
 import pytest
 import torch
 
-from humming_aot import codegen, w8a8
+from humming_aot import codegen, w4a8, w8a8
 from humming_aot.aot import ninja as driver
 from humming_aot.enumerate import enumerate_keys, parse_tile_field
 from humming_aot.spec import KernelKey
@@ -73,18 +75,55 @@ def test_the_generated_source_names_the_sync_codes_and_the_scaled_params():
     assert KernelKey.from_name(key.name) == key
 
 
+def test_the_w4a8_table_and_its_tiles():
+    labels = [w4a8.select_sync_tile(m).label for m in (1, 16, 17, 32, 33, 64, 65, 8192)]
+    assert labels == ["mma-w4a8:16x128x128_w1x4_s4"] * 2 + ["mma-w4a8:32x128x128_w1x4_s4"] * 2 + \
+        ["mma-w4a8:64x128x128_w2x4_s4"] * 2 + ["mma-w4a8:128x64x128_w4x2_s4"] * 2
+    for _, label in w4a8._SYNC_TILES:
+        tile = parse_tile_field(label)
+        assert tile.body.smem_bytes(tile, 4, False) <= 101376 - 1024
+    for label, message in (("mma-w4a8:16x96x128_w1x2_s4", "whole 64-channel units"),
+                           ("mma-w4a8:64x128x128_w2x2_s4", "at most 32 tokens x 32 channels"),
+                           ("mma-w4a8:8x128x128_w1x4_s4", "pairs of n8"),
+                           ("mma-w4a8:16x128x64_w1x4_s4", "one packed K tile")):
+        with pytest.raises(ValueError, match=message):
+            parse_tile_field(label)
+
+
+def test_w4a8_keys_take_int8_from_sm80_and_float8_from_sm89():
+    tile = parse_tile_field("mma-w4a8:32x128x128_w1x4_s4")
+    for arch in ("sm80", "sm86", "sm89", "sm90a", "sm120"):
+        assert w4a8.kernel_key(arch, torch.bfloat16, tile, "int8").arch == arch
+    assert w4a8.kernel_key("sm89", torch.float16, tile).spec.a_dtype == "float8e4m3"
+    with pytest.raises(ValueError, match="float8e4m3 codes needs sm89 or later, not sm86"):
+        w4a8.kernel_key("sm86", torch.bfloat16, tile)
+    key = w4a8.kernel_key("sm80", torch.bfloat16, tile, "int8")
+    source = codegen.kernel_source(key)
+    assert "DenseMmaW4a8<" in source and "humming_aot::mma::S8SyncCodes" in source
+    assert KernelKey.from_name(key.name) == key
+    # the default catalog: int8 activations from sm80 (sm90a too), float8 ones where wgmma is not
+    for arch, elements in (("sm80", {"int8"}), ("sm89", {"int8", "float8e4m3"}), ("sm90a", {"int8"}),
+                           ("sm120", {"int8", "float8e4m3"}), ("sm75", set())):
+        keys = [k for k in enumerate_keys("default", [arch]) if k.tile.mma.value == "mma-w4a8"]
+        assert {k.spec.a_dtype for k in keys} == elements, arch
+        assert len(keys) == len(w4a8._SYNC_TILES) * len(elements) * 2, arch
+
+
 _SASS = {  # key -> the mma its SASS must hold
     "gemm_dense_sm80_mma-ss_a-s8-k-f32_w-s8-g-f32_o-bf16_64x128x128_w2x2_s4": "IMMA.16832.S8.S8",
     "gemm_dense_sm89_mma-ss_a-e4m3-k-f32_w-e4m3-g-f32_o-bf16_16x128x128_w1x4_s4": "QMMA.16832.F32.E4M3.E4M3",
     "gemm_dense_sm120_mma-ss_a-e4m3-k-f32_w-e4m3-g-f32_o-f16_128x128x128_w2x4_s3": "QMMA.16832.F32.E4M3.E4M3",
     "gemm_dense_sm120_mma-ss_a-s8-k-f32_w-s8-g-f32_o-bf16_32x128x128_w1x4_s4": "IMMA.16832.S8.S8",
+    "gemm_dense_sm80_mma-w4a8_a-s8-k-f32_w-s4-g-f32_o-bf16_64x128x128_w2x4_s4": "IMMA.16832.S8.S8",
+    "gemm_dense_sm89_mma-w4a8_a-e4m3-k-f32_w-s4-g-f32_o-f16_16x128x128_w1x4_s4": "QMMA.16832.F32.E4M3.E4M3",
+    "gemm_dense_sm120_mma-w4a8_a-e4m3-k-f32_w-s4-g-f32_o-bf16_128x64x128_w4x2_s4": "QMMA.16832.F32.E4M3.E4M3",
 }
 
 
 @pytest.fixture(scope="module")
 def _compiled(tmp_path_factory):
     keys = [KernelKey.from_name(name) for name in _SASS]
-    out = tmp_path_factory.mktemp("mma_ss")
+    out = tmp_path_factory.mktemp("portable_8bit")
     return keys, driver.compile_keys(keys, out, jobs=2, stream=io.StringIO())
 
 

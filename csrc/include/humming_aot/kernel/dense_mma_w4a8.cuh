@@ -1,0 +1,203 @@
+#pragma once
+// The portable W4A8 body on mma.sync m16n8k32 (SM80+ with s8 activations, SM89+ with e4m3 ones):
+// out[m, n] = sum_g (sum_{k in g} a[m, k] w[n, k]) w_scale[g, n] x a_scale[m] (+ bias), symmetric
+// int4 weight codes in W4A8's packed layout (version 2, humming_aot.w4a8: the 8-bit A fragments of
+// m16n8k32, which is how the sm90a wgmma-w4a8 body reads them too), 8-bit activation codes
+// (Codes: mma/mma_sync_8bit.cuh) with fp32 token scales, fp32 group scales of a multiple of 128.
+//
+// The weights are the mma's A (16 channels per m16 fragment), the tokens its B (8 per n8), so the
+// accumulators hold the output transposed (epilogue/swapped_output_writer.cuh writes them, and
+// reduces the K slices of a split tile through the workspace in slice order). A CTA's threads copy
+// per K tile of 128, with cp.async into a kStages ring: the activation codes (K-major rows,
+// memory/k_major_code_tile.cuh), the packed codes of its 64-channel units (4096 bytes each, in
+// the order a warp loads its fragments: one 16-byte load per 16 channels and two k32 steps), and
+// the K tile's group scale of each channel. Each warp widens its codes in registers
+// (numerics/int4_s8.cuh or int4_e4m3.cuh: a handful of integer instructions per 8 codes), reads
+// its token fragments with ldmatrix, multiplies, and weighs the K tile's sums by their group scale
+// into fp32 accumulators (a K tile lies in one group). e4m3 codes carry the values x 2^-9, which
+// the token scale puts back.
+//
+// Params: ScaledTmaGemmParams (kernel/params.cuh), of which this body reads tma.gemm (a: (m, K)
+// codes, lda in bytes; w: (k / 128, n / 64, 4096) packed codes; w_scale: (groups, n) fp32; bias;
+// out; workspace; tile_counters; m; n, a multiple of 64; k: the K tiles x 128; group_size, a
+// multiple of 128; k_splits = gridDim.y), a_scale ((m,) fp32) and tma.dp_ctas, which holds the
+// activation codes' own K (their row length, a multiple of 16: codes past it are zero-filled;
+// this body has no tail-split schedule to read there).
+
+#include <humming_aot/epilogue/swapped_output_writer.cuh>
+#include <humming_aot/kernel/params.cuh>
+#include <humming_aot/memory/cp_async.cuh>
+#include <humming_aot/memory/k_major_code_tile.cuh>
+#include <humming_aot/memory/shared_fragments.cuh>
+#include <humming_aot/mma/mma_sync_8bit.cuh>
+#include <humming_aot/numerics/int4_e4m3.cuh>
+#include <humming_aot/numerics/int4_s8.cuh>
+#include <humming_aot/schedule/tile_scheduler.cuh>
+
+namespace humming_aot::kernel {
+
+template <class Out,                 // Float16 or BFloat16: the output (and bias) dtype
+          class Codes,               // mma::S8SyncCodes or mma::E4m3SyncCodes: the activations' codes
+          int kBlockM,               // tokens per CTA: 16 x token pairs x kWarpsM
+          int kBlockN,               // weight channels per CTA: 64 x units
+          int kWarpsM, int kWarpsN,  // warps along tokens and along channels
+          int kStages>               // cp.async ring depth (K tiles of 128)
+struct DenseMmaW4a8 {
+  static constexpr int kBlockK = 128;
+  static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
+  static constexpr int kWarpTokens = kBlockM / kWarpsM, kWarpChannels = kBlockN / kWarpsN;
+  static constexpr int kMTiles = kWarpChannels / 16;  // m16 fragments (16 channels) per warp
+  static constexpr int kNTiles = kWarpTokens / 8;     // n8 fragments (8 tokens) per warp
+  static constexpr int kUnits = kBlockN / 64;
+  static constexpr int kUnitBytes = 4096;  // a 64-channel unit's packed codes of one K tile
+  static_assert(kBlockN % 64 == 0, "whole 64-channel units of the packed layout");
+  static_assert(kWarpChannels % 16 == 0 && kWarpChannels > 0, "whole m16 fragments of channels per warp");
+  static_assert(kWarpTokens % 16 == 0 && kWarpTokens > 0, "whole pairs of n8 token fragments (one ldmatrix.x4)");
+  static_assert(kStages >= 2, "a ring of at least two K tiles");
+  using Widen = typename Select<Codes::kExactSums, numerics::Int4ToS8, numerics::Int4ToE4m3>::Type;
+
+  using ATile = memory::KMajorCodeTile<kBlockM, kThreads>;
+  static constexpr int kWOffset = ATile::kBytes;
+  static constexpr int kSOffset = kWOffset + kUnits * kUnitBytes;
+  static constexpr int kStageBytes = kSOffset + kBlockN * 4;
+  static constexpr int kSmemBytes = kStages * kStageBytes;  // = humming_aot.bodies.mma_w4a8 smem_bytes
+  static constexpr bool kScalesInFp32 = true;
+  static constexpr int kMinBlocksPerSm = 1;
+  static constexpr int kWChunks = kUnits * kUnitBytes / 16, kSChunks = kBlockN * 4 / 16;
+  using Sum = typename Codes::Sum;
+  using Writer = epilogue::SwappedOutputWriter<Out, kMTiles * kNTiles, kNTiles>;
+  using Scheduler = schedule::TileScheduler<kBlockM, kBlockN, kBlockK>;
+
+  static __device__ __forceinline__ void run(const ScaledTmaGemmParams& params) {
+    const GemmParams& p = params.tma.gemm;
+    extern __shared__ __align__(128) char smem[];
+    __shared__ int arrival_flag;
+    const Scheduler tile(p.m, p.n, p.k, p.k_splits);
+    const int m0 = tile.m_tile * kBlockM, n0 = tile.n_tile * kBlockN;
+    const int count = tile.k_tile_end - tile.k_tile_begin;  // may be 0: a slice past K adds zeros
+    const int a_k = params.tma.dp_ctas;                     // the activation codes' own K
+    const u32 smem_base = memory::shared_address(smem);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int warp_m = warp / kWarpsN, warp_n = warp % kWarpsN;
+
+    // Copies: the activations, the CTA's units of packed codes (units past N zero-filled), the
+    // K tile's group-scale row of its channels.
+    const ATile a_tile(static_cast<const char*>(p.a) + static_cast<i64>(m0) * p.lda, p.lda, p.m - m0, a_k);
+    const int units_n = p.n / 64, unit0 = n0 / 64;
+    const char* w_src = static_cast<const char*>(p.w) + static_cast<i64>(unit0) * kUnitBytes;
+    const i64 w_tile_bytes = static_cast<i64>(units_n) * kUnitBytes;
+    const char* s_src = static_cast<const char*>(p.w_scale) + 4 * static_cast<i64>(n0);
+    const int group_tiles = p.group_size / kBlockK;
+    auto load = [&](int slot, int index) {
+      const int k_tile = tile.k_tile_begin + index;
+      const u32 stage = smem_base + static_cast<u32>(slot * kStageBytes);
+      a_tile.load(stage, k_tile * kBlockK);
+      const char* w_tile = w_src + k_tile * w_tile_bytes;
+#pragma unroll
+      for (int i = threadIdx.x; i < kWChunks; i += kThreads)
+        memory::cp_async_16(stage + kWOffset + 16 * i, w_tile + 16 * i, unit0 + i / (kUnitBytes / 16) < units_n);
+      const char* s_row = s_src + static_cast<i64>(k_tile / group_tiles) * 4 * p.n;
+      for (int i = threadIdx.x; i < kSChunks; i += kThreads)
+        memory::cp_async_16(stage + kSOffset + 16 * i, s_row + 16 * i, n0 + 4 * i < p.n);
+    };
+
+    Sum sums[kMTiles][kNTiles][4];
+    float acc[kNTiles * kMTiles][4];  // fragment j = ni * kMTiles + mi (the writer's order)
+#pragma unroll
+    for (int j = 0; j < kNTiles * kMTiles; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[j][c] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < count) load(s, s);
+      memory::cp_async_commit();
+    }
+    for (int it = 0; it < count; ++it) {
+      memory::cp_async_wait<kStages - 2>();
+      __syncthreads();  // K tile `it` is in; every warp is done with the slot the next load takes
+      const int next = it + kStages - 1;
+      if (next < count) load(next % kStages, next);
+      memory::cp_async_commit();
+      const u32 stage = smem_base + static_cast<u32>((it % kStages) * kStageBytes);
+      multiply(stage, warp_m, warp_n, lane, sums);
+      // weigh the K tile's sums by each channel's group scale (rows g and g + 8 of each m16)
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi) {
+        const int row = warp_n * kWarpChannels + 16 * mi + (lane >> 2);
+        float low, high;
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(low) : "r"(stage + kSOffset + 4 * row));
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(high) : "r"(stage + kSOffset + 4 * (row + 8)));
+#pragma unroll
+        for (int ni = 0; ni < kNTiles; ++ni) {
+          float* a = acc[ni * kMTiles + mi];
+          a[0] += static_cast<float>(sums[mi][ni][0]) * low;
+          a[1] += static_cast<float>(sums[mi][ni][1]) * low;
+          a[2] += static_cast<float>(sums[mi][ni][2]) * high;
+          a[3] += static_cast<float>(sums[mi][ni][3]) * high;
+        }
+      }
+    }
+    memory::cp_async_wait<0>();
+
+    // the token scales (x 2^9 for e4m3 codes); tokens past M: 0, never stored
+    const int token0 = m0 + warp_m * kWarpTokens, col0 = n0 + warp_n * kWarpChannels;
+    Writer::for_each(token0, col0, [&](int j, int e, int token, int) {
+      acc[j][e] *= token < p.m ? params.a_scale[token] * Widen::kValueScale : 0.f;
+    });
+    Writer::write(p, acc, token0, col0, tile.tile_index, &arrival_flag);
+  }
+
+ private:
+  // The warp's products of one K tile at `stage` into its sums (overwritten: the first step's mma
+  // start from zero). Per m16 fragment and pair of k32 steps one 16-byte load of packed codes at
+  // ((w * 2 + h) * 32 + lane) * 16 of its unit (w: its 16 channels within the unit), two words a
+  // step, each widened into two A registers; per 16 tokens and step one ldmatrix.x4 of the
+  // activation rows: (tokens 0-7, K 0-15), (0-7, K 16-31), (8-15, K 0-15), (8-15, K 16-31).
+  static __device__ __forceinline__ void multiply(u32 stage, int warp_m, int warp_n, int lane,
+                                                  Sum (&sums)[kMTiles][kNTiles][4]) {
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) sums[mi][ni][c] = Sum(0);
+    const int b_row = warp_m * kWarpTokens + (lane & 7) + ((lane >> 4) << 3), b_chunk = (lane >> 3) & 1;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      u32 words[kMTiles][4];
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi) {
+        const int channel = warp_n * kWarpChannels + 16 * mi;  // the fragment's first, within the CTA
+        const int unit = channel / 64, slot16 = (channel % 64) / 16;
+        memory::lds_128(words[mi], stage + kWOffset + unit * kUnitBytes + ((slot16 * 2 + h) * 32 + lane) * 16);
+      }
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        const int step = 2 * h + s;
+        u32 a[kMTiles][4];
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi) {
+          Widen::convert(words[mi][2 * s], a[mi][0], a[mi][1]);
+          Widen::convert(words[mi][2 * s + 1], a[mi][2], a[mi][3]);
+        }
+        u32 b[kNTiles][2];
+#pragma unroll
+        for (int nj = 0; nj < kNTiles / 2; ++nj) {
+          u32 r[4];
+          memory::ldmatrix_x4(r, ATile::chunk_address(stage, b_row + 16 * nj, 2 * step + b_chunk));
+          b[2 * nj][0] = r[0];
+          b[2 * nj][1] = r[1];
+          b[2 * nj + 1][0] = r[2];
+          b[2 * nj + 1][1] = r[3];
+        }
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+          for (int ni = 0; ni < kNTiles; ++ni) Codes::mma(sums[mi][ni], a[mi], b[ni]);
+      }
+    }
+  }
+};
+
+}  // namespace humming_aot::kernel

@@ -1,0 +1,155 @@
+"""The portable W4A8 body (mma-w4a8: int4 codes of W4A8's packed layout widened to s8 or e4m3 in
+registers before mma.sync m16n8k32, kernel/dense_mma_w4a8.cuh) on the GPU at hand, through the
+build of the first arch that serves it (on an H200: sm_90a, whose e4m3 mma.sync is ptxas's f16
+emulation; s8 runs natively): int8 and float8 activations, every tile of its table and others,
+against the float64 product of the exact codes and scales, at odd shapes (M, N and K off every
+tile, K not a multiple of 128), in every weight scaling (g128, g256, per channel), NaN-poisoned
+outputs, split K (deterministic), per-tensor activation scales with a bias and float16, the
+long-K error bound, the layer, and a CUDA graph replay. Fresh random data each run (seed printed)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from humming_aot import _w8a8_launch, dispatch, ops, quant, w4a8
+from humming_aot.bodies.mma_ss import FIRST_ARCH
+from humming_aot.enumerate import parse_tile_field
+from humming_aot.spec import parse_arch
+from humming_aot.testing.w8a8 import fresh_seed as _seed
+from humming_aot.w8a8 import dequantized_activation
+
+pytestmark = pytest.mark.gpu
+
+_TILES = sorted({label for _, label in w4a8._SYNC_TILES} | {
+    "mma-w4a8:16x64x128_w1x2_s2", "mma-w4a8:32x256x128_w1x8_s3", "mma-w4a8:64x64x128_w2x2_s3",
+})
+_ELEMENTS = ("int8", "float8e4m3")
+
+
+def _arch() -> str:
+    return dispatch.device_info(torch.cuda.current_device()).arches[0]
+
+
+@pytest.fixture(autouse=True)
+def _needs_the_kernels(request):
+    from humming_aot.catalog import installed_catalog
+    from humming_aot.testing.jit import why_no_jit
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    number = parse_arch(_arch())[0]
+    element = request.node.callspec.params.get("element", "int8") if hasattr(request.node, "callspec") else "int8"
+    if number < FIRST_ARCH[element]:
+        pytest.skip(f"mma.sync on {element} codes needs sm{FIRST_ARCH[element]}; this GPU is sm{number}")
+    why = why_no_jit("the mma-w4a8 kernels must come from the installed catalog", "to build the mma-w4a8 kernels")
+    catalog = installed_catalog()
+    keys = [w4a8.kernel_key(_arch(), dtype, parse_tile_field(t), e) for t in _TILES for e in _ELEMENTS
+            if number >= FIRST_ARCH[e] for dtype in (torch.bfloat16, torch.float16)]
+    if why is not None and (catalog is None or any(catalog.lookup(key.name) is None for key in keys)):
+        pytest.skip(why)
+
+
+def _operands(m: int, n: int, k: int, gen: torch.Generator, element: str, weights: str = "int4:g128",
+              act: str = "token"):
+    # channels, K ranges and tokens of different magnitudes, so that a misplaced scale shows
+    w = torch.randn(n, k, generator=gen) * torch.rand(n, 1, generator=gen).add(0.1) * torch.rand(1, k, generator=gen).add(0.1)
+    x = torch.randn(m, k, generator=gen) * torch.rand(m, 1, generator=gen).add(0.1) * torch.rand(1, k, generator=gen).add(0.1)
+    packed = w4a8.pack(quant.quantize(w, weights)).to("cuda")
+    return ops.quantize_activation(x.cuda(), f"{element}:{act}"), packed
+
+
+def _check(y: torch.Tensor, qa, packed, bias=None, out_dtype=torch.bfloat16):
+    ref = w4a8.reference(qa, packed, bias)
+    y = y.reshape(ref.shape).double()
+    assert not torch.isnan(y).any(), "NaN in the output: some element was never written"
+    # the output's rounding (half an ulp), plus for e4m3 the tensor cores' sums of each K tile
+    # (tests/gpu/test_w8a8_gpu.py's bound, 2^-11 of the sum of |products|); s8 sums are exact, so
+    # only the fp32 group-scale products and adds, far below 2^-20 of it
+    eps = 2.0**-8 if out_dtype == torch.bfloat16 else 2.0**-11
+    sums = 2.0**-11 if qa.element == "float8e4m3" else 2.0**-20
+    a_abs = dequantized_activation(qa, packed.k).abs()
+    bound = eps * ref.abs() + sums * (a_abs @ packed.effective_weight().abs().T)
+    bad = (y - ref).abs() > bound
+    assert not bad.any(), f"{int(bad.sum())} of {bad.numel()} outputs off; worst {(y - ref).abs().max().item()}"
+
+
+@pytest.mark.parametrize("element", _ELEMENTS)
+@pytest.mark.parametrize("tile", _TILES)
+@pytest.mark.parametrize("m,n,k,weights", [(1, 128, 128, "int4:g128"), (37, 192, 272, "int4:channel"),
+                                           (200, 384, 1024, "int4:g256"), (300, 1024, 512, "int4:g128")])
+def test_every_tile_matches_the_float64_product(tile, m, n, k, weights, element):
+    gen = torch.Generator().manual_seed(_seed())
+    qa, packed = _operands(m, n, k, gen, element, weights)
+    out = torch.full((m, packed.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    y = w4a8.gemm(qa, packed, out=out, tile=tile)
+    _check(y[:, : packed.out_features], qa, packed)
+
+
+@pytest.mark.parametrize("element", _ELEMENTS)
+@pytest.mark.parametrize("m,n,k", [(3, 1024, 8192), (40, 512, 4112)])
+def test_split_k_slices_meet_in_slice_order(m, n, k, element):
+    gen = torch.Generator().manual_seed(_seed())
+    qa, packed = _operands(m, n, k, gen, element, "int4:channel" if k % 128 else "int4:g128")
+    tile = w4a8.select_sync_tile(m).label
+    y = w4a8.gemm(qa, packed, tile=tile)
+    (plan,) = [p for key, p in _w8a8_launch._plans.items() if key[2] == f"int4x{element}" and key[4] == tile
+               and key[5:8] == (m, packed.n, k)]
+    assert plan.splits > 1, "the launch did not split K: the test misses its path"
+    _check(y, qa, packed)
+    assert torch.equal(y, w4a8.gemm(qa, packed, tile=tile)), "two runs differ"
+    print(f"{tile}: {plan.splits} K slices")
+
+
+@pytest.mark.parametrize("element", _ELEMENTS)
+def test_tensor_scale_bias_float16_and_padded_n(element):
+    gen = torch.Generator().manual_seed(_seed())
+    qa, packed = _operands(50, 100, 256, gen, element, act="tensor")
+    bias = torch.randn(100, generator=gen).to(torch.float16).cuda()
+    for tile in ("mma-w4a8:64x128x128_w2x4_s4", "mma-w4a8:16x128x128_w1x4_s4"):
+        y = w4a8.gemm(qa, packed, bias=bias, out_dtype=torch.float16, tile=tile)
+        assert y.shape == (50, 100) and y.dtype == torch.float16
+        _check(y, qa, packed, bias, torch.float16)
+
+
+@pytest.mark.parametrize("element", _ELEMENTS)
+def test_long_k_error_bound(element):
+    gen = torch.Generator().manual_seed(_seed())
+    qa, packed = _operands(256, 1024, 16384, gen, element)
+    for m in (256, 16, 1):
+        sub = quant.QuantizedActivation(element=qa.element, granularity=qa.granularity, group_size=qa.group_size,
+                                        scale_dtype=qa.scale_dtype, codes=qa.codes[:m], scales=qa.scales[:m])
+        y = w4a8.gemm(sub, packed, out_dtype=torch.float16, tile=w4a8.select_sync_tile(m).label).double()
+        ref = w4a8.reference(sub, packed)
+        rel = ((y - ref).norm() / ref.norm()).item()
+        print(f"m={m} relative error {rel:.2e}")
+        assert rel <= 1e-3
+
+
+def test_the_table_serves_int8_activations_and_the_layer_quantizes_them():
+    # wgmma-w4a8 takes float8 activations only: int8 ones go to the portable body through the table
+    from humming_aot.nn import W8A8Linear
+
+    gen = torch.Generator().manual_seed(_seed())
+    qa, packed = _operands(33, 256, 512, gen, "int8")
+    _check(w4a8.gemm(qa, packed), qa, packed)
+    linear = torch.nn.Linear(512, 200).cuda()
+    layer = W8A8Linear.from_linear(linear, "int4:g128", activations="int8:token")
+    x = torch.randn(5, 512, generator=gen).cuda().to(torch.bfloat16)
+    expected = w4a8.gemm(ops.quantize_activation(x, "int8:token"), layer.packed,
+                         bias=linear.bias.detach().to(torch.bfloat16))
+    assert torch.equal(layer(x), expected)
+
+
+@pytest.mark.parametrize("element", _ELEMENTS)
+def test_cuda_graph_replay(element):
+    gen = torch.Generator().manual_seed(_seed())
+    qa, packed = _operands(24, 256, 512, gen, element)
+    tile = "mma-w4a8:32x128x128_w1x4_s4"
+    eager = w4a8.gemm(qa, packed, tile=tile)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = w4a8.gemm(qa, packed, tile=tile)
+    captured.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
