@@ -161,7 +161,7 @@ def _kernel(info, out_dtype: torch.dtype, packed, tile, m: int, n: int, act_elem
         if not fast_takes:
             raise ValueError(f"tile {tile.label}: the wgmma-w4a8 kernels take float8e4m3 activations; int8 ones run on "
                              "mma-w4a8 tiles (leave tile None for the table's)")
-        _require_sm90a(info, label)
+        _require_sm90a(info, label, portable)
         if w4:
             return tile, w4a8.kernel_key(ARCH, out_dtype, tile)
         return tile, kernel_key(ARCH, out_dtype, tile, packed.blocks, packed.element)  # (raises for a tile the scaling cannot take)
@@ -206,11 +206,13 @@ def _portable_key(info, element: str, label: str, make_key):
     return keys[0]
 
 
-def _require_sm90a(info, label: str) -> None:
+def _require_sm90a(info, label: str, portable: MmaKind) -> None:
+    """A wgmma tile named on a GPU without sm90a: say which tiles run there."""
     if ARCH not in info.arches:
         raise RuntimeError(
-            f"the {label} kernels of this pairing are built for {ARCH} (H100, H200) only; {info.name} is sm_"
-            f"{info.capability[0]}{info.capability[1]}. Run it on an sm_90 GPU, or on CPU tensors (the reference)."
+            f"the {label} wgmma tiles are built for {ARCH} (H100, H200) only; {info.name} is sm_"
+            f"{info.capability[0]}{info.capability[1]}: leave tile None (the table runs the portable "
+            f"{portable.value} body here) or name an {portable.value} tile"
         )
 
 

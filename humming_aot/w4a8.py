@@ -12,8 +12,9 @@ the sm90a wgmma-w4a8 body (csrc/include/humming_aot/kernel/dense_wgmma_w4a8.cuh)
 integer adds and multiplies at the 8-bit tensor-core rate; each K tile of 128 is summed apart and
 weighed by its group's scale in fp32, so groups must be whole K tiles: g128, g256, ..., a scale per
 channel or per tensor. On CPU tensors it runs the float64 reference of the same operands (decoded
-from the packed layout the kernel reads), rounded once to the output dtype; on a GPU other than
-sm_90 it raises.
+from the packed layout the kernel reads), rounded once to the output dtype. float8e4m3
+activations run on the sm90a wgmma-w4a8 body, or off sm90a on the portable mma-w4a8 body (sm89 and
+later); int8 activations (``"int8:token"``) on mma-w4a8 from sm80, the codes widened to s8.
 
 The packed layout (version 2): for each K tile of 128 and each 64-channel unit, 4096 bytes in the
 order the consumer threads load them (one 16-byte load a thread per two k32 steps: the 8-bit

@@ -16,10 +16,11 @@ wgmma-ss body (csrc/include/humming_aot/kernel/dense_wgmma_ss.cuh):
 ``gemm`` computes ``out[m, n] = sum_k a[m, k] w[n, k] * a_scale[m] * w_scale[n] (+ bias)`` with
 fp32 sums (the kernel promotes its fp8 wgmma partial sums into fp32 every 128 of K, and applies
 block scales there; int8 sums are exact int32 over the CTA's K, made fp32 once). On CPU tensors
-it runs the float64 reference of the same operands rounded once to the output dtype; on a GPU
-other than sm_90 it raises (the kernels are sm90a ones: H100 and H200). The weights keep the
-codes as the checkpoint has them, one byte each, rows of K: TMA reads them as they are, so there
-is no packed layout to version.
+it runs the float64 reference of the same operands rounded once to the output dtype. On sm90a
+(H100, H200) the wgmma-ss body runs it; elsewhere the portable mma-ss body (channel x token
+scales: int8 from sm80, float8e4m3 from sm89; block scales stay sm90a-only). The weights keep the
+codes as the checkpoint has them, one byte each, rows of K: TMA and cp.async read them as they
+are, so there is no packed layout to version.
 """
 from __future__ import annotations
 
