@@ -167,17 +167,11 @@ def _kernel(info, out_dtype: torch.dtype, packed, tile, m: int, n: int, act_elem
         return tile, kernel_key(ARCH, out_dtype, tile, packed.blocks, packed.element)  # (raises for a tile the scaling cannot take)
     if tile.mma is not portable:
         raise ValueError(f"tile {tile.label}: the {label} kernels run {fast.value} tiles (sm90a) or {portable.value} tiles")
-    if not w4 and packed.blocks:
-        raise ValueError(
-            "the W8A8 kernels with 128 x 128 weight blocks run on sm90a's wgmma-ss tiles only (H100, H200); "
-            f"{info.name} is sm_{info.capability[0]}{info.capability[1]}: pack the weight per channel "
-            "('float8e4m3:channel') for the portable mma-ss kernels"
-        )
     if w4:
         return tile, _portable_key(info, act_element, label, lambda arch: w4a8.kernel_key(arch, out_dtype, tile,
                                                                                          act_element))
     return tile, _portable_key(info, act_element, label,
-                               lambda arch: kernel_key(arch, out_dtype, tile, False, packed.element))
+                               lambda arch: kernel_key(arch, out_dtype, tile, packed.blocks, packed.element))
 
 
 def _portable_key(info, element: str, label: str, make_key):
@@ -260,6 +254,8 @@ def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, t
         scales[:, :m].copy_(qa.scales.reshape(m, k // 128).t())
     elif blocks:  # (m, k / 128): one per token per K block, rows of k / 128
         scales = qa.scales.reshape(m, k // 128).contiguous()
+        if plan.tile.mma is MmaKind.MMA_SS:  # (its rows' stride, which the wgmma-ss body works out itself)
+            scale_stride = k // 128
     else:
         scales = qa.scales.reshape(-1)
         scales = (scales.expand(m) if scales.numel() == 1 else scales).contiguous()

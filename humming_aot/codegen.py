@@ -122,9 +122,14 @@ def kernel_source(key: KernelKey) -> str:
     params = params_type(key)
     if tile.mma is MmaKind.WGMMA_W4A8:
         type_args = f"""{_ACT_TYPES[spec.out_dtype]},  // output dtype (fp32 scales; int4 x float8e4m3)"""
-    elif tile.mma in (MmaKind.MMA_SS, MmaKind.MMA_W4A8):
+    elif tile.mma is MmaKind.MMA_W4A8:
         type_args = f"""{_ACT_TYPES[spec.out_dtype]},  // output dtype (fp32 scales)
     {_SYNC_CODE_TYPES[spec.a_dtype]},  // the activations' codes: {spec.a_dtype}"""
+    elif tile.mma is MmaKind.MMA_SS:
+        blocks = "true" if body.block_scales(key) else "false"
+        type_args = f"""{_ACT_TYPES[spec.out_dtype]},  // output dtype (fp32 scales)
+    {_SYNC_CODE_TYPES[spec.a_dtype]},  // both operands' codes: {spec.a_dtype}
+    {blocks},  // scales per 128 x 128 weight block and 1 x 128 token group"""
     elif quantized_body:
         blocks = "true" if body.block_scales(key) else "false"
         type_args = f"""{_ACT_TYPES[spec.out_dtype]},  // output dtype (fp32 scales)

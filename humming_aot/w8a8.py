@@ -17,8 +17,8 @@ wgmma-ss body (csrc/include/humming_aot/kernel/dense_wgmma_ss.cuh):
 fp32 sums (the kernel promotes its fp8 wgmma partial sums into fp32 every 128 of K, and applies
 block scales there; int8 sums are exact int32 over the CTA's K, made fp32 once). On CPU tensors
 it runs the float64 reference of the same operands rounded once to the output dtype. On sm90a
-(H100, H200) the wgmma-ss body runs it; elsewhere the portable mma-ss body (channel x token
-scales: int8 from sm80, float8e4m3 from sm89; block scales stay sm90a-only). The weights keep the
+(H100, H200) the wgmma-ss body runs it; elsewhere the portable mma-ss body (int8 from sm80,
+float8e4m3 from sm89, in both of its scalings). The weights keep the
 codes as the checkpoint has them, one byte each, rows of K: TMA and cp.async read them as they
 are, so there is no packed layout to version.
 """

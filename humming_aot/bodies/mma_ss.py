@@ -1,6 +1,7 @@
 """The portable W8A8 body on mma.sync (kernel/dense_mma_ss.cuh): 8-bit activation and weight codes
 of one element, both K-major in shared memory (cp.async, K tiles of 128 codes), read by ldmatrix
-into mma.sync m16n8k32; fp32 token x channel scales on the fp32 sums. s8 on SM80 and later, e4m3
+into mma.sync m16n8k32; fp32 token x channel scales on the fp32 sums, or (float8) DeepSeek-V3's
+1 x 128 token group x 128 x 128 weight block scales at each K tile's promotion. s8 on SM80 and later, e4m3
 on SM89 and later (the mma.sync fp8 instructions); sm90a runs the same operands on wgmma-ss. Its
 Params are ScaledTmaGemmParams with no tensor map (humming_aot._w8a8_launch)."""
 from __future__ import annotations
@@ -17,6 +18,8 @@ FIRST_ARCH = {"int8": 80, "float8e4m3": 89}
 OUT_DTYPES = ("bfloat16", "float16")
 # per token x per channel, fp32 scales, one element both sides (the wgmma-ss body's channel scaling)
 _OPERANDS = tuple(((e, "k", "float32"), (e, "g", "float32")) for e in FIRST_ARCH)
+# DeepSeek-V3's: float8 per 1 x 128 token group x per 128 x 128 weight block
+_BLOCKS = (("float8e4m3", "g", "float32"), ("float8e4m3", "b", "float32"))
 # Registers a thread has beside its accumulators (fragments, addresses, the loop): ptxas caps a
 # thread at 255, and a tile that needs more would spill in its K loop.
 _REGISTER_LIMIT = 255
@@ -63,13 +66,17 @@ class MmaSsBody(Body):
 
         s = key.spec
         operands = ((s.a_dtype, s.a_scale.value, s.a_scale_dtype), (s.w_dtype, s.w_scale.value, s.w_scale_dtype))
-        if operands not in _OPERANDS or s.w_zero_point.value != "none" or s.out_dtype not in OUT_DTYPES \
-                or s.gemm_type.value != "dense":
+        if (operands not in _OPERANDS and operands != _BLOCKS) or s.w_zero_point.value != "none" \
+                or s.out_dtype not in OUT_DTYPES or s.gemm_type.value != "dense":
             raise ValueError(
                 f"{key.name}: the mma-ss body computes dense float8e4m3 x float8e4m3 or int8 x int8 with float32 "
-                "scales per token and per channel (a-e4m3-k-f32 w-e4m3-g-f32, a-s8-k-f32 w-s8-g-f32), no zero "
-                "point, into bfloat16 or float16"
+                "scales per token and per channel (a-e4m3-k-f32 w-e4m3-g-f32, a-s8-k-f32 w-s8-g-f32), or float8 "
+                "per 1 x 128 token group and per 128 x 128 weight block (a-e4m3-g-f32 w-e4m3-b-f32), no zero point, "
+                "into bfloat16 or float16"
             )
+        if operands == _BLOCKS and 128 % (key.tile.block_n // key.tile.warps_n):
+            raise ValueError(f"{key.name}: with block scales a warp's {key.tile.block_n // key.tile.warps_n} channels "
+                             "must lie inside one 128-channel block (16, 32, 64 or 128 per warp)")
         first = FIRST_ARCH[s.a_dtype]
         if parse_arch(key.arch)[0] < first:
             raise ValueError(f"{key.name}: mma.sync on {s.a_dtype} codes needs sm{first} or later, not {key.arch}")
@@ -77,6 +84,11 @@ class MmaSsBody(Body):
         if need > _REGISTER_LIMIT:
             raise ValueError(f"{key.name}: {accumulators(key.tile, s.a_dtype)} {s.a_dtype} accumulators per thread "
                              f"(e4m3: its K tile's sums too); at most {_REGISTER_LIMIT - _SPARE_REGISTERS}")
+
+    @staticmethod
+    def block_scales(key: "KernelKey") -> bool:
+        """Whether the key scales per 128 x 128 weight block and 1 x 128 token group."""
+        return key.spec.w_scale.value == "b"
 
     def template_args(self, tile: "TileConfig") -> tuple[int, ...]:
         return (tile.block_m, tile.block_n, tile.warps_m, tile.warps_n, tile.stages)

@@ -4,7 +4,8 @@ the e4m3 mma.sync runs as ptxas's f16 emulation, the same fragments and schedule
 one): every tile of its
 table and wider ones against the float64 product of the exact codes and scales, at odd shapes (M,
 N and K off every tile, K not a multiple of 128), NaN-poisoned outputs, split K (deterministic), a
-bias, float16, per-tensor activation scales, the long-K error bound, and a CUDA graph replay.
+bias, float16, per-tensor activation scales, DeepSeek-V3's block scales (float8), the long-K error
+bound, and a CUDA graph replay.
 Fresh random data each run (seed printed)."""
 from __future__ import annotations
 
@@ -52,11 +53,12 @@ def _needs_the_kernels(request):
         pytest.skip(why)
 
 
-def _operands(m: int, n: int, k: int, gen: torch.Generator, element: str, act: str = "token"):
+def _operands(m: int, n: int, k: int, gen: torch.Generator, element: str, act: str = "token",
+              weights: str = "channel"):
     # rows and K columns of different magnitudes, so that a misplaced scale or code shows
     w = torch.randn(n, k, generator=gen) * torch.rand(n, 1, generator=gen).add(0.1) * torch.rand(1, k, generator=gen).add(0.1)
     x = torch.randn(m, k, generator=gen) * torch.rand(m, 1, generator=gen).add(0.1) * torch.rand(1, k, generator=gen).add(0.1)
-    packed = w8a8.pack(quant.quantize(w, f"{element}:channel")).to("cuda")
+    packed = w8a8.pack(quant.quantize(w, f"{element}:{weights}")).to("cuda")
     return ops.quantize_activation(x.cuda(), f"{element}:{act}"), packed
 
 
@@ -92,6 +94,27 @@ def test_every_tile_matches_the_float64_product(tile, m, n, k, element):
     out = torch.full((m, packed.n), float("nan"), dtype=torch.bfloat16, device="cuda")
     y = w8a8.gemm(qa, packed, out=out, tile=tile)
     _check(y[:, : packed.out_features], qa, packed)
+
+
+@pytest.mark.parametrize("tile", [t for t in _TILES if 128 % (parse_tile_field(t).block_n // parse_tile_field(t).warps_n)
+                                  == 0])
+@pytest.mark.parametrize("m,n,k", [(1, 256, 128), (37, 200, 384), (200, 384, 1024), (300, 1024, 512)])
+def test_block_scales_match_the_float64_product(tile, m, n, k):
+    # DeepSeek-V3's scaling: one scale per 128 x 128 weight block (N = 200: a partial last block)
+    # and per token per 128 of K, weighed at each K tile's promotion
+    if parse_arch(_arch())[0] < FIRST_ARCH["float8e4m3"]:
+        pytest.skip("e4m3 mma.sync needs sm89")
+    gen = torch.Generator().manual_seed(_seed())
+    qa, packed = _operands(m, n, k, gen, "float8e4m3", act="g128", weights="b128x128")
+    assert packed.blocks
+    out = torch.full((m, packed.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    y = w8a8.gemm(qa, packed, out=out, tile=tile)
+    _check(y[:, : packed.out_features], qa, packed)
+    if m == 1:  # K in slices too: 8 K tiles on few output tiles
+        qa, packed = _operands(2, 256, 1024, gen, "float8e4m3", act="g128", weights="b128x128")
+        y = w8a8.gemm(qa, packed, tile=tile)
+        _check(y, qa, packed)
+        assert torch.equal(y, w8a8.gemm(qa, packed, tile=tile)), "two runs differ"
 
 
 @pytest.mark.parametrize("element", _ELEMENTS)

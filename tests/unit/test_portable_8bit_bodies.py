@@ -48,8 +48,10 @@ def test_keys_name_the_arch_each_element_needs():
         assert w8a8.kernel_key(arch, torch.bfloat16, tile, False, "int8").arch == arch
     with pytest.raises(ValueError, match="float8e4m3 codes needs sm89 or later, not sm86"):
         w8a8.kernel_key("sm86", torch.bfloat16, tile, False, "float8e4m3")
-    with pytest.raises(ValueError, match="per token and per channel"):
-        w8a8.kernel_key("sm89", torch.bfloat16, tile, True, "float8e4m3")  # block scales: sm90a's wgmma-ss only
+    # DeepSeek-V3's block scales: float8 only, a warp's channels inside one 128-channel block
+    assert w8a8.kernel_key("sm89", torch.bfloat16, tile, True, "float8e4m3").spec.w_scale.value == "b"
+    with pytest.raises(ValueError, match="inside one 128-channel block"):
+        w8a8.kernel_key("sm89", torch.bfloat16, parse_tile_field("mma-ss:32x192x128_w1x4_s2"), True)
     # e4m3 holds its K tile's sums apart from the fp32 accumulators: twice the registers of s8
     wide = parse_tile_field("mma-ss:128x128x128_w2x2_s2")
     assert w8a8.kernel_key("sm80", torch.bfloat16, wide, False, "int8")
@@ -64,7 +66,8 @@ def test_the_default_catalog_holds_the_table_per_arch_and_element():
         keys = [k for k in enumerate_keys("default", [arch]) if k.tile.mma.value == "mma-ss"]
         assert {k.spec.a_dtype for k in keys} == {"int8" if e == "s8" else "float8e4m3" for e in elements}, arch
         assert {k.tile.label for k in keys} == (table if elements else set()), arch
-        assert len(keys) == len(table) * len(elements) * 2, arch  # both output dtypes
+        scalings = len(elements) + ("e4m3" in elements)  # (float8 in two scalings: channel, blocks)
+        assert len(keys) == len(table) * scalings * 2, arch  # both output dtypes
 
 
 def test_the_generated_source_names_the_sync_codes_and_the_scaled_params():
@@ -114,6 +117,7 @@ _SASS = {  # key -> the mma its SASS must hold
     "gemm_dense_sm89_mma-ss_a-e4m3-k-f32_w-e4m3-g-f32_o-bf16_16x128x128_w1x4_s4": "QMMA.16832.F32.E4M3.E4M3",
     "gemm_dense_sm120_mma-ss_a-e4m3-k-f32_w-e4m3-g-f32_o-f16_128x128x128_w2x4_s3": "QMMA.16832.F32.E4M3.E4M3",
     "gemm_dense_sm120_mma-ss_a-s8-k-f32_w-s8-g-f32_o-bf16_32x128x128_w1x4_s4": "IMMA.16832.S8.S8",
+    "gemm_dense_sm89_mma-ss_a-e4m3-g-f32_w-e4m3-b-f32_o-bf16_64x128x128_w2x2_s4": "QMMA.16832.F32.E4M3.E4M3",
     "gemm_dense_sm80_mma-w4a8_a-s8-k-f32_w-s4-g-f32_o-bf16_64x128x128_w2x4_s4": "IMMA.16832.S8.S8",
     "gemm_dense_sm89_mma-w4a8_a-e4m3-k-f32_w-s4-g-f32_o-f16_16x128x128_w1x4_s4": "QMMA.16832.F32.E4M3.E4M3",
     "gemm_dense_sm120_mma-w4a8_a-e4m3-k-f32_w-s4-g-f32_o-bf16_128x64x128_w4x2_s4": "QMMA.16832.F32.E4M3.E4M3",

@@ -132,13 +132,12 @@ def test_supported_specs_sorted_unique_and_supported():
         # integer or float zero points), + float weights: every signed eXmY of 2..8 bits for
         # bfloat16 (35), those float16 holds exactly for float16 (30: E <= 4, and float8e5m2)
         dense = support.supported_specs(arch, GemmType.DENSE)
-        # sm90a: float8 x float8 in two scalings, int8 x int8 in one, int4 x float8 (W4A8) and int4
-        # x int8 in one each; the portable bodies' arches int8 x int8 and int4 x int8 (sm80 on),
-        # float8 x float8 per channel and int4 x float8 (sm89 on); x two outputs
+        # float8 x float8 in two scalings, int8 x int8 in one, int4 x float8 and int4 x int8 (W4A8)
+        # in one each: all five on sm90a and from sm89 (the portable bodies), the two int8 ones on
+        # sm80 and sm86; x two outputs
         w8a8 = [s for s in dense if s.a_is_quantized]
         number = int(arch[2:].rstrip("af"))
-        portable = 2 * ((number >= 80) + (number >= 89))
-        assert len(w8a8) == (10 if arch == "sm90a" else 2 * portable if arch != "sm75" else 0)
+        assert len(w8a8) == (10 if number >= 89 else 4 if number >= 80 else 0)
         assert len(dense) == len(set(dense)) == (24 + 30 if arch == "sm75" else 48 + 35 + 30) + len(w8a8)
         # the MoE types (grouped masked and contiguous) for every 16-bit dense spec of sm80 and later
         assert len(specs) == len(set(specs)) == len(dense) * (1 if arch == "sm75" else 3) - 2 * len(w8a8)
@@ -344,7 +343,8 @@ def test_quantized_activations_are_the_w8a8_and_w4a8_pairings_and_the_reason_say
     assert "not on sm86" in support.why_unsupported(w4a8, "sm86")
     assert support.why_unsupported(dataclasses.replace(w4a8, a_dtype="int8"), "sm80") is None
     fp8_blocks = dataclasses.replace(FP8_TOKEN, a_scale=ActivationScale.GROUP, w_scale=ScaleGranularity.BLOCK)
-    assert "only on sm90a, not on sm89" in support.why_unsupported(fp8_blocks, "sm89")
+    assert support.why_unsupported(fp8_blocks, "sm89") is None
+    assert "not on sm86" in support.why_unsupported(fp8_blocks, "sm86")
     mixed = dataclasses.replace(FP8_TOKEN, w_dtype="int8")
     assert "w_dtype in [" in support.why_unsupported(mixed, "sm90a")
     blocks = dataclasses.replace(int8, a_scale=ActivationScale.GROUP, w_scale=ScaleGranularity.BLOCK)

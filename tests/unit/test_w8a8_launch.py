@@ -262,9 +262,6 @@ def test_what_an_arch_without_the_pairing_gets_is_a_clear_error_before_any_launc
     with pytest.raises(RuntimeError, match="float8e4m3 W8A8 needs mma.sync on float8e4m3 codes: sm89 or later"):
         _w8a8_launch.launch(qa, packed, None, torch.bfloat16, None, None, None)
     _device(monkeypatch, "fake L40S", (8, 9))
-    blocks_qa, blocks = _operands(8, 128, 256, blocks=True)
-    with pytest.raises(ValueError, match="pack the weight per channel"):
-        _w8a8_launch.launch(blocks_qa, blocks, None, torch.bfloat16, None, None, None)
     with pytest.raises(RuntimeError, match="sm90a"):
         _w8a8_launch.launch(qa, packed, None, torch.bfloat16, None, "wgmma-ss:8x128x128_w1x4_s6", None)
     _device(monkeypatch, "fake T4", (7, 5))
@@ -272,3 +269,15 @@ def test_what_an_arch_without_the_pairing_gets_is_a_clear_error_before_any_launc
     with pytest.raises(RuntimeError, match="sm80 or later"):
         _w8a8_launch.launch(int8_qa, int8, None, torch.bfloat16, None, None, None)
     assert fakes.launches == []
+
+
+def test_block_scales_off_sm90a_pass_the_token_scales_row_stride(monkeypatch):
+    fakes = Fakes(monkeypatch)
+    _device(monkeypatch, "fake L40S", (8, 9), num_sms=142)
+    qa, packed = _operands(40, 300, 512, blocks=True)  # N padded to 304: 3 blocks of 128
+    _w8a8_launch.launch(qa, packed, None, torch.bfloat16, None, None, None)
+    tile = w8a8.select_sync_tile(40)
+    assert fakes.loads == [w8a8.kernel_key("sm89", torch.bfloat16, tile, True).name]
+    (launch,) = fakes.launches
+    a_scale, stride = struct.unpack_from("<Qi", launch["params"], 384)
+    assert a_scale != 0 and stride == 512 // 128  # (m, k / 128) token scales, rows k / 128 apart

@@ -1,7 +1,11 @@
 #pragma once
-// The portable W8A8 body on mma.sync (SM80+ for s8, SM89+ for e4m3): out[m, n] = (sum_k a[m, k]
-// w[n, k]) x a_scale[m] x w_scale[n] (+ bias), 8-bit activation and weight codes of one element
-// (Codes: mma/mma_sync_8bit.cuh), fp32 token and channel scales, a 16-bit output. The arches
+// The portable W8A8 body on mma.sync (SM80+ for s8, SM89+ for e4m3): 8-bit activation and weight
+// codes of one element (Codes: mma/mma_sync_8bit.cuh), fp32 scales, a 16-bit output, in one of
+// two scalings (as kernel/dense_wgmma_ss.cuh's):
+// - token x channel: out[m, n] = (sum_k a[m, k] w[n, k]) x a_scale[m] x w_scale[n] (+ bias);
+// - blocks (kBlockScales, DeepSeek-V3, e4m3 only): each K tile of 128 is one K block, whose sums
+//   are weighed at their promotion by a_scale[m, k / 128] x w_scale[n / 128, k / 128].
+// The arches
 // without wgmma (Ampere, Ada, Blackwell's portable path) run W8A8 here; sm90a has the
 // warp-specialized wgmma-ss body (kernel/dense_wgmma_ss.cuh), which takes the same operands.
 //
@@ -10,14 +14,15 @@
 // (memory/k_major_code_tile.cuh), read by ldmatrix straight into mma.sync m16n8k32 fragments
 // (a row of 8-bit codes is a row of b16 pairs). Nothing is dequantized. e4m3 sums are promoted
 // into fp32 accumulators once per K tile (the fp8 tensor cores' running sums keep fewer bits);
-// s8 sums are exact int32 over the CTA's K, made fp32 once. The scales multiply the fp32 sums at
-// the end, then the mma.sync body's writer (epilogue/output_writer.cuh) adds the bias and stores,
+// s8 sums are exact int32 over the CTA's K, made fp32 once. Channel scales multiply the fp32 sums
+// at the end (block scales at each promotion), then the mma.sync body's writer (epilogue/output_writer.cuh) adds the bias and stores,
 // or reduces the K slices of a split tile through the workspace in slice order (deterministic).
 //
 // Params: ScaledTmaGemmParams (kernel/params.cuh), of which this body reads tma.gemm (a, w,
-// w_scale: (n,) fp32, bias, out, workspace, tile_counters, lda in bytes, ldo, m, n, k: K rounded
-// up to 128, group_size: the codes' own K, a multiple of 16 and the weights' row length, k_splits
-// = gridDim.y) and a_scale ((m,) fp32); no tensor map. gridDim.x: the output tiles.
+// w_scale: (n,) fp32, or with block scales (ceil(n / 128), k / 128) fp32, bias, out, workspace,
+// tile_counters, lda in bytes, ldo, m, n, k: K rounded up to 128, group_size: the codes' own K,
+// a multiple of 16 and the weights' row length, k_splits = gridDim.y), a_scale ((m,) fp32, or
+// with block scales (m, k / 128) rows a_scale_stride apart); no tensor map. gridDim.x: the tiles.
 
 #include <humming_aot/epilogue/output_writer.cuh>
 #include <humming_aot/kernel/params.cuh>
@@ -31,6 +36,7 @@ namespace humming_aot::kernel {
 
 template <class Out,                 // Float16 or BFloat16: the output (and bias) dtype
           class Codes,               // mma::S8SyncCodes or mma::E4m3SyncCodes: both operands' codes
+          bool kBlockScales,         // scales per 128 x 128 weight block and 1 x 128 token group
           int kBlockM,               // tokens per CTA: 16 x m16 fragments x kWarpsM
           int kBlockN,               // weight channels per CTA: 16 x n16 pairs x kWarpsN
           int kWarpsM, int kWarpsN,  // the warp grid over the output tile
@@ -46,6 +52,8 @@ struct DenseMmaSs {
   static_assert(kWarpCols % 16 == 0 && kWarpCols > 0, "whole pairs of n8 fragments per warp (one ldmatrix.x4)");
   static_assert(kStages >= 2, "a ring of at least two K tiles");
   static_assert(kThreads <= 512, "at most 16 warps");
+  static_assert(!kBlockScales || (kPromote && 128 % kWarpCols == 0),
+                "block scales: e4m3 codes (promoted per K tile), a warp's columns inside one 128-channel block");
 
   using ATile = memory::KMajorCodeTile<kBlockM, kThreads>;
   using WTile = memory::KMajorCodeTile<kBlockN, kThreads>;
@@ -95,6 +103,33 @@ struct DenseMmaSs {
       const int next = it + kStages - 1;
       if (next < count) load(next % kStages, next);
       memory::cp_async_commit();
+      if constexpr (kBlockScales) {
+        // the K block's scales: this warp's weight block, each of the thread's rows' token scale
+        // (loaded before the K tile's mma, which hide their latency)
+        const int k_block = tile.k_tile_begin + it, k_blocks = p.k / kBlockK;
+        const float w_block =
+            static_cast<const float*>(p.w_scale)[((n0 + warp_n * kWarpCols) / 128) * k_blocks + k_block];
+        float token[kMTiles][2];
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int row = m0 + warp_m * kWarpRows + 16 * mi + (lane >> 2) + 8 * half;
+            token[mi][half] =
+                row < p.m ? params.a_scale[static_cast<i64>(row) * params.a_scale_stride + k_block] * w_block : 0.f;
+          }
+        multiply(smem_base + static_cast<u32>((it % kStages) * kStageBytes), warp_m, warp_n, lane, sums);
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+          for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              acc[mi][ni][c] += sums[mi][ni][c] * token[mi][c >> 1];
+              sums[mi][ni][c] = 0.f;
+            }
+        continue;
+      }
       multiply(smem_base + static_cast<u32>((it % kStages) * kStageBytes), warp_m, warp_n, lane, sums);
       if constexpr (kPromote) {
 #pragma unroll
@@ -110,22 +145,24 @@ struct DenseMmaSs {
     }
     memory::cp_async_wait<0>();
 
-    // The scales on the fp32 sums: the token's (rows past M: 0, never stored) and the channel's
-    // (N is padded to the weight's own 16, so every column of the tile below p.n has one).
+    // Channel scaling: the scales on the fp32 sums, the token's (rows past M: 0, never stored) and
+    // the channel's (N is padded to the weight's own 16, so every column of the tile below p.n has
+    // one). Block scales weighed the sums at each promotion.
     const int row0 = m0 + warp_m * kWarpRows, col0 = n0 + warp_n * kWarpCols;
     const float* w_scale = static_cast<const float*>(p.w_scale);
-    Writer::for_each_pair(row0, col0, [&](int mi, int ni, int half, int row, int col) {
-      const float a_scale = row < p.m ? params.a_scale[row] : 0.f;
-      const float s0 = col < p.n ? a_scale * w_scale[col] : 0.f, s1 = col < p.n ? a_scale * w_scale[col + 1] : 0.f;
-      float* v = acc[mi][ni] + 2 * half;
-      if constexpr (kPromote) {
-        v[0] *= s0;
-        v[1] *= s1;
-      } else {
-        v[0] = static_cast<float>(sums[mi][ni][2 * half]) * s0;
-        v[1] = static_cast<float>(sums[mi][ni][2 * half + 1]) * s1;
-      }
-    });
+    if constexpr (!kBlockScales)
+      Writer::for_each_pair(row0, col0, [&](int mi, int ni, int half, int row, int col) {
+        const float a_scale = row < p.m ? params.a_scale[row] : 0.f;
+        const float s0 = col < p.n ? a_scale * w_scale[col] : 0.f, s1 = col < p.n ? a_scale * w_scale[col + 1] : 0.f;
+        float* v = acc[mi][ni] + 2 * half;
+        if constexpr (kPromote) {
+          v[0] *= s0;
+          v[1] *= s1;
+        } else {
+          v[0] = static_cast<float>(sums[mi][ni][2 * half]) * s0;
+          v[1] = static_cast<float>(sums[mi][ni][2 * half + 1]) * s1;
+        }
+      });
     Writer::write(p, acc, row0, col0, tile.tile_index, &arrival_flag);
   }
 
