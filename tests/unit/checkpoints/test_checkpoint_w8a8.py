@@ -172,3 +172,27 @@ def test_an_int4_checkpoint_with_float8_token_activations_is_served_as_w4a8(tmp_
     linear = QuantizedLinear.from_checkpoint(model, "proj", activations="checkpoint")
     assert isinstance(linear, W8A8Linear) and isinstance(linear.packed, w4a8.PackedW4A8Weight)
     assert linear.activations == "float8e4m3:token"
+
+
+def test_an_int4_checkpoint_with_int8_token_activations_is_served_as_int4_x_int8(tmp_path):
+    # variant built here: ct_w4a16 with compressed-tensors' dynamic int8 per-token input_activations
+    # (the W4A8 int scheme), served by the portable mma-w4a8 body from sm80 on
+    model = copy_fixture("ct_w4a16", tmp_path)
+    config = json.loads((model / "config.json").read_text())
+    config["quantization_config"]["config_groups"]["group_0"]["input_activations"] = {
+        "num_bits": 8, "type": "int", "strategy": "token", "dynamic": True, "symmetric": True}
+    (model / "config.json").write_text(json.dumps(config))
+    layer = checkpoints.load_layer(model, "proj")
+    assert layer.activations.format == "int8:token"
+    for arch in ("sm80", "sm89", "sm90a"):
+        (row,) = checkpoints.inspect(model, arch=arch)
+        assert row.served_w8a8 == "catalog" or row.served_w8a8.startswith("JIT"), (arch, row.served_w8a8)
+    (row,) = checkpoints.inspect(model, arch="sm75")
+    assert row.served_w8a8.startswith("no: pairing 'w4a8_int4_int8'") and "not on sm75" in row.served_w8a8
+    linear = QuantizedLinear.from_checkpoint(model, "proj", activations="checkpoint")
+    assert isinstance(linear, W8A8Linear) and isinstance(linear.packed, w4a8.PackedW4A8Weight)
+    assert linear.activations == "int8:token"
+    x = torch.randn(3, linear.in_features, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    bias = None if layer.bias is None else layer.bias.to(torch.bfloat16)
+    expected = w4a8.gemm(ops.quantize_activation(x, "int8:token"), w4a8.pack(layer.weight), bias=bias)
+    assert torch.equal(linear(x), expected)
