@@ -28,7 +28,6 @@
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/memory/cp_async.cuh>
 #include <humming_aot/memory/k_major_code_tile.cuh>
-#include <humming_aot/memory/shared_fragments.cuh>
 #include <humming_aot/mma/mma_sync_8bit.cuh>
 #include <humming_aot/schedule/tile_scheduler.cuh>
 
@@ -177,31 +176,18 @@ struct DenseMmaSs {
         for (int c = 0; c < 4; ++c) v[mi][ni][c] = T(0);
   }
 
-  // The warp's products of one K tile (four k32 steps) at `stage` into its sums. ldmatrix.x4 of
-  // A: matrices (rows 0-7, K 0-15), (rows 8-15, K 0-15), (rows 0-7, K 16-31), (rows 8-15, K 16-31)
-  // of the step, a[0..3] in mma order; of W: (channels 0-7, K 0-15), (0-7, K 16-31), (8-15, K
-  // 0-15), (8-15, K 16-31), the b[0..1] of two n8 fragments.
+  // The warp's products of one K tile (four k32 steps) at `stage` into its sums: per step its
+  // activation rows' A fragments and its channels' B fragments (memory/k_major_code_tile.cuh).
   static __device__ __forceinline__ void multiply(u32 stage, int warp_m, int warp_n, int lane,
                                                   Sum (&sums)[kMTiles][kNTiles][4]) {
     const u32 w_stage = stage + ATile::kBytes;
-    const int a_row = warp_m * kWarpRows + (lane & 15), a_chunk = lane >> 4;
-    const int w_row = warp_n * kWarpCols + (lane & 7) + ((lane >> 4) << 3), w_chunk = (lane >> 3) & 1;
 #pragma unroll
     for (int step = 0; step < kBlockK / 32; ++step) {
       u32 a[kMTiles][4];
       u32 b[kNTiles][2];
 #pragma unroll
-      for (int mi = 0; mi < kMTiles; ++mi)
-        memory::ldmatrix_x4(a[mi], ATile::chunk_address(stage, a_row + 16 * mi, 2 * step + a_chunk));
-#pragma unroll
-      for (int nj = 0; nj < kNTiles / 2; ++nj) {
-        u32 r[4];
-        memory::ldmatrix_x4(r, WTile::chunk_address(w_stage, w_row + 16 * nj, 2 * step + w_chunk));
-        b[2 * nj][0] = r[0];
-        b[2 * nj][1] = r[1];
-        b[2 * nj + 1][0] = r[2];
-        b[2 * nj + 1][1] = r[3];
-      }
+      for (int mi = 0; mi < kMTiles; ++mi) ATile::a_fragment(stage, warp_m * kWarpRows + 16 * mi, step, lane, a[mi]);
+      WTile::template b_fragments<kNTiles / 2>(w_stage, warp_n * kWarpCols, step, lane, b);
 #pragma unroll
       for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll

@@ -152,8 +152,8 @@ struct DenseMmaW4a8 {
   // The warp's products of one K tile at `stage` into its sums (overwritten: the first step's mma
   // start from zero). Per m16 fragment and pair of k32 steps one 16-byte load of packed codes at
   // ((w * 2 + h) * 32 + lane) * 16 of its unit (w: its 16 channels within the unit), two words a
-  // step, each widened into two A registers; per 16 tokens and step one ldmatrix.x4 of the
-  // activation rows: (tokens 0-7, K 0-15), (0-7, K 16-31), (8-15, K 0-15), (8-15, K 16-31).
+  // step, each widened into two A registers; the tokens' B fragments per step
+  // (memory/k_major_code_tile.cuh).
   static __device__ __forceinline__ void multiply(u32 stage, int warp_m, int warp_n, int lane,
                                                   Sum (&sums)[kMTiles][kNTiles][4]) {
 #pragma unroll
@@ -162,7 +162,6 @@ struct DenseMmaW4a8 {
       for (int ni = 0; ni < kNTiles; ++ni)
 #pragma unroll
         for (int c = 0; c < 4; ++c) sums[mi][ni][c] = Sum(0);
-    const int b_row = warp_m * kWarpTokens + (lane & 7) + ((lane >> 4) << 3), b_chunk = (lane >> 3) & 1;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       u32 words[kMTiles][4];
@@ -182,15 +181,7 @@ struct DenseMmaW4a8 {
           Widen::convert(words[mi][2 * s + 1], a[mi][2], a[mi][3]);
         }
         u32 b[kNTiles][2];
-#pragma unroll
-        for (int nj = 0; nj < kNTiles / 2; ++nj) {
-          u32 r[4];
-          memory::ldmatrix_x4(r, ATile::chunk_address(stage, b_row + 16 * nj, 2 * step + b_chunk));
-          b[2 * nj][0] = r[0];
-          b[2 * nj][1] = r[1];
-          b[2 * nj + 1][0] = r[2];
-          b[2 * nj + 1][1] = r[3];
-        }
+        ATile::template b_fragments<kNTiles / 2>(stage, warp_m * kWarpTokens, step, lane, b);
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll

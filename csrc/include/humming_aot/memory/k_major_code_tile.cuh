@@ -4,9 +4,11 @@
 // row_bytes apart. Chunk c (16 bytes) of row r lands at r * 128 + 16 * (c ^ (r & 7)): eight rows
 // that ldmatrix reads at one column chunk fall in eight different bank groups. Rows at or past the
 // tile's valid rows and chunks at or past the codes' K are zero-filled (never read), so a tile
-// needs no edge case beyond K % 16 == 0 (whole chunks) and 16-byte aligned rows.
+// needs no edge case beyond K % 16 == 0 (whole chunks) and 16-byte aligned rows. The tile's rows
+// are read back as mma.sync m16n8k32 fragments (a_fragment, b_fragments: ldmatrix, SM75+).
 
 #include <humming_aot/memory/cp_async.cuh>
+#include <humming_aot/memory/shared_fragments.cuh>
 
 namespace humming_aot::memory {
 
@@ -60,6 +62,31 @@ struct KMajorCodeTile {
   // Shared-memory address of the 16-byte chunk `chunk` of row `row` in the stage at smem_stage.
   static __device__ __forceinline__ u32 chunk_address(u32 smem_stage, int row, int chunk) {
     return smem_stage + static_cast<u32>(row * kRowBytes + 16 * (chunk ^ (row & 7)));
+  }
+
+  // The lane's mma.sync m16n8k32 A fragment of rows [row0, row0 + 16) at k32 step `step` (0..3)
+  // of the stage: one ldmatrix.x4 of (rows 0-7, K 0-15), (8-15, K 0-15), (0-7, K 16-31), (8-15,
+  // K 16-31), a[0..3] in mma order (a row of 8-bit codes is a row of b16 pairs).
+  static __device__ __forceinline__ void a_fragment(u32 smem_stage, int row0, int step, int lane, u32 (&a)[4]) {
+    ldmatrix_x4(a, chunk_address(smem_stage, row0 + (lane & 15), 2 * step + (lane >> 4)));
+  }
+
+  // The lane's B fragments of kPairs x 16 rows from row0 on at k32 step `step` (a row is a column
+  // of B): per 16 rows one ldmatrix.x4 of (rows 0-7, K 0-15), (0-7, K 16-31), (8-15, K 0-15),
+  // (8-15, K 16-31), the b[0..1] of two n8 fragments.
+  template <int kPairs>
+  static __device__ __forceinline__ void b_fragments(u32 smem_stage, int row0, int step, int lane,
+                                                     u32 (&b)[2 * kPairs][2]) {
+    const int row = row0 + (lane & 7) + ((lane >> 4) << 3), chunk = 2 * step + ((lane >> 3) & 1);
+#pragma unroll
+    for (int pair = 0; pair < kPairs; ++pair) {
+      u32 r[4];
+      ldmatrix_x4(r, chunk_address(smem_stage, row + 16 * pair, chunk));
+      b[2 * pair][0] = r[0];
+      b[2 * pair][1] = r[1];
+      b[2 * pair + 1][0] = r[2];
+      b[2 * pair + 1][1] = r[3];
+    }
   }
 };
 
