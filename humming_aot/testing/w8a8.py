@@ -78,3 +78,37 @@ def tail_split(tile: str, m: int, n: int, k: int, persistent: bool, blocks: bool
     loaded = obtain.load(w8a8.kernel_key("sm90a", torch.bfloat16, parsed, blocks, element), info)
     dp_ctas, splits, _, walkers = _schedule(loaded, parsed, info, m, n, k // 128, 0, persistent, False)
     return dp_ctas, splits, walkers
+
+
+def portable_arch() -> str:
+    """The arch whose build the portable 8-bit-activation bodies (mma-ss, mma-w4a8) take on this
+    GPU without a catalog key: the first that serves it (sm90a on an H100 / H200)."""
+    from humming_aot import dispatch
+
+    return dispatch.device_info(torch.cuda.current_device()).arches[0]
+
+
+def skip_without_portable_kernels(request, body: str, keys_for) -> None:
+    """pytest.skip unless this is a GPU with mma.sync on the codes of the test's `element`
+    parameter (int8 without one) and every key of keys_for(arch, elements it has) comes from the
+    installed catalog or can be built (NVRTC)."""
+    import pytest
+
+    from humming_aot.bodies.mma_ss import FIRST_ARCH
+    from humming_aot.catalog import installed_catalog
+    from humming_aot.spec import parse_arch
+    from humming_aot.testing.jit import why_no_jit
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    arch = portable_arch()
+    number = parse_arch(arch)[0]
+    callspec = getattr(request.node, "callspec", None)
+    element = callspec.params.get("element", "int8") if callspec is not None else "int8"
+    if number < FIRST_ARCH[element]:
+        pytest.skip(f"mma.sync on {element} codes needs sm{FIRST_ARCH[element]}; this GPU is sm{number}")
+    why = why_no_jit(f"the {body} kernels must come from the installed catalog", f"to build the {body} kernels")
+    catalog = installed_catalog()
+    keys = keys_for(arch, [e for e in FIRST_ARCH if number >= FIRST_ARCH[e]])
+    if why is not None and (catalog is None or any(catalog.lookup(key.name) is None for key in keys)):
+        pytest.skip(why)

@@ -11,11 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from humming_aot import _w8a8_launch, dispatch, ops, quant, w4a8
-from humming_aot.bodies.mma_ss import FIRST_ARCH
+from humming_aot import _w8a8_launch, ops, quant, w4a8
 from humming_aot.enumerate import parse_tile_field
-from humming_aot.spec import parse_arch
 from humming_aot.testing.w8a8 import fresh_seed as _seed
+from humming_aot.testing.w8a8 import portable_arch, skip_without_portable_kernels
 from humming_aot.w8a8 import dequantized_activation
 
 pytestmark = pytest.mark.gpu
@@ -26,27 +25,14 @@ _TILES = sorted({label for _, label in w4a8._SYNC_TILES} | {
 _ELEMENTS = ("int8", "float8e4m3")
 
 
-def _arch() -> str:
-    return dispatch.device_info(torch.cuda.current_device()).arches[0]
+_arch = portable_arch
 
 
 @pytest.fixture(autouse=True)
 def _needs_the_kernels(request):
-    from humming_aot.catalog import installed_catalog
-    from humming_aot.testing.jit import why_no_jit
-
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU")
-    number = parse_arch(_arch())[0]
-    element = request.node.callspec.params.get("element", "int8") if hasattr(request.node, "callspec") else "int8"
-    if number < FIRST_ARCH[element]:
-        pytest.skip(f"mma.sync on {element} codes needs sm{FIRST_ARCH[element]}; this GPU is sm{number}")
-    why = why_no_jit("the mma-w4a8 kernels must come from the installed catalog", "to build the mma-w4a8 kernels")
-    catalog = installed_catalog()
-    keys = [w4a8.kernel_key(_arch(), dtype, parse_tile_field(t), e) for t in _TILES for e in _ELEMENTS
-            if number >= FIRST_ARCH[e] for dtype in (torch.bfloat16, torch.float16)]
-    if why is not None and (catalog is None or any(catalog.lookup(key.name) is None for key in keys)):
-        pytest.skip(why)
+    skip_without_portable_kernels(request, "mma-w4a8", lambda arch, elements: [
+        w4a8.kernel_key(arch, dtype, parse_tile_field(t), e)
+        for t in _TILES for e in elements for dtype in (torch.bfloat16, torch.float16)])
 
 
 def _operands(m: int, n: int, k: int, gen: torch.Generator, element: str, weights: str = "int4:g128",

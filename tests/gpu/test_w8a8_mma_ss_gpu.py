@@ -17,6 +17,7 @@ from humming_aot.bodies.mma_ss import FIRST_ARCH
 from humming_aot.enumerate import parse_tile_field
 from humming_aot.spec import parse_arch
 from humming_aot.testing.w8a8 import fresh_seed as _seed
+from humming_aot.testing.w8a8 import portable_arch, skip_without_portable_kernels
 
 pytestmark = pytest.mark.gpu
 
@@ -28,29 +29,14 @@ _ELEMENTS = ("int8", "float8e4m3")
 _OUT_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def _arch() -> str:
-    """The arch whose build the launcher takes here without a catalog key (sm90a on an H100 / H200):
-    the first that serves the GPU."""
-    return dispatch.device_info(torch.cuda.current_device()).arches[0]
+_arch = portable_arch
 
 
 @pytest.fixture(autouse=True)
 def _needs_the_kernels(request):
-    from humming_aot.catalog import installed_catalog
-    from humming_aot.testing.jit import why_no_jit
-
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU")
-    number = parse_arch(_arch())[0]
-    element = request.node.callspec.params.get("element", "int8") if hasattr(request.node, "callspec") else "int8"
-    if number < FIRST_ARCH[element]:
-        pytest.skip(f"mma.sync on {element} codes needs sm{FIRST_ARCH[element]}; this GPU is sm{number}")
-    why = why_no_jit("the mma-ss kernels must come from the installed catalog", "to build the mma-ss kernels")
-    catalog = installed_catalog()
-    keys = [w8a8.kernel_key(_arch(), dtype, parse_tile_field(t), False, e) for t in _TILES for e in _ELEMENTS
-            if number >= FIRST_ARCH[e] for dtype in _OUT_DTYPES]
-    if why is not None and (catalog is None or any(catalog.lookup(key.name) is None for key in keys)):
-        pytest.skip(why)
+    skip_without_portable_kernels(request, "mma-ss", lambda arch, elements: [
+        w8a8.kernel_key(arch, dtype, parse_tile_field(t), False, e)
+        for t in _TILES for e in elements for dtype in _OUT_DTYPES])
 
 
 def _operands(m: int, n: int, k: int, gen: torch.Generator, element: str, act: str = "token",
