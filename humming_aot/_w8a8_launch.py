@@ -31,7 +31,7 @@ WALK_K_TILES = 64
 # fix-up is cheap beside a CTA's K range.
 WAVE_FILL = 0.9
 STREAM_K_MIN_K_TILES = 48
-# The mma-ss body splits K until this many of its CTAs per SM have work (at most what fits:
+# The portable bodies split K until this many of their CTAs per SM have work (at most what fits:
 # heuristics.split_k_factor).
 SYNC_SPLIT_CTAS_PER_SM = 2
 # the portable mma.sync bodies (W8A8, W4A8): cp.async, no tensor maps, one CTA per tile and K slice
@@ -101,7 +101,6 @@ class _Plan:
     shape, whether it stages transposed token scales, and the schedule's bytes."""
 
     __slots__ = ("tile", "loaded", "splits", "grid", "workspace_shape", "stages_scales", "schedule")
-    # (mma-ss: one CTA per output tile and K slice, grid (tiles, splits), the workspace (splits, M, N))
 
     def __init__(self, tile: TileConfig, key, loaded, info, m: int, n: int, k_tiles: int, stream_k, persistent,
                  a_k: int = 0):
@@ -112,8 +111,8 @@ class _Plan:
         self.tile, self.loaded, self.stages_scales = tile, loaded, False
         if key.tile.mma in PORTABLE:  # one CTA per tile and K slice (gridDim.y), no schedule
             if stream_k or persistent:
-                raise ValueError(f"tile {tile.label}: the mma-ss body has no stream-K or persistent schedule (it "
-                                 "splits K by slices of every tile); leave stream_k and persistent None")
+                raise ValueError(f"tile {tile.label}: the {tile.mma.value} body has no stream-K or persistent schedule "
+                                 "(it splits K by slices of every tile); leave stream_k and persistent None")
             tiles = -(-m // tile.block_m) * -(-n // tile.block_n)
             self.splits = heuristics.split_k_factor(
                 m=m, n=n, k=128 * k_tiles, tile=tile, num_sms=info.num_sms, max_tiles=dispatch.SPLIT_K_COUNTERS,
