@@ -102,13 +102,12 @@ struct DenseMmaSs {
       const int next = it + kStages - 1;
       if (next < count) load(next % kStages, next);
       memory::cp_async_commit();
+      float token[kMTiles][2];  // kBlockScales: each of the thread's rows' block scale, x the warp's weight block
       if constexpr (kBlockScales) {
-        // the K block's scales: this warp's weight block, each of the thread's rows' token scale
         // (loaded before the K tile's mma, which hide their latency)
         const int k_block = tile.k_tile_begin + it, k_blocks = p.k / kBlockK;
         const float w_block =
             static_cast<const float*>(p.w_scale)[((n0 + warp_n * kWarpCols) / 128) * k_blocks + k_block];
-        float token[kMTiles][2];
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
@@ -117,27 +116,19 @@ struct DenseMmaSs {
             token[mi][half] =
                 row < p.m ? params.a_scale[static_cast<i64>(row) * params.a_scale_stride + k_block] * w_block : 0.f;
           }
-        multiply(smem_base + static_cast<u32>((it % kStages) * kStageBytes), warp_m, warp_n, lane, sums);
-#pragma unroll
-        for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-          for (int ni = 0; ni < kNTiles; ++ni)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-              acc[mi][ni][c] += sums[mi][ni][c] * token[mi][c >> 1];
-              sums[mi][ni][c] = 0.f;
-            }
-        continue;
       }
       multiply(smem_base + static_cast<u32>((it % kStages) * kStageBytes), warp_m, warp_n, lane, sums);
-      if constexpr (kPromote) {
+      if constexpr (kPromote) {  // the K tile's sums into the fp32 accumulators (weighed by block scales)
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
           for (int ni = 0; ni < kNTiles; ++ni)
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
-              acc[mi][ni][c] += sums[mi][ni][c];
+              if constexpr (kBlockScales)
+                acc[mi][ni][c] += sums[mi][ni][c] * token[mi][c >> 1];
+              else
+                acc[mi][ni][c] += sums[mi][ni][c];
               sums[mi][ni][c] = 0.f;
             }
       }
