@@ -35,7 +35,10 @@ from humming_aot.quant.weight import QuantizedWeight
 from humming_aot.quant.weight_format import ScaleGranularity, ZeroPointKind
 from humming_aot.spec import ActivationScale, GemmSpec, KernelKey, TileConfig
 from humming_aot.spec import ScaleGranularity as ScaleGranularitySpec
-from humming_aot.w8a8 import reference  # (the float64 product of any 8-bit-activation operands)
+from humming_aot.w8a8 import (
+    reference,  # (the float64 product of any 8-bit-activation operands)
+    table_tile,
+)
 
 __all__ = ["LAYOUT_VERSION", "PackedW4A8Weight", "decode_packed", "encode", "gemm", "gemm_spec", "pack", "reference",
            "select_sync_tile", "select_tile", "upgrade_packed"]
@@ -281,12 +284,7 @@ def select_tile(m: int, n: int | None = None, num_sms: int = 132) -> TileConfig:
 def select_sync_tile(m: int) -> TileConfig:
     """The mma-w4a8 tile (the portable body: int8 activations anywhere, float8 ones off sm90a) for
     m tokens, from _SYNC_TILES."""
-    from humming_aot.enumerate import parse_tile_field
-
-    for limit, label in _SYNC_TILES:
-        if m <= limit:
-            return parse_tile_field(label)
-    raise AssertionError("the last row takes every m")
+    return table_tile(_SYNC_TILES, m)
 
 
 # (most tokens, tile) of the mma-w4a8 body, every arch alike: rings within the 99 KB a block takes

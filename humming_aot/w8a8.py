@@ -215,14 +215,19 @@ _BLOCK_TILES = (
 _INT8_TILES = _TILES
 
 
-def select_sync_tile(m: int) -> TileConfig:
-    """The mma-ss tile (the portable body: GPUs without wgmma) for m tokens, from _SYNC_TILES."""
+def table_tile(table: tuple[tuple[int, str], ...], m: int) -> TileConfig:
+    """The tile of the first (most tokens, tile label) row of `table` that takes m tokens."""
     from humming_aot.enumerate import parse_tile_field
 
-    for limit, label in _SYNC_TILES:
+    for limit, label in table:
         if m <= limit:
             return parse_tile_field(label)
     raise AssertionError("the last row takes every m")
+
+
+def select_sync_tile(m: int) -> TileConfig:
+    """The mma-ss tile (the portable body: GPUs without wgmma) for m tokens, from _SYNC_TILES."""
+    return table_tile(_SYNC_TILES, m)
 
 
 # (most tokens, tile) of the mma-ss body, every arch alike: each tile's ring fits the 99 KB of
