@@ -12,6 +12,7 @@ from humming_aot import dispatch, heuristics, params_abi, w4a8
 from humming_aot import obtain as _obtain
 from humming_aot.bodies.mma_ss import FIRST_ARCH as MMA_SS_FIRST_ARCH
 from humming_aot.bodies.wgmma_ss import separate_staging, staged_scale_bytes, stages_token_scales
+from humming_aot.bodies.wgmma_w4a8 import entry_bytes as w4a8_entry_bytes
 from humming_aot.bodies.wgmma_w4a8 import separate_staging as w4a8_separate_staging
 from humming_aot.enumerate import parse_tile_field
 from humming_aot.spec import MmaKind, TileConfig, parse_arch
@@ -122,7 +123,8 @@ class _Plan:
             # (mma-w4a8 reads the activations' own K where the TMA bodies read dp_ctas)
             self.schedule = params_abi.TMA_SCHEDULE.pack(a_k if key.tile.mma is MmaKind.MMA_W4A8 else 0, self.splits, 0)
             return
-        separate = (w4a8_separate_staging(key.tile) if key.tile.mma is MmaKind.WGMMA_W4A8
+        separate = (w4a8_separate_staging(key.tile, w4a8_entry_bytes(key.spec.w_dtype))
+                    if key.tile.mma is MmaKind.WGMMA_W4A8
                     else separate_staging(key.tile, staged_scale_bytes(key)))
         dp_ctas, splits, stream_k_ctas, walkers = _schedule(loaded, tile, info, m, n, k_tiles, stream_k, persistent,
                                                             separate)
@@ -162,13 +164,13 @@ def _kernel(info, out_dtype: torch.dtype, packed, tile, m: int, n: int, act_elem
                              "mma-w4a8 tiles (leave tile None for the table's)")
         _require_sm90a(info, label, portable)
         if w4:
-            return tile, w4a8.kernel_key(ARCH, out_dtype, tile)
+            return tile, w4a8.kernel_key(ARCH, out_dtype, tile, weight_element=packed.element)
         return tile, kernel_key(ARCH, out_dtype, tile, packed.blocks, packed.element)  # (raises for a tile the scaling cannot take)
     if tile.mma is not portable:
         raise ValueError(f"tile {tile.label}: the {label} kernels run {fast.value} tiles (sm90a) or {portable.value} tiles")
     if w4:
         return tile, _portable_key(info, act_element, label, lambda arch: w4a8.kernel_key(arch, out_dtype, tile,
-                                                                                         act_element))
+                                                                                         act_element, packed.element))
     return tile, _portable_key(info, act_element, label,
                                lambda arch: kernel_key(arch, out_dtype, tile, packed.blocks, packed.element))
 

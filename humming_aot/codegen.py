@@ -15,6 +15,13 @@ _ACT_TYPES = {"float16": "humming_aot::numerics::Float16", "bfloat16": "humming_
 _CODE_TYPES = {"float8e4m3": "humming_aot::mma::E4m3Codes", "int8": "humming_aot::mma::S8Codes"}
 # the mma-ss body's (mma/mma_sync_8bit.cuh)
 _SYNC_CODE_TYPES = {"float8e4m3": "humming_aot::mma::E4m3SyncCodes", "int8": "humming_aot::mma::S8SyncCodes"}
+# the W4A8 bodies' conversions of the weight codes, by weight dtype and activation dtype
+# (numerics/int4_e4m3.cuh, int4_s8.cuh, e2m1_e4m3.cuh)
+_W4A8_WIDEN = {
+    ("int4", "float8e4m3"): "humming_aot::numerics::Int4ToE4m3",
+    ("int4", "int8"): "humming_aot::numerics::Int4ToS8",
+    ("float4e2m1", "float8e4m3"): "humming_aot::numerics::E2m1ToE4m3",
+}
 _ZERO_POINT = {
     ZeroPoint.NONE: "humming_aot::numerics::ZeroPointKind::kImplicit",
     ZeroPoint.INTEGER: "humming_aot::numerics::ZeroPointKind::kInteger",
@@ -90,7 +97,7 @@ def _body_asserts(key: KernelKey) -> str:
         return ""
     from humming_aot.bodies.wgmma_w4a8 import overlapped, wait_depth
 
-    return (f'static_assert(Kernel::kOverlapped == {"true" if overlapped(key.tile) else "false"}, '
+    return (f'static_assert(Kernel::kOverlapped == {"true" if overlapped(key.tile, key.spec.w_dtype) else "false"}, '
             '"scratch sets differ from humming_aot.bodies.wgmma_w4a8.overlapped");\n'
             f'static_assert(Kernel::kWaitDepth == {wait_depth(key.tile)}, '
             '"wait depth differs from humming_aot.bodies.wgmma_w4a8.wait_depth");\n')
@@ -106,8 +113,8 @@ def kernel_source(key: KernelKey) -> str:
         raise ValueError(
             f"{key.name}: no kernel body takes {spec.a_dtype} activations or a {spec.gemm_type.value} GEMM yet on "
             f"{tile.mma.value} tiles (the bodies serve dense GEMMs with 16-bit activations, float8e4m3 x float8e4m3 "
-            "on wgmma-ss and mma-ss tiles, int4 x float8e4m3 on wgmma-w4a8 tiles, int4 x int8 or float8e4m3 on "
-            "mma-w4a8 tiles, and the grouped masked and contiguous ones "
+            "on wgmma-ss and mma-ss tiles, int4 or mxfp4 x float8e4m3 on wgmma-w4a8 tiles, int4 x int8 or "
+            "float8e4m3 and mxfp4 x float8e4m3 on mma-w4a8 tiles, and the grouped masked and contiguous ones "
             "around the mma.sync and wgmma-ws bodies)"
         )
     schedule = _moe_schedule(key)  # (raises for a body the MoE schedule does not take)
@@ -121,10 +128,12 @@ def kernel_source(key: KernelKey) -> str:
     header, template, tile_args = body.header, body.template, body.template_args(tile)
     params = params_type(key)
     if tile.mma is MmaKind.WGMMA_W4A8:
-        type_args = f"""{_ACT_TYPES[spec.out_dtype]},  // output dtype (fp32 scales; int4 x float8e4m3)"""
+        type_args = f"""{_ACT_TYPES[spec.out_dtype]},  // output dtype (fp32 scales)
+    {_W4A8_WIDEN[spec.w_dtype, spec.a_dtype]},  // {spec.w_dtype} weight codes to e4m3"""
     elif tile.mma is MmaKind.MMA_W4A8:
         type_args = f"""{_ACT_TYPES[spec.out_dtype]},  // output dtype (fp32 scales)
-    {_SYNC_CODE_TYPES[spec.a_dtype]},  // the activations' codes: {spec.a_dtype}"""
+    {_SYNC_CODE_TYPES[spec.a_dtype]},  // the activations' codes: {spec.a_dtype}
+    {_W4A8_WIDEN[spec.w_dtype, spec.a_dtype]},  // the {spec.w_dtype} weight codes' conversion"""
     elif tile.mma is MmaKind.MMA_SS:
         blocks = "true" if body.block_scales(key) else "false"
         type_args = f"""{_ACT_TYPES[spec.out_dtype]},  // output dtype (fp32 scales)

@@ -48,7 +48,7 @@ class QuantizedLinear(torch.nn.Module):
         act_dtype defaults to the linear's dtype when it is float16 or bfloat16, else bfloat16.
         ``activations``: an ActivationFormat ("float8e4m3:token", "float8e4m3:g128", "int8:token") to
         quantize the inputs with: a W8A8Linear (float8e4m3 or int8 weights of the same element, or
-        int4 weights with float8e4m3 activations: W4A8).
+        int4 weights with float8e4m3 or int8 activations, or "mxfp4" ones with float8e4m3: W4A8).
         """
         from humming_aot.quant import quantize
 
@@ -153,7 +153,7 @@ class QuantizedLinear(torch.nn.Module):
 class W8A8Linear(torch.nn.Module):
     """y = gemm(quantize_activation(x, activations), W) (+ b): a layer with 8-bit activations (sm_90a
     kernels; the float64 reference on the CPU): float8 or int8 W8A8 (humming_aot.w8a8), or W4A8 with
-    int4 weights and float8 activations (humming_aot.w4a8). The output takes x's dtype when it is
+    int4 weights and float8 or int8 activations, or MXFP4 weights and float8 ones (humming_aot.w4a8). The output takes x's dtype when it is
     float16 or bfloat16, else bfloat16. Weight codes, scales and bias are buffers (``.to()`` moves
     them)."""
 
@@ -171,7 +171,8 @@ class W8A8Linear(torch.nn.Module):
         blocks = not w4 and packed.blocks
         wanted = ((ActivationGranularity.GROUP,) if blocks
                   else (ActivationGranularity.TOKEN, ActivationGranularity.TENSOR))
-        elements = w4a8.ACT_ELEMENTS if w4 else (packed.element,)
+        elements = ((w4a8.ACT_ELEMENT,) if w4 and packed.element == w4a8.MXFP4_ELEMENT
+                    else w4a8.ACT_ELEMENTS if w4 else (packed.element,))
         if fmt.element not in elements or fmt.granularity not in wanted or fmt.scale_dtype != "float32" or (
                 blocks and fmt.group_size != 128):
             hint = "float8e4m3:g128" if blocks else " or ".join(f"{e}:token or {e}:tensor" for e in elements)
@@ -182,7 +183,8 @@ class W8A8Linear(torch.nn.Module):
         self.activations = str(fmt)
         self.in_features, self.out_features = packed.in_features, packed.out_features
         self._meta = {"n": packed.n, "k": packed.k, "format": packed.format, "n_valid": packed.n_valid,
-                      "blocks": blocks, "w4a8": w4, "group_size": packed.group_size if w4 else None}
+                      "blocks": blocks, "w4a8": w4, "group_size": packed.group_size if w4 else None,
+                      "element": packed.element if w4 else None}
         self.register_buffer("w", packed.w)
         self.register_buffer("w_scale", packed.w_scale)
         self.register_buffer("bias", bias)
@@ -208,7 +210,8 @@ class W8A8Linear(torch.nn.Module):
                 f"the state dict of W8A8Linear {prefix.rstrip('.') or '(root)'} ({self._meta['format']}) holds W4A8 codes "
                 "without their packed layout version (packed_layout_version): they cannot be read safely; pack the "
                 "quantized weight again (humming_aot.w4a8.pack)")
-        if self._meta["w4a8"] and isinstance(saved, torch.Tensor) and int(saved) == 1 and isinstance(codes, torch.Tensor):
+        if (self._meta["w4a8"] and self._meta["element"] == w4a8.WEIGHT_ELEMENT and isinstance(saved, torch.Tensor)
+                and int(saved) == 1 and isinstance(codes, torch.Tensor)):  # (version 1 held int4 codes only)
             state_dict[prefix + "w"] = w4a8.upgrade_packed(codes, 1)
             state_dict[prefix + "packed_layout_version"] = saved = torch.tensor(w4a8.LAYOUT_VERSION, dtype=torch.int32)
         if self._meta["w4a8"] and isinstance(saved, torch.Tensor) and int(saved) != w4a8.LAYOUT_VERSION:
@@ -222,11 +225,11 @@ class W8A8Linear(torch.nn.Module):
 
     @staticmethod
     def _pack(weight):
-        """The weight as the 8-bit-activation kernels read it: 4-bit integers for W4A8 (whose pack
-        says what it takes), else W8A8."""
+        """The weight as the 8-bit-activation kernels read it: 4-bit integers and floats for W4A8
+        (whose pack says what it takes), else W8A8."""
         from humming_aot import w4a8, w8a8
 
-        return (w4a8 if weight.format.element in ("int4", "uint4") else w8a8).pack(weight)
+        return (w4a8 if weight.format.element in ("int4", "uint4", "float4e2m1") else w8a8).pack(weight)
 
     @classmethod
     def from_checkpoint_layer(cls, layer, activations: str, device=None) -> "W8A8Linear":
@@ -263,7 +266,7 @@ class W8A8Linear(torch.nn.Module):
     def from_linear(cls, linear: torch.nn.Linear, fmt: str = "float8e4m3:channel",
                     activations: str | None = None) -> "W8A8Linear":
         """Quantize an nn.Linear's weight with `fmt` ("float8e4m3:channel", ":tensor" or
-        ":b128x128", "int8:channel" or ":tensor", or for W4A8 "int4:g128", ":channel"); activations
+        ":b128x128", "int8:channel" or ":tensor", or for W4A8 "int4:g128", ":channel" or "mxfp4"); activations
         default to the weight's element per token (float8e4m3 per token and 128 of K for block
         weights, float8e4m3 per token for int4 weights, which take int8 per token too)."""
         from humming_aot import w4a8
@@ -288,7 +291,8 @@ class W8A8Linear(torch.nn.Module):
         if meta["w4a8"]:
             return w4a8.PackedW4A8Weight(w=self.w, w_scale=self.w_scale, n=meta["n"], k=meta["k"],
                                          group_size=meta["group_size"], format=meta["format"], n_valid=meta["n_valid"],
-                                         layout_version=w4a8.LAYOUT_VERSION)  # (load_state_dict checks the buffer)
+                                         layout_version=w4a8.LAYOUT_VERSION,  # (load_state_dict checks the buffer)
+                                         element=meta["element"])
         return w8a8.PackedW8A8Weight(w=self.w, w_scale=self.w_scale, n=meta["n"], k=meta["k"], format=meta["format"],
                                      n_valid=meta["n_valid"], blocks=meta["blocks"])
 

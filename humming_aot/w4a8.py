@@ -1,6 +1,7 @@
 """W4A8: symmetric int4 weights (GPTQ-style, -8 .. 7) with a float32 scale per channel per group
-of K x float8e4m3 activations with a float32 scale per token (or per tensor), 16-bit output, on
-the sm90a wgmma-w4a8 body (csrc/include/humming_aot/kernel/dense_wgmma_w4a8.cuh):
+of K, or MXFP4 weights (e2m1 with an e8m0 scale per 32 of K: gpt-oss), x float8e4m3 activations
+with a float32 scale per token (or per tensor), 16-bit output, on the sm90a wgmma-w4a8 body
+(csrc/include/humming_aot/kernel/dense_wgmma_w4a8.cuh):
 
     qw = humming_aot.quant.quantize(w, "int4:g128")
     packed = humming_aot.w4a8.pack(qw)                  # the kernel's packed codes, fp32 scales
@@ -16,12 +17,21 @@ from the packed layout the kernel reads), rounded once to the output dtype. floa
 activations run on the sm90a wgmma-w4a8 body, or off sm90a on the portable mma-w4a8 body (sm89 and
 later); int8 activations (``"int8:token"``) on mma-w4a8 from sm80, the codes widened to s8.
 
+MXFP4 weights (``pack(quant.quantize(w, "mxfp4"))``, float8e4m3 activations only) are exact too:
+every e2m1 value times its group's scale relative to its K tile's is an e4m3 value while the four
+group scales of a channel's K tile of 128 lie within 2^11 of each other, so pack stores per channel
+and K tile an fp32 scale 2^b and four bytes 8 (e_g - b + 5) (b = the largest group exponent less 6),
+and the kernel builds each group's e4m3 table from its byte (numerics/e2m1_e4m3.cuh). A tile whose
+groups lie further apart (with nonzero codes) is refused by pack, which says to run the weight with
+16-bit activations.
+
 The packed layout (version 2): for each K tile of 128 and each 64-channel unit, 4096 bytes in the
 order the consumer threads load them (one 16-byte load a thread per two k32 steps: the 8-bit
 wgmma A fragment, mainloop/int4_e4m3_groups.cuh), each code stored as a sign and a magnitude
 (``encode``) at the bits from which the kernel makes e4m3 bytes with integer adds
-(numerics/int4_e4m3.cuh). N is padded to a multiple of 64 and K to a multiple of 128 with zero
-codes. (Version 1, a lookup table's indices in another byte order, is converted when a layer's
+(numerics/int4_e4m3.cuh); MXFP4 codes in the same order, eight to a word as
+numerics/e2m1_e4m3.cuh reads them. N is padded to a multiple of 64 and K to a multiple of 128 with
+zero codes. (Version 1, a lookup table's indices in another byte order, is converted when a layer's
 state dict is loaded: ``upgrade_packed``.)
 """
 from __future__ import annotations
@@ -40,10 +50,14 @@ from humming_aot.w8a8 import (
     table_tile,
 )
 
-__all__ = ["LAYOUT_VERSION", "PackedW4A8Weight", "decode_packed", "encode", "gemm", "gemm_spec", "pack", "reference",
-           "select_sync_tile", "select_tile", "upgrade_packed"]
+__all__ = ["LAYOUT_VERSION", "PackedW4A8Weight", "decode_packed", "decode_packed_mxfp4", "encode", "gemm", "gemm_spec",
+           "mxfp4_group_scales", "pack", "reference", "select_sync_tile", "select_tile", "upgrade_packed"]
 
 WEIGHT_ELEMENT = "int4"
+MXFP4_ELEMENT = "float4e2m1"
+# the weight elements the kernels take: int4 (float32 group scales; both activation elements) and
+# MXFP4's float4e2m1 (e8m0 scales per 32 of K; float8e4m3 activations)
+WEIGHT_ELEMENTS = (WEIGHT_ELEMENT, MXFP4_ELEMENT)
 ACT_ELEMENT = "float8e4m3"
 # the activation elements the kernels take: float8e4m3 (wgmma-w4a8 on sm90a, mma-w4a8 from sm89),
 # int8 (mma-w4a8 from sm80)
@@ -82,16 +96,20 @@ def _values_of_twos_complement(codes: torch.Tensor) -> torch.Tensor:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class PackedW4A8Weight:
-    """An int4 weight as the W4A8 kernels read it, on one device.
+    """An int4 or MXFP4 weight as the W4A8 kernels read it, on one device.
 
     w:          (k_tiles, n / 64, 4096) uint8, the packed codes (module docstring)
-    w_scale:    (groups, n) float32, each channel's scale per group of K (0 past n_valid)
+    w_scale:    int4: (groups, n) float32, each channel's scale per group of K (0 past n_valid);
+                MXFP4: (k_tiles, n, 2) int32, per K tile and channel the float32 bits of its scale
+                2^b and its four groups' bytes 8 (e_g - b + 5) (module docstring)
     n:          the kernel's N (a multiple of 64)
     k:          the weight's own K (the activations' K; a multiple of K_ALIGN)
-    group_size: K per scale group, a multiple of 128 (k_tiles x 128 for a scale per channel)
+    group_size: K per row of w_scale, a multiple of 128 (k_tiles x 128 for a scale per channel;
+                MXFP4: 128, its groups of 32 being within the rows' entries)
     format:     the WeightFormat string it was packed from
     n_valid:    the weight's own N where pack padded it, else None
     layout_version: the packed layout of w (LAYOUT_VERSION from pack; None: not recorded, refused)
+    element:    the weight codes' element: "int4" or "float4e2m1" (MXFP4)
     """
 
     w: torch.Tensor
@@ -102,6 +120,7 @@ class PackedW4A8Weight:
     format: str
     n_valid: int | None = None
     layout_version: int | None = None
+    element: str = WEIGHT_ELEMENT
 
     @property
     def out_features(self) -> int:
@@ -125,8 +144,12 @@ class PackedW4A8Weight:
     def effective_weight(self) -> torch.Tensor:
         """(out_features, K) float64: the values decoded from the packed layout x their group
         scales, what gemm multiplies with."""
-        values = decode_packed(self.w).to(torch.float64)  # (n, k_tiles x 128)
-        scales = self.w_scale.to(torch.float64).t().repeat_interleave(self.group_size, 1)
+        if self.element == MXFP4_ELEMENT:
+            values = decode_packed_mxfp4(self.w)
+            scales = mxfp4_group_scales(self.w_scale).t().repeat_interleave(MXFP4_GROUP, 1)
+        else:
+            values = decode_packed(self.w).to(torch.float64)  # (n, k_tiles x 128)
+            scales = self.w_scale.to(torch.float64).t().repeat_interleave(self.group_size, 1)
         n = self.out_features
         return (values * scales[:, : values.shape[1]])[:n, : self.k]
 
@@ -183,21 +206,115 @@ def upgrade_packed(w: torch.Tensor, version: int) -> torch.Tensor:
     return _pack_codes(encode(_V1_VALUES.to(w.device)[codes.to(torch.int64)]))
 
 
+# MXFP4 (numerics/e2m1_e4m3.cuh): a packed word holds eight codes, nibble n the magnitude (bits
+# 0-2) of code n % 4 of A register r = n // 4 and the sign (bit 3) of code n // 2 of register
+# r = n % 2; the words are in the int4 layout's order (_UNIT_DIMS, _TILE_DIMS: (s, q) a word, j
+# and r its codes).
+MXFP4_GROUP = 32  # K per e8m0 scale
+MXFP4_WINDOW = 11  # binades a K tile's group scales may span: d_g = e_g - b in -5 .. 6, b = max e_g - 6
+_MXFP4_D_MIN, _MXFP4_D_MAX = -5, 6
+
+
+def _pack_mxfp4_codes(codes: torch.Tensor) -> torch.Tensor:
+    """(n, k_tiles x 128) e2m1 codes (0..15: bit 3 the sign) -> (k_tiles, n / 64, 4096) packed bytes."""
+    n, k = codes.shape
+    units, k_tiles = n // 64, k // K_TILE
+    c = codes.reshape(units, *_UNIT_DIMS, k_tiles, *_TILE_DIMS)  # u w r g kt h s q t j
+    c = c.permute(4, 0, 1, 5, 3, 8, 6, 7, 9, 2)  # kt u w h g t s q j r
+    lead = c.shape[:-2]
+    magnitudes = (c & 7).transpose(-1, -2).reshape(*lead, 8)  # nibble n = 4 r + j
+    signs = (c >> 3).reshape(*lead, 8)  # nibble n = 2 j + r
+    nibbles = magnitudes | (signs << 3)
+    packed = nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)  # little-endian bytes of the word
+    return packed.reshape(k_tiles, units, 4096).contiguous()
+
+
+def decode_packed_mxfp4(w: torch.Tensor) -> torch.Tensor:
+    """(n, k_tiles x 128) float64 e2m1 values of packed MXFP4 codes: the inverse of pack's layout."""
+    from humming_aot import formats
+
+    k_tiles, units, _ = w.shape
+    b = w.to(torch.int64).reshape(k_tiles, units, 4, 2, 8, 4, 2, 2, 4)  # kt u w h g t s q byte
+    nibbles = torch.stack((b & 0xF, b >> 4), dim=-1).flatten(-2)  # (..., 8): nibble n
+    magnitudes = (nibbles & 7).reshape(*nibbles.shape[:-1], 2, 4).transpose(-1, -2)  # (j, r)
+    signs = (nibbles >> 3).reshape(*nibbles.shape[:-1], 4, 2)  # (j, r)
+    codes = magnitudes | (signs << 3)  # kt u w h g t s q j r
+    codes = codes.permute(1, 2, 9, 4, 0, 3, 6, 7, 5, 8).reshape(units * 64, k_tiles * K_TILE)
+    return formats.get(MXFP4_ELEMENT).decode(codes.to(torch.uint8)).to(torch.float64)
+
+
+def mxfp4_group_scales(w_scale: torch.Tensor) -> torch.Tensor:
+    """(k_tiles x 4, n) float64 scales of the groups of 32 from packed MXFP4 entries (k_tiles, n, 2)."""
+    base = w_scale[..., 0].contiguous().view(torch.float32).to(torch.float64)  # (k_tiles, n)
+    offsets = w_scale[..., 1].to(torch.int64)
+    d = torch.stack([((offsets >> (8 * g)) & 0xFF) // 8 - 5 for g in range(4)], dim=1)  # (k_tiles, 4, n)
+    return (base[:, None, :] * torch.pow(2.0, d.to(torch.float64))).reshape(-1, base.shape[1])
+
+
+def _mxfp4_entries(codes: torch.Tensor, scales: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """(k_tiles, n_pad, 2) int32 entries from (n_pad, k_tiles x 128) e2m1 codes and (n, k / 32)
+    power-of-two scales: per channel and K tile the float32 bits of 2^b, b = the largest exponent
+    of its groups with nonzero codes less 6, and the bytes 8 (e_g - b + 5) of its groups (those of
+    zero codes: 8 x 5). Raises where a group of nonzero codes lies more than MXFP4_WINDOW binades
+    below its tile's largest."""
+    n_pad, k_padded = codes.shape
+    k_tiles, groups = k_padded // K_TILE, k_padded // MXFP4_GROUP
+    exponents = torch.zeros((n_pad, groups), dtype=torch.int64, device=codes.device)
+    exponents[:n, : scales.shape[1]] = torch.frexp(scales).exponent.to(torch.int64) - 1  # s = 2^e
+    nonzero = (codes.reshape(n_pad, groups, MXFP4_GROUP) & 7).amax(-1) > 0
+    floor = torch.iinfo(torch.int64).min // 2
+    e = torch.where(nonzero, exponents, floor).reshape(n_pad, k_tiles, 4)
+    top = e.amax(-1, keepdim=True)
+    b = torch.where(top > floor, top - _MXFP4_D_MAX, 0)  # a tile of zero codes: scale 1
+    d = torch.where(e > floor, e - b, 0)
+    low = d < _MXFP4_D_MIN
+    if bool(low.any()):
+        where = low.any(-1).nonzero()
+        channel, tile = int(where[0, 0]), int(where[0, 1])
+        raise ValueError(
+            f"this MXFP4 weight has {where.shape[0]} channel K tiles (the first: channel {channel}, K "
+            f"{tile * K_TILE} .. {tile * K_TILE + K_TILE - 1}) whose group scales lie more than 2^{MXFP4_WINDOW} "
+            "apart; the W4A8 kernels fold a group's scale into its e4m3 codes only within that window of the K "
+            "tile's largest. Run it with 16-bit activations (humming_aot.ops.gemm, or QuantizedLinear without "
+            "activations=)")
+    base = torch.pow(2.0, b.squeeze(-1).to(torch.float64)).to(torch.float32)  # 2^b >= 2^-133: exact
+    base[n:] = 0.0
+    offsets = sum((8 * (d[..., g] - _MXFP4_D_MIN)) << (8 * g) for g in range(4))
+    entries = torch.stack((base.view(torch.int32).to(torch.int64), offsets), dim=-1)  # (n_pad, k_tiles, 2)
+    return entries.transpose(0, 1).to(torch.int32).contiguous()
+
+
+def _pack_mxfp4(qw: QuantizedWeight) -> PackedW4A8Weight:
+    n, k = qw.codes.shape
+    device = qw.codes.device
+    n_pad = -(-n // N_ALIGN) * N_ALIGN
+    k_tiles = -(-k // K_TILE)
+    codes = torch.zeros((n_pad, k_tiles * K_TILE), dtype=torch.uint8, device=device)  # code 0 is the value 0
+    codes[:n, :k] = qw.codes
+    return PackedW4A8Weight(w=_pack_mxfp4_codes(codes), w_scale=_mxfp4_entries(codes, qw.scales.reshape(n, -1), n, k),
+                            n=n_pad, k=k, group_size=K_TILE, format=str(qw.format),
+                            n_valid=n if n_pad != n else None, layout_version=LAYOUT_VERSION, element=MXFP4_ELEMENT)
+
+
 def pack(qw: QuantizedWeight) -> PackedW4A8Weight:
     """The W4A8 kernels' operands from a symmetric int4 weight quantized per group of a multiple of
     128, per channel or per tensor (``quant.quantize(w, "int4:g128")``, a GPTQ checkpoint's
-    QuantizedWeight), on its device. Scales of any scale dtype are widened to float32 (exactly)."""
+    QuantizedWeight), or from an MXFP4 weight (``quant.quantize(w, "mxfp4")``), on its device.
+    int4 scales of any scale dtype are widened to float32 (exactly)."""
     if not isinstance(qw, QuantizedWeight):
         raise TypeError(f"pack takes a humming_aot.quant.QuantizedWeight, got {type(qw).__name__}")
     fmt = qw.format
+    mxfp4 = (fmt.element == MXFP4_ELEMENT and fmt.granularity is ScaleGranularity.GROUP
+             and fmt.group_size == MXFP4_GROUP and fmt.scale_dtype == "float8e8m0" and qw.global_scale is None)
     grouped = fmt.granularity is ScaleGranularity.GROUP and fmt.group_size % K_TILE == 0
     whole = fmt.granularity in (ScaleGranularity.CHANNEL, ScaleGranularity.TENSOR)
-    if fmt.element != WEIGHT_ELEMENT or not (grouped or whole) or fmt.zero_point is not ZeroPointKind.NONE \
-            or qw.global_scale is not None:
+    if not mxfp4 and (fmt.element != WEIGHT_ELEMENT or not (grouped or whole)
+                      or fmt.zero_point is not ZeroPointKind.NONE or qw.global_scale is not None):
         raise ValueError(
             f"the W4A8 kernels take symmetric int4 weights with a scale per group of a multiple of {K_TILE}, per "
-            f"channel or per tensor, got {fmt}; quantize with 'int4:g128' or 'int4:channel' (an asymmetric or "
-            "finer-grouped int4 weight runs with 16-bit activations: humming_aot.ops.gemm)"
+            f"channel or per tensor, or MXFP4 weights, got {fmt}; quantize with 'int4:g128', 'int4:channel' or "
+            "'mxfp4' (an asymmetric or finer-grouped int4 weight, or another 4-bit float format, runs with 16-bit "
+            "activations: humming_aot.ops.gemm)"
         )
     if qw.codes.dim() != 2:
         raise ValueError(f"pack takes one (N, K) weight, got codes of shape {tuple(qw.codes.shape)}")
@@ -206,6 +323,8 @@ def pack(qw: QuantizedWeight) -> PackedW4A8Weight:
         raise ValueError(f"K={k}: the W4A8 kernels need K to be a multiple of {K_ALIGN} (TMA rows of the activation "
                          "codes are 16-byte aligned); pad the weight's K with zero columns and the activations' K with "
                          "zeros")
+    if mxfp4:
+        return _pack_mxfp4(qw)
     device = qw.codes.device
     n_pad = -(-n // N_ALIGN) * N_ALIGN
     k_tiles = -(-k // K_TILE)
@@ -224,15 +343,18 @@ def pack(qw: QuantizedWeight) -> PackedW4A8Weight:
                             format=str(fmt), n_valid=n if n_pad != n else None, layout_version=LAYOUT_VERSION)
 
 
-def gemm_spec(out_dtype: torch.dtype, act_element: str = ACT_ELEMENT) -> GemmSpec:
-    """The GemmSpec of the W4A8 kernels with this output dtype and activation element."""
+def gemm_spec(out_dtype: torch.dtype, act_element: str = ACT_ELEMENT, weight_element: str = WEIGHT_ELEMENT) -> GemmSpec:
+    """The GemmSpec of the W4A8 kernels with this output dtype, activation and weight element
+    (int4: float32 group scales; float4e2m1: MXFP4's e8m0 ones)."""
+    scale_dtype = "float8e8m0" if weight_element == MXFP4_ELEMENT else "float32"
     return GemmSpec(a_dtype=act_element, a_scale=ActivationScale.TOKEN, a_scale_dtype="float32",
-                    w_dtype=WEIGHT_ELEMENT, w_scale=ScaleGranularitySpec.GROUP, w_scale_dtype="float32",
+                    w_dtype=weight_element, w_scale=ScaleGranularitySpec.GROUP, w_scale_dtype=scale_dtype,
                     out_dtype=_OUT_DTYPES[out_dtype])
 
 
-def kernel_key(arch: str, out_dtype: torch.dtype, tile: TileConfig, act_element: str = ACT_ELEMENT) -> KernelKey:
-    return KernelKey(arch=arch, spec=gemm_spec(out_dtype, act_element), tile=tile)
+def kernel_key(arch: str, out_dtype: torch.dtype, tile: TileConfig, act_element: str = ACT_ELEMENT,
+               weight_element: str = WEIGHT_ELEMENT) -> KernelKey:
+    return KernelKey(arch=arch, spec=gemm_spec(out_dtype, act_element, weight_element), tile=tile)
 
 
 # (most tokens, tile), from H200 sweeps (docs/performance/log.md sections 36 and 37): the W8A8
@@ -315,6 +437,9 @@ def _check_activation(qa: QuantizedActivation, packed: PackedW4A8Weight) -> None
     if qa.codes.shape[-1] != packed.k:
         raise ValueError(f"activations have K={qa.codes.shape[-1]} but the weight has K={packed.k}")
     _check_packed(packed)
+    if packed.element == MXFP4_ELEMENT and qa.element != ACT_ELEMENT:
+        raise ValueError(f"the MXFP4 weight ({packed.format}) takes float8e4m3 activations, got {qa.element}; quantize "
+                         "with 'float8e4m3:token' (or run it with 16-bit activations: humming_aot.ops.gemm)")
     if qa.codes.device != packed.w.device or qa.scales.device != packed.w.device:
         raise ValueError(f"activation codes are on {qa.codes.device} and their scales on {qa.scales.device}, but "
                          f"the weight is on {packed.w.device}: move them together")
@@ -329,17 +454,26 @@ def _check_packed(packed: PackedW4A8Weight) -> None:
         raise ValueError(
             f"a PackedW4A8Weight that {got}, but this humming_aot's W4A8 kernels read version {LAYOUT_VERSION}: make it "
             "with humming_aot.w4a8.pack (codes packed in version 1: humming_aot.w4a8.upgrade_packed(w, 1))")
+    if packed.element not in WEIGHT_ELEMENTS:
+        raise ValueError(f"a PackedW4A8Weight of element {packed.element!r}: the W4A8 kernels take "
+                         f"{' or '.join(WEIGHT_ELEMENTS)} codes; make it with humming_aot.w4a8.pack")
     k_tiles = -(-packed.k // K_TILE)
     groups = -(-k_tiles * K_TILE // packed.group_size) if packed.group_size > 0 else 0
     w, s = packed.w, packed.w_scale
-    if (packed.n % N_ALIGN or packed.group_size <= 0 or packed.group_size % K_TILE or w.dtype != torch.uint8
-            or tuple(w.shape) != (k_tiles, packed.n // N_ALIGN, 4096) or s.dtype != torch.float32
-            or tuple(s.shape) != (groups, packed.n) or not w.is_contiguous() or not s.is_contiguous()):
+    if packed.element == MXFP4_ELEMENT:
+        scale_dtype, scale_shape, group_ok = torch.int32, (k_tiles, packed.n, 2), packed.group_size == K_TILE
+        what = f"int32 entries of shape {scale_shape} (group_size {K_TILE})"
+    else:
+        scale_dtype, scale_shape, group_ok = torch.float32, (groups, packed.n), packed.group_size % K_TILE == 0
+        what = f"float32 scales of shape {scale_shape} (group_size a multiple of {K_TILE})"
+    if (packed.n % N_ALIGN or packed.group_size <= 0 or not group_ok or w.dtype != torch.uint8
+            or tuple(w.shape) != (k_tiles, packed.n // N_ALIGN, 4096) or s.dtype != scale_dtype
+            or tuple(s.shape) != scale_shape or not w.is_contiguous() or not s.is_contiguous()):
         raise ValueError(
-            f"a PackedW4A8Weight of n={packed.n}, k={packed.k}, group_size={packed.group_size} holds contiguous uint8 "
-            f"codes of shape ({k_tiles}, {packed.n // N_ALIGN}, 4096) and float32 scales of shape ({groups}, {packed.n}) "
-            f"(n a multiple of {N_ALIGN}, group_size of {K_TILE}), got {w.dtype} {tuple(w.shape)} and {s.dtype} "
-            f"{tuple(s.shape)}: make it with humming_aot.w4a8.pack")
+            f"a PackedW4A8Weight of {packed.element} codes, n={packed.n}, k={packed.k}, group_size={packed.group_size} "
+            f"holds contiguous uint8 codes of shape ({k_tiles}, {packed.n // N_ALIGN}, 4096) and {what} (n a multiple "
+            f"of {N_ALIGN}), got {w.dtype} {tuple(w.shape)} and {s.dtype} {tuple(s.shape)}: make it with "
+            "humming_aot.w4a8.pack")
 
 
 def gemm(qa: QuantizedActivation, packed: PackedW4A8Weight, *, bias: torch.Tensor | None = None,
@@ -362,7 +496,7 @@ def gemm(qa: QuantizedActivation, packed: PackedW4A8Weight, *, bias: torch.Tenso
         _check_activation(qa, packed)
         return torch.ops.humming_aot.gemm_w4a8(qa.codes, qa.scales, packed.w, packed.w_scale, bias, packed.k,
                                                 packed.group_size, packed.out_features, qa.granularity.value,
-                                                out_dtype, qa.element)
+                                                out_dtype, qa.element, packed.element)
     return _gemm(qa, packed, bias=bias, out_dtype=out_dtype, out=out, tile=tile, stream_k=stream_k,
                  persistent=persistent)
 
@@ -382,23 +516,24 @@ def _gemm(qa: QuantizedActivation, packed: PackedW4A8Weight, *, bias: torch.Tens
 _LIBRARY = torch.library.Library("humming_aot", "FRAGMENT")
 _LIBRARY.define(
     "gemm_w4a8(Tensor codes, Tensor scales, Tensor w, Tensor w_scale, Tensor? bias, int k, int group_size, "
-    "int n_valid, str granularity, ScalarType out_dtype, str element=\"float8e4m3\") -> Tensor"
+    "int n_valid, str granularity, ScalarType out_dtype, str element=\"float8e4m3\", str weight=\"int4\") -> Tensor"
 )
 
 
 def _gemm_w4a8_op(codes, scales, w, w_scale, bias, k, group_size, n_valid, granularity, out_dtype,
-                  element=ACT_ELEMENT):
+                  element=ACT_ELEMENT, weight=WEIGHT_ELEMENT):
     # (the op's w is in this version's packed layout: gemm checks a PackedW4A8Weight's version first)
     qa = QuantizedActivation(element=element, granularity=ActivationGranularity(granularity), group_size=None,
                              scale_dtype="float32", codes=codes, scales=scales)
     n = w.shape[1] * N_ALIGN
-    packed = PackedW4A8Weight(w=w, w_scale=w_scale, n=n, k=k, group_size=group_size, format="int4",
-                              n_valid=n_valid if n_valid != n else None, layout_version=LAYOUT_VERSION)
+    packed = PackedW4A8Weight(w=w, w_scale=w_scale, n=n, k=k, group_size=group_size,
+                              format="mxfp4" if weight == MXFP4_ELEMENT else "int4",
+                              n_valid=n_valid if n_valid != n else None, layout_version=LAYOUT_VERSION, element=weight)
     return _gemm(qa, packed, bias=bias, out_dtype=out_dtype)
 
 
 def _gemm_w4a8_fake(codes, scales, w, w_scale, bias, k, group_size, n_valid, granularity, out_dtype,
-                    element=ACT_ELEMENT):
+                    element=ACT_ELEMENT, weight=WEIGHT_ELEMENT):
     return codes.new_empty((*codes.shape[:-1], n_valid), dtype=out_dtype)
 
 

@@ -1,8 +1,8 @@
-"""The warp-specialized Hopper W4A8 body (kernel/dense_wgmma_w4a8.cuh, sm90a): int4 weight codes
-turned into e4m3 in the consumers' registers (wgmma's A) against e4m3 activation codes staged by
-TMA (its B); fp32 scales per channel per group of K on each K tile's sums and per token on the
-reduced sums; the W8A8 body's Params (ScaledTmaGemmParams, the weight map unused), roles and
-schedules (kernel/scaled_ws_driver.cuh)."""
+"""The warp-specialized Hopper W4A8 body (kernel/dense_wgmma_w4a8.cuh, sm90a): int4 or MXFP4 weight
+codes turned into e4m3 in the consumers' registers (wgmma's A) against e4m3 activation codes staged
+by TMA (its B); fp32 scales per channel per group of K (MXFP4: per K tile, its groups' exponents in
+the e4m3 codes) on each K tile's sums and per token on the reduced sums; the W8A8 body's Params
+(ScaledTmaGemmParams, the weight map unused), roles and schedules (kernel/scaled_ws_driver.cuh)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -13,25 +13,34 @@ from humming_aot.bodies.wgmma_ss import _HELD_LIMIT, _PRODUCER_REGISTERS, OUT_DT
 if TYPE_CHECKING:
     from humming_aot.spec import KernelKey, TileConfig
 
-# the one pairing: e4m3 activations with a float32 scale per token x symmetric int4 weights with
-# a float32 scale per channel per group of K
-_OPERANDS = (("float8e4m3", "k", "float32"), ("int4", "g", "float32"))
+# the pairings: e4m3 activations with a float32 scale per token x symmetric int4 weights with a
+# float32 scale per channel per group of K, or MXFP4 weights (e2m1, an e8m0 scale per 32 of K)
+_ACTIVATIONS = ("float8e4m3", "k", "float32")
+_WEIGHTS = (("int4", "g", "float32"), ("float4e2m1", "g", "float8e8m0"))
+
+
+def entry_bytes(w_dtype: str) -> int:
+    """Bytes of a channel's scale entry per K tile in a ring slot (Widen::kEntryBytes): the fp32
+    scale, and for MXFP4 its four groups' exponent bytes (numerics/e2m1_e4m3.cuh)."""
+    return 8 if w_dtype == "float4e2m1" else 4
 _MAX_SMEM = 232448  # dynamic shared memory per block on sm_90 (opt-in)
 _SMEM_PER_SM = 233472  # shared memory per SM on sm_90 (each CTA also takes 1 KB of the driver's)
 
 
-def _stage_bytes(tile: "TileConfig") -> int:
-    """A ring slot: the activation box, 64 bytes of codes and 4 of scale per channel, in KB."""
-    return -(-(tile.block_m * 128 + tile.block_n * 68) // 1024) * 1024
+def _stage_bytes(tile: "TileConfig", entry: int = 4) -> int:
+    """A ring slot: the activation box, 64 bytes of codes and `entry` of scale per channel, in KB."""
+    return -(-(tile.block_m * 128 + tile.block_n * (64 + entry)) // 1024) * 1024
 
 
 def _staging_bytes(tile: "TileConfig") -> int:
     return tile.block_m * (tile.block_n + 8) * 2
 
 
-def separate_staging(tile: "TileConfig") -> bool:
-    """Whether the output's staging tile lies after the ring (kSeparateStaging)."""
-    return tile.warps_n == 8 and tile.stages * _stage_bytes(tile) + _staging_bytes(tile) + 1024 <= _MAX_SMEM - 1024
+def separate_staging(tile: "TileConfig", entry: int = 4) -> bool:
+    """Whether the output's staging tile lies after the ring (kSeparateStaging), with scale entries
+    of `entry` bytes (entry_bytes)."""
+    return (tile.warps_n == 8
+            and tile.stages * _stage_bytes(tile, entry) + _staging_bytes(tile) + 1024 <= _MAX_SMEM - 1024)
 
 
 def ctas_per_sm(tile: "TileConfig") -> int:
@@ -57,24 +66,27 @@ def wait_depth(tile: "TileConfig") -> int:
     return 3 if tile.block_m >= 128 else 1
 
 
-def _loop_registers(tile: "TileConfig") -> int:
+def _loop_registers(tile: "TileConfig", w_dtype: str = "int4") -> int:
     """Registers beside the accumulator sets: the A fragments of wait depth + 1 K steps (four from
-    128 tokens, else two) and half a K tile's codes per unit, and the loop (kLoopRegisters of
-    kernel/dense_wgmma_w4a8.cuh)."""
-    return (4 * wait_depth(tile) + 8) * tile.units_per_warpgroup + 16
+    128 tokens, else two) and half a K tile's codes per unit, and the loop; MXFP4 adds its group
+    bytes and tables, 4 per unit (kLoopRegisters of kernel/dense_wgmma_w4a8.cuh)."""
+    tables = 4 if w_dtype == "float4e2m1" else 0
+    return (4 * wait_depth(tile) + 8 + tables) * tile.units_per_warpgroup + 16
 
 
-def overlapped(tile: "TileConfig") -> bool:
+def overlapped(tile: "TileConfig", w_dtype: str = "int4") -> bool:
     """Whether the tile's consumers hold two scratch sets, so that a K tile's promotion runs beside
-    the next one's wgmma (kOverlapped), rather than one."""
+    the next one's wgmma (kOverlapped), rather than one (w_dtype: the weight codes', int4 or
+    float4e2m1)."""
     accumulators = (tile.block_m // 2) * tile.units_per_warpgroup
-    # strictly below: at equality ptxas spilled (64 x 256 with two scratch sets)
-    return 3 * accumulators + _loop_registers(tile) < consumer_registers(tile)
+    # strictly below: at equality ptxas spilled (64 x 256 with two scratch sets; MXFP4's 128 x 128
+    # spilled 36 bytes at 228 of 232 before its tables were counted)
+    return 3 * accumulators + _loop_registers(tile, w_dtype) < consumer_registers(tile)
 
 
-def _register_need(tile: "TileConfig") -> int:
+def _register_need(tile: "TileConfig", w_dtype: str = "int4") -> int:
     """Registers a consumer thread needs at least: the accumulators, one scratch set and the loop's."""
-    return 2 * (tile.block_m // 2) * tile.units_per_warpgroup + _loop_registers(tile)
+    return 2 * (tile.block_m // 2) * tile.units_per_warpgroup + _loop_registers(tile, w_dtype)
 
 
 class WgmmaW4A8Body(Body):
@@ -109,22 +121,32 @@ class WgmmaW4A8Body(Body):
                 f"{tile.units_per_warpgroup} accumulators and the fragments); with {tile.warps_n // 4} consumer "
                 f"warpgroup(s) it has {held}"
             )
+        self._check_smem(tile, 4)
+
+    def _check_smem(self, tile: "TileConfig", entry: int) -> None:
         limit = _MAX_SMEM if ctas_per_sm(tile) == 1 else _SMEM_PER_SM // ctas_per_sm(tile) - 2048
-        if self.smem_bytes(tile, 4, False) > limit:
-            raise ValueError(f"tile {tile.field}: its ring ({tile.stages} slots of {_stage_bytes(tile)} bytes), output "
-                             f"staging tile and alignment need {self.smem_bytes(tile, 4, False)} bytes, more than the "
-                             f"{limit} bytes of shared memory each of its {ctas_per_sm(tile)} CTA(s) per SM has on sm_90; "
-                             "take fewer stages")
+        need = self._smem(tile, entry)
+        if need > limit:
+            raise ValueError(f"tile {tile.field}: its ring ({tile.stages} slots of {_stage_bytes(tile, entry)} bytes), "
+                             f"output staging tile and alignment need {need} bytes, more than the {limit} bytes of "
+                             f"shared memory each of its {ctas_per_sm(tile)} CTA(s) per SM has on sm_90; take fewer "
+                             "stages")
 
     def check_key(self, key: "KernelKey") -> None:
         s = key.spec
-        operands = ((s.a_dtype, s.a_scale.value, s.a_scale_dtype), (s.w_dtype, s.w_scale.value, s.w_scale_dtype))
-        if operands != _OPERANDS or s.w_zero_point.value != "none" or s.out_dtype not in OUT_DTYPES:
+        weights = (s.w_dtype, s.w_scale.value, s.w_scale_dtype)
+        if ((s.a_dtype, s.a_scale.value, s.a_scale_dtype) != _ACTIVATIONS or weights not in _WEIGHTS
+                or s.w_zero_point.value != "none" or s.out_dtype not in OUT_DTYPES):
             raise ValueError(
                 f"{key.name}: the wgmma-w4a8 body computes float8e4m3 activations with a float32 scale per token x "
-                "symmetric int4 weights with a float32 scale per channel per group of K (a-e4m3-k-f32, w-s4-g-f32), "
-                "no zero point, into bfloat16 or float16"
+                "symmetric int4 weights with a float32 scale per channel per group of K (a-e4m3-k-f32, w-s4-g-f32) "
+                "or MXFP4 weights (w-e2m1-g-ue8m0), no zero point, into bfloat16 or float16"
             )
+        self._check_smem(key.tile, entry_bytes(s.w_dtype))
+        need, held = _register_need(key.tile, s.w_dtype), consumer_registers(key.tile)
+        if need > held:
+            raise ValueError(f"{key.name}: a consumer thread needs {need} registers with {s.w_dtype} codes; it has "
+                             f"{held}")
 
     def threads(self, tile: "TileConfig") -> int:
         return super().threads(tile) + 128  # + the producer warpgroup
@@ -133,8 +155,15 @@ class WgmmaW4A8Body(Body):
         return (tile.block_m, tile.block_n, tile.units_per_warpgroup, tile.stages)
 
     def smem_bytes(self, tile: "TileConfig", w_bits: int, has_zero_point: bool) -> int:
-        pipeline = tile.stages * _stage_bytes(tile)
-        if separate_staging(tile):
+        return self._smem(tile, 4)
+
+    def key_smem_bytes(self, key: "KernelKey") -> int:
+        return self._smem(key.tile, entry_bytes(key.spec.w_dtype))
+
+    @staticmethod
+    def _smem(tile: "TileConfig", entry: int) -> int:
+        pipeline = tile.stages * _stage_bytes(tile, entry)
+        if separate_staging(tile, entry):
             return pipeline + _staging_bytes(tile) + 1024
         return max(pipeline, _staging_bytes(tile)) + 1024
 

@@ -104,12 +104,14 @@ def test_w4a8_keys_take_int8_from_sm80_and_float8_from_sm89():
     source = codegen.kernel_source(key)
     assert "DenseMmaW4a8<" in source and "humming_aot::mma::S8SyncCodes" in source
     assert KernelKey.from_name(key.name) == key
-    # the default catalog: int8 activations from sm80 (sm90a too), float8 ones where wgmma is not
-    for arch, elements in (("sm80", {"int8"}), ("sm89", {"int8", "float8e4m3"}), ("sm90a", {"int8"}),
-                           ("sm120", {"int8", "float8e4m3"}), ("sm75", set())):
+    # the default catalog: int8 activations from sm80 (sm90a too), float8 ones where wgmma is not,
+    # with int4 weights and (float8 activations) MXFP4 ones
+    for arch, pairs in (("sm80", {("int8", "int4")}), ("sm90a", {("int8", "int4")}), ("sm75", set()),
+                        ("sm89", {("int8", "int4"), ("float8e4m3", "int4"), ("float8e4m3", "float4e2m1")}),
+                        ("sm120", {("int8", "int4"), ("float8e4m3", "int4"), ("float8e4m3", "float4e2m1")})):
         keys = [k for k in enumerate_keys("default", [arch]) if k.tile.mma.value == "mma-w4a8"]
-        assert {k.spec.a_dtype for k in keys} == elements, arch
-        assert len(keys) == len(w4a8._SYNC_TILES) * len(elements) * 2, arch
+        assert {(k.spec.a_dtype, k.spec.w_dtype) for k in keys} == pairs, arch
+        assert len(keys) == len(w4a8._SYNC_TILES) * len(pairs) * 2, arch
 
 
 _SASS = {  # key -> the mma its SASS must hold
@@ -121,6 +123,8 @@ _SASS = {  # key -> the mma its SASS must hold
     "gemm_dense_sm80_mma-w4a8_a-s8-k-f32_w-s4-g-f32_o-bf16_64x128x128_w2x4_s4": "IMMA.16832.S8.S8",
     "gemm_dense_sm89_mma-w4a8_a-e4m3-k-f32_w-s4-g-f32_o-f16_16x128x128_w1x4_s4": "QMMA.16832.F32.E4M3.E4M3",
     "gemm_dense_sm120_mma-w4a8_a-e4m3-k-f32_w-s4-g-f32_o-bf16_128x64x128_w4x2_s4": "QMMA.16832.F32.E4M3.E4M3",
+    "gemm_dense_sm89_mma-w4a8_a-e4m3-k-f32_w-e2m1-g-ue8m0_o-bf16_32x128x128_w1x4_s4": "QMMA.16832.F32.E4M3.E4M3",
+    "gemm_dense_sm120_mma-w4a8_a-e4m3-k-f32_w-e2m1-g-ue8m0_o-f16_128x64x128_w4x2_s4": "QMMA.16832.F32.E4M3.E4M3",
 }
 
 

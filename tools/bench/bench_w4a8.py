@@ -1,4 +1,4 @@
-"""Time the W4A8 GEMM (int4:g128 weights x float8e4m3:token activations) side by side, in one run,
+"""Time the W4A8 GEMM (int4:g128 or mxfp4 weights x float8e4m3:token activations) side by side, in one run,
 over real layer shapes and M: humming_aot.w4a8.gemm on pre-quantized activations, the same with
 ops.quantize_activation in front (what a layer pays), our own W4A16 of the same weights
 (humming_aot.ops.gemm on bfloat16 activations: what W4A8 must beat by its tensor-core rate),
@@ -11,6 +11,7 @@ sets that keep L2 cold, median of repeats.
 
     python3 tools/bench/bench_w4a8.py --shape-set large-m --m 1,16,64,128,512,2048,8192 --json out.json
     python3 tools/bench/bench_w4a8.py --shapes 8192x8192 --m 1,1024,4096 --impls humming_aot,w4a16,humming
+    python3 tools/bench/bench_w4a8.py --weights mxfp4 --shapes 5760x2880,2880x2880 --impls humming_aot,w4a16,humming
 """
 from __future__ import annotations
 
@@ -33,16 +34,19 @@ from humming_aot.testing.bench import buffer_sets_for_cold_l2, gemm_flops, sibli
 IMPLS = ("humming_aot", "humming_aot+quant", "w4a16", "humming", "torch_bf16", "scaled_mm")
 WEIGHTS, ACTIVATIONS = "int4:g128", "float8e4m3:token"
 # Humming's spellings of a symmetric int4 g128 weight, tried in order (bench_gemm: it stores int-b as
-# uint-b codes with the implicit zero point)
-HUMMING_WEIGHTS = ({"dtype": "uint4", "group_size": 128}, {"dtype": "int4", "group_size": 128})
+# uint-b codes with the implicit zero point), and of MXFP4
+HUMMING_WEIGHTS = {
+    "int4:g128": ({"dtype": "uint4", "group_size": 128}, {"dtype": "int4", "group_size": 128}),
+    "mxfp4": ({"dtype": "float4e2m1", "group_size": 32, "scale_dtype": "float8e8m0"},),
+}
 
 
-def _prepare(n: int, k: int, sets: int, gen: torch.Generator, cublas: bool):
-    """`sets` copies of an int4:g128 weight: ours for W4A8 and for W4A16, the float weight for
+def _prepare(n: int, k: int, sets: int, gen: torch.Generator, cublas: bool, weights: str = WEIGHTS):
+    """`sets` copies of a `weights` weight: ours for W4A8 and for W4A16, the float weight for
     Humming, and with `cublas` the cuBLAS baselines' weights: the dequantized bfloat16 (N, K) and
     the float8e4m3 per-channel (K, N) column-major codes with their (1, N) scales."""
     w = torch.randn(n, k, generator=gen)
-    qw = quant.quantize(w, WEIGHTS)
+    qw = quant.quantize(w, weights)
     packed = w4a8.pack(qw).to("cuda")
     w16 = humming_aot.pack(qw, torch.bfloat16, device="cuda")
     baselines = []
@@ -56,13 +60,13 @@ def _prepare(n: int, k: int, sets: int, gen: torch.Generator, cublas: bool):
                [w16] + [humming_aot.pack(qw, torch.bfloat16, device="cuda") for _ in range(sets - 1)], baselines)
 
 
-def _humming_layers(w: torch.Tensor, sets: int, int8: bool = False):
+def _humming_layers(w: torch.Tensor, sets: int, int8: bool = False, weights: str = WEIGHTS):
     from humming.layer import HummingLayer
 
     n, k = w.shape
     input_config = {"dtype": "int8" if int8 else "float8e4m3", "quant_mode": "dynamic_token"}
     error = None
-    for weight_config in HUMMING_WEIGHTS:
+    for weight_config in HUMMING_WEIGHTS[weights]:
         try:
             layers = []
             for _ in range(sets):
@@ -91,6 +95,8 @@ def main(argv=None) -> int:
                         "(w4a8.select_sync_tile: what GPUs without wgmma run) instead of wgmma-w4a8's")
     parser.add_argument("--int8", action="store_true", help="int8:token activations (int4 x int8: the mma-w4a8 body; "
                         "scaled_mm is left out, Humming gets its int8 input config)")
+    parser.add_argument("--weights", default=WEIGHTS, choices=tuple(HUMMING_WEIGHTS),
+                        help="the weight format (float8e4m3 activations for mxfp4)")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
     shapes_text = args.shapes or ",".join(bench_gemm.SHAPE_SETS[s] for s in args.shape_set.split(","))
@@ -103,12 +109,13 @@ def main(argv=None) -> int:
     print(f"{'N':>6} {'K':>6} {'M':>5} {'impl':>18} {'us':>9} {'TFLOP/s':>8} {'relerr':>8}")
     for n, k in shapes:
         sets = min(8, buffer_sets_for_cold_l2(n * k // 2 + min(ms) * k * 3))
-        w, (packs, packs16, baselines) = _prepare(n, k, sets, gen, cublas=bool({"torch_bf16", "scaled_mm"} & set(impls)))
+        w, (packs, packs16, baselines) = _prepare(n, k, sets, gen, cublas=bool({"torch_bf16", "scaled_mm"} & set(impls)),
+                                                  weights=args.weights)
         humming = None
         if "humming" in impls:
             try:
                 start = time.perf_counter()
-                humming = _humming_layers(w, sets, args.int8)
+                humming = _humming_layers(w, sets, args.int8, args.weights)
                 print(f"humming layers for {n}x{k}: {time.perf_counter() - start:.1f} s")
             except Exception as exc:  # noqa: BLE001 - a baseline that fails is reported, not fatal
                 print(f"humming unavailable for {n}x{k}: {type(exc).__name__}: {exc}"[:300])
@@ -146,7 +153,7 @@ def main(argv=None) -> int:
                 us = timing["median_us"]
                 row = {"impl": impl, "m": m, "n": n, "k": k, "us": us, "p10_us": timing["p10_us"],
                        "p90_us": timing["p90_us"], "tflops": tflops(gemm_flops(m, n, k), us), "relerr": relerr,
-                       "w4a8": True,
+                       "w4a8": True, "weights": args.weights,
                        "int8": args.int8,
                        "tile": (w4a8.select_tile(m, n=n, num_sms=sms).label
                                 if impl.startswith("humming_aot") and not tile and not args.int8

@@ -1,9 +1,11 @@
 #pragma once
 // The portable W4A8 body on mma.sync m16n8k32 (SM80+ with s8 activations, SM89+ with e4m3 ones):
-// out[m, n] = sum_g (sum_{k in g} a[m, k] w[n, k]) w_scale[g, n] x a_scale[m] (+ bias), symmetric
-// int4 weight codes in W4A8's packed layout (version 2, humming_aot.w4a8: the 8-bit A fragments of
+// out[m, n] = sum_g (sum_{k in g} a[m, k] w[n, k]) w_scale[g, n] x a_scale[m] (+ bias), 4-bit
+// weight codes in W4A8's packed layout (version 2, humming_aot.w4a8: the 8-bit A fragments of
 // m16n8k32, which is how the sm90a wgmma-w4a8 body reads them too), 8-bit activation codes
-// (Codes: mma/mma_sync_8bit.cuh) with fp32 token scales, fp32 group scales of a multiple of 128.
+// (Codes: mma/mma_sync_8bit.cuh) with fp32 token scales. The weights are symmetric int4 codes with
+// fp32 group scales of a multiple of 128, or (e4m3 activations) MXFP4 codes whose K tile entry
+// holds an fp32 scale and its four groups' bytes (numerics/e2m1_e4m3.cuh).
 //
 // The weights are the mma's A (16 channels per m16 fragment), the tokens its B (8 per n8), so the
 // accumulators hold the output transposed (epilogue/swapped_output_writer.cuh writes them, and
@@ -12,13 +14,15 @@
 // memory/k_major_code_tile.cuh), the packed codes of its 64-channel units (4096 bytes each, in
 // the order a warp loads its fragments: one 16-byte load per 16 channels and two k32 steps), and
 // the K tile's group scale of each channel. Each warp widens its codes in registers
-// (numerics/int4_s8.cuh or int4_e4m3.cuh: a handful of integer instructions per 8 codes), reads
+// (Widen: numerics/int4_s8.cuh, int4_e4m3.cuh or e2m1_e4m3.cuh: a handful of integer instructions
+// per 8 codes), reads
 // its token fragments with ldmatrix, multiplies, and weighs the K tile's sums by their group scale
 // into fp32 accumulators (a K tile lies in one group). e4m3 codes carry the values x 2^-9, which
 // the token scale puts back.
 //
 // Params: ScaledTmaGemmParams (kernel/params.cuh), of which this body reads tma.gemm (a: (m, K)
-// codes, lda in bytes; w: (k / 128, n / 64, 4096) packed codes; w_scale: (groups, n) fp32; bias;
+// codes, lda in bytes; w: (k / 128, n / 64, 4096) packed codes; w_scale: (groups, n) entries of
+// Widen::kEntryBytes (fp32 scales; MXFP4: one row per K tile); bias;
 // out; workspace; tile_counters; m; n, a multiple of 64; k: the K tiles x 128; group_size, a
 // multiple of 128; k_splits = gridDim.y), a_scale ((m,) fp32) and tma.dp_ctas, which holds the
 // activation codes' own K (their row length, a multiple of 16: codes past it are zero-filled;
@@ -30,6 +34,7 @@
 #include <humming_aot/memory/k_major_code_tile.cuh>
 #include <humming_aot/memory/shared_fragments.cuh>
 #include <humming_aot/mma/mma_sync_8bit.cuh>
+#include <humming_aot/numerics/e2m1_e4m3.cuh>
 #include <humming_aot/numerics/int4_e4m3.cuh>
 #include <humming_aot/numerics/int4_s8.cuh>
 #include <humming_aot/schedule/tile_scheduler.cuh>
@@ -38,6 +43,8 @@ namespace humming_aot::kernel {
 
 template <class Out,                 // Float16 or BFloat16: the output (and bias) dtype
           class Codes,               // mma::S8SyncCodes or mma::E4m3SyncCodes: the activations' codes
+          class Widen,               // the weights' conversion: numerics::Int4ToS8 (S8SyncCodes), Int4ToE4m3
+                                     // or E2m1ToE4m3 (E4m3SyncCodes)
           int kBlockM,               // tokens per CTA: 16 x token pairs x kWarpsM
           int kBlockN,               // weight channels per CTA: 64 x units
           int kWarpsM, int kWarpsN,  // warps along tokens and along channels
@@ -54,16 +61,18 @@ struct DenseMmaW4a8 {
   static_assert(kWarpChannels % 16 == 0 && kWarpChannels > 0, "whole m16 fragments of channels per warp");
   static_assert(kWarpTokens % 16 == 0 && kWarpTokens > 0, "whole pairs of n8 token fragments (one ldmatrix.x4)");
   static_assert(kStages >= 2, "a ring of at least two K tiles");
-  using Widen = typename Select<Codes::kExactSums, numerics::Int4ToS8, numerics::Int4ToE4m3>::Type;
+  static_assert(Codes::kExactSums == Widen::kS8Bytes,
+                "s8 activations take s8 weights (Int4ToS8), e4m3 ones e4m3 weights");
+  static constexpr int kEntryBytes = Widen::kEntryBytes;  // a channel's scale entry per K tile
 
   using ATile = memory::KMajorCodeTile<kBlockM, kThreads>;
   static constexpr int kWOffset = ATile::kBytes;
   static constexpr int kSOffset = kWOffset + kUnits * kUnitBytes;
-  static constexpr int kStageBytes = kSOffset + kBlockN * 4;
+  static constexpr int kStageBytes = kSOffset + kBlockN * kEntryBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes;  // = humming_aot.bodies.mma_w4a8 smem_bytes
   static constexpr bool kScalesInFp32 = true;
   static constexpr int kMinBlocksPerSm = 1;
-  static constexpr int kWChunks = kUnits * kUnitBytes / 16, kSChunks = kBlockN * 4 / 16;
+  static constexpr int kWChunks = kUnits * kUnitBytes / 16, kSChunks = kBlockN * kEntryBytes / 16;
   using Sum = typename Codes::Sum;
   using Writer = epilogue::SwappedOutputWriter<Out, kMTiles * kNTiles, kNTiles>;
   using Scheduler = schedule::TileScheduler<kBlockM, kBlockN, kBlockK>;
@@ -86,7 +95,7 @@ struct DenseMmaW4a8 {
     const int units_n = p.n / 64, unit0 = n0 / 64;
     const char* w_src = static_cast<const char*>(p.w) + static_cast<i64>(unit0) * kUnitBytes;
     const i64 w_tile_bytes = static_cast<i64>(units_n) * kUnitBytes;
-    const char* s_src = static_cast<const char*>(p.w_scale) + 4 * static_cast<i64>(n0);
+    const char* s_src = static_cast<const char*>(p.w_scale) + kEntryBytes * static_cast<i64>(n0);
     const int group_tiles = p.group_size / kBlockK;
     auto load = [&](int slot, int index) {
       const int k_tile = tile.k_tile_begin + index;
@@ -96,9 +105,9 @@ struct DenseMmaW4a8 {
 #pragma unroll
       for (int i = threadIdx.x; i < kWChunks; i += kThreads)
         memory::cp_async_16(stage + kWOffset + 16 * i, w_tile + 16 * i, unit0 + i / (kUnitBytes / 16) < units_n);
-      const char* s_row = s_src + static_cast<i64>(k_tile / group_tiles) * 4 * p.n;
+      const char* s_row = s_src + static_cast<i64>(k_tile / group_tiles) * kEntryBytes * p.n;
       for (int i = threadIdx.x; i < kSChunks; i += kThreads)
-        memory::cp_async_16(stage + kSOffset + 16 * i, s_row + 16 * i, n0 + 4 * i < p.n);
+        memory::cp_async_16(stage + kSOffset + 16 * i, s_row + 16 * i, n0 + 16 / kEntryBytes * i < p.n);
     };
 
     Sum sums[kMTiles][kNTiles][4];
@@ -126,8 +135,8 @@ struct DenseMmaW4a8 {
       for (int mi = 0; mi < kMTiles; ++mi) {
         const int row = warp_n * kWarpChannels + 16 * mi + (lane >> 2);
         float low, high;
-        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(low) : "r"(stage + kSOffset + 4 * row));
-        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(high) : "r"(stage + kSOffset + 4 * (row + 8)));
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(low) : "r"(stage + kSOffset + kEntryBytes * row));
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(high) : "r"(stage + kSOffset + kEntryBytes * (row + 8)));
 #pragma unroll
         for (int ni = 0; ni < kNTiles; ++ni) {
           float* a = acc[ni * kMTiles + mi];
@@ -165,11 +174,17 @@ struct DenseMmaW4a8 {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       u32 words[kMTiles][4];
+      u32 groups[kMTiles][2];  // with group tables: the K tile's group bytes of rows g and g + 8
 #pragma unroll
       for (int mi = 0; mi < kMTiles; ++mi) {
         const int channel = warp_n * kWarpChannels + 16 * mi;  // the fragment's first, within the CTA
         const int unit = channel / 64, slot16 = (channel % 64) / 16;
         memory::lds_128(words[mi], stage + kWOffset + unit * kUnitBytes + ((slot16 * 2 + h) * 32 + lane) * 16);
+        if constexpr (Widen::kGroupTables) {
+          const u32 entry = stage + kSOffset + kEntryBytes * (channel + (lane >> 2));
+          asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(groups[mi][0]) : "r"(entry + 4));
+          asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(groups[mi][1]) : "r"(entry + 4 + 8 * kEntryBytes));
+        }
       }
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
@@ -177,8 +192,15 @@ struct DenseMmaW4a8 {
         u32 a[kMTiles][4];
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi) {
-          Widen::convert(words[mi][2 * s], a[mi][0], a[mi][1]);
-          Widen::convert(words[mi][2 * s + 1], a[mi][2], a[mi][3]);
+          if constexpr (Widen::kGroupTables) {  // K step `step` is group `step` of the K tile
+            const typename Widen::Table low = Widen::table(groups[mi][0], step);
+            const typename Widen::Table high = Widen::table(groups[mi][1], step);
+            Widen::convert(words[mi][2 * s], low, high, a[mi][0], a[mi][1]);
+            Widen::convert(words[mi][2 * s + 1], low, high, a[mi][2], a[mi][3]);
+          } else {
+            Widen::convert(words[mi][2 * s], a[mi][0], a[mi][1]);
+            Widen::convert(words[mi][2 * s + 1], a[mi][2], a[mi][3]);
+          }
         }
         u32 b[kNTiles][2];
         ATile::template b_fragments<kNTiles / 2>(stage, warp_m * kWarpTokens, step, lane, b);

@@ -1,12 +1,14 @@
 #pragma once
-// The warp-specialized Hopper W4A8 body on wgmma (SM90a): int4 weight codes (-8 .. 7, symmetric)
-// with an fp32 scale per channel per group of K (a multiple of 128, or all of K) x e4m3 activation
-// codes with an fp32 scale per token, a 16-bit output:
+// The warp-specialized Hopper W4A8 body on wgmma (SM90a): 4-bit weight codes, int4 (-8 .. 7,
+// symmetric) with an fp32 scale per channel per group of K (a multiple of 128, or all of K) or
+// MXFP4 (e2m1 with an e8m0 scale per 32 of K), x e4m3 activation codes with an fp32 scale per
+// token, a 16-bit output:
 //   out[m, n] = sum_g (sum_{k in g} a[m, k] w[n, k]) w_scale[g, n] x a_scale[m] x global scale (+ bias).
 //
 // The weights are wgmma's A from registers: each consumer thread turns its codes into e4m3 bytes of
-// the values times 2^-9 with integer adds (numerics/int4_e4m3.cuh), so the tensor cores run at the
-// 8-bit rate, and the tokens are its B from shared memory (N = the tile's tokens: a few tokens
+// the values times 2^-9 with integer adds (numerics/int4_e4m3.cuh; MXFP4 codes: e4m3 bytes of the
+// values times their group's scale relative to the K tile's, numerics/e2m1_e4m3.cuh), so the tensor
+// cores run at the 8-bit rate, and the tokens are its B from shared memory (N = the tile's tokens: a few tokens
 // stay cheap). The group scales weigh each K tile's fp32 sums (mainloop/int4_e4m3_groups.cuh), the
 // token scales the reduced sums before the store. Roles, schedules and epilogue:
 // kernel/scaled_ws_driver.cuh, as for the W8A8 body (kernel/dense_wgmma_ss.cuh).
@@ -14,10 +16,11 @@
 // A ring slot, per K tile of 128: the activation box (kBlockM rows x 128 codes, TMA, 128-byte
 // swizzle, zeros past M and K), then the CTA's packed codes (one bulk copy: 64 bytes a channel,
 // laid out as humming_aot.w4a8.pack writes them: per K tile, per 64-channel unit, 4096 bytes in
-// the consumers' fragment order), then the K tile's scale of each channel (one bulk copy of its
-// group's row). Params (ScaledTmaGemmParams): w the packed codes ((K / 128) x (N / 64) x 4096
-// bytes), w_scale the (groups, N) fp32 scales, group_size the K of a group, a_scale the (M,)
-// token scales; the weight map is unused.
+// the consumers' fragment order), then the K tile's entry of each channel (one bulk copy of its
+// group's row: the fp32 scale, and for MXFP4 its four groups' bytes). Params (ScaledTmaGemmParams):
+// w the packed codes ((K / 128) x (N / 64) x 4096 bytes), w_scale the (groups, N) entries (MXFP4:
+// one row per K tile), group_size the K of a group, a_scale the (M,) token scales; the weight map
+// is unused.
 
 #include <humming_aot/epilogue/column_major_writer.cuh>
 #include <humming_aot/epilogue/fragment_split_k.cuh>
@@ -25,6 +28,7 @@
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/kernel/scaled_ws_driver.cuh>
 #include <humming_aot/mainloop/int4_e4m3_groups.cuh>
+#include <humming_aot/numerics/e2m1_e4m3.cuh>
 #include <humming_aot/numerics/int4_e4m3.cuh>
 #include <humming_aot/ptx/bulk_copy.cuh>
 #include <humming_aot/ptx/mbarrier.cuh>
@@ -33,6 +37,7 @@
 namespace humming_aot::kernel {
 
 template <class Out,               // Float16 or BFloat16: output (and bias) dtype
+          class Widen,             // numerics::Int4ToE4m3 (int4 codes) or numerics::E2m1ToE4m3 (MXFP4)
           int kBlockM,             // tokens per CTA: the wgmma N (8, 16, 32, 64, 96, 128 or 192)
           int kBlockN,             // weight channels per CTA: 64 x kUnitsPerWarpGroup x consumer warpgroups
           int kUnitsPerWarpGroup,  // 64-channel units each consumer warpgroup multiplies (1 or 2)
@@ -64,7 +69,8 @@ struct DenseWgmmaW4A8 {
   static constexpr int kActivationBytes = kBlockM * 128;
   static constexpr int kWeightOffset = kActivationBytes;
   static constexpr int kScaleOffset = kWeightOffset + kBlockN * 64;
-  static constexpr int kStageBytes = (kScaleOffset + kBlockN * 4 + 1023) / 1024 * 1024;
+  static constexpr int kEntryBytes = Widen::kEntryBytes;  // a channel's scale entry per K tile
+  static constexpr int kStageBytes = (kScaleOffset + kBlockN * kEntryBytes + 1023) / 1024 * 1024;
   static constexpr int kPipelineBytes = kStages * kStageBytes;
   // The output's staging tile: after the ring where both fit (kernel/scaled_ws_driver.cuh).
   using Staging = StagingPlacement<kPipelineBytes, Writer::kStagingBytes, kConsumerWarpGroups>;
@@ -90,14 +96,15 @@ struct DenseWgmmaW4A8 {
   // (docs/performance/log.md section 36).
   static constexpr int kWaitDepth = kBlockM >= 128 ? 3 : 1;
   static constexpr int kAccumulators = kUnitsPerWarpGroup * (kBlockM / 2);  // (m64nN: N / 2 per unit)
-  // registers for the fragments of kWaitDepth + 1 steps, half a K tile's codes, and the loop
-  static constexpr int kLoopRegisters = (4 * kWaitDepth + 8) * kUnitsPerWarpGroup + 16;
+  // registers for the fragments of kWaitDepth + 1 steps, half a K tile's codes, and the loop (and
+  // MXFP4's group bytes and tables)
+  static constexpr int kLoopRegisters = (4 * kWaitDepth + 8 + (Widen::kGroupTables ? 4 : 0)) * kUnitsPerWarpGroup + 16;
   // two scratch sets where they fit beside the accumulators, else one (bodies/wgmma_w4a8.py)
   // (strictly below: at equality ptxas spilled, 64 x 256 with two scratch sets)
   static constexpr bool kOverlapped = 3 * kAccumulators + kLoopRegisters < kConsumerRegistersHeld;
   static_assert(2 * kAccumulators + kLoopRegisters <= kConsumerRegistersHeld,
                 "the consumers' registers hold the accumulators, a scratch set and the fragments");
-  using Consumer = mainloop::Int4E4m3Groups<kBlockM, kUnitsPerWarpGroup, kStages, kStageBytes, kWeightOffset,
+  using Consumer = mainloop::Int4E4m3Groups<Widen, kBlockM, kUnitsPerWarpGroup, kStages, kStageBytes, kWeightOffset,
                                             kScaleOffset, kWaitDepth, kOverlapped>;
   using ConsumerState = typename Consumer::State;
   static_assert(Consumer::kAccumulators == kAccumulators, "one accumulator per N / 2 of each unit");
@@ -109,11 +116,11 @@ struct DenseWgmmaW4A8 {
     // Columns past N (a last tile of a CTA wider than the rest of N) are not copied: their stale
     // shared memory only reaches outputs that are never stored. N is a multiple of 64.
     const int columns = p.n - n0 < kBlockN ? p.n - n0 : kBlockN;
-    const u32 code_bytes = static_cast<u32>(columns) * 64, scale_bytes = static_cast<u32>(columns) * 4;
+    const u32 code_bytes = static_cast<u32>(columns) * 64, scale_bytes = static_cast<u32>(columns) * kEntryBytes;
     const i64 tile_stride = static_cast<i64>(p.n) * 64;  // one K tile's codes of every channel
     const char* codes =
         static_cast<const char*>(p.w) + static_cast<i64>(k_tile0) * tile_stride + 64 * static_cast<i64>(n0);
-    const char* scales = static_cast<const char*>(p.w_scale) + 4 * static_cast<i64>(n0);
+    const char* scales = static_cast<const char*>(p.w_scale) + kEntryBytes * static_cast<i64>(n0);
     const u32 group = static_cast<u32>(p.group_size);
     for (int it = 0; it < count; ++it, ++fills) {
       const u32 slot = fills % kStages, lap = fills / kStages;
@@ -127,18 +134,20 @@ struct DenseWgmmaW4A8 {
       ptx::bulk_copy_g2s(stage + kWeightOffset, codes, code_bytes, full);
       codes += tile_stride;
       const u32 row = static_cast<u32>(k_tile * kBlockK) / group;
-      ptx::bulk_copy_g2s(stage + kScaleOffset, scales + static_cast<i64>(row) * 4 * p.n, scale_bytes, full);
+      ptx::bulk_copy_g2s(stage + kScaleOffset, scales + static_cast<i64>(row) * kEntryBytes * p.n, scale_bytes, full);
     }
   }
 
-  // The reduced fp32 sums (group scales applied) times the codes' 2^9 (numerics/int4_e4m3.cuh: exact,
-  // and first, so that no token scale near the float limit overflows with it) and their tokens'
-  // scales (0 past M: never stored).
+  // The reduced fp32 sums (group scales applied) times the int4 codes' 2^9 (numerics/int4_e4m3.cuh:
+  // exact, and first, so that no token scale near the float limit overflows with it) and their
+  // tokens' scales (0 past M: never stored).
   static __device__ __forceinline__ void scale_sums(const ScaledTmaGemmParams& params, float (&acc)[kAccumulators],
                                                     int m0, int) {
     const int m = params.tma.gemm.m;
+    if constexpr (Widen::kValueScale != 1.f) {
 #pragma unroll
-    for (int i = 0; i < kAccumulators; ++i) acc[i] *= numerics::Int4ToE4m3::kValueScale;
+      for (int i = 0; i < kAccumulators; ++i) acc[i] *= Widen::kValueScale;
+    }
     Fragments::scale_tokens(acc, [&](int token) { return m0 + token < m ? params.a_scale[m0 + token] : 0.f; });
   }
 

@@ -1,10 +1,12 @@
 #pragma once
-// The K loop of the W4A8 body's consumers (kernel/dense_wgmma_w4a8.cuh): int4 weight codes in a
-// ring slot become e4m3 A fragments in registers (numerics/int4_e4m3.cuh) and meet the slot's
+// The K loop of the W4A8 body's consumers (kernel/dense_wgmma_w4a8.cuh): 4-bit weight codes in a
+// ring slot become e4m3 A fragments in registers (Widen: int4 codes by numerics/int4_e4m3.cuh,
+// MXFP4 ones by numerics/e2m1_e4m3.cuh, with a table per channel and group of 32) and meet the slot's
 // e4m3 activation box on wgmma (mma/wgmma_e4m3_rs.cuh), four k32 steps per K tile of 128, one
 // committed group per step, kWaitDepth of them left in flight. Each K tile's sums go into a scratch set that its first step
 // overwrites; once they are complete they are weighed by the K tile's group scale of each channel
-// (staged in the slot: one fp32 per channel) and added into the fp32 accumulators, so that a
+// (staged in the slot: one fp32 per channel, for MXFP4 followed by its four group bytes) and
+// added into the fp32 accumulators, so that a
 // group of 128 (or any multiple of it, or the whole K) is one promotion, and fp8 wgmma's short
 // running sums never span more than 128 of K. Where registers allow (kOverlapped), two scratch
 // sets take turns: K tile t is added once K tile t + 1's first kWaitDepth steps are issued, while
@@ -17,18 +19,21 @@
 // the lane's codes of K steps 2 h and 2 h + 1: per step two words, the first with the codes of
 // A registers 0 and 1, the second of registers 2 and 3 (the 8-bit A fragment, mma/wgmma_e4m3_rs.cuh;
 // byte j of a word holds code j of both, in packed layout version 2: numerics/int4_e4m3.cuh); at
-// kScaleOffset the K tile's fp32 scale of each channel.
+// kScaleOffset the K tile's entry of each channel (Widen::kEntryBytes: the fp32 scale, then for
+// MXFP4 its groups' bytes).
 // Contract: `consume` leaves acc with the unit's group-scaled fp32 sums and every slot it took
 // released; every consumer thread releases (the empty barriers count the consumer threads).
 
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/mma/wgmma_e4m3_rs.cuh>
+#include <humming_aot/numerics/e2m1_e4m3.cuh>
 #include <humming_aot/numerics/int4_e4m3.cuh>
 #include <humming_aot/ptx/mbarrier.cuh>
 
 namespace humming_aot::mainloop {
 
-template <int kBlockM,             // tokens per CTA: the wgmma N
+template <class Widen,             // numerics::Int4ToE4m3 or numerics::E2m1ToE4m3: the codes' conversion
+          int kBlockM,             // tokens per CTA: the wgmma N
           int kUnitsPerWarpGroup,  // 64-channel units each consumer warpgroup multiplies
           int kStages,             // slots of the ring
           int kStageBytes,         // bytes a slot takes (a multiple of 1024)
@@ -54,21 +59,35 @@ struct Int4E4m3Groups {
   static constexpr int kBuffers = kWaitDepth + 1;
   using Fragments = u32[kBuffers][kUnitsPerWarpGroup][4];
 
-  // A K tile's group scales of the thread's two rows (row and row + 8) of each unit, read from its
-  // slot when the slot is taken, so that the loads' latency passes before the promotion needs them.
+  // A K tile's group scales of the thread's two rows (row and row + 8) of each unit (and with
+  // group tables their group bytes), read from its slot when the slot is taken, so that the loads'
+  // latency passes before the conversion and the promotion need them.
+  static constexpr int kTableUnits = Widen::kGroupTables ? kUnitsPerWarpGroup : 1;
   struct Scales {
     float low[kUnitsPerWarpGroup], high[kUnitsPerWarpGroup];
+    u32 groups_low[kTableUnits], groups_high[kTableUnits];
   };
   static __device__ __forceinline__ void load_scales(u32 stage, Scales& scales) {
     const int lane = threadIdx.x & 31;
     const int unit0 = (static_cast<int>(threadIdx.x) >> 7) * kUnitsPerWarpGroup;
     const int row = ((static_cast<int>(threadIdx.x) >> 5) & 3) * 16 + (lane >> 2);  // and row + 8
-    const u32 base = stage + kScaleOffset + 4 * row;
+    constexpr int kEntry = Widen::kEntryBytes;
+    const u32 base = stage + kScaleOffset + kEntry * row;
 #pragma unroll
     for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
-      const u32 address = base + 4 * 64 * (unit0 + u);
-      asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(scales.low[u]) : "r"(address));
-      asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(scales.high[u]) : "r"(address + 32));
+      const u32 address = base + kEntry * 64 * (unit0 + u);
+      if constexpr (Widen::kGroupTables) {
+        u32 low, high;
+        asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(low), "=r"(scales.groups_low[u]) : "r"(address));
+        asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n"
+                     : "=r"(high), "=r"(scales.groups_high[u])
+                     : "r"(address + 8 * kEntry));
+        scales.low[u] = __uint_as_float(low);
+        scales.high[u] = __uint_as_float(high);
+      } else {
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(scales.low[u]) : "r"(address));
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(scales.high[u]) : "r"(address + 32));
+      }
     }
   }
 
@@ -129,8 +148,15 @@ struct Int4E4m3Groups {
 #pragma unroll
       for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
         u32(&a)[4] = fragments[buffer][u];
-        numerics::Int4ToE4m3::convert(words[pair][u][2 * half], a[0], a[1]);
-        numerics::Int4ToE4m3::convert(words[pair][u][2 * half + 1], a[2], a[3]);
+        if constexpr (Widen::kGroupTables) {  // K step kk is group kk of the K tile
+          const typename Widen::Table low = Widen::table(into_scales.groups_low[u], kk);
+          const typename Widen::Table high = Widen::table(into_scales.groups_high[u], kk);
+          Widen::convert(words[pair][u][2 * half], low, high, a[0], a[1]);
+          Widen::convert(words[pair][u][2 * half + 1], low, high, a[2], a[3]);
+        } else {
+          Widen::convert(words[pair][u][2 * half], a[0], a[1]);
+          Widen::convert(words[pair][u][2 * half + 1], a[2], a[3]);
+        }
       }
       mma::wgmma_fence();
 #pragma unroll

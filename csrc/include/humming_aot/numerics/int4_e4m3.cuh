@@ -26,6 +26,9 @@ struct Int4ToE4m3 {
   static constexpr u32 kCode = 0x87878787u;    // a code's bits in each byte: |v| - 1 or v in bits 0-2, the sign in 7
   static constexpr u32 kSign = 0x80808080u;    // the sign bit of each byte
   static constexpr float kValueScale = 512.f;  // 2^9: e4m3 byte p is the value p / kValueScale
+  static constexpr bool kS8Bytes = false;      // s8 bytes (int8 activations) rather than e4m3 ones
+  static constexpr int kEntryBytes = 4;        // a channel's per-K-tile entry: its group's fp32 scale
+  static constexpr bool kGroupTables = false;  // (numerics/e2m1_e4m3.cuh builds tables per group of 32)
 
   // Four e4m3 bytes from four codes, one a byte: n = v (sign 0) or n = 0x80 + |v| - 1 (sign 1),
   // byte n + sign = v or 0x80 + |v|. (t >> 7) + y is one instruction (LEA.HI).

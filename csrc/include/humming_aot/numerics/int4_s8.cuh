@@ -18,7 +18,10 @@ namespace humming_aot::numerics {
 struct Int4ToS8 {
   static constexpr u32 kCode = 0x87878787u;  // a code's bits in each byte: m in bits 0-2, the sign in 7
   static constexpr u32 kSign = 0x80808080u;
-  static constexpr float kValueScale = 1.f;  // the s8 bytes are the values themselves
+  static constexpr float kValueScale = 1.f;    // the s8 bytes are the values themselves
+  static constexpr bool kS8Bytes = true;       // s8 bytes (int8 activations) rather than e4m3 ones
+  static constexpr int kEntryBytes = 4;        // a channel's per-K-tile entry: its group's fp32 scale
+  static constexpr bool kGroupTables = false;  // (numerics/e2m1_e4m3.cuh builds tables per group of 32)
 
   // Four s8 bytes from four codes, one a byte (bits 0-2 and 7).
   static __device__ __forceinline__ u32 bytes(u32 word) {
