@@ -192,6 +192,24 @@ def test_a_problem_is_planned_once(monkeypatch):
     assert params_abi.GEMM_PARAMS.unpack(second["params"][:104])[5] == out.data_ptr()
 
 
+def test_int4_and_mxfp4_weights_of_one_shape_get_their_own_kernels(monkeypatch):
+    """A plan is per weight element too: an int4 and an MXFP4 W4A8 weight of the same shape and
+    tile in one process run their own kernels (the plan key once named int4 only, and the second
+    weight ran the first's kernel: GPU tests, session 41)."""
+    from humming_aot import w4a8
+
+    fakes = Fakes(monkeypatch)
+    gen = torch.Generator().manual_seed(1)
+    qa = ops.quantize_activation(torch.randn(8, 256, generator=gen), "float8e4m3:token")
+    for fmt in ("int4:g128", "mxfp4", "int4:g128"):
+        packed = w4a8.pack(quant.quantize(torch.randn(128, 256, generator=gen), fmt))
+        _w8a8_launch.launch(qa, packed, None, torch.bfloat16, None, "wgmma-w4a8:8x128x128_w1x4_s8", None)
+    tile = parse_tile_field("wgmma-w4a8:8x128x128_w1x4_s8")
+    assert fakes.loads == [w4a8.kernel_key("sm90a", torch.bfloat16, tile).name,
+                           w4a8.kernel_key("sm90a", torch.bfloat16, tile, weight_element="float4e2m1").name]
+    assert len(fakes.launches) == 3
+
+
 # --- the portable mma-ss body (GPUs without wgmma) ----------------------------------------------
 
 def _device(monkeypatch, name, capability, smem_per_sm=102400, num_sms=84):
