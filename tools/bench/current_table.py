@@ -28,8 +28,10 @@ W8A8_BLOCKS = "W8A8 float8e4m3:b128x128 x float8e4m3:g128"
 W8A8_INT8 = "W8A8 int8:channel x int8:token"
 # bench_w4a8.py's rows carry "w4a8"; its baseline is our W4A16 of the same weights ("w4a16")
 W4A8_INT4 = "W4A8 int4:g128 x float8e4m3:token"
+W4A8_MXFP4 = "W4A8 mxfp4 x float8e4m3:token"  # (rows with "weights": "mxfp4")
 _BASELINES = {W8A8_CHANNEL: ("scaled_mm", "torch._scaled_mm"), W8A8_INT8: ("int_mm", "torch._int_mm + scales"),
-              W8A8_BLOCKS: (None, None), W4A8_INT4: ("w4a16", "our W4A16 (bf16 activations)")}
+              W8A8_BLOCKS: (None, None), W4A8_INT4: ("w4a16", "our W4A16 (bf16 activations)"),
+              W4A8_MXFP4: ("w4a16", "our W4A16 (bf16 activations)")}
 
 
 def row_format(row: dict) -> str:
@@ -37,7 +39,7 @@ def row_format(row: dict) -> str:
     if "fmt" in row:
         return row["fmt"]
     if row.get("w4a8"):
-        return W4A8_INT4
+        return W4A8_MXFP4 if row.get("weights") == "mxfp4" else W4A8_INT4
     if row.get("int8"):
         return W8A8_INT8
     return W8A8_BLOCKS if row.get("blocks") else W8A8_CHANNEL
