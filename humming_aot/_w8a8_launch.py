@@ -10,14 +10,23 @@ import torch
 
 from humming_aot import dispatch, heuristics, params_abi, w4a8
 from humming_aot import obtain as _obtain
-from humming_aot.bodies.mma_ss import FIRST_ARCH as MMA_SS_FIRST_ARCH
+from humming_aot.bodies.mma_ss import CODE_FIRST_ARCH as MMA_SS_FIRST_ARCH
 from humming_aot.bodies.wgmma_ss import separate_staging, staged_scale_bytes, stages_token_scales
 from humming_aot.bodies.wgmma_w4a8 import entry_bytes as w4a8_entry_bytes
 from humming_aot.bodies.wgmma_w4a8 import separate_staging as w4a8_separate_staging
 from humming_aot.enumerate import parse_tile_field
 from humming_aot.spec import MmaKind, TileConfig, parse_arch
 from humming_aot.w4a8 import PackedW4A8Weight
-from humming_aot.w8a8 import K_ALIGN, SCALED_PARAMS_BYTES, _pack_params, kernel_key, select_sync_tile, select_tile
+from humming_aot.w8a8 import (
+    INT4,
+    K_ALIGN,
+    SCALED_PARAMS_BYTES,
+    _pack_params,
+    kernel_key,
+    pack_int4,
+    select_sync_tile,
+    select_tile,
+)
 
 ARCH = "sm90a"
 # (device, out dtype, weight element, blocks, tile argument, m, n, k, stream_k, persistent) -> _Plan
@@ -147,9 +156,10 @@ def _kernel(info, out_dtype: torch.dtype, packed, tile, m: int, n: int, act_elem
     unless a body of the pairing takes it. The key's arch: sm90a for the wgmma bodies, for the
     portable ones _portable_key's."""
     w4 = isinstance(packed, PackedW4A8Weight)
-    label = "W4A8" if w4 else "W8A8"
+    label = "W4A8" if w4 else "W4A4" if packed.element == INT4 else "W8A8"
     fast, portable = (MmaKind.WGMMA_W4A8, MmaKind.MMA_W4A8) if w4 else (MmaKind.WGMMA_SS, MmaKind.MMA_SS)
-    fast_takes = not w4 or act_element == w4a8.ACT_ELEMENT  # (wgmma-w4a8: float8 activations only)
+    # (wgmma-w4a8: float8 activations only; wgmma-ss: no int4, which has no wgmma)
+    fast_takes = act_element == w4a8.ACT_ELEMENT if w4 else packed.element != INT4
     if tile is None:
         if ARCH in info.arches and fast_takes:
             tile = (w4a8.select_tile(m, n=n, num_sms=info.num_sms) if w4
@@ -160,6 +170,9 @@ def _kernel(info, out_dtype: torch.dtype, packed, tile, m: int, n: int, act_elem
         tile = parse_tile_field(tile)
     if tile.mma is fast:
         if not fast_takes:
+            if not w4:
+                raise ValueError(f"tile {tile.label}: int4 x int4 (W4A4) runs on mma-ss tiles only (Hopper's wgmma has "
+                                 "no int4); leave tile None for the table's")
             raise ValueError(f"tile {tile.label}: the wgmma-w4a8 kernels take float8e4m3 activations; int8 ones run on "
                              "mma-w4a8 tiles (leave tile None for the table's)")
         _require_sm90a(info, label, portable)
@@ -215,6 +228,9 @@ def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, t
            persistent: bool | None = None):
     k, n = packed.k, packed.n
     codes = qa.codes.reshape(-1, k)
+    int4 = not isinstance(packed, PackedW4A8Weight) and packed.element == INT4
+    if int4:  # W4A4: the kernel reads two codes a byte (its K in bytes from here on)
+        codes, k = pack_int4(codes), k // 2
     m = codes.shape[0]
     device = codes.device
     row_stride = codes.stride(0)

@@ -14,7 +14,8 @@ _ACT_TYPES = {"float16": "humming_aot::numerics::Float16", "bfloat16": "humming_
 # the wgmma-ss body's operand traits per 8-bit code dtype (both operands alike)
 _CODE_TYPES = {"float8e4m3": "humming_aot::mma::E4m3Codes", "int8": "humming_aot::mma::S8Codes"}
 # the mma-ss body's (mma/mma_sync_8bit.cuh)
-_SYNC_CODE_TYPES = {"float8e4m3": "humming_aot::mma::E4m3SyncCodes", "int8": "humming_aot::mma::S8SyncCodes"}
+_SYNC_CODE_TYPES = {"float8e4m3": "humming_aot::mma::E4m3SyncCodes", "int8": "humming_aot::mma::S8SyncCodes",
+                    "int4": "humming_aot::mma::S4SyncCodes"}
 # the W4A8 bodies' conversions of the weight codes, by weight dtype and activation dtype
 # (numerics/int4_e4m3.cuh, int4_s8.cuh, e2m1_e4m3.cuh)
 _W4A8_WIDEN = {

@@ -224,12 +224,16 @@ class W8A8Linear(torch.nn.Module):
                                       error_msgs)
 
     @staticmethod
-    def _pack(weight):
-        """The weight as the 8-bit-activation kernels read it: 4-bit integers and floats for W4A8
-        (whose pack says what it takes), else W8A8."""
+    def _pack(weight, activations: str | None = None):
+        """The weight as the quantized-activation kernels read it: 4-bit integers and floats for W4A8
+        (whose pack says what it takes), int4 ones with int4 activations for W4A4 (w8a8's), else
+        W8A8."""
         from humming_aot import w4a8, w8a8
+        from humming_aot.quant import ActivationFormat
 
-        return (w4a8 if weight.format.element in ("int4", "uint4", "float4e2m1") else w8a8).pack(weight)
+        w4a4 = activations not in (None, "checkpoint") and ActivationFormat.parse(activations).element == w8a8.INT4
+        w4 = weight.format.element in ("int4", "uint4", "float4e2m1") and not w4a4
+        return (w4a8 if w4 else w8a8).pack(weight)
 
     @classmethod
     def from_checkpoint_layer(cls, layer, activations: str, device=None) -> "W8A8Linear":
@@ -256,7 +260,7 @@ class W8A8Linear(torch.nn.Module):
                              "holds one (N, K) weight")
         weight = layer.weight if device is None else layer.weight.to(device)
         try:
-            packed = cls._pack(weight)
+            packed = cls._pack(weight, activations)
         except ValueError as error:
             raise ValueError(f"{where}: {error}") from None
         bias = None if layer.bias is None else layer.bias.to(device=packed.w.device, dtype=torch.float32)
@@ -268,13 +272,14 @@ class W8A8Linear(torch.nn.Module):
         """Quantize an nn.Linear's weight with `fmt` ("float8e4m3:channel", ":tensor" or
         ":b128x128", "int8:channel" or ":tensor", or for W4A8 "int4:g128", ":channel" or "mxfp4"); activations
         default to the weight's element per token (float8e4m3 per token and 128 of K for block
-        weights, float8e4m3 per token for int4 weights, which take int8 per token too)."""
+        weights, float8e4m3 per token for int4 weights, which take int8 per token too, and with
+        "int4:channel" or ":tensor" weights "int4:token" ones: W4A4)."""
         from humming_aot import w4a8
         from humming_aot.quant import quantize
 
         if not isinstance(linear, torch.nn.Linear):
             raise TypeError(f"from_linear: expected torch.nn.Linear, got {type(linear).__name__}")
-        packed = cls._pack(quantize(linear.weight.detach().float(), fmt))
+        packed = cls._pack(quantize(linear.weight.detach().float(), fmt), activations)
         if activations is None:
             if isinstance(packed, w4a8.PackedW4A8Weight):
                 activations = f"{w4a8.ACT_ELEMENT}:token"

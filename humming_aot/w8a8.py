@@ -6,7 +6,12 @@ wgmma-ss body (csrc/include/humming_aot/kernel/dense_wgmma_ss.cuh):
 - float8e4m3 with DeepSeek-V3's blocks: one fp32 scale per 128 x 128 weight block
   ("float8e4m3:b128x128") x one per token per 128 of K ("float8e4m3:g128" activations);
 - int8 per channel (or per tensor) weights x int8 per token (or per tensor) activations
-  (SmoothQuant-style, "int8:channel" x "int8:token"): exact int32 sums, fp32 scales after them.
+  (SmoothQuant-style, "int8:channel" x "int8:token"): exact int32 sums, fp32 scales after them;
+- W4A4: int4 per channel (or per tensor) weights x int4 per token (or per tensor) activations
+  ("int4:channel" x "int4:token"), on the portable mma-ss body only (mma.sync m16n8k64 s4: native
+  on SM80-SM89, emulated by ptxas on later arches): exact int32 sums. The kernel reads two codes a
+  byte (the lower K in the low nibble): pack stores the weight so, and the GEMM packs the
+  activation codes (one per byte in a QuantizedActivation) before the launch.
 
     qw = humming_aot.quant.quantize(w, "float8e4m3:channel")
     packed = humming_aot.w8a8.pack(qw)                  # (N, K) codes, fp32 channel scales
@@ -20,7 +25,7 @@ it runs the float64 reference of the same operands rounded once to the output dt
 (H100, H200) the wgmma-ss body runs it; elsewhere the portable mma-ss body (int8 from sm80,
 float8e4m3 from sm89, in both of its scalings). The weights keep the
 codes as the checkpoint has them, one byte each, rows of K: TMA and cp.async read them as they
-are, so there is no packed layout to version.
+are, so there is no packed layout to version (int4: two a byte, the format's own nibbles).
 """
 from __future__ import annotations
 
@@ -41,14 +46,17 @@ __all__ = ["PackedW8A8Weight", "gemm", "gemm_spec", "pack", "reference", "select
 ELEMENT = "float8e4m3"
 # the 8-bit elements the kernels multiply (activations and weights alike)
 ELEMENTS = ("float8e4m3", "int8")
+# W4A4's element (the mma-ss body only: two codes a byte)
+INT4 = "int4"
 _OUT_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 # N is padded to this many channels by pack (zero codes, zero scales): the output tile's 16-byte
 # row stores and the weights' rows need no edge case, and the kernel's output columns past the
 # weight's own N are dropped.
 N_ALIGN = 16
 # K must be a multiple of this many codes: the TMA maps' rows are 16-byte aligned (the kernel reads
-# zeros past K up to its K tile of 128).
+# zeros past K up to its K tile of 128); int4 codes are two a byte, so 32 of them.
 K_ALIGN = 16
+INT4_K_ALIGN = 32
 # int8 sums are exact in int32 while K x 128 x 128 (-128 x -128 at every k) fits: the kernel does
 # not check, so pack refuses a longer K.
 INT8_MAX_K = (2**31 - 1) // (128 * 128)
@@ -62,7 +70,8 @@ class PackedW8A8Weight:
     """A float8e4m3 or int8 weight as the W8A8 kernels read it, on one device.
 
     w:        (n, k) uint8, the e4m3 or two's complement int8 codes row-major (rows past n_valid:
-              zero codes)
+              zero codes); int4: (n, k / 2), two's complement nibbles, code 2 j in the low nibble
+              of byte j
     w_scale:  (n,) float32, each output channel's scale (a per-tensor scale repeated; 0 past n_valid),
               or with ``blocks`` (ceil(n / 128), ceil(k / 128)) float32, one per 128 x 128 block
     n, k:     the kernel's N (a multiple of N_ALIGN) and K (the weight's own, a multiple of K_ALIGN)
@@ -80,8 +89,13 @@ class PackedW8A8Weight:
 
     @property
     def element(self) -> str:
-        """The codes' element: "float8e4m3" or "int8" (the format's)."""
+        """The codes' element: "float8e4m3", "int8" or "int4" (the format's)."""
         return self.format.split(":", 1)[0]
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of a row of codes: K, or K / 2 for int4 (the kernel's K)."""
+        return self.k // 2 if self.element == INT4 else self.k
 
     @property
     def out_features(self) -> int:
@@ -102,10 +116,22 @@ class PackedW8A8Weight:
         """(out_features, K) float64: decode(codes) x channel scale, what gemm multiplies with."""
         n = self.out_features
         scales = self.w_scale.to(torch.float64)
+        codes = unpack_int4(self.w[:n]) if self.element == INT4 else self.w[:n]
         if self.blocks:
             scales = scales.repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, : self.k]
-            return _decode(self.w[:n], self.element) * scales
-        return _decode(self.w[:n], self.element) * scales[:n, None]
+            return _decode(codes, self.element) * scales
+        return _decode(codes, self.element) * scales[:n, None]
+
+
+def pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """(..., K) int4 codes, one a byte (two's complement nibbles) -> (..., K / 2) bytes, code 2 j in
+    the low nibble of byte j: the mma.sync s4 fragments' order (K even)."""
+    return (codes[..., 0::2] & 0xF) | ((codes[..., 1::2] & 0xF) << 4)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of pack_int4: (..., K / 2) bytes -> (..., K) codes, one a byte."""
+    return torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)
 
 
 def _decode(codes: torch.Tensor, element: str) -> torch.Tensor:
@@ -123,26 +149,29 @@ def pack(qw: QuantizedWeight) -> PackedW8A8Weight:
     fmt = qw.format
     blocks = fmt.granularity is ScaleGranularity.BLOCK and (fmt.block_n, fmt.group_size) == (128, 128)
     channel = fmt.granularity in (ScaleGranularity.CHANNEL, ScaleGranularity.TENSOR)
-    if not ((fmt.element == ELEMENT and (blocks or channel)) or (fmt.element == "int8" and channel)) \
+    if not ((fmt.element == ELEMENT and (blocks or channel)) or (fmt.element in ("int8", INT4) and channel)) \
             or fmt.zero_point is not ZeroPointKind.NONE:
         raise ValueError(
             f"the W8A8 kernels take float8e4m3 weights with a scale per channel, per tensor or per 128 x 128 block, "
-            f"or symmetric int8 weights with a scale per channel or per tensor, got {fmt}; quantize with "
-            "'float8e4m3:channel', 'float8e4m3:tensor', 'float8e4m3:b128x128', 'int8:channel' or 'int8:tensor' "
-            "(symmetric int4 weights run with float8e4m3 activations through humming_aot.w4a8)"
+            f"or symmetric int8 or int4 (W4A4) weights with a scale per channel or per tensor, got {fmt}; quantize "
+            "with 'float8e4m3:channel', 'float8e4m3:tensor', 'float8e4m3:b128x128', 'int8:channel', 'int8:tensor', "
+            "'int4:channel' or 'int4:tensor' (int4 weights with groups of K run with float8e4m3 or int8 activations "
+            "through humming_aot.w4a8)"
         )
     if qw.codes.dim() != 2:
         raise ValueError(f"pack takes one (N, K) weight, got codes of shape {tuple(qw.codes.shape)}")
     n, k = qw.codes.shape
-    if k % K_ALIGN:
-        raise ValueError(f"K={k}: the W8A8 kernels need K to be a multiple of {K_ALIGN} (TMA rows are 16-byte "
+    align = INT4_K_ALIGN if fmt.element == INT4 else K_ALIGN
+    if k % align:
+        raise ValueError(f"K={k}: the W8A8 kernels need K to be a multiple of {align} (rows of codes are 16-byte "
                          "aligned); pad the weight's K with zero columns and the activations' K with zeros")
     if fmt.element == "int8" and k > INT8_MAX_K:
         raise ValueError(f"K={k}: int8 sums of more than {INT8_MAX_K} products of -128 x -128 overflow the kernel's "
                          "int32 accumulators; split K into slices and add their outputs")
     n_pad = -(-n // N_ALIGN) * N_ALIGN
-    w = torch.zeros((n_pad, k), dtype=torch.uint8, device=qw.codes.device)
-    w[:n] = qw.codes
+    codes = pack_int4(qw.codes) if fmt.element == INT4 else qw.codes
+    w = torch.zeros((n_pad, codes.shape[1]), dtype=torch.uint8, device=qw.codes.device)
+    w[:n] = codes
     if blocks:  # (ceil(N / 128), ceil(K / 128)) already; padding N to 16 adds no 128-row block
         w_scale = qw.scales.to(torch.float32).contiguous()
     else:
@@ -391,7 +420,7 @@ def _gemm_w8a8_op(codes, scales, w, w_scale, bias, n_valid, blocks, granularity,
                   element=ELEMENT):
     qa = QuantizedActivation(element=element, granularity=ActivationGranularity(granularity),
                              group_size=group_size or None, scale_dtype="float32", codes=codes, scales=scales)
-    n, k = w.shape
+    n, k = w.shape[0], w.shape[1] * (2 if element == INT4 else 1)  # (int4: two codes a byte)
     packed = PackedW8A8Weight(w=w, w_scale=w_scale, n=n, k=k,
                               format="float8e4m3:b128x128" if blocks else f"{element}:channel",
                               n_valid=n_valid if n_valid != n else None, blocks=blocks)

@@ -3,7 +3,9 @@ of one element, both K-major in shared memory (cp.async, K tiles of 128 codes), 
 into mma.sync m16n8k32; fp32 token x channel scales on the fp32 sums, or (float8) DeepSeek-V3's
 1 x 128 token group x 128 x 128 weight block scales at each K tile's promotion. s8 on SM80 and later, e4m3
 on SM89 and later (the mma.sync fp8 instructions); sm90a runs the same operands on wgmma-ss. Its
-Params are ScaledTmaGemmParams with no tensor map (humming_aot._w8a8_launch)."""
+Params are ScaledTmaGemmParams with no tensor map (humming_aot._w8a8_launch). W4A4: int4 codes
+two to a byte on the same staging (a K tile of 128 bytes holds 256 codes) into m16n8k64, native on
+SM80-SM89 (emulated by ptxas on later arches)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -13,11 +15,13 @@ from humming_aot.bodies.base import Body
 if TYPE_CHECKING:
     from humming_aot.spec import KernelKey, TileConfig
 
-# (element, its first arch number): s8 x s8 mma.sync m16n8k32 is SM80's, e4m3 x e4m3 SM89's
+# (8-bit element, its first arch number): s8 x s8 mma.sync m16n8k32 is SM80's, e4m3 x e4m3 SM89's
 FIRST_ARCH = {"int8": 80, "float8e4m3": 89}
+# the elements of the mma-ss body's codes: the 8-bit ones and int4 (s4 x s4 m16n8k64, SM80's)
+CODE_FIRST_ARCH = {**FIRST_ARCH, "int4": 80}
 OUT_DTYPES = ("bfloat16", "float16")
 # per token x per channel, fp32 scales, one element both sides (the wgmma-ss body's channel scaling)
-_OPERANDS = tuple(((e, "k", "float32"), (e, "g", "float32")) for e in FIRST_ARCH)
+_OPERANDS = tuple(((e, "k", "float32"), (e, "g", "float32")) for e in CODE_FIRST_ARCH)
 # DeepSeek-V3's: float8 per 1 x 128 token group x per 128 x 128 weight block
 _BLOCKS = (("float8e4m3", "g", "float32"), ("float8e4m3", "b", "float32"))
 # Registers a thread has beside its accumulators (fragments, addresses, the loop): ptxas caps a
@@ -69,15 +73,16 @@ class MmaSsBody(Body):
         if (operands not in _OPERANDS and operands != _BLOCKS) or s.w_zero_point.value != "none" \
                 or s.out_dtype not in OUT_DTYPES or s.gemm_type.value != "dense":
             raise ValueError(
-                f"{key.name}: the mma-ss body computes dense float8e4m3 x float8e4m3 or int8 x int8 with float32 "
-                "scales per token and per channel (a-e4m3-k-f32 w-e4m3-g-f32, a-s8-k-f32 w-s8-g-f32), or float8 "
+                f"{key.name}: the mma-ss body computes dense float8e4m3 x float8e4m3, int8 x int8 or int4 x int4 with "
+                "float32 scales per token and per channel (a-e4m3-k-f32 w-e4m3-g-f32, a-s8-k-f32 w-s8-g-f32, "
+                "a-s4-k-f32 w-s4-g-f32), or float8 "
                 "per 1 x 128 token group and per 128 x 128 weight block (a-e4m3-g-f32 w-e4m3-b-f32), no zero point, "
                 "into bfloat16 or float16"
             )
         if operands == _BLOCKS and 128 % (key.tile.block_n // key.tile.warps_n):
             raise ValueError(f"{key.name}: with block scales a warp's {key.tile.block_n // key.tile.warps_n} channels "
                              "must lie inside one 128-channel block (16, 32, 64 or 128 per warp)")
-        first = FIRST_ARCH[s.a_dtype]
+        first = CODE_FIRST_ARCH[s.a_dtype]
         if parse_arch(key.arch)[0] < first:
             raise ValueError(f"{key.name}: mma.sync on {s.a_dtype} codes needs sm{first} or later, not {key.arch}")
         need = accumulators(key.tile, s.a_dtype) + _SPARE_REGISTERS

@@ -61,10 +61,12 @@ def test_keys_name_the_arch_each_element_needs():
 
 def test_the_default_catalog_holds_the_table_per_arch_and_element():
     table = {label for _, label in w8a8._SYNC_TILES}
-    for arch, elements in (("sm80", {"s8"}), ("sm86", {"s8"}), ("sm89", {"s8", "e4m3"}), ("sm120", {"s8", "e4m3"}),
-                           ("sm100", {"s8", "e4m3"}), ("sm110", {"s8", "e4m3"}), ("sm90a", set()), ("sm75", set())):
+    names = {"s8": "int8", "e4m3": "float8e4m3", "s4": "int4"}  # (s4: W4A4, where its mma is native)
+    for arch, elements in (("sm80", {"s8", "s4"}), ("sm86", {"s8", "s4"}), ("sm89", {"s8", "e4m3", "s4"}),
+                           ("sm120", {"s8", "e4m3"}), ("sm100", {"s8", "e4m3"}), ("sm110", {"s8", "e4m3"}),
+                           ("sm90a", set()), ("sm75", set())):
         keys = [k for k in enumerate_keys("default", [arch]) if k.tile.mma.value == "mma-ss"]
-        assert {k.spec.a_dtype for k in keys} == {"int8" if e == "s8" else "float8e4m3" for e in elements}, arch
+        assert {k.spec.a_dtype for k in keys} == {names[e] for e in elements}, arch
         assert {k.tile.label for k in keys} == (table if elements else set()), arch
         scalings = len(elements) + ("e4m3" in elements)  # (float8 in two scalings: channel, blocks)
         assert len(keys) == len(table) * scalings * 2, arch  # both output dtypes
@@ -124,6 +126,9 @@ _SASS = {  # key -> the mma its SASS must hold
     "gemm_dense_sm89_mma-w4a8_a-e4m3-k-f32_w-s4-g-f32_o-f16_16x128x128_w1x4_s4": "QMMA.16832.F32.E4M3.E4M3",
     "gemm_dense_sm120_mma-w4a8_a-e4m3-k-f32_w-s4-g-f32_o-bf16_128x64x128_w4x2_s4": "QMMA.16832.F32.E4M3.E4M3",
     "gemm_dense_sm89_mma-w4a8_a-e4m3-k-f32_w-e2m1-g-ue8m0_o-bf16_32x128x128_w1x4_s4": "QMMA.16832.F32.E4M3.E4M3",
+    # W4A4 (int4 x int4 on mma-ss): m16n8k64 s4, native on sm80-sm89
+    "gemm_dense_sm80_mma-ss_a-s4-k-f32_w-s4-g-f32_o-bf16_64x128x128_w2x2_s4": "IMMA.16864.S4.S4",
+    "gemm_dense_sm89_mma-ss_a-s4-k-f32_w-s4-g-f32_o-f16_128x128x128_w2x4_s3": "IMMA.16864.S4.S4",
     "gemm_dense_sm120_mma-w4a8_a-e4m3-k-f32_w-e2m1-g-ue8m0_o-f16_128x64x128_w4x2_s4": "QMMA.16832.F32.E4M3.E4M3",
 }
 

@@ -299,3 +299,43 @@ def test_block_scales_off_sm90a_pass_the_token_scales_row_stride(monkeypatch):
     (launch,) = fakes.launches
     a_scale, stride = struct.unpack_from("<Qi", launch["params"], 384)
     assert a_scale != 0 and stride == 512 // 128  # (m, k / 128) token scales, rows k / 128 apart
+
+
+def _int4_operands(m, n, k):
+    gen = torch.Generator().manual_seed(2)
+    packed = w8a8.pack(quant.quantize(torch.randn(n, k, generator=gen), "int4:channel"))
+    return None, None, packed, ops.quantize_activation(torch.randn(m, k, generator=gen), "int4:token")
+
+
+# W4A4 (int4 x int4) runs on the mma-ss body everywhere: an H200 its sm90a build (the kernel's K
+# in bytes, the activation codes packed two a byte before the launch), an A100 its sm80 one
+
+def test_an_h200_runs_the_sm90a_build_with_the_kernel_k_in_bytes(monkeypatch):
+    fakes = Fakes(monkeypatch)
+    monkeypatch.setattr("humming_aot.catalog.installed_catalog", lambda: None)
+    _, _, packed, qa = _int4_operands(40, 100, 384)
+    out = _w8a8_launch.launch(qa, packed, None, torch.bfloat16, None, None, None)
+    tile = w8a8.select_sync_tile(40)
+    assert out.shape == (40, 112)
+    assert fakes.loads == [w8a8.kernel_key("sm90a", torch.bfloat16, tile, element="int4").name]
+    (launch,) = fakes.launches
+    fields = params_abi.GEMM_PARAMS.unpack(launch["params"][:104])
+    # a: a packed copy of the codes (rows of K / 2 = 192 bytes); m, n, k (K tiles of 128 bytes: 2),
+    # group_size: the codes' row bytes
+    assert fields[0] != qa.codes.data_ptr() and fields[1] == packed.w.data_ptr()
+    assert fields[8] == 192 and fields[10:14] == (40, 112, 256, 192)
+    with pytest.raises(ValueError, match="W4A4\\) runs on mma-ss tiles only"):
+        _w8a8_launch.launch(qa, packed, None, torch.bfloat16, None, "wgmma-ss:64x128x128_w1x8_s6", None)
+
+
+def test_an_a100_runs_its_sm80_build_and_a_t4_is_told_which_arch_can(monkeypatch):
+    fakes = Fakes(monkeypatch)
+    _device(monkeypatch, "fake A100", (8, 0), smem_per_sm=167936, num_sms=108)
+    _, _, packed, qa = _int4_operands(16, 256, 256)
+    _w8a8_launch.launch(qa, packed, None, torch.bfloat16, None, None, None)
+    assert fakes.loads[0].startswith("gemm_dense_sm80_mma-ss_a-s4-k-f32_w-s4-g-f32")
+    _device(monkeypatch, "fake T4", (7, 5))
+    _w8a8_launch._plans.clear()  # (a plan is per device index: device 0 is another GPU now)
+    with pytest.raises(RuntimeError, match="int4 W4A4 needs mma.sync on int4 codes: sm80 or later"):
+        _w8a8_launch.launch(qa, packed, None, torch.bfloat16, None, None, None)
+    assert len(fakes.launches) == 1
