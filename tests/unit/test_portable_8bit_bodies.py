@@ -61,10 +61,10 @@ def test_keys_name_the_arch_each_element_needs():
 
 def test_the_default_catalog_holds_the_table_per_arch_and_element():
     table = {label for _, label in w8a8._SYNC_TILES}
-    names = {"s8": "int8", "e4m3": "float8e4m3", "s4": "int4"}  # (s4: W4A4, where its mma is native)
+    names = {"s8": "int8", "e4m3": "float8e4m3", "s4": "int4"}  # (s4: W4A4 on every arch from sm80)
     for arch, elements in (("sm80", {"s8", "s4"}), ("sm86", {"s8", "s4"}), ("sm89", {"s8", "e4m3", "s4"}),
-                           ("sm120", {"s8", "e4m3"}), ("sm100", {"s8", "e4m3"}), ("sm110", {"s8", "e4m3"}),
-                           ("sm90a", set()), ("sm75", set())):
+                           ("sm120", {"s8", "e4m3", "s4"}), ("sm100", {"s8", "e4m3", "s4"}),
+                           ("sm110", {"s8", "e4m3", "s4"}), ("sm90a", {"s4"}), ("sm75", set())):
         keys = [k for k in enumerate_keys("default", [arch]) if k.tile.mma.value == "mma-ss"]
         assert {k.spec.a_dtype for k in keys} == {names[e] for e in elements}, arch
         assert {k.tile.label for k in keys} == (table if elements else set()), arch

@@ -78,15 +78,19 @@ def test_keys_and_generated_source():
         w8a8.kernel_key("sm90a", torch.bfloat16, parse_tile_field("wgmma-ss:8x128x128_w1x4_s6"), element="int4")
 
 
-def test_the_default_catalogs_hold_the_table_where_the_mma_is_native():
+def test_the_default_catalogs_hold_the_table_for_every_arch_from_sm80():
     from humming_aot.enumerate import enumerate_keys
 
-    for arch, expected in (("sm80", True), ("sm86", True), ("sm89", True), ("sm90a", False), ("sm120", False)):
+    for arch, expected in (("sm75", False), ("sm80", True), ("sm86", True), ("sm89", True), ("sm90a", True),
+                           ("sm100", True), ("sm120", True)):
         names = {k.name for k in enumerate_keys("default", [arch])}
         for _, label in w8a8._SYNC_TILES:
             for dtype in (torch.bfloat16, torch.float16):
+                if not expected:  # (sm75 has no int mma.sync of this shape: the key is refused)
+                    assert not any("_a-s4-k-f32_w-s4-g-f32_" in name for name in names), arch
+                    continue
                 key = w8a8.kernel_key(arch, dtype, parse_tile_field(label), element="int4")
-                assert (key.name in names) == expected, (arch, key.name)
+                assert key.name in names, (arch, key.name)
 
 
 def test_the_layer_and_the_custom_op():
