@@ -63,7 +63,7 @@ def test_errors_say_what_to_do():
     _, w, packed, qa = _operands(2, 64, 128)
     with pytest.raises(ValueError, match="quantize with 'float8e4m3:channel'"):
         w8a8.pack(quant.quantize(w, "int8:g64"))
-    with pytest.raises(ValueError, match="symmetric int8 weights"):
+    with pytest.raises(ValueError, match="symmetric int8 or int4 \\(W4A4\\) weights"):
         w8a8.pack(quant.quantize(w.abs(), "uint8:channel:zp"))
     with pytest.raises(ValueError, match="multiple of 16"):
         w8a8.pack(quant.quantize(torch.randn(16, 72), "float8e4m3:channel"))
