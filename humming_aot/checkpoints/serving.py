@@ -57,7 +57,8 @@ def serving_status(layer: CheckpointLayer, arch: str, catalog) -> str:
 
 
 def w8a8_serving_status(layer: CheckpointLayer, arch: str, catalog) -> str | None:
-    """One line for the W8A8 (or, for int4 weights, W4A8) path of a layer whose checkpoint quantizes its activations
+    """One line for the W8A8 (or, for int4 and MXFP4 weights, W4A8; int4 with int4 activations, W4A4) path of a layer
+    whose checkpoint quantizes its activations
     (``from_checkpoint(..., activations="checkpoint")``): ``catalog``, ``JIT ...`` or ``no: <why>``;
     None for a weight-only layer."""
     from humming_aot import support, w4a8, w8a8
@@ -73,15 +74,18 @@ def w8a8_serving_status(layer: CheckpointLayer, arch: str, catalog) -> str | Non
     if layer.weight.codes.dim() != 2:
         return "no: the W8A8 kernels take one (N, K) weight, not stacked experts"
     fmt = ActivationFormat.parse(scheme.format)
-    if layer.weight.format.element in ("int4", "uint4"):  # W4A8 (nn.W8A8Linear packs it with w4a8)
+    element = layer.weight.format.element
+    w4a4 = element == w8a8.INT4 and fmt.element == w8a8.INT4  # (int4 x int4: w8a8's, as nn.W8A8Linear packs it)
+    if element in ("int4", "uint4", w4a8.MXFP4_ELEMENT) and not w4a4:  # W4A8 (nn.W8A8Linear packs it with w4a8)
         try:
             packed = w4a8.pack(layer.weight)
         except ValueError as err:
             return f"no: {err}"
-        if fmt.element not in w4a8.ACT_ELEMENTS or fmt.granularity not in (ActivationGranularity.TOKEN,
-                                                                            ActivationGranularity.TENSOR):
+        elements = (w4a8.ACT_ELEMENT,) if packed.element == w4a8.MXFP4_ELEMENT else w4a8.ACT_ELEMENTS
+        if fmt.element not in elements or fmt.granularity not in (ActivationGranularity.TOKEN,
+                                                                   ActivationGranularity.TENSOR):
             return f"no: {scheme.format} activations do not suit a {packed.format} weight"
-        spec = w4a8.gemm_spec(torch.bfloat16, fmt.element)
+        spec = w4a8.gemm_spec(torch.bfloat16, fmt.element, packed.element)
     else:
         try:
             packed = w8a8.pack(layer.weight)

@@ -196,3 +196,28 @@ def test_an_int4_checkpoint_with_int8_token_activations_is_served_as_int4_x_int8
     bias = None if layer.bias is None else layer.bias.to(torch.bfloat16)
     expected = w4a8.gemm(ops.quantize_activation(x, "int8:token"), w4a8.pack(layer.weight), bias=bias)
     assert torch.equal(linear(x), expected)
+
+
+def test_an_mxfp4_checkpoint_with_float8_token_activations_is_served_as_w4a8(tmp_path):
+    # variant built here: ct_mxfp4a16 with compressed-tensors' dynamic float8 per-token
+    # input_activations (MXFP4 weights x float8: the wgmma-w4a8 body on sm90a, mma-w4a8 from sm89)
+    model = copy_fixture("ct_mxfp4a16", tmp_path)
+    config = json.loads((model / "config.json").read_text())
+    config["quantization_config"]["config_groups"]["group_0"]["input_activations"] = {
+        "num_bits": 8, "type": "float", "strategy": "token", "dynamic": True, "symmetric": True}
+    (model / "config.json").write_text(json.dumps(config))
+    (row,) = checkpoints.inspect(model)[:1]
+    prefix = row.prefix
+    layer = checkpoints.load_layer(model, prefix)
+    assert layer.activations.format == "float8e4m3:token"
+    for arch in ("sm89", "sm90a", "sm120"):
+        row = next(r for r in checkpoints.inspect(model, arch=arch) if r.prefix == prefix)
+        assert row.served_w8a8 == "catalog" or row.served_w8a8.startswith("JIT"), (arch, row.served_w8a8)
+    row = next(r for r in checkpoints.inspect(model, arch="sm86") if r.prefix == prefix)
+    assert row.served_w8a8.startswith("no: pairing 'w4a8_mxfp4_float8'") and "not on sm86" in row.served_w8a8
+    linear = QuantizedLinear.from_checkpoint(model, prefix, activations="checkpoint")
+    assert isinstance(linear, W8A8Linear) and linear.packed.element == w4a8.MXFP4_ELEMENT
+    x = torch.randn(3, linear.in_features, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    bias = None if layer.bias is None else layer.bias.to(torch.bfloat16)
+    expected = w4a8.gemm(ops.quantize_activation(x, "float8e4m3:token"), w4a8.pack(layer.weight), bias=bias)
+    assert torch.equal(linear(x), expected)
