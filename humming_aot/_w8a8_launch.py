@@ -156,7 +156,8 @@ def _kernel(info, out_dtype: torch.dtype, packed, tile, m: int, n: int, act_elem
     unless a body of the pairing takes it. The key's arch: sm90a for the wgmma bodies, for the
     portable ones _portable_key's."""
     w4 = isinstance(packed, PackedW4A8Weight)
-    label = "W4A8" if w4 else "W4A4" if packed.element == INT4 else "W8A8"
+    label = (("MXFP4 W4A8" if packed.element == w4a8.MXFP4_ELEMENT else "W4A8") if w4
+             else "W4A4" if packed.element == INT4 else "W8A8")
     fast, portable = (MmaKind.WGMMA_W4A8, MmaKind.MMA_W4A8) if w4 else (MmaKind.WGMMA_SS, MmaKind.MMA_SS)
     # (wgmma-w4a8: float8 activations only; wgmma-ss: no int4, which has no wgmma)
     fast_takes = act_element == w4a8.ACT_ELEMENT if w4 else packed.element != INT4
@@ -180,6 +181,8 @@ def _kernel(info, out_dtype: torch.dtype, packed, tile, m: int, n: int, act_elem
             return tile, w4a8.kernel_key(ARCH, out_dtype, tile, weight_element=packed.element)
         return tile, kernel_key(ARCH, out_dtype, tile, packed.blocks, packed.element)  # (raises for a tile the scaling cannot take)
     if tile.mma is not portable:
+        if not w4 and not fast_takes:
+            raise ValueError(f"tile {tile.label}: the W4A4 kernels run {portable.value} tiles only")
         raise ValueError(f"tile {tile.label}: the {label} kernels run {fast.value} tiles (sm90a) or {portable.value} tiles")
     if w4:
         return tile, _portable_key(info, act_element, label, lambda arch: w4a8.kernel_key(arch, out_dtype, tile,
@@ -200,7 +203,9 @@ def _portable_key(info, element: str, label: str, make_key):
         hint = {("float8e4m3", "W8A8"): "int8 W8A8 runs from sm80 (A100) on; or keep the weight and use 16-bit "
                                         "activations (W8A16)",
                 ("float8e4m3", "W4A8"): "int4 x int8 (quantize the activations with 'int8:token') runs from sm80 "
-                                        "on; or use 16-bit activations (W4A16)"}
+                                        "on; or use 16-bit activations (W4A16)",
+                ("float8e4m3", "MXFP4 W4A8"): "MXFP4 weights take float8 activations only: on this GPU keep 16-bit "
+                                              "activations (W4A16 MXFP4 runs from sm80)"}
         raise RuntimeError(
             f"{element} {label} needs mma.sync on {element} codes: sm{first} or later; {info.name} is sm_"
             f"{info.capability[0]}{info.capability[1]}. "

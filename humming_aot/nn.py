@@ -46,9 +46,10 @@ class QuantizedLinear(torch.nn.Module):
         """Quantize an nn.Linear's weight with `fmt` (e.g. "int4:g128") and pack it.
 
         act_dtype defaults to the linear's dtype when it is float16 or bfloat16, else bfloat16.
-        ``activations``: an ActivationFormat ("float8e4m3:token", "float8e4m3:g128", "int8:token") to
-        quantize the inputs with: a W8A8Linear (float8e4m3 or int8 weights of the same element, or
-        int4 weights with float8e4m3 or int8 activations, or "mxfp4" ones with float8e4m3: W4A8).
+        ``activations``: an ActivationFormat ("float8e4m3:token", "float8e4m3:g128", "int8:token",
+        "int4:token") to quantize the inputs with: a W8A8Linear (float8e4m3 or int8 weights of the
+        same element; int4 weights with float8e4m3 or int8 activations, or "mxfp4" ones with
+        float8e4m3: W4A8; "int4:channel" weights with int4 activations: W4A4).
         """
         from humming_aot.quant import quantize
 
@@ -151,8 +152,8 @@ class QuantizedLinear(torch.nn.Module):
 
 
 class W8A8Linear(torch.nn.Module):
-    """y = gemm(quantize_activation(x, activations), W) (+ b): a layer with 8-bit activations (sm_90a
-    kernels; the float64 reference on the CPU): float8 or int8 W8A8 (humming_aot.w8a8), or W4A8 with
+    """y = gemm(quantize_activation(x, activations), W) (+ b): a layer with quantized (8- or 4-bit)
+    activations (the float64 reference on the CPU): float8 or int8 W8A8 (humming_aot.w8a8), or W4A8 with
     int4 weights and float8 or int8 activations, or MXFP4 weights and float8 ones (humming_aot.w4a8). The output takes x's dtype when it is
     float16 or bfloat16, else bfloat16. Weight codes, scales and bias are buffers (``.to()`` moves
     them)."""
@@ -210,7 +211,8 @@ class W8A8Linear(torch.nn.Module):
                 f"the state dict of W8A8Linear {prefix.rstrip('.') or '(root)'} ({self._meta['format']}) holds W4A8 codes "
                 "without their packed layout version (packed_layout_version): they cannot be read safely; pack the "
                 "quantized weight again (humming_aot.w4a8.pack)")
-        if (self._meta["w4a8"] and self._meta["element"] == w4a8.WEIGHT_ELEMENT and isinstance(saved, torch.Tensor)
+        if (self._meta["w4a8"] and self._meta.get("element", w4a8.WEIGHT_ELEMENT) == w4a8.WEIGHT_ELEMENT
+                and isinstance(saved, torch.Tensor)
                 and int(saved) == 1 and isinstance(codes, torch.Tensor)):  # (version 1 held int4 codes only)
             state_dict[prefix + "w"] = w4a8.upgrade_packed(codes, 1)
             state_dict[prefix + "packed_layout_version"] = saved = torch.tensor(w4a8.LAYOUT_VERSION, dtype=torch.int32)
@@ -238,8 +240,9 @@ class W8A8Linear(torch.nn.Module):
     @classmethod
     def from_checkpoint_layer(cls, layer, activations: str, device=None) -> "W8A8Linear":
         """A checkpoint layer (humming_aot.checkpoints.CheckpointLayer) on the W8A8 kernels (W4A8
-        for int4 weights), its inputs quantized by ``activations``: "checkpoint" (the producer's
-        scheme, its static scale included) or an ActivationFormat string (dynamic)."""
+        for int4 and MXFP4 weights, W4A4 for int4 weights with int4 activations), its inputs
+        quantized by ``activations``: "checkpoint" (the producer's scheme, its static scale
+        included) or an ActivationFormat string (dynamic)."""
 
         where = f"from_checkpoint: layer {layer.prefix!r}"
         scheme, static_scale = layer.activations, None
@@ -297,7 +300,7 @@ class W8A8Linear(torch.nn.Module):
             return w4a8.PackedW4A8Weight(w=self.w, w_scale=self.w_scale, n=meta["n"], k=meta["k"],
                                          group_size=meta["group_size"], format=meta["format"], n_valid=meta["n_valid"],
                                          layout_version=w4a8.LAYOUT_VERSION,  # (load_state_dict checks the buffer)
-                                         element=meta["element"])
+                                         element=meta.get("element", w4a8.WEIGHT_ELEMENT))
         return w8a8.PackedW8A8Weight(w=self.w, w_scale=self.w_scale, n=meta["n"], k=meta["k"], format=meta["format"],
                                      n_valid=meta["n_valid"], blocks=meta["blocks"])
 

@@ -67,14 +67,15 @@ _A_SCALE_OFFSET = 384
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class PackedW8A8Weight:
-    """A float8e4m3 or int8 weight as the W8A8 kernels read it, on one device.
+    """A float8e4m3, int8 or (W4A4) int4 weight as the W8A8 kernels read it, on one device.
 
     w:        (n, k) uint8, the e4m3 or two's complement int8 codes row-major (rows past n_valid:
               zero codes); int4: (n, k / 2), two's complement nibbles, code 2 j in the low nibble
               of byte j
     w_scale:  (n,) float32, each output channel's scale (a per-tensor scale repeated; 0 past n_valid),
               or with ``blocks`` (ceil(n / 128), ceil(k / 128)) float32, one per 128 x 128 block
-    n, k:     the kernel's N (a multiple of N_ALIGN) and K (the weight's own, a multiple of K_ALIGN)
+    n, k:     the kernel's N (a multiple of N_ALIGN) and K (the weight's own, a multiple of K_ALIGN;
+              int4: of INT4_K_ALIGN)
     n_valid:  the weight's own N where pack padded it, else None
     format:   the WeightFormat string it was packed from
     """

@@ -57,7 +57,9 @@ def compressed_tensors_scheme(reader: CheckpointReader, args: dict | None, prefi
     dynamic, symmetric, group = args.get("dynamic"), args.get("symmetric", True), args.get("group_size")
     description = (f"{bits}-bit {kind} per {strategy}{f' of {group}' if group else ''}, "
                    f"{'dynamic' if dynamic else 'static'}, {'symmetric' if symmetric else 'asymmetric'}")
-    element = {"float": "float8e4m3", "int": "int8"}.get(kind) if bits == 8 else None
+    # 8-bit float or int, or 4-bit int (W4A4 with int4 weights; other 4-bit kinds: no kernel yet)
+    element = ({"float": "float8e4m3", "int": "int8"}.get(kind) if bits == 8
+               else "int4" if bits == 4 and kind == "int" else None)
     if element is None or not symmetric:
         return ActivationScheme(description=description, format=None)
     if strategy == "token" and dynamic:

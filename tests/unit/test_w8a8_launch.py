@@ -339,3 +339,23 @@ def test_an_a100_runs_its_sm80_build_and_a_t4_is_told_which_arch_can(monkeypatch
     with pytest.raises(RuntimeError, match="int4 W4A4 needs mma.sync on int4 codes: sm80 or later"):
         _w8a8_launch.launch(qa, packed, None, torch.bfloat16, None, None, None)
     assert len(fakes.launches) == 1
+
+
+def test_what_an_mxfp4_or_w4a4_caller_is_told_before_any_launch(monkeypatch):
+    from humming_aot import w4a8
+    from humming_aot.nn import W8A8Linear
+
+    fakes = Fakes(monkeypatch)
+    gen = torch.Generator().manual_seed(3)
+    mx = w4a8.pack(quant.quantize(torch.randn(128, 256, generator=gen), "mxfp4"))
+    qa = ops.quantize_activation(torch.randn(8, 256, generator=gen), "float8e4m3:token")
+    _device(monkeypatch, "fake A10", (8, 6))
+    with pytest.raises(RuntimeError, match="MXFP4 W4A8 needs mma.sync on float8e4m3 codes: sm89 or later.*MXFP4 "
+                                           "weights take float8 activations only"):
+        _w8a8_launch.launch(qa, mx, None, torch.bfloat16, None, None, None)
+    _, _, packed, qa4 = _int4_operands(8, 128, 256)
+    with pytest.raises(ValueError, match="the W4A4 kernels run mma-ss tiles only"):
+        _w8a8_launch.launch(qa4, packed, None, torch.bfloat16, None, "mma-w4a8:16x128x128_w1x4_s4", None)
+    assert fakes.launches == []
+    with pytest.raises(ValueError, match="activations int4:g128 do not suit weights int4:channel; use int4:token"):
+        W8A8Linear.from_linear(torch.nn.Linear(256, 64), "int4:channel", activations="int4:g128")

@@ -99,6 +99,8 @@ def main(argv=None) -> int:
                         help="the weight format (float8e4m3 activations for mxfp4)")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
+    if args.weights == "mxfp4" and args.int8:
+        parser.error("--weights mxfp4 takes float8 activations only: leave out --int8")
     shapes_text = args.shapes or ",".join(bench_gemm.SHAPE_SETS[s] for s in args.shape_set.split(","))
     shapes = list(dict.fromkeys(tuple(int(v) for v in s.split("x")) for s in shapes_text.split(",")))
     impls = args.impls.split(",")

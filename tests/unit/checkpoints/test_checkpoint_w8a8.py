@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from ckpt_fixture_utils import copy_fixture, edit_tensors, fixture, tensors
+from ckpt_fixture_utils import copy_fixture, edit_tensors, fixture, tensors, write_tensors
 
 from humming_aot import checkpoints, ops, w4a8, w8a8
 from humming_aot.checkpoints.reader import CheckpointError
@@ -220,4 +220,37 @@ def test_an_mxfp4_checkpoint_with_float8_token_activations_is_served_as_w4a8(tmp
     x = torch.randn(3, linear.in_features, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
     bias = None if layer.bias is None else layer.bias.to(torch.bfloat16)
     expected = w4a8.gemm(ops.quantize_activation(x, "float8e4m3:token"), w4a8.pack(layer.weight), bias=bias)
+    assert torch.equal(linear(x), expected)
+
+
+def test_an_int4_checkpoint_with_int4_token_activations_is_served_as_w4a4(tmp_path):
+    # variant built here: ct_w4a16 with compressed-tensors' dynamic int4 per-token input_activations,
+    # its weights per channel (W4A4 takes channel scales: the mma-ss body from sm80)
+    model = copy_fixture("ct_w4a16", tmp_path)
+    config = json.loads((model / "config.json").read_text())
+    group = config["quantization_config"]["config_groups"]["group_0"]
+    group["input_activations"] = {"num_bits": 4, "type": "int", "strategy": "token", "dynamic": True,
+                                  "symmetric": True}
+    (model / "config.json").write_text(json.dumps(config))
+    layer = checkpoints.load_layer(model, "proj")
+    assert layer.activations.format == "int4:token"
+    (row,) = checkpoints.inspect(model, arch="sm90a")  # groups of K: the W4A4 kernels refuse them
+    assert row.served_w8a8.startswith("no: the W8A8 kernels take") and "'int4:channel'" in row.served_w8a8
+    group["weights"].update(strategy="channel", group_size=None)
+    (model / "config.json").write_text(json.dumps(config))
+    data = tensors(model)
+    data["proj.weight_scale"] = data["proj.weight_scale"][:, :1].contiguous()
+    write_tensors(model, data)
+    layer = checkpoints.load_layer(model, "proj")
+    for arch in ("sm80", "sm89", "sm90a"):
+        (row,) = checkpoints.inspect(model, arch=arch)
+        assert row.served_w8a8 == "catalog" or row.served_w8a8.startswith("JIT"), (arch, row.served_w8a8)
+    (row,) = checkpoints.inspect(model, arch="sm75")
+    assert row.served_w8a8.startswith("no: pairing 'w4a4_int4_int4'") and "not on sm75" in row.served_w8a8
+    linear = QuantizedLinear.from_checkpoint(model, "proj", activations="checkpoint")
+    assert isinstance(linear, W8A8Linear) and isinstance(linear.packed, w8a8.PackedW8A8Weight)
+    assert linear.packed.element == "int4" and linear.activations == "int4:token"
+    x = torch.randn(3, linear.in_features, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    bias = None if layer.bias is None else layer.bias.to(torch.bfloat16)
+    expected = w8a8.gemm(ops.quantize_activation(x, "int4:token"), w8a8.pack(layer.weight), bias=bias)
     assert torch.equal(linear(x), expected)

@@ -8,6 +8,9 @@
 // The arches
 // without wgmma (Ampere, Ada, Blackwell's portable path) run W8A8 here; sm90a has the
 // warp-specialized wgmma-ss body (kernel/dense_wgmma_ss.cuh), which takes the same operands.
+// W4A4 (Codes = mma::S4SyncCodes, every arch): s4 codes two to a byte run the same staging and
+// fragments in bytes (m16n8k64), so every K below is counted in bytes: a K tile of 128 bytes is
+// 256 codes.
 //
 // Both operands stay codes: K-major rows (the checkpoint's (N, K) weight codes as they are, and
 // the (M, K) activation codes), copied by cp.async into a kStages-deep ring of 128-code K tiles
@@ -20,8 +23,9 @@
 //
 // Params: ScaledTmaGemmParams (kernel/params.cuh), of which this body reads tma.gemm (a, w,
 // w_scale: (n,) fp32, or with block scales (ceil(n / 128), k / 128) fp32, bias, out, workspace,
-// tile_counters, lda in bytes, ldo, m, n, k: K rounded up to 128, group_size: the codes' own K,
-// a multiple of 16 and the weights' row length, k_splits = gridDim.y), a_scale ((m,) fp32, or
+// tile_counters, lda in bytes, ldo, m, n, k: K rounded up to 128, group_size: the codes' own K
+// (in bytes: s4 codes are two a byte), a multiple of 16 and the weights' row length, k_splits =
+// gridDim.y), a_scale ((m,) fp32, or
 // with block scales (m, k / 128) rows a_scale_stride apart); no tensor map. gridDim.x: the tiles.
 
 #include <humming_aot/epilogue/output_writer.cuh>
