@@ -1,7 +1,7 @@
 """The enumerator: catalog families x archs x tiles -> the sorted KernelKeys a build compiles.
 
 A catalog file (``catalog/default.toml``, ``catalog/smoke.toml`` or any file of the same shape)
-lists *families*: a support pairing, optional subsets of its activation / weight dtypes, the archs,
+lists *families*: a support pairing, optional subsets of its activation / weight / output dtypes, the archs,
 and the tiles ("table" = every tile of the arch's table in tiles.toml, or a list of tile fields
 such as "16x128x64_w1x2_s8"). Tiles whose shared memory exceeds the arch's limit for a spec are
 left out. The result is deterministic: same files in, same sorted list out.
@@ -23,7 +23,7 @@ from humming_aot.spec import GemmSpec, GemmType, KernelKey, MmaKind, TileConfig,
 logger = logging.getLogger(__name__)
 
 BUILTIN_CATALOGS = ("default", "dense", "moe", "smoke")
-_FAMILY_KEYS = {"pairing", "doc", "archs", "gemm_type", "a_dtype", "w_dtype", "tiles"}
+_FAMILY_KEYS = {"pairing", "doc", "archs", "gemm_type", "a_dtype", "w_dtype", "out_dtype", "tiles"}
 _TILE_FIELD_RE = re.compile(r"^(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)(?:x(\d+))?_s(\d+)$")
 
 
@@ -38,12 +38,13 @@ class Family:
     a_dtypes: tuple[str, ...] | None  # None: every a_dtype of the pairing
     w_dtypes: tuple[str, ...] | None
     tiles: str | tuple[TileConfig, ...]  # "table" or explicit tiles
+    out_dtypes: tuple[str, ...] | None = None  # None: every out_dtype of the pairing
 
     def specs(self) -> list[GemmSpec]:
         return [spec for spec in self.pairing.specs(
             a_dtypes=list(self.a_dtypes) if self.a_dtypes is not None else None,
             w_dtypes=list(self.w_dtypes) if self.w_dtypes is not None else None,
-        ) if spec.gemm_type in self.gemm_types]
+        ) if spec.gemm_type in self.gemm_types and (self.out_dtypes is None or spec.out_dtype in self.out_dtypes)]
 
     def tiles_for(self, arch: str, w_bits: int, gemm_type: GemmType = GemmType.DENSE,
                   zero_point: bool = False) -> list[TileConfig]:
@@ -176,6 +177,14 @@ def _parse_family(path: Path, index: int, entry: dict) -> Family:
             tiles = tuple(parse_tile_field(t) for t in tiles)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
+    out_dtypes = entry.get("out_dtype")
+    if out_dtypes is not None:
+        allowed = pairing.out_dtype or pairing.a_dtype  # (a pairing without out_dtype: the activations')
+        refused = [d for d in out_dtypes if d not in allowed] if isinstance(out_dtypes, list) else None
+        if refused is None or refused or not out_dtypes:
+            raise ValueError(f"{where}: out_dtype must be a non-empty list of the pairing's output dtypes "
+                             f"({', '.join(allowed)}), got {out_dtypes!r}")
+        out_dtypes = tuple(out_dtypes)
     family = Family(
         index=index,
         pairing=pairing,
@@ -184,6 +193,7 @@ def _parse_family(path: Path, index: int, entry: dict) -> Family:
         a_dtypes=tuple(entry["a_dtype"]) if "a_dtype" in entry else None,
         w_dtypes=tuple(entry["w_dtype"]) if "w_dtype" in entry else None,
         tiles=tiles,
+        out_dtypes=out_dtypes,
     )
     try:
         family.specs()  # checks the dtype subsets against the pairing
