@@ -37,6 +37,18 @@ __device__ __forceinline__ void cp_async_16_bytes(u32 smem_addr, const void* gme
 #endif
 }
 
+// Copy 8 bytes (through L1: cp.async.cg takes 16 only), or write 8 zero bytes when !valid.
+__device__ __forceinline__ void cp_async_8(u32 smem_addr, const void* gmem, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  u32 x = 0, y = 0;
+  if (valid) asm volatile("ld.global.v2.u32 {%0, %1}, [%2];\n" : "=r"(x), "=r"(y) : "l"(gmem));
+  asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(smem_addr), "r"(x), "r"(y));
+#else
+  const int src_bytes = valid ? 8 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_bytes));
+#endif
+}
+
 __device__ __forceinline__ void cp_async_commit() {
 #if !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800)
   asm volatile("cp.async.commit_group;\n" ::);
