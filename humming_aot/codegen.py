@@ -108,14 +108,16 @@ def kernel_source(key: KernelKey) -> str:
     """The generated .cu text for one key (deterministic: same key, same bytes)."""
     spec, tile = key.spec, key.tile
     # the 8-bit-activation bodies (their check_key holds each to its pairings)
-    quantized_body = tile.mma in (MmaKind.WGMMA_SS, MmaKind.WGMMA_W4A8, MmaKind.MMA_SS, MmaKind.MMA_W4A8)
+    quantized_body = tile.mma in (MmaKind.WGMMA_SS, MmaKind.WGMMA_W4A8, MmaKind.MMA_SS, MmaKind.MMA_W4A8,
+                                  MmaKind.MMA_FP4)
     if ((spec.a_is_quantized and not quantized_body)
             or (spec.gemm_type is not GemmType.DENSE and spec.gemm_type not in _MOE_SCHEDULES)):
         raise ValueError(
             f"{key.name}: no kernel body takes {spec.a_dtype} activations or a {spec.gemm_type.value} GEMM yet on "
             f"{tile.mma.value} tiles (the bodies serve dense GEMMs with 16-bit activations, float8e4m3 x float8e4m3 "
             "on wgmma-ss and mma-ss tiles, int4 or mxfp4 x float8e4m3 on wgmma-w4a8 tiles, int4 x int8 or "
-            "float8e4m3 and mxfp4 x float8e4m3 on mma-w4a8 tiles, and the grouped masked and contiguous ones "
+            "float8e4m3 and mxfp4 x float8e4m3 on mma-w4a8 tiles, block-scaled float4e2m1 x float4e2m1 on mma-fp4 "
+            "tiles, and the grouped masked and contiguous ones "
             "around the mma.sync and wgmma-ws bodies)"
         )
     schedule = _moe_schedule(key)  # (raises for a body the MoE schedule does not take)
@@ -135,6 +137,10 @@ def kernel_source(key: KernelKey) -> str:
         type_args = f"""{_ACT_TYPES[spec.out_dtype]},  // output dtype (fp32 scales)
     {_SYNC_CODE_TYPES[spec.a_dtype]},  // the activations' codes: {spec.a_dtype}
     {_W4A8_WIDEN[spec.w_dtype, spec.a_dtype]},  // the {spec.w_dtype} weight codes' conversion"""
+    elif tile.mma is MmaKind.MMA_FP4:
+        vec, recipe = (4, "NVFP4, ue4m3 per 16 of K") if spec.a_scale_dtype == "float8e4m3" else (2, "MXFP4, ue8m0 per 32")
+        type_args = f"""{_ACT_TYPES[spec.out_dtype]},  // output dtype (fp32 sums)
+    humming_aot::mma::Fp4BlockScaledSync<{vec}>,  // both operands' codes and block scales: {recipe}"""
     elif tile.mma is MmaKind.MMA_SS:
         blocks = "true" if body.block_scales(key) else "false"
         type_args = f"""{_ACT_TYPES[spec.out_dtype]},  // output dtype (fp32 scales)

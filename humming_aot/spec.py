@@ -144,6 +144,12 @@ class MmaKind(str, Enum):
     to s8 (int8 activations, SM80+) or e4m3 (float8 activations, SM89+) as the mma's A, the
     activation codes its B (cp.async, ldmatrix), fp32 group scales per K tile of 128."""
 
+    MMA_FP4 = "mma-fp4"
+    """The block-scaled FP4 body (W4A4 NVFP4 x NVFP4, MXFP4 x MXFP4; sm120a / sm121a): e2m1
+    activation and weight codes two to a byte and their ue4m3 / ue8m0 block scales staged by
+    cp.async, ldmatrix into mma.sync m16n8k64 .kind::mxf4nvf4 .block_scale, which applies the
+    scales; fp32 sums per K tile of 256 codes into fp32 accumulators, global scales at the end."""
+
     @property
     def is_wgmma(self) -> bool:
         """A wgmma body (sm90a only; K stages of 64)."""

@@ -365,10 +365,11 @@ def _gemm(qa: QuantizedActivation, packed: PackedW8A8Weight, *, bias: torch.Tens
 
 
 def run_checked(qa: QuantizedActivation, packed, reference_fn, *, bias, out_dtype, out, tile, stream_k,
-                persistent) -> torch.Tensor:
-    """The 8-bit-activation GEMM of operands whose pairing its module has checked (w8a8, w4a8):
-    the output dtype and bias checks, then on the CPU reference_fn(qa, packed, bias) rounded once,
-    on a GPU the launch (humming_aot._w8a8_launch), shaped (*lead, N)."""
+                persistent, launch=None) -> torch.Tensor:
+    """The quantized-activation GEMM of operands whose pairing its module has checked (w8a8, w4a8,
+    fp4): the output dtype and bias checks, then on the CPU reference_fn(qa, packed, bias) rounded
+    once, on a GPU the launch (humming_aot._w8a8_launch's, or `launch` with its arguments), shaped
+    (*lead, N)."""
     if out_dtype not in _OUT_DTYPES:
         raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float16, got {out_dtype}")
     lead = tuple(qa.codes.shape[:-1])
@@ -382,9 +383,11 @@ def run_checked(qa: QuantizedActivation, packed, reference_fn, *, bias, out_dtyp
             raise ValueError("out, tile, stream_k and persistent choose how the GPU kernel runs; leave them None on "
                              "the CPU")
         return reference_fn(qa, packed, bias).to(out_dtype).reshape(*lead, n)
-    from humming_aot import _w8a8_launch
+    if launch is None:
+        from humming_aot import _w8a8_launch
 
-    y = _w8a8_launch.launch(qa, packed, bias, out_dtype, out, tile, stream_k, persistent)
+        launch = _w8a8_launch.launch
+    y = launch(qa, packed, bias, out_dtype, out, tile, stream_k, persistent)
     if out is not None:  # the caller's (M, packed.n) tensor, padded columns included
         return y.reshape(*lead, packed.n)
     if packed.n_valid is not None:

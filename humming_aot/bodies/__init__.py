@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from humming_aot.bodies.base import Body
+from humming_aot.bodies.mma_fp4 import MMA_FP4
 from humming_aot.bodies.mma_ss import MMA_SS
 from humming_aot.bodies.mma_swapped import MMA_SWAPPED
 from humming_aot.bodies.mma_sync import MMA_SYNC
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from humming_aot.spec import MmaKind
 
 BODIES: dict[str, Body] = {body.kind: body for body in (MMA_SYNC, MMA_SWAPPED, WGMMA, WGMMA_WS, WGMMA_SS, WGMMA_W4A8,
-                                                             MMA_SS, MMA_W4A8, SIMT)}
+                                                             MMA_SS, MMA_W4A8, MMA_FP4, SIMT)}
 
 
 def body_of(kind: "MmaKind | str") -> Body:
