@@ -91,10 +91,16 @@ tiles = ["64x256x64_w1x4_s6", "16x128x64_w1x2_s4"]
     assert all(s.smem_bytes > s.smem_limit for s in enumeration.skipped)
 
 
-def test_smoke_catalog_has_one_kernel_per_arch():
+def test_smoke_catalog_has_one_16_bit_kernel_per_arch_and_the_compile_only_pairings():
     keys = enumerate_keys("smoke")
-    assert Counter(k.arch for k in keys) == {a: 1 for a in catalog_archs("smoke")}
-    assert {k.tile.field for k in keys} == {"16x128x64_w1x2_s4"}
+    wna16 = [k for k in keys if not k.spec.a_is_quantized]
+    assert Counter(k.arch for k in wna16) == {a: 1 for a in catalog_archs("smoke") if a != "sm120a"}
+    assert {k.tile.field for k in wna16} == {"16x128x64_w1x2_s4"}
+    # W4A4 int4 (native s4 mma on sm80-sm89) and block-scaled NVFP4 (sm120a), one each
+    assert sorted(k.name for k in keys if k.spec.a_is_quantized) == [
+        "gemm_dense_sm120a_mma-fp4_a-e2m1-g-e4m3_w-e2m1-g-e4m3_o-bf16_16x128x128_w1x4_s4",
+        "gemm_dense_sm86_mma-ss_a-s4-k-f32_w-s4-g-f32_o-bf16_16x128x128_w1x4_s4",
+    ]
 
 
 def test_subset_and_explicit_tiles(tmp_path):
@@ -255,7 +261,8 @@ def test_catalog_includes(tmp_path):
         load_families(str(empty))
     from humming_aot.distribution import default_catalog_archs
 
-    assert default_catalog_archs() == ["sm75", "sm80", "sm86", "sm89", "sm90a", "sm100", "sm110", "sm120"]
+    assert default_catalog_archs() == ["sm75", "sm80", "sm86", "sm89", "sm90a", "sm100", "sm110", "sm120", "sm120a",
+                                      "sm121a"]
 
 
 # --- manifest ----------------------------------------------------------------------------------

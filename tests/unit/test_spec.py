@@ -26,7 +26,8 @@ def test_round_trip_covers_every_field_value():
     assert len(names) == len(DEFAULT_KEYS)
     assert {k.spec.w_zero_point for k in DEFAULT_KEYS} == set(ZeroPoint)
     assert {k.spec.w_is_float for k in DEFAULT_KEYS} == {False, True}
-    assert {k.spec.a_dtype for k in DEFAULT_KEYS} == {"float16", "bfloat16", "float8e4m3", "int8", "int4"}
+    assert {k.spec.a_dtype for k in DEFAULT_KEYS} == {"float16", "bfloat16", "float8e4m3", "int8", "int4",
+                                                       "float4e2m1"}
     assert {k.spec.w_scale for k in DEFAULT_KEYS} == set(ScaleGranularity)
     assert {k.spec.a_scale for k in DEFAULT_KEYS} == {ActivationScale.NONE, ActivationScale.TOKEN,
                                                       ActivationScale.GROUP}

@@ -128,6 +128,13 @@ def test_is_supported_agrees_with_why_unsupported_everywhere():
 def test_supported_specs_sorted_unique_and_supported():
     for arch in support.supported_archs():
         specs = support.supported_specs(arch)
+        assert specs == sorted(specs, key=support._spec_sort_key) and len(specs) == len(set(specs))
+        assert all(support.is_supported(s, arch) for s in specs)
+        if arch in ("sm120a", "sm121a"):  # the block-scaled FP4 W4A4 targets: NVFP4 and MXFP4 x two outputs
+            assert {(s.a_dtype, s.a_scale_dtype, s.w_dtype, s.w_scale_dtype, s.out_dtype, s.gemm_type) for s in specs} \
+                == {("float4e2m1", sd, "float4e2m1", sd, o, GemmType.DENSE)
+                    for sd in ("float8e4m3", "float8e8m0") for o in ("bfloat16", "float16")}
+            continue
         # (2 activation dtypes, float16 only on sm75) x (int1..int8 symmetric + uint1..uint8 with
         # integer or float zero points), + float weights: every signed eXmY of 2..8 bits for
         # bfloat16 (35), those float16 holds exactly for float16 (30: E <= 4, and float8e5m2)

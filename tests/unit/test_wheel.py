@@ -48,7 +48,7 @@ def test_names_tags_and_filenames():
 
 def test_core_extras_pin_every_default_catalog_arch():
     archs = distribution.default_catalog_archs()
-    assert archs == ["sm75", "sm80", "sm86", "sm89", "sm90a", "sm100", "sm110", "sm120"]
+    assert archs == ["sm75", "sm80", "sm86", "sm89", "sm90a", "sm100", "sm110", "sm120", "sm120a", "sm121a"]
     extras = distribution.core_extras("1.2.3", archs)
     assert extras["sm89"] == ["humming-aot-kernels-sm89-cu13==1.2.3"]
     assert extras["all"] == [f"humming-aot-kernels-{a}-cu13==1.2.3" for a in archs]
