@@ -210,3 +210,40 @@ def test_sanitizer_finds_nothing_in_the_w8a8_body(tool):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the W8A8 kernels are sm90a ones")
     _sanitize(tool, W8A8_CHILD, W8A8_LAUNCHES, [launch[:2] for launch in W8A8_LAUNCHES])
+
+
+# The FP4 W4A4 child: (tile, recipe, M, N, K) per launch through the emulated sm90a build (the
+# staging, the scale tiles and the writer are the native kernel's), NaN-poisoned outputs.
+FP4_CHILD = r"""
+import json, sys, torch
+from humming_aot import fp4, ops, quant
+
+for tile, recipe, m, n, k in json.loads(sys.argv[1]):
+    gen = torch.Generator().manual_seed(0)
+    packed = fp4.pack(quant.quantize(torch.randn(n, k, generator=gen), recipe)).to("cuda")
+    qa = ops.quantize_activation(torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16), recipe)
+    out = torch.full((m, packed.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    fp4.gemm(qa, packed, out=out, tile=tile, arch="sm90a")
+    torch.cuda.synchronize()
+    assert not out[:, :n].isnan().any(), tile
+    print("launched", tile, recipe, "k slices", list(fp4._plans.values())[-1].splits, flush=True)
+"""
+
+# Each table tile once per recipe at ragged M, N and K: the 16- and 32-row tiles with 3 output
+# tiles over 4096 of K (8 K slices reduced in the workspace), the 64-row tile at 100 x 330 x 992
+# (K tiles past the codes' own, rows and columns past M and N zero-filled, 2 K slices).
+FP4_LAUNCHES = [
+    ("mma-fp4:16x128x128_w1x4_s4", "nvfp4", 5, 320, 4096),
+    ("mma-fp4:32x128x128_w1x4_s4", "mxfp4", 27, 330, 4096),
+    ("mma-fp4:64x128x128_w2x4_s3", "nvfp4", 100, 330, 992),
+    ("mma-fp4:64x128x128_w2x4_s3", "mxfp4", 100, 330, 992),
+]
+
+
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
+def test_sanitizer_finds_nothing_in_the_fp4_body(tool):
+    if SANITIZER is None:
+        pytest.skip("compute-sanitizer is neither on PATH nor beside nvcc (it comes with the CUDA toolkit's bin/)")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the FP4 test build is an sm90a one (the native kernels need sm_120a / sm_121a)")
+    _sanitize(tool, FP4_CHILD, FP4_LAUNCHES, [launch[:2] for launch in FP4_LAUNCHES])
