@@ -164,7 +164,8 @@ def _kernel(info, out_dtype: torch.dtype, packed, tile, m: int, n: int, act_elem
     if tile is None:
         if ARCH in info.arches and fast_takes:
             tile = (w4a8.select_tile(m, n=n, num_sms=info.num_sms) if w4
-                    else select_tile(m, packed.blocks, n=n, num_sms=info.num_sms, element=packed.element))
+                    else select_tile(m, packed.blocks, n=n, num_sms=info.num_sms, element=packed.element,
+                                    k=packed.k))
         else:
             tile = w4a8.select_sync_tile(m) if w4 else select_sync_tile(m)
     if isinstance(tile, str):

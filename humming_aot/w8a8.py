@@ -195,28 +195,35 @@ def gemm_spec(out_dtype: torch.dtype, blocks: bool = False, element: str = ELEME
 
 
 def select_tile(m: int, blocks: bool = False, n: int | None = None, num_sms: int = 132,
-                element: str = ELEMENT) -> TileConfig:
+                element: str = ELEMENT, k: int | None = None) -> TileConfig:
     """The wgmma-ss tile for m tokens (catalog/tiles.toml has no rows for this body yet). With block
     scales at most 128 tokens per CTA (at 192 a thread has the registers neither for the overlapped
     promotion's three sets nor for the serial one's two beside its 48 token scales). Given N
-    (and the device's SMs), the 64-token tile's row only where its tiles fit in one wave: above
-    that, 128 tokens per CTA halve the tiles (and the waves) for as many products."""
+    (and the device's SMs), channel x token scales take the 64-token tile for 65-128 tokens where
+    its tiles fit in one wave (past one wave 128 tokens per CTA halve the tiles, and the waves,
+    for as many products), and past 128 tokens too where they fit and K (given) is at most
+    _WIDE_64_TOKEN_MAX_K: there twice the CTAs stream the weights where 128 tokens per CTA would
+    leave SMs idle or split short K slices (H200, log section 47: 0.69-1.02x the time over 14
+    points of five layers, geometric mean 0.81x; 4096 x 4096 at 256 tokens 11.9 us against 14.3).
+    At longer K the 128-token tile's split K measured as fast or faster from 256 tokens (up to
+    10 %)."""
     from humming_aot.enumerate import parse_tile_field
 
     table = _BLOCK_TILES if blocks else _INT8_TILES if element == "int8" else _TILES
-    for i, (limit, label) in enumerate(table):
-        if m <= limit:
-            tile = parse_tile_field(label)
-            if (n is not None and tile.block_m == 64 and m > 64 and i + 1 < len(table)
-                    and -(-m // 64) * -(-n // tile.block_n) > num_sms):
-                return parse_tile_field(table[i + 1][1])
-            return tile
-    raise AssertionError("the last row takes every m")
+    tile = table_tile(table, m)
+    sixty_four = table_tile(table, 65)  # (block scales: their 128-token row, which this leaves alone)
+    if n is None or m <= 64 or sixty_four.block_m != 64:
+        return tile
+    fits = -(-m // 64) * -(-n // sixty_four.block_n) <= num_sms
+    if fits and (tile.block_m == 64 or (k is not None and k <= _WIDE_64_TOKEN_MAX_K)):
+        return sixty_four
+    return parse_tile_field(table[-1][1])  # the widest tokens' row: 128 per CTA
 
 
 # (most tokens, tile), from H200 sweeps (docs/performance/log.md sections 33 and 34): one consumer
 # warpgroup of two units (two CTAs per SM) up to 32 tokens, then two consumer warpgroups of one
-# unit each: 64 tokens up to 128 (twice the CTAs of 128 tokens where N has few tiles), then 128
+# unit each: 64 tokens up to 128 (twice the CTAs of 128 tokens where N has few tiles; select_tile
+# keeps it at any M while its tiles fit in one wave, and drops it past one), then 128
 # tokens with five stages, whose staging tile fits after its ring (so that a CTA walking several
 # tiles loads the next while it stores one) and whose promotion overlaps the next K tile's wgmma:
 # faster than 192 tokens (no room for the overlap) at every M measured, 8192 included.
@@ -227,6 +234,8 @@ _TILES = (
     (128, "wgmma-ss:64x128x128_w1x8_s6"),
     (1 << 62, "wgmma-ss:128x128x128_w1x8_s5"),
 )
+# select_tile's 64-token tile past its row (more than 128 tokens): only up to this K
+_WIDE_64_TOKEN_MAX_K = 8192
 # Block scales: the same up to 64 tokens, then 128 (its promotion overlapped since session 31: the
 # add reads the token scales from the slot two at a time); five stages put the staging tile after
 # the ring, which measured 0-10 % faster than six over it (most at short K, where a CTA walks the

@@ -106,6 +106,23 @@ def test_the_64_token_rows_give_way_to_128_tokens_past_one_wave():
     assert w8a8.select_tile(128, n=28672).label == w8a8.select_tile(129).label
 
 
+def test_the_64_token_tile_past_128_tokens_where_it_fits_one_wave_at_short_k():
+    """More than 128 tokens: the 64-token tile only where its tiles fit in one wave and K is at most
+    _WIDE_64_TOKEN_MAX_K; block scales keep 128 tokens from 65."""
+    short, long_k = w8a8._WIDE_64_TOKEN_MAX_K, w8a8._WIDE_64_TOKEN_MAX_K + 128
+    for element in ("float8e4m3", "int8"):
+        assert w8a8.select_tile(256, n=4096, k=short, element=element).block_m == 64  # 4 x 32 = 128 tiles
+        assert w8a8.select_tile(256, n=4224, k=4096, element=element).block_m == 64  # 132 tiles
+        assert w8a8.select_tile(256, n=4352, k=4096, element=element).block_m == 128  # 136 tiles
+        assert w8a8.select_tile(512, n=2048, k=4096, element=element).block_m == 64
+        assert w8a8.select_tile(640, n=2048, k=4096, element=element).block_m == 128  # 160 tiles
+        assert w8a8.select_tile(256, n=4096, k=long_k, element=element).block_m == 128
+        assert w8a8.select_tile(256, n=4096, element=element).block_m == 128  # K not given
+        assert w8a8.select_tile(128, n=4096, k=long_k, element=element).block_m == 64  # its own row: any K
+    assert w8a8.select_tile(256, blocks=True, n=2048, k=4096).block_m == 128
+    assert w8a8.select_tile(100, blocks=True, n=2048, k=4096).block_m == 128
+
+
 def test_tile_rules_name_the_limit():
     with pytest.raises(ValueError, match="stages 128 K"):
         parse_tile_field("wgmma-ss:64x128x64_w1x8_s4")

@@ -152,7 +152,7 @@ def main(argv=None) -> int:
                        "p90_us": timing["p90_us"], "tflops": tflops(gemm_flops(m, n, k), us), "relerr": relerr,
                        "blocks": args.blocks, "int8": args.int8,
                        "tile": (w8a8.select_tile(m, args.blocks, n=n, num_sms=sms,
-                                                 element="int8" if args.int8 else "float8e4m3").label
+                                                 element="int8" if args.int8 else "float8e4m3", k=k).label
                                 if impl.startswith("humming_aot") and not tile else tile)}
                 results.append(row)
                 print(f"{n:>6} {k:>6} {m:>5} {impl:>18} {us:9.1f} {row['tflops']:8.1f} {relerr:8.1e}")

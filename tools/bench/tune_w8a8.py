@@ -76,7 +76,7 @@ def main(argv=None) -> int:
             ref = w8a8.reference(qas[0], packs[0]).float()
             calls = {}
             for label in args.tiles.split(","):
-                tile = (w8a8.select_tile(m, args.blocks, n=n, num_sms=sms, element=element).label if label == "table"
+                tile = (w8a8.select_tile(m, args.blocks, n=n, num_sms=sms, element=element, k=k).label if label == "table"
                         else label)
                 for stream_k in schedules:
                     for walk in args.persistent.split(","):
