@@ -37,6 +37,7 @@ from humming_aot.quant.weight import QuantizedWeight
 from humming_aot.quant.weight_format import ScaleGranularity, ZeroPointKind
 from humming_aot.spec import ActivationScale, GemmSpec, KernelKey, MmaKind, TileConfig, parse_arch
 from humming_aot.spec import ScaleGranularity as ScaleGranularitySpec
+from humming_aot.w8a8 import PackedRows
 
 __all__ = ["PackedFp4Weight", "gemm", "gemm_spec", "kernel_key", "pack", "reference", "select_tile"]
 
@@ -99,7 +100,7 @@ def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class PackedFp4Weight:
+class PackedFp4Weight(PackedRows):
     """An NVFP4 or MXFP4 weight as the mma-fp4 kernels read it, on one device.
 
     w:            (n, k / 2) uint8, e2m1 codes two a byte (code 2 j in the low nibble of byte j;
@@ -134,21 +135,6 @@ class PackedFp4Weight:
     def recipe(self) -> str:
         """"NVFP4" or "MXFP4"."""
         return _RECIPES[self.scale_dtype]
-
-    @property
-    def out_features(self) -> int:
-        return self.n if self.n_valid is None else self.n_valid
-
-    @property
-    def in_features(self) -> int:
-        return self.k
-
-    @property
-    def device(self) -> torch.device:
-        return self.w.device
-
-    def to(self, device) -> "PackedFp4Weight":
-        return dataclasses.replace(self, w=self.w.to(device), w_scale=self.w_scale.to(device))
 
     def effective_weight(self) -> torch.Tensor:
         """(out_features, K) float64: decode(codes) x block scale x global scale."""

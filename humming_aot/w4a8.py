@@ -46,6 +46,7 @@ from humming_aot.quant.weight_format import ScaleGranularity, ZeroPointKind
 from humming_aot.spec import ActivationScale, GemmSpec, KernelKey, TileConfig
 from humming_aot.spec import ScaleGranularity as ScaleGranularitySpec
 from humming_aot.w8a8 import (
+    PackedRows,
     reference,  # (the float64 product of any 8-bit-activation operands)
     table_tile,
 )
@@ -95,7 +96,7 @@ def _values_of_twos_complement(codes: torch.Tensor) -> torch.Tensor:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class PackedW4A8Weight:
+class PackedW4A8Weight(PackedRows):
     """An int4 or MXFP4 weight as the W4A8 kernels read it, on one device.
 
     w:          (k_tiles, n / 64, 4096) uint8, the packed codes (module docstring)
@@ -123,23 +124,8 @@ class PackedW4A8Weight:
     element: str = WEIGHT_ELEMENT
 
     @property
-    def out_features(self) -> int:
-        return self.n if self.n_valid is None else self.n_valid
-
-    @property
-    def in_features(self) -> int:
-        return self.k
-
-    @property
     def k_tiles(self) -> int:
         return self.w.shape[0]
-
-    @property
-    def device(self) -> torch.device:
-        return self.w.device
-
-    def to(self, device) -> "PackedW4A8Weight":
-        return dataclasses.replace(self, w=self.w.to(device), w_scale=self.w_scale.to(device))
 
     def effective_weight(self) -> torch.Tensor:
         """(out_features, K) float64: the values decoded from the packed layout x their group

@@ -65,8 +65,31 @@ _W_MAP_OFFSET = 256
 _A_SCALE_OFFSET = 384
 
 
+class PackedRows:
+    """What the quantized-activation packed weights (PackedW8A8Weight, w4a8's PackedW4A8Weight,
+    fp4's PackedFp4Weight) share: dataclasses with codes ``w`` and scales ``w_scale`` (tensors on
+    one device), the kernel's N ``n``, K ``k`` and the weight's own N ``n_valid`` where pack
+    padded it (else None)."""
+
+    @property
+    def out_features(self) -> int:
+        return self.n if self.n_valid is None else self.n_valid
+
+    @property
+    def in_features(self) -> int:
+        return self.k
+
+    @property
+    def device(self) -> torch.device:
+        return self.w.device
+
+    def to(self, device):
+        """The same weight with its tensors on `device`."""
+        return dataclasses.replace(self, w=self.w.to(device), w_scale=self.w_scale.to(device))
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
-class PackedW8A8Weight:
+class PackedW8A8Weight(PackedRows):
     """A float8e4m3, int8 or (W4A4) int4 weight as the W8A8 kernels read it, on one device.
 
     w:        (n, k) uint8, the e4m3 or two's complement int8 codes row-major (rows past n_valid:
@@ -97,21 +120,6 @@ class PackedW8A8Weight:
     def row_bytes(self) -> int:
         """Bytes of a row of codes: K, or K / 2 for int4 (the kernel's K)."""
         return self.k // 2 if self.element == INT4 else self.k
-
-    @property
-    def out_features(self) -> int:
-        return self.n if self.n_valid is None else self.n_valid
-
-    @property
-    def in_features(self) -> int:
-        return self.k
-
-    @property
-    def device(self) -> torch.device:
-        return self.w.device
-
-    def to(self, device) -> "PackedW8A8Weight":
-        return dataclasses.replace(self, w=self.w.to(device), w_scale=self.w_scale.to(device))
 
     def effective_weight(self) -> torch.Tensor:
         """(out_features, K) float64: decode(codes) x channel scale, what gemm multiplies with."""
