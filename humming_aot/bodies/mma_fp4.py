@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from humming_aot.bodies.base import Body
+from humming_aot.bodies.mma_ss import _REGISTER_LIMIT, _SPARE_REGISTERS, check_staged_tile
 
 if TYPE_CHECKING:
     from humming_aot.spec import KernelKey, TileConfig
@@ -27,8 +28,6 @@ SCALES = {"float8e4m3": (16, 16), "float8e8m0": (32, 8)}
 # target); the emulated kernels of the tests build from sm80 (cp.async)
 NATIVE_ARCH = 120
 FIRST_ARCH = 80
-_REGISTER_LIMIT = 255
-_SPARE_REGISTERS = 64
 
 
 def accumulators(tile: "TileConfig") -> int:
@@ -60,21 +59,8 @@ class MmaFp4Body(Body):
     fixed_block_k = True  # 128 code bytes a stage
 
     def check_tile(self, tile: "TileConfig") -> None:
-        if tile.block_k != 128:
-            raise ValueError(f"block_k={tile.block_k}: the mma-fp4 body stages 128 code bytes (256 e2m1 codes)")
-        if tile.warps_k != 1:
-            raise ValueError(f"warps_k={tile.warps_k}: the mma-fp4 body's warps split the output tile, not K")
-        if tile.block_m % (16 * tile.warps_m) or tile.block_m > 256:
-            raise ValueError(f"block_m={tile.block_m} must be a multiple of 16 * warps_m={tile.warps_m}, at most 256")
-        if tile.block_n % (16 * tile.warps_n) or tile.block_n > 256:
-            raise ValueError(f"block_n={tile.block_n} must be a multiple of 16 * warps_n={tile.warps_n} (pairs of n8 "
-                             "fragments per warp), at most 256")
-        if not 1 <= tile.warps_m * tile.warps_n <= 16:
-            raise ValueError(f"warps {tile.warps_m}x{tile.warps_n}: the mma-fp4 body runs 1 to 16 warps")
-        if tile.stages < 2:
-            raise ValueError(f"stages={tile.stages}: the mma-fp4 ring needs at least 2 K tiles")
-        if (tile.block_m + tile.block_n) * 8 // self.threads(tile) > 64:
-            raise ValueError(f"tile {tile.label}: too many copy passes per thread; use more warps")
+        # (mma-ss's staging in bytes)
+        check_staged_tile(tile, self.kind, self.threads(tile), "128 code bytes (256 e2m1 codes)")
         if accumulators(tile) + _SPARE_REGISTERS > _REGISTER_LIMIT:
             raise ValueError(f"tile {tile.label}: {accumulators(tile)} fp32 sums and accumulators per thread; at most "
                              f"{_REGISTER_LIMIT - _SPARE_REGISTERS} (more warps, or a smaller tile)")

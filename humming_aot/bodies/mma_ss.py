@@ -37,6 +37,29 @@ def accumulators(tile: "TileConfig", element: str) -> int:
     return 4 * fragments * (2 if element == "float8e4m3" else 1)
 
 
+def check_staged_tile(tile: "TileConfig", kind: str, threads: int, k_tile: str) -> None:
+    """The tile rules of the staging this body shares with mma-fp4: K tiles of 128 code bytes (one
+    128-byte row per operand row) by cp.async, warps splitting the output tile in m16 x n16 units,
+    1-16 warps, a ring of at least two K tiles, at most 64 copy passes a thread. `k_tile` says
+    what a K tile holds, for the message."""
+    if tile.block_k != 128:
+        raise ValueError(f"block_k={tile.block_k}: the {kind} body stages {k_tile}")
+    if tile.warps_k != 1:
+        raise ValueError(f"warps_k={tile.warps_k}: the {kind} body's warps split the output tile, not K")
+    if tile.block_m % (16 * tile.warps_m) or tile.block_m > 256:
+        raise ValueError(f"block_m={tile.block_m} must be a multiple of 16 * warps_m={tile.warps_m}, at most 256")
+    if tile.block_n % (16 * tile.warps_n) or tile.block_n > 256:
+        raise ValueError(f"block_n={tile.block_n} must be a multiple of 16 * warps_n={tile.warps_n} (pairs of n8 "
+                         "fragments per warp), at most 256")
+    if not 1 <= tile.warps_m * tile.warps_n <= 16:
+        raise ValueError(f"warps {tile.warps_m}x{tile.warps_n}: the {kind} body runs 1 to 16 warps")
+    if tile.stages < 2:
+        raise ValueError(f"stages={tile.stages}: the {kind} ring needs at least 2 K tiles")
+    # the copies: each thread keeps one 16-byte column chunk, one validity bit per pass
+    if (tile.block_m + tile.block_n) * 8 // threads > 64:
+        raise ValueError(f"tile {tile.label}: too many copy passes per thread; use more warps")
+
+
 class MmaSsBody(Body):
     kind = "mma-ss"
     header = "dense_mma_ss.cuh"
@@ -45,22 +68,7 @@ class MmaSsBody(Body):
     fixed_block_k = True  # 128 codes a stage: one 128-byte row per operand row
 
     def check_tile(self, tile: "TileConfig") -> None:
-        if tile.block_k != 128:
-            raise ValueError(f"block_k={tile.block_k}: the mma-ss body stages 128 K (one 128-byte row of 8-bit codes)")
-        if tile.warps_k != 1:
-            raise ValueError(f"warps_k={tile.warps_k}: the mma-ss body's warps split the output tile, not K")
-        if tile.block_m % (16 * tile.warps_m) or tile.block_m > 256:
-            raise ValueError(f"block_m={tile.block_m} must be a multiple of 16 * warps_m={tile.warps_m}, at most 256")
-        if tile.block_n % (16 * tile.warps_n) or tile.block_n > 256:
-            raise ValueError(f"block_n={tile.block_n} must be a multiple of 16 * warps_n={tile.warps_n} (pairs of n8 "
-                             "fragments per warp), at most 256")
-        if not 1 <= tile.warps_m * tile.warps_n <= 16:
-            raise ValueError(f"warps {tile.warps_m}x{tile.warps_n}: the mma-ss body runs 1 to 16 warps")
-        if tile.stages < 2:
-            raise ValueError(f"stages={tile.stages}: the mma-ss ring needs at least 2 K tiles")
-        # the copies: each thread keeps one 16-byte column chunk, one validity bit per pass
-        if (tile.block_m + tile.block_n) * 8 // self.threads(tile) > 64:
-            raise ValueError(f"tile {tile.label}: too many copy passes per thread; use more warps")
+        check_staged_tile(tile, self.kind, self.threads(tile), "128 K (one 128-byte row of 8-bit codes)")
         if accumulators(tile, "int8") + _SPARE_REGISTERS > _REGISTER_LIMIT:
             raise ValueError(f"tile {tile.label}: {accumulators(tile, 'int8')} accumulators per thread; at most "
                              f"{_REGISTER_LIMIT - _SPARE_REGISTERS} (more warps, or a smaller tile)")
