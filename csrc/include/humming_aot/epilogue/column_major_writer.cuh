@@ -1,14 +1,17 @@
 #pragma once
-// Epilogue of the wgmma body, whose accumulators hold the output transposed: rows are output
-// columns (weight channels), columns are output rows (tokens). fp32 accumulators x global scale
-// (+ bias) -> activation dtype, two tokens a register -> a tile in shared memory, transposed back
-// by stmatrix (four 8 x 8 blocks an instruction) -> 16-byte row stores to global memory,
+// Epilogue of the wgmma bodies, whose accumulators hold the output transposed (WarpgroupFragments:
+// rows are output columns, weight channels; columns are output rows, tokens) or, where the tokens
+// are wgmma's M (epilogue/token_major_fragments.cuh), as the output lies. fp32 accumulators x
+// global scale (+ bias) -> activation dtype, two tokens (or two columns) a register -> a tile of
+// token rows in shared memory, by stmatrix (four 8 x 8 blocks an instruction; transposed from
+// WarpgroupFragments) -> 16-byte row stores to global memory,
 // with the same deterministic split-K reduction as epilogue/output_writer.cuh: each K slice
 // stores its fp32 partial tile in the workspace, and the CTA that arrives last at the tile's
 // counter sums the partials in slice order 0..k_splits-1, writes the output and resets the
 // counter. SM90.
 
 #include <humming_aot/epilogue/split_k_arrival.cuh>
+#include <humming_aot/epilogue/token_major_fragments.cuh>
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/memory/cp_async.cuh>
 #include <humming_aot/memory/shared_fragments.cuh>
@@ -27,6 +30,7 @@ namespace humming_aot::epilogue {
 template <int kTokens, int kUnits = 1>
 struct WarpgroupFragments {
   static_assert(kTokens % 8 == 0, "whole 8-token chunks");
+  static constexpr bool kTokenMajor = false;
   static constexpr int kUnitAccumulators = kTokens / 2;
   static constexpr int kAccumulators = kUnits * kUnitAccumulators;
   static constexpr int kChunks = kTokens / 8;
@@ -76,31 +80,62 @@ __device__ __forceinline__ void stmatrix_trans_x4(u32 address, u32 r0, u32 r1, u
                "r"(r1), "r"(r2), "r"(r3)
                : "memory");
 }
+__device__ __forceinline__ void stmatrix_x4(u32 address, u32 r0, u32 r1, u32 r2, u32 r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
 __device__ __forceinline__ void stmatrix_trans_x2(u32 address, u32 r0, u32 r1) {
   asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1, %2};\n" ::"r"(address), "r"(r0), "r"(r1)
                : "memory");
 }
 
+// The columns and tokens that kThreads threads' fragments cover (transposed: any kTokens).
+template <class Fragments, int kThreads, int kTokens, bool kTokenMajor = Fragments::kTokenMajor>
+struct StagedShape {
+  static constexpr int kColumns = 64 * Fragments::kUnitsPerWarpGroup * (kThreads / 128);
+  static constexpr int kRows = kTokens;
+};
+template <class Fragments, int kThreads, int kTokens>
+struct StagedShape<Fragments, kThreads, kTokens, true> {
+  static constexpr int kColumns = Fragments::kColumns;
+  static constexpr int kRows = Fragments::kTokensPerWarpGroup * (kThreads / 128);
+};
+
 // kTokens x kColumns output tile written by kThreads threads (the first kThreads of the CTA)
-// whose accumulators are in WarpgroupFragments' layout (the stmatrix store needs its m16n8 blocks:
-// first_column, index, kChunks; the split-K path its for_each); Barrier synchronizes exactly
-// those threads.
+// whose accumulators are in WarpgroupFragments' layout or TokenMajorFragments' (the stmatrix
+// store needs their m16n8 blocks: first_column, index, kChunks; the split-K path their for_each);
+// Barrier synchronizes exactly those threads.
 template <class Act, int kTokens, int kColumns, int kThreads, class Fragments, class Barrier = ptx::CtaBarrier>
 struct ColumnMajorWriter {
   static constexpr int kAccumulators = Fragments::kAccumulators;
   static constexpr int kRowElems = kColumns + 8;  // staged row stride: +16 bytes against bank conflicts
   static constexpr int kStagingBytes = kTokens * kRowElems * 2;
   using H2 = numerics::PackedHalf2<Act>;
-  static_assert(kColumns == 64 * Fragments::kUnitsPerWarpGroup * (kThreads / 128),
-                "the threads' warpgroups hold every staged column (the stmatrix store writes whole rows)");
+  static constexpr bool kFragmentsTokenMajor = Fragments::kTokenMajor;
+  using Shape = StagedShape<Fragments, kThreads, kTokens>;
+  static_assert(kColumns == Shape::kColumns && kTokens == Shape::kRows,
+                "the threads' warpgroups hold every staged row and column (the stmatrix store writes whole rows)");
 
   // acc x global scale (+ bias) rounded into the staging tile, then copied row by row to the output.
-  // Per unit, the thread's two columns' biases are read once; per pair of 8-token chunks one
-  // stmatrix stores the blocks (chunk j, columns g), (j, 8 + g), (j + 1, g), (j + 1, 8 + g): lane
-  // 8 i + c supplies the staged row of token c of block i (an odd last chunk: two blocks).
   static __device__ __forceinline__ void store_tile(const kernel::GemmParams& p, const float (&acc)[kAccumulators],
                                                     int m0, int n0, char* staging) {
     static_assert(kRowElems % 8 == 0, "16-byte staged rows (stmatrix)");
+    if constexpr (kFragmentsTokenMajor) {
+      stage_token_major(p, acc, n0, staging);
+    } else {
+      stage_transposed(p, acc, n0, staging);
+    }
+    Barrier::sync();
+    copy_out(p, m0, n0, memory::shared_address(staging));
+  }
+
+  // WarpgroupFragments' accumulators into the staging tile, transposed. Per unit, the thread's two
+  // columns' biases are read once; per pair of 8-token chunks one stmatrix stores the blocks (chunk
+  // j, columns g), (j, 8 + g), (j + 1, g), (j + 1, 8 + g): lane 8 i + c supplies the staged row of
+  // token c of block i (an odd last chunk: two blocks).
+  static __device__ __forceinline__ void stage_transposed(const kernel::GemmParams& p,
+                                                          const float (&acc)[kAccumulators], int n0, char* staging) {
     const unsigned short* bias = static_cast<const unsigned short*>(p.bias);
     const int lane = threadIdx.x & 31, col0 = Fragments::first_column();
     const int block = lane >> 3;  // the block whose row this lane addresses
@@ -134,8 +169,44 @@ struct ColumnMajorWriter {
                           pack(Fragments::index(u, j, 2), b[1]));
       }
     }
-    Barrier::sync();
-    copy_out(p, m0, n0, tile_address);
+  }
+
+  // Token-major accumulators (epilogue/token_major_fragments.cuh) into the staging tile: per pair
+  // of 8-column chunks one stmatrix stores the blocks (tokens g, chunk j), (8 + g, j), (g, j + 1),
+  // (8 + g, j + 1); lane 8 i + r supplies the staged row of token r of block i. A column pair's
+  // biases are read once.
+  static __device__ __forceinline__ void stage_token_major(const kernel::GemmParams& p,
+                                                           const float (&acc)[kAccumulators], int n0, char* staging) {
+    const unsigned short* bias = static_cast<const unsigned short*>(p.bias);
+    const int lane = threadIdx.x & 31, col0 = Fragments::first_column();
+    const int block = lane >> 3;
+    // this lane's staged row: token 16 warp + 8 (block % 2) + lane % 8, columns from 8 (j + block / 2)
+    const int token = 16 * static_cast<int>(threadIdx.x >> 5) + 8 * (block & 1) + (lane & 7);
+    const u32 row = memory::shared_address(staging) + 2u * static_cast<u32>(token * kRowElems + 8 * (block >> 1));
+    const auto column_bias = [&](int j, float (&b)[2]) {
+      b[0] = b[1] = 0.f;
+      if (bias == nullptr) return;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = n0 + col0 + 8 * j + e;
+        if (col < p.n) {
+          float unused;
+          H2::to_floats(static_cast<u32>(bias[col]), b[e], unused);
+        }
+      }
+    };
+    const auto pack = [&](int i, const float (&b)[2]) {
+      return H2::from_floats(acc[i] * p.global_scale + b[0], acc[i + 1] * p.global_scale + b[1]);
+    };
+#pragma unroll
+    for (int j = 0; j < Fragments::kChunks; j += 2) {
+      float b0[2], b1[2];
+      column_bias(j, b0);
+      column_bias(j + 1, b1);
+      stmatrix_x4(row + 2u * static_cast<u32>(8 * j), pack(Fragments::index(j, 0), b0),
+                  pack(Fragments::index(j, 2), b0), pack(Fragments::index(j + 1, 0), b1),
+                  pack(Fragments::index(j + 1, 2), b1));
+    }
   }
 
   // The staged tile to the output, 16-byte chunks: thread t copies column chunk t % kChunksPerRow

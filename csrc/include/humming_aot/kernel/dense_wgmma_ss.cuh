@@ -22,6 +22,13 @@
 // The e4m3 promotion needs twice the accumulator registers: a consumer warpgroup holds at most
 // 64 channels x 192 tokens (128 with block scales, whose token scales it holds too), or 128 x 96.
 //
+// Token-major (kTokenMajor: block scales, 128 tokens x 128 channels, two consumer warpgroups of one
+// unit): the roles swap, the tokens wgmma's A (warpgroup wg: tokens 64 wg + [0, 64)) and the CTA's
+// 128 channels, one weight block, its N, through the same slot (mainloop/fp8_token_major_blocks.cuh,
+// epilogue/token_major_fragments.cuh): a thread's accumulators then hold two tokens rather than 32,
+// so each K tile's promotion weighs them with two factors rather than 32 (H200: the transposed
+// tile's promotion took ~1,080 cycles a K tile against ~670 without block scales, ncu).
+//
 // Schedules (tail split or stream-K, schedule/work_units.cuh) and the epilogue (fixup or split-K
 // reduction in fp32, then the staging tile of epilogue/column_major_writer.cuh) are the 16-bit
 // body's; the token and channel scales multiply the reduced fp32 sums just before the store. The
@@ -30,9 +37,11 @@
 #include <humming_aot/epilogue/column_major_writer.cuh>
 #include <humming_aot/epilogue/fragment_split_k.cuh>
 #include <humming_aot/epilogue/stream_k_fixup.cuh>
+#include <humming_aot/epilogue/token_major_fragments.cuh>
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/kernel/scaled_ws_driver.cuh>
 #include <humming_aot/mainloop/fp8_promotion.cuh>
+#include <humming_aot/mainloop/fp8_token_major_blocks.cuh>
 #include <humming_aot/mainloop/integer_sums.cuh>
 #include <humming_aot/memory/cp_async.cuh>
 #include <humming_aot/mma/wgmma_e4m3.cuh>
@@ -69,10 +78,12 @@ struct DenseWgmmaSs {
   static_assert(!kBlockScales || kBlockN % 128 == 0, "whole 128-channel weight blocks per CTA");
   static_assert(!(kBlockScales && Codes::kExactSums), "block scales apply at the promotion, which s8 sums skip");
 
-  using Mma = typename Codes::template Mma<kBlockM>;
+  static constexpr bool kTokenMajor = kBlockScales && kBlockM == 128 && kBlockN == 128 && kUnitsPerWarpGroup == 1;
+  using Mma = typename Codes::template Mma<kTokenMajor ? kBlockN : kBlockM>;  // (N: tokens, or token-major channels)
   using Units = schedule::WorkUnits<kBlockM, kBlockN, kBlockK, /*kPersistentTiles=*/true>;
   using StreamK = typename Units::StreamK;
-  using Fragments = epilogue::WarpgroupFragments<kBlockM, kUnitsPerWarpGroup>;
+  using Fragments = typename Select<kTokenMajor, epilogue::TokenMajorFragments<kBlockN>,
+                                    epilogue::WarpgroupFragments<kBlockM, kUnitsPerWarpGroup>>::Type;
   using ConsumerBarrier = ptx::NamedBarrier<kConsumerThreads, 1>;
   using Writer = epilogue::ColumnMajorWriter<Out, kBlockM, kBlockN, kConsumerThreads, Fragments, ConsumerBarrier>;
   using SplitK = epilogue::FragmentSplitK<kConsumerThreads, Fragments::kAccumulators, ConsumerBarrier>;
@@ -111,10 +122,11 @@ struct DenseWgmmaSs {
   static constexpr bool kOverlappedPromotion =
       !Codes::kExactSums && (!kBlockScales || kStagedTokenScales) && 3 * kAccumulators + 40 <= kConsumerRegistersHeld;
 
-  using Ring = mainloop::WgmmaSsRing<Mma, kUnitsPerWarpGroup, kStages, kStageBytes, kWeightBytes>;
-  using Consumer =
-      typename Select<Codes::kExactSums, mainloop::IntegerSums<Ring>,
+  using Ring = mainloop::WgmmaSsRing<Mma, kUnitsPerWarpGroup, kStages, kStageBytes, kWeightBytes, kTokenMajor>;
+  using Fp8Consumer =
+      typename Select<kTokenMajor, mainloop::Fp8TokenMajorBlocks<Ring, kCodeBytes>,
                       mainloop::Fp8Promotion<Ring, kBlockScales, kBlockM, kCodeBytes, kOverlappedPromotion>>::Type;
+  using Consumer = typename Select<Codes::kExactSums, mainloop::IntegerSums<Ring>, Fp8Consumer>::Type;
 
   // The producer: one thread issues the copies of `count` K tiles from k_tile0 on of the tile at (m0, n0).
   static __device__ __forceinline__ void produce(const ScaledTmaGemmParams& params, int m0, int n0, int k_tile0,

@@ -3,22 +3,26 @@
 // one K tile of 128 8-bit codes, the weight box (kUnits x 64 rows of 128 bytes) first, then the
 // activation box (kBlockM rows), both with the 128-byte swizzle. `issue` waits for the slot to be
 // full and multiplies it into a set of accumulators with four k32 wgmma steps per 64-channel unit
-// of this warpgroup, committed as one group; `release` gives the slot back to the producer once
-// that group has completed. Contract: the consumer warpgroups walk the slots in the same order as
-// the producer fills them, every slot once per lap; lane 0 of each consumer warp releases (the
-// empty barriers count the consumer warps).
+// of this warpgroup (the weights wgmma's A, the tokens its N), or, kTokensAsA, per warpgroup's 64
+// tokens (the tokens wgmma's A, all of the slot's channels its N: one unit), committed as one
+// group; `release` gives the slot back to the producer once that group has completed. Contract:
+// the consumer warpgroups walk the slots in the same order as the producer fills them, every slot
+// once per lap; lane 0 of each consumer warp releases (the empty barriers count the consumer
+// warps).
 
 #include <humming_aot/mma/wgmma.cuh>
 #include <humming_aot/ptx/mbarrier.cuh>
 
 namespace humming_aot::mainloop {
 
-template <class Mma,               // mma::WgmmaE4m3<kBlockM> or mma::WgmmaS8<kBlockM>
-          int kUnitsPerWarpGroup,  // 64-channel units each consumer warpgroup multiplies
-          int kStages,             // slots of the ring
-          int kSlotBytes,          // bytes a slot takes (a multiple of 1024)
-          int kWeightBytes>        // bytes of the weight box at the start of a slot (activations after it)
+template <class Mma,                // mma::WgmmaE4m3<kBlockM> or mma::WgmmaS8<kBlockM>
+          int kUnitsPerWarpGroup,   // 64-channel units each consumer warpgroup multiplies
+          int kStages,              // slots of the ring
+          int kSlotBytes,           // bytes a slot takes (a multiple of 1024)
+          int kWeightBytes,         // bytes of the weight box at the start of a slot (activations after it)
+          bool kTokensAsA = false>  // warpgroup wg multiplies tokens 64 wg + [0, 64) by every channel
 struct WgmmaSsRing {
+  static_assert(!kTokensAsA || kUnitsPerWarpGroup == 1, "token-major: one unit of 64 tokens a warpgroup");
   static constexpr int kK32Steps = 128 / 32;
   static constexpr int kStageBytes = kSlotBytes;
   static constexpr int kUnitAccumulators = Mma::kAccumulators;
@@ -38,8 +42,10 @@ struct WgmmaSsRing {
     ptx::mbarrier_wait(full0 + 8 * slot, ring.full_parity);
     const u32 stage = smem_base + slot * kSlotBytes;
     // K step kk: 32 codes = 32 bytes further along each row, 2 in the descriptors' address field
-    const u64 tokens = mma::k_major_sw128_descriptor(stage + kWeightBytes);
-    const u64 channels = mma::k_major_sw128_descriptor(stage + unit0 * (64 * 128));
+    // B: the N rows; A: the warpgroup's 64 rows (channels of its units, or kTokensAsA its tokens)
+    const u64 n_rows = mma::k_major_sw128_descriptor(kTokensAsA ? stage : stage + kWeightBytes);
+    const u64 a_rows = mma::k_major_sw128_descriptor(kTokensAsA ? stage + kWeightBytes + unit0 * (64 * 128)
+                                                                : stage + unit0 * (64 * 128));
     mma::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kK32Steps; ++kk) {
@@ -47,8 +53,7 @@ struct WgmmaSsRing {
       for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
         // unit u's 64 rows start 8 KB (512 in the address field) after unit u - 1's
         Mma::mma(*reinterpret_cast<Sum(*)[kUnitAccumulators]>(into + u * kUnitAccumulators),
-                 channels + static_cast<u64>(512 * u + 2 * kk), tokens + static_cast<u64>(2 * kk),
-                 kAccumulate || kk > 0);
+                 a_rows + static_cast<u64>(512 * u + 2 * kk), n_rows + static_cast<u64>(2 * kk), kAccumulate || kk > 0);
       }
     }
     mma::wgmma_commit_group();
