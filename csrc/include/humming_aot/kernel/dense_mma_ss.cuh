@@ -33,6 +33,7 @@
 #include <humming_aot/memory/cp_async.cuh>
 #include <humming_aot/memory/k_major_code_tile.cuh>
 #include <humming_aot/mma/mma_sync_8bit.cuh>
+#include <humming_aot/schedule/grid_dependency.cuh>
 #include <humming_aot/schedule/tile_scheduler.cuh>
 
 namespace humming_aot::kernel {
@@ -69,6 +70,9 @@ struct DenseMmaSs {
   using Scheduler = schedule::TileScheduler<kBlockM, kBlockN, kBlockK>;
 
   static __device__ __forceinline__ void run(const ScaledTmaGemmParams& params) {
+    // Launched with programmatic dependent launch (sm_90+), as every GEMM may be: the activations,
+    // scales and output may belong to the previous kernel in the stream until it has completed.
+    schedule::wait_for_upstream_grid();
     const GemmParams& p = params.tma.gemm;
     extern __shared__ __align__(128) char smem[];
     __shared__ int arrival_flag;

@@ -37,6 +37,7 @@
 #include <humming_aot/numerics/e2m1_e4m3.cuh>
 #include <humming_aot/numerics/int4_e4m3.cuh>
 #include <humming_aot/numerics/int4_s8.cuh>
+#include <humming_aot/schedule/grid_dependency.cuh>
 #include <humming_aot/schedule/tile_scheduler.cuh>
 
 namespace humming_aot::kernel {
@@ -78,6 +79,9 @@ struct DenseMmaW4a8 {
   using Scheduler = schedule::TileScheduler<kBlockM, kBlockN, kBlockK>;
 
   static __device__ __forceinline__ void run(const ScaledTmaGemmParams& params) {
+    // Launched with programmatic dependent launch (sm_90+), as every GEMM may be: the activations,
+    // scales and output may belong to the previous kernel in the stream until it has completed.
+    schedule::wait_for_upstream_grid();
     const GemmParams& p = params.tma.gemm;
     extern __shared__ __align__(128) char smem[];
     __shared__ int arrival_flag;
