@@ -1,0 +1,50 @@
+"""The params contract's programmatic-dependent-launch rule, in the SASS: from sm_90 on the launcher
+may launch any GEMM kernel with programmatic stream serialization (humming_aot.kernels), so every
+body must execute griddepcontrol.wait (SASS ACQBULK) before it reads what the previous kernel
+of the stream writes (kernel/params.cuh, version 2). The quantization kernels and the GEMMs'
+tails release their dependents early, so a body without the wait would read activations that are
+still being written. One key of every (GEMM type, body) of the default catalog on sm90a and
+sm120a, compiled with nvcc; the GPU tests of each body check the results."""
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+
+import pytest
+
+from humming_aot.aot import ninja as driver
+from humming_aot.enumerate import enumerate_keys
+from humming_aot.testing.nvcc import needs_nvcc
+
+
+def _one_key_per_body():
+    """The first key (in the catalog's order) of each (GEMM type, arch, body) on the PDL archs."""
+    chosen = {}
+    for key in enumerate_keys("default", ["sm90a", "sm120a"]):
+        chosen.setdefault((str(key.spec.gemm_type.value), key.arch, key.tile.body.kind), key)
+    return chosen
+
+
+def test_every_body_of_the_pdl_archs_is_covered():
+    bodies = {(gemm, arch, body) for gemm, arch, body in _one_key_per_body()}
+    # the bodies the GPU suite runs on sm_90 and the FP4 body of sm_120: none may drop out unseen
+    for expected in [("dense", "sm90a", "wgmma-ws"), ("dense", "sm90a", "wgmma-ss"), ("dense", "sm90a", "wgmma-w4a8"),
+                     ("dense", "sm90a", "mma-ss"), ("dense", "sm90a", "mma-w4a8"), ("dense", "sm90a", "mma"),
+                     ("masked", "sm90a", "wgmma-ws"), ("dense", "sm120a", "mma-fp4")]:
+        assert expected in bodies, expected
+
+
+@pytest.mark.slow
+@needs_nvcc
+@pytest.mark.skipif(shutil.which("cuobjdump") is None, reason="cuobjdump is not on PATH: the SASS cannot be read")
+def test_every_body_waits_for_the_upstream_grid(tmp_path):
+    keys = list(_one_key_per_body().values())
+    result = driver.compile_keys(keys, tmp_path, jobs=2, stream=io.StringIO())
+    missing = []
+    for key in keys:
+        sass = subprocess.run(["cuobjdump", "-sass", str(result.fatbins[key.name])], capture_output=True, text=True,
+                              check=True).stdout
+        if "ACQBULK" not in sass:
+            missing.append(key.name)
+    assert not missing, f"no griddepcontrol.wait (ACQBULK) in: {missing}"
