@@ -57,6 +57,7 @@ def _moe_kernels(arch: str) -> list[tuple[str, str, str, str]]:
 
 
 QUANT_ELEMENTS = {"int8": "kInt8", "float8e4m3": "kE4M3", "float8e5m2": "kE5M2"}
+WIDE_THREADS = 1024  # the threads of a row's CTA in the quant unit's "_wide" kernels
 
 
 def quant_elements(arch: str) -> tuple[str, ...]:
@@ -75,6 +76,11 @@ def _quant_kernels(arch: str) -> list[tuple[str, str, str, str]]:
                    f"humming_aot::helpers::QuantElement::{QUANT_ELEMENTS[element]}>")
             for member in ("token", "group", "tensor_apply"):
                 kernels.append((f"quant_{member}_{act}_{element}", "ActQuantParams", cls, member))
+            # a row per CTA of 1024 threads rather than 256, for few rows (quantization's WIDE_ROWS)
+            wide = (f"humming_aot::helpers::ActQuant<{_ACTS[act]}, "
+                    f"humming_aot::helpers::QuantElement::{QUANT_ELEMENTS[element]}, {WIDE_THREADS}>")
+            for member in ("token", "group"):
+                kernels.append((f"quant_{member}_{act}_{element}_wide", "ActQuantParams", wide, member))
             if element == "int8":  # the amax pass does not depend on the element
                 kernels.append((f"quant_tensor_amax_{act}", "ActQuantParams", cls, "tensor_amax"))
         # 4-bit floats per group (act_quant_fp4.cuh): MXFP4 anywhere, NVFP4's e4m3 scales from sm_89

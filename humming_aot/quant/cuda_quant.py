@@ -22,6 +22,10 @@ from humming_aot.quant.activation import ActivationGranularity, QuantizedActivat
 from humming_aot.quant.activation_format import ActivationFormat
 
 THREADS = 256  # ActQuant::kThreads
+# At most this many rows take the "_wide" token and group kernels, one CTA of
+# helper_kernels.WIDE_THREADS a row: with fewer rows than SMs a row's two passes and its correctly
+# rounded divisions set the time, and four times the threads a row take a quarter of it.
+WIDE_ROWS = 128
 VECTOR = 8  # ActQuant::kVector
 GROUP_SIZES = (16, 32, 64, 128, 256)  # 8 times a power-of-two lane count up to a warp
 _PARAMS = struct.Struct("<9q")  # helpers::ActQuantParams
@@ -82,6 +86,9 @@ def quantize(a: torch.Tensor, fmt: ActivationFormat, static_scale: torch.Tensor 
     if symbol not in unit.kernels:
         return None
     rows, k = x.shape
+    threads = THREADS
+    if rows <= WIDE_ROWS and f"{symbol}_wide" in unit.kernels:  # (a unit built before them has none)
+        symbol, threads = f"{symbol}_wide", helper_kernels.WIDE_THREADS
     codes = torch.empty(rows, k, dtype=torch.uint8, device=a.device)
     scale_shape = _scale_shape(gran, fmt.group_size, tuple(a.shape))
     scales = torch.empty(scale_shape, dtype=torch.float32, device=a.device)
@@ -94,8 +101,9 @@ def quantize(a: torch.Tensor, fmt: ActivationFormat, static_scale: torch.Tensor 
                           fmt.group_size or 0)
 
     with helper_kernels.current_for(device):  # a launch on stream 0 runs in the current context
-        for name in ([f"quant_tensor_amax_{act}"] if amax is not None else []) + [symbol]:
-            unit.launch(name, (rows, 1, 1), THREADS, 0, _stream(device), params)
+        if amax is not None:
+            unit.launch(f"quant_tensor_amax_{act}", (rows, 1, 1), THREADS, 0, _stream(device), params)
+        unit.launch(symbol, (rows, 1, 1), threads, 0, _stream(device), params)
     return QuantizedActivation(element=fmt.element, granularity=gran, group_size=fmt.group_size,
                                scale_dtype=fmt.scale_dtype, codes=codes.reshape(a.shape), scales=scales)
 

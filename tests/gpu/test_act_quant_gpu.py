@@ -77,9 +77,12 @@ def test_kernels_match_the_reference(launched, dtype, granularity):
     act = "bf16" if dtype == torch.bfloat16 else "f16"
     member = {"token": "token", "tensor": "tensor_apply"}.get(granularity, "group")
     for element in _elements():
-        for rows, k in ((1, 256), (37, 4096), (300, 7168), (5, 16384)):
+        # up to cuda_quant.WIDE_ROWS rows the token and group recipes take the 1024-thread kernels
+        for rows, k in ((1, 256), (37, 4096), (300, 7168), (5, 16384), (128, 1024), (129, 1024), (1, 28672)):
             a = _activations(rows, k, dtype, gen).cuda()
-            _check(a, f"{element}:{granularity}", launched, f"quant_{member}_{act}_{element}")
+            wide = "_wide" if member != "tensor_apply" and rows <= cuda_quant.WIDE_ROWS else ""
+            launched.clear()
+            _check(a, f"{element}:{granularity}", launched, f"quant_{member}_{act}_{element}{wide}")
         if granularity == "tensor":
             assert f"quant_tensor_amax_{act}" in launched
             for given in (0.03125, torch.tensor([7.5]).cuda()):
@@ -111,8 +114,8 @@ def test_fp4_kernels_match_the_reference(launched, dtype, text):
 def test_strided_and_3d_activations(launched):
     gen = torch.Generator().manual_seed(_seed())
     wide = _activations(24, 2048 + 64, torch.bfloat16, gen).cuda()
-    _check(wide[:, 64:], "int8:token", launched, "quant_token_bf16_int8")  # row stride 2112, 128-byte offset
-    _check(wide[:, :2048].reshape(4, 6, 2048), "int8:g32", launched, "quant_group_bf16_int8")
+    _check(wide[:, 64:], "int8:token", launched, "quant_token_bf16_int8_wide")  # row stride 2112, 128-byte offset
+    _check(wide[:, :2048].reshape(4, 6, 2048), "int8:g32", launched, "quant_group_bf16_int8_wide")
     launched.clear()
     ops.quantize_activation(wide[:, 4:2052], "int8:token")  # an 8-byte offset: the reference serves it
     assert launched == []

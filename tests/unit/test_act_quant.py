@@ -21,11 +21,13 @@ def test_quant_unit_kernels_per_arch():
     assert helper_kernels.quant_elements("sm80") == ("int8",)
     assert helper_kernels.quant_elements("sm89") == ("int8", "float8e4m3", "float8e5m2")
     assert sorted(helper_kernels.kernel_names("quant", "sm75")) == [
-        "quant_fp4_mx_f16", "quant_group_f16_int8", "quant_tensor_amax_f16", "quant_tensor_apply_f16_int8",
-        "quant_token_f16_int8"]
+        "quant_fp4_mx_f16", "quant_group_f16_int8", "quant_group_f16_int8_wide", "quant_tensor_amax_f16",
+        "quant_tensor_apply_f16_int8", "quant_token_f16_int8", "quant_token_f16_int8_wide"]
     names = helper_kernels.kernel_names("quant", "sm90a")
-    # per activation dtype: 3 elements x 3 granularities, the amax pass, mxfp4 and nvfp4
-    assert len(names) == 2 * (3 * 3 + 1 + 2) and "quant_token_bf16_float8e4m3" in names
+    # per activation dtype: 3 elements x (3 granularities + the wide token and group kernels), the
+    # amax pass, mxfp4 and nvfp4
+    assert len(names) == 2 * (3 * 5 + 1 + 2) and "quant_token_bf16_float8e4m3" in names
+    assert "quant_token_bf16_float8e4m3_wide" in names and "quant_group_f16_int8_wide" in names
     assert "quant_fp4_nv_bf16" in names and "quant_fp4_nv_bf16" not in helper_kernels.kernel_names("quant", "sm80")
     source = helper_kernels.unit_source("quant", "sm90a")
     assert "#include <humming_aot/helpers/act_quant.cuh>" in source and source == helper_kernels.unit_source(
@@ -38,7 +40,8 @@ def test_params_layout_and_constants_match_the_header():
     found = re.search(r'sizeof\(ActQuantParams\) == (\d+), "ActQuantParams must match the Python struct format ([^"]+)"',
                       text)
     assert found and int(found.group(1)) == cuda_quant._PARAMS.size and found.group(2) == cuda_quant._PARAMS.format
-    assert f"kThreads = {cuda_quant.THREADS};" in text and f"kVector = {cuda_quant.VECTOR};" in text
+    assert f"int kCtaThreads = {cuda_quant.THREADS}>" in text and f"kVector = {cuda_quant.VECTOR};" in text
+    assert helper_kernels.WIDE_THREADS <= 1024 and "kCtaThreads <= 1024" in text
     fp4 = (HEADER.parent / "act_quant_fp4.cuh").read_text()
     found = re.search(r'sizeof\(Fp4QuantParams\) == (\d+), "Fp4QuantParams must match the Python struct format '
                       r'([^"]+)"', fp4)
@@ -109,10 +112,16 @@ def test_launches_per_granularity(monkeypatch):
     q = cuda_quant.quantize(a, ActivationFormat.parse("float8e4m3:token"), None)
     assert q.codes.shape == (6, 4096) and q.codes.dtype == torch.uint8 and q.scales.shape == (6, 1)
     symbol, grid, threads, fields = unit.calls[-1]
-    assert (symbol, grid, threads) == ("quant_token_bf16_float8e4m3", (6, 1, 1), 256)
+    # few rows: a 1024-thread CTA a row; from WIDE_ROWS + 1 rows on, 256
+    assert (symbol, grid, threads) == ("quant_token_bf16_float8e4m3_wide", (6, 1, 1), 1024)
     assert fields[3:5] == (0, 0) and fields[5:] == (6, 4096, 4096, 0)
+    many = torch.zeros(cuda_quant.WIDE_ROWS + 1, 1024, dtype=torch.bfloat16)
+    cuda_quant.quantize(many, ActivationFormat.parse("float8e4m3:token"), None)
+    assert unit.calls[-1][:3] == ("quant_token_bf16_float8e4m3", (cuda_quant.WIDE_ROWS + 1, 1, 1), 256)
+    cuda_quant.quantize(many[:-1], ActivationFormat.parse("int8:g64"), None)
+    assert unit.calls[-1][:3] == ("quant_group_bf16_int8_wide", (cuda_quant.WIDE_ROWS, 1, 1), 1024)
     q = cuda_quant.quantize(a.reshape(2, 3, 4096), ActivationFormat.parse("int8:g128"), None)
-    assert q.scales.shape == (2, 3, 32) and unit.calls[-1][0] == "quant_group_bf16_int8"
+    assert q.scales.shape == (2, 3, 32) and unit.calls[-1][0] == "quant_group_bf16_int8_wide"
     assert unit.calls[-1][3][-1] == 128
     unit.calls.clear()
     q = cuda_quant.quantize(a, ActivationFormat.parse("float8e5m2:tensor"), None)  # dynamic: amax, then apply

@@ -8,9 +8,16 @@
 // per group of G = 8 * lanes elements (one pass, each group in `lanes` consecutive lanes of a warp),
 // or per tensor (static: a given scale; dynamic: an amax pass into one word, then an apply pass).
 // Non-finite inputs give unspecified codes and scales (the reference refuses them).
+// A row is one CTA of kThreads: 256, or 1024 for few rows (a wide CTA: decode's one to a few dozen
+// tokens, where each row's two passes and their correctly rounded divisions, not the memory,
+// set the time). The kernels that write what a GEMM reads (token, group, tensor_apply) let the
+// next kernel of the stream launch as they start (programmatic dependent launch, sm_90+): the
+// GEMMs launched so wait for this grid's completion before they read activations
+// (schedule/grid_dependency.cuh), so only their launch and prologue overlap it.
 
 #include <humming_aot/numerics/packed_half2.cuh>
 #include <humming_aot/numerics/types.cuh>
+#include <humming_aot/schedule/grid_dependency.cuh>
 
 namespace humming_aot::helpers {
 
@@ -31,9 +38,11 @@ static_assert(sizeof(ActQuantParams) == 72, "ActQuantParams must match the Pytho
 enum class QuantElement { kInt8, kE4M3, kE5M2 };
 
 template <class Act,              // numerics::Float16 or BFloat16
-          QuantElement kElement>  //
+          QuantElement kElement,  //
+          int kCtaThreads = 256>  // threads of a row's CTA: 256, or 1024 (few rows)
 struct ActQuant {
-  static constexpr int kThreads = 256;
+  static_assert(kCtaThreads % 32 == 0 && kCtaThreads <= 1024, "whole warps, at most 1024 threads");
+  static constexpr int kThreads = kCtaThreads;
   static constexpr int kVector = 8;  // elements per thread and step: one 16-byte load, one 8-byte store
   static constexpr float kFloat32SmallestPositive = 1.40129846e-45f;
   using Half2 = numerics::PackedHalf2<Act>;
@@ -174,6 +183,7 @@ struct ActQuant {
 
   // Grid (rows): one scale per row.
   static __device__ void token(const ActQuantParams& p) {
+    schedule::release_dependent_grid();
     __shared__ float shared[kThreads / 32];
     const i64 row = blockIdx.x;
     const float scale = scale_of(cta_max(row_amax(p, row), shared));
@@ -213,6 +223,7 @@ struct ActQuant {
   // Grid (rows): one scale per `group` elements of the row, each group in group / 8 consecutive
   // lanes.
   static __device__ void group(const ActQuantParams& p) {
+    schedule::release_dependent_grid();
     const i64 row = blockIdx.x;
     const int lanes = static_cast<int>(p.group / kVector);  // a power of two from 2 to 32
     const int lane_shift = __ffs(lanes) - 1;                // (shifts: no 64-bit division per vector)
@@ -236,6 +247,7 @@ struct ActQuant {
 
   // Grid (rows): the one scale (given, or from the amax pass) applied; CTA 0 writes it.
   static __device__ void tensor_apply(const ActQuantParams& p) {
+    schedule::release_dependent_grid();
     float scale;
     if (p.given != nullptr) {
       scale = *p.given;
