@@ -73,16 +73,15 @@ def _quant_kernels(arch: str) -> list[tuple[str, str, str, str]]:
     for act in ("f16", "bf16") if number >= 80 else ("f16",):
         for element in quant_elements(arch):
             cls = (f"humming_aot::helpers::ActQuant<{_ACTS[act]}, "
-                   f"humming_aot::helpers::QuantElement::{QUANT_ELEMENTS[element]}>")
+                   f"humming_aot::helpers::QuantElement::{QUANT_ELEMENTS[element]}")
             for member in ("token", "group", "tensor_apply"):
-                kernels.append((f"quant_{member}_{act}_{element}", "ActQuantParams", cls, member))
+                kernels.append((f"quant_{member}_{act}_{element}", "ActQuantParams", f"{cls}>", member))
             # a row per CTA of 1024 threads rather than 256, for few rows (quantization's WIDE_ROWS)
-            wide = (f"humming_aot::helpers::ActQuant<{_ACTS[act]}, "
-                    f"humming_aot::helpers::QuantElement::{QUANT_ELEMENTS[element]}, {WIDE_THREADS}>")
             for member in ("token", "group"):
-                kernels.append((f"quant_{member}_{act}_{element}_wide", "ActQuantParams", wide, member))
+                kernels.append((f"quant_{member}_{act}_{element}_wide", "ActQuantParams", f"{cls}, {WIDE_THREADS}>",
+                                member))
             if element == "int8":  # the amax pass does not depend on the element
-                kernels.append((f"quant_tensor_amax_{act}", "ActQuantParams", cls, "tensor_amax"))
+                kernels.append((f"quant_tensor_amax_{act}", "ActQuantParams", f"{cls}>", "tensor_amax"))
         # 4-bit floats per group (act_quant_fp4.cuh): MXFP4 anywhere, NVFP4's e4m3 scales from sm_89
         for scale, name in (("kE8M0", "mx"), ("kE4M3Global", "nv")):
             if name == "mx" or number >= 89:
