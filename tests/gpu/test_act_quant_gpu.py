@@ -77,8 +77,11 @@ def test_kernels_match_the_reference(launched, dtype, granularity):
     act = "bf16" if dtype == torch.bfloat16 else "f16"
     member = {"token": "token", "tensor": "tensor_apply"}.get(granularity, "group")
     for element in _elements():
-        # up to cuda_quant.WIDE_ROWS rows the token and group recipes take the 1024-thread kernels
-        for rows, k in ((1, 256), (37, 4096), (300, 7168), (5, 16384), (128, 1024), (129, 1024), (1, 28672)):
+        # up to cuda_quant.WIDE_ROWS rows the token and group recipes take the 1024-thread kernels;
+        # the token kernels read a row once up to 8,192 (256 threads) or 32,768 elements (1,024),
+        # twice past that (300 x 12288, 2 x 40960)
+        for rows, k in ((1, 256), (37, 4096), (300, 7168), (5, 16384), (128, 1024), (129, 1024), (1, 28672),
+                        (300, 12288), (2, 40960)):
             a = _activations(rows, k, dtype, gen).cuda()
             wide = "_wide" if member != "tensor_apply" and rows <= cuda_quant.WIDE_ROWS else ""
             launched.clear()

@@ -4,16 +4,18 @@
 // the element's largest value (127 for int8, as vLLM), correctly rounded; codes = encode(x / scale),
 // the quotient correctly rounded; int8 rounds half to even and saturates, fp8 (sm_89+: cvt
 // .satfinite) rounds to nearest even and saturates. A tile of zeros gets scale 1; a nonzero tile
-// whose scale underflows to 0 gets the smallest positive float. Per token (two passes over the row),
-// per group of G = 8 * lanes elements (one pass, each group in `lanes` consecutive lanes of a warp),
-// or per tensor (static: a given scale; dynamic: an amax pass into one word, then an apply pass).
+// whose scale underflows to 0 gets the smallest positive float. Per token (one pass over a row of
+// at most one step of loads, else two), per group of G = 8 * lanes elements (one pass, each group
+// in `lanes` consecutive lanes of a warp), or per tensor (static: a given scale; dynamic: an amax
+// pass into one word, then an apply pass).
 // Non-finite inputs give unspecified codes and scales (the reference refuses them).
 // A row is one CTA of kThreads: 256, or 1024 for few rows (a wide CTA: decode's one to a few dozen
 // tokens, where each row's two passes and their correctly rounded divisions, not the memory,
 // set the time). The kernels that write what a GEMM reads (token, group, tensor_apply) let the
 // next kernel of the stream launch as they start (programmatic dependent launch, sm_90+): the
 // GEMMs launched so wait for this grid's completion before they read activations
-// (schedule/grid_dependency.cuh), so only their launch and prologue overlap it.
+// (schedule/grid_dependency.cuh), so only their launch, prologue and first weights' L2 prefetches
+// (kernel/scaled_ws_driver.cuh) overlap it.
 
 #include <humming_aot/numerics/packed_half2.cuh>
 #include <humming_aot/numerics/types.cuh>
@@ -181,11 +183,40 @@ struct ActQuant {
     }
   }
 
-  // Grid (rows): one scale per row.
+  // Grid (rows): one scale per row. A row of at most one step (k <= kVector x kStep: 8,192
+  // elements in 256 threads, 32,768 in 1,024) is read once, its vectors kept in registers from
+  // the amax to the codes; a longer one twice (the second pass mostly from L2).
   static __device__ void token(const ActQuantParams& p) {
     schedule::release_dependent_grid();
     __shared__ float shared[kThreads / 32];
     const i64 row = blockIdx.x;
+    const i64 vectors = p.k / kVector;
+    if (vectors <= kStep) {
+      Loaded v[kUnroll];
+      load_step(row_in(p, row), 0, vectors, v);
+      float m = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kUnroll; ++j) {
+        if (threadIdx.x + j * kThreads < vectors) {
+          float x[kVector];
+          to_floats(v[j], x);
+          m = fmaxf(m, local_amax(x));
+        }
+      }
+      const float scale = scale_of(cta_max(m, shared));
+      if (threadIdx.x == 0) p.scales[row] = scale;
+      Codes* out = row_codes(p, row);
+#pragma unroll
+      for (int j = 0; j < kUnroll; ++j) {
+        const int at = threadIdx.x + j * kThreads;
+        if (at < vectors) {
+          float x[kVector];
+          to_floats(v[j], x);
+          out[at] = encode(x, scale);
+        }
+      }
+      return;
+    }
     const float scale = scale_of(cta_max(row_amax(p, row), shared));
     if (threadIdx.x == 0) p.scales[row] = scale;
     apply(p, row, scale);
