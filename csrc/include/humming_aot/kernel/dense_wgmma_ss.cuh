@@ -151,6 +151,14 @@ struct DenseWgmmaSs {
     }
   }
 
+  // No L2 prefetch of the weights before the wait for the upstream grid (the driver's hook).
+  // Measured on the H200 at 1 and 16 tokens (docs/performance/log.md section 49): load-store line
+  // prefetches of each channel's first K tiles took 0.13-1.53 us off 14 of 16 layer points with
+  // the activations' quantization in front, but made the GEMM behind another GEMM up to 0.66 us
+  // slower (box prefetches through the tensor map: 0.7-1.6 us), for a cause not yet found; the
+  // W4A8 body's bulk prefetches of contiguous K tiles showed no such cost.
+  static __device__ __forceinline__ void prefetch_weights(const ScaledTmaGemmParams&, int, int, int) {}
+
   // The fp32 sums of the tile at (m0, n0) times its tokens' and channels' scales (rows and channels
   // past M and N get 0: never stored).
   static __device__ __forceinline__ void apply_scales(const ScaledTmaGemmParams& params, float (&acc)[kAccumulators],

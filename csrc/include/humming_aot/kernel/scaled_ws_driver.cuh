@@ -13,7 +13,9 @@
 // a slot: lane 0 of each consumer warp, or every consumer thread), kProducerRegisters, kConsumerRegistersHeld,
 // kAccumulators, kSeparateStaging, kStagingOffset, kWeightMap (prefetch params.w_map), the types
 // Units, StreamK, Consumer, ConsumerState, Fixup, SplitK, ConsumerBarrier, Writer, and
-// produce(params, m0, n0, k_tile0, count, smem_base, full0, empty0, fills) and
+// produce(params, m0, n0, k_tile0, count, smem_base, full0, empty0, fills),
+// prefetch_weights(params, n0, k_tile0, count) (L2 prefetches of the first of those K tiles'
+// weights, or none, by the producer's thread before its wait for the upstream grid) and
 // scale_sums(params, acc, m0, n0).
 
 #include <humming_aot/kernel/params.cuh>
@@ -83,8 +85,6 @@ struct ScaledWsDriver {
       ptx::fence_barrier_init();
     }
     __syncthreads();
-    // Activations, weights, scales and the output may belong to the previous kernel in the stream (PDL).
-    schedule::wait_for_upstream_grid();
 
     typename Body::StreamK::Unit unit, next;
     if (warp >= kConsumerWarps) {
@@ -92,9 +92,15 @@ struct ScaledWsDriver {
       if (warp == kConsumerWarps && lane == 0) {
         ptx::prefetch_tensor_map(&tma.a_map);
         if constexpr (Body::kWeightMap) ptx::prefetch_tensor_map(&params.w_map);
-        Units units(tma);
+        Units units(tma);  // (from the parameters alone)
         u32 fills = 0, staging_parity = 0;
         bool more = units.next(next);
+        // While the previous kernel of the stream runs (PDL: the activations' quantization at
+        // decode), the first K tiles of the CTA's first unit may head for L2: weights no kernel
+        // of this library writes (schedule/grid_dependency.cuh). Its loads then find them there.
+        if (more) Body::prefetch_weights(params, next.n_tile * Body::kTileN, next.k_begin, next.k_end - next.k_begin);
+        // Activations, scales and the output may belong to the previous kernel in the stream.
+        schedule::wait_for_upstream_grid();
         while (more) {
           unit = next;
           more = units.next(next);
@@ -108,6 +114,7 @@ struct ScaledWsDriver {
       }
       return;
     }
+    schedule::wait_for_upstream_grid();
     ptx::warpgroup_claim_registers<Body::kConsumerRegistersHeld>();
 
     float acc[Body::kAccumulators];

@@ -2,8 +2,9 @@
 // Bulk asynchronous copies global -> shared (SM90, the TMA unit), each completing its bytes on an
 // mbarrier (ptx/mbarrier.cuh): a contiguous run of bytes (cp.async.bulk, no tensor map), and a
 // 2-D box through a tensor map (cp.async.bulk.tensor), which also swizzles and zero-fills rows
-// past the tensor's end. One thread issues; no register or thread cost per byte. Destinations
-// are this CTA's shared memory (the ::cluster forms address it when no cluster is launched).
+// past the tensor's end; and the first one's L2 prefetch form. One thread issues; no register or
+// thread cost per byte. Destinations are this CTA's shared memory (the ::cluster forms address it
+// when no cluster is launched).
 
 #include <humming_aot/numerics/types.cuh>
 
@@ -26,6 +27,12 @@ __device__ __forceinline__ void tensor_copy_2d_g2s(u32 dst, const void* map, int
           dst),
       "l"(map), "r"(x), "r"(y), "r"(bar)
       : "memory");
+}
+
+// An L2 prefetch of `bytes` (a multiple of 16) from `src` (16-byte aligned), as bulk_copy_g2s
+// would read them: a hint with no destination and no completion to wait for.
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, u32 bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
 }
 
 // Fetch a tensor map into the descriptor cache ahead of its first use.
