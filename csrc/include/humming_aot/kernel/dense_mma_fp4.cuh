@@ -27,6 +27,7 @@
 
 #include <humming_aot/epilogue/output_writer.cuh>
 #include <humming_aot/kernel/params.cuh>
+#include <humming_aot/mainloop/cp_async_ring.cuh>
 #include <humming_aot/memory/cp_async.cuh>
 #include <humming_aot/memory/k_major_code_tile.cuh>
 #include <humming_aot/memory/k_major_scale_tile.cuh>
@@ -67,6 +68,7 @@ struct DenseMmaFp4 {
   static constexpr int kMinBlocksPerSm = 1;
   using Writer = epilogue::OutputWriter<Out, kMTiles, kNTiles>;
   using Scheduler = schedule::TileScheduler<kBlockM, kBlockN, kBlockK>;
+  using Ring = mainloop::CpAsyncRing<kStages, kStageBytes>;
 
   static __device__ __forceinline__ void run(const ScaledTmaGemmParams& params) {
     // Launched with programmatic dependent launch (sm_90+), as every GEMM may be: the activations,
@@ -103,18 +105,8 @@ struct DenseMmaFp4 {
     zero(sums);
     zero(acc);
 
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < count) load(s, s);
-      memory::cp_async_commit();  // (an empty group past the slice keeps the wait counts uniform)
-    }
-    for (int it = 0; it < count; ++it) {
-      memory::cp_async_wait<kStages - 2>();
-      __syncthreads();  // K tile `it` is in; every warp is done with the slot the next load takes
-      const int next = it + kStages - 1;
-      if (next < count) load(next % kStages, next);
-      memory::cp_async_commit();
-      multiply(smem_base + static_cast<u32>((it % kStages) * kStageBytes), warp_m, warp_n, lane, sums);
+    Ring::run(smem_base, count, load, [&](int it) {
+      multiply(Ring::stage(smem_base, it), warp_m, warp_n, lane, sums);
 #pragma unroll
       for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
@@ -124,8 +116,7 @@ struct DenseMmaFp4 {
             acc[mi][ni][c] += sums[mi][ni][c];
             sums[mi][ni][c] = 0.f;
           }
-    }
-    memory::cp_async_wait<0>();
+    });
 
     const int row0 = m0 + warp_m * kWarpRows, col0 = n0 + warp_n * kWarpCols;
     if (p.w_zero_point != nullptr) {  // the activations' global scale (the writer applies the weight's)

@@ -30,6 +30,7 @@
 
 #include <humming_aot/epilogue/output_writer.cuh>
 #include <humming_aot/kernel/params.cuh>
+#include <humming_aot/mainloop/cp_async_ring.cuh>
 #include <humming_aot/memory/cp_async.cuh>
 #include <humming_aot/memory/k_major_code_tile.cuh>
 #include <humming_aot/mma/mma_sync_8bit.cuh>
@@ -68,6 +69,7 @@ struct DenseMmaSs {
   using Sum = typename Codes::Sum;
   using Writer = epilogue::OutputWriter<Out, kMTiles, kNTiles>;
   using Scheduler = schedule::TileScheduler<kBlockM, kBlockN, kBlockK>;
+  using Ring = mainloop::CpAsyncRing<kStages, kStageBytes>;
 
   static __device__ __forceinline__ void run(const ScaledTmaGemmParams& params) {
     // Launched with programmatic dependent launch (sm_90+), as every GEMM may be: the activations,
@@ -99,17 +101,7 @@ struct DenseMmaSs {
     zero(sums);
     if constexpr (kPromote) zero(acc);
 
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < count) load(s, s);
-      memory::cp_async_commit();  // (an empty group past the slice keeps the wait counts uniform)
-    }
-    for (int it = 0; it < count; ++it) {
-      memory::cp_async_wait<kStages - 2>();
-      __syncthreads();  // K tile `it` is in; every warp is done with the slot the next load takes
-      const int next = it + kStages - 1;
-      if (next < count) load(next % kStages, next);
-      memory::cp_async_commit();
+    Ring::run(smem_base, count, load, [&](int it) {
       float token[kMTiles][2];  // kBlockScales: each of the thread's rows' block scale, x the warp's weight block
       if constexpr (kBlockScales) {
         // (loaded before the K tile's mma, which hide their latency)
@@ -125,7 +117,7 @@ struct DenseMmaSs {
                 row < p.m ? params.a_scale[static_cast<i64>(row) * params.a_scale_stride + k_block] * w_block : 0.f;
           }
       }
-      multiply(smem_base + static_cast<u32>((it % kStages) * kStageBytes), warp_m, warp_n, lane, sums);
+      multiply(Ring::stage(smem_base, it), warp_m, warp_n, lane, sums);
       if constexpr (kPromote) {  // the K tile's sums into the fp32 accumulators (weighed by block scales)
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi)
@@ -140,8 +132,7 @@ struct DenseMmaSs {
               sums[mi][ni][c] = 0.f;
             }
       }
-    }
-    memory::cp_async_wait<0>();
+    });
 
     // Channel scaling: the scales on the fp32 sums, the token's (rows past M: 0, never stored) and
     // the channel's (N is padded to the weight's own 16, so every column of the tile below p.n has

@@ -30,6 +30,7 @@
 
 #include <humming_aot/epilogue/swapped_output_writer.cuh>
 #include <humming_aot/kernel/params.cuh>
+#include <humming_aot/mainloop/cp_async_ring.cuh>
 #include <humming_aot/memory/cp_async.cuh>
 #include <humming_aot/memory/k_major_code_tile.cuh>
 #include <humming_aot/memory/shared_fragments.cuh>
@@ -77,6 +78,7 @@ struct DenseMmaW4a8 {
   using Sum = typename Codes::Sum;
   using Writer = epilogue::SwappedOutputWriter<Out, kMTiles * kNTiles, kNTiles>;
   using Scheduler = schedule::TileScheduler<kBlockM, kBlockN, kBlockK>;
+  using Ring = mainloop::CpAsyncRing<kStages, kStageBytes>;
 
   static __device__ __forceinline__ void run(const ScaledTmaGemmParams& params) {
     // Launched with programmatic dependent launch (sm_90+), as every GEMM may be: the activations,
@@ -121,18 +123,8 @@ struct DenseMmaW4a8 {
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[j][c] = 0.f;
 
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < count) load(s, s);
-      memory::cp_async_commit();
-    }
-    for (int it = 0; it < count; ++it) {
-      memory::cp_async_wait<kStages - 2>();
-      __syncthreads();  // K tile `it` is in; every warp is done with the slot the next load takes
-      const int next = it + kStages - 1;
-      if (next < count) load(next % kStages, next);
-      memory::cp_async_commit();
-      const u32 stage = smem_base + static_cast<u32>((it % kStages) * kStageBytes);
+    Ring::run(smem_base, count, load, [&](int it) {
+      const u32 stage = Ring::stage(smem_base, it);
       multiply(stage, warp_m, warp_n, lane, sums);
       // weigh the K tile's sums by each channel's group scale (rows g and g + 8 of each m16)
 #pragma unroll
@@ -150,8 +142,7 @@ struct DenseMmaW4a8 {
           a[3] += static_cast<float>(sums[mi][ni][3]) * high;
         }
       }
-    }
-    memory::cp_async_wait<0>();
+    });
 
     // the token scales (x 2^9 for e4m3 codes); tokens past M: 0, never stored
     const int token0 = m0 + warp_m * kWarpTokens, col0 = n0 + warp_n * kWarpChannels;
