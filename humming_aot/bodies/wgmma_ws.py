@@ -93,4 +93,23 @@ def masked_smem_bytes(tile: "TileConfig", w_bits: int, has_zero_point: bool) -> 
             + MOE_WALK_TABLE_BYTES)
 
 
+# An SM's shared memory on sm_90 (228 KB; 1 KB of it reserved per resident CTA) and what a CTA of
+# the body takes beside its dynamic part (its static shared memory, reported as 1 KB, and that
+# reservation)
+SMEM_PER_SM = 233472
+_CTA_OVERHEAD = 2048
+
+
+def masked_ctas_per_sm(tile: "TileConfig", w_bits: int, has_zero_point: bool) -> int:
+    """The CTAs per SM the masked schedule's kernel on this tile is built for (kMinBlocksPerSm of
+    kernel/grouped_masked_ws.cuh, which its registers at launch follow): three for one consumer
+    warpgroup of 8 tokens whose shared memory fits three, else two for one consumer warpgroup, one
+    for two."""
+    if tile.warps_n == 8:
+        return 1
+    if tile.block_m == 8 and 3 * (masked_smem_bytes(tile, w_bits, has_zero_point) + _CTA_OVERHEAD) <= SMEM_PER_SM:
+        return 3
+    return 2
+
+
 WGMMA_WS = WgmmaWsBody()

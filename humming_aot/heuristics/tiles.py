@@ -239,18 +239,34 @@ def _moe_rows(arch: str, w_bits: int = 8) -> tuple[tuple[int, int | None, TileCo
 _CTA_SMEM_OVERHEAD = 2048
 
 
-def fit_two_per_sm(arch: str, tile: TileConfig, w_bits: int, zero_point: bool) -> TileConfig:
-    """A masked-schedule wgmma-ws tile of one consumer warpgroup runs two CTAs per SM (its
-    registers are split for two, kernel/dense_wgmma_ws.cuh kMinBlocksPerSm): with the most stages,
-    up to the row's, whose shared memory (bodies/wgmma_ws.py masked_smem_bytes) lets two be resident
-    on an SM of the arch (smem_limit + 1 KB). A row sized for 4-bit codes without zero points thus
-    takes fewer stages with zero points (the 32-row tile: 6 -> 5) or wider codes, rather than run
-    one CTA per SM (H200: DSv3-TP8 down, 512 tokens, uint4 zp, 242 us against 151 for int4).
-    Other tiles are returned as they are."""
+# fit_ctas_per_sm: an 8-token tile gives up at most this many of its row's stages for a third CTA
+# per SM, and keeps at least THREE_PER_SM_MIN_STAGES (uint4 with zero points: 6 -> 5 measured 6-9 %
+# faster at 4-64 tokens on DeepSeek-V3 TP8's down projection; log section 51)
+THREE_PER_SM_STAGES_GIVEN = 1
+THREE_PER_SM_MIN_STAGES = 5
+
+
+def fit_ctas_per_sm(arch: str, tile: TileConfig, w_bits: int, zero_point: bool) -> TileConfig:
+    """A masked-schedule wgmma-ws tile of one consumer warpgroup with the stages that let it run the
+    CTAs per SM its kernel is built for (bodies/wgmma_ws.masked_ctas_per_sm, which
+    kernel/grouped_masked_ws.cuh kThreePerSm follows): for 8 tokens, three where the row's stages,
+    or one fewer (at least THREE_PER_SM_MIN_STAGES), fit three (the kernel then holds three by its
+    registers, which is where the 8-token tile gains: log section 51); else the most stages, up to
+    the row's, whose shared memory (bodies/wgmma_ws.py masked_smem_bytes) lets two be resident on an
+    SM of the arch (smem_limit + 1 KB). A row sized for 4-bit codes without zero points thus takes
+    fewer stages with zero points (the 32-row tile: 6 -> 5) or wider codes, rather than run one CTA
+    per SM (H200: DSv3-TP8 down, 512 tokens, uint4 zp, 242 us against 151 for int4). Other tiles
+    are returned as they are."""
     if tile.mma is not MmaKind.WGMMA_WS or tile.threads != 256:
         return tile
-    from humming_aot.bodies.wgmma_ws import masked_smem_bytes
+    from humming_aot.bodies.wgmma_ws import masked_ctas_per_sm, masked_smem_bytes
 
+    if tile.block_m == 8:
+        for stages in range(tile.stages, max(tile.stages - THREE_PER_SM_STAGES_GIVEN, THREE_PER_SM_MIN_STAGES) - 1,
+                            -1):
+            fitted = dataclasses.replace(tile, stages=stages)
+            if masked_ctas_per_sm(fitted, w_bits, zero_point) == 3:
+                return tile if stages == tile.stages else fitted
     capacity = smem_limit(arch) + 1024
     stages = tile.stages
     while stages > 2 and 2 * (masked_smem_bytes(dataclasses.replace(tile, stages=stages), w_bits, zero_point)
@@ -266,7 +282,7 @@ def moe_tile_table(arch: str, w_bits: int = 8, masked: bool = True,
     moe_tiles table of the bodies that schedule takes, else its dense table's rows of the MoE
     bodies; then, above the largest M those serve, the rows of the same arch's mma.sync table
     without its suffix (sm90a's wgmma rows give way to sm90's). zero_point: the codes have zero
-    points (a row's one-warpgroup TMA tile may then take fewer stages: fit_two_per_sm)."""
+    points (a row's one-warpgroup TMA tile may then take fewer stages: fit_ctas_per_sm)."""
     bodies = moe_bodies(masked)
     moe = [(max_m, tile) for max_m, _, tile in _moe_rows(arch, w_bits) if tile.mma in bodies]
     if moe:
@@ -274,7 +290,7 @@ def moe_tile_table(arch: str, w_bits: int = 8, masked: bool = True,
     else:
         own = [(max_m, tile) for max_m, tile in arch_tile_table(arch, w_bits) if tile.mma in MOE_BODIES]
     served = max((max_m for max_m, _ in own), default=0)
-    tiles = [fit_two_per_sm(arch, tile, w_bits, zero_point) for _, tile in own]
+    tiles = [fit_ctas_per_sm(arch, tile, w_bits, zero_point) for _, tile in own]
     if any(tile.mma not in MOE_BODIES for _, tile in arch_tile_table(arch, w_bits)):
         number, _ = parse_arch(arch)
         tiles += [tile for max_m, tile in arch_tile_table(f"sm{number}", w_bits)
@@ -320,10 +336,10 @@ def select_masked_tile(arch: str, m: int, k: int | None = None, group: int | Non
     mma.sync one (the bodies whose run_tile the persistent MoE schedules call), else the mma.sync
     table of the same arch without its suffix (sm90a's wgmma rows give way to sm90's). A row's
     one-warpgroup TMA tile keeps two CTAs per SM for the codes' width and zero points
-    (fit_two_per_sm)."""
+    (fit_ctas_per_sm)."""
     tile = _select_moe_row(arch, m, k, group, masked, w_bits)
     if tile is not None:
-        return fit_two_per_sm(arch, tile, w_bits, zero_point)
+        return fit_ctas_per_sm(arch, tile, w_bits, zero_point)
     tile = select_tile(arch, m, k, group, w_bits, dense_rows=False)
     if tile.mma in MOE_BODIES:
         return tile

@@ -417,6 +417,30 @@ def test_wgmma_ws_tiles_keep_their_accumulators_in_registers(tmp_path, m):
 
 @pytest.mark.slow
 @needs_nvcc
+def test_masked_eight_token_tile_runs_three_ctas_per_sm_where_they_fit(tmp_path):
+    """The masked schedule's one-warpgroup 8-token TMA tile is built for three CTAs per SM where
+    three fit the shared memory (kernel/grouped_masked_ws.cuh kThreePerSm): ptxas then holds the
+    kernel to 80 registers at launch and the consumers claim 104 (setmaxnreg), without spills; where
+    they do not fit (4-bit codes with zero points in 6 stages, 8-bit codes), 128 and two CTAs, as
+    bodies/wgmma_ws.masked_ctas_per_sm says for both."""
+    from humming_aot.bodies.wgmma_ws import masked_ctas_per_sm
+    from humming_aot.enumerate import parse_tile_field
+
+    cases = [("s4-g-bf16", 4, False, "s6", 3), ("e2m1-g-f16", 4, False, "s6", 3), ("s3-g-bf16", 3, False, "s6", 3),
+             ("u4-g-bf16-zpf", 4, True, "s6", 2), ("u4-g-bf16-zpi", 4, True, "s5", 3), ("s8-g-bf16", 8, False, "s4", 2)]
+    for weight, bits, zero_point, stages, ctas in cases:
+        field = f"8x256x64_w1x4_{stages}"
+        assert masked_ctas_per_sm(parse_tile_field(f"wgmma-ws:{field}"), bits, zero_point) == ctas, (weight, field)
+        key = KernelKey.from_name(f"gemm_masked_sm90a_wgmma-ws_a-bf16_w-{weight}_o-bf16_{field}".replace(
+            "a-bf16_w-e2m1-g-f16_o-bf16", "a-f16_w-e2m1-g-f16_o-f16"))
+        report = _ptxas_report(key, tmp_path)
+        launch = 80 if ctas == 3 else 128
+        assert f"Used {launch} registers" in report, f"{key.name}: {report}"
+        assert "0 bytes spill stores" in report and "0 bytes spill loads" in report, f"{key.name}: {report}"
+
+
+@pytest.mark.slow
+@needs_nvcc
 @pytest.mark.parametrize("field", ["176x256x64_w1x8_s3", "144x128x64_w1x4_s4", "64x512x64_w1x8_s3", "64x256x64_w1x4_s4",
                                    "moe_tiles"])
 def test_masked_wgmma_ws_tiles_at_the_register_limit_do_not_spill(tmp_path, field):

@@ -504,11 +504,13 @@ def test_indexed_form_runs_the_offsets_form_where_the_blocks_experts_rise(monkey
 
 
 def test_one_warpgroup_tma_tiles_keep_two_ctas_per_sm_for_every_code():
-    # heuristics.fit_two_per_sm: a moe_tiles row's one-warpgroup wgmma-ws tile, sized for 4-bit
+    # heuristics.fit_ctas_per_sm: a moe_tiles row's one-warpgroup wgmma-ws tile, sized for 4-bit
     # codes without zero points, takes fewer stages where its shared memory would leave one CTA
-    # per SM (uint4 with zero points: the 32-row tile's 6 stages -> 5; 8-bit codes 4 -> 3); the
-    # rows' tiles that fit keep their stages, and the catalog's MoE table lists what is picked
-    from humming_aot.bodies.wgmma_ws import masked_smem_bytes
+    # per SM (uint4 with zero points: the 32-row tile's 6 stages -> 5; 8-bit codes 4 -> 3), and the
+    # 8-row tile one fewer (not under 5) where that lets three CTAs share an SM (uint4 with zero
+    # points: 6 -> 5); the rows' tiles that fit keep their stages, and the catalog's MoE table
+    # lists what is picked
+    from humming_aot.bodies.wgmma_ws import masked_ctas_per_sm, masked_smem_bytes
 
     capacity = heuristics.smem_limit("sm90a") + 1024
     assert heuristics.select_masked_tile("sm90a", 16, 256, 128, 4).label == "wgmma-ws:32x256x64_w1x4_s6"
@@ -516,6 +518,10 @@ def test_one_warpgroup_tma_tiles_keep_two_ctas_per_sm_for_every_code():
             == "wgmma-ws:32x256x64_w1x4_s5")
     assert (heuristics.select_masked_tile("sm90a", 16, 256, 128, 8, zero_point=True).label
             == "wgmma-ws:32x256x64_w1x4_s3")
+    assert heuristics.select_masked_tile("sm90a", 1, 256, 128, 4).label == "wgmma-ws:8x256x64_w1x4_s6"
+    assert (heuristics.select_masked_tile("sm90a", 1, 256, 128, 4, zero_point=True).label
+            == "wgmma-ws:8x256x64_w1x4_s5")
+    assert heuristics.select_masked_tile("sm90a", 1, 256, 128, 8).label == "wgmma-ws:8x256x64_w1x4_s4"
     for w_bits in range(1, 9):
         for zero_point in (False, True):
             table = heuristics.moe_tile_table("sm90a", w_bits, zero_point=zero_point)
@@ -529,4 +535,8 @@ def test_one_warpgroup_tma_tiles_keep_two_ctas_per_sm_for_every_code():
                         bigger = masked_smem_bytes(dataclasses.replace(tile, stages=tile.stages + 1), w_bits,
                                                    zero_point)
                         row = heuristics.select_masked_tile("sm90a", m, k, 128, w_bits)
-                        assert tile.stages == row.stages or 2 * (bigger + 2048) > capacity, (tile.label, row.label)
+                        three = masked_ctas_per_sm(tile, w_bits, zero_point) == 3
+                        assert three == (tile.block_m == 8 and (masked_ctas_per_sm(row, w_bits, zero_point) == 3
+                                                                 or tile.stages == row.stages - 1 >= 5)), tile.label
+                        assert (tile.stages == row.stages or 2 * (bigger + 2048) > capacity
+                                or (three and tile.stages == row.stages - 1)), (tile.label, row.label)

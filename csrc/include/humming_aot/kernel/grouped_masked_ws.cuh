@@ -50,15 +50,30 @@ struct GroupedMaskedWs {
   using Walk = schedule::ExpertTable<kBlockM, kTableOffset>;
   static constexpr int kSmemBytes = kTableOffset + Walk::kTableBytes;
   static_assert(kTableOffset % 16 == 0, "the table starts on a 16-byte boundary");
-  static constexpr int kMinBlocksPerSm = Dense::kMinBlocksPerSm;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  static constexpr int kSmemPerSm = 233472;  // 228 KB per SM on sm_90 (1 KB of it per CTA reserved)
+#else
+  static constexpr int kSmemPerSm = 0;  // (the host pass)
+#endif
+  // One consumer warpgroup of 8 tokens runs three CTAs per SM where three fit the shared memory
+  // (with 1 KB of static shared memory each and the driver's 1 KB): 12 consumer warps per SM
+  // instead of 8. Such a tile's K loop is a latency chain per warp (shared load, unpack, scale,
+  // wgmma) and, on short K, a tile's store and first fills come every few K tiles, so more warps
+  // hide more of both: DeepSeek-V3 TP8's down projection (K 256) 8-10 % faster at 4-64 tokens,
+  // Qwen3's (K 768) level (docs/performance/log.md section 51). Its 16 accumulators fit the 104
+  // registers a consumer thread then gets; 16-token tiles measured no faster, so they keep two.
+  static constexpr bool kThreePerSm =
+      Dense::kConsumerWarpGroups == 1 && kBlockM == 8 && 3 * (kSmemBytes + 1024 + 1024) <= kSmemPerSm;
+  static constexpr int kMinBlocksPerSm = kThreePerSm ? 3 : Dense::kMinBlocksPerSm;
   static constexpr bool kScalesInFp32 = Dense::kScalesInFp32;
   static constexpr int kStages = Dense::kRingStages;
   static constexpr int kConsumerWarps = Dense::kConsumerWarps;
   // The producer warp walks the experts too (the table's lookups, the expert's pointers): more
   // registers than the dense producer's 40, taken from the consumers.
   static constexpr int kProducerRegisters = 56;
+  static constexpr int kLaunchRegisters = (65536 / kMinBlocksPerSm / kThreads) / 8 * 8;
   static constexpr int kConsumerRegisters =
-      ((Dense::kLaunchRegisters * kThreads - kProducerRegisters * 128) / Dense::kConsumerThreads) / 8 * 8;
+      ((kLaunchRegisters * kThreads - kProducerRegisters * 128) / Dense::kConsumerThreads) / 8 * 8;
   static_assert(kConsumerRegisters <= 256 && kConsumerRegisters >= Dense::kAccumulators + Dense::kSpareRegisters,
                 "the consumers' registers hold the accumulators and the dequantization");
   static_assert(kBlockM == Dense::kTileM && kBlockN == Dense::kTileN, "the body's tile");
