@@ -327,6 +327,24 @@ def _select_moe_row(arch: str, m: int, k: int | None, group: int | None, masked:
     return chosen or next((tile for tile in ordered if fits(tile)), narrow_twin(ordered[0]))
 
 
+def offsets_depth_pair(arch: str, tile: TileConfig, k: int, group: int,
+                       w_bits: int = 8) -> tuple[TileConfig, TileConfig] | None:
+    """(shallow, deep) where `tile` is one of a pair of the arch's moe_tiles rows that differ only
+    in the K each stage takes and the warps sharing it (an 8-row mma.sync tile of 128 of K in 2 K
+    warps, and its twin of 256 in 4: twice the warps and bytes in flight per tile, half the CTAs
+    per SM) and both fit K and the groups; else None. The offsets form picks between them by the
+    rows' tiles (moe.kernels, offsets_depth): the catalog holds every moe_tiles row, so both are
+    there."""
+    if tile.mma not in MOE_BODIES or tile.block_m != 8 or (tile.block_k, tile.warps_k) not in ((128, 2), (256, 4)):
+        return None
+    shallow = dataclasses.replace(tile, block_k=128, warps_k=2)
+    deep = dataclasses.replace(tile, block_k=256, warps_k=4)
+    rows = {row_tile for _, _, row_tile in _moe_rows(arch, w_bits)}
+    if shallow not in rows or deep not in rows or not (tile_fits(shallow, k, group) and tile_fits(deep, k, group)):
+        return None
+    return shallow, deep
+
+
 def select_masked_tile(arch: str, m: int, k: int | None = None, group: int | None = None,
                        w_bits: int = 8, masked: bool = True, zero_point: bool = False) -> TileConfig:
     """The tile of a grouped MoE GEMM whose experts hold about m rows each, for the masked schedule

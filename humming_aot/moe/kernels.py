@@ -95,8 +95,11 @@ def _grouped_by_offsets(a: torch.Tensor, experts: PackedExperts, offsets: torch.
     if rows == 0:
         return out
     offsets = offsets.to(torch.int32).contiguous()  # no copy when already int32 and contiguous
+    chosen = tile is None
     tile, loaded = _kernel(a, experts, GemmType.MASKED, max(1, int(expected_m)), what, "gemm_grouped", tile)
     resident = _resident(loaded, tile, a.device.index)
+    if chosen:
+        tile, loaded, resident = _offsets_depth(a, experts, tile, loaded, resident, what)
     bound = offsets_tile_bound(rows, experts.experts, experts.n, tile)
     k_tiles = experts.k // tile.block_k
     one_slice = tile.mma is MmaKind.WGMMA_WS  # its schedule runs whole tiles
@@ -118,6 +121,47 @@ def _grouped_by_offsets(a: torch.Tensor, experts: PackedExperts, offsets: torch.
                                             workspace=workspace, counters=counters)
     loaded.launch(grid, _stream(a), params + _activation_map(a, tile))
     return out
+
+
+# _offsets_depth: the deep tile takes at least this many of its 256-wide K stages (DeepSeek-V3
+# TP8 and Qwen3 gate_up, K 7168 and 2048, gained; Qwen3's down projection, K 768 in three stages,
+# lost 20 % at one token: its 2-stage pipeline barely fills).
+DEPTH_MIN_K_STAGES = 8
+
+
+def _offsets_depth(a: torch.Tensor, experts: PackedExperts, tile: TileConfig, loaded, resident: int, what: str):
+    """(tile, loaded kernel, resident CTAs) of the offsets form where the table's tile is one of an
+    8-row pair that differ in K depth (heuristics.offsets_depth_pair: 128 of K per stage in 2 K
+    warps, or 256 in 4): the deep tile where the tiles of the experts the rows can reach, one row
+    tile each (min(E, R) x the N tiles; at most 4 rows an expert, which the table gives these
+    tiles), fit one wave of its resident CTAs and K takes at least DEPTH_MIN_K_STAGES of its stages:
+    each tile then has a CTA of twice the warps and bytes in flight, and K slices through the
+    workspace are fewer; else the shallow one, whose twice as many CTAs per SM share out more
+    tiles evenly. The table alone cannot say which: it knows the rows per expert, not how many
+    experts have rows. Measured on an H200 (docs/performance/log.md section 51), deep / shallow,
+    us: DeepSeek-V3 gate_up (N 4096, K 7168) at 1 token (256 tiles) 37.9 / 47.0 and at 4 (1024)
+    142.2 / 135.4; its TP8 shard (N 512) at 4 tokens (128) 27.7 / 37.1, at 16 (512) 66.7 / 61.8;
+    Qwen3-30B gate_up (N 1536, K 2048) at 1 token (96) 9.6 / 14.3 (shallow: 4 K slices), at 4
+    (384) 23.7 / 19.8."""
+    from humming_aot import dispatch, heuristics
+
+    device_index = a.device.index
+    arch = dispatch.device_info(device_index).arches[0]
+    pair = heuristics.offsets_depth_pair(arch, tile, experts.k, experts.group_size, experts.expert(0).bits)
+    if pair is None:
+        return tile, loaded, resident
+    shallow, deep = pair
+    wanted = shallow
+    if experts.k // deep.block_k >= DEPTH_MIN_K_STAGES:
+        deep_loaded = loaded if tile == deep else _kernel(a, experts, GemmType.MASKED, 1, what, "gemm_grouped",
+                                                          deep)[1]
+        tiles = min(experts.experts, a.shape[0]) * -(-experts.n // deep.block_n)
+        if tiles <= _resident(deep_loaded, deep, device_index):
+            wanted = deep
+    if wanted == tile:
+        return tile, loaded, resident
+    wanted_loaded = _kernel(a, experts, GemmType.MASKED, 1, what, "gemm_grouped", wanted)[1]
+    return wanted, wanted_loaded, _resident(wanted_loaded, wanted, device_index)
 
 
 def _activation_map(rows: torch.Tensor, tile: TileConfig) -> bytes:

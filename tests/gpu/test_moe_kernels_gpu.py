@@ -451,7 +451,7 @@ def test_grouped_kernel_on_unaligned_rows_given_by_offsets(fmt):
 
 @pytest.mark.parametrize("fmt", ("int4:g128", "uint4:g64:zp"))
 @pytest.mark.parametrize("tile,splits", [
-    (None, None),                          # the table's tile, offsets_splits' choice (4 slices here)
+    (None, None),                          # the automatic tile (the 256-deep twin: 10 tiles) in 2 slices
     ("8x128x128_w1x2x2_s2", 3),            # slices of 6, 6 and 4 K tiles
     ("8x128x256_w1x2x4_s2", 8),            # one K tile per slice, swapped with 4 K warps
     ("mma-sw:16x64x128_w1x1x2_s2", 2),     # the 16-token swapped tile
@@ -474,8 +474,11 @@ def test_offsets_form_sums_k_slices_in_a_workspace(fmt, tile, splits):
     a = torch.randn(11, k, device="cuda", generator=gen).to(torch.bfloat16)
     bias = torch.randn(e, n, device="cuda", generator=gen).to(torch.bfloat16)
     expected = 1 if tile is None else (16 if tile.startswith("mma-sw") else 32 if tile.startswith("32") else 1)
-    if tile is None:  # the automatic choice slices this K: few tiles for the resident CTAs
+    if tile is None:  # the automatic choice slices this K: few tiles for the resident CTAs (of the deep
+        # twin of the table's tile on sm90a: moe.kernels._offsets_depth)
         chosen = heuristics.select_masked_tile(dispatch.device_info(0).arches[0], 1, k, experts.group_size, 4)
+        pair = heuristics.offsets_depth_pair(dispatch.device_info(0).arches[0], chosen, k, experts.group_size, 4)
+        chosen = pair[1] if pair else chosen
         assert offsets_splits(offsets_tile_bound(11, e, n, chosen), k // chosen.block_k, 264) > 1
     runs = []
     for _ in range(2):

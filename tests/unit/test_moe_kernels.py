@@ -363,6 +363,9 @@ def test_the_offsets_form_launch_from_the_call_on_a_cuda_like_tensor(monkeypatch
                         (tile, Loaded()))
     monkeypatch.setattr(moe_kernels, "_resident", lambda loaded, tile, device_index: 528)
     monkeypatch.setattr(moe_kernels, "_stream", lambda a: 7)
+    # (the choice between the tile's K depths has a test of its own, below)
+    monkeypatch.setattr(moe_kernels, "_offsets_depth", lambda a, experts, tile, loaded, resident, what:
+                        (tile, loaded, resident))
     a = torch.zeros(11, 2048, dtype=torch.bfloat16)
     offsets = torch.tensor([1, 4, 4, 10], dtype=torch.int32)
     bound = moe_kernels.offsets_tile_bound(11, 3, 192, tile)  # (1 + 3) x 2
@@ -383,6 +386,44 @@ def test_the_offsets_form_launch_from_the_call_on_a_cuda_like_tensor(monkeypatch
     for bad in (0, 17, 2.0):
         with pytest.raises(ValueError, match=f"splits={bad!r} must be an int in \\[1, K / 128 = 16\\]"):
             gemm_grouped_kernel(a, experts, offsets=offsets, expected_m=1, splits=bad)
+
+
+def test_the_offsets_form_picks_the_deep_decode_tile_where_its_tiles_fit_one_wave(monkeypatch):
+    """The offsets form's choice between the 8-row tile of 128 of K per stage (2 K warps) and its
+    256-deep twin (4 K warps) of sm90a's moe_tiles (heuristics.offsets_depth_pair): the deep one
+    where the reachable experts' tiles (min(E, R) x N tiles) fit one wave of its resident CTAs and
+    K holds DEPTH_MIN_K_STAGES of its stages, else the shallow one, whichever of the two the table
+    named; other tiles, and a K the deep one does not divide, left alone."""
+    from types import SimpleNamespace
+
+    from humming_aot import dispatch
+    from humming_aot.enumerate import parse_tile_field
+
+    shallow, deep = parse_tile_field("8x128x128_w1x2x2_s2"), parse_tile_field("8x128x256_w1x2x4_s2")
+    resident = {shallow: 20, deep: 10}
+
+    def kernel(a, experts, gemm_type, rows, what, loop, forced=None):
+        return forced, f"kernel {forced.label}"
+
+    monkeypatch.setattr(dispatch, "device_info", lambda index: SimpleNamespace(arches=("sm90a", "sm90")))
+    monkeypatch.setattr(moe_kernels, "_kernel", kernel)
+    monkeypatch.setattr(moe_kernels, "_resident", lambda loaded, tile, device_index: resident[tile])
+    assert moe_kernels.DEPTH_MIN_K_STAGES == 8
+    long_k = _experts("int4:g128", e=8, n=256, k=2048)  # 8 stages of 256; 2 N tiles of 128
+    short_k = _experts("int4:g128", e=8, n=256, k=1792)  # 7
+    for table_tile in (shallow, deep):
+        table = (table_tile, f"kernel {table_tile.label}", resident[table_tile])
+        for experts, rows, wanted in ((long_k, 1, deep), (long_k, 5, deep), (long_k, 6, shallow),
+                                      (long_k, 300, shallow), (short_k, 1, shallow)):
+            a = torch.zeros(rows, experts.k, dtype=torch.bfloat16)
+            got = moe_kernels._offsets_depth(a, experts, *table, "w")
+            assert got == (wanted, f"kernel {wanted.label}", resident[wanted]), (table_tile.label, experts.k, rows)
+    a = torch.zeros(3, 2048, dtype=torch.bfloat16)
+    ws = parse_tile_field("wgmma-ws:8x256x64_w1x4_s6")
+    assert moe_kernels._offsets_depth(a, long_k, ws, "k", 396, "w") == (ws, "k", 396)
+    narrow = _experts("int4:g128", e=3, n=256, k=2048 + 128)  # 256-wide stages do not divide K
+    a = torch.zeros(3, 2048 + 128, dtype=torch.bfloat16)
+    assert moe_kernels._offsets_depth(a, narrow, shallow, "k", 20, "w") == (shallow, "k", 20)
 
 
 # --- the indexed (fused_moe) layout: gather, the block-aligned grouped kernel, scatter ----------------
