@@ -14,7 +14,9 @@ if TYPE_CHECKING:
 
 
 # The register budget of kernel/dense_wgmma_ws.cuh (and grouped_masked_ws.cuh, whose producer
-# keeps more): with one consumer warpgroup two CTAs share an SM, with two one CTA does; setmaxnreg
+# keeps more): with one consumer warpgroup two CTAs share an SM (the masked schedule's 8-row tile
+# three where they fit: masked_ctas_per_sm, whose 16 accumulators the 104 registers then left hold
+# well under this module's limits), with two one CTA does; setmaxnreg
 # moves the producer warpgroup's registers to the consumers, which need their accumulators and 48
 # more (the static_asserts there).
 _PRODUCER_REGISTERS = 56  # the masked schedule's (the dense body's producer keeps 40)

@@ -255,8 +255,9 @@ def fit_ctas_per_sm(arch: str, tile: TileConfig, w_bits: int, zero_point: bool) 
     the row's, whose shared memory (bodies/wgmma_ws.py masked_smem_bytes) lets two be resident on an
     SM of the arch (smem_limit + 1 KB). A row sized for 4-bit codes without zero points thus takes
     fewer stages with zero points (the 32-row tile: 6 -> 5) or wider codes, rather than run one CTA
-    per SM (H200: DSv3-TP8 down, 512 tokens, uint4 zp, 242 us against 151 for int4). Other tiles
-    are returned as they are."""
+    per SM (H200: DSv3-TP8 down, 512 tokens, uint4 zp, 242 us against 151 for int4). An 8-row row
+    of 4 stages is not searched for three: where its shared memory fits three, the kernel holds
+    three anyway (5- to 8-bit codes run so). Other tiles are returned as they are."""
     if tile.mma is not MmaKind.WGMMA_WS or tile.threads != 256:
         return tile
     from humming_aot.bodies.wgmma_ws import masked_ctas_per_sm, masked_smem_bytes
@@ -327,6 +328,7 @@ def _select_moe_row(arch: str, m: int, k: int | None, group: int | None, masked:
     return chosen or next((tile for tile in ordered if fits(tile)), narrow_twin(ordered[0]))
 
 
+@functools.cache
 def offsets_depth_pair(arch: str, tile: TileConfig, k: int, group: int,
                        w_bits: int = 8) -> tuple[TileConfig, TileConfig] | None:
     """(shallow, deep) where `tile` is one of a pair of the arch's moe_tiles rows that differ only
@@ -353,8 +355,9 @@ def select_masked_tile(arch: str, m: int, k: int | None = None, group: int | Non
     body that schedule takes where it has one; else the arch's table tile for m where it is an
     mma.sync one (the bodies whose run_tile the persistent MoE schedules call), else the mma.sync
     table of the same arch without its suffix (sm90a's wgmma rows give way to sm90's). A row's
-    one-warpgroup TMA tile keeps two CTAs per SM for the codes' width and zero points
-    (fit_ctas_per_sm)."""
+    one-warpgroup TMA tile keeps at least two CTAs per SM for the codes' width and zero points,
+    three with 8 rows where one stage less allows it (fit_ctas_per_sm). The offsets form may then
+    trade an 8-row mma.sync tile for its twin of the other K depth (moe.kernels._offsets_depth)."""
     tile = _select_moe_row(arch, m, k, group, masked, w_bits)
     if tile is not None:
         return fit_ctas_per_sm(arch, tile, w_bits, zero_point)

@@ -104,7 +104,7 @@ def gemm_indexed_kernel(a: torch.Tensor, experts: PackedExperts, routing, *, a_r
     out = torch.empty(rows, experts.out_features, dtype=a.dtype, device=a.device)
     if offsets is not None:
         y = kernels.gemm_grouped_kernel(gathered, experts, offsets=offsets.to(device=a.device, dtype=torch.int32),
-                                        expected_m=expected_m, tile=tile, out=out)
+                                        expected_m=expected_m, tile=tile, out=out, routed_rows=min(slots, rows))
     else:
         row_expert = torch.where(real, expert, -1)
         y = kernels.gemm_grouped_kernel(gathered, experts, row_expert, expected_m=expected_m, tile=tile, out=out)

@@ -73,7 +73,8 @@ def gemm_masked_kernel(a: torch.Tensor, experts: PackedExperts, masked_m: torch.
 
 def _grouped_by_offsets(a: torch.Tensor, experts: PackedExperts, offsets: torch.Tensor, *, expected_m: int,
                         bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                        tile: TileConfig | str | None = None, splits: int | None = None) -> torch.Tensor:
+                        tile: TileConfig | str | None = None, splits: int | None = None,
+                        routed_rows: int | None = None) -> torch.Tensor:
     """gemm_grouped_kernel on rows grouped by prefix offsets: the masked schedule walking the
     experts' rows of the one activation (kernel/grouped_masked.cuh, its offsets form), with no
     alignment and no copy of the rows; K split in slices (offsets_splits) when the rows' tiles
@@ -88,18 +89,21 @@ def _grouped_by_offsets(a: torch.Tensor, experts: PackedExperts, offsets: torch.
                          f"{_describe(offsets)}")
     if experts.padded:
         return _padded(_grouped_by_offsets, a, experts, bias, out, offsets, expected_m=expected_m, tile=tile,
-                       splits=splits)
+                       splits=splits, routed_rows=routed_rows)
     rows = a.shape[0]
     if out is None:
         out = torch.zeros(rows, experts.n, dtype=a.dtype, device=a.device)
     if rows == 0:
         return out
     offsets = offsets.to(torch.int32).contiguous()  # no copy when already int32 and contiguous
-    chosen = tile is None
+    if routed_rows is not None and (type(routed_rows) is not int or not 0 <= routed_rows <= rows):
+        raise ValueError(f"{what}: routed_rows={routed_rows!r} must be an int in [0, R = {rows}]")
+    chosen = tile is None and splits is None  # (a forced split is checked against the table's tile)
     tile, loaded = _kernel(a, experts, GemmType.MASKED, max(1, int(expected_m)), what, "gemm_grouped", tile)
     resident = _resident(loaded, tile, a.device.index)
     if chosen:
-        tile, loaded, resident = _offsets_depth(a, experts, tile, loaded, resident, what)
+        reach = min(experts.experts, rows if routed_rows is None else routed_rows)
+        tile, loaded, resident = _offsets_depth(a, experts, tile, loaded, resident, reach, what)
     bound = offsets_tile_bound(rows, experts.experts, experts.n, tile)
     k_tiles = experts.k // tile.block_k
     one_slice = tile.mma is MmaKind.WGMMA_WS  # its schedule runs whole tiles
@@ -129,11 +133,12 @@ def _grouped_by_offsets(a: torch.Tensor, experts: PackedExperts, offsets: torch.
 DEPTH_MIN_K_STAGES = 8
 
 
-def _offsets_depth(a: torch.Tensor, experts: PackedExperts, tile: TileConfig, loaded, resident: int, what: str):
+def _offsets_depth(a: torch.Tensor, experts: PackedExperts, tile: TileConfig, loaded, resident: int, reach: int,
+                   what: str) -> tuple[TileConfig, object, int]:
     """(tile, loaded kernel, resident CTAs) of the offsets form where the table's tile is one of an
     8-row pair that differ in K depth (heuristics.offsets_depth_pair: 128 of K per stage in 2 K
-    warps, or 256 in 4): the deep tile where the tiles of the experts the rows can reach, one row
-    tile each (min(E, R) x the N tiles; at most 4 rows an expert, which the table gives these
+    warps, or 256 in 4): the deep tile where the tiles of the `reach` experts the rows can reach,
+    one row tile each (reach x the N tiles; at most 4 rows an expert, which the table gives these
     tiles), fit one wave of its resident CTAs and K takes at least DEPTH_MIN_K_STAGES of its stages:
     each tile then has a CTA of twice the warps and bytes in flight, and K slices through the
     workspace are fewer; else the shallow one, whose twice as many CTAs per SM share out more
@@ -151,17 +156,16 @@ def _offsets_depth(a: torch.Tensor, experts: PackedExperts, tile: TileConfig, lo
     if pair is None:
         return tile, loaded, resident
     shallow, deep = pair
-    wanted = shallow
     if experts.k // deep.block_k >= DEPTH_MIN_K_STAGES:
         deep_loaded = loaded if tile == deep else _kernel(a, experts, GemmType.MASKED, 1, what, "gemm_grouped",
                                                           deep)[1]
-        tiles = min(experts.experts, a.shape[0]) * -(-experts.n // deep.block_n)
-        if tiles <= _resident(deep_loaded, deep, device_index):
-            wanted = deep
-    if wanted == tile:
+        deep_resident = _resident(deep_loaded, deep, device_index)
+        if reach * -(-experts.n // deep.block_n) <= deep_resident:
+            return deep, deep_loaded, deep_resident
+    if tile == shallow:
         return tile, loaded, resident
-    wanted_loaded = _kernel(a, experts, GemmType.MASKED, 1, what, "gemm_grouped", wanted)[1]
-    return wanted, wanted_loaded, _resident(wanted_loaded, wanted, device_index)
+    shallow_loaded = _kernel(a, experts, GemmType.MASKED, 1, what, "gemm_grouped", shallow)[1]
+    return shallow, shallow_loaded, _resident(shallow_loaded, shallow, device_index)
 
 
 def _activation_map(rows: torch.Tensor, tile: TileConfig) -> bytes:
@@ -299,7 +303,7 @@ def grouped_block_m(experts: PackedExperts, expected_m: int, device: torch.devic
 def gemm_grouped_kernel(a: torch.Tensor, experts: PackedExperts, row_expert: torch.Tensor | None = None, *,
                         expected_m: int, offsets: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                         out: torch.Tensor | None = None, tile: TileConfig | str | None = None,
-                        splits: int | None = None) -> torch.Tensor:
+                        splits: int | None = None, routed_rows: int | None = None) -> torch.Tensor:
     """out[r] = a[r] @ W[e]^T (+ bias[e]) for the grouped rows, e the expert of the first row of
     r's block of ``grouped_block_m(experts, expected_m)`` rows.
 
@@ -320,7 +324,8 @@ def gemm_grouped_kernel(a: torch.Tensor, experts: PackedExperts, row_expert: tor
                 computed with its weights from whatever ``a`` holds there (zero rows give the bias,
                 or zeros, as the expert loop writes them without bias); blocks of padding only
                 are skipped
-    expected_m: the rows an expert is expected to hold, which picks the tile and so the blocks
+    expected_m: the rows an expert is expected to hold, which picks the tile and so the blocks (with
+                offsets, R and N too: _offsets_depth)
     bias:       (E, N) in the activation dtype, or None
     out:        (R, N) contiguous to write into (blocks of padding only, and with offsets the
                 rows of no expert, are left as they are); default a new zero tensor, whose
@@ -330,13 +335,20 @@ def gemm_grouped_kernel(a: torch.Tensor, experts: PackedExperts, row_expert: tor
     splits:     (offsets only) K slices, reduced in a float32 workspace in slice order (the
                 same bits every run); default offsets_splits' choice: slices only when the
                 rows' tiles leave most CTA slots idle (a few tokens on a long K)
+    routed_rows: (offsets only) the rows that are routed tokens where ``a`` also holds padding
+                rows (vLLM's block-aligned layout): with expected_m, R and N they pick the tile
+                (the offsets form's decode tiles by how many experts the rows can reach,
+                _offsets_depth); default R
     """
     if (row_expert is None) == (offsets is None):
         raise ValueError("gemm_grouped_kernel: give the experts' rows as row_expert (R,) (block-aligned) or as "
                          "offsets (E + 1,), one of them")
     if offsets is not None:
         return _grouped_by_offsets(a, experts, offsets, expected_m=expected_m, bias=bias, out=out, tile=tile,
-                                   splits=splits)
+                                   splits=splits, routed_rows=routed_rows)
+    if routed_rows is not None:
+        raise ValueError("gemm_grouped_kernel: routed_rows is for the offsets form; the aligned rows' tile is "
+                         "grouped_block_m's")
     if splits not in (None, 1):
         raise ValueError(f"gemm_grouped_kernel: splits={splits!r}: K slices are for the offsets form; the aligned "
                          "rows run one slice")

@@ -363,8 +363,8 @@ def test_the_offsets_form_launch_from_the_call_on_a_cuda_like_tensor(monkeypatch
                         (tile, Loaded()))
     monkeypatch.setattr(moe_kernels, "_resident", lambda loaded, tile, device_index: 528)
     monkeypatch.setattr(moe_kernels, "_stream", lambda a: 7)
-    # (the choice between the tile's K depths has a test of its own, below)
-    monkeypatch.setattr(moe_kernels, "_offsets_depth", lambda a, experts, tile, loaded, resident, what:
+    # (the choice between the tile's K depths has tests of its own, below)
+    monkeypatch.setattr(moe_kernels, "_offsets_depth", lambda a, experts, tile, loaded, resident, reach, what:
                         (tile, loaded, resident))
     a = torch.zeros(11, 2048, dtype=torch.bfloat16)
     offsets = torch.tensor([1, 4, 4, 10], dtype=torch.int32)
@@ -413,17 +413,67 @@ def test_the_offsets_form_picks_the_deep_decode_tile_where_its_tiles_fit_one_wav
     short_k = _experts("int4:g128", e=8, n=256, k=1792)  # 7
     for table_tile in (shallow, deep):
         table = (table_tile, f"kernel {table_tile.label}", resident[table_tile])
-        for experts, rows, wanted in ((long_k, 1, deep), (long_k, 5, deep), (long_k, 6, shallow),
-                                      (long_k, 300, shallow), (short_k, 1, shallow)):
-            a = torch.zeros(rows, experts.k, dtype=torch.bfloat16)
-            got = moe_kernels._offsets_depth(a, experts, *table, "w")
-            assert got == (wanted, f"kernel {wanted.label}", resident[wanted]), (table_tile.label, experts.k, rows)
+        for experts, reach, wanted in ((long_k, 1, deep), (long_k, 5, deep), (long_k, 6, shallow),
+                                       (long_k, 8, shallow), (short_k, 1, shallow)):
+            a = torch.zeros(300, experts.k, dtype=torch.bfloat16)
+            got = moe_kernels._offsets_depth(a, experts, *table, reach, "w")
+            assert got == (wanted, f"kernel {wanted.label}", resident[wanted]), (table_tile.label, experts.k, reach)
     a = torch.zeros(3, 2048, dtype=torch.bfloat16)
     ws = parse_tile_field("wgmma-ws:8x256x64_w1x4_s6")
-    assert moe_kernels._offsets_depth(a, long_k, ws, "k", 396, "w") == (ws, "k", 396)
+    assert moe_kernels._offsets_depth(a, long_k, ws, "k", 396, 3, "w") == (ws, "k", 396)
     narrow = _experts("int4:g128", e=3, n=256, k=2048 + 128)  # 256-wide stages do not divide K
     a = torch.zeros(3, 2048 + 128, dtype=torch.bfloat16)
-    assert moe_kernels._offsets_depth(a, narrow, shallow, "k", 20, "w") == (shallow, "k", 20)
+    assert moe_kernels._offsets_depth(a, narrow, shallow, "k", 20, 3, "w") == (shallow, "k", 20)
+
+
+def test_the_offsets_form_call_takes_the_depth_rule_unless_a_tile_or_split_is_forced(monkeypatch):
+    """gemm_grouped_kernel(offsets=...) up to the launch (CPU tensors made to look like CUDA ones):
+    the table's tile goes through _offsets_depth with the experts the rows reach (R, or
+    routed_rows where the rows hold padding), and the launch runs the tile it returns; a forced
+    tile or forced slices skip it; a routed_rows outside [0, R], or given to the aligned form, is
+    refused."""
+    from humming_aot.enumerate import parse_tile_field
+    from humming_aot.moe import gemm_grouped_kernel
+
+    experts = _experts("int4:g128", e=6, n=256, k=2048)
+    table, deep = parse_tile_field("8x128x128_w1x2x2_s2"), parse_tile_field("8x128x256_w1x2x4_s2")
+    launched, reached = [], []
+
+    class Loaded:
+        def __init__(self, tile):
+            self.tile = tile
+
+        def launch(self, grid, stream, params):
+            launched.append(self.tile)
+
+    def depth(a, experts, tile, loaded, resident, reach, what):
+        reached.append(reach)
+        return deep, Loaded(deep), 264
+
+    def kernel(a, experts, gemm_type, rows, what, loop, forced=None):
+        tile = table if forced is None else parse_tile_field(forced)
+        return tile, Loaded(tile)
+
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(moe_kernels, "_kernel", kernel)
+    monkeypatch.setattr(moe_kernels, "_resident", lambda loaded, tile, device_index: 528)
+    monkeypatch.setattr(moe_kernels, "_stream", lambda a: 7)
+    monkeypatch.setattr(moe_kernels, "_offsets_depth", depth)
+    a = torch.zeros(11, 2048, dtype=torch.bfloat16)
+    offsets = torch.tensor([0, 2, 2, 4, 6, 8, 11], dtype=torch.int32)
+    cases = [({}, deep, 6), ({"routed_rows": 3}, deep, 3), ({"routed_rows": 0}, deep, 0),
+             ({"tile": "8x128x128_w1x2x2_s2"}, table, None), ({"splits": 2}, table, None)]
+    for kwargs, tile, reach in cases:
+        launched.clear()
+        reached.clear()
+        gemm_grouped_kernel(a, experts, offsets=offsets, expected_m=1, out=torch.zeros(11, 256, dtype=a.dtype),
+                            **kwargs)
+        assert launched == [tile] and reached == ([] if reach is None else [reach]), kwargs
+    for bad in (-1, 12, 2.0):
+        with pytest.raises(ValueError, match=f"routed_rows={bad!r} must be an int in \\[0, R = 11\\]"):
+            gemm_grouped_kernel(a, experts, offsets=offsets, expected_m=1, routed_rows=bad)
+    with pytest.raises(ValueError, match="routed_rows is for the offsets form"):
+        gemm_grouped_kernel(a, experts, torch.zeros(11, dtype=torch.int32), expected_m=1, routed_rows=3)
 
 
 # --- the indexed (fused_moe) layout: gather, the block-aligned grouped kernel, scatter ----------------
@@ -516,9 +566,9 @@ def test_indexed_form_runs_the_offsets_form_where_the_blocks_experts_rise(monkey
 
     calls = []
 
-    def grouped(a, experts, row_expert=None, *, offsets=None, expected_m, tile=None, out=None):
+    def grouped(a, experts, row_expert=None, *, offsets=None, expected_m, tile=None, out=None, routed_rows=None):
         assert row_expert is None and offsets.dtype == torch.int32 and offsets.shape == (experts.experts + 1,)
-        calls.append((a.shape[0], expected_m))
+        calls.append((a.shape[0], expected_m, routed_rows))
         y = expert_loop.gemm_grouped(a, experts, offsets=offsets.long())
         rows = torch.arange(a.shape[0])
         owned = (rows >= offsets[0]) & (rows < offsets[-1])
@@ -541,10 +591,12 @@ def test_indexed_form_runs_the_offsets_form_where_the_blocks_experts_rise(monkey
             got = gemm_indexed_kernel(a, local, aligned, a_rows_per_token=per_token, topk_weights=w)
             ref = gemm_indexed(a, local, aligned, a_rows_per_token=per_token, topk_weights=w)
             assert torch.equal(got, ref), f"block {block}"
-    assert calls == [(align_block_size(ids, 4, b).sorted_token_ids.shape[0], 5) for b in (1, 1, 3, 3, 8, 8)]
+    # (the routed rows, not the padded ones, pick the offsets form's decode tile: _offsets_depth)
+    assert calls == [(align_block_size(ids, 4, b).sorted_token_ids.shape[0], 5, tokens * top_k)
+                     for b in (1, 1, 3, 3, 8, 8)]
 
 
-def test_one_warpgroup_tma_tiles_keep_two_ctas_per_sm_for_every_code():
+def test_one_warpgroup_tma_tiles_keep_two_or_three_ctas_per_sm_for_every_code():
     # heuristics.fit_ctas_per_sm: a moe_tiles row's one-warpgroup wgmma-ws tile, sized for 4-bit
     # codes without zero points, takes fewer stages where its shared memory would leave one CTA
     # per SM (uint4 with zero points: the 32-row tile's 6 stages -> 5; 8-bit codes 4 -> 3), and the

@@ -59,7 +59,7 @@ struct GroupedMaskedWs {
   // (with 1 KB of static shared memory each and the driver's 1 KB): 12 consumer warps per SM
   // instead of 8. Such a tile's K loop is a latency chain per warp (shared load, unpack, scale,
   // wgmma) and, on short K, a tile's store and first fills come every few K tiles, so more warps
-  // hide more of both: DeepSeek-V3 TP8's down projection (K 256) 8-10 % faster at 4-64 tokens,
+  // hide more of both: DeepSeek-V3 TP8's down projection (K 256) 9-11 % faster at 4-64 tokens,
   // Qwen3's (K 768) level (docs/performance/log.md section 51). Its 16 accumulators fit the 104
   // registers a consumer thread then gets; 16-token tiles measured no faster, so they keep two.
   static constexpr bool kThreePerSm =
