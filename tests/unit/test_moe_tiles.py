@@ -1,0 +1,253 @@
+"""The MoE GEMMs' tile choice without a GPU (humming_aot.heuristics.select_masked_tile, the
+moe_tiles table, and the offsets form's choice of its decode tile's K depth in
+humming_aot/moe/kernels.py): which tile serves which rows, K and codes, the CTAs per SM the
+masked TMA tiles are given stages for, and the launches the choice leads to."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import humming_aot
+from humming_aot import heuristics
+from humming_aot.enumerate import parse_tile_field
+from humming_aot.moe import kernels as moe_kernels
+from humming_aot.moe import pack_experts
+from humming_aot.spec import MmaKind
+
+
+def _experts(fmt="uint4:g64:zp", e=3, n=192, k=256):
+    w = torch.randn(e, n, k, generator=torch.Generator().manual_seed(0)) * 0.05
+    return pack_experts(humming_aot.quantize(w, fmt), act_dtype=torch.bfloat16)
+
+
+def test_the_grouped_row_expert_tile_is_an_mma_sync_tile_for_the_expected_rows():
+    for arch in ("sm90a", "sm80", "sm120"):
+        for m in (1, 8, 16, 17, 64, 1024):
+            tile = heuristics.select_masked_tile(arch, m, 4096, 128, 4, masked=False)
+            assert tile.body.params_type == "GemmParams" and tile.mma in (MmaKind.MMA_SYNC, MmaKind.MMA_SWAPPED)
+            own = heuristics.select_tile(arch, m, 4096, 128, 4)
+            if arch != "sm90a" and own.mma is MmaKind.MMA_SYNC:  # without moe_tiles, the arch's own
+                assert tile == own  # tile wherever it is an mma.sync one
+            if arch != "sm90a":  # the masked schedule takes the same tiles there
+                assert heuristics.select_masked_tile(arch, m, 4096, 128, 4) == tile
+    assert heuristics.select_masked_tile("sm90a", 1, 4096, 128, 4, masked=False).block_m == 8
+    assert (heuristics.select_masked_tile("sm90a", 64, 4096, 128, 4, masked=False)
+            == heuristics.select_tile("sm90", 64, 4096, 128, 4))
+
+
+def test_the_masked_schedule_runs_the_tma_body_above_16_rows_on_sm90a():
+    # tiles.toml's moe_tiles of sm90a: the warp-specialized TMA body from 17 rows per expert, its
+    # rows by the expected rows and their spread; the same rows up to 16 as the grouped row-expert
+    # schedule
+    for k, group in ((256, 128), (768, 128), (2880, 32), (7168, 128)):
+        for m in (1, 4, 8, 12, 16):  # up to 9 rows the TMA body only where K is short (8 and 16 rows)
+            tile = heuristics.select_masked_tile("sm90a", m, k, group, 4)
+            if k <= 256 or m > 9 or (m > 1 and m <= 4 and k <= 1024):  # one warpgroup of four units
+                rows = 8 if m <= 4 else 16 if m <= 9 else 32
+                assert tile.label == f"wgmma-ws:{rows}x256x64_w1x4_s6", (m, k)
+            else:
+                assert tile == heuristics.select_masked_tile("sm90a", m, k, group, 4, masked=False), (m, k)
+        for m, rows in ((17, 48), (36, 48), (37, 64), (54, 64), (55, 96), (85, 96), (86, 144), (120, 144), (121, 176),
+                        (189, 176), (190, 144), (271, 144), (272, 176), (100000, 176)):
+            label = f"wgmma-ws:{rows}x256x64_w1x8_s{3 if rows == 176 else 4}"
+            tile = heuristics.select_masked_tile("sm90a", m, k, group, 4)
+            assert tile.label == label and heuristics.tile_fits(tile, k, group)
+            # 8-bit codes: 144 rows in 3 stages (4 exceed the shared memory with float zero points)
+            wide = heuristics.select_masked_tile("sm90a", m, k, group, 8)
+            assert wide.label == (label if rows != 144 else "wgmma-ws:144x256x64_w1x8_s3"), (m, wide.label)
+    # the plain arch (no wgmma) keeps the mma.sync tiles
+    assert heuristics.select_masked_tile("sm90", 64, 4096, 128, 4).mma is MmaKind.MMA_SYNC
+
+
+def test_the_moe_table_picks_small_ctas_for_short_k_and_the_decode_tiles_for_long_k():
+    # tiles.toml's moe_tiles of sm90a: a short K (a TP shard's down projection) is bound by each
+    # tile's latency, so 4-warp CTAs of 128-wide stages; a long K keeps the dense decode tile
+    for k in (768, 2048):
+        assert heuristics.select_masked_tile("sm90a", 1, k, 128, 4).label == "8x128x128_w1x2x2_s2"
+    for k in (768, 2048):  # 16 tokens from 5 rows per expert (mean + 2 sqrt(mean) rows fit)
+        for m in (5, 9):
+            assert heuristics.select_masked_tile("sm90a", m, k, 128, 4).label == "mma-sw:16x256x128_w1x4x2_s2"
+    # K = 256 (DeepSeek-V3 TP8 down): the TMA body's 8- and 16-row tiles of one consumer warpgroup
+    # of four units, whose ring runs across tiles (four stages for codes over 4 bits); from 10 rows
+    # its 32-row tile at any K; the grouped row-expert schedule keeps the swapped tiles
+    assert heuristics.select_masked_tile("sm90a", 1, 256, 128, 4).label == "wgmma-ws:8x256x64_w1x4_s6"
+    assert heuristics.select_masked_tile("sm90a", 8, 256, 128, 4).label == "wgmma-ws:16x256x64_w1x4_s6"
+    assert heuristics.select_masked_tile("sm90a", 8, 256, 128, 8).label == "wgmma-ws:16x256x64_w1x4_s4"
+    for k in (256, 768, 2048, 7168):
+        assert heuristics.select_masked_tile("sm90a", 16, k, 128, 4).label == "wgmma-ws:32x256x64_w1x4_s6"
+        assert heuristics.select_masked_tile("sm90a", 16, k, 128, 8).label == "wgmma-ws:32x256x64_w1x4_s4"
+    assert (heuristics.select_masked_tile("sm90a", 16, 256, 128, 4, masked=False).label
+            == "mma-sw:16x256x128_w1x4x2_s2")
+    for k in (4096, 7168):
+        assert heuristics.select_masked_tile("sm90a", 4, k, 128, 4) == heuristics.select_tile("sm90a", 4, k, 128, 4)
+        assert heuristics.select_masked_tile("sm90a", 8, k, 128, 4).label == "mma-sw:16x256x128_w1x4x2_s2"
+        assert (heuristics.select_masked_tile("sm90a", 12, k, 128, 4, masked=False).label
+                == "mma-sw:16x64x128_w1x1x2_s4")
+    # a K that no row's stages tile (gpt-oss 2880) takes a 64-wide twin, which fits it
+    for m in (1, 16):
+        tile = heuristics.select_masked_tile("sm90a", m, 2880, 32, 4)
+        assert tile.block_k == 64 and heuristics.tile_fits(tile, 2880, 32)
+    # above the table's 16 rows the grouped row-expert schedule takes the mma.sync table of sm90
+    assert (heuristics.select_masked_tile("sm90a", 17, 256, 128, 4, masked=False)
+            == heuristics.select_tile("sm90", 17, 256, 128, 4))
+    # every tile picked is in moe_tile_table (the catalog's MoE families), or its 64-wide twin
+    for masked in (True, False):
+        table = heuristics.moe_tile_table("sm90a", 4, masked=masked)
+        assert any(t.mma is MmaKind.WGMMA_WS for t in table) == masked
+        for m in (1, 8, 9, 16, 17, 200):
+            for k, group in ((256, 128), (768, 128), (2048, 64), (2880, 32), (7168, 128), (192, 64)):
+                tile = heuristics.select_masked_tile("sm90a", m, k, group, 4, masked=masked)
+                assert tile in table or any(tile == heuristics.narrow_twin(t) for t in table)
+
+
+def test_a_moe_row_of_a_body_without_run_tile_is_refused(monkeypatch):
+    from humming_aot.heuristics import tiles
+
+    real = tiles.load_toml
+
+    def with_wgmma_row(name):
+        data = real(name)
+        if name != "tiles.toml":
+            return data
+        data = {**data, "arch": {**data["arch"]}}
+        data["arch"]["sm90a"] = {**data["arch"]["sm90a"], "moe_tiles": [
+            {"max_m": 64, "mma": "wgmma", "block_m": 64, "block_n": 128, "warps_m": 1, "warps_n": 8, "stages": 6}]}
+        return data
+
+    monkeypatch.setattr(tiles, "load_toml", with_wgmma_row)
+    tiles._moe_rows_all.cache_clear()
+    tiles._moe_rows.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="moe_tiles of sm90a holds .* the MoE schedules wrap"):
+            heuristics.select_masked_tile("sm90a", 1, 256, 128, 4)
+    finally:
+        monkeypatch.undo()
+        tiles._moe_rows_all.cache_clear()
+        tiles._moe_rows.cache_clear()
+
+
+def test_the_offsets_form_picks_the_deep_decode_tile_where_its_tiles_fit_one_wave(monkeypatch):
+    """The offsets form's choice between the 8-row tile of 128 of K per stage (2 K warps) and its
+    256-deep twin (4 K warps) of sm90a's moe_tiles (heuristics.offsets_depth_pair): the deep one
+    where the reachable experts' tiles (min(E, R) x N tiles) fit one wave of its resident CTAs and
+    K holds DEPTH_MIN_K_STAGES of its stages, else the shallow one, whichever of the two the table
+    named; other tiles, and a K the deep one does not divide, left alone."""
+    from types import SimpleNamespace
+
+    from humming_aot import dispatch
+
+    shallow, deep = parse_tile_field("8x128x128_w1x2x2_s2"), parse_tile_field("8x128x256_w1x2x4_s2")
+    resident = {shallow: 20, deep: 10}
+
+    def kernel(a, experts, gemm_type, rows, what, loop, forced=None):
+        return forced, f"kernel {forced.label}"
+
+    monkeypatch.setattr(dispatch, "device_info", lambda index: SimpleNamespace(arches=("sm90a", "sm90")))
+    monkeypatch.setattr(moe_kernels, "_kernel", kernel)
+    monkeypatch.setattr(moe_kernels, "_resident", lambda loaded, tile, device_index: resident[tile])
+    assert moe_kernels.DEPTH_MIN_K_STAGES == 8
+    long_k = _experts("int4:g128", e=8, n=256, k=2048)  # 8 stages of 256; 2 N tiles of 128
+    short_k = _experts("int4:g128", e=8, n=256, k=1792)  # 7
+    for table_tile in (shallow, deep):
+        table = (table_tile, f"kernel {table_tile.label}", resident[table_tile])
+        for experts, reach, wanted in ((long_k, 1, deep), (long_k, 5, deep), (long_k, 6, shallow),
+                                       (long_k, 8, shallow), (short_k, 1, shallow)):
+            a = torch.zeros(300, experts.k, dtype=torch.bfloat16)
+            got = moe_kernels._offsets_depth(a, experts, *table, reach, "w")
+            assert got == (wanted, f"kernel {wanted.label}", resident[wanted]), (table_tile.label, experts.k, reach)
+    a = torch.zeros(3, 2048, dtype=torch.bfloat16)
+    ws = parse_tile_field("wgmma-ws:8x256x64_w1x4_s6")
+    assert moe_kernels._offsets_depth(a, long_k, ws, "k", 396, 3, "w") == (ws, "k", 396)
+    narrow = _experts("int4:g128", e=3, n=256, k=2048 + 128)  # 256-wide stages do not divide K
+    a = torch.zeros(3, 2048 + 128, dtype=torch.bfloat16)
+    assert moe_kernels._offsets_depth(a, narrow, shallow, "k", 20, 3, "w") == (shallow, "k", 20)
+
+
+def test_the_offsets_form_call_takes_the_depth_rule_unless_a_tile_or_split_is_forced(monkeypatch):
+    """gemm_grouped_kernel(offsets=...) up to the launch (CPU tensors made to look like CUDA ones):
+    the table's tile goes through _offsets_depth with the experts the rows reach (R, or
+    routed_rows where the rows hold padding), and the launch runs the tile it returns; a forced
+    tile or forced slices skip it; a routed_rows outside [0, R], or given to the aligned form, is
+    refused."""
+    from humming_aot.moe import gemm_grouped_kernel
+
+    experts = _experts("int4:g128", e=6, n=256, k=2048)
+    table, deep = parse_tile_field("8x128x128_w1x2x2_s2"), parse_tile_field("8x128x256_w1x2x4_s2")
+    launched, reached = [], []
+
+    class Loaded:
+        def __init__(self, tile):
+            self.tile = tile
+
+        def launch(self, grid, stream, params):
+            launched.append(self.tile)
+
+    def depth(a, experts, tile, loaded, resident, reach, what):
+        reached.append(reach)
+        return deep, Loaded(deep), 264
+
+    def kernel(a, experts, gemm_type, rows, what, loop, forced=None):
+        tile = table if forced is None else parse_tile_field(forced)
+        return tile, Loaded(tile)
+
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(moe_kernels, "_kernel", kernel)
+    monkeypatch.setattr(moe_kernels, "_resident", lambda loaded, tile, device_index: 528)
+    monkeypatch.setattr(moe_kernels, "_stream", lambda a: 7)
+    monkeypatch.setattr(moe_kernels, "_offsets_depth", depth)
+    a = torch.zeros(11, 2048, dtype=torch.bfloat16)
+    offsets = torch.tensor([0, 2, 2, 4, 6, 8, 11], dtype=torch.int32)
+    cases = [({}, deep, 6), ({"routed_rows": 3}, deep, 3), ({"routed_rows": 0}, deep, 0),
+             ({"tile": "8x128x128_w1x2x2_s2"}, table, None), ({"splits": 2}, table, None)]
+    for kwargs, tile, reach in cases:
+        launched.clear()
+        reached.clear()
+        gemm_grouped_kernel(a, experts, offsets=offsets, expected_m=1, out=torch.zeros(11, 256, dtype=a.dtype),
+                            **kwargs)
+        assert launched == [tile] and reached == ([] if reach is None else [reach]), kwargs
+    for bad in (-1, 12, 2.0):
+        with pytest.raises(ValueError, match=f"routed_rows={bad!r} must be an int in \\[0, R = 11\\]"):
+            gemm_grouped_kernel(a, experts, offsets=offsets, expected_m=1, routed_rows=bad)
+    with pytest.raises(ValueError, match="routed_rows is for the offsets form"):
+        gemm_grouped_kernel(a, experts, torch.zeros(11, dtype=torch.int32), expected_m=1, routed_rows=3)
+
+
+def test_one_warpgroup_tma_tiles_keep_two_or_three_ctas_per_sm_for_every_code():
+    # heuristics.fit_ctas_per_sm: a moe_tiles row's one-warpgroup wgmma-ws tile, sized for 4-bit
+    # codes without zero points, takes fewer stages where its shared memory would leave one CTA
+    # per SM (uint4 with zero points: the 32-row tile's 6 stages -> 5; 8-bit codes 4 -> 3), and the
+    # 8-row tile one fewer (not under 5) where that lets three CTAs share an SM (uint4 with zero
+    # points: 6 -> 5); the rows' tiles that fit keep their stages, and the catalog's MoE table
+    # lists what is picked
+    from humming_aot.bodies.wgmma_ws import masked_ctas_per_sm, masked_smem_bytes
+
+    capacity = heuristics.smem_limit("sm90a") + 1024
+    assert heuristics.select_masked_tile("sm90a", 16, 256, 128, 4).label == "wgmma-ws:32x256x64_w1x4_s6"
+    assert (heuristics.select_masked_tile("sm90a", 16, 256, 128, 4, zero_point=True).label
+            == "wgmma-ws:32x256x64_w1x4_s5")
+    assert (heuristics.select_masked_tile("sm90a", 16, 256, 128, 8, zero_point=True).label
+            == "wgmma-ws:32x256x64_w1x4_s3")
+    assert heuristics.select_masked_tile("sm90a", 1, 256, 128, 4).label == "wgmma-ws:8x256x64_w1x4_s6"
+    assert (heuristics.select_masked_tile("sm90a", 1, 256, 128, 4, zero_point=True).label
+            == "wgmma-ws:8x256x64_w1x4_s5")
+    assert heuristics.select_masked_tile("sm90a", 1, 256, 128, 8).label == "wgmma-ws:8x256x64_w1x4_s4"
+    for w_bits in range(1, 9):
+        for zero_point in (False, True):
+            table = heuristics.moe_tile_table("sm90a", w_bits, zero_point=zero_point)
+            for m in (1, 4, 8, 16, 17, 64, 200):
+                for k in (256, 768, 2048, 7168):
+                    tile = heuristics.select_masked_tile("sm90a", m, k, 128, w_bits, zero_point=zero_point)
+                    assert tile in table, (w_bits, zero_point, m, k, tile.label)
+                    if tile.mma is MmaKind.WGMMA_WS and tile.threads == 256:
+                        smem = masked_smem_bytes(tile, w_bits, zero_point)
+                        assert 2 * (smem + 2048) <= capacity, (w_bits, zero_point, m, tile.label, smem)
+                        bigger = masked_smem_bytes(dataclasses.replace(tile, stages=tile.stages + 1), w_bits,
+                                                   zero_point)
+                        row = heuristics.select_masked_tile("sm90a", m, k, 128, w_bits)
+                        three = masked_ctas_per_sm(tile, w_bits, zero_point) == 3
+                        assert three == (tile.block_m == 8 and (masked_ctas_per_sm(row, w_bits, zero_point) == 3
+                                                                 or tile.stages == row.stages - 1 >= 5)), tile.label
+                        assert (tile.stages == row.stages or 2 * (bigger + 2048) > capacity
+                                or (three and tile.stages == row.stages - 1)), (tile.label, row.label)
