@@ -156,16 +156,29 @@ def _offsets_depth(a: torch.Tensor, experts: PackedExperts, tile: TileConfig, lo
     if pair is None:
         return tile, loaded, resident
     shallow, deep = pair
+
+    def twin(other: TileConfig) -> tuple[object, int]:  # its kernel and resident CTAs, looked up once
+        if other == tile:
+            return loaded, resident
+        entry = _DEPTH_TWINS.get(id(loaded))
+        if entry is None or entry[0] is not loaded:
+            entry = _DEPTH_TWINS[id(loaded)] = (loaded, {})
+        if other not in entry[1]:
+            other_loaded = _kernel(a, experts, GemmType.MASKED, 1, what, "gemm_grouped", other)[1]
+            entry[1][other] = (other_loaded, _resident(other_loaded, other, device_index))
+        return entry[1][other]
+
     if experts.k // deep.block_k >= DEPTH_MIN_K_STAGES:
-        deep_loaded = loaded if tile == deep else _kernel(a, experts, GemmType.MASKED, 1, what, "gemm_grouped",
-                                                          deep)[1]
-        deep_resident = _resident(deep_loaded, deep, device_index)
+        deep_loaded, deep_resident = twin(deep)
         if reach * -(-experts.n // deep.block_n) <= deep_resident:
             return deep, deep_loaded, deep_resident
-    if tile == shallow:
-        return tile, loaded, resident
-    shallow_loaded = _kernel(a, experts, GemmType.MASKED, 1, what, "gemm_grouped", shallow)[1]
-    return shallow, shallow_loaded, _resident(shallow_loaded, shallow, device_index)
+    return (shallow, *twin(shallow))
+
+
+# _offsets_depth's twins: id of the table tile's loaded kernel -> (that kernel, {twin tile: (its
+# loaded kernel, resident CTAs)}), so that the eager path of a decode call looks a twin up once
+# per kernel, not on every call
+_DEPTH_TWINS: dict[int, tuple[object, dict[TileConfig, tuple[object, int]]]] = {}
 
 
 def _activation_map(rows: torch.Tensor, tile: TileConfig) -> bytes:

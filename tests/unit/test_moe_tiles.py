@@ -141,11 +141,15 @@ def test_the_offsets_form_picks_the_deep_decode_tile_where_its_tiles_fit_one_wav
     shallow, deep = parse_tile_field("8x128x128_w1x2x2_s2"), parse_tile_field("8x128x256_w1x2x4_s2")
     resident = {shallow: 20, deep: 10}
 
+    lookups = []
+
     def kernel(a, experts, gemm_type, rows, what, loop, forced=None):
+        lookups.append(forced)
         return forced, f"kernel {forced.label}"
 
     monkeypatch.setattr(dispatch, "device_info", lambda index: SimpleNamespace(arches=("sm90a", "sm90")))
     monkeypatch.setattr(moe_kernels, "_kernel", kernel)
+    monkeypatch.setattr(moe_kernels, "_DEPTH_TWINS", {})
     monkeypatch.setattr(moe_kernels, "_resident", lambda loaded, tile, device_index: resident[tile])
     assert moe_kernels.DEPTH_MIN_K_STAGES == 8
     long_k = _experts("int4:g128", e=8, n=256, k=2048)  # 8 stages of 256; 2 N tiles of 128
@@ -155,8 +159,12 @@ def test_the_offsets_form_picks_the_deep_decode_tile_where_its_tiles_fit_one_wav
         for experts, reach, wanted in ((long_k, 1, deep), (long_k, 5, deep), (long_k, 6, shallow),
                                        (long_k, 8, shallow), (short_k, 1, shallow)):
             a = torch.zeros(300, experts.k, dtype=torch.bfloat16)
-            got = moe_kernels._offsets_depth(a, experts, *table, reach, "w")
-            assert got == (wanted, f"kernel {wanted.label}", resident[wanted]), (table_tile.label, experts.k, reach)
+            for _ in range(2):
+                got = moe_kernels._offsets_depth(a, experts, *table, reach, "w")
+                assert got == (wanted, f"kernel {wanted.label}", resident[wanted]), (table_tile.label, experts.k, reach)
+        # each table kernel looks its twin up once, however many calls follow
+        assert lookups == [deep if table_tile == shallow else shallow], (table_tile.label, lookups)
+        lookups.clear()
     a = torch.zeros(3, 2048, dtype=torch.bfloat16)
     ws = parse_tile_field("wgmma-ws:8x256x64_w1x4_s6")
     assert moe_kernels._offsets_depth(a, long_k, ws, "k", 396, 3, "w") == (ws, "k", 396)
