@@ -97,9 +97,9 @@ def masked_smem_bytes(tile: "TileConfig", w_bits: int, has_zero_point: bool) -> 
 
 # An SM's shared memory on sm_90 (228 KB; 1 KB of it reserved per resident CTA) and what a CTA of
 # the body takes beside its dynamic part (its static shared memory, reported as 1 KB, and that
-# reservation)
+# reservation; heuristics.fit_ctas_per_sm counts it too)
 SMEM_PER_SM = 233472
-_CTA_OVERHEAD = 2048
+CTA_SMEM_OVERHEAD = 2048
 
 
 def masked_ctas_per_sm(tile: "TileConfig", w_bits: int, has_zero_point: bool) -> int:
@@ -109,7 +109,7 @@ def masked_ctas_per_sm(tile: "TileConfig", w_bits: int, has_zero_point: bool) ->
     for two."""
     if tile.warps_n == 8:
         return 1
-    if tile.block_m == 8 and 3 * (masked_smem_bytes(tile, w_bits, has_zero_point) + _CTA_OVERHEAD) <= SMEM_PER_SM:
+    if tile.block_m == 8 and 3 * (masked_smem_bytes(tile, w_bits, has_zero_point) + CTA_SMEM_OVERHEAD) <= SMEM_PER_SM:
         return 3
     return 2
 

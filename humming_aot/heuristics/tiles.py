@@ -234,11 +234,6 @@ def _moe_rows(arch: str, w_bits: int = 8) -> tuple[tuple[int, int | None, TileCo
     return tuple(rows)
 
 
-# A resident CTA's share of an SM's shared memory beside its dynamic part: the static part (the TMA
-# body reports 1024 bytes) and the 1 KB the driver reserves per CTA.
-_CTA_SMEM_OVERHEAD = 2048
-
-
 # fit_ctas_per_sm: an 8-token tile gives up at most this many of its row's stages for a third CTA
 # per SM, and keeps at least THREE_PER_SM_MIN_STAGES (uint4 with zero points: 6 -> 5 measured 6-9 %
 # faster at 4-64 tokens on DeepSeek-V3 TP8's down projection; log section 51)
@@ -260,7 +255,7 @@ def fit_ctas_per_sm(arch: str, tile: TileConfig, w_bits: int, zero_point: bool) 
     three anyway (5- to 8-bit codes run so). Other tiles are returned as they are."""
     if tile.mma is not MmaKind.WGMMA_WS or tile.threads != 256:
         return tile
-    from humming_aot.bodies.wgmma_ws import masked_ctas_per_sm, masked_smem_bytes
+    from humming_aot.bodies.wgmma_ws import CTA_SMEM_OVERHEAD, masked_ctas_per_sm, masked_smem_bytes
 
     if tile.block_m == 8:
         for stages in range(tile.stages, max(tile.stages - THREE_PER_SM_STAGES_GIVEN, THREE_PER_SM_MIN_STAGES) - 1,
@@ -271,7 +266,7 @@ def fit_ctas_per_sm(arch: str, tile: TileConfig, w_bits: int, zero_point: bool) 
     capacity = smem_limit(arch) + 1024
     stages = tile.stages
     while stages > 2 and 2 * (masked_smem_bytes(dataclasses.replace(tile, stages=stages), w_bits, zero_point)
-                              + _CTA_SMEM_OVERHEAD) > capacity:
+                              + CTA_SMEM_OVERHEAD) > capacity:
         stages -= 1
     return tile if stages == tile.stages else dataclasses.replace(tile, stages=stages)
 

@@ -87,6 +87,8 @@ def _grouped_by_offsets(a: torch.Tensor, experts: PackedExperts, offsets: torch.
     if offsets.device != a.device:
         raise ValueError(f"{what}: offsets must be on {a.device} (the kernel reads them there), got "
                          f"{_describe(offsets)}")
+    if routed_rows is not None and (type(routed_rows) is not int or not 0 <= routed_rows <= a.shape[0]):
+        raise ValueError(f"{what}: routed_rows={routed_rows!r} must be an int in [0, R = {a.shape[0]}]")
     if experts.padded:
         return _padded(_grouped_by_offsets, a, experts, bias, out, offsets, expected_m=expected_m, tile=tile,
                        splits=splits, routed_rows=routed_rows)
@@ -96,8 +98,6 @@ def _grouped_by_offsets(a: torch.Tensor, experts: PackedExperts, offsets: torch.
     if rows == 0:
         return out
     offsets = offsets.to(torch.int32).contiguous()  # no copy when already int32 and contiguous
-    if routed_rows is not None and (type(routed_rows) is not int or not 0 <= routed_rows <= rows):
-        raise ValueError(f"{what}: routed_rows={routed_rows!r} must be an int in [0, R = {rows}]")
     chosen = tile is None and splits is None  # (a forced split is checked against the table's tile)
     tile, loaded = _kernel(a, experts, GemmType.MASKED, max(1, int(expected_m)), what, "gemm_grouped", tile)
     resident = _resident(loaded, tile, a.device.index)
