@@ -162,6 +162,7 @@ def _nvcc_missing() -> bool:
        KernelKey.from_name("gemm_dense_sm90a_mma_a-bf16_w-s2-g-bf16_o-bf16_8x128x256_w1x2x4_s2"),
        KernelKey.from_name("gemm_dense_sm90a_mma-sw_a-bf16_w-s4-g-bf16_o-bf16_16x128x256_w1x2x4_s2"),
        KernelKey.from_name("gemm_masked_sm90a_mma_a-bf16_w-s4-g-bf16_o-bf16_8x128x256_w1x2x4_s2"),
+       KernelKey.from_name("gemm_masked_sm90a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_176x256x64_w1x8_s3"),
        KernelKey.from_name("gemm_grouped_sm90a_mma_a-bf16_w-s4-g-bf16_o-bf16_8x128x256_w1x2x4_s2"),
        KernelKey.from_name("gemm_dense_sm80_simt_a-bf16_w-u4-g-bf16-zpi_o-bf16_8x64x16_w1x1_s1")],
     ids=str,

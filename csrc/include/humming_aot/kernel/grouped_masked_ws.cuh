@@ -69,9 +69,22 @@ struct GroupedMaskedWs {
   static constexpr int kStages = Dense::kRingStages;
   static constexpr int kConsumerWarps = Dense::kConsumerWarps;
   // The producer warp walks the experts too (the table's lookups, the expert's pointers): more
-  // registers than the dense producer's 40, taken from the consumers.
-  static constexpr int kProducerRegisters = 56;
+  // registers than the dense producer's 40, taken from the consumers (kWalkProducerRegisters).
+  // Where that would leave the consumers less than their accumulators, the dequantization's
+  // spare and kWgmmaSlack more, ptxas serializes their wgmma (warning C7512: the 176-row tile at
+  // 224 = 176 + 48 registers; the 160-row tile at 224 = 160 + 64 is not), so the producer then
+  // keeps setmaxnreg's least, 24 (its walk keeps a few words in local memory, outside the K
+  // loop), and the consumers get 240: 6-10 % faster at 5,120-16,384 tokens on DeepSeek-V3 TP8 and
+  // Qwen3-30B (docs/performance/log.md section 52).
   static constexpr int kLaunchRegisters = (65536 / kMinBlocksPerSm / kThreads) / 8 * 8;
+  static constexpr int kWalkProducerRegisters = 56;
+  static constexpr int kLeastProducerRegisters = 24;
+  static constexpr int kWgmmaSlack = 16;
+  static constexpr int kWalkConsumerRegisters =
+      ((kLaunchRegisters * kThreads - kWalkProducerRegisters * 128) / Dense::kConsumerThreads) / 8 * 8;
+  static constexpr int kProducerRegisters =
+      kWalkConsumerRegisters >= Dense::kAccumulators + Dense::kSpareRegisters + kWgmmaSlack ? kWalkProducerRegisters
+                                                                                            : kLeastProducerRegisters;
   static constexpr int kConsumerRegisters =
       ((kLaunchRegisters * kThreads - kProducerRegisters * 128) / Dense::kConsumerThreads) / 8 * 8;
   static_assert(kConsumerRegisters <= 256 && kConsumerRegisters >= Dense::kAccumulators + Dense::kSpareRegisters,
