@@ -25,7 +25,8 @@ WS_TILES = ("wgmma-ws:64x256x64_w1x8_s4", "wgmma-ws:144x256x64_w1x8_s4", "wgmma-
             "wgmma-ws:16x256x64_w1x8_s4", "wgmma-ws:8x128x64_w1x4_s8", "wgmma-ws:96x256x64_w1x8_s4",
             "wgmma-ws:176x256x64_w1x8_s3", "wgmma-ws:16x256x64_w1x4_s6", "wgmma-ws:16x512x64_w1x8_s4",
             "wgmma-ws:8x256x64_w1x4_s6", "wgmma-ws:32x256x64_w1x4_s6", "wgmma-ws:32x256x64_w1x4_s5",
-            "wgmma-ws:32x256x64_w1x4_s4", "wgmma-ws:32x256x64_w1x4_s3", "wgmma-ws:8x256x64_w1x4_s5")
+            "wgmma-ws:32x256x64_w1x4_s4", "wgmma-ws:32x256x64_w1x4_s3", "wgmma-ws:8x256x64_w1x4_s5",
+            "wgmma-ws:80x256x64_w1x8_s4", "wgmma-ws:160x256x64_w1x8_s4", "wgmma-ws:160x256x64_w1x8_s3")
 
 
 def _sm90a() -> bool:

@@ -5,6 +5,8 @@ masked TMA tiles are given stages for, and the launches the choice leads to."""
 from __future__ import annotations
 
 import dataclasses
+import math
+from statistics import NormalDist
 
 import pytest
 import torch
@@ -49,16 +51,39 @@ def test_the_masked_schedule_runs_the_tma_body_above_16_rows_on_sm90a():
                 assert tile.label == f"wgmma-ws:{rows}x256x64_w1x4_s6", (m, k)
             else:
                 assert tile == heuristics.select_masked_tile("sm90a", m, k, group, 4, masked=False), (m, k)
-        for m, rows in ((17, 48), (36, 48), (37, 64), (54, 64), (55, 96), (85, 96), (86, 144), (120, 144), (121, 176),
-                        (189, 176), (190, 144), (271, 144), (272, 176), (100000, 176)):
+        for m, rows in ((17, 48), (38, 48), (39, 64), (52, 64), (53, 80), (66, 80), (67, 96), (85, 96), (86, 144),
+                        (124, 144), (125, 160), (139, 160), (140, 176), (190, 176), (191, 144), (265, 144), (266, 160),
+                        (295, 160), (296, 176), (100000, 176)):
             label = f"wgmma-ws:{rows}x256x64_w1x8_s{3 if rows == 176 else 4}"
             tile = heuristics.select_masked_tile("sm90a", m, k, group, 4)
             assert tile.label == label and heuristics.tile_fits(tile, k, group)
-            # 8-bit codes: 144 rows in 3 stages (4 exceed the shared memory with float zero points)
+            # 8-bit codes: 144 and 160 rows in 3 stages (4 exceed the shared memory)
             wide = heuristics.select_masked_tile("sm90a", m, k, group, 8)
-            assert wide.label == (label if rows != 144 else "wgmma-ws:144x256x64_w1x8_s3"), (m, wide.label)
+            assert wide.label == (label if rows not in (144, 160) else f"wgmma-ws:{rows}x256x64_w1x8_s3"), (m, wide.label)
     # the plain arch (no wgmma) keeps the mma.sync tiles
     assert heuristics.select_masked_tile("sm90", 64, 4096, 128, 4).mma is MmaKind.MMA_SYNC
+
+
+def _expected_tiles(r: float, rows: int) -> float:
+    """E[ceil(X / rows)] for X ~ Normal(r, sqrt(r)): the tiles an expert of about r rows runs."""
+    spread = NormalDist(r, math.sqrt(r))
+    return sum(1 - spread.cdf(j * rows) for j in range(int((r + 8 * math.sqrt(r)) / rows) + 2))
+
+
+def test_the_moe_rows_above_36_rows_follow_the_spread_rule_of_tiles_toml():
+    # tiles.toml's rule: from 37 rows per expert, the TMA tile of least E[ceil(rows / bm)] x
+    # (256 + bm) among the table's row counts, recomputed here; a boundary may sit where two tiles
+    # cost within 1 %; above 295 rows the table keeps 176 (the rule's pick wanders among 144-176
+    # within 6 %, and 176 measured fastest at 512: docs/performance/log.md sections 31 and 52)
+    heights = sorted({tile.block_m for tile in heuristics.moe_tile_table("sm90a", 4) if tile.block_m >= 48})
+    assert {80, 160} <= set(heights)
+    for r in range(37, 400):
+        picked = heuristics.select_masked_tile("sm90a", r, 7168, 128, 4).block_m
+        if r > 295:
+            assert picked == 176, r
+            continue
+        cost = {bm: _expected_tiles(r, bm) * (256 + bm) for bm in heights}
+        assert cost[picked] <= 1.01 * min(cost.values()), (r, picked, cost)
 
 
 def test_the_moe_table_picks_small_ctas_for_short_k_and_the_decode_tiles_for_long_k():
