@@ -22,8 +22,9 @@
 // Each CTA waits on the upstream grid (the counts may be its output), then finds each tile's
 // expert by walking the counts in windows of 256 experts (ExpertWalk: every warp computes the same
 // walk, so the result is uniform without shared memory), one tile ahead: while it runs a tile, the
-// next one's weights are on their way into L2 (Dense::prefetch_tile), so that the tiles of one CTA
-// (a few dozen of short K at decode sizes) do not each wait on DRAM for their first stages. Each
+// next one's weights are on their way into L2 (Dense::prefetch_tile; CTAs of more than 4 warps,
+// kPrefetchNext), so that the tiles of one CTA (a few dozen of short K at decode sizes) do not each
+// wait on DRAM for their first stages. Each
 // tile runs the dense body on a copy of GemmParams whose pointers are moved to the expert's slab,
 // whose M is the count and whose global scale is the expert's. A count outside [0, max_m] is read
 // as the nearest bound. K slices (gridDim.y = gemm.k_splits, the offsets form only): every CTA
@@ -159,6 +160,15 @@ struct GroupedMasked {
   static constexpr int kSmemBytes = Dense::kSmemBytes;
   static constexpr int kMinBlocksPerSm = Dense::kMinBlocksPerSm;
   static constexpr bool kScalesInFp32 = Dense::kScalesInFp32;
+  // Whether a CTA prefetches its next tile's weights into L2. Not with CTAs of 4 warps: those run
+  // four per SM (the 8-row decode tile of 128 of K per stage), 528 CTAs each streaming its tile
+  // while its next one's first 32 KB wait in L2, and enough of those lines are evicted before their
+  // tile runs that they are read twice: Qwen3-30B's down projection at 16 tokens moved 99 MB
+  // through DRAM with the prefetch and 77 MB without (Humming: 72), and took 7 % longer; its
+  // gate_up 4 %; DeepSeek-V3 TP8's gate_up (K 7168) on the same tile at 16 / 64 tokens moved
+  // within 1 % either way. The 8-warp decode tiles (two per SM, half the bytes waiting) keep it.
+  // docs/performance/log.md section 52.
+  static constexpr bool kPrefetchNext = kThreads > 128;
 
   static __device__ __forceinline__ void run(const MaskedGemmParams& g) {
     schedule::wait_for_upstream_grid();  // the counts (and the activations) may come from the previous kernel
@@ -174,7 +184,7 @@ struct GroupedMasked {
       // and this tile's epilogue lets the next kernel in when there is none
       u32 next_expert, next_rows, next_local;
       const bool more = walk.find(tile + gridDim.x, next_expert, next_rows, next_local);
-      if (more) {
+      if (kPrefetchNext && more) {
         GemmParams next = g.gemm;
         next.m = static_cast<int>(next_rows);
         g.weights.move_to(next, static_cast<int>(next_expert));
