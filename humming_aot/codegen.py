@@ -5,7 +5,7 @@ includes only humming_aot's own headers, which include no CUDA toolkit header.
 """
 from __future__ import annotations
 
-from humming_aot.bodies.wgmma_ws import masked_ctas_per_sm, masked_smem_bytes
+from humming_aot.bodies.wgmma_ws import masked_ctas_per_sm, masked_producer_registers, masked_smem_bytes
 from humming_aot.heuristics.tiles import MOE_BODIES, MOE_MASKED_BODIES
 from humming_aot.params_abi import PARAMS_VERSION
 from humming_aot.spec import GemmType, KernelKey, MmaKind, ZeroPoint
@@ -94,12 +94,17 @@ def weight_codes(spec) -> str:
 def _body_asserts(key: KernelKey) -> str:
     """The static_asserts of the rules a body's module repeats from its C++ (bodies/wgmma_w4a8.py:
     the promotion's scratch sets and the wgmma wait depth; bodies/wgmma_ws.py: the CTAs per SM the
-    masked schedule on it is built for, in the device pass, where the shared memory per SM is known)."""
+    masked schedule on it is built for and its producer's registers, in the device pass, where the
+    shared memory per SM is known)."""
     if key.spec.gemm_type in _MOE_SCHEDULES and _moe_schedule(key) == _MOE_WS_SCHEDULE:
-        ctas = masked_ctas_per_sm(key.tile, key.spec.w_bits, key.spec.w_zero_point is not ZeroPoint.NONE)
+        zero_point = key.spec.w_zero_point is not ZeroPoint.NONE
+        ctas = masked_ctas_per_sm(key.tile, key.spec.w_bits, zero_point)
+        producer = masked_producer_registers(key.tile, key.spec.w_bits, zero_point)
         return ("#ifdef __CUDA_ARCH__\n"
                 f"static_assert(Kernel::kMinBlocksPerSm == {ctas}, "
                 '"CTAs per SM differ from humming_aot.bodies.wgmma_ws.masked_ctas_per_sm");\n'
+                f"static_assert(Kernel::kProducerRegisters == {producer}, "
+                '"producer registers differ from humming_aot.bodies.wgmma_ws.masked_producer_registers");\n'
                 "#endif\n")
     if key.tile.mma is not MmaKind.WGMMA_W4A8:
         return ""

@@ -114,4 +114,25 @@ def masked_ctas_per_sm(tile: "TileConfig", w_bits: int, has_zero_point: bool) ->
     return 2
 
 
+# kernel/grouped_masked_ws.cuh's producer registers: 56 (it walks the experts), or setmaxnreg's
+# least where 56 would leave the consumers fewer than their accumulators, the dequantization's
+# spare and _WGMMA_SLACK more, where ptxas serializes their wgmma (warning C7512)
+_LEAST_PRODUCER_REGISTERS = 24
+_WGMMA_SLACK = 16
+
+
+def masked_producer_registers(tile: "TileConfig", w_bits: int, has_zero_point: bool) -> int:
+    """The registers the masked schedule's producer warpgroup keeps on this tile (kernel/
+    grouped_masked_ws.cuh kProducerRegisters): 56, or 24 where the consumers need the rest to keep
+    their wgmma in flight (the 176-row tile of two consumer warpgroups, one-warpgroup tiles at
+    their most accumulators)."""
+    warpgroups, units = tile.warps_n // 4, tile.units_per_warpgroup
+    threads = 128 * warpgroups + 128
+    launch = 65536 // masked_ctas_per_sm(tile, w_bits, has_zero_point) // threads // 8 * 8
+    consumer = (launch * threads - _PRODUCER_REGISTERS * 128) // (128 * warpgroups) // 8 * 8
+    need = (tile.block_m // 2 * units + _SPARE_REGISTERS + (_FOUR_UNIT_SPARE_REGISTERS if units == 4 else 0)
+            + _WGMMA_SLACK)
+    return _PRODUCER_REGISTERS if consumer >= need else _LEAST_PRODUCER_REGISTERS
+
+
 WGMMA_WS = WgmmaWsBody()

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import io
+import re
 import shutil
 import struct
 import subprocess
@@ -439,16 +440,52 @@ def test_masked_eight_token_tile_runs_three_ctas_per_sm_where_they_fit(tmp_path)
         assert "0 bytes spill stores" in report and "0 bytes spill loads" in report, f"{key.name}: {report}"
 
 
+def _spill_bytes(report: str) -> int:
+    """The spill stores ptxas -v reports (bytes)."""
+    found = re.search(r"(\d+) bytes spill stores", report)
+    assert found, report
+    return int(found.group(1))
+
+
+def _loads_and_stores_in_wgmma_loops(cubin: Path) -> list[str]:
+    """The local-memory instructions (LDL / STL) inside the innermost loops that issue wgmma
+    (HGMMA) in a cubin's SASS: the K loops."""
+    sass = subprocess.run(["cuobjdump", "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    lines = [(int(m.group(1), 16), line) for line in sass.splitlines()
+             if (m := re.search(r"/\*([0-9a-f]{4,})\*/\s+\S", line))]
+    loops = []
+    for address, line in lines:
+        target = re.search(r"BRA (0x[0-9a-f]+)", line)
+        if target and int(target.group(1), 16) < address:
+            loops.append((int(target.group(1), 16), address))
+    # the smallest loop around each wgmma (a wait's out-of-line retry also branches back into a K
+    # loop, from past the epilogue: a larger range, never the smallest)
+    innermost = set()
+    for w in (address for address, line in lines if "HGMMA" in line):
+        around = [(a, b) for a, b in loops if a <= w <= b]
+        if around:
+            innermost.add(min(around, key=lambda loop: loop[1] - loop[0]))
+    assert innermost, "no loop issues wgmma"
+    return [line.strip() for address, line in lines
+            if ("LDL" in line or "STL" in line) and any(a <= address <= b for a, b in innermost)]
+
+
 @pytest.mark.slow
 @needs_nvcc
-@pytest.mark.parametrize("field", ["176x256x64_w1x8_s3", "144x128x64_w1x4_s4", "64x512x64_w1x8_s3", "64x256x64_w1x4_s4",
-                                   "moe_tiles"])
-def test_masked_wgmma_ws_tiles_at_the_register_limit_do_not_spill(tmp_path, field):
+@pytest.mark.parametrize("field", ["176x256x64_w1x8_s3", "160x256x64_w1x8_s4", "144x128x64_w1x4_s4", "64x512x64_w1x8_s3",
+                                   "64x256x64_w1x4_s4", "moe_tiles"])
+def test_masked_wgmma_ws_tiles_at_the_register_limit_keep_their_wgmma_in_flight(tmp_path, field):
     """The masked MoE schedule's wgmma-ws tiles (the moe_tiles rows of sm90a) and the most tokens
     the register split holds (bodies/wgmma_ws.max_accumulators: 176 accumulators per thread with two
-    consumer warpgroups, 152 with one; also with warpgroups of four 64-channel units) compile
-    without spills for the heaviest dequantizers."""
+    consumer warpgroups, 152 with one; also with warpgroups of four 64-channel units), for the
+    heaviest dequantizers: ptxas never serializes their wgmma (warning C7512) and does not spill,
+    except where kernel/grouped_masked_ws.cuh gives the producer warpgroup setmaxnreg's least
+    registers so that the consumers' wgmma stay in flight (bodies/wgmma_ws.masked_producer_registers:
+    the 176-row tile, one-warpgroup tiles at their most accumulators): a few words then go to local
+    memory, never inside the K loop (checked in the SASS where cuobjdump is on PATH)."""
     from humming_aot import heuristics
+    from humming_aot.bodies.wgmma_ws import masked_producer_registers
+    from humming_aot.enumerate import parse_tile_field
 
     for act, weight, bits, zero_point in [("bf16", "u8-g-bf16-zpf", 8, True), ("bf16", "s5-g-bf16", 5, False),
                                           ("f16", "e2m1-g-f16", 4, False)]:
@@ -461,4 +498,9 @@ def test_masked_wgmma_ws_tiles_at_the_register_limit_do_not_spill(tmp_path, fiel
         for tile_field in fields:
             key = KernelKey.from_name(f"gemm_masked_sm90a_wgmma-ws_a-{act}_w-{weight}_o-{act}_{tile_field}")
             report = _ptxas_report(key, tmp_path)
-            assert "0 bytes spill stores" in report and "0 bytes spill loads" in report, f"{key.name}: {report}"
+            assert "C7512" not in report, f"{key.name}: wgmma serialized: {report}"
+            least = masked_producer_registers(parse_tile_field(f"wgmma-ws:{tile_field}"), bits, zero_point) == 24
+            spilled = _spill_bytes(report)
+            assert spilled <= (128 if least else 0), f"{key.name}: {report}"
+            if spilled and shutil.which("cuobjdump"):
+                assert not _loads_and_stores_in_wgmma_loops(tmp_path / f"{key.symbol}.cubin"), key.name

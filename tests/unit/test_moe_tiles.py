@@ -284,3 +284,21 @@ def test_one_warpgroup_tma_tiles_keep_two_or_three_ctas_per_sm_for_every_code():
                                                                  or tile.stages == row.stages - 1 >= 5)), tile.label
                         assert (tile.stages == row.stages or 2 * (bigger + 2048) > capacity
                                 or (three and tile.stages == row.stages - 1)), (tile.label, row.label)
+
+
+def test_the_producer_keeps_the_walk_registers_except_where_the_consumers_need_them():
+    # bodies/wgmma_ws.masked_producer_registers (kernel/grouped_masked_ws.cuh kProducerRegisters,
+    # which the generated source static_asserts against it): 56 registers for the expert walk, but
+    # 24 where 56 would leave the consumers of a tile at its most accumulators too few to keep
+    # their wgmma in flight (ptxas warning C7512): among the table's rows only the 176-row tile;
+    # one-warpgroup tiles at their limit too
+    from humming_aot.bodies.wgmma_ws import masked_producer_registers
+
+    least = {(tile.label, bits, zero_point) for bits in (4, 8) for zero_point in (False, True)
+             for tile in heuristics.moe_tile_table("sm90a", bits, zero_point=zero_point)
+             if tile.mma is MmaKind.WGMMA_WS and masked_producer_registers(tile, bits, zero_point) == 24}
+    assert {label for label, _, _ in least} == {"wgmma-ws:176x256x64_w1x8_s3"}
+    assert len(least) == 4  # for every code width and zero point
+    for field, registers in (("160x256x64_w1x8_s4", 56), ("144x128x64_w1x4_s4", 24), ("64x256x64_w1x4_s4", 24),
+                             ("32x256x64_w1x4_s6", 56), ("8x256x64_w1x4_s6", 56)):
+        assert masked_producer_registers(parse_tile_field(f"wgmma-ws:{field}"), 4, False) == registers, field
