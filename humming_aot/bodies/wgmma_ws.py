@@ -26,14 +26,23 @@ _SPARE_REGISTERS = 48
 _FOUR_UNIT_SPARE_REGISTERS = 24
 
 
+def _consumer_registers(consumer_warpgroups: int, ctas_per_sm: int, producer_registers: int) -> int:
+    """What setmaxnreg leaves each consumer thread of a CTA (its launch registers, from the CTAs
+    per SM, less the producer warpgroup's), as the kernels compute it."""
+    threads = 128 * consumer_warpgroups + 128
+    launch = 65536 // ctas_per_sm // threads // 8 * 8
+    return (launch * threads - producer_registers * 128) // (128 * consumer_warpgroups) // 8 * 8
+
+
+def _spare_registers(units_per_warpgroup: int) -> int:
+    return _SPARE_REGISTERS + (_FOUR_UNIT_SPARE_REGISTERS if units_per_warpgroup == 4 else 0)
+
+
 def max_accumulators(consumer_warpgroups: int, units_per_warpgroup: int = 1) -> int:
     """The most fp32 accumulators per consumer thread the body's register split holds for one or
     two consumer warpgroups (152 or 176; 128 or 152 with four 64-channel units per warpgroup)."""
-    threads = 128 * consumer_warpgroups + 128
-    ctas = 2 if consumer_warpgroups == 1 else 1
-    launch = 65536 // ctas // threads // 8 * 8
-    consumer = (launch * threads - _PRODUCER_REGISTERS * 128) // (128 * consumer_warpgroups) // 8 * 8
-    return min(consumer, 256) - _SPARE_REGISTERS - (_FOUR_UNIT_SPARE_REGISTERS if units_per_warpgroup == 4 else 0)
+    consumer = _consumer_registers(consumer_warpgroups, 2 if consumer_warpgroups == 1 else 1, _PRODUCER_REGISTERS)
+    return min(consumer, 256) - _spare_registers(units_per_warpgroup)
 
 
 class WgmmaWsBody(Body):
@@ -126,12 +135,10 @@ def masked_producer_registers(tile: "TileConfig", w_bits: int, has_zero_point: b
     grouped_masked_ws.cuh kProducerRegisters): 56, or 24 where the consumers need the rest to keep
     their wgmma in flight (the 176-row tile of two consumer warpgroups, one-warpgroup tiles at
     their most accumulators)."""
-    warpgroups, units = tile.warps_n // 4, tile.units_per_warpgroup
-    threads = 128 * warpgroups + 128
-    launch = 65536 // masked_ctas_per_sm(tile, w_bits, has_zero_point) // threads // 8 * 8
-    consumer = (launch * threads - _PRODUCER_REGISTERS * 128) // (128 * warpgroups) // 8 * 8
-    need = (tile.block_m // 2 * units + _SPARE_REGISTERS + (_FOUR_UNIT_SPARE_REGISTERS if units == 4 else 0)
-            + _WGMMA_SLACK)
+    units = tile.units_per_warpgroup
+    consumer = _consumer_registers(tile.warps_n // 4, masked_ctas_per_sm(tile, w_bits, has_zero_point),
+                                   _PRODUCER_REGISTERS)
+    need = tile.block_m // 2 * units + _spare_registers(units) + _WGMMA_SLACK
     return _PRODUCER_REGISTERS if consumer >= need else _LEAST_PRODUCER_REGISTERS
 
 
