@@ -80,13 +80,15 @@ struct GroupedMaskedWs {
   static constexpr int kWalkProducerRegisters = 56;
   static constexpr int kLeastProducerRegisters = 24;
   static constexpr int kWgmmaSlack = 16;
-  static constexpr int kWalkConsumerRegisters =
-      ((kLaunchRegisters * kThreads - kWalkProducerRegisters * 128) / Dense::kConsumerThreads) / 8 * 8;
+  // what setmaxnreg leaves each consumer thread when the producer warpgroup keeps `producer`
+  static constexpr __host__ __device__ int consumer_registers(int producer) {
+    return ((kLaunchRegisters * kThreads - producer * 128) / Dense::kConsumerThreads) / 8 * 8;
+  }
   static constexpr int kProducerRegisters =
-      kWalkConsumerRegisters >= Dense::kAccumulators + Dense::kSpareRegisters + kWgmmaSlack ? kWalkProducerRegisters
-                                                                                            : kLeastProducerRegisters;
-  static constexpr int kConsumerRegisters =
-      ((kLaunchRegisters * kThreads - kProducerRegisters * 128) / Dense::kConsumerThreads) / 8 * 8;
+      consumer_registers(kWalkProducerRegisters) >= Dense::kAccumulators + Dense::kSpareRegisters + kWgmmaSlack
+          ? kWalkProducerRegisters
+          : kLeastProducerRegisters;
+  static constexpr int kConsumerRegisters = consumer_registers(kProducerRegisters);
   static_assert(kConsumerRegisters <= 256 && kConsumerRegisters >= Dense::kAccumulators + Dense::kSpareRegisters,
                 "the consumers' registers hold the accumulators and the dequantization");
   static_assert(kBlockM == Dense::kTileM && kBlockN == Dense::kTileN, "the body's tile");
