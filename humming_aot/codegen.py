@@ -5,7 +5,7 @@ includes only humming_aot's own headers, which include no CUDA toolkit header.
 """
 from __future__ import annotations
 
-from humming_aot.bodies.wgmma_ws import masked_ctas_per_sm, masked_producer_registers, masked_smem_bytes
+from humming_aot.bodies.wgmma_ws import dense_producer_registers, masked_ctas_per_sm, masked_producer_registers, masked_smem_bytes
 from humming_aot.heuristics.tiles import MOE_BODIES, MOE_MASKED_BODIES
 from humming_aot.params_abi import PARAMS_VERSION
 from humming_aot.spec import GemmType, KernelKey, MmaKind, ZeroPoint
@@ -106,6 +106,9 @@ def _body_asserts(key: KernelKey) -> str:
                 f"static_assert(Kernel::kProducerRegisters == {producer}, "
                 '"producer registers differ from humming_aot.bodies.wgmma_ws.masked_producer_registers");\n'
                 "#endif\n")
+    if key.tile.mma is MmaKind.WGMMA_WS and key.spec.gemm_type is GemmType.DENSE:
+        return (f"static_assert(Kernel::kProducerRegisters == {dense_producer_registers(key.tile)}, "
+                '"producer registers differ from humming_aot.bodies.wgmma_ws.dense_producer_registers");\n')
     if key.tile.mma is not MmaKind.WGMMA_W4A8:
         return ""
     from humming_aot.bodies.wgmma_w4a8 import overlapped, wait_depth

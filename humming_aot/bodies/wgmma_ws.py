@@ -123,11 +123,27 @@ def masked_ctas_per_sm(tile: "TileConfig", w_bits: int, has_zero_point: bool) ->
     return 2
 
 
-# kernel/grouped_masked_ws.cuh's producer registers: 56 (it walks the experts), or setmaxnreg's
-# least where 56 would leave the consumers fewer than their accumulators, the dequantization's
-# spare and _WGMMA_SLACK more, where ptxas serializes their wgmma (warning C7512)
+# The producer warpgroup's registers (kernel/dense_wgmma_ws.cuh producer_registers): the dense
+# body's 40 or the masked schedule's 56 (it walks the experts), or setmaxnreg's least where those
+# would leave the consumers fewer than their accumulators, the dequantization's spare and
+# _WGMMA_SLACK more, where ptxas serializes their wgmma (warning C7512)
+_DENSE_PRODUCER_REGISTERS = 40
 _LEAST_PRODUCER_REGISTERS = 24
 _WGMMA_SLACK = 16
+
+
+def _producer_registers(tile: "TileConfig", ctas_per_sm: int, preferred: int) -> int:
+    units = tile.units_per_warpgroup
+    consumer = _consumer_registers(tile.warps_n // 4, ctas_per_sm, preferred)
+    need = tile.block_m // 2 * units + _spare_registers(units) + _WGMMA_SLACK
+    return preferred if consumer >= need else _LEAST_PRODUCER_REGISTERS
+
+
+def dense_producer_registers(tile: "TileConfig") -> int:
+    """The registers the dense body's producer warpgroup keeps on this tile (kernel/
+    dense_wgmma_ws.cuh kProducerRegisters): 40, or 24 where the consumers need the rest to keep
+    their wgmma in flight (the 176-token tile of two consumer warpgroups of 128 channels)."""
+    return _producer_registers(tile, 2 if tile.warps_n == 4 else 1, _DENSE_PRODUCER_REGISTERS)
 
 
 def masked_producer_registers(tile: "TileConfig", w_bits: int, has_zero_point: bool) -> int:
@@ -135,11 +151,7 @@ def masked_producer_registers(tile: "TileConfig", w_bits: int, has_zero_point: b
     grouped_masked_ws.cuh kProducerRegisters): 56, or 24 where the consumers need the rest to keep
     their wgmma in flight (the 176-row tile of two consumer warpgroups, one-warpgroup tiles at
     their most accumulators)."""
-    units = tile.units_per_warpgroup
-    consumer = _consumer_registers(tile.warps_n // 4, masked_ctas_per_sm(tile, w_bits, has_zero_point),
-                                   _PRODUCER_REGISTERS)
-    need = tile.block_m // 2 * units + _spare_registers(units) + _WGMMA_SLACK
-    return _PRODUCER_REGISTERS if consumer >= need else _LEAST_PRODUCER_REGISTERS
+    return _producer_registers(tile, masked_ctas_per_sm(tile, w_bits, has_zero_point), _PRODUCER_REGISTERS)
 
 
 WGMMA_WS = WgmmaWsBody()

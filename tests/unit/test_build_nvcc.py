@@ -472,6 +472,29 @@ def _loads_and_stores_in_wgmma_loops(cubin: Path) -> list[str]:
 
 @pytest.mark.slow
 @needs_nvcc
+def test_the_dense_176_token_tile_keeps_its_wgmma_in_flight(tmp_path):
+    """The sm90a table's 176-token x 256-channel tile (integer codes of at most 4 bits, large M)
+    holds 176 accumulators per consumer thread: with the producer warpgroup at the dense body's 40
+    registers the consumers got 232 and ptxas serialized their wgmma (warning C7512), so the
+    producer keeps setmaxnreg's least, 24 (bodies/wgmma_ws.dense_producer_registers), for the
+    table's codes with the heaviest dequantizers: no C7512, a few words spilled, none inside a K
+    loop (checked in the SASS where cuobjdump is on PATH)."""
+    from humming_aot import heuristics
+    from humming_aot.bodies.wgmma_ws import dense_producer_registers
+
+    tile = heuristics.select_tile("sm90a", 8192, k=8192, group=128, w_bits=4, n=8192, num_sms=132)
+    assert tile.block_m == 176 and dense_producer_registers(tile) == 24, tile.label
+    for act, weight in [("bf16", "s4-g-bf16"), ("bf16", "u4-g-bf16-zpf"), ("f16", "u3-g-f16-zpi"), ("bf16", "s1-g-bf16")]:
+        key = KernelKey.from_name(f"gemm_dense_sm90a_wgmma-ws_a-{act}_w-{weight}_o-{act}_{tile.field}")
+        report = _ptxas_report(key, tmp_path)
+        assert "C7512" not in report, f"{key.name}: wgmma serialized: {report}"
+        assert _spill_bytes(report) <= 128, f"{key.name}: {report}"
+        if shutil.which("cuobjdump"):
+            assert not _loads_and_stores_in_wgmma_loops(tmp_path / f"{key.symbol}.cubin"), key.name
+
+
+@pytest.mark.slow
+@needs_nvcc
 @pytest.mark.parametrize("field", ["176x256x64_w1x8_s3", "160x256x64_w1x8_s4", "144x128x64_w1x4_s4", "64x512x64_w1x8_s3",
                                    "64x256x64_w1x4_s4", "moe_tiles"])
 def test_masked_wgmma_ws_tiles_at_the_register_limit_keep_their_wgmma_in_flight(tmp_path, field):

@@ -94,13 +94,29 @@ struct DenseWgmmaWs {
   // Register budget: with one consumer warpgroup two CTAs share an SM (128 registers per thread at
   // launch), with two one CTA does (168). setmaxnreg then moves the producer's to the consumers.
   static constexpr int kMinBlocksPerSm = kConsumerWarpGroups == 1 ? 2 : 1;
-  static constexpr int kProducerRegisters = 40;
   static constexpr int kLaunchRegisters = (65536 / kMinBlocksPerSm / kThreads) / 8 * 8;
-  static constexpr int kConsumerRegisters =
-      ((kLaunchRegisters * kThreads - kProducerRegisters * 128) / kConsumerThreads) / 8 * 8;
   // what the consumers need beside the accumulators: the dequantization, and with four units twice
   // the weight fragments (bodies/wgmma_ws.py max_accumulators)
   static constexpr int kSpareRegisters = 48 + (kUnitsPerWarpGroup == 4 ? 24 : 0);
+  // Below their accumulators, the spare and kWgmmaSlack more, ptxas serializes the consumers' wgmma
+  // (warning C7512: each waits for the one before). The producer therefore keeps `preferred`
+  // registers (this body's 40, the masked schedule's 56) where that leaves the consumers enough,
+  // else setmaxnreg's least, 24: the 176 x 256 tile (176 accumulators), whose consumers get 240
+  // instead of 232 and spill a few words outside the K loop (docs/performance/log.md sections 52, 53).
+  static constexpr int kLeastProducerRegisters = 24;
+  static constexpr int kWgmmaSlack = 16;
+  // what setmaxnreg leaves each consumer thread when a CTA of `launch` registers per thread keeps
+  // `producer` in its producer warpgroup
+  static constexpr __host__ __device__ int consumer_registers(int launch, int producer) {
+    return ((launch * kThreads - producer * 128) / kConsumerThreads) / 8 * 8;
+  }
+  static constexpr __host__ __device__ int producer_registers(int launch, int preferred) {
+    return consumer_registers(launch, preferred) >= kAccumulators + kSpareRegisters + kWgmmaSlack
+               ? preferred
+               : kLeastProducerRegisters;
+  }
+  static constexpr int kProducerRegisters = producer_registers(kLaunchRegisters, 40);
+  static constexpr int kConsumerRegisters = consumer_registers(kLaunchRegisters, kProducerRegisters);
   static_assert(kConsumerRegisters <= 256 && kConsumerRegisters >= kAccumulators + kSpareRegisters,
                 "the consumers' registers hold the accumulators and the dequantization");
 

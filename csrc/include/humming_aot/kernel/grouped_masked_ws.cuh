@@ -69,26 +69,14 @@ struct GroupedMaskedWs {
   static constexpr int kStages = Dense::kRingStages;
   static constexpr int kConsumerWarps = Dense::kConsumerWarps;
   // The producer warp walks the experts too (the table's lookups, the expert's pointers): more
-  // registers than the dense producer's 40, taken from the consumers (kWalkProducerRegisters).
-  // Where that would leave the consumers less than their accumulators, the dequantization's
-  // spare and kWgmmaSlack more, ptxas serializes their wgmma (warning C7512: the 176-row tile at
-  // 224 = 176 + 48 registers; the 160-row tile at 224 = 160 + 64 is not), so the producer then
-  // keeps setmaxnreg's least, 24 (its walk keeps a few words in local memory, outside the K
-  // loop), and the consumers get 240: 6-10 % faster at 5,120-16,384 tokens on DeepSeek-V3 TP8 and
-  // Qwen3-30B (docs/performance/log.md section 52).
+  // registers than the dense producer's 40, taken from the consumers, except where the consumers
+  // then keep too few for their wgmma (Dense::producer_registers: setmaxnreg's least for the
+  // 176-row tile, whose walk then keeps a few words in local memory outside the K loop; 6-10 %
+  // faster at 5,120-16,384 tokens on DeepSeek-V3 TP8 and Qwen3-30B, log section 52).
   static constexpr int kLaunchRegisters = (65536 / kMinBlocksPerSm / kThreads) / 8 * 8;
   static constexpr int kWalkProducerRegisters = 56;
-  static constexpr int kLeastProducerRegisters = 24;
-  static constexpr int kWgmmaSlack = 16;
-  // what setmaxnreg leaves each consumer thread when the producer warpgroup keeps `producer`
-  static constexpr __host__ __device__ int consumer_registers(int producer) {
-    return ((kLaunchRegisters * kThreads - producer * 128) / Dense::kConsumerThreads) / 8 * 8;
-  }
-  static constexpr int kProducerRegisters =
-      consumer_registers(kWalkProducerRegisters) >= Dense::kAccumulators + Dense::kSpareRegisters + kWgmmaSlack
-          ? kWalkProducerRegisters
-          : kLeastProducerRegisters;
-  static constexpr int kConsumerRegisters = consumer_registers(kProducerRegisters);
+  static constexpr int kProducerRegisters = Dense::producer_registers(kLaunchRegisters, kWalkProducerRegisters);
+  static constexpr int kConsumerRegisters = Dense::consumer_registers(kLaunchRegisters, kProducerRegisters);
   static_assert(kConsumerRegisters <= 256 && kConsumerRegisters >= Dense::kAccumulators + Dense::kSpareRegisters,
                 "the consumers' registers hold the accumulators and the dequantization");
   static_assert(kBlockM == Dense::kTileM && kBlockN == Dense::kTileN, "the body's tile");
