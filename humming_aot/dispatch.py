@@ -75,7 +75,7 @@ def obtain(spec: GemmSpec, device_index: int, m: int, tile: TileConfig | None = 
     """
     info = device_info(device_index)
     table_tile = tile or heuristics.select_tile(info.arches[0], m, k, group, spec.w_bits, n=n,
-                                                num_sms=info.num_sms)
+                                                num_sms=info.num_sms, float_codes=spec.w_is_float)
     cache_key = (spec, device_index, table_tile, tile is not None)
     hit = _selected.get(cache_key)
     if hit is not None:

@@ -100,13 +100,15 @@ def select_key(spec: GemmSpec, info: "DeviceInfo", m: int, tile: TileConfig | No
         return KernelKey(arch=jit_arch(spec, info), spec=spec, tile=tile)
     if catalog is not None:
         for arch in info.arches:
-            table_tile = heuristics.select_tile(arch, m, k, group, spec.w_bits, n=n, num_sms=info.num_sms)
+            table_tile = heuristics.select_tile(arch, m, k, group, spec.w_bits, n=n, num_sms=info.num_sms,
+                                                float_codes=spec.w_is_float)
             key = _key_if_valid(arch, spec, table_tile)
             if key is not None and catalog.lookup(key.name) is not None:
                 return key
     arch = jit_arch(spec, info)
     preferred = KernelKey(arch=arch, spec=spec,
-                          tile=heuristics.select_tile(arch, m, k, group, spec.w_bits, n=n, num_sms=info.num_sms))
+                          tile=heuristics.select_tile(arch, m, k, group, spec.w_bits, n=n, num_sms=info.num_sms,
+                                                     float_codes=spec.w_is_float))
     usable, reason = _jit_usable(arch)
     if usable:  # the table's tile compiled once beats a catalog tile made for another M
         return preferred

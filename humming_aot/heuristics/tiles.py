@@ -56,9 +56,15 @@ class FillCondition:
         return self.max_k_per_sm is None or k is None or tiles * k <= self.max_k_per_sm * num_sms
 
 
+# A row's `codes`: "any" (the default), or "integer" for a row that serves integer weight codes
+# (int / uint, with or without zero points) only; float codes (eXmY, MXFP4, NVFP4) skip it.
+ROW_CODES = ("any", "integer")
+
+
 @functools.cache
-def _table_rows(arch: str) -> tuple[tuple[int, TileConfig, int, int, FillCondition | None], ...]:
-    """((max_m, tile, split-K CTAs per SM, max_w_bits, fill condition or None), ...) in M order."""
+def _table_rows(arch: str) -> tuple[tuple[int, TileConfig, int, int, FillCondition | None, bool], ...]:
+    """((max_m, tile, split-K CTAs per SM, max_w_bits, fill condition or None, integer codes only),
+    ...) in M order."""
     entry = load_toml("tiles.toml")["arch"][table_arch_for(arch)]
     rows = []
     for row in entry["tiles"]:
@@ -66,25 +72,31 @@ def _table_rows(arch: str) -> tuple[tuple[int, TileConfig, int, int, FillConditi
         max_m = row.pop("max_m")
         split = row.pop("split_ctas_per_sm", DEFAULT_SPLIT_CTAS_PER_SM)
         max_w_bits = row.pop("max_w_bits", 8)
+        codes = row.pop("codes", "any")
+        if codes not in ROW_CODES:
+            raise ValueError(f"tiles.toml [arch.{table_arch_for(arch)}]: codes = {codes!r}; a row takes one of "
+                             f"{', '.join(map(repr, ROW_CODES))}")
         fill = FillCondition(max_tiles_per_sm=row.pop("max_tiles_per_sm", None),
                              max_k_per_sm=row.pop("max_k_per_sm", None))
         mma = MmaKind(row.pop("mma", MmaKind.MMA_SYNC.value))
         rows.append((max_m, TileConfig(mma=mma, **row), split, max_w_bits,
-                     fill if fill != FillCondition() else None))
+                     fill if fill != FillCondition() else None, codes == "integer"))
     return tuple(rows)
 
 
 @functools.cache
-def arch_tile_table(arch: str, w_bits: int = 8) -> tuple[tuple[int, TileConfig], ...]:
-    """((max_m, tile), ...) in M order for an arch and weight codes of w_bits bits: the rows
-    without max_w_bits, and those whose max_w_bits admits the codes (a row for narrow codes
-    comes before the general row it overrides)."""
-    return tuple((max_m, tile) for max_m, tile, _, max_w_bits, _ in _table_rows(arch) if w_bits <= max_w_bits)
+def arch_tile_table(arch: str, w_bits: int = 8, float_codes: bool = False) -> tuple[tuple[int, TileConfig], ...]:
+    """((max_m, tile), ...) in M order for an arch and weight codes of w_bits bits (float codes
+    or not): the rows without max_w_bits, and those whose max_w_bits admits the codes (a row for
+    narrow codes comes before the general row it overrides); for float codes, not the rows of
+    integer codes only."""
+    return tuple((max_m, tile) for max_m, tile, _ in _tile_rows(arch, w_bits, float_codes))
 
 
-def _tile_rows(arch: str, w_bits: int) -> tuple[tuple[int, TileConfig, FillCondition | None], ...]:
+def _tile_rows(arch: str, w_bits: int, float_codes: bool = False) -> tuple[tuple[int, TileConfig, FillCondition | None], ...]:
     """((max_m, tile, fill condition or None), ...): arch_tile_table with each row's fill condition."""
-    return tuple((max_m, tile, fill) for max_m, tile, _, max_w_bits, fill in _table_rows(arch) if w_bits <= max_w_bits)
+    return tuple((max_m, tile, fill) for max_m, tile, _, max_w_bits, fill, integer_only in _table_rows(arch)
+                 if w_bits <= max_w_bits and not (float_codes and integer_only))
 
 
 def _warps(tile: TileConfig) -> int:
@@ -97,7 +109,7 @@ def _split_rows(arch: str, tile: TileConfig) -> tuple[tuple[int, int], ...]:
     A twin with fewer warps than its original (narrow_twin) aims at proportionally more CTAs, so
     that split-K fills the same warps per SM."""
     return tuple((max_m, split * max(1, _warps(row_tile) // _warps(tile)))
-                 for max_m, row_tile, split, _, _ in _table_rows(arch)
+                 for max_m, row_tile, split, _, _, _ in _table_rows(arch)
                  if tile in (row_tile, narrow_twin(row_tile)))
 
 
@@ -147,12 +159,12 @@ def narrow_twin(tile: TileConfig) -> TileConfig:
     return dataclasses.replace(tile, block_k=64, stages=max(tile.stages, 3))
 
 
-def twin_reachable(arch: str, w_bits: int, tile: TileConfig) -> bool:
+def twin_reachable(arch: str, w_bits: int, tile: TileConfig, float_codes: bool = False) -> bool:
     """Whether select_tile can pick the narrow twin of `tile`, a row of the arch's table for
-    w_bits-bit codes: not when a later row of its M interval serves every K (64-wide stages) with
+    w_bits-bit codes (float codes or not): not when a later row of its M interval serves every K (64-wide stages) with
     no fill condition, since that row takes the problems the wide tile does not fit
     (and a K that 64 does not divide is refused at launch). A tile in no row: True."""
-    rows = _tile_rows(arch, w_bits)
+    rows = _tile_rows(arch, w_bits, float_codes)
     found = False
     for index, (max_m, row_tile, _) in enumerate(rows):
         if row_tile != tile:
@@ -165,14 +177,16 @@ def twin_reachable(arch: str, w_bits: int, tile: TileConfig) -> bool:
 
 
 def select_tile(arch: str, m: int, k: int | None = None, group: int | None = None, w_bits: int = 8,
-                n: int | None = None, num_sms: int | None = None, dense_rows: bool = True) -> TileConfig:
-    """The table's tile for a problem with m rows and w_bits-bit weight codes. When given, K and
+                n: int | None = None, num_sms: int | None = None, dense_rows: bool = True,
+                float_codes: bool = False) -> TileConfig:
+    """The table's tile for a problem with m rows and w_bits-bit weight codes (float codes, such as
+    MXFP4, skip the rows of integer codes only). When given, K and
     the group size rule out a wide-K tile that does not fit them (it gives way to the next row of
     the same M that fits, else to its own 64-wide twin), and N, K and the device's SM count rule
     out a row whose fill condition the problem does not meet (FillCondition; the next row of the
     same M serves it). dense_rows=False leaves out the rows with a fill condition (choices
     measured on dense layers, which the MoE schedules do not share: select_masked_tile)."""
-    rows = [row for row in _tile_rows(arch, w_bits) if dense_rows or row[2] is None]
+    rows = [row for row in _tile_rows(arch, w_bits, float_codes) if dense_rows or row[2] is None]
     row_m = next((max_m for max_m, _, _ in rows if m <= max_m), rows[-1][0])
     candidates = [(tile, fill) for max_m, tile, fill in rows if max_m == row_m]
 

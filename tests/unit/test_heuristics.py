@@ -98,7 +98,8 @@ def test_every_catalog_with_a_wide_tile_holds_its_twin():
     skipped = set()
     for key in wide:
         twin = KernelKey(arch=key.arch, spec=key.spec, tile=heuristics.narrow_twin(key.tile))
-        if key.spec.gemm_type is GemmType.DENSE and not heuristics.twin_reachable(key.arch, key.spec.w_bits, key.tile):
+        if key.spec.gemm_type is GemmType.DENSE and not heuristics.twin_reachable(key.arch, key.spec.w_bits, key.tile,
+                                                                                  key.spec.w_is_float):
             skipped.add(key.tile.label)  # a later row of its M interval takes what the wide tile does not fit
             assert twin.name not in names, f"{twin.name}: built, though no selection picks it"
             continue
@@ -251,3 +252,66 @@ def test_stream_k_runs_below_one_wave_of_tiles():
     assert ctas(132, 64, 132) == 0  # a whole wave: the tail split (no fix-up)
     assert ctas(2, 64, 264) == 0  # fewer K tiles than slots: nothing to spread
     assert ctas(5000, 64, 132) == 0  # more tiles than counters
+
+
+def test_above_512_tokens_integer_codes_take_176_tokens_by_256_channels_where_the_k_share_is_long():
+    """sm90a above 512 tokens: the 256-token x 128-channel TMA tile while its output tiles times K
+    over the SM count are at most 26000 columns (each SM's share of the K loop); past that, integer
+    codes of at most 4 bits (int / uint, with zero points too) take 176 tokens x 256 channels, 4
+    stages (log section 53: int4 on 8192 x 8192 at 2048 tokens, 3.9 tiles x 8192 per SM, 2.4 %
+    faster; 4096 x 4096 at 2048, 7944 columns, 9 % slower), while float codes (MXFP4 lost 2-9 %
+    with it) and wider codes (int8 lost 2-13 %) keep the 256-token tile everywhere."""
+    def pick(m, n, k, bits=4, float_codes=False, sms=132):
+        return heuristics.select_tile("sm90a", m, k=k, group=128, w_bits=bits, n=n, num_sms=sms,
+                                      float_codes=float_codes).label
+
+    wide, tall = "wgmma-ws:176x256x64_w1x8_s4", "wgmma-ws:256x128x64_w1x8_s5"
+    for m in (1024, 2048, 4096, 8192, 65536):
+        assert pick(m, 57344, 8192) == pick(m, 8192, 28672) == pick(m, 7168, 18432) == wide, m
+        assert pick(m, 57344, 8192, bits=1) == pick(m, 57344, 8192, bits=3) == wide, m
+        for bits, float_codes in ((4, True), (8, True), (8, False), (5, False)):
+            assert pick(m, 57344, 8192, bits, float_codes) == tall, (m, bits, float_codes)
+    for m in (129, 256, 512):  # up to 512 tokens the 256-token tile whatever the share of K
+        assert pick(m, 57344, 8192) == tall, m
+    # 4096 x 4096: 32 x 4096 / 132 = 993 columns per 256 tokens; 26000 passed above 6656 tokens
+    assert pick(6656, 4096, 4096) == tall and pick(6657, 4096, 4096) == pick(8192, 4096, 4096) == wide
+    assert pick(2048, 8192, 8192) == wide and pick(1536, 8192, 8192) == tall  # 31775 and 23831 columns
+    assert pick(2048, 8192, 8192, sms=264) == tall  # the share halves on twice the SMs
+    # without N, K or the SM count the condition is not judged: the first row of the interval
+    assert heuristics.select_tile("sm90a", 8192, w_bits=4) == parse_tile_field(tall)
+    # the grouped row-expert GEMM never reaches the TMA rows (the plain sm90 table's instead)
+    assert heuristics.select_masked_tile("sm90a", 4096, 7168, 128, 4, masked=False).mma is MmaKind.MMA_SYNC
+
+
+def test_a_row_of_unknown_codes_is_refused(monkeypatch):
+    from humming_aot.heuristics import tiles
+
+    table = {"arch": {"sm90a": {"smem_limit": 232448, "tiles": [
+        {"max_m": 10**9, "codes": "floats", "block_m": 64, "block_n": 128, "warps_m": 1, "warps_n": 2, "stages": 4}]}}}
+    monkeypatch.setattr(tiles, "load_toml", lambda name: table)
+    tiles._table_rows.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=r"codes = 'floats'.*'any', 'integer'"):
+            tiles._table_rows("sm90a")
+    finally:
+        tiles._table_rows.cache_clear()
+        tiles.arch_tile_table.cache_clear()
+
+
+def test_the_dense_producer_keeps_40_registers_except_where_the_consumers_need_them():
+    """bodies/wgmma_ws.dense_producer_registers (kernel/dense_wgmma_ws.cuh kProducerRegisters, which
+    the generated source static_asserts against it): 40, or setmaxnreg's least, 24, where 40 would
+    leave the consumers fewer registers than their accumulators, the dequantization's 48 and 16
+    more (ptxas warning C7512): among the sm90a table's tiles only 176 x 256."""
+    from humming_aot.bodies.wgmma_ws import dense_producer_registers
+    from humming_aot.codegen import kernel_source
+
+    least = {tile.label for bits in (1, 4, 8) for float_codes in (False, True)
+             for _, tile in heuristics.arch_tile_table("sm90a", bits, float_codes)
+             if tile.mma is MmaKind.WGMMA_WS and dense_producer_registers(tile) == 24}
+    assert least == {"wgmma-ws:176x256x64_w1x8_s4"}
+    for field, registers in (("160x256x64_w1x8_s4", 40), ("256x128x64_w1x8_s5", 40), ("176x256x64_w1x8_s3", 24),
+                             ("144x128x64_w1x4_s4", 40), ("64x128x64_w1x4_s6", 40)):
+        assert dense_producer_registers(parse_tile_field(f"wgmma-ws:{field}")) == registers, field
+    source = kernel_source(KernelKey.from_name("gemm_dense_sm90a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_176x256x64_w1x8_s4"))
+    assert "static_assert(Kernel::kProducerRegisters == 24," in source

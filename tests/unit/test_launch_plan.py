@@ -11,6 +11,7 @@ import torch
 import humming_aot
 from humming_aot import _launcher, dispatch, ops, params_abi
 from humming_aot import obtain as kernel_obtain
+from humming_aot.enumerate import parse_tile_field
 from humming_aot.kernels import LoadedKernel
 from humming_aot.spec import KernelKey, MmaKind
 
@@ -287,8 +288,11 @@ def test_quantized_linear_keeps_one_packed_weight_until_a_buffer_changes():
     # a last wave 79 % full is not split: 8 x 79 = 632 tiles = 4 waves + 104
     (2048, 79 * 128, 1024, None),
     # more tiles than split-K counters (32 x 129 = 4128), of which only the last wave's 36 split:
-    # once refused for the tiles' count (Llama-3-8B gate_up at 8192 tokens)
-    (8192, 129 * 128, 2048, dict(dp=31 * 132, splits=3, grid=31 * 132 + 36 * 3)),
+    # once refused for the tiles' count (Llama-3-8B gate_up at 8192 tokens; the 256 x 128 tile
+    # forced: the table takes 176 x 256 there, next case)
+    (8192, 129 * 128, 2048, dict(dp=31 * 132, splits=3, grid=31 * 132 + 36 * 3, tile="256x128x64_w1x8_s5")),
+    # the table's 176 x 256 tile: 47 x 65 = 3055 tiles, 23 full waves, the last 19 in 3 slices
+    (8192, 129 * 128, 2048, dict(dp=23 * 132, splits=3, grid=23 * 132 + 19 * 3)),
 ])
 def test_tma_body_splits_only_its_partial_last_wave(monkeypatch, m, n, k, expected):
     fakes = Fakes(monkeypatch)
@@ -296,10 +300,12 @@ def test_tma_body_splits_only_its_partial_last_wave(monkeypatch, m, n, k, expect
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(0))
     packed = humming_aot.pack(humming_aot.quantize(w, "int4:g128"), act_dtype=torch.bfloat16)
     a = torch.randn(m, k).bfloat16()
-    dispatch.launch_gemm(a, packed, None, ops.gemm_spec(packed), stream_k=0)
+    forced = parse_tile_field(f"wgmma-ws:{expected['tile']}") if expected and "tile" in expected else None
+    dispatch.launch_gemm(a, packed, None, ops.gemm_spec(packed), tile=forced, stream_k=0)
     (call,) = fakes.launches
     plan = next(iter(dispatch._plans.values()))
     assert plan.key.tile.mma is MmaKind.WGMMA_WS and len(call["params"]) == 256
+    assert forced is None or plan.key.tile == forced
     tiles = -(-m // plan.key.tile.block_m) * -(-n // plan.key.tile.block_n)
     dp, splits, stream_k = struct.unpack_from("<3i", call["params"], 104)
     assert stream_k == 0
@@ -311,7 +317,7 @@ def test_tma_body_splits_only_its_partial_last_wave(monkeypatch, m, n, k, expect
         assert (dp, splits, call["grid"]) == (expected["dp"], expected["splits"], (expected["grid"], 1, 1))
         assert plan.workspace_shape == ((tiles - dp) * splits, plan.key.tile.block_m * plan.key.tile.block_n)
     # the same activations again: the map is reused, not encoded anew
-    dispatch.launch_gemm(a, packed, None, ops.gemm_spec(packed), stream_k=0)
+    dispatch.launch_gemm(a, packed, None, ops.gemm_spec(packed), tile=forced, stream_k=0)
     assert len(fakes.tensor_maps) == 1
 
 

@@ -54,8 +54,9 @@ def main() -> None:
         packs = [humming_aot.pack(humming_aot.quantize(w, args.format), act_dtype=act) for w in weights]
         info = dispatch.device_info(torch.cuda.current_device())
         # the dispatcher's choice: K, the group size, N and the SM count decide between rows
-        tile = args.tile or heuristics.select_tile(info.arches[0], args.m, k, packs[0].group_size,
-                                                   ops.gemm_spec(packs[0]).w_bits, n=n, num_sms=info.num_sms)
+        spec = ops.gemm_spec(packs[0])
+        tile = args.tile or heuristics.select_tile(info.arches[0], args.m, k, packs[0].group_size, spec.w_bits, n=n,
+                                                   num_sms=info.num_sms, float_codes=spec.w_is_float)
         calls = [lambda p=p: ops.gemm_with_tile(a, p, tile, splits=args.splits, stream_k=args.stream_k) for p in packs]
     for call in calls:  # warm-up: compiles, allocations
         call()
