@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 # well under this module's limits), with two one CTA does; setmaxnreg
 # moves the producer warpgroup's registers to the consumers, which need their accumulators and 48
 # more (the static_asserts there).
-_PRODUCER_REGISTERS = 56  # the masked schedule's (the dense body's producer keeps 40)
+_WALK_PRODUCER_REGISTERS = 56  # the masked schedule's, which walks the experts (the dense body's keeps 40)
 _SPARE_REGISTERS = 48
 # four units per warpgroup hold twice the weight fragments (16 more registers) and more scale
 # values: 80 tokens x 4 units (160 accumulators) spilled with 8-bit codes and float zero points
@@ -41,7 +41,7 @@ def _spare_registers(units_per_warpgroup: int) -> int:
 def max_accumulators(consumer_warpgroups: int, units_per_warpgroup: int = 1) -> int:
     """The most fp32 accumulators per consumer thread the body's register split holds for one or
     two consumer warpgroups (152 or 176; 128 or 152 with four 64-channel units per warpgroup)."""
-    consumer = _consumer_registers(consumer_warpgroups, 2 if consumer_warpgroups == 1 else 1, _PRODUCER_REGISTERS)
+    consumer = _consumer_registers(consumer_warpgroups, 2 if consumer_warpgroups == 1 else 1, _WALK_PRODUCER_REGISTERS)
     return min(consumer, 256) - _spare_registers(units_per_warpgroup)
 
 
@@ -151,7 +151,7 @@ def masked_producer_registers(tile: "TileConfig", w_bits: int, has_zero_point: b
     grouped_masked_ws.cuh kProducerRegisters): 56, or 24 where the consumers need the rest to keep
     their wgmma in flight (the 176-row tile of two consumer warpgroups, one-warpgroup tiles at
     their most accumulators)."""
-    return _producer_registers(tile, masked_ctas_per_sm(tile, w_bits, has_zero_point), _PRODUCER_REGISTERS)
+    return _producer_registers(tile, masked_ctas_per_sm(tile, w_bits, has_zero_point), _WALK_PRODUCER_REGISTERS)
 
 
 WGMMA_WS = WgmmaWsBody()
