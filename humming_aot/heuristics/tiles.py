@@ -161,9 +161,9 @@ def narrow_twin(tile: TileConfig) -> TileConfig:
 
 def twin_reachable(arch: str, w_bits: int, tile: TileConfig, float_codes: bool = False) -> bool:
     """Whether select_tile can pick the narrow twin of `tile`, a row of the arch's table for
-    w_bits-bit codes (float codes or not): not when a later row of its M interval serves every K (64-wide stages) with
-    no fill condition, since that row takes the problems the wide tile does not fit
-    (and a K that 64 does not divide is refused at launch). A tile in no row: True."""
+    w_bits-bit codes (float codes or not): not when a later row of its M interval serves every K
+    (64-wide stages) with no fill condition, since that row takes the problems the wide tile does
+    not fit (and a K that 64 does not divide is refused at launch). A tile in no row: True."""
     rows = _tile_rows(arch, w_bits, float_codes)
     found = False
     for index, (max_m, row_tile, _) in enumerate(rows):
@@ -180,12 +180,12 @@ def select_tile(arch: str, m: int, k: int | None = None, group: int | None = Non
                 n: int | None = None, num_sms: int | None = None, dense_rows: bool = True,
                 float_codes: bool = False) -> TileConfig:
     """The table's tile for a problem with m rows and w_bits-bit weight codes (float codes, such as
-    MXFP4, skip the rows of integer codes only). When given, K and
-    the group size rule out a wide-K tile that does not fit them (it gives way to the next row of
-    the same M that fits, else to its own 64-wide twin), and N, K and the device's SM count rule
-    out a row whose fill condition the problem does not meet (FillCondition; the next row of the
-    same M serves it). dense_rows=False leaves out the rows with a fill condition (choices
-    measured on dense layers, which the MoE schedules do not share: select_masked_tile)."""
+    MXFP4, skip the rows of integer codes only). When given, K and the group size rule out a
+    wide-K tile that does not fit them (it gives way to the next row of the same M that fits, else
+    to its own 64-wide twin), and N, K and the device's SM count rule out a row whose fill
+    condition the problem does not meet (FillCondition; the next row of the same M serves it).
+    dense_rows=False leaves out the rows with a fill condition (choices measured on dense layers,
+    which the MoE schedules do not share: select_masked_tile)."""
     rows = [row for row in _tile_rows(arch, w_bits, float_codes) if dense_rows or row[2] is None]
     row_m = next((max_m for max_m, _, _ in rows if m <= max_m), rows[-1][0])
     candidates = [(tile, fill) for max_m, tile, fill in rows if max_m == row_m]
