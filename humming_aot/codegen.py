@@ -17,11 +17,13 @@ _CODE_TYPES = {"float8e4m3": "humming_aot::mma::E4m3Codes", "int8": "humming_aot
 _SYNC_CODE_TYPES = {"float8e4m3": "humming_aot::mma::E4m3SyncCodes", "int8": "humming_aot::mma::S8SyncCodes",
                     "int4": "humming_aot::mma::S4SyncCodes"}
 # the W4A8 bodies' conversions of the weight codes, by weight dtype and activation dtype
-# (numerics/int4_e4m3.cuh, int4_s8.cuh, e2m1_e4m3.cuh)
+# (numerics/int4_e4m3.cuh, int4_s8.cuh, e2m1_e4m3.cuh, uint4_zero_point.cuh)
 _W4A8_WIDEN = {
     ("int4", "float8e4m3"): "humming_aot::numerics::Int4ToE4m3",
     ("int4", "int8"): "humming_aot::numerics::Int4ToS8",
     ("float4e2m1", "float8e4m3"): "humming_aot::numerics::E2m1ToE4m3",
+    ("uint4", "float8e4m3"): "humming_aot::numerics::Uint4ZeroPointToE4m3",
+    ("uint4", "int8"): "humming_aot::numerics::Uint4ZeroPointToS8",
 }
 _ZERO_POINT = {
     ZeroPoint.NONE: "humming_aot::numerics::ZeroPointKind::kImplicit",
@@ -130,8 +132,8 @@ def kernel_source(key: KernelKey) -> str:
         raise ValueError(
             f"{key.name}: no kernel body takes {spec.a_dtype} activations or a {spec.gemm_type.value} GEMM yet on "
             f"{tile.mma.value} tiles (the bodies serve dense GEMMs with 16-bit activations, float8e4m3 x float8e4m3 "
-            "on wgmma-ss and mma-ss tiles, int4 or mxfp4 x float8e4m3 on wgmma-w4a8 tiles, int4 x int8 or "
-            "float8e4m3 and mxfp4 x float8e4m3 on mma-w4a8 tiles, block-scaled float4e2m1 x float4e2m1 on mma-fp4 "
+            "on wgmma-ss and mma-ss tiles, int4, uint4 (zero point) or mxfp4 x float8e4m3 on wgmma-w4a8 tiles, int4 or "
+            "uint4 x int8 or float8e4m3 and mxfp4 x float8e4m3 on mma-w4a8 tiles, block-scaled float4e2m1 x float4e2m1 on mma-fp4 "
             "tiles, and the grouped masked and contiguous ones "
             "around the mma.sync and wgmma-ws bodies)"
         )

@@ -1,6 +1,7 @@
-"""The portable W4A8 body on mma.sync (kernel/dense_mma_w4a8.cuh): int4 weight codes in W4A8's
-packed layout (the 8-bit m16n8k32 A fragments) widened in registers to s8 (int8 activations,
-SM80+) or e4m3 (float8 activations, SM89+), or MXFP4 codes to e4m3 (float8 activations), the
+"""The portable W4A8 body on mma.sync (kernel/dense_mma_w4a8.cuh): int4 weight codes, or uint4
+ones less an integer zero point, in W4A8's packed layout (the 8-bit m16n8k32 A fragments) widened
+in registers to s8 (int8 activations, SM80+) or e4m3 (float8 activations, SM89+), or MXFP4 codes
+to e4m3 (float8 activations), the
 weights as the mma's A and the tokens as its B; fp32 group scales on each K tile's sums, token
 scales at the end. Its Params are ScaledTmaGemmParams with no tensor map (humming_aot._w8a8_launch)."""
 from __future__ import annotations
@@ -15,6 +16,8 @@ if TYPE_CHECKING:
     from humming_aot.spec import KernelKey, TileConfig
 
 UNIT_BYTES = 4096  # a 64-channel unit's packed codes of one K tile (w4a8's layout)
+# (weight dtype, scale dtype, zero point) of the weights it takes
+_WEIGHTS = (("int4", "float32", "none"), ("uint4", "float32", "zpi"), ("float4e2m1", "float8e8m0", "none"))
 # A warp's sums and accumulators: at most those of 32 tokens x 32 channels (8 m16n8 fragments, 64
 # registers); with the packed words, the widened A registers and the token fragments beside them
 # ptxas 13.0 holds that in 91-158 registers, and spilled every wider warp tile at 255 (32 x 64,
@@ -62,15 +65,16 @@ class MmaW4a8Body(Body):
         from humming_aot.spec import parse_arch
 
         s = key.spec
-        weights = (s.w_dtype, s.w_scale_dtype)
+        weights = (s.w_dtype, s.w_scale_dtype, s.w_zero_point.value)
         if s.a_dtype not in FIRST_ARCH or s.a_scale.value != "k" or s.a_scale_dtype != "float32" \
-                or weights not in (("int4", "float32"), ("float4e2m1", "float8e8m0")) or s.w_scale.value != "g" \
+                or weights not in _WEIGHTS or s.w_scale.value != "g" \
                 or (s.w_dtype == "float4e2m1" and s.a_dtype != "float8e4m3") \
-                or s.w_zero_point.value != "none" or s.out_dtype not in OUT_DTYPES or s.gemm_type.value != "dense":
+                or s.out_dtype not in OUT_DTYPES or s.gemm_type.value != "dense":
             raise ValueError(
-                f"{key.name}: the mma-w4a8 body computes dense symmetric int4 weights (float32 group scales) x int8 or "
-                "float8e4m3 activations (float32 token scales: a-s8-k-f32 or a-e4m3-k-f32, w-s4-g-f32), or MXFP4 "
-                "weights (w-e2m1-g-ue8m0) x float8e4m3 activations, into bfloat16 or float16"
+                f"{key.name}: the mma-w4a8 body computes dense symmetric int4 weights (float32 group scales) or uint4 "
+                "ones with an integer zero point x int8 or float8e4m3 activations (float32 token scales: a-s8-k-f32 "
+                "or a-e4m3-k-f32, w-s4-g-f32 or w-u4-g-f32-zpi), or MXFP4 weights (w-e2m1-g-ue8m0) x float8e4m3 "
+                "activations, into bfloat16 or float16"
             )
         first = FIRST_ARCH[s.a_dtype]
         if parse_arch(key.arch)[0] < first:
@@ -88,7 +92,7 @@ class MmaW4a8Body(Body):
     @staticmethod
     def _smem(tile: "TileConfig", entry: int) -> int:
         """The ring: per K tile the activation codes, the units' packed codes and the channels'
-        scale entries (4 bytes; MXFP4: 8)."""
+        scale entries (4 bytes; MXFP4 and uint4: 8)."""
         return tile.stages * (tile.block_m * 128 + tile.block_n // 64 * UNIT_BYTES + tile.block_n * entry)
 
     def scales_in_fp32(self, key: "KernelKey") -> bool:

@@ -1,5 +1,5 @@
-"""The warp-specialized Hopper W4A8 body (kernel/dense_wgmma_w4a8.cuh, sm90a): int4 or MXFP4 weight
-codes turned into e4m3 in the consumers' registers (wgmma's A) against e4m3 activation codes staged
+"""The warp-specialized Hopper W4A8 body (kernel/dense_wgmma_w4a8.cuh, sm90a): int4, uint4 (less an
+integer zero point) or MXFP4 weight codes turned into e4m3 in the consumers' registers (wgmma's A) against e4m3 activation codes staged
 by TMA (its B); fp32 scales per channel per group of K (MXFP4: per K tile, its groups' exponents in
 the e4m3 codes) on each K tile's sums and per token on the reduced sums; the W8A8 body's Params
 (ScaledTmaGemmParams, the weight map unused), roles and schedules (kernel/scaled_ws_driver.cuh)."""
@@ -14,15 +14,19 @@ if TYPE_CHECKING:
     from humming_aot.spec import KernelKey, TileConfig
 
 # the pairings: e4m3 activations with a float32 scale per token x symmetric int4 weights with a
-# float32 scale per channel per group of K, or MXFP4 weights (e2m1, an e8m0 scale per 32 of K)
+# float32 scale per channel per group of K, uint4 ones with an integer zero point beside it, or
+# MXFP4 weights (e2m1, an e8m0 scale per 32 of K): (dtype, scale, scale dtype, zero point)
 _ACTIVATIONS = ("float8e4m3", "k", "float32")
-_WEIGHTS = (("int4", "g", "float32"), ("float4e2m1", "g", "float8e8m0"))
+_WEIGHTS = (("int4", "g", "float32", "none"), ("uint4", "g", "float32", "zpi"), ("float4e2m1", "g", "float8e8m0", "none"))
+# weight dtypes whose conversion takes per-row state from the entry's second word (Widen::kGroupTables)
+_TABLE_DTYPES = ("float4e2m1", "uint4")
 
 
 def entry_bytes(w_dtype: str) -> int:
     """Bytes of a channel's scale entry per K tile in a ring slot (Widen::kEntryBytes): the fp32
-    scale, and for MXFP4 its four groups' exponent bytes (numerics/e2m1_e4m3.cuh)."""
-    return 8 if w_dtype == "float4e2m1" else 4
+    scale, and for MXFP4 its four groups' exponent bytes (numerics/e2m1_e4m3.cuh), for uint4 its
+    zero point in every byte of a word (numerics/uint4_zero_point.cuh)."""
+    return 8 if w_dtype in _TABLE_DTYPES else 4
 _MAX_SMEM = 232448  # dynamic shared memory per block on sm_90 (opt-in)
 _SMEM_PER_SM = 233472  # shared memory per SM on sm_90 (each CTA also takes 1 KB of the driver's)
 
@@ -69,15 +73,17 @@ def wait_depth(tile: "TileConfig") -> int:
 def _loop_registers(tile: "TileConfig", w_dtype: str = "int4") -> int:
     """Registers beside the accumulator sets: the A fragments of wait depth + 1 K steps (four from
     128 tokens, else two) and half a K tile's codes per unit, and the loop; MXFP4 adds its group
-    bytes and tables, 4 per unit (kLoopRegisters of kernel/dense_wgmma_w4a8.cuh)."""
-    tables = 4 if w_dtype == "float4e2m1" else 0
+    bytes and tables, uint4 its zero-point words: 4 per unit (kLoopRegisters of
+    kernel/dense_wgmma_w4a8.cuh; for uint4 2 would do, but the 128-token tile then took two
+    scratch sets and spilled 60 bytes in its K loop)."""
+    tables = 4 if w_dtype in _TABLE_DTYPES else 0
     return (4 * wait_depth(tile) + 8 + tables) * tile.units_per_warpgroup + 16
 
 
 def overlapped(tile: "TileConfig", w_dtype: str = "int4") -> bool:
     """Whether the tile's consumers hold two scratch sets, so that a K tile's promotion runs beside
     the next one's wgmma (kOverlapped), rather than one (w_dtype: the weight codes', int4 or
-    float4e2m1)."""
+    float4e2m1, or uint4)."""
     accumulators = (tile.block_m // 2) * tile.units_per_warpgroup
     # strictly below: at equality ptxas spilled (64 x 256 with two scratch sets; MXFP4's 128 x 128
     # spilled 36 bytes at 228 of 232 before its tables were counted)
@@ -134,13 +140,14 @@ class WgmmaW4A8Body(Body):
 
     def check_key(self, key: "KernelKey") -> None:
         s = key.spec
-        weights = (s.w_dtype, s.w_scale.value, s.w_scale_dtype)
+        weights = (s.w_dtype, s.w_scale.value, s.w_scale_dtype, s.w_zero_point.value)
         if ((s.a_dtype, s.a_scale.value, s.a_scale_dtype) != _ACTIVATIONS or weights not in _WEIGHTS
-                or s.w_zero_point.value != "none" or s.out_dtype not in OUT_DTYPES):
+                or s.out_dtype not in OUT_DTYPES):
             raise ValueError(
                 f"{key.name}: the wgmma-w4a8 body computes float8e4m3 activations with a float32 scale per token x "
-                "symmetric int4 weights with a float32 scale per channel per group of K (a-e4m3-k-f32, w-s4-g-f32) "
-                "or MXFP4 weights (w-e2m1-g-ue8m0), no zero point, into bfloat16 or float16"
+                "symmetric int4 weights with a float32 scale per channel per group of K (a-e4m3-k-f32, w-s4-g-f32), "
+                "uint4 ones with an integer zero point (w-u4-g-f32-zpi) or MXFP4 weights (w-e2m1-g-ue8m0), into "
+                "bfloat16 or float16"
             )
         self._check_smem(key.tile, entry_bytes(s.w_dtype))
         need, held = _register_need(key.tile, s.w_dtype), consumer_registers(key.tile)

@@ -3,9 +3,11 @@
 // out[m, n] = sum_g (sum_{k in g} a[m, k] w[n, k]) w_scale[g, n] x a_scale[m] (+ bias), 4-bit
 // weight codes in W4A8's packed layout (version 2, humming_aot.w4a8: the 8-bit A fragments of
 // m16n8k32, which is how the sm90a wgmma-w4a8 body reads them too), 8-bit activation codes
-// (Codes: mma/mma_sync_8bit.cuh) with fp32 token scales. The weights are symmetric int4 codes with
-// fp32 group scales of a multiple of 128, or (e4m3 activations) MXFP4 codes whose K tile entry
-// holds an fp32 scale and its four groups' bytes (numerics/e2m1_e4m3.cuh).
+// (Codes: mma/mma_sync_8bit.cuh) with fp32 token scales. The weights are symmetric int4 codes, or
+// uint4 codes less an integer zero point (numerics/uint4_zero_point.cuh: the K tile entry holds
+// the fp32 scale and the zero point's bytes), with fp32 group scales of a multiple of 128, or
+// (e4m3 activations) MXFP4 codes whose K tile entry holds an fp32 scale and its four groups'
+// bytes (numerics/e2m1_e4m3.cuh).
 //
 // The weights are the mma's A (16 channels per m16 fragment), the tokens its B (8 per n8), so the
 // accumulators hold the output transposed (epilogue/swapped_output_writer.cuh writes them, and
@@ -14,7 +16,8 @@
 // memory/k_major_code_tile.cuh), the packed codes of its 64-channel units (4096 bytes each, in
 // the order a warp loads its fragments: one 16-byte load per 16 channels and two k32 steps), and
 // the K tile's group scale of each channel. Each warp widens its codes in registers
-// (Widen: numerics/int4_s8.cuh, int4_e4m3.cuh or e2m1_e4m3.cuh: a handful of integer instructions
+// (Widen: numerics/int4_s8.cuh, int4_e4m3.cuh, uint4_zero_point.cuh or e2m1_e4m3.cuh: a handful of
+// integer instructions
 // per 8 codes), reads
 // its token fragments with ldmatrix, multiplies, and weighs the K tile's sums by their group scale
 // into fp32 accumulators (a K tile lies in one group). e4m3 codes carry the values x 2^-9, which
@@ -22,7 +25,7 @@
 //
 // Params: ScaledTmaGemmParams (kernel/params.cuh), of which this body reads tma.gemm (a: (m, K)
 // codes, lda in bytes; w: (k / 128, n / 64, 4096) packed codes; w_scale: (groups, n) entries of
-// Widen::kEntryBytes (fp32 scales; MXFP4: one row per K tile); bias;
+// Widen::kEntryBytes (fp32 scales; uint4: and zero points; MXFP4: one row per K tile); bias;
 // out; workspace; tile_counters; m; n, a multiple of 64; k: the K tiles x 128; group_size, a
 // multiple of 128; k_splits = gridDim.y), a_scale ((m,) fp32) and tma.dp_ctas, which holds the
 // activation codes' own K (their row length, a multiple of 16: codes past it are zero-filled;
@@ -38,6 +41,7 @@
 #include <humming_aot/numerics/e2m1_e4m3.cuh>
 #include <humming_aot/numerics/int4_e4m3.cuh>
 #include <humming_aot/numerics/int4_s8.cuh>
+#include <humming_aot/numerics/uint4_zero_point.cuh>
 #include <humming_aot/schedule/grid_dependency.cuh>
 #include <humming_aot/schedule/tile_scheduler.cuh>
 
@@ -45,8 +49,8 @@ namespace humming_aot::kernel {
 
 template <class Out,                 // Float16 or BFloat16: the output (and bias) dtype
           class Codes,               // mma::S8SyncCodes or mma::E4m3SyncCodes: the activations' codes
-          class Widen,               // the weights' conversion: numerics::Int4ToS8 (S8SyncCodes), Int4ToE4m3
-                                     // or E2m1ToE4m3 (E4m3SyncCodes)
+          class Widen,               // the weights' conversion: numerics::Int4ToS8 or Uint4ZeroPointToS8
+                                     // (S8SyncCodes), Int4ToE4m3, Uint4ZeroPointToE4m3 or E2m1ToE4m3 (E4m3SyncCodes)
           int kBlockM,               // tokens per CTA: 16 x token pairs x kWarpsM
           int kBlockN,               // weight channels per CTA: 64 x units
           int kWarpsM, int kWarpsN,  // warps along tokens and along channels

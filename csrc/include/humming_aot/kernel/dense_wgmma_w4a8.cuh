@@ -1,13 +1,14 @@
 #pragma once
 // The warp-specialized Hopper W4A8 body on wgmma (SM90a): 4-bit weight codes, int4 (-8 .. 7,
-// symmetric) with an fp32 scale per channel per group of K (a multiple of 128, or all of K) or
-// MXFP4 (e2m1 with an e8m0 scale per 32 of K), x e4m3 activation codes with an fp32 scale per
-// token, a 16-bit output:
+// symmetric) or uint4 less an integer zero point (AWQ) with an fp32 scale per channel per group of
+// K (a multiple of 128, or all of K), or MXFP4 (e2m1 with an e8m0 scale per 32 of K), x e4m3
+// activation codes with an fp32 scale per token, a 16-bit output:
 //   out[m, n] = sum_g (sum_{k in g} a[m, k] w[n, k]) w_scale[g, n] x a_scale[m] x global scale (+ bias).
 //
 // The weights are wgmma's A from registers: each consumer thread turns its codes into e4m3 bytes of
 // the values times 2^-9 with integer adds (numerics/int4_e4m3.cuh; MXFP4 codes: e4m3 bytes of the
-// values times their group's scale relative to the K tile's, numerics/e2m1_e4m3.cuh), so the tensor
+// values times their group's scale relative to the K tile's, numerics/e2m1_e4m3.cuh; uint4 codes:
+// e4m3 bytes of the code less its zero point times 2^-9, numerics/uint4_zero_point.cuh), so the tensor
 // cores run at the 8-bit rate, and the tokens are its B from shared memory (N = the tile's tokens: a few tokens
 // stay cheap). The group scales weigh each K tile's fp32 sums (mainloop/int4_e4m3_groups.cuh), the
 // token scales the reduced sums before the store. Roles, schedules and epilogue:
@@ -17,10 +18,10 @@
 // swizzle, zeros past M and K), then the CTA's packed codes (one bulk copy: 64 bytes a channel,
 // laid out as humming_aot.w4a8.pack writes them: per K tile, per 64-channel unit, 4096 bytes in
 // the consumers' fragment order), then the K tile's entry of each channel (one bulk copy of its
-// group's row: the fp32 scale, and for MXFP4 its four groups' bytes). Params (ScaledTmaGemmParams):
-// w the packed codes ((K / 128) x (N / 64) x 4096 bytes), w_scale the (groups, N) entries (MXFP4:
-// one row per K tile), group_size the K of a group, a_scale the (M,) token scales; the weight map
-// is unused.
+// group's row: the fp32 scale, and for MXFP4 its four groups' bytes, for uint4 its zero point in
+// every byte of a word). Params (ScaledTmaGemmParams): w the packed codes ((K / 128) x (N / 64) x
+// 4096 bytes), w_scale the (groups, N) entries (MXFP4: one row per K tile), group_size the K of a
+// group, a_scale the (M,) token scales; the weight map is unused.
 
 #include <humming_aot/epilogue/column_major_writer.cuh>
 #include <humming_aot/epilogue/fragment_split_k.cuh>
@@ -30,6 +31,7 @@
 #include <humming_aot/mainloop/int4_e4m3_groups.cuh>
 #include <humming_aot/numerics/e2m1_e4m3.cuh>
 #include <humming_aot/numerics/int4_e4m3.cuh>
+#include <humming_aot/numerics/uint4_zero_point.cuh>
 #include <humming_aot/ptx/bulk_copy.cuh>
 #include <humming_aot/ptx/mbarrier.cuh>
 #include <humming_aot/schedule/work_units.cuh>
@@ -37,7 +39,8 @@
 namespace humming_aot::kernel {
 
 template <class Out,               // Float16 or BFloat16: output (and bias) dtype
-          class Widen,             // numerics::Int4ToE4m3 (int4 codes) or numerics::E2m1ToE4m3 (MXFP4)
+          class Widen,             // numerics::Int4ToE4m3 (int4 codes), E2m1ToE4m3 (MXFP4) or
+                                   // Uint4ZeroPointToE4m3 (uint4 with a zero point)
           int kBlockM,             // tokens per CTA: the wgmma N (8, 16, 32, 64, 96, 128 or 192)
           int kBlockN,             // weight channels per CTA: 64 x kUnitsPerWarpGroup x consumer warpgroups
           int kUnitsPerWarpGroup,  // 64-channel units each consumer warpgroup multiplies (1 or 2)
@@ -97,7 +100,7 @@ struct DenseWgmmaW4A8 {
   static constexpr int kWaitDepth = kBlockM >= 128 ? 3 : 1;
   static constexpr int kAccumulators = kUnitsPerWarpGroup * (kBlockM / 2);  // (m64nN: N / 2 per unit)
   // registers for the fragments of kWaitDepth + 1 steps, half a K tile's codes, and the loop (and
-  // MXFP4's group bytes and tables)
+  // the per-row state of MXFP4's group bytes and tables, or of uint4's zero points)
   static constexpr int kLoopRegisters = (4 * kWaitDepth + 8 + (Widen::kGroupTables ? 4 : 0)) * kUnitsPerWarpGroup + 16;
   // two scratch sets where they fit beside the accumulators, else one (bodies/wgmma_w4a8.py)
   // (strictly below: at equality ptxas spilled, 64 x 256 with two scratch sets)
@@ -165,7 +168,7 @@ struct DenseWgmmaW4A8 {
     }
   }
 
-  // The reduced fp32 sums (group scales applied) times the int4 codes' 2^9 (numerics/int4_e4m3.cuh:
+  // The reduced fp32 sums (group scales applied) times the integer codes' 2^9 (numerics/int4_e4m3.cuh:
   // exact, and first, so that no token scale near the float limit overflows with it) and their
   // tokens' scales (0 past M: never stored).
   static __device__ __forceinline__ void scale_sums(const ScaledTmaGemmParams& params, float (&acc)[kAccumulators],

@@ -1,7 +1,8 @@
 #pragma once
 // The K loop of the W4A8 body's consumers (kernel/dense_wgmma_w4a8.cuh): 4-bit weight codes in a
 // ring slot become e4m3 A fragments in registers (Widen: int4 codes by numerics/int4_e4m3.cuh,
-// MXFP4 ones by numerics/e2m1_e4m3.cuh, with a table per channel and group of 32) and meet the slot's
+// uint4 ones less their zero point by numerics/uint4_zero_point.cuh, MXFP4 ones by
+// numerics/e2m1_e4m3.cuh, with a table per channel and group of 32) and meet the slot's
 // e4m3 activation box on wgmma (mma/wgmma_e4m3_rs.cuh), four k32 steps per K tile of 128, one
 // committed group per step, kWaitDepth of them left in flight. Each K tile's sums go into a scratch set that its first step
 // overwrites; once they are complete they are weighed by the K tile's group scale of each channel
@@ -20,7 +21,8 @@
 // A registers 0 and 1, the second of registers 2 and 3 (the 8-bit A fragment, mma/wgmma_e4m3_rs.cuh;
 // byte j of a word holds code j of both, in packed layout version 2: numerics/int4_e4m3.cuh); at
 // kScaleOffset the K tile's entry of each channel (Widen::kEntryBytes: the fp32 scale, then for
-// MXFP4 its groups' bytes).
+// MXFP4 its groups' bytes, for uint4 its zero point's; with Widen::kGroupTables the conversion
+// takes a per-row Table that Widen::table makes from that second word for each K step).
 // Contract: `consume` leaves acc with the unit's group-scaled fp32 sums and every slot it took
 // released; every consumer thread releases (the empty barriers count the consumer threads).
 
@@ -28,11 +30,12 @@
 #include <humming_aot/mma/wgmma_e4m3_rs.cuh>
 #include <humming_aot/numerics/e2m1_e4m3.cuh>
 #include <humming_aot/numerics/int4_e4m3.cuh>
+#include <humming_aot/numerics/uint4_zero_point.cuh>
 #include <humming_aot/ptx/mbarrier.cuh>
 
 namespace humming_aot::mainloop {
 
-template <class Widen,             // numerics::Int4ToE4m3 or numerics::E2m1ToE4m3: the codes' conversion
+template <class Widen,             // numerics::Int4ToE4m3, E2m1ToE4m3 or Uint4ZeroPointToE4m3: the codes' conversion
           int kBlockM,             // tokens per CTA: the wgmma N
           int kUnitsPerWarpGroup,  // 64-channel units each consumer warpgroup multiplies
           int kStages,             // slots of the ring
