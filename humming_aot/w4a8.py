@@ -17,6 +17,10 @@ from the packed layout the kernel reads), rounded once to the output dtype. floa
 activations run on the sm90a wgmma-w4a8 body, or off sm90a on the portable mma-w4a8 body (sm89 and
 later); int8 activations (``"int8:token"``) on mma-w4a8 from sm80, the codes widened to s8.
 
+uint4 weights less an integer zero point per group of a multiple of 128 (AWQ, ``"uint4:g128:zp"``)
+take both activation elements: the kernels make e4m3 bytes of (q - z) x 2^-9, or s8 bytes of q - z,
+in registers (numerics/uint4_zero_point.cuh; packed layout: humming_aot.w4a8_uint4).
+
 MXFP4 weights (``pack(quant.quantize(w, "mxfp4"))``, float8e4m3 activations only) are exact too:
 every e2m1 value times its group's scale relative to its K tile's is an e4m3 value while the four
 group scales of a channel's K tile of 128 lie within 2^11 of each other, so pack stores per channel
@@ -43,7 +47,7 @@ import torch
 from humming_aot.quant.activation import ActivationGranularity, QuantizedActivation
 from humming_aot.quant.weight import QuantizedWeight
 from humming_aot.quant.weight_format import ScaleGranularity, ZeroPointKind
-from humming_aot.spec import ActivationScale, GemmSpec, KernelKey, TileConfig
+from humming_aot.spec import ActivationScale, GemmSpec, KernelKey, TileConfig, ZeroPoint
 from humming_aot.spec import ScaleGranularity as ScaleGranularitySpec
 from humming_aot.w8a8 import (
     PackedRows,
@@ -56,9 +60,11 @@ __all__ = ["LAYOUT_VERSION", "PackedW4A8Weight", "decode_packed", "decode_packed
 
 WEIGHT_ELEMENT = "int4"
 MXFP4_ELEMENT = "float4e2m1"
-# the weight elements the kernels take: int4 (float32 group scales; both activation elements) and
-# MXFP4's float4e2m1 (e8m0 scales per 32 of K; float8e4m3 activations)
-WEIGHT_ELEMENTS = (WEIGHT_ELEMENT, MXFP4_ELEMENT)
+UINT4_ELEMENT = "uint4"
+# the weight elements the kernels take: int4 (float32 group scales; both activation elements),
+# uint4 (float32 group scales and integer zero points; both) and MXFP4's float4e2m1 (e8m0 scales
+# per 32 of K; float8e4m3 activations)
+WEIGHT_ELEMENTS = (WEIGHT_ELEMENT, UINT4_ELEMENT, MXFP4_ELEMENT)
 ACT_ELEMENT = "float8e4m3"
 # the activation elements the kernels take: float8e4m3 (wgmma-w4a8 on sm90a, mma-w4a8 from sm89),
 # int8 (mma-w4a8 from sm80)
@@ -101,6 +107,8 @@ class PackedW4A8Weight(PackedRows):
 
     w:          (k_tiles, n / 64, 4096) uint8, the packed codes (module docstring)
     w_scale:    int4: (groups, n) float32, each channel's scale per group of K (0 past n_valid);
+                uint4: (groups, n, 2) int32, the float32 bits of that scale and the group's zero
+                point in every byte (humming_aot.w4a8_uint4);
                 MXFP4: (k_tiles, n, 2) int32, per K tile and channel the float32 bits of its scale
                 2^b and its four groups' bytes 8 (e_g - b + 5) (module docstring)
     n:          the kernel's N (a multiple of 64)
@@ -110,7 +118,7 @@ class PackedW4A8Weight(PackedRows):
     format:     the WeightFormat string it was packed from
     n_valid:    the weight's own N where pack padded it, else None
     layout_version: the packed layout of w (LAYOUT_VERSION from pack; None: not recorded, refused)
-    element:    the weight codes' element: "int4" or "float4e2m1" (MXFP4)
+    element:    the weight codes' element: "int4", "uint4" or "float4e2m1" (MXFP4)
     """
 
     w: torch.Tensor
@@ -130,6 +138,10 @@ class PackedW4A8Weight(PackedRows):
     def effective_weight(self) -> torch.Tensor:
         """(out_features, K) float64: the values decoded from the packed layout x their group
         scales, what gemm multiplies with."""
+        if self.element == UINT4_ELEMENT:
+            from humming_aot import w4a8_uint4
+
+            return w4a8_uint4.effective_weight(self.w, self.w_scale, self.group_size)[:self.out_features, : self.k]
         if self.element == MXFP4_ELEMENT:
             values = decode_packed_mxfp4(self.w)
             scales = mxfp4_group_scales(self.w_scale).t().repeat_interleave(MXFP4_GROUP, 1)
@@ -285,8 +297,10 @@ def _pack_mxfp4(qw: QuantizedWeight) -> PackedW4A8Weight:
 def pack(qw: QuantizedWeight) -> PackedW4A8Weight:
     """The W4A8 kernels' operands from a symmetric int4 weight quantized per group of a multiple of
     128, per channel or per tensor (``quant.quantize(w, "int4:g128")``, a GPTQ checkpoint's
-    QuantizedWeight), or from an MXFP4 weight (``quant.quantize(w, "mxfp4")``), on its device.
-    int4 scales of any scale dtype are widened to float32 (exactly)."""
+    QuantizedWeight), from a uint4 weight with an integer zero point of the same granularities
+    (``"uint4:g128:zp"``, an AWQ checkpoint's), or from an MXFP4 weight (``quant.quantize(w,
+    "mxfp4")``), on its device. int4 and uint4 scales of any scale dtype are widened to float32
+    (exactly)."""
     if not isinstance(qw, QuantizedWeight):
         raise TypeError(f"pack takes a humming_aot.quant.QuantizedWeight, got {type(qw).__name__}")
     fmt = qw.format
@@ -294,13 +308,14 @@ def pack(qw: QuantizedWeight) -> PackedW4A8Weight:
              and fmt.group_size == MXFP4_GROUP and fmt.scale_dtype == "float8e8m0" and qw.global_scale is None)
     grouped = fmt.granularity is ScaleGranularity.GROUP and fmt.group_size % K_TILE == 0
     whole = fmt.granularity in (ScaleGranularity.CHANNEL, ScaleGranularity.TENSOR)
-    if not mxfp4 and (fmt.element != WEIGHT_ELEMENT or not (grouped or whole)
-                      or fmt.zero_point is not ZeroPointKind.NONE or qw.global_scale is not None):
+    zero_point = {WEIGHT_ELEMENT: ZeroPointKind.NONE, UINT4_ELEMENT: ZeroPointKind.INTEGER}.get(fmt.element)
+    if not mxfp4 and (zero_point is None or not (grouped or whole)
+                      or fmt.zero_point is not zero_point or qw.global_scale is not None):
         raise ValueError(
-            f"the W4A8 kernels take symmetric int4 weights with a scale per group of a multiple of {K_TILE}, per "
-            f"channel or per tensor, or MXFP4 weights, got {fmt}; quantize with 'int4:g128', 'int4:channel' or "
-            "'mxfp4' (an asymmetric or finer-grouped int4 weight, or another 4-bit float format, runs with 16-bit "
-            "activations: humming_aot.ops.gemm)"
+            f"the W4A8 kernels take symmetric int4 weights or uint4 ones with an integer zero point, with a scale per "
+            f"group of a multiple of {K_TILE}, per channel or per tensor, or MXFP4 weights, got {fmt}; quantize with "
+            "'int4:g128', 'uint4:g128:zp', 'int4:channel' or 'mxfp4' (a finer-grouped weight, a float zero point, a "
+            "global scale or another 4-bit float format runs with 16-bit activations: humming_aot.ops.gemm)"
         )
     if qw.codes.dim() != 2:
         raise ValueError(f"pack takes one (N, K) weight, got codes of shape {tuple(qw.codes.shape)}")
@@ -314,6 +329,14 @@ def pack(qw: QuantizedWeight) -> PackedW4A8Weight:
     device = qw.codes.device
     n_pad = -(-n // N_ALIGN) * N_ALIGN
     k_tiles = -(-k // K_TILE)
+    if fmt.element == UINT4_ELEMENT:
+        from humming_aot import w4a8_uint4
+
+        group_size = fmt.group_size if grouped else k_tiles * K_TILE
+        w, w_scale = w4a8_uint4.pack_parts(qw, n_pad, k_tiles, group_size)
+        return PackedW4A8Weight(w=w, w_scale=w_scale, n=n_pad, k=k, group_size=group_size, format=str(fmt),
+                                n_valid=n if n_pad != n else None, layout_version=LAYOUT_VERSION,
+                                element=UINT4_ELEMENT)
     stored = torch.zeros((n_pad, k_tiles * K_TILE), dtype=torch.uint8, device=device)  # code 0 is the value 0
     stored[:n, :k] = encode(_values_of_twos_complement(qw.codes))
     scales = qw.scales.to(torch.float32)
@@ -331,11 +354,13 @@ def pack(qw: QuantizedWeight) -> PackedW4A8Weight:
 
 def gemm_spec(out_dtype: torch.dtype, act_element: str = ACT_ELEMENT, weight_element: str = WEIGHT_ELEMENT) -> GemmSpec:
     """The GemmSpec of the W4A8 kernels with this output dtype, activation and weight element
-    (int4: float32 group scales; float4e2m1: MXFP4's e8m0 ones)."""
+    (int4: float32 group scales; uint4: those and integer zero points; float4e2m1: MXFP4's e8m0
+    scales)."""
     scale_dtype = "float8e8m0" if weight_element == MXFP4_ELEMENT else "float32"
+    zero_point = ZeroPoint.INTEGER if weight_element == UINT4_ELEMENT else ZeroPoint.NONE
     return GemmSpec(a_dtype=act_element, a_scale=ActivationScale.TOKEN, a_scale_dtype="float32",
                     w_dtype=weight_element, w_scale=ScaleGranularitySpec.GROUP, w_scale_dtype=scale_dtype,
-                    out_dtype=_OUT_DTYPES[out_dtype])
+                    w_zero_point=zero_point, out_dtype=_OUT_DTYPES[out_dtype])
 
 
 def kernel_key(arch: str, out_dtype: torch.dtype, tile: TileConfig, act_element: str = ACT_ELEMENT,
@@ -416,7 +441,7 @@ def _check_activation(qa: QuantizedActivation, packed: PackedW4A8Weight) -> None
     if qa.element not in ACT_ELEMENTS or qa.scale_dtype != "float32" \
             or qa.granularity not in (ActivationGranularity.TOKEN, ActivationGranularity.TENSOR):
         raise ValueError(
-            f"the int4 weight ({packed.format}) takes float8e4m3 or int8 activations with a float32 scale per token "
+            f"the {packed.element} weight ({packed.format}) takes float8e4m3 or int8 activations with a float32 scale per token "
             f"or per tensor, got {qa.element} per {qa.granularity.value} with {qa.scale_dtype} scales; quantize with "
             "'float8e4m3:token', 'int8:token' or either ':tensor'"
         )
@@ -449,6 +474,9 @@ def _check_packed(packed: PackedW4A8Weight) -> None:
     if packed.element == MXFP4_ELEMENT:
         scale_dtype, scale_shape, group_ok = torch.int32, (k_tiles, packed.n, 2), packed.group_size == K_TILE
         what = f"int32 entries of shape {scale_shape} (group_size {K_TILE})"
+    elif packed.element == UINT4_ELEMENT:
+        scale_dtype, scale_shape, group_ok = torch.int32, (groups, packed.n, 2), packed.group_size % K_TILE == 0
+        what = f"int32 entries of shape {scale_shape} (group_size a multiple of {K_TILE})"
     else:
         scale_dtype, scale_shape, group_ok = torch.float32, (groups, packed.n), packed.group_size % K_TILE == 0
         what = f"float32 scales of shape {scale_shape} (group_size a multiple of {K_TILE})"
@@ -506,6 +534,9 @@ _LIBRARY.define(
 )
 
 
+_OP_FORMATS = {WEIGHT_ELEMENT: "int4", UINT4_ELEMENT: "uint4:zp", MXFP4_ELEMENT: "mxfp4"}  # (messages only)
+
+
 def _gemm_w4a8_op(codes, scales, w, w_scale, bias, k, group_size, n_valid, granularity, out_dtype,
                   element=ACT_ELEMENT, weight=WEIGHT_ELEMENT):
     # (the op's w is in this version's packed layout: gemm checks a PackedW4A8Weight's version first)
@@ -513,7 +544,7 @@ def _gemm_w4a8_op(codes, scales, w, w_scale, bias, k, group_size, n_valid, granu
                              scale_dtype="float32", codes=codes, scales=scales)
     n = w.shape[1] * N_ALIGN
     packed = PackedW4A8Weight(w=w, w_scale=w_scale, n=n, k=k, group_size=group_size,
-                              format="mxfp4" if weight == MXFP4_ELEMENT else "int4",
+                              format=_OP_FORMATS[weight],
                               n_valid=n_valid if n_valid != n else None, layout_version=LAYOUT_VERSION, element=weight)
     return _gemm(qa, packed, bias=bias, out_dtype=out_dtype)
 

@@ -1,5 +1,6 @@
-"""Helpers of the W8A8 GPU tests (tests/gpu/test_w8a8*_gpu.py): a fresh seed, the skip rule for
-a machine without the kernels, and the tail-split schedule a launch gets."""
+"""Helpers of the W8A8 and W4A8 GPU tests (tests/gpu/test_w8a8*_gpu.py, test_w4a8*_gpu.py): a fresh
+seed, the skip rule for a machine without the kernels, the tail-split schedule a launch gets, and
+the W4A8 error bounds."""
 from __future__ import annotations
 
 import os
@@ -112,3 +113,84 @@ def skip_without_portable_kernels(request, body: str, keys_for) -> None:
     keys = keys_for(arch, [e for e in FIRST_ARCH if number >= FIRST_ARCH[e]])
     if why is not None and (catalog is None or any(catalog.lookup(key.name) is None for key in keys)):
         pytest.skip(why)
+
+
+def first_tokens(qa, m: int):
+    """The QuantizedActivation of qa's first m tokens (rows of its 2-D codes and scales)."""
+    from humming_aot.quant import QuantizedActivation
+
+    return QuantizedActivation(element=qa.element, granularity=qa.granularity, group_size=qa.group_size,
+                               scale_dtype=qa.scale_dtype, codes=qa.codes[:m], scales=qa.scales[:m])
+
+
+def assert_long_k_error_bound(qa, packed, run, ms=(256, 16, 1), bound: float = 1e-3) -> None:
+    """For each m of `ms`, `run(first m tokens of qa, m)` (a float16 GEMM of them with `packed`:
+    its rounding, 2^-11, leaves room to see the sums' own error) against w4a8.reference of the same
+    operands: relative error (norm) at most `bound` (issue 22's 1e-3 at K = 16,384, which fp8 sums
+    meet only with their fp32 promotion per K tile)."""
+    from humming_aot import w4a8
+
+    for m in ms:
+        sub = first_tokens(qa, m)
+        y = run(sub, m).double()
+        ref = w4a8.reference(sub, packed)
+        rel = ((y - ref).norm() / ref.norm()).item()
+        print(f"m={m} relative error {rel:.2e}")
+        assert rel <= bound, f"m={m}: relative error {rel:.2e} > {bound}"
+
+
+def assert_within_sum_bound(y: torch.Tensor, qa, packed, bias=None, out_dtype=torch.bfloat16,
+                            float8_sums: float = 2.0**-11) -> None:
+    """y (NaN-free) against the float64 product of the W4A8 operands (w4a8.reference): the output's
+    rounding (half an ulp of out_dtype) plus, per output, a share of the sum of |products|: for
+    e4m3 activations `float8_sums` (the fp8 tensor cores keep about 14 bits of each K tile's sum:
+    2^-11, tests/gpu/test_w8a8_gpu.py), for s8 ones 2^-20 (exact int32 sums; only the fp32 scale
+    products and adds remain)."""
+    from humming_aot import w4a8
+    from humming_aot.w8a8 import dequantized_activation
+
+    ref = w4a8.reference(qa, packed, bias)
+    y = y.reshape(ref.shape).double()
+    assert not torch.isnan(y).any(), "NaN in the output: some element was never written"
+    eps = 2.0**-8 if out_dtype == torch.bfloat16 else 2.0**-11
+    sums = float8_sums if qa.element == "float8e4m3" else 2.0**-20
+    a_abs = dequantized_activation(qa, packed.k).abs()
+    bound = eps * ref.abs() + sums * (a_abs @ packed.effective_weight().abs().T)
+    bad = (y - ref).abs() > bound
+    assert not bad.any(), f"{int(bad.sum())} of {bad.numel()} outputs off; worst {(y - ref).abs().max().item()}"
+
+
+def assert_graph_replay_is_eager(run) -> None:
+    """`run()` captured in a CUDA graph, its output NaN-poisoned and the graph replayed, gives the
+    bits of an eager `run()`."""
+    eager = run()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run()
+    captured.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager), "the graph's replay differs from the eager call"
+
+
+def assert_w4a8_op_compiles_and_fakes(qa, packed) -> None:
+    """w4a8.gemm of the operands under torch.compile (fullgraph: the custom op humming_aot::gemm_w4a8)
+    gives the eager bits, and the op's fake implementation gives the output's shape and dtype."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from humming_aot import w4a8
+    from humming_aot.quant import QuantizedActivation
+
+    eager = w4a8.gemm(qa, packed)
+    fn = torch.compile(lambda codes, scales: w4a8.gemm(
+        QuantizedActivation(element=qa.element, granularity=qa.granularity, group_size=None,
+                            scale_dtype="float32", codes=codes, scales=scales), packed),
+        backend="eager", fullgraph=True)
+    assert torch.equal(fn(qa.codes, qa.scales), eager)
+    m = qa.codes.shape[0]
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        out = torch.ops.humming_aot.gemm_w4a8(mode.from_tensor(qa.codes), mode.from_tensor(qa.scales), packed.w,
+                                              packed.w_scale, None, packed.k, packed.group_size,
+                                              packed.out_features, qa.granularity.value, torch.float16,
+                                              qa.element, packed.element)
+        assert out.shape == (m, packed.out_features) and out.dtype == torch.float16

@@ -449,7 +449,7 @@ def _spill_bytes(report: str) -> int:
 
 def _loads_and_stores_in_wgmma_loops(cubin: Path) -> list[str]:
     """The local-memory instructions (LDL / STL) inside the innermost loops that issue wgmma
-    (HGMMA) in a cubin's SASS: the K loops."""
+    (HGMMA, QGMMA or IGMMA: 16-bit, fp8 or int8 operands) in a cubin's SASS: the K loops."""
     sass = subprocess.run(["cuobjdump", "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
     lines = [(int(m.group(1), 16), line) for line in sass.splitlines()
              if (m := re.search(r"/\*([0-9a-f]{4,})\*/\s+\S", line))]
@@ -461,7 +461,7 @@ def _loads_and_stores_in_wgmma_loops(cubin: Path) -> list[str]:
     # the smallest loop around each wgmma (a wait's out-of-line retry also branches back into a K
     # loop, from past the epilogue: a larger range, never the smallest)
     innermost = set()
-    for w in (address for address, line in lines if "HGMMA" in line):
+    for w in (address for address, line in lines if re.search(r"\b[HQI]GMMA\b", line)):
         around = [(a, b) for a, b in loops if a <= w <= b]
         if around:
             innermost.add(min(around, key=lambda loop: loop[1] - loop[0]))

@@ -107,10 +107,11 @@ def test_w4a8_keys_take_int8_from_sm80_and_float8_from_sm89():
     assert "DenseMmaW4a8<" in source and "humming_aot::mma::S8SyncCodes" in source
     assert KernelKey.from_name(key.name) == key
     # the default catalog: int8 activations from sm80 (sm90a too), float8 ones where wgmma is not,
-    # with int4 weights and (float8 activations) MXFP4 ones
-    for arch, pairs in (("sm80", {("int8", "int4")}), ("sm90a", {("int8", "int4")}), ("sm75", set()),
-                        ("sm89", {("int8", "int4"), ("float8e4m3", "int4"), ("float8e4m3", "float4e2m1")}),
-                        ("sm120", {("int8", "int4"), ("float8e4m3", "int4"), ("float8e4m3", "float4e2m1")})):
+    # with int4 and uint4 (zero points) weights and (float8 activations) MXFP4 ones
+    int8 = {("int8", "int4"), ("int8", "uint4")}
+    float8 = {("float8e4m3", "int4"), ("float8e4m3", "uint4"), ("float8e4m3", "float4e2m1")}
+    for arch, pairs in (("sm80", int8), ("sm90a", int8), ("sm75", set()), ("sm89", int8 | float8),
+                        ("sm120", int8 | float8)):
         keys = [k for k in enumerate_keys("default", [arch]) if k.tile.mma.value == "mma-w4a8"]
         assert {(k.spec.a_dtype, k.spec.w_dtype) for k in keys} == pairs, arch
         assert len(keys) == len(w4a8._SYNC_TILES) * len(pairs) * 2, arch

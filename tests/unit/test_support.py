@@ -139,12 +139,13 @@ def test_supported_specs_sorted_unique_and_supported():
         # integer or float zero points), + float weights: every signed eXmY of 2..8 bits for
         # bfloat16 (35), those float16 holds exactly for float16 (30: E <= 4, and float8e5m2)
         dense = support.supported_specs(arch, GemmType.DENSE)
-        # float8 x float8 in two scalings, int8 x int8 in one, int4 x float8, int4 x int8 and MXFP4 x
-        # float8 (W4A8) and int4 x int4 (W4A4) in one each: all seven on sm90a and from sm89 (the
-        # portable bodies), the int8 and int4-activation ones on sm80 and sm86; x two outputs
+        # float8 x float8 in two scalings, int8 x int8 in one, int4 x float8, int4 x int8, uint4
+        # (zero points) x float8 and x int8 and MXFP4 x float8 (W4A8) and int4 x int4 (W4A4) in one
+        # each: all nine on sm90a and from sm89 (the portable bodies), the int8 and
+        # int4-activation ones on sm80 and sm86; x two outputs
         w8a8 = [s for s in dense if s.a_is_quantized]
         number = int(arch[2:].rstrip("af"))
-        assert len(w8a8) == (14 if number >= 89 else 6 if number >= 80 else 0)
+        assert len(w8a8) == (18 if number >= 89 else 8 if number >= 80 else 0)
         assert len(dense) == len(set(dense)) == (24 + 30 if arch == "sm75" else 48 + 35 + 30) + len(w8a8)
         # the MoE types (grouped masked and contiguous) for every 16-bit dense spec of sm80 and later
         assert len(specs) == len(set(specs)) == len(dense) * (1 if arch == "sm75" else 3) - 2 * len(w8a8)
@@ -339,10 +340,12 @@ def test_quantized_activations_are_the_w8a8_and_w4a8_pairings_and_the_reason_say
     w4a8 = dataclasses.replace(FP8_TOKEN, w_dtype="int4")
     mxfp4 = dataclasses.replace(FP8_TOKEN, w_dtype="float4e2m1", w_scale_dtype="float8e8m0")
     w4a4 = dataclasses.replace(FP8_TOKEN, a_dtype="int4", w_dtype="int4")
+    uint4 = dataclasses.replace(FP8_TOKEN, w_dtype="uint4", w_zero_point=ZeroPoint.INTEGER)
     assert {s for s in support.supported_specs("sm90a") if s.a_is_quantized} == {
         dataclasses.replace(spec, out_dtype=out, **scales) for out in ("bfloat16", "float16")
         for spec, scales in ((FP8_TOKEN, {}), (int8, {}), (w4a8, {}),
                              (dataclasses.replace(w4a8, a_dtype="int8"), {}), (mxfp4, {}), (w4a4, {}),
+                             (uint4, {}), (dataclasses.replace(uint4, a_dtype="int8"), {}),
                              (FP8_TOKEN, {"a_scale": ActivationScale.GROUP, "w_scale": ScaleGranularity.BLOCK}))}
     assert support.why_unsupported(mxfp4, "sm89") is None and "not on sm86" in support.why_unsupported(mxfp4, "sm86")
     assert support.why_unsupported(w4a4, "sm80") is None and "not on sm75" in support.why_unsupported(w4a4, "sm75")
@@ -353,6 +356,8 @@ def test_quantized_activations_are_the_w8a8_and_w4a8_pairings_and_the_reason_say
     assert support.why_unsupported(w4a8, "sm89") is None  # (the portable mma-w4a8 body)
     assert "not on sm86" in support.why_unsupported(w4a8, "sm86")
     assert support.why_unsupported(dataclasses.replace(w4a8, a_dtype="int8"), "sm80") is None
+    assert support.why_unsupported(dataclasses.replace(uint4, a_dtype="int8"), "sm80") is None
+    assert support.why_unsupported(uint4, "sm89") is None and "not on sm86" in support.why_unsupported(uint4, "sm86")
     fp8_blocks = dataclasses.replace(FP8_TOKEN, a_scale=ActivationScale.GROUP, w_scale=ScaleGranularity.BLOCK)
     assert support.why_unsupported(fp8_blocks, "sm89") is None
     assert "not on sm86" in support.why_unsupported(fp8_blocks, "sm86")

@@ -166,7 +166,7 @@ def test_errors_say_what_to_do():
     with pytest.raises(ValueError, match="int4:g128"):
         w4a8.pack(quant.quantize(w, "int4:g64"))
     with pytest.raises(ValueError, match="symmetric int4"):
-        w4a8.pack(quant.quantize(w, "uint4:g128:zp"))
+        w4a8.pack(quant.quantize(w, "uint4:g128:zpf"))
     with pytest.raises(ValueError, match="multiple of 16"):
         w4a8.pack(quant.quantize(torch.randn(64, 136), "int4:channel"))
     with pytest.raises(TypeError, match="QuantizedWeight"):

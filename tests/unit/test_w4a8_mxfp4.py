@@ -17,6 +17,7 @@ from humming_aot.bodies.wgmma_w4a8 import overlapped
 from humming_aot.enumerate import parse_tile_field
 from humming_aot.spec import KernelKey
 from humming_aot.testing.nvcc import needs_nvcc
+from humming_aot.testing.w8a8 import assert_w4a8_op_compiles_and_fakes
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER = REPO / "csrc" / "include" / "humming_aot" / "numerics" / "e2m1_e4m3.cuh"
@@ -299,16 +300,4 @@ def test_the_layer_and_the_custom_op():
     assert torch.equal(again(x), layer(x))
 
     _, _, packed, qa2 = _operands(6, 100, 256, seed=3)
-    eager = w4a8.gemm(qa2, packed)
-    fn = torch.compile(lambda codes, scales: w4a8.gemm(
-        quant.QuantizedActivation(element=qa2.element, granularity=qa2.granularity, group_size=None,
-                                  scale_dtype="float32", codes=codes, scales=scales), packed),
-        backend="eager", fullgraph=True)
-    assert torch.equal(fn(qa2.codes, qa2.scales), eager)
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        out = torch.ops.humming_aot.gemm_w4a8(mode.from_tensor(qa2.codes), mode.from_tensor(qa2.scales), packed.w,
-                                              packed.w_scale, None, 256, 128, 100, qa2.granularity.value,
-                                              torch.float16, "float8e4m3", _MX)
-        assert out.shape == (6, 100) and out.dtype == torch.float16
+    assert_w4a8_op_compiles_and_fakes(qa2, packed)

@@ -78,9 +78,17 @@ def test_weight_only_and_kernel_less_schemes_say_what_to_do():
     assert w4_int8.activations == "int8:token" and torch.equal(w4_int8(x), expected)
     with pytest.raises(ValueError, match="do not suit weights int4:g128"):
         QuantizedLinear.from_checkpoint(fixture("ct_w4a16"), "proj", activations="float8e4m3:g128")
-    # a weight no 8-bit-activation kernel takes (int4 with zero points) is refused with the layer named
+    # int4 with zero points (uint4:g128:zp) on the W4A8 kernels, both activation elements
+    asym = checkpoints.load_layer(fixture("ct_w4a16_asym"), "proj")
+    asym_bias = None if asym.bias is None else asym.bias.to(torch.bfloat16)
+    for act in ("float8e4m3:token", "int8:token"):
+        layer_u4 = QuantizedLinear.from_checkpoint(fixture("ct_w4a16_asym"), "proj", activations=act)
+        assert layer_u4.packed.element == "uint4"
+        expected = w4a8.gemm(ops.quantize_activation(x, act), w4a8.pack(asym.weight), bias=asym_bias)
+        assert torch.equal(layer_u4(x), expected)
+    # a weight no 8-bit-activation kernel takes (float zero points per 64) is refused with the layer named
     with pytest.raises(ValueError, match="from_checkpoint: layer 'proj': the W4A8 kernels take symmetric int4"):
-        QuantizedLinear.from_checkpoint(fixture("ct_w4a16_asym"), "proj", activations="float8e4m3:token")
+        QuantizedLinear.from_checkpoint(fixture("hqq_4bit_g64_axis1"), "proj", activations="float8e4m3:token")
     with pytest.raises(ValueError, match="act_dtype chooses the 16-bit activations' dtype"):
         QuantizedLinear.from_checkpoint(fixture("ct_fp8_dynamic"), "proj", act_dtype=torch.float16,
                                         activations="checkpoint")
