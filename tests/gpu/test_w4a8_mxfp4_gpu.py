@@ -15,8 +15,13 @@ import torch
 
 from humming_aot import ops, quant, w4a8
 from humming_aot.enumerate import parse_tile_field
+from humming_aot.testing.w8a8 import (
+    assert_graph_replay_is_eager,
+    assert_long_k_error_bound,
+    skip_without_kernels,
+    skip_without_portable_kernels,
+)
 from humming_aot.testing.w8a8 import fresh_seed as _seed
-from humming_aot.testing.w8a8 import skip_without_kernels, skip_without_portable_kernels
 from humming_aot.w8a8 import dequantized_activation
 
 pytestmark = pytest.mark.gpu
@@ -145,14 +150,7 @@ def test_long_k_error_bound_needs_the_fp32_promotion():
     x = torch.randn(256, k, generator=gen)
     qa = ops.quantize_activation(x.cuda(), "float8e4m3:token")
     packed = w4a8.pack(quant.quantize(torch.randn(1024, k, generator=gen), "mxfp4")).to("cuda")
-    for m in (256, 16, 1):
-        sub = quant.QuantizedActivation(element=qa.element, granularity=qa.granularity, group_size=None,
-                                        scale_dtype=qa.scale_dtype, codes=qa.codes[:m], scales=qa.scales[:m])
-        y = w4a8.gemm(sub, packed, out_dtype=torch.float16).double()
-        ref = w4a8.reference(sub, packed)
-        rel = ((y - ref).norm() / ref.norm()).item()
-        print(f"m={m} relative error {rel:.2e}")
-        assert rel <= 1e-3
+    assert_long_k_error_bound(qa, packed, lambda sub, m: w4a8.gemm(sub, packed, out_dtype=torch.float16))
 
 
 @pytest.mark.usefixtures("_wgmma")
@@ -161,14 +159,7 @@ def test_cuda_graph_replay_and_the_layer():
 
     gen = torch.Generator().manual_seed(_seed())
     qa, packed = _operands(24, 256, 512, gen)
-    eager = w4a8.gemm(qa, packed)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = w4a8.gemm(qa, packed)
-    captured.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(captured, eager)
+    assert_graph_replay_is_eager(lambda: w4a8.gemm(qa, packed))
 
     linear = torch.nn.Linear(512, 300, bias=True).to(torch.bfloat16)
     layer = QuantizedLinear.from_linear(linear, "mxfp4", activations="float8e4m3:token").cuda()

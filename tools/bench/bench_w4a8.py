@@ -1,4 +1,4 @@
-"""Time the W4A8 GEMM (int4:g128 or mxfp4 weights x float8e4m3:token activations) side by side, in one run,
+"""Time the W4A8 GEMM (int4:g128, uint4:g128:zp or mxfp4 weights x float8e4m3:token activations) side by side, in one run,
 over real layer shapes and M: humming_aot.w4a8.gemm on pre-quantized activations, the same with
 ops.quantize_activation in front (what a layer pays), our own W4A16 of the same weights
 (humming_aot.ops.gemm on bfloat16 activations: what W4A8 must beat by its tensor-core rate),
@@ -12,6 +12,7 @@ sets that keep L2 cold, median of repeats.
     python3 tools/bench/bench_w4a8.py --shape-set large-m --m 1,16,64,128,512,2048,8192 --json out.json
     python3 tools/bench/bench_w4a8.py --shapes 8192x8192 --m 1,1024,4096 --impls humming_aot,w4a16,humming
     python3 tools/bench/bench_w4a8.py --weights mxfp4 --shapes 5760x2880,2880x2880 --impls humming_aot,w4a16,humming
+    python3 tools/bench/bench_w4a8.py --weights uint4:g128:zp --int8 --shapes 8192x8192 --impls humming_aot,humming
 """
 from __future__ import annotations
 
@@ -34,9 +35,10 @@ from humming_aot.testing.bench import buffer_sets_for_cold_l2, gemm_flops, sibli
 IMPLS = ("humming_aot", "humming_aot+quant", "w4a16", "humming", "torch_bf16", "scaled_mm")
 WEIGHTS, ACTIVATIONS = "int4:g128", "float8e4m3:token"
 # Humming's spellings of a symmetric int4 g128 weight, tried in order (bench_gemm: it stores int-b as
-# uint-b codes with the implicit zero point), and of MXFP4
+# uint-b codes with the implicit zero point), of AWQ's uint4 with zero points, and of MXFP4
 HUMMING_WEIGHTS = {
     "int4:g128": ({"dtype": "uint4", "group_size": 128}, {"dtype": "int4", "group_size": 128}),
+    "uint4:g128:zp": ({"dtype": "uint4", "group_size": 128, "has_zero_point": True},),
     "mxfp4": ({"dtype": "float4e2m1", "group_size": 32, "scale_dtype": "float8e8m0"},),
 }
 
