@@ -251,7 +251,7 @@ def launch(qa, packed, bias, out_dtype: torch.dtype, out: torch.Tensor | None, t
     k_tiles = -(-k // 128)
     w4 = isinstance(packed, PackedW4A8Weight)
     blocks = not w4 and packed.blocks
-    # (the elements: W8A8's float8e4m3 or int8 codes, or W4A8's int4 or MXFP4 ones with the activations')
+    # (the elements: W8A8's float8e4m3 or int8 codes, or W4A8's int4, uint4 or MXFP4 ones with the activations')
     element = f"{packed.element}x{qa.element}" if w4 else packed.element
     plan_key = (index, out_dtype, element, blocks, tile, m, n, k, stream_k, persistent)
     plan = _plans.get(plan_key)

@@ -103,7 +103,7 @@ def _values_of_twos_complement(codes: torch.Tensor) -> torch.Tensor:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class PackedW4A8Weight(PackedRows):
-    """An int4 or MXFP4 weight as the W4A8 kernels read it, on one device.
+    """An int4, uint4 (zero points) or MXFP4 weight as the W4A8 kernels read it, on one device.
 
     w:          (k_tiles, n / 64, 4096) uint8, the packed codes (module docstring)
     w_scale:    int4: (groups, n) float32, each channel's scale per group of K (0 past n_valid);

@@ -115,7 +115,7 @@ class W8A8Linear(torch.nn.Module):
     @classmethod
     def from_checkpoint_layer(cls, layer, activations: str, device=None) -> "W8A8Linear":
         """A checkpoint layer (humming_aot.checkpoints.CheckpointLayer) on the W8A8 kernels (W4A8
-        for int4 and MXFP4 weights, W4A4 for int4 weights with int4 activations), its inputs
+        for int4, uint4 and MXFP4 weights, W4A4 for int4 weights with int4 activations), its inputs
         quantized by ``activations``: "checkpoint" (the producer's scheme, its static scale
         included) or an ActivationFormat string (dynamic)."""
 

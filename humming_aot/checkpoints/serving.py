@@ -57,7 +57,7 @@ def serving_status(layer: CheckpointLayer, arch: str, catalog) -> str:
 
 
 def w8a8_serving_status(layer: CheckpointLayer, arch: str, catalog) -> str | None:
-    """One line for the W8A8 (or, for int4 and MXFP4 weights, W4A8; int4 with int4 activations, W4A4) path of a layer
+    """One line for the W8A8 (or, for int4, uint4 and MXFP4 weights, W4A8; int4 with int4 activations, W4A4) path of a layer
     whose checkpoint quantizes its activations
     (``from_checkpoint(..., activations="checkpoint")``): ``catalog``, ``JIT ...`` or ``no: <why>``;
     None for a weight-only layer."""
