@@ -148,9 +148,10 @@ class W8A8Linear(torch.nn.Module):
     def from_linear(cls, linear: torch.nn.Linear, fmt: str = "float8e4m3:channel",
                     activations: str | None = None) -> "W8A8Linear":
         """Quantize an nn.Linear's weight with `fmt` ("float8e4m3:channel", ":tensor" or
-        ":b128x128", "int8:channel" or ":tensor", or for W4A8 "int4:g128", ":channel" or "mxfp4"); activations
-        default to the weight's element per token (float8e4m3 per token and 128 of K for block
-        weights, float8e4m3 per token for int4 weights, which take int8 per token too, and with
+        ":b128x128", "int8:channel" or ":tensor", or for W4A8 "int4:g128", ":channel", "uint4:g128:zp" or
+        "mxfp4"); activations default to the weight's element per token (float8e4m3 per token and 128
+        of K for block weights, float8e4m3 per token for int4 and uint4 weights, which take int8 per
+        token too, and with
         "int4:channel" or ":tensor" weights "int4:token" ones: W4A4)."""
         from humming_aot import w4a8
         from humming_aot.quant import quantize
