@@ -203,8 +203,8 @@ def _portable_key(info, element: str, label: str, make_key):
     if not arches:
         hint = {("float8e4m3", "W8A8"): "int8 W8A8 runs from sm80 (A100) on; or keep the weight and use 16-bit "
                                         "activations (W8A16)",
-                ("float8e4m3", "W4A8"): "int4 x int8 (quantize the activations with 'int8:token') runs from sm80 "
-                                        "on; or use 16-bit activations (W4A16)",
+                ("float8e4m3", "W4A8"): "the same weight with int8 activations (quantize them with 'int8:token') "
+                                        "runs from sm80 on; or use 16-bit activations (W4A16)",
                 ("float8e4m3", "MXFP4 W4A8"): "MXFP4 weights take float8 activations only: on this GPU keep 16-bit "
                                               "activations (W4A16 MXFP4 runs from sm80)"}
         raise RuntimeError(

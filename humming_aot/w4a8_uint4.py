@@ -75,8 +75,15 @@ def pack_parts(qw: QuantizedWeight, n_pad: int, k_tiles: int, group_size: int) -
     from humming_aot.w4a8 import K_TILE
 
     n, k = qw.codes.shape
+    for name, values in (("codes", qw.codes), ("zero_points", qw.zero_points)):
+        if values.numel() and int(values.max()) > 15:
+            raise ValueError(f"{qw.format}: {name} hold {int(values.max())}, but uint4 {name} lie in 0..15 (the "
+                             "kernels keep one in each nibble or byte): check the QuantizedWeight "
+                             "(QuantizedWeight.validate)")
     codes = torch.zeros((n_pad, k_tiles * K_TILE), dtype=torch.uint8, device=qw.codes.device)
-    codes[:n, :k] = qw.codes  # padding: code 0 with zero point 0 is the value 0
+    # padding: channels past N get code 0, zero point 0 and scale 0; K past the weight's own is
+    # code 0, whose value -z x s is multiplied only by the zeros the kernels read past K
+    codes[:n, :k] = qw.codes
     groups = -(-k_tiles * K_TILE // group_size)
     scales = qw.scales.reshape(n, -1) if qw.scales.numel() != 1 else qw.scales.reshape(1, 1).expand(n, 1)
     zeros = qw.zero_points.reshape(n, -1) if qw.zero_points.numel() != 1 else qw.zero_points.reshape(1, 1).expand(n, 1)

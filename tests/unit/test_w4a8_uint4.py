@@ -50,6 +50,18 @@ def test_the_emulation_is_the_header():
     assert "return __vabsdiffu4(q, row.zero) | (~offset_difference(q, row) & 0x80808080u);" in text
     assert "return offset_difference(q, row) ^ 0x80808080u;" in text
     assert "codes & 0x0F0F0F0Fu" in text and "(codes >> 4) & 0x0F0F0F0Fu" in text
+    # convert: the low nibbles (row g) with the low row's table, the high ones (row g + 8) with the high row's
+    assert text.count("a_low = bytes(low_codes(codes), low);") == 2
+    assert text.count("a_high = bytes(high_codes(codes), high);") == 2
+    # the call sites: row g's entry is the low table, row g + 8's the high one, in both bodies
+    loop = (REPO / "csrc/include/humming_aot/mainloop/int4_e4m3_groups.cuh").read_text()
+    assert "Widen::table(into_scales.groups_low[u], kk);" in loop
+    assert "Widen::convert(words[pair][u][2 * half], low, high, a[0], a[1]);" in loop
+    assert "address + 8 * kEntry" in loop  # groups_high: the entry of row + 8
+    sync = (REPO / "csrc/include/humming_aot/kernel/dense_mma_w4a8.cuh").read_text()
+    assert "Widen::table(groups[mi][0], step);" in sync and "Widen::table(groups[mi][1], step);" in sync
+    assert "Widen::convert(words[mi][2 * s], low, high, a[mi][0], a[mi][1]);" in sync
+    assert '"r"(entry + 4 + 8 * kEntryBytes)' in sync  # groups[mi][1]: the entry of row g + 8
 
 
 def _values(register: int, s8: bool) -> list[float]:
@@ -61,20 +73,21 @@ def _values(register: int, s8: bool) -> list[float]:
 
 @pytest.mark.parametrize("s8", [False, True])
 def test_every_code_zero_point_and_place_converts_to_its_difference(s8):
-    """Four different codes at the four bytes of either register, every zero point: each byte is
-    q - z (e4m3 bytes: (q - z) x 2^-9), with no carry or borrow into its neighbours."""
+    """Four different codes at the four bytes of either register, every zero point, the other row's
+    zero point another: each byte is q - z of its own row (e4m3 bytes: (q - z) x 2^-9), with no
+    carry or borrow into its neighbours."""
     for z in range(16):
-        zero = z * 0x01010101
+        zeros = (z, 15 - z)  # rows g (the low register) and g + 8 (the high one)
         for q0 in range(16):
             quad = [q0, (q0 + 5) % 16, (q0 + 11) % 16, 15 - q0]
             for r in range(2):
                 word = sum(q << (8 * j + 4 * r) for j, q in enumerate(quad))
                 other = 0x0F0F0F0F if r == 0 else 0  # the other register's codes: 15 in the high nibbles
-                low, high = _convert(word | (other << 4), zero, zero, s8)
+                low, high = _convert(word | (other << 4), zeros[0] * 0x01010101, zeros[1] * 0x01010101, s8)
                 got = _values((low, high)[r], s8)
-                assert got == [float(q - z) for q in quad], (z, quad, r)
+                assert got == [float(q - zeros[r]) for q in quad], (z, quad, r)
                 rest = _values((low, high)[1 - r], s8)
-                assert rest == [float((15 if r == 0 else 0) - z)] * 4
+                assert rest == [float((15 if r == 0 else 0) - zeros[1 - r])] * 4
 
 
 def _weight(n: int, k: int, gen: torch.Generator, fmt: str = "uint4:g128:zp") -> quant.QuantizedWeight:
@@ -100,28 +113,31 @@ def _expected_weight(qw: quant.QuantizedWeight) -> torch.Tensor:
     return (qw.codes.double() - z) * s
 
 
+@pytest.mark.parametrize("fmt", ["uint4:g128:zp", "uint4:g256:zp", "uint4:channel:zp"])
 @pytest.mark.parametrize("s8", [False, True])
-def test_the_packed_layout_and_entries_are_the_8_bit_a_fragment(s8):
+def test_the_packed_layout_and_entries_are_the_8_bit_a_fragment(s8, fmt):
     """Each consumer thread's 16-byte loads, converted with the zero points of its rows' entries
-    and weighed by their scales, hold the rows and K of the PTX ISA's 8-bit A fragment (m64nNk32 and
-    m16n8k32 alike: warp w rows 16 w + g (+ 8), register r: K 4 t .. 4 t + 3 (+ 16)), valued as the
-    weight's (q - z) x s."""
+    (the entry row the kernels pick for K tile t: t x 128 / group_size) and weighed by their
+    scales, hold the rows and K of the PTX ISA's 8-bit A fragment (m64nNk32 and m16n8k32 alike:
+    warp w rows 16 w + g (+ 8), register r: K 4 t .. 4 t + 3 (+ 16)), valued as the weight's
+    (q - z) x s."""
     gen = torch.Generator().manual_seed(7)
-    n, k = 128, 256
-    qw = _weight(n, k, gen)
+    n, k = 128, 512
+    qw = _weight(n, k, gen, fmt)
     expected = _expected_weight(qw)
     packed = w4a8.pack(qw)
-    assert packed.w.shape == (2, 2, 4096) and packed.w_scale.shape == (2, 128, 2) and packed.group_size == 128
-    entries = packed.w_scale
-    for kt in range(2):
+    groups = {"uint4:g128:zp": 4, "uint4:g256:zp": 2, "uint4:channel:zp": 1}[fmt]
+    assert packed.w.shape == (4, 2, 4096) and packed.w_scale.shape == (groups, 128, 2)
+    for kt in range(4):
+        entry = packed.w_scale[kt * 128 // packed.group_size]  # the entry row the kernels read for K tile kt
         for unit in range(2):
             block = bytes(packed.w[kt, unit].tolist())
             for warp in range(4):
                 for lane in (0, 5, 18, 31):
                     g, t = lane // 4, lane % 4
                     rows = (unit * 64 + 16 * warp + g, unit * 64 + 16 * warp + g + 8)
-                    scale = [entries[kt, row, 0:1].view(torch.float32).item() for row in rows]
-                    zero = [int(entries[kt, row, 1]) & 0xFFFFFFFF for row in rows]
+                    scale = [entry[row, 0:1].view(torch.float32).item() for row in rows]
+                    zero = [int(entry[row, 1]) & 0xFFFFFFFF for row in rows]
                     for kk in range(4):
                         h, s = kk // 2, kk % 2
                         base = ((warp * 2 + h) * 32 + lane) * 16
@@ -190,6 +206,9 @@ def test_cpu_gemm_is_the_float64_product_rounded_once(act):
 
 def test_errors_say_what_to_do():
     _, w, qw, packed, qa = _operands(3, 64, 256)
+    bad = quant.QuantizedWeight(format=qw.format, codes=qw.codes, scales=qw.scales, zero_points=qw.zero_points + 16)
+    with pytest.raises(ValueError, match=r"zero_points hold \d+, but uint4 zero_points lie in 0\.\.15"):
+        w4a8.pack(bad)
     with pytest.raises(ValueError, match="uint4 ones with an integer zero point.*got uint4:g64:zp"):
         w4a8.pack(quant.quantize(w, "uint4:g64:zp"))
     with pytest.raises(ValueError, match="a float zero point.*runs with 16-bit activations"):
