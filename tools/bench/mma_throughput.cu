@@ -1,6 +1,6 @@
 // Tensor-pipe throughput at the swapped tile's shape (M <= 8 tokens): mma.sync m16n8k16 against the
 // Hopper wgmma m64n8k16 with A from registers, alone and with the 1-bit decode's lop3 feeding A.
-// docs/PERFORMANCE.md section 17 found the M <= 8 kernels bound by their mma.sync; this says
+// docs/performance/log.md section 17 found the M <= 8 kernels bound by their mma.sync; this says
 // whether wgmma would do the same work in fewer cycles. The library's wgmma helpers (descriptor,
 // fences, group waits) and one N = 8 instruction of its own; on the GPU, from the repository root:
 //
@@ -212,7 +212,7 @@ void measure(const char* name, int sms) {
   const double fma_per_sm = static_cast<double>(kCtasPerSm) * (kThreads / 32) * kIters * 64.0 * 16 * 8;
   const double per_cycle = fma_per_sm / median;
   // one warp-stage of the int1 tile: 8192 weights x 8 tokens = 65536 FMA (the kernel measured ~150
-  // SM cycles per warp-stage, docs/PERFORMANCE.md section 17)
+  // SM cycles per warp-stage, docs/performance/log.md section 17)
   std::printf("%-34s %8.0f FMA / SM / cycle   %6.1f SM cycles per int1 warp-stage\n", name, per_cycle,
               65536.0 / per_cycle);
   cudaFree(out);
