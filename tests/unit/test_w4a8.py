@@ -223,14 +223,15 @@ def test_generated_source_names_the_body_and_its_shared_memory():
     assert not overlapped(parse_tile_field("wgmma-w4a8:192x128x128_w1x8_s5"))
 
 
-def test_nvrtc_compiles_a_key():
+@pytest.mark.parametrize("weight", w4a8.WEIGHT_ELEMENTS)
+def test_nvrtc_compiles_a_key_of_every_weight_element(weight):
     from humming_aot import jit
     from humming_aot.testing.jit import why_no_jit
 
     why = why_no_jit("the test compiles with NVRTC", "to compile")
     if why is not None:
         pytest.skip(why)
-    image = jit.compile_kernel(w4a8.kernel_key("sm90a", torch.float16, w4a8.select_tile(16)))
+    image = jit.compile_kernel(w4a8.kernel_key("sm90a", torch.float16, w4a8.select_tile(16), weight_element=weight))
     assert len(image) > 10000
 
 

@@ -2,7 +2,7 @@
 kernel's table conversion (numerics/e2m1_e4m3.cuh, emulated with its constants) for every code,
 place and group offset, the packed layout against the PTX 8-bit A fragment with each K tile's
 entries, pack's entries and window, the float64 reference path, the keys of both bodies, the
-generated source and compilers, the layer and the custom op (GPU runs:
+generated source and nvcc (NVRTC: test_w4a8.py), the layer and the custom op (GPU runs:
 tests/gpu/test_w4a8_mxfp4_gpu.py)."""
 from __future__ import annotations
 
@@ -267,17 +267,6 @@ def test_nvcc_compiles_the_table_tiles_without_spills():
                                    "-Xptxas", "-v", src, "-o", f"{tmp}/k.cubin"], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-2000:]
         assert " 0 bytes spill stores" in done.stderr and "serialized" not in done.stderr, (key.name, done.stderr)
-
-
-def test_nvrtc_compiles_a_key():
-    from humming_aot import jit
-    from humming_aot.testing.jit import why_no_jit
-
-    why = why_no_jit("the test compiles with NVRTC", "to compile")
-    if why is not None:
-        pytest.skip(why)
-    image = jit.compile_kernel(w4a8.kernel_key("sm90a", torch.float16, w4a8.select_tile(16), weight_element=_MX))
-    assert len(image) > 10000
 
 
 def test_the_layer_and_the_custom_op():

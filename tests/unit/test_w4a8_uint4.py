@@ -2,8 +2,8 @@
 the CPU: the kernels' conversion (numerics/uint4_zero_point.cuh, emulated as its header writes it)
 for every code, zero point and place, the packed layout against the PTX 8-bit A fragment with each
 K tile's entries, pack's groups and padding, the float64 reference path against the quantized
-weight's own codes, the keys of both bodies and the catalog, the generated source and compilers,
-the layer and the custom op (GPU runs: tests/gpu/test_w4a8_uint4_gpu.py)."""
+weight's own codes, the keys of both bodies and the catalog, the generated source and nvcc
+(NVRTC: test_w4a8.py), the layer and the custom op (GPU runs: tests/gpu/test_w4a8_uint4_gpu.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -284,17 +284,6 @@ def test_nvcc_compiles_the_table_tiles_keeping_their_k_loops_in_registers(tmp_pa
                 assert not _loads_and_stores_in_wgmma_loops(tmp_path / f"{key.symbol}.cubin"), key.name
         else:
             assert _spill_bytes(report) == 0, (key.name, report)
-
-
-def test_nvrtc_compiles_a_key():
-    from humming_aot import jit
-    from humming_aot.testing.jit import why_no_jit
-
-    why = why_no_jit("the test compiles with NVRTC", "to compile")
-    if why is not None:
-        pytest.skip(why)
-    image = jit.compile_kernel(w4a8.kernel_key("sm90a", torch.float16, w4a8.select_tile(16), weight_element=_U4))
-    assert len(image) > 10000
 
 
 def test_the_layer_and_the_custom_op():
