@@ -15,6 +15,7 @@ from humming_aot import codegen, formats, ops, quant, w4a8
 from humming_aot.bodies.wgmma_w4a8 import overlapped
 from humming_aot.enumerate import parse_tile_field
 from humming_aot.spec import KernelKey
+from humming_aot.testing.w4a8_layout import fragment_steps
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER = REPO / "csrc" / "include" / "humming_aot" / "numerics" / "int4_e4m3.cuh"
@@ -97,23 +98,12 @@ def test_the_packed_layout_is_the_8_bit_wgmma_a_fragment():
                                scales=torch.ones(n, 1))
     packed = w4a8.pack(qw)
     assert packed.w.shape == (2, 2, 4096)
-    data = packed.w
-    for kt in range(2):
-        for unit in range(2):
-            block = bytes(data[kt, unit].tolist())
-            for warp in range(4):
-                for lane in (0, 5, 18, 31):
-                    g, t = lane // 4, lane % 4
-                    for kk in range(4):
-                        h, s = kk // 2, kk % 2
-                        base = ((warp * 2 + h) * 32 + lane) * 16
-                        words = [int.from_bytes(block[base + 4 * i: base + 4 * i + 4], "little") for i in range(4)]
-                        a0, a1 = _convert(words[2 * s])
-                        a2, a3 = _convert(words[2 * s + 1])
-                        for r, register in enumerate((a0, a1, a2, a3)):
-                            row = unit * 64 + 16 * warp + g + 8 * (r & 1)
-                            k0 = kt * 128 + 32 * kk + 16 * (r >> 1) + 4 * t
-                            assert _e4m3_values(register) == values[row, k0:k0 + 4].tolist(), (kt, unit, warp, lane, kk, r)
+    for step in fragment_steps(packed.w):
+        a0, a1 = _convert(step.words[0])
+        a2, a3 = _convert(step.words[1])
+        for r, register in enumerate((a0, a1, a2, a3)):
+            row, k0 = step.rows[r & 1], step.k0(r)
+            assert _e4m3_values(register) == values[row, k0:k0 + 4].tolist(), (step, r)
 
 
 def test_pack_pads_and_decodes_back():

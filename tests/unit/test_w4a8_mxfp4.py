@@ -17,6 +17,7 @@ from humming_aot.bodies.wgmma_w4a8 import overlapped
 from humming_aot.enumerate import parse_tile_field
 from humming_aot.spec import KernelKey
 from humming_aot.testing.nvcc import needs_nvcc
+from humming_aot.testing.w4a8_layout import fragment_steps
 from humming_aot.testing.w8a8 import assert_w4a8_op_compiles_and_fakes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,27 +109,16 @@ def test_the_packed_layout_and_entries_are_the_8_bit_wgmma_a_fragment():
     packed = w4a8.pack(qw)
     assert packed.w.shape == (2, 2, 4096) and packed.w_scale.shape == (2, 128, 2)
     entries = packed.w_scale
-    for kt in range(2):
-        for unit in range(2):
-            block = bytes(packed.w[kt, unit].tolist())
-            for warp in range(4):
-                for lane in (0, 5, 18, 31):
-                    g, t = lane // 4, lane % 4
-                    rows = (unit * 64 + 16 * warp + g, unit * 64 + 16 * warp + g + 8)
-                    scale = [entries[kt, row, 0:1].view(torch.float32).item() for row in rows]
-                    group_bytes = [int(entries[kt, row, 1]) & 0xFFFFFFFF for row in rows]
-                    for kk in range(4):
-                        h, s = kk // 2, kk % 2
-                        base = ((warp * 2 + h) * 32 + lane) * 16
-                        words = [int.from_bytes(block[base + 4 * i: base + 4 * i + 4], "little") for i in range(4)]
-                        low, high = _table(group_bytes[0], kk), _table(group_bytes[1], kk)
-                        a0, a1 = _convert(words[2 * s], low, high)
-                        a2, a3 = _convert(words[2 * s + 1], low, high)
-                        for r, register in enumerate((a0, a1, a2, a3)):
-                            row = rows[r & 1]
-                            k0 = kt * 128 + 32 * kk + 16 * (r >> 1) + 4 * t
-                            got = [v * scale[r & 1] for v in _e4m3_values(register)]
-                            assert got == dequantized[row, k0:k0 + 4].tolist(), (kt, unit, warp, lane, kk, r)
+    for step in fragment_steps(packed.w):
+        scale = [entries[step.k_tile, row, 0:1].view(torch.float32).item() for row in step.rows]
+        group_bytes = [int(entries[step.k_tile, row, 1]) & 0xFFFFFFFF for row in step.rows]
+        low, high = _table(group_bytes[0], step.kk), _table(group_bytes[1], step.kk)
+        a0, a1 = _convert(step.words[0], low, high)
+        a2, a3 = _convert(step.words[1], low, high)
+        for r, register in enumerate((a0, a1, a2, a3)):
+            row, k0 = step.rows[r & 1], step.k0(r)
+            got = [v * scale[r & 1] for v in _e4m3_values(register)]
+            assert got == dequantized[row, k0:k0 + 4].tolist(), (step, r)
 
 
 def test_pack_pads_and_decodes_back():

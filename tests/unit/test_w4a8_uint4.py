@@ -17,6 +17,7 @@ from humming_aot.bodies.wgmma_w4a8 import overlapped
 from humming_aot.enumerate import parse_tile_field
 from humming_aot.spec import KernelKey
 from humming_aot.testing.nvcc import needs_nvcc
+from humming_aot.testing.w4a8_layout import fragment_steps
 from humming_aot.testing.w8a8 import assert_w4a8_op_compiles_and_fakes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -128,27 +129,16 @@ def test_the_packed_layout_and_entries_are_the_8_bit_a_fragment(s8, fmt):
     packed = w4a8.pack(qw)
     groups = {"uint4:g128:zp": 4, "uint4:g256:zp": 2, "uint4:channel:zp": 1}[fmt]
     assert packed.w.shape == (4, 2, 4096) and packed.w_scale.shape == (groups, 128, 2)
-    for kt in range(4):
-        entry = packed.w_scale[kt * 128 // packed.group_size]  # the entry row the kernels read for K tile kt
-        for unit in range(2):
-            block = bytes(packed.w[kt, unit].tolist())
-            for warp in range(4):
-                for lane in (0, 5, 18, 31):
-                    g, t = lane // 4, lane % 4
-                    rows = (unit * 64 + 16 * warp + g, unit * 64 + 16 * warp + g + 8)
-                    scale = [entry[row, 0:1].view(torch.float32).item() for row in rows]
-                    zero = [int(entry[row, 1]) & 0xFFFFFFFF for row in rows]
-                    for kk in range(4):
-                        h, s = kk // 2, kk % 2
-                        base = ((warp * 2 + h) * 32 + lane) * 16
-                        words = [int.from_bytes(block[base + 4 * i: base + 4 * i + 4], "little") for i in range(4)]
-                        a0, a1 = _convert(words[2 * s], zero[0], zero[1], s8)
-                        a2, a3 = _convert(words[2 * s + 1], zero[0], zero[1], s8)
-                        for r, register in enumerate((a0, a1, a2, a3)):
-                            row = rows[r & 1]
-                            k0 = kt * 128 + 32 * kk + 16 * (r >> 1) + 4 * t
-                            got = [v * scale[r & 1] for v in _values(register, s8)]
-                            assert got == expected[row, k0:k0 + 4].tolist(), (kt, unit, warp, lane, kk, r)
+    for step in fragment_steps(packed.w):
+        entry = packed.w_scale[step.k_tile * 128 // packed.group_size]  # the entry row the kernels read
+        scale = [entry[row, 0:1].view(torch.float32).item() for row in step.rows]
+        zero = [int(entry[row, 1]) & 0xFFFFFFFF for row in step.rows]
+        a0, a1 = _convert(step.words[0], zero[0], zero[1], s8)
+        a2, a3 = _convert(step.words[1], zero[0], zero[1], s8)
+        for r, register in enumerate((a0, a1, a2, a3)):
+            row, k0 = step.rows[r & 1], step.k0(r)
+            got = [v * scale[r & 1] for v in _values(register, s8)]
+            assert got == expected[row, k0:k0 + 4].tolist(), (step, r)
 
 
 # (format, its group size (None: one group spanning K), shapes: N off 64, K off 128 where the format allows)
