@@ -29,13 +29,16 @@
 // out; workspace; tile_counters; m; n, a multiple of 64; k: the K tiles x 128; group_size, a
 // multiple of 128; k_splits = gridDim.y), a_scale ((m,) fp32) and tma.dp_ctas, which holds the
 // activation codes' own K (their row length, a multiple of 16: codes past it are zero-filled;
-// this body has no tail-split schedule to read there).
+// this body has no tail-split schedule to read there). The MoE schedule around it
+// (kernel/grouped_masked.cuh, MaskedScaledGemmParams) runs its tiles through run_tile on
+// ScaledRows: the same fields, moved to one expert's weights and rows.
 
 #include <humming_aot/epilogue/swapped_output_writer.cuh>
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/mainloop/cp_async_ring.cuh>
 #include <humming_aot/memory/cp_async.cuh>
 #include <humming_aot/memory/k_major_code_tile.cuh>
+#include <humming_aot/memory/l2_prefetch.cuh>
 #include <humming_aot/memory/shared_fragments.cuh>
 #include <humming_aot/mma/mma_sync_8bit.cuh>
 #include <humming_aot/numerics/e2m1_e4m3.cuh>
@@ -89,12 +92,56 @@ struct DenseMmaW4a8 {
     // scales and output may belong to the previous kernel in the stream until it has completed.
     schedule::wait_for_upstream_grid();
     const GemmParams& p = params.tma.gemm;
+    run_scheduled(p, params.a_scale, params.tma.dp_ctas, Scheduler(p.m, p.n, p.k, p.k_splits), [] {});
+  }
+
+  // One output tile of `rows`, the one of linear index `linear_tile` in the scheduler's raster,
+  // over the CTA's K slice; `at_epilogue` runs as the epilogue starts. For a persistent MoE
+  // schedule (kernel/grouped_masked.cuh), which runs several tiles per CTA with a CTA barrier
+  // between them (the ring drains its cp.async groups at the end of the K loop). K slices reduce
+  // through rows.gemm's workspace and counters as the dense kernel's do.
+  template <class AtEpilogue>
+  static __device__ __forceinline__ void run_tile(const ScaledRows& rows, u32 linear_tile, AtEpilogue at_epilogue) {
+    const GemmParams& p = rows.gemm;
+    run_scheduled(p, rows.a_scale, rows.a_k, Scheduler(p.m, p.n, p.k, p.k_splits, linear_tile), at_epilogue);
+  }
+
+  // L2 prefetches of tile `linear_tile`'s packed codes and scale entries over the first K tiles
+  // of the CTA's K slice (the ring's depth, or up to kPrefetchBytes of codes), issued by every
+  // thread: a persistent schedule calls it for the CTA's next tile before it runs the current one.
+  static constexpr int kPrefetchBytes = 32768;
+  static constexpr int kPrefetchTiles =
+      kPrefetchBytes / (kUnits * kUnitBytes) > kStages ? kPrefetchBytes / (kUnits * kUnitBytes) : kStages;
+  static __device__ __forceinline__ void prefetch_tile(const ScaledRows& rows, u32 linear_tile) {
+    const GemmParams& p = rows.gemm;
+    const Scheduler tile(p.m, p.n, p.k, p.k_splits, linear_tile);
+    const int span = tile.k_tile_end - tile.k_tile_begin;
+    const int k_tiles = span < kPrefetchTiles ? span : kPrefetchTiles;
+    const int units_n = p.n / 64, unit0 = tile.n_tile * kBlockN / 64;
+    const int units = units_n - unit0 < kUnits ? units_n - unit0 : kUnits;  // (the last tile may hang past N)
+    const int w_lines = units * kUnitBytes / 128;  // a K tile's lines of the tile's codes: contiguous
+    const int s_lines = (units * 64 * kEntryBytes + 127) / 128;
+    const int group_tiles = p.group_size / kBlockK;
+    for (int i = threadIdx.x; i < k_tiles * (w_lines + s_lines); i += kThreads) {
+      const int k_tile = tile.k_tile_begin + i / (w_lines + s_lines), line = i % (w_lines + s_lines);
+      if (line < w_lines) {
+        memory::prefetch_l2(static_cast<const char*>(p.w) + (static_cast<i64>(k_tile) * units_n + unit0) * kUnitBytes +
+                            128 * line);
+      } else {
+        const i64 row = static_cast<i64>(k_tile / group_tiles) * p.n + tile.n_tile * kBlockN;
+        memory::prefetch_l2(static_cast<const char*>(p.w_scale) + row * kEntryBytes + 128 * (line - w_lines));
+      }
+    }
+  }
+
+ private:
+  template <class AtEpilogue>
+  static __device__ __forceinline__ void run_scheduled(const GemmParams& p, const float* a_scale, int a_k,
+                                                       const Scheduler& tile, AtEpilogue at_epilogue) {
     extern __shared__ __align__(128) char smem[];
     __shared__ int arrival_flag;
-    const Scheduler tile(p.m, p.n, p.k, p.k_splits);
     const int m0 = tile.m_tile * kBlockM, n0 = tile.n_tile * kBlockN;
     const int count = tile.k_tile_end - tile.k_tile_begin;  // may be 0: a slice past K adds zeros
-    const int a_k = params.tma.dp_ctas;                     // the activation codes' own K
     const u32 smem_base = memory::shared_address(smem);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int warp_m = warp / kWarpsN, warp_n = warp % kWarpsN;
@@ -148,15 +195,15 @@ struct DenseMmaW4a8 {
       }
     });
 
+    at_epilogue();
     // the token scales (x 2^9 for e4m3 codes); tokens past M: 0, never stored
     const int token0 = m0 + warp_m * kWarpTokens, col0 = n0 + warp_n * kWarpChannels;
     Writer::for_each(token0, col0, [&](int j, int e, int token, int) {
-      acc[j][e] *= token < p.m ? params.a_scale[token] * Widen::kValueScale : 0.f;
+      acc[j][e] *= token < p.m ? a_scale[token] * Widen::kValueScale : 0.f;
     });
     Writer::write(p, acc, token0, col0, tile.tile_index, &arrival_flag);
   }
 
- private:
   // The warp's products of one K tile at `stage` into its sums (overwritten: the first step's mma
   // start from zero). Per m16 fragment and pair of k32 steps one 16-byte load of packed codes at
   // ((w * 2 + h) * 32 + lane) * 16 of its unit (w: its 16 channels within the unit), two words a

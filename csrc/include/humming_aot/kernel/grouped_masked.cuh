@@ -34,8 +34,10 @@
 // N floats in all) and its tiles' counters at tile_counters + the walk's index of its first tile
 // (as many counters as tiles, zero between launches: the last slice of a tile resets its own).
 // Preconditions (the host checks them): gemm.k_splits == 1 for slabs; a body with
-// run_tile(GemmParams, tile, at_epilogue) and prefetch_tile(GemmParams, tile) (the mma.sync
-// bodies). SM80+.
+// run_tile(rows, tile, at_epilogue) and prefetch_tile(rows, tile), rows being what expert_tile
+// makes of the Params: GemmParams for the 16-bit mma.sync bodies (MaskedGemmParams), ScaledRows
+// for the 8-bit-activation one (MaskedScaledGemmParams: codes, lda in bytes, and per-row scales).
+// SM80+.
 
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/schedule/grid_dependency.cuh>
@@ -152,7 +154,40 @@ struct ExpertWalk {
   }
 };
 
-template <class Dense,  // the dense body: run_tile(const GemmParams&, tile, at_epilogue), prefetch_tile
+// The schedule's view of its two Params structs: the MaskedGemmParams part, and the rows one tile
+// of expert e runs on: rows_of makes them (m = the expert's rows) and move_to_expert moves them to
+// the expert's weights and to its rows from `first` on. 16-bit activations (GemmParams): a and out
+// move by 2-byte elements. 8-bit codes (ScaledRows): a by bytes (lda in bytes), the scales by rows.
+__device__ __forceinline__ const MaskedGemmParams& masked_part(const MaskedGemmParams& g) { return g; }
+__device__ __forceinline__ const MaskedGemmParams& masked_part(const MaskedScaledGemmParams& g) { return g.masked; }
+__device__ __forceinline__ GemmParams& gemm_part(GemmParams& p) { return p; }
+__device__ __forceinline__ GemmParams& gemm_part(ScaledRows& p) { return p.gemm; }
+
+__device__ __forceinline__ GemmParams rows_of(const MaskedGemmParams& g, u32 rows) {
+  GemmParams p = g.gemm;
+  p.m = static_cast<int>(rows);
+  return p;
+}
+
+__device__ __forceinline__ ScaledRows rows_of(const MaskedScaledGemmParams& s, u32 rows) {
+  return ScaledRows{rows_of(s.masked, rows), s.a_scale, s.a_k};
+}
+
+__device__ __forceinline__ void move_to_expert(GemmParams& p, const MaskedGemmParams& g, u32 expert, i64 first) {
+  p.a = static_cast<const char*>(p.a) + expert * g.a_stride + first * p.lda * 2;
+  p.out = static_cast<char*>(p.out) + expert * g.out_stride + first * p.ldo * 2;
+  g.weights.move_to(p, static_cast<int>(expert));
+}
+
+__device__ __forceinline__ void move_to_expert(ScaledRows& r, const MaskedScaledGemmParams& s, u32 expert, i64 first) {
+  const MaskedGemmParams& g = s.masked;
+  r.gemm.a = static_cast<const char*>(r.gemm.a) + expert * g.a_stride + first * r.gemm.lda;
+  r.gemm.out = static_cast<char*>(r.gemm.out) + expert * g.out_stride + first * r.gemm.ldo * 2;
+  r.a_scale += expert * s.a_scale_stride + first;
+  g.weights.move_to(r.gemm, static_cast<int>(expert));
+}
+
+template <class Dense,  // the dense body: run_tile(rows, tile, at_epilogue), prefetch_tile(rows, tile)
           int kBlockM,  // its tile's rows (tokens)
           int kBlockN>  // its tile's columns (weight channels)
 struct GroupedMasked {
@@ -170,8 +205,11 @@ struct GroupedMasked {
   // docs/performance/log.md section 52.
   static constexpr bool kPrefetchNext = kThreads > 128;
 
-  static __device__ __forceinline__ void run(const MaskedGemmParams& g) {
+  // Params: MaskedGemmParams, or MaskedScaledGemmParams for the 8-bit-activation body.
+  template <class Params>
+  static __device__ __forceinline__ void run(const Params& params) {
     schedule::wait_for_upstream_grid();  // the counts (and the activations) may come from the previous kernel
+    const MaskedGemmParams& g = masked_part(params);
     const ExpertWalk<kBlockM> walk{g.expert_rows, g.row_offsets, static_cast<u32>(g.experts),
                                    static_cast<u32>(g.gemm.m), (static_cast<u32>(g.gemm.n) + kBlockN - 1) / kBlockN};
     u32 expert, rows, local;
@@ -184,21 +222,18 @@ struct GroupedMasked {
       // and this tile's epilogue lets the next kernel in when there is none
       u32 next_expert, next_rows, next_local;
       const bool more = walk.find(tile + gridDim.x, next_expert, next_rows, next_local);
-      if (kPrefetchNext && more) {
-        GemmParams next = g.gemm;
-        next.m = static_cast<int>(next_rows);
-        g.weights.move_to(next, static_cast<int>(next_expert));
+      if (kPrefetchNext && more) {  // (a prefetch reads the weights only)
+        auto next = rows_of(params, next_rows);
+        g.weights.move_to(gemm_part(next), static_cast<int>(next_expert));
         Dense::prefetch_tile(next, next_local);
       }
-      GemmParams p = g.gemm;
-      p.m = static_cast<int>(rows);
+      auto p = rows_of(params, rows);
       const i64 first = walk.first_row(expert);  // the expert's rows in its slab, or among all rows
-      p.a = static_cast<const char*>(p.a) + expert * g.a_stride + first * p.lda * 2;
-      p.out = static_cast<char*>(p.out) + expert * g.out_stride + first * p.ldo * 2;
-      g.weights.move_to(p, static_cast<int>(expert));
-      if (p.k_splits > 1) {  // (the offsets form) the expert's own partials and counters
-        p.workspace += first * p.k_splits * p.n;
-        p.tile_counters += tile - local;
+      move_to_expert(p, params, expert, first);
+      GemmParams& gemm = gemm_part(p);
+      if (gemm.k_splits > 1) {  // (the offsets form) the expert's own partials and counters
+        gemm.workspace += first * gemm.k_splits * gemm.n;
+        gemm.tile_counters += tile - local;
       }
       Dense::run_tile(p, local, [more] {
         if (!more) schedule::release_dependent_grid();
