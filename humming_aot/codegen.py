@@ -6,7 +6,7 @@ includes only humming_aot's own headers, which include no CUDA toolkit header.
 from __future__ import annotations
 
 from humming_aot.bodies.wgmma_ws import dense_producer_registers, masked_ctas_per_sm, masked_producer_registers, masked_smem_bytes
-from humming_aot.heuristics.tiles import MOE_BODIES, MOE_MASKED_BODIES
+from humming_aot.heuristics.tiles import moe_bodies
 from humming_aot.params_abi import PARAMS_VERSION
 from humming_aot.spec import GemmType, KernelKey, MmaKind, ZeroPoint
 
@@ -55,20 +55,27 @@ _MOE_SCHEDULES = {
 _MOE_WS_SCHEDULE = ("grouped_masked_ws.cuh", "GroupedMaskedWs", "MaskedTmaGemmParams")
 
 
+# The grouped masked GEMM on the 8-bit-activation mma.sync body (W4A8): the same schedule, whose
+# Params add the rows' fp32 scales and the codes' K.
+_MOE_SCALED_SCHEDULE = ("grouped_masked.cuh", "GroupedMasked", "MaskedScaledGemmParams")
+
+
 def _moe_schedule(key: KernelKey) -> tuple[str, str, str] | None:
     """(kernel file, schedule template, Params struct) of a MoE key's schedule; None for a dense
     key. ValueError for a body the schedule does not take."""
     gemm_type, mma = key.spec.gemm_type, key.tile.mma
     if gemm_type not in _MOE_SCHEDULES:
         return None
-    allowed = MOE_MASKED_BODIES if gemm_type is GemmType.MASKED else MOE_BODIES
+    allowed = moe_bodies(gemm_type is GemmType.MASKED, key.spec.a_is_quantized)
     if mma not in allowed:
         raise ValueError(
             f"{key.name}: the {gemm_type.value} GEMM (kernel/{_MOE_SCHEDULES[gemm_type][0]}) takes the bodies "
-            f"{', '.join(b.value for b in allowed)}, not {mma.value}"
+            f"{', '.join(b.value for b in allowed) or 'none'} for {key.spec.a_dtype} activations, not {mma.value}"
         )
     if mma is MmaKind.WGMMA_WS:
         return _MOE_WS_SCHEDULE
+    if mma is MmaKind.MMA_W4A8:
+        return _MOE_SCALED_SCHEDULE
     return _MOE_SCHEDULES[gemm_type]
 
 
@@ -135,11 +142,9 @@ def kernel_source(key: KernelKey) -> str:
             "on wgmma-ss and mma-ss tiles, int4, uint4 (zero point) or mxfp4 x float8e4m3 on wgmma-w4a8 tiles, int4 or "
             "uint4 x int8 or float8e4m3 and mxfp4 x float8e4m3 on mma-w4a8 tiles, block-scaled float4e2m1 x float4e2m1 on mma-fp4 "
             "tiles, and the grouped masked and contiguous ones "
-            "around the mma.sync and wgmma-ws bodies)"
+            "around the mma.sync and wgmma-ws bodies, the masked one around mma-w4a8 too)"
         )
     schedule = _moe_schedule(key)  # (raises for a body the MoE schedule does not take)
-    if quantized_body and schedule is not None:
-        raise ValueError(f"{key.name}: the {tile.mma.value} body serves dense GEMMs only")
     if not quantized_body and (spec.w_scale_dtype != spec.a_dtype or spec.out_dtype != spec.a_dtype):
         raise ValueError(f"{key.name}: the kernel bodies need scales and output in the activation dtype")
     smem = kernel_smem_bytes(key)

@@ -47,11 +47,12 @@ class Family:
         ) if spec.gemm_type in self.gemm_types and (self.out_dtypes is None or spec.out_dtype in self.out_dtypes)]
 
     def tiles_for(self, arch: str, w_bits: int, gemm_type: GemmType = GemmType.DENSE,
-                  zero_point: bool = False, float_codes: bool = False) -> list[TileConfig]:
+                  zero_point: bool = False, float_codes: bool = False, quantized: bool = False) -> list[TileConfig]:
         """The family's tiles for an arch, w_bits-bit codes (with zero points or not, float codes or
         not) and a GEMM type: "table" is the table's rows for such codes, for the MoE types every tile
         heuristics.select_masked_tile can pick for the type (heuristics.moe_tile_table); listed tiles serve the MoE types where their body
-        does (the mma.sync ones; for the masked type, the warp-specialized TMA body too). A tile
+        does (the mma.sync ones; for the masked type, the warp-specialized TMA body too, and with
+        quantized activations the mma-w4a8 body only: heuristics.moe_bodies). A tile
         wider than 64 in K brings its 64-wide twin, which serves the shapes and group sizes it does
         not fit (heuristics.tile_fits), unless in the dense table a later row of its M interval
         serves those (heuristics.twin_reachable)."""
@@ -61,7 +62,7 @@ class Family:
                                                      zero_point=zero_point)) if moe
                       else [tile for _, tile in heuristics.arch_tile_table(arch, w_bits, float_codes)])
         else:
-            bodies = heuristics.MOE_MASKED_BODIES if gemm_type is GemmType.MASKED else heuristics.MOE_BODIES
+            bodies = heuristics.moe_bodies(gemm_type is GemmType.MASKED, quantized)
             listed = [tile for tile in self.tiles if not moe or tile.mma in bodies]
         dense_table = self.tiles == "table" and not moe
         seen = []
@@ -245,7 +246,8 @@ def enumerate_catalog(catalog: str = "default", archs: list[str] | None = None) 
                 if not support.is_supported(spec, arch):  # a family never widens support.toml
                     raise AssertionError(support.why_unsupported(spec, arch))
                 for tile in family.tiles_for(arch, spec.w_bits, spec.gemm_type,
-                                             spec.w_zero_point is not ZeroPoint.NONE, spec.w_is_float):
+                                             spec.w_zero_point is not ZeroPoint.NONE, spec.w_is_float,
+                                             spec.a_is_quantized):
                     key = KernelKey(arch=arch, spec=spec, tile=tile)
                     smem = kernel_smem_bytes(key)
                     if smem + STATIC_SMEM_ALLOWANCE > limit:

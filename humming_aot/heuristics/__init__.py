@@ -6,9 +6,11 @@ compiles). Python branches on arch here and in catalog/ only.
 from humming_aot.heuristics.tiles import (
     MOE_BODIES,
     MOE_MASKED_BODIES,
+    MOE_SCALED_BODIES,
     arch_tile_table,
     ctas_per_sm,
     ctas_per_sm_by_registers,
+    moe_bodies,
     moe_tile_table,
     narrow_twin,
     offsets_depth_pair,
@@ -28,9 +30,11 @@ from humming_aot.heuristics.tiles import (
 __all__ = [
     "MOE_BODIES",
     "MOE_MASKED_BODIES",
+    "MOE_SCALED_BODIES",
     "arch_tile_table",
     "ctas_per_sm",
     "ctas_per_sm_by_registers",
+    "moe_bodies",
     "moe_tile_table",
     "narrow_twin",
     "offsets_depth_pair",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from humming_aot import codegen, heuristics, support
+from humming_aot import codegen, heuristics, support, w4a8
 from humming_aot._version import __version__
 from humming_aot.catalog import Catalog, CatalogIntegrityError, installed_catalog, test_keys
 from humming_aot.enumerate import (
@@ -212,19 +212,28 @@ def test_catalog_file_errors(tmp_path, body, match):
 def test_the_moe_catalog_holds_every_tile_the_moe_schedules_pick():
     """The moe catalog (catalog/moe.toml): the grouped masked and contiguous kernels of every 16-bit pairing, for
     every tile heuristics.select_masked_tile picks for each (the masked one's wgmma-ws tiles on
-    sm90a; M from 1 up, K that 256 or 128 does not divide, channel and group scales), and nothing
+    sm90a; M from 1 up, K that 256 or 128 does not divide, channel and group scales), the grouped
+    masked kernels of the W4A8 pairings for every tile w4a8.select_sync_tile picks, and nothing
     else; the dense catalog holds none of them (a family's gemm_type defaults to dense), and the
     default catalog is the two together."""
     for arch in ("sm90a", "sm80", "sm120"):
         keys = enumerate_keys("moe", [arch])
         names = {key.name for key in keys}
         assert {key.spec.gemm_type for key in keys} == {GemmType.MASKED, GemmType.GROUPED}
-        assert all(key.tile.mma in heuristics.MOE_BODIES or (key.spec.gemm_type is GemmType.MASKED and key.tile.mma
-                                                             in heuristics.MOE_MASKED_BODIES) for key in keys)
+        assert all(key.tile.mma in heuristics.moe_bodies(key.spec.gemm_type is GemmType.MASKED,
+                                                         key.spec.a_is_quantized) for key in keys)
         dense_specs = {dataclasses.replace(key.spec, gemm_type=GemmType.DENSE) for key in keys}
-        # (the W8A8 pairings have no MoE type yet)
-        assert dense_specs == {s for s in support.supported_specs(arch, GemmType.DENSE) if not s.a_is_quantized}
+        # (of the 8-bit-activation pairings, the W4A8 ones have the masked type; the W8A8 ones none)
+        assert dense_specs == {dataclasses.replace(s, gemm_type=GemmType.DENSE)
+                               for s in support.supported_specs(arch, GemmType.MASKED)}
+        assert {k.spec for k in keys if k.spec.a_is_quantized} == {
+            s for s in support.supported_specs(arch, GemmType.MASKED) if s.a_is_quantized}
         for spec in support.supported_specs(arch, GemmType.MASKED):
+            if spec.a_is_quantized:  # (W4A8: the mma-w4a8 tiles w4a8.select_sync_tile picks)
+                for m in (1, 16, 17, 32, 33, 64, 65, 4096):
+                    tile = w4a8.select_sync_tile(m)
+                    assert KernelKey(arch=arch, spec=spec, tile=tile).name in names, (spec, m)
+                continue
             for m in (1, 5, 8, 9, 10, 16, 17, 32, 37, 64, 121, 200, 256, 257, 4096):
                 for k, group in ((4096, 128), (4096 + 64, 64), (4096 + 128, 128), (2880, 32), (4096, 4096), (256, 128),
                                  (768, 64), (2048, 2048)):

@@ -112,7 +112,8 @@ def test_w4a8_keys_take_int8_from_sm80_and_float8_from_sm89():
     float8 = {("float8e4m3", "int4"), ("float8e4m3", "uint4"), ("float8e4m3", "float4e2m1")}
     for arch, pairs in (("sm80", int8), ("sm90a", int8), ("sm75", set()), ("sm89", int8 | float8),
                         ("sm120", int8 | float8)):
-        keys = [k for k in enumerate_keys("default", [arch]) if k.tile.mma.value == "mma-w4a8"]
+        keys = [k for k in enumerate_keys("default", [arch])
+                if k.tile.mma.value == "mma-w4a8" and k.spec.gemm_type.value == "dense"]
         assert {(k.spec.a_dtype, k.spec.w_dtype) for k in keys} == pairs, arch
         assert len(keys) == len(w4a8._SYNC_TILES) * len(pairs) * 2, arch
 

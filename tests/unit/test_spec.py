@@ -343,7 +343,7 @@ def test_grouped_masked_keys_wrap_the_mma_sync_bodies():
 
     assert moe_kernels.MASKED_TMA_MAP_OFFSET >= params_abi.MASKED_PARAMS_BYTES
     assert moe_kernels.MASKED_TMA_PARAMS_BYTES == moe_kernels.MASKED_TMA_MAP_OFFSET + 128
-    with pytest.raises(ValueError, match="takes the bodies mma, mma-sw, not wgmma-ws"):
+    with pytest.raises(ValueError, match="takes the bodies mma, mma-sw for bfloat16 activations, not wgmma-ws"):
         codegen.kernel_source(KernelKey.from_name(
             "gemm_grouped_sm90a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_128x128x64_w1x4_s4"))
     # the grouped contiguous schedule (kernel/grouped_contiguous.cuh) the same way, with its own Params
@@ -408,5 +408,5 @@ def test_codegen_refuses_what_no_body_serves_yet():
     with pytest.raises(ValueError, match="no kernel body takes float8e4m3 activations"):
         kernel_source(KernelKey.from_name(name))
     with pytest.raises(ValueError, match=r"the grouped GEMM \(kernel/grouped_contiguous.cuh\) takes the bodies "
-                                         r"mma, mma-sw, not wgmma-ws"):
+                                         r"mma, mma-sw for bfloat16 activations, not wgmma-ws"):
         kernel_source(KernelKey.from_name("gemm_grouped_sm90a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_128x128x64_w1x4_s4"))

@@ -147,8 +147,15 @@ def test_supported_specs_sorted_unique_and_supported():
         number = int(arch[2:].rstrip("af"))
         assert len(w8a8) == (18 if number >= 89 else 8 if number >= 80 else 0)
         assert len(dense) == len(set(dense)) == (24 + 30 if arch == "sm75" else 48 + 35 + 30) + len(w8a8)
-        # the MoE types (grouped masked and contiguous) for every 16-bit dense spec of sm80 and later
-        assert len(specs) == len(set(specs)) == len(dense) * (1 if arch == "sm75" else 3) - 2 * len(w8a8)
+        # the MoE types (grouped masked and contiguous) for every 16-bit dense spec of sm80 and later,
+        # and the grouped masked one for the W4A8 specs (int4 / uint4 x int8 from sm80, with float8
+        # and MXFP4 x float8 from sm89: 4 or 10 of them)
+        w4a8_masked = [s for s in specs if s.a_is_quantized and s.gemm_type is GemmType.MASKED]
+        assert len(w4a8_masked) == (10 if number >= 89 else 4 if number >= 80 else 0)
+        assert all(s.w_dtype in ("int4", "uint4", "float4e2m1") and s.a_dtype in ("int8", "float8e4m3")
+                   for s in w4a8_masked)
+        assert len(specs) == len(set(specs)) == (len(dense) * (1 if arch == "sm75" else 3) - 2 * len(w8a8)
+                                                 + len(w4a8_masked))
         assert {dataclasses.replace(s, gemm_type=GemmType.DENSE) for s in specs} == set(dense)
         assert specs == sorted(specs, key=support._spec_sort_key)
         assert all(support.is_supported(s, arch) for s in specs)
@@ -341,7 +348,7 @@ def test_quantized_activations_are_the_w8a8_and_w4a8_pairings_and_the_reason_say
     mxfp4 = dataclasses.replace(FP8_TOKEN, w_dtype="float4e2m1", w_scale_dtype="float8e8m0")
     w4a4 = dataclasses.replace(FP8_TOKEN, a_dtype="int4", w_dtype="int4")
     uint4 = dataclasses.replace(FP8_TOKEN, w_dtype="uint4", w_zero_point=ZeroPoint.INTEGER)
-    assert {s for s in support.supported_specs("sm90a") if s.a_is_quantized} == {
+    assert {s for s in support.supported_specs("sm90a", GemmType.DENSE) if s.a_is_quantized} == {
         dataclasses.replace(spec, out_dtype=out, **scales) for out in ("bfloat16", "float16")
         for spec, scales in ((FP8_TOKEN, {}), (int8, {}), (w4a8, {}),
                              (dataclasses.replace(w4a8, a_dtype="int8"), {}), (mxfp4, {}), (w4a4, {}),
