@@ -253,20 +253,24 @@ class QuantizedMoE(torch.nn.Module):
     @classmethod
     def from_experts(cls, gate_up, down, fmt: str | None = None, act_dtype: torch.dtype = torch.bfloat16,
                      activation: str = "silu", gate_up_bias: torch.Tensor | None = None,
-                     down_bias: torch.Tensor | None = None) -> "QuantizedMoE":
+                     down_bias: torch.Tensor | None = None, activations: str | None = None):
         """From stacked expert weights: QuantizedWeight (E, N, K) each (a checkpoint's, e.g. gpt-oss
         MXFP4 experts), or float tensors (E, N, K) quantized with `fmt` (e.g. "int4:g128"), packed
-        on the weights' device (move the module with .to())."""
+        on the weights' device (move the module with .to()). ``activations`` ("float8e4m3:token",
+        "int8:token"): the experts take 8-bit activations quantized on the way in, a
+        humming_aot.moe.layer_w4a8.W4A8MoE (int4, uint4 with zero points or MXFP4 experts), whose
+        hidden states and output are act_dtype."""
         from humming_aot.moe import pack_experts
-        from humming_aot.quant import quantize
+        from humming_aot.moe.packing import quantized_experts
 
-        weights = []
-        for name, w in (("gate_up", gate_up), ("down", down)):
-            if isinstance(w, torch.Tensor):
-                if fmt is None:
-                    raise ValueError(f"QuantizedMoE.from_experts: {name} is a float tensor: give fmt to quantize it")
-                w = quantize(w.float(), fmt)
-            weights.append(pack_experts(w, act_dtype=act_dtype))
+        if activations is not None:
+            from humming_aot.moe.layer_w4a8 import W4A8MoE
+
+            return W4A8MoE.from_experts(gate_up, down, activations, fmt, activation, gate_up_bias, down_bias,
+                                        out_dtype=act_dtype)
+
+        weights = [pack_experts(w, act_dtype=act_dtype)
+                   for w in quantized_experts((("gate_up", gate_up), ("down", down)), fmt, "QuantizedMoE.from_experts")]
         return cls(weights[0], weights[1], activation, gate_up_bias, down_bias)
 
     @classmethod

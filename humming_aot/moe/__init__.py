@@ -4,7 +4,10 @@ steps (``align_block_size``, ``group_rows``, ``permute`` / ``unpermute``, activa
 three GEMM types as a loop of dense GEMMs (``gemm_indexed``, ``gemm_grouped``, ``gemm_masked``),
 which define what the grouped kernels must compute, and the grouped kernels,
 ``gemm_masked_kernel`` and ``gemm_grouped_kernel`` (persistent schedules around the dense bodies;
-moe/kernels.py), with ``gemm_indexed_kernel`` (fused_moe's layout) on the latter.
+moe/kernels.py), with ``gemm_indexed_kernel`` (fused_moe's layout) on the latter. Experts with
+8-bit activations (W4A8: int4, uint4 with zero points or MXFP4 experts x float8 or int8 codes):
+``pack_w4a8_experts``, the loops ``gemm_grouped_w4a8`` / ``gemm_masked_w4a8`` and their kernels
+(moe/w4a8.py).
 ``humming_aot.nn.QuantizedMoE`` is the layer built on them."""
 from __future__ import annotations
 
@@ -29,11 +32,21 @@ from humming_aot.moe.routing import (
     unpermute_aligned,
     weighted_sum,
 )
+from humming_aot.moe.w4a8 import (
+    PackedW4A8Experts,
+    gemm_grouped_w4a8,
+    gemm_grouped_w4a8_kernel,
+    gemm_masked_w4a8,
+    gemm_masked_w4a8_kernel,
+    pack_w4a8_experts,
+)
 
 __all__ = [
-    "AlignedGrouping", "GroupedRouting", "IndexedRouting", "PackedExperts", "align_block_size",
-    "align_groups", "align_offsets", "combine", "expert_weight", "gemm_grouped", "gemm_grouped_kernel", "gemm_indexed",
+    "AlignedGrouping", "GroupedRouting", "IndexedRouting", "PackedExperts", "PackedW4A8Experts", "align_block_size",
+    "align_groups", "align_offsets", "combine", "expert_weight", "gemm_grouped", "gemm_grouped_kernel",
+    "gemm_grouped_w4a8", "gemm_grouped_w4a8_kernel", "gemm_indexed",
     "gemm_indexed_kernel", "gemm_masked",
-    "gemm_masked_kernel", "group_rows", "grouped_block_m", "pack_experts", "permute", "permute_aligned",
+    "gemm_masked_kernel", "gemm_masked_w4a8", "gemm_masked_w4a8_kernel", "group_rows", "grouped_block_m",
+    "pack_experts", "pack_w4a8_experts", "permute", "permute_aligned",
     "silu_and_mul", "swiglu_oai", "unpermute", "unpermute_aligned", "weighted_sum",
 ]

@@ -108,3 +108,18 @@ def pack_experts(qw: QuantizedWeight, act_dtype: torch.dtype = torch.bfloat16,
         float_zero_point=first.float_zero_point, layout_version=first.layout_version,
         n_valid=first.n_valid, k_valid=first.k_valid,
     )
+
+
+def quantized_experts(weights, fmt: str | None, what: str) -> list[QuantizedWeight]:
+    """The stacked QuantizedWeights of a MoE layer's named expert weights ((name, weight), ...):
+    each a QuantizedWeight (E, N, K) as given, or a float tensor quantized with `fmt`."""
+    from humming_aot.quant import quantize
+
+    out = []
+    for name, w in weights:
+        if isinstance(w, torch.Tensor):
+            if fmt is None:
+                raise ValueError(f"{what}: {name} is a float tensor: give fmt to quantize it")
+            w = quantize(w.float(), fmt)
+        out.append(w)
+    return out
