@@ -27,12 +27,15 @@
 // (in bytes: s4 codes are two a byte), a multiple of 16 and the weights' row length, k_splits =
 // gridDim.y), a_scale ((m,) fp32, or
 // with block scales (m, k / 128) rows a_scale_stride apart); no tensor map. gridDim.x: the tiles.
+// The MoE schedule around it (kernel/grouped_masked.cuh, MaskedScaledGemmParams) runs its tiles
+// through run_tile on ScaledRows: the same fields, moved to one expert's weights and rows.
 
 #include <humming_aot/epilogue/output_writer.cuh>
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/mainloop/cp_async_ring.cuh>
 #include <humming_aot/memory/cp_async.cuh>
 #include <humming_aot/memory/k_major_code_tile.cuh>
+#include <humming_aot/memory/l2_prefetch.cuh>
 #include <humming_aot/mma/mma_sync_8bit.cuh>
 #include <humming_aot/schedule/grid_dependency.cuh>
 #include <humming_aot/schedule/tile_scheduler.cuh>
@@ -76,9 +79,48 @@ struct DenseMmaSs {
     // scales and output may belong to the previous kernel in the stream until it has completed.
     schedule::wait_for_upstream_grid();
     const GemmParams& p = params.tma.gemm;
+    run_scheduled(p, params.a_scale, params.a_scale_stride, Scheduler(p.m, p.n, p.k, p.k_splits), [] {});
+  }
+
+  // The MoE schedule's entry (kernel/grouped_masked.cuh), with DenseMmaW4a8::run_tile's contract;
+  // rows.a_scale_stride: the floats between rows' block scales (unused for scales per token).
+  template <class AtEpilogue>
+  static __device__ __forceinline__ void run_tile(const ScaledRows& rows, u32 linear_tile, AtEpilogue at_epilogue) {
+    const GemmParams& p = rows.gemm;
+    run_scheduled(p, rows.a_scale, rows.a_scale_stride, Scheduler(p.m, p.n, p.k, p.k_splits, linear_tile), at_epilogue);
+  }
+
+  // L2 prefetches of tile `linear_tile`'s weight codes (a 128-byte line per channel row and K
+  // tile) over the first K tiles of the CTA's K slice (the ring's depth, or up to kPrefetchBytes),
+  // issued by every thread: a persistent schedule calls it for the CTA's next tile before it runs
+  // the current one. (The scales are a few lines, read at the first promotion or the end.)
+  static constexpr int kPrefetchBytes = 32768;
+  static constexpr int kPrefetchTiles =
+      kPrefetchBytes / (kBlockN * kBlockK) > kStages ? kPrefetchBytes / (kBlockN * kBlockK) : kStages;
+  static __device__ __forceinline__ void prefetch_tile(const ScaledRows& rows, u32 linear_tile) {
+    const GemmParams& p = rows.gemm;
+    const Scheduler tile(p.m, p.n, p.k, p.k_splits, linear_tile);
+    const int k_codes = p.group_size, n0 = tile.n_tile * kBlockN;
+    const int k_begin = tile.k_tile_begin * kBlockK;
+    const int k_end = tile.k_tile_end * kBlockK < k_codes ? tile.k_tile_end * kBlockK : k_codes;
+    const int span = k_end - k_begin < kPrefetchTiles * kBlockK ? k_end - k_begin : kPrefetchTiles * kBlockK;
+    const int channels = p.n - n0 < kBlockN ? p.n - n0 : kBlockN;
+    if (span <= 0 || channels <= 0) return;
+    const int lines = (span + 127) / 128;  // a channel's lines of the span (its codes are one row)
+    for (int i = threadIdx.x; i < channels * lines; i += kThreads) {
+      const int channel = i / lines, line = i % lines;
+      memory::prefetch_l2(static_cast<const char*>(p.w) + static_cast<i64>(n0 + channel) * k_codes + k_begin +
+                          128 * line);
+    }
+  }
+
+ private:
+  template <class AtEpilogue>
+  static __device__ __forceinline__ void run_scheduled(const GemmParams& p, const float* a_scale_rows,
+                                                       int a_scale_stride, const Scheduler& tile,
+                                                       AtEpilogue at_epilogue) {
     extern __shared__ __align__(128) char smem[];
     __shared__ int arrival_flag;
-    const Scheduler tile(p.m, p.n, p.k, p.k_splits);
     const int m0 = tile.m_tile * kBlockM, n0 = tile.n_tile * kBlockN;
     const int count = tile.k_tile_end - tile.k_tile_begin;  // may be 0: a slice past K adds zeros
     const int k_codes = p.group_size;
@@ -114,7 +156,7 @@ struct DenseMmaSs {
           for (int half = 0; half < 2; ++half) {
             const int row = m0 + warp_m * kWarpRows + 16 * mi + (lane >> 2) + 8 * half;
             token[mi][half] =
-                row < p.m ? params.a_scale[static_cast<i64>(row) * params.a_scale_stride + k_block] * w_block : 0.f;
+                row < p.m ? a_scale_rows[static_cast<i64>(row) * a_scale_stride + k_block] * w_block : 0.f;
           }
       }
       multiply(Ring::stage(smem_base, it), warp_m, warp_n, lane, sums);
@@ -134,6 +176,7 @@ struct DenseMmaSs {
       }
     });
 
+    at_epilogue();
     // Channel scaling: the scales on the fp32 sums, the token's (rows past M: 0, never stored) and
     // the channel's (N is padded to the weight's own 16, so every column of the tile below p.n has
     // one). Block scales weighed the sums at each promotion.
@@ -141,7 +184,7 @@ struct DenseMmaSs {
     const float* w_scale = static_cast<const float*>(p.w_scale);
     if constexpr (!kBlockScales)
       Writer::for_each_pair(row0, col0, [&](int mi, int ni, int half, int row, int col) {
-        const float a_scale = row < p.m ? params.a_scale[row] : 0.f;
+        const float a_scale = row < p.m ? a_scale_rows[row] : 0.f;
         const float s0 = col < p.n ? a_scale * w_scale[col] : 0.f, s1 = col < p.n ? a_scale * w_scale[col + 1] : 0.f;
         float* v = acc[mi][ni] + 2 * half;
         if constexpr (kPromote) {
@@ -155,7 +198,6 @@ struct DenseMmaSs {
     Writer::write(p, acc, row0, col0, tile.tile_index, &arrival_flag);
   }
 
- private:
   template <class T>
   static __device__ __forceinline__ void zero(T (&v)[kMTiles][kNTiles][4]) {
 #pragma unroll

@@ -36,7 +36,7 @@
 // Preconditions (the host checks them): gemm.k_splits == 1 for slabs; a body with
 // run_tile(rows, tile, at_epilogue) and prefetch_tile(rows, tile), rows being what expert_tile
 // makes of the Params: GemmParams for the 16-bit mma.sync bodies (MaskedGemmParams), ScaledRows
-// for the 8-bit-activation one (MaskedScaledGemmParams: codes, lda in bytes, and per-row scales).
+// for the 8-bit-activation ones (MaskedScaledGemmParams: codes, lda in bytes, and per-row scales).
 // SM80+.
 
 #include <humming_aot/kernel/params.cuh>
@@ -155,7 +155,7 @@ struct ExpertWalk {
 };
 
 // The schedule's view of its two Params structs: the MaskedGemmParams part, and the rows one tile
-// of expert e runs on: rows_of makes them (m = the expert's rows) and move_to_expert moves them to
+// of expert e runs on: tile_rows makes them (m = the expert's rows) and move_to_expert moves them to
 // the expert's weights and to its rows from `first` on. 16-bit activations (GemmParams): a and out
 // move by 2-byte elements. 8-bit codes (ScaledRows): a by bytes (lda in bytes), the scales by rows.
 __device__ __forceinline__ const MaskedGemmParams& masked_part(const MaskedGemmParams& g) { return g; }
@@ -163,14 +163,14 @@ __device__ __forceinline__ const MaskedGemmParams& masked_part(const MaskedScale
 __device__ __forceinline__ GemmParams& gemm_part(GemmParams& p) { return p; }
 __device__ __forceinline__ GemmParams& gemm_part(ScaledRows& p) { return p.gemm; }
 
-__device__ __forceinline__ GemmParams rows_of(const MaskedGemmParams& g, u32 rows) {
+__device__ __forceinline__ GemmParams tile_rows(const MaskedGemmParams& g, u32 rows) {
   GemmParams p = g.gemm;
   p.m = static_cast<int>(rows);
   return p;
 }
 
-__device__ __forceinline__ ScaledRows rows_of(const MaskedScaledGemmParams& s, u32 rows) {
-  return ScaledRows{rows_of(s.masked, rows), s.a_scale, s.a_k};
+__device__ __forceinline__ ScaledRows tile_rows(const MaskedScaledGemmParams& s, u32 rows) {
+  return ScaledRows{tile_rows(s.masked, rows), s.a_scale, s.a_k, s.a_scale_row_stride};
 }
 
 __device__ __forceinline__ void move_to_expert(GemmParams& p, const MaskedGemmParams& g, u32 expert, i64 first) {
@@ -183,7 +183,7 @@ __device__ __forceinline__ void move_to_expert(ScaledRows& r, const MaskedScaled
   const MaskedGemmParams& g = s.masked;
   r.gemm.a = static_cast<const char*>(r.gemm.a) + expert * g.a_stride + first * r.gemm.lda;
   r.gemm.out = static_cast<char*>(r.gemm.out) + expert * g.out_stride + first * r.gemm.ldo * 2;
-  r.a_scale += expert * s.a_scale_stride + first;
+  r.a_scale += expert * s.a_scale_stride + first * s.a_scale_row_stride;
   g.weights.move_to(r.gemm, static_cast<int>(expert));
 }
 
@@ -223,11 +223,11 @@ struct GroupedMasked {
       u32 next_expert, next_rows, next_local;
       const bool more = walk.find(tile + gridDim.x, next_expert, next_rows, next_local);
       if (kPrefetchNext && more) {  // (a prefetch reads the weights only)
-        auto next = rows_of(params, next_rows);
+        auto next = tile_rows(params, next_rows);
         g.weights.move_to(gemm_part(next), static_cast<int>(next_expert));
         Dense::prefetch_tile(next, next_local);
       }
-      auto p = rows_of(params, rows);
+      auto p = tile_rows(params, rows);
       const i64 first = walk.first_row(expert);  // the expert's rows in its slab, or among all rows
       move_to_expert(p, params, expert, first);
       GemmParams& gemm = gemm_part(p);

@@ -131,28 +131,31 @@ static_assert(sizeof(MaskedTmaGemmParams) == 320 && alignof(MaskedTmaGemmParams)
               "MaskedTmaGemmParams is MaskedGemmParams, padding to byte 192, then the 128-byte tensor map");
 
 // The Params of the grouped masked MoE GEMM (and its offsets form) on the 8-bit-activation
-// mma.sync body (kernel/dense_mma_w4a8.cuh, W4A8): MaskedGemmParams whose activation is 8-bit
-// codes (gemm.a: rows of gemm.lda bytes; a_stride: bytes between experts' slabs of codes), then
-// the rows' fp32 scales, the floats between experts' slabs of them (max_m; 0 with offsets, whose
-// rows index them directly) and the codes' own K (their row length, a multiple of 16; the body
-// zero-fills codes past it). Packed as MaskedGemmParams' bytes, then "<Qq2i" (208 bytes).
+// mma.sync bodies (kernel/dense_mma_w4a8.cuh, W4A8; kernel/dense_mma_ss.cuh, W8A8):
+// MaskedGemmParams whose activation is 8-bit codes (gemm.a: rows of gemm.lda bytes; a_stride:
+// bytes between experts' slabs of codes), then the rows' fp32 scales, the floats between experts'
+// slabs of them (max_m rows' worth; 0 with offsets, whose rows index them directly), the codes'
+// own K (W4A8: their row length, a multiple of 16; the body zero-fills codes past it) and the
+// floats between one row's scales and the next's (1 per token; W8A8 block scales: K / 128).
+// Packed as MaskedGemmParams' bytes, then "<Qq2i" (208 bytes).
 struct MaskedScaledGemmParams {
   MaskedGemmParams masked;
-  const float* a_scale;  // per activation row: (E x max_m,) for slabs, (R,) with offsets
-  i64 a_scale_stride;    // floats between experts' slabs of scales (max_m; 0 with offsets)
-  int a_k;               // the activation codes' own K
-  int reserved;          // 0
+  const float* a_scale;    // per activation row (block scales: a row of them): E x max_m rows for slabs, R with offsets
+  i64 a_scale_stride;      // floats between experts' slabs of scales (0 with offsets)
+  int a_k;                 // W4A8: the activation codes' own K
+  int a_scale_row_stride;  // floats between consecutive rows' scales
 };
 static_assert(sizeof(MaskedScaledGemmParams) == 208,
               "MaskedScaledGemmParams is MaskedGemmParams, a pointer, an i64 and two ints");
 
-// What a MoE schedule hands the 8-bit-activation mma.sync body for one tile's rows (device-side
+// What a MoE schedule hands an 8-bit-activation mma.sync body for one tile's rows (device-side
 // only, never packed): the rows' GemmParams (a: their codes, lda in bytes), their fp32 scales
-// from the tile's first row of the expert, and the codes' own K.
+// from the expert's first row on, the codes' own K (W4A8) and the floats between rows' scales.
 struct ScaledRows {
   GemmParams gemm;
   const float* a_scale;
   int a_k;
+  int a_scale_stride;
 };
 
 // The Params of the grouped contiguous MoE GEMM (kernel/grouped_contiguous.cuh): the GemmParams of
