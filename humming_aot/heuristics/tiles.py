@@ -210,9 +210,10 @@ MOE_MASKED_BODIES = MOE_BODIES + (MmaKind.WGMMA_WS,)
 
 
 # The bodies the grouped masked schedule and its offsets form take for 8-bit activations (the
-# W4A8 pairings; kernel/grouped_masked.cuh over MaskedScaledGemmParams): the portable mma-w4a8
-# body, whose run_tile takes the rows' codes and scales. The grouped row-expert schedule takes none.
-MOE_SCALED_BODIES = (MmaKind.MMA_W4A8,)
+# W4A8 and W8A8 pairings; kernel/grouped_masked.cuh over MaskedScaledGemmParams): the portable
+# mma-w4a8 and mma-ss bodies, whose run_tile takes the rows' codes and scales. The grouped
+# row-expert schedule takes none.
+MOE_SCALED_BODIES = (MmaKind.MMA_W4A8, MmaKind.MMA_SS)
 
 
 def moe_bodies(masked: bool, quantized: bool = False) -> tuple[MmaKind, ...]:

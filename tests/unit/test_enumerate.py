@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from humming_aot import codegen, heuristics, support, w4a8
+from humming_aot import codegen, heuristics, support, w4a8, w8a8
 from humming_aot._version import __version__
 from humming_aot.catalog import Catalog, CatalogIntegrityError, installed_catalog, test_keys
 from humming_aot.enumerate import (
@@ -26,6 +26,7 @@ from humming_aot.manifest import (
     manifest_problems,
     write_manifest,
 )
+from humming_aot.moe.a8 import W8A8_MAX_TILE_ROWS
 from humming_aot.spec import GemmType, KernelKey, MmaKind, ZeroPoint
 
 TOOLKIT = "Cuda compilation tools, release 13.0, V13.0.88"
@@ -213,7 +214,7 @@ def test_the_moe_catalog_holds_every_tile_the_moe_schedules_pick():
     """The moe catalog (catalog/moe.toml): the grouped masked and contiguous kernels of every 16-bit pairing, for
     every tile heuristics.select_masked_tile picks for each (the masked one's wgmma-ws tiles on
     sm90a; M from 1 up, K that 256 or 128 does not divide, channel and group scales), the grouped
-    masked kernels of the W4A8 pairings for every tile w4a8.select_sync_tile picks, and nothing
+    masked kernels of the W4A8 and W8A8 pairings for every tile humming_aot.moe.a8 picks, and nothing
     else; the dense catalog holds none of them (a family's gemm_type defaults to dense), and the
     default catalog is the two together."""
     for arch in ("sm90a", "sm80", "sm120"):
@@ -229,9 +230,10 @@ def test_the_moe_catalog_holds_every_tile_the_moe_schedules_pick():
         assert {k.spec for k in keys if k.spec.a_is_quantized} == {
             s for s in support.supported_specs(arch, GemmType.MASKED) if s.a_is_quantized}
         for spec in support.supported_specs(arch, GemmType.MASKED):
-            if spec.a_is_quantized:  # (W4A8: the mma-w4a8 tiles w4a8.select_sync_tile picks)
+            if spec.a_is_quantized:  # (W4A8, W8A8: the portable tiles moe.a8 picks)
+                w4 = spec.w_dtype in ("int4", "uint4", "float4e2m1")
                 for m in (1, 16, 17, 32, 33, 64, 65, 4096):
-                    tile = w4a8.select_sync_tile(m)
+                    tile = w4a8.select_sync_tile(m) if w4 else w8a8.select_sync_tile(min(m, W8A8_MAX_TILE_ROWS))
                     assert KernelKey(arch=arch, spec=spec, tile=tile).name in names, (spec, m)
                 continue
             for m in (1, 5, 8, 9, 10, 16, 17, 32, 37, 64, 121, 200, 256, 257, 4096):

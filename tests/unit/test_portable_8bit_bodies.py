@@ -65,7 +65,8 @@ def test_the_default_catalog_holds_the_table_per_arch_and_element():
     for arch, elements in (("sm80", {"s8", "s4"}), ("sm86", {"s8", "s4"}), ("sm89", {"s8", "e4m3", "s4"}),
                            ("sm120", {"s8", "e4m3", "s4"}), ("sm100", {"s8", "e4m3", "s4"}),
                            ("sm110", {"s8", "e4m3", "s4"}), ("sm90a", {"s4"}), ("sm75", set())):
-        keys = [k for k in enumerate_keys("default", [arch]) if k.tile.mma.value == "mma-ss"]
+        keys = [k for k in enumerate_keys("default", [arch])
+                if k.tile.mma.value == "mma-ss" and k.spec.gemm_type.value == "dense"]
         assert {k.spec.a_dtype for k in keys} == {names[e] for e in elements}, arch
         assert {k.tile.label for k in keys} == (table if elements else set()), arch
         scalings = len(elements) + ("e4m3" in elements)  # (float8 in two scalings: channel, blocks)

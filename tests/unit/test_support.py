@@ -148,14 +148,15 @@ def test_supported_specs_sorted_unique_and_supported():
         assert len(w8a8) == (18 if number >= 89 else 8 if number >= 80 else 0)
         assert len(dense) == len(set(dense)) == (24 + 30 if arch == "sm75" else 48 + 35 + 30) + len(w8a8)
         # the MoE types (grouped masked and contiguous) for every 16-bit dense spec of sm80 and later,
-        # and the grouped masked one for the W4A8 specs (int4 / uint4 x int8 from sm80, with float8
-        # and MXFP4 x float8 from sm89: 4 or 10 of them)
-        w4a8_masked = [s for s in specs if s.a_is_quantized and s.gemm_type is GemmType.MASKED]
-        assert len(w4a8_masked) == (10 if number >= 89 else 4 if number >= 80 else 0)
-        assert all(s.w_dtype in ("int4", "uint4", "float4e2m1") and s.a_dtype in ("int8", "float8e4m3")
-                   for s in w4a8_masked)
+        # and the grouped masked one for the W4A8 and W8A8 specs (int4 / uint4 and int8 weights x
+        # int8 from sm80; with float8 activations, float8 per channel and per block, int4, uint4 and
+        # MXFP4 weights from sm89: x two outputs, 6 or 16 of them); W4A4 has none
+        a8_masked = [s for s in specs if s.a_is_quantized and s.gemm_type is GemmType.MASKED]
+        assert len(a8_masked) == (16 if number >= 89 else 6 if number >= 80 else 0)
+        assert all(s.w_dtype in ("int4", "uint4", "float4e2m1", "int8", "float8e4m3")
+                   and s.a_dtype in ("int8", "float8e4m3") for s in a8_masked)
         assert len(specs) == len(set(specs)) == (len(dense) * (1 if arch == "sm75" else 3) - 2 * len(w8a8)
-                                                 + len(w4a8_masked))
+                                                 + len(a8_masked))
         assert {dataclasses.replace(s, gemm_type=GemmType.DENSE) for s in specs} == set(dense)
         assert specs == sorted(specs, key=support._spec_sort_key)
         assert all(support.is_supported(s, arch) for s in specs)
