@@ -257,17 +257,18 @@ class QuantizedMoE(torch.nn.Module):
         """From stacked expert weights: QuantizedWeight (E, N, K) each (a checkpoint's, e.g. gpt-oss
         MXFP4 experts), or float tensors (E, N, K) quantized with `fmt` (e.g. "int4:g128"), packed
         on the weights' device (move the module with .to()). ``activations`` ("float8e4m3:token",
-        "int8:token"): the experts take 8-bit activations quantized on the way in, a
-        humming_aot.moe.layer_w4a8.W4A8MoE (int4, uint4 with zero points or MXFP4 experts), whose
-        hidden states and output are act_dtype."""
+        "int8:token", "float8e4m3:g128" for 128 x 128 block-scaled float8 experts): the experts
+        take 8-bit activations quantized on the way in, a humming_aot.moe.layer_a8.A8MoE (W4A8:
+        int4, uint4 with zero points or MXFP4 experts; W8A8: float8 or int8 ones), whose hidden
+        states and output are act_dtype."""
         from humming_aot.moe import pack_experts
         from humming_aot.moe.packing import quantized_experts
 
         if activations is not None:
-            from humming_aot.moe.layer_w4a8 import W4A8MoE
+            from humming_aot.moe.layer_a8 import A8MoE
 
-            return W4A8MoE.from_experts(gate_up, down, activations, fmt, activation, gate_up_bias, down_bias,
-                                        out_dtype=act_dtype)
+            return A8MoE.from_experts(gate_up, down, activations, fmt, activation, gate_up_bias, down_bias,
+                                      out_dtype=act_dtype)
 
         weights = [pack_experts(w, act_dtype=act_dtype)
                    for w in quantized_experts((("gate_up", gate_up), ("down", down)), fmt, "QuantizedMoE.from_experts")]

@@ -5,12 +5,23 @@ three GEMM types as a loop of dense GEMMs (``gemm_indexed``, ``gemm_grouped``, `
 which define what the grouped kernels must compute, and the grouped kernels,
 ``gemm_masked_kernel`` and ``gemm_grouped_kernel`` (persistent schedules around the dense bodies;
 moe/kernels.py), with ``gemm_indexed_kernel`` (fused_moe's layout) on the latter. Experts with
-8-bit activations (W4A8: int4, uint4 with zero points or MXFP4 experts x float8 or int8 codes):
-``pack_w4a8_experts``, the loops ``gemm_grouped_w4a8`` / ``gemm_masked_w4a8`` and their kernels
-(moe/w4a8.py).
+8-bit activations (W4A8: int4, uint4 with zero points or MXFP4 experts; W8A8: float8 per channel
+or per 128 x 128 block, int8): ``pack_w4a8_experts`` / ``pack_w8a8_experts``, the loops
+``gemm_grouped_a8`` / ``gemm_masked_a8`` and their kernels (moe/a8.py).
 ``humming_aot.nn.QuantizedMoE`` is the layer built on them."""
 from __future__ import annotations
 
+from humming_aot.moe.a8 import (
+    PackedW4A8Experts,
+    PackedW8A8Experts,
+    gemm_grouped_a8,
+    gemm_grouped_a8_kernel,
+    gemm_masked_a8,
+    gemm_masked_a8_kernel,
+    pack_a8_experts,
+    pack_w4a8_experts,
+    pack_w8a8_experts,
+)
 from humming_aot.moe.expert_loop import gemm_grouped, gemm_indexed, gemm_masked
 from humming_aot.moe.indexed import gemm_indexed_kernel
 from humming_aot.moe.kernels import gemm_grouped_kernel, gemm_masked_kernel, grouped_block_m
@@ -32,21 +43,14 @@ from humming_aot.moe.routing import (
     unpermute_aligned,
     weighted_sum,
 )
-from humming_aot.moe.w4a8 import (
-    PackedW4A8Experts,
-    gemm_grouped_w4a8,
-    gemm_grouped_w4a8_kernel,
-    gemm_masked_w4a8,
-    gemm_masked_w4a8_kernel,
-    pack_w4a8_experts,
-)
 
 __all__ = [
-    "AlignedGrouping", "GroupedRouting", "IndexedRouting", "PackedExperts", "PackedW4A8Experts", "align_block_size",
+    "AlignedGrouping", "GroupedRouting", "IndexedRouting", "PackedExperts", "PackedW4A8Experts",
+    "PackedW8A8Experts", "align_block_size",
     "align_groups", "align_offsets", "combine", "expert_weight", "gemm_grouped", "gemm_grouped_kernel",
-    "gemm_grouped_w4a8", "gemm_grouped_w4a8_kernel", "gemm_indexed",
+    "gemm_grouped_a8", "gemm_grouped_a8_kernel", "gemm_indexed",
     "gemm_indexed_kernel", "gemm_masked",
-    "gemm_masked_kernel", "gemm_masked_w4a8", "gemm_masked_w4a8_kernel", "group_rows", "grouped_block_m",
-    "pack_experts", "pack_w4a8_experts", "permute", "permute_aligned",
+    "gemm_masked_kernel", "gemm_masked_a8", "gemm_masked_a8_kernel", "group_rows", "grouped_block_m",
+    "pack_a8_experts", "pack_experts", "pack_w4a8_experts", "pack_w8a8_experts", "permute", "permute_aligned",
     "silu_and_mul", "swiglu_oai", "unpermute", "unpermute_aligned", "weighted_sum",
 ]

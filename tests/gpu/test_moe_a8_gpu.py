@@ -1,12 +1,13 @@
-"""MoE experts with 8-bit activations (humming_aot.moe.gemm_masked_w4a8_kernel and
-gemm_grouped_w4a8_kernel: the grouped masked schedule and its offsets form around the portable
-mma-w4a8 body) on the GPU, for int4, uint4 with zero points and MXFP4 experts x int8 and float8e4m3
-codes: each expert's rows against the float64 product of its exact operands (the W4A8 sum bound),
+"""MoE experts with 8-bit activations (humming_aot.moe.gemm_masked_a8_kernel and
+gemm_grouped_a8_kernel: the grouped masked schedule and its offsets form around the portable
+mma-w4a8 and mma-ss bodies) on the GPU, for int4, uint4 with zero points and MXFP4 experts x int8
+and float8e4m3 codes, and float8 (per channel and per 128 x 128 block) and int8 experts: each
+expert's rows against the float64 product of its exact operands (the dense pairing's sum bound),
 under skewed and empty routing, with E past one window of the experts' walk (256), odd N (padded
 by pack) and K off the K tile, NaN-poisoned outputs whose rows of no expert must stay NaN, every
 table tile, the slab and offsets forms giving the same bits, K slices giving the same bits twice,
-a bias with float16 output, per-tensor activation scales, and a CUDA graph replay. Fresh random
-data each run (seed printed)."""
+a bias with float16 output, per-tensor activation scales, and CUDA graph replays (the kernels and
+the layer). Fresh random data each run (seed printed)."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,10 +15,10 @@ import dataclasses
 import pytest
 import torch
 
-from humming_aot import ops, quant, w4a8
+from humming_aot import ops, quant, w4a8, w8a8
 from humming_aot.enumerate import parse_tile_field
-from humming_aot.moe import gemm_grouped_w4a8_kernel, gemm_masked_w4a8_kernel, pack_w4a8_experts
-from humming_aot.moe import w4a8 as moe_w4a8
+from humming_aot.moe import a8 as moe_a8
+from humming_aot.moe import gemm_grouped_a8_kernel, gemm_masked_a8_kernel, pack_a8_experts
 from humming_aot.spec import GemmType
 from humming_aot.testing.w8a8 import (
     assert_graph_replay_is_eager,
@@ -28,10 +29,18 @@ from humming_aot.testing.w8a8 import fresh_seed as _seed
 
 pytestmark = pytest.mark.gpu
 
-_TILES = sorted({label for _, label in w4a8._SYNC_TILES})
-# weight format per weight element; MXFP4 takes float8 activations only
-_FORMATS = {"int4": "int4:g128", "uint4": "uint4:g128:zp", "float4e2m1": "mxfp4"}
-_CASES = [(w, e) for w in _FORMATS for e in ("int8", "float8e4m3") if not (w == "float4e2m1" and e == "int8")]
+_W4_TILES = sorted({label for _, label in w4a8._SYNC_TILES})
+_W8_TILES = sorted({w8a8.select_sync_tile(m).label for m in (1, 32, moe_a8.W8A8_MAX_TILE_ROWS)})
+# weight format per case; the activation element is the test's `element` parameter
+_FORMATS = {"int4": "int4:g128", "uint4": "uint4:g128:zp", "float4e2m1": "mxfp4",
+            "float8e4m3": "float8e4m3:channel", "blocks": "float8e4m3:b128x128", "int8": "int8:channel"}
+_CASES = [(w, e) for w in ("int4", "uint4", "float4e2m1") for e in ("int8", "float8e4m3")
+          if not (w == "float4e2m1" and e == "int8")] + [("float8e4m3", "float8e4m3"), ("blocks", "float8e4m3"),
+                                                         ("int8", "int8")]
+
+
+def _act_format(weight: str, element: str, granularity: str = "token") -> str:
+    return "float8e4m3:g128" if weight == "blocks" else f"{element}:{granularity}"
 
 
 def _keys(arch: str, elements) -> list:
@@ -39,49 +48,59 @@ def _keys(arch: str, elements) -> list:
     for weight, element in _CASES:
         if element not in elements:
             continue
-        for label in _TILES:
+        w8 = weight in ("float8e4m3", "blocks", "int8")
+        for label in (_W8_TILES if w8 else _W4_TILES):
             for dtype in (torch.bfloat16, torch.float16):
-                key = w4a8.kernel_key(arch, dtype, parse_tile_field(label), element, weight)
+                tile = parse_tile_field(label)
+                key = (w8a8.kernel_key(arch, dtype, tile, weight == "blocks", element) if w8
+                       else w4a8.kernel_key(arch, dtype, tile, element, weight))
                 keys.append(dataclasses.replace(key, spec=dataclasses.replace(key.spec, gemm_type=GemmType.MASKED)))
     return keys
 
 
 @pytest.fixture
 def _kernels(request):
-    skip_without_portable_kernels(request, "masked mma-w4a8", _keys)
+    skip_without_portable_kernels(request, "masked mma-w4a8 / mma-ss", _keys)
 
 
 def _experts(weight: str, e: int, n: int, k: int, gen: torch.Generator):
     w = torch.randn(e, n, k, generator=gen) * (0.02 + 0.1 * torch.rand(e, n, 1, generator=gen))
-    return pack_w4a8_experts(quant.quantize(w.cuda(), _FORMATS[weight]))
+    return pack_a8_experts(quant.quantize(w.cuda(), _FORMATS[weight]))
 
 
-def _activations(shape, element: str, gen: torch.Generator, granularity: str = "token"):
+def _activations(shape, fmt: str, gen: torch.Generator):
     x = torch.randn(*shape, generator=gen) * (0.5 + torch.rand(*shape[:-1], 1, generator=gen))
-    return ops.quantize_activation(x.cuda().to(torch.bfloat16), f"{element}:{granularity}",
-                                   **({"static_scale": 0.02} if granularity == "tensor" else {}))
+    return ops.quantize_activation(x.cuda().to(torch.bfloat16), fmt,
+                                   **({"static_scale": 0.02} if fmt.endswith(":tensor") else {}))
+
+
+def _tiles(weight: str) -> list[str]:
+    return _W8_TILES if weight in ("float8e4m3", "blocks", "int8") else _W4_TILES
 
 
 def _check_rows(y: torch.Tensor, qa_rows, experts, e: int, bias=None, out_dtype=torch.bfloat16) -> None:
-    """y (rows, n_valid) of expert e against the float64 product of its rows' exact operands."""
+    """y (rows, n_valid) of expert e against the float64 product of its rows' exact operands (the
+    W4A8 sum bound, which w4a8.reference / w8a8.reference alike serve: effective_weight())."""
     assert_within_sum_bound(y, qa_rows, experts.expert(e), None if bias is None else bias[e], out_dtype)
 
 
 @pytest.mark.parametrize("weight,element", _CASES)
-@pytest.mark.parametrize("tile", _TILES)
+@pytest.mark.parametrize("tile", range(4))
 def test_masked_rows_match_float64_and_leave_the_rest(_kernels, weight, element, tile):
+    if tile >= len(_tiles(weight)):
+        pytest.skip(f"the {weight} experts' table has {len(_tiles(weight))} tiles")
     gen = torch.Generator().manual_seed(_seed())
     e, max_m, n, k = 5, 37, 150, 384
     experts = _experts(weight, e, n, k, gen)
-    qa = _activations((e, max_m, k), element, gen)
+    qa = _activations((e, max_m, k), _act_format(weight, element), gen)
     counts = torch.tensor([37, 0, 5, 16, 1], dtype=torch.int32, device="cuda")
     out = torch.full((e, max_m, experts.n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    y = gemm_masked_w4a8_kernel(qa, experts, counts, out=out, tile=tile)
+    y = gemm_masked_a8_kernel(qa, experts, counts, out=out, tile=_tiles(weight)[tile])
     torch.cuda.synchronize()
     assert y.shape == (e, max_m, n)
     for ex, count in enumerate(counts.tolist()):
         if count:
-            _check_rows(y[ex, :count], moe_w4a8._rows(qa, (ex, slice(0, count))), experts, ex)
+            _check_rows(y[ex, :count], moe_a8._rows(qa, (ex, slice(0, count))), experts, ex)
         assert torch.isnan(out[ex, count:]).all(), f"expert {ex}: rows past its count were written"
 
 
@@ -95,35 +114,35 @@ def test_offsets_rows_match_float64_and_the_slab_form_bit_for_bit(_kernels, weig
     experts = _experts(weight, e, n, k, gen)
     bounds = [3, 3, 40, 41, 60]
     rows = 64
-    qa = _activations((rows, k), element, gen)
+    qa = _activations((rows, k), _act_format(weight, element), gen)
     offsets = torch.tensor(bounds, dtype=torch.int32, device="cuda")
-    tile = "mma-w4a8:16x128x128_w1x4_s4"
+    tile = _tiles(weight)[0]
     out = torch.full((rows, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    y = gemm_grouped_w4a8_kernel(qa, experts, offsets, expected_m=16, out=out, tile=tile, splits=1)
+    y = gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=16, out=out, tile=tile, splits=1)
     torch.cuda.synchronize()
     assert torch.isnan(y[:3]).all() and torch.isnan(y[60:]).all(), "rows of no expert were written"
     for ex in range(e):
         lo, hi = bounds[ex], bounds[ex + 1]
         if hi > lo:
-            _check_rows(y[lo:hi], moe_w4a8._rows(qa, slice(lo, hi)), experts, ex)
+            _check_rows(y[lo:hi], moe_a8._rows(qa, slice(lo, hi)), experts, ex)
             # the slab form of the same rows: expert ex's slab holds them, the others none
             slab_codes = torch.zeros(e, hi - lo, k, dtype=torch.uint8, device="cuda")
             slab_codes[ex] = qa.codes[lo:hi]
-            slab_scales = torch.ones(e, hi - lo, 1, dtype=torch.float32, device="cuda")
+            slab_scales = torch.ones(e, hi - lo, qa.scales.shape[-1], dtype=torch.float32, device="cuda")
             slab_scales[ex] = qa.scales[lo:hi]
             slab = dataclasses.replace(qa, codes=slab_codes, scales=slab_scales)
             counts = torch.zeros(e, dtype=torch.int32, device="cuda")
             counts[ex] = hi - lo
-            masked = gemm_masked_w4a8_kernel(slab, experts, counts, tile=tile)
+            masked = gemm_masked_a8_kernel(slab, experts, counts, tile=tile)
             assert torch.equal(masked[ex], y[lo:hi]), f"expert {ex}: the slab form's bits differ"
-    first = gemm_grouped_w4a8_kernel(qa, experts, offsets, expected_m=16, tile=tile, splits=2)
-    again = gemm_grouped_w4a8_kernel(qa, experts, offsets, expected_m=16, tile=tile, splits=2)
+    first = gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=16, tile=tile, splits=2)
+    again = gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=16, tile=tile, splits=2)
     torch.cuda.synchronize()
     assert torch.equal(first, again), "two K slices gave different bits on two runs"
     for ex in range(e):
         lo, hi = bounds[ex], bounds[ex + 1]
         if hi > lo:
-            _check_rows(first[lo:hi], moe_w4a8._rows(qa, slice(lo, hi)), experts, ex)
+            _check_rows(first[lo:hi], moe_a8._rows(qa, slice(lo, hi)), experts, ex)
 
 
 @pytest.mark.parametrize("element", ["int8", "float8e4m3"])
@@ -137,47 +156,48 @@ def test_many_experts_few_tokens_past_one_walk_window(_kernels, element):
     order = torch.argsort(ids, stable=True)
     counts = torch.bincount(ids, minlength=e)
     bounds = [0] + torch.cumsum(counts, 0).tolist()
-    x = _activations((tokens, k), element, gen)
+    x = _activations((tokens, k), f"{element}:token", gen)
     rows = dataclasses.replace(x, codes=x.codes[order // top_k].contiguous(),
                                scales=x.scales[order // top_k].contiguous())
     offsets = torch.tensor(bounds, dtype=torch.int64, device="cuda")
-    y = gemm_grouped_w4a8_kernel(rows, experts, offsets, expected_m=1)
+    y = gemm_grouped_a8_kernel(rows, experts, offsets, expected_m=1)
     torch.cuda.synchronize()
     for ex in torch.nonzero(counts).reshape(-1).tolist():
         lo, hi = bounds[ex], bounds[ex + 1]
-        _check_rows(y[lo:hi], moe_w4a8._rows(rows, slice(lo, hi)), experts, ex)
+        _check_rows(y[lo:hi], moe_a8._rows(rows, slice(lo, hi)), experts, ex)
 
 
 def test_bias_float16_and_a_per_tensor_scale(_kernels):
     gen = torch.Generator().manual_seed(_seed())
     e, max_m, n, k = 3, 20, 96, 256
     experts = _experts("uint4", e, n, k, gen)
-    qa = _activations((e, max_m, k), "float8e4m3", gen, "tensor")
+    qa = _activations((e, max_m, k), "float8e4m3:tensor", gen)
     bias = (torch.randn(e, n, generator=gen) * 0.1).to(torch.float16).cuda()
     counts = torch.tensor([20, 7, 0], dtype=torch.int32, device="cuda")
-    y = gemm_masked_w4a8_kernel(qa, experts, counts, bias=bias, out_dtype=torch.float16)
+    y = gemm_masked_a8_kernel(qa, experts, counts, bias=bias, out_dtype=torch.float16)
     torch.cuda.synchronize()
     assert y.dtype == torch.float16
     for ex, count in enumerate(counts.tolist()):
         if count:
-            _check_rows(y[ex, :count], moe_w4a8._rows(qa, (ex, slice(0, count))), experts, ex, bias, torch.float16)
+            _check_rows(y[ex, :count], moe_a8._rows(qa, (ex, slice(0, count))), experts, ex, bias, torch.float16)
 
 
 def test_a_cuda_graph_replays_both_forms(_kernels):
     gen = torch.Generator().manual_seed(_seed())
     e, max_m, n, k = 8, 16, 128, 256
-    experts = _experts("mxfp4", e, n, k, gen)
-    qa = _activations((e, max_m, k), "float8e4m3", gen)
+    experts = _experts("float4e2m1", e, n, k, gen)
+    qa = _activations((e, max_m, k), "float8e4m3:token", gen)
     counts = torch.randint(0, max_m + 1, (e,), generator=gen, dtype=torch.int32).cuda()
-    assert_graph_replay_is_eager(lambda: gemm_masked_w4a8_kernel(qa, experts, counts, expected_m=4))
+    assert_graph_replay_is_eager(lambda: gemm_masked_a8_kernel(qa, experts, counts, expected_m=4))
     rows = dataclasses.replace(qa, codes=qa.codes.reshape(e * max_m, k), scales=qa.scales.reshape(e * max_m, 1))
     offsets = torch.arange(0, e * max_m + 1, max_m, dtype=torch.int32, device="cuda")
-    assert_graph_replay_is_eager(lambda: gemm_grouped_w4a8_kernel(rows, experts, offsets, expected_m=16))
+    assert_graph_replay_is_eager(lambda: gemm_grouped_a8_kernel(rows, experts, offsets, expected_m=16))
 
 
-@pytest.mark.parametrize("element", ["int8", "float8e4m3"])
-def test_the_layer_on_the_kernels_matches_its_reference_path_and_replays(_kernels, element):
-    """W4A8MoE on the GPU (quantize, gather, both GEMMs on the offsets form, silu_and_mul, combine)
+@pytest.mark.parametrize("fmt,act", [("int4:g128", "int8:token"), ("int4:g128", "float8e4m3:token"),
+                                     ("float8e4m3:b128x128", "float8e4m3:g128"), ("int8:channel", "int8:token")])
+def test_the_layer_on_the_kernels_matches_its_reference_path_and_replays(_kernels, fmt, act):
+    """A8MoE on the GPU (quantize, gather, both GEMMs on the offsets form, silu_and_mul, combine)
     against the same module's CPU path (the float64 reference of each expert's operands): the
     intermediate re-quantization may round a code the other way where the two GEMM1 results
     straddle a step, so the bound is a few code steps of the output's scale; then a CUDA graph
@@ -188,7 +208,7 @@ def test_the_layer_on_the_kernels_matches_its_reference_path_and_replays(_kernel
     e, h, i, tokens, top_k = 16, 512, 256, 64, 4
     gate_up = torch.randn(e, 2 * i, h, generator=gen) * 0.05
     down = torch.randn(e, h, i, generator=gen) * 0.05
-    layer = QuantizedMoE.from_experts(gate_up, down, "int4:g128", activations=f"{element}:token")
+    layer = QuantizedMoE.from_experts(gate_up, down, fmt, activations=act)
     x = torch.randn(tokens, h, generator=gen).to(torch.bfloat16)
     ids = torch.stack([torch.randperm(e, generator=gen)[:top_k] for _ in range(tokens)])
     weights = torch.rand(tokens, top_k, generator=gen)
@@ -197,7 +217,7 @@ def test_the_layer_on_the_kernels_matches_its_reference_path_and_replays(_kernel
     y = layer(x.cuda(), ids.cuda(), weights.cuda())
     torch.cuda.synchronize()
     assert not torch.isnan(y).any()
-    step = 2.0**-4 if element == "float8e4m3" else 2.0**-6  # (relative to the largest output)
+    step = 2.0**-4 if act.startswith("float8") else 2.0**-6  # (relative to the largest output)
     assert (y.double().cpu() - expected).abs().max().item() <= step * expected.abs().max().item()
     args = (x.cuda(), ids.cuda(), weights.cuda())
     assert_graph_replay_is_eager(lambda: layer(*args))

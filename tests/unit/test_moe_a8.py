@@ -1,8 +1,8 @@
-"""MoE experts with 8-bit activations (humming_aot/moe/w4a8.py) without a GPU: the stacked
+"""MoE experts with 8-bit activations (humming_aot/moe/a8.py) without a GPU: the stacked
 packing against the dense one, the loops (grouped by offsets, masked) against a float64 product of
 each expert's exact operands, the Params bytes the kernels launch with, the keys, the generated
 source and the catalog, the errors raised before anything reaches a kernel, and nvcc (slow).
-GPU runs: tests/gpu/test_moe_w4a8_gpu.py."""
+GPU runs: tests/gpu/test_moe_a8_gpu.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,29 +10,33 @@ import dataclasses
 import pytest
 import torch
 
-from humming_aot import codegen, ops, params_abi, quant, support, w4a8
+from humming_aot import codegen, ops, params_abi, quant, support, w4a8, w8a8
 from humming_aot.enumerate import enumerate_keys, parse_tile_field
 from humming_aot.moe import (
     PackedW4A8Experts,
-    gemm_grouped_w4a8,
-    gemm_grouped_w4a8_kernel,
-    gemm_masked_w4a8,
-    gemm_masked_w4a8_kernel,
-    pack_w4a8_experts,
+    PackedW8A8Experts,
+    gemm_grouped_a8,
+    gemm_grouped_a8_kernel,
+    gemm_masked_a8,
+    gemm_masked_a8_kernel,
+    pack_a8_experts,
 )
-from humming_aot.moe import w4a8 as moe_w4a8
+from humming_aot.moe import a8 as moe_a8
 from humming_aot.spec import GemmType, KernelKey
 from humming_aot.testing.nvcc import needs_nvcc
 
-# (weight format, activation format): every weight element with each activation element it takes
+# (weight format, activation format): every W4A8 weight element with each activation element it
+# takes, and the three W8A8 scalings
 PAIRS = [("int4:g128", "float8e4m3:token"), ("int4:channel", "int8:token"), ("uint4:g128:zp", "int8:token"),
-         ("uint4:g256:zp", "float8e4m3:token"), ("mxfp4", "float8e4m3:token")]
+         ("uint4:g256:zp", "float8e4m3:token"), ("mxfp4", "float8e4m3:token"),
+         ("float8e4m3:channel", "float8e4m3:token"), ("float8e4m3:b128x128", "float8e4m3:g128"),
+         ("int8:channel", "int8:token")]
 
 
-def _experts(fmt: str, e: int = 4, n: int = 96, k: int = 256, seed: int = 0) -> tuple[torch.Tensor, PackedW4A8Experts]:
+def _experts(fmt: str, e: int = 4, n: int = 96, k: int = 256, seed: int = 0):
     w = torch.randn(e, n, k, generator=torch.Generator().manual_seed(seed)) * 0.05
     qw = quant.quantize(w, fmt)
-    return qw, pack_w4a8_experts(qw)
+    return qw, pack_a8_experts(qw)
 
 
 def _activations(shape: tuple[int, ...], fmt: str, seed: int = 1):
@@ -40,7 +44,7 @@ def _activations(shape: tuple[int, ...], fmt: str, seed: int = 1):
     return ops.quantize_activation(x, fmt)
 
 
-def _expected(qa_rows, experts: PackedW4A8Experts, e: int, bias: torch.Tensor | None) -> torch.Tensor:
+def _expected(qa_rows, experts, e: int, bias: torch.Tensor | None) -> torch.Tensor:
     """float64: the rows' exact values (codes x their scales) times expert e's effective weight."""
     from humming_aot.w8a8 import dequantized_activation
 
@@ -53,20 +57,25 @@ def test_each_expert_packs_as_the_dense_weight(fmt, act):
     from humming_aot.moe import expert_weight
 
     qw, experts = _experts(fmt)
-    assert experts.experts == 4 and experts.out_features == 96 and experts.n == 128 and experts.in_features == 256
+    w8 = fmt.split(":")[0] in w8a8.ELEMENTS
+    assert isinstance(experts, PackedW8A8Experts if w8 else PackedW4A8Experts)
+    assert experts.experts == 4 and experts.out_features == 96 and experts.in_features == 256
+    assert experts.n == (96 if w8 else 128)  # (W8A8 pads N to 16, W4A8 to 64)
     assert experts.global_scale_tensor.tolist() == [1.0] * 4
     for e in range(4):
-        dense = w4a8.pack(expert_weight(qw, e))
+        dense = (w8a8 if w8 else w4a8).pack(expert_weight(qw, e))
         mine = experts.expert(e)
-        assert torch.equal(mine.w, dense.w) and torch.equal(mine.w_scale, dense.w_scale)
-        assert (mine.n, mine.k, mine.group_size, mine.element, mine.n_valid, mine.layout_version) == \
-            (dense.n, dense.k, dense.group_size, dense.element, dense.n_valid, dense.layout_version)
+        assert type(mine) is type(dense) and torch.equal(mine.w, dense.w) and torch.equal(mine.w_scale, dense.w_scale)
+        assert dataclasses.asdict(dataclasses.replace(mine, w=None, w_scale=None)) == \
+            dataclasses.asdict(dataclasses.replace(dense, w=None, w_scale=None))
         assert mine.w.data_ptr() == experts.w[e].data_ptr()  # a view
     with pytest.raises(IndexError, match=r"expert 4 of 4"):
         experts.expert(4)
 
 
 def test_packing_errors_name_the_expert_and_the_fix():
+    from humming_aot.moe import pack_w4a8_experts, pack_w8a8_experts
+
     w = torch.randn(3, 64, 256) * 0.05
     with pytest.raises(ValueError, match=r"expected stacked expert codes \(E, N, K\)"):
         pack_w4a8_experts(quant.quantize(w[0], "int4:g128"))
@@ -74,6 +83,10 @@ def test_packing_errors_name_the_expert_and_the_fix():
         pack_w4a8_experts(quant.quantize(w, "int4:g64"))
     with pytest.raises(TypeError, match="QuantizedWeight"):
         pack_w4a8_experts(w)
+    with pytest.raises(ValueError, match=r"int4 x int4 \(W4A4\) has no MoE kernels"):
+        pack_w8a8_experts(quant.quantize(w, "int4:channel"))
+    with pytest.raises(ValueError, match="expert 0: "):
+        pack_w8a8_experts(quant.quantize(w, "float8e4m3:g64"))
 
 
 @pytest.mark.parametrize("fmt,act", PAIRS)
@@ -86,7 +99,7 @@ def test_the_grouped_loop_is_each_experts_exact_product(fmt, act):
     offsets = torch.tensor([2, 2, 17, 19, 21], dtype=torch.int64)  # expert 0 empty, rows 0-1 and 21-22 of none
     bias = (torch.randn(4, 96, generator=torch.Generator().manual_seed(3)) * 0.1).to(torch.bfloat16)
     for out_dtype, b in ((torch.bfloat16, bias), (torch.float16, None)):
-        out = gemm_grouped_w4a8(qa, experts, offsets, bias=None if b is None else b.to(out_dtype), out_dtype=out_dtype)
+        out = gemm_grouped_a8(qa, experts, offsets, bias=None if b is None else b.to(out_dtype), out_dtype=out_dtype)
         assert out.shape == (rows, 96) and out.dtype == out_dtype
         assert torch.equal(out[:2], torch.zeros_like(out[:2])) and torch.equal(out[21:], torch.zeros_like(out[21:]))
         bounds = offsets.tolist()
@@ -94,7 +107,7 @@ def test_the_grouped_loop_is_each_experts_exact_product(fmt, act):
             lo, hi = bounds[e], bounds[e + 1]
             if hi == lo:
                 continue
-            expected = _expected(moe_w4a8._rows(qa, slice(lo, hi)), experts, e,
+            expected = _expected(moe_a8._rows(qa, slice(lo, hi)), experts, e,
                                  None if b is None else b.to(out_dtype))
             assert torch.equal(out[lo:hi], expected.to(out_dtype)), (fmt, act, e)
 
@@ -104,12 +117,12 @@ def test_the_masked_loop_is_each_experts_exact_product(fmt, act):
     _, experts = _experts(fmt, e=3)
     qa = _activations((3, 9, 256), act)
     counts = torch.tensor([9, 0, 4], dtype=torch.int32)
-    out = gemm_masked_w4a8(qa, experts, counts)
+    out = gemm_masked_a8(qa, experts, counts)
     assert out.shape == (3, 9, 96)
     assert torch.equal(out[1], torch.zeros_like(out[1])) and torch.equal(out[2, 4:], torch.zeros_like(out[2, 4:]))
     for e, count in enumerate(counts.tolist()):
         if count:
-            expected = _expected(moe_w4a8._rows(qa, (e, slice(0, count))), experts, e, None)
+            expected = _expected(moe_a8._rows(qa, (e, slice(0, count))), experts, e, None)
             assert torch.equal(out[e, :count], expected.to(torch.bfloat16))
 
 
@@ -117,9 +130,9 @@ def test_a_per_tensor_scale_serves_every_row():
     _, experts = _experts("int4:g128", e=2)
     x = torch.randn(6, 256, generator=torch.Generator().manual_seed(4))
     qa = ops.quantize_activation(x, "float8e4m3:tensor", static_scale=0.01)
-    rows = moe_w4a8._rows(qa, slice(1, 4))
+    rows = moe_a8._rows(qa, slice(1, 4))
     assert rows.scales.shape == (3, 1) and torch.equal(rows.scales.reshape(-1), qa.scales.expand(3))
-    out = gemm_grouped_w4a8(qa, experts, torch.tensor([0, 3, 6]))
+    out = gemm_grouped_a8(qa, experts, torch.tensor([0, 3, 6]))
     dense = w4a8.gemm(qa, experts.expert(1))
     assert torch.equal(out[3:], dense[3:])
 
@@ -128,37 +141,38 @@ def test_loop_errors_say_what_was_wrong():
     _, experts = _experts("mxfp4", e=2)
     qa = _activations((5, 256), "float8e4m3:token")
     with pytest.raises(ValueError, match=r"offsets must rise from >= 0 to <= R = 5"):
-        gemm_grouped_w4a8(qa, experts, torch.tensor([0, 4, 3]))
+        gemm_grouped_a8(qa, experts, torch.tensor([0, 4, 3]))
     with pytest.raises(ValueError, match=r"offsets must be \(3,\) int32 or int64"):
-        gemm_grouped_w4a8(qa, experts, torch.tensor([0, 5]))
+        gemm_grouped_a8(qa, experts, torch.tensor([0, 5]))
     with pytest.raises(ValueError, match="MXFP4 weight .* takes float8e4m3 activations, got int8"):
-        gemm_grouped_w4a8(_activations((5, 256), "int8:token"), experts, torch.tensor([0, 2, 5]))
+        gemm_grouped_a8(_activations((5, 256), "int8:token"), experts, torch.tensor([0, 2, 5]))
     with pytest.raises(ValueError, match="activations have K=128 but the weight has K=256"):
-        gemm_grouped_w4a8(_activations((5, 128), "float8e4m3:token"), experts, torch.tensor([0, 2, 5]))
+        gemm_grouped_a8(_activations((5, 128), "float8e4m3:token"), experts, torch.tensor([0, 2, 5]))
     with pytest.raises(ValueError, match=r"masked_m must hold 2 counts in \[0, 5\]"):
-        gemm_masked_w4a8(_activations((2, 5, 256), "float8e4m3:token"), experts, torch.tensor([6, 0]))
+        gemm_masked_a8(_activations((2, 5, 256), "float8e4m3:token"), experts, torch.tensor([6, 0]))
     with pytest.raises(ValueError, match="activation codes must have 3 dims"):
-        gemm_masked_w4a8(qa, experts, torch.tensor([1, 0]))
+        gemm_masked_a8(qa, experts, torch.tensor([1, 0]))
     with pytest.raises(TypeError, match="PackedW4A8Experts"):
-        gemm_grouped_w4a8(qa, experts.expert(0), torch.tensor([0, 2, 5]))
+        gemm_grouped_a8(qa, experts.expert(0), torch.tensor([0, 2, 5]))
     # the kernels, given CPU tensors, point at the loop
-    with pytest.raises(ValueError, match=r"must be on one CUDA device; on the CPU, humming_aot.moe.gemm_grouped_w4a8"):
-        gemm_grouped_w4a8_kernel(qa, experts, torch.tensor([0, 2, 5], dtype=torch.int32), expected_m=2)
-    with pytest.raises(ValueError, match=r"must be on one CUDA device; on the CPU, humming_aot.moe.gemm_masked_w4a8"):
-        gemm_masked_w4a8_kernel(_activations((2, 5, 256), "float8e4m3:token"), experts,
+    with pytest.raises(ValueError, match=r"must be on one CUDA device; on the CPU, humming_aot.moe.gemm_grouped_a8"):
+        gemm_grouped_a8_kernel(qa, experts, torch.tensor([0, 2, 5], dtype=torch.int32), expected_m=2)
+    with pytest.raises(ValueError, match=r"must be on one CUDA device; on the CPU, humming_aot.moe.gemm_masked_a8"):
+        gemm_masked_a8_kernel(_activations((2, 5, 256), "float8e4m3:token"), experts,
                                 torch.tensor([1, 0], dtype=torch.int32))
 
 
 def test_the_params_are_masked_gemm_params_then_the_row_scales():
     """MaskedScaledGemmParams (kernel/params.cuh, 208 bytes): expert 0's GemmParams with the codes
     (lda in bytes) and K in whole tiles of 128, the masked tail, then the rows' scales pointer, the
-    floats between experts' slabs of them and the codes' own K."""
+    floats between experts' slabs of them, the codes' own K (W4A8) and the floats between rows'
+    scales; W8A8's group field is the codes' own K."""
     _, experts = _experts("uint4:g128:zp", e=3, n=192, k=384)
     bias = torch.zeros(3, 192, dtype=torch.bfloat16)
-    params = moe_w4a8.scaled_params(codes=0x1000, lda=384, experts=experts, bias=bias, out=0x2000, m=20, splits=1,
-                                    expert_rows=0x3000, a_stride=20 * 384, out_stride=20 * 192 * 2, offsets=0,
-                                    a_scale=0x4000, a_scale_stride=20)
-    assert len(params) == moe_w4a8.MASKED_SCALED_PARAMS_BYTES == 208 == params_abi.MASKED_PARAMS_BYTES + 24
+    params = moe_a8.scaled_params(codes=0x1000, lda=384, experts=experts, bias=bias, out=0x2000, m=20, splits=1,
+                                  expert_rows=0x3000, a_stride=20 * 384, out_stride=20 * 192 * 2, offsets=0,
+                                  a_scale=0x4000, a_scale_stride=20, a_scale_row_stride=1)
+    assert len(params) == moe_a8.MASKED_SCALED_PARAMS_BYTES == 208 == params_abi.MASKED_PARAMS_BYTES + 24
     gemm = params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])
     assert gemm == (0x1000, experts.w.data_ptr(), experts.w_scale.data_ptr(), 0, bias.data_ptr(), 0x2000, 0, 0,
                     384, 192, 20, 192, 384, 128, 1, 1.0)
@@ -167,15 +181,26 @@ def test_the_params_are_masked_gemm_params_then_the_row_scales():
     assert tail[2:6] == (experts.w[1].data_ptr() - experts.w[0].data_ptr(),
                          experts.w_scale[1].data_ptr() - experts.w_scale[0].data_ptr(), 0, 192 * 2)
     assert tail[6:] == (20 * 384, 20 * 192 * 2, 3, 0)
-    assert moe_w4a8.SCALED_TAIL.unpack(params[params_abi.MASKED_PARAMS_BYTES:]) == (0x4000, 20, 384, 0)
+    assert moe_a8.SCALED_TAIL.unpack(params[params_abi.MASKED_PARAMS_BYTES:]) == (0x4000, 20, 384, 1)
     # K not a whole number of K tiles: the GEMM's K rounds up, the codes' own K stays
     _, odd = _experts("int4:channel", e=2, n=64, k=272)
-    params = moe_w4a8.scaled_params(codes=0, lda=272, experts=odd, bias=None, out=0, m=5, splits=2, expert_rows=0,
-                                    a_stride=0, out_stride=0, offsets=0x5000, a_scale=0, a_scale_stride=0,
-                                    workspace=0x6000, counters=0x7000)
+    params = moe_a8.scaled_params(codes=0, lda=272, experts=odd, bias=None, out=0, m=5, splits=2, expert_rows=0,
+                                  a_stride=0, out_stride=0, offsets=0x5000, a_scale=0, a_scale_stride=0,
+                                  a_scale_row_stride=1, workspace=0x6000, counters=0x7000)
     gemm = params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])
     assert gemm[6:8] == (0x6000, 0x7000) and gemm[12:15] == (384, 384, 2)  # k, group (one spanning K), slices
-    assert moe_w4a8.SCALED_TAIL.unpack(params[params_abi.MASKED_PARAMS_BYTES:])[2] == 272
+    assert moe_a8.SCALED_TAIL.unpack(params[params_abi.MASKED_PARAMS_BYTES:])[2] == 272
+    # W8A8 block scales: group = the codes' own K, no a_k, K / 128 scales a row
+    _, blocks = _experts("float8e4m3:b128x128", e=2, n=256, k=400)
+    params = moe_a8.scaled_params(codes=0, lda=400, experts=blocks, bias=None, out=0, m=7, splits=1, expert_rows=0x10,
+                                  a_stride=7 * 400, out_stride=7 * 256 * 2, offsets=0, a_scale=0x20,
+                                  a_scale_stride=7 * 4, a_scale_row_stride=4)
+    gemm = params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])
+    assert gemm[8:15] == (400, 256, 7, 256, 512, 400, 1)  # lda, ldo, m, n, K tiles x 128, the codes' K, slices
+    assert moe_a8.SCALED_TAIL.unpack(params[params_abi.MASKED_PARAMS_BYTES:]) == (0x20, 28, 0, 4)
+    assert blocks.w_scale.shape == (2, 2, 4) and params_abi.MASKED_TAIL.unpack(
+        params[params_abi.GEMM_PARAMS.size:params_abi.MASKED_PARAMS_BYTES])[3] == 2 * 4 * 4  # bytes between experts'
+    # block scales
 
 
 def test_the_params_struct_is_208_bytes_in_the_header():
@@ -184,45 +209,63 @@ def test_the_params_struct_is_208_bytes_in_the_header():
     text = (Path(__file__).resolve().parents[2] / "csrc/include/humming_aot/kernel/params.cuh").read_text()
     assert "static_assert(sizeof(MaskedScaledGemmParams) == 208," in text
     assert 'Packed as MaskedGemmParams\' bytes, then "<Qq2i" (208 bytes)' in text
-    assert moe_w4a8.SCALED_TAIL.format == "<Qq2i"
+    assert moe_a8.SCALED_TAIL.format == "<Qq2i"
 
 
 def _masked_key(arch: str, weight: str, act: str, tile: str) -> KernelKey:
-    key = w4a8.kernel_key(arch, torch.bfloat16, parse_tile_field(tile), act, weight)
+    """A grouped masked key: W4A8 for a 4-bit weight element, else W8A8 (weight "blocks": float8
+    per 128 x 128 block)."""
+    if weight in ("int8", "float8e4m3", "blocks"):
+        key = w8a8.kernel_key(arch, torch.bfloat16, parse_tile_field(tile), weight == "blocks", act)
+    else:
+        key = w4a8.kernel_key(arch, torch.bfloat16, parse_tile_field(tile), act, weight)
     return dataclasses.replace(key, spec=dataclasses.replace(key.spec, gemm_type=GemmType.MASKED))
 
 
-def test_masked_keys_wrap_the_mma_w4a8_body_on_scaled_params():
-    for arch, weight, act in (("sm80", "uint4", "int8"), ("sm89", "float4e2m1", "float8e4m3"),
-                              ("sm90a", "int4", "float8e4m3")):
-        key = _masked_key(arch, weight, act, "mma-w4a8:16x128x128_w1x4_s4")
-        assert KernelKey.from_name(key.name) == key and key.name.startswith(f"gemm_masked_{arch}_mma-w4a8_")
+def test_masked_keys_wrap_the_portable_8bit_bodies_on_scaled_params():
+    for arch, weight, act, tile, body in (
+            ("sm80", "uint4", "int8", "mma-w4a8:16x128x128_w1x4_s4", "DenseMmaW4a8"),
+            ("sm89", "float4e2m1", "float8e4m3", "mma-w4a8:16x128x128_w1x4_s4", "DenseMmaW4a8"),
+            ("sm90a", "int4", "float8e4m3", "mma-w4a8:16x128x128_w1x4_s4", "DenseMmaW4a8"),
+            ("sm80", "int8", "int8", "mma-ss:16x128x128_w1x4_s4", "DenseMmaSs"),
+            ("sm89", "blocks", "float8e4m3", "mma-ss:64x128x128_w2x2_s4", "DenseMmaSs"),
+            ("sm90a", "float8e4m3", "float8e4m3", "mma-ss:32x128x128_w1x4_s4", "DenseMmaSs")):
+        key = _masked_key(arch, weight, act, tile)
+        assert KernelKey.from_name(key.name) == key and key.name.startswith(f"gemm_masked_{arch}_{tile.split(':')[0]}_")
         source = codegen.kernel_source(key)
-        assert "humming_aot::kernel::GroupedMasked<humming_aot::kernel::DenseMmaW4a8<" in source
+        assert f"humming_aot::kernel::GroupedMasked<humming_aot::kernel::{body}<" in source
         assert "#include <humming_aot/kernel/grouped_masked.cuh>" in source
         assert "const __grid_constant__ humming_aot::kernel::MaskedScaledGemmParams params" in source
         assert codegen.params_type(key) == "MaskedScaledGemmParams"
         assert support.is_supported(key.spec, arch)
-    # the wgmma-w4a8 body has no run_tile; the row-expert grouped type takes no 8-bit body
-    with pytest.raises(ValueError, match=r"takes the bodies mma-w4a8 for float8e4m3 activations, not wgmma-w4a8"):
+    # the wgmma bodies have no run_tile; the row-expert grouped type and W4A4 take no 8-bit body
+    with pytest.raises(ValueError, match=r"takes the bodies mma-w4a8, mma-ss for float8e4m3 activations, not "
+                                         r"wgmma-w4a8"):
         codegen.kernel_source(_masked_key("sm90a", "int4", "float8e4m3", "wgmma-w4a8:16x128x128_w1x4_s8"))
     grouped = dataclasses.replace(_masked_key("sm89", "int4", "float8e4m3", "mma-w4a8:16x128x128_w1x4_s4").spec,
                                   gemm_type=GemmType.GROUPED)
     assert not support.is_supported(grouped, "sm89")
+    w4a4 = w8a8.kernel_key("sm80", torch.bfloat16, parse_tile_field("mma-ss:16x128x128_w1x4_s4"), False, "int4")
+    assert not support.is_supported(dataclasses.replace(w4a4.spec, gemm_type=GemmType.MASKED), "sm80")
 
 
-def test_the_default_catalog_holds_the_masked_w4a8_keys_the_table_picks():
-    tiles = {label for _, label in w4a8._SYNC_TILES}
-    for arch, acts in (("sm80", {"s8"}), ("sm89", {"s8", "e4m3"}), ("sm90a", {"s8", "e4m3"}), ("sm120", {"s8", "e4m3"})):
-        keys = [k for k in enumerate_keys("default", [arch])
-                if k.spec.gemm_type is GemmType.MASKED and k.tile.mma.value == "mma-w4a8"]
-        assert {k.tile.label for k in keys} == tiles
-        assert {k.spec.a_dtype for k in keys} == {"int8" if a == "s8" else "float8e4m3" for a in acts}
-        elements = {k.spec.w_dtype for k in keys}
-        assert elements == ({"int4", "uint4"} if arch == "sm80" else {"int4", "uint4", "float4e2m1"})
-        assert {k.spec.out_dtype for k in keys} == {"bfloat16", "float16"}
+def test_the_default_catalog_holds_the_masked_keys_the_tables_pick():
+    w4_tiles = {label for _, label in w4a8._SYNC_TILES}
+    w8_tiles = {w8a8.select_sync_tile(m).label for m in (1, 16, 17, 32, 33, 64)}
+    assert w8a8.select_sync_tile(moe_a8.W8A8_MAX_TILE_ROWS).label in w8_tiles
+    for arch, acts in (("sm80", {"int8"}), ("sm89", {"int8", "float8e4m3"}), ("sm90a", {"int8", "float8e4m3"}),
+                       ("sm120", {"int8", "float8e4m3"})):
+        masked = [k for k in enumerate_keys("default", [arch]) if k.spec.gemm_type is GemmType.MASKED]
+        w4 = [k for k in masked if k.tile.mma.value == "mma-w4a8"]
+        w8 = [k for k in masked if k.tile.mma.value == "mma-ss"]
+        assert {k.tile.label for k in w4} == w4_tiles and {k.tile.label for k in w8} == w8_tiles
+        assert {k.spec.a_dtype for k in w4} == acts == {k.spec.a_dtype for k in w8}
+        assert {k.spec.w_dtype for k in w4} == ({"int4", "uint4"} if arch == "sm80" else {"int4", "uint4", "float4e2m1"})
+        assert {(k.spec.w_dtype, k.spec.w_scale.value) for k in w8} == (
+            {("int8", "g")} if arch == "sm80" else {("int8", "g"), ("float8e4m3", "g"), ("float8e4m3", "b")})
+        assert {k.spec.out_dtype for k in masked if k.spec.a_is_quantized} == {"bfloat16", "float16"}
     for m in (1, 16, 17, 64, 65, 4096):
-        assert w4a8.select_sync_tile(m).label in tiles
+        assert w4a8.select_sync_tile(m).label in w4_tiles
 
 
 @pytest.mark.slow
@@ -233,18 +276,21 @@ def test_nvcc_compiles_the_masked_keys_without_spills(tmp_path):
     keys = [_masked_key(arch, weight, act, label) for _, label in w4a8._SYNC_TILES
             for arch, weight, act in (("sm80", "uint4", "int8"), ("sm89", "float4e2m1", "float8e4m3"))]
     keys += [_masked_key("sm90a", "int4", "float8e4m3", "mma-w4a8:64x128x128_w2x4_s4")]
+    keys += [_masked_key(arch, weight, act, label) for label in ("mma-ss:16x128x128_w1x4_s4", "mma-ss:64x128x128_w2x2_s4")
+             for arch, weight, act in (("sm80", "int8", "int8"), ("sm89", "blocks", "float8e4m3"),
+                                       ("sm90a", "float8e4m3", "float8e4m3"))]
     for key in keys:
         report = _ptxas_report(key, tmp_path)
         assert _spill_bytes(report) == 0, (key.name, report)
 
 
-@pytest.mark.parametrize("fmt,act", [PAIRS[0], PAIRS[2], PAIRS[4]])
+@pytest.mark.parametrize("fmt,act", [PAIRS[0], PAIRS[2], PAIRS[4], PAIRS[6], PAIRS[7]])
 def test_the_layer_is_the_routed_dense_steps(fmt, act):
-    """QuantizedMoE.from_experts(..., activations=...) gives a W4A8MoE whose output is, bit for bit,
+    """QuantizedMoE.from_experts(..., activations=...) gives a A8MoE whose output is, bit for bit,
     the combine of each routed (token, expert) pair's dense steps: quantize, GEMM1, silu_and_mul,
     quantize, GEMM2 (per-row quantization and the float64 reference make every row independent)."""
     from humming_aot import moe
-    from humming_aot.moe.layer_w4a8 import W4A8MoE
+    from humming_aot.moe.layer_a8 import A8MoE
     from humming_aot.nn import QuantizedMoE
 
     gen = torch.Generator().manual_seed(7)
@@ -252,7 +298,7 @@ def test_the_layer_is_the_routed_dense_steps(fmt, act):
     gate_up = torch.randn(e, 2 * i, h, generator=gen) * 0.05
     down = torch.randn(e, h, i, generator=gen) * 0.05
     layer = QuantizedMoE.from_experts(gate_up, down, fmt, activations=act)
-    assert isinstance(layer, W4A8MoE) and layer.activations == act
+    assert isinstance(layer, A8MoE) and layer.activations == act
     x = torch.randn(tokens, h, generator=gen).to(torch.bfloat16)
     ids = torch.randint(0, e, (tokens, top_k), generator=gen)
     weights = torch.rand(tokens, top_k, generator=gen)
@@ -261,8 +307,8 @@ def test_the_layer_is_the_routed_dense_steps(fmt, act):
     rows = []
     for slot in routing.slot_of_row.tolist():
         t, ex = slot // top_k, int(ids.reshape(-1)[slot])
-        g = w4a8.gemm(ops.quantize_activation(x[t:t + 1], act), layer.gate_up.expert(ex))
-        rows.append(w4a8.gemm(ops.quantize_activation(moe.silu_and_mul(g), act), layer.down.expert(ex)))
+        g = ops.gemm(ops.quantize_activation(x[t:t + 1], act), layer.gate_up.expert(ex))
+        rows.append(ops.gemm(ops.quantize_activation(moe.silu_and_mul(g), act), layer.down.expert(ex)))
     expected = moe.combine(torch.cat(rows), routing, weights)
     assert y.shape == (tokens, h) and torch.equal(y, expected)
     # the state dict round trip, and the errors
@@ -276,17 +322,22 @@ def test_the_layer_is_the_routed_dense_steps(fmt, act):
 
 
 def test_layer_errors_say_what_to_do():
-    from humming_aot.moe.layer_w4a8 import W4A8MoE
+    from humming_aot.moe.layer_a8 import A8MoE
 
     gen = torch.Generator().manual_seed(8)
     gate_up, down = torch.randn(2, 256, 128, generator=gen), torch.randn(2, 128, 128, generator=gen)
-    with pytest.raises(ValueError, match=r"activations 'float8e4m3:g128': the W4A8 experts take 'float8e4m3:token'"):
-        W4A8MoE.from_experts(gate_up, down, "float8e4m3:g128", "int4:g128")
+    with pytest.raises(ValueError, match=r"activations 'float8e4m3:g128' do not suit the int4:g128 experts: .* "
+                                         r"quantize with 'float8e4m3:token'"):
+        A8MoE.from_experts(gate_up, down, "float8e4m3:g128", "int4:g128")
     with pytest.raises(ValueError, match=r"gate_up must be \(E, 2 I, H\) and down \(E, H, I\)"):
-        W4A8MoE.from_experts(gate_up, torch.randn(2, 128, 256), "int8:token", "int4:g128")
+        A8MoE.from_experts(gate_up, torch.randn(2, 128, 256), "int8:token", "int4:g128")
     with pytest.raises(ValueError, match="give fmt to quantize it"):
-        W4A8MoE.from_experts(gate_up, down, "int8:token")
-    layer = W4A8MoE.from_experts(gate_up, down, "int8:tensor", "int4:g128")
+        A8MoE.from_experts(gate_up, down, "int8:token")
+    with pytest.raises(ValueError, match=r"experts take 8-bit activations"):
+        A8MoE.from_experts(gate_up, down, "nvfp4", "int4:g128")
+    with pytest.raises(ValueError, match=r"do not suit the float8e4m3:b128x128 experts: .* 'float8e4m3:g128'"):
+        A8MoE.from_experts(gate_up, down, "float8e4m3:token", "float8e4m3:b128x128")
+    layer = A8MoE.from_experts(gate_up, down, "int8:tensor", "int4:g128")
     x = torch.randn(3, 128, generator=gen).to(torch.bfloat16)
     ids, weights = torch.tensor([[0], [1], [1]]), torch.ones(3, 1)
     with pytest.raises(ValueError, match=r"per-tensor activations need static scales: set module.static_scales"):
