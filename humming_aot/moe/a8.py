@@ -425,9 +425,15 @@ def _check_codes(codes: torch.Tensor, experts, what: str) -> None:
         raise ValueError(f"{what}: the activation codes' rows must be contiguous and start 16-byte aligned, a multiple "
                          f"of {K_ALIGN} bytes apart, at least K (strides {tuple(codes.stride())}); pass "
                          "qa.codes.contiguous()")
-    if experts.global_scale_tensor.shape != (experts.experts,) or experts.global_scale_tensor.device != experts.device:
-        raise ValueError(f"{what}: the experts' global_scale_tensor must stay ({experts.experts},) on "
-                         f"{experts.device}: pack the experts again")
+    scales = experts.global_scale_tensor
+    w8_scales = isinstance(experts, PackedW8A8Experts) and experts.w_scale.dtype != torch.float32
+    if (scales.shape != (experts.experts,) or scales.dtype != torch.float32 or not scales.is_contiguous()
+            or scales.device != experts.device or w8_scales or not experts.w_scale.is_contiguous()
+            or not experts.w.is_contiguous()):
+        raise ValueError(f"{what}: the experts' tensors must stay as packed (global_scale_tensor ({experts.experts},) "
+                         f"float32, scales {'float32 ' if isinstance(experts, PackedW8A8Experts) else ''}contiguous, "
+                         f"on {experts.device}; the kernel reads them so), got global scales {_moe._describe(scales)} "
+                         f"and scales {experts.w_scale.dtype}: pack the experts again instead of casting them")
 
 
 def _check_bias(bias: torch.Tensor | None, experts, out_dtype: torch.dtype, what: str) -> torch.Tensor | None:

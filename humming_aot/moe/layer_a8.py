@@ -85,7 +85,44 @@ class A8MoE(torch.nn.Module):
                                  f"{tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__}")
             self.register_buffer(name, None if bias is None else bias.to(device=gate_up.device, dtype=out_dtype)
                                  .contiguous())
-        self.static_scales: tuple[float, float] | None = None  # per-tensor formats: (GEMM1's, GEMM2's) scale
+        # per-tensor formats: (GEMM1's, GEMM2's) static activation scale, float32 (set_static_scales)
+        self.register_buffer("static_scales", None)
+
+    def set_static_scales(self, gate_up: float, down: float) -> None:
+        """The static activation scales of a per-tensor format (":tensor"): GEMM1's and GEMM2's,
+        kept in the state dict."""
+        device = self._buffers["gate_up_w"].device
+        self.static_scales = torch.tensor([float(gate_up), float(down)], dtype=torch.float32, device=device)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # a layer made without static scales takes a saved module's
+        saved = state_dict.get(prefix + "static_scales")
+        if saved is not None and self.static_scales is None:
+            self.static_scales = torch.empty_like(saved, device=self._buffers["gate_up_w"].device)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    # the buffers whose dtype the kernels read as packed: a cast of the module moves them but keeps
+    # their dtype (the biases and the output dtype follow a cast to a 16-bit float dtype)
+    _PACKED = ("gate_up_w", "gate_up_scale", "gate_up_global_scale", "down_w", "down_scale", "down_global_scale",
+               "static_scales")
+
+    def _apply(self, fn, recurse=True):
+        packed = {id(self._buffers[name]) for name in self._PACKED if self._buffers.get(name) is not None}
+
+        def keep_packed_dtypes(t: torch.Tensor) -> torch.Tensor:
+            out = fn(t)
+            return t.to(out.device) if id(t) in packed and out.dtype != t.dtype else out
+
+        # (what the function makes of the output dtype: a 16-bit cast moves it, anything else not)
+        target = fn(torch.empty(0, dtype=self.out_dtype, device=self._buffers["gate_up_w"].device)).dtype
+        result = super()._apply(keep_packed_dtypes, recurse)
+        if target in _OUT_DTYPES:
+            self.out_dtype = target
+        for name in ("gate_up_bias", "down_bias"):
+            bias = self._buffers.get(name)
+            if bias is not None and bias.dtype != self.out_dtype:
+                self._buffers[name] = bias.to(self.out_dtype)
+        return result
 
     def _experts(self, name: str):
         return self._kind(w=self._buffers[f"{name}_w"], w_scale=self._buffers[f"{name}_scale"],
@@ -118,8 +155,8 @@ class A8MoE(torch.nn.Module):
 
         static = None if self.static_scales is None else self.static_scales[which]
         if static is None and self.activations.endswith(":tensor"):
-            raise ValueError("A8MoE: per-tensor activations need static scales: set module.static_scales = "
-                             "(gate_up's, down's)")
+            raise ValueError("A8MoE: per-tensor activations need static scales: call "
+                             "module.set_static_scales(gate_up's, down's)")
         return ops.quantize_activation(x, self.activations, **({} if static is None else {"static_scale": static}))
 
     def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
@@ -134,6 +171,8 @@ class A8MoE(torch.nn.Module):
         if topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape:
             raise ValueError(f"A8MoE: topk_ids and topk_weights must be ({x.shape[0]}, top_k) for {x.shape[0]} "
                              f"tokens, got {tuple(topk_ids.shape)} and {tuple(topk_weights.shape)}")
+        if x.shape[0] == 0:  # (an empty batch: one rank of several may have no token)
+            return x.new_zeros(*shape[:-1], self.hidden_size)
         kernels = x.is_cuda
         routing = moe.group_rows(topk_ids, self.num_experts, check_range=not kernels)
         qx = _per_row(self._quantize(x, 0), x.shape[0])

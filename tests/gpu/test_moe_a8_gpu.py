@@ -4,10 +4,11 @@ mma-w4a8 and mma-ss bodies) on the GPU, for int4, uint4 with zero points and MXF
 and float8e4m3 codes, and float8 (per channel and per 128 x 128 block) and int8 experts: each
 expert's rows against the float64 product of its exact operands (the dense pairing's sum bound),
 under skewed and empty routing, with E past one window of the experts' walk (256), odd N (padded
-by pack) and K off the K tile, NaN-poisoned outputs whose rows of no expert must stay NaN, every
-table tile, the slab and offsets forms giving the same bits, K slices giving the same bits twice,
-a bias with float16 output, per-tensor activation scales, and CUDA graph replays (the kernels and
-the layer). Fresh random data each run (seed printed)."""
+by pack), K off the K tile of 128 (the codes' own K inside the last tile), NaN-poisoned outputs
+whose rows of no expert must stay NaN, every table tile, the slab and offsets forms giving the
+same bits, K slices giving the same bits twice, a bias with float16 output, per-tensor activation
+scales, and CUDA graph replays (the kernels and the layer). Fresh random data each run (seed
+printed)."""
 from __future__ import annotations
 
 import dataclasses
@@ -145,6 +146,34 @@ def test_offsets_rows_match_float64_and_the_slab_form_bit_for_bit(_kernels, weig
             _check_rows(first[lo:hi], moe_a8._rows(qa, slice(lo, hi)), experts, ex)
 
 
+@pytest.mark.parametrize("weight,element", [("int4", "int8"), ("int4", "float8e4m3"), ("uint4", "int8"),
+                                            ("float4e2m1", "float8e4m3"), ("float8e4m3", "float8e4m3"),
+                                            ("int8", "int8")])
+def test_k_off_the_k_tile(_kernels, weight, element):
+    """K = 400 (416 for MXFP4's groups of 32): the codes' own K ends inside the last K tile of 128,
+    whose codes past it the bodies zero-fill; per-channel scales (one group spanning K), both
+    forms, NaN-poisoned outputs."""
+    gen = torch.Generator().manual_seed(_seed())
+    e, max_m, n, k = 3, 24, 128, 416 if weight == "float4e2m1" else 400
+    fmt = {"int4": "int4:channel", "uint4": "uint4:channel:zp"}.get(weight, _FORMATS[weight])
+    w = torch.randn(e, n, k, generator=gen) * 0.05
+    experts = pack_a8_experts(quant.quantize(w.cuda(), fmt))
+    qa = _activations((e, max_m, k), f"{element}:token", gen)
+    counts = torch.tensor([24, 3, 0], dtype=torch.int32, device="cuda")
+    out = torch.full((e, max_m, experts.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    y = gemm_masked_a8_kernel(qa, experts, counts, out=out)
+    rows = dataclasses.replace(qa, codes=qa.codes.reshape(e * max_m, k), scales=qa.scales.reshape(e * max_m, 1))
+    offsets = torch.tensor([0, 24, 27, 27], dtype=torch.int32, device="cuda")
+    grouped = gemm_grouped_a8_kernel(rows, experts, offsets, expected_m=9)
+    torch.cuda.synchronize()
+    for ex, count in enumerate(counts.tolist()):
+        if count:
+            _check_rows(y[ex, :count], moe_a8._rows(qa, (ex, slice(0, count))), experts, ex)
+        assert torch.isnan(out[ex, count:]).all()
+    for ex, (lo, hi) in enumerate(((0, 24), (24, 27))):
+        _check_rows(grouped[lo:hi], moe_a8._rows(rows, slice(lo, hi)), experts, ex)
+
+
 @pytest.mark.parametrize("element", ["int8", "float8e4m3"])
 def test_many_experts_few_tokens_past_one_walk_window(_kernels, element):
     """E = 300 (two windows of the walk), 6 tokens top-4 routed at random, by offsets at the
@@ -167,7 +196,8 @@ def test_many_experts_few_tokens_past_one_walk_window(_kernels, element):
         _check_rows(y[lo:hi], moe_a8._rows(rows, slice(lo, hi)), experts, ex)
 
 
-def test_bias_float16_and_a_per_tensor_scale(_kernels):
+@pytest.mark.parametrize("element", ["float8e4m3"])  # (the fixture skips it below sm89)
+def test_bias_float16_and_a_per_tensor_scale(_kernels, element):
     gen = torch.Generator().manual_seed(_seed())
     e, max_m, n, k = 3, 20, 96, 256
     experts = _experts("uint4", e, n, k, gen)
@@ -182,7 +212,8 @@ def test_bias_float16_and_a_per_tensor_scale(_kernels):
             _check_rows(y[ex, :count], moe_a8._rows(qa, (ex, slice(0, count))), experts, ex, bias, torch.float16)
 
 
-def test_a_cuda_graph_replays_both_forms(_kernels):
+@pytest.mark.parametrize("element", ["float8e4m3"])  # (the fixture skips it below sm89)
+def test_a_cuda_graph_replays_both_forms(_kernels, element):
     gen = torch.Generator().manual_seed(_seed())
     e, max_m, n, k = 8, 16, 128, 256
     experts = _experts("float4e2m1", e, n, k, gen)

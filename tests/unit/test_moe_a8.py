@@ -340,10 +340,38 @@ def test_layer_errors_say_what_to_do():
     layer = A8MoE.from_experts(gate_up, down, "int8:tensor", "int4:g128")
     x = torch.randn(3, 128, generator=gen).to(torch.bfloat16)
     ids, weights = torch.tensor([[0], [1], [1]]), torch.ones(3, 1)
-    with pytest.raises(ValueError, match=r"per-tensor activations need static scales: set module.static_scales"):
+    with pytest.raises(ValueError, match=r"per-tensor activations need static scales: call module.set_static_scales"):
         layer(x, ids, weights)
-    layer.static_scales = (0.05, 0.01)
-    assert layer(x, ids, weights).shape == (3, 128)
+    layer.set_static_scales(0.05, 0.01)
+    y = layer(x, ids, weights)
+    assert y.shape == (3, 128)
+    again = A8MoE.from_experts(gate_up, down, "int8:tensor", "int4:g128")
+    again.load_state_dict(layer.state_dict())  # (the static scales are in it)
+    assert torch.equal(again(x, ids, weights), y)
+    # no token (one rank of several may have none): zeros of (0, H)
+    assert layer(x[:0], ids[:0], weights[:0]).shape == (0, 128)
+
+
+def test_a_cast_of_the_layer_keeps_the_packed_dtypes_and_moves_the_output_dtype():
+    """module.to(torch.float16) (a whole model cast) leaves the codes, scales and global scales as
+    packed (the kernels read them so) and moves the biases and the output dtype; the result is the
+    float16 layer's."""
+    from humming_aot.moe.layer_a8 import A8MoE
+
+    gen = torch.Generator().manual_seed(9)
+    gate_up, down = torch.randn(3, 256, 128, generator=gen) * 0.05, torch.randn(3, 128, 128, generator=gen) * 0.05
+    bias = (torch.randn(3, 256, generator=gen) * 0.1).to(torch.bfloat16).float()  # (exact in both 16-bit dtypes)
+    for fmt, act in (("float8e4m3:channel", "float8e4m3:token"), ("uint4:g128:zp", "int8:token")):
+        layer = A8MoE.from_experts(gate_up, down, act, fmt, gate_up_bias=bias)
+        dtypes = {name: b.dtype for name, b in layer.named_buffers() if "bias" not in name}
+        layer = layer.to(torch.float16)
+        assert {name: b.dtype for name, b in layer.named_buffers() if "bias" not in name} == dtypes
+        assert layer.out_dtype == torch.float16 and layer.gate_up_bias.dtype == torch.float16
+        half = A8MoE.from_experts(gate_up, down, act, fmt, gate_up_bias=bias, out_dtype=torch.float16)
+        x = torch.randn(4, 128, generator=gen).to(torch.float16)
+        ids, weights = torch.tensor([[0, 2], [1, 2], [2, 0], [1, 1]]), torch.rand(4, 2, generator=gen)
+        assert torch.equal(layer(x, ids, weights), half(x, ids, weights))
+        assert layer.half().out_dtype == torch.float16 and layer.float().out_dtype == torch.float16
 
 
 def test_nvrtc_compiles_a_masked_key():
