@@ -6,14 +6,17 @@ from __future__ import annotations
 import torch
 
 from humming_aot import ops
+from humming_aot.packed_buffers import PackedBuffersModule
 
 
-class W8A8Linear(torch.nn.Module):
+class W8A8Linear(PackedBuffersModule):
     """y = gemm(quantize_activation(x, activations), W) (+ b): a layer with quantized (8- or 4-bit)
     activations (the float64 reference on the CPU): float8 or int8 W8A8 (humming_aot.w8a8), or W4A8 with
     int4 weights and float8 or int8 activations, or MXFP4 weights and float8 ones (humming_aot.w4a8). The output takes x's dtype when it is
     float16 or bfloat16, else bfloat16. Weight codes, scales and bias are buffers (``.to()`` moves
-    them)."""
+    them; a cast of the module leaves the codes' and scales' dtypes as packed: PackedBuffersModule)."""
+
+    _PACKED = ("w", "w_scale", "global_scale", "static_scale")
 
     def __init__(self, packed, activations: str, bias: torch.Tensor | None = None,
                  static_scale: torch.Tensor | float | None = None):

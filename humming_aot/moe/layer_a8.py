@@ -18,13 +18,14 @@ import dataclasses
 import torch
 
 from humming_aot.moe.a8 import PackedW4A8Experts, PackedW8A8Experts
+from humming_aot.packed_buffers import PackedBuffersModule
 from humming_aot.quant import ActivationGranularity
 
 _ACTIVATIONS = ("silu", "swiglu_oai")
 _OUT_DTYPES = (torch.bfloat16, torch.float16)
 
 
-class A8MoE(torch.nn.Module):
+class A8MoE(PackedBuffersModule):
     """A MoE MLP of experts for 8-bit activations: gate_up (E, 2 I, H) and down (E, H, I), both
     PackedW4A8Experts or both PackedW8A8Experts, of one device; the activation format (an
     ActivationFormat string the experts take: "float8e4m3:token", "int8:token", either per tensor
@@ -102,20 +103,14 @@ class A8MoE(torch.nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # the buffers whose dtype the kernels read as packed: a cast of the module moves them but keeps
-    # their dtype (the biases and the output dtype follow a cast to a 16-bit float dtype)
+    # their dtype (PackedBuffersModule; the biases and the output dtype follow a 16-bit cast)
     _PACKED = ("gate_up_w", "gate_up_scale", "gate_up_global_scale", "down_w", "down_scale", "down_global_scale",
                "static_scales")
 
     def _apply(self, fn, recurse=True):
-        packed = {id(self._buffers[name]) for name in self._PACKED if self._buffers.get(name) is not None}
-
-        def keep_packed_dtypes(t: torch.Tensor) -> torch.Tensor:
-            out = fn(t)
-            return t.to(out.device) if id(t) in packed and out.dtype != t.dtype else out
-
         # (what the function makes of the output dtype: a 16-bit cast moves it, anything else not)
         target = fn(torch.empty(0, dtype=self.out_dtype, device=self._buffers["gate_up_w"].device)).dtype
-        result = super()._apply(keep_packed_dtypes, recurse)
+        result = super()._apply(fn, recurse)  # (the packed buffers keep their dtypes)
         if target in _OUT_DTYPES:
             self.out_dtype = target
         for name in ("gate_up_bias", "down_bias"):

@@ -372,3 +372,26 @@ def test_int8_k_whose_sums_could_overflow_int32_is_refused():
         w8a8.pack(quant.quantize(torch.randn(16, longest + w8a8.K_ALIGN, generator=gen), "int8:channel"))
     # float8 sums are promoted to fp32 every 128 of K: no such limit
     assert w8a8.pack(quant.quantize(torch.randn(16, longest + w8a8.K_ALIGN, generator=gen), "float8e4m3:channel"))
+
+
+def test_a_cast_of_the_layer_keeps_its_packed_scales():
+    """model.to(torch.bfloat16) (a whole model cast) moves W8A8Linear's buffers but leaves the codes'
+    and scales' dtypes as packed (the kernels read float32 scales by address): the same outputs
+    after the cast, for W8A8 per channel (per token and with a static scale), per block, and W4A8."""
+    from humming_aot.nn import QuantizedLinear
+
+    linear = torch.nn.Linear(256, 128)
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    for fmt, act, static in (("float8e4m3:channel", "float8e4m3:token", None),
+                             ("float8e4m3:channel", "float8e4m3:tensor", 0.05),
+                             ("float8e4m3:b128x128", "float8e4m3:g128", None), ("int4:g128", "int8:token", None)):
+        layer = QuantizedLinear.from_linear(linear, fmt, activations=act)
+        if static is not None:
+            layer = type(layer)(layer.packed, act, layer.bias, static_scale=static)
+        y = layer(x)
+        dtypes = {name: b.dtype for name, b in layer.named_buffers() if name != "bias"}
+        for cast in (torch.bfloat16, torch.float16, torch.float64):
+            layer = layer.to(cast)
+            assert {name: b.dtype for name, b in layer.named_buffers() if name != "bias"} == dtypes, (fmt, cast)
+            assert layer.bias.dtype == cast
+        assert torch.equal(layer.to(torch.bfloat16)(x), y), fmt
