@@ -97,3 +97,25 @@ def test_each_forced_tile_is_an_implementation_of_its_own():
     assert bench_moe.impl_variants("humming_aot,humming", None) == [("humming_aot", None), ("humming", None)]
     assert bench_moe.impl_variants("humming_aot,humming", "default,wgmma-ws:128x256x64_w1x8_s4") == [
         ("humming_aot", None), ("humming_aot", "wgmma-ws:128x256x64_w1x8_s4"), ("humming", None)]
+
+
+def test_the_a8_implementations_take_the_activation_format():
+    """--activations names the 8-bit format of humming_aot_a8 / +quant / humming_a8; without it
+    they are unavailable (a row saying why), and --tile forces a tile on ours."""
+    args = bench_moe.parse_args(["--impls", "humming_aot_a8,humming_aot_a8+quant,humming_a8",
+                                 "--activations", "float8e4m3:token", "--formats", "int4:g128,float8e4m3:b128x128"])
+    assert args.activations == "float8e4m3:token"
+    assert [name for name, _ in bench_moe.impl_variants("humming_aot_a8,humming_a8", "default,mma-w4a8:16x128x128_w1x4_s4")] \
+        == ["humming_aot_a8", "humming_aot_a8", "humming_a8"]
+    w = torch.randn(4, 128, 256).to(torch.bfloat16)
+    bench_moe.ACTIVATIONS["format"] = None
+    for prepare in (bench_moe.prepare_humming_aot_a8, bench_moe.prepare_humming_a8):
+        with pytest.raises(bench_moe.bench_gemm.Unavailable, match="give --activations"):
+            prepare(w, "int4:g128", "contiguous")
+    bench_moe.ACTIVATIONS["format"] = "float8e4m3:token"
+    try:
+        impl = bench_moe.prepare_humming_aot_a8(w, "int4:g128", "contiguous", tile="mma-w4a8:16x128x128_w1x4_s4")
+        assert impl.name == "humming_aot_a8" and "float8e4m3:token tile mma-w4a8" in impl.note
+        assert impl.weight(1).shape == (128, 256)
+    finally:
+        bench_moe.ACTIVATIONS["format"] = None

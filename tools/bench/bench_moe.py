@@ -22,6 +22,12 @@ expert's rows first, with per-expert counts (E,); max_m is the largest count, ro
                      grouped_masked
   torch_grouped_mm   torch._grouped_mm on the bf16 weights (sm_90+; masked: every expert's max_m
                      rows, batched)
+  humming_aot_a8     (with --activations, e.g. float8e4m3:token) pack_a8_experts(quantize(w, fmt)):
+                     W4A8 or W8A8 experts on gemm_grouped_a8_kernel / gemm_masked_a8_kernel, on the
+                     rows quantized once per routing outside the timing; humming_aot_a8+quant
+                     quantizes them inside it (ops.quantize_activation, then the GEMM)
+  humming_a8         Humming's layer with input_config dtype = the activations' element,
+                     dynamic_token (it quantizes inside its call)
 
 Routing: --tokens tokens, each to top_k distinct experts drawn from random scores (seeded). Each
 point rotates --routings routings (different experts, so small token counts meet cold weights),
@@ -75,10 +81,10 @@ def model_spec(name: str) -> tuple[int, int, tuple[tuple[str, int, int], ...]]:
         raise ValueError(f"model {name!r}: needs 1 <= top_k <= experts and positive N, K")
     return experts, top_k, (("gemm", n, k),)
 ALL_IMPLS = ("humming_aot", "humming", "torch_grouped_mm", "humming_aot_loop", "humming_aot_aligned",
-             "humming_aot_indexed")
+             "humming_aot_indexed", "humming_aot_a8", "humming_aot_a8+quant", "humming_a8")
 DEFAULT_IMPLS = ALL_IMPLS[:3]
 # the impls --tile forces a tile on
-TILED_IMPLS = ("humming_aot", "humming_aot_aligned", "humming_aot_indexed")
+TILED_IMPLS = ("humming_aot", "humming_aot_aligned", "humming_aot_indexed", "humming_aot_a8", "humming_aot_a8+quant")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -296,9 +302,80 @@ def prepare_humming_aot_indexed(w: torch.Tensor, fmt: str, layout: str, tile: st
     return MoeImpl("humming_aot_indexed", call, weight, f"tile {tile}" if tile else "", to_layout, kept.clear)
 
 
+# The 8-bit activation format of the a8 implementations (--activations; None: they are not run)
+ACTIVATIONS: dict[str, str | None] = {"format": None}
+
+
+def prepare_humming_aot_a8(w: torch.Tensor, fmt: str, layout: str, tile: str | None = None,
+                           quantize: bool = False) -> MoeImpl:
+    """Experts for 8-bit activations (moe.pack_a8_experts: W4A8 or W8A8) on the grouped kernels of
+    the layout, on the routing's rows quantized once per routing outside the timing (as
+    humming_aot_a8+quant does inside it: ops.quantize_activation of the rows, then the GEMM)."""
+    import humming_aot
+    from humming_aot import ops
+    from humming_aot.moe import gemm_grouped_a8_kernel, gemm_masked_a8_kernel, pack_a8_experts
+
+    activations = ACTIVATIONS["format"]
+    if activations is None:
+        raise bench_gemm.Unavailable("give --activations (e.g. float8e4m3:token) for the a8 implementations")
+    experts = pack_a8_experts(humming_aot.quantize(w.float(), fmt))
+    weight = lambda e: experts.expert(e).effective_weight()  # noqa: E731
+    kept: dict[int, tuple] = {}
+
+    def operands(r: Routed):
+        if id(r) not in kept:
+            a = r.masked_a if layout == "masked" else r.a
+            shape = (*a.shape[:-1], experts.n)
+            kept[id(r)] = (r, ops.quantize_activation(a, activations), r.offsets.to(torch.int32),
+                           torch.empty(shape, dtype=w.dtype, device=w.device))
+        return kept[id(r)][1:]
+
+    def call(r: Routed) -> torch.Tensor:
+        qa, offsets, out = operands(r)
+        if quantize:
+            qa = ops.quantize_activation(r.masked_a if layout == "masked" else r.a, activations)
+        if layout == "masked":
+            return gemm_masked_a8_kernel(qa, experts, r.counts, expected_m=r.expected_m, out=out, tile=tile)
+        return gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=r.expected_m, out=out, tile=tile)
+    name = "humming_aot_a8+quant" if quantize else "humming_aot_a8"
+    return MoeImpl(name, call, weight, activations + (f" tile {tile}" if tile else ""), None, kept.clear)
+
+
+def prepare_humming_aot_a8_quant(w: torch.Tensor, fmt: str, layout: str, tile: str | None = None) -> MoeImpl:
+    return prepare_humming_aot_a8(w, fmt, layout, tile, quantize=True)
+
+
+def prepare_humming_a8(w: torch.Tensor, fmt: str, layout: str) -> MoeImpl:
+    """Humming's layer with its input config for 8-bit activations (dynamic per token), which
+    quantizes the 16-bit rows inside its call."""
+    activations = ACTIVATIONS["format"]
+    if activations is None:
+        raise bench_gemm.Unavailable("give --activations (e.g. float8e4m3:token) for the a8 implementations")
+    element, _, granularity = activations.partition(":")
+    if granularity != "token" or fmt not in bench_gemm.HUMMING_WEIGHT_CONFIG:
+        raise bench_gemm.Unavailable(f"no humming config mapped for {fmt} x {activations}")
+    try:
+        from humming.layer import HummingLayer
+    except Exception as exc:  # noqa: BLE001
+        raise bench_gemm.Unavailable(f"import humming failed: {exc}") from exc
+    e, n, k = w.shape
+    start = time.perf_counter()
+    try:
+        layer = HummingLayer(shape_n=n, shape_k=k, weight_config=dict(bench_gemm.HUMMING_WEIGHT_CONFIG[fmt]),
+                             input_config={"dtype": element, "quant_mode": "dynamic_token"}, torch_dtype=w.dtype,
+                             num_experts=e).cuda()
+        layer.load_from_unquantized(w)
+        layer.transform()
+        impl = _humming_impl(layer, w, layout, start)
+    except Exception as exc:  # noqa: BLE001 - another library's refusal is a row of the table, not a crash
+        raise bench_gemm.Unavailable(f"humming failed on this configuration: {type(exc).__name__}: {exc}") from exc
+    return dataclasses.replace(impl, name="humming_a8", note=f"{activations}, {impl.note}")
+
+
 PREPARE = {"humming_aot": prepare_humming_aot, "humming": prepare_humming, "torch_grouped_mm": prepare_torch_grouped_mm,
            "humming_aot_loop": prepare_humming_aot_loop, "humming_aot_aligned": prepare_humming_aot_aligned,
-           "humming_aot_indexed": prepare_humming_aot_indexed}
+           "humming_aot_indexed": prepare_humming_aot_indexed, "humming_aot_a8": prepare_humming_aot_a8,
+           "humming_aot_a8+quant": prepare_humming_aot_a8_quant, "humming_a8": prepare_humming_a8}
 
 
 def impl_variants(impls: str, tiles: str | None) -> list[tuple[str, str | None]]:
@@ -332,7 +409,7 @@ def relerr(impl: MoeImpl, routed: Routed, layout: str) -> float | None:
 
 # Other libraries' implementations: a configuration one of them refuses (an exception in its
 # set-up or at some token count) is reported as its row, and the run goes on.
-EXTERNAL_IMPLS = ("humming", "torch_grouped_mm")
+EXTERNAL_IMPLS = ("humming", "torch_grouped_mm", "humming_a8")
 
 
 def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -407,6 +484,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="force these MoE tile labels on humming_aot, humming_aot_aligned and humming_aot_indexed (a "
                              "comma list, each timed as an implementation of its own beside the others, 'default' "
                              "for the table's; e.g. default,wgmma-ws:128x256x64_w1x8_s4); default the table's")
+    parser.add_argument("--activations", default=None,
+                        help="the 8-bit activation format of the a8 implementations (humming_aot_a8, "
+                             "humming_aot_a8+quant, humming_a8), e.g. float8e4m3:token, int8:token, float8e4m3:g128")
     parser.add_argument("--routings", type=int, default=4, help="routings rotated per point")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
@@ -428,6 +508,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench_moe.py needs a CUDA GPU")
+    ACTIVATIONS["format"] = args.activations
     results = bench(args)
     if args.json_path:
         write_results_json(args.json_path, results, args=vars(args))
