@@ -252,3 +252,28 @@ def test_the_layer_on_the_kernels_matches_its_reference_path_and_replays(_kernel
     assert (y.double().cpu() - expected).abs().max().item() <= step * expected.abs().max().item()
     args = (x.cuda(), ids.cuda(), weights.cuda())
     assert_graph_replay_is_eager(lambda: layer(*args))
+
+
+@pytest.mark.parametrize("weight,element", [("int4", "int8"), ("uint4", "float8e4m3"), ("blocks", "float8e4m3")])
+def test_the_indexed_layout_on_the_kernel(_kernels, weight, element):
+    """gemm_indexed_a8 on align_block_size's layout through the grouped kernel (gather, offsets form,
+    scatter): each slot's row against float64, and a CUDA graph replay."""
+    from humming_aot.moe import align_block_size, gemm_indexed_a8
+
+    gen = torch.Generator().manual_seed(_seed())
+    e, n, k, tokens, top_k = 16, 256, 384, 37, 4
+    experts = _experts(weight, e, n, k, gen)
+    ids = torch.stack([torch.randperm(e, generator=gen)[:top_k] for _ in range(tokens)]).cuda()
+    routing = align_block_size(ids, e, 16)
+    qa = _activations((tokens, k), _act_format(weight, element), gen)
+    y = gemm_indexed_a8(qa, experts, routing, a_rows_per_token=top_k)
+    torch.cuda.synchronize()
+    flat = ids.reshape(-1).tolist()
+    for ex in range(e):
+        slots = [t for t in range(tokens * top_k) if flat[t] == ex]
+        if slots:
+            index = torch.tensor(slots, device="cuda")
+            rows = moe_a8._rows(dataclasses.replace(qa, codes=qa.codes[index // top_k].contiguous(),
+                                                    scales=qa.scales[index // top_k].contiguous()), slice(None))
+            _check_rows(y[index], rows, experts, ex)
+    assert_graph_replay_is_eager(lambda: gemm_indexed_a8(qa, experts, routing, a_rows_per_token=top_k))

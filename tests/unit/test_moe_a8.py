@@ -385,3 +385,35 @@ def test_nvrtc_compiles_a_masked_key():
         pytest.skip(why)
     image = jit.compile_kernel(_masked_key("sm89", "uint4", "float8e4m3", "mma-w4a8:16x128x128_w1x4_s4"))
     assert len(image) > 10000
+
+
+@pytest.mark.parametrize("fmt,act", [PAIRS[0], PAIRS[4], PAIRS[6]])
+def test_the_indexed_layout_is_each_slots_dense_product(fmt, act):
+    """gemm_indexed_a8 on align_block_size's layout (the loop on the CPU): each routed slot's row
+    times its expert, times its routing weight, for both GEMMs' row forms; an id out of range's
+    slot (dropped by a kernel-made routing) is zeros; a routing with an expert_map is refused."""
+    from humming_aot.moe import align_block_size, gemm_indexed_a8
+
+    _, experts = _experts(fmt, e=5)
+    gen = torch.Generator().manual_seed(11)
+    tokens, top_k = 7, 2
+    ids = torch.stack([torch.randperm(5, generator=gen)[:top_k] for _ in range(tokens)])
+    weights = torch.rand(tokens, top_k, generator=gen)
+    routing = align_block_size(ids, 5, 16)
+    for rows_per_token, shape in ((top_k, (tokens, 256)), (1, (tokens * top_k, 256))):
+        qa = _activations(shape, act, seed=rows_per_token)
+        for w in (None, weights):
+            out = gemm_indexed_a8(qa, experts, routing, a_rows_per_token=rows_per_token, topk_weights=w)
+            assert out.shape == (tokens * top_k, 96)
+            for t in range(tokens * top_k):
+                e = int(ids.reshape(-1)[t])
+                row = ops.gemm(moe_a8._rows(qa, slice(t // rows_per_token, t // rows_per_token + 1)),
+                               experts.expert(e))
+                if w is not None:
+                    row = (row.float() * w.reshape(-1)[t]).to(torch.bfloat16)
+                assert torch.equal(out[t], row[0]), (fmt, t)
+    with pytest.raises(ValueError, match="the routing holds no offsets of these 5 experts"):
+        mapped = align_block_size(ids, 5, 16, expert_map=torch.tensor([0, 1, 2, 3, 4], dtype=torch.int32))
+        gemm_indexed_a8(_activations((tokens, 256), act), experts, mapped, a_rows_per_token=top_k)
+    with pytest.raises(ValueError, match=r"a_rows_per_token must be the routing's top_k \(2"):
+        gemm_indexed_a8(_activations((tokens, 256), act), experts, routing, a_rows_per_token=3)
