@@ -19,8 +19,9 @@
 // upstream grid first (the row experts may be its output). Preconditions (the host states them;
 // the kernel cannot see a mixed block): every kBlockM-row block starting at a multiple of kBlockM
 // holds one expert's rows (then padding), or padding only; gemm.k_splits == 1; a body with
-// run_tile(GemmParams, tile, at_epilogue) taking its tile in the raster of
-// schedule/tile_scheduler.cuh (the mma.sync bodies). SM80+.
+// run_tile(rows, tile, at_epilogue) taking its tile in the raster of schedule/tile_scheduler.cuh
+// (the mma.sync bodies: GemmParams rows; the 8-bit-activation ones, mma-w4a8 and mma-ss, ScaledRows
+// with every row's scales, GroupedScaledGemmParams). SM80+.
 
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/schedule/grid_dependency.cuh>
@@ -28,7 +29,17 @@
 
 namespace humming_aot::kernel {
 
-template <class Dense,  // the dense body: run_tile(const GemmParams&, tile, at_epilogue), the dense raster
+// The schedule's view of its two Params structs: the GroupedGemmParams part, and the rows every
+// tile runs on before its expert's weights are moved in (GemmParams for the 16-bit bodies;
+// ScaledRows, with every row's scales, for the 8-bit-activation ones).
+__device__ __forceinline__ const GroupedGemmParams& grouped_part(const GroupedGemmParams& g) { return g; }
+__device__ __forceinline__ const GroupedGemmParams& grouped_part(const GroupedScaledGemmParams& g) { return g.grouped; }
+__device__ __forceinline__ GemmParams all_rows(const GroupedGemmParams& g) { return g.gemm; }
+__device__ __forceinline__ ScaledRows all_rows(const GroupedScaledGemmParams& s) {
+  return ScaledRows{s.grouped.gemm, s.a_scale, s.a_k, s.a_scale_row_stride};
+}
+
+template <class Dense,  // the dense body: run_tile(rows, tile, at_epilogue), the dense raster
           int kBlockM,  // its tile's rows (tokens): the alignment of every expert's rows
           int kBlockN>  // its tile's columns (weight channels)
 struct GroupedContiguous {
@@ -64,8 +75,11 @@ struct GroupedContiguous {
     return tiles;
   }
 
-  static __device__ __forceinline__ void run(const GroupedGemmParams& g) {
+  // Params: GroupedGemmParams, or GroupedScaledGemmParams for the 8-bit-activation bodies.
+  template <class Params>
+  static __device__ __forceinline__ void run(const Params& params) {
     schedule::wait_for_upstream_grid();  // the row experts (and the activations) may come from the previous kernel
+    const GroupedGemmParams& g = grouped_part(params);
     const u32 m_tiles = (static_cast<u32>(g.gemm.m) + kBlockM - 1) / kBlockM;
     const u32 n_tiles = (static_cast<u32>(g.gemm.n) + kBlockN - 1) / kBlockN;
     const u32 tiles = m_tiles * n_tiles;
@@ -78,8 +92,8 @@ struct GroupedContiguous {
       // next kernel in
       int next_expert = -1;
       const u32 next = next_real(g, tile + gridDim.x, m_tiles, n_tiles, next_expert);
-      GemmParams p = g.gemm;
-      g.weights.move_to(p, expert);
+      auto p = all_rows(params);
+      g.weights.move_to(gemm_part(p), expert);
       const bool last = next >= tiles;
       Dense::run_tile(p, tile, [last] {
         if (last) schedule::release_dependent_grid();

@@ -160,8 +160,6 @@ struct ExpertWalk {
 // move by 2-byte elements. 8-bit codes (ScaledRows): a by bytes (lda in bytes), the scales by rows.
 __device__ __forceinline__ const MaskedGemmParams& masked_part(const MaskedGemmParams& g) { return g; }
 __device__ __forceinline__ const MaskedGemmParams& masked_part(const MaskedScaledGemmParams& g) { return g.masked; }
-__device__ __forceinline__ GemmParams& gemm_part(GemmParams& p) { return p; }
-__device__ __forceinline__ GemmParams& gemm_part(ScaledRows& p) { return p.gemm; }
 
 __device__ __forceinline__ GemmParams tile_rows(const MaskedGemmParams& g, u32 rows) {
   GemmParams p = g.gemm;

@@ -158,6 +158,11 @@ struct ScaledRows {
   int a_scale_stride;
 };
 
+// The GemmParams part of what the MoE schedules hand a body (kernel/grouped_masked.cuh,
+// grouped_contiguous.cuh): the 16-bit bodies' GemmParams itself, the 8-bit ones' ScaledRows' own.
+__device__ __forceinline__ GemmParams& gemm_part(GemmParams& p) { return p; }
+__device__ __forceinline__ GemmParams& gemm_part(ScaledRows& p) { return p.gemm; }
+
 // The Params of the grouped contiguous MoE GEMM (kernel/grouped_contiguous.cuh): the GemmParams of
 // all the grouped rows with expert 0's weights (k_splits 1), each row's expert on the device and
 // the experts' weights (ExpertWeights). Packed as GemmParams' bytes, then "<2Q4q" (152 bytes).
@@ -168,6 +173,19 @@ struct GroupedGemmParams {
   ExpertWeights weights;
 };
 static_assert(sizeof(GroupedGemmParams) == 152, "GroupedGemmParams is GemmParams, a pointer and ExpertWeights");
+
+// The Params of the grouped contiguous MoE GEMM on the 8-bit-activation mma.sync bodies:
+// GroupedGemmParams whose activation is 8-bit codes (gemm.a: every grouped row's, lda in bytes),
+// then every row's fp32 scales, the codes' own K (W4A8) and the floats between rows' scales (1 per
+// token; W8A8 block scales: K / 128). Packed as GroupedGemmParams' bytes, then "<Q2i" (168 bytes).
+struct GroupedScaledGemmParams {
+  GroupedGemmParams grouped;
+  const float* a_scale;    // (m rows of a_scale_row_stride floats)
+  int a_k;                 // W4A8: the activation codes' own K
+  int a_scale_row_stride;  // floats between consecutive rows' scales
+};
+static_assert(sizeof(GroupedScaledGemmParams) == 168,
+              "GroupedScaledGemmParams is GroupedGemmParams, a pointer and two ints");
 
 // Exported as `extern "C" __constant__ KernelMetadata humming_aot_kernel_metadata` (256 bytes).
 struct KernelMetadata {
