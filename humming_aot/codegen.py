@@ -55,9 +55,10 @@ _MOE_SCHEDULES = {
 _MOE_WS_SCHEDULE = ("grouped_masked_ws.cuh", "GroupedMaskedWs", "MaskedTmaGemmParams")
 
 
-# The grouped masked GEMM on the 8-bit-activation mma.sync bodies (W4A8, W8A8): the same schedule,
-# whose Params add the rows' fp32 scales, the codes' K and the scales' row stride.
+# The grouped masked and contiguous GEMMs on the 8-bit-activation mma.sync bodies (W4A8, W8A8): the
+# same schedules, whose Params add the rows' fp32 scales, the codes' K and the scales' row stride.
 _MOE_SCALED_SCHEDULE = ("grouped_masked.cuh", "GroupedMasked", "MaskedScaledGemmParams")
+_GROUPED_SCALED_SCHEDULE = ("grouped_contiguous.cuh", "GroupedContiguous", "GroupedScaledGemmParams")
 
 
 def _moe_schedule(key: KernelKey) -> tuple[str, str, str] | None:
@@ -75,7 +76,7 @@ def _moe_schedule(key: KernelKey) -> tuple[str, str, str] | None:
     if mma is MmaKind.WGMMA_WS:
         return _MOE_WS_SCHEDULE
     if mma in (MmaKind.MMA_W4A8, MmaKind.MMA_SS):
-        return _MOE_SCALED_SCHEDULE
+        return _MOE_SCALED_SCHEDULE if gemm_type is GemmType.MASKED else _GROUPED_SCALED_SCHEDULE
     return _MOE_SCHEDULES[gemm_type]
 
 
@@ -142,7 +143,7 @@ def kernel_source(key: KernelKey) -> str:
             "on wgmma-ss and mma-ss tiles, int4, uint4 (zero point) or mxfp4 x float8e4m3 on wgmma-w4a8 tiles, int4 or "
             "uint4 x int8 or float8e4m3 and mxfp4 x float8e4m3 on mma-w4a8 tiles, block-scaled float4e2m1 x float4e2m1 on mma-fp4 "
             "tiles, and the grouped masked and contiguous ones "
-            "around the mma.sync and wgmma-ws bodies, the masked one around mma-w4a8 and mma-ss too)"
+            "around the mma.sync and wgmma-ws bodies, and around mma-w4a8 and mma-ss)"
         )
     schedule = _moe_schedule(key)  # (raises for a body the MoE schedule does not take)
     if not quantized_body and (spec.w_scale_dtype != spec.a_dtype or spec.out_dtype != spec.a_dtype):

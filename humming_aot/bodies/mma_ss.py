@@ -79,9 +79,9 @@ class MmaSsBody(Body):
         s = key.spec
         operands = ((s.a_dtype, s.a_scale.value, s.a_scale_dtype), (s.w_dtype, s.w_scale.value, s.w_scale_dtype))
         if (operands not in _OPERANDS and operands != _BLOCKS) or s.w_zero_point.value != "none" \
-                or s.out_dtype not in OUT_DTYPES or s.gemm_type.value not in ("dense", "masked"):
+                or s.out_dtype not in OUT_DTYPES or s.gemm_type.value not in ("dense", "masked", "grouped"):
             raise ValueError(
-                f"{key.name}: the mma-ss body computes dense (or grouped masked: MoE) float8e4m3 x float8e4m3, "
+                f"{key.name}: the mma-ss body computes dense (or grouped: MoE) float8e4m3 x float8e4m3, "
                 "int8 x int8 or int4 x int4 with "
                 "float32 scales per token and per channel (a-e4m3-k-f32 w-e4m3-g-f32, a-s8-k-f32 w-s8-g-f32, "
                 "a-s4-k-f32 w-s4-g-f32), or float8 "

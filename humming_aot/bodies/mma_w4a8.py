@@ -69,12 +69,12 @@ class MmaW4a8Body(Body):
         if s.a_dtype not in FIRST_ARCH or s.a_scale.value != "k" or s.a_scale_dtype != "float32" \
                 or weights not in _WEIGHTS or s.w_scale.value != "g" \
                 or (s.w_dtype == "float4e2m1" and s.a_dtype != "float8e4m3") \
-                or s.out_dtype not in OUT_DTYPES or s.gemm_type.value not in ("dense", "masked"):
+                or s.out_dtype not in OUT_DTYPES or s.gemm_type.value not in ("dense", "masked", "grouped"):
             raise ValueError(
                 f"{key.name}: the mma-w4a8 body computes dense symmetric int4 weights (float32 group scales) or uint4 "
                 "ones with an integer zero point x int8 or float8e4m3 activations (float32 token scales: a-s8-k-f32 "
                 "or a-e4m3-k-f32, w-s4-g-f32 or w-u4-g-f32-zpi), or MXFP4 weights (w-e2m1-g-ue8m0) x float8e4m3 "
-                "activations, into bfloat16 or float16, dense or grouped masked (MoE)"
+                "activations, into bfloat16 or float16, dense or grouped masked or contiguous (MoE)"
             )
         first = FIRST_ARCH[s.a_dtype]
         if parse_arch(key.arch)[0] < first:

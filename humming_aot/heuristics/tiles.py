@@ -209,19 +209,18 @@ MOE_BODIES = (MmaKind.MMA_SYNC, MmaKind.MMA_SWAPPED)
 MOE_MASKED_BODIES = MOE_BODIES + (MmaKind.WGMMA_WS,)
 
 
-# The bodies the grouped masked schedule and its offsets form take for 8-bit activations (the
-# W4A8 and W8A8 pairings; kernel/grouped_masked.cuh over MaskedScaledGemmParams): the portable
-# mma-w4a8 and mma-ss bodies, whose run_tile takes the rows' codes and scales. The grouped
-# row-expert schedule takes none.
+# The bodies both MoE schedules take for 8-bit activations (the W4A8 and W8A8 pairings;
+# kernel/grouped_masked.cuh over MaskedScaledGemmParams, grouped_contiguous.cuh over
+# GroupedScaledGemmParams): the portable mma-w4a8 and mma-ss bodies, whose run_tile takes the
+# rows' codes and scales.
 MOE_SCALED_BODIES = (MmaKind.MMA_W4A8, MmaKind.MMA_SS)
 
 
 def moe_bodies(masked: bool, quantized: bool = False) -> tuple[MmaKind, ...]:
     """The bodies a MoE schedule takes: the masked one's (and its offsets form's), else the grouped
-    row-expert one's; with quantized (8-bit) activations, MOE_SCALED_BODIES for the masked one and
-    none for the other."""
+    row-expert one's; with quantized (8-bit) activations, MOE_SCALED_BODIES for either."""
     if quantized:
-        return MOE_SCALED_BODIES if masked else ()
+        return MOE_SCALED_BODIES
     return MOE_MASKED_BODIES if masked else MOE_BODIES
 
 

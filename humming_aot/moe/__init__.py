@@ -19,6 +19,7 @@ from humming_aot.moe.a8 import (
     gemm_grouped_a8_kernel,
     gemm_masked_a8,
     gemm_masked_a8_kernel,
+    grouped_a8_block_m,
     pack_a8_experts,
     pack_w4a8_experts,
     pack_w8a8_experts,
@@ -52,7 +53,7 @@ __all__ = [
     "align_groups", "align_offsets", "combine", "expert_weight", "gemm_grouped", "gemm_grouped_kernel",
     "gemm_grouped_a8", "gemm_grouped_a8_kernel", "gemm_indexed", "gemm_indexed_a8",
     "gemm_indexed_kernel", "gemm_masked",
-    "gemm_masked_kernel", "gemm_masked_a8", "gemm_masked_a8_kernel", "group_rows", "grouped_block_m",
+    "gemm_masked_kernel", "gemm_masked_a8", "gemm_masked_a8_kernel", "group_rows", "grouped_a8_block_m", "grouped_block_m",
     "pack_a8_experts", "pack_experts", "pack_w4a8_experts", "pack_w8a8_experts", "permute", "permute_aligned",
     "silu_and_mul", "swiglu_oai", "unpermute", "unpermute_aligned", "weighted_sum",
 ]

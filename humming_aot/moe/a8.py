@@ -40,6 +40,10 @@ from humming_aot.w8a8 import K_ALIGN, PackedRows
 # scales (208 bytes).
 SCALED_TAIL = struct.Struct("<Qq2i")
 MASKED_SCALED_PARAMS_BYTES = params_abi.MASKED_PARAMS_BYTES + SCALED_TAIL.size
+# GroupedScaledGemmParams: GroupedGemmParams, the rows' scales pointer, the codes' own K and the
+# floats between rows' scales (168 bytes)
+GROUPED_SCALED_TAIL = struct.Struct("<Q2i")
+GROUPED_SCALED_PARAMS_BYTES = params_abi.GROUPED_PARAMS_BYTES + GROUPED_SCALED_TAIL.size
 _OUT_DTYPES = (torch.bfloat16, torch.float16)
 # The W8A8 experts' tile for more rows than this is w8a8.select_sync_tile's for this many: its
 # 128-row tile, with the schedule's walk beside its accumulators, spills 24 bytes in the e4m3 build
@@ -323,16 +327,23 @@ def gemm_masked_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, mas
     return _valid(out, experts)
 
 
-def gemm_grouped_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, offsets: torch.Tensor, *,
-                           expected_m: int, bias: torch.Tensor | None = None,
-                           out_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None,
-                           tile: TileConfig | str | None = None, splits: int | None = None) -> torch.Tensor:
-    """What gemm_grouped_a8 computes, in one launch (the offsets read on the device; rows of no
-    expert are left as they are in `out`, zeros in a new one).
+def gemm_grouped_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, offsets: torch.Tensor | None = None,
+                           *, row_expert: torch.Tensor | None = None, expected_m: int,
+                           bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
+                           out: torch.Tensor | None = None, tile: TileConfig | str | None = None,
+                           splits: int | None = None) -> torch.Tensor:
+    """What gemm_grouped_a8 computes, in one launch (the offsets or row experts read on the device;
+    rows of no expert are left as they are in `out`, zeros in a new one).
 
     qa:         (R, K) codes (rows 16-byte aligned) with their scales
     offsets:    (E + 1,) int32 or int64 on the device, rising within [0, R] (the caller's contract:
-                the kernel clamps each to [0, R] and does not check that they rise)
+                the kernel clamps each to [0, R] and does not check that they rise); or
+    row_expert: (R,) int32 on the device, each row's expert, -1 for a padding row (DeepGEMM's
+                contiguous layout): every block of grouped_a8_block_m(experts, expected_m) rows
+                (or of the forced tile's block_m) from row 0 holds one expert's rows then padding,
+                or padding only (aligning every expert's rows to 128 serves every tile). A block
+                of padding only is skipped; padding rows inside an expert's block are computed
+                with its weights (their output rows hold whatever that gives)
     expected_m: the rows an expert is expected to hold (tokens x top_k / E for a uniform
                 routing), which picks the tile
     bias, out:  as for gemm_masked_a8_kernel, (E, N) and (R, N)
@@ -341,6 +352,14 @@ def gemm_grouped_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, of
                 leave most CTA slots idle)
     """
     what = "gemm_grouped_a8_kernel"
+    if (row_expert is None) == (offsets is None):
+        raise ValueError(f"{what}: give the experts' rows as offsets (E + 1,) or as row_expert (R,) (block-aligned), "
+                         "one of them")
+    if row_expert is not None:
+        if splits not in (None, 1):
+            raise ValueError(f"{what}: splits={splits!r}: K slices are for the offsets form; the aligned rows run one")
+        return _grouped_by_row_expert(qa, experts, row_expert, expected_m=expected_m, bias=bias, out_dtype=out_dtype,
+                                      out=out, tile=tile)
     _check_pairing(qa, experts, what, 2)
     codes = qa.codes
     rows, k = codes.shape
@@ -348,14 +367,8 @@ def gemm_grouped_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, of
             or offsets.dtype not in (torch.int32, torch.int64) or offsets.device != codes.device):
         raise ValueError(f"{what}: offsets must be ({experts.experts + 1},) int32 or int64 on {codes.device} (the "
                          f"kernel reads them there), got {_moe._describe(offsets)}")
-    _check_codes(codes, experts, what)
-    scales = _row_scales(qa, rows)
-    bias = _check_bias(bias, experts, out_dtype, what)
+    scales, bias = _check_rows(qa, experts, bias, out, out_dtype, what)
     n = experts.n
-    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != (rows, n) or out.dtype != out_dtype
-                            or out.device != codes.device or not out.is_contiguous()):
-        raise ValueError(f"{what}: out must be ({rows}, {n}) {out_dtype}, contiguous, on {codes.device}, got "
-                         f"{_moe._describe(out)}")
     tile, loaded = _kernel(qa, experts, out_dtype, max(1, int(expected_m)), tile, what)
     k_tiles = -(-k // 128)
     bound = _moe.offsets_tile_bound(rows, experts.experts, n, tile)
@@ -388,6 +401,75 @@ def gemm_grouped_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, of
         offsets=offsets.data_ptr(), a_scale=scales.data_ptr(), a_scale_stride=0, a_scale_row_stride=scales.shape[1])
     loaded.launch((max(1, min(bound, resident // splits)), splits, 1), _moe._stream(codes), params)
     return _valid(out, experts)
+
+
+def _check_rows(qa: QuantizedActivation, experts, bias, out, out_dtype, what: str):
+    """(the rows' scales, the bias padded to N) of a grouped call on (R, K) codes, after the checks
+    of the codes, bias and output both grouped forms share."""
+    codes = qa.codes
+    rows, n = codes.shape[0], experts.n
+    _check_codes(codes, experts, what)
+    bias = _check_bias(bias, experts, out_dtype, what)
+    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != (rows, n) or out.dtype != out_dtype
+                            or out.device != codes.device or not out.is_contiguous()):
+        raise ValueError(f"{what}: out must be ({rows}, {n}) {out_dtype}, contiguous, on {codes.device}, got "
+                         f"{_moe._describe(out)}")
+    return _row_scales(qa, rows), bias
+
+
+def grouped_a8_block_m(experts: PackedA8Experts, expected_m: int) -> int:
+    """The rows of the tile the row-expert form runs for `expected_m` rows per expert: every
+    expert's rows must fill whole blocks of it from row 0 (128 is a multiple of every one)."""
+    dense = _dense(experts)
+    rows = max(1, int(expected_m))
+    return dense.select_sync_tile(rows if dense is w4a8 else min(rows, W8A8_MAX_TILE_ROWS)).block_m
+
+
+def _grouped_by_row_expert(qa: QuantizedActivation, experts: PackedA8Experts, row_expert: torch.Tensor, *,
+                           expected_m: int, bias, out_dtype, out, tile) -> torch.Tensor:
+    """gemm_grouped_a8_kernel on block-aligned rows with a per-row expert index: the grouped
+    contiguous schedule (kernel/grouped_contiguous.cuh) around the pairing's portable body."""
+    what = "gemm_grouped_a8_kernel"
+    _check_pairing(qa, experts, what, 2)
+    codes = qa.codes
+    rows, k = codes.shape
+    if (not isinstance(row_expert, torch.Tensor) or row_expert.shape != (rows,) or row_expert.dtype != torch.int32
+            or row_expert.device != codes.device or not row_expert.is_contiguous()):
+        raise ValueError(f"{what}: row_expert must be ({rows},) int32, contiguous, on {codes.device} (the kernel reads "
+                         f"it there), got {_moe._describe(row_expert)}")
+    scales, bias = _check_rows(qa, experts, bias, out, out_dtype, what)
+    n = experts.n
+    tile, loaded = _kernel(qa, experts, out_dtype, max(1, int(expected_m)), tile, what, GemmType.GROUPED)
+    if out is None:
+        out = torch.zeros(rows, n, dtype=out_dtype, device=codes.device)
+    if rows == 0:
+        return _valid(out, experts)
+    tiles = -(-rows // tile.block_m) * -(-n // tile.block_n)
+    if tiles >= 2**31:
+        raise ValueError(f"{what}: {rows} rows make {tiles} tiles, past the kernel's 2**31: split the rows over calls")
+    resident = _moe._resident(loaded, tile, codes.device.index)
+    params = grouped_scaled_params(codes=codes.data_ptr(), lda=codes.stride(0), experts=experts, bias=bias,
+                                   out=out.data_ptr(), m=rows, row_expert=row_expert.data_ptr(),
+                                   a_scale=scales.data_ptr(), a_scale_row_stride=scales.shape[1])
+    loaded.launch((max(1, min(tiles, resident)), 1, 1), _moe._stream(codes), params)
+    return _valid(out, experts)
+
+
+def grouped_scaled_params(*, codes: int, lda: int, experts: PackedA8Experts, bias: torch.Tensor | None, out: int,
+                          m: int, row_expert: int, a_scale: int, a_scale_row_stride: int) -> bytes:
+    """GroupedScaledGemmParams' bytes (kernel/params.cuh): scaled_params' GemmParams of every row
+    with expert 0's weights (one K slice), the row experts pointer and ExpertWeights, then the rows'
+    scales pointer, the codes' own K (W4A8; 0 for W8A8) and the floats between rows' scales."""
+    masked = scaled_params(codes=codes, lda=lda, experts=experts, bias=bias, out=out, m=m, splits=1, expert_rows=0,
+                           a_stride=0, out_stride=0, offsets=0, a_scale=a_scale, a_scale_stride=0,
+                           a_scale_row_stride=a_scale_row_stride)
+    gemm = masked[:params_abi.GEMM_PARAMS.size]
+    weights = params_abi.MASKED_TAIL.unpack(masked[params_abi.GEMM_PARAMS.size:params_abi.MASKED_PARAMS_BYTES])[1:6]
+    a_k = SCALED_TAIL.unpack(masked[params_abi.MASKED_PARAMS_BYTES:])[2]
+    params = gemm + params_abi.GROUPED_TAIL.pack(row_expert, *weights) + GROUPED_SCALED_TAIL.pack(
+        a_scale, a_k, a_scale_row_stride)
+    assert len(params) == GROUPED_SCALED_PARAMS_BYTES
+    return params
 
 
 def scaled_params(*, codes: int, lda: int, experts: PackedA8Experts, bias: torch.Tensor | None, out: int, m: int,
@@ -456,17 +538,18 @@ def _valid(out: torch.Tensor, experts) -> torch.Tensor:
     return out if experts.n_valid is None else out[..., : experts.n_valid]
 
 
-def masked_key(arch: str, experts, out_dtype: torch.dtype, tile: TileConfig, act_element: str):
-    """The grouped masked KernelKey of the experts' pairing on `tile` for an arch."""
+def moe_key(arch: str, experts, out_dtype: torch.dtype, tile: TileConfig, act_element: str,
+            gemm_type: GemmType = GemmType.MASKED):
+    """The grouped masked (or contiguous) KernelKey of the experts' pairing on `tile` for an arch."""
     if isinstance(experts, PackedW4A8Experts):
         key = w4a8.kernel_key(arch, out_dtype, tile, act_element, experts.element)
     else:
         key = w8a8.kernel_key(arch, out_dtype, tile, experts.blocks, act_element)
-    return dataclasses.replace(key, spec=dataclasses.replace(key.spec, gemm_type=GemmType.MASKED))
+    return dataclasses.replace(key, spec=dataclasses.replace(key.spec, gemm_type=gemm_type))
 
 
 def _kernel(qa: QuantizedActivation, experts, out_dtype: torch.dtype, rows: int, tile: TileConfig | str | None,
-            what: str):
+            what: str, gemm_type: GemmType = GemmType.MASKED):
     """(tile, loaded kernel) of the masked schedule on the pairing's portable body for `rows`
     expected rows per expert: the dense module's select_sync_tile, or the forced tile; the key's
     arch as the dense portable GEMM picks it (the GPU's arches with mma.sync on the codes, the
@@ -491,10 +574,15 @@ def _kernel(qa: QuantizedActivation, experts, out_dtype: torch.dtype, rows: int,
     else:
         label = "W8A8"
     key = _w8a8_launch._portable_key(info, qa.element, label,
-                                     lambda arch: masked_key(arch, experts, out_dtype, tile, qa.element))
+                                     lambda arch: moe_key(arch, experts, out_dtype, tile, qa.element, gemm_type))
+    from humming_aot import ops
+
+    reason = ops._unsupported_on_device(key.spec, qa.codes.device.index)  # (float8 W8A8 MoE: native e4m3 only)
+    if reason:
+        raise ValueError(reason.replace("gemm:", f"{what}:", 1))
     loaded = _obtain.load(key, info)
-    if loaded.params_bytes != MASKED_SCALED_PARAMS_BYTES:
-        raise ValueError(f"kernel {loaded.name}: takes {loaded.params_bytes} bytes of params, not "
-                         f"{MASKED_SCALED_PARAMS_BYTES}; the Python MaskedScaledGemmParams layout differs from "
-                         "kernel/params.cuh")
+    wanted = MASKED_SCALED_PARAMS_BYTES if gemm_type is GemmType.MASKED else GROUPED_SCALED_PARAMS_BYTES
+    if loaded.params_bytes != wanted:
+        raise ValueError(f"kernel {loaded.name}: takes {loaded.params_bytes} bytes of params, not {wanted}; the Python "
+                         "Params layout differs from kernel/params.cuh")
     return tile, loaded

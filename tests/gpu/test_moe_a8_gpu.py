@@ -16,7 +16,7 @@ import dataclasses
 import pytest
 import torch
 
-from humming_aot import ops, quant, w4a8, w8a8
+from humming_aot import ops, quant, support, w4a8, w8a8
 from humming_aot.enumerate import parse_tile_field
 from humming_aot.moe import a8 as moe_a8
 from humming_aot.moe import gemm_grouped_a8_kernel, gemm_masked_a8_kernel, pack_a8_experts
@@ -44,24 +44,49 @@ def _act_format(weight: str, element: str, granularity: str = "token") -> str:
     return "float8e4m3:g128" if weight == "blocks" else f"{element}:{granularity}"
 
 
+def _key(arch: str, weight: str, element: str, label: str, dtype: torch.dtype, gemm_type: GemmType):
+    tile = parse_tile_field(label)
+    key = (w8a8.kernel_key(arch, dtype, tile, weight == "blocks", element) if _w8(weight)
+           else w4a8.kernel_key(arch, dtype, tile, element, weight))
+    return dataclasses.replace(key, spec=dataclasses.replace(key.spec, gemm_type=gemm_type))
+
+
+def _w8(weight: str) -> bool:
+    return weight in ("float8e4m3", "blocks", "int8")
+
+
 def _keys(arch: str, elements) -> list:
-    keys = []
-    for weight, element in _CASES:
-        if element not in elements:
-            continue
-        w8 = weight in ("float8e4m3", "blocks", "int8")
-        for label in (_W8_TILES if w8 else _W4_TILES):
-            for dtype in (torch.bfloat16, torch.float16):
-                tile = parse_tile_field(label)
-                key = (w8a8.kernel_key(arch, dtype, tile, weight == "blocks", element) if w8
-                       else w4a8.kernel_key(arch, dtype, tile, element, weight))
-                keys.append(dataclasses.replace(key, spec=dataclasses.replace(key.spec, gemm_type=GemmType.MASKED)))
-    return keys
+    """The MoE keys the tests run on this arch: every case's tiles, both GEMM types and output
+    dtypes, of the pairings the arch supports (float8 W8A8 MoE: sm89 and sm120 only)."""
+    keys = [_key(arch, weight, element, label, dtype, gemm_type)
+            for weight, element in _CASES if element in elements for label in _tiles(weight)
+            for dtype in (torch.bfloat16, torch.float16) for gemm_type in (GemmType.MASKED, GemmType.GROUPED)]
+    return [key for key in keys if support.is_supported(key.spec, arch)]
+
+
+def _skip_unsupported(weight: str, element: str) -> None:
+    """pytest.skip where this GPU has no MoE kernels of the case's pairing (float8 W8A8 off sm89 and
+    sm120: its e4m3 mma.sync is emulated there), after checking that the call says so."""
+    from humming_aot.testing.w8a8 import portable_arch
+
+    arch = portable_arch()
+    if support.is_supported(_key(arch, weight, element, _tiles(weight)[0], torch.bfloat16, GemmType.MASKED).spec,
+                            arch):
+        return
+    experts = _experts(weight, 2, 64, 256, torch.Generator().manual_seed(0))
+    qa = _activations((2, 16, 256), _act_format(weight, element), torch.Generator().manual_seed(1))
+    with pytest.raises(ValueError, match="not supported on"):
+        gemm_masked_a8_kernel(qa, experts, torch.tensor([16, 0], dtype=torch.int32, device="cuda"))
+    pytest.skip(f"{_FORMATS[weight]} x {element} MoE has no kernels on {arch} (refused as it should be)")
 
 
 @pytest.fixture
 def _kernels(request):
-    skip_without_portable_kernels(request, "masked mma-w4a8 / mma-ss", _keys)
+    skip_without_portable_kernels(request, "MoE mma-w4a8 / mma-ss", _keys)
+    callspec = getattr(request.node, "callspec", None)
+    params = callspec.params if callspec is not None else {}
+    if "weight" in params:
+        _skip_unsupported(params["weight"], params.get("element", "int8"))
 
 
 def _experts(weight: str, e: int, n: int, k: int, gen: torch.Generator):
@@ -76,7 +101,7 @@ def _activations(shape, fmt: str, gen: torch.Generator):
 
 
 def _tiles(weight: str) -> list[str]:
-    return _W8_TILES if weight in ("float8e4m3", "blocks", "int8") else _W4_TILES
+    return _W8_TILES if _w8(weight) else _W4_TILES
 
 
 def _check_rows(y: torch.Tensor, qa_rows, experts, e: int, bias=None, out_dtype=torch.bfloat16) -> None:
@@ -277,3 +302,38 @@ def test_the_indexed_layout_on_the_kernel(_kernels, weight, element):
                                                     scales=qa.scales[index // top_k].contiguous()), slice(None))
             _check_rows(y[index], rows, experts, ex)
     assert_graph_replay_is_eager(lambda: gemm_indexed_a8(qa, experts, routing, a_rows_per_token=top_k))
+
+
+@pytest.mark.parametrize("weight,element", [("int4", "int8"), ("float4e2m1", "float8e4m3"), ("blocks", "float8e4m3"),
+                                            ("int8", "int8")])
+def test_the_row_expert_form(_kernels, weight, element):
+    """DeepGEMM's contiguous layout: every expert's rows padded to blocks of 128 with row expert
+    -1 (a block of padding only skipped, its NaN-poisoned output rows left), on the row-expert
+    schedule (kernel/grouped_contiguous.cuh) at the table's tile, against float64 on the real rows;
+    the same bits as the offsets form on those rows at the same tile."""
+    gen = torch.Generator().manual_seed(_seed())
+    e, n, k = 4, 256, 384
+    experts = _experts(weight, e, n, k, gen)
+    counts = [70, 0, 130, 5]
+    blocks = [-(-c // 128) for c in counts]
+    rows = 128 * (sum(blocks) + 1)  # (and one block of padding only at the end)
+    qa = _activations((rows, k), _act_format(weight, element), gen)
+    row_expert = torch.full((rows,), -1, dtype=torch.int32)
+    starts, at = [], 0
+    for ex, (c, b) in enumerate(zip(counts, blocks)):
+        starts.append(at)
+        row_expert[at:at + c] = ex
+        at += 128 * b
+    row_expert = row_expert.cuda()
+    out = torch.full((rows, experts.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    y = gemm_grouped_a8_kernel(qa, experts, row_expert=row_expert, expected_m=64, out=out)
+    torch.cuda.synchronize()
+    assert torch.isnan(out[-128:]).all(), "the block of padding only was written"
+    assert moe_a8.grouped_a8_block_m(experts, 64) == 64  # (both forms pick the 64-row tile for 64 rows)
+    for ex, (c, start) in enumerate(zip(counts, starts)):
+        if c:
+            _check_rows(y[start:start + c], moe_a8._rows(qa, slice(start, start + c)), experts, ex)
+            sub = moe_a8._rows(qa, slice(start, start + c))
+            offsets = torch.tensor([0] * (ex + 1) + [c] * (e - ex), dtype=torch.int32, device="cuda")
+            by_offsets = gemm_grouped_a8_kernel(sub, experts, offsets, expected_m=64, splits=1)
+            assert torch.equal(by_offsets, y[start:start + c]), f"expert {ex}: the two forms' bits differ"

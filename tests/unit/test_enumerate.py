@@ -228,13 +228,15 @@ def test_the_moe_catalog_holds_every_tile_the_moe_schedules_pick():
         assert dense_specs == {dataclasses.replace(s, gemm_type=GemmType.DENSE)
                                for s in support.supported_specs(arch, GemmType.MASKED)}
         assert {k.spec for k in keys if k.spec.a_is_quantized} == {
-            s for s in support.supported_specs(arch, GemmType.MASKED) if s.a_is_quantized}
+            s for t in (GemmType.MASKED, GemmType.GROUPED) for s in support.supported_specs(arch, t) if s.a_is_quantized}
         for spec in support.supported_specs(arch, GemmType.MASKED):
             if spec.a_is_quantized:  # (W4A8, W8A8: the portable tiles moe.a8 picks)
                 w4 = spec.w_dtype in ("int4", "uint4", "float4e2m1")
                 for m in (1, 16, 17, 32, 33, 64, 65, 4096):
                     tile = w4a8.select_sync_tile(m) if w4 else w8a8.select_sync_tile(min(m, W8A8_MAX_TILE_ROWS))
-                    assert KernelKey(arch=arch, spec=spec, tile=tile).name in names, (spec, m)
+                    for gemm_type in (GemmType.MASKED, GemmType.GROUPED):
+                        key = KernelKey(arch=arch, spec=dataclasses.replace(spec, gemm_type=gemm_type), tile=tile)
+                        assert key.name in names, (spec, m)
                 continue
             for m in (1, 5, 8, 9, 10, 16, 17, 32, 37, 64, 121, 200, 256, 257, 4096):
                 for k, group in ((4096, 128), (4096 + 64, 64), (4096 + 128, 128), (2880, 32), (4096, 4096), (256, 128),

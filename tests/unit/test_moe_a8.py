@@ -6,6 +6,7 @@ GPU runs: tests/gpu/test_moe_a8_gpu.py."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -154,6 +155,13 @@ def test_loop_errors_say_what_was_wrong():
         gemm_masked_a8(qa, experts, torch.tensor([1, 0]))
     with pytest.raises(TypeError, match="PackedW4A8Experts"):
         gemm_grouped_a8(qa, experts.expert(0), torch.tensor([0, 2, 5]))
+    # the grouped kernel takes offsets or row experts, one of them; K slices are the offsets form's
+    with pytest.raises(ValueError, match=r"give the experts' rows as offsets \(E \+ 1,\) or as row_expert"):
+        gemm_grouped_a8_kernel(qa, experts, expected_m=2)
+    with pytest.raises(ValueError, match="K slices are for the offsets form"):
+        gemm_grouped_a8_kernel(qa, experts, row_expert=torch.zeros(5, dtype=torch.int32), expected_m=2, splits=2)
+    with pytest.raises(ValueError, match=r"row_expert must be \(5,\) int32"):
+        gemm_grouped_a8_kernel(qa, experts, row_expert=torch.zeros(5, dtype=torch.int64), expected_m=2)
     # the kernels, given CPU tensors, point at the loop
     with pytest.raises(ValueError, match=r"must be on one CUDA device; on the CPU, humming_aot.moe.gemm_grouped_a8"):
         gemm_grouped_a8_kernel(qa, experts, torch.tensor([0, 2, 5], dtype=torch.int32), expected_m=2)
@@ -203,6 +211,31 @@ def test_the_params_are_masked_gemm_params_then_the_row_scales():
     # block scales
 
 
+def test_the_row_expert_form_packs_grouped_gemm_params_then_the_row_scales():
+    """GroupedScaledGemmParams (168 bytes): GroupedGemmParams of every row with expert 0's weights
+    (one K slice), the row experts and ExpertWeights, then the rows' scales, the codes' own K and
+    the floats between rows' scales; the block rows the form needs for a table tile."""
+    _, experts = _experts("mxfp4", e=3, n=192, k=416)
+    params = moe_a8.grouped_scaled_params(codes=0x100, lda=416, experts=experts, bias=None, out=0x200, m=64,
+                                          row_expert=0x300, a_scale=0x400, a_scale_row_stride=1)
+    assert len(params) == moe_a8.GROUPED_SCALED_PARAMS_BYTES == 168 == params_abi.GROUPED_PARAMS_BYTES + 16
+    gemm = params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])
+    assert gemm == (0x100, experts.w.data_ptr(), experts.w_scale.data_ptr(), 0, 0, 0x200, 0, 0,
+                    416, 192, 64, 192, 512, 128, 1, 1.0)  # (MXFP4: K tiles x 128, group 128)
+    tail = params_abi.GROUPED_TAIL.unpack(params[params_abi.GEMM_PARAMS.size:params_abi.GROUPED_PARAMS_BYTES])
+    assert tail[:2] == (0x300, experts.global_scale_tensor.data_ptr())
+    assert tail[2:] == (experts.w[1].data_ptr() - experts.w[0].data_ptr(),
+                        experts.w_scale[1].data_ptr() - experts.w_scale[0].data_ptr(), 0, 0)
+    assert moe_a8.GROUPED_SCALED_TAIL.unpack(params[params_abi.GROUPED_PARAMS_BYTES:]) == (0x400, 416, 1)
+    for m in (1, 16, 17, 64, 65, 4096):
+        assert 128 % moe_a8.grouped_a8_block_m(experts, m) == 0
+    _, w8 = _experts("int8:channel")
+    assert moe_a8.grouped_a8_block_m(w8, 4096) == 64  # (W8A8_MAX_TILE_ROWS)
+    text = (Path(__file__).resolve().parents[2] / "csrc/include/humming_aot/kernel/params.cuh").read_text()
+    assert "static_assert(sizeof(GroupedScaledGemmParams) == 168," in text
+    assert moe_a8.GROUPED_SCALED_TAIL.format == "<Q2i"
+
+
 def test_the_params_struct_is_208_bytes_in_the_header():
     from pathlib import Path
 
@@ -212,58 +245,67 @@ def test_the_params_struct_is_208_bytes_in_the_header():
     assert moe_a8.SCALED_TAIL.format == "<Qq2i"
 
 
-def _masked_key(arch: str, weight: str, act: str, tile: str) -> KernelKey:
-    """A grouped masked key: W4A8 for a 4-bit weight element, else W8A8 (weight "blocks": float8
-    per 128 x 128 block)."""
+def _masked_key(arch: str, weight: str, act: str, tile: str, gemm_type: GemmType = GemmType.MASKED) -> KernelKey:
+    """A grouped masked (or contiguous) key: W4A8 for a 4-bit weight element, else W8A8 (weight
+    "blocks": float8 per 128 x 128 block)."""
     if weight in ("int8", "float8e4m3", "blocks"):
         key = w8a8.kernel_key(arch, torch.bfloat16, parse_tile_field(tile), weight == "blocks", act)
     else:
         key = w4a8.kernel_key(arch, torch.bfloat16, parse_tile_field(tile), act, weight)
-    return dataclasses.replace(key, spec=dataclasses.replace(key.spec, gemm_type=GemmType.MASKED))
+    return dataclasses.replace(key, spec=dataclasses.replace(key.spec, gemm_type=gemm_type))
 
 
-def test_masked_keys_wrap_the_portable_8bit_bodies_on_scaled_params():
-    for arch, weight, act, tile, body in (
-            ("sm80", "uint4", "int8", "mma-w4a8:16x128x128_w1x4_s4", "DenseMmaW4a8"),
-            ("sm89", "float4e2m1", "float8e4m3", "mma-w4a8:16x128x128_w1x4_s4", "DenseMmaW4a8"),
-            ("sm90a", "int4", "float8e4m3", "mma-w4a8:16x128x128_w1x4_s4", "DenseMmaW4a8"),
-            ("sm80", "int8", "int8", "mma-ss:16x128x128_w1x4_s4", "DenseMmaSs"),
-            ("sm89", "blocks", "float8e4m3", "mma-ss:64x128x128_w2x2_s4", "DenseMmaSs"),
-            ("sm90a", "float8e4m3", "float8e4m3", "mma-ss:32x128x128_w1x4_s4", "DenseMmaSs")):
-        key = _masked_key(arch, weight, act, tile)
-        assert KernelKey.from_name(key.name) == key and key.name.startswith(f"gemm_masked_{arch}_{tile.split(':')[0]}_")
-        source = codegen.kernel_source(key)
-        assert f"humming_aot::kernel::GroupedMasked<humming_aot::kernel::{body}<" in source
-        assert "#include <humming_aot/kernel/grouped_masked.cuh>" in source
-        assert "const __grid_constant__ humming_aot::kernel::MaskedScaledGemmParams params" in source
-        assert codegen.params_type(key) == "MaskedScaledGemmParams"
-        assert support.is_supported(key.spec, arch)
-    # the wgmma bodies have no run_tile; the row-expert grouped type and W4A4 take no 8-bit body
+def test_moe_keys_wrap_the_portable_8bit_bodies_on_scaled_params():
+    cases = (("sm80", "uint4", "int8", "mma-w4a8:16x128x128_w1x4_s4", "DenseMmaW4a8"),
+             ("sm89", "float4e2m1", "float8e4m3", "mma-w4a8:16x128x128_w1x4_s4", "DenseMmaW4a8"),
+             ("sm90a", "int4", "float8e4m3", "mma-w4a8:16x128x128_w1x4_s4", "DenseMmaW4a8"),
+             ("sm80", "int8", "int8", "mma-ss:16x128x128_w1x4_s4", "DenseMmaSs"),
+             ("sm89", "blocks", "float8e4m3", "mma-ss:64x128x128_w2x2_s4", "DenseMmaSs"),
+             ("sm120", "float8e4m3", "float8e4m3", "mma-ss:32x128x128_w1x4_s4", "DenseMmaSs"))
+    schedules = {GemmType.MASKED: ("grouped_masked.cuh", "GroupedMasked", "MaskedScaledGemmParams"),
+                 GemmType.GROUPED: ("grouped_contiguous.cuh", "GroupedContiguous", "GroupedScaledGemmParams")}
+    for arch, weight, act, tile, body in cases:
+        for gemm_type, (header, schedule, params) in schedules.items():
+            key = _masked_key(arch, weight, act, tile, gemm_type)
+            assert KernelKey.from_name(key.name) == key
+            assert key.name.startswith(f"gemm_{gemm_type.value}_{arch}_{tile.split(':')[0]}_")
+            source = codegen.kernel_source(key)
+            assert f"humming_aot::kernel::{schedule}<humming_aot::kernel::{body}<" in source
+            assert f"#include <humming_aot/kernel/{header}>" in source
+            assert f"const __grid_constant__ humming_aot::kernel::{params} params" in source
+            assert codegen.params_type(key) == params
+            assert support.is_supported(key.spec, arch)
+    # the wgmma bodies have no run_tile; W4A4 has no MoE type; float8 W8A8 MoE only where e4m3
+    # mma.sync is native (sm89, sm120: ptxas's emulation spills beside the walk elsewhere)
     with pytest.raises(ValueError, match=r"takes the bodies mma-w4a8, mma-ss for float8e4m3 activations, not "
                                          r"wgmma-w4a8"):
         codegen.kernel_source(_masked_key("sm90a", "int4", "float8e4m3", "wgmma-w4a8:16x128x128_w1x4_s8"))
-    grouped = dataclasses.replace(_masked_key("sm89", "int4", "float8e4m3", "mma-w4a8:16x128x128_w1x4_s4").spec,
-                                  gemm_type=GemmType.GROUPED)
-    assert not support.is_supported(grouped, "sm89")
     w4a4 = w8a8.kernel_key("sm80", torch.bfloat16, parse_tile_field("mma-ss:16x128x128_w1x4_s4"), False, "int4")
     assert not support.is_supported(dataclasses.replace(w4a4.spec, gemm_type=GemmType.MASKED), "sm80")
+    for arch in ("sm90a", "sm100", "sm110"):
+        spec = _masked_key(arch, "blocks", "float8e4m3", "mma-ss:16x128x128_w1x4_s4").spec
+        assert "only on sm89, sm120" in support.why_unsupported(spec, arch)
+        assert support.is_supported(_masked_key(arch, "int8", "int8", "mma-ss:16x128x128_w1x4_s4").spec, arch)
 
 
-def test_the_default_catalog_holds_the_masked_keys_the_tables_pick():
+def test_the_default_catalog_holds_the_moe_keys_the_tables_pick():
     w4_tiles = {label for _, label in w4a8._SYNC_TILES}
     w8_tiles = {w8a8.select_sync_tile(m).label for m in (1, 16, 17, 32, 33, 64)}
     assert w8a8.select_sync_tile(moe_a8.W8A8_MAX_TILE_ROWS).label in w8_tiles
-    for arch, acts in (("sm80", {"int8"}), ("sm89", {"int8", "float8e4m3"}), ("sm90a", {"int8", "float8e4m3"}),
-                       ("sm120", {"int8", "float8e4m3"})):
-        masked = [k for k in enumerate_keys("default", [arch]) if k.spec.gemm_type is GemmType.MASKED]
-        w4 = [k for k in masked if k.tile.mma.value == "mma-w4a8"]
-        w8 = [k for k in masked if k.tile.mma.value == "mma-ss"]
-        assert {k.tile.label for k in w4} == w4_tiles and {k.tile.label for k in w8} == w8_tiles
-        assert {k.spec.a_dtype for k in w4} == acts == {k.spec.a_dtype for k in w8}
-        assert {k.spec.w_dtype for k in w4} == ({"int4", "uint4"} if arch == "sm80" else {"int4", "uint4", "float4e2m1"})
-        assert {(k.spec.w_dtype, k.spec.w_scale.value) for k in w8} == (
-            {("int8", "g")} if arch == "sm80" else {("int8", "g"), ("float8e4m3", "g"), ("float8e4m3", "b")})
-        assert {k.spec.out_dtype for k in masked if k.spec.a_is_quantized} == {"bfloat16", "float16"}
+    for arch, acts, float8_weights in (("sm80", {"int8"}, False), ("sm89", {"int8", "float8e4m3"}, True),
+                                       ("sm90a", {"int8", "float8e4m3"}, False),
+                                       ("sm120", {"int8", "float8e4m3"}, True)):
+        for gemm_type in (GemmType.MASKED, GemmType.GROUPED):
+            moe = [k for k in enumerate_keys("default", [arch]) if k.spec.gemm_type is gemm_type]
+            w4 = [k for k in moe if k.tile.mma.value == "mma-w4a8"]
+            w8 = [k for k in moe if k.tile.mma.value == "mma-ss"]
+            assert {k.tile.label for k in w4} == w4_tiles and {k.tile.label for k in w8} == w8_tiles
+            assert {k.spec.a_dtype for k in w4} == acts
+            assert {k.spec.w_dtype for k in w4} == ({"int4", "uint4"} if arch == "sm80" else
+                                                    {"int4", "uint4", "float4e2m1"})
+            assert {(k.spec.w_dtype, k.spec.w_scale.value) for k in w8} == (
+                {("int8", "g"), ("float8e4m3", "g"), ("float8e4m3", "b")} if float8_weights else {("int8", "g")})
+            assert {k.spec.out_dtype for k in moe if k.spec.a_is_quantized} == {"bfloat16", "float16"}
     for m in (1, 16, 17, 64, 65, 4096):
         assert w4a8.select_sync_tile(m).label in w4_tiles
 
@@ -276,9 +318,12 @@ def test_nvcc_compiles_the_masked_keys_without_spills(tmp_path):
     keys = [_masked_key(arch, weight, act, label) for _, label in w4a8._SYNC_TILES
             for arch, weight, act in (("sm80", "uint4", "int8"), ("sm89", "float4e2m1", "float8e4m3"))]
     keys += [_masked_key("sm90a", "int4", "float8e4m3", "mma-w4a8:64x128x128_w2x4_s4")]
-    keys += [_masked_key(arch, weight, act, label) for label in ("mma-ss:16x128x128_w1x4_s4", "mma-ss:64x128x128_w2x2_s4")
+    keys += [_masked_key(arch, weight, act, label, gemm_type)
+             for label in ("mma-ss:16x128x128_w1x4_s4", "mma-ss:64x128x128_w2x2_s4")
              for arch, weight, act in (("sm80", "int8", "int8"), ("sm89", "blocks", "float8e4m3"),
-                                       ("sm90a", "float8e4m3", "float8e4m3"))]
+                                       ("sm120", "float8e4m3", "float8e4m3"), ("sm90a", "int8", "int8"))
+             for gemm_type in (GemmType.MASKED, GemmType.GROUPED)]
+    keys += [_masked_key("sm90a", "float4e2m1", "float8e4m3", "mma-w4a8:32x128x128_w1x4_s4", GemmType.GROUPED)]
     for key in keys:
         report = _ptxas_report(key, tmp_path)
         assert _spill_bytes(report) == 0, (key.name, report)

@@ -148,15 +148,18 @@ def test_supported_specs_sorted_unique_and_supported():
         assert len(w8a8) == (18 if number >= 89 else 8 if number >= 80 else 0)
         assert len(dense) == len(set(dense)) == (24 + 30 if arch == "sm75" else 48 + 35 + 30) + len(w8a8)
         # the MoE types (grouped masked and contiguous) for every 16-bit dense spec of sm80 and later,
-        # and the grouped masked one for the W4A8 and W8A8 specs (int4 / uint4 and int8 weights x
-        # int8 from sm80; with float8 activations, float8 per channel and per block, int4, uint4 and
-        # MXFP4 weights from sm89: x two outputs, 6 or 16 of them); W4A4 has none
-        a8_masked = [s for s in specs if s.a_is_quantized and s.gemm_type is GemmType.MASKED]
-        assert len(a8_masked) == (16 if number >= 89 else 6 if number >= 80 else 0)
-        assert all(s.w_dtype in ("int4", "uint4", "float4e2m1", "int8", "float8e4m3")
-                   and s.a_dtype in ("int8", "float8e4m3") for s in a8_masked)
+        # and for the W4A8 and W8A8 specs: int4 / uint4 and int8 weights x int8 from sm80; with
+        # float8 activations int4, uint4 and MXFP4 weights from sm89, and float8 weights (per channel
+        # and per block) where mma.sync on e4m3 is native (sm89, sm120): x two outputs, 6, 12 or 16
+        # of each type; W4A4 has none
+        for gemm_type in (GemmType.MASKED, GemmType.GROUPED):
+            a8 = [s for s in specs if s.a_is_quantized and s.gemm_type is gemm_type]
+            assert len(a8) == (16 if number in (89, 120) else 12 if number >= 89 else 6 if number >= 80 else 0), arch
+            assert all(s.w_dtype in ("int4", "uint4", "float4e2m1", "int8", "float8e4m3")
+                       and s.a_dtype in ("int8", "float8e4m3") for s in a8)
+        a8_moe = [s for s in specs if s.a_is_quantized and s.gemm_type is not GemmType.DENSE]
         assert len(specs) == len(set(specs)) == (len(dense) * (1 if arch == "sm75" else 3) - 2 * len(w8a8)
-                                                 + len(a8_masked))
+                                                 + len(a8_moe))
         assert {dataclasses.replace(s, gemm_type=GemmType.DENSE) for s in specs} == set(dense)
         assert specs == sorted(specs, key=support._spec_sort_key)
         assert all(support.is_supported(s, arch) for s in specs)
