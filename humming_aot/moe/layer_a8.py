@@ -65,12 +65,14 @@ class A8MoE(PackedBuffersModule):
         from humming_aot.moe.a8 import _dense
 
         static = {"static_scale": 1.0} if fmt.granularity is ActivationGranularity.TENSOR else {}
-        probe = ops.quantize_activation(torch.zeros(1, gate_up.in_features, device=gate_up.device), fmt, **static)
-        try:
-            _dense(gate_up)._check_activation(probe, gate_up.expert(0))
-        except ValueError as error:
-            raise ValueError(f"A8MoE: activations {activations!r} do not suit the {gate_up.format} experts: "
-                             f"{error}") from None
+        for packed in (gate_up, down):  # (GEMM2's input is the intermediate: its K must take the format too)
+            try:
+                probe = ops.quantize_activation(torch.zeros(1, packed.in_features, device=packed.device), fmt,
+                                                **static)
+                _dense(packed)._check_activation(probe, packed.expert(0))
+            except ValueError as error:
+                raise ValueError(f"A8MoE: activations {activations!r} do not suit the {packed.format} experts "
+                                 f"(K = {packed.in_features}): {error}") from None
         self.activation, self.out_dtype = activation, out_dtype
         self.num_experts, self.hidden_size, self.intermediate_size = gate_up.experts, gu_k, down_k
         self._meta = {}
@@ -88,6 +90,11 @@ class A8MoE(PackedBuffersModule):
                                  .contiguous())
         # per-tensor formats: (GEMM1's, GEMM2's) static activation scale, float32 (set_static_scales)
         self.register_buffer("static_scales", None)
+        if kind is PackedW4A8Experts:  # W4A8 codes are in a packed layout of their own: its version goes with them
+            from humming_aot import w4a8
+
+            self.register_buffer("packed_layout_version",
+                                 torch.tensor(w4a8.LAYOUT_VERSION, dtype=torch.int32, device=gate_up.device))
 
     def set_static_scales(self, gate_up: float, down: float) -> None:
         """The static activation scales of a per-tensor format (":tensor"): GEMM1's and GEMM2's,
@@ -100,6 +107,14 @@ class A8MoE(PackedBuffersModule):
         saved = state_dict.get(prefix + "static_scales")
         if saved is not None and self.static_scales is None:
             self.static_scales = torch.empty_like(saved, device=self._buffers["gate_up_w"].device)
+        if "packed_layout_version" in self._buffers:  # W4A8 codes: only this version's layout is read
+            version = state_dict.get(prefix + "packed_layout_version")
+            current = int(self._buffers["packed_layout_version"])
+            if version is None or int(version) != current:
+                got = "records no packed layout version" if version is None else \
+                    f"holds W4A8 codes in packed layout version {int(version)}"
+                raise ValueError(f"A8MoE: the state dict {got}, but this humming_aot reads version {current}: pack "
+                                 "the experts again from their checkpoint (humming_aot.moe.pack_w4a8_experts)")
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # the buffers whose dtype the kernels read as packed: a cast of the module moves them but keeps

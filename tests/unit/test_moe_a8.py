@@ -371,7 +371,7 @@ def test_layer_errors_say_what_to_do():
 
     gen = torch.Generator().manual_seed(8)
     gate_up, down = torch.randn(2, 256, 128, generator=gen), torch.randn(2, 128, 128, generator=gen)
-    with pytest.raises(ValueError, match=r"activations 'float8e4m3:g128' do not suit the int4:g128 experts: .* "
+    with pytest.raises(ValueError, match=r"activations 'float8e4m3:g128' do not suit the int4:g128 experts \(K = 128\): .* "
                                          r"quantize with 'float8e4m3:token'"):
         A8MoE.from_experts(gate_up, down, "float8e4m3:g128", "int4:g128")
     with pytest.raises(ValueError, match=r"gate_up must be \(E, 2 I, H\) and down \(E, H, I\)"):
@@ -380,8 +380,30 @@ def test_layer_errors_say_what_to_do():
         A8MoE.from_experts(gate_up, down, "int8:token")
     with pytest.raises(ValueError, match=r"experts take 8-bit activations"):
         A8MoE.from_experts(gate_up, down, "nvfp4", "int4:g128")
-    with pytest.raises(ValueError, match=r"do not suit the float8e4m3:b128x128 experts: .* 'float8e4m3:g128'"):
+    with pytest.raises(ValueError, match=r"do not suit the float8e4m3:b128x128 experts \(K = 128\): .* "
+                                         r"'float8e4m3:g128'"):
         A8MoE.from_experts(gate_up, down, "float8e4m3:token", "float8e4m3:b128x128")
+    # GEMM2's experts are checked too: another format, or an intermediate the groups do not divide
+    from humming_aot.moe import pack_a8_experts
+
+    blocks_gu = pack_a8_experts(quant.quantize(torch.randn(2, 192, 128, generator=gen), "float8e4m3:b128x128"))
+    blocks_down = pack_a8_experts(quant.quantize(torch.randn(2, 128, 96, generator=gen), "float8e4m3:b128x128"))
+    with pytest.raises(ValueError, match=r"do not suit the float8e4m3:b128x128 experts \(K = 96\)"):
+        A8MoE(blocks_gu, blocks_down, "float8e4m3:g128")
+    int8_down = pack_a8_experts(quant.quantize(torch.randn(2, 128, 128, generator=gen), "int8:channel"))
+    blocks_gu = pack_a8_experts(quant.quantize(torch.randn(2, 256, 128, generator=gen), "float8e4m3:b128x128"))
+    with pytest.raises(ValueError, match=r"do not suit the int8:channel experts"):
+        A8MoE(blocks_gu, int8_down, "float8e4m3:g128")
+    # W4A8 codes carry their packed layout version through the state dict
+    layer = A8MoE.from_experts(gate_up, down, "int8:token", "int4:g128")
+    state = layer.state_dict()
+    assert int(state["packed_layout_version"]) == w4a8.LAYOUT_VERSION
+    state["packed_layout_version"] = torch.tensor(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="holds W4A8 codes in packed layout version 1, but this humming_aot reads"):
+        layer.load_state_dict(state)
+    del state["packed_layout_version"]
+    with pytest.raises(ValueError, match="records no packed layout version"):
+        layer.load_state_dict(state)
     layer = A8MoE.from_experts(gate_up, down, "int8:tensor", "int4:g128")
     x = torch.randn(3, 128, generator=gen).to(torch.bfloat16)
     ids, weights = torch.tensor([[0], [1], [1]]), torch.ones(3, 1)

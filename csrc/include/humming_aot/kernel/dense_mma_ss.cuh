@@ -148,8 +148,11 @@ struct DenseMmaSs {
       if constexpr (kBlockScales) {
         // (loaded before the K tile's mma, which hide their latency)
         const int k_block = tile.k_tile_begin + it, k_blocks = p.k / kBlockK;
-        const float w_block =
-            static_cast<const float*>(p.w_scale)[((n0 + warp_n * kWarpCols) / 128) * k_blocks + k_block];
+        // the warp's 128-channel block, or the last one for a warp wholly past N (a tile wider than
+        // the rest of N: its sums are never stored, and no read leaves the scales)
+        const int warp_block = (n0 + warp_n * kWarpCols) / 128, last_block = (p.n - 1) / 128;
+        const int block_row = warp_block < last_block ? warp_block : last_block;
+        const float w_block = static_cast<const float*>(p.w_scale)[block_row * k_blocks + k_block];
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
