@@ -569,6 +569,10 @@ def _kernel(qa: QuantizedActivation, experts, out_dtype: torch.dtype, rows: int,
         label = tile.label if isinstance(tile, TileConfig) else repr(tile)
         raise ValueError(f"{what}: tile {label}: these MoE GEMMs run {body.value} tiles (leave tile None for the "
                          "table's)")
+    kind = (qa.codes.device.index, body, experts.element if dense is w4a8 else experts.blocks, experts.format,
+            qa.element, out_dtype, tile, gemm_type)
+    if kind in _LOADED:  # (the eager path looks a kernel up once, not on every call)
+        return tile, _LOADED[kind]
     if dense is w4a8:
         label = "MXFP4 W4A8" if experts.element == w4a8.MXFP4_ELEMENT else "W4A8"
     else:
@@ -585,4 +589,10 @@ def _kernel(qa: QuantizedActivation, experts, out_dtype: torch.dtype, rows: int,
     if loaded.params_bytes != wanted:
         raise ValueError(f"kernel {loaded.name}: takes {loaded.params_bytes} bytes of params, not {wanted}; the Python "
                          "Params layout differs from kernel/params.cuh")
+    _LOADED[kind] = loaded
     return tile, loaded
+
+
+# _kernel's loaded kernels: (device, body, weight element or blocks, format, activation element,
+# out dtype, tile, GEMM type) -> LoadedKernel
+_LOADED: dict[tuple, object] = {}
