@@ -399,7 +399,7 @@ def run_checked(qa: QuantizedActivation, packed, reference_fn, *, bias, out_dtyp
         if out is not None or tile is not None or stream_k is not None or persistent is not None:
             raise ValueError("out, tile, stream_k and persistent choose how the GPU kernel runs; leave them None on "
                              "the CPU")
-        return reference_fn(qa, packed, bias).to(out_dtype).reshape(*lead, n)
+        return formats.round_to(reference_fn(qa, packed, bias), out_dtype).reshape(*lead, n)
     if launch is None:
         from humming_aot import _w8a8_launch
 

@@ -12,6 +12,7 @@ import humming_aot
 from humming_aot import _launcher, dispatch, ops, params_abi
 from humming_aot import obtain as kernel_obtain
 from humming_aot.enumerate import parse_tile_field
+from humming_aot.formats import round_to
 from humming_aot.kernels import LoadedKernel
 from humming_aot.spec import KernelKey, MmaKind
 
@@ -276,7 +277,7 @@ def test_quantized_linear_keeps_one_packed_weight_until_a_buffer_changes():
     q.w_scale = q.w_scale * 2  # a new buffer tensor: the cached PackedWeight must not be used
     y2 = q(x)
     assert q.__dict__["_packed"] is not packed and q.__dict__["_packed"].w_scale is q.w_scale
-    ref = (x.double() @ q.packed.dequantized().double().t() + q.bias.double()).to(torch.bfloat16)
+    ref = round_to(x.double() @ q.packed.dequantized().double().t() + q.bias.double(), torch.bfloat16)
     assert torch.equal(y2, ref)
 
 

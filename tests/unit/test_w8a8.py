@@ -41,7 +41,7 @@ def test_cpu_gemm_is_the_float64_product_of_the_codes_rounded_once():
     a = e4m3.decode(qa.codes).double() * qa.scales.double()
     wt = e4m3.decode(packed.w).double() * packed.w_scale.double()[:, None]
     bias = torch.randn(64).to(torch.bfloat16)
-    expected = (a @ wt.T + bias.double()).to(torch.bfloat16)
+    expected = formats.round_to(a @ wt.T + bias.double(), torch.bfloat16)
     assert torch.equal(w8a8.gemm(qa, packed, bias=bias), expected)
     assert torch.equal(w8a8.reference(qa, packed, bias), a @ wt.T + bias.double())
     assert torch.equal(ops.gemm(qa, packed, bias), expected)  # the op routes a W8A8 weight here
@@ -214,7 +214,7 @@ def test_block_scales_pack_reference_and_keys():
     a = e4m3.decode(qa.codes).double() * qa.scales.double().repeat_interleave(128, 1)
     wt = e4m3.decode(qw.codes).double() * qw.scales.double().repeat_interleave(128, 0)[:200].repeat_interleave(128, 1)
     assert torch.equal(w8a8.reference(qa, packed), a @ wt.T)
-    assert torch.equal(w8a8.gemm(qa, packed), (a @ wt.T).to(torch.bfloat16))
+    assert torch.equal(w8a8.gemm(qa, packed), formats.round_to(a @ wt.T, torch.bfloat16))
     with pytest.raises(ValueError, match="quantize with 'float8e4m3:g128'"):
         w8a8.gemm(ops.quantize_activation(x, "float8e4m3:token"), packed)
     channel = w8a8.pack(quant.quantize(w, "float8e4m3:channel"))
@@ -277,7 +277,8 @@ def test_w8a8_linear_quantizes_its_input_and_matches_the_reference():
         y = layer(x)
         assert y.shape == (2, 3, 100) and y.dtype == torch.bfloat16
         qa = ops.quantize_activation(x, layer.activations)
-        expected = (w8a8.reference(qa, layer.packed) + linear.bias.detach().to(torch.bfloat16).double()).to(torch.bfloat16)
+        expected = formats.round_to(w8a8.reference(qa, layer.packed) + linear.bias.detach().to(torch.bfloat16).double(),
+                                    torch.bfloat16)
         assert torch.equal(y.reshape(6, 100), expected)
         rel = ((y.double() - linear(x.float()).double()).norm() / linear(x.float()).double().norm()).item()
         assert rel < 0.1
@@ -296,8 +297,8 @@ def test_int8_pack_reference_keys_and_errors():
     a = int8.decode(qa.codes).double() * qa.scales.double()
     wt = int8.decode(qw.codes).double() * qw.scales.double().reshape(-1, 1)
     assert torch.equal(w8a8.reference(qa, packed), a @ wt.T)
-    assert torch.equal(w8a8.gemm(qa, packed, out_dtype=torch.float16), (a @ wt.T).to(torch.float16))
-    assert torch.equal(ops.gemm(qa, packed), (a @ wt.T).to(torch.bfloat16))
+    assert torch.equal(w8a8.gemm(qa, packed, out_dtype=torch.float16), formats.round_to(a @ wt.T, torch.float16))
+    assert torch.equal(ops.gemm(qa, packed), formats.round_to(a @ wt.T, torch.bfloat16))
     rel = ((w8a8.gemm(qa, packed).double() - x.double() @ w.double().T).norm() / (x @ w.T).norm()).item()
     assert rel < 0.02  # int8 keeps 7 bits of each row's scale
     tensor = w8a8.pack(quant.quantize(w, "int8:tensor"))
@@ -335,7 +336,8 @@ def test_int8_linear_custom_op_and_catalog():
     assert isinstance(layer, W8A8Linear) and layer.activations == "int8:token"
     assert W8A8Linear.from_linear(linear, "int8:channel").activations == "int8:token"
     qa = ops.quantize_activation(x, "int8:token")
-    expected = (w8a8.reference(qa, layer.packed) + linear.bias.detach().to(torch.bfloat16).double()).to(torch.bfloat16)
+    expected = formats.round_to(w8a8.reference(qa, layer.packed) + linear.bias.detach().to(torch.bfloat16).double(),
+                                    torch.bfloat16)
     assert torch.equal(layer(x).reshape(6, 100), expected)
     with pytest.raises(ValueError, match="int8:token or int8:tensor"):
         W8A8Linear.from_linear(linear, "int8:channel", activations="float8e4m3:token")
