@@ -142,7 +142,16 @@ struct DenseWgmmaW4A8 {
   // The producer: one thread issues the copies of `count` K tiles from k_tile0 on of the tile at (m0, n0).
   static __device__ __forceinline__ void produce(const ScaledTmaGemmParams& params, int m0, int n0, int k_tile0,
                                                  int count, u32 smem_base, u32 full0, u32 empty0, u32& fills) {
-    const GemmParams& p = params.tma.gemm;
+    produce_rows(params.tma.gemm, &params.tma.a_map, m0, n0, k_tile0, count, smem_base, full0, empty0, fills);
+  }
+
+  // produce's copies from the weights, scales and N of p and the activation boxes of a_map from its
+  // row box_row on (for the schedules that drive produce and consume themselves: the MoE one,
+  // kernel/grouped_masked_scaled_ws.cuh, passes p moved to the tile's expert and the map row of the
+  // expert's tile).
+  static __device__ __forceinline__ void produce_rows(const GemmParams& p, const TensorMap* a_map, int box_row, int n0,
+                                                      int k_tile0, int count, u32 smem_base, u32 full0, u32 empty0,
+                                                      u32& fills) {
     // Columns past N (a last tile of a CTA wider than the rest of N) are not copied: their stale
     // shared memory only reaches outputs that are never stored. N is a multiple of 64.
     const int columns = p.n - n0 < kBlockN ? p.n - n0 : kBlockN;
@@ -160,7 +169,7 @@ struct DenseWgmmaW4A8 {
       const u32 stage = smem_base + slot * kStageBytes;
       ptx::mbarrier_arrive_expect_tx(full, kActivationBytes + code_bytes + scale_bytes);
       const int k_tile = k_tile0 + it;
-      ptx::tensor_copy_2d_g2s(stage, &params.tma.a_map, k_tile * (kBlockK / 2), m0, full);  // 16-bit pairs
+      ptx::tensor_copy_2d_g2s(stage, a_map, k_tile * (kBlockK / 2), box_row, full);  // 16-bit pairs
       ptx::bulk_copy_g2s(stage + kWeightOffset, codes, code_bytes, full);
       codes += tile_stride;
       const u32 row = static_cast<u32>(k_tile * kBlockK) / group;
@@ -173,12 +182,16 @@ struct DenseWgmmaW4A8 {
   // tokens' scales (0 past M: never stored).
   static __device__ __forceinline__ void scale_sums(const ScaledTmaGemmParams& params, float (&acc)[kAccumulators],
                                                     int m0, int) {
-    const int m = params.tma.gemm.m;
+    scale_rows(acc, m0, params.tma.gemm.m, params.a_scale);
+  }
+
+  // scale_sums of the tile from row m0 of m rows whose scales a_scale holds, one float a row.
+  static __device__ __forceinline__ void scale_rows(float (&acc)[kAccumulators], int m0, int m, const float* a_scale) {
     if constexpr (Widen::kValueScale != 1.f) {
 #pragma unroll
       for (int i = 0; i < kAccumulators; ++i) acc[i] *= Widen::kValueScale;
     }
-    Fragments::scale_tokens(acc, [&](int token) { return m0 + token < m ? params.a_scale[m0 + token] : 0.f; });
+    Fragments::scale_tokens(acc, [&](int token) { return m0 + token < m ? a_scale[m0 + token] : 0.f; });
   }
 
   static __device__ __forceinline__ void run(const ScaledTmaGemmParams& params) {

@@ -181,8 +181,9 @@ struct Int4E4m3Groups {
   }
 
   // `count` K tiles from the ring's next slot into acc (zeroed first). (The params, the tile and
-  // k_tile0 are the driver's consumer interface: the scales come with the slots.)
-  static __device__ __forceinline__ void consume(const kernel::ScaledTmaGemmParams&, int, int, int, int count,
+  // k_tile0 are the schedules' consumer interface: the scales come with the slots.)
+  template <class Params>
+  static __device__ __forceinline__ void consume(const Params&, int, int, int, int count,
                                                  u32 smem_base, u32 full0, u32 empty0, State& ring,
                                                  float (&acc)[kAccumulators]) {
 #pragma unroll

@@ -1,0 +1,147 @@
+#pragma once
+// The grouped masked MoE GEMM, and its offsets form, on the warp-specialized Hopper W4A8 body
+// (kernel/dense_wgmma_w4a8.cuh, SM90a): what kernel/grouped_masked.cuh computes around the
+// portable W4A8 body (the same layouts, walk and contract on counts and offsets: int4, uint4 with
+// a zero point or MXFP4 experts x e4m3 activation codes with an fp32 scale a row), for experts of
+// more rows than a decode step gives them, where wgmma at the 8-bit rate beats mma.sync.
+//
+// The schedule of kernel/grouped_masked_ws.cuh (the 16-bit TMA body's), around this body's
+// producer and consumers: a persistent grid walks the experts' tiles (schedule/expert_table.cuh,
+// built once per CTA by warp 0), the producer warp fills the mbarrier ring tile after tile
+// (Dense::produce_rows from the expert's weights and the map row of the tile's activation box),
+// and the consumers empty it (Dense::Consumer::consume), scale the sums by their rows' scales
+// (Dense::scale_rows) and store the tile through a staging tile of its own after the ring, so
+// that the producer fills the next tile's slots meanwhile. Per tile:
+// - the producer copies the activation boxes from the map of all rows (the slabs end to end,
+//   expert e's at row e x max_m; or the offsets form's rows, expert e's at its first row); rows of
+//   a box past the expert's rows are other experts' or, past the map, zeros: computed and never
+//   stored;
+// - the consumers scale and store through ScaledRows moved to the expert (kernel/grouped_masked.cuh
+//   move_to_expert: its output rows, M its rows, its rows' scales, its bias and global scale).
+// One K slice per tile (gemm.k_splits == 1, the host's precondition); no cluster. The producer
+// keeps the dense body's registers (40): its walk's few words outside the copies' loop may live in
+// local memory, where the consumers' accumulators and conversion need every register they hold.
+
+#include <humming_aot/kernel/grouped_masked.cuh>
+#include <humming_aot/kernel/params.cuh>
+#include <humming_aot/ptx/mbarrier.cuh>
+#include <humming_aot/ptx/warpgroup.cuh>
+#include <humming_aot/schedule/expert_table.cuh>
+#include <humming_aot/schedule/grid_dependency.cuh>
+
+namespace humming_aot::kernel {
+
+template <class Dense,  // kernel/dense_wgmma_w4a8.cuh's DenseWgmmaW4A8: produce_rows, Consumer, scale_rows, Writer
+          int kBlockM,  // its tile's rows (tokens)
+          int kBlockN>  // its tile's columns (weight channels)
+struct GroupedMaskedScaledWs {
+  static constexpr int kThreads = Dense::kThreads;
+  // Shared memory (bodies/wgmma_w4a8.py masked_smem_bytes): the ring, then the staging tile (the
+  // ring's slots are 1024-byte multiples), + 1024 to align the base at run time; then the walk's
+  // table, at a fixed offset from the unaligned base.
+  static constexpr int kStagingOffset = Dense::kPipelineBytes;
+  static constexpr int kTableOffset = Dense::kPipelineBytes + Dense::Writer::kStagingBytes + 1024;
+  using Walk = schedule::ExpertTable<kBlockM, kTableOffset>;
+  static constexpr int kSmemBytes = kTableOffset + Walk::kTableBytes;
+  static_assert(kTableOffset % 16 == 0, "the table starts on a 16-byte boundary");
+  static constexpr int kMinBlocksPerSm = Dense::kMinBlocksPerSm;
+  static constexpr bool kScalesInFp32 = Dense::kScalesInFp32;
+  static constexpr int kStages = Dense::kRingStages;
+  static constexpr int kConsumerWarps = Dense::kConsumerWarps;
+  static_assert(kBlockM == Dense::kTileM && kBlockN == Dense::kTileN, "the body's tile");
+  static constexpr bool kOverlapped = Dense::kOverlapped;  // (the body's, for the generated asserts)
+  static constexpr int kWaitDepth = Dense::kWaitDepth;
+
+  struct TileAt {
+    u32 expert, rows, local;
+  };
+
+  // The tile's rows moved to its expert (kernel/grouped_masked.cuh: weights, global scale, output
+  // rows, M its rows, the rows' scales), its first row among the expert's (m0) and column (n0),
+  // and the map row of its activation box.
+  static __device__ __forceinline__ void rows_of(const MaskedScaledGemmParams& s, const Walk& walk, const TileAt& t,
+                                                 ScaledRows& r, int& m0, int& n0, int& box_row) {
+    const MaskedGemmParams& g = s.masked;
+    r = tile_rows(s, t.rows);
+    const i64 first = walk.first_row(t.expert);  // 0 in a slab; the expert's first row with offsets
+    move_to_expert(r, s, t.expert, first);
+    const u32 m_tile = t.local / walk.n_tiles;
+    m0 = static_cast<int>(m_tile) * kBlockM;
+    n0 = static_cast<int>(t.local - m_tile * walk.n_tiles) * kBlockN;
+    box_row = static_cast<int>(g.row_offsets == nullptr ? t.expert * static_cast<u32>(g.gemm.m) : first) + m0;
+  }
+
+  static __device__ __forceinline__ void run(const MaskedScaledTmaGemmParams& params) {
+    const MaskedScaledGemmParams& s = params.scaled;
+    const MaskedGemmParams& g = s.masked;
+    extern __shared__ __align__(1024) char smem_raw[];
+    __shared__ __align__(8) u64 full_barriers[kStages];
+    __shared__ __align__(8) u64 empty_barriers[kStages];
+    const u32 raw_base = memory::shared_address(smem_raw);
+    const u32 smem_base = (raw_base + 1023u) & ~1023u;
+    char* smem = smem_raw + (smem_base - raw_base);
+    const u32 full0 = memory::shared_address(full_barriers), empty0 = memory::shared_address(empty_barriers);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int i = 0; i < kStages; ++i) {
+        ptx::mbarrier_init(full0 + 8 * i, 1);                       // the producer's arrive.expect_tx (+ the bytes)
+        ptx::mbarrier_init(empty0 + 8 * i, Dense::kEmptyArrivals);  // every consumer thread
+      }
+      ptx::fence_barrier_init();
+    }
+    // The counts or offsets, the activations and their scales may be the previous kernel's (PDL).
+    schedule::wait_for_upstream_grid();
+    const Walk walk{{g.expert_rows, g.row_offsets, static_cast<u32>(g.experts), static_cast<u32>(g.gemm.m),
+                     (static_cast<u32>(g.gemm.n) + kBlockN - 1) / kBlockN}};
+    if (warp == 0) walk.build();
+    // the CTA's only barrier (the barriers' init and the table before any use): the producer
+    // warpgroup may exit early after it
+    __syncthreads();
+    const int k_tiles = g.gemm.k / Dense::kBlockK;
+    ScaledRows r;
+    int m0, n0, box_row;
+    TileAt at;
+
+    if (warp >= kConsumerWarps) {
+      ptx::warpgroup_release_registers<Dense::kProducerRegisters>();
+      if (warp == kConsumerWarps) {
+        if (lane == 0) ptx::prefetch_tensor_map(&params.a_map);
+        u32 fills = 0;
+        for (u32 tile = blockIdx.x; walk.find(tile, at.expert, at.rows, at.local); tile += gridDim.x) {
+          if (lane == 0) {
+            rows_of(s, walk, at, r, m0, n0, box_row);
+            Dense::produce_rows(r.gemm, &params.a_map, box_row, n0, 0, k_tiles, smem_base, full0, empty0, fills);
+          }
+          __syncwarp();
+        }
+      }
+      return;
+    }
+    ptx::warpgroup_claim_registers<Dense::kConsumerRegistersHeld>();
+
+    float acc[Dense::kAccumulators];
+    typename Dense::ConsumerState ring;
+    u32 tile = blockIdx.x;
+    TileAt next;
+    bool more = walk.find(tile, at.expert, at.rows, at.local);
+    if (!more) schedule::release_dependent_grid();  // no tile for this CTA
+    while (more) {
+      tile += gridDim.x;
+      more = walk.find(tile, next.expert, next.rows, next.local);  // (in flight beside the K loop)
+      Dense::Consumer::consume(s, 0, 0, 0, k_tiles, smem_base, full0, empty0, ring, acc);
+      // The next kernel may now be scheduled into the slots this grid leaves as it finishes.
+      if (!more) schedule::release_dependent_grid();
+      rows_of(s, walk, at, r, m0, n0, box_row);
+      Dense::scale_rows(acc, m0, r.gemm.m, r.a_scale);
+      // every consumer is done reading the previous tile's staging (store_tile's copy-out has no
+      // barrier after it) before any writes this tile's
+      Dense::ConsumerBarrier::sync();
+      Dense::Writer::store_tile(r.gemm, acc, m0, n0, smem + kStagingOffset);
+      at = next;
+    }
+  }
+};
+
+}  // namespace humming_aot::kernel
