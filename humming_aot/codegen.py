@@ -37,8 +37,13 @@ def kernel_smem_bytes(key: KernelKey) -> int:
     out its own (the masked schedule on the TMA body stages its output beside the ring and keeps
     its walk's table after it)."""
     has_zero_point = key.spec.w_zero_point is not ZeroPoint.NONE
-    if key.spec.gemm_type in _MOE_SCHEDULES and _moe_schedule(key) == _MOE_WS_SCHEDULE:
+    schedule = _moe_schedule(key) if key.spec.gemm_type in _MOE_SCHEDULES else None
+    if schedule == _MOE_WS_SCHEDULE:
         return masked_smem_bytes(key.tile, key.spec.w_bits, has_zero_point)
+    if schedule == _MOE_SCALED_WS_SCHEDULE:
+        from humming_aot.bodies.wgmma_w4a8 import masked_smem_bytes as w4a8_masked_smem_bytes
+
+        return w4a8_masked_smem_bytes(key.tile, key.spec.w_dtype)
     return key.tile.body.key_smem_bytes(key)
 
 
@@ -59,6 +64,9 @@ _MOE_WS_SCHEDULE = ("grouped_masked_ws.cuh", "GroupedMaskedWs", "MaskedTmaGemmPa
 # same schedules, whose Params add the rows' fp32 scales, the codes' K and the scales' row stride.
 _MOE_SCALED_SCHEDULE = ("grouped_masked.cuh", "GroupedMasked", "MaskedScaledGemmParams")
 _GROUPED_SCALED_SCHEDULE = ("grouped_contiguous.cuh", "GroupedContiguous", "GroupedScaledGemmParams")
+# The grouped masked GEMM on the warp-specialized Hopper W4A8 body: a schedule of its producer and
+# consumers, whose Params add the tensor map of every activation row's codes.
+_MOE_SCALED_WS_SCHEDULE = ("grouped_masked_scaled_ws.cuh", "GroupedMaskedScaledWs", "MaskedScaledTmaGemmParams")
 
 
 def _moe_schedule(key: KernelKey) -> tuple[str, str, str] | None:
@@ -75,6 +83,8 @@ def _moe_schedule(key: KernelKey) -> tuple[str, str, str] | None:
         )
     if mma is MmaKind.WGMMA_WS:
         return _MOE_WS_SCHEDULE
+    if mma is MmaKind.WGMMA_W4A8:
+        return _MOE_SCALED_WS_SCHEDULE
     if mma in (MmaKind.MMA_W4A8, MmaKind.MMA_SS):
         return _MOE_SCALED_SCHEDULE if gemm_type is GemmType.MASKED else _GROUPED_SCALED_SCHEDULE
     return _MOE_SCHEDULES[gemm_type]

@@ -95,6 +95,25 @@ def _register_need(tile: "TileConfig", w_dtype: str = "int4") -> int:
     return 2 * (tile.block_m // 2) * tile.units_per_warpgroup + _loop_registers(tile, w_dtype)
 
 
+# The masked MoE schedule's table of the experts' first tiles, after its staging tile
+# (schedule/expert_table.cuh ExpertTable::kTableBytes, as for the 16-bit TMA body's schedule).
+MOE_WALK_TABLE_BYTES = (2 * 256 + 1 + 3) * 4
+
+
+def masked_smem_bytes(tile: "TileConfig", w_dtype: str) -> int:
+    """The grouped masked MoE schedule's shared memory on this body (kernel/grouped_masked_scaled_ws.cuh
+    kSmemBytes): the ring, then a staging tile of its own after it whatever the dense body does (so
+    that the next tile's slots fill while one is stored), +1024 to align the base, then the walk's
+    table."""
+    return (tile.stages * _stage_bytes(tile, entry_bytes(w_dtype)) + _staging_bytes(tile) + 1024
+            + MOE_WALK_TABLE_BYTES)
+
+
+def masked_smem_limit(tile: "TileConfig") -> int:
+    """The dynamic shared memory each of the tile's CTAs per SM may take on sm_90."""
+    return _MAX_SMEM if ctas_per_sm(tile) == 1 else _SMEM_PER_SM // ctas_per_sm(tile) - 2048
+
+
 class WgmmaW4A8Body(Body):
     kind = "wgmma-w4a8"
     header = "dense_wgmma_w4a8.cuh"
@@ -150,6 +169,11 @@ class WgmmaW4A8Body(Body):
                 "bfloat16 or float16"
             )
         self._check_smem(key.tile, entry_bytes(s.w_dtype))
+        if s.gemm_type.value == "masked" and masked_smem_bytes(key.tile, s.w_dtype) > masked_smem_limit(key.tile):
+            raise ValueError(f"{key.name}: the masked MoE schedule's ring, staging tile and walk table need "
+                             f"{masked_smem_bytes(key.tile, s.w_dtype)} bytes, more than the "
+                             f"{masked_smem_limit(key.tile)} each of its {ctas_per_sm(key.tile)} CTA(s) per SM has on "
+                             "sm_90; take fewer stages")
         need, held = _register_need(key.tile, s.w_dtype), consumer_registers(key.tile)
         if need > held:
             raise ValueError(f"{key.name}: a consumer thread needs {need} registers with {s.w_dtype} codes; it has "

@@ -216,11 +216,17 @@ MOE_MASKED_BODIES = MOE_BODIES + (MmaKind.WGMMA_WS,)
 MOE_SCALED_BODIES = (MmaKind.MMA_W4A8, MmaKind.MMA_SS)
 
 
+# The masked schedule (and its offsets form) also takes the warp-specialized Hopper W4A8 body
+# (kernel/grouped_masked_scaled_ws.cuh drives its producer and consumers over the same walk).
+MOE_SCALED_MASKED_BODIES = MOE_SCALED_BODIES + (MmaKind.WGMMA_W4A8,)
+
+
 def moe_bodies(masked: bool, quantized: bool = False) -> tuple[MmaKind, ...]:
     """The bodies a MoE schedule takes: the masked one's (and its offsets form's), else the grouped
-    row-expert one's; with quantized (8-bit) activations, MOE_SCALED_BODIES for either."""
+    row-expert one's; with quantized (8-bit) activations, MOE_SCALED_MASKED_BODIES for the masked
+    one, MOE_SCALED_BODIES for the row-expert one."""
     if quantized:
-        return MOE_SCALED_BODIES
+        return MOE_SCALED_MASKED_BODIES if masked else MOE_SCALED_BODIES
     return MOE_MASKED_BODIES if masked else MOE_BODIES
 
 

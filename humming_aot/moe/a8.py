@@ -11,39 +11,42 @@ float8e4m3 or int8 activation codes with float32 scales per row (W8A8 blocks: pe
   against, and the path on a CPU (the float64 reference of each expert's operands);
 - ``gemm_grouped_a8_kernel`` / ``gemm_masked_a8_kernel``: one launch each, the persistent grouped
   masked schedule (kernel/grouped_masked.cuh, its offsets and slab forms) around the portable
-  mma.sync body of the pairing (mma-w4a8, mma-ss) on MaskedScaledGemmParams; no host round trip
+  mma.sync body of the pairing (mma-w4a8, mma-ss) on MaskedScaledGemmParams (or on sm90a around
+  the wgmma-w4a8 body, below); no host round trip
   (CUDA-graph capturable).
 
 The activations are quantized per row before the GEMM (``ops.quantize_activation(x,
 "float8e4m3:token")``): the grouped rows carry their codes and scales along, so a row gathered for
 its experts keeps its own; a per-tensor scale is widened to one per row. int8 codes run from
-sm80, float8 ones from sm89 (mma.sync on e4m3; on sm90 / sm100 ptxas emulates it). On sm90a the
-MoE GEMMs run these portable bodies too: the wgmma bodies have no run_tile for a persistent
-schedule yet.
+sm80, float8 ones from sm89 (mma.sync on e4m3; on sm90 / sm100 ptxas emulates it). On sm90a, W4A8
+experts with float8 activations run the masked schedule and its offsets form on the warp-specialized
+wgmma-w4a8 body instead (kernel/grouped_masked_scaled_ws.cuh); body and tile choice, and the
+Params bytes: humming_aot.moe.a8_launch.
 """
 from __future__ import annotations
 
 import dataclasses
-import struct
 
 import torch
 
-from humming_aot import params_abi, w4a8, w8a8
+from humming_aot import w4a8, w8a8
 from humming_aot.moe import kernels as _moe
+from humming_aot.moe.a8_launch import (  # noqa: F401  (the Params layouts, re-exported)
+    GROUPED_SCALED_PARAMS_BYTES,
+    GROUPED_SCALED_TAIL,
+    MASKED_SCALED_PARAMS_BYTES,
+    SCALED_TAIL,
+    grouped_scaled_params,
+    moe_key,
+    scaled_params,
+    select_kernel,
+    ws_map,
+)
 from humming_aot.quant.activation import ActivationGranularity, QuantizedActivation
 from humming_aot.quant.weight import QuantizedWeight
 from humming_aot.spec import GemmType, MmaKind, TileConfig
 from humming_aot.w8a8 import K_ALIGN, PackedRows
 
-# MaskedScaledGemmParams (kernel/params.cuh): MaskedGemmParams, the rows' scales pointer, the
-# floats between experts' slabs of them, the codes' own K (W4A8) and the floats between rows'
-# scales (208 bytes).
-SCALED_TAIL = struct.Struct("<Qq2i")
-MASKED_SCALED_PARAMS_BYTES = params_abi.MASKED_PARAMS_BYTES + SCALED_TAIL.size
-# GroupedScaledGemmParams: GroupedGemmParams, the rows' scales pointer, the codes' own K and the
-# floats between rows' scales (168 bytes)
-GROUPED_SCALED_TAIL = struct.Struct("<Q2i")
-GROUPED_SCALED_PARAMS_BYTES = params_abi.GROUPED_PARAMS_BYTES + GROUPED_SCALED_TAIL.size
 _OUT_DTYPES = (torch.bfloat16, torch.float16)
 # The W8A8 experts' tile for more rows than this is w8a8.select_sync_tile's for this many: its
 # 128-row tile, with the schedule's walk beside its accumulators, spills 24 bytes in the e4m3 build
@@ -286,8 +289,8 @@ def gemm_masked_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, mas
     bias:       (E, N) in out_dtype, or None
     out:        (E, max_m, N) contiguous to write (rows past each count are left as they are;
                 N the kernels' padded N); default a new zero tensor
-    tile:       a forced tile of the pairing's portable body (tuning and tests); default the dense
-                module's select_sync_tile(expected_m)
+    tile:       a forced tile (tuning and tests): of the pairing's portable body, or for W4A8 with
+                float8 activations on sm90a a wgmma-w4a8 one; default a8_launch.select_kernel's
     """
     what = "gemm_masked_a8_kernel"
     _check_pairing(qa, experts, what, 3)
@@ -308,7 +311,7 @@ def gemm_masked_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, mas
         raise ValueError(f"{what}: out must be ({e}, {max_m}, {n}) {out_dtype}, contiguous, on {codes.device}, got "
                          f"{_moe._describe(out)}")
     rows = max_m if expected_m is None else max(1, min(int(expected_m), max_m))
-    tile, loaded = _kernel(qa, experts, out_dtype, rows, tile, what)
+    tile, loaded = select_kernel(qa, experts, out_dtype, rows, tile, what)
     if out is None:
         out = torch.zeros(e, max_m, n, dtype=out_dtype, device=codes.device)
     if max_m == 0:
@@ -323,6 +326,7 @@ def gemm_masked_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, mas
         codes=codes.data_ptr(), lda=k, experts=experts, bias=bias, out=out.data_ptr(), m=max_m, splits=1,
         expert_rows=masked_m.data_ptr(), a_stride=max_m * k, out_stride=max_m * n * out.element_size(),
         offsets=0, a_scale=scales.data_ptr(), a_scale_stride=max_m * per_row, a_scale_row_stride=per_row)
+    params += ws_map(codes, e * max_m, tile)  # (the wgmma-w4a8 body's map of every slab's rows)
     loaded.launch((max(1, min(tiles, resident)), 1, 1), _moe._stream(codes), params)
     return _valid(out, experts)
 
@@ -349,7 +353,7 @@ def gemm_grouped_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, of
     bias, out:  as for gemm_masked_a8_kernel, (E, N) and (R, N)
     splits:     K slices reduced through a float32 workspace in slice order (the same bits every
                 run); default moe.kernels.offsets_splits' choice (slices only when the rows' tiles
-                leave most CTA slots idle)
+                leave most CTA slots idle); 1 on the wgmma-w4a8 tiles
     """
     what = "gemm_grouped_a8_kernel"
     if (row_expert is None) == (offsets is None):
@@ -369,13 +373,16 @@ def gemm_grouped_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, of
                          f"kernel reads them there), got {_moe._describe(offsets)}")
     scales, bias = _check_rows(qa, experts, bias, out, out_dtype, what)
     n = experts.n
-    tile, loaded = _kernel(qa, experts, out_dtype, max(1, int(expected_m)), tile, what)
+    tile, loaded = select_kernel(qa, experts, out_dtype, max(1, int(expected_m)), tile, what)
     k_tiles = -(-k // 128)
     bound = _moe.offsets_tile_bound(rows, experts.experts, n, tile)
     counters_size = _moe._split_k_counters_size()
     resident = _moe._resident(loaded, tile, codes.device.index) if rows else 1
+    ws = tile.mma is MmaKind.WGMMA_W4A8  # (one K slice: kernel/grouped_masked_scaled_ws.cuh)
     if splits is None:
-        splits = _moe.offsets_splits(bound, k_tiles, resident)
+        splits = 1 if ws else _moe.offsets_splits(bound, k_tiles, resident)
+    elif ws and splits != 1:
+        raise ValueError(f"{what}: splits={splits!r}: the wgmma-w4a8 tiles run one K slice (leave splits None)")
     elif type(splits) is not int or not 1 <= splits <= k_tiles or (splits > 1 and bound > counters_size):
         raise ValueError(f"{what}: splits={splits!r} must be an int in [1, K tiles of 128 = {k_tiles}], and 1 when "
                          f"the rows make more than {counters_size} tiles (here up to {bound})")
@@ -399,6 +406,7 @@ def gemm_grouped_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, of
         codes=codes.data_ptr(), lda=codes.stride(0), experts=experts, bias=bias, out=out.data_ptr(), m=rows,
         splits=splits, workspace=workspace, counters=counters, expert_rows=0, a_stride=0, out_stride=0,
         offsets=offsets.data_ptr(), a_scale=scales.data_ptr(), a_scale_stride=0, a_scale_row_stride=scales.shape[1])
+    params += ws_map(codes, rows, tile)
     loaded.launch((max(1, min(bound, resident // splits)), splits, 1), _moe._stream(codes), params)
     return _valid(out, experts)
 
@@ -439,7 +447,7 @@ def _grouped_by_row_expert(qa: QuantizedActivation, experts: PackedA8Experts, ro
                          f"it there), got {_moe._describe(row_expert)}")
     scales, bias = _check_rows(qa, experts, bias, out, out_dtype, what)
     n = experts.n
-    tile, loaded = _kernel(qa, experts, out_dtype, max(1, int(expected_m)), tile, what, GemmType.GROUPED)
+    tile, loaded = select_kernel(qa, experts, out_dtype, max(1, int(expected_m)), tile, what, GemmType.GROUPED)
     if out is None:
         out = torch.zeros(rows, n, dtype=out_dtype, device=codes.device)
     if rows == 0:
@@ -453,45 +461,6 @@ def _grouped_by_row_expert(qa: QuantizedActivation, experts: PackedA8Experts, ro
                                    a_scale=scales.data_ptr(), a_scale_row_stride=scales.shape[1])
     loaded.launch((max(1, min(tiles, resident)), 1, 1), _moe._stream(codes), params)
     return _valid(out, experts)
-
-
-def grouped_scaled_params(*, codes: int, lda: int, experts: PackedA8Experts, bias: torch.Tensor | None, out: int,
-                          m: int, row_expert: int, a_scale: int, a_scale_row_stride: int) -> bytes:
-    """GroupedScaledGemmParams' bytes (kernel/params.cuh): scaled_params' GemmParams of every row
-    with expert 0's weights (one K slice), the row experts pointer and ExpertWeights, then the rows'
-    scales pointer, the codes' own K (W4A8; 0 for W8A8) and the floats between rows' scales."""
-    masked = scaled_params(codes=codes, lda=lda, experts=experts, bias=bias, out=out, m=m, splits=1, expert_rows=0,
-                           a_stride=0, out_stride=0, offsets=0, a_scale=a_scale, a_scale_stride=0,
-                           a_scale_row_stride=a_scale_row_stride)
-    gemm = masked[:params_abi.GEMM_PARAMS.size]
-    weights = params_abi.MASKED_TAIL.unpack(masked[params_abi.GEMM_PARAMS.size:params_abi.MASKED_PARAMS_BYTES])[1:6]
-    a_k = SCALED_TAIL.unpack(masked[params_abi.MASKED_PARAMS_BYTES:])[2]
-    params = gemm + params_abi.GROUPED_TAIL.pack(row_expert, *weights) + GROUPED_SCALED_TAIL.pack(
-        a_scale, a_k, a_scale_row_stride)
-    assert len(params) == GROUPED_SCALED_PARAMS_BYTES
-    return params
-
-
-def scaled_params(*, codes: int, lda: int, experts: PackedA8Experts, bias: torch.Tensor | None, out: int, m: int,
-                  splits: int, expert_rows: int, a_stride: int, out_stride: int, offsets: int, a_scale: int,
-                  a_scale_stride: int, a_scale_row_stride: int, workspace: int = 0, counters: int = 0) -> bytes:
-    """MaskedScaledGemmParams' bytes (kernel/params.cuh): GemmParams of expert 0's weights (a: the
-    codes, lda in bytes; k: whole K tiles of 128; group_size: W4A8's group, W8A8's codes' own K;
-    global scale 1, the schedule reads each expert's), the masked tail (counts, ExpertWeights,
-    slab strides in bytes, E, offsets), then the rows' scales pointer, the floats between experts'
-    slabs of them, the codes' own K (W4A8; 0 for W8A8) and the floats between rows' scales."""
-    k_tiles = -(-experts.k // 128)
-    w4 = isinstance(experts, PackedW4A8Experts)
-    group = experts.group_size if w4 else experts.k
-    gemm = params_abi.GEMM_PARAMS.pack(
-        codes, experts.w.data_ptr(), experts.w_scale.data_ptr(), 0, 0 if bias is None else bias.data_ptr(), out,
-        workspace, counters, lda, experts.n, m, experts.n, 128 * k_tiles, group, splits, 1.0)
-    weights = (experts.global_scale_tensor.data_ptr(), _moe._expert_bytes(experts.w),
-               _moe._expert_bytes(experts.w_scale), 0, 0 if bias is None else _moe._expert_bytes(bias))
-    tail = params_abi.MASKED_TAIL.pack(expert_rows, *weights, a_stride, out_stride, experts.experts, offsets)
-    params = gemm + tail + SCALED_TAIL.pack(a_scale, a_scale_stride, experts.k if w4 else 0, a_scale_row_stride)
-    assert len(params) == MASKED_SCALED_PARAMS_BYTES
-    return params
 
 
 def _check_codes(codes: torch.Tensor, experts, what: str) -> None:
@@ -538,61 +507,3 @@ def _valid(out: torch.Tensor, experts) -> torch.Tensor:
     return out if experts.n_valid is None else out[..., : experts.n_valid]
 
 
-def moe_key(arch: str, experts, out_dtype: torch.dtype, tile: TileConfig, act_element: str,
-            gemm_type: GemmType = GemmType.MASKED):
-    """The grouped masked (or contiguous) KernelKey of the experts' pairing on `tile` for an arch."""
-    if isinstance(experts, PackedW4A8Experts):
-        key = w4a8.kernel_key(arch, out_dtype, tile, act_element, experts.element)
-    else:
-        key = w8a8.kernel_key(arch, out_dtype, tile, experts.blocks, act_element)
-    return dataclasses.replace(key, spec=dataclasses.replace(key.spec, gemm_type=gemm_type))
-
-
-def _kernel(qa: QuantizedActivation, experts, out_dtype: torch.dtype, rows: int, tile: TileConfig | str | None,
-            what: str, gemm_type: GemmType = GemmType.MASKED):
-    """(tile, loaded kernel) of the masked schedule on the pairing's portable body for `rows`
-    expected rows per expert: the dense module's select_sync_tile, or the forced tile; the key's
-    arch as the dense portable GEMM picks it (the GPU's arches with mma.sync on the codes, the
-    installed catalog's first)."""
-    from humming_aot import _w8a8_launch, dispatch
-    from humming_aot import obtain as _obtain
-    from humming_aot.enumerate import parse_tile_field
-
-    dense = _dense(experts)
-    body = MmaKind.MMA_W4A8 if dense is w4a8 else MmaKind.MMA_SS
-    info = dispatch.device_info(qa.codes.device.index)
-    if tile is None:
-        tile = dense.select_sync_tile(rows if dense is w4a8 else min(rows, W8A8_MAX_TILE_ROWS))
-    elif isinstance(tile, str):
-        tile = parse_tile_field(tile)
-    if not isinstance(tile, TileConfig) or tile.mma is not body:
-        label = tile.label if isinstance(tile, TileConfig) else repr(tile)
-        raise ValueError(f"{what}: tile {label}: these MoE GEMMs run {body.value} tiles (leave tile None for the "
-                         "table's)")
-    kind = (qa.codes.device.index, body, experts.element if dense is w4a8 else experts.blocks, experts.format,
-            qa.element, out_dtype, tile, gemm_type)
-    if kind in _LOADED:  # (the eager path looks a kernel up once, not on every call)
-        return tile, _LOADED[kind]
-    if dense is w4a8:
-        label = "MXFP4 W4A8" if experts.element == w4a8.MXFP4_ELEMENT else "W4A8"
-    else:
-        label = "W8A8"
-    key = _w8a8_launch._portable_key(info, qa.element, label,
-                                     lambda arch: moe_key(arch, experts, out_dtype, tile, qa.element, gemm_type))
-    from humming_aot import ops
-
-    reason = ops._unsupported_on_device(key.spec, qa.codes.device.index)  # (float8 W8A8 MoE: native e4m3 only)
-    if reason:
-        raise ValueError(reason.replace("gemm:", f"{what}:", 1))
-    loaded = _obtain.load(key, info)
-    wanted = MASKED_SCALED_PARAMS_BYTES if gemm_type is GemmType.MASKED else GROUPED_SCALED_PARAMS_BYTES
-    if loaded.params_bytes != wanted:
-        raise ValueError(f"kernel {loaded.name}: takes {loaded.params_bytes} bytes of params, not {wanted}; the Python "
-                         "Params layout differs from kernel/params.cuh")
-    _LOADED[kind] = loaded
-    return tile, loaded
-
-
-# _kernel's loaded kernels: (device, body, weight element or blocks, format, activation element,
-# out dtype, tile, GEMM type) -> LoadedKernel
-_LOADED: dict[tuple, object] = {}

@@ -1,6 +1,7 @@
 """MoE experts with 8-bit activations (humming_aot.moe.gemm_masked_a8_kernel and
 gemm_grouped_a8_kernel: the grouped masked schedule and its offsets form around the portable
-mma-w4a8 and mma-ss bodies) on the GPU, for int4, uint4 with zero points and MXFP4 experts x int8
+mma-w4a8 and mma-ss bodies, through forced tiles; the default tiles of float8 W4A8 on sm90a are
+the wgmma-w4a8 body's, tests/gpu/test_moe_a8_ws_gpu.py) on the GPU, for int4, uint4 with zero points and MXFP4 experts x int8
 and float8e4m3 codes, and float8 (per channel and per 128 x 128 block) and int8 experts: each
 expert's rows against the float64 product of its exact operands (the dense pairing's sum bound),
 under skewed and empty routing, with E past one window of the experts' walk (256), odd N (padded
@@ -19,7 +20,7 @@ import torch
 from humming_aot import ops, quant, w4a8, w8a8
 from humming_aot.enumerate import parse_tile_field
 from humming_aot.moe import a8 as moe_a8
-from humming_aot.moe import gemm_grouped_a8_kernel, gemm_masked_a8_kernel, pack_a8_experts
+from humming_aot.moe import a8_launch, gemm_grouped_a8_kernel, gemm_masked_a8_kernel, pack_a8_experts
 from humming_aot.spec import GemmType
 from humming_aot.testing.w8a8 import (
     assert_graph_replay_is_eager,
@@ -67,6 +68,10 @@ def _keys(arch: str, elements) -> list:
     keys = [_key(arch, weight, element, label, dtype, gemm_type)
             for weight, element in _CASES if element in elements for label in _tiles(weight)
             for dtype in (torch.bfloat16, torch.float16) for gemm_type in (GemmType.MASKED, GemmType.GROUPED)]
+    if arch == "sm90a" and "float8e4m3" in elements:  # the default tiles of float8 W4A8 there
+        keys += [_key(arch, weight, "float8e4m3", label, dtype, GemmType.MASKED)
+                 for weight in ("int4", "uint4", "float4e2m1") for _, label in a8_launch.WS_TILES
+                 for dtype in (torch.bfloat16, torch.float16)]
     return [key for key in keys if _on_device(key.spec)]
 
 

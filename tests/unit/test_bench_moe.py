@@ -117,5 +117,6 @@ def test_the_a8_implementations_take_the_activation_format():
         impl = bench_moe.prepare_humming_aot_a8(w, "int4:g128", "contiguous", tile="mma-w4a8:16x128x128_w1x4_s4")
         assert impl.name == "humming_aot_a8" and "float8e4m3:token tile mma-w4a8" in impl.note
         assert impl.weight(1).shape == (128, 256)
+        assert bench_moe.prepare_humming_aot_a8_sync(w, "int4:g128", "contiguous").name == "humming_aot_a8_sync"
     finally:
         bench_moe.ACTIVATIONS["format"] = None

@@ -25,7 +25,9 @@ expert's rows first, with per-expert counts (E,); max_m is the largest count, ro
   humming_aot_a8     (with --activations, e.g. float8e4m3:token) pack_a8_experts(quantize(w, fmt)):
                      W4A8 or W8A8 experts on gemm_grouped_a8_kernel / gemm_masked_a8_kernel, on the
                      rows quantized once per routing outside the timing; humming_aot_a8+quant
-                     quantizes them inside it (ops.quantize_activation, then the GEMM)
+                     quantizes them inside it (ops.quantize_activation, then the GEMM);
+                     humming_aot_a8_sync runs the portable mma.sync body's table tile (for
+                     comparison where the default is the wgmma-w4a8 body: float8 W4A8 on sm90a)
   humming_a8         Humming's layer with input_config dtype = the activations' element,
                      dynamic_token (it quantizes inside its call)
 
@@ -81,7 +83,7 @@ def model_spec(name: str) -> tuple[int, int, tuple[tuple[str, int, int], ...]]:
         raise ValueError(f"model {name!r}: needs 1 <= top_k <= experts and positive N, K")
     return experts, top_k, (("gemm", n, k),)
 ALL_IMPLS = ("humming_aot", "humming", "torch_grouped_mm", "humming_aot_loop", "humming_aot_aligned",
-             "humming_aot_indexed", "humming_aot_a8", "humming_aot_a8+quant", "humming_a8")
+             "humming_aot_indexed", "humming_aot_a8", "humming_aot_a8+quant", "humming_aot_a8_sync", "humming_a8")
 DEFAULT_IMPLS = ALL_IMPLS[:3]
 # the impls --tile forces a tile on
 TILED_IMPLS = ("humming_aot", "humming_aot_aligned", "humming_aot_indexed", "humming_aot_a8", "humming_aot_a8+quant")
@@ -307,13 +309,14 @@ ACTIVATIONS: dict[str, str | None] = {"format": None}
 
 
 def prepare_humming_aot_a8(w: torch.Tensor, fmt: str, layout: str, tile: str | None = None,
-                           quantize: bool = False) -> MoeImpl:
+                           quantize: bool = False, portable: bool = False) -> MoeImpl:
     """Experts for 8-bit activations (moe.pack_a8_experts: W4A8 or W8A8) on the grouped kernels of
     the layout, on the routing's rows quantized once per routing outside the timing (as
     humming_aot_a8+quant does inside it: ops.quantize_activation of the rows, then the GEMM)."""
     import humming_aot
-    from humming_aot import ops
+    from humming_aot import ops, w4a8, w8a8
     from humming_aot.moe import gemm_grouped_a8_kernel, gemm_masked_a8_kernel, pack_a8_experts
+    from humming_aot.moe.a8 import W8A8_MAX_TILE_ROWS, PackedW4A8Experts
 
     activations = ACTIVATIONS["format"]
     if activations is None:
@@ -334,15 +337,24 @@ def prepare_humming_aot_a8(w: torch.Tensor, fmt: str, layout: str, tile: str | N
         qa, offsets, out = operands(r)
         if quantize:
             qa = ops.quantize_activation(r.masked_a if layout == "masked" else r.a, activations)
+        forced = tile
+        if portable and forced is None:  # the portable body's table tile (moe.a8_launch.select_kernel's rule)
+            rows = max(1, int(r.expected_m))
+            forced = (w4a8.select_sync_tile(rows) if isinstance(experts, PackedW4A8Experts)
+                      else w8a8.select_sync_tile(min(rows, W8A8_MAX_TILE_ROWS)))
         if layout == "masked":
-            return gemm_masked_a8_kernel(qa, experts, r.counts, expected_m=r.expected_m, out=out, tile=tile)
-        return gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=r.expected_m, out=out, tile=tile)
-    name = "humming_aot_a8+quant" if quantize else "humming_aot_a8"
+            return gemm_masked_a8_kernel(qa, experts, r.counts, expected_m=r.expected_m, out=out, tile=forced)
+        return gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=r.expected_m, out=out, tile=forced)
+    name = "humming_aot_a8_sync" if portable else "humming_aot_a8+quant" if quantize else "humming_aot_a8"
     return MoeImpl(name, call, weight, activations + (f" tile {tile}" if tile else ""), None, kept.clear)
 
 
 def prepare_humming_aot_a8_quant(w: torch.Tensor, fmt: str, layout: str, tile: str | None = None) -> MoeImpl:
     return prepare_humming_aot_a8(w, fmt, layout, tile, quantize=True)
+
+
+def prepare_humming_aot_a8_sync(w: torch.Tensor, fmt: str, layout: str, tile: str | None = None) -> MoeImpl:
+    return prepare_humming_aot_a8(w, fmt, layout, tile, portable=True)
 
 
 def prepare_humming_a8(w: torch.Tensor, fmt: str, layout: str) -> MoeImpl:
@@ -375,7 +387,8 @@ def prepare_humming_a8(w: torch.Tensor, fmt: str, layout: str) -> MoeImpl:
 PREPARE = {"humming_aot": prepare_humming_aot, "humming": prepare_humming, "torch_grouped_mm": prepare_torch_grouped_mm,
            "humming_aot_loop": prepare_humming_aot_loop, "humming_aot_aligned": prepare_humming_aot_aligned,
            "humming_aot_indexed": prepare_humming_aot_indexed, "humming_aot_a8": prepare_humming_aot_a8,
-           "humming_aot_a8+quant": prepare_humming_aot_a8_quant, "humming_a8": prepare_humming_a8}
+           "humming_aot_a8+quant": prepare_humming_aot_a8_quant, "humming_aot_a8_sync": prepare_humming_aot_a8_sync,
+           "humming_a8": prepare_humming_a8}
 
 
 def impl_variants(impls: str, tiles: str | None) -> list[tuple[str, str | None]]:

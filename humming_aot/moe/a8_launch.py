@@ -1,0 +1,198 @@
+"""How the 8-bit-activation MoE GEMMs (humming_aot.moe.a8) reach a kernel: the Params bytes of
+their schedules (kernel/params.cuh: MaskedScaledGemmParams, GroupedScaledGemmParams and, for the
+warp-specialized Hopper W4A8 body, MaskedScaledTmaGemmParams) and the choice of body, tile and
+kernel for a call.
+
+Bodies: the portable mma.sync ones of each pairing (mma-w4a8, mma-ss) everywhere, in both
+schedules; on sm90a, W4A8 experts with float8 activations in the masked schedule and its offsets
+form run the warp-specialized wgmma-w4a8 body (kernel/grouped_masked_scaled_ws.cuh) from
+WS_MIN_ROWS expected rows per expert, on the tiles of WS_TILES.
+"""
+from __future__ import annotations
+
+import dataclasses
+import struct
+
+import torch
+
+from humming_aot import params_abi, w4a8, w8a8
+from humming_aot.moe import kernels as _moe
+from humming_aot.quant.activation import QuantizedActivation
+from humming_aot.spec import GemmType, MmaKind, TileConfig
+
+# MaskedScaledGemmParams (kernel/params.cuh): MaskedGemmParams, the rows' scales pointer, the
+# floats between experts' slabs of them, the codes' own K (W4A8) and the floats between rows'
+# scales (208 bytes).
+SCALED_TAIL = struct.Struct("<Qq2i")
+MASKED_SCALED_PARAMS_BYTES = params_abi.MASKED_PARAMS_BYTES + SCALED_TAIL.size
+# GroupedScaledGemmParams: GroupedGemmParams, the rows' scales pointer, the codes' own K and the
+# floats between rows' scales (168 bytes)
+GROUPED_SCALED_TAIL = struct.Struct("<Q2i")
+GROUPED_SCALED_PARAMS_BYTES = params_abi.GROUPED_PARAMS_BYTES + GROUPED_SCALED_TAIL.size
+# MaskedScaledTmaGemmParams: MaskedScaledGemmParams, padding to byte 256, the 128-byte tensor map
+# of the activation codes (384 bytes)
+WS_MAP_OFFSET = 256
+WS_PARAMS_BYTES = WS_MAP_OFFSET + params_abi.TMA_MAP_BYTES
+
+# The warp-specialized W4A8 body's MoE tiles by expected rows per expert (most rows, tile): the
+# dense table's shapes (humming_aot.w4a8._TILES) with the stages that fit the schedule's own
+# staging tile and walk table beside the ring (bodies/wgmma_w4a8.py masked_smem_bytes: the 32-row
+# tile keeps 7 of its 8 to run two CTAs per SM).
+WS_TILES = (
+    (8, "wgmma-w4a8:8x128x128_w1x4_s8"),
+    (16, "wgmma-w4a8:16x128x128_w1x4_s8"),
+    (32, "wgmma-w4a8:32x128x128_w1x4_s7"),
+    (128, "wgmma-w4a8:64x128x128_w1x8_s8"),
+    (1536, "wgmma-w4a8:128x128x128_w1x8_s7"),
+    (1 << 62, "wgmma-w4a8:192x128x128_w1x8_s5"),
+)
+# Expected rows per expert from which the masked schedule runs the wgmma-w4a8 body on sm90a
+# (below, the portable mma-w4a8 body's table).
+WS_MIN_ROWS = 1
+_WS_ARCH = "sm90a"
+
+
+def ws_tile(rows: int) -> TileConfig:
+    """The WS_TILES tile for `rows` expected rows per expert."""
+    from humming_aot.w8a8 import table_tile
+
+    return table_tile(WS_TILES, max(1, int(rows)))
+
+
+def ws_takes(qa: QuantizedActivation, experts, info, gemm_type: GemmType) -> bool:
+    """Whether the warp-specialized W4A8 body serves this call: W4A8 experts, float8 activations,
+    the masked schedule (or its offsets form) and a GPU with sm90a."""
+    from humming_aot.moe.a8 import PackedW4A8Experts
+
+    return (isinstance(experts, PackedW4A8Experts) and qa.element == w4a8.ACT_ELEMENT
+            and gemm_type is GemmType.MASKED and _WS_ARCH in info.arches)
+
+
+def ws_map(codes: torch.Tensor, rows: int, tile: TileConfig) -> bytes:
+    """What MaskedScaledTmaGemmParams adds to MaskedScaledGemmParams' bytes for a wgmma-w4a8 tile:
+    padding to byte 256 and the TMA map over the (rows, K) codes (every slab end to end, or the
+    offsets form's rows) in boxes of the tile's rows x 128 codes; nothing for the portable bodies."""
+    if tile.mma is not MmaKind.WGMMA_W4A8:
+        return b""
+    from humming_aot._w8a8_launch import _codes_map
+
+    k = codes.shape[-1]
+    row_bytes = codes.stride(-2) if codes.shape[-2] > 1 else k  # (slabs are contiguous: K)
+    return bytes(WS_MAP_OFFSET - MASKED_SCALED_PARAMS_BYTES) + _codes_map(codes, rows, k, row_bytes, tile.block_m)
+
+
+def grouped_scaled_params(*, codes: int, lda: int, experts, bias: torch.Tensor | None, out: int,
+                          m: int, row_expert: int, a_scale: int, a_scale_row_stride: int) -> bytes:
+    """GroupedScaledGemmParams' bytes (kernel/params.cuh): scaled_params' GemmParams of every row
+    with expert 0's weights (one K slice), the row experts pointer and ExpertWeights, then the rows'
+    scales pointer, the codes' own K (W4A8; 0 for W8A8) and the floats between rows' scales."""
+    masked = scaled_params(codes=codes, lda=lda, experts=experts, bias=bias, out=out, m=m, splits=1, expert_rows=0,
+                           a_stride=0, out_stride=0, offsets=0, a_scale=a_scale, a_scale_stride=0,
+                           a_scale_row_stride=a_scale_row_stride)
+    gemm = masked[:params_abi.GEMM_PARAMS.size]
+    weights = params_abi.MASKED_TAIL.unpack(masked[params_abi.GEMM_PARAMS.size:params_abi.MASKED_PARAMS_BYTES])[1:6]
+    a_k = SCALED_TAIL.unpack(masked[params_abi.MASKED_PARAMS_BYTES:])[2]
+    params = gemm + params_abi.GROUPED_TAIL.pack(row_expert, *weights) + GROUPED_SCALED_TAIL.pack(
+        a_scale, a_k, a_scale_row_stride)
+    assert len(params) == GROUPED_SCALED_PARAMS_BYTES
+    return params
+
+
+def scaled_params(*, codes: int, lda: int, experts, bias: torch.Tensor | None, out: int, m: int,
+                  splits: int, expert_rows: int, a_stride: int, out_stride: int, offsets: int, a_scale: int,
+                  a_scale_stride: int, a_scale_row_stride: int, workspace: int = 0, counters: int = 0) -> bytes:
+    """MaskedScaledGemmParams' bytes (kernel/params.cuh): GemmParams of expert 0's weights (a: the
+    codes, lda in bytes; k: whole K tiles of 128; group_size: W4A8's group, W8A8's codes' own K;
+    global scale 1, the schedule reads each expert's), the masked tail (counts, ExpertWeights,
+    slab strides in bytes, E, offsets), then the rows' scales pointer, the floats between experts'
+    slabs of them, the codes' own K (W4A8; 0 for W8A8) and the floats between rows' scales."""
+    k_tiles = -(-experts.k // 128)
+    from humming_aot.moe.a8 import PackedW4A8Experts
+
+    w4 = isinstance(experts, PackedW4A8Experts)
+    group = experts.group_size if w4 else experts.k
+    gemm = params_abi.GEMM_PARAMS.pack(
+        codes, experts.w.data_ptr(), experts.w_scale.data_ptr(), 0, 0 if bias is None else bias.data_ptr(), out,
+        workspace, counters, lda, experts.n, m, experts.n, 128 * k_tiles, group, splits, 1.0)
+    weights = (experts.global_scale_tensor.data_ptr(), _moe._expert_bytes(experts.w),
+               _moe._expert_bytes(experts.w_scale), 0, 0 if bias is None else _moe._expert_bytes(bias))
+    tail = params_abi.MASKED_TAIL.pack(expert_rows, *weights, a_stride, out_stride, experts.experts, offsets)
+    params = gemm + tail + SCALED_TAIL.pack(a_scale, a_scale_stride, experts.k if w4 else 0, a_scale_row_stride)
+    assert len(params) == MASKED_SCALED_PARAMS_BYTES
+    return params
+
+
+def moe_key(arch: str, experts, out_dtype: torch.dtype, tile: TileConfig, act_element: str,
+            gemm_type: GemmType = GemmType.MASKED):
+    """The grouped masked (or contiguous) KernelKey of the experts' pairing on `tile` for an arch."""
+    from humming_aot.moe.a8 import PackedW4A8Experts
+
+    if isinstance(experts, PackedW4A8Experts):
+        key = w4a8.kernel_key(arch, out_dtype, tile, act_element, experts.element)
+    else:
+        key = w8a8.kernel_key(arch, out_dtype, tile, experts.blocks, act_element)
+    return dataclasses.replace(key, spec=dataclasses.replace(key.spec, gemm_type=gemm_type))
+
+
+def select_kernel(qa: QuantizedActivation, experts, out_dtype: torch.dtype, rows: int,
+                  tile: TileConfig | str | None, what: str, gemm_type: GemmType = GemmType.MASKED):
+    """(tile, loaded kernel) of a MoE call on `rows` expected rows per expert: for tile None the
+    wgmma-w4a8 body's WS_TILES where ws_takes and rows >= WS_MIN_ROWS (key arch sm90a), else the
+    pairing's portable body with the dense module's select_sync_tile (key arch as the dense
+    portable GEMM picks it: the GPU's arches with mma.sync on the codes, the installed catalog's
+    first); else the forced tile, refused unless one of those bodies takes it here."""
+    from humming_aot import _w8a8_launch, dispatch
+    from humming_aot import obtain as _obtain
+    from humming_aot.enumerate import parse_tile_field
+    from humming_aot.moe.a8 import W8A8_MAX_TILE_ROWS, _dense
+
+    dense = _dense(experts)
+    body = MmaKind.MMA_W4A8 if dense is w4a8 else MmaKind.MMA_SS
+    info = dispatch.device_info(qa.codes.device.index)
+    fast = ws_takes(qa, experts, info, gemm_type)
+    if tile is None:
+        if fast and rows >= WS_MIN_ROWS:
+            tile = ws_tile(rows)
+        else:
+            tile = dense.select_sync_tile(rows if dense is w4a8 else min(rows, W8A8_MAX_TILE_ROWS))
+    elif isinstance(tile, str):
+        tile = parse_tile_field(tile)
+    if not isinstance(tile, TileConfig) or (tile.mma is not body and not (fast and tile.mma is MmaKind.WGMMA_W4A8)):
+        label = tile.label if isinstance(tile, TileConfig) else repr(tile)
+        also = (" (and wgmma-w4a8 tiles for W4A8 experts with float8e4m3 activations on sm90a, in the masked "
+                "schedule and its offsets form)")
+        raise ValueError(f"{what}: tile {label}: these MoE GEMMs run {body.value} tiles{also} (leave tile None for "
+                         "the table's)")
+    kind = (qa.codes.device.index, body, experts.element if dense is w4a8 else experts.blocks, experts.format,
+            qa.element, out_dtype, tile, gemm_type)
+    if kind in _LOADED:  # (the eager path looks a kernel up once, not on every call)
+        return tile, _LOADED[kind]
+    if tile.mma is MmaKind.WGMMA_W4A8:
+        key = moe_key(_WS_ARCH, experts, out_dtype, tile, qa.element, gemm_type)
+    else:
+        if dense is w4a8:
+            label = "MXFP4 W4A8" if experts.element == w4a8.MXFP4_ELEMENT else "W4A8"
+        else:
+            label = "W8A8"
+        key = _w8a8_launch._portable_key(info, qa.element, label,
+                                         lambda arch: moe_key(arch, experts, out_dtype, tile, qa.element, gemm_type))
+    from humming_aot import ops
+
+    reason = ops._unsupported_on_device(key.spec, qa.codes.device.index)  # (float8 W8A8 MoE: native e4m3 only)
+    if reason:
+        raise ValueError(reason.replace("gemm:", f"{what}:", 1))
+    loaded = _obtain.load(key, info)
+    if tile.mma is MmaKind.WGMMA_W4A8:
+        wanted = WS_PARAMS_BYTES
+    else:
+        wanted = MASKED_SCALED_PARAMS_BYTES if gemm_type is GemmType.MASKED else GROUPED_SCALED_PARAMS_BYTES
+    if loaded.params_bytes != wanted:
+        raise ValueError(f"kernel {loaded.name}: takes {loaded.params_bytes} bytes of params, not {wanted}; the Python "
+                         "Params layout differs from kernel/params.cuh")
+    _LOADED[kind] = loaded
+    return tile, loaded
+
+
+# select_kernel's loaded kernels: (device, body, weight element or blocks, format, activation element,
+# out dtype, tile, GEMM type) -> LoadedKernel
+_LOADED: dict[tuple, object] = {}

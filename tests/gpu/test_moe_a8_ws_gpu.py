@@ -1,0 +1,208 @@
+"""W4A8 MoE experts with float8 activations on the warp-specialized Hopper body
+(kernel/grouped_masked_scaled_ws.cuh around kernel/dense_wgmma_w4a8.cuh, sm90a): the grouped masked
+schedule and its offsets form through every tile of humming_aot.moe.a8_launch.WS_TILES, for int4,
+uint4 with zero points and MXFP4 experts. Each expert's rows against the float64 product of its
+exact operands (the dense W4A8 sum bound), NaN-poisoned outputs whose rows past each count or of
+no expert must stay NaN, skewed and empty routing, odd N (padded by pack), K off the K tile of
+128, E past one window of the walk's table (256), the offsets and slab forms giving the same
+bits, a bias with float16 output, and CUDA graph replays. Fresh random data each run (seed
+printed)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from humming_aot import ops, quant, w4a8
+from humming_aot.enumerate import parse_tile_field
+from humming_aot.moe import a8 as moe_a8
+from humming_aot.moe import a8_launch, gemm_grouped_a8_kernel, gemm_masked_a8_kernel, pack_a8_experts
+from humming_aot.spec import GemmType
+from humming_aot.testing.w8a8 import assert_graph_replay_is_eager, assert_within_sum_bound
+from humming_aot.testing.w8a8 import fresh_seed as _seed
+
+pytestmark = pytest.mark.gpu
+
+_TILES = [label for _, label in a8_launch.WS_TILES]
+_FORMATS = {"int4": "int4:g128", "uint4": "uint4:g128:zp", "float4e2m1": "mxfp4"}
+
+
+def _keys() -> list:
+    keys = []
+    for weight in _FORMATS:
+        for label in _TILES:
+            for dtype in (torch.bfloat16, torch.float16):
+                key = w4a8.kernel_key("sm90a", dtype, parse_tile_field(label), "float8e4m3", weight)
+                keys.append(dataclasses.replace(key, spec=dataclasses.replace(key.spec, gemm_type=GemmType.MASKED)))
+    return keys
+
+
+@pytest.fixture(autouse=True)
+def _sm90a():
+    from humming_aot import dispatch
+    from humming_aot.catalog import installed_catalog
+    from humming_aot.testing.jit import why_no_jit
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    if "sm90a" not in dispatch.device_info(torch.cuda.current_device()).arches:
+        pytest.skip("the wgmma-w4a8 MoE kernels run on sm90a (H100, H200) only")
+    why = why_no_jit("the wgmma-w4a8 MoE kernels must come from the installed catalog",
+                     "to build the wgmma-w4a8 MoE kernels")
+    catalog = installed_catalog()
+    if why is not None and (catalog is None or any(catalog.lookup(key.name) is None for key in _keys())):
+        pytest.skip(why)
+
+
+def _experts(weight: str, e: int, n: int, k: int, gen: torch.Generator, fmt: str | None = None):
+    w = torch.randn(e, n, k, generator=gen) * (0.02 + 0.1 * torch.rand(e, n, 1, generator=gen))
+    return pack_a8_experts(quant.quantize(w.cuda(), fmt or _FORMATS[weight]))
+
+
+def _activations(shape, gen: torch.Generator, fmt: str = "float8e4m3:token"):
+    x = torch.randn(*shape, generator=gen) * (0.5 + torch.rand(*shape[:-1], 1, generator=gen))
+    return ops.quantize_activation(x.cuda().to(torch.bfloat16), fmt,
+                                   **({"static_scale": 0.02} if fmt.endswith(":tensor") else {}))
+
+
+def _check_rows(y, qa_rows, experts, e: int, bias=None, out_dtype=torch.bfloat16) -> None:
+    assert_within_sum_bound(y, qa_rows, experts.expert(e), None if bias is None else bias[e], out_dtype)
+
+
+@pytest.mark.parametrize("weight", list(_FORMATS))
+@pytest.mark.parametrize("tile", _TILES)
+def test_masked_rows_match_float64_and_leave_the_rest(weight, tile):
+    """Slabs of 0 to more than two row tiles per expert (the 192-row tile: one partial), odd N."""
+    gen = torch.Generator().manual_seed(_seed())
+    block_m = parse_tile_field(tile).block_m
+    e, n, k = 5, 150, 384
+    max_m = 2 * block_m + 3
+    experts = _experts(weight, e, n, k, gen)
+    qa = _activations((e, max_m, k), gen)
+    counts = torch.tensor([max_m, 0, 5, block_m, 1], dtype=torch.int32, device="cuda")
+    out = torch.full((e, max_m, experts.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    y = gemm_masked_a8_kernel(qa, experts, counts, out=out, tile=tile)
+    torch.cuda.synchronize()
+    assert y.shape == (e, max_m, n)
+    for ex, count in enumerate(counts.tolist()):
+        if count:
+            _check_rows(y[ex, :count], moe_a8._rows(qa, (ex, slice(0, count))), experts, ex)
+        assert torch.isnan(out[ex, count:]).all(), f"expert {ex}: rows past its count were written"
+
+
+@pytest.mark.parametrize("weight", list(_FORMATS))
+@pytest.mark.parametrize("tile", [_TILES[0], _TILES[3], _TILES[5]])
+def test_offsets_rows_match_float64_and_the_slab_form_bit_for_bit(weight, tile):
+    gen = torch.Generator().manual_seed(_seed())
+    e, n, k = 4, 256, 512
+    experts = _experts(weight, e, n, k, gen)
+    bounds = [3, 3, 140, 141, 260]
+    rows = 264
+    qa = _activations((rows, k), gen)
+    offsets = torch.tensor(bounds, dtype=torch.int32, device="cuda")
+    out = torch.full((rows, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    y = gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=64, out=out, tile=tile)
+    torch.cuda.synchronize()
+    assert torch.isnan(y[:3]).all() and torch.isnan(y[260:]).all(), "rows of no expert were written"
+    for ex in range(e):
+        lo, hi = bounds[ex], bounds[ex + 1]
+        if hi > lo:
+            _check_rows(y[lo:hi], moe_a8._rows(qa, slice(lo, hi)), experts, ex)
+            slab_codes = torch.zeros(e, hi - lo, k, dtype=torch.uint8, device="cuda")
+            slab_codes[ex] = qa.codes[lo:hi]
+            slab_scales = torch.ones(e, hi - lo, 1, dtype=torch.float32, device="cuda")
+            slab_scales[ex] = qa.scales[lo:hi]
+            counts = torch.zeros(e, dtype=torch.int32, device="cuda")
+            counts[ex] = hi - lo
+            masked = gemm_masked_a8_kernel(dataclasses.replace(qa, codes=slab_codes, scales=slab_scales), experts,
+                                           counts, tile=tile)
+            assert torch.equal(masked[ex], y[lo:hi]), f"expert {ex}: the slab form's bits differ"
+    with pytest.raises(ValueError, match="one K slice"):
+        gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=64, tile=tile, splits=2)
+
+
+@pytest.mark.parametrize("weight", list(_FORMATS))
+def test_k_off_the_k_tile_and_channel_scales(weight):
+    """K = 400 (416 for MXFP4): the map reads zeros past the codes' own K inside the last K tile;
+    per-channel scales for the integer formats; the default tile of 9 expected rows."""
+    gen = torch.Generator().manual_seed(_seed())
+    e, max_m, n, k = 3, 24, 128, 416 if weight == "float4e2m1" else 400
+    fmt = {"int4": "int4:channel", "uint4": "uint4:channel:zp"}.get(weight, _FORMATS[weight])
+    experts = _experts(weight, e, n, k, gen, fmt)
+    qa = _activations((e, max_m, k), gen)
+    counts = torch.tensor([24, 3, 0], dtype=torch.int32, device="cuda")
+    out = torch.full((e, max_m, experts.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    y = gemm_masked_a8_kernel(qa, experts, counts, out=out, expected_m=9)
+    torch.cuda.synchronize()
+    for ex, count in enumerate(counts.tolist()):
+        if count:
+            _check_rows(y[ex, :count], moe_a8._rows(qa, (ex, slice(0, count))), experts, ex)
+        assert torch.isnan(out[ex, count:]).all()
+
+
+def test_many_experts_skewed_past_one_walk_window():
+    """E = 300, 40 tokens top-4: most rows on two experts, many experts empty, by offsets."""
+    gen = torch.Generator().manual_seed(_seed())
+    e, n, k, tokens, top_k = 300, 128, 256, 40, 4
+    experts = _experts("int4", e, n, k, gen)
+    hot = torch.tensor([7, 299])
+    ids = torch.stack([torch.cat([hot, torch.randperm(e, generator=gen)[:top_k]])[:top_k] if t % 3 else
+                       torch.randperm(e, generator=gen)[:top_k] for t in range(tokens)]).reshape(-1)
+    order = torch.argsort(ids, stable=True)
+    counts = torch.bincount(ids, minlength=e)
+    bounds = [0] + torch.cumsum(counts, 0).tolist()
+    x = _activations((tokens, k), gen)
+    rows = dataclasses.replace(x, codes=x.codes[order // top_k].contiguous(),
+                               scales=x.scales[order // top_k].contiguous())
+    offsets = torch.tensor(bounds, dtype=torch.int64, device="cuda")
+    for expected in (1, 32):
+        y = gemm_grouped_a8_kernel(rows, experts, offsets, expected_m=expected,
+                                   tile=a8_launch.ws_tile(expected))
+        torch.cuda.synchronize()
+        for ex in torch.nonzero(counts).reshape(-1).tolist():
+            lo, hi = bounds[ex], bounds[ex + 1]
+            _check_rows(y[lo:hi], moe_a8._rows(rows, slice(lo, hi)), experts, ex)
+
+
+def test_bias_float16_and_a_per_tensor_scale():
+    gen = torch.Generator().manual_seed(_seed())
+    e, max_m, n, k = 3, 70, 96, 256
+    experts = _experts("uint4", e, n, k, gen)
+    qa = _activations((e, max_m, k), gen, "float8e4m3:tensor")
+    bias = (torch.randn(e, n, generator=gen) * 0.1).to(torch.float16).cuda()
+    counts = torch.tensor([70, 7, 0], dtype=torch.int32, device="cuda")
+    for tile in (_TILES[1], _TILES[4]):
+        y = gemm_masked_a8_kernel(qa, experts, counts, bias=bias, out_dtype=torch.float16, tile=tile)
+        torch.cuda.synchronize()
+        assert y.dtype == torch.float16
+        for ex, count in enumerate(counts.tolist()):
+            if count:
+                _check_rows(y[ex, :count], moe_a8._rows(qa, (ex, slice(0, count))), experts, ex, bias,
+                            torch.float16)
+
+
+def test_a_cuda_graph_replays_both_forms():
+    gen = torch.Generator().manual_seed(_seed())
+    e, max_m, n, k = 8, 40, 128, 256
+    experts = _experts("float4e2m1", e, n, k, gen)
+    qa = _activations((e, max_m, k), gen)
+    counts = torch.randint(0, max_m + 1, (e,), generator=gen, dtype=torch.int32).cuda()
+    assert_graph_replay_is_eager(lambda: gemm_masked_a8_kernel(qa, experts, counts, expected_m=20))
+    rows = dataclasses.replace(qa, codes=qa.codes.reshape(e * max_m, k), scales=qa.scales.reshape(e * max_m, 1))
+    offsets = torch.arange(0, e * max_m + 1, max_m, dtype=torch.int32, device="cuda")
+    assert_graph_replay_is_eager(lambda: gemm_grouped_a8_kernel(rows, experts, offsets, expected_m=40))
+
+
+def test_the_default_tile_is_the_ws_table_and_int8_stays_portable():
+    gen = torch.Generator().manual_seed(_seed())
+    experts = _experts("int4", 2, 128, 256, gen)
+    qa = _activations((2, 16, 256), gen)
+    for rows in (1, 16, 100, 2000):
+        tile, loaded = a8_launch.select_kernel(qa, experts, torch.bfloat16, rows, None, "test")
+        assert tile == a8_launch.ws_tile(rows) and "wgmma-w4a8" in loaded.name
+    q8 = _activations((2, 16, 256), gen, "int8:token")
+    tile, _ = a8_launch.select_kernel(q8, experts, torch.bfloat16, 100, None, "test")
+    assert tile.mma.value == "mma-w4a8"
+    with pytest.raises(ValueError, match="wgmma-w4a8 tiles for W4A8 experts with float8e4m3"):
+        a8_launch.select_kernel(q8, experts, torch.bfloat16, 100, _TILES[0], "test")
