@@ -41,9 +41,11 @@ def kernel_smem_bytes(key: KernelKey) -> int:
     if schedule == _MOE_WS_SCHEDULE:
         return masked_smem_bytes(key.tile, key.spec.w_bits, has_zero_point)
     if schedule == _MOE_SCALED_WS_SCHEDULE:
-        from humming_aot.bodies.wgmma_w4a8 import masked_smem_bytes as w4a8_masked_smem_bytes
+        from humming_aot.bodies import wgmma_ss, wgmma_w4a8
 
-        return w4a8_masked_smem_bytes(key.tile, key.spec.w_dtype)
+        if key.tile.mma is MmaKind.WGMMA_W4A8:
+            return wgmma_w4a8.masked_smem_bytes(key.tile, key.spec.w_dtype)
+        return wgmma_ss.masked_smem_bytes(key.tile)
     return key.tile.body.key_smem_bytes(key)
 
 
@@ -64,8 +66,9 @@ _MOE_WS_SCHEDULE = ("grouped_masked_ws.cuh", "GroupedMaskedWs", "MaskedTmaGemmPa
 # same schedules, whose Params add the rows' fp32 scales, the codes' K and the scales' row stride.
 _MOE_SCALED_SCHEDULE = ("grouped_masked.cuh", "GroupedMasked", "MaskedScaledGemmParams")
 _GROUPED_SCALED_SCHEDULE = ("grouped_contiguous.cuh", "GroupedContiguous", "GroupedScaledGemmParams")
-# The grouped masked GEMM on the warp-specialized Hopper W4A8 body: a schedule of its producer and
-# consumers, whose Params add the tensor map of every activation row's codes.
+# The grouped masked GEMM on the warp-specialized Hopper 8-bit-activation bodies (W4A8, W8A8): a
+# schedule of their producer and consumers, whose Params add the tensor maps of every activation
+# row's codes and (W8A8) of every expert's weight codes.
 _MOE_SCALED_WS_SCHEDULE = ("grouped_masked_scaled_ws.cuh", "GroupedMaskedScaledWs", "MaskedScaledTmaGemmParams")
 
 
@@ -83,7 +86,7 @@ def _moe_schedule(key: KernelKey) -> tuple[str, str, str] | None:
         )
     if mma is MmaKind.WGMMA_WS:
         return _MOE_WS_SCHEDULE
-    if mma is MmaKind.WGMMA_W4A8:
+    if mma in (MmaKind.WGMMA_W4A8, MmaKind.WGMMA_SS):
         return _MOE_SCALED_WS_SCHEDULE
     if mma in (MmaKind.MMA_W4A8, MmaKind.MMA_SS):
         return _MOE_SCALED_SCHEDULE if gemm_type is GemmType.MASKED else _GROUPED_SCALED_SCHEDULE
@@ -133,9 +136,10 @@ def _body_asserts(key: KernelKey) -> str:
         return ""
     from humming_aot.bodies.wgmma_w4a8 import overlapped, wait_depth
 
-    return (f'static_assert(Kernel::kOverlapped == {"true" if overlapped(key.tile, key.spec.w_dtype) else "false"}, '
+    body = "Kernel::Body::" if key.spec.gemm_type is GemmType.MASKED else "Kernel::"  # (the MoE schedule's body)
+    return (f'static_assert({body}kOverlapped == {"true" if overlapped(key.tile, key.spec.w_dtype) else "false"}, '
             '"scratch sets differ from humming_aot.bodies.wgmma_w4a8.overlapped");\n'
-            f'static_assert(Kernel::kWaitDepth == {wait_depth(key.tile)}, '
+            f'static_assert({body}kWaitDepth == {wait_depth(key.tile)}, '
             '"wait depth differs from humming_aot.bodies.wgmma_w4a8.wait_depth");\n')
 
 

@@ -92,8 +92,13 @@ class MmaSsBody(Body):
             raise ValueError(f"{key.name}: with block scales a warp's {key.tile.block_n // key.tile.warps_n} channels "
                              "must lie inside one 128-channel block (16, 32, 64 or 128 per warp)")
         first = CODE_FIRST_ARCH[s.a_dtype]
-        if parse_arch(key.arch)[0] < first:
+        number = parse_arch(key.arch)[0]
+        if number < first:
             raise ValueError(f"{key.name}: mma.sync on {s.a_dtype} codes needs sm{first} or later, not {key.arch}")
+        if s.a_dtype == "float8e4m3" and s.gemm_type.value != "dense" and number not in (89, 120, 121):
+            raise ValueError(f"{key.name}: ptxas emulates e4m3 mma.sync on {key.arch}, and beside the MoE schedule's "
+                             "walk its registers spill: float8 W8A8 MoE runs mma-ss tiles on sm89 and sm120 only (on "
+                             "sm90a the masked type of channel-scaled experts runs wgmma-ss tiles)")
         need = accumulators(key.tile, s.a_dtype) + _SPARE_REGISTERS
         if need > _REGISTER_LIMIT:
             raise ValueError(f"{key.name}: {accumulators(key.tile, s.a_dtype)} {s.a_dtype} accumulators per thread "

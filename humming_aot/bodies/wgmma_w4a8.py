@@ -111,7 +111,8 @@ def masked_smem_bytes(tile: "TileConfig", w_dtype: str) -> int:
 
 def masked_smem_limit(tile: "TileConfig") -> int:
     """The dynamic shared memory each of the tile's CTAs per SM may take on sm_90."""
-    return _MAX_SMEM if ctas_per_sm(tile) == 1 else _SMEM_PER_SM // ctas_per_sm(tile) - 2048
+    # (the per-block limit counts the 1 KB of static shared memory too)
+    return _MAX_SMEM - 1024 if ctas_per_sm(tile) == 1 else _SMEM_PER_SM // ctas_per_sm(tile) - 2048
 
 
 class WgmmaW4A8Body(Body):

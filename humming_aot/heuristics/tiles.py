@@ -216,9 +216,9 @@ MOE_MASKED_BODIES = MOE_BODIES + (MmaKind.WGMMA_WS,)
 MOE_SCALED_BODIES = (MmaKind.MMA_W4A8, MmaKind.MMA_SS)
 
 
-# The masked schedule (and its offsets form) also takes the warp-specialized Hopper W4A8 body
-# (kernel/grouped_masked_scaled_ws.cuh drives its producer and consumers over the same walk).
-MOE_SCALED_MASKED_BODIES = MOE_SCALED_BODIES + (MmaKind.WGMMA_W4A8,)
+# The masked schedule (and its offsets form) also takes the warp-specialized Hopper W4A8 and W8A8
+# bodies (kernel/grouped_masked_scaled_ws.cuh drives their producer and consumers over the same walk).
+MOE_SCALED_MASKED_BODIES = MOE_SCALED_BODIES + (MmaKind.WGMMA_W4A8, MmaKind.WGMMA_SS)
 
 
 def moe_bodies(masked: bool, quantized: bool = False) -> tuple[MmaKind, ...]:

@@ -18,10 +18,11 @@ float8e4m3 or int8 activation codes with float32 scales per row (W8A8 blocks: pe
 The activations are quantized per row before the GEMM (``ops.quantize_activation(x,
 "float8e4m3:token")``): the grouped rows carry their codes and scales along, so a row gathered for
 its experts keeps its own; a per-tensor scale is widened to one per row. int8 codes run from
-sm80, float8 ones from sm89 (mma.sync on e4m3; on sm90 / sm100 ptxas emulates it). On sm90a, W4A8
-experts with float8 activations run the masked schedule and its offsets form on the warp-specialized
-wgmma-w4a8 body instead (kernel/grouped_masked_scaled_ws.cuh); body and tile choice, and the
-Params bytes: humming_aot.moe.a8_launch.
+sm80, float8 ones from sm89 (mma.sync on e4m3; on sm90 / sm100 ptxas emulates it). On sm90a the
+masked schedule and its offsets form run W4A8 experts with float8 activations on the warp-specialized
+wgmma-w4a8 body and W8A8 experts with channel scales on the wgmma-ss body instead
+(kernel/grouped_masked_scaled_ws.cuh); body and tile choice, and the Params bytes:
+humming_aot.moe.a8_launch.
 """
 from __future__ import annotations
 
@@ -289,8 +290,8 @@ def gemm_masked_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, mas
     bias:       (E, N) in out_dtype, or None
     out:        (E, max_m, N) contiguous to write (rows past each count are left as they are;
                 N the kernels' padded N); default a new zero tensor
-    tile:       a forced tile (tuning and tests): of the pairing's portable body, or for W4A8 with
-                float8 activations on sm90a a wgmma-w4a8 one; default a8_launch.select_kernel's
+    tile:       a forced tile (tuning and tests): of the pairing's portable body, or on sm90a of its
+                warp-specialized one (a8_launch.ws_takes); default a8_launch.select_kernel's
     """
     what = "gemm_masked_a8_kernel"
     _check_pairing(qa, experts, what, 3)
@@ -326,7 +327,7 @@ def gemm_masked_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, mas
         codes=codes.data_ptr(), lda=k, experts=experts, bias=bias, out=out.data_ptr(), m=max_m, splits=1,
         expert_rows=masked_m.data_ptr(), a_stride=max_m * k, out_stride=max_m * n * out.element_size(),
         offsets=0, a_scale=scales.data_ptr(), a_scale_stride=max_m * per_row, a_scale_row_stride=per_row)
-    params += ws_map(codes, e * max_m, tile)  # (the wgmma-w4a8 body's map of every slab's rows)
+    params += ws_map(codes, e * max_m, tile, experts)  # (the wgmma bodies' maps: every slab's rows)
     loaded.launch((max(1, min(tiles, resident)), 1, 1), _moe._stream(codes), params)
     return _valid(out, experts)
 
@@ -353,7 +354,7 @@ def gemm_grouped_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, of
     bias, out:  as for gemm_masked_a8_kernel, (E, N) and (R, N)
     splits:     K slices reduced through a float32 workspace in slice order (the same bits every
                 run); default moe.kernels.offsets_splits' choice (slices only when the rows' tiles
-                leave most CTA slots idle); 1 on the wgmma-w4a8 tiles
+                leave most CTA slots idle); 1 on the wgmma tiles
     """
     what = "gemm_grouped_a8_kernel"
     if (row_expert is None) == (offsets is None):
@@ -378,11 +379,11 @@ def gemm_grouped_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, of
     bound = _moe.offsets_tile_bound(rows, experts.experts, n, tile)
     counters_size = _moe._split_k_counters_size()
     resident = _moe._resident(loaded, tile, codes.device.index) if rows else 1
-    ws = tile.mma is MmaKind.WGMMA_W4A8  # (one K slice: kernel/grouped_masked_scaled_ws.cuh)
+    ws = tile.mma in (MmaKind.WGMMA_W4A8, MmaKind.WGMMA_SS)  # (one K slice: kernel/grouped_masked_scaled_ws.cuh)
     if splits is None:
         splits = 1 if ws else _moe.offsets_splits(bound, k_tiles, resident)
     elif ws and splits != 1:
-        raise ValueError(f"{what}: splits={splits!r}: the wgmma-w4a8 tiles run one K slice (leave splits None)")
+        raise ValueError(f"{what}: splits={splits!r}: the {tile.mma.value} tiles run one K slice (leave splits None)")
     elif type(splits) is not int or not 1 <= splits <= k_tiles or (splits > 1 and bound > counters_size):
         raise ValueError(f"{what}: splits={splits!r} must be an int in [1, K tiles of 128 = {k_tiles}], and 1 when "
                          f"the rows make more than {counters_size} tiles (here up to {bound})")
@@ -406,7 +407,7 @@ def gemm_grouped_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, of
         codes=codes.data_ptr(), lda=codes.stride(0), experts=experts, bias=bias, out=out.data_ptr(), m=rows,
         splits=splits, workspace=workspace, counters=counters, expert_rows=0, a_stride=0, out_stride=0,
         offsets=offsets.data_ptr(), a_scale=scales.data_ptr(), a_scale_stride=0, a_scale_row_stride=scales.shape[1])
-    params += ws_map(codes, rows, tile)
+    params += ws_map(codes, rows, tile, experts)
     loaded.launch((max(1, min(bound, resident // splits)), splits, 1), _moe._stream(codes), params)
     return _valid(out, experts)
 

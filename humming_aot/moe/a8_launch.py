@@ -1,12 +1,13 @@
 """How the 8-bit-activation MoE GEMMs (humming_aot.moe.a8) reach a kernel: the Params bytes of
 their schedules (kernel/params.cuh: MaskedScaledGemmParams, GroupedScaledGemmParams and, for the
-warp-specialized Hopper W4A8 body, MaskedScaledTmaGemmParams) and the choice of body, tile and
+warp-specialized Hopper bodies, MaskedScaledTmaGemmParams) and the choice of body, tile and
 kernel for a call.
 
 Bodies: the portable mma.sync ones of each pairing (mma-w4a8, mma-ss) everywhere, in both
-schedules; on sm90a, W4A8 experts with float8 activations in the masked schedule and its offsets
-form run the warp-specialized wgmma-w4a8 body (kernel/grouped_masked_scaled_ws.cuh) from
-WS_MIN_ROWS expected rows per expert, on the tiles of WS_TILES.
+schedules; on sm90a, in the masked schedule and its offsets form, W4A8 experts with float8
+activations run the warp-specialized wgmma-w4a8 body and W8A8 experts with channel scales the
+wgmma-ss body (kernel/grouped_masked_scaled_ws.cuh), on the tiles of WS_TILES / W8A8_WS_TILES
+(ws_takes says where).
 """
 from __future__ import annotations
 
@@ -29,10 +30,10 @@ MASKED_SCALED_PARAMS_BYTES = params_abi.MASKED_PARAMS_BYTES + SCALED_TAIL.size
 # floats between rows' scales (168 bytes)
 GROUPED_SCALED_TAIL = struct.Struct("<Q2i")
 GROUPED_SCALED_PARAMS_BYTES = params_abi.GROUPED_PARAMS_BYTES + GROUPED_SCALED_TAIL.size
-# MaskedScaledTmaGemmParams: MaskedScaledGemmParams, padding to byte 256, the 128-byte tensor map
-# of the activation codes (384 bytes)
+# MaskedScaledTmaGemmParams: MaskedScaledGemmParams, padding to byte 256, the 128-byte tensor maps
+# of the activation codes and of the weight codes (W8A8; zeros for W4A8) (512 bytes)
 WS_MAP_OFFSET = 256
-WS_PARAMS_BYTES = WS_MAP_OFFSET + params_abi.TMA_MAP_BYTES
+WS_PARAMS_BYTES = WS_MAP_OFFSET + 2 * params_abi.TMA_MAP_BYTES
 
 # The warp-specialized W4A8 body's MoE tiles by expected rows per expert (most rows, tile): the
 # dense table's shapes (humming_aot.w4a8._TILES) with the stages that fit the schedule's own
@@ -46,39 +47,59 @@ WS_TILES = (
     (1536, "wgmma-w4a8:128x128x128_w1x8_s7"),
     (1 << 62, "wgmma-w4a8:192x128x128_w1x8_s5"),
 )
-# Expected rows per expert from which the masked schedule runs the wgmma-w4a8 body on sm90a
-# (below, the portable mma-w4a8 body's table).
-WS_MIN_ROWS = 1
+# The wgmma-ss body's (W8A8 with channel scales, float8 or int8): humming_aot.w8a8._TILES' shapes,
+# the 16-row tile with 5 stages of its 6 (bodies/wgmma_ss.py masked_smem_bytes, two CTAs per SM).
+W8A8_WS_TILES = (
+    (8, "wgmma-ss:8x128x128_w1x4_s6"),
+    (16, "wgmma-ss:16x128x128_w1x4_s5"),
+    (32, "wgmma-ss:32x128x128_w1x4_s5"),
+    (128, "wgmma-ss:64x128x128_w1x8_s6"),
+    (1 << 62, "wgmma-ss:128x128x128_w1x8_s5"),
+)
 _WS_ARCH = "sm90a"
 
 
-def ws_tile(rows: int) -> TileConfig:
-    """The WS_TILES tile for `rows` expected rows per expert."""
-    from humming_aot.w8a8 import table_tile
+def ws_tile(experts, rows: int) -> TileConfig:
+    """The tile of the experts' warp-specialized table (WS_TILES for W4A8, W8A8_WS_TILES for
+    W8A8) for `rows` expected rows per expert."""
+    from humming_aot.moe.a8 import PackedW4A8Experts
 
-    return table_tile(WS_TILES, max(1, int(rows)))
+    table = WS_TILES if isinstance(experts, PackedW4A8Experts) else W8A8_WS_TILES
+    return w8a8.table_tile(table, max(1, int(rows)))
 
 
 def ws_takes(qa: QuantizedActivation, experts, info, gemm_type: GemmType) -> bool:
-    """Whether the warp-specialized W4A8 body serves this call: W4A8 experts, float8 activations,
-    the masked schedule (or its offsets form) and a GPU with sm90a."""
+    """Whether a warp-specialized body serves this call: the masked schedule (or its offsets form)
+    on a GPU with sm90a, for W4A8 experts with float8 activations (wgmma-w4a8) or W8A8 experts with
+    channel scales (wgmma-ss: float8 x float8, int8 x int8)."""
     from humming_aot.moe.a8 import PackedW4A8Experts
 
-    return (isinstance(experts, PackedW4A8Experts) and qa.element == w4a8.ACT_ELEMENT
-            and gemm_type is GemmType.MASKED and _WS_ARCH in info.arches)
+    if gemm_type is not GemmType.MASKED or _WS_ARCH not in info.arches:
+        return False
+    if isinstance(experts, PackedW4A8Experts):
+        return qa.element == w4a8.ACT_ELEMENT
+    return not experts.blocks
 
 
-def ws_map(codes: torch.Tensor, rows: int, tile: TileConfig) -> bytes:
-    """What MaskedScaledTmaGemmParams adds to MaskedScaledGemmParams' bytes for a wgmma-w4a8 tile:
-    padding to byte 256 and the TMA map over the (rows, K) codes (every slab end to end, or the
-    offsets form's rows) in boxes of the tile's rows x 128 codes; nothing for the portable bodies."""
-    if tile.mma is not MmaKind.WGMMA_W4A8:
+def ws_map(codes: torch.Tensor, rows: int, tile: TileConfig, experts=None) -> bytes:
+    """What MaskedScaledTmaGemmParams adds to MaskedScaledGemmParams' bytes for a warp-specialized
+    tile: padding to byte 256, the TMA map over the (rows, K) codes (every slab end to end, or the
+    offsets form's rows) in boxes of the tile's rows x 128 codes, then for wgmma-ss the map over
+    every expert's (N, K) weight codes as one (E x N, K) array in boxes of the tile's channels
+    (zeros for wgmma-w4a8, which copies its codes in bulk); nothing for the portable bodies."""
+    if tile.mma not in (MmaKind.WGMMA_W4A8, MmaKind.WGMMA_SS):
         return b""
     from humming_aot._w8a8_launch import _codes_map
 
     k = codes.shape[-1]
     row_bytes = codes.stride(-2) if codes.shape[-2] > 1 else k  # (slabs are contiguous: K)
-    return bytes(WS_MAP_OFFSET - MASKED_SCALED_PARAMS_BYTES) + _codes_map(codes, rows, k, row_bytes, tile.block_m)
+    a_map = _codes_map(codes, rows, k, row_bytes, tile.block_m)
+    if tile.mma is MmaKind.WGMMA_W4A8:
+        w_map = bytes(params_abi.TMA_MAP_BYTES)
+    else:
+        e, n, wk = experts.w.shape
+        w_map = _codes_map(experts.w, e * n, wk, wk, tile.block_n)
+    return bytes(WS_MAP_OFFSET - MASKED_SCALED_PARAMS_BYTES) + a_map + w_map
 
 
 def grouped_scaled_params(*, codes: int, lda: int, experts, bias: torch.Tensor | None, out: int,
@@ -137,7 +158,7 @@ def moe_key(arch: str, experts, out_dtype: torch.dtype, tile: TileConfig, act_el
 def select_kernel(qa: QuantizedActivation, experts, out_dtype: torch.dtype, rows: int,
                   tile: TileConfig | str | None, what: str, gemm_type: GemmType = GemmType.MASKED):
     """(tile, loaded kernel) of a MoE call on `rows` expected rows per expert: for tile None the
-    wgmma-w4a8 body's WS_TILES where ws_takes and rows >= WS_MIN_ROWS (key arch sm90a), else the
+    warp-specialized body's table where ws_takes (ws_tile; key arch sm90a), else the
     pairing's portable body with the dense module's select_sync_tile (key arch as the dense
     portable GEMM picks it: the GPU's arches with mma.sync on the codes, the installed catalog's
     first); else the forced tile, refused unless one of those bodies takes it here."""
@@ -147,27 +168,36 @@ def select_kernel(qa: QuantizedActivation, experts, out_dtype: torch.dtype, rows
     from humming_aot.moe.a8 import W8A8_MAX_TILE_ROWS, _dense
 
     dense = _dense(experts)
-    body = MmaKind.MMA_W4A8 if dense is w4a8 else MmaKind.MMA_SS
+    body, fast_body = (MmaKind.MMA_W4A8, MmaKind.WGMMA_W4A8) if dense is w4a8 else (MmaKind.MMA_SS, MmaKind.WGMMA_SS)
     info = dispatch.device_info(qa.codes.device.index)
     fast = ws_takes(qa, experts, info, gemm_type)
     if tile is None:
-        if fast and rows >= WS_MIN_ROWS:
-            tile = ws_tile(rows)
+        if fast:
+            tile = ws_tile(experts, rows)
         else:
             tile = dense.select_sync_tile(rows if dense is w4a8 else min(rows, W8A8_MAX_TILE_ROWS))
     elif isinstance(tile, str):
         tile = parse_tile_field(tile)
-    if not isinstance(tile, TileConfig) or (tile.mma is not body and not (fast and tile.mma is MmaKind.WGMMA_W4A8)):
+    if not isinstance(tile, TileConfig) or (tile.mma is not body and not (fast and tile.mma is fast_body)):
         label = tile.label if isinstance(tile, TileConfig) else repr(tile)
-        also = (" (and wgmma-w4a8 tiles for W4A8 experts with float8e4m3 activations on sm90a, in the masked "
-                "schedule and its offsets form)")
+        also = (f" (and {fast_body.value} tiles on sm90a in the masked schedule and its offsets form, for "
+                + ("float8e4m3 activations)" if dense is w4a8 else "channel scales)"))
         raise ValueError(f"{what}: tile {label}: these MoE GEMMs run {body.value} tiles{also} (leave tile None for "
                          "the table's)")
     kind = (qa.codes.device.index, body, experts.element if dense is w4a8 else experts.blocks, experts.format,
             qa.element, out_dtype, tile, gemm_type)
     if kind in _LOADED:  # (the eager path looks a kernel up once, not on every call)
         return tile, _LOADED[kind]
-    if tile.mma is MmaKind.WGMMA_W4A8:
+    from humming_aot import ops
+
+    # the pairing's support on this GPU first (float8 W8A8 MoE: native e4m3 mma.sync, or sm90a's
+    # masked wgmma-ss schedule for channel scales), before a key the body may refuse is built
+    spec = (w4a8.gemm_spec(out_dtype, qa.element, experts.element) if dense is w4a8
+            else w8a8.gemm_spec(out_dtype, experts.blocks, qa.element))
+    reason = ops._unsupported_on_device(dataclasses.replace(spec, gemm_type=gemm_type), qa.codes.device.index)
+    if reason:
+        raise ValueError(reason.replace("gemm:", f"{what}:", 1))
+    if tile.mma is fast_body:
         key = moe_key(_WS_ARCH, experts, out_dtype, tile, qa.element, gemm_type)
     else:
         if dense is w4a8:
@@ -176,13 +206,8 @@ def select_kernel(qa: QuantizedActivation, experts, out_dtype: torch.dtype, rows
             label = "W8A8"
         key = _w8a8_launch._portable_key(info, qa.element, label,
                                          lambda arch: moe_key(arch, experts, out_dtype, tile, qa.element, gemm_type))
-    from humming_aot import ops
-
-    reason = ops._unsupported_on_device(key.spec, qa.codes.device.index)  # (float8 W8A8 MoE: native e4m3 only)
-    if reason:
-        raise ValueError(reason.replace("gemm:", f"{what}:", 1))
     loaded = _obtain.load(key, info)
-    if tile.mma is MmaKind.WGMMA_W4A8:
+    if tile.mma is fast_body:
         wanted = WS_PARAMS_BYTES
     else:
         wanted = MASKED_SCALED_PARAMS_BYTES if gemm_type is GemmType.MASKED else GROUPED_SCALED_PARAMS_BYTES

@@ -1,7 +1,8 @@
-"""W4A8 MoE experts with float8 activations on the warp-specialized Hopper body
-(kernel/grouped_masked_scaled_ws.cuh around kernel/dense_wgmma_w4a8.cuh, sm90a): the grouped masked
-schedule and its offsets form through every tile of humming_aot.moe.a8_launch.WS_TILES, for int4,
-uint4 with zero points and MXFP4 experts. Each expert's rows against the float64 product of its
+"""8-bit-activation MoE experts on the warp-specialized Hopper bodies (kernel/grouped_masked_scaled_ws.cuh
+around kernel/dense_wgmma_w4a8.cuh and kernel/dense_wgmma_ss.cuh, sm90a): the grouped masked
+schedule and its offsets form through every tile of humming_aot.moe.a8_launch.WS_TILES (int4,
+uint4 with zero points and MXFP4 experts x float8) and W8A8_WS_TILES (float8 x float8 and int8 x
+int8 with channel scales). Each expert's rows against the float64 product of its
 exact operands (the dense W4A8 sum bound), NaN-poisoned outputs whose rows past each count or of
 no expert must stay NaN, skewed and empty routing, odd N (padded by pack), K off the K tile of
 128, E past one window of the walk's table (256), the offsets and slab forms giving the same
@@ -14,7 +15,7 @@ import dataclasses
 import pytest
 import torch
 
-from humming_aot import ops, quant, w4a8
+from humming_aot import ops, quant, w4a8, w8a8
 from humming_aot.enumerate import parse_tile_field
 from humming_aot.moe import a8 as moe_a8
 from humming_aot.moe import a8_launch, gemm_grouped_a8_kernel, gemm_masked_a8_kernel, pack_a8_experts
@@ -25,15 +26,28 @@ from humming_aot.testing.w8a8 import fresh_seed as _seed
 pytestmark = pytest.mark.gpu
 
 _TILES = [label for _, label in a8_launch.WS_TILES]
-_FORMATS = {"int4": "int4:g128", "uint4": "uint4:g128:zp", "float4e2m1": "mxfp4"}
+_W8_TILES = [label for _, label in a8_launch.W8A8_WS_TILES]
+_FORMATS = {"int4": "int4:g128", "uint4": "uint4:g128:zp", "float4e2m1": "mxfp4", "float8e4m3": "float8e4m3:channel",
+            "int8": "int8:channel"}
+_W8 = ("float8e4m3", "int8")
+
+
+def _tiles(weight: str) -> list[str]:
+    return _W8_TILES if weight in _W8 else _TILES
+
+
+def _act(weight: str, granularity: str = "token") -> str:
+    return f"{'int8' if weight == 'int8' else 'float8e4m3'}:{granularity}"
 
 
 def _keys() -> list:
     keys = []
     for weight in _FORMATS:
-        for label in _TILES:
+        for label in _tiles(weight):
             for dtype in (torch.bfloat16, torch.float16):
-                key = w4a8.kernel_key("sm90a", dtype, parse_tile_field(label), "float8e4m3", weight)
+                tile = parse_tile_field(label)
+                key = (w8a8.kernel_key("sm90a", dtype, tile, False, weight) if weight in _W8
+                       else w4a8.kernel_key("sm90a", dtype, tile, "float8e4m3", weight))
                 keys.append(dataclasses.replace(key, spec=dataclasses.replace(key.spec, gemm_type=GemmType.MASKED)))
     return keys
 
@@ -71,15 +85,18 @@ def _check_rows(y, qa_rows, experts, e: int, bias=None, out_dtype=torch.bfloat16
 
 
 @pytest.mark.parametrize("weight", list(_FORMATS))
-@pytest.mark.parametrize("tile", _TILES)
-def test_masked_rows_match_float64_and_leave_the_rest(weight, tile):
+@pytest.mark.parametrize("index", range(6))
+def test_masked_rows_match_float64_and_leave_the_rest(weight, index):
     """Slabs of 0 to more than two row tiles per expert (the 192-row tile: one partial), odd N."""
+    if index >= len(_tiles(weight)):
+        pytest.skip(f"the {weight} experts' table has {len(_tiles(weight))} tiles")
+    tile = _tiles(weight)[index]
     gen = torch.Generator().manual_seed(_seed())
     block_m = parse_tile_field(tile).block_m
     e, n, k = 5, 150, 384
     max_m = 2 * block_m + 3
     experts = _experts(weight, e, n, k, gen)
-    qa = _activations((e, max_m, k), gen)
+    qa = _activations((e, max_m, k), gen, _act(weight))
     counts = torch.tensor([max_m, 0, 5, block_m, 1], dtype=torch.int32, device="cuda")
     out = torch.full((e, max_m, experts.n), float("nan"), dtype=torch.bfloat16, device="cuda")
     y = gemm_masked_a8_kernel(qa, experts, counts, out=out, tile=tile)
@@ -92,14 +109,15 @@ def test_masked_rows_match_float64_and_leave_the_rest(weight, tile):
 
 
 @pytest.mark.parametrize("weight", list(_FORMATS))
-@pytest.mark.parametrize("tile", [_TILES[0], _TILES[3], _TILES[5]])
-def test_offsets_rows_match_float64_and_the_slab_form_bit_for_bit(weight, tile):
+@pytest.mark.parametrize("index", [0, 3, -1])
+def test_offsets_rows_match_float64_and_the_slab_form_bit_for_bit(weight, index):
+    tile = _tiles(weight)[index]
     gen = torch.Generator().manual_seed(_seed())
     e, n, k = 4, 256, 512
     experts = _experts(weight, e, n, k, gen)
     bounds = [3, 3, 140, 141, 260]
     rows = 264
-    qa = _activations((rows, k), gen)
+    qa = _activations((rows, k), gen, _act(weight))
     offsets = torch.tensor(bounds, dtype=torch.int32, device="cuda")
     out = torch.full((rows, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     y = gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=64, out=out, tile=tile)
@@ -124,13 +142,13 @@ def test_offsets_rows_match_float64_and_the_slab_form_bit_for_bit(weight, tile):
 
 @pytest.mark.parametrize("weight", list(_FORMATS))
 def test_k_off_the_k_tile_and_channel_scales(weight):
-    """K = 400 (416 for MXFP4): the map reads zeros past the codes' own K inside the last K tile;
+    """K = 400 (416 for MXFP4): the maps read zeros past the codes' own K inside the last K tile;
     per-channel scales for the integer formats; the default tile of 9 expected rows."""
     gen = torch.Generator().manual_seed(_seed())
     e, max_m, n, k = 3, 24, 128, 416 if weight == "float4e2m1" else 400
     fmt = {"int4": "int4:channel", "uint4": "uint4:channel:zp"}.get(weight, _FORMATS[weight])
     experts = _experts(weight, e, n, k, gen, fmt)
-    qa = _activations((e, max_m, k), gen)
+    qa = _activations((e, max_m, k), gen, _act(weight))
     counts = torch.tensor([24, 3, 0], dtype=torch.int32, device="cuda")
     out = torch.full((e, max_m, experts.n), float("nan"), dtype=torch.bfloat16, device="cuda")
     y = gemm_masked_a8_kernel(qa, experts, counts, out=out, expected_m=9)
@@ -158,7 +176,7 @@ def test_many_experts_skewed_past_one_walk_window():
     offsets = torch.tensor(bounds, dtype=torch.int64, device="cuda")
     for expected in (1, 32):
         y = gemm_grouped_a8_kernel(rows, experts, offsets, expected_m=expected,
-                                   tile=a8_launch.ws_tile(expected))
+                                   tile=a8_launch.ws_tile(experts, expected))
         torch.cuda.synchronize()
         for ex in torch.nonzero(counts).reshape(-1).tolist():
             lo, hi = bounds[ex], bounds[ex + 1]
@@ -176,6 +194,14 @@ def test_bias_float16_and_a_per_tensor_scale():
         y = gemm_masked_a8_kernel(qa, experts, counts, bias=bias, out_dtype=torch.float16, tile=tile)
         torch.cuda.synchronize()
         assert y.dtype == torch.float16
+        for ex, count in enumerate(counts.tolist()):
+            if count:
+                _check_rows(y[ex, :count], moe_a8._rows(qa, (ex, slice(0, count))), experts, ex, bias,
+                            torch.float16)
+    experts = _experts("float8e4m3", e, n, k, gen)  # and W8A8 (channel x tensor scales)
+    for tile in (_W8_TILES[0], _W8_TILES[3]):
+        y = gemm_masked_a8_kernel(qa, experts, counts, bias=bias, out_dtype=torch.float16, tile=tile)
+        torch.cuda.synchronize()
         for ex, count in enumerate(counts.tolist()):
             if count:
                 _check_rows(y[ex, :count], moe_a8._rows(qa, (ex, slice(0, count))), experts, ex, bias,
@@ -200,9 +226,13 @@ def test_the_default_tile_is_the_ws_table_and_int8_stays_portable():
     qa = _activations((2, 16, 256), gen)
     for rows in (1, 16, 100, 2000):
         tile, loaded = a8_launch.select_kernel(qa, experts, torch.bfloat16, rows, None, "test")
-        assert tile == a8_launch.ws_tile(rows) and "wgmma-w4a8" in loaded.name
+        assert tile == a8_launch.ws_tile(experts, rows) and "wgmma-w4a8" in loaded.name
+    w8 = _experts("int8", 2, 128, 256, gen)
+    tile, loaded = a8_launch.select_kernel(_activations((2, 16, 256), gen, "int8:token"), w8, torch.bfloat16, 100,
+                                           None, "test")
+    assert tile == a8_launch.ws_tile(w8, 100) and "wgmma-ss" in loaded.name
     q8 = _activations((2, 16, 256), gen, "int8:token")
     tile, _ = a8_launch.select_kernel(q8, experts, torch.bfloat16, 100, None, "test")
     assert tile.mma.value == "mma-w4a8"
-    with pytest.raises(ValueError, match="wgmma-w4a8 tiles for W4A8 experts with float8e4m3"):
+    with pytest.raises(ValueError, match="wgmma-w4a8 tiles on sm90a in the masked schedule"):
         a8_launch.select_kernel(q8, experts, torch.bfloat16, 100, _TILES[0], "test")

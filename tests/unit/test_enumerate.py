@@ -26,6 +26,7 @@ from humming_aot.manifest import (
     manifest_problems,
     write_manifest,
 )
+from humming_aot.moe import a8_launch
 from humming_aot.moe.a8 import W8A8_MAX_TILE_ROWS
 from humming_aot.spec import GemmType, KernelKey, MmaKind, ZeroPoint
 
@@ -230,13 +231,22 @@ def test_the_moe_catalog_holds_every_tile_the_moe_schedules_pick():
         assert {k.spec for k in keys if k.spec.a_is_quantized} == {
             s for t in (GemmType.MASKED, GemmType.GROUPED) for s in support.supported_specs(arch, t) if s.a_is_quantized}
         for spec in support.supported_specs(arch, GemmType.MASKED):
-            if spec.a_is_quantized:  # (W4A8, W8A8: the portable tiles moe.a8 picks)
+            if spec.a_is_quantized:  # (W4A8, W8A8: the portable tiles moe.a8 picks; on sm90a the wgmma ones)
                 w4 = spec.w_dtype in ("int4", "uint4", "float4e2m1")
+                # sm90a: float8 W4A8 and channel-scaled W8A8 run the masked type on the wgmma bodies
+                # (a8_launch.ws_takes); float8 W8A8 has no portable MoE kernels there (emulated e4m3)
+                ws = arch == "sm90a" and (spec.a_dtype == "float8e4m3" if w4 else spec.w_scale.value != "b")
+                portable = not (arch == "sm90a" and not w4 and spec.a_dtype == "float8e4m3")
                 for m in (1, 16, 17, 32, 33, 64, 65, 4096):
                     tile = w4a8.select_sync_tile(m) if w4 else w8a8.select_sync_tile(min(m, W8A8_MAX_TILE_ROWS))
-                    for gemm_type in (GemmType.MASKED, GemmType.GROUPED):
+                    for gemm_type in (GemmType.MASKED, GemmType.GROUPED) if portable else ():
                         key = KernelKey(arch=arch, spec=dataclasses.replace(spec, gemm_type=gemm_type), tile=tile)
                         assert key.name in names, (spec, m)
+                    if ws:
+                        table = a8_launch.WS_TILES if w4 else a8_launch.W8A8_WS_TILES
+                        key = KernelKey(arch=arch, spec=dataclasses.replace(spec, gemm_type=GemmType.MASKED),
+                                        tile=w8a8.table_tile(table, m))
+                        assert key.name in names, (spec, m, "ws")
                 continue
             for m in (1, 5, 8, 9, 10, 16, 17, 32, 37, 64, 121, 200, 256, 257, 4096):
                 for k, group in ((4096, 128), (4096 + 64, 64), (4096 + 128, 128), (2880, 32), (4096, 4096), (256, 128),

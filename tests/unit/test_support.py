@@ -150,11 +150,14 @@ def test_supported_specs_sorted_unique_and_supported():
         # the MoE types (grouped masked and contiguous) for every 16-bit dense spec of sm80 and later,
         # and for the W4A8 and W8A8 specs: int4 / uint4 and int8 weights x int8 from sm80; with
         # float8 activations int4, uint4 and MXFP4 weights from sm89, and float8 weights (per channel
-        # and per block) where mma.sync on e4m3 is native (sm89, sm120): x two outputs, 6, 12 or 16
-        # of each type; W4A4 has none
+        # and per block) where mma.sync on e4m3 is native (sm89, sm120), and on sm90a float8 per
+        # channel in the masked type (the wgmma-ss schedule): x two outputs, 6, 12 or 16 of each
+        # type (14 masked on sm90a); W4A4 has none
         for gemm_type in (GemmType.MASKED, GemmType.GROUPED):
             a8 = [s for s in specs if s.a_is_quantized and s.gemm_type is gemm_type]
-            assert len(a8) == (16 if number in (89, 120) else 12 if number >= 89 else 6 if number >= 80 else 0), arch
+            wgmma_ss = 2 if arch == "sm90a" and gemm_type is GemmType.MASKED else 0
+            assert len(a8) == wgmma_ss + (16 if number in (89, 120) else 12 if number >= 89 else 6 if number >= 80
+                                          else 0), arch
             assert all(s.w_dtype in ("int4", "uint4", "float4e2m1", "int8", "float8e4m3")
                        and s.a_dtype in ("int8", "float8e4m3") for s in a8)
         a8_moe = [s for s in specs if s.a_is_quantized and s.gemm_type is not GemmType.DENSE]

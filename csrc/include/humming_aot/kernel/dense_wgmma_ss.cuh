@@ -131,6 +131,17 @@ struct DenseWgmmaSs {
   // The producer: one thread issues the copies of `count` K tiles from k_tile0 on of the tile at (m0, n0).
   static __device__ __forceinline__ void produce(const ScaledTmaGemmParams& params, int m0, int n0, int k_tile0,
                                                  int count, u32 smem_base, u32 full0, u32 empty0, u32& fills) {
+    produce_boxes(&params.w_map, n0, &params.tma.a_map, m0, params.a_scale + m0, params.a_scale_stride,
+                  params.a_scale_stride - m0, k_tile0, count, smem_base, full0, empty0, fills);
+  }
+
+  // produce's copies: per K tile the weight box of w_map from row w_row, the activation box of
+  // a_map from row box_row and, with staged token scales, min(kBlockM, scale_rows) floats from
+  // token_scales (the tile's first row of K tile 0 in the transposed scales) + k_tile x scale_stride.
+  static __device__ __forceinline__ void produce_boxes(const TensorMap* w_map, int w_row, const TensorMap* a_map,
+                                                       int box_row, const float* token_scales, int scale_stride,
+                                                       int scale_rows, int k_tile0, int count, u32 smem_base,
+                                                       u32 full0, u32 empty0, u32& fills) {
     for (int it = 0; it < count; ++it, ++fills) {
       const u32 slot = fills % kStages, lap = fills / kStages;
       const u32 full = full0 + 8 * slot;
@@ -139,13 +150,13 @@ struct DenseWgmmaSs {
       const u32 stage = smem_base + slot * kStageBytes;
       // the token scales of the tile's rows up to the stride (a multiple of 4: 16-byte copies; m0 is
       // a multiple of 8 below it); the rest of the slot keeps stale values, for rows never stored
-      const u32 scale_bytes = kStagedTokenScales ? 4u * static_cast<u32>(min(kBlockM, params.a_scale_stride - m0)) : 0u;
+      const u32 scale_bytes = kStagedTokenScales ? 4u * static_cast<u32>(min(kBlockM, scale_rows)) : 0u;
       ptx::mbarrier_arrive_expect_tx(full, kCodeBytes + scale_bytes);
       const int pair0 = (k_tile0 + it) * (kBlockK / 2);  // the maps count 16-bit pairs of codes
-      ptx::tensor_copy_2d_g2s(stage, &params.w_map, pair0, n0, full);
-      ptx::tensor_copy_2d_g2s(stage + kWeightBytes, &params.tma.a_map, pair0, m0, full);
+      ptx::tensor_copy_2d_g2s(stage, w_map, pair0, w_row, full);
+      ptx::tensor_copy_2d_g2s(stage + kWeightBytes, a_map, pair0, box_row, full);
       if constexpr (kStagedTokenScales) {
-        const float* row = params.a_scale + static_cast<i64>(k_tile0 + it) * params.a_scale_stride + m0;
+        const float* row = token_scales + static_cast<i64>(k_tile0 + it) * scale_stride;
         ptx::bulk_copy_g2s(stage + kCodeBytes, row, scale_bytes, full);
       }
     }
@@ -163,7 +174,12 @@ struct DenseWgmmaSs {
   // past M and N get 0: never stored).
   static __device__ __forceinline__ void apply_scales(const ScaledTmaGemmParams& params, float (&acc)[kAccumulators],
                                                       int m0, int n0) {
-    const GemmParams& p = params.tma.gemm;
+    apply_row_scales(params.tma.gemm, params.a_scale, acc, m0, n0);
+  }
+
+  // apply_scales with the channel scales, M and N of p and the token scales of a_scale.
+  static __device__ __forceinline__ void apply_row_scales(const GemmParams& p, const float* a_scale,
+                                                          float (&acc)[kAccumulators], int m0, int n0) {
     const float* channel_scales = static_cast<const float*>(p.w_scale);
     // each token's and each column's scale read once (a thread holds two columns per unit)
     const int token0 = m0 + Fragments::first_token(), col0 = n0 + Fragments::first_column();
@@ -179,7 +195,7 @@ struct DenseWgmmaSs {
 #pragma unroll
     for (int j = 0; j < Fragments::kChunks; ++j) {
       const int token = token0 + 8 * j;
-      const float a[2] = {token < p.m ? params.a_scale[token] : 0.f, token + 1 < p.m ? params.a_scale[token + 1] : 0.f};
+      const float a[2] = {token < p.m ? a_scale[token] : 0.f, token + 1 < p.m ? a_scale[token + 1] : 0.f};
 #pragma unroll
       for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
 #pragma unroll
@@ -197,6 +213,23 @@ struct DenseWgmmaSs {
   static constexpr bool kWeightMap = true;               // the weights come through params.w_map
   static constexpr int kEmptyArrivals = kConsumerWarps;  // lane 0 of each consumer warp releases a slot
   using ConsumerState = typename Ring::State;
+
+  // The MoE schedule's hooks (kernel/grouped_masked_scaled_ws.cuh; channel scales only): the copies
+  // of a tile of expert `expert` (its weight box from row expert x N + n0 of the map of every
+  // expert's rows) from the activation map's row box_row, and the scales of its sums (r: the
+  // expert's rows, channel scales, N and M).
+  static __device__ __forceinline__ void produce_expert(const MaskedScaledTmaGemmParams& params, const ScaledRows&,
+                                                        u32 expert, int box_row, int n0, int count, u32 smem_base,
+                                                        u32 full0, u32 empty0, u32& fills) {
+    static_assert(!kBlockScales, "the MoE schedule takes channel scales (block scales stage the token scales)");
+    const int w_row = static_cast<int>(expert) * params.scaled.masked.gemm.n + n0;
+    produce_boxes(&params.w_map, w_row, &params.a_map, box_row, nullptr, 0, 0, 0, count, smem_base, full0, empty0,
+                  fills);
+  }
+  static __device__ __forceinline__ void scale_expert(float (&acc)[kAccumulators], const ScaledRows& r, int m0,
+                                                      int n0) {
+    apply_row_scales(r.gemm, r.a_scale, acc, m0, n0);
+  }
 
   static __device__ __forceinline__ void run(const ScaledTmaGemmParams& params) {
     ScaledWsDriver<DenseWgmmaSs>::run(params);

@@ -194,6 +194,18 @@ struct DenseWgmmaW4A8 {
     Fragments::scale_tokens(acc, [&](int token) { return m0 + token < m ? a_scale[m0 + token] : 0.f; });
   }
 
+  // The MoE schedule's hooks (kernel/grouped_masked_scaled_ws.cuh): the copies of a tile of the
+  // expert's rows r (weights moved to the expert) from the activation map's row box_row, and the
+  // scales of its sums.
+  static __device__ __forceinline__ void produce_expert(const MaskedScaledTmaGemmParams& params, const ScaledRows& r,
+                                                        u32 /*expert*/, int box_row, int n0, int count, u32 smem_base,
+                                                        u32 full0, u32 empty0, u32& fills) {
+    produce_rows(r.gemm, &params.a_map, box_row, n0, 0, count, smem_base, full0, empty0, fills);
+  }
+  static __device__ __forceinline__ void scale_expert(float (&acc)[kAccumulators], const ScaledRows& r, int m0, int) {
+    scale_rows(acc, m0, r.gemm.m, r.a_scale);
+  }
+
   static __device__ __forceinline__ void run(const ScaledTmaGemmParams& params) {
     ScaledWsDriver<DenseWgmmaW4A8>::run(params);
   }

@@ -1,26 +1,31 @@
 #pragma once
-// The grouped masked MoE GEMM, and its offsets form, on the warp-specialized Hopper W4A8 body
-// (kernel/dense_wgmma_w4a8.cuh, SM90a): what kernel/grouped_masked.cuh computes around the
-// portable W4A8 body (the same layouts, walk and contract on counts and offsets: int4, uint4 with
-// a zero point or MXFP4 experts x e4m3 activation codes with an fp32 scale a row), for experts of
-// more rows than a decode step gives them, where wgmma at the 8-bit rate beats mma.sync.
+// The grouped masked MoE GEMM, and its offsets form, on the warp-specialized Hopper bodies with
+// 8-bit activations (SM90a): W4A8 (kernel/dense_wgmma_w4a8.cuh: int4, uint4 with a zero point or
+// MXFP4 experts x e4m3 codes) and W8A8 with channel scales (kernel/dense_wgmma_ss.cuh: e4m3 or s8
+// experts x codes of the same kind), with an fp32 scale a row. It computes what
+// kernel/grouped_masked.cuh computes around the portable bodies (the same layouts, walk and
+// contract on counts and offsets), with wgmma at the 8-bit rate.
 //
-// The schedule of kernel/grouped_masked_ws.cuh (the 16-bit TMA body's), around this body's
+// The schedule of kernel/grouped_masked_ws.cuh (the 16-bit TMA body's), around the body's
 // producer and consumers: a persistent grid walks the experts' tiles (schedule/expert_table.cuh,
 // built once per CTA by warp 0), the producer warp fills the mbarrier ring tile after tile
-// (Dense::produce_rows from the expert's weights and the map row of the tile's activation box),
-// and the consumers empty it (Dense::Consumer::consume), scale the sums by their rows' scales
-// (Dense::scale_rows) and store the tile through a staging tile of its own after the ring, so
-// that the producer fills the next tile's slots meanwhile. Per tile:
+// (Dense::produce_expert: the expert's weights, W4A8's by bulk copy from the moved pointers, W8A8's
+// from the map of every expert's rows, and the activation box from the map row of the tile), and
+// the consumers empty it (Dense::Consumer::consume, the dense K loop), scale the sums
+// (Dense::scale_expert: the rows' scales, W8A8's channel scales) and store the tile through a
+// staging tile of its own after the ring, so that the producer fills the next tile's slots
+// meanwhile. Per tile:
 // - the producer copies the activation boxes from the map of all rows (the slabs end to end,
 //   expert e's at row e x max_m; or the offsets form's rows, expert e's at its first row); rows of
 //   a box past the expert's rows are other experts' or, past the map, zeros: computed and never
 //   stored;
 // - the consumers scale and store through ScaledRows moved to the expert (kernel/grouped_masked.cuh
-//   move_to_expert: its output rows, M its rows, its rows' scales, its bias and global scale).
+//   move_to_expert: its output rows, M its rows, its rows' scales, its weights, scales, bias and
+//   global scale).
 // One K slice per tile (gemm.k_splits == 1, the host's precondition); no cluster. The producer
-// keeps the dense body's registers (40): its walk's few words outside the copies' loop may live in
-// local memory, where the consumers' accumulators and conversion need every register they hold.
+// keeps the dense body's registers (40). Beside the accumulators of the largest tiles, ptxas keeps
+// a few words of the consumers' next-tile walk (find, rows_of) in local memory: a few loads and
+// stores per tile, none inside the K loop.
 
 #include <humming_aot/kernel/grouped_masked.cuh>
 #include <humming_aot/kernel/params.cuh>
@@ -31,7 +36,7 @@
 
 namespace humming_aot::kernel {
 
-template <class Dense,  // kernel/dense_wgmma_w4a8.cuh's DenseWgmmaW4A8: produce_rows, Consumer, scale_rows, Writer
+template <class Dense,  // DenseWgmmaW4A8 or DenseWgmmaSs: produce_expert, Consumer, scale_expert, Writer
           int kBlockM,  // its tile's rows (tokens)
           int kBlockN>  // its tile's columns (weight channels)
 struct GroupedMaskedScaledWs {
@@ -49,8 +54,7 @@ struct GroupedMaskedScaledWs {
   static constexpr int kStages = Dense::kRingStages;
   static constexpr int kConsumerWarps = Dense::kConsumerWarps;
   static_assert(kBlockM == Dense::kTileM && kBlockN == Dense::kTileN, "the body's tile");
-  static constexpr bool kOverlapped = Dense::kOverlapped;  // (the body's, for the generated asserts)
-  static constexpr int kWaitDepth = Dense::kWaitDepth;
+  using Body = Dense;  // (for the generated asserts on the body's constants)
 
   struct TileAt {
     u32 expert, rows, local;
@@ -112,7 +116,7 @@ struct GroupedMaskedScaledWs {
         for (u32 tile = blockIdx.x; walk.find(tile, at.expert, at.rows, at.local); tile += gridDim.x) {
           if (lane == 0) {
             rows_of(s, walk, at, r, m0, n0, box_row);
-            Dense::produce_rows(r.gemm, &params.a_map, box_row, n0, 0, k_tiles, smem_base, full0, empty0, fills);
+            Dense::produce_expert(params, r, at.expert, box_row, n0, k_tiles, smem_base, full0, empty0, fills);
           }
           __syncwarp();
         }
@@ -134,7 +138,7 @@ struct GroupedMaskedScaledWs {
       // The next kernel may now be scheduled into the slots this grid leaves as it finishes.
       if (!more) schedule::release_dependent_grid();
       rows_of(s, walk, at, r, m0, n0, box_row);
-      Dense::scale_rows(acc, m0, r.gemm.m, r.a_scale);
+      Dense::scale_expert(acc, r, m0, n0);
       // every consumer is done reading the previous tile's staging (store_tile's copy-out has no
       // barrier after it) before any writes this tile's
       Dense::ConsumerBarrier::sync();

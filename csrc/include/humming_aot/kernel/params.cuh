@@ -149,16 +149,19 @@ static_assert(sizeof(MaskedScaledGemmParams) == 208,
               "MaskedScaledGemmParams is MaskedGemmParams, a pointer, an i64 and two ints");
 
 // The Params of the grouped masked MoE GEMM (and its offsets form) on the warp-specialized Hopper
-// W4A8 body (kernel/grouped_masked_scaled_ws.cuh): MaskedScaledGemmParams (its a_k unused there:
-// the map reads zeros past the codes' K; one scale a row: a_scale_row_stride 1), padding to byte 256, then the tensor map of every activation row's codes (the (E x max_m, K)
-// slabs end to end, or the offsets form's (R, K) rows) as 16-bit pairs in boxes of the tile's rows
-// x 64 pairs, with the 128-byte swizzle (384 bytes).
+// 8-bit-activation bodies (kernel/grouped_masked_scaled_ws.cuh): MaskedScaledGemmParams (its a_k
+// unused there: the map reads zeros past the codes' K), padding to byte 256, the tensor map of
+// every activation row's codes (the (E x max_m, K) slabs end to end, or the offsets form's (R, K)
+// rows) and, at byte 384, the weight codes' map over every expert's rows ((E x N, K): the W8A8
+// body's; zeros for W4A8, whose codes come by bulk copy), both as 16-bit pairs in boxes of the
+// tile's rows (channels) x 64 pairs with the 128-byte swizzle (512 bytes).
 struct MaskedScaledTmaGemmParams {
   MaskedScaledGemmParams scaled;
   TensorMap a_map;
+  TensorMap w_map;
 };
-static_assert(sizeof(MaskedScaledTmaGemmParams) == 384 && alignof(MaskedScaledTmaGemmParams) == 64,
-              "MaskedScaledTmaGemmParams is MaskedScaledGemmParams, padding to byte 256, then the tensor map");
+static_assert(sizeof(MaskedScaledTmaGemmParams) == 512 && alignof(MaskedScaledTmaGemmParams) == 64,
+              "MaskedScaledTmaGemmParams is MaskedScaledGemmParams, padding to byte 256, then two tensor maps");
 
 // What a MoE schedule hands an 8-bit-activation mma.sync body for one tile's rows (device-side
 // only, never packed): the rows' GemmParams (a: their codes, lda in bytes), their fp32 scales

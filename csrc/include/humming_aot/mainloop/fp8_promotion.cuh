@@ -36,8 +36,11 @@ struct Fp8Promotion {
   static_assert(!kOverlapped || !kBlockScales || kStagedTokenScales,
                 "the overlapped loop reads block scales' token scales from the slot only");
 
-  // `count` K tiles from k_tile0 of the tile at (m0, n0) into acc (zeroed first).
-  static __device__ __forceinline__ void consume(const kernel::ScaledTmaGemmParams& params, int m0, int n0, int k_tile0,
+  // `count` K tiles from k_tile0 of the tile at (m0, n0) into acc (zeroed first). Params: the
+  // dense body's ScaledTmaGemmParams (block scales read its GemmParams and token scales), or any
+  // (unused) without block scales (the MoE schedule's).
+  template <class Params>
+  static __device__ __forceinline__ void consume(const Params& params, int m0, int n0, int k_tile0,
                                                  int count, u32 smem_base, u32 full0, u32 empty0,
                                                  typename Ring::State& ring, float (&acc)[kAccumulators]) {
     if constexpr (kOverlapped) {
@@ -50,8 +53,8 @@ struct Fp8Promotion {
   // Once at most kPending groups are in flight: add `from` (K block kb, in `slot`) into acc and
   // release the slot (channel scales: before the add; block scales: after it, whose token scales
   // it reads from the slot).
-  template <int kPending>
-  static __device__ __forceinline__ void retire_tile(const kernel::ScaledTmaGemmParams& params, int n0, int kb,
+  template <int kPending, class Params>
+  static __device__ __forceinline__ void retire_tile(const Params& params, int n0, int kb,
                                                      u32 smem_base, u32 empty0, int slot, float (&from)[kAccumulators],
                                                      float (&acc)[kAccumulators]) {
     if constexpr (kBlockScales) {
@@ -85,7 +88,8 @@ struct Fp8Promotion {
     }
   }
 
-  static __device__ __forceinline__ void consume_overlapped(const kernel::ScaledTmaGemmParams& params, int n0,
+  template <class Params>
+  static __device__ __forceinline__ void consume_overlapped(const Params& params, int n0,
                                                             int k_tile0, int count, u32 smem_base, u32 full0,
                                                             u32 empty0, typename Ring::State& ring,
                                                             float (&acc)[kAccumulators]) {
@@ -121,12 +125,13 @@ struct Fp8Promotion {
            2 * (lane & 3);
   }
 
-  static __device__ __forceinline__ void consume_serial(const kernel::ScaledTmaGemmParams& params, int m0, int n0,
+  template <class Params>
+  static __device__ __forceinline__ void consume_serial(const Params& params, int m0, int n0,
                                                         int k_tile0, int count, u32 smem_base, u32 full0, u32 empty0,
                                                         typename Ring::State& ring, float (&acc)[kAccumulators]) {
-    const int unit0 = (static_cast<int>(threadIdx.x) >> 7) * kUnitsPerWarpGroup;
-    const kernel::GemmParams& p = params.tma.gemm;
-    const int k_blocks = p.k / kBlockK;  // p.k: K rounded up to the K tile
+    [[maybe_unused]] const int unit0 = (static_cast<int>(threadIdx.x) >> 7) * kUnitsPerWarpGroup;
+    [[maybe_unused]] int k_blocks = 0;
+    if constexpr (kBlockScales) k_blocks = params.tma.gemm.k / kBlockK;  // p.k: K rounded up to the K tile
 #pragma unroll
     for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.f;
     float scratch[kAccumulators];

@@ -17,7 +17,8 @@ struct IntegerSums {
 
   // `count` K tiles from the ring's next slot into acc (params, the tile and k_tile0 are the
   // promotion's interface: unused, the scales come after the sums).
-  static __device__ __forceinline__ void consume(const kernel::ScaledTmaGemmParams&, int, int, int, int count,
+  template <class Params>
+  static __device__ __forceinline__ void consume(const Params&, int, int, int, int count,
                                                  u32 smem_base, u32 full0, u32 empty0, typename Ring::State& ring,
                                                  float (&acc)[kAccumulators]) {
     int sums[kAccumulators];
