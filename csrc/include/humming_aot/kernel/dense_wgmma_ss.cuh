@@ -140,8 +140,8 @@ struct DenseWgmmaSs {
   // token_scales (the tile's first row of K tile 0 in the transposed scales) + k_tile x scale_stride.
   static __device__ __forceinline__ void produce_boxes(const TensorMap* w_map, int w_row, const TensorMap* a_map,
                                                        int box_row, const float* token_scales, int scale_stride,
-                                                       int scale_rows, int k_tile0, int count, u32 smem_base,
-                                                       u32 full0, u32 empty0, u32& fills) {
+                                                       int scale_rows, int k_tile0, int count, u32 smem_base, u32 full0,
+                                                       u32 empty0, u32& fills) {
     for (int it = 0; it < count; ++it, ++fills) {
       const u32 slot = fills % kStages, lap = fills / kStages;
       const u32 full = full0 + 8 * slot;

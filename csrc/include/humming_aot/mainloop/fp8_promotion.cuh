@@ -40,9 +40,9 @@ struct Fp8Promotion {
   // dense body's ScaledTmaGemmParams (block scales read its GemmParams and token scales), or any
   // (unused) without block scales (the MoE schedule's).
   template <class Params>
-  static __device__ __forceinline__ void consume(const Params& params, int m0, int n0, int k_tile0,
-                                                 int count, u32 smem_base, u32 full0, u32 empty0,
-                                                 typename Ring::State& ring, float (&acc)[kAccumulators]) {
+  static __device__ __forceinline__ void consume(const Params& params, int m0, int n0, int k_tile0, int count,
+                                                 u32 smem_base, u32 full0, u32 empty0, typename Ring::State& ring,
+                                                 float (&acc)[kAccumulators]) {
     if constexpr (kOverlapped) {
       consume_overlapped(params, n0, k_tile0, count, smem_base, full0, empty0, ring, acc);
     } else {
@@ -54,8 +54,8 @@ struct Fp8Promotion {
   // release the slot (channel scales: before the add; block scales: after it, whose token scales
   // it reads from the slot).
   template <int kPending, class Params>
-  static __device__ __forceinline__ void retire_tile(const Params& params, int n0, int kb,
-                                                     u32 smem_base, u32 empty0, int slot, float (&from)[kAccumulators],
+  static __device__ __forceinline__ void retire_tile(const Params& params, int n0, int kb, u32 smem_base, u32 empty0,
+                                                     int slot, float (&from)[kAccumulators],
                                                      float (&acc)[kAccumulators]) {
     if constexpr (kBlockScales) {
       const int unit0 = (static_cast<int>(threadIdx.x) >> 7) * kUnitsPerWarpGroup;
@@ -89,10 +89,9 @@ struct Fp8Promotion {
   }
 
   template <class Params>
-  static __device__ __forceinline__ void consume_overlapped(const Params& params, int n0,
-                                                            int k_tile0, int count, u32 smem_base, u32 full0,
-                                                            u32 empty0, typename Ring::State& ring,
-                                                            float (&acc)[kAccumulators]) {
+  static __device__ __forceinline__ void consume_overlapped(const Params& params, int n0, int k_tile0, int count,
+                                                            u32 smem_base, u32 full0, u32 empty0,
+                                                            typename Ring::State& ring, float (&acc)[kAccumulators]) {
 #pragma unroll
     for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.f;
     if (count <= 0) return;
@@ -126,8 +125,8 @@ struct Fp8Promotion {
   }
 
   template <class Params>
-  static __device__ __forceinline__ void consume_serial(const Params& params, int m0, int n0,
-                                                        int k_tile0, int count, u32 smem_base, u32 full0, u32 empty0,
+  static __device__ __forceinline__ void consume_serial(const Params& params, int m0, int n0, int k_tile0, int count,
+                                                        u32 smem_base, u32 full0, u32 empty0,
                                                         typename Ring::State& ring, float (&acc)[kAccumulators]) {
     [[maybe_unused]] const int unit0 = (static_cast<int>(threadIdx.x) >> 7) * kUnitsPerWarpGroup;
     [[maybe_unused]] int k_blocks = 0;

@@ -183,9 +183,8 @@ struct Int4E4m3Groups {
   // `count` K tiles from the ring's next slot into acc (zeroed first). (The params, the tile and
   // k_tile0 are the schedules' consumer interface: the scales come with the slots.)
   template <class Params>
-  static __device__ __forceinline__ void consume(const Params&, int, int, int, int count,
-                                                 u32 smem_base, u32 full0, u32 empty0, State& ring,
-                                                 float (&acc)[kAccumulators]) {
+  static __device__ __forceinline__ void consume(const Params&, int, int, int, int count, u32 smem_base, u32 full0,
+                                                 u32 empty0, State& ring, float (&acc)[kAccumulators]) {
 #pragma unroll
     for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.f;
     if (count <= 0) return;

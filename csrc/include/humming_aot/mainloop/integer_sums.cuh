@@ -18,9 +18,8 @@ struct IntegerSums {
   // `count` K tiles from the ring's next slot into acc (params, the tile and k_tile0 are the
   // promotion's interface: unused, the scales come after the sums).
   template <class Params>
-  static __device__ __forceinline__ void consume(const Params&, int, int, int, int count,
-                                                 u32 smem_base, u32 full0, u32 empty0, typename Ring::State& ring,
-                                                 float (&acc)[kAccumulators]) {
+  static __device__ __forceinline__ void consume(const Params&, int, int, int, int count, u32 smem_base, u32 full0,
+                                                 u32 empty0, typename Ring::State& ring, float (&acc)[kAccumulators]) {
     int sums[kAccumulators];
     if (count <= 0) {
 #pragma unroll
