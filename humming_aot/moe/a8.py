@@ -39,6 +39,7 @@ from humming_aot.moe.a8_launch import (  # noqa: F401  (the Params layouts, re-e
     SCALED_TAIL,
     grouped_scaled_params,
     moe_key,
+    portable_slices_win,
     scaled_params,
     select_kernel,
     ws_map,
@@ -374,12 +375,20 @@ def gemm_grouped_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, of
                          f"kernel reads them there), got {_moe._describe(offsets)}")
     scales, bias = _check_rows(qa, experts, bias, out, out_dtype, what)
     n = experts.n
+    forced = tile is not None
     tile, loaded = select_kernel(qa, experts, out_dtype, max(1, int(expected_m)), tile, what)
     k_tiles = -(-k // 128)
+    ws = tile.mma in (MmaKind.WGMMA_W4A8, MmaKind.WGMMA_SS)  # (one K slice: kernel/grouped_masked_scaled_ws.cuh)
+    if ws and not forced and splits is None and rows:
+        # a few rows on long K: the portable body's K slices beat one slice per tile
+        # (a8_launch.portable_slices_win)
+        portable = portable_slices_win(qa, experts, out_dtype, rows, max(1, int(expected_m)), k_tiles, what)
+        if portable is not None:
+            tile, loaded = portable
+            ws = False
     bound = _moe.offsets_tile_bound(rows, experts.experts, n, tile)
     counters_size = _moe._split_k_counters_size()
     resident = _moe._resident(loaded, tile, codes.device.index) if rows else 1
-    ws = tile.mma in (MmaKind.WGMMA_W4A8, MmaKind.WGMMA_SS)  # (one K slice: kernel/grouped_masked_scaled_ws.cuh)
     if splits is None:
         splits = 1 if ws else _moe.offsets_splits(bound, k_tiles, resident)
     elif ws and splits != 1:

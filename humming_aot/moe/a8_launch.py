@@ -36,14 +36,18 @@ WS_MAP_OFFSET = 256
 WS_PARAMS_BYTES = WS_MAP_OFFSET + 2 * params_abi.TMA_MAP_BYTES
 
 # The warp-specialized W4A8 body's MoE tiles by expected rows per expert (most rows, tile): the
-# dense table's shapes (humming_aot.w4a8._TILES) with the stages that fit the schedule's own
-# staging tile and walk table beside the ring (bodies/wgmma_w4a8.py masked_smem_bytes: the 32-row
-# tile keeps 7 of its 8 to run two CTAs per SM).
+# dense table's one-warpgroup shapes up to 32 rows (the 32-row one with 7 of its 8 stages, so that
+# two CTAs per SM fit the schedule's own staging tile and walk table: bodies/wgmma_w4a8.py
+# masked_smem_bytes), then two warpgroups of 128 and 192 rows. Routing is uneven, so many experts
+# hold more rows than expected: each row switches to the next tile at a quarter to a half of its
+# rows. H200, DeepSeek-V3 TP8's down projection (N 7168, K 256, E 256, top 8; log section 56) at 256
+# / 1,024 / 4,096 tokens (8 / 32 / 128 rows expected): 8 / 16 / 32 / 64 / 128-row tiles took
+# 123.7 / 100.1 / 116.1 / 213.6 / 285.5, 172.4 / 237.9 / 172.8 / 221.5 / 305.4 and
+# 561.3 / 796.7 / 516.4 / 560.6 / 503.6 us.
 WS_TILES = (
-    (8, "wgmma-w4a8:8x128x128_w1x4_s8"),
+    (4, "wgmma-w4a8:8x128x128_w1x4_s8"),
     (16, "wgmma-w4a8:16x128x128_w1x4_s8"),
-    (32, "wgmma-w4a8:32x128x128_w1x4_s7"),
-    (128, "wgmma-w4a8:64x128x128_w1x8_s8"),
+    (64, "wgmma-w4a8:32x128x128_w1x4_s7"),
     (1536, "wgmma-w4a8:128x128x128_w1x8_s7"),
     (1 << 62, "wgmma-w4a8:192x128x128_w1x8_s5"),
 )
@@ -79,6 +83,32 @@ def ws_takes(qa: QuantizedActivation, experts, info, gemm_type: GemmType) -> boo
     if isinstance(experts, PackedW4A8Experts):
         return qa.element == w4a8.ACT_ELEMENT
     return not experts.blocks
+
+
+def portable_slices_win(qa: QuantizedActivation, experts, out_dtype: torch.dtype, rows: int, expected_m: int,
+                        k_tiles: int, what: str):
+    """(tile, loaded kernel) of the portable body for an offsets-form call that select_kernel gave a
+    wgmma tile, where the portable body's K slices win; else None. The wgmma schedule runs one K
+    slice per tile, so a few rows on long K leave most SMs idle: DeepSeek-V3 TP8's gate_up (N 512,
+    K 7168) at one token, 32 tiles for 264 CTA slots, took 21.8 us against Humming's 15.3 (H200,
+    log section 56). Where the portable table tile's rows would take K slices
+    (moe.kernels.offsets_splits > 1: its tiles fill at most a quarter of its resident CTAs), its
+    kernel runs instead (float8 on sm90a: ptxas's emulated e4m3 mma.sync, which streams the
+    weights as fast at a few rows). Not for float8 W8A8, which has no portable MoE kernel there."""
+    from humming_aot.moe.a8 import W8A8_MAX_TILE_ROWS, PackedW4A8Experts, _dense
+
+    if not isinstance(experts, PackedW4A8Experts) and qa.element == "float8e4m3":
+        return None
+    dense = _dense(experts)
+    sync = dense.select_sync_tile(expected_m if dense is w4a8 else min(expected_m, W8A8_MAX_TILE_ROWS))
+    bound = _moe.offsets_tile_bound(rows, experts.experts, experts.n, sync)
+    from humming_aot import dispatch
+
+    if bound * 4 > 8 * dispatch.device_info(qa.codes.device.index).num_sms:
+        return None  # (before loading its kernel: more tiles than a quarter of 8 CTAs an SM never split)
+    tile, loaded = select_kernel(qa, experts, out_dtype, expected_m, sync, what)
+    resident = _moe._resident(loaded, tile, qa.codes.device.index)
+    return (tile, loaded) if _moe.offsets_splits(bound, k_tiles, resident) > 1 else None
 
 
 def ws_map(codes: torch.Tensor, rows: int, tile: TileConfig, experts=None) -> bytes:

@@ -236,3 +236,25 @@ def test_the_default_tile_is_the_ws_table_and_int8_stays_portable():
     assert tile.mma.value == "mma-w4a8"
     with pytest.raises(ValueError, match="wgmma-w4a8 tiles on sm90a in the masked schedule"):
         a8_launch.select_kernel(q8, experts, torch.bfloat16, 100, _TILES[0], "test")
+
+
+def test_few_rows_on_long_k_take_the_portable_k_slices():
+    """The offsets form with a handful of rows on long K runs the portable body's K slices
+    (a8_launch.portable_slices_win; DeepSeek-V3 TP8's gate_up at one token), and matches float64;
+    many rows stay on the wgmma tiles."""
+    gen = torch.Generator().manual_seed(_seed())
+    e, n, k = 16, 256, 7168
+    experts = _experts("int4", e, n, k, gen)
+    rows = 4
+    qa = _activations((rows, k), gen)
+    offsets = torch.tensor([0] * 3 + [1, 2, 3, 4] + [4] * 10, dtype=torch.int32, device="cuda")
+    pick = a8_launch.portable_slices_win(qa, experts, torch.bfloat16, rows, 1, k // 128, "test")
+    assert pick is not None and pick[0].mma.value == "mma-w4a8"
+    y = gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=1)
+    torch.cuda.synchronize()
+    for ex in range(3, 7):
+        lo, hi = ex - 3, ex - 2
+        _check_rows(y[lo:hi], moe_a8._rows(qa, slice(lo, hi)), experts, ex)
+    many = _activations((4096, 256), gen)
+    assert a8_launch.portable_slices_win(many, _experts("int4", e, n, 256, gen), torch.bfloat16, 4096, 256, 2,
+                                         "test") is None

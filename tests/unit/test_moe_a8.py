@@ -343,8 +343,8 @@ def test_the_masked_keys_on_sm90a_wrap_the_wgmma_bodies_in_their_schedule():
     # the table: every expected row count has a tile, rising with the rows
     _, w4 = _experts("int4:g128", e=2, n=64, k=256)
     _, w8 = _experts("int8:channel", e=2, n=64, k=256)
-    sizes = [a8_launch.ws_tile(w4, m).block_m for m in (1, 8, 9, 16, 17, 32, 33, 128, 129, 1536, 1537, 10**6)]
-    assert sizes == [8, 8, 16, 16, 32, 32, 64, 64, 128, 128, 192, 192]
+    sizes = [a8_launch.ws_tile(w4, m).block_m for m in (1, 4, 5, 16, 17, 64, 65, 1536, 1537, 10**6)]
+    assert sizes == [8, 8, 16, 16, 32, 32, 128, 128, 192, 192]
     sizes = [a8_launch.ws_tile(w8, m).block_m for m in (1, 8, 9, 16, 17, 32, 33, 128, 129, 10**6)]
     assert sizes == [8, 8, 16, 16, 32, 32, 64, 64, 128, 128]
     text = (Path(__file__).resolve().parents[2] / "csrc/include/humming_aot/kernel/params.cuh").read_text()
