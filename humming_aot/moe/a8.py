@@ -12,7 +12,7 @@ float8e4m3 or int8 activation codes with float32 scales per row (W8A8 blocks: pe
 - ``gemm_grouped_a8_kernel`` / ``gemm_masked_a8_kernel``: one launch each, the persistent grouped
   masked schedule (kernel/grouped_masked.cuh, its offsets and slab forms) around the portable
   mma.sync body of the pairing (mma-w4a8, mma-ss) on MaskedScaledGemmParams (or on sm90a around
-  the wgmma-w4a8 body, below); no host round trip
+  the wgmma-w4a8 and wgmma-ss bodies, below); no host round trip
   (CUDA-graph capturable).
 
 The activations are quantized per row before the GEMM (``ops.quantize_activation(x,
