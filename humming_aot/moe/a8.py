@@ -435,12 +435,19 @@ def _check_rows(qa: QuantizedActivation, experts, bias, out, out_dtype, what: st
     return _row_scales(qa, rows), bias
 
 
+def sync_tile(experts: PackedA8Experts, expected_m: int) -> TileConfig:
+    """The portable body's table tile for `expected_m` rows per expert: the dense module's
+    select_sync_tile (W8A8: at most W8A8_MAX_TILE_ROWS' tile)."""
+    rows = max(1, int(expected_m))
+    if isinstance(experts, PackedW4A8Experts):
+        return w4a8.select_sync_tile(rows)
+    return w8a8.select_sync_tile(min(rows, W8A8_MAX_TILE_ROWS))
+
+
 def grouped_a8_block_m(experts: PackedA8Experts, expected_m: int) -> int:
     """The rows of the tile the row-expert form runs for `expected_m` rows per expert: every
     expert's rows must fill whole blocks of it from row 0 (128 is a multiple of every one)."""
-    dense = _dense(experts)
-    rows = max(1, int(expected_m))
-    return dense.select_sync_tile(rows if dense is w4a8 else min(rows, W8A8_MAX_TILE_ROWS)).block_m
+    return sync_tile(experts, expected_m).block_m
 
 
 def _grouped_by_row_expert(qa: QuantizedActivation, experts: PackedA8Experts, row_expert: torch.Tensor, *,

@@ -95,15 +95,13 @@ def portable_slices_win(qa: QuantizedActivation, experts, out_dtype: torch.dtype
     (moe.kernels.offsets_splits > 1: its tiles fill at most a quarter of its resident CTAs), its
     kernel runs instead (float8 on sm90a: ptxas's emulated e4m3 mma.sync, which streams the
     weights as fast at a few rows). Not for float8 W8A8, which has no portable MoE kernel there."""
-    from humming_aot.moe.a8 import W8A8_MAX_TILE_ROWS, PackedW4A8Experts, _dense
+    from humming_aot import dispatch
+    from humming_aot.moe.a8 import PackedW4A8Experts, sync_tile
 
     if not isinstance(experts, PackedW4A8Experts) and qa.element == "float8e4m3":
         return None
-    dense = _dense(experts)
-    sync = dense.select_sync_tile(expected_m if dense is w4a8 else min(expected_m, W8A8_MAX_TILE_ROWS))
+    sync = sync_tile(experts, expected_m)
     bound = _moe.offsets_tile_bound(rows, experts.experts, experts.n, sync)
-    from humming_aot import dispatch
-
     if bound * 4 > 8 * dispatch.device_info(qa.codes.device.index).num_sms:
         return None  # (before loading its kernel: more tiles than a quarter of 8 CTAs an SM never split)
     tile, loaded = select_kernel(qa, experts, out_dtype, expected_m, sync, what)
@@ -189,13 +187,13 @@ def select_kernel(qa: QuantizedActivation, experts, out_dtype: torch.dtype, rows
                   tile: TileConfig | str | None, what: str, gemm_type: GemmType = GemmType.MASKED):
     """(tile, loaded kernel) of a MoE call on `rows` expected rows per expert: for tile None the
     warp-specialized body's table where ws_takes (ws_tile; key arch sm90a), else the
-    pairing's portable body with the dense module's select_sync_tile (key arch as the dense
+    pairing's portable body with a8.sync_tile (key arch as the dense
     portable GEMM picks it: the GPU's arches with mma.sync on the codes, the installed catalog's
     first); else the forced tile, refused unless one of those bodies takes it here."""
     from humming_aot import _w8a8_launch, dispatch
     from humming_aot import obtain as _obtain
     from humming_aot.enumerate import parse_tile_field
-    from humming_aot.moe.a8 import W8A8_MAX_TILE_ROWS, _dense
+    from humming_aot.moe.a8 import _dense, sync_tile
 
     dense = _dense(experts)
     body, fast_body = (MmaKind.MMA_W4A8, MmaKind.WGMMA_W4A8) if dense is w4a8 else (MmaKind.MMA_SS, MmaKind.WGMMA_SS)
@@ -205,7 +203,7 @@ def select_kernel(qa: QuantizedActivation, experts, out_dtype: torch.dtype, rows
         if fast:
             tile = ws_tile(experts, rows)
         else:
-            tile = dense.select_sync_tile(rows if dense is w4a8 else min(rows, W8A8_MAX_TILE_ROWS))
+            tile = sync_tile(experts, rows)
     elif isinstance(tile, str):
         tile = parse_tile_field(tile)
     if not isinstance(tile, TileConfig) or (tile.mma is not body and not (fast and tile.mma is fast_body)):

@@ -314,9 +314,9 @@ def prepare_humming_aot_a8(w: torch.Tensor, fmt: str, layout: str, tile: str | N
     the layout, on the routing's rows quantized once per routing outside the timing (as
     humming_aot_a8+quant does inside it: ops.quantize_activation of the rows, then the GEMM)."""
     import humming_aot
-    from humming_aot import ops, w4a8, w8a8
+    from humming_aot import ops
     from humming_aot.moe import gemm_grouped_a8_kernel, gemm_masked_a8_kernel, pack_a8_experts
-    from humming_aot.moe.a8 import W8A8_MAX_TILE_ROWS, PackedW4A8Experts
+    from humming_aot.moe.a8 import sync_tile
 
     activations = ACTIVATIONS["format"]
     if activations is None:
@@ -338,10 +338,8 @@ def prepare_humming_aot_a8(w: torch.Tensor, fmt: str, layout: str, tile: str | N
         if quantize:
             qa = ops.quantize_activation(r.masked_a if layout == "masked" else r.a, activations)
         forced = tile
-        if portable and forced is None:  # the portable body's table tile (moe.a8_launch.select_kernel's rule)
-            rows = max(1, int(r.expected_m))
-            forced = (w4a8.select_sync_tile(rows) if isinstance(experts, PackedW4A8Experts)
-                      else w8a8.select_sync_tile(min(rows, W8A8_MAX_TILE_ROWS)))
+        if portable and forced is None:  # the portable body's table tile (moe.a8.sync_tile)
+            forced = sync_tile(experts, r.expected_m)
         if layout == "masked":
             return gemm_masked_a8_kernel(qa, experts, r.counts, expected_m=r.expected_m, out=out, tile=forced)
         return gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=r.expected_m, out=out, tile=forced)
