@@ -178,6 +178,18 @@ struct ScaledRows {
 __device__ __forceinline__ GemmParams& gemm_part(GemmParams& p) { return p; }
 __device__ __forceinline__ GemmParams& gemm_part(ScaledRows& p) { return p.gemm; }
 
+// What the block-scaled wgmma-ss K loops read of their Params (mainloop/fp8_promotion.cuh,
+// fp8_token_major_blocks.cuh): the GemmParams whose w_scale, N and K locate the weight blocks'
+// scales, and the token scales as rows (M of them, token_scale_row_stride floats apart, given the
+// K blocks): the dense body's ScaledTmaGemmParams ((m, k_blocks) rows), or a MoE tile's
+// ScaledRows (its expert's rows, a_scale_stride apart).
+__device__ __forceinline__ const GemmParams& scale_gemm(const ScaledTmaGemmParams& p) { return p.tma.gemm; }
+__device__ __forceinline__ const GemmParams& scale_gemm(const ScaledRows& r) { return r.gemm; }
+__device__ __forceinline__ const float* token_scale_rows(const ScaledTmaGemmParams& p) { return p.a_scale; }
+__device__ __forceinline__ const float* token_scale_rows(const ScaledRows& r) { return r.a_scale; }
+__device__ __forceinline__ int token_scale_row_stride(const ScaledTmaGemmParams&, int k_blocks) { return k_blocks; }
+__device__ __forceinline__ int token_scale_row_stride(const ScaledRows& r, int) { return r.a_scale_stride; }
+
 // The Params of the grouped contiguous MoE GEMM (kernel/grouped_contiguous.cuh): the GemmParams of
 // all the grouped rows with expert 0's weights (k_splits 1), each row's expert on the device and
 // the experts' weights (ExpertWeights). Packed as GemmParams' bytes, then "<2Q4q" (152 bytes).

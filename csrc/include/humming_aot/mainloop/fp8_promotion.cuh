@@ -36,9 +36,10 @@ struct Fp8Promotion {
   static_assert(!kOverlapped || !kBlockScales || kStagedTokenScales,
                 "the overlapped loop reads block scales' token scales from the slot only");
 
-  // `count` K tiles from k_tile0 of the tile at (m0, n0) into acc (zeroed first). Params: the
-  // dense body's ScaledTmaGemmParams (block scales read its GemmParams and token scales), or any
-  // (unused) without block scales (the MoE schedule's).
+  // `count` K tiles from k_tile0 of the tile at (m0, n0) into acc (zeroed first). Params: with
+  // block scales, what kernel/params.cuh's scale_gemm and token_scale_rows read (the dense body's
+  // ScaledTmaGemmParams, or the MoE schedule's ScaledRows of the tile's expert, m0 and n0 within
+  // it); without them any (unused).
   template <class Params>
   static __device__ __forceinline__ void consume(const Params& params, int m0, int n0, int k_tile0, int count,
                                                  u32 smem_base, u32 full0, u32 empty0, typename Ring::State& ring,
@@ -60,7 +61,8 @@ struct Fp8Promotion {
     if constexpr (kBlockScales) {
       const int unit0 = (static_cast<int>(threadIdx.x) >> 7) * kUnitsPerWarpGroup;
       float unit_scales[kUnitsPerWarpGroup];  // (global: their latency under the wait)
-      load_unit_scales(params.tma.gemm, n0, unit0, kb, params.tma.gemm.k / kBlockK, unit_scales);
+      const kernel::GemmParams& p = kernel::scale_gemm(params);
+      load_unit_scales(p, n0, unit0, kb, p.k / kBlockK, unit_scales);
       mma::wgmma_wait_group<kPending>();
       mma::wgmma_fence_operands(from);
       // token 2 (lane % 4) + 8 j + {0, 1}: one 8-byte pair per j, weighing accumulators 4 j .. 4 j + 3
@@ -130,7 +132,7 @@ struct Fp8Promotion {
                                                         typename Ring::State& ring, float (&acc)[kAccumulators]) {
     [[maybe_unused]] const int unit0 = (static_cast<int>(threadIdx.x) >> 7) * kUnitsPerWarpGroup;
     [[maybe_unused]] int k_blocks = 0;
-    if constexpr (kBlockScales) k_blocks = params.tma.gemm.k / kBlockK;  // p.k: K rounded up to the K tile
+    if constexpr (kBlockScales) k_blocks = kernel::scale_gemm(params).k / kBlockK;  // K rounded up to the K tile
 #pragma unroll
     for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.f;
     float scratch[kAccumulators];
@@ -173,21 +175,22 @@ struct Fp8Promotion {
     }
   }
 
-  // Blocks: the scales of K block kb for this thread's tokens (a_scale rows of k_blocks; 0 past M)
-  // and for each of its units' 128-channel weight block (w_scale rows of k_blocks, ceil(n / 128)
-  // of them; 0 past them, for a CTA wider than the rest of N).
-  static __device__ __forceinline__ void load_block_scales(const kernel::ScaledTmaGemmParams& params, int m0, int n0,
-                                                           int unit0, int kb, int k_blocks,
-                                                           float (&token_scales)[kTokenScales],
+  // Blocks: the scales of K block kb for this thread's tokens (token_scale_rows: rows of
+  // token_scale_row_stride floats; 0 past M) and for each of its units' 128-channel weight block
+  // (w_scale rows of k_blocks, ceil(n / 128) of them; 0 past them, for a CTA wider than the rest of N).
+  template <class Params>
+  static __device__ __forceinline__ void load_block_scales(const Params& params, int m0, int n0, int unit0, int kb,
+                                                           int k_blocks, float (&token_scales)[kTokenScales],
                                                            float (&unit_scales)[kUnitsPerWarpGroup]) {
-    const kernel::GemmParams& p = params.tma.gemm;
+    const kernel::GemmParams& p = kernel::scale_gemm(params);
     const int lane = threadIdx.x & 31;
     if constexpr (!kStagedTokenScales) {
-      const float* a_scale = params.a_scale + kb;
+      const float* a_scale = kernel::token_scale_rows(params) + kb;
+      const int row_stride = kernel::token_scale_row_stride(params, k_blocks);
 #pragma unroll
       for (int j = 0; j < kTokenScales; ++j) {
         const int m = m0 + 2 * (lane & 3) + 8 * (j >> 1) + (j & 1);
-        token_scales[j] = m < p.m ? __ldg(a_scale + static_cast<i64>(m) * k_blocks) : 0.f;
+        token_scales[j] = m < p.m ? __ldg(a_scale + static_cast<i64>(m) * row_stride) : 0.f;
       }
     }
     load_unit_scales(p, n0, unit0, kb, k_blocks, unit_scales);

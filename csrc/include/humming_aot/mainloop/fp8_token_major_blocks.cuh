@@ -26,14 +26,17 @@ struct Fp8TokenMajorBlocks {
   static constexpr int kBlockK = 128;
   using Fragments = epilogue::TokenMajorFragments<2 * kAccumulators>;
 
-  // `count` K tiles from k_tile0 of the tile at (m0, n0) into acc (zeroed first).
-  static __device__ __forceinline__ void consume(const kernel::ScaledTmaGemmParams& params, int /*m0*/, int n0,
-                                                 int k_tile0, int count, u32 smem_base, u32 full0, u32 empty0,
-                                                 typename Ring::State& ring, float (&acc)[kAccumulators]) {
+  // `count` K tiles from k_tile0 of the tile at (m0, n0) into acc (zeroed first). Params: what
+  // kernel/params.cuh's scale_gemm reads (the dense body's ScaledTmaGemmParams, or the MoE
+  // schedule's ScaledRows of the tile's expert, n0 within it).
+  template <class Params>
+  static __device__ __forceinline__ void consume(const Params& params, int /*m0*/, int n0, int k_tile0, int count,
+                                                 u32 smem_base, u32 full0, u32 empty0, typename Ring::State& ring,
+                                                 float (&acc)[kAccumulators]) {
 #pragma unroll
     for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.f;
     if (count <= 0) return;
-    const kernel::GemmParams& p = params.tma.gemm;
+    const kernel::GemmParams& p = kernel::scale_gemm(params);
     // the CTA's 128 channels are one weight block (n0 is a multiple of 128 below N): its row of scales
     const float* block_scales = static_cast<const float*>(p.w_scale) + static_cast<i64>(n0 >> 7) * (p.k / kBlockK);
     float even[kAccumulators], odd[kAccumulators];
