@@ -45,7 +45,7 @@ def kernel_smem_bytes(key: KernelKey) -> int:
 
         if key.tile.mma is MmaKind.WGMMA_W4A8:
             return wgmma_w4a8.masked_smem_bytes(key.tile, key.spec.w_dtype)
-        return wgmma_ss.masked_smem_bytes(key.tile)
+        return wgmma_ss.key_masked_smem_bytes(key)
     return key.tile.body.key_smem_bytes(key)
 
 

@@ -75,11 +75,16 @@ MOE_WALK_TABLE_BYTES = (2 * 256 + 1 + 3) * 4
 _SMEM_PER_SM = 233472  # shared memory per SM on sm_90 (each CTA also takes 1 KB of the driver's)
 
 
-def masked_smem_bytes(tile: "TileConfig") -> int:
+def masked_smem_bytes(tile: "TileConfig", staged_scale_bytes: int = 0) -> int:
     """The grouped masked MoE schedule's shared memory on this body (kernel/grouped_masked_scaled_ws.cuh
-    kSmemBytes; channel scales, so no staged token scales): the ring, a staging tile of its own
-    after it, +1024 to align the base, the walk's table."""
-    return tile.stages * _stage_bytes(tile, 0) + _staging_bytes(tile) + 1024 + MOE_WALK_TABLE_BYTES
+    kSmemBytes): the ring (its slots with staged_scale_bytes of token scales: staged_scale_bytes(key)),
+    a staging tile of its own after it, +1024 to align the base, the walk's table."""
+    return tile.stages * _stage_bytes(tile, staged_scale_bytes) + _staging_bytes(tile) + 1024 + MOE_WALK_TABLE_BYTES
+
+
+def key_masked_smem_bytes(key: "KernelKey") -> int:
+    """masked_smem_bytes of a masked key (block scales above 16 rows stage their token scales)."""
+    return masked_smem_bytes(key.tile, staged_scale_bytes(key))
 
 
 def masked_smem_limit(tile: "TileConfig") -> int:
@@ -140,15 +145,10 @@ class WgmmaSsBody(Body):
                 f"channels per warpgroup <= {2 * limit} x 64 or {limit} x 128, block_m one of "
                 f"{', '.join(map(str, TOKENS))})"
             )
-        if s.gemm_type.value == "masked":
-            if operands == _BLOCKS:
-                raise ValueError(f"{key.name}: the masked MoE schedule on the wgmma-ss body takes per-channel scales "
-                                 "(block scales stage their token scales in the ring, which its rows do not align "
-                                 "to); DeepSeek-style block-scaled experts run on sm89 and sm120 (mma-ss)")
-            if masked_smem_bytes(key.tile) > masked_smem_limit(key.tile):
-                raise ValueError(f"{key.name}: the masked MoE schedule's ring, staging tile and walk table need "
-                                 f"{masked_smem_bytes(key.tile)} bytes, more than the {masked_smem_limit(key.tile)} "
-                                 "each of its CTAs per SM has on sm_90; take fewer stages")
+        if s.gemm_type.value == "masked" and key_masked_smem_bytes(key) > masked_smem_limit(key.tile):
+            raise ValueError(f"{key.name}: the masked MoE schedule's ring, staging tile and walk table need "
+                             f"{key_masked_smem_bytes(key)} bytes, more than the {masked_smem_limit(key.tile)} "
+                             "each of its CTAs per SM has on sm_90; take fewer stages")
         if operands == _BLOCKS and key.tile.block_n % 128:
             raise ValueError(f"{key.name}: block scales need whole 128-channel blocks per CTA (block_n 128 or 256)")
         if operands == _BLOCKS:

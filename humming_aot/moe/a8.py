@@ -20,7 +20,7 @@ The activations are quantized per row before the GEMM (``ops.quantize_activation
 its experts keeps its own; a per-tensor scale is widened to one per row. int8 codes run from
 sm80, float8 ones from sm89 (mma.sync on e4m3; on sm90 / sm100 ptxas emulates it). On sm90a the
 masked schedule and its offsets form run W4A8 experts with float8 activations on the warp-specialized
-wgmma-w4a8 body and W8A8 experts with channel scales on the wgmma-ss body instead
+wgmma-w4a8 body and W8A8 experts (channel or DeepSeek-V3 block scales) on the wgmma-ss body instead
 (kernel/grouped_masked_scaled_ws.cuh); body and tile choice, and the Params bytes:
 humming_aot.moe.a8_launch.
 """

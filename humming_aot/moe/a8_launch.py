@@ -5,9 +5,9 @@ kernel for a call.
 
 Bodies: the portable mma.sync ones of each pairing (mma-w4a8, mma-ss) everywhere, in both
 schedules; on sm90a, in the masked schedule and its offsets form, W4A8 experts with float8
-activations run the warp-specialized wgmma-w4a8 body and W8A8 experts with channel scales the
-wgmma-ss body (kernel/grouped_masked_scaled_ws.cuh), on the tiles of WS_TILES / W8A8_WS_TILES
-(ws_takes says where).
+activations run the warp-specialized wgmma-w4a8 body and W8A8 experts (channel or 128 x 128 block
+scales) the wgmma-ss body (kernel/grouped_masked_scaled_ws.cuh), on the tiles of WS_TILES /
+W8A8_WS_TILES / W8A8_BLOCK_WS_TILES (ws_takes says where).
 """
 from __future__ import annotations
 
@@ -60,29 +60,42 @@ W8A8_WS_TILES = (
     (128, "wgmma-ss:64x128x128_w1x8_s6"),
     (1 << 62, "wgmma-ss:128x128x128_w1x8_s5"),
 )
+# Block scales (DeepSeek-V3's float8 experts): W8A8_WS_TILES' shapes and rows, the 32-row tile with
+# 4 stages, since its slots also hold the K block's 32 row scales (bodies/wgmma_ss.py
+# key_masked_smem_bytes: two CTAs per SM). A rule from the channel table, not yet timed.
+W8A8_BLOCK_WS_TILES = (
+    (8, "wgmma-ss:8x128x128_w1x4_s6"),
+    (16, "wgmma-ss:16x128x128_w1x4_s5"),
+    (32, "wgmma-ss:32x128x128_w1x4_s4"),
+    (128, "wgmma-ss:64x128x128_w1x8_s6"),
+    (1 << 62, "wgmma-ss:128x128x128_w1x8_s5"),
+)
 _WS_ARCH = "sm90a"
 
 
 def ws_tile(experts, rows: int) -> TileConfig:
-    """The tile of the experts' warp-specialized table (WS_TILES for W4A8, W8A8_WS_TILES for
-    W8A8) for `rows` expected rows per expert."""
+    """The tile of the experts' warp-specialized table (WS_TILES for W4A8, W8A8_WS_TILES or, with
+    block scales, W8A8_BLOCK_WS_TILES for W8A8) for `rows` expected rows per expert."""
     from humming_aot.moe.a8 import PackedW4A8Experts
 
-    table = WS_TILES if isinstance(experts, PackedW4A8Experts) else W8A8_WS_TILES
+    if isinstance(experts, PackedW4A8Experts):
+        table = WS_TILES
+    else:
+        table = W8A8_BLOCK_WS_TILES if experts.blocks else W8A8_WS_TILES
     return w8a8.table_tile(table, max(1, int(rows)))
 
 
 def ws_takes(qa: QuantizedActivation, experts, info, gemm_type: GemmType) -> bool:
     """Whether a warp-specialized body serves this call: the masked schedule (or its offsets form)
-    on a GPU with sm90a, for W4A8 experts with float8 activations (wgmma-w4a8) or W8A8 experts with
-    channel scales (wgmma-ss: float8 x float8, int8 x int8)."""
+    on a GPU with sm90a, for W4A8 experts with float8 activations (wgmma-w4a8) or W8A8 experts
+    (wgmma-ss: float8 x float8 with channel or block scales, int8 x int8)."""
     from humming_aot.moe.a8 import PackedW4A8Experts
 
     if gemm_type is not GemmType.MASKED or _WS_ARCH not in info.arches:
         return False
     if isinstance(experts, PackedW4A8Experts):
         return qa.element == w4a8.ACT_ELEMENT
-    return not experts.blocks
+    return True
 
 
 def portable_slices_win(qa: QuantizedActivation, experts, out_dtype: torch.dtype, rows: int, expected_m: int,
@@ -209,7 +222,7 @@ def select_kernel(qa: QuantizedActivation, experts, out_dtype: torch.dtype, rows
     if not isinstance(tile, TileConfig) or (tile.mma is not body and not (fast and tile.mma is fast_body)):
         label = tile.label if isinstance(tile, TileConfig) else repr(tile)
         also = (f" (and {fast_body.value} tiles on sm90a in the masked schedule and its offsets form, for "
-                + ("float8e4m3 activations)" if dense is w4a8 else "channel scales)"))
+                + ("float8e4m3 activations)" if dense is w4a8 else "W8A8 experts)"))
         raise ValueError(f"{what}: tile {label}: these MoE GEMMs run {body.value} tiles{also} (leave tile None for "
                          "the table's)")
     kind = (qa.codes.device.index, body, experts.element if dense is w4a8 else experts.blocks, experts.format,
@@ -219,7 +232,7 @@ def select_kernel(qa: QuantizedActivation, experts, out_dtype: torch.dtype, rows
     from humming_aot import ops
 
     # the pairing's support on this GPU first (float8 W8A8 MoE: native e4m3 mma.sync, or sm90a's
-    # masked wgmma-ss schedule for channel scales), before a key the body may refuse is built
+    # masked wgmma-ss schedule), before a key the body may refuse is built
     spec = (w4a8.gemm_spec(out_dtype, qa.element, experts.element) if dense is w4a8
             else w8a8.gemm_spec(out_dtype, experts.blocks, qa.element))
     reason = ops._unsupported_on_device(dataclasses.replace(spec, gemm_type=gemm_type), qa.codes.device.index)

@@ -1,8 +1,10 @@
 """8-bit-activation MoE experts on the warp-specialized Hopper bodies (kernel/grouped_masked_scaled_ws.cuh
 around kernel/dense_wgmma_w4a8.cuh and kernel/dense_wgmma_ss.cuh, sm90a): the grouped masked
 schedule and its offsets form through every tile of humming_aot.moe.a8_launch.WS_TILES (int4,
-uint4 with zero points and MXFP4 experts x float8) and W8A8_WS_TILES (float8 x float8 and int8 x
-int8 with channel scales). Each expert's rows against the float64 product of its
+uint4 with zero points and MXFP4 experts x float8), W8A8_WS_TILES (float8 x float8 and int8 x
+int8 with channel scales) and W8A8_BLOCK_WS_TILES (DeepSeek-V3's float8 experts with 128 x 128
+block scales x float8 rows with a scale per 128 of K, whose tiles of more than 16 rows gather
+those scales into the ring from a second producer warp). Each expert's rows against the float64 product of its
 exact operands (the dense W4A8 sum bound), NaN-poisoned outputs whose rows past each count or of
 no expert must stay NaN, skewed and empty routing, odd N (padded by pack), K off the K tile of
 128, E past one window of the walk's table (256), the offsets and slab forms giving the same
@@ -27,16 +29,19 @@ pytestmark = pytest.mark.gpu
 
 _TILES = [label for _, label in a8_launch.WS_TILES]
 _W8_TILES = [label for _, label in a8_launch.W8A8_WS_TILES]
+_BLOCK_TILES = [label for _, label in a8_launch.W8A8_BLOCK_WS_TILES]
 _FORMATS = {"int4": "int4:g128", "uint4": "uint4:g128:zp", "float4e2m1": "mxfp4", "float8e4m3": "float8e4m3:channel",
-            "int8": "int8:channel"}
-_W8 = ("float8e4m3", "int8")
+            "int8": "int8:channel", "blocks": "float8e4m3:b128x128"}
+_W8 = ("float8e4m3", "int8", "blocks")
 
 
 def _tiles(weight: str) -> list[str]:
-    return _W8_TILES if weight in _W8 else _TILES
+    return _BLOCK_TILES if weight == "blocks" else _W8_TILES if weight in _W8 else _TILES
 
 
 def _act(weight: str, granularity: str = "token") -> str:
+    if weight == "blocks":
+        return "float8e4m3:g128"  # (a scale per row and 128 of K)
     return f"{'int8' if weight == 'int8' else 'float8e4m3'}:{granularity}"
 
 
@@ -46,7 +51,8 @@ def _keys() -> list:
         for label in _tiles(weight):
             for dtype in (torch.bfloat16, torch.float16):
                 tile = parse_tile_field(label)
-                key = (w8a8.kernel_key("sm90a", dtype, tile, False, weight) if weight in _W8
+                element = "float8e4m3" if weight == "blocks" else weight
+                key = (w8a8.kernel_key("sm90a", dtype, tile, weight == "blocks", element) if weight in _W8
                        else w4a8.kernel_key("sm90a", dtype, tile, "float8e4m3", weight))
                 keys.append(dataclasses.replace(key, spec=dataclasses.replace(key.spec, gemm_type=GemmType.MASKED)))
     return keys
@@ -82,6 +88,14 @@ def _activations(shape, gen: torch.Generator, fmt: str = "float8e4m3:token"):
 
 def _check_rows(y, qa_rows, experts, e: int, bias=None, out_dtype=torch.bfloat16) -> None:
     assert_within_sum_bound(y, qa_rows, experts.expert(e), None if bias is None else bias[e], out_dtype)
+
+
+def _check_slabs(y, qa, experts, counts, bias=None, out_dtype=torch.bfloat16) -> None:
+    """Each expert's counted rows of a masked call's output (synchronized first)."""
+    torch.cuda.synchronize()
+    for ex, count in enumerate(counts.tolist()):
+        if count:
+            _check_rows(y[ex, :count], moe_a8._rows(qa, (ex, slice(0, count))), experts, ex, bias, out_dtype)
 
 
 @pytest.mark.parametrize("weight", list(_FORMATS))
@@ -129,7 +143,7 @@ def test_offsets_rows_match_float64_and_the_slab_form_bit_for_bit(weight, index)
             _check_rows(y[lo:hi], moe_a8._rows(qa, slice(lo, hi)), experts, ex)
             slab_codes = torch.zeros(e, hi - lo, k, dtype=torch.uint8, device="cuda")
             slab_codes[ex] = qa.codes[lo:hi]
-            slab_scales = torch.ones(e, hi - lo, 1, dtype=torch.float32, device="cuda")
+            slab_scales = torch.ones(e, hi - lo, qa.scales.shape[-1], dtype=torch.float32, device="cuda")
             slab_scales[ex] = qa.scales[lo:hi]
             counts = torch.zeros(e, dtype=torch.int32, device="cuda")
             counts[ex] = hi - lo
@@ -140,10 +154,11 @@ def test_offsets_rows_match_float64_and_the_slab_form_bit_for_bit(weight, index)
         gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=64, tile=tile, splits=2)
 
 
-@pytest.mark.parametrize("weight", list(_FORMATS))
+@pytest.mark.parametrize("weight", [w for w in _FORMATS if w != "blocks"])
 def test_k_off_the_k_tile_and_channel_scales(weight):
     """K = 400 (416 for MXFP4): the maps read zeros past the codes' own K inside the last K tile;
-    per-channel scales for the integer formats; the default tile of 9 expected rows."""
+    per-channel scales for the integer formats; the default tile of 9 expected rows. (Block-scaled
+    rows need K a multiple of their group of 128: test_block_scales_on_long_k.)"""
     gen = torch.Generator().manual_seed(_seed())
     e, max_m, n, k = 3, 24, 128, 416 if weight == "float4e2m1" else 400
     fmt = {"int4": "int4:channel", "uint4": "uint4:channel:zp"}.get(weight, _FORMATS[weight])
@@ -192,20 +207,12 @@ def test_bias_float16_and_a_per_tensor_scale():
     counts = torch.tensor([70, 7, 0], dtype=torch.int32, device="cuda")
     for tile in (_TILES[1], _TILES[4]):
         y = gemm_masked_a8_kernel(qa, experts, counts, bias=bias, out_dtype=torch.float16, tile=tile)
-        torch.cuda.synchronize()
         assert y.dtype == torch.float16
-        for ex, count in enumerate(counts.tolist()):
-            if count:
-                _check_rows(y[ex, :count], moe_a8._rows(qa, (ex, slice(0, count))), experts, ex, bias,
-                            torch.float16)
+        _check_slabs(y, qa, experts, counts, bias, torch.float16)
     experts = _experts("float8e4m3", e, n, k, gen)  # and W8A8 (channel x tensor scales)
     for tile in (_W8_TILES[0], _W8_TILES[3]):
         y = gemm_masked_a8_kernel(qa, experts, counts, bias=bias, out_dtype=torch.float16, tile=tile)
-        torch.cuda.synchronize()
-        for ex, count in enumerate(counts.tolist()):
-            if count:
-                _check_rows(y[ex, :count], moe_a8._rows(qa, (ex, slice(0, count))), experts, ex, bias,
-                            torch.float16)
+        _check_slabs(y, qa, experts, counts, bias, torch.float16)
 
 
 def test_a_cuda_graph_replays_both_forms():
@@ -258,3 +265,64 @@ def test_few_rows_on_long_k_take_the_portable_k_slices():
     many = _activations((4096, 256), gen)
     assert a8_launch.portable_slices_win(many, _experts("int4", e, n, 256, gen), torch.bfloat16, 4096, 256, 2,
                                          "test") is None
+
+
+@pytest.mark.parametrize("index", range(5))
+def test_block_scales_on_long_k(index):
+    """DeepSeek-V3's block-scaled experts through each tile on K = 2048 (16 K tiles: the ring laps
+    within a tile, so the gathering warp's fills must follow the producer's), rows past one tile
+    and not on its bound, odd N: every K block weighed by its own scales, against float64."""
+    tile = _BLOCK_TILES[index]
+    gen = torch.Generator().manual_seed(_seed())
+    block_m = parse_tile_field(tile).block_m
+    e, n, k = 3, 200, 2048
+    max_m = block_m + 5
+    experts = _experts("blocks", e, n, k, gen)
+    qa = _activations((e, max_m, k), gen, _act("blocks"))
+    counts = torch.tensor([max_m, 3, block_m - 1], dtype=torch.int32, device="cuda")
+    out = torch.full((e, max_m, experts.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    y = gemm_masked_a8_kernel(qa, experts, counts, out=out, tile=tile)
+    torch.cuda.synchronize()
+    for ex, count in enumerate(counts.tolist()):
+        _check_rows(y[ex, :count], moe_a8._rows(qa, (ex, slice(0, count))), experts, ex)
+        assert torch.isnan(out[ex, count:]).all(), f"expert {ex}: rows past its count were written"
+
+
+def test_block_scales_with_a_bias_float16_and_the_default_tile():
+    gen = torch.Generator().manual_seed(_seed())
+    e, max_m, n, k = 3, 70, 256, 512
+    experts = _experts("blocks", e, n, k, gen)
+    qa = _activations((e, max_m, k), gen, _act("blocks"))
+    bias = (torch.randn(e, n, generator=gen) * 0.1).to(torch.float16).cuda()
+    counts = torch.tensor([70, 7, 0], dtype=torch.int32, device="cuda")
+    for expected in (7, 70):
+        tile, loaded = a8_launch.select_kernel(qa, experts, torch.float16, expected, None, "test")
+        assert tile == a8_launch.ws_tile(experts, expected) and "wgmma-ss" in loaded.name
+        assert tile.label == w8a8.table_tile(a8_launch.W8A8_BLOCK_WS_TILES, expected).label
+        y = gemm_masked_a8_kernel(qa, experts, counts, bias=bias, out_dtype=torch.float16, expected_m=expected)
+        _check_slabs(y, qa, experts, counts, bias, torch.float16)
+
+
+def test_the_block_scaled_layer_matches_its_reference_path_and_replays():
+    """QuantizedMoE with DeepSeek-V3's formats (float8e4m3:b128x128 experts, float8e4m3:g128 rows)
+    on sm90a, both GEMMs on the offsets form of the wgmma-ss schedule, against the same module's
+    CPU path (a few code steps of the output's scale: the intermediate re-quantization may round
+    a code the other way), then a CUDA graph replay of the forward."""
+    from humming_aot.nn import QuantizedMoE
+
+    gen = torch.Generator().manual_seed(_seed())
+    e, h, i, tokens, top_k = 16, 512, 256, 64, 4
+    gate_up = torch.randn(e, 2 * i, h, generator=gen) * 0.05
+    down = torch.randn(e, h, i, generator=gen) * 0.05
+    layer = QuantizedMoE.from_experts(gate_up, down, "float8e4m3:b128x128", activations="float8e4m3:g128")
+    x = torch.randn(tokens, h, generator=gen).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(e, generator=gen)[:top_k] for _ in range(tokens)])
+    weights = torch.rand(tokens, top_k, generator=gen)
+    expected = layer(x, ids, weights).double()
+    layer = layer.to("cuda")
+    args = (x.cuda(), ids.cuda(), weights.cuda())
+    y = layer(*args)
+    torch.cuda.synchronize()
+    assert not torch.isnan(y).any()
+    assert (y.double().cpu() - expected).abs().max().item() <= 2.0**-4 * expected.abs().max().item()
+    assert_graph_replay_is_eager(lambda: layer(*args))

@@ -288,8 +288,10 @@ def test_moe_keys_wrap_the_portable_8bit_bodies_on_scaled_params():
                                          r"wgmma-ss"):
         codegen.kernel_source(_masked_key("sm90a", "float8e4m3", "float8e4m3", "wgmma-ss:64x128x128_w1x8_s6",
                                           GemmType.GROUPED))
-    with pytest.raises(ValueError, match="takes per-channel scales"):
-        key = _masked_key("sm90a", "blocks", "float8e4m3", "wgmma-ss:64x128x128_w1x8_s6")
+    # block scales on the masked wgmma-ss schedule: their slots also hold 32 rows' scales, so the
+    # channel table's 5-stage 32-row tile no longer fits two CTAs an SM
+    with pytest.raises(ValueError, match="masked MoE schedule's ring, staging tile and walk table need 119312"):
+        key = _masked_key("sm90a", "blocks", "float8e4m3", "wgmma-ss:32x128x128_w1x4_s5")
         key.tile.body.check_key(key)
     with pytest.raises(ValueError, match="ptxas emulates e4m3 mma.sync on sm90a"):
         key = _masked_key("sm90a", "float8e4m3", "float8e4m3", "mma-ss:16x128x128_w1x4_s4")
@@ -298,91 +300,18 @@ def test_moe_keys_wrap_the_portable_8bit_bodies_on_scaled_params():
     assert not support.is_supported(dataclasses.replace(w4a4.spec, gemm_type=GemmType.MASKED), "sm80")
     for arch in ("sm90a", "sm100", "sm110"):
         spec = dataclasses.replace(w8a8.gemm_spec(torch.bfloat16, True, "float8e4m3"), gemm_type=GemmType.MASKED)
-        assert "only on sm89, sm120" in support.why_unsupported(spec, arch)
+        # block-scaled float8 experts: the masked type on sm90a (its wgmma-ss schedule) too
+        assert support.is_supported(spec, arch) == (arch == "sm90a")
+        if arch != "sm90a":
+            assert "only on sm89, sm120" in support.why_unsupported(spec, arch)
+        assert "only on sm89, sm120" in support.why_unsupported(dataclasses.replace(spec, gemm_type=GemmType.GROUPED),
+                                                                  arch)
         assert support.is_supported(_masked_key(arch, "int8", "int8", "mma-ss:16x128x128_w1x4_s4").spec, arch)
         # float8 channel experts: the masked type on sm90a (its wgmma-ss schedule), not the row-expert one
         channel = dataclasses.replace(w8a8.gemm_spec(torch.bfloat16, False, "float8e4m3"), gemm_type=GemmType.MASKED)
         assert support.is_supported(channel, arch) == (arch == "sm90a")
         grouped = dataclasses.replace(channel, gemm_type=GemmType.GROUPED)
         assert "only on sm89, sm120" in support.why_unsupported(grouped, arch)
-
-
-def test_the_masked_keys_on_sm90a_wrap_the_wgmma_bodies_in_their_schedule():
-    """The masked schedule (and its offsets form) around the warp-specialized W4A8 and W8A8 bodies:
-    its own schedule template and Params (MaskedScaledTmaGemmParams, 512 bytes), its shared memory
-    (ring, staging tile, walk table) fitting the CTAs per SM the body is built for, every tile of
-    WS_TILES and W8A8_WS_TILES; no block scales on it."""
-    from humming_aot.bodies import wgmma_ss
-    from humming_aot.bodies.wgmma_w4a8 import ctas_per_sm, masked_smem_bytes, masked_smem_limit
-    from humming_aot.moe import a8_launch
-
-    cases = [(weight, "float8e4m3", label, "DenseWgmmaW4A8") for weight in ("int4", "uint4", "float4e2m1")
-             for _, label in a8_launch.WS_TILES]
-    cases += [(weight, weight, label, "DenseWgmmaSs") for weight in ("float8e4m3", "int8")
-              for _, label in a8_launch.W8A8_WS_TILES]
-    for weight, act, label, body in cases:
-        key = _masked_key("sm90a", weight, act, label)
-        assert KernelKey.from_name(key.name) == key and support.is_supported(key.spec, "sm90a")
-        key.tile.body.check_key(key)
-        source = codegen.kernel_source(key)
-        assert f"humming_aot::kernel::GroupedMaskedScaledWs<humming_aot::kernel::{body}<" in source
-        assert "#include <humming_aot/kernel/grouped_masked_scaled_ws.cuh>" in source
-        assert "const __grid_constant__ humming_aot::kernel::MaskedScaledTmaGemmParams params" in source
-        assert codegen.params_type(key) == "MaskedScaledTmaGemmParams"
-        smem = codegen.kernel_smem_bytes(key)
-        if body == "DenseWgmmaW4A8":
-            assert smem == masked_smem_bytes(key.tile, weight) <= masked_smem_limit(key.tile)
-            assert masked_smem_limit(key.tile) == (231424 if ctas_per_sm(key.tile) == 1 else 233472 // 2 - 2048)
-        else:
-            assert smem == wgmma_ss.masked_smem_bytes(key.tile) <= wgmma_ss.masked_smem_limit(key.tile)
-        assert f"static_assert(Kernel::kSmemBytes == {smem}," in source
-    # the dense 32-row tile's eight stages leave no room for the schedule's staging beside two CTAs
-    with pytest.raises(ValueError, match="masked MoE schedule's ring, staging tile and walk table need"):
-        _masked_key("sm90a", "int4", "float8e4m3", "wgmma-w4a8:32x128x128_w1x4_s8").tile.body.check_key(
-            _masked_key("sm90a", "int4", "float8e4m3", "wgmma-w4a8:32x128x128_w1x4_s8"))
-    # the table: every expected row count has a tile, rising with the rows
-    _, w4 = _experts("int4:g128", e=2, n=64, k=256)
-    _, w8 = _experts("int8:channel", e=2, n=64, k=256)
-    sizes = [a8_launch.ws_tile(w4, m).block_m for m in (1, 4, 5, 16, 17, 64, 65, 1536, 1537, 10**6)]
-    assert sizes == [8, 8, 16, 16, 32, 32, 128, 128, 192, 192]
-    sizes = [a8_launch.ws_tile(w8, m).block_m for m in (1, 8, 9, 16, 17, 32, 33, 128, 129, 10**6)]
-    assert sizes == [8, 8, 16, 16, 32, 32, 64, 64, 128, 128]
-    text = (Path(__file__).resolve().parents[2] / "csrc/include/humming_aot/kernel/params.cuh").read_text()
-    assert "static_assert(sizeof(MaskedScaledTmaGemmParams) == 512" in text
-    assert a8_launch.WS_PARAMS_BYTES == 512 and a8_launch.WS_MAP_OFFSET == 256
-
-
-def test_the_ws_params_add_padding_and_the_codes_map_to_the_masked_scaled_bytes(monkeypatch):
-    """ws_map: nothing for a portable tile; for a wgmma-w4a8 one, zeros to byte 256 then the TMA map
-    (dispatch's encoder, stubbed here: no driver on the CPU) over the rows' codes as 16-bit pairs:
-    (rows, K / 2) with the row stride in bytes and boxes of the tile's rows x 64 pairs, then the
-    unused weight map's zeros."""
-    from humming_aot import _launcher, dispatch
-    from humming_aot.moe import a8_launch
-
-    calls = []
-
-    def encode(ptr, rows, cols, stride, box_rows, box_cols):
-        calls.append((ptr, rows, cols, stride, box_rows, box_cols))
-        return bytes(range(128))
-
-    codes = torch.zeros(3, 5, 384, dtype=torch.uint8)
-    assert a8_launch.ws_map(codes, 15, parse_tile_field("mma-w4a8:16x128x128_w1x4_s4")) == b""
-    monkeypatch.setattr(_launcher, "encode_tensor_map_2d", encode)
-    monkeypatch.setattr(dispatch, "_tensor_maps", {})  # (the stub's maps stay out of the real cache)
-    tail = a8_launch.ws_map(codes, 15, parse_tile_field("wgmma-w4a8:16x128x128_w1x4_s8"))
-    rows = torch.zeros(40, 512, dtype=torch.uint8)[:, :400]
-    tail2 = a8_launch.ws_map(rows, 40, parse_tile_field("wgmma-w4a8:64x128x128_w1x8_s8"))
-    assert len(moe_a8.MASKED_SCALED_PARAMS_BYTES * b"x" + tail) == a8_launch.WS_PARAMS_BYTES
-    assert tail[:48] == bytes(48) and tail[48:176] == bytes(range(128)) and tail[176:] == bytes(128)
-    assert calls == [(codes.data_ptr(), 15, 192, 384, 16, 64), (rows.data_ptr(), 40, 200, 512, 64, 64)]
-    assert tail2[48:176] == bytes(range(128))
-    # W8A8: the weight map over every expert's rows, (E x N, K) in boxes of the tile's channels
-    _, w8 = _experts("int8:channel", e=3, n=128, k=256)
-    calls.clear()
-    tail3 = a8_launch.ws_map(codes[:, :, :256].contiguous(), 15, parse_tile_field("wgmma-ss:16x128x128_w1x4_s5"), w8)
-    assert len(tail3) == a8_launch.WS_PARAMS_BYTES - moe_a8.MASKED_SCALED_PARAMS_BYTES
-    assert calls[1] == (w8.w.data_ptr(), 3 * 128, 128, 256, 128, 64)
 
 
 def test_the_default_catalog_holds_the_moe_keys_the_tables_pick():

@@ -136,8 +136,10 @@ struct DenseWgmmaSs {
   }
 
   // produce's copies: per K tile the weight box of w_map from row w_row, the activation box of
-  // a_map from row box_row and, with staged token scales, min(kBlockM, scale_rows) floats from
-  // token_scales (the tile's first row of K tile 0 in the transposed scales) + k_tile x scale_stride.
+  // a_map from row box_row and, with staged token scales (unless kCopyScales is off: the MoE
+  // schedule's gather_token_scales writes them), min(kBlockM, scale_rows) floats from token_scales
+  // (the tile's first row of K tile 0 in the transposed scales) + k_tile x scale_stride.
+  template <bool kCopyScales = kStagedTokenScales>
   static __device__ __forceinline__ void produce_boxes(const TensorMap* w_map, int w_row, const TensorMap* a_map,
                                                        int box_row, const float* token_scales, int scale_stride,
                                                        int scale_rows, int k_tile0, int count, u32 smem_base, u32 full0,
@@ -150,12 +152,12 @@ struct DenseWgmmaSs {
       const u32 stage = smem_base + slot * kStageBytes;
       // the token scales of the tile's rows up to the stride (a multiple of 4: 16-byte copies; m0 is
       // a multiple of 8 below it); the rest of the slot keeps stale values, for rows never stored
-      const u32 scale_bytes = kStagedTokenScales ? 4u * static_cast<u32>(min(kBlockM, scale_rows)) : 0u;
+      const u32 scale_bytes = kCopyScales ? 4u * static_cast<u32>(min(kBlockM, scale_rows)) : 0u;
       ptx::mbarrier_arrive_expect_tx(full, kCodeBytes + scale_bytes);
       const int pair0 = (k_tile0 + it) * (kBlockK / 2);  // the maps count 16-bit pairs of codes
       ptx::tensor_copy_2d_g2s(stage, w_map, pair0, w_row, full);
       ptx::tensor_copy_2d_g2s(stage + kWeightBytes, a_map, pair0, box_row, full);
-      if constexpr (kStagedTokenScales) {
+      if constexpr (kCopyScales) {
         const float* row = token_scales + static_cast<i64>(k_tile0 + it) * scale_stride;
         ptx::bulk_copy_g2s(stage + kCodeBytes, row, scale_bytes, full);
       }
@@ -214,21 +216,54 @@ struct DenseWgmmaSs {
   static constexpr int kEmptyArrivals = kConsumerWarps;  // lane 0 of each consumer warp releases a slot
   using ConsumerState = typename Ring::State;
 
-  // The MoE schedule's hooks (kernel/grouped_masked_scaled_ws.cuh; channel scales only): the copies
-  // of a tile of expert `expert` (its weight box from row expert x N + n0 of the map of every
-  // expert's rows) from the activation map's row box_row, and the scales of its sums (r: the
-  // expert's rows, channel scales, N and M).
+  // The MoE schedule's hooks (kernel/grouped_masked_scaled_ws.cuh): the copies of a tile of expert
+  // `expert` (its weight box from row expert x N + n0 of the map of every expert's rows) from the
+  // activation map's row box_row, and the scales of its sums (r: the expert's rows, channel
+  // scales, N and M; block scales weigh each K tile in the K loop, which reads r: kLoopReadsRows).
+  // Block scales above 16 tokens: the slot's token scales come from gather_token_scales, whose
+  // lanes arrive on the full barrier beside the producer (kGatherArrivals).
+  static constexpr bool kLoopReadsRows = kBlockScales;
+  static constexpr int kGatherArrivals = kStagedTokenScales ? 32 : 0;
   static __device__ __forceinline__ void produce_expert(const MaskedScaledTmaGemmParams& params, const ScaledRows&,
                                                         u32 expert, int box_row, int n0, int count, u32 smem_base,
                                                         u32 full0, u32 empty0, u32& fills) {
-    static_assert(!kBlockScales, "the MoE schedule takes channel scales (block scales stage the token scales)");
     const int w_row = static_cast<int>(expert) * params.scaled.masked.gemm.n + n0;
-    produce_boxes(&params.w_map, w_row, &params.a_map, box_row, nullptr, 0, 0, 0, count, smem_base, full0, empty0,
-                  fills);
+    produce_boxes<false>(&params.w_map, w_row, &params.a_map, box_row, nullptr, 0, 0, 0, count, smem_base, full0,
+                         empty0, fills);
   }
   static __device__ __forceinline__ void scale_expert(float (&acc)[kAccumulators], const ScaledRows& r, int m0,
                                                       int n0) {
-    apply_row_scales(r.gemm, r.a_scale, acc, m0, n0);
+    if constexpr (!kBlockScales) apply_row_scales(r.gemm, r.a_scale, acc, m0, n0);
+  }
+
+  // Block scales above 16 tokens, in the MoE schedule (every lane of one warp of the producer
+  // warpgroup, whose tiles and K tiles it walks in the producer's order): per K tile of the tile
+  // at row m0 of r's expert, once the slot is free, the K block's kBlockM token scales where the
+  // dense body's bulk copy puts them (token m0 + i at float i; 0 past the expert's rows), read from
+  // r's (M, K / 128) rows, which no 16-byte copy can gather; then one arrival a lane. Each K
+  // tile's loads are issued before the wait for its slot, so the wait hides them.
+  static __device__ __forceinline__ void gather_token_scales(const ScaledRows& r, int m0, int count, u32 smem_base,
+                                                             u32 full0, u32 empty0, u32& fills) {
+    static_assert(kStagedTokenScales && kBlockM % 32 == 0, "the tiles that stage token scales: lanes x rows");
+    constexpr int kPerLane = kBlockM / 32;
+    extern __shared__ __align__(1024) char smem_raw[];
+    char* const smem = smem_raw + (smem_base - memory::shared_address(smem_raw));
+    const int lane = threadIdx.x & 31;
+    const float* rows = r.a_scale + static_cast<i64>(m0 + lane) * r.a_scale_stride;
+    const i64 lane_step = static_cast<i64>(32) * r.a_scale_stride;
+    for (int it = 0; it < count; ++it, ++fills) {
+      float scales[kPerLane];
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) {
+        scales[j] = m0 + lane + 32 * j < r.gemm.m ? __ldg(rows + j * lane_step + it) : 0.f;
+      }
+      const u32 slot = fills % kStages, lap = fills / kStages;
+      if (lap > 0) ptx::mbarrier_wait(empty0 + 8 * slot, (lap + 1) & 1u);
+      float* const staged = reinterpret_cast<float*>(smem + slot * kStageBytes + kCodeBytes);
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) staged[lane + 32 * j] = scales[j];
+      ptx::mbarrier_arrive(full0 + 8 * slot);  // (release: this lane's stores above before the phase)
+    }
   }
 
   static __device__ __forceinline__ void run(const ScaledTmaGemmParams& params) {

@@ -196,7 +196,9 @@ struct DenseWgmmaW4A8 {
 
   // The MoE schedule's hooks (kernel/grouped_masked_scaled_ws.cuh): the copies of a tile of the
   // expert's rows r (weights moved to the expert) from the activation map's row box_row, and the
-  // scales of its sums.
+  // scales of its sums (the K loop reads no rows; the producer copies everything a slot holds).
+  static constexpr bool kLoopReadsRows = false;
+  static constexpr int kGatherArrivals = 0;
   static __device__ __forceinline__ void produce_expert(const MaskedScaledTmaGemmParams& params, const ScaledRows& r,
                                                         u32 /*expert*/, int box_row, int n0, int count, u32 smem_base,
                                                         u32 full0, u32 empty0, u32& fills) {

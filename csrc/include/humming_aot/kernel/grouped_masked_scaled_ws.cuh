@@ -2,7 +2,8 @@
 // The grouped masked MoE GEMM, and its offsets form, on the warp-specialized Hopper bodies with
 // 8-bit activations (SM90a): W4A8 (kernel/dense_wgmma_w4a8.cuh: int4, uint4 with a zero point or
 // MXFP4 experts x e4m3 codes) and W8A8 with channel scales (kernel/dense_wgmma_ss.cuh: e4m3 or s8
-// experts x codes of the same kind), with an fp32 scale a row. It computes what
+// experts x codes of the same kind) with an fp32 scale a row, or e4m3 experts with DeepSeek-V3's
+// block scales (a scale per 128 x 128 weight block and per row and 128 of K). It computes what
 // kernel/grouped_masked.cuh computes around the portable bodies (the same layouts, walk and
 // contract on counts and offsets), with wgmma at the 8-bit rate.
 //
@@ -14,7 +15,11 @@
 // the consumers empty it (Dense::Consumer::consume, the dense K loop), scale the sums
 // (Dense::scale_expert: the rows' scales, W8A8's channel scales) and store the tile through a
 // staging tile of its own after the ring, so that the producer fills the next tile's slots
-// meanwhile. Per tile:
+// meanwhile. Block scales: the K loop weighs each K tile by its scales (Dense::kLoopReadsRows: the
+// consumers move to the tile's expert before it rather than beside it), and tiles of more than 16
+// rows read the K block's row scales from the slot, where a second producer warp writes them
+// (Dense::gather_token_scales: the rows' (M, K / 128) scales are no 16-byte copy), its 32 lanes
+// arriving on the slot's full barrier beside the producer (Dense::kGatherArrivals). Per tile:
 // - the producer copies the activation boxes from the map of all rows (the slabs end to end,
 //   expert e's at row e x max_m; or the offsets form's rows, expert e's at its first row); rows of
 //   a box past the expert's rows are other experts' or, past the map, zeros: computed and never
@@ -90,8 +95,8 @@ struct GroupedMaskedScaledWs {
     if (threadIdx.x == 0) {
 #pragma unroll
       for (int i = 0; i < kStages; ++i) {
-        ptx::mbarrier_init(full0 + 8 * i, 1);                       // the producer's arrive.expect_tx (+ the bytes)
-        ptx::mbarrier_init(empty0 + 8 * i, Dense::kEmptyArrivals);  // every consumer thread
+        ptx::mbarrier_init(full0 + 8 * i, 1 + Dense::kGatherArrivals);  // the producer's arrive.expect_tx (+ the bytes)
+        ptx::mbarrier_init(empty0 + 8 * i, Dense::kEmptyArrivals);      // every consumer thread
       }
       ptx::fence_barrier_init();
     }
@@ -120,6 +125,14 @@ struct GroupedMaskedScaledWs {
           }
           __syncwarp();
         }
+      } else if (Dense::kGatherArrivals > 0 && warp == kConsumerWarps + 1) {
+        if constexpr (Dense::kGatherArrivals > 0) {
+          u32 fills = 0;
+          for (u32 tile = blockIdx.x; walk.find(tile, at.expert, at.rows, at.local); tile += gridDim.x) {
+            rows_of(s, walk, at, r, m0, n0, box_row);
+            Dense::gather_token_scales(r, m0, k_tiles, smem_base, full0, empty0, fills);
+          }
+        }
       }
       return;
     }
@@ -134,10 +147,15 @@ struct GroupedMaskedScaledWs {
     while (more) {
       tile += gridDim.x;
       more = walk.find(tile, next.expert, next.rows, next.local);  // (in flight beside the K loop)
-      Dense::Consumer::consume(s, 0, 0, 0, k_tiles, smem_base, full0, empty0, ring, acc);
+      if constexpr (Dense::kLoopReadsRows) {
+        rows_of(s, walk, at, r, m0, n0, box_row);
+        Dense::Consumer::consume(r, m0, n0, 0, k_tiles, smem_base, full0, empty0, ring, acc);
+      } else {
+        Dense::Consumer::consume(s, 0, 0, 0, k_tiles, smem_base, full0, empty0, ring, acc);
+      }
       // The next kernel may now be scheduled into the slots this grid leaves as it finishes.
       if (!more) schedule::release_dependent_grid();
-      rows_of(s, walk, at, r, m0, n0, box_row);
+      if constexpr (!Dense::kLoopReadsRows) rows_of(s, walk, at, r, m0, n0, box_row);
       Dense::scale_expert(acc, r, m0, n0);
       // every consumer is done reading the previous tile's staging (store_tile's copy-out has no
       // barrier after it) before any writes this tile's
