@@ -356,13 +356,20 @@ def prepare_humming_aot_a8_sync(w: torch.Tensor, fmt: str, layout: str, tile: st
 
 
 def prepare_humming_a8(w: torch.Tensor, fmt: str, layout: str) -> MoeImpl:
-    """Humming's layer with its input config for 8-bit activations (dynamic per token), which
-    quantizes the 16-bit rows inside its call."""
+    """Humming's layer with its input config for 8-bit activations (dynamic per token; DeepSeek-V3's
+    float8e4m3:b128x128 x float8e4m3:g128: its 128 x 128 weight groups and dynamic 1 x 128 groups),
+    which quantizes the 16-bit rows inside its call."""
     activations = ACTIVATIONS["format"]
     if activations is None:
         raise bench_gemm.Unavailable("give --activations (e.g. float8e4m3:token) for the a8 implementations")
     element, _, granularity = activations.partition(":")
-    if granularity != "token" or fmt not in bench_gemm.HUMMING_WEIGHT_CONFIG:
+    input_config = {"dtype": element, "quant_mode": "dynamic_token"}
+    if (fmt, activations) == ("float8e4m3:b128x128", "float8e4m3:g128"):
+        weight_config = {"dtype": "float8e4m3", "group_size": 128, "group_size_n": 128}
+        input_config = {"dtype": element, "group_size": 128, "quant_mode": "dynamic_group"}
+    elif granularity == "token" and fmt in bench_gemm.HUMMING_WEIGHT_CONFIG:
+        weight_config = dict(bench_gemm.HUMMING_WEIGHT_CONFIG[fmt])
+    else:
         raise bench_gemm.Unavailable(f"no humming config mapped for {fmt} x {activations}")
     try:
         from humming.layer import HummingLayer
@@ -371,9 +378,8 @@ def prepare_humming_a8(w: torch.Tensor, fmt: str, layout: str) -> MoeImpl:
     e, n, k = w.shape
     start = time.perf_counter()
     try:
-        layer = HummingLayer(shape_n=n, shape_k=k, weight_config=dict(bench_gemm.HUMMING_WEIGHT_CONFIG[fmt]),
-                             input_config={"dtype": element, "quant_mode": "dynamic_token"}, torch_dtype=w.dtype,
-                             num_experts=e).cuda()
+        layer = HummingLayer(shape_n=n, shape_k=k, weight_config=weight_config, input_config=input_config,
+                             torch_dtype=w.dtype, num_experts=e).cuda()
         layer.load_from_unquantized(w)
         layer.transform()
         impl = _humming_impl(layer, w, layout, start)
