@@ -36,8 +36,8 @@
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/ptx/mbarrier.cuh>
 #include <humming_aot/ptx/warpgroup.cuh>
-#include <humming_aot/schedule/expert_table.cuh>
 #include <humming_aot/schedule/grid_dependency.cuh>
+#include <humming_aot/schedule/masked_ws_frame.cuh>
 
 namespace humming_aot::kernel {
 
@@ -46,68 +46,40 @@ template <class Dense,  // DenseWgmmaW4A8 or DenseWgmmaSs: produce_expert, Consu
           int kBlockN>  // its tile's columns (weight channels)
 struct GroupedMaskedScaledWs {
   static constexpr int kThreads = Dense::kThreads;
-  // Shared memory (bodies/wgmma_w4a8.py masked_smem_bytes): the ring, then the staging tile (the
-  // ring's slots are 1024-byte multiples), + 1024 to align the base at run time; then the walk's
-  // table, at a fixed offset from the unaligned base.
-  static constexpr int kStagingOffset = Dense::kPipelineBytes;
-  static constexpr int kTableOffset = Dense::kPipelineBytes + Dense::Writer::kStagingBytes + 1024;
-  using Walk = schedule::ExpertTable<kBlockM, kTableOffset>;
-  static constexpr int kSmemBytes = kTableOffset + Walk::kTableBytes;
-  static_assert(kTableOffset % 16 == 0, "the table starts on a 16-byte boundary");
+  // Shared memory (bodies/wgmma_w4a8.py and wgmma_ss.py masked_smem_bytes):
+  // schedule/masked_ws_frame.cuh's layout
+  using Frame = schedule::MaskedWsFrame<Dense::kPipelineBytes, Dense::Writer::kStagingBytes, Dense::kRingStages,
+                                        kBlockM, kBlockN>;
+  using Walk = typename Frame::Walk;
+  using TileAt = typename Frame::TileAt;
+  static constexpr int kStagingOffset = Frame::kStagingOffset;
+  static constexpr int kSmemBytes = Frame::kSmemBytes;
   static constexpr int kMinBlocksPerSm = Dense::kMinBlocksPerSm;
   static constexpr bool kScalesInFp32 = Dense::kScalesInFp32;
-  static constexpr int kStages = Dense::kRingStages;
   static constexpr int kConsumerWarps = Dense::kConsumerWarps;
   static_assert(kBlockM == Dense::kTileM && kBlockN == Dense::kTileN, "the body's tile");
   using Body = Dense;  // (for the generated asserts on the body's constants)
 
-  struct TileAt {
-    u32 expert, rows, local;
-  };
-
   // The tile's rows moved to its expert (kernel/grouped_masked.cuh: weights, global scale, output
-  // rows, M its rows, the rows' scales), its first row among the expert's (m0) and column (n0),
-  // and the map row of its activation box.
+  // rows, M its rows, the rows' scales) and its place (Frame::place: m0, n0, the activation box's
+  // map row).
   static __device__ __forceinline__ void rows_of(const MaskedScaledGemmParams& s, const Walk& walk, const TileAt& t,
                                                  ScaledRows& r, int& m0, int& n0, int& box_row) {
-    const MaskedGemmParams& g = s.masked;
     r = tile_rows(s, t.rows);
     const i64 first = walk.first_row(t.expert);  // 0 in a slab; the expert's first row with offsets
     move_to_expert(r, s, t.expert, first);
-    const u32 m_tile = t.local / walk.n_tiles;
-    m0 = static_cast<int>(m_tile) * kBlockM;
-    n0 = static_cast<int>(t.local - m_tile * walk.n_tiles) * kBlockN;
-    box_row = static_cast<int>(g.row_offsets == nullptr ? t.expert * static_cast<u32>(g.gemm.m) : first) + m0;
+    Frame::place(s.masked, walk, t, first, m0, n0, box_row);
   }
 
   static __device__ __forceinline__ void run(const MaskedScaledTmaGemmParams& params) {
     const MaskedScaledGemmParams& s = params.scaled;
     const MaskedGemmParams& g = s.masked;
-    extern __shared__ __align__(1024) char smem_raw[];
-    __shared__ __align__(8) u64 full_barriers[kStages];
-    __shared__ __align__(8) u64 empty_barriers[kStages];
-    const u32 raw_base = memory::shared_address(smem_raw);
-    const u32 smem_base = (raw_base + 1023u) & ~1023u;
-    char* smem = smem_raw + (smem_base - raw_base);
-    const u32 full0 = memory::shared_address(full_barriers), empty0 = memory::shared_address(empty_barriers);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-
-    if (threadIdx.x == 0) {
-#pragma unroll
-      for (int i = 0; i < kStages; ++i) {
-        ptx::mbarrier_init(full0 + 8 * i, 1 + Dense::kGatherArrivals);  // the producer's arrive.expect_tx (+ the bytes)
-        ptx::mbarrier_init(empty0 + 8 * i, Dense::kEmptyArrivals);      // every consumer thread
-      }
-      ptx::fence_barrier_init();
-    }
-    // The counts or offsets, the activations and their scales may be the previous kernel's (PDL).
-    schedule::wait_for_upstream_grid();
-    const Walk walk{{g.expert_rows, g.row_offsets, static_cast<u32>(g.experts), static_cast<u32>(g.gemm.m),
-                     (static_cast<u32>(g.gemm.n) + kBlockN - 1) / kBlockN}};
-    if (warp == 0) walk.build();
-    // the CTA's only barrier (the barriers' init and the table before any use): the producer
-    // warpgroup may exit early after it
-    __syncthreads();
+    Walk walk;
+    // the ring's barriers: the producer's arrive.expect_tx (+ the bytes) and the gathering warp's
+    // lanes; the body's consumer arrivals
+    const Frame frame = Frame::open(g, 1 + Dense::kGatherArrivals, Dense::kEmptyArrivals, warp, walk);
+    const u32 smem_base = frame.smem_base, full0 = frame.full0, empty0 = frame.empty0;
     const int k_tiles = g.gemm.k / Dense::kBlockK;
     ScaledRows r;
     int m0, n0, box_row;
@@ -118,7 +90,7 @@ struct GroupedMaskedScaledWs {
       if (warp == kConsumerWarps) {
         if (lane == 0) ptx::prefetch_tensor_map(&params.a_map);
         u32 fills = 0;
-        for (u32 tile = blockIdx.x; walk.find(tile, at.expert, at.rows, at.local); tile += gridDim.x) {
+        for (u32 tile = blockIdx.x; Frame::find(walk, tile, at); tile += gridDim.x) {
           if (lane == 0) {
             rows_of(s, walk, at, r, m0, n0, box_row);
             Dense::produce_expert(params, r, at.expert, box_row, n0, k_tiles, smem_base, full0, empty0, fills);
@@ -128,7 +100,7 @@ struct GroupedMaskedScaledWs {
       } else if (Dense::kGatherArrivals > 0 && warp == kConsumerWarps + 1) {
         if constexpr (Dense::kGatherArrivals > 0) {
           u32 fills = 0;
-          for (u32 tile = blockIdx.x; walk.find(tile, at.expert, at.rows, at.local); tile += gridDim.x) {
+          for (u32 tile = blockIdx.x; Frame::find(walk, tile, at); tile += gridDim.x) {
             rows_of(s, walk, at, r, m0, n0, box_row);
             Dense::gather_token_scales(r, m0, k_tiles, smem_base, full0, empty0, fills);
           }
@@ -142,11 +114,11 @@ struct GroupedMaskedScaledWs {
     typename Dense::ConsumerState ring;
     u32 tile = blockIdx.x;
     TileAt next;
-    bool more = walk.find(tile, at.expert, at.rows, at.local);
+    bool more = Frame::find(walk, tile, at);
     if (!more) schedule::release_dependent_grid();  // no tile for this CTA
     while (more) {
       tile += gridDim.x;
-      more = walk.find(tile, next.expert, next.rows, next.local);  // (in flight beside the K loop)
+      more = Frame::find(walk, tile, next);  // (in flight beside the K loop)
       if constexpr (Dense::kLoopReadsRows) {
         rows_of(s, walk, at, r, m0, n0, box_row);
         Dense::Consumer::consume(r, m0, n0, 0, k_tiles, smem_base, full0, empty0, ring, acc);
@@ -160,7 +132,7 @@ struct GroupedMaskedScaledWs {
       // every consumer is done reading the previous tile's staging (store_tile's copy-out has no
       // barrier after it) before any writes this tile's
       Dense::ConsumerBarrier::sync();
-      Dense::Writer::store_tile(r.gemm, acc, m0, n0, smem + kStagingOffset);
+      Dense::Writer::store_tile(r.gemm, acc, m0, n0, frame.smem + kStagingOffset);
       at = next;
     }
   }

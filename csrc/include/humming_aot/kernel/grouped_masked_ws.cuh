@@ -29,10 +29,9 @@
 
 #include <humming_aot/kernel/dense_wgmma_ws.cuh>
 #include <humming_aot/kernel/params.cuh>
-#include <humming_aot/ptx/mbarrier.cuh>
 #include <humming_aot/ptx/warpgroup.cuh>
-#include <humming_aot/schedule/expert_table.cuh>
 #include <humming_aot/schedule/grid_dependency.cuh>
+#include <humming_aot/schedule/masked_ws_frame.cuh>
 
 namespace humming_aot::kernel {
 
@@ -41,15 +40,13 @@ template <class Dense,  // kernel/dense_wgmma_ws.cuh's DenseWgmmaWs: produce, co
           int kBlockN>  // its tile's columns (weight channels)
 struct GroupedMaskedWs {
   static constexpr int kThreads = Dense::kThreads;
-  // Shared memory (bodies/wgmma_ws.py masked_smem_bytes): the ring, then the staging tile (the
-  // ring's slots are 1024-byte multiples), + 1024 to align the base at run time; then the walk's
-  // table, at a fixed offset from the unaligned base (the alignment moves the ring and staging by
-  // at most 1023 bytes)
-  static constexpr int kStagingOffset = Dense::kPipelineBytes;
-  static constexpr int kTableOffset = Dense::kPipelineBytes + Dense::Writer::kStagingBytes + 1024;
-  using Walk = schedule::ExpertTable<kBlockM, kTableOffset>;
-  static constexpr int kSmemBytes = kTableOffset + Walk::kTableBytes;
-  static_assert(kTableOffset % 16 == 0, "the table starts on a 16-byte boundary");
+  // Shared memory (bodies/wgmma_ws.py masked_smem_bytes): schedule/masked_ws_frame.cuh's layout
+  using Frame = schedule::MaskedWsFrame<Dense::kPipelineBytes, Dense::Writer::kStagingBytes, Dense::kRingStages,
+                                        kBlockM, kBlockN>;
+  using Walk = typename Frame::Walk;
+  using TileAt = typename Frame::TileAt;
+  static constexpr int kStagingOffset = Frame::kStagingOffset;
+  static constexpr int kSmemBytes = Frame::kSmemBytes;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static constexpr int kSmemPerSm = 233472;  // 228 KB per SM on sm_90 (1 KB of it per CTA reserved)
 #else
@@ -66,7 +63,6 @@ struct GroupedMaskedWs {
       Dense::kConsumerWarpGroups == 1 && kBlockM == 8 && 3 * (kSmemBytes + 1024 + 1024) <= kSmemPerSm;
   static constexpr int kMinBlocksPerSm = kThreePerSm ? 3 : Dense::kMinBlocksPerSm;
   static constexpr bool kScalesInFp32 = Dense::kScalesInFp32;
-  static constexpr int kStages = Dense::kRingStages;
   static constexpr int kConsumerWarps = Dense::kConsumerWarps;
   // The producer warp walks the experts too (the table's lookups, the expert's pointers): more
   // registers than the dense producer's 40, taken from the consumers, except where the consumers
@@ -81,20 +77,8 @@ struct GroupedMaskedWs {
                 "the consumers' registers hold the accumulators and the dequantization");
   static_assert(kBlockM == Dense::kTileM && kBlockN == Dense::kTileN, "the body's tile");
 
-  // Where tile `index` of the walk lies: its expert, that expert's rows, and the tile's index
-  // among the expert's tiles (row tile after row tile).
-  struct TileAt {
-    u32 expert, rows, local;
-  };
-
-  static __device__ __forceinline__ bool find(const Walk& walk, u32 index, TileAt& t) {
-    return walk.find(index, t.expert, t.rows, t.local);
-  }
-
   // The tile's GemmParams, moved to its expert (weights, bias, global scale; out at the expert's
-  // first row and M its rows), its first row among the expert's (m0) and first column (n0), and
-  // the map row of its activation box (slabs lie end to end in the map, max_m = g.gemm.m rows
-  // each; with offsets, the map is the rows).
+  // first row and M its rows), and its place (Frame::place: m0, n0, the activation box's map row).
   static __device__ __forceinline__ void params_of(const MaskedGemmParams& g, const Walk& walk, const TileAt& t,
                                                    GemmParams& p, int& m0, int& n0, int& box_row) {
     p = g.gemm;
@@ -102,35 +86,16 @@ struct GroupedMaskedWs {
     const i64 first = walk.first_row(t.expert);  // 0 in a slab; the expert's first row with offsets
     p.out = static_cast<char*>(p.out) + t.expert * g.out_stride + first * p.ldo * 2;
     g.weights.move_to(p, static_cast<int>(t.expert));
-    const u32 m_tile = t.local / walk.n_tiles;
-    m0 = static_cast<int>(m_tile) * kBlockM;
-    n0 = static_cast<int>(t.local - m_tile * walk.n_tiles) * kBlockN;
-    box_row = static_cast<int>(g.row_offsets == nullptr ? t.expert * static_cast<u32>(g.gemm.m) : first) + m0;
+    Frame::place(g, walk, t, first, m0, n0, box_row);
   }
 
   static __device__ __forceinline__ void run(const MaskedTmaGemmParams& params) {
     const MaskedGemmParams& g = params.masked;
-    extern __shared__ __align__(1024) char smem_raw[];
-    __shared__ __align__(8) u64 full_barriers[kStages];
-    __shared__ __align__(8) u64 empty_barriers[kStages];
-    const u32 raw_base = memory::shared_address(smem_raw);
-    const u32 smem_base = (raw_base + 1023u) & ~1023u;
-    char* smem = smem_raw + (smem_base - raw_base);
-    const u32 full0 = memory::shared_address(full_barriers), empty0 = memory::shared_address(empty_barriers);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-
-    if (threadIdx.x == 0) {
-      Dense::init_ring_barriers(full0, empty0);
-      ptx::fence_barrier_init();
-    }
-    // The counts or offsets, the activations and the output may be the previous kernel's (PDL).
-    schedule::wait_for_upstream_grid();
-    const Walk walk{{g.expert_rows, g.row_offsets, static_cast<u32>(g.experts), static_cast<u32>(g.gemm.m),
-                     (static_cast<u32>(g.gemm.n) + kBlockN - 1) / kBlockN}};
-    if (warp == 0) walk.build();
-    // the CTA's only barrier (the barriers' init and the table before any use): the producer
-    // warpgroup may exit early after it
-    __syncthreads();
+    Walk walk;
+    // the ring's barriers: the producer's arrive.expect_tx (+ the bytes); lane 0 of every consumer warp
+    const Frame frame = Frame::open(g, 1, kConsumerWarps, warp, walk);
+    const u32 smem_base = frame.smem_base, full0 = frame.full0, empty0 = frame.empty0;
     const int k_tiles = g.gemm.k / Dense::kBlockK;
     GemmParams p;
     int m0, n0, box_row;
@@ -141,7 +106,7 @@ struct GroupedMaskedWs {
         if (lane == 0) ptx::prefetch_tensor_map(&params.a_map);
         u32 fills = 0;
         TileAt at;
-        for (u32 tile = blockIdx.x; find(walk, tile, at); tile += gridDim.x) {
+        for (u32 tile = blockIdx.x; Frame::find(walk, tile, at); tile += gridDim.x) {
           if (lane == 0) {
             params_of(g, walk, at, p, m0, n0, box_row);
             Dense::produce(p, params.a_map, box_row, n0, 0, k_tiles, smem_base, full0, empty0, fills);
@@ -158,13 +123,13 @@ struct GroupedMaskedWs {
     typename Dense::ConsumerRing ring;
     u32 tile = blockIdx.x;
     TileAt current, next;
-    bool more = find(walk, tile, current);
+    bool more = Frame::find(walk, tile, current);
     if (!more) schedule::release_dependent_grid();  // no tile for this CTA
     while (more) {
       // the tile's global scale, and the next tile's walk, in flight before this tile's K loop
       const float global_scale = g.weights.global_scales[current.expert];
       tile += gridDim.x;
-      more = find(walk, tile, next);
+      more = Frame::find(walk, tile, next);
       Dense::consume(k_tiles, smem_base, full0, empty0, groups, ring, acc);
       // The next kernel may now be scheduled into the slots this grid leaves as it finishes.
       if (!more) schedule::release_dependent_grid();
@@ -173,7 +138,7 @@ struct GroupedMaskedWs {
       // every consumer is done reading the previous tile's staging (store_tile's copy-out has no
       // barrier after it) before any writes this tile's
       Dense::ConsumerBarrier::sync();
-      Dense::Writer::store_tile(p, acc, m0, n0, smem + kStagingOffset);
+      Dense::Writer::store_tile(p, acc, m0, n0, frame.smem + kStagingOffset);
       current = next;
     }
   }
