@@ -355,7 +355,7 @@ def gemm_grouped_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, of
     bias, out:  as for gemm_masked_a8_kernel, (E, N) and (R, N)
     splits:     K slices reduced through a float32 workspace in slice order (the same bits every
                 run); default moe.kernels.offsets_splits' choice (slices only when the rows' tiles
-                leave most CTA slots idle); 1 on the wgmma tiles
+                leave most CTA slots idle); 1 on the wgmma-w4a8 tiles
     """
     what = "gemm_grouped_a8_kernel"
     if (row_expert is None) == (offsets is None):
@@ -378,7 +378,7 @@ def gemm_grouped_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, of
     forced = tile is not None
     tile, loaded = select_kernel(qa, experts, out_dtype, max(1, int(expected_m)), tile, what)
     k_tiles = -(-k // 128)
-    ws = tile.mma in (MmaKind.WGMMA_W4A8, MmaKind.WGMMA_SS)  # (one K slice: kernel/grouped_masked_scaled_ws.cuh)
+    ws = tile.mma in (MmaKind.WGMMA_W4A8, MmaKind.WGMMA_SS)  # (kernel/grouped_masked_scaled_ws.cuh)
     if ws and not forced and splits is None and rows:
         # a few rows on long K: the portable body's K slices beat one slice per tile
         # (a8_launch.portable_slices_win)
@@ -386,12 +386,13 @@ def gemm_grouped_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, of
         if portable is not None:
             tile, loaded = portable
             ws = False
+    one_slice = tile.mma is MmaKind.WGMMA_W4A8  # (its schedule runs one K slice a tile; wgmma-ss slices K)
     bound = _moe.offsets_tile_bound(rows, experts.experts, n, tile)
     counters_size = _moe._split_k_counters_size()
     resident = _moe._resident(loaded, tile, codes.device.index) if rows else 1
     if splits is None:
-        splits = 1 if ws else _moe.offsets_splits(bound, k_tiles, resident)
-    elif ws and splits != 1:
+        splits = 1 if one_slice else _moe.offsets_splits(bound, k_tiles, resident)
+    elif one_slice and splits != 1:
         raise ValueError(f"{what}: splits={splits!r}: the {tile.mma.value} tiles run one K slice (leave splits None)")
     elif type(splits) is not int or not 1 <= splits <= k_tiles or (splits > 1 and bound > counters_size):
         raise ValueError(f"{what}: splits={splits!r} must be an int in [1, K tiles of 128 = {k_tiles}], and 1 when "
@@ -408,7 +409,10 @@ def gemm_grouped_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, of
     if splits > 1:
         from humming_aot import dispatch
 
-        workspace_tensor = torch.empty(splits * rows * n, dtype=torch.float32, device=codes.device)
+        # the portable bodies: each expert's (splits, rows, N) partials from its first row; wgmma-ss:
+        # (tiles, splits, block_m x block_n) in fragment order, by the tile's walk index
+        floats = bound * tile.block_m * tile.block_n if ws else rows * n
+        workspace_tensor = torch.empty(splits * floats, dtype=torch.float32, device=codes.device)
         workspace = workspace_tensor.data_ptr()
         counters = dispatch._split_k_counters(codes.device, _moe._stream(codes)).data_ptr()
     offsets = offsets.to(torch.int32).contiguous()

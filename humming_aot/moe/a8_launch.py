@@ -101,17 +101,17 @@ def ws_takes(qa: QuantizedActivation, experts, info, gemm_type: GemmType) -> boo
 def portable_slices_win(qa: QuantizedActivation, experts, out_dtype: torch.dtype, rows: int, expected_m: int,
                         k_tiles: int, what: str):
     """(tile, loaded kernel) of the portable body for an offsets-form call that select_kernel gave a
-    wgmma tile, where the portable body's K slices win; else None. The wgmma schedule runs one K
-    slice per tile, so a few rows on long K leave most SMs idle: DeepSeek-V3 TP8's gate_up (N 512,
-    K 7168) at one token, 32 tiles for 264 CTA slots, took 21.8 us against Humming's 15.3 (H200,
-    log section 56). Where the portable table tile's rows would take K slices
-    (moe.kernels.offsets_splits > 1: its tiles fill at most a quarter of its resident CTAs), its
-    kernel runs instead (float8 on sm90a: ptxas's emulated e4m3 mma.sync, which streams the
-    weights as fast at a few rows). Not for float8 W8A8, which has no portable MoE kernel there."""
+    wgmma-w4a8 tile, where the portable body's K slices win; else None. The wgmma-w4a8 schedule
+    runs one K slice per tile, so a few rows on long K leave most SMs idle: DeepSeek-V3 TP8's
+    gate_up (N 512, K 7168) at one token, 32 tiles for 264 CTA slots, took 21.8 us against
+    Humming's 15.3 (H200, log section 56). Where the portable table tile's rows would take K
+    slices (moe.kernels.offsets_splits > 1: its tiles fill at most a quarter of its resident CTAs),
+    its kernel runs instead (float8 on sm90a: ptxas's emulated e4m3 mma.sync, which streams the
+    weights as fast at a few rows). Not for W8A8: its wgmma-ss schedule takes K slices itself."""
     from humming_aot import dispatch
     from humming_aot.moe.a8 import PackedW4A8Experts, sync_tile
 
-    if not isinstance(experts, PackedW4A8Experts) and qa.element == "float8e4m3":
+    if not isinstance(experts, PackedW4A8Experts):
         return None
     sync = sync_tile(experts, expected_m)
     bound = _moe.offsets_tile_bound(rows, experts.experts, experts.n, sync)

@@ -150,8 +150,19 @@ def test_offsets_rows_match_float64_and_the_slab_form_bit_for_bit(weight, index)
             masked = gemm_masked_a8_kernel(dataclasses.replace(qa, codes=slab_codes, scales=slab_scales), experts,
                                            counts, tile=tile)
             assert torch.equal(masked[ex], y[lo:hi]), f"expert {ex}: the slab form's bits differ"
-    with pytest.raises(ValueError, match="one K slice"):
-        gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=64, tile=tile, splits=2)
+    if weight not in _W8:
+        with pytest.raises(ValueError, match="one K slice"):
+            gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=64, tile=tile, splits=2)
+        return
+    for splits in (2, 4):  # wgmma-ss slices K (4 K tiles: 2 x 2, 4 x 1): within the bound, the same bits twice
+        sliced = [gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=64, tile=tile, splits=splits)
+                  for _ in range(2)]
+        torch.cuda.synchronize()
+        assert torch.equal(sliced[0], sliced[1]), f"{splits} K slices: two runs differ"
+        for ex in range(e):
+            lo, hi = bounds[ex], bounds[ex + 1]
+            if hi > lo:
+                _check_rows(sliced[0][lo:hi], moe_a8._rows(qa, slice(lo, hi)), experts, ex)
 
 
 @pytest.mark.parametrize("weight", [w for w in _FORMATS if w != "blocks"])
@@ -243,6 +254,28 @@ def test_the_default_tile_is_the_ws_table_and_int8_stays_portable():
     assert tile.mma.value == "mma-w4a8"
     with pytest.raises(ValueError, match="wgmma-w4a8 tiles on sm90a in the masked schedule"):
         a8_launch.select_kernel(q8, experts, torch.bfloat16, 100, _TILES[0], "test")
+
+
+@pytest.mark.parametrize("weight", _W8)
+def test_few_rows_on_long_k_slice_k_on_the_wgmma_ss_schedule(weight):
+    """W8A8 experts by offsets with a handful of rows on K = 7168 (DeepSeek-V3 TP8's gate_up at one
+    token): the default call slices K on the wgmma-ss schedule (no portable float8 kernel on
+    sm90a), matches float64 with a bias, gives the same bits twice and replays in a CUDA graph."""
+    gen = torch.Generator().manual_seed(_seed())
+    e, n, k, rows = 16, 256, 7168, 5
+    experts = _experts(weight, e, n, k, gen)
+    qa = _activations((rows, k), gen, _act(weight))
+    bias = (torch.randn(e, n, generator=gen) * 0.1).to(torch.bfloat16).cuda()
+    offsets = torch.tensor([0] * 3 + [1, 2, 4, 5] + [5] * 10, dtype=torch.int32, device="cuda")
+    assert a8_launch.portable_slices_win(qa, experts, torch.bfloat16, rows, 1, k // 128, "test") is None
+    call = lambda: gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=1, bias=bias)  # noqa: E731
+    y, again = call(), call()
+    torch.cuda.synchronize()
+    assert torch.equal(y, again)
+    for ex in range(3, 7):
+        lo, hi = int(offsets[ex]), int(offsets[ex + 1])
+        _check_rows(y[lo:hi], moe_a8._rows(qa, slice(lo, hi)), experts, ex, bias)
+    assert_graph_replay_is_eager(call)
 
 
 def test_few_rows_on_long_k_take_the_portable_k_slices():

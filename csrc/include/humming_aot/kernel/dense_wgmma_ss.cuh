@@ -223,12 +223,13 @@ struct DenseWgmmaSs {
   // Block scales above 16 tokens: the slot's token scales come from gather_token_scales, whose
   // lanes arrive on the full barrier beside the producer (kGatherArrivals).
   static constexpr bool kLoopReadsRows = kBlockScales;
+  static constexpr bool kKSlices = true;  // (the schedule's K slices reduce through SplitK)
   static constexpr int kGatherArrivals = kStagedTokenScales ? 32 : 0;
   static __device__ __forceinline__ void produce_expert(const MaskedScaledTmaGemmParams& params, const ScaledRows&,
-                                                        u32 expert, int box_row, int n0, int count, u32 smem_base,
-                                                        u32 full0, u32 empty0, u32& fills) {
+                                                        u32 expert, int box_row, int n0, int k_tile0, int count,
+                                                        u32 smem_base, u32 full0, u32 empty0, u32& fills) {
     const int w_row = static_cast<int>(expert) * params.scaled.masked.gemm.n + n0;
-    produce_boxes<false>(&params.w_map, w_row, &params.a_map, box_row, nullptr, 0, 0, 0, count, smem_base, full0,
+    produce_boxes<false>(&params.w_map, w_row, &params.a_map, box_row, nullptr, 0, 0, k_tile0, count, smem_base, full0,
                          empty0, fills);
   }
   static __device__ __forceinline__ void scale_expert(float (&acc)[kAccumulators], const ScaledRows& r, int m0,
@@ -237,19 +238,19 @@ struct DenseWgmmaSs {
   }
 
   // Block scales above 16 tokens, in the MoE schedule (every lane of one warp of the producer
-  // warpgroup, whose tiles and K tiles it walks in the producer's order): per K tile of the tile
-  // at row m0 of r's expert, once the slot is free, the K block's kBlockM token scales where the
+  // warpgroup, whose tiles and K tiles it walks in the producer's order): per K tile (count of
+  // them from k_tile0) of the tile at row m0 of r's expert, once the slot is free, the K block's kBlockM token scales where the
   // dense body's bulk copy puts them (token m0 + i at float i; 0 past the expert's rows), read from
   // r's (M, K / 128) rows, which no 16-byte copy can gather; then one arrival a lane. Each K
   // tile's loads are issued before the wait for its slot, so the wait hides them.
-  static __device__ __forceinline__ void gather_token_scales(const ScaledRows& r, int m0, int count, u32 smem_base,
-                                                             u32 full0, u32 empty0, u32& fills) {
+  static __device__ __forceinline__ void gather_token_scales(const ScaledRows& r, int m0, int k_tile0, int count,
+                                                             u32 smem_base, u32 full0, u32 empty0, u32& fills) {
     static_assert(kStagedTokenScales && kBlockM % 32 == 0, "the tiles that stage token scales: lanes x rows");
     constexpr int kPerLane = kBlockM / 32;
     extern __shared__ __align__(1024) char smem_raw[];
     char* const smem = smem_raw + (smem_base - memory::shared_address(smem_raw));
     const int lane = threadIdx.x & 31;
-    const float* rows = r.a_scale + static_cast<i64>(m0 + lane) * r.a_scale_stride;
+    const float* rows = r.a_scale + static_cast<i64>(m0 + lane) * r.a_scale_stride + k_tile0;
     const i64 lane_step = static_cast<i64>(32) * r.a_scale_stride;
     for (int it = 0; it < count; ++it, ++fills) {
       float scales[kPerLane];

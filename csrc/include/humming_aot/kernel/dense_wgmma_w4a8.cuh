@@ -198,11 +198,12 @@ struct DenseWgmmaW4A8 {
   // expert's rows r (weights moved to the expert) from the activation map's row box_row, and the
   // scales of its sums (the K loop reads no rows; the producer copies everything a slot holds).
   static constexpr bool kLoopReadsRows = false;
+  static constexpr bool kKSlices = false;  // (the slice bounds spill the 128 x 128 consumers' K loop)
   static constexpr int kGatherArrivals = 0;
   static __device__ __forceinline__ void produce_expert(const MaskedScaledTmaGemmParams& params, const ScaledRows& r,
-                                                        u32 /*expert*/, int box_row, int n0, int count, u32 smem_base,
-                                                        u32 full0, u32 empty0, u32& fills) {
-    produce_rows(r.gemm, &params.a_map, box_row, n0, 0, count, smem_base, full0, empty0, fills);
+                                                        u32 /*expert*/, int box_row, int n0, int k_tile0, int count,
+                                                        u32 smem_base, u32 full0, u32 empty0, u32& fills) {
+    produce_rows(r.gemm, &params.a_map, box_row, n0, k_tile0, count, smem_base, full0, empty0, fills);
   }
   static __device__ __forceinline__ void scale_expert(float (&acc)[kAccumulators], const ScaledRows& r, int m0, int) {
     scale_rows(acc, m0, r.gemm.m, r.a_scale);

@@ -27,7 +27,13 @@
 // - the consumers scale and store through ScaledRows moved to the expert (kernel/grouped_masked.cuh
 //   move_to_expert: its output rows, M its rows, its rows' scales, its weights, scales, bias and
 //   global scale).
-// One K slice per tile (gemm.k_splits == 1, the host's precondition); no cluster. The producer
+// K slices (bodies with kKSlices, W8A8's: W4A8's consumers at 128 x 128 have no registers for the
+// slice's bounds beside their K loop; the offsets form only: gemm.k_splits == 1 for slabs, the
+// host's precondition):
+// gridDim.y slices of ceil(K tiles / k_splits) K tiles, none empty; each slice's fp32 sums go to
+// the workspace (epilogue/fragment_split_k.cuh: (tiles, k_splits, kBlockM x kBlockN) floats,
+// indexed by the tile's walk index, below the walk's bound) and the last slice to arrive at the
+// tile's counter sums them in slice order (the same bits every run), scales and stores. No cluster. The producer
 // keeps the dense body's registers (40). Beside the accumulators of the largest tiles, ptxas keeps
 // a few words of the consumers' next-tile walk (find, rows_of) in local memory: a few loads and
 // stores per tile, none inside the K loop.
@@ -80,7 +86,13 @@ struct GroupedMaskedScaledWs {
     // lanes; the body's consumer arrivals
     const Frame frame = Frame::open(g, 1 + Dense::kGatherArrivals, Dense::kEmptyArrivals, warp, walk);
     const u32 smem_base = frame.smem_base, full0 = frame.full0, empty0 = frame.empty0;
-    const int k_tiles = g.gemm.k / Dense::kBlockK;
+    // K slices (Dense::kKSlices, the offsets form, gridDim.y = gemm.k_splits): CTA (x, y) walks
+    // the tiles of column x over K tiles [k_tile0, k_tile0 + k_count) of its slice, ceil(K tiles /
+    // slices) each (the host's slices leave none empty); the slices of a tile meet in Dense::SplitK.
+    const int k_tiles = g.gemm.k / Dense::kBlockK, splits = Dense::kKSlices ? g.gemm.k_splits : 1;
+    const int per_slice = splits > 1 ? (k_tiles + splits - 1) / splits : k_tiles;
+    const int k_tile0 = splits > 1 ? static_cast<int>(blockIdx.y) * per_slice : 0;
+    const int k_count = splits > 1 ? min(per_slice, k_tiles - k_tile0) : k_tiles;
     ScaledRows r;
     int m0, n0, box_row;
     TileAt at;
@@ -93,7 +105,7 @@ struct GroupedMaskedScaledWs {
         for (u32 tile = blockIdx.x; Frame::find(walk, tile, at); tile += gridDim.x) {
           if (lane == 0) {
             rows_of(s, walk, at, r, m0, n0, box_row);
-            Dense::produce_expert(params, r, at.expert, box_row, n0, k_tiles, smem_base, full0, empty0, fills);
+            Dense::produce_expert(params, r, at.expert, box_row, n0, k_tile0, k_count, smem_base, full0, empty0, fills);
           }
           __syncwarp();
         }
@@ -102,7 +114,7 @@ struct GroupedMaskedScaledWs {
           u32 fills = 0;
           for (u32 tile = blockIdx.x; Frame::find(walk, tile, at); tile += gridDim.x) {
             rows_of(s, walk, at, r, m0, n0, box_row);
-            Dense::gather_token_scales(r, m0, k_tiles, smem_base, full0, empty0, fills);
+            Dense::gather_token_scales(r, m0, k_tile0, k_count, smem_base, full0, empty0, fills);
           }
         }
       }
@@ -110,6 +122,7 @@ struct GroupedMaskedScaledWs {
     }
     ptx::warpgroup_claim_registers<Dense::kConsumerRegistersHeld>();
 
+    __shared__ int arrival_flag;  // (K slices: Dense::SplitK's arrival)
     float acc[Dense::kAccumulators];
     typename Dense::ConsumerState ring;
     u32 tile = blockIdx.x;
@@ -121,13 +134,20 @@ struct GroupedMaskedScaledWs {
       more = Frame::find(walk, tile, next);  // (in flight beside the K loop)
       if constexpr (Dense::kLoopReadsRows) {
         rows_of(s, walk, at, r, m0, n0, box_row);
-        Dense::Consumer::consume(r, m0, n0, 0, k_tiles, smem_base, full0, empty0, ring, acc);
+        Dense::Consumer::consume(r, m0, n0, k_tile0, k_count, smem_base, full0, empty0, ring, acc);
       } else {
-        Dense::Consumer::consume(s, 0, 0, 0, k_tiles, smem_base, full0, empty0, ring, acc);
+        Dense::Consumer::consume(s, 0, 0, k_tile0, k_count, smem_base, full0, empty0, ring, acc);
       }
       // The next kernel may now be scheduled into the slots this grid leaves as it finishes.
       if (!more) schedule::release_dependent_grid();
       if constexpr (!Dense::kLoopReadsRows) rows_of(s, walk, at, r, m0, n0, box_row);
+      // K slices: this slice's partial sums into the workspace at the tile's walk index; the CTA
+      // that arrives last holds the sum of every slice, in slice order, and goes on to store it
+      if (splits > 1 && !Dense::SplitK::reduce(r.gemm, acc, static_cast<int>(tile - gridDim.x),
+                                               static_cast<int>(blockIdx.y), splits, &arrival_flag)) {
+        at = next;
+        continue;
+      }
       Dense::scale_expert(acc, r, m0, n0);
       // every consumer is done reading the previous tile's staging (store_tile's copy-out has no
       // barrier after it) before any writes this tile's
