@@ -276,7 +276,8 @@ class QuantizedMoE(torch.nn.Module):
 
     @classmethod
     def from_checkpoint(cls, model_dir, prefix: str, act_dtype: torch.dtype | None = None,
-                        device: torch.device | str | None = None, activation: str | None = None) -> "QuantizedMoE":
+                        device: torch.device | str | None = None, activation: str | None = None,
+                        activations: str | None = None):
         """The MoE experts under ``prefix`` (e.g. ``model.layers.3.mlp.experts``) of a published
         quantized checkpoint, packed for the kernels. Two layouts:
 
@@ -289,7 +290,15 @@ class QuantizedMoE(torch.nn.Module):
 
         activation defaults to gpt-oss's "swiglu_oai" (gate and up interleaved) for stacked mxfp4
         experts, else "silu"; act_dtype to the scales' dtype where that is float16 or bfloat16,
-        else bfloat16."""
+        else bfloat16.
+
+        ``activations``: None runs 16-bit activations (this class); "checkpoint" quantizes them as
+        the producer calibrated them (DeepSeek-V3's fp8: float8e4m3 per token and 128 of K; a
+        static per-tensor scheme with each GEMM's largest input_scale over its experts) and an
+        ActivationFormat string ("float8e4m3:token") quantizes them that way, dynamically: either
+        returns a humming_aot.moe.layer_a8.A8MoE (W8A8 for float8e4m3 / int8 experts, W4A8 for
+        int4, uint4 and MXFP4 ones) whose hidden states and output are act_dtype (default
+        bfloat16)."""
         from humming_aot import checkpoints
         from humming_aot.moe import pack_experts
 
@@ -301,6 +310,8 @@ class QuantizedMoE(torch.nn.Module):
             gate_up, down = _per_expert_layers(model_dir, prefix, set(layers))
             default_activation = "silu"
         activation = activation or default_activation
+        if activations is not None:
+            return _a8_moe(gate_up, down, prefix, activations, activation, act_dtype or torch.bfloat16, device)
         if act_dtype is None:
             act_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(
                 gate_up.weight.format.scale_dtype, torch.bfloat16)
@@ -355,6 +366,45 @@ class QuantizedMoE(torch.nn.Module):
                 f"format={self.gate_up.format!r}, activation={self.activation!r}")
 
 
+def _a8_moe(gate_up, down, prefix: str, activations: str, activation: str, out_dtype: torch.dtype, device):
+    """QuantizedMoE.from_checkpoint's A8MoE: the two stacked CheckpointLayers on the 8-bit-activation
+    MoE GEMMs, their inputs quantized by `activations` ("checkpoint": the producer's scheme)."""
+    from humming_aot.moe.layer_a8 import A8MoE
+
+    where = f"QuantizedMoE.from_checkpoint: {prefix}"
+    static = None
+    if activations == "checkpoint":
+        schemes = (gate_up.activations, down.activations)
+        if any(scheme is None for scheme in schemes):
+            raise ValueError(f"{where} ({gate_up.schema}, {gate_up.weight.format}) quantizes no activations: the "
+                             "checkpoint is weight-only; leave activations None for 16-bit activations, or name a "
+                             "format such as 'float8e4m3:token'")
+        if any(scheme.format is None for scheme in schemes) or schemes[0].format != schemes[1].format:
+            raise ValueError(f"{where}: the checkpoint quantizes the experts' inputs as "
+                             f"{' and '.join(scheme.description for scheme in schemes)}, which the MoE GEMMs do not "
+                             "take (one 8-bit format for both); leave activations None for 16-bit activations, or "
+                             "name a format such as 'float8e4m3:token'")
+        activations = schemes[0].format
+        if schemes[0].static_scale is not None:
+            static = tuple(float(scheme.static_scale) for scheme in schemes)
+        elif activations.endswith(":tensor"):
+            raise ValueError(f"{where}: the checkpoint quantizes the experts' inputs per tensor, dynamically; the MoE "
+                             "GEMMs take per-tensor activations with static scales only: name a format such as "
+                             "'float8e4m3:token' (dynamic, per token)")
+    weights, biases = [], []
+    for layer in (gate_up, down):
+        weights.append(layer.weight if device is None else layer.weight.to(device))
+        biases.append(None if layer.bias is None else layer.bias.to(device=weights[-1].codes.device, dtype=out_dtype))
+    try:
+        module = A8MoE.from_experts(weights[0], weights[1], activations, None, activation, biases[0], biases[1],
+                                    out_dtype=out_dtype)
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from None
+    if static is not None:
+        module.set_static_scales(*static)
+    return module
+
+
 def _stacked_layer(model_dir, prefix: str):
     """A checkpoint layer of stacked experts (E, N, K), or a ValueError naming what it is instead."""
     from humming_aot import checkpoints
@@ -393,9 +443,13 @@ def _per_expert_layers(model_dir, prefix: str, layers: set[str]):
                                  "expert and so has no grouped GEMM: re-export the checkpoint without it")
         gate_ups.append(fused)
         downs.append(down)
+    from humming_aot.checkpoints.fused import _fused_activations
+
+    # the experts' common activation scheme (static per-tensor scales: their largest, which clips none)
     return tuple(CheckpointLayer(prefix=f"{prefix}.*.{name}", schema=layers_[0].schema,
                                  weight=_stack_weights([x.weight for x in layers_], f"{prefix}.*.{name}"),
-                                 bias=_stack_biases([x.bias for x in layers_], f"{prefix}.*.{name}"))
+                                 bias=_stack_biases([x.bias for x in layers_], f"{prefix}.*.{name}"),
+                                 activations=_fused_activations(layers_, f"{prefix}.*.{name}"))
                  for name, layers_ in (("gate_up_proj", gate_ups), ("down_proj", downs)))
 
 
