@@ -88,6 +88,11 @@ def test_bench_moe_layer_arguments():
     args = layer_bench.parse_args(["--model", "qwen3-30b-a3b", "--tokens", "1,16,64"])
     assert (args.model, args.tokens, args.format) == ("qwen3-30b-a3b", "1,16,64", "int4:g128")
     assert layer_bench.STEPS == ("route", "permute", "gemm1", "activation", "gemm2", "reduce")
+    assert args.activations is None
+    args = layer_bench.parse_args(["--format", "float8e4m3:b128x128", "--activations", "float8e4m3:g128"])
+    assert (args.format, args.activations) == ("float8e4m3:b128x128", "float8e4m3:g128")
+    assert layer_bench.A8_STEPS == ("route", "quantize", "gather", "gemm1", "activation", "requantize", "gemm2",
+                                    "reduce")
     for bad in (["--tokens", "1,x"], ["--tokens", "0"], ["--model", "llama"]):
         with pytest.raises(SystemExit):
             layer_bench.parse_args(bad)
