@@ -29,12 +29,11 @@
 //   global scale).
 // K slices (bodies with kKSlices, W8A8's: W4A8's consumers at 128 x 128 have no registers for the
 // slice's bounds beside their K loop; the offsets form only: gemm.k_splits == 1 for slabs, the
-// host's precondition):
-// gridDim.y slices of ceil(K tiles / k_splits) K tiles, none empty; each slice's fp32 sums go to
-// the workspace (epilogue/fragment_split_k.cuh: (tiles, k_splits, kBlockM x kBlockN) floats,
-// indexed by the tile's walk index, below the walk's bound) and the last slice to arrive at the
-// tile's counter sums them in slice order (the same bits every run), scales and stores. No cluster. The producer
-// keeps the dense body's registers (40). Beside the accumulators of the largest tiles, ptxas keeps
+// host's precondition): gridDim.y slices of ceil(K tiles / k_splits) K tiles, none empty; each
+// slice's fp32 sums go to the workspace (epilogue/fragment_split_k.cuh: (tiles, k_splits,
+// kBlockM x kBlockN) floats, indexed by the tile's walk index, below the walk's bound) and the
+// last slice to arrive at the tile's counter sums them in slice order (the same bits every run),
+// scales and stores. No cluster. The producer keeps the dense body's registers (40). Beside the accumulators of the largest tiles, ptxas keeps
 // a few words of the consumers' next-tile walk (find, rows_of) in local memory: a few loads and
 // stores per tile, none inside the K loop.
 
