@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_moe_a8 import _experts, _masked_key
 
-from humming_aot import codegen, support
+from humming_aot import codegen, params_abi, support
 from humming_aot.enumerate import enumerate_keys, parse_tile_field
 from humming_aot.moe import a8 as moe_a8
 from humming_aot.spec import GemmType, KernelKey
@@ -132,3 +132,70 @@ def test_nvcc_compiles_the_block_scaled_ws_keys_without_spills(tmp_path):
         key = _masked_key("sm90a", "blocks", "float8e4m3", label)
         report = _ptxas_report(key, tmp_path)
         assert _spill_bytes(report) == 0, (key.name, report)
+
+
+def test_the_offsets_form_slices_k_on_wgmma_ss_tiles_only(monkeypatch):
+    """gemm_grouped_a8_kernel's host path up to the launch on sm90a's wgmma tiles (CPU tensors made to
+    look like CUDA ones, a recorded launch): W8A8 experts with a few rows on long K take
+    offsets_splits' slices (the grid's y), a workspace of the walk's tile bound x slices x the
+    tile's outputs and the stream's counters; forced slices are made non-empty; W4A8's wgmma tile
+    keeps one slice and refuses forced ones."""
+    from humming_aot import dispatch, ops
+    from humming_aot.moe import a8_launch, gemm_grouped_a8_kernel
+    from humming_aot.moe import kernels as moe_kernels
+
+    launches, workspaces = [], []
+
+    class Loaded:
+        def launch(self, grid, stream, params):
+            launches.append((grid, stream, params))
+
+    tiles = {"w8": parse_tile_field("wgmma-ss:8x128x128_w1x4_s6"),
+             "w4": parse_tile_field("wgmma-w4a8:8x128x128_w1x4_s8")}
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(moe_a8, "select_kernel", lambda qa, experts, out_dtype, rows, tile, what: (
+        tiles["w4" if isinstance(experts, moe_a8.PackedW4A8Experts) else "w8"], Loaded()))
+    monkeypatch.setattr(moe_a8, "portable_slices_win", lambda *args: None)  # (W4A8's own rule: its own tests)
+    monkeypatch.setattr(moe_a8, "ws_map", lambda codes, rows, tile, experts=None: bytes(
+        a8_launch.WS_PARAMS_BYTES - moe_a8.MASKED_SCALED_PARAMS_BYTES))
+    monkeypatch.setattr(moe_kernels, "_resident", lambda loaded, tile, device_index: 264)
+    monkeypatch.setattr(moe_kernels, "_stream", lambda codes: 7)
+    empty = torch.empty
+
+    def recorded_empty(*size, **kwargs):
+        if kwargs.get("dtype") is torch.float32:
+            workspaces.append(size[0] if len(size) == 1 else size)
+        return empty(*size, **kwargs)
+
+    monkeypatch.setattr(moe_a8.torch, "empty", recorded_empty)
+    _, blocks = _experts("float8e4m3:b128x128", e=16, n=256, k=2048)
+    rows = 5
+    qa = ops.quantize_activation(torch.randn(rows, 2048, generator=torch.Generator().manual_seed(0)),
+                                 "float8e4m3:g128")
+    offsets = torch.tensor([0] * 3 + [1, 2, 4, 5] + [5] * 10, dtype=torch.int32)
+    bound = moe_kernels.offsets_tile_bound(rows, 16, 256, tiles["w8"])  # (0 + 5) x 2
+    default = moe_kernels.offsets_splits(bound, 16, 264)
+    assert default == 4  # (16 K tiles: at least 4 a slice)
+    for forced, slices in ((None, default), (3, 3), (16, 16), (1, 1)):
+        launches.clear()
+        workspaces.clear()
+        gemm_grouped_a8_kernel(qa, blocks, offsets, expected_m=1, splits=forced)
+        (grid, stream, params), = launches
+        assert grid == (min(bound, 264 // slices), slices, 1) and stream == 7 and len(params) == 512
+        gemm = params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])
+        assert gemm[14] == slices
+        if slices > 1:
+            assert workspaces == [slices * bound * 8 * 128]
+            assert gemm[6] != 0 and gemm[7] == dispatch._split_k_counters(qa.codes.device, 7).data_ptr()
+        else:
+            assert workspaces == [] and gemm[6:8] == (0, 0)
+    # W4A8's wgmma tiles: one slice, and forced ones refused
+    _, w4 = _experts("int4:g128", e=16, n=256, k=2048)
+    qt = ops.quantize_activation(torch.randn(rows, 2048, generator=torch.Generator().manual_seed(1)),
+                                 "float8e4m3:token")
+    launches.clear()
+    gemm_grouped_a8_kernel(qt, w4, offsets, expected_m=1)
+    (grid, _, params), = launches
+    assert grid[1] == 1 and params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])[14] == 1
+    with pytest.raises(ValueError, match="the wgmma-w4a8 tiles run one K slice"):
+        gemm_grouped_a8_kernel(qt, w4, offsets, expected_m=1, splits=2)
