@@ -59,7 +59,8 @@ def serving_status(layer: CheckpointLayer, arch: str, catalog) -> str:
 def w8a8_serving_status(layer: CheckpointLayer, arch: str, catalog) -> str | None:
     """One line for the W8A8 (or, for int4, uint4 and MXFP4 weights, W4A8; int4 with int4 activations, W4A4) path of a layer
     whose checkpoint quantizes its activations
-    (``from_checkpoint(..., activations="checkpoint")``): ``catalog``, ``JIT ...`` or ``no: <why>``;
+    (``from_checkpoint(..., activations="checkpoint")``; for stacked MoE experts, the masked MoE
+    GEMMs of QuantizedMoE.from_checkpoint's A8MoE): ``catalog``, ``JIT ...`` or ``no: <why>``;
     None for a weight-only layer."""
     from humming_aot import support, w4a8, w8a8
     from humming_aot.quant import ActivationFormat
@@ -71,14 +72,18 @@ def w8a8_serving_status(layer: CheckpointLayer, arch: str, catalog) -> str | Non
         return None
     if scheme.format is None:
         return f"no: no kernel takes {scheme.description} activations"
-    if layer.weight.codes.dim() != 2:
-        return "no: the W8A8 kernels take one (N, K) weight, not stacked experts"
+    weight = layer.weight
+    stacked = weight.codes.dim() == 3  # MoE experts: QuantizedMoE.from_checkpoint(..., activations=...)
+    if stacked:
+        from humming_aot.moe.packing import expert_weight
+
+        weight = expert_weight(weight, 0)  # (the pack checks hold for every expert of one format and shape)
     fmt = ActivationFormat.parse(scheme.format)
-    element = layer.weight.format.element
+    element = weight.format.element
     w4a4 = element == w8a8.INT4 and fmt.element == w8a8.INT4  # (int4 x int4: w8a8's, as nn.W8A8Linear packs it)
     if element in ("int4", "uint4", w4a8.MXFP4_ELEMENT) and not w4a4:  # W4A8 (nn.W8A8Linear packs it with w4a8)
         try:
-            packed = w4a8.pack(layer.weight)
+            packed = w4a8.pack(weight)
         except ValueError as err:
             return f"no: {err}"
         elements = (w4a8.ACT_ELEMENT,) if packed.element == w4a8.MXFP4_ELEMENT else w4a8.ACT_ELEMENTS
@@ -88,7 +93,7 @@ def w8a8_serving_status(layer: CheckpointLayer, arch: str, catalog) -> str | Non
         spec = w4a8.gemm_spec(torch.bfloat16, fmt.element, packed.element)
     else:
         try:
-            packed = w8a8.pack(layer.weight)
+            packed = w8a8.pack(weight)
         except ValueError as err:
             return f"no: {err}"
         wanted = ActivationGranularity.GROUP if packed.blocks else ActivationGranularity.TOKEN
@@ -96,6 +101,12 @@ def w8a8_serving_status(layer: CheckpointLayer, arch: str, catalog) -> str | Non
                 or (packed.blocks and (fmt.granularity is not wanted or fmt.group_size != 128)):
             return f"no: {scheme.format} activations do not suit a {packed.format} weight"
         spec = w8a8.gemm_spec(torch.bfloat16, packed.blocks, packed.element)
+    if stacked:  # the grouped masked type and its offsets form (what A8MoE runs)
+        import dataclasses
+
+        from humming_aot.spec import GemmType
+
+        spec = dataclasses.replace(spec, gemm_type=GemmType.MASKED)
     why = support.why_unsupported(spec, arch)
     if why is not None:
         return f"no: {why}"

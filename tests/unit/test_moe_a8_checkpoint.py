@@ -150,3 +150,28 @@ def test_errors_name_the_layer_and_what_to_do(tmp_path):
         QuantizedMoE.from_checkpoint(dynamic, PREFIX, activations="checkpoint")
     layer = QuantizedMoE.from_checkpoint(dynamic, PREFIX, activations="float8e4m3:token")
     assert layer.activations == "float8e4m3:token"
+
+
+def test_inspect_status_of_stacked_experts_is_the_moe_gemms():
+    """humming-aot inspect's W8A8 line for stacked experts whose producer quantizes activations:
+    the masked MoE type of the pairing (what A8MoE runs), not a refusal of stacked weights."""
+    from humming_aot import quant
+    from humming_aot.checkpoints.activations import ActivationScheme
+    from humming_aot.checkpoints.layer import CheckpointLayer
+    from humming_aot.checkpoints.serving import w8a8_serving_status
+
+    gen = torch.Generator().manual_seed(_seed())
+    blocks = quant.quantize(torch.randn(4, 256, 256, generator=gen), "float8e4m3:b128x128")
+    scheme = ActivationScheme(description="float8 e4m3 per token per 128 of K, dynamic", format="float8e4m3:g128")
+    layer = CheckpointLayer(prefix="model.layers.3.mlp.experts.*.gate_up_proj", schema="fp8", weight=blocks,
+                            activations=scheme)
+    assert w8a8_serving_status(layer, "sm90a", None).startswith("JIT")  # (no installed catalog given)
+    assert w8a8_serving_status(layer, "sm89", None).startswith("JIT")
+    assert w8a8_serving_status(layer, "sm100", None).startswith("no: ")  # (emulated e4m3, no wgmma schedule)
+    token = ActivationScheme(description="float8 e4m3 per token, dynamic", format="float8e4m3:token")
+    mismatched = CheckpointLayer(prefix=layer.prefix, schema="fp8", weight=blocks, activations=token)
+    assert w8a8_serving_status(mismatched, "sm90a", None).startswith("no: float8e4m3:token activations do not suit")
+    int4 = quant.quantize(torch.randn(4, 256, 256, generator=gen), "int4:g128")
+    w4 = CheckpointLayer(prefix=layer.prefix, schema="compressed-tensors", weight=int4, activations=token)
+    assert w8a8_serving_status(w4, "sm90a", None).startswith("JIT")
+    assert w8a8_serving_status(w4, "sm80", None).startswith("no: ")  # (float8 codes from sm89)
