@@ -237,7 +237,13 @@ def select_kernel(qa: QuantizedActivation, experts, out_dtype: torch.dtype, rows
             else w8a8.gemm_spec(out_dtype, experts.blocks, qa.element))
     reason = ops._unsupported_on_device(dataclasses.replace(spec, gemm_type=gemm_type), qa.codes.device.index)
     if reason:
-        raise ValueError(reason.replace("gemm:", f"{what}:", 1))
+        hint = ""
+        if gemm_type is GemmType.GROUPED and ops._unsupported_on_device(
+                dataclasses.replace(spec, gemm_type=GemmType.MASKED), qa.codes.device.index) is None:
+            hint = ("; this GPU runs the pairing's offsets form: for DeepGEMM's contiguous layout pass offsets "
+                    "(E + 1,) at each expert's first row instead of row_expert (the padding rows inside an "
+                    "expert's range are then computed with its weights)")
+        raise ValueError(reason.replace("gemm:", f"{what}:", 1) + hint)
     if tile.mma is fast_body:
         key = moe_key(_WS_ARCH, experts, out_dtype, tile, qa.element, gemm_type)
     else:

@@ -199,3 +199,24 @@ def test_the_offsets_form_slices_k_on_wgmma_ss_tiles_only(monkeypatch):
     assert grid[1] == 1 and params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])[14] == 1
     with pytest.raises(ValueError, match="the wgmma-w4a8 tiles run one K slice"):
         gemm_grouped_a8_kernel(qt, w4, offsets, expected_m=1, splits=2)
+
+
+def test_the_row_expert_form_of_float8_w8a8_on_sm90a_points_at_the_offsets_form(monkeypatch):
+    """On an sm90a GPU (faked) float8 W8A8 experts have no row-expert (DeepGEMM contiguous) kernel:
+    the refusal says so, and that the offsets form runs the pairing there (blocks and channel
+    scales). (tests/conftest.py clears the support cache around each test.)"""
+    from humming_aot import dispatch, ops
+    from humming_aot.moe import a8_launch
+
+    fake = dispatch.DeviceInfo(index=0, name="fake H200", capability=(9, 0), num_sms=132, smem_per_sm=233472,
+                               arches=("sm90a",))
+    monkeypatch.setattr(dispatch, "device_info", lambda index: fake)
+    _, blocks = _experts("float8e4m3:b128x128", e=2, n=256, k=256)
+    qa = ops.quantize_activation(torch.randn(4, 256), "float8e4m3:g128")
+    with pytest.raises(ValueError, match=r"only on sm89, sm120.*; this GPU runs the pairing's offsets form: for "
+                                         r"DeepGEMM's contiguous layout pass offsets"):
+        a8_launch.select_kernel(qa, blocks, torch.bfloat16, 4, None, "test", GemmType.GROUPED)
+    _, channel = _experts("float8e4m3:channel", e=2, n=256, k=256)
+    token = ops.quantize_activation(torch.randn(4, 256), "float8e4m3:token")
+    with pytest.raises(ValueError, match="offsets form"):
+        a8_launch.select_kernel(token, channel, torch.bfloat16, 4, None, "test", GemmType.GROUPED)
