@@ -86,6 +86,20 @@ def make_layer(model: str, fmt: str, seed: int, device: torch.device, activation
     return layer
 
 
+def _routing_step(layer, hidden: torch.Tensor, topk_ids: torch.Tensor):
+    """(routed slots, expected rows per expert, the route step's closure: moe.group_rows and its
+    int32 offsets), as both layers' forwards compute them."""
+    from humming_aot import moe
+
+    slots = hidden.shape[0] * topk_ids.shape[1]
+
+    def route():
+        routing = moe.group_rows(topk_ids, layer.num_experts, check_range=False)
+        return routing, routing.offsets_int32
+
+    return slots, max(1, -(-slots // layer.num_experts)), route
+
+
 def a8_step_closures(layer, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> dict:
     """step_closures for an A8MoE: its forward (humming_aot.moe.layer_a8.A8MoE.forward) taken apart."""
     import dataclasses
@@ -94,13 +108,7 @@ def a8_step_closures(layer, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_w
     from humming_aot.moe.layer_a8 import _per_row
     from humming_aot.moe.routing import gather_rows
 
-    slots = hidden.shape[0] * topk_ids.shape[1]
-    expected = max(1, -(-slots // layer.num_experts))
-
-    def route():
-        routing = moe.group_rows(topk_ids, layer.num_experts, check_range=False)
-        return routing, routing.offsets_int32
-
+    slots, expected, route = _routing_step(layer, hidden, topk_ids)
     routing, offsets = route()
     qx = _per_row(layer._quantize(hidden, 0), hidden.shape[0])
 
@@ -145,13 +153,7 @@ def step_closures(layer, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weig
     once here: QuantizedMoE._forward_grouped_kernels taken apart."""
     from humming_aot import moe
 
-    slots = hidden.shape[0] * topk_ids.shape[1]
-    expected = max(1, -(-slots // layer.num_experts))
-
-    def route():
-        routing = moe.group_rows(topk_ids, layer.num_experts, check_range=False)
-        return routing, routing.offsets_int32
-
+    slots, expected, route = _routing_step(layer, hidden, topk_ids)
     routing, offsets = route()
     rows = moe.permute(hidden, routing)
     h_out = rows.new_empty(slots, layer.gate_up.out_features)

@@ -53,8 +53,7 @@ struct GroupedMaskedScaledWs {
   static constexpr int kThreads = Dense::kThreads;
   // Shared memory (bodies/wgmma_w4a8.py and wgmma_ss.py masked_smem_bytes):
   // schedule/masked_ws_frame.cuh's layout
-  using Frame = schedule::MaskedWsFrame<Dense::kPipelineBytes, Dense::Writer::kStagingBytes, Dense::kRingStages,
-                                        kBlockM, kBlockN>;
+  using Frame = schedule::MaskedWsFrameOf<Dense, kBlockM, kBlockN>;
   using Walk = typename Frame::Walk;
   using TileAt = typename Frame::TileAt;
   static constexpr int kStagingOffset = Frame::kStagingOffset;

@@ -88,4 +88,9 @@ struct MaskedWsFrame {
   }
 };
 
+// The frame of a warp-specialized body's masked schedule: its ring, output staging tile and stages.
+template <class Dense, int kBlockM, int kBlockN>
+using MaskedWsFrameOf =
+    MaskedWsFrame<Dense::kPipelineBytes, Dense::Writer::kStagingBytes, Dense::kRingStages, kBlockM, kBlockN>;
+
 }  // namespace humming_aot::schedule
