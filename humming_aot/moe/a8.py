@@ -400,6 +400,12 @@ def gemm_grouped_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, of
     if bound >= 2**31:
         raise ValueError(f"{what}: {rows} rows of {experts.experts} experts make up to {bound} tiles, past the "
                          "kernel's 2**31: split the rows over calls")
+    if ws and splits > 1 and 4 * splits * bound * tile.block_m * tile.block_n > WS_WORKSPACE_BYTES:
+        raise ValueError(f"{what}: splits={splits} on {tile.label} would take a "
+                         f"{4 * splits * bound * tile.block_m * tile.block_n / 2**30:.1f} GiB workspace (up to {bound} "
+                         f"tiles x {splits} slices x {tile.block_m} x {tile.block_n} floats), past "
+                         f"{WS_WORKSPACE_BYTES // 2**30} GiB: pass fewer splits, or None (offsets_splits slices only "
+                         "when the tiles fill at most a quarter of the CTAs)")
     if out is None:
         out = torch.zeros(rows, n, dtype=out_dtype, device=codes.device)
     if rows == 0:
@@ -423,6 +429,11 @@ def gemm_grouped_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, of
     params += ws_map(codes, rows, tile, experts)
     loaded.launch((max(1, min(bound, resident // splits)), splits, 1), _moe._stream(codes), params)
     return _valid(out, experts)
+
+
+# The most workspace K slices on the wgmma-ss tiles may take: (walk's tile bound, slices, tile
+# outputs) fp32 (kernel/grouped_masked_scaled_ws.cuh); offsets_splits' own choices take a few MB.
+WS_WORKSPACE_BYTES = 2**30
 
 
 def _check_rows(qa: QuantizedActivation, experts, bias, out, out_dtype, what: str):

@@ -278,6 +278,34 @@ def test_few_rows_on_long_k_slice_k_on_the_wgmma_ss_schedule(weight):
     assert_graph_replay_is_eager(call)
 
 
+def test_k_slices_with_many_experts_and_fewer_ctas_than_tiles():
+    """K slices (forced 4 on K = 1024) with E = 300 skewed by offsets (several experts per bucket of
+    the walk's table) and more tiles than CTAs (each CTA walks several tiles per slice): every
+    tile's slices meet once (the same bits twice, within the bound)."""
+    gen = torch.Generator().manual_seed(_seed())
+    e, n, k, tokens, top_k = 300, 256, 1024, 40, 4
+    experts = _experts("float8e4m3", e, n, k, gen)
+    ids = torch.stack([torch.cat([torch.tensor([7, 299]), torch.randperm(e, generator=gen)])[:top_k] if t % 3 else
+                       torch.randperm(e, generator=gen)[:top_k] for t in range(tokens)]).reshape(-1)
+    order = torch.argsort(ids, stable=True)
+    counts = torch.bincount(ids, minlength=e)
+    bounds = [0] + torch.cumsum(counts, 0).tolist()
+    x = _activations((tokens, k), gen)
+    rows = dataclasses.replace(x, codes=x.codes[order // top_k].contiguous(), scales=x.scales[order // top_k].contiguous())
+    offsets = torch.tensor(bounds, dtype=torch.int32, device="cuda")
+    tile = _W8_TILES[0]
+    from humming_aot.moe import kernels as moe_kernels
+
+    bound = moe_kernels.offsets_tile_bound(tokens * top_k, e, n, parse_tile_field(tile))  # (20 + 160) x 2
+    assert bound > 2 * 132 // 4  # more tiles than CTAs per slice (two an SM, 132 SMs, 4 slices)
+    runs = [gemm_grouped_a8_kernel(rows, experts, offsets, expected_m=1, tile=tile, splits=4) for _ in range(2)]
+    torch.cuda.synchronize()
+    assert torch.equal(runs[0], runs[1])
+    for ex in torch.nonzero(counts).reshape(-1).tolist():
+        lo, hi = bounds[ex], bounds[ex + 1]
+        _check_rows(runs[0][lo:hi], moe_a8._rows(rows, slice(lo, hi)), experts, ex)
+
+
 def test_few_rows_on_long_k_take_the_portable_k_slices():
     """The offsets form with a handful of rows on long K runs the portable body's K slices
     (a8_launch.portable_slices_win; DeepSeek-V3 TP8's gate_up at one token), and matches float64;

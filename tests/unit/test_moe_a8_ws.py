@@ -189,6 +189,14 @@ def test_the_offsets_form_slices_k_on_wgmma_ss_tiles_only(monkeypatch):
             assert gemm[6] != 0 and gemm[7] == dispatch._split_k_counters(qa.codes.device, 7).data_ptr()
         else:
             assert workspaces == [] and gemm[6:8] == (0, 0)
+    # forced slices whose workspace would pass WS_WORKSPACE_BYTES: refused before any launch
+    monkeypatch.setattr(moe_a8, "WS_WORKSPACE_BYTES", 4 * 3 * bound * 8 * 128)
+    launches.clear()
+    gemm_grouped_a8_kernel(qa, blocks, offsets, expected_m=1, splits=3)  # (exactly at the cap)
+    with pytest.raises(ValueError, match=r"splits=4 on wgmma-ss:8x128x128_w1x4_s6 would take a .* GiB workspace "
+                                         r"\(up to 10 tiles x 4 slices x 8 x 128 floats\)"):
+        gemm_grouped_a8_kernel(qa, blocks, offsets, expected_m=1, splits=4)
+    assert len(launches) == 1
     # W4A8's wgmma tiles: one slice, and forced ones refused
     _, w4 = _experts("int4:g128", e=16, n=256, k=2048)
     qt = ops.quantize_activation(torch.randn(rows, 2048, generator=torch.Generator().manual_seed(1)),

@@ -18,7 +18,8 @@
 // - e4m3 (mainloop/fp8_promotion.cuh): each K tile's wgmma into a scratch set promoted into fp32
 //   accumulators (serial, or overlapped with the next K tile's wgmma where a third set of
 //   registers fits: up to 64 x 128 per warpgroup; with block scales above 16 tokens only);
-// - s8 (mainloop/integer_sums.cuh): exact int32 sums over the unit's whole K, made fp32 once.
+// - s8 (mainloop/integer_sums.cuh): exact int32 sums over the unit's whole K (or K slice: split-K
+//   and the MoE schedule's slices add each slice's sums made fp32), made fp32 once.
 // The e4m3 promotion needs twice the accumulator registers: a consumer warpgroup holds at most
 // 64 channels x 192 tokens (128 with block scales, whose token scales it holds too), or 128 x 96.
 //
