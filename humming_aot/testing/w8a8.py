@@ -160,6 +160,22 @@ def assert_within_sum_bound(y: torch.Tensor, qa, packed, bias=None, out_dtype=to
     assert not bad.any(), f"{int(bad.sum())} of {bad.numel()} outputs off; worst {(y - ref).abs().max().item()}"
 
 
+def one_expert_slab(qa, experts: int, expert: int, lo: int, hi: int):
+    """The grouped masked (slab) form of rows [lo, hi) of (R, K) 8-bit activations: (E, hi - lo, K)
+    slabs where `expert`'s holds those rows (codes and scales) and the others zeros (scales 1), and
+    the (E,) int32 counts (hi - lo for `expert`, 0 for the others), on the activations' device."""
+    import dataclasses
+
+    device = qa.codes.device
+    codes = torch.zeros(experts, hi - lo, qa.codes.shape[-1], dtype=qa.codes.dtype, device=device)
+    codes[expert] = qa.codes[lo:hi]
+    scales = torch.ones(experts, hi - lo, qa.scales.shape[-1], dtype=torch.float32, device=device)
+    scales[expert] = qa.scales[lo:hi]
+    counts = torch.zeros(experts, dtype=torch.int32, device=device)
+    counts[expert] = hi - lo
+    return dataclasses.replace(qa, codes=codes, scales=scales), counts
+
+
 def assert_graph_replay_is_eager(run) -> None:
     """`run()` captured in a CUDA graph, its output NaN-poisoned and the graph replayed, gives the
     bits of an eager `run()`."""

@@ -25,6 +25,7 @@ from humming_aot.spec import GemmType
 from humming_aot.testing.w8a8 import (
     assert_graph_replay_is_eager,
     assert_within_sum_bound,
+    one_expert_slab,
     skip_without_portable_kernels,
 )
 from humming_aot.testing.w8a8 import fresh_seed as _seed
@@ -177,13 +178,7 @@ def test_offsets_rows_match_float64_and_the_slab_form_bit_for_bit(_kernels, weig
         if hi > lo:
             _check_rows(y[lo:hi], moe_a8._rows(qa, slice(lo, hi)), experts, ex)
             # the slab form of the same rows: expert ex's slab holds them, the others none
-            slab_codes = torch.zeros(e, hi - lo, k, dtype=torch.uint8, device="cuda")
-            slab_codes[ex] = qa.codes[lo:hi]
-            slab_scales = torch.ones(e, hi - lo, qa.scales.shape[-1], dtype=torch.float32, device="cuda")
-            slab_scales[ex] = qa.scales[lo:hi]
-            slab = dataclasses.replace(qa, codes=slab_codes, scales=slab_scales)
-            counts = torch.zeros(e, dtype=torch.int32, device="cuda")
-            counts[ex] = hi - lo
+            slab, counts = one_expert_slab(qa, e, ex, lo, hi)
             masked = gemm_masked_a8_kernel(slab, experts, counts, tile=tile)
             assert torch.equal(masked[ex], y[lo:hi]), f"expert {ex}: the slab form's bits differ"
     first = gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=16, tile=tile, splits=2)

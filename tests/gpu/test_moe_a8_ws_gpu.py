@@ -22,7 +22,7 @@ from humming_aot.enumerate import parse_tile_field
 from humming_aot.moe import a8 as moe_a8
 from humming_aot.moe import a8_launch, gemm_grouped_a8_kernel, gemm_masked_a8_kernel, pack_a8_experts
 from humming_aot.spec import GemmType
-from humming_aot.testing.w8a8 import assert_graph_replay_is_eager, assert_within_sum_bound
+from humming_aot.testing.w8a8 import assert_graph_replay_is_eager, assert_within_sum_bound, one_expert_slab
 from humming_aot.testing.w8a8 import fresh_seed as _seed
 
 pytestmark = pytest.mark.gpu
@@ -141,14 +141,8 @@ def test_offsets_rows_match_float64_and_the_slab_form_bit_for_bit(weight, index)
         lo, hi = bounds[ex], bounds[ex + 1]
         if hi > lo:
             _check_rows(y[lo:hi], moe_a8._rows(qa, slice(lo, hi)), experts, ex)
-            slab_codes = torch.zeros(e, hi - lo, k, dtype=torch.uint8, device="cuda")
-            slab_codes[ex] = qa.codes[lo:hi]
-            slab_scales = torch.ones(e, hi - lo, qa.scales.shape[-1], dtype=torch.float32, device="cuda")
-            slab_scales[ex] = qa.scales[lo:hi]
-            counts = torch.zeros(e, dtype=torch.int32, device="cuda")
-            counts[ex] = hi - lo
-            masked = gemm_masked_a8_kernel(dataclasses.replace(qa, codes=slab_codes, scales=slab_scales), experts,
-                                           counts, tile=tile)
+            slab, counts = one_expert_slab(qa, e, ex, lo, hi)
+            masked = gemm_masked_a8_kernel(slab, experts, counts, tile=tile)
             assert torch.equal(masked[ex], y[lo:hi]), f"expert {ex}: the slab form's bits differ"
     if weight not in _W8:
         with pytest.raises(ValueError, match="one K slice"):
