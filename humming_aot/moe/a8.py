@@ -400,9 +400,10 @@ def gemm_grouped_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, of
     if bound >= 2**31:
         raise ValueError(f"{what}: {rows} rows of {experts.experts} experts make up to {bound} tiles, past the "
                          "kernel's 2**31: split the rows over calls")
-    if ws and splits > 1 and 4 * splits * bound * tile.block_m * tile.block_n > WS_WORKSPACE_BYTES:
+    ws_bytes = 4 * splits * bound * tile.block_m * tile.block_n if ws and splits > 1 else 0
+    if ws_bytes > WS_WORKSPACE_BYTES:
         raise ValueError(f"{what}: splits={splits} on {tile.label} would take a "
-                         f"{4 * splits * bound * tile.block_m * tile.block_n / 2**30:.1f} GiB workspace (up to {bound} "
+                         f"{ws_bytes / 2**30:.1f} GiB workspace (up to {bound} "
                          f"tiles x {splits} slices x {tile.block_m} x {tile.block_n} floats), past "
                          f"{WS_WORKSPACE_BYTES // 2**30} GiB: pass fewer splits, or None (offsets_splits slices only "
                          "when the tiles fill at most a quarter of the CTAs)")

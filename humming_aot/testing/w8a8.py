@@ -176,6 +176,22 @@ def one_expert_slab(qa, experts: int, expert: int, lo: int, hi: int):
     return dataclasses.replace(qa, codes=codes, scales=scales), counts
 
 
+def assert_offsets_rows_match_slabs(y: torch.Tensor, qa, experts, bounds, tile) -> None:
+    """An offsets-form MoE output y (R, N) of the (R, K) activations with prefix bounds (E + 1):
+    each expert's rows within the sum bound of its float64 product, and bit for bit the slab
+    form's (gemm_masked_a8_kernel on one_expert_slab) on the same tile."""
+    from humming_aot.moe import gemm_masked_a8_kernel
+    from humming_aot.moe.a8 import _rows
+
+    for ex in range(len(bounds) - 1):
+        lo, hi = bounds[ex], bounds[ex + 1]
+        if hi > lo:
+            assert_within_sum_bound(y[lo:hi], _rows(qa, slice(lo, hi)), experts.expert(ex))
+            slab, counts = one_expert_slab(qa, len(bounds) - 1, ex, lo, hi)
+            masked = gemm_masked_a8_kernel(slab, experts, counts, tile=tile)
+            assert torch.equal(masked[ex], y[lo:hi]), f"expert {ex}: the slab form's bits differ"
+
+
 def assert_graph_replay_is_eager(run) -> None:
     """`run()` captured in a CUDA graph, its output NaN-poisoned and the graph replayed, gives the
     bits of an eager `run()`."""

@@ -24,8 +24,8 @@ from humming_aot.moe import a8_launch, gemm_grouped_a8_kernel, gemm_masked_a8_ke
 from humming_aot.spec import GemmType
 from humming_aot.testing.w8a8 import (
     assert_graph_replay_is_eager,
+    assert_offsets_rows_match_slabs,
     assert_within_sum_bound,
-    one_expert_slab,
     skip_without_portable_kernels,
 )
 from humming_aot.testing.w8a8 import fresh_seed as _seed
@@ -173,14 +173,7 @@ def test_offsets_rows_match_float64_and_the_slab_form_bit_for_bit(_kernels, weig
     y = gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=16, out=out, tile=tile, splits=1)
     torch.cuda.synchronize()
     assert torch.isnan(y[:3]).all() and torch.isnan(y[60:]).all(), "rows of no expert were written"
-    for ex in range(e):
-        lo, hi = bounds[ex], bounds[ex + 1]
-        if hi > lo:
-            _check_rows(y[lo:hi], moe_a8._rows(qa, slice(lo, hi)), experts, ex)
-            # the slab form of the same rows: expert ex's slab holds them, the others none
-            slab, counts = one_expert_slab(qa, e, ex, lo, hi)
-            masked = gemm_masked_a8_kernel(slab, experts, counts, tile=tile)
-            assert torch.equal(masked[ex], y[lo:hi]), f"expert {ex}: the slab form's bits differ"
+    assert_offsets_rows_match_slabs(y, qa, experts, bounds, tile)  # (and the slab form's bits)
     first = gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=16, tile=tile, splits=2)
     again = gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=16, tile=tile, splits=2)
     torch.cuda.synchronize()

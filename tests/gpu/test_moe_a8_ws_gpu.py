@@ -22,7 +22,11 @@ from humming_aot.enumerate import parse_tile_field
 from humming_aot.moe import a8 as moe_a8
 from humming_aot.moe import a8_launch, gemm_grouped_a8_kernel, gemm_masked_a8_kernel, pack_a8_experts
 from humming_aot.spec import GemmType
-from humming_aot.testing.w8a8 import assert_graph_replay_is_eager, assert_within_sum_bound, one_expert_slab
+from humming_aot.testing.w8a8 import (
+    assert_graph_replay_is_eager,
+    assert_offsets_rows_match_slabs,
+    assert_within_sum_bound,
+)
 from humming_aot.testing.w8a8 import fresh_seed as _seed
 
 pytestmark = pytest.mark.gpu
@@ -137,13 +141,7 @@ def test_offsets_rows_match_float64_and_the_slab_form_bit_for_bit(weight, index)
     y = gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=64, out=out, tile=tile)
     torch.cuda.synchronize()
     assert torch.isnan(y[:3]).all() and torch.isnan(y[260:]).all(), "rows of no expert were written"
-    for ex in range(e):
-        lo, hi = bounds[ex], bounds[ex + 1]
-        if hi > lo:
-            _check_rows(y[lo:hi], moe_a8._rows(qa, slice(lo, hi)), experts, ex)
-            slab, counts = one_expert_slab(qa, e, ex, lo, hi)
-            masked = gemm_masked_a8_kernel(slab, experts, counts, tile=tile)
-            assert torch.equal(masked[ex], y[lo:hi]), f"expert {ex}: the slab form's bits differ"
+    assert_offsets_rows_match_slabs(y, qa, experts, bounds, tile)
     if weight not in _W8:
         with pytest.raises(ValueError, match="one K slice"):
             gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=64, tile=tile, splits=2)
