@@ -5,7 +5,11 @@
 // experts x codes of the same kind) with an fp32 scale a row, or e4m3 experts with DeepSeek-V3's
 // block scales (a scale per 128 x 128 weight block and per row and 128 of K). It computes what
 // kernel/grouped_masked.cuh computes around the portable bodies (the same layouts, walk and
-// contract on counts and offsets), with wgmma at the 8-bit rate.
+// contract on counts and offsets), with wgmma at the 8-bit rate. With schedule::RowBlockWalk for
+// a walk, it computes the grouped contiguous GEMM's row-expert form instead (what
+// kernel/grouped_contiguous.cuh computes around the portable bodies: DeepGEMM's contiguous layout,
+// block-aligned rows with a per-row expert index, in MaskedGemmParams' expert_rows): the same
+// roles, each tile one block's rows and its expert.
 //
 // The schedule of kernel/grouped_masked_ws.cuh (the 16-bit TMA body's), around the body's
 // producer and consumers: a persistent grid walks the experts' tiles (schedule/expert_table.cuh,
@@ -29,7 +33,7 @@
 //   global scale).
 // K slices (bodies with kKSlices, W8A8's: W4A8's consumers at 128 x 128 have no registers for the
 // slice's bounds beside their K loop; the offsets form only: gemm.k_splits == 1 for slabs, the
-// host's precondition): gridDim.y slices of ceil(K tiles / k_splits) K tiles, none empty; each
+// host's precondition, and the row-expert form's walk takes none, Walk::kKSlices): gridDim.y slices of ceil(K tiles / k_splits) K tiles, none empty; each
 // slice's fp32 sums go to the workspace (epilogue/fragment_split_k.cuh: (tiles, k_splits,
 // kBlockM x kBlockN) floats, indexed by the tile's walk index, below the walk's bound) and the
 // last slice to arrive at the tile's counter sums them in slice order (the same bits every run),
@@ -48,12 +52,15 @@ namespace humming_aot::kernel {
 
 template <class Dense,  // DenseWgmmaW4A8 or DenseWgmmaSs: produce_expert, Consumer, scale_expert, Writer
           int kBlockM,  // its tile's rows (tokens)
-          int kBlockN>  // its tile's columns (weight channels)
+          int kBlockN,  // its tile's columns (weight channels)
+          // the walk: schedule::ExpertTable (masked and offsets forms) or schedule::RowBlockWalk
+          // (the grouped contiguous row-expert form)
+          template <int, int> class WalkOf = schedule::ExpertTable>
 struct GroupedMaskedScaledWs {
   static constexpr int kThreads = Dense::kThreads;
   // Shared memory (bodies/wgmma_w4a8.py and wgmma_ss.py masked_smem_bytes):
   // schedule/masked_ws_frame.cuh's layout
-  using Frame = schedule::MaskedWsFrameOf<Dense, kBlockM, kBlockN>;
+  using Frame = schedule::MaskedWsFrameOf<Dense, kBlockM, kBlockN, WalkOf>;
   using Walk = typename Frame::Walk;
   using TileAt = typename Frame::TileAt;
   static constexpr int kStagingOffset = Frame::kStagingOffset;
@@ -87,7 +94,8 @@ struct GroupedMaskedScaledWs {
     // K slices (Dense::kKSlices, the offsets form, gridDim.y = gemm.k_splits): CTA (x, y) walks
     // the tiles of column x over K tiles [k_tile0, k_tile0 + k_count) of its slice, ceil(K tiles /
     // slices) each (the host's slices leave none empty); the slices of a tile meet in Dense::SplitK.
-    const int k_tiles = g.gemm.k / Dense::kBlockK, splits = Dense::kKSlices ? g.gemm.k_splits : 1;
+    const int k_tiles = g.gemm.k / Dense::kBlockK;
+    const int splits = Dense::kKSlices && Walk::kKSlices ? g.gemm.k_splits : 1;
     const int per_slice = splits > 1 ? (k_tiles + splits - 1) / splits : k_tiles;
     const int k_tile0 = splits > 1 ? static_cast<int>(blockIdx.y) * per_slice : 0;
     const int k_count = splits > 1 ? min(per_slice, k_tiles - k_tile0) : k_tiles;

@@ -31,6 +31,9 @@ struct ExpertTable : kernel::ExpertWalk<kBlockM> {
   // per bucket only), then at kHeader the buckets, the experts per bucket and tile_limit().
   static constexpr int kHeader = 2 * kBuckets + 1;
   static constexpr int kTableBytes = (kHeader + 3) * 4;
+  // K slices may meet at a tile's walk index (find's index: every index below the bound names one
+  // tile)
+  static constexpr bool kKSlices = true;
   static_assert(kTableBytes % 16 == 0, "the table keeps the 16-byte alignment of what follows");
 
   // (the counts, offsets, experts, max_rows, n_tiles, tile_limit, clamp_rows, first_row and tiles
@@ -43,6 +46,19 @@ struct ExpertTable : kernel::ExpertWalk<kBlockM> {
   static __device__ __forceinline__ u32* table() {
     extern __shared__ __align__(16) char walk_smem[];
     return reinterpret_cast<u32*>(walk_smem + kTableOffset);
+  }
+
+  // The walk over g's experts, n_tiles column tiles each (the table not yet built).
+  static __device__ __forceinline__ ExpertTable over(const kernel::MaskedGemmParams& g, u32 n_tiles) {
+    return ExpertTable{
+        {g.expert_rows, g.row_offsets, static_cast<u32>(g.experts), static_cast<u32>(g.gemm.m), n_tiles}};
+  }
+
+  // The activation box's first row before the tile's m0, for expert `expert` whose rows start at
+  // `first` (first_row): its slab's first row (the slabs end to end, gemm.m rows each), or `first`
+  // with offsets.
+  __device__ __forceinline__ i64 box_first(const kernel::MaskedGemmParams& g, u32 expert, i64 first) const {
+    return g.row_offsets == nullptr ? expert * static_cast<u32>(g.gemm.m) : first;
   }
 
   // Expert e's rows (e < experts).
