@@ -75,16 +75,19 @@ MOE_WALK_TABLE_BYTES = (2 * 256 + 1 + 3) * 4
 _SMEM_PER_SM = 233472  # shared memory per SM on sm_90 (each CTA also takes 1 KB of the driver's)
 
 
-def masked_smem_bytes(tile: "TileConfig", staged_scale_bytes: int = 0) -> int:
+def masked_smem_bytes(tile: "TileConfig", staged_scale_bytes: int = 0, table: bool = True) -> int:
     """The grouped masked MoE schedule's shared memory on this body (kernel/grouped_masked_scaled_ws.cuh
     kSmemBytes): the ring (its slots with staged_scale_bytes of token scales: staged_scale_bytes(key)),
-    a staging tile of its own after it, +1024 to align the base, the walk's table."""
-    return tile.stages * _stage_bytes(tile, staged_scale_bytes) + _staging_bytes(tile) + 1024 + MOE_WALK_TABLE_BYTES
+    a staging tile of its own after it, +1024 to align the base, the walk's table (table: the masked
+    and offsets forms' ExpertTable; the row-expert form's walk has none)."""
+    return (tile.stages * _stage_bytes(tile, staged_scale_bytes) + _staging_bytes(tile) + 1024
+            + (MOE_WALK_TABLE_BYTES if table else 0))
 
 
 def key_masked_smem_bytes(key: "KernelKey") -> int:
-    """masked_smem_bytes of a masked key (block scales above 16 rows stage their token scales)."""
-    return masked_smem_bytes(key.tile, staged_scale_bytes(key))
+    """masked_smem_bytes of a key of the masked schedule (its masked and offsets forms, or a
+    grouped key's row-expert form; block scales above 16 rows stage their token scales)."""
+    return masked_smem_bytes(key.tile, staged_scale_bytes(key), table=key.spec.gemm_type.value != "grouped")
 
 
 def masked_smem_limit(tile: "TileConfig") -> int:
@@ -145,7 +148,7 @@ class WgmmaSsBody(Body):
                 f"channels per warpgroup <= {2 * limit} x 64 or {limit} x 128, block_m one of "
                 f"{', '.join(map(str, TOKENS))})"
             )
-        if s.gemm_type.value == "masked" and key_masked_smem_bytes(key) > masked_smem_limit(key.tile):
+        if s.gemm_type.value in ("masked", "grouped") and key_masked_smem_bytes(key) > masked_smem_limit(key.tile):
             raise ValueError(f"{key.name}: the masked MoE schedule's ring, staging tile and walk table need "
                              f"{key_masked_smem_bytes(key)} bytes, more than the {masked_smem_limit(key.tile)} "
                              "each of its CTAs per SM has on sm_90; take fewer stages")

@@ -461,15 +461,31 @@ def sync_tile(experts: PackedA8Experts, expected_m: int) -> TileConfig:
 
 
 def grouped_a8_block_m(experts: PackedA8Experts, expected_m: int) -> int:
-    """The rows of the tile the row-expert form runs for `expected_m` rows per expert: every
-    expert's rows must fill whole blocks of it from row 0 (128 is a multiple of every one)."""
-    return sync_tile(experts, expected_m).block_m
+    """The rows of the tile the row-expert form runs for `expected_m` rows per expert on the
+    experts' device: every expert's rows must fill whole blocks of it from row 0 (128 is a multiple
+    of every one). The warp-specialized table's tile where a8_launch.ws_takes the row-expert form
+    (float8 W8A8 experts on sm90a), else the portable body's."""
+    return _row_expert_tile(experts, expected_m).block_m
+
+
+def _row_expert_tile(experts: PackedA8Experts, expected_m: int) -> TileConfig:
+    """The table tile of the row-expert form for `expected_m` rows per expert (grouped_a8_block_m)."""
+    from humming_aot.moe.a8_launch import ws_takes, ws_tile
+
+    if experts.device.type == "cuda":
+        from humming_aot import dispatch
+
+        if ws_takes(None, experts, dispatch.device_info(experts.device.index), GemmType.GROUPED):
+            return ws_tile(experts, expected_m)
+    return sync_tile(experts, expected_m)
 
 
 def _grouped_by_row_expert(qa: QuantizedActivation, experts: PackedA8Experts, row_expert: torch.Tensor, *,
                            expected_m: int, bias, out_dtype, out, tile) -> torch.Tensor:
     """gemm_grouped_a8_kernel on block-aligned rows with a per-row expert index: the grouped
-    contiguous schedule (kernel/grouped_contiguous.cuh) around the pairing's portable body."""
+    contiguous schedule (kernel/grouped_contiguous.cuh) around the pairing's portable body, or on
+    sm90a for float8 W8A8 experts the warp-specialized wgmma-ss schedule over the row blocks
+    (kernel/grouped_masked_scaled_ws.cuh with schedule/row_block_walk.cuh)."""
     what = "gemm_grouped_a8_kernel"
     _check_pairing(qa, experts, what, 2)
     codes = qa.codes
@@ -489,9 +505,17 @@ def _grouped_by_row_expert(qa: QuantizedActivation, experts: PackedA8Experts, ro
     if tiles >= 2**31:
         raise ValueError(f"{what}: {rows} rows make {tiles} tiles, past the kernel's 2**31: split the rows over calls")
     resident = _moe._resident(loaded, tile, codes.device.index)
-    params = grouped_scaled_params(codes=codes.data_ptr(), lda=codes.stride(0), experts=experts, bias=bias,
-                                   out=out.data_ptr(), m=rows, row_expert=row_expert.data_ptr(),
-                                   a_scale=scales.data_ptr(), a_scale_row_stride=scales.shape[1])
+    if tile.mma in (MmaKind.WGMMA_W4A8, MmaKind.WGMMA_SS):
+        # the masked schedule's Params with the row experts where the counts go (row_block_walk.cuh)
+        params = scaled_params(
+            codes=codes.data_ptr(), lda=codes.stride(0), experts=experts, bias=bias, out=out.data_ptr(), m=rows,
+            splits=1, workspace=0, counters=0, expert_rows=row_expert.data_ptr(), a_stride=0, out_stride=0,
+            offsets=0, a_scale=scales.data_ptr(), a_scale_stride=0, a_scale_row_stride=scales.shape[1])
+        params += ws_map(codes, rows, tile, experts)
+    else:
+        params = grouped_scaled_params(codes=codes.data_ptr(), lda=codes.stride(0), experts=experts, bias=bias,
+                                       out=out.data_ptr(), m=rows, row_expert=row_expert.data_ptr(),
+                                       a_scale=scales.data_ptr(), a_scale_row_stride=scales.shape[1])
     loaded.launch((max(1, min(tiles, resident)), 1, 1), _moe._stream(codes), params)
     return _valid(out, experts)
 

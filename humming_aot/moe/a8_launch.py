@@ -7,7 +7,8 @@ Bodies: the portable mma.sync ones of each pairing (mma-w4a8, mma-ss) everywhere
 schedules; on sm90a, in the masked schedule and its offsets form, W4A8 experts with float8
 activations run the warp-specialized wgmma-w4a8 body and W8A8 experts (channel or 128 x 128 block
 scales) the wgmma-ss body (kernel/grouped_masked_scaled_ws.cuh), on the tiles of WS_TILES /
-W8A8_WS_TILES / W8A8_BLOCK_WS_TILES (ws_takes says where).
+W8A8_WS_TILES / W8A8_BLOCK_WS_TILES; float8 W8A8 experts run the row-expert form there too (the
+same schedule over schedule/row_block_walk.cuh; ws_takes says where).
 """
 from __future__ import annotations
 
@@ -85,16 +86,23 @@ def ws_tile(experts, rows: int) -> TileConfig:
     return w8a8.table_tile(table, max(1, int(rows)))
 
 
-def ws_takes(qa: QuantizedActivation, experts, info, gemm_type: GemmType) -> bool:
-    """Whether a warp-specialized body serves this call: the masked schedule (or its offsets form)
-    on a GPU with sm90a, for W4A8 experts with float8 activations (wgmma-w4a8) or W8A8 experts
-    (wgmma-ss: float8 x float8 with channel or block scales, int8 x int8)."""
+def ws_takes(qa: QuantizedActivation | None, experts, info, gemm_type: GemmType) -> bool:
+    """Whether a warp-specialized body serves this call on a GPU with sm90a: the masked schedule
+    (or its offsets form) for W4A8 experts with float8 activations (wgmma-w4a8) or W8A8 experts
+    (wgmma-ss: float8 x float8 with channel or block scales, int8 x int8); the row-expert form
+    (gemm_type GROUPED: the same schedule over row blocks) for float8 W8A8 experts only, whose
+    portable body there is ptxas's emulated e4m3 (int8 W8A8 and W4A8 keep their portable kernels
+    in that form). qa None: the experts' own activation element."""
     from humming_aot.moe.a8 import PackedW4A8Experts
 
-    if gemm_type is not GemmType.MASKED or _WS_ARCH not in info.arches:
+    if _WS_ARCH not in info.arches:
+        return False
+    if gemm_type is GemmType.GROUPED:
+        return not isinstance(experts, PackedW4A8Experts) and experts.format.startswith("float8e4m3")
+    if gemm_type is not GemmType.MASKED:
         return False
     if isinstance(experts, PackedW4A8Experts):
-        return qa.element == w4a8.ACT_ELEMENT
+        return qa is None or qa.element == w4a8.ACT_ELEMENT
     return True
 
 
@@ -222,7 +230,8 @@ def select_kernel(qa: QuantizedActivation, experts, out_dtype: torch.dtype, rows
     if not isinstance(tile, TileConfig) or (tile.mma is not body and not (fast and tile.mma is fast_body)):
         label = tile.label if isinstance(tile, TileConfig) else repr(tile)
         also = (f" (and {fast_body.value} tiles on sm90a in the masked schedule and its offsets form, for "
-                + ("float8e4m3 activations)" if dense is w4a8 else "W8A8 experts)"))
+                + ("float8e4m3 activations)" if dense is w4a8 else "W8A8 experts, and in the row-expert form for "
+                   "float8 ones)"))
         raise ValueError(f"{what}: tile {label}: these MoE GEMMs run {body.value} tiles{also} (leave tile None for "
                          "the table's)")
     kind = (qa.codes.device.index, body, experts.element if dense is w4a8 else experts.blocks, experts.format,
@@ -237,13 +246,7 @@ def select_kernel(qa: QuantizedActivation, experts, out_dtype: torch.dtype, rows
             else w8a8.gemm_spec(out_dtype, experts.blocks, qa.element))
     reason = ops._unsupported_on_device(dataclasses.replace(spec, gemm_type=gemm_type), qa.codes.device.index)
     if reason:
-        hint = ""
-        if gemm_type is GemmType.GROUPED and ops._unsupported_on_device(
-                dataclasses.replace(spec, gemm_type=GemmType.MASKED), qa.codes.device.index) is None:
-            hint = ("; this GPU runs the pairing's offsets form: for DeepGEMM's contiguous layout pass offsets "
-                    "(E + 1,) at each expert's first row instead of row_expert (the padding rows inside an "
-                    "expert's range are then computed with its weights)")
-        raise ValueError(reason.replace("gemm:", f"{what}:", 1) + hint)
+        raise ValueError(reason.replace("gemm:", f"{what}:", 1))
     if tile.mma is fast_body:
         key = moe_key(_WS_ARCH, experts, out_dtype, tile, qa.element, gemm_type)
     else:

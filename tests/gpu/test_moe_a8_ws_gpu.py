@@ -8,8 +8,9 @@ those scales into the ring from a second producer warp). Each expert's rows agai
 exact operands (the dense W4A8 sum bound), NaN-poisoned outputs whose rows past each count or of
 no expert must stay NaN, skewed and empty routing, odd N (padded by pack), K off the K tile of
 128, E past one window of the walk's table (256), the offsets and slab forms giving the same
-bits, a bias with float16 output, and CUDA graph replays. Fresh random data each run (seed
-printed)."""
+bits, a bias with float16 output, and CUDA graph replays; and the row-expert form (DeepGEMM's
+contiguous layout, the same schedule over row blocks: schedule/row_block_walk.cuh) of the float8
+W8A8 experts. Fresh random data each run (seed printed)."""
 from __future__ import annotations
 
 import dataclasses
@@ -37,6 +38,7 @@ _BLOCK_TILES = [label for _, label in a8_launch.W8A8_BLOCK_WS_TILES]
 _FORMATS = {"int4": "int4:g128", "uint4": "uint4:g128:zp", "float4e2m1": "mxfp4", "float8e4m3": "float8e4m3:channel",
             "int8": "int8:channel", "blocks": "float8e4m3:b128x128"}
 _W8 = ("float8e4m3", "int8", "blocks")
+_ROW_FORM = ("float8e4m3", "blocks")  # (the row-expert form on the wgmma-ss schedule: a8_launch.ws_takes)
 
 
 def _tiles(weight: str) -> list[str]:
@@ -58,7 +60,8 @@ def _keys() -> list:
                 element = "float8e4m3" if weight == "blocks" else weight
                 key = (w8a8.kernel_key("sm90a", dtype, tile, weight == "blocks", element) if weight in _W8
                        else w4a8.kernel_key("sm90a", dtype, tile, "float8e4m3", weight))
-                keys.append(dataclasses.replace(key, spec=dataclasses.replace(key.spec, gemm_type=GemmType.MASKED)))
+                types = (GemmType.MASKED, GemmType.GROUPED) if weight in _ROW_FORM else (GemmType.MASKED,)
+                keys += [dataclasses.replace(key, spec=dataclasses.replace(key.spec, gemm_type=t)) for t in types]
     return keys
 
 
@@ -379,3 +382,74 @@ def test_the_block_scaled_layer_matches_its_reference_path_and_replays():
     assert not torch.isnan(y).any()
     assert (y.double().cpu() - expected).abs().max().item() <= 2.0**-4 * expected.abs().max().item()
     assert_graph_replay_is_eager(lambda: layer(*args))
+
+
+def _row_layout(counts: list[int], align: int, tail_blocks: int = 1):
+    """DeepGEMM's contiguous layout: each expert's rows from a multiple of `align`, padded with row
+    expert -1 to the next one, then `tail_blocks` blocks of padding only; (row_expert on the GPU,
+    each expert's first row, R)."""
+    row_expert, starts, at = [], [], 0
+    for ex, count in enumerate(counts):
+        starts.append(at)
+        size = -(-count // align) * align
+        row_expert += [ex] * count + [-1] * (size - count)
+        at += size
+    row_expert += [-1] * (align * tail_blocks)
+    return torch.tensor(row_expert, dtype=torch.int32, device="cuda"), starts, len(row_expert)
+
+
+@pytest.mark.parametrize("weight", _ROW_FORM)
+@pytest.mark.parametrize("index", range(5))
+def test_the_row_expert_form_matches_float64_and_the_offsets_form(weight, index):
+    """Every tile of the table: experts' rows padded to 128 (blocks of padding only inside and
+    after them skipped, their NaN-poisoned rows left; padding rows inside an expert's last block
+    computed), odd N, the real rows against float64 and bit for bit the offsets form's at the same
+    tile (one K slice: the same K loop)."""
+    tile = _tiles(weight)[index]
+    gen = torch.Generator().manual_seed(_seed())
+    e, n, k = 5, 150, 384
+    experts = _experts(weight, e, n, k, gen)
+    counts = [70, 0, 130, 5, 128]
+    row_expert, starts, rows = _row_layout(counts, 128)
+    qa = _activations((rows, k), gen, _act(weight))
+    out = torch.full((rows, experts.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    y = gemm_grouped_a8_kernel(qa, experts, row_expert=row_expert, expected_m=64, out=out, tile=tile)
+    torch.cuda.synchronize()
+    block_m = parse_tile_field(tile).block_m
+    for ex, (count, start) in enumerate(zip(counts, starts)):
+        end = start + -(-count // block_m) * block_m  # (the expert's blocks of this tile)
+        assert torch.isnan(out[end:starts[ex + 1] if ex + 1 < e else rows]).all(), f"expert {ex}: padding blocks"
+        if count:
+            assert not torch.isnan(out[start:end]).any(), f"expert {ex}: rows of its blocks were left"
+            _check_rows(y[start:start + count], moe_a8._rows(qa, slice(start, start + count)), experts, ex)
+            sub = moe_a8._rows(qa, slice(start, start + count))
+            offsets = torch.tensor([0] * (ex + 1) + [count] * (e - ex), dtype=torch.int32, device="cuda")
+            by_offsets = gemm_grouped_a8_kernel(sub, experts, offsets, expected_m=64, tile=tile, splits=1)
+            assert torch.equal(by_offsets, y[start:start + count]), f"expert {ex}: the two forms' bits differ"
+
+
+def test_the_row_expert_form_with_many_experts_a_bias_and_the_default_tile():
+    """E 256 at top-8 decode sizes (mostly empty experts: blocks of padding only far outnumber the
+    real ones, skipped 32 at a time), more tiles than CTAs, a bias with float16 output, rows cut
+    at R inside the last block, the default tile (grouped_a8_block_m's rows) and a CUDA graph
+    replay."""
+    gen = torch.Generator().manual_seed(_seed())
+    e, n, k = 256, 256, 512
+    experts = _experts("blocks", e, n, k, gen)
+    counts = torch.zeros(e, dtype=torch.int64)
+    counts[torch.randperm(e, generator=gen)[:40]] = torch.randint(1, 20, (40,), generator=gen)
+    counts[255] = 3  # (the last expert's rows end R: no padding after them)
+    align = moe_a8.grouped_a8_block_m(experts, 2)
+    assert align == a8_launch.ws_tile(experts, 2).block_m == 8
+    row_expert, starts, rows = _row_layout(counts.tolist(), 128, tail_blocks=0)
+    row_expert, rows = row_expert[:starts[255] + 3], starts[255] + 3
+    qa = _activations((rows, k), gen, _act("blocks"))
+    bias = (torch.randn(e, n, generator=gen) * 0.1).to(torch.float16).cuda()
+    call = lambda: gemm_grouped_a8_kernel(qa, experts, row_expert=row_expert, expected_m=2, bias=bias,  # noqa: E731
+                                          out_dtype=torch.float16)
+    y = call()
+    torch.cuda.synchronize()
+    for ex in torch.nonzero(counts).reshape(-1).tolist():
+        lo, hi = starts[ex], starts[ex] + int(counts[ex])
+        _check_rows(y[lo:hi], moe_a8._rows(qa, slice(lo, hi)), experts, ex, bias, torch.float16)
+    assert_graph_replay_is_eager(call)

@@ -276,18 +276,16 @@ def test_moe_keys_wrap_the_portable_8bit_bodies_on_scaled_params():
             assert f"const __grid_constant__ humming_aot::kernel::{params} params" in source
             assert codegen.params_type(key) == params
             assert support.is_supported(key.spec, arch)
-    # the wgmma bodies have no run_tile: the row-expert schedule takes neither, the masked one the
-    # W4A8 body through its own schedule (below) but not the W8A8 one; W4A4 has no MoE type; float8
-    # W8A8 MoE only where e4m3 mma.sync is native (sm89, sm120: ptxas's emulation spills beside
-    # the walk elsewhere)
-    with pytest.raises(ValueError, match=r"takes the bodies mma-w4a8, mma-ss for float8e4m3 activations, not "
-                                         r"wgmma-w4a8"):
+    # the wgmma bodies have no run_tile: the row-expert form takes the W8A8 one through the masked
+    # schedule over row blocks (tests/unit/test_moe_a8_ws.py), not the W4A8 one; W4A4 has no MoE
+    # type; float8 W8A8 MoE on the portable body only where e4m3 mma.sync is native (sm89, sm120:
+    # ptxas's emulation spills beside the walk elsewhere)
+    with pytest.raises(ValueError, match=r"takes the bodies mma-w4a8, mma-ss, wgmma-ss for float8e4m3 activations, "
+                                         r"not wgmma-w4a8"):
         codegen.kernel_source(_masked_key("sm90a", "int4", "float8e4m3", "wgmma-w4a8:16x128x128_w1x4_s8",
                                           GemmType.GROUPED))
-    with pytest.raises(ValueError, match=r"takes the bodies mma-w4a8, mma-ss for float8e4m3 activations, not "
-                                         r"wgmma-ss"):
-        codegen.kernel_source(_masked_key("sm90a", "float8e4m3", "float8e4m3", "wgmma-ss:64x128x128_w1x8_s6",
-                                          GemmType.GROUPED))
+    assert "RowBlockWalk>;" in codegen.kernel_source(
+        _masked_key("sm90a", "float8e4m3", "float8e4m3", "wgmma-ss:64x128x128_w1x8_s6", GemmType.GROUPED))
     # block scales on the masked wgmma-ss schedule: their slots also hold 32 rows' scales, so the
     # channel table's 5-stage 32-row tile no longer fits two CTAs an SM
     with pytest.raises(ValueError, match="masked MoE schedule's ring, staging tile and walk table need 119312"):
@@ -300,18 +298,16 @@ def test_moe_keys_wrap_the_portable_8bit_bodies_on_scaled_params():
     assert not support.is_supported(dataclasses.replace(w4a4.spec, gemm_type=GemmType.MASKED), "sm80")
     for arch in ("sm90a", "sm100", "sm110"):
         spec = dataclasses.replace(w8a8.gemm_spec(torch.bfloat16, True, "float8e4m3"), gemm_type=GemmType.MASKED)
-        # block-scaled float8 experts: the masked type on sm90a (its wgmma-ss schedule) too
-        assert support.is_supported(spec, arch) == (arch == "sm90a")
-        if arch != "sm90a":
-            assert "only on sm89, sm120" in support.why_unsupported(spec, arch)
-        assert "only on sm89, sm120" in support.why_unsupported(dataclasses.replace(spec, gemm_type=GemmType.GROUPED),
-                                                                  arch)
-        assert support.is_supported(_masked_key(arch, "int8", "int8", "mma-ss:16x128x128_w1x4_s4").spec, arch)
-        # float8 channel experts: the masked type on sm90a (its wgmma-ss schedule), not the row-expert one
+        # block-scaled and channel-scaled float8 experts: both MoE types on sm90a (its wgmma-ss
+        # schedule and the same over row blocks), neither on sm100 / sm110
         channel = dataclasses.replace(w8a8.gemm_spec(torch.bfloat16, False, "float8e4m3"), gemm_type=GemmType.MASKED)
-        assert support.is_supported(channel, arch) == (arch == "sm90a")
-        grouped = dataclasses.replace(channel, gemm_type=GemmType.GROUPED)
-        assert "only on sm89, sm120" in support.why_unsupported(grouped, arch)
+        for masked in (spec, channel):
+            for gemm_type in (GemmType.MASKED, GemmType.GROUPED):
+                typed = dataclasses.replace(masked, gemm_type=gemm_type)
+                assert support.is_supported(typed, arch) == (arch == "sm90a")
+                if arch != "sm90a":
+                    assert "only on sm89, sm120" in support.why_unsupported(typed, arch)
+        assert support.is_supported(_masked_key(arch, "int8", "int8", "mma-ss:16x128x128_w1x4_s4").spec, arch)
 
 
 def test_the_default_catalog_holds_the_moe_keys_the_tables_pick():

@@ -50,6 +50,15 @@ def test_the_masked_keys_on_sm90a_wrap_the_wgmma_bodies_in_their_schedule():
             assert smem == wgmma_ss.masked_smem_bytes(key.tile, staged) <= wgmma_ss.masked_smem_limit(key.tile)
             assert f"    {'true' if weight == 'blocks' else 'false'},  // scales per 128 x 128 weight block" in source
         assert f"static_assert(Kernel::kSmemBytes == {smem}," in source
+        assert "RowBlockWalk" not in source
+        if body == "DenseWgmmaSs" and act == "float8e4m3":
+            # the row-expert form: the same schedule over row blocks, with no walk table
+            grouped = _masked_key("sm90a", weight, act, label, GemmType.GROUPED)
+            key.tile.body.check_key(grouped)
+            assert support.is_supported(grouped.spec, "sm90a") and codegen.params_type(grouped) == codegen.params_type(key)
+            text = codegen.kernel_source(grouped)
+            assert f", {key.tile.block_m}, {key.tile.block_n}, humming_aot::schedule::RowBlockWalk>;" in text
+            assert codegen.kernel_smem_bytes(grouped) == smem - wgmma_ss.MOE_WALK_TABLE_BYTES
     # the dense 32-row tile's eight stages leave no room for the schedule's staging beside two CTAs
     with pytest.raises(ValueError, match="masked MoE schedule's ring, staging tile and walk table need"):
         _masked_key("sm90a", "int4", "float8e4m3", "wgmma-w4a8:32x128x128_w1x4_s8").tile.body.check_key(
@@ -105,31 +114,40 @@ def test_the_ws_params_add_padding_and_the_codes_map_to_the_masked_scaled_bytes(
 
 def test_the_default_catalog_holds_the_ws_tables_w8a8_tiles():
     """sm90a's default catalog: every tile of W8A8_WS_TILES for float8 and int8 experts with channel
-    scales and of W8A8_BLOCK_WS_TILES for DeepSeek-V3's block-scaled float8 experts, the masked type
-    only, both outputs."""
+    scales and of W8A8_BLOCK_WS_TILES for DeepSeek-V3's block-scaled float8 experts, both outputs,
+    in the masked type (its offsets form too) and, for the float8 experts only, the grouped type's
+    row-expert form (int8 keeps its native portable kernels there)."""
     from humming_aot.moe import a8_launch
 
     ws = [k for k in enumerate_keys("default", ["sm90a"]) if k.tile.mma.value == "wgmma-ss"
           and k.spec.gemm_type is not GemmType.DENSE]
-    assert {k.spec.gemm_type for k in ws} == {GemmType.MASKED}
-    expected = {(label, w, scale, o) for _, label in a8_launch.W8A8_WS_TILES
+    expected = {(label, w, scale, o, GemmType.MASKED) for _, label in a8_launch.W8A8_WS_TILES
                 for w in ("float8e4m3", "int8") for scale in ("g",) for o in ("bfloat16", "float16")}
-    expected |= {(label, "float8e4m3", "b", o) for _, label in a8_launch.W8A8_BLOCK_WS_TILES
+    expected |= {(label, "float8e4m3", "g", o, GemmType.GROUPED) for _, label in a8_launch.W8A8_WS_TILES
                  for o in ("bfloat16", "float16")}
-    assert {(k.tile.label, k.spec.w_dtype, k.spec.w_scale.value, k.spec.out_dtype) for k in ws} == expected
+    expected |= {(label, "float8e4m3", "b", o, t) for _, label in a8_launch.W8A8_BLOCK_WS_TILES
+                 for o in ("bfloat16", "float16") for t in (GemmType.MASKED, GemmType.GROUPED)}
+    assert {(k.tile.label, k.spec.w_dtype, k.spec.w_scale.value, k.spec.out_dtype, k.spec.gemm_type)
+            for k in ws} == expected
+    assert not [k for k in enumerate_keys("default", ["sm90a"]) if k.tile.mma.value == "wgmma-w4a8"
+                and k.spec.gemm_type is GemmType.GROUPED]
 
 
 @pytest.mark.slow
 @needs_nvcc
 def test_nvcc_compiles_the_block_scaled_ws_keys_without_spills(tmp_path):
     """The block-scaled tiles: the 8- and 16-row ones read their rows' scales in the K loop, the
-    others gather them into the ring from a second producer warp."""
+    others gather them into the ring from a second producer warp; in the masked schedule and in
+    the row-expert form (float8 channel scales too)."""
     from test_build_nvcc import _ptxas_report, _spill_bytes
 
     from humming_aot.moe import a8_launch
 
-    for _, label in a8_launch.W8A8_BLOCK_WS_TILES:
-        key = _masked_key("sm90a", "blocks", "float8e4m3", label)
+    cases = [("blocks", label, t) for _, label in a8_launch.W8A8_BLOCK_WS_TILES
+             for t in (GemmType.MASKED, GemmType.GROUPED)]
+    cases += [("float8e4m3", label, GemmType.GROUPED) for _, label in a8_launch.W8A8_WS_TILES]
+    for weight, label, gemm_type in cases:
+        key = _masked_key("sm90a", weight, "float8e4m3", label, gemm_type)
         report = _ptxas_report(key, tmp_path)
         assert _spill_bytes(report) == 0, (key.name, report)
 
@@ -209,22 +227,98 @@ def test_the_offsets_form_slices_k_on_wgmma_ss_tiles_only(monkeypatch):
         gemm_grouped_a8_kernel(qt, w4, offsets, expected_m=1, splits=2)
 
 
-def test_the_row_expert_form_of_float8_w8a8_on_sm90a_points_at_the_offsets_form(monkeypatch):
-    """On an sm90a GPU (faked) float8 W8A8 experts have no row-expert (DeepGEMM contiguous) kernel:
-    the refusal says so, and that the offsets form runs the pairing there (blocks and channel
-    scales). (tests/conftest.py clears the support cache around each test.)"""
+def test_the_row_expert_form_of_float8_w8a8_on_sm90a_takes_the_wgmma_ss_schedule(monkeypatch):
+    """On an sm90a GPU (faked; the loader records the keys) float8 W8A8 experts run DeepGEMM's
+    contiguous layout (row_expert) on the warp-specialized wgmma-ss schedule over row blocks: the
+    grouped key of the table's tile, for channel and block scales, whose 512-byte Params the
+    loaded kernel must take, and grouped_a8_block_m names that tile's rows; int8 W8A8 and W4A8
+    experts keep their portable kernels in that form. (tests/conftest.py clears the support cache
+    around each test.)"""
     from humming_aot import dispatch, ops
+    from humming_aot import obtain as _obtain
     from humming_aot.moe import a8_launch
 
     fake = dispatch.DeviceInfo(index=0, name="fake H200", capability=(9, 0), num_sms=132, smem_per_sm=233472,
                                arches=("sm90a",))
     monkeypatch.setattr(dispatch, "device_info", lambda index: fake)
+    monkeypatch.setattr(a8_launch, "_LOADED", {})
+    loads = []
+
+    class Loaded:
+        def __init__(self, key):
+            self.name = key.name
+            self.params_bytes = (a8_launch.WS_PARAMS_BYTES if key.tile.mma.value.startswith("wgmma")
+                                 else a8_launch.GROUPED_SCALED_PARAMS_BYTES)
+
+    def load(key, info):
+        loads.append(key)
+        return Loaded(key)
+
+    monkeypatch.setattr(_obtain, "load", load)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     _, blocks = _experts("float8e4m3:b128x128", e=2, n=256, k=256)
-    qa = ops.quantize_activation(torch.randn(4, 256), "float8e4m3:g128")
-    with pytest.raises(ValueError, match=r"only on sm89, sm120.*; this GPU runs the pairing's offsets form: for "
-                                         r"DeepGEMM's contiguous layout pass offsets"):
-        a8_launch.select_kernel(qa, blocks, torch.bfloat16, 4, None, "test", GemmType.GROUPED)
     _, channel = _experts("float8e4m3:channel", e=2, n=256, k=256)
+    group = ops.quantize_activation(torch.randn(4, 256), "float8e4m3:g128")
     token = ops.quantize_activation(torch.randn(4, 256), "float8e4m3:token")
-    with pytest.raises(ValueError, match="offsets form"):
-        a8_launch.select_kernel(token, channel, torch.bfloat16, 4, None, "test", GemmType.GROUPED)
+    for qa, experts, table in ((group, blocks, a8_launch.W8A8_BLOCK_WS_TILES),
+                               (token, channel, a8_launch.W8A8_WS_TILES)):
+        for rows, (_, label) in zip((1, 16, 17, 100, 4096), table):
+            tile, _ = a8_launch.select_kernel(qa, experts, torch.bfloat16, rows, None, "test", GemmType.GROUPED)
+            assert tile.label == label and loads[-1].spec.gemm_type is GemmType.GROUPED
+            assert loads[-1].tile == tile and loads[-1].arch == "sm90a"
+            assert "RowBlockWalk" in codegen.kernel_source(loads[-1])
+    # the block rows the caller aligns to follow the device's table (a CUDA device faked)
+    monkeypatch.setattr(type(blocks), "device", property(lambda self: torch.device("cuda", 0)), raising=False)
+    assert [moe_a8.grouped_a8_block_m(blocks, m) for m in (1, 9, 17, 33, 129)] == [8, 16, 32, 64, 128]
+    # int8 W8A8 and W4A8: their portable bodies in the row-expert form
+    _, int8 = _experts("int8:channel", e=2, n=256, k=256)
+    _, w4 = _experts("int4:g128", e=2, n=256, k=256)
+    for qa, experts in ((ops.quantize_activation(torch.randn(4, 256), "int8:token"), int8), (token, w4)):
+        assert not a8_launch.ws_takes(qa, experts, fake, GemmType.GROUPED)
+        tile, _ = a8_launch.select_kernel(qa, experts, torch.bfloat16, 4, None, "test", GemmType.GROUPED)
+        assert tile.mma.value.startswith("mma-") and loads[-1].spec.gemm_type is GemmType.GROUPED
+        assert moe_a8.grouped_a8_block_m(experts, 4) == moe_a8.sync_tile(experts, 4).block_m
+
+
+def test_the_row_expert_form_launches_the_masked_scaled_params_with_row_experts(monkeypatch):
+    """gemm_grouped_a8_kernel's row-expert path up to the launch on a wgmma-ss tile (CPU tensors
+    made to look like CUDA ones, a recorded launch): MaskedScaledTmaGemmParams whose counts pointer
+    holds the row experts, no offsets, one K slice, slab strides 0, R rows; the grid the tiles of
+    every block (padding ones included: the kernel skips them) up to the resident CTAs; slices
+    refused."""
+    from humming_aot import ops
+    from humming_aot.moe import a8_launch, gemm_grouped_a8_kernel
+    from humming_aot.moe import kernels as moe_kernels
+
+    launches = []
+
+    class Loaded:
+        def launch(self, grid, stream, params):
+            launches.append((grid, stream, params))
+
+    tile = parse_tile_field("wgmma-ss:8x128x128_w1x4_s6")
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(moe_a8, "select_kernel", lambda qa, experts, out_dtype, rows, forced, what, gemm_type: (
+        tile, Loaded()) if gemm_type is GemmType.GROUPED else None)
+    monkeypatch.setattr(moe_a8, "ws_map", lambda codes, rows, tile, experts=None: bytes(
+        a8_launch.WS_PARAMS_BYTES - moe_a8.MASKED_SCALED_PARAMS_BYTES))
+    monkeypatch.setattr(moe_kernels, "_resident", lambda loaded, tile, device_index: 20)
+    monkeypatch.setattr(moe_kernels, "_stream", lambda codes: 7)
+    _, blocks = _experts("float8e4m3:b128x128", e=4, n=384, k=256)
+    rows = 40  # blocks of 8: expert 2 (3 rows), padding, expert 0 (16 rows), expert 3 (2 rows, cut at R)
+    row_expert = torch.full((rows,), -1, dtype=torch.int32)
+    row_expert[0:3], row_expert[16:32], row_expert[32:34] = 2, 0, 3
+    qa = ops.quantize_activation(torch.randn(rows, 256, generator=torch.Generator().manual_seed(2)),
+                                 "float8e4m3:g128")
+    out = gemm_grouped_a8_kernel(qa, blocks, row_expert=row_expert, expected_m=8)
+    (grid, stream, params), = launches
+    assert grid == (min(5 * 3, 20), 1, 1) and stream == 7 and len(params) == a8_launch.WS_PARAMS_BYTES
+    size = params_abi.GEMM_PARAMS.size
+    gemm = params_abi.GEMM_PARAMS.unpack(params[:size])
+    assert gemm[10] == rows and gemm[14] == 1 and gemm[6:8] == (0, 0)  # (m, k_splits, workspace, counters)
+    tail = params_abi.MASKED_TAIL.unpack(params[size:size + params_abi.MASKED_TAIL.size])
+    assert tail[0] == row_expert.data_ptr() and tail[-1] == 0 and tail[-4:-2] == (0, 0) and tail[-2] == 4
+    assert out.shape == (rows, 384) and not out.any()  # (a new zero output: the kernel did not run)
+    with pytest.raises(ValueError, match="K slices are for the offsets form"):
+        gemm_grouped_a8_kernel(qa, blocks, row_expert=row_expert, expected_m=8, splits=2)
+

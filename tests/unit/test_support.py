@@ -151,11 +151,11 @@ def test_supported_specs_sorted_unique_and_supported():
         # and for the W4A8 and W8A8 specs: int4 / uint4 and int8 weights x int8 from sm80; with
         # float8 activations int4, uint4 and MXFP4 weights from sm89, and float8 weights (per channel
         # and per block) where mma.sync on e4m3 is native (sm89, sm120), and on sm90a float8 per
-        # channel and per block in the masked type (the wgmma-ss schedule): x two outputs, 6, 12 or
-        # 16 of each type (16 masked on sm90a); W4A4 has none
+        # channel and per block in both types (the wgmma-ss schedule, its row-expert form over row
+        # blocks): x two outputs, 6, 12 or 16 of each type (16 on sm90a); W4A4 has none
         for gemm_type in (GemmType.MASKED, GemmType.GROUPED):
             a8 = [s for s in specs if s.a_is_quantized and s.gemm_type is gemm_type]
-            wgmma_ss = 4 if arch == "sm90a" and gemm_type is GemmType.MASKED else 0
+            wgmma_ss = 4 if arch == "sm90a" else 0
             assert len(a8) == wgmma_ss + (16 if number in (89, 120) else 12 if number >= 89 else 6 if number >= 80
                                           else 0), arch
             assert all(s.w_dtype in ("int4", "uint4", "float4e2m1", "int8", "float8e4m3")
