@@ -123,5 +123,10 @@ def test_the_a8_implementations_take_the_activation_format():
         assert impl.name == "humming_aot_a8" and "float8e4m3:token tile mma-w4a8" in impl.note
         assert impl.weight(1).shape == (128, 256)
         assert bench_moe.prepare_humming_aot_a8_sync(w, "int4:g128", "contiguous").name == "humming_aot_a8_sync"
+        # the row-expert form on aligned rows: DeepGEMM's contiguous layout, so the contiguous layout only
+        aligned = bench_moe.prepare_humming_aot_a8_aligned(w, "int4:g128", "contiguous")
+        assert aligned.name == "humming_aot_a8_aligned" and "aligned rows" in aligned.note and aligned.to_layout
+        with pytest.raises(bench_moe.bench_gemm.Unavailable, match="contiguous layout's"):
+            bench_moe.prepare_humming_aot_a8_aligned(w, "int4:g128", "masked")
     finally:
         bench_moe.ACTIVATIONS["format"] = None

@@ -27,7 +27,10 @@ expert's rows first, with per-expert counts (E,); max_m is the largest count, ro
                      rows quantized once per routing outside the timing; humming_aot_a8+quant
                      quantizes them inside it (ops.quantize_activation, then the GEMM);
                      humming_aot_a8_sync runs the portable mma.sync body's table tile (for
-                     comparison where the default is the wgmma-w4a8 body: float8 W4A8 on sm90a)
+                     comparison where the default is the wgmma-w4a8 body: float8 W4A8 on sm90a);
+                     humming_aot_a8_aligned (contiguous only) runs the row-expert form on the
+                     routing aligned to moe.grouped_a8_block_m's block (align_groups, outside the
+                     timing, as for humming_aot_aligned: DeepGEMM's contiguous layout)
   humming_a8         Humming's layer with input_config dtype = the activations' element,
                      dynamic_token (it quantizes inside its call)
 
@@ -83,10 +86,12 @@ def model_spec(name: str) -> tuple[int, int, tuple[tuple[str, int, int], ...]]:
         raise ValueError(f"model {name!r}: needs 1 <= top_k <= experts and positive N, K")
     return experts, top_k, (("gemm", n, k),)
 ALL_IMPLS = ("humming_aot", "humming", "torch_grouped_mm", "humming_aot_loop", "humming_aot_aligned",
-             "humming_aot_indexed", "humming_aot_a8", "humming_aot_a8+quant", "humming_aot_a8_sync", "humming_a8")
+             "humming_aot_indexed", "humming_aot_a8", "humming_aot_a8+quant", "humming_aot_a8_sync",
+             "humming_aot_a8_aligned", "humming_a8")
 DEFAULT_IMPLS = ALL_IMPLS[:3]
 # the impls --tile forces a tile on
-TILED_IMPLS = ("humming_aot", "humming_aot_aligned", "humming_aot_indexed", "humming_aot_a8", "humming_aot_a8+quant")
+TILED_IMPLS = ("humming_aot", "humming_aot_aligned", "humming_aot_indexed", "humming_aot_a8", "humming_aot_a8+quant",
+               "humming_aot_a8_aligned")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,21 +314,51 @@ ACTIVATIONS: dict[str, str | None] = {"format": None}
 
 
 def prepare_humming_aot_a8(w: torch.Tensor, fmt: str, layout: str, tile: str | None = None,
-                           quantize: bool = False, portable: bool = False) -> MoeImpl:
+                           quantize: bool = False, portable: bool = False, aligned: bool = False) -> MoeImpl:
     """Experts for 8-bit activations (moe.pack_a8_experts: W4A8 or W8A8) on the grouped kernels of
     the layout, on the routing's rows quantized once per routing outside the timing (as
-    humming_aot_a8+quant does inside it: ops.quantize_activation of the rows, then the GEMM)."""
+    humming_aot_a8+quant does inside it: ops.quantize_activation of the rows, then the GEMM);
+    aligned: the row-expert form on the routing's rows aligned to the tile's block."""
     import humming_aot
     from humming_aot import ops
-    from humming_aot.moe import gemm_grouped_a8_kernel, gemm_masked_a8_kernel, pack_a8_experts
+    from humming_aot.enumerate import parse_tile_field
+    from humming_aot.moe import (
+        align_groups,
+        gemm_grouped_a8_kernel,
+        gemm_masked_a8_kernel,
+        grouped_a8_block_m,
+        pack_a8_experts,
+        permute_aligned,
+    )
     from humming_aot.moe.a8 import sync_tile
 
     activations = ACTIVATIONS["format"]
     if activations is None:
         raise bench_gemm.Unavailable("give --activations (e.g. float8e4m3:token) for the a8 implementations")
+    if aligned and layout != "contiguous":
+        raise bench_gemm.Unavailable("the aligned rows are a contiguous layout's")
     experts = pack_a8_experts(humming_aot.quantize(w.float(), fmt))
     weight = lambda e: experts.expert(e).effective_weight()  # noqa: E731
     kept: dict[int, tuple] = {}
+    if aligned:  # (the routing's aligned rows quantized, their grouping and an output, made once)
+        def aligned_rows(r: Routed):
+            if id(r) not in kept:
+                block = parse_tile_field(tile).block_m if tile else grouped_a8_block_m(experts, r.expected_m)
+                grouping = align_groups(r.topk_ids, experts.experts, block)
+                rows = permute_aligned(r.hidden, grouping)
+                kept[id(r)] = (r, ops.quantize_activation(rows, activations), grouping,
+                               torch.empty(rows.shape[0], experts.n, dtype=w.dtype, device=w.device))
+            return kept[id(r)][1:]
+
+        def aligned_call(r: Routed) -> torch.Tensor:
+            qa, grouping, out = aligned_rows(r)
+            return gemm_grouped_a8_kernel(qa, experts, row_expert=grouping.row_expert, expected_m=r.expected_m,
+                                          out=out, tile=tile)
+
+        def to_layout(r: Routed, out: torch.Tensor) -> torch.Tensor:
+            return out[aligned_rows(r)[1].slot_of_row >= 0]  # the real rows, in group_rows' order
+        return MoeImpl("humming_aot_a8_aligned", aligned_call, weight,
+                       f"{activations} aligned rows" + (f" tile {tile}" if tile else ""), to_layout, kept.clear)
 
     def operands(r: Routed):
         if id(r) not in kept:
@@ -353,6 +388,10 @@ def prepare_humming_aot_a8_quant(w: torch.Tensor, fmt: str, layout: str, tile: s
 
 def prepare_humming_aot_a8_sync(w: torch.Tensor, fmt: str, layout: str, tile: str | None = None) -> MoeImpl:
     return prepare_humming_aot_a8(w, fmt, layout, tile, portable=True)
+
+
+def prepare_humming_aot_a8_aligned(w: torch.Tensor, fmt: str, layout: str, tile: str | None = None) -> MoeImpl:
+    return prepare_humming_aot_a8(w, fmt, layout, tile, aligned=True)
 
 
 def prepare_humming_a8(w: torch.Tensor, fmt: str, layout: str) -> MoeImpl:
@@ -392,6 +431,7 @@ PREPARE = {"humming_aot": prepare_humming_aot, "humming": prepare_humming, "torc
            "humming_aot_loop": prepare_humming_aot_loop, "humming_aot_aligned": prepare_humming_aot_aligned,
            "humming_aot_indexed": prepare_humming_aot_indexed, "humming_aot_a8": prepare_humming_aot_a8,
            "humming_aot_a8+quant": prepare_humming_aot_a8_quant, "humming_aot_a8_sync": prepare_humming_aot_a8_sync,
+           "humming_aot_a8_aligned": prepare_humming_aot_a8_aligned,
            "humming_a8": prepare_humming_a8}
 
 
