@@ -60,6 +60,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="intermediate files, reused by later builds (default: ./build/humming_aot_kernels)")
     build.add_argument("--inplace", action="store_true",
                        help="write kernels + manifest into this checkout's humming_aot/_catalog instead of wheels")
+    build.add_argument("--fatbin-compression", choices=("none", "size"), default="none",
+                       help="how the fatbins store their kernels: none (nvcc's default) or size (nvcc "
+                            "--compress-mode=size, CUDA 12.8+: about a quarter of the bytes, decompressed by "
+                            "the driver as each kernel loads)")
     build.add_argument("--index", type=Path, default=None, metavar="DIR",
                        help="also write the core wheel and serve every wheel as a PEP 503 simple index in DIR "
                             "(pip install --index-url file://DIR 'humming_aot[sm89]')")
@@ -97,7 +101,8 @@ def _run_build(args: argparse.Namespace) -> int:
     from humming_aot.aot.wheel import WHEEL_SIZE_BUDGET, build
 
     summary = build(archs=args.arch, catalog=args.catalog, jobs=args.jobs, out_dir=args.out,
-                    build_dir=args.build_dir, inplace=args.inplace, index_dir=args.index, stream=sys.stderr)
+                    build_dir=args.build_dir, inplace=args.inplace, index_dir=args.index, stream=sys.stderr,
+                    compression=args.fatbin_compression)
     per_arch = ", ".join(f"{arch}: {n}" for arch, n in summary.kernels_per_arch.items())
     print(f"built {_count(summary.kernels, 'kernel')} ({per_arch}) of catalog {summary.catalog!r} with CUDA "
           f"{summary.cuda_version} in {summary.seconds:.1f} s")

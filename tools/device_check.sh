@@ -42,7 +42,8 @@
 #             -> bench.log (the side-by-side table of tools/bench/ab_compare.py), ab.json
 # Other knobs: HUMMING_AOT_DEVICE_CATALOG (default "dense": the default catalog without its MoE
 # GEMMs, whose build would take the suite past one 600 s call; the MoE tests JIT their kernels;
-# a comma list such as "dense,moe" builds the catalogs' families together), DEVICE_ARCH (default sm90a),
+# a comma list such as "dense,moe" builds the catalogs' families together), DEVICE_BUILD_ARGS (extra
+# `humming_aot build` arguments, e.g. "--fatbin-compression size"), DEVICE_ARCH (default sm90a),
 # DEVICE_JOBS (default 16), PYTEST_ARGS (extra pytest arguments). The *_ARGS values are split
 # with shell quoting rules: PYTEST_ARGS="-k 'not fuzz'" passes -k and "not fuzz".
 #
@@ -185,7 +186,9 @@ PY
         return 0
     fi
     rm -f "$stamp_file"  # a build that fails half-way must not leave a stamp for what it overwrote
-    python3 -m humming_aot build --arch "$ARCH" --catalog "$catalog" --inplace -j "$JOBS"
+    local -a build_args=()
+    [[ -n "${DEVICE_BUILD_ARGS:-}" ]] && mapfile -t build_args < <(split_args "$DEVICE_BUILD_ARGS")
+    python3 -m humming_aot build --arch "$ARCH" --catalog "$catalog" --inplace -j "$JOBS" "${build_args[@]}"
     local rc=$?
     [[ $rc -eq 0 ]] && echo "$stamp" >"$stamp_file"
     echo "catalog build ($ARCH, $CATALOG, -j $JOBS): $((SECONDS - start)) s wall, exit $rc"
@@ -196,7 +199,7 @@ PY
 # the sources that generate and compile its kernels), so that a later call can keep it.
 catalog_stamp() {
     {
-        echo "$ARCH $CATALOG"
+        echo "$ARCH $CATALOG ${DEVICE_BUILD_ARGS:-}"
         [[ -f "$1" ]] && sha256sum "$1"
         find csrc catalog humming_aot -path humming_aot/_catalog -prune -o -type f \
             \( -name '*.py' -o -name '*.cuh' -o -name '*.h' -o -name '*.cu' -o -name '*.toml' \) -print |

@@ -40,6 +40,12 @@ from humming_aot.spec import KernelKey
 
 DEFAULT_CUDA_ROOTS = (Path("/usr/local/cuda"),)  # searched after PATH and $CUDA_HOME
 NVCC_FLAGS = ("-fatbin", "-O3", "-std=c++17", "--expt-relaxed-constexpr")
+# How the fatbins' cubins are stored (--fatbin-compression of `humming-aot build`): "none" as nvcc
+# writes them by default, or "size" (nvcc --compress-mode=size, CUDA 12.8+), about a quarter of the
+# bytes (a sampled sm90a default catalog, 52-96 KB a kernel to 12-18 KB; deflated in a wheel, 91
+# MB to 76 MB: log section 58), which the driver decompresses as it loads each kernel.
+FATBIN_COMPRESSION = ("none", "size")
+_COMPRESS_MODE_SINCE = (12, 8)
 _STATUS_PREFIX = "@@humming_aot"  # NINJA_STATUS marker: "@@humming_aot <finished> <total>@@ "
 _STATUS_RE = re.compile(r"^@@humming_aot (\d+) (\d+)@@ ?(.*)$")
 _FAILED_RE = re.compile(r"kernels/(\S+?)\.fatbin")
@@ -137,10 +143,25 @@ def helper_fatbin_path(out_dir: Path, name: str) -> Path:
     return out_dir / "helpers" / f"{name}.fatbin"
 
 
+def compression_flags(compression: str, cuda_version: str) -> tuple[str, ...]:
+    """nvcc's flags for a FATBIN_COMPRESSION choice; ValueError for an unknown one, or "size" with
+    an nvcc older than CUDA 12.8 (no --compress-mode)."""
+    if compression not in FATBIN_COMPRESSION:
+        raise ValueError(f"fatbin compression {compression!r}: choose one of {', '.join(FATBIN_COMPRESSION)}")
+    if compression == "none":
+        return ()
+    major, minor = (int(part) for part in cuda_version.split(".")[:2])
+    if (major, minor) < _COMPRESS_MODE_SINCE:
+        raise ValueError(f"fatbin compression {compression!r} needs nvcc's --compress-mode (CUDA 12.8 or later); "
+                         f"this nvcc is CUDA {cuda_version}: build with --fatbin-compression none")
+    return (f"--compress-mode={compression}",)
+
+
 def write_build_files(keys: list[KernelKey], out_dir: Path, *, nvcc: Path, include_dir: Path,
-                      helper_units: list[tuple[str, str]] = ()) -> Path:
+                      helper_units: list[tuple[str, str]] = (), extra_flags: tuple[str, ...] = ()) -> Path:
     """Write src/<name>.cu for each key (and each (unit, arch) of helper kernels,
-    humming_aot.helper_kernels) and the build.ninja that compiles them; returns its path."""
+    humming_aot.helper_kernels) and the build.ninja that compiles them (NVCC_FLAGS, then
+    extra_flags: compression_flags'); returns its path."""
     from humming_aot import helper_kernels
 
     (out_dir / "src").mkdir(parents=True, exist_ok=True)
@@ -152,7 +173,7 @@ def write_build_files(keys: list[KernelKey], out_dir: Path, *, nvcc: Path, inclu
         "ninja_required_version = 1.3",
         f"nvcc = {_ninja_value(shlex.quote(str(nvcc)))}",
         f"include_dir = {_ninja_value(shlex.quote(str(include_dir)))}",
-        f"nvcc_flags = {' '.join(NVCC_FLAGS)}",
+        f"nvcc_flags = {' '.join((*NVCC_FLAGS, *extra_flags))}",
         "",
         "rule nvcc",
         "  command = $nvcc $nvcc_flags -I $include_dir $gencode -MD -MF $out.d -o $out $in",
@@ -343,18 +364,22 @@ def compile_keys(
     include_dir: Path | None = None,
     stream: TextIO | None = None,
     helper_units: list[tuple[str, str]] = (),
+    compression: str = "none",
 ) -> CompileResult:
     """Generate, compile and check one fatbin per key, and one per (unit, arch) of
-    ``helper_units``, under ``out_dir`` (incremental)."""
+    ``helper_units``, under ``out_dir`` (incremental; a changed compression rebuilds every fatbin:
+    ninja keeps each output's command)."""
     from humming_aot import helper_kernels
 
     stream = stream or sys.stderr
     info = nvcc_info(nvcc)
+    flags = compression_flags(compression, info.cuda_version)
     include_dir = include_dir or find_include_dir()
     jobs = jobs or os.cpu_count() or 1
     out_dir = Path(out_dir).resolve()
     start = time.monotonic()
-    write_build_files(keys, out_dir, nvcc=info.path, include_dir=include_dir, helper_units=helper_units)
+    write_build_files(keys, out_dir, nvcc=info.path, include_dir=include_dir, helper_units=helper_units,
+                      extra_flags=flags)
     noun = "kernel" if len(keys) == 1 else "kernels"
     stream.write(f"compiling {len(keys)} {noun} with nvcc {info.cuda_version} (-j {jobs}) in {out_dir}\n")
     stream.flush()

@@ -23,7 +23,7 @@ from typing import TextIO
 
 from humming_aot import distribution, helper_kernels
 from humming_aot._version import __version__
-from humming_aot.aot.ninja import CompileError, compile_keys, kernel_build_seconds, nvcc_info
+from humming_aot.aot.ninja import CompileError, compile_keys, compression_flags, kernel_build_seconds, nvcc_info
 from humming_aot.enumerate import enumerate_catalog
 from humming_aot.manifest import (
     HELPERS_DIR,
@@ -276,11 +276,13 @@ def build(
     inplace: bool = False,
     index_dir: Path | None = None,
     stream: TextIO | None = None,
+    compression: str = "none",
 ) -> BuildSummary:
     """Compile a catalog for ``archs`` and package it: one catalog wheel per arch in ``out_dir``
     (``index_dir``: plus the core wheel, all served as a PEP 503 simple index there), or
     (``inplace``) the source checkout's humming_aot/_catalog. Intermediate files go to
-    ``build_dir`` (default ./build/humming_aot_kernels), which later builds reuse incrementally."""
+    ``build_dir`` (default ./build/humming_aot_kernels), which later builds reuse incrementally.
+    ``compression``: how the fatbins store their cubins (aot.ninja.FATBIN_COMPRESSION)."""
     stream = stream or sys.stderr
     start = time.monotonic()
     if inplace and not is_source_checkout():
@@ -292,13 +294,14 @@ def build(
         raise ValueError("--inplace writes no wheels, so there is nothing for --index to serve: use one of them")
     enumeration = enumerate_catalog(catalog, archs)
     info = nvcc_info()
+    compression_flags(compression, info.cuda_version)  # (refused before the launcher and the kernels)
     build_dir = Path(build_dir or Path("build") / "humming_aot_kernels").resolve()
     # The launcher first: it takes seconds, and a missing compiler should not wait for the kernels.
     core = write_core_wheel(out_dir, build_dir / "launcher") if index_dir is not None else None
     # every catalog carries the helper kernels of its archs (the MoE steps; small, arch-generic)
     helper_units = [(unit, arch) for arch in enumeration.archs for unit in helper_kernels.unit_names()]
     result = compile_keys(list(enumeration.keys), build_dir, jobs=jobs, nvcc=info.path, stream=stream,
-                          helper_units=helper_units)
+                          helper_units=helper_units, compression=compression)
     manifest_args = dict(fatbins=result.fatbins, cuda_version=info.cuda_version, toolkit=info.toolkit,
                          catalog=enumeration.catalog, helpers=result.helpers)
     manifest = build_manifest(keys=list(enumeration.keys), archs=list(enumeration.archs), **manifest_args)

@@ -135,6 +135,38 @@ def test_driver_output_is_deterministic(tmp_path):
 
 
 @needs_nvcc
+def test_size_compression_stores_compressed_cubins_and_rebuilds_on_change(tmp_path):
+    """--fatbin-compression size: every fatbin holds its arch's cubin compressed (the target check
+    still passes), the same bytes twice; going back to none rebuilds every fatbin (ninja keeps
+    each output's command)."""
+    include = write_stand_in(tmp_path / "include")
+    keys = smoke_keys(["sm80", "sm90a"])
+    out = tmp_path / "out"
+    runs = [driver.compile_keys(keys, d, jobs=2, include_dir=include, stream=io.StringIO(), compression="size")
+            for d in (out, tmp_path / "again")]
+    assert "--compress-mode=size" in (out / "build.ninja").read_text()
+    for key in keys:
+        data = runs[0].fatbins[key.name].read_bytes()
+        (entry,) = driver.read_fatbin(data)
+        assert entry.compressed and entry.elf_sm is None and entry.arch == key.arch
+        assert data == runs[1].fatbins[key.name].read_bytes()
+    log = io.StringIO()
+    plain = driver.compile_keys(keys, out, jobs=2, include_dir=include, stream=log)
+    assert "[2/2]" in log.getvalue() and "--compress-mode" not in (out / "build.ninja").read_text()
+    assert not any(e.compressed for k in keys for e in driver.read_fatbin(plain.fatbins[k.name].read_bytes()))
+
+
+def test_compression_flags_refuse_unknown_modes_and_old_nvcc():
+    assert driver.compression_flags("none", "11.8") == ()
+    assert driver.compression_flags("size", "13.0") == ("--compress-mode=size",)
+    assert driver.compression_flags("size", "12.8") == ("--compress-mode=size",)
+    with pytest.raises(ValueError, match="needs nvcc's --compress-mode .CUDA 12.8 or later.; this nvcc is CUDA 12.6"):
+        driver.compression_flags("size", "12.6")
+    with pytest.raises(ValueError, match="fatbin compression 'zstd': choose one of none, size"):
+        driver.compression_flags("zstd", "13.0")
+
+
+@needs_nvcc
 def test_failure_names_the_key_and_shows_nvcc_output(tmp_path):
     include = write_stand_in(tmp_path / "include", fail_bits=8)
     good, bad = smoke_keys(["sm80"])[0], int8_key("sm80")

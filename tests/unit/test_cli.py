@@ -58,6 +58,7 @@ def assert_one_line_error(code, err, *fragments):
         (["build", "--arch", "sm80", "-j", "many"], ["-j 'many'"]),
         (["list", "--verbose"], ["unrecognized arguments: --verbose"]),
         (["build", "--arch", "sm80", "--inplace", "--index", "idx"], ["--inplace writes no wheels", "--index"]),
+        (["build", "--arch", "sm80", "--fatbin-compression", "zstd"], ["--fatbin-compression", "invalid choice"]),
     ],
 )
 def test_argument_errors(capsys, argv, fragments):
@@ -87,6 +88,19 @@ def test_compile_failure_exits_1_with_nvcc_output(capsys, monkeypatch):
     code, out, err = run_cli(capsys, "build", "--arch", "sm80")
     assert code == 1
     assert "nvcc failed for gemm_x" in err and "error: boom" in err and "Traceback" not in err
+
+
+def test_build_passes_the_fatbin_compression(capsys, monkeypatch):
+    seen = []
+
+    def recorded_build(**kwargs):
+        seen.append(kwargs["compression"])
+        raise driver.CompileError("stop here")
+
+    monkeypatch.setattr("humming_aot.aot.wheel.build", recorded_build)
+    run_cli(capsys, "build", "--arch", "sm90a", "--fatbin-compression", "size")
+    run_cli(capsys, "build", "--arch", "sm90a")
+    assert seen == ["size", "none"]
 
 
 def test_bad_env_values(capsys, monkeypatch):
