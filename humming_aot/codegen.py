@@ -44,7 +44,7 @@ def kernel_smem_bytes(key: KernelKey) -> int:
         from humming_aot.bodies import wgmma_ss, wgmma_w4a8
 
         if key.tile.mma is MmaKind.WGMMA_W4A8:
-            return wgmma_w4a8.masked_smem_bytes(key.tile, key.spec.w_dtype)
+            return wgmma_w4a8.masked_smem_bytes(key.tile, key.spec.w_dtype, table=not ws_row_expert(key))
         return wgmma_ss.key_masked_smem_bytes(key)
     return key.tile.body.key_smem_bytes(key)
 
@@ -76,9 +76,9 @@ _ROW_BLOCK_WALK = "humming_aot::schedule::RowBlockWalk"
 
 
 def ws_row_expert(key: KernelKey) -> bool:
-    """Whether a key is the row-expert form on the warp-specialized wgmma-ss body (the scaled
-    masked schedule over schedule/row_block_walk.cuh: no walk table)."""
-    return key.spec.gemm_type is GemmType.GROUPED and key.tile.mma is MmaKind.WGMMA_SS
+    """Whether a key is the row-expert form on a warp-specialized 8-bit-activation body (the
+    scaled masked schedule over schedule/row_block_walk.cuh: no walk table)."""
+    return key.spec.gemm_type is GemmType.GROUPED and key.tile.mma in (MmaKind.WGMMA_W4A8, MmaKind.WGMMA_SS)
 
 
 def _moe_schedule(key: KernelKey) -> tuple[str, str, str] | None:
@@ -166,7 +166,7 @@ def kernel_source(key: KernelKey) -> str:
             "on wgmma-ss and mma-ss tiles, int4, uint4 (zero point) or mxfp4 x float8e4m3 on wgmma-w4a8 tiles, int4 or "
             "uint4 x int8 or float8e4m3 and mxfp4 x float8e4m3 on mma-w4a8 tiles, block-scaled float4e2m1 x float4e2m1 on mma-fp4 "
             "tiles, and the grouped masked and contiguous ones "
-            "around the mma.sync and wgmma-ws bodies, and around mma-w4a8 and mma-ss)"
+            "around the mma.sync and wgmma-ws bodies, and around mma-w4a8, mma-ss, wgmma-w4a8 and wgmma-ss)"
         )
     schedule = _moe_schedule(key)  # (raises for a body the MoE schedule does not take)
     if not quantized_body and (spec.w_scale_dtype != spec.a_dtype or spec.out_dtype != spec.a_dtype):

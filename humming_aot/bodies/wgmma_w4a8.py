@@ -100,13 +100,13 @@ def _register_need(tile: "TileConfig", w_dtype: str = "int4") -> int:
 MOE_WALK_TABLE_BYTES = (2 * 256 + 1 + 3) * 4
 
 
-def masked_smem_bytes(tile: "TileConfig", w_dtype: str) -> int:
+def masked_smem_bytes(tile: "TileConfig", w_dtype: str, table: bool = True) -> int:
     """The grouped masked MoE schedule's shared memory on this body (kernel/grouped_masked_scaled_ws.cuh
     kSmemBytes): the ring, then a staging tile of its own after it whatever the dense body does (so
     that the next tile's slots fill while one is stored), +1024 to align the base, then the walk's
-    table."""
+    table (table: the masked and offsets forms' ExpertTable; the row-expert form's walk has none)."""
     return (tile.stages * _stage_bytes(tile, entry_bytes(w_dtype)) + _staging_bytes(tile) + 1024
-            + MOE_WALK_TABLE_BYTES)
+            + (MOE_WALK_TABLE_BYTES if table else 0))
 
 
 def masked_smem_limit(tile: "TileConfig") -> int:
@@ -170,9 +170,11 @@ class WgmmaW4A8Body(Body):
                 "bfloat16 or float16"
             )
         self._check_smem(key.tile, entry_bytes(s.w_dtype))
-        if s.gemm_type.value == "masked" and masked_smem_bytes(key.tile, s.w_dtype) > masked_smem_limit(key.tile):
+        table = s.gemm_type.value == "masked"  # (the row-expert form's walk has no table)
+        if s.gemm_type.value in ("masked", "grouped") and (
+                masked_smem_bytes(key.tile, s.w_dtype, table) > masked_smem_limit(key.tile)):
             raise ValueError(f"{key.name}: the masked MoE schedule's ring, staging tile and walk table need "
-                             f"{masked_smem_bytes(key.tile, s.w_dtype)} bytes, more than the "
+                             f"{masked_smem_bytes(key.tile, s.w_dtype, table)} bytes, more than the "
                              f"{masked_smem_limit(key.tile)} each of its {ctas_per_sm(key.tile)} CTA(s) per SM has on "
                              "sm_90; take fewer stages")
         need, held = _register_need(key.tile, s.w_dtype), consumer_registers(key.tile)

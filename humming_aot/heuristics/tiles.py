@@ -217,19 +217,17 @@ MOE_SCALED_BODIES = (MmaKind.MMA_W4A8, MmaKind.MMA_SS)
 
 
 # The masked schedule (and its offsets form) also takes the warp-specialized Hopper W4A8 and W8A8
-# bodies (kernel/grouped_masked_scaled_ws.cuh drives their producer and consumers over the same walk).
+# bodies (kernel/grouped_masked_scaled_ws.cuh drives their producer and consumers over the same walk),
+# and so does the row-expert form (the same schedule over schedule/row_block_walk.cuh).
 MOE_SCALED_MASKED_BODIES = MOE_SCALED_BODIES + (MmaKind.WGMMA_W4A8, MmaKind.WGMMA_SS)
-# The row-expert form takes the W8A8 one too (the same schedule over schedule/row_block_walk.cuh;
-# moe.a8_launch.ws_takes: float8 experts, whose portable body is emulated on sm90a).
-MOE_SCALED_GROUPED_BODIES = MOE_SCALED_BODIES + (MmaKind.WGMMA_SS,)
 
 
 def moe_bodies(masked: bool, quantized: bool = False) -> tuple[MmaKind, ...]:
     """The bodies a MoE schedule takes: the masked one's (and its offsets form's), else the grouped
-    row-expert one's; with quantized (8-bit) activations MOE_SCALED_MASKED_BODIES for the masked
-    one, MOE_SCALED_GROUPED_BODIES for the row-expert one."""
+    row-expert one's; with quantized (8-bit) activations MOE_SCALED_MASKED_BODIES for both (the
+    warp-specialized ones through kernel/grouped_masked_scaled_ws.cuh's two walks)."""
     if quantized:
-        return MOE_SCALED_MASKED_BODIES if masked else MOE_SCALED_GROUPED_BODIES
+        return MOE_SCALED_MASKED_BODIES
     return MOE_MASKED_BODIES if masked else MOE_BODIES
 
 

@@ -345,7 +345,7 @@ def gemm_grouped_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, of
     offsets:    (E + 1,) int32 or int64 on the device, rising within [0, R] (the caller's contract:
                 the kernel clamps each to [0, R] and does not check that they rise); or
     row_expert: (R,) int32 on the device, each row's expert, -1 for a padding row (DeepGEMM's
-                contiguous layout): every block of grouped_a8_block_m(experts, expected_m) rows
+                contiguous layout): every block of grouped_a8_block_m(experts, expected_m, qa) rows
                 (or of the forced tile's block_m) from row 0 holds one expert's rows then padding,
                 or padding only (aligning every expert's rows to 128 serves every tile). A block
                 of padding only is skipped; padding rows inside an expert's block are computed
@@ -460,23 +460,39 @@ def sync_tile(experts: PackedA8Experts, expected_m: int) -> TileConfig:
     return w8a8.select_sync_tile(min(rows, W8A8_MAX_TILE_ROWS))
 
 
-def grouped_a8_block_m(experts: PackedA8Experts, expected_m: int) -> int:
+def grouped_a8_block_m(experts: PackedA8Experts, expected_m: int,
+                       activations: str | QuantizedActivation | None = None) -> int:
     """The rows of the tile the row-expert form runs for `expected_m` rows per expert on the
     experts' device: every expert's rows must fill whole blocks of it from row 0 (128 is a multiple
     of every one). The warp-specialized table's tile where a8_launch.ws_takes the row-expert form
-    (float8 W8A8 experts on sm90a), else the portable body's."""
-    return _row_expert_tile(experts, expected_m).block_m
+    (sm90a), else the portable body's. activations: the rows' format (a QuantizedActivation or
+    its spelling, e.g. "float8e4m3:token"), which W4A8 experts on sm90a need (float8 rows run the
+    wgmma-w4a8 table, int8 ones the portable one)."""
+    return _row_expert_tile(experts, expected_m, activations).block_m
 
 
-def _row_expert_tile(experts: PackedA8Experts, expected_m: int) -> TileConfig:
+def _row_expert_tile(experts: PackedA8Experts, expected_m: int,
+                     activations: str | QuantizedActivation | None = None) -> TileConfig:
     """The table tile of the row-expert form for `expected_m` rows per expert (grouped_a8_block_m)."""
     from humming_aot.moe.a8_launch import ws_takes, ws_tile
 
     if experts.device.type == "cuda":
         from humming_aot import dispatch
 
-        if ws_takes(None, experts, dispatch.device_info(experts.device.index), GemmType.GROUPED):
-            return ws_tile(experts, expected_m)
+        info = dispatch.device_info(experts.device.index)
+        if isinstance(experts, PackedW4A8Experts) and ws_takes(None, experts, info, GemmType.GROUPED):
+            if activations is None:
+                raise ValueError("grouped_a8_block_m: W4A8 experts on an sm90a GPU run the row-expert form on "
+                                 "different tiles for float8 and int8 rows: pass activations= (the rows' "
+                                 "QuantizedActivation or format, e.g. 'float8e4m3:token'), or align each expert's "
+                                 "rows to 128, which serves every tile")
+            element = (activations.element if isinstance(activations, QuantizedActivation)
+                       else str(activations).split(":")[0])
+            if element == w4a8.ACT_ELEMENT:
+                return ws_tile(experts, expected_m, GemmType.GROUPED)
+            return sync_tile(experts, expected_m)
+        if ws_takes(None, experts, info, GemmType.GROUPED):
+            return ws_tile(experts, expected_m, GemmType.GROUPED)
     return sync_tile(experts, expected_m)
 
 

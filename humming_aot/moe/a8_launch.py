@@ -7,8 +7,8 @@ Bodies: the portable mma.sync ones of each pairing (mma-w4a8, mma-ss) everywhere
 schedules; on sm90a, in the masked schedule and its offsets form, W4A8 experts with float8
 activations run the warp-specialized wgmma-w4a8 body and W8A8 experts (channel or 128 x 128 block
 scales) the wgmma-ss body (kernel/grouped_masked_scaled_ws.cuh), on the tiles of WS_TILES /
-W8A8_WS_TILES / W8A8_BLOCK_WS_TILES; float8 W8A8 experts run the row-expert form there too (the
-same schedule over schedule/row_block_walk.cuh; ws_takes says where).
+W8A8_WS_TILES / W8A8_BLOCK_WS_TILES, and so do the row-expert form's calls (the same schedule
+over schedule/row_block_walk.cuh; ws_takes says where).
 """
 from __future__ import annotations
 
@@ -74,32 +74,41 @@ W8A8_BLOCK_WS_TILES = (
 _WS_ARCH = "sm90a"
 
 
-def ws_tile(experts, rows: int) -> TileConfig:
+def ws_tile(experts, rows: int, gemm_type: GemmType = GemmType.MASKED) -> TileConfig:
     """The tile of the experts' warp-specialized table (WS_TILES for W4A8, W8A8_WS_TILES or, with
-    block scales, W8A8_BLOCK_WS_TILES for W8A8) for `rows` expected rows per expert."""
+    block scales, W8A8_BLOCK_WS_TILES for W8A8) for `rows` expected rows per expert. The row-expert
+    form (gemm_type GROUPED) takes the table's tiles whose rows divide 128 (its callers align each
+    expert's rows to its tile's, and 128 is the alignment that serves every one): W4A8's 192-row
+    tile gives way to its 128-row one."""
     from humming_aot.moe.a8 import PackedW4A8Experts
 
     if isinstance(experts, PackedW4A8Experts):
         table = WS_TILES
     else:
         table = W8A8_BLOCK_WS_TILES if experts.blocks else W8A8_WS_TILES
+    if gemm_type is GemmType.GROUPED:
+        table = row_expert_table(table)
     return w8a8.table_tile(table, max(1, int(rows)))
+
+
+def row_expert_table(table: tuple[tuple[int, str], ...]) -> tuple[tuple[int, str], ...]:
+    """A (most rows, tile) table's rows for the row-expert form: the tiles whose rows divide 128, the
+    last of them taking every row count above."""
+    from humming_aot.enumerate import parse_tile_field
+
+    kept = [(most, label) for most, label in table if 128 % parse_tile_field(label).block_m == 0]
+    return (*kept[:-1], (table[-1][0], kept[-1][1]))
 
 
 def ws_takes(qa: QuantizedActivation | None, experts, info, gemm_type: GemmType) -> bool:
     """Whether a warp-specialized body serves this call on a GPU with sm90a: the masked schedule
-    (or its offsets form) for W4A8 experts with float8 activations (wgmma-w4a8) or W8A8 experts
-    (wgmma-ss: float8 x float8 with channel or block scales, int8 x int8); the row-expert form
-    (gemm_type GROUPED: the same schedule over row blocks) for float8 W8A8 experts only, whose
-    portable body there is ptxas's emulated e4m3 (int8 W8A8 and W4A8 keep their portable kernels
-    in that form). qa None: the experts' own activation element."""
+    (its offsets form) and the row-expert form (gemm_type GROUPED: the same schedule over row
+    blocks), for W4A8 experts with float8 activations (wgmma-w4a8) or W8A8 experts (wgmma-ss:
+    float8 x float8 with channel or block scales, int8 x int8). qa None: W4A8's experts are taken
+    to meet float8 activations (their int8 ones run the portable body)."""
     from humming_aot.moe.a8 import PackedW4A8Experts
 
-    if _WS_ARCH not in info.arches:
-        return False
-    if gemm_type is GemmType.GROUPED:
-        return not isinstance(experts, PackedW4A8Experts) and experts.format.startswith("float8e4m3")
-    if gemm_type is not GemmType.MASKED:
+    if gemm_type not in (GemmType.MASKED, GemmType.GROUPED) or _WS_ARCH not in info.arches:
         return False
     if isinstance(experts, PackedW4A8Experts):
         return qa is None or qa.element == w4a8.ACT_ELEMENT
@@ -222,16 +231,15 @@ def select_kernel(qa: QuantizedActivation, experts, out_dtype: torch.dtype, rows
     fast = ws_takes(qa, experts, info, gemm_type)
     if tile is None:
         if fast:
-            tile = ws_tile(experts, rows)
+            tile = ws_tile(experts, rows, gemm_type)
         else:
             tile = sync_tile(experts, rows)
     elif isinstance(tile, str):
         tile = parse_tile_field(tile)
     if not isinstance(tile, TileConfig) or (tile.mma is not body and not (fast and tile.mma is fast_body)):
         label = tile.label if isinstance(tile, TileConfig) else repr(tile)
-        also = (f" (and {fast_body.value} tiles on sm90a in the masked schedule and its offsets form, for "
-                + ("float8e4m3 activations)" if dense is w4a8 else "W8A8 experts, and in the row-expert form for "
-                   "float8 ones)"))
+        also = (f" (and {fast_body.value} tiles on sm90a in the masked schedule, its offsets form and the "
+                "row-expert form, for " + ("float8e4m3 activations)" if dense is w4a8 else "W8A8 experts)"))
         raise ValueError(f"{what}: tile {label}: these MoE GEMMs run {body.value} tiles{also} (leave tile None for "
                          "the table's)")
     kind = (qa.codes.device.index, body, experts.element if dense is w4a8 else experts.blocks, experts.format,

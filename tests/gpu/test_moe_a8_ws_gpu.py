@@ -9,8 +9,8 @@ exact operands (the dense W4A8 sum bound), NaN-poisoned outputs whose rows past 
 no expert must stay NaN, skewed and empty routing, odd N (padded by pack), K off the K tile of
 128, E past one window of the walk's table (256), the offsets and slab forms giving the same
 bits, a bias with float16 output, and CUDA graph replays; and the row-expert form (DeepGEMM's
-contiguous layout, the same schedule over row blocks: schedule/row_block_walk.cuh) of the float8
-W8A8 experts. Fresh random data each run (seed printed)."""
+contiguous layout, the same schedule over row blocks: schedule/row_block_walk.cuh) of every one of
+them. Fresh random data each run (seed printed)."""
 from __future__ import annotations
 
 import dataclasses
@@ -38,7 +38,6 @@ _BLOCK_TILES = [label for _, label in a8_launch.W8A8_BLOCK_WS_TILES]
 _FORMATS = {"int4": "int4:g128", "uint4": "uint4:g128:zp", "float4e2m1": "mxfp4", "float8e4m3": "float8e4m3:channel",
             "int8": "int8:channel", "blocks": "float8e4m3:b128x128"}
 _W8 = ("float8e4m3", "int8", "blocks")
-_ROW_FORM = ("float8e4m3", "blocks")  # (the row-expert form on the wgmma-ss schedule: a8_launch.ws_takes)
 
 
 def _tiles(weight: str) -> list[str]:
@@ -60,8 +59,8 @@ def _keys() -> list:
                 element = "float8e4m3" if weight == "blocks" else weight
                 key = (w8a8.kernel_key("sm90a", dtype, tile, weight == "blocks", element) if weight in _W8
                        else w4a8.kernel_key("sm90a", dtype, tile, "float8e4m3", weight))
-                types = (GemmType.MASKED, GemmType.GROUPED) if weight in _ROW_FORM else (GemmType.MASKED,)
-                keys += [dataclasses.replace(key, spec=dataclasses.replace(key.spec, gemm_type=t)) for t in types]
+                keys += [dataclasses.replace(key, spec=dataclasses.replace(key.spec, gemm_type=t))
+                         for t in (GemmType.MASKED, GemmType.GROUPED)]
     return keys
 
 
@@ -398,14 +397,18 @@ def _row_layout(counts: list[int], align: int, tail_blocks: int = 1):
     return torch.tensor(row_expert, dtype=torch.int32, device="cuda"), starts, len(row_expert)
 
 
-@pytest.mark.parametrize("weight", _ROW_FORM)
+@pytest.mark.parametrize("weight", list(_FORMATS))
 @pytest.mark.parametrize("index", range(5))
 def test_the_row_expert_form_matches_float64_and_the_offsets_form(weight, index):
     """Every tile of the table: experts' rows padded to 128 (blocks of padding only inside and
     after them skipped, their NaN-poisoned rows left; padding rows inside an expert's last block
     computed), odd N, the real rows against float64 and bit for bit the offsets form's at the same
-    tile (one K slice: the same K loop)."""
-    tile = _tiles(weight)[index]
+    tile (one K slice: the same K loop). The tiles of the form's table (a8_launch.row_expert_table:
+    W4A8's 192-row tile does not divide the 128-row alignment)."""
+    tiles = [label for label in _tiles(weight) if 128 % parse_tile_field(label).block_m == 0]
+    if index >= len(tiles):
+        pytest.skip(f"the {weight} experts' row-expert table has {len(tiles)} tiles")
+    tile = tiles[index]
     gen = torch.Generator().manual_seed(_seed())
     e, n, k = 5, 150, 384
     experts = _experts(weight, e, n, k, gen)

@@ -276,16 +276,17 @@ def test_moe_keys_wrap_the_portable_8bit_bodies_on_scaled_params():
             assert f"const __grid_constant__ humming_aot::kernel::{params} params" in source
             assert codegen.params_type(key) == params
             assert support.is_supported(key.spec, arch)
-    # the wgmma bodies have no run_tile: the row-expert form takes the W8A8 one through the masked
-    # schedule over row blocks (tests/unit/test_moe_a8_ws.py), not the W4A8 one; W4A4 has no MoE
-    # type; float8 W8A8 MoE on the portable body only where e4m3 mma.sync is native (sm89, sm120:
-    # ptxas's emulation spills beside the walk elsewhere)
-    with pytest.raises(ValueError, match=r"takes the bodies mma-w4a8, mma-ss, wgmma-ss for float8e4m3 activations, "
-                                         r"not wgmma-w4a8"):
-        codegen.kernel_source(_masked_key("sm90a", "int4", "float8e4m3", "wgmma-w4a8:16x128x128_w1x4_s8",
+    # the wgmma bodies have no run_tile: both MoE types take them through the masked schedule (the
+    # row-expert form over row blocks: tests/unit/test_moe_a8_ws.py), the mma.sync body's neither;
+    # W4A4 has no MoE type; float8 W8A8 MoE on the portable body only where e4m3 mma.sync is native
+    # (sm89, sm120: ptxas's emulation spills beside the walk elsewhere)
+    with pytest.raises(ValueError, match=r"no kernel body takes float8e4m3 activations or a grouped GEMM yet on mma "
+                                         r"tiles .*around mma-w4a8, mma-ss, wgmma-w4a8 and wgmma-ss"):
+        codegen.kernel_source(_masked_key("sm90a", "int4", "float8e4m3", "16x256x64_w1x4_s4",
                                           GemmType.GROUPED))
-    assert "RowBlockWalk>;" in codegen.kernel_source(
-        _masked_key("sm90a", "float8e4m3", "float8e4m3", "wgmma-ss:64x128x128_w1x8_s6", GemmType.GROUPED))
+    for weight, tile in (("float8e4m3", "wgmma-ss:64x128x128_w1x8_s6"), ("int4", "wgmma-w4a8:16x128x128_w1x4_s8")):
+        assert "RowBlockWalk>;" in codegen.kernel_source(_masked_key("sm90a", weight, "float8e4m3", tile,
+                                                                     GemmType.GROUPED))
     # block scales on the masked wgmma-ss schedule: their slots also hold 32 rows' scales, so the
     # channel table's 5-stage 32-row tile no longer fits two CTAs an SM
     with pytest.raises(ValueError, match="masked MoE schedule's ring, staging tile and walk table need 119312"):
@@ -330,12 +331,14 @@ def test_the_default_catalog_holds_the_moe_keys_the_tables_pick():
             assert {k.spec.out_dtype for k in moe if k.spec.a_is_quantized} == {"bfloat16", "float16"}
     for m in (1, 16, 17, 64, 65, 4096):
         assert w4a8.select_sync_tile(m).label in w4_tiles
-    # and sm90a's default tiles of float8 W4A8 experts (the masked schedule on the wgmma-w4a8 body)
+    # and sm90a's default tiles of float8 W4A8 experts (both MoE types on the wgmma-w4a8 body;
+    # tests/unit/test_moe_a8_ws.py checks every wgmma MoE key)
     from humming_aot.moe import a8_launch
 
     ws = [k for k in enumerate_keys("default", ["sm90a"]) if k.tile.mma.value == "wgmma-w4a8"
           and k.spec.gemm_type is not GemmType.DENSE]
-    assert {(k.spec.gemm_type, k.spec.a_dtype) for k in ws} == {(GemmType.MASKED, "float8e4m3")}
+    assert {(k.spec.gemm_type, k.spec.a_dtype) for k in ws} == {(GemmType.MASKED, "float8e4m3"),
+                                                                 (GemmType.GROUPED, "float8e4m3")}
     assert {(k.tile.label, k.spec.w_dtype, k.spec.out_dtype) for k in ws} == {
         (label, w, o) for _, label in a8_launch.WS_TILES for w in ("int4", "uint4", "float4e2m1")
         for o in ("bfloat16", "float16")}

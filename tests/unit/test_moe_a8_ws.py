@@ -51,14 +51,13 @@ def test_the_masked_keys_on_sm90a_wrap_the_wgmma_bodies_in_their_schedule():
             assert f"    {'true' if weight == 'blocks' else 'false'},  // scales per 128 x 128 weight block" in source
         assert f"static_assert(Kernel::kSmemBytes == {smem}," in source
         assert "RowBlockWalk" not in source
-        if body == "DenseWgmmaSs" and act == "float8e4m3":
-            # the row-expert form: the same schedule over row blocks, with no walk table
-            grouped = _masked_key("sm90a", weight, act, label, GemmType.GROUPED)
-            key.tile.body.check_key(grouped)
-            assert support.is_supported(grouped.spec, "sm90a") and codegen.params_type(grouped) == codegen.params_type(key)
-            text = codegen.kernel_source(grouped)
-            assert f", {key.tile.block_m}, {key.tile.block_n}, humming_aot::schedule::RowBlockWalk>;" in text
-            assert codegen.kernel_smem_bytes(grouped) == smem - wgmma_ss.MOE_WALK_TABLE_BYTES
+        # the row-expert form: the same schedule over row blocks, with no walk table
+        grouped = _masked_key("sm90a", weight, act, label, GemmType.GROUPED)
+        key.tile.body.check_key(grouped)
+        assert support.is_supported(grouped.spec, "sm90a") and codegen.params_type(grouped) == codegen.params_type(key)
+        text = codegen.kernel_source(grouped)
+        assert f", {key.tile.block_m}, {key.tile.block_n}, humming_aot::schedule::RowBlockWalk>;" in text
+        assert codegen.kernel_smem_bytes(grouped) == smem - wgmma_ss.MOE_WALK_TABLE_BYTES
     # the dense 32-row tile's eight stages leave no room for the schedule's staging beside two CTAs
     with pytest.raises(ValueError, match="masked MoE schedule's ring, staging tile and walk table need"):
         _masked_key("sm90a", "int4", "float8e4m3", "wgmma-w4a8:32x128x128_w1x4_s8").tile.body.check_key(
@@ -68,6 +67,10 @@ def test_the_masked_keys_on_sm90a_wrap_the_wgmma_bodies_in_their_schedule():
     _, w8 = _experts("int8:channel", e=2, n=64, k=256)
     sizes = [a8_launch.ws_tile(w4, m).block_m for m in (1, 4, 5, 16, 17, 64, 65, 1536, 1537, 10**6)]
     assert sizes == [8, 8, 16, 16, 32, 32, 128, 128, 192, 192]
+    # the row-expert form: blocks that divide the 128-row alignment (the 192-row tile gives way)
+    sizes = [a8_launch.ws_tile(w4, m, GemmType.GROUPED).block_m for m in (1, 5, 17, 65, 1537, 10**6)]
+    assert sizes == [8, 16, 32, 128, 128, 128]
+    assert a8_launch.row_expert_table(a8_launch.W8A8_WS_TILES) == a8_launch.W8A8_WS_TILES
     sizes = [a8_launch.ws_tile(w8, m).block_m for m in (1, 8, 9, 16, 17, 32, 33, 128, 129, 10**6)]
     assert sizes == [8, 8, 16, 16, 32, 32, 64, 64, 128, 128]
     _, blocks = _experts("float8e4m3:b128x128", e=2, n=256, k=256)
@@ -112,25 +115,26 @@ def test_the_ws_params_add_padding_and_the_codes_map_to_the_masked_scaled_bytes(
     assert calls[1] == (w8.w.data_ptr(), 3 * 128, 128, 256, 128, 64)
 
 
-def test_the_default_catalog_holds_the_ws_tables_w8a8_tiles():
+def test_the_default_catalog_holds_the_ws_tables_tiles_in_both_moe_types():
     """sm90a's default catalog: every tile of W8A8_WS_TILES for float8 and int8 experts with channel
-    scales and of W8A8_BLOCK_WS_TILES for DeepSeek-V3's block-scaled float8 experts, both outputs,
-    in the masked type (its offsets form too) and, for the float8 experts only, the grouped type's
-    row-expert form (int8 keeps its native portable kernels there)."""
+    scales, of W8A8_BLOCK_WS_TILES for DeepSeek-V3's block-scaled float8 experts and of WS_TILES for
+    int4, uint4 (zero point) and MXFP4 experts x float8, both outputs, in the masked type (its
+    offsets form too) and the grouped type's row-expert form (W4A8's without its 192-row tile)."""
     from humming_aot.moe import a8_launch
 
-    ws = [k for k in enumerate_keys("default", ["sm90a"]) if k.tile.mma.value == "wgmma-ss"
-          and k.spec.gemm_type is not GemmType.DENSE]
-    expected = {(label, w, scale, o, GemmType.MASKED) for _, label in a8_launch.W8A8_WS_TILES
-                for w in ("float8e4m3", "int8") for scale in ("g",) for o in ("bfloat16", "float16")}
-    expected |= {(label, "float8e4m3", "g", o, GemmType.GROUPED) for _, label in a8_launch.W8A8_WS_TILES
-                 for o in ("bfloat16", "float16")}
+    keys = [k for k in enumerate_keys("default", ["sm90a"]) if k.tile.mma.value in ("wgmma-ss", "wgmma-w4a8")
+            and k.spec.gemm_type is not GemmType.DENSE]
+    both, outs = (GemmType.MASKED, GemmType.GROUPED), ("bfloat16", "float16")
+    expected = {(label, w, "g", o, t) for _, label in a8_launch.W8A8_WS_TILES
+                for w in ("float8e4m3", "int8") for o in outs for t in both}
     expected |= {(label, "float8e4m3", "b", o, t) for _, label in a8_launch.W8A8_BLOCK_WS_TILES
-                 for o in ("bfloat16", "float16") for t in (GemmType.MASKED, GemmType.GROUPED)}
+                 for o in outs for t in both}
+    expected |= {(label, w, "g", o, t) for t, table in ((GemmType.MASKED, a8_launch.WS_TILES),
+                                                         (GemmType.GROUPED, a8_launch.row_expert_table(a8_launch.WS_TILES)))
+                 for _, label in table for w in ("int4", "uint4", "float4e2m1") for o in outs}
     assert {(k.tile.label, k.spec.w_dtype, k.spec.w_scale.value, k.spec.out_dtype, k.spec.gemm_type)
-            for k in ws} == expected
-    assert not [k for k in enumerate_keys("default", ["sm90a"]) if k.tile.mma.value == "wgmma-w4a8"
-                and k.spec.gemm_type is GemmType.GROUPED]
+            for k in keys} == expected
+    assert {k.spec.a_dtype for k in keys if k.tile.mma.value == "wgmma-w4a8"} == {"float8e4m3"}
 
 
 @pytest.mark.slow
@@ -138,16 +142,17 @@ def test_the_default_catalog_holds_the_ws_tables_w8a8_tiles():
 def test_nvcc_compiles_the_block_scaled_ws_keys_without_spills(tmp_path):
     """The block-scaled tiles: the 8- and 16-row ones read their rows' scales in the K loop, the
     others gather them into the ring from a second producer warp; in the masked schedule and in
-    the row-expert form (float8 channel scales too)."""
+    the row-expert form (the channel-scaled float8 and int8 tiles too; W4A8's wgmma tiles keep a
+    few of the walk's words in local memory in both forms, as the masked one always has)."""
     from test_build_nvcc import _ptxas_report, _spill_bytes
 
     from humming_aot.moe import a8_launch
 
     cases = [("blocks", label, t) for _, label in a8_launch.W8A8_BLOCK_WS_TILES
              for t in (GemmType.MASKED, GemmType.GROUPED)]
-    cases += [("float8e4m3", label, GemmType.GROUPED) for _, label in a8_launch.W8A8_WS_TILES]
+    cases += [(w, label, GemmType.GROUPED) for _, label in a8_launch.W8A8_WS_TILES for w in ("float8e4m3", "int8")]
     for weight, label, gemm_type in cases:
-        key = _masked_key("sm90a", weight, "float8e4m3", label, gemm_type)
+        key = _masked_key("sm90a", weight, "int8" if weight == "int8" else "float8e4m3", label, gemm_type)
         report = _ptxas_report(key, tmp_path)
         assert _spill_bytes(report) == 0, (key.name, report)
 
@@ -227,13 +232,13 @@ def test_the_offsets_form_slices_k_on_wgmma_ss_tiles_only(monkeypatch):
         gemm_grouped_a8_kernel(qt, w4, offsets, expected_m=1, splits=2)
 
 
-def test_the_row_expert_form_of_float8_w8a8_on_sm90a_takes_the_wgmma_ss_schedule(monkeypatch):
-    """On an sm90a GPU (faked; the loader records the keys) float8 W8A8 experts run DeepGEMM's
-    contiguous layout (row_expert) on the warp-specialized wgmma-ss schedule over row blocks: the
-    grouped key of the table's tile, for channel and block scales, whose 512-byte Params the
-    loaded kernel must take, and grouped_a8_block_m names that tile's rows; int8 W8A8 and W4A8
-    experts keep their portable kernels in that form. (tests/conftest.py clears the support cache
-    around each test.)"""
+def test_the_row_expert_form_on_sm90a_takes_the_warp_specialized_schedule(monkeypatch):
+    """On an sm90a GPU (faked; the loader records the keys) DeepGEMM's contiguous layout (row_expert)
+    runs the warp-specialized schedule over row blocks wherever the masked form does: the grouped
+    key of the table's tile for float8 W8A8 experts with channel and block scales, int8 W8A8 and
+    W4A8 x float8, whose 512-byte Params the loaded kernel must take, and grouped_a8_block_m names
+    that tile's rows (W4A8's given the rows' format); W4A8 x int8 keeps the portable kernels.
+    (tests/conftest.py clears the support cache around each test.)"""
     from humming_aot import dispatch, ops
     from humming_aot import obtain as _obtain
     from humming_aot.moe import a8_launch
@@ -270,14 +275,24 @@ def test_the_row_expert_form_of_float8_w8a8_on_sm90a_takes_the_wgmma_ss_schedule
     # the block rows the caller aligns to follow the device's table (a CUDA device faked)
     monkeypatch.setattr(type(blocks), "device", property(lambda self: torch.device("cuda", 0)), raising=False)
     assert [moe_a8.grouped_a8_block_m(blocks, m) for m in (1, 9, 17, 33, 129)] == [8, 16, 32, 64, 128]
-    # int8 W8A8 and W4A8: their portable bodies in the row-expert form
+    # int8 W8A8 and W4A8 x float8: their wgmma tables too; W4A8 x int8: the portable body
     _, int8 = _experts("int8:channel", e=2, n=256, k=256)
     _, w4 = _experts("int4:g128", e=2, n=256, k=256)
-    for qa, experts in ((ops.quantize_activation(torch.randn(4, 256), "int8:token"), int8), (token, w4)):
-        assert not a8_launch.ws_takes(qa, experts, fake, GemmType.GROUPED)
-        tile, _ = a8_launch.select_kernel(qa, experts, torch.bfloat16, 4, None, "test", GemmType.GROUPED)
-        assert tile.mma.value.startswith("mma-") and loads[-1].spec.gemm_type is GemmType.GROUPED
-        assert moe_a8.grouped_a8_block_m(experts, 4) == moe_a8.sync_tile(experts, 4).block_m
+    int8_rows = ops.quantize_activation(torch.randn(4, 256), "int8:token")
+    monkeypatch.setattr(type(w4), "device", property(lambda self: torch.device("cuda", 0)), raising=False)
+    for qa, experts, table in ((int8_rows, int8, a8_launch.W8A8_WS_TILES),
+                               (token, w4, a8_launch.row_expert_table(a8_launch.WS_TILES))):
+        for rows, (_, label) in zip((1, 16, 17, 100, 4096), table):
+            tile, _ = a8_launch.select_kernel(qa, experts, torch.bfloat16, rows, None, "test", GemmType.GROUPED)
+            assert tile.label == label and loads[-1].spec.gemm_type is GemmType.GROUPED
+            assert moe_a8.grouped_a8_block_m(experts, rows, qa) == tile.block_m
+    assert moe_a8.grouped_a8_block_m(w4, 100, "float8e4m3:token") == a8_launch.ws_tile(w4, 100).block_m == 128
+    with pytest.raises(ValueError, match="pass activations= .the rows' QuantizedActivation or format"):
+        moe_a8.grouped_a8_block_m(w4, 100)
+    assert not a8_launch.ws_takes(int8_rows, w4, fake, GemmType.GROUPED)
+    tile, _ = a8_launch.select_kernel(int8_rows, w4, torch.bfloat16, 100, None, "test", GemmType.GROUPED)
+    assert tile == moe_a8.sync_tile(w4, 100) and loads[-1].spec.gemm_type is GemmType.GROUPED
+    assert moe_a8.grouped_a8_block_m(w4, 100, int8_rows) == tile.block_m
 
 
 def test_the_row_expert_form_launches_the_masked_scaled_params_with_row_experts(monkeypatch):

@@ -137,7 +137,9 @@ struct GroupedMaskedScaledWs {
     if (!more) schedule::release_dependent_grid();  // no tile for this CTA
     while (more) {
       tile += gridDim.x;
-      more = Frame::find(walk, tile, next);  // (in flight beside the K loop)
+      // (ExpertTable's shared-memory reads in flight beside the K loop; RowBlockWalk's global
+      // load and ballot complete before it)
+      more = Frame::find(walk, tile, next);
       if constexpr (Dense::kLoopReadsRows) {
         rows_of(s, walk, at, r, m0, n0, box_row);
         Dense::Consumer::consume(r, m0, n0, k_tile0, k_count, smem_base, full0, empty0, ring, acc);
