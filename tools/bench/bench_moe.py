@@ -343,7 +343,7 @@ def prepare_humming_aot_a8(w: torch.Tensor, fmt: str, layout: str, tile: str | N
     if aligned:  # (the routing's aligned rows quantized, their grouping and an output, made once)
         def aligned_rows(r: Routed):
             if id(r) not in kept:
-                block = parse_tile_field(tile).block_m if tile else grouped_a8_block_m(experts, r.expected_m)
+                block = parse_tile_field(tile).block_m if tile else grouped_a8_block_m(experts, r.expected_m, activations)
                 grouping = align_groups(r.topk_ids, experts.experts, block)
                 rows = permute_aligned(r.hidden, grouping)
                 kept[id(r)] = (r, ops.quantize_activation(rows, activations), grouping,
