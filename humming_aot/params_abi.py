@@ -11,8 +11,8 @@ place: the version every kernel's metadata must carry, and the byte layouts the 
   and biases), then the byte strides between experts' activation and output slabs, the number
   of experts and a pointer to the rows' prefix offsets (int32, E + 1; 0 for slabs) (184 bytes).
 - ``GroupedGemmParams`` (the grouped contiguous MoE GEMM around the mma.sync bodies): GemmParams
-  of all the grouped rows with expert 0's weights, a pointer to the rows' experts (int32) and
-  ``ExpertWeights`` (152 bytes).
+  of all the grouped rows with expert 0's weights, a pointer to the rows' experts (int32),
+  ``ExpertWeights`` and the number of experts (160 bytes).
 
 Contract changes bump PARAMS_VERSION together with the header's kParamsVersion: 1 GemmParams; 2
 kernels wait on griddepcontrol before reading upstream data, so the launcher may launch them with
@@ -25,7 +25,8 @@ Params struct of its own, as TmaGemmParams, adds a layout, not a version: the ke
 records its size, which every launch checks. The grouped contiguous schedule's grid became
 persistent, its Params unchanged, without a version: no catalog holds the MoE kernels, and the JIT
 cache keys each build on the headers' text. MaskedGemmParams grew from 176 to 184 bytes for the
-offsets form: a masked kernel built before it is refused by the size check.)
+offsets form: a masked kernel built before it is refused by the size check; GroupedGemmParams grew
+from 152 to 160 bytes for the number of experts, below which a block's id must lie, the same way.)
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ EXPERT_WEIGHTS = struct.Struct("<Q4q")
 # expert_rows, ExpertWeights, a and out strides, experts, row_offsets
 MASKED_TAIL = struct.Struct("<Q" + EXPERT_WEIGHTS.format[1:] + "3qQ")
 MASKED_PARAMS_BYTES = GEMM_PARAMS.size + MASKED_TAIL.size
-GROUPED_TAIL = struct.Struct("<Q" + EXPERT_WEIGHTS.format[1:])  # row_expert, ExpertWeights
+GROUPED_TAIL = struct.Struct("<Q" + EXPERT_WEIGHTS.format[1:] + "q")  # row_expert, ExpertWeights, experts
 GROUPED_PARAMS_BYTES = GEMM_PARAMS.size + GROUPED_TAIL.size
 
 # Byte offsets of the fields a launch fills in per call (the rest of the Params bytes are fixed

@@ -28,7 +28,7 @@ from humming_aot.spec import GemmType, MmaKind, TileConfig
 SCALED_TAIL = struct.Struct("<Qq2i")
 MASKED_SCALED_PARAMS_BYTES = params_abi.MASKED_PARAMS_BYTES + SCALED_TAIL.size
 # GroupedScaledGemmParams: GroupedGemmParams, the rows' scales pointer, the codes' own K and the
-# floats between rows' scales (168 bytes)
+# floats between rows' scales (176 bytes)
 GROUPED_SCALED_TAIL = struct.Struct("<Q2i")
 GROUPED_SCALED_PARAMS_BYTES = params_abi.GROUPED_PARAMS_BYTES + GROUPED_SCALED_TAIL.size
 # MaskedScaledTmaGemmParams: MaskedScaledGemmParams, padding to byte 256, the 128-byte tensor maps
@@ -163,15 +163,15 @@ def ws_map(codes: torch.Tensor, rows: int, tile: TileConfig, experts=None) -> by
 def grouped_scaled_params(*, codes: int, lda: int, experts, bias: torch.Tensor | None, out: int,
                           m: int, row_expert: int, a_scale: int, a_scale_row_stride: int) -> bytes:
     """GroupedScaledGemmParams' bytes (kernel/params.cuh): scaled_params' GemmParams of every row
-    with expert 0's weights (one K slice), the row experts pointer and ExpertWeights, then the rows'
-    scales pointer, the codes' own K (W4A8; 0 for W8A8) and the floats between rows' scales."""
+    with expert 0's weights (one K slice), the row experts pointer, ExpertWeights and E, then the
+    rows' scales pointer, the codes' own K (W4A8; 0 for W8A8) and the floats between rows' scales."""
     masked = scaled_params(codes=codes, lda=lda, experts=experts, bias=bias, out=out, m=m, splits=1, expert_rows=0,
                            a_stride=0, out_stride=0, offsets=0, a_scale=a_scale, a_scale_stride=0,
                            a_scale_row_stride=a_scale_row_stride)
     gemm = masked[:params_abi.GEMM_PARAMS.size]
     weights = params_abi.MASKED_TAIL.unpack(masked[params_abi.GEMM_PARAMS.size:params_abi.MASKED_PARAMS_BYTES])[1:6]
     a_k = SCALED_TAIL.unpack(masked[params_abi.MASKED_PARAMS_BYTES:])[2]
-    params = gemm + params_abi.GROUPED_TAIL.pack(row_expert, *weights) + GROUPED_SCALED_TAIL.pack(
+    params = gemm + params_abi.GROUPED_TAIL.pack(row_expert, *weights, experts.experts) + GROUPED_SCALED_TAIL.pack(
         a_scale, a_k, a_scale_row_stride)
     assert len(params) == GROUPED_SCALED_PARAMS_BYTES
     return params

@@ -484,14 +484,14 @@ def grouped_launch_arguments(a: torch.Tensor, experts: PackedExperts, row_expert
     """The grid and the GroupedGemmParams bytes of one call. The schedule is persistent (each CTA
     walks the dense tiles of all R rows, skipping padding blocks): the grid is those tiles, at most
     the `resident` CTAs the device holds at once. The params: the GemmParams of every row with
-    expert 0's weights (one K slice, global scale unused), the row experts pointer and the experts'
-    weights (ExpertWeights)."""
+    expert 0's weights (one K slice, global scale unused), the row experts pointer, the experts'
+    weights (ExpertWeights) and their number (blocks whose id lies outside [0, E) are skipped)."""
     rows = a.shape[0]
     tiles = -(-rows // tile.block_m) * -(-experts.n // tile.block_n)
     if tiles >= 2**31:
         raise ValueError(f"gemm_grouped_kernel: {rows} rows and {experts.n} columns make {tiles} tiles of "
                          f"{tile.block_m} x {tile.block_n}, past the kernel's 2**31: split the rows over calls")
-    tail = params_abi.GROUPED_TAIL.pack(row_expert.data_ptr(), *_expert_weights(experts, bias))
+    tail = params_abi.GROUPED_TAIL.pack(row_expert.data_ptr(), *_expert_weights(experts, bias), experts.experts)
     return (max(1, min(tiles, resident)), 1, 1), _gemm_bytes(a, experts, bias, out, lda=a.stride(0), m=rows) + tail
 
 

@@ -177,6 +177,31 @@ def test_grouped_kernel_matches_the_reference_on_block_aligned_rows(fmt):
             assert not fresh[padding].any() and not loop[padding].any(), context
 
 
+def test_grouped_kernel_skips_blocks_whose_expert_lies_past_the_experts():
+    """A block whose first row's id is E or more is padding to the kernel (the id lies outside the
+    stacked weights): its NaN-poisoned rows are left, and every other block's bits equal those of
+    the same layout with -1 there."""
+    from humming_aot.moe import gemm_grouped_kernel, grouped_block_m
+
+    gen = torch.Generator(device="cuda").manual_seed(_seed())
+    e, n, k = 4, 128, 256
+    experts = pack_experts(humming_aot.quantize(torch.randn(e, n, k, device="cuda", generator=gen) * 0.05,
+                                                "int4:g128"), act_dtype=torch.bfloat16)
+    block = grouped_block_m(experts, 16)
+    row_expert_list = _aligned_rows([16, 3, 0, 20], block)
+    a = torch.randn(len(row_expert_list), k, device="cuda", generator=gen).to(torch.bfloat16)
+    runs = []
+    for bad in (-1, e, e + 1000):
+        ids = torch.tensor(row_expert_list, dtype=torch.int32, device="cuda")
+        ids[:block] = bad  # (the leading block, padding in the layout)
+        out = torch.full((len(row_expert_list), n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        runs.append(gemm_grouped_kernel(a, experts, ids, expected_m=16, out=out))
+    torch.cuda.synchronize()
+    assert runs[0][:block].isnan().all() and not runs[0][block:].isnan().all()
+    for run in runs[1:]:
+        torch.testing.assert_close(run, runs[0], rtol=0, atol=0, equal_nan=True)
+
+
 def test_grouped_kernel_on_a_routing_aligned_by_align_groups():
     """The whole contiguous path: a top-k routing aligned to the kernel's block (moe.align_groups,
     moe.permute_aligned), the kernel, and moe.unpermute_aligned back to slot order, against the

@@ -213,27 +213,27 @@ def test_the_params_are_masked_gemm_params_then_the_row_scales():
 
 
 def test_the_row_expert_form_packs_grouped_gemm_params_then_the_row_scales():
-    """GroupedScaledGemmParams (168 bytes): GroupedGemmParams of every row with expert 0's weights
-    (one K slice), the row experts and ExpertWeights, then the rows' scales, the codes' own K and
-    the floats between rows' scales; the block rows the form needs for a table tile."""
+    """GroupedScaledGemmParams (176 bytes): GroupedGemmParams of every row with expert 0's weights
+    (one K slice), the row experts, ExpertWeights and E, then the rows' scales, the codes' own K
+    and the floats between rows' scales; the block rows the form needs for a table tile."""
     _, experts = _experts("mxfp4", e=3, n=192, k=416)
     params = moe_a8.grouped_scaled_params(codes=0x100, lda=416, experts=experts, bias=None, out=0x200, m=64,
                                           row_expert=0x300, a_scale=0x400, a_scale_row_stride=1)
-    assert len(params) == moe_a8.GROUPED_SCALED_PARAMS_BYTES == 168 == params_abi.GROUPED_PARAMS_BYTES + 16
+    assert len(params) == moe_a8.GROUPED_SCALED_PARAMS_BYTES == 176 == params_abi.GROUPED_PARAMS_BYTES + 16
     gemm = params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])
     assert gemm == (0x100, experts.w.data_ptr(), experts.w_scale.data_ptr(), 0, 0, 0x200, 0, 0,
                     416, 192, 64, 192, 512, 128, 1, 1.0)  # (MXFP4: K tiles x 128, group 128)
     tail = params_abi.GROUPED_TAIL.unpack(params[params_abi.GEMM_PARAMS.size:params_abi.GROUPED_PARAMS_BYTES])
     assert tail[:2] == (0x300, experts.global_scale_tensor.data_ptr())
     assert tail[2:] == (experts.w[1].data_ptr() - experts.w[0].data_ptr(),
-                        experts.w_scale[1].data_ptr() - experts.w_scale[0].data_ptr(), 0, 0)
+                        experts.w_scale[1].data_ptr() - experts.w_scale[0].data_ptr(), 0, 0, 3)
     assert moe_a8.GROUPED_SCALED_TAIL.unpack(params[params_abi.GROUPED_PARAMS_BYTES:]) == (0x400, 416, 1)
     for m in (1, 16, 17, 64, 65, 4096):
         assert 128 % moe_a8.grouped_a8_block_m(experts, m) == 0
     _, w8 = _experts("int8:channel")
     assert moe_a8.grouped_a8_block_m(w8, 4096) == 64  # (W8A8_MAX_TILE_ROWS)
     text = (Path(__file__).resolve().parents[2] / "csrc/include/humming_aot/kernel/params.cuh").read_text()
-    assert "static_assert(sizeof(GroupedScaledGemmParams) == 168," in text
+    assert "static_assert(sizeof(GroupedScaledGemmParams) == 176," in text
     assert moe_a8.GROUPED_SCALED_TAIL.format == "<Q2i"
 
 

@@ -160,15 +160,16 @@ def test_the_grouped_launch_passes_every_row_and_the_weight_strides():
     assert grid == (5 * 2, 1, 1)  # ceil(40 / 8) x ceil(192 / 128) tiles over every row
     # persistent: at most the resident CTAs, each walking several tiles
     assert grouped_launch_arguments(a, experts, row_expert, bias, out, tile, resident=3)[0] == (3, 1, 1)
-    assert len(params) == params_abi.GROUPED_PARAMS_BYTES == 152
+    assert len(params) == params_abi.GROUPED_PARAMS_BYTES == 160
     gemm = params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])
     assert gemm[:8] == (a.data_ptr(), experts.w.data_ptr(), experts.w_scale.data_ptr(),
                         experts.w_zero_point.data_ptr(), bias.data_ptr(), out.data_ptr(), 0, 0)
     assert gemm[8:] == (k, n, rows, n, k, 64, 1, 1.0)
     tail = params_abi.GROUPED_TAIL.unpack(params[params_abi.GEMM_PARAMS.size:])
     assert tail[:2] == (row_expert.data_ptr(), experts.global_scale_tensor.data_ptr())
-    for stride, tensor in zip(tail[2:], (experts.w, experts.w_scale, experts.w_zero_point, bias)):
+    for stride, tensor in zip(tail[2:6], (experts.w, experts.w_scale, experts.w_zero_point, bias)):
         assert stride == tensor[1].data_ptr() - tensor[0].data_ptr()
+    assert tail[6] == experts.experts  # (the kernel skips blocks whose id is E or more)
 
 
 def test_grouped_arguments_are_refused_before_any_launch(monkeypatch):

@@ -352,7 +352,7 @@ def test_grouped_masked_keys_wrap_the_mma_sync_bodies():
     assert "#include <humming_aot/kernel/grouped_contiguous.cuh>" in source
     assert "humming_aot::kernel::GroupedContiguous<humming_aot::kernel::DenseMmaSync<" in source
     assert "const __grid_constant__ humming_aot::kernel::GroupedGemmParams params" in source
-    assert codegen.params_type(grouped) == "GroupedGemmParams" and params_abi.GROUPED_PARAMS_BYTES == 152
+    assert codegen.params_type(grouped) == "GroupedGemmParams" and params_abi.GROUPED_PARAMS_BYTES == 160
     with pytest.raises(ValueError, match="a indexed GEMM yet"):
         codegen.kernel_source(KernelKey.from_name("gemm_indexed_sm90a_mma_a-bf16_w-s4-g-bf16_o-bf16_8x128x256_w1x2x4_s2"))
 

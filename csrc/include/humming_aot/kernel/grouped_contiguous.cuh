@@ -4,7 +4,8 @@
 // grouped expert after expert, each expert's rows padded to a whole number of the tile's kBlockM
 // rows, e the expert of the first row of r's block. Padding rows (expert -1) inside an expert's
 // last block are computed with that expert's weights from whatever a holds there (zero rows give
-// the bias, or zeros); blocks of padding only are skipped, their outputs left as they are.
+// the bias, or zeros); blocks of padding only are skipped, their outputs left as they are, and so
+// are blocks whose first row's id lies outside [0, E) (no weights are read for them).
 //
 // A persistent schedule around a dense body, not a body of its own: the grid is at most the
 // resident CTAs, and CTA c takes the dense tiles c, c + gridDim.x, ... of all the rows (the dense
@@ -65,7 +66,7 @@ struct GroupedContiguous {
         schedule::raster_tile<kGroupM>(ahead, m_tiles, n_tiles, m_tile, n_tile);
         found = g.row_expert[m_tile * kBlockM];
       }
-      const u32 real = __ballot_sync(0xffffffffu, found >= 0);
+      const u32 real = __ballot_sync(0xffffffffu, found >= 0 && found < g.experts);
       if (real != 0) {
         const int at = __ffs(real) - 1;
         expert = __shfl_sync(0xffffffffu, found, at);

@@ -191,27 +191,29 @@ __device__ __forceinline__ int token_scale_row_stride(const ScaledTmaGemmParams&
 __device__ __forceinline__ int token_scale_row_stride(const ScaledRows& r, int) { return r.a_scale_stride; }
 
 // The Params of the grouped contiguous MoE GEMM (kernel/grouped_contiguous.cuh): the GemmParams of
-// all the grouped rows with expert 0's weights (k_splits 1), each row's expert on the device and
-// the experts' weights (ExpertWeights). Packed as GemmParams' bytes, then "<2Q4q" (152 bytes).
+// all the grouped rows with expert 0's weights (k_splits 1), each row's expert on the device, the
+// experts' weights (ExpertWeights) and their number. Packed as GemmParams' bytes, then "<2Q5q"
+// (160 bytes).
 struct GroupedGemmParams {
   GemmParams gemm;        // m: every grouped row
   const int* row_expert;  // (m,) each row's expert, -1 for a padding row; every block of the tile's
                           // rows holds one expert's rows then padding, or padding only
   ExpertWeights weights;
+  i64 experts;  // E: a block whose first row's id lies outside [0, E) is padding
 };
-static_assert(sizeof(GroupedGemmParams) == 152, "GroupedGemmParams is GemmParams, a pointer and ExpertWeights");
+static_assert(sizeof(GroupedGemmParams) == 160, "GroupedGemmParams is GemmParams, a pointer, ExpertWeights and an i64");
 
 // The Params of the grouped contiguous MoE GEMM on the 8-bit-activation mma.sync bodies:
 // GroupedGemmParams whose activation is 8-bit codes (gemm.a: every grouped row's, lda in bytes),
 // then every row's fp32 scales, the codes' own K (W4A8) and the floats between rows' scales (1 per
-// token; W8A8 block scales: K / 128). Packed as GroupedGemmParams' bytes, then "<Q2i" (168 bytes).
+// token; W8A8 block scales: K / 128). Packed as GroupedGemmParams' bytes, then "<Q2i" (176 bytes).
 struct GroupedScaledGemmParams {
   GroupedGemmParams grouped;
   const float* a_scale;    // (m rows of a_scale_row_stride floats)
   int a_k;                 // W4A8: the activation codes' own K
   int a_scale_row_stride;  // floats between consecutive rows' scales
 };
-static_assert(sizeof(GroupedScaledGemmParams) == 168,
+static_assert(sizeof(GroupedScaledGemmParams) == 176,
               "GroupedScaledGemmParams is GroupedGemmParams, a pointer and two ints");
 
 // Exported as `extern "C" __constant__ KernelMetadata humming_aot_kernel_metadata` (256 bytes).
