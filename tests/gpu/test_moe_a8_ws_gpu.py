@@ -59,8 +59,9 @@ def _keys() -> list:
                 element = "float8e4m3" if weight == "blocks" else weight
                 key = (w8a8.kernel_key("sm90a", dtype, tile, weight == "blocks", element) if weight in _W8
                        else w4a8.kernel_key("sm90a", dtype, tile, "float8e4m3", weight))
-                keys += [dataclasses.replace(key, spec=dataclasses.replace(key.spec, gemm_type=t))
-                         for t in (GemmType.MASKED, GemmType.GROUPED)]
+                # (the row-expert form's tiles divide its 128-row alignment: a8_launch.row_expert_table)
+                types = (GemmType.MASKED, GemmType.GROUPED) if 128 % tile.block_m == 0 else (GemmType.MASKED,)
+                keys += [dataclasses.replace(key, spec=dataclasses.replace(key.spec, gemm_type=t)) for t in types]
     return keys
 
 
