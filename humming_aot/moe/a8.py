@@ -479,19 +479,17 @@ def _row_expert_tile(experts: PackedA8Experts, expected_m: int,
     if experts.device.type == "cuda":
         from humming_aot import dispatch
 
-        info = dispatch.device_info(experts.device.index)
-        if isinstance(experts, PackedW4A8Experts) and ws_takes(None, experts, info, GemmType.GROUPED):
-            if activations is None:
-                raise ValueError("grouped_a8_block_m: W4A8 experts on an sm90a GPU run the row-expert form on "
-                                 "different tiles for float8 and int8 rows: pass activations= (the rows' "
-                                 "QuantizedActivation or format, e.g. 'float8e4m3:token'), or align each expert's "
-                                 "rows to 128, which serves every tile")
-            element = (activations.element if isinstance(activations, QuantizedActivation)
-                       else str(activations).split(":")[0])
-            if element == w4a8.ACT_ELEMENT:
-                return ws_tile(experts, expected_m, GemmType.GROUPED)
-            return sync_tile(experts, expected_m)
-        if ws_takes(None, experts, info, GemmType.GROUPED):
+        if ws_takes(None, experts, dispatch.device_info(experts.device.index), GemmType.GROUPED):
+            if isinstance(experts, PackedW4A8Experts):  # (float8 rows only: int8 ones run the portable body)
+                if activations is None:
+                    raise ValueError("grouped_a8_block_m: W4A8 experts on an sm90a GPU run the row-expert form on "
+                                     "different tiles for float8 and int8 rows: pass activations= (the rows' "
+                                     "QuantizedActivation or format, e.g. 'float8e4m3:token'), or align each "
+                                     "expert's rows to 128, which serves every tile")
+                element = (activations.element if isinstance(activations, QuantizedActivation)
+                           else str(activations).split(":")[0])
+                if element != w4a8.ACT_ELEMENT:
+                    return sync_tile(experts, expected_m)
             return ws_tile(experts, expected_m, GemmType.GROUPED)
     return sync_tile(experts, expected_m)
 
@@ -499,8 +497,8 @@ def _row_expert_tile(experts: PackedA8Experts, expected_m: int,
 def _grouped_by_row_expert(qa: QuantizedActivation, experts: PackedA8Experts, row_expert: torch.Tensor, *,
                            expected_m: int, bias, out_dtype, out, tile) -> torch.Tensor:
     """gemm_grouped_a8_kernel on block-aligned rows with a per-row expert index: the grouped
-    contiguous schedule (kernel/grouped_contiguous.cuh) around the pairing's portable body, or on
-    sm90a for float8 W8A8 experts the warp-specialized wgmma-ss schedule over the row blocks
+    contiguous schedule (kernel/grouped_contiguous.cuh) around the pairing's portable body, or,
+    where a8_launch.ws_takes the form (sm90a), the warp-specialized schedule over the row blocks
     (kernel/grouped_masked_scaled_ws.cuh with schedule/row_block_walk.cuh)."""
     what = "gemm_grouped_a8_kernel"
     _check_pairing(qa, experts, what, 2)
