@@ -269,7 +269,8 @@ def test_few_rows_on_long_k_slice_k_on_the_wgmma_ss_schedule(weight):
     assert torch.equal(y, again)
     for ex in range(3, 7):
         lo, hi = int(offsets[ex]), int(offsets[ex + 1])
-        _check_rows(y[lo:hi], moe_a8._rows(qa, slice(lo, hi)), experts, ex, bias)
+        if hi > lo:  # (expert 6 holds no row)
+            _check_rows(y[lo:hi], moe_a8._rows(qa, slice(lo, hi)), experts, ex, bias)
     assert_graph_replay_is_eager(call)
 
 
