@@ -39,7 +39,6 @@ from humming_aot.moe.a8_launch import (  # noqa: F401  (the Params layouts, re-e
     SCALED_TAIL,
     grouped_scaled_params,
     moe_key,
-    portable_slices_win,
     scaled_params,
     select_kernel,
     ws_map,
@@ -375,17 +374,11 @@ def gemm_grouped_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, of
                          f"kernel reads them there), got {_moe._describe(offsets)}")
     scales, bias = _check_rows(qa, experts, bias, out, out_dtype, what)
     n = experts.n
-    forced = tile is not None
     tile, loaded = select_kernel(qa, experts, out_dtype, max(1, int(expected_m)), tile, what)
     k_tiles = -(-k // 128)
+    # (a few rows on long K ran the portable body's K slices for W4A8 until session 53: on an H100
+    # they gave wrong sums at K 7168, log section 58; the wgmma-w4a8 schedule's one slice is exact)
     ws = tile.mma in (MmaKind.WGMMA_W4A8, MmaKind.WGMMA_SS)  # (kernel/grouped_masked_scaled_ws.cuh)
-    if ws and not forced and splits is None and rows:
-        # a few rows on long K: the portable body's K slices beat one slice per tile
-        # (a8_launch.portable_slices_win)
-        portable = portable_slices_win(qa, experts, out_dtype, rows, max(1, int(expected_m)), k_tiles, what)
-        if portable is not None:
-            tile, loaded = portable
-            ws = False
     one_slice = tile.mma is MmaKind.WGMMA_W4A8  # (its schedule runs one K slice a tile; wgmma-ss slices K)
     bound = _moe.offsets_tile_bound(rows, experts.experts, n, tile)
     counters_size = _moe._split_k_counters_size()

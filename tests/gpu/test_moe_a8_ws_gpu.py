@@ -262,7 +262,6 @@ def test_few_rows_on_long_k_slice_k_on_the_wgmma_ss_schedule(weight):
     qa = _activations((rows, k), gen, _act(weight))
     bias = (torch.randn(e, n, generator=gen) * 0.1).to(torch.bfloat16).cuda()
     offsets = torch.tensor([0] * 3 + [1, 2, 4, 5] + [5] * 10, dtype=torch.int32, device="cuda")
-    assert a8_launch.portable_slices_win(qa, experts, torch.bfloat16, rows, 1, k // 128, "test") is None
     call = lambda: gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=1, bias=bias)  # noqa: E731
     y, again = call(), call()
     torch.cuda.synchronize()
@@ -302,26 +301,38 @@ def test_k_slices_with_many_experts_and_fewer_ctas_than_tiles():
         _check_rows(runs[0][lo:hi], moe_a8._rows(rows, slice(lo, hi)), experts, ex)
 
 
-def test_few_rows_on_long_k_take_the_portable_k_slices():
-    """The offsets form with a handful of rows on long K runs the portable body's K slices
-    (a8_launch.portable_slices_win; DeepSeek-V3 TP8's gate_up at one token), and matches float64;
-    many rows stay on the wgmma tiles."""
+def _few_rows_on_long_k():
+    """DeepSeek-V3 TP8's gate_up at one token's shape: four experts of one row each on K = 7168."""
     gen = torch.Generator().manual_seed(_seed())
     e, n, k = 16, 256, 7168
     experts = _experts("int4", e, n, k, gen)
-    rows = 4
-    qa = _activations((rows, k), gen)
+    qa = _activations((4, k), gen)
     offsets = torch.tensor([0] * 3 + [1, 2, 3, 4] + [4] * 10, dtype=torch.int32, device="cuda")
-    pick = a8_launch.portable_slices_win(qa, experts, torch.bfloat16, rows, 1, k // 128, "test")
-    assert pick is not None and pick[0].mma.value == "mma-w4a8"
+    return experts, qa, offsets
+
+
+def test_few_rows_on_long_k_stay_on_the_wgmma_w4a8_schedule():
+    """The offsets form with a handful of rows on long K runs the wgmma-w4a8 schedule (one K slice
+    a tile) and matches float64."""
+    experts, qa, offsets = _few_rows_on_long_k()
+    tile, _ = a8_launch.select_kernel(qa, experts, torch.bfloat16, 1, None, "test")
+    assert tile.mma.value == "wgmma-w4a8"
     y = gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=1)
     torch.cuda.synchronize()
     for ex in range(3, 7):
-        lo, hi = ex - 3, ex - 2
-        _check_rows(y[lo:hi], moe_a8._rows(qa, slice(lo, hi)), experts, ex)
-    many = _activations((4096, 256), gen)
-    assert a8_launch.portable_slices_win(many, _experts("int4", e, n, 256, gen), torch.bfloat16, 4096, 256, 2,
-                                         "test") is None
+        _check_rows(y[ex - 3:ex - 2], moe_a8._rows(qa, slice(ex - 3, ex - 2)), experts, ex)
+
+
+@pytest.mark.xfail(strict=True, reason="the portable W4A8 body's K slices on K = 7168 gave wrong sums on an H100 "
+                   "(253 of 256 outputs off, log section 58); the offsets form no longer takes them by default")
+def test_few_rows_on_long_k_on_the_portable_k_slices():
+    """The same rows on the portable body's table tile with offsets_splits' K slices (a forced tile):
+    a known failure, kept so that its fix shows (strict)."""
+    experts, qa, offsets = _few_rows_on_long_k()
+    y = gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=1, tile=moe_a8.sync_tile(experts, 1))
+    torch.cuda.synchronize()
+    for ex in range(3, 7):
+        _check_rows(y[ex - 3:ex - 2], moe_a8._rows(qa, slice(ex - 3, ex - 2)), experts, ex)
 
 
 @pytest.mark.parametrize("index", range(5))

@@ -178,7 +178,6 @@ def test_the_offsets_form_slices_k_on_wgmma_ss_tiles_only(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     monkeypatch.setattr(moe_a8, "select_kernel", lambda qa, experts, out_dtype, rows, tile, what: (
         tiles["w4" if isinstance(experts, moe_a8.PackedW4A8Experts) else "w8"], Loaded()))
-    monkeypatch.setattr(moe_a8, "portable_slices_win", lambda *args: None)  # (W4A8's own rule: its own tests)
     monkeypatch.setattr(moe_a8, "ws_map", lambda codes, rows, tile, experts=None: bytes(
         a8_launch.WS_PARAMS_BYTES - moe_a8.MASKED_SCALED_PARAMS_BYTES))
     monkeypatch.setattr(moe_kernels, "_resident", lambda loaded, tile, device_index: 264)
