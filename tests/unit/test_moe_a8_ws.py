@@ -161,8 +161,8 @@ def test_the_offsets_form_slices_k_on_wgmma_ss_tiles_only(monkeypatch):
     """gemm_grouped_a8_kernel's host path up to the launch on sm90a's wgmma tiles (CPU tensors made to
     look like CUDA ones, a recorded launch): W8A8 experts with a few rows on long K take
     offsets_splits' slices (the grid's y), a workspace of the walk's tile bound x slices x the
-    tile's outputs and the stream's counters; forced slices are made non-empty; W4A8's wgmma tile
-    keeps one slice and refuses forced ones."""
+    tile's outputs and the stream's counters; forced slices are made non-empty; a portable tile
+    takes slices only when forced; W4A8's wgmma tile keeps one slice and refuses forced ones."""
     from humming_aot import dispatch, ops
     from humming_aot.moe import a8_launch, gemm_grouped_a8_kernel
     from humming_aot.moe import kernels as moe_kernels
@@ -219,6 +219,16 @@ def test_the_offsets_form_slices_k_on_wgmma_ss_tiles_only(monkeypatch):
                                          r"\(up to 10 tiles x 4 slices x 8 x 128 floats\)"):
         gemm_grouped_a8_kernel(qa, blocks, offsets, expected_m=1, splits=4)
     assert len(launches) == 1
+    # the portable tiles: one slice unless forced (their default slices are off: log section 58)
+    monkeypatch.setattr(moe_a8, "select_kernel", lambda qa, experts, out_dtype, rows, tile, what: (
+        parse_tile_field("mma-ss:16x128x128_w1x4_s4"), Loaded()))
+    for forced, slices in ((None, 1), (3, 3)):
+        launches.clear()
+        gemm_grouped_a8_kernel(qa, blocks, offsets, expected_m=1, splits=forced)
+        (grid, _, params), = launches
+        assert grid[1] == slices == params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])[14]
+    monkeypatch.setattr(moe_a8, "select_kernel", lambda qa, experts, out_dtype, rows, tile, what: (
+        tiles["w4" if isinstance(experts, moe_a8.PackedW4A8Experts) else "w8"], Loaded()))
     # W4A8's wgmma tiles: one slice, and forced ones refused
     _, w4 = _experts("int4:g128", e=16, n=256, k=2048)
     qt = ops.quantize_activation(torch.randn(rows, 2048, generator=torch.Generator().manual_seed(1)),
