@@ -44,7 +44,7 @@ def kernel_smem_bytes(key: KernelKey) -> int:
         from humming_aot.bodies import wgmma_ss, wgmma_w4a8
 
         if key.tile.mma is MmaKind.WGMMA_W4A8:
-            return wgmma_w4a8.masked_smem_bytes(key.tile, key.spec.w_dtype, table=not ws_row_expert(key))
+            return wgmma_w4a8.key_masked_smem_bytes(key)
         return wgmma_ss.key_masked_smem_bytes(key)
     return key.tile.body.key_smem_bytes(key)
 

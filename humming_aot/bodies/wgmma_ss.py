@@ -87,7 +87,7 @@ def masked_smem_bytes(tile: "TileConfig", staged_scale_bytes: int = 0, table: bo
 def key_masked_smem_bytes(key: "KernelKey") -> int:
     """masked_smem_bytes of a key of the masked schedule (its masked and offsets forms, or a
     grouped key's row-expert form; block scales above 16 rows stage their token scales)."""
-    return masked_smem_bytes(key.tile, staged_scale_bytes(key), table=key.spec.gemm_type.value != "grouped")
+    return masked_smem_bytes(key.tile, staged_scale_bytes(key), table=key.spec.gemm_type.value == "masked")
 
 
 def masked_smem_limit(tile: "TileConfig") -> int:

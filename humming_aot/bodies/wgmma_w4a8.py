@@ -109,6 +109,12 @@ def masked_smem_bytes(tile: "TileConfig", w_dtype: str, table: bool = True) -> i
             + (MOE_WALK_TABLE_BYTES if table else 0))
 
 
+def key_masked_smem_bytes(key: "KernelKey") -> int:
+    """masked_smem_bytes of a key of the masked schedule: its masked and offsets forms with the walk
+    table, a grouped key's row-expert form without."""
+    return masked_smem_bytes(key.tile, key.spec.w_dtype, table=key.spec.gemm_type.value == "masked")
+
+
 def masked_smem_limit(tile: "TileConfig") -> int:
     """The dynamic shared memory each of the tile's CTAs per SM may take on sm_90."""
     # (the per-block limit counts the 1 KB of static shared memory too)
@@ -170,11 +176,9 @@ class WgmmaW4A8Body(Body):
                 "bfloat16 or float16"
             )
         self._check_smem(key.tile, entry_bytes(s.w_dtype))
-        table = s.gemm_type.value == "masked"  # (the row-expert form's walk has no table)
-        if s.gemm_type.value in ("masked", "grouped") and (
-                masked_smem_bytes(key.tile, s.w_dtype, table) > masked_smem_limit(key.tile)):
+        if s.gemm_type.value in ("masked", "grouped") and key_masked_smem_bytes(key) > masked_smem_limit(key.tile):
             raise ValueError(f"{key.name}: the masked MoE schedule's ring, staging tile and walk table need "
-                             f"{masked_smem_bytes(key.tile, s.w_dtype, table)} bytes, more than the "
+                             f"{key_masked_smem_bytes(key)} bytes, more than the "
                              f"{masked_smem_limit(key.tile)} each of its {ctas_per_sm(key.tile)} CTA(s) per SM has on "
                              "sm_90; take fewer stages")
         need, held = _register_need(key.tile, s.w_dtype), consumer_registers(key.tile)

@@ -13,6 +13,7 @@ over schedule/row_block_walk.cuh; ws_takes says where).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import struct
 
 import torch
@@ -91,9 +92,10 @@ def ws_tile(experts, rows: int, gemm_type: GemmType = GemmType.MASKED) -> TileCo
     return w8a8.table_tile(table, max(1, int(rows)))
 
 
+@functools.cache
 def row_expert_table(table: tuple[tuple[int, str], ...]) -> tuple[tuple[int, str], ...]:
     """A (most rows, tile) table's rows for the row-expert form: the tiles whose rows divide 128, the
-    last of them taking every row count above."""
+    last of them taking every row count above (cached: ws_tile asks on every call)."""
     from humming_aot.enumerate import parse_tile_field
 
     kept = [(most, label) for most, label in table if 128 % parse_tile_field(label).block_m == 0]
