@@ -355,7 +355,7 @@ def gemm_grouped_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, of
     splits:     K slices reduced through a float32 workspace in slice order (the same bits every
                 run); default on the wgmma-ss tiles moe.kernels.offsets_splits' choice (slices only
                 when the rows' tiles leave most CTA slots idle), elsewhere 1 (the portable bodies'
-                slices are opt-in: log section 58); always 1 on the wgmma-w4a8 tiles
+                slices are opt-in for now: log section 59); always 1 on the wgmma-w4a8 tiles
     """
     what = "gemm_grouped_a8_kernel"
     if (row_expert is None) == (offsets is None):
@@ -383,9 +383,10 @@ def gemm_grouped_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, of
     counters_size = _moe._split_k_counters_size()
     resident = _moe._resident(loaded, tile, codes.device.index) if rows else 1
     if splits is None:
-        # K slices by default on the wgmma-ss schedule only: the portable bodies' slices gave wrong
-        # sums for W4A8 x float8 at K 7168 on an H100 (log section 58; two slices at K 512 were
-        # right), so they stay opt-in (splits=) until that is understood
+        # K slices by default on the wgmma-ss schedule only: session 53 took the portable bodies'
+        # slices for wrong at K 7168 (log section 58), which was its test comparing each row with
+        # the wrong expert (log section 59); they stay opt-in (splits=) until the mended test has
+        # run on a GPU
         splits = _moe.offsets_splits(bound, k_tiles, resident) if tile.mma is MmaKind.WGMMA_SS else 1
     elif one_slice and splits != 1:
         raise ValueError(f"{what}: splits={splits!r}: the {tile.mma.value} tiles run one K slice (leave splits None)")
