@@ -39,6 +39,7 @@ from humming_aot.moe.a8_launch import (  # noqa: F401  (the Params layouts, re-e
     SCALED_TAIL,
     grouped_scaled_params,
     moe_key,
+    portable_slices_win,
     scaled_params,
     select_kernel,
     ws_map,
@@ -353,9 +354,8 @@ def gemm_grouped_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, of
                 routing), which picks the tile
     bias, out:  as for gemm_masked_a8_kernel, (E, N) and (R, N)
     splits:     K slices reduced through a float32 workspace in slice order (the same bits every
-                run); default on the wgmma-ss tiles moe.kernels.offsets_splits' choice (slices only
-                when the rows' tiles leave most CTA slots idle), elsewhere 1 (the portable bodies'
-                slices are opt-in for now: log section 59); always 1 on the wgmma-w4a8 tiles
+                run); default moe.kernels.offsets_splits' choice (slices only when the rows' tiles
+                leave most CTA slots idle); 1 on the wgmma-w4a8 tiles
     """
     what = "gemm_grouped_a8_kernel"
     if (row_expert is None) == (offsets is None):
@@ -375,19 +375,23 @@ def gemm_grouped_a8_kernel(qa: QuantizedActivation, experts: PackedA8Experts, of
                          f"kernel reads them there), got {_moe._describe(offsets)}")
     scales, bias = _check_rows(qa, experts, bias, out, out_dtype, what)
     n = experts.n
+    forced = tile is not None
     tile, loaded = select_kernel(qa, experts, out_dtype, max(1, int(expected_m)), tile, what)
     k_tiles = -(-k // 128)
     ws = tile.mma in (MmaKind.WGMMA_W4A8, MmaKind.WGMMA_SS)  # (kernel/grouped_masked_scaled_ws.cuh)
+    if ws and not forced and splits is None and rows:
+        # a few rows on long K: the portable body's K slices beat one slice per tile
+        # (a8_launch.portable_slices_win)
+        portable = portable_slices_win(qa, experts, out_dtype, rows, max(1, int(expected_m)), k_tiles, what)
+        if portable is not None:
+            tile, loaded = portable
+            ws = False
     one_slice = tile.mma is MmaKind.WGMMA_W4A8  # (its schedule runs one K slice a tile; wgmma-ss slices K)
     bound = _moe.offsets_tile_bound(rows, experts.experts, n, tile)
     counters_size = _moe._split_k_counters_size()
     resident = _moe._resident(loaded, tile, codes.device.index) if rows else 1
     if splits is None:
-        # K slices by default on the wgmma-ss schedule only: session 53 took the portable bodies'
-        # slices for wrong at K 7168 (log section 58), which was its test comparing each row with
-        # the wrong expert (log section 59); they stay opt-in (splits=) until the mended test has
-        # run on a GPU
-        splits = _moe.offsets_splits(bound, k_tiles, resident) if tile.mma is MmaKind.WGMMA_SS else 1
+        splits = 1 if one_slice else _moe.offsets_splits(bound, k_tiles, resident)
     elif one_slice and splits != 1:
         raise ValueError(f"{what}: splits={splits!r}: the {tile.mma.value} tiles run one K slice (leave splits None)")
     elif type(splits) is not int or not 1 <= splits <= k_tiles or (splits > 1 and bound > counters_size):

@@ -117,6 +117,30 @@ def ws_takes(qa: QuantizedActivation | None, experts, info, gemm_type: GemmType)
     return True
 
 
+def portable_slices_win(qa: QuantizedActivation, experts, out_dtype: torch.dtype, rows: int, expected_m: int,
+                        k_tiles: int, what: str):
+    """(tile, loaded kernel) of the portable body for an offsets-form call that select_kernel gave a
+    wgmma-w4a8 tile, where the portable body's K slices win; else None. The wgmma-w4a8 schedule
+    runs one K slice per tile, so a few rows on long K leave most SMs idle: DeepSeek-V3 TP8's
+    gate_up (N 512, K 7168) at one token, 32 tiles for 264 CTA slots, took 21.8 us against
+    Humming's 15.3 (H200, log section 56). Where the portable table tile's rows would take K
+    slices (moe.kernels.offsets_splits > 1: its tiles fill at most a quarter of its resident CTAs),
+    its kernel runs instead (float8 on sm90a: ptxas's emulated e4m3 mma.sync, which streams the
+    weights as fast at a few rows). Not for W8A8: its wgmma-ss schedule takes K slices itself."""
+    from humming_aot import dispatch
+    from humming_aot.moe.a8 import PackedW4A8Experts, sync_tile
+
+    if not isinstance(experts, PackedW4A8Experts):
+        return None
+    sync = sync_tile(experts, expected_m)
+    bound = _moe.offsets_tile_bound(rows, experts.experts, experts.n, sync)
+    if bound * 4 > 8 * dispatch.device_info(qa.codes.device.index).num_sms:
+        return None  # (before loading its kernel: more tiles than a quarter of 8 CTAs an SM never split)
+    tile, loaded = select_kernel(qa, experts, out_dtype, expected_m, sync, what)
+    resident = _moe._resident(loaded, tile, qa.codes.device.index)
+    return (tile, loaded) if _moe.offsets_splits(bound, k_tiles, resident) > 1 else None
+
+
 def ws_map(codes: torch.Tensor, rows: int, tile: TileConfig, experts=None) -> bytes:
     """What MaskedScaledTmaGemmParams adds to MaskedScaledGemmParams' bytes for a warp-specialized
     tile: padding to byte 256, the TMA map over the (rows, K) codes (every slab end to end, or the

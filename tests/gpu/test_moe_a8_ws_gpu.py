@@ -321,13 +321,18 @@ def _few_rows_on_long_k():
     return experts, qa, offsets
 
 
-def test_few_rows_on_long_k_stay_on_the_wgmma_w4a8_schedule():
-    """The offsets form with a handful of rows on long K runs the wgmma-w4a8 schedule (one K slice
-    a tile) and matches float64."""
+def test_few_rows_on_long_k_take_the_portable_k_slices():
+    """The offsets form with a handful of rows on long K runs the portable body's K slices
+    (a8_launch.portable_slices_win: the wgmma-w4a8 schedule runs one K slice a tile) and matches
+    float64; so does the wgmma-w4a8 tile, forced."""
     experts, qa, offsets = _few_rows_on_long_k()
-    tile, _ = a8_launch.select_kernel(qa, experts, torch.bfloat16, 1, None, "test")
-    assert tile.mma.value == "wgmma-w4a8"
+    pick = a8_launch.portable_slices_win(qa, experts, torch.bfloat16, 4, 1, 7168 // 128, "test")
+    assert pick is not None and pick[0].mma.value == "mma-w4a8"
     y = gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=1)
+    assert _check_offsets(y, qa, experts, offsets) == [2, 3, 4, 5]
+    ws = a8_launch.ws_tile(experts, 1)
+    assert ws.mma.value == "wgmma-w4a8"
+    y = gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=1, tile=ws)
     assert _check_offsets(y, qa, experts, offsets) == [2, 3, 4, 5]
 
 

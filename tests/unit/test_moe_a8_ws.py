@@ -161,8 +161,8 @@ def test_the_offsets_form_slices_k_on_wgmma_ss_tiles_only(monkeypatch):
     """gemm_grouped_a8_kernel's host path up to the launch on sm90a's wgmma tiles (CPU tensors made to
     look like CUDA ones, a recorded launch): W8A8 experts with a few rows on long K take
     offsets_splits' slices (the grid's y), a workspace of the walk's tile bound x slices x the
-    tile's outputs and the stream's counters; forced slices are made non-empty; a portable tile
-    takes slices only when forced; W4A8's wgmma tile keeps one slice and refuses forced ones."""
+    tile's outputs and the stream's counters; forced slices are made non-empty; W4A8's wgmma tile
+    keeps one slice and refuses forced ones."""
     from humming_aot import dispatch, ops
     from humming_aot.moe import a8_launch, gemm_grouped_a8_kernel
     from humming_aot.moe import kernels as moe_kernels
@@ -178,6 +178,7 @@ def test_the_offsets_form_slices_k_on_wgmma_ss_tiles_only(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     monkeypatch.setattr(moe_a8, "select_kernel", lambda qa, experts, out_dtype, rows, tile, what: (
         tiles["w4" if isinstance(experts, moe_a8.PackedW4A8Experts) else "w8"], Loaded()))
+    monkeypatch.setattr(moe_a8, "portable_slices_win", lambda *args: None)  # (W4A8's own rule: its own tests)
     monkeypatch.setattr(moe_a8, "ws_map", lambda codes, rows, tile, experts=None: bytes(
         a8_launch.WS_PARAMS_BYTES - moe_a8.MASKED_SCALED_PARAMS_BYTES))
     monkeypatch.setattr(moe_kernels, "_resident", lambda loaded, tile, device_index: 264)
@@ -219,16 +220,6 @@ def test_the_offsets_form_slices_k_on_wgmma_ss_tiles_only(monkeypatch):
                                          r"\(up to 10 tiles x 4 slices x 8 x 128 floats\)"):
         gemm_grouped_a8_kernel(qa, blocks, offsets, expected_m=1, splits=4)
     assert len(launches) == 1
-    # the portable tiles: one slice unless forced (their default slices are off: log section 58)
-    monkeypatch.setattr(moe_a8, "select_kernel", lambda qa, experts, out_dtype, rows, tile, what: (
-        parse_tile_field("mma-ss:16x128x128_w1x4_s4"), Loaded()))
-    for forced, slices in ((None, 1), (3, 3)):
-        launches.clear()
-        gemm_grouped_a8_kernel(qa, blocks, offsets, expected_m=1, splits=forced)
-        (grid, _, params), = launches
-        assert grid[1] == slices == params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])[14]
-    monkeypatch.setattr(moe_a8, "select_kernel", lambda qa, experts, out_dtype, rows, tile, what: (
-        tiles["w4" if isinstance(experts, moe_a8.PackedW4A8Experts) else "w8"], Loaded()))
     # W4A8's wgmma tiles: one slice, and forced ones refused
     _, w4 = _experts("int4:g128", e=16, n=256, k=2048)
     qt = ops.quantize_activation(torch.randn(rows, 2048, generator=torch.Generator().manual_seed(1)),
@@ -239,6 +230,70 @@ def test_the_offsets_form_slices_k_on_wgmma_ss_tiles_only(monkeypatch):
     assert grid[1] == 1 and params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])[14] == 1
     with pytest.raises(ValueError, match="the wgmma-w4a8 tiles run one K slice"):
         gemm_grouped_a8_kernel(qt, w4, offsets, expected_m=1, splits=2)
+
+
+def test_a_few_w4a8_rows_on_long_k_take_the_portable_k_slices(monkeypatch):
+    """The offsets form's W4A8 x float8 call on sm90a (faked; a recorded launch): four rows on K 7168
+    (DeepSeek-V3 TP8's gate_up at one token) leave the wgmma-w4a8 tile, whose schedule runs one K
+    slice, for the portable table tile's offsets_splits slices (portable_slices_win); 4,096 rows on
+    K 2048, and any forced tile, keep the tile they were given."""
+    from humming_aot import dispatch, ops
+    from humming_aot.moe import a8_launch, gemm_grouped_a8_kernel
+    from humming_aot.moe import kernels as moe_kernels
+
+    fake = dispatch.DeviceInfo(index=0, name="fake H200", capability=(9, 0), num_sms=132, smem_per_sm=233472,
+                               arches=("sm90a",))
+    monkeypatch.setattr(dispatch, "device_info", lambda index: fake)
+    launches, picked = [], []
+
+    class Loaded:
+        def __init__(self, tile):
+            self.tile = tile
+
+        def launch(self, grid, stream, params):
+            launches.append((self.tile, grid, params))
+
+    ws = parse_tile_field("wgmma-w4a8:8x128x128_w1x4_s8")
+
+    def select(qa, experts, out_dtype, rows, tile, what):
+        chosen = ws if tile is None else parse_tile_field(tile) if isinstance(tile, str) else tile
+        picked.append(chosen)
+        return chosen, Loaded(chosen)
+
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(moe_a8, "select_kernel", select)
+    monkeypatch.setattr(a8_launch, "select_kernel", select)
+    monkeypatch.setattr(moe_a8, "ws_map", lambda codes, rows, tile, experts=None: bytes(
+        a8_launch.WS_PARAMS_BYTES - moe_a8.MASKED_SCALED_PARAMS_BYTES))
+    resident = {"wgmma-w4a8": 264, "mma-w4a8": 528}
+    monkeypatch.setattr(moe_kernels, "_resident", lambda loaded, tile, device_index: resident[tile.mma.value])
+    monkeypatch.setattr(moe_kernels, "_stream", lambda codes: 7)
+
+    def call(rows: int, k: int, **kwargs):
+        _, w4 = _experts("int4:g128", e=16, n=256, k=k)
+        qa = ops.quantize_activation(torch.randn(rows, k, generator=torch.Generator().manual_seed(2)),
+                                     "float8e4m3:token")
+        offsets = torch.tensor([0] * 3 + [1, 2, 3, rows] + [rows] * 10, dtype=torch.int32)
+        launches.clear()
+        gemm_grouped_a8_kernel(qa, w4, offsets, expected_m=1 if rows == 4 else rows // 4, **kwargs)
+        (tile, grid, params), = launches
+        return tile, grid, params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])[14]
+
+    sync = moe_a8.sync_tile(_experts("int4:g128", e=16, n=256, k=256)[1], 1)
+    assert sync.mma.value == "mma-w4a8"
+    bound = moe_kernels.offsets_tile_bound(4, 16, 256, sync)
+    slices = moe_kernels.offsets_splits(bound, 56, 528)
+    assert slices > 1
+    tile, grid, splits = call(4, 7168)
+    assert tile == sync and grid == (min(bound, 528 // slices), slices, 1) and splits == slices
+    tile, grid, splits = call(4, 7168, tile=ws)  # (forced: the caller's tile, one slice)
+    assert tile == ws and grid[1] == splits == 1
+    assert a8_launch.portable_slices_win(  # (many rows: more tiles than a quarter of the slots)
+        ops.quantize_activation(torch.randn(4096, 256), "float8e4m3:token"), _experts("int4:g128", e=16, n=256,
+                                                                                      k=256)[1],
+        torch.bfloat16, 4096, 1024, 2, "test") is None
+    tile, grid, splits = call(4096, 2048)
+    assert tile == ws and grid[1] == splits == 1
 
 
 def test_the_row_expert_form_on_sm90a_takes_the_warp_specialized_schedule(monkeypatch):
