@@ -161,8 +161,16 @@ def _rows_2d(x: torch.Tensor) -> torch.Tensor | None:
 
 def gather(hidden: torch.Tensor, slot_of_row: torch.Tensor, top_k: int) -> torch.Tensor | None:
     """(rows, K) = hidden[slot_of_row // top_k], zeros where slot_of_row is -1 (the permute step);
-    None when the kernel does not take these tensors (the caller's torch path serves them)."""
-    if hidden.dtype not in _ACT_NAMES or hidden.dim() != 2 or slot_of_row.dtype != torch.int64:
+    None when the kernel does not take these tensors (the caller's torch path serves them). The
+    kernel copies 16-bit words, so rows of other dtypes (8-bit activation codes, float32 scales)
+    go through it as their bytes (_as_16_bit), zero bytes for a padding row."""
+    if hidden.dtype not in _ACT_NAMES:
+        words = _as_16_bit(hidden)
+        if words is None:
+            return None
+        out = gather(words, slot_of_row, top_k)
+        return None if out is None else out.view(hidden.dtype)
+    if hidden.dim() != 2 or slot_of_row.dtype != torch.int64:
         return None
     x = _rows_2d(hidden) if hidden.shape[0] else None
     if x is None:
@@ -179,6 +187,21 @@ def gather(hidden: torch.Tensor, slot_of_row: torch.Tensor, top_k: int) -> torch
     grid = (rows, -(-cols // (ELEMENTWISE_THREADS * 2 * words)), 1)
     _launch(x.device, f"moe_gather_v{words}", grid, ELEMENTWISE_THREADS, 0, params)
     return out
+
+
+def _as_16_bit(x: torch.Tensor) -> torch.Tensor | None:
+    """A 2-D tensor's rows as 16-bit words (a bfloat16 view of the same bytes), or None where its
+    rows are not whole words (an odd byte count or row stride, an odd base address) or its dtype
+    is not a plain number type."""
+    if x.dim() != 2 or x.dtype.is_complex or x.dtype == torch.bool or x.stride(-1) != 1 or x.shape[-1] == 0:
+        return None
+    size = x.element_size()
+    if (x.shape[-1] * size) % 2 or (x.shape[0] > 1 and (x.stride(0) * size) % 2) or x.data_ptr() % 2:
+        return None
+    try:
+        return x.view(torch.bfloat16)
+    except RuntimeError:  # (a layout torch cannot view as 16-bit words)
+        return None
 
 
 def activation(gate_up: torch.Tensor, kind: str, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor | None:

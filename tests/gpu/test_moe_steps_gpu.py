@@ -185,6 +185,36 @@ def test_gather_kernel_matches_index_select(monkeypatch, launched, dtype, k):
     assert f"moe_gather_v{4 if k % 8 == 0 else 1}" in launched
 
 
+@pytest.mark.parametrize("dtype,k", [(torch.uint8, 7168), (torch.float8_e4m3fn, 2048), (torch.int8, 4),
+                                     (torch.float32, 1), (torch.float32, 56)])
+def test_gather_kernel_carries_8_bit_codes_and_float32_scales(monkeypatch, launched, dtype, k):
+    """The A8 layer's gather of activation codes and their scales: the 16-bit copy kernel over the
+    rows' bytes, bit for bit the torch path (NaN codes and scales included); rows whose bytes are
+    not whole words stay on the torch path."""
+    seed = _seed()
+    gen = torch.Generator().manual_seed(seed)
+    for tokens, experts, top_k in ((1, 256, 8), (37, 16, 4), (513, 128, 8)):
+        ids = _topk(tokens, experts, top_k, "uniform", gen).int().cuda()
+        bits = torch.randint(0, 256, (tokens, (k + 4) * torch.empty(0, dtype=dtype).element_size()), generator=gen,
+                             dtype=torch.uint8)
+        hidden = bits.view(dtype).cuda()[:, :k]  # (strided rows; every bit pattern, NaNs among them)
+        routing = moe.group_rows(ids, experts, check_range=False)
+        launched.clear()
+        got = moe.permute(hidden, routing)
+        # (the reference gathers the same bytes with torch operations: uint8 takes every one of them)
+        ref = _reference(monkeypatch, moe.permute, hidden.view(torch.uint8), routing)
+        assert got.dtype == dtype and torch.equal(got.view(torch.uint8), ref), f"seed={seed}"
+        assert any(name.startswith("moe_gather_v") for name in launched)
+        grouping = moe.align_groups(ids, experts, 16)
+        got = moe.permute_aligned(hidden.contiguous(), grouping)
+        ref = _reference(monkeypatch, moe.permute_aligned, hidden.contiguous().view(torch.uint8), grouping)
+        assert torch.equal(got.view(torch.uint8), ref), f"permute_aligned seed={seed}"
+    odd = torch.zeros(5, 6, dtype=torch.uint8).cuda()  # (3 words a row: the kernel copies pairs of them)
+    routing = moe.group_rows(_topk(5, 4, 2, "uniform", gen).int().cuda(), 4, check_range=False)
+    launched.clear()
+    assert torch.equal(moe.permute(odd, routing), odd.index_select(0, routing.slot_of_row // 2)) and not launched
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("inter", [256, 1536, 6, 2880])
 @pytest.mark.parametrize("kind", ["silu", "swiglu_oai"])

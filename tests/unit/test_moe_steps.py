@@ -150,7 +150,16 @@ def test_elementwise_launches_pick_the_vector_width(recorder):
     assert recorder.calls[-1]["symbol"] == "moe_gather_v1"  # a row stride of 2880: 16-byte rows, but 6 columns
     assert cuda_steps.gather(hidden, torch.zeros(0, dtype=torch.int64), 2).shape == (0, 2880)
     assert recorder.calls[-1]["symbol"] == "moe_gather_v1"  # no launch for no rows
-    assert cuda_steps.gather(hidden.float(), torch.zeros(5, dtype=torch.int64), 2) is None
+    # other dtypes as their 16-bit words: float32 rows of 2880 (5760 words), 8-bit codes of 8 (4 words)
+    out = cuda_steps.gather(hidden.float(), torch.zeros(5, dtype=torch.int64), 2)
+    assert out.dtype == torch.float32 and out.shape == (5, 2880)
+    assert cuda_steps._GATHER.unpack(recorder.calls[-1]["params"])[3:] == (5, 5760, 5760, 5760, 2)
+    codes = torch.zeros(3, 12, dtype=torch.uint8)[:, :8]
+    out = cuda_steps.gather(codes, torch.zeros(5, dtype=torch.int64), 2)
+    assert out.dtype == torch.uint8 and out.shape == (5, 8)
+    assert cuda_steps._GATHER.unpack(recorder.calls[-1]["params"])[3:] == (5, 4, 6, 4, 2)
+    for odd in (torch.zeros(3, 7, dtype=torch.uint8), torch.zeros(3, 6, dtype=torch.uint8)):  # (odd bytes, words)
+        assert cuda_steps.gather(odd, torch.zeros(5, dtype=torch.int64), 2) is None
 
 
 def test_bfloat16_steps_on_sm75_take_the_torch_path(monkeypatch):
@@ -294,3 +303,23 @@ def test_catalog_builds_carry_the_helper_units(tmp_path, monkeypatch, fresh_cata
         helper_kernels.obtain_image("moe", ("sm80",))
     broken = dict(manifest, helpers={name: {"file": "elsewhere"}})
     assert mf.manifest_problems(broken) == [f"helper unit {name!r} lacks sha256, arch, unit, toolkit, helpers_version"]
+
+
+def test_rows_of_other_dtypes_go_to_the_gather_kernel_as_16_bit_words():
+    """cuda_steps._as_16_bit: 8-bit codes and float32 scales as a bfloat16 view of their bytes (the
+    gather kernel copies 16-bit words), the same storage and bytes back; None where a row's bytes
+    or its stride are odd, or the base address is."""
+    from humming_aot.moe import cuda_steps
+
+    for dtype, k in ((torch.uint8, 16), (torch.float8_e4m3fn, 7168), (torch.int8, 2), (torch.float32, 1),
+                     (torch.float32, 3)):
+        size = torch.empty(0, dtype=dtype).element_size()
+        x = torch.randint(0, 256, (5, (k + 4) * size), dtype=torch.uint8).view(dtype)[:, :k]  # (strided rows)
+        words = cuda_steps._as_16_bit(x)
+        assert words is not None and words.dtype == torch.bfloat16 and words.data_ptr() == x.data_ptr()
+        assert words.shape == (5, k * x.element_size() // 2) and words.stride(0) * 2 == x.stride(0) * x.element_size()
+        assert torch.equal(words.view(dtype).view(torch.uint8), x.view(torch.uint8))
+    base = torch.zeros(5, 64, dtype=torch.uint8)
+    for odd in (base[:, :7], base[:, 1:9], base.reshape(-1)[:63 * 5].reshape(5, 63)[:, :8], base[:, :8].t(),
+                torch.zeros(5, 4, dtype=torch.bool), torch.zeros(4, dtype=torch.uint8)):
+        assert cuda_steps._as_16_bit(odd) is None
