@@ -43,7 +43,8 @@ NVCC_FLAGS = ("-fatbin", "-O3", "-std=c++17", "--expt-relaxed-constexpr")
 # How the fatbins' cubins are stored (--fatbin-compression of `humming-aot build`): "none" as nvcc
 # writes them by default, or "size" (nvcc --compress-mode=size, CUDA 12.8+), about a quarter of the
 # bytes (a sampled sm90a default catalog, 52-96 KB a kernel to 12-18 KB; deflated in a wheel, 91
-# MB to 76 MB: log section 58), which the driver decompresses as it loads each kernel.
+# MB to 76 MB: log section 58), which the driver decompresses as it loads each kernel (H200: 140-240
+# us more per kernel's first load, log section 59).
 FATBIN_COMPRESSION = ("none", "size")
 _COMPRESS_MODE_SINCE = (12, 8)
 _STATUS_PREFIX = "@@humming_aot"  # NINJA_STATUS marker: "@@humming_aot <finished> <total>@@ "
