@@ -130,7 +130,7 @@ def portable_slices_win(qa: QuantizedActivation, experts, out_dtype: torch.dtype
     wgmma-w4a8 tile, where the portable body's K slices win; else None. The wgmma-w4a8 schedule
     runs one K slice per tile, so a few rows on long K leave most SMs idle: DeepSeek-V3 TP8's
     gate_up (N 512, K 7168) at one token, 32 tiles for 264 CTA slots, took 21.8 us against
-    Humming's 15.3 (H200, log section 56). Where the portable table tile's rows would take K
+    Humming's 15.3 (H200, log section 56); the portable slices 14.7 (log section 59). Where the portable table tile's rows would take K
     slices (moe.kernels.offsets_splits > 1: its tiles fill at most a quarter of its resident CTAs),
     its kernel runs instead (float8 on sm90a: ptxas's emulated e4m3 mma.sync, which streams the
     weights as fast at a few rows). Not for W8A8: its wgmma-ss schedule takes K slices itself."""
