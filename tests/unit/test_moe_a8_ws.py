@@ -246,7 +246,7 @@ def test_a_few_w4a8_rows_on_long_k_take_the_portable_k_slices(monkeypatch):
     fake = dispatch.DeviceInfo(index=0, name="fake H200", capability=(9, 0), num_sms=132, smem_per_sm=233472,
                                arches=("sm90a",))
     monkeypatch.setattr(dispatch, "device_info", lambda index: fake)
-    launches, picked = [], []
+    launches = []
 
     class Loaded:
         def __init__(self, tile):
@@ -259,7 +259,6 @@ def test_a_few_w4a8_rows_on_long_k_take_the_portable_k_slices(monkeypatch):
 
     def select(qa, experts, out_dtype, rows, tile, what):
         chosen = ws if tile is None else parse_tile_field(tile) if isinstance(tile, str) else tile
-        picked.append(chosen)
         return chosen, Loaded(chosen)
 
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
