@@ -35,6 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--layout", default="masked", choices=bench_moe.LAYOUTS)
     parser.add_argument("--format", default="int4:g128")
     parser.add_argument("--impl", default="humming_aot", choices=bench_moe.ALL_IMPLS)
+    parser.add_argument("--activations", default=None,
+                        help="the 8-bit activation format of the a8 implementations (e.g. float8e4m3:g128)")
     parser.add_argument("--tile", default=None, help="force a MoE tile label (humming_aot, humming_aot_aligned)")
     parser.add_argument("--routings", type=int, default=4)
     parser.add_argument("--calls", type=int, default=4, help="profiled calls")
@@ -58,6 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device("cuda")
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
     w = (torch.randn(experts, n, k, generator=gen) * 0.02).to(torch.bfloat16).to(device)
+    bench_moe.ACTIVATIONS["format"] = args.activations
     forced = {"tile": args.tile} if args.tile and args.impl in bench_moe.TILED_IMPLS else {}
     impl = bench_moe.PREPARE[args.impl](w, args.format, args.layout, **forced)
     routings = [bench_moe.route(args.tokens, experts, top_k, k, args.seed + i, device) for i in range(args.routings)]
@@ -69,7 +72,8 @@ def main(argv: list[str] | None = None) -> None:
             impl.call(routings[i % len(routings)])
         torch.cuda.synchronize()
     print(f"profiled {args.calls} calls of {impl.name} {impl.note}: {args.model} {args.gemm} (N {n}, K {k}, E "
-          f"{experts}, top-{top_k}) {args.tokens} tokens, {args.layout}, {args.format}")
+          f"{experts}, top-{top_k}) {args.tokens} tokens, {args.layout}, {args.format}"
+          + (f" x {args.activations}" if args.activations else ""))
 
 
 if __name__ == "__main__":
