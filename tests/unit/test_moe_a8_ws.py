@@ -143,7 +143,8 @@ def test_the_default_catalog_holds_the_ws_tables_tiles_in_both_moe_types():
 @needs_nvcc
 def test_nvcc_compiles_the_block_scaled_ws_keys_without_spills(tmp_path):
     """The block-scaled tiles: the 8- and 16-row ones read their rows' scales in the K loop, the
-    others gather them into the ring from a second producer warp; in the masked schedule and in
+    others gather them and the weight-block scales into the ring from two more producer warps,
+    which take turns (40 registers each: no spill there either); in the masked schedule and in
     the row-expert form (the channel-scaled float8 and int8 tiles too; W4A8's wgmma tiles keep a
     few of the walk's words in local memory in both forms, as the masked one always has)."""
     from test_build_nvcc import _ptxas_report, _spill_bytes

@@ -125,7 +125,7 @@ struct DenseWgmmaSs {
 
   using Ring = mainloop::WgmmaSsRing<Mma, kUnitsPerWarpGroup, kStages, kStageBytes, kWeightBytes, kTokenMajor>;
   using Fp8Consumer =
-      typename Select<kTokenMajor, mainloop::Fp8TokenMajorBlocks<Ring, kCodeBytes>,
+      typename Select<kTokenMajor, mainloop::Fp8TokenMajorBlocks<Ring, kCodeBytes, kBlockM>,
                       mainloop::Fp8Promotion<Ring, kBlockScales, kBlockM, kCodeBytes, kOverlappedPromotion>>::Type;
   using Consumer = typename Select<Codes::kExactSums, mainloop::IntegerSums<Ring>, Fp8Consumer>::Type;
 
@@ -238,32 +238,52 @@ struct DenseWgmmaSs {
     if constexpr (!kBlockScales) apply_row_scales(r.gemm, r.a_scale, acc, m0, n0);
   }
 
-  // Block scales above 16 tokens, in the MoE schedule (every lane of one warp of the producer
-  // warpgroup, whose tiles and K tiles it walks in the producer's order): per K tile (count of
-  // them from k_tile0) of the tile at row m0 of r's expert, once the slot is free, the K block's kBlockM token scales where the
-  // dense body's bulk copy puts them (token m0 + i at float i; 0 past the expert's rows), read from
-  // r's (M, K / 128) rows, which no 16-byte copy can gather; then one arrival a lane. Each K
-  // tile's loads are issued before the wait for its slot, so the wait hides them.
-  static __device__ __forceinline__ void gather_token_scales(const ScaledRows& r, int m0, int k_tile0, int count,
-                                                             u32 smem_base, u32 full0, u32 empty0, u32& fills) {
+  // Block scales above 16 tokens, in the MoE schedule (every lane of each of kTurns warps of the
+  // producer warpgroup, which walk its tiles and K tiles in the producer's order and take turns
+  // fill by fill): per K tile (count of them from k_tile0; fills counts them over the CTA's tiles)
+  // of the tile at (m0, n0) of r's expert whose fill is this warp's turn, once the slot is free,
+  // the K block's kBlockM token scales where the dense body's bulk copy puts them (token m0 + i at
+  // float i; 0 past the expert's rows), read from r's (M, K / 128) rows, which no 16-byte copy can
+  // gather, and its weight-block scales after them; then one arrival a lane. Each K tile's loads
+  // are issued before the wait for its slot, so that the wait hides them.
+  // The K block's weight-block scales follow the token scales in the slot (one float per 128 of
+  // the CTA's channels, kernel::StagedWeightScales): the consumers then read no global memory in
+  // the K loop (the H100 profile of section 60 of docs/performance/log.md: 4.7 % of the 128-row
+  // tile's stall samples waited on the weight scale's global load at K 256).
+  static constexpr int kWeightBlocks = kBlockN / 128;
+  static_assert(!kStagedTokenScales || kStageBytes >= kCodeBytes + 4 * (kBlockM + kWeightBlocks),
+                "a slot's rounding to 1024 bytes leaves room for the weight-block scales");
+  // This warp stages the fills f with f % kTurns == turn.
+  template <int kTurns>
+  static __device__ __forceinline__ void gather_token_scales(const ScaledRows& r, int m0, int n0, int k_tile0,
+                                                             int count, u32 smem_base, u32 full0, u32 empty0,
+                                                             u32& fills, u32 turn) {
     static_assert(kStagedTokenScales && kBlockM % 32 == 0, "the tiles that stage token scales: lanes x rows");
     constexpr int kPerLane = kBlockM / 32;
     extern __shared__ __align__(1024) char smem_raw[];
     char* const smem = smem_raw + (smem_base - memory::shared_address(smem_raw));
     const int lane = threadIdx.x & 31;
     const float* rows = r.a_scale + static_cast<i64>(m0 + lane) * r.a_scale_stride + k_tile0;
-    const i64 lane_step = static_cast<i64>(32) * r.a_scale_stride;
+    const int lane_step = 32 * r.a_scale_stride;  // (32 rows of K / 128 contiguous scales)
+    // lane b < kWeightBlocks: weight block n0 / 128 + b's scales, a row of K / 128 (0 past N)
+    const int block = (n0 >> 7) + lane, k_blocks = r.gemm.k / kBlockK;
+    const bool weighs = lane < kWeightBlocks && block < ((r.gemm.n + 127) >> 7);
+    const float* block_scales =
+        static_cast<const float*>(r.gemm.w_scale) + static_cast<i64>(block) * k_blocks + k_tile0;
     for (int it = 0; it < count; ++it, ++fills) {
+      if (fills % kTurns != turn) continue;
       float scales[kPerLane];
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j) {
         scales[j] = m0 + lane + 32 * j < r.gemm.m ? __ldg(rows + j * lane_step + it) : 0.f;
       }
+      const float weight_scale = weighs ? __ldg(block_scales + it) : 0.f;
       const u32 slot = fills % kStages, lap = fills / kStages;
       if (lap > 0) ptx::mbarrier_wait(empty0 + 8 * slot, (lap + 1) & 1u);
       float* const staged = reinterpret_cast<float*>(smem + slot * kStageBytes + kCodeBytes);
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j) staged[lane + 32 * j] = scales[j];
+      if (lane < kWeightBlocks) staged[kBlockM + lane] = weight_scale;
       ptx::mbarrier_arrive(full0 + 8 * slot);  // (release: this lane's stores above before the phase)
     }
   }

@@ -21,9 +21,10 @@
 // staging tile of its own after the ring, so that the producer fills the next tile's slots
 // meanwhile. Block scales: the K loop weighs each K tile by its scales (Dense::kLoopReadsRows: the
 // consumers move to the tile's expert before it rather than beside it), and tiles of more than 16
-// rows read the K block's row scales from the slot, where a second producer warp writes them
-// (Dense::gather_token_scales: the rows' (M, K / 128) scales are no 16-byte copy), its 32 lanes
-// arriving on the slot's full barrier beside the producer (Dense::kGatherArrivals). Per tile:
+// rows read the K block's row scales and weight-block scales from the slot, where two more warps
+// of the producer warpgroup write them, taking turns fill by fill (Dense::gather_token_scales:
+// the rows' (M, K / 128) scales are no 16-byte copy), the 32 lanes of the fill's warp arriving on
+// the slot's full barrier beside the producer (Dense::kGatherArrivals). Per tile:
 // - the producer copies the activation boxes from the map of all rows (the slabs end to end,
 //   expert e's at row e x max_m; or the offsets form's rows, expert e's at its first row); rows of
 //   a box past the expert's rows are other experts' or, past the map, zeros: computed and never
@@ -74,13 +75,27 @@ struct GroupedMaskedScaledWs {
   // The tile's rows moved to its expert (kernel/grouped_masked.cuh: weights, global scale, output
   // rows, M its rows, the rows' scales) and its place (Frame::place: m0, n0, the activation box's
   // map row).
+  // `first`: walk.first_row(t.expert) (0 in a slab; the expert's first row with offsets).
   static __device__ __forceinline__ void rows_of(const MaskedScaledGemmParams& s, const Walk& walk, const TileAt& t,
-                                                 ScaledRows& r, int& m0, int& n0, int& box_row) {
+                                                 i64 first, ScaledRows& r, int& m0, int& n0, int& box_row) {
     r = tile_rows(s, t.rows);
-    const i64 first = walk.first_row(t.expert);  // 0 in a slab; the expert's first row with offsets
     move_to_expert(r, s, t.expert, first);
     Frame::place(s.masked, walk, t, first, m0, n0, box_row);
   }
+  static __device__ __forceinline__ void rows_of(const MaskedScaledGemmParams& s, const Walk& walk, const TileAt& t,
+                                                 ScaledRows& r, int& m0, int& n0, int& box_row) {
+    rows_of(s, walk, t, walk.first_row(t.expert), r, m0, n0, box_row);
+  }
+
+  // Warps of the producer warpgroup that stage the token and weight-block scales
+  // (Dense::kGatherArrivals), taking turns fill by fill: one warp's chain per fill (its loads'
+  // latency, the wait for the slot, the stores) bounded the K loop of the 128-row tile at K 7168
+  // (H100: DeepSeek-V3 TP8's gate_up at 4,096 tokens took 12 % longer when the chain grew by a
+  // load; docs/performance/log.md section 60). A warp waits for a slot's release at most one lap
+  // ahead of the consumers while its turns are fewer than the ring's slots.
+  static constexpr int kGatherWarps = 2;
+  static_assert(Dense::kGatherArrivals == 0 || (kGatherWarps < Dense::kRingStages && 1 + kGatherWarps <= 4),
+                "the gathering warps' turns stay within one lap of the ring, in the producer warpgroup");
 
   static __device__ __forceinline__ void run(const MaskedScaledTmaGemmParams& params) {
     const MaskedScaledGemmParams& s = params.scaled;
@@ -115,12 +130,15 @@ struct GroupedMaskedScaledWs {
           }
           __syncwarp();
         }
-      } else if (Dense::kGatherArrivals > 0 && warp == kConsumerWarps + 1) {
+      } else if (Dense::kGatherArrivals > 0 && warp <= kConsumerWarps + kGatherWarps) {
         if constexpr (Dense::kGatherArrivals > 0) {
+          // the i-th gathering warp (warp kConsumerWarps + 1 + i) stages the fills f with f % kGatherWarps == i
+          const u32 turn = static_cast<u32>(warp - kConsumerWarps - 1);
           u32 fills = 0;
           for (u32 tile = blockIdx.x; Frame::find(walk, tile, at); tile += gridDim.x) {
             rows_of(s, walk, at, r, m0, n0, box_row);
-            Dense::gather_token_scales(r, m0, k_tile0, k_count, smem_base, full0, empty0, fills);
+            Dense::template gather_token_scales<kGatherWarps>(r, m0, n0, k_tile0, k_count, smem_base, full0, empty0,
+                                                              fills, turn);
           }
         }
       }
@@ -135,25 +153,30 @@ struct GroupedMaskedScaledWs {
     TileAt next;
     bool more = Frame::find(walk, tile, at);
     if (!more) schedule::release_dependent_grid();  // no tile for this CTA
+    // Each tile's expert's first row (with offsets a global load, offsets[e]) is read a tile ahead,
+    // so that its latency passes beside the tile before it rather than before the K loop.
+    u32 first = more ? walk.first_row(at.expert) : 0u, next_first = 0u;
     while (more) {
       tile += gridDim.x;
       // (ExpertTable's shared-memory reads in flight beside the K loop; RowBlockWalk's global
       // load and ballot complete before it)
       more = Frame::find(walk, tile, next);
+      if (more) next_first = walk.first_row(next.expert);
       if constexpr (Dense::kLoopReadsRows) {
-        rows_of(s, walk, at, r, m0, n0, box_row);
+        rows_of(s, walk, at, first, r, m0, n0, box_row);
         Dense::Consumer::consume(r, m0, n0, k_tile0, k_count, smem_base, full0, empty0, ring, acc);
       } else {
         Dense::Consumer::consume(s, 0, 0, k_tile0, k_count, smem_base, full0, empty0, ring, acc);
       }
       // The next kernel may now be scheduled into the slots this grid leaves as it finishes.
       if (!more) schedule::release_dependent_grid();
-      if constexpr (!Dense::kLoopReadsRows) rows_of(s, walk, at, r, m0, n0, box_row);
+      if constexpr (!Dense::kLoopReadsRows) rows_of(s, walk, at, first, r, m0, n0, box_row);
       // K slices: this slice's partial sums into the workspace at the tile's walk index; the CTA
       // that arrives last holds the sum of every slice, in slice order, and goes on to store it
       if (splits > 1 && !Dense::SplitK::reduce(r.gemm, acc, static_cast<int>(tile - gridDim.x),
                                                static_cast<int>(blockIdx.y), splits, &arrival_flag)) {
         at = next;
+        first = next_first;
         continue;
       }
       Dense::scale_expert(acc, r, m0, n0);
@@ -162,6 +185,7 @@ struct GroupedMaskedScaledWs {
       Dense::ConsumerBarrier::sync();
       Dense::Writer::store_tile(r.gemm, acc, m0, n0, frame.smem + kStagingOffset);
       at = next;
+      first = next_first;
     }
   }
 };

@@ -189,6 +189,17 @@ __device__ __forceinline__ const float* token_scale_rows(const ScaledTmaGemmPara
 __device__ __forceinline__ const float* token_scale_rows(const ScaledRows& r) { return r.a_scale; }
 __device__ __forceinline__ int token_scale_row_stride(const ScaledTmaGemmParams&, int k_blocks) { return k_blocks; }
 __device__ __forceinline__ int token_scale_row_stride(const ScaledRows& r, int) { return r.a_scale_stride; }
+// Whether a K loop whose slots stage the K block's token scales (block scales above 16 tokens) finds
+// its weight-block scales staged after them too: the MoE schedule's gathering warp stages both
+// (kernel/grouped_masked_scaled_ws.cuh, ScaledRows), the dense body's producer the token scales only.
+template <class Params>
+struct StagedWeightScales {
+  static constexpr bool kValue = false;
+};
+template <>
+struct StagedWeightScales<ScaledRows> {
+  static constexpr bool kValue = true;
+};
 
 // The Params of the grouped contiguous MoE GEMM (kernel/grouped_contiguous.cuh): the GemmParams of
 // all the grouped rows with expert 0's weights (k_splits 1), each row's expert on the device, the

@@ -33,6 +33,10 @@ struct Fp8Promotion {
   // (the kernel's producer copies them); at 8 and 16 tokens each thread loads its own.
   static constexpr bool kStagedTokenScales = kBlockScales && kBlockM > 16;
   static constexpr int kTokenScales = kBlockM / 4;  // the tokens of a thread's accumulators
+  // Whether the slot also holds the K block's weight-block scales (after the token scales, one
+  // float per 128 channels of the CTA): the MoE schedule's (kernel::StagedWeightScales).
+  template <class Params>
+  static constexpr bool kStagedWeightScales = kStagedTokenScales && kernel::StagedWeightScales<Params>::kValue;
   static_assert(!kOverlapped || !kBlockScales || kStagedTokenScales,
                 "the overlapped loop reads block scales' token scales from the slot only");
 
@@ -61,8 +65,12 @@ struct Fp8Promotion {
     if constexpr (kBlockScales) {
       const int unit0 = (static_cast<int>(threadIdx.x) >> 7) * kUnitsPerWarpGroup;
       float unit_scales[kUnitsPerWarpGroup];  // (global: their latency under the wait)
-      const kernel::GemmParams& p = kernel::scale_gemm(params);
-      load_unit_scales(p, n0, unit0, kb, p.k / kBlockK, unit_scales);
+      if constexpr (kStagedWeightScales<Params>) {
+        staged_unit_scales(smem_base, slot, unit0, unit_scales);
+      } else {
+        const kernel::GemmParams& p = kernel::scale_gemm(params);
+        load_unit_scales(p, n0, unit0, kb, p.k / kBlockK, unit_scales);
+      }
       mma::wgmma_wait_group<kPending>();
       mma::wgmma_fence_operands(from);
       // token 2 (lane % 4) + 8 j + {0, 1}: one 8-byte pair per j, weighing accumulators 4 j .. 4 j + 3
@@ -140,9 +148,10 @@ struct Fp8Promotion {
       // blocks: this K block's scales, loaded before the wait so that the wgmma hide their latency
       // (the staged token scales once the slot is full, before it is released)
       float token_scales[kBlockScales ? kTokenScales : 1], unit_scales[kUnitsPerWarpGroup];
-      if constexpr (kBlockScales)
+      if constexpr (kBlockScales && !kStagedWeightScales<Params>)
         load_block_scales(params, m0, n0, unit0, k_tile0 + it, k_blocks, token_scales, unit_scales);
       const int slot = Ring::template issue<false>(smem_base, full0, ring, scratch);
+      if constexpr (kStagedWeightScales<Params>) staged_unit_scales(smem_base, slot, unit0, unit_scales);
       if constexpr (kStagedTokenScales) {
         // token 2 (lane % 4) + 8 j + {0, 1}: one 8-byte pair per j
         const float* staged = staged_token_scales(smem_base, slot);
@@ -173,6 +182,17 @@ struct Fp8Promotion {
         for (int i = 0; i < kAccumulators; ++i) acc[i] += scratch[i];
       }
     }
+  }
+
+  // Blocks, the MoE schedule's slots: the K block's scale of each of this thread's units' weight
+  // block, staged in `slot` after the token scales (the CTA's first 128 channels' at float
+  // kBlockM; n0 is a multiple of 128).
+  static __device__ __forceinline__ void staged_unit_scales(u32 smem_base, int slot, int unit0,
+                                                            float (&unit_scales)[kUnitsPerWarpGroup]) {
+    const float* staged =
+        reinterpret_cast<const float*>(smem_generic(smem_base + slot * Ring::kStageBytes + kCodeBytes)) + kBlockM;
+#pragma unroll
+    for (int u = 0; u < kUnitsPerWarpGroup; ++u) unit_scales[u] = staged[(64 * (unit0 + u)) >> 7];
   }
 
   // Blocks: the scales of K block kb for this thread's tokens (token_scale_rows: rows of

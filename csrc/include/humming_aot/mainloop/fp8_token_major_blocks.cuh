@@ -6,9 +6,10 @@
 // sets take turns, so that K tile t + 1's wgmma run while K tile t is promoted into the fp32
 // accumulators. A thread's accumulators hold two tokens (epilogue/token_major_fragments.cuh), so
 // the promotion weighs them with two factors, token scale x weight-block scale: two shared loads
-// of the K block's token scales (staged in the slot after the codes by the producer) and one
-// global load of the block's weight scale, all issued before the wait, then one FFMA per
-// accumulator. (The transposed tile, mainloop/fp8_promotion.cuh, holds 32 tokens a thread and
+// of the K block's token scales (staged in the slot after the codes by the producer) and the
+// block's weight scale (a global load issued before the wait; in the MoE schedule a shared load:
+// its gathering warp stages it after the token scales, kernel::StagedWeightScales), then one FFMA
+// per accumulator. (The transposed tile, mainloop/fp8_promotion.cuh, holds 32 tokens a thread and
 // spends 16 shared loads and 32 multiplies on its factors.)
 // Contract: `consume` leaves acc with the warpgroup's scaled fp32 sums and every slot it took
 // released.
@@ -20,7 +21,8 @@
 namespace humming_aot::mainloop {
 
 template <class Ring,      // mainloop::WgmmaSsRing over mma::WgmmaE4m3<128>, kTokensAsA
-          int kCodeBytes>  // bytes of codes in a slot (the K block's token scales follow)
+          int kCodeBytes,  // bytes of codes in a slot (the K block's token scales follow)
+          int kTokens>     // the tile's tokens: floats of staged token scales (the weight block's scale follows)
 struct Fp8TokenMajorBlocks {
   static constexpr int kAccumulators = Ring::kAccumulators;
   static constexpr int kBlockK = 128;
@@ -39,29 +41,33 @@ struct Fp8TokenMajorBlocks {
     const kernel::GemmParams& p = kernel::scale_gemm(params);
     // the CTA's 128 channels are one weight block (n0 is a multiple of 128 below N): its row of scales
     const float* block_scales = static_cast<const float*>(p.w_scale) + static_cast<i64>(n0 >> 7) * (p.k / kBlockK);
+    constexpr bool kStagedWeight = kernel::StagedWeightScales<Params>::kValue;
     float even[kAccumulators], odd[kAccumulators];
     int even_slot = Ring::template issue<false>(smem_base, full0, ring, even), odd_slot;
     for (int it = 1; it < count; it += 2) {
-      odd_slot = Ring::template issue<false>(smem_base, full0, ring, odd);                      // K tile it
-      retire_tile<1>(block_scales, k_tile0 + it - 1, smem_base, empty0, even_slot, even, acc);  // K tile it - 1
+      odd_slot = Ring::template issue<false>(smem_base, full0, ring, odd);  // K tile it
+      retire_tile<1, kStagedWeight>(block_scales, k_tile0 + it - 1, smem_base, empty0, even_slot, even,
+                                    acc);  // K tile it - 1
       if (it + 1 == count) {
-        retire_tile<0>(block_scales, k_tile0 + it, smem_base, empty0, odd_slot, odd, acc);
+        retire_tile<0, kStagedWeight>(block_scales, k_tile0 + it, smem_base, empty0, odd_slot, odd, acc);
         return;
       }
       even_slot = Ring::template issue<false>(smem_base, full0, ring, even);  // K tile it + 1
-      retire_tile<1>(block_scales, k_tile0 + it, smem_base, empty0, odd_slot, odd, acc);
+      retire_tile<1, kStagedWeight>(block_scales, k_tile0 + it, smem_base, empty0, odd_slot, odd, acc);
     }
-    retire_tile<0>(block_scales, k_tile0 + count - 1, smem_base, empty0, even_slot, even, acc);
+    retire_tile<0, kStagedWeight>(block_scales, k_tile0 + count - 1, smem_base, empty0, even_slot, even, acc);
   }
 
   // Once at most kPending groups are in flight: add `from` (K block kb, in `slot`) weighed by its
-  // tokens' and weight block's scales into acc, and release the slot.
-  template <int kPending>
+  // tokens' and weight block's scales into acc, and release the slot. kStagedWeight: the weight
+  // block's scale is in the slot after the token scales, else at block_scales[kb].
+  template <int kPending, bool kStagedWeight>
   static __device__ __forceinline__ void retire_tile(const float* block_scales, int kb, u32 smem_base, u32 empty0,
                                                      int slot, float (&from)[kAccumulators],
                                                      float (&acc)[kAccumulators]) {
-    const float weight_scale = __ldg(block_scales + kb);
-    const float* staged = staged_token_scales(smem_base, slot) + Fragments::first_token();
+    const float* staged = staged_token_scales(smem_base, slot);
+    const float weight_scale = kStagedWeight ? staged[kTokens] : __ldg(block_scales + kb);
+    staged += Fragments::first_token();
     const float token_scale0 = staged[0], token_scale1 = staged[8];
     mma::wgmma_wait_group<kPending>();
     mma::wgmma_fence_operands(from);
