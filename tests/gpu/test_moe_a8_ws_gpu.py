@@ -4,7 +4,7 @@ schedule and its offsets form through every tile of humming_aot.moe.a8_launch.WS
 uint4 with zero points and MXFP4 experts x float8), W8A8_WS_TILES (float8 x float8 and int8 x
 int8 with channel scales) and W8A8_BLOCK_WS_TILES (DeepSeek-V3's float8 experts with 128 x 128
 block scales x float8 rows with a scale per 128 of K, whose tiles of more than 16 rows gather
-those scales into the ring from a second producer warp). Each expert's rows against the float64 product of its
+those scales and the weight-block scales into the ring from two more producer warps, taking turns). Each expert's rows against the float64 product of its
 exact operands (the dense W4A8 sum bound), NaN-poisoned outputs whose rows past each count or of
 no expert must stay NaN, skewed and empty routing, odd N (padded by pack), K off the K tile of
 128, E past one window of the walk's table (256), the offsets and slab forms giving the same
@@ -352,7 +352,7 @@ def test_few_rows_on_long_k_on_the_portable_k_slices(splits):
 @pytest.mark.parametrize("index", range(5))
 def test_block_scales_on_long_k(index):
     """DeepSeek-V3's block-scaled experts through each tile on K = 2048 (16 K tiles: the ring laps
-    within a tile, so the gathering warp's fills must follow the producer's), rows past one tile
+    within a tile, so the gathering warps' fills must follow the producer's), rows past one tile
     and not on its bound, odd N: every K block weighed by its own scales, against float64."""
     tile = _BLOCK_TILES[index]
     gen = torch.Generator().manual_seed(_seed())

@@ -102,8 +102,8 @@ struct GroupedMaskedScaledWs {
     const MaskedGemmParams& g = s.masked;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     Walk walk;
-    // the ring's barriers: the producer's arrive.expect_tx (+ the bytes) and the gathering warp's
-    // lanes; the body's consumer arrivals
+    // the ring's barriers: the producer's arrive.expect_tx (+ the bytes) and the lanes of the
+    // fill's gathering warp; the body's consumer arrivals
     const Frame frame = Frame::open(g, 1 + Dense::kGatherArrivals, Dense::kEmptyArrivals, warp, walk);
     const u32 smem_base = frame.smem_base, full0 = frame.full0, empty0 = frame.empty0;
     // K slices (Dense::kKSlices, the offsets form, gridDim.y = gemm.k_splits): CTA (x, y) walks
