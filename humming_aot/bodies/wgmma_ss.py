@@ -17,6 +17,7 @@ S8_TOKENS = TOKENS + (256,)
 _PRODUCER_REGISTERS = 40
 _HELD_LIMIT = 240  # the consumers' setmaxnreg (kConsumerRegistersHeld)
 _SPARE_REGISTERS = 40  # the loop and the epilogue beside the accumulators and their scratch set
+_PAIR_REGISTERS = 8  # block scales above 16 tokens: the staged token scales' pair-by-pair add
 # the pairings the body computes: e4m3 codes both sides, fp32 scales per token x per channel, or
 # per 1 x 128 token group x per 128 x 128 weight block (kBlockScales)
 _CHANNEL = (("float8e4m3", "k", "float32"), ("float8e4m3", "g", "float32"))
@@ -155,11 +156,16 @@ class WgmmaSsBody(Body):
         if operands == _BLOCKS and key.tile.block_n % 128:
             raise ValueError(f"{key.name}: block scales need whole 128-channel blocks per CTA (block_n 128 or 256)")
         if operands == _BLOCKS:
+            # At 8 and 16 tokens a thread holds its token scales beside the accumulators; above, the
+            # K loop reads them from the slot pair by pair as it adds (mainloop/fp8_promotion.cuh),
+            # which takes a few registers of its own (a pair, its two products: _PAIR_REGISTERS). 160
+            # tokens fit with no spill; 192 leave none and spill in the MoE schedule.
             accumulators = key.tile.block_m // 2 * key.tile.units_per_warpgroup
-            limit = consumer_registers(key.tile.warps_n // 4) - _SPARE_REGISTERS - key.tile.block_m // 4
+            held = _PAIR_REGISTERS if stages_token_scales(key) else key.tile.block_m // 4
+            limit = consumer_registers(key.tile.warps_n // 4) - _SPARE_REGISTERS - held
             if 2 * accumulators > limit:
-                raise ValueError(f"{key.name}: with block scales a consumer thread also holds its {key.tile.block_m // 4} "
-                                 f"token scales: {2 * accumulators} accumulators exceed the {limit} registers left")
+                raise ValueError(f"{key.name}: with block scales a consumer thread also holds its token scales ({held} "
+                                 f"registers): {2 * accumulators} accumulators exceed the {limit} registers left")
 
     @staticmethod
     def block_scales(key: "KernelKey") -> bool:

@@ -4,8 +4,9 @@ schedule and its offsets form through every tile of humming_aot.moe.a8_launch.WS
 uint4 with zero points and MXFP4 experts x float8), W8A8_WS_TILES (float8 x float8 and int8 x
 int8 with channel scales) and W8A8_BLOCK_WS_TILES (DeepSeek-V3's float8 experts with 128 x 128
 block scales x float8 rows with a scale per 128 of K, whose tiles of more than 16 rows gather
-those scales and the weight-block scales into the ring from two more producer warps, taking turns). Each expert's rows against the float64 product of its
-exact operands (the dense W4A8 sum bound), NaN-poisoned outputs whose rows past each count or of
+those scales and the weight-block scales into the ring from two more producer warps, taking
+turns; and the block-scaled probe tiles outside the table). Each expert's rows against the
+float64 product of its exact operands (the dense W4A8 sum bound), NaN-poisoned outputs whose rows past each count or of
 no expert must stay NaN, skewed and empty routing, odd N (padded by pack), K off the K tile of
 128, E past one window of the walk's table (256), the offsets and slab forms giving the same
 bits, a bias with float16 output, and CUDA graph replays; and the row-expert form (DeepGEMM's
@@ -35,6 +36,10 @@ pytestmark = pytest.mark.gpu
 _TILES = [label for _, label in a8_launch.WS_TILES]
 _W8_TILES = [label for _, label in a8_launch.W8A8_WS_TILES]
 _BLOCK_TILES = [label for _, label in a8_launch.W8A8_BLOCK_WS_TILES]
+# Block-scaled tiles outside the table, built by the probe catalog (catalog/probe_moe_a8_ws_sm90a.toml)
+# to be timed: 160 rows on the transposed layout, whose serial promotion reads the staged token
+# scales pair by pair (log section 60)
+_BLOCK_PROBE_TILES = ["wgmma-ss:160x128x128_w1x8_s4"]
 _FORMATS = {"int4": "int4:g128", "uint4": "uint4:g128:zp", "float4e2m1": "mxfp4", "float8e4m3": "float8e4m3:channel",
             "int8": "int8:channel", "blocks": "float8e4m3:b128x128"}
 _W8 = ("float8e4m3", "int8", "blocks")
@@ -349,12 +354,12 @@ def test_few_rows_on_long_k_on_the_portable_k_slices(splits):
     assert torch.equal(y, again)
 
 
-@pytest.mark.parametrize("index", range(5))
-def test_block_scales_on_long_k(index):
-    """DeepSeek-V3's block-scaled experts through each tile on K = 2048 (16 K tiles: the ring laps
-    within a tile, so the gathering warps' fills must follow the producer's), rows past one tile
-    and not on its bound, odd N: every K block weighed by its own scales, against float64."""
-    tile = _BLOCK_TILES[index]
+@pytest.mark.parametrize("tile", _BLOCK_TILES + _BLOCK_PROBE_TILES)
+def test_block_scales_on_long_k(tile):
+    """DeepSeek-V3's block-scaled experts through each tile (the table's and the probe's) on K = 2048
+    (16 K tiles: the ring laps within a tile, so the gathering warps' fills must follow the
+    producer's), rows past one tile and not on its bound, odd N: every K block weighed by its own
+    scales, against float64."""
     gen = torch.Generator().manual_seed(_seed())
     block_m = parse_tile_field(tile).block_m
     e, n, k = 3, 200, 2048
@@ -368,6 +373,33 @@ def test_block_scales_on_long_k(index):
     for ex, count in enumerate(counts.tolist()):
         _check_rows(y[ex, :count], moe_a8._rows(qa, (ex, slice(0, count))), experts, ex)
         assert torch.isnan(out[ex, count:]).all(), f"expert {ex}: rows past its count were written"
+
+
+@pytest.mark.parametrize("tile", _BLOCK_PROBE_TILES)
+def test_block_scales_on_the_offsets_form_of_a_probe_tile(tile):
+    """The offsets form on a block-scaled probe tile: experts of no rows, of fewer rows than a tile
+    and of more, K slices (the same bits twice), against float64; rows of no expert stay NaN."""
+    gen = torch.Generator().manual_seed(_seed())
+    e, n, k = 4, 256, 512
+    experts = _experts("blocks", e, n, k, gen)
+    bounds = [3, 3, 140, 341, 360]
+    rows = 364
+    qa = _activations((rows, k), gen, _act("blocks"))
+    offsets = torch.tensor(bounds, dtype=torch.int32, device="cuda")
+    out = torch.full((rows, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    y = gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=128, out=out, tile=tile)
+    torch.cuda.synchronize()
+    assert torch.isnan(y[:3]).all() and torch.isnan(y[360:]).all(), "rows of no expert were written"
+    for splits in (1, 2):
+        runs = [gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=128, tile=tile, splits=splits)
+                for _ in range(2)]
+        torch.cuda.synchronize()
+        assert torch.equal(runs[0], runs[1]), f"{splits} K slices: two runs differ"
+        for ex in range(e):
+            lo, hi = bounds[ex], bounds[ex + 1]
+            if hi > lo:
+                _check_rows(runs[0][lo:hi], moe_a8._rows(qa, slice(lo, hi)), experts, ex)
+                _check_rows(y[lo:hi], moe_a8._rows(qa, slice(lo, hi)), experts, ex)
 
 
 def test_block_scales_with_a_bias_float16_and_the_default_tile():

@@ -151,8 +151,10 @@ def test_nvcc_compiles_the_block_scaled_ws_keys_without_spills(tmp_path):
 
     from humming_aot.moe import a8_launch
 
-    cases = [("blocks", label, t) for _, label in a8_launch.W8A8_BLOCK_WS_TILES
-             for t in (GemmType.MASKED, GemmType.GROUPED)]
+    # (and the 160-row probe tile of the GPU tests, whose serial promotion reads its token scales
+    # from the slot pair by pair)
+    labels = [label for _, label in a8_launch.W8A8_BLOCK_WS_TILES] + ["wgmma-ss:160x128x128_w1x8_s4"]
+    cases = [("blocks", label, t) for label in labels for t in (GemmType.MASKED, GemmType.GROUPED)]
     cases += [(w, label, GemmType.GROUPED) for _, label in a8_launch.W8A8_WS_TILES for w in ("float8e4m3", "int8")]
     for weight, label, gemm_type in cases:
         key = _masked_key("sm90a", weight, "int8" if weight == "int8" else "float8e4m3", label, gemm_type)

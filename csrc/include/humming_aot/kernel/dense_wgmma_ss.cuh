@@ -21,7 +21,8 @@
 // - s8 (mainloop/integer_sums.cuh): exact int32 sums over the unit's whole K (or K slice: split-K
 //   and the MoE schedule's slices add each slice's sums made fp32), made fp32 once.
 // The e4m3 promotion needs twice the accumulator registers: a consumer warpgroup holds at most
-// 64 channels x 192 tokens (128 with block scales, whose token scales it holds too), or 128 x 96.
+// 64 channels x 192 tokens, or 128 x 96 (block scales at 8 and 16 tokens hold the token scales
+// too; above, the K loop reads them from the slot as it adds).
 //
 // Token-major (kTokenMajor: block scales, 128 tokens x 128 channels, two consumer warpgroups of one
 // unit): the roles swap, the tokens wgmma's A (warpgroup wg: tokens 64 wg + [0, 64)) and the CTA's
@@ -115,8 +116,10 @@ struct DenseWgmmaSs {
   static constexpr int kConsumerRegistersHeld = Registers::kHeld;
   static constexpr int kTokenScales = kBlockM / 4;  // the tokens of a thread's accumulators (blocks)
   // (e4m3: the accumulators and the promotion's scratch set; s8: the sums alone, made fp32 in place)
-  static_assert(kConsumerRegistersHeld >=
-                    (Codes::kExactSums ? 1 : 2) * kAccumulators + (kBlockScales ? kTokenScales : 0) + 40,
+  // (block scales at 8 and 16 tokens: the thread's token scales held too; above, read from the slot
+  // pair by pair as the K loop adds, a pair and its two products at a time: 8 registers)
+  static constexpr int kTokenScaleRegisters = kBlockScales ? (kStagedTokenScales ? 8 : kTokenScales) : 0;
+  static_assert(kConsumerRegistersHeld >= (Codes::kExactSums ? 1 : 2) * kAccumulators + kTokenScaleRegisters + 40,
                 "the consumers' registers hold the accumulators (and the promotion's scratch set) and the loop");
   // Registers for a second scratch set: promotion overlapped with the next K tile's wgmma
   // (mainloop/fp8_promotion.cuh; with block scales where the token scales are staged in the slot).

@@ -5,7 +5,9 @@
 // accumulators once the tile's wgmma have completed (the error bound then holds at K = 16384:
 // tests/gpu/test_w8a8_gpu.py). The slot is released at that point, before the add.
 // - serial: one scratch set; with block scales (kBlockScales) the add weighs the tile by its K
-//   block's token and weight-block scales, loaded before the wait so that the wgmma hide them;
+//   block's token and weight-block scales, loaded before the wait so that the wgmma hide them
+//   (staged token scales, above 16 tokens: read from the slot pair by pair as the add goes, the
+//   slot released after it, so that no register holds them: what lets 160 tokens fit);
 // - overlapped (kOverlapped, where a third set of registers fits): two scratch sets take turns, so
 //   that K tile t + 1's wgmma run while K tile t is added; with block scales (staged token scales
 //   only: above 16 tokens) each add reads its K block's token scales from the slot, pair by pair,
@@ -73,21 +75,7 @@ struct Fp8Promotion {
       }
       mma::wgmma_wait_group<kPending>();
       mma::wgmma_fence_operands(from);
-      // token 2 (lane % 4) + 8 j + {0, 1}: one 8-byte pair per j, weighing accumulators 4 j .. 4 j + 3
-      const float* staged = staged_token_scales(smem_base, slot);
-#pragma unroll
-      for (int j = 0; j < kTokenScales / 2; ++j) {
-        const float2 pair = *reinterpret_cast<const float2*>(staged + 8 * j);
-#pragma unroll
-        for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
-          const float even_scale = pair.x * unit_scales[u], odd_scale = pair.y * unit_scales[u];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int a = u * kUnitAccumulators + 4 * j + e;
-            acc[a] = fmaf(from[a], (e & 1) ? odd_scale : even_scale, acc[a]);
-          }
-        }
-      }
+      add_weighed(staged_token_scales(smem_base, slot), unit_scales, from, acc);
       Ring::release(empty0, slot);
     } else {
       mma::wgmma_wait_group<kPending>();
@@ -120,6 +108,28 @@ struct Fp8Promotion {
     retire_tile<0>(params, n0, k_tile0 + count - 1, smem_base, empty0, even_slot, even, acc);
   }
 
+  // Blocks, above 16 tokens: acc += from weighed by the staged token scales (`staged`: this
+  // thread's first, staged_token_scales) and each unit's weight-block scale. Token 2 (lane % 4) +
+  // 8 j + {0, 1}: one 8-byte pair per j, weighing accumulators 4 j .. 4 j + 3 of each unit, read
+  // as the add goes so that no register holds them across it (the caller releases the slot after).
+  static __device__ __forceinline__ void add_weighed(const float* staged,
+                                                     const float (&unit_scales)[kUnitsPerWarpGroup],
+                                                     const float (&from)[kAccumulators], float (&acc)[kAccumulators]) {
+#pragma unroll
+    for (int j = 0; j < kTokenScales / 2; ++j) {
+      const float2 pair = *reinterpret_cast<const float2*>(staged + 8 * j);
+#pragma unroll
+      for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
+        const float even_scale = pair.x * unit_scales[u], odd_scale = pair.y * unit_scales[u];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int a = u * kUnitAccumulators + 4 * j + e;
+          acc[a] = fmaf(from[a], (e & 1) ? odd_scale : even_scale, acc[a]);
+        }
+      }
+    }
+  }
+
   // A generic pointer to the shared-memory address `address` (the ring is addressed as u32).
   static __device__ __forceinline__ const void* smem_generic(u32 address) {
     extern __shared__ __align__(1024) char smem_raw[];
@@ -146,26 +156,23 @@ struct Fp8Promotion {
     float scratch[kAccumulators];
     for (int it = 0; it < count; ++it) {
       // blocks: this K block's scales, loaded before the wait so that the wgmma hide their latency
-      // (the staged token scales once the slot is full, before it is released)
-      float token_scales[kBlockScales ? kTokenScales : 1], unit_scales[kUnitsPerWarpGroup];
-      if constexpr (kBlockScales && !kStagedWeightScales<Params>)
+      // (staged token scales: read pair by pair as the add goes, which then releases the slot)
+      float token_scales[kBlockScales && !kStagedTokenScales ? kTokenScales : 1], unit_scales[kUnitsPerWarpGroup];
+      if constexpr (kBlockScales && !kStagedTokenScales) {
         load_block_scales(params, m0, n0, unit0, k_tile0 + it, k_blocks, token_scales, unit_scales);
+      } else if constexpr (kBlockScales && !kStagedWeightScales<Params>) {
+        load_unit_scales(kernel::scale_gemm(params), n0, unit0, k_tile0 + it, k_blocks, unit_scales);
+      }
       const int slot = Ring::template issue<false>(smem_base, full0, ring, scratch);
       if constexpr (kStagedWeightScales<Params>) staged_unit_scales(smem_base, slot, unit0, unit_scales);
-      if constexpr (kStagedTokenScales) {
-        // token 2 (lane % 4) + 8 j + {0, 1}: one 8-byte pair per j
-        const float* staged = staged_token_scales(smem_base, slot);
-#pragma unroll
-        for (int j = 0; j < kTokenScales / 2; ++j) {
-          const float2 pair = *reinterpret_cast<const float2*>(staged + 8 * j);
-          token_scales[2 * j] = pair.x;
-          token_scales[2 * j + 1] = pair.y;
-        }
-      }
       mma::wgmma_wait_group<0>();
       mma::wgmma_fence_operands(scratch);
-      // Lane 0 releases the slot for the warp: the staged scales' shared loads above are warp-wide
-      // instructions issued before this point, as the 16-bit body's fragment loads are.
+      if constexpr (kStagedTokenScales) {
+        add_weighed(staged_token_scales(smem_base, slot), unit_scales, scratch, acc);
+        Ring::release(empty0, slot);
+        continue;
+      }
+      // Lane 0 releases the slot for the warp before the add: nothing of it is read after this.
       Ring::release(empty0, slot);
       if constexpr (kBlockScales) {
         // acc[u * kUnitAccumulators + i] holds token 8 (i >> 2) + (i & 1) (+ this thread's first)
