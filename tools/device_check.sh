@@ -33,7 +33,8 @@
 #             point, ours or --impl humming): speed of light, occupancy, warp states, scheduler
 #             and instruction statistics of its kernels, as CSV (MOEPROF_RAW=1: every metric of
 #             ncu's full set, the stall reasons among them, one row per kernel; MOEPROF_SOURCE=1:
-#             each SASS instruction's executed count and stall samples)
+#             each SASS instruction's executed count and stall samples, summed up into bench.log
+#             by tools/bench/ncu_source_summary.py)
 #                                                                  -> bench.log, moe_profile.csv
 #   ab        the base tree in $AB_BASE (default .ab/base; tools/ab_base.sh REV [DIR]) built with the same catalog
 #             (AB_CARRIED_CATALOG=1: each tree keeps the humming_aot/_catalog built here and carried, which
@@ -274,7 +275,11 @@ step_moeprof() {
     # instructions of a kernel go), one table per kernel
     [[ "${MOEPROF_SOURCE:-0}" == 1 ]] && view=(--page source --print-source sass --section SourceCounters)
     ncu --clock-control none --nvtx --nvtx-include "profile/" --csv "${view[@]}" \
-        python3 tools/bench/profile_moe.py "${extra[@]}" >"$OUTDIR/moe_profile.csv"
+        python3 tools/bench/profile_moe.py "${extra[@]}" >"$OUTDIR/moe_profile.csv" || return 1
+    # the source page summed up where the warps wait (stall reasons, loops, the loads waited on)
+    if [[ "${MOEPROF_SOURCE:-0}" == 1 ]]; then
+        python3 tools/bench/ncu_source_summary.py "$OUTDIR/moe_profile.csv"
+    fi
 }
 
 # A/B: the base tree (.ab/base, from tools/ab_base.sh) gets its own extension and the same catalog
