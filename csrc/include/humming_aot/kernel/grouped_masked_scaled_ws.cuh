@@ -84,7 +84,10 @@ struct GroupedMaskedScaledWs {
   }
   static __device__ __forceinline__ void rows_of(const MaskedScaledGemmParams& s, const Walk& walk, const TileAt& t,
                                                  ScaledRows& r, int& m0, int& n0, int& box_row) {
-    rows_of(s, walk, t, walk.first_row(t.expert), r, m0, n0, box_row);
+    r = tile_rows(s, t.rows);
+    const i64 first = walk.first_row(t.expert);  // (read here, after tile_rows: the bodies' SASS as before)
+    move_to_expert(r, s, t.expert, first);
+    Frame::place(s.masked, walk, t, first, m0, n0, box_row);
   }
 
   // Warps of the producer warpgroup that stage the token and weight-block scales
@@ -153,15 +156,20 @@ struct GroupedMaskedScaledWs {
     TileAt next;
     bool more = Frame::find(walk, tile, at);
     if (!more) schedule::release_dependent_grid();  // no tile for this CTA
-    // Each tile's expert's first row (with offsets a global load, offsets[e]) is read a tile ahead,
-    // so that its latency passes beside the tile before it rather than before the K loop.
-    u32 first = more ? walk.first_row(at.expert) : 0u, next_first = 0u;
+    // Where the K loop reads the tile's rows (block scales), each tile's expert's first row (with
+    // offsets a global load, offsets[e]) is read a tile ahead, so that its latency passes beside
+    // the tile before it rather than before the K loop. (The other bodies read it after their K
+    // loop, where one more word held across it made ptxas spill more in W4A8's 128-row tile.)
+    u32 first = 0u, next_first = 0u;
+    if constexpr (Dense::kLoopReadsRows) first = more ? walk.first_row(at.expert) : 0u;
     while (more) {
       tile += gridDim.x;
       // (ExpertTable's shared-memory reads in flight beside the K loop; RowBlockWalk's global
       // load and ballot complete before it)
       more = Frame::find(walk, tile, next);
-      if (more) next_first = walk.first_row(next.expert);
+      if constexpr (Dense::kLoopReadsRows) {
+        if (more) next_first = walk.first_row(next.expert);
+      }
       if constexpr (Dense::kLoopReadsRows) {
         rows_of(s, walk, at, first, r, m0, n0, box_row);
         Dense::Consumer::consume(r, m0, n0, k_tile0, k_count, smem_base, full0, empty0, ring, acc);
@@ -170,7 +178,7 @@ struct GroupedMaskedScaledWs {
       }
       // The next kernel may now be scheduled into the slots this grid leaves as it finishes.
       if (!more) schedule::release_dependent_grid();
-      if constexpr (!Dense::kLoopReadsRows) rows_of(s, walk, at, first, r, m0, n0, box_row);
+      if constexpr (!Dense::kLoopReadsRows) rows_of(s, walk, at, r, m0, n0, box_row);
       // K slices: this slice's partial sums into the workspace at the tile's walk index; the CTA
       // that arrives last holds the sum of every slice, in slice order, and goes on to store it
       if (splits > 1 && !Dense::SplitK::reduce(r.gemm, acc, static_cast<int>(tile - gridDim.x),

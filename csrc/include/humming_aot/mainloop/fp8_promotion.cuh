@@ -3,7 +3,8 @@
 // Hopper's fp8 wgmma keeps fewer accumulator bits than fp32, so each K tile's four wgmma steps
 // (128 of K) go into a scratch set that the first step overwrites, which is added to the fp32
 // accumulators once the tile's wgmma have completed (the error bound then holds at K = 16384:
-// tests/gpu/test_w8a8_gpu.py). The slot is released at that point, before the add.
+// tests/gpu/test_w8a8_gpu.py). The slot is released at that point, before the add (with block
+// scales above 16 tokens after it: the add reads the slot's staged token scales).
 // - serial: one scratch set; with block scales (kBlockScales) the add weighs the tile by its K
 //   block's token and weight-block scales, loaded before the wait so that the wgmma hide them
 //   (staged token scales, above 16 tokens: read from the slot pair by pair as the add goes, the
