@@ -146,10 +146,9 @@ def test_masked_rows_match_float64_and_leave_the_rest(weight, index):
         assert torch.isnan(out[ex, count:]).all(), f"expert {ex}: rows past its count were written"
 
 
-@pytest.mark.parametrize("weight", list(_FORMATS))
-@pytest.mark.parametrize("index", [0, 3, -1])
-def test_offsets_rows_match_float64_and_the_slab_form_bit_for_bit(weight, index):
-    tile = _tiles(weight)[index]
+@pytest.mark.parametrize("weight, tile", [(w, _tiles(w)[i]) for w in _FORMATS for i in (0, 3, -1)]
+                         + [("blocks", tile) for tile in _BLOCK_PROBE_TILES])
+def test_offsets_rows_match_float64_and_the_slab_form_bit_for_bit(weight, tile):
     gen = torch.Generator().manual_seed(_seed())
     e, n, k = 4, 256, 512
     experts = _experts(weight, e, n, k, gen)
@@ -373,33 +372,6 @@ def test_block_scales_on_long_k(tile):
     for ex, count in enumerate(counts.tolist()):
         _check_rows(y[ex, :count], moe_a8._rows(qa, (ex, slice(0, count))), experts, ex)
         assert torch.isnan(out[ex, count:]).all(), f"expert {ex}: rows past its count were written"
-
-
-@pytest.mark.parametrize("tile", _BLOCK_PROBE_TILES)
-def test_block_scales_on_the_offsets_form_of_a_probe_tile(tile):
-    """The offsets form on a block-scaled probe tile: experts of no rows, of fewer rows than a tile
-    and of more, K slices (the same bits twice), against float64; rows of no expert stay NaN."""
-    gen = torch.Generator().manual_seed(_seed())
-    e, n, k = 4, 256, 512
-    experts = _experts("blocks", e, n, k, gen)
-    bounds = [3, 3, 140, 341, 360]
-    rows = 364
-    qa = _activations((rows, k), gen, _act("blocks"))
-    offsets = torch.tensor(bounds, dtype=torch.int32, device="cuda")
-    out = torch.full((rows, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    y = gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=128, out=out, tile=tile)
-    torch.cuda.synchronize()
-    assert torch.isnan(y[:3]).all() and torch.isnan(y[360:]).all(), "rows of no expert were written"
-    for splits in (1, 2):
-        runs = [gemm_grouped_a8_kernel(qa, experts, offsets, expected_m=128, tile=tile, splits=splits)
-                for _ in range(2)]
-        torch.cuda.synchronize()
-        assert torch.equal(runs[0], runs[1]), f"{splits} K slices: two runs differ"
-        for ex in range(e):
-            lo, hi = bounds[ex], bounds[ex + 1]
-            if hi > lo:
-                _check_rows(runs[0][lo:hi], moe_a8._rows(qa, slice(lo, hi)), experts, ex)
-                _check_rows(y[lo:hi], moe_a8._rows(qa, slice(lo, hi)), experts, ex)
 
 
 def test_block_scales_with_a_bias_float16_and_the_default_tile():
