@@ -169,8 +169,6 @@ struct GroupedMaskedScaledWs {
       more = Frame::find(walk, tile, next);
       if constexpr (Dense::kLoopReadsRows) {
         if (more) next_first = walk.first_row(next.expert);
-      }
-      if constexpr (Dense::kLoopReadsRows) {
         rows_of(s, walk, at, first, r, m0, n0, box_row);
         Dense::Consumer::consume(r, m0, n0, k_tile0, k_count, smem_base, full0, empty0, ring, acc);
       } else {
