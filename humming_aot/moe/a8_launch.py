@@ -71,12 +71,21 @@ W8A8_WS_TILES = (
 )
 # Block scales (DeepSeek-V3's float8 experts): W8A8_WS_TILES' shapes and rows, the 32-row tile with
 # 4 stages, since its slots also hold the K block's 32 row scales (bodies/wgmma_ss.py
-# key_masked_smem_bytes: two CTAs per SM). Its sweep (log section 59) set both tables' rows.
+# key_masked_smem_bytes: two CTAs per SM). Its sweep (log section 59) set both tables' rows. Near
+# 128 rows expected, about half the experts hold more than 128 (routing's spread is about the
+# square root of the mean) and take a second, nearly empty 128-row tile; a 160-row tile (transposed
+# layout, serial promotion: about 1.25x a 128-row tile's time) holds them in one. It wins only
+# there: from about 112 rows expected (few experts past 128) to 144 (many past 160). H100, log
+# section 61, 128 / 160 rows (us): at 128 rows expected DeepSeek-V3 TP8's down projection 386.0 /
+# 348.9, its gate_up 439.3 / 430.3, Qwen3-30B-A3B's down 115.4 / 113.9, gate_up 195.0 / 194.9; at
+# 64 and at 256 rows the 160-row tile lost 12-38 %.
 W8A8_BLOCK_WS_TILES = (
     (4, "wgmma-ss:8x128x128_w1x4_s6"),
     (8, "wgmma-ss:16x128x128_w1x4_s5"),
     (16, "wgmma-ss:32x128x128_w1x4_s4"),
     (32, "wgmma-ss:64x128x128_w1x8_s6"),
+    (112, "wgmma-ss:128x128x128_w1x8_s5"),
+    (144, "wgmma-ss:160x128x128_w1x8_s4"),
     (1 << 62, "wgmma-ss:128x128x128_w1x8_s5"),
 )
 _WS_ARCH = "sm90a"

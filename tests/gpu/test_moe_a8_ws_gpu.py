@@ -35,11 +35,10 @@ pytestmark = pytest.mark.gpu
 
 _TILES = [label for _, label in a8_launch.WS_TILES]
 _W8_TILES = [label for _, label in a8_launch.W8A8_WS_TILES]
-_BLOCK_TILES = [label for _, label in a8_launch.W8A8_BLOCK_WS_TILES]
-# Block-scaled tiles outside the table, built by the probe catalog (catalog/probe_moe_a8_ws_sm90a.toml)
-# to be timed: 160 rows on the transposed layout, whose serial promotion reads the staged token
-# scales pair by pair (log section 60)
-_BLOCK_PROBE_TILES = ["wgmma-ss:160x128x128_w1x8_s4"]
+# (each tile once, by rows: the 128-row tile takes two rows of the table, either side of the
+# 160-row one, whose serial promotion reads the staged token scales pair by pair: log section 61)
+_BLOCK_TILES = sorted(dict.fromkeys(label for _, label in a8_launch.W8A8_BLOCK_WS_TILES),
+                      key=lambda label: parse_tile_field(label).block_m)
 _FORMATS = {"int4": "int4:g128", "uint4": "uint4:g128:zp", "float4e2m1": "mxfp4", "float8e4m3": "float8e4m3:channel",
             "int8": "int8:channel", "blocks": "float8e4m3:b128x128"}
 _W8 = ("float8e4m3", "int8", "blocks")
@@ -147,7 +146,7 @@ def test_masked_rows_match_float64_and_leave_the_rest(weight, index):
 
 
 @pytest.mark.parametrize("weight, tile", [(w, _tiles(w)[i]) for w in _FORMATS for i in (0, 3, -1)]
-                         + [("blocks", tile) for tile in _BLOCK_PROBE_TILES])
+                         + [("blocks", a8_launch.W8A8_BLOCK_WS_TILES[-1][1])])  # (the tile past the table's rows)
 def test_offsets_rows_match_float64_and_the_slab_form_bit_for_bit(weight, tile):
     gen = torch.Generator().manual_seed(_seed())
     e, n, k = 4, 256, 512
@@ -353,9 +352,9 @@ def test_few_rows_on_long_k_on_the_portable_k_slices(splits):
     assert torch.equal(y, again)
 
 
-@pytest.mark.parametrize("tile", _BLOCK_TILES + _BLOCK_PROBE_TILES)
+@pytest.mark.parametrize("tile", _BLOCK_TILES)
 def test_block_scales_on_long_k(tile):
-    """DeepSeek-V3's block-scaled experts through each tile (the table's and the probe's) on K = 2048
+    """DeepSeek-V3's block-scaled experts through each tile of the table on K = 2048
     (16 K tiles: the ring laps within a tile, so the gathering warps' fills must follow the
     producer's), rows past one tile and not on its bound, odd N: every K block weighed by its own
     scales, against float64."""

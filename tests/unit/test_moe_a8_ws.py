@@ -31,7 +31,8 @@ def test_the_masked_keys_on_sm90a_wrap_the_wgmma_bodies_in_their_schedule():
              for _, label in a8_launch.WS_TILES]
     cases += [(weight, weight, label, "DenseWgmmaSs") for weight in ("float8e4m3", "int8")
               for _, label in a8_launch.W8A8_WS_TILES]
-    cases += [("blocks", "float8e4m3", label, "DenseWgmmaSs") for _, label in a8_launch.W8A8_BLOCK_WS_TILES]
+    cases += [("blocks", "float8e4m3", label, "DenseWgmmaSs") for label in dict.fromkeys(
+        label for _, label in a8_launch.W8A8_BLOCK_WS_TILES)]
     for weight, act, label, body in cases:
         key = _masked_key("sm90a", weight, act, label)
         assert KernelKey.from_name(key.name) == key and support.is_supported(key.spec, "sm90a")
@@ -121,7 +122,8 @@ def test_the_default_catalog_holds_the_ws_tables_tiles_in_both_moe_types():
     """sm90a's default catalog: every tile of W8A8_WS_TILES for float8 and int8 experts with channel
     scales, of W8A8_BLOCK_WS_TILES for DeepSeek-V3's block-scaled float8 experts and of WS_TILES for
     int4, uint4 (zero point) and MXFP4 experts x float8, both outputs, in the masked type (its
-    offsets form too) and the grouped type's row-expert form (W4A8's without its 192-row tile)."""
+    offsets form too) and the grouped type's row-expert form (without the tiles whose rows do not
+    divide 128: W4A8's 192-row tile, the block-scaled 160-row one)."""
     from humming_aot.moe import a8_launch
 
     keys = [k for k in enumerate_keys("default", ["sm90a"]) if k.tile.mma.value in ("wgmma-ss", "wgmma-w4a8")
@@ -129,8 +131,9 @@ def test_the_default_catalog_holds_the_ws_tables_tiles_in_both_moe_types():
     both, outs = (GemmType.MASKED, GemmType.GROUPED), ("bfloat16", "float16")
     expected = {(label, w, "g", o, t) for _, label in a8_launch.W8A8_WS_TILES
                 for w in ("float8e4m3", "int8") for o in outs for t in both}
-    expected |= {(label, "float8e4m3", "b", o, t) for _, label in a8_launch.W8A8_BLOCK_WS_TILES
-                 for o in outs for t in both}
+    expected |= {(label, "float8e4m3", "b", o, t) for t, table in (
+        (GemmType.MASKED, a8_launch.W8A8_BLOCK_WS_TILES),
+        (GemmType.GROUPED, a8_launch.row_expert_table(a8_launch.W8A8_BLOCK_WS_TILES))) for _, label in table for o in outs}
     expected |= {(label, w, "g", o, t) for t, table in ((GemmType.MASKED, a8_launch.WS_TILES),
                                                          (GemmType.GROUPED, a8_launch.row_expert_table(a8_launch.WS_TILES)))
                  for _, label in table for w in ("int4", "uint4", "float4e2m1") for o in outs}
@@ -151,9 +154,9 @@ def test_nvcc_compiles_the_block_scaled_ws_keys_without_spills(tmp_path):
 
     from humming_aot.moe import a8_launch
 
-    # (and the 160-row probe tile of the GPU tests, whose serial promotion reads its token scales
-    # from the slot pair by pair)
-    labels = [label for _, label in a8_launch.W8A8_BLOCK_WS_TILES] + ["wgmma-ss:160x128x128_w1x8_s4"]
+    # (the 160-row tile's serial promotion reads its token scales from the slot pair by pair; its
+    # row-expert form is the probe catalog's only)
+    labels = dict.fromkeys(label for _, label in a8_launch.W8A8_BLOCK_WS_TILES)
     cases = [("blocks", label, t) for label in labels for t in (GemmType.MASKED, GemmType.GROUPED)]
     cases += [(w, label, GemmType.GROUPED) for _, label in a8_launch.W8A8_WS_TILES for w in ("float8e4m3", "int8")]
     for weight, label, gemm_type in cases:
@@ -333,7 +336,7 @@ def test_the_row_expert_form_on_sm90a_takes_the_warp_specialized_schedule(monkey
     _, channel = _experts("float8e4m3:channel", e=2, n=256, k=256)
     group = ops.quantize_activation(torch.randn(4, 256), "float8e4m3:g128")
     token = ops.quantize_activation(torch.randn(4, 256), "float8e4m3:token")
-    for qa, experts, table in ((group, blocks, a8_launch.W8A8_BLOCK_WS_TILES),
+    for qa, experts, table in ((group, blocks, a8_launch.row_expert_table(a8_launch.W8A8_BLOCK_WS_TILES)),
                                (token, channel, a8_launch.W8A8_WS_TILES)):
         for rows, label in ((min(most, 4096), label) for most, label in table):  # (each row at its most)
             tile, _ = a8_launch.select_kernel(qa, experts, torch.bfloat16, rows, None, "test", GemmType.GROUPED)
