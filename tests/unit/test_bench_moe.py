@@ -98,10 +98,19 @@ def test_bench_moe_layer_arguments():
             layer_bench.parse_args(bad)
 
 
-def test_each_forced_tile_is_an_implementation_of_its_own():
-    assert bench_moe.impl_variants("humming_aot,humming", None) == [("humming_aot", None), ("humming", None)]
+def test_each_forced_tile_and_slice_count_is_an_implementation_of_its_own():
+    assert bench_moe.impl_variants("humming_aot,humming", None) == [("humming_aot", None, None), ("humming", None, None)]
     assert bench_moe.impl_variants("humming_aot,humming", "default,wgmma-ws:128x256x64_w1x8_s4") == [
-        ("humming_aot", None), ("humming_aot", "wgmma-ws:128x256x64_w1x8_s4"), ("humming", None)]
+        ("humming_aot", None, None), ("humming_aot", "wgmma-ws:128x256x64_w1x8_s4", None), ("humming", None, None)]
+    # --splits: humming_aot's offsets form only, crossed with the tiles
+    assert bench_moe.impl_variants("humming_aot,humming_aot_aligned", "default,8x128x128_w1x2x2_s2", "default,2") == [
+        ("humming_aot", None, None), ("humming_aot", None, 2), ("humming_aot", "8x128x128_w1x2x2_s2", None),
+        ("humming_aot", "8x128x128_w1x2x2_s2", 2), ("humming_aot_aligned", None, None),
+        ("humming_aot_aligned", "8x128x128_w1x2x2_s2", None)]
+    assert bench_moe.parse_args(["--splits", "default,3"]).splits == "default,3"
+    w = torch.randn(4, 128, 256).to(torch.bfloat16)
+    with pytest.raises(bench_moe.bench_gemm.Unavailable, match="K slices are the offsets form's"):
+        bench_moe.prepare_humming_aot(w, "int4:g128", "masked", splits=2)
 
 
 def test_the_a8_implementations_take_the_activation_format():
@@ -110,7 +119,7 @@ def test_the_a8_implementations_take_the_activation_format():
     args = bench_moe.parse_args(["--impls", "humming_aot_a8,humming_aot_a8+quant,humming_a8",
                                  "--activations", "float8e4m3:token", "--formats", "int4:g128,float8e4m3:b128x128"])
     assert args.activations == "float8e4m3:token"
-    assert [name for name, _ in bench_moe.impl_variants("humming_aot_a8,humming_a8", "default,mma-w4a8:16x128x128_w1x4_s4")] \
+    assert [name for name, *_ in bench_moe.impl_variants("humming_aot_a8,humming_a8", "default,mma-w4a8:16x128x128_w1x4_s4")] \
         == ["humming_aot_a8", "humming_aot_a8", "humming_a8"]
     w = torch.randn(4, 128, 256).to(torch.bfloat16)
     bench_moe.ACTIVATIONS["format"] = None

@@ -145,7 +145,7 @@ LAYOUTS = ("contiguous", "masked")
 
 
 def prepare_humming_aot(w: torch.Tensor, fmt: str, layout: str, loop: bool = False, aligned: bool = False,
-                        tile: str | None = None) -> MoeImpl:
+                        tile: str | None = None, splits: int | None = None) -> MoeImpl:
     import humming_aot
     from humming_aot.enumerate import parse_tile_field
     from humming_aot.moe import (
@@ -161,7 +161,9 @@ def prepare_humming_aot(w: torch.Tensor, fmt: str, layout: str, loop: bool = Fal
 
     if aligned and layout != "contiguous":
         raise bench_gemm.Unavailable("the aligned rows are a contiguous layout's")
-    forced = f"tile {tile}" if tile else ""  # the note column
+    if splits is not None and (aligned or loop or layout != "contiguous"):
+        raise bench_gemm.Unavailable("K slices are the offsets form's (humming_aot on the contiguous layout)")
+    forced = " ".join(([f"tile {tile}"] if tile else []) + ([f"splits {splits}"] if splits else []))  # the note column
     experts = pack_experts(humming_aot.quantize(w.float(), fmt), act_dtype=w.dtype)
     weight = lambda e: experts.expert(e).effective_weight(scales_in_fp32=False)  # noqa: E731
     name = "humming_aot_loop" if loop else "humming_aot_aligned" if aligned else "humming_aot"
@@ -190,7 +192,8 @@ def prepare_humming_aot(w: torch.Tensor, fmt: str, layout: str, loop: bool = Fal
             if id(r) not in kept:
                 kept[id(r)] = (r, r.offsets.to(torch.int32), r.a.new_empty(r.a.shape[0], experts.out_features))
             _, offsets, out = kept[id(r)]
-            return gemm_grouped_kernel(r.a, experts, offsets=offsets, expected_m=r.expected_m, out=out, tile=tile)
+            return gemm_grouped_kernel(r.a, experts, offsets=offsets, expected_m=r.expected_m, out=out, tile=tile,
+                                       splits=splits)
         return MoeImpl(name, offsets_call, weight, forced, None, kept.clear)
     # the grouped kernel on the routing aligned to its block (align_groups and permute_aligned run once
     # per routing, outside the timing: they are the routing's step, not the GEMM's)
@@ -435,14 +438,18 @@ PREPARE = {"humming_aot": prepare_humming_aot, "humming": prepare_humming, "torc
            "humming_a8": prepare_humming_a8}
 
 
-def impl_variants(impls: str, tiles: str | None) -> list[tuple[str, str | None]]:
-    """(implementation, forced tile or None) for --impls and --tile: each tile of the comma list
-    --tile ('default': the table's) makes the implementations that take one (TILED_IMPLS) an
-    implementation of its own, timed side by side on the same routings."""
+def impl_variants(impls: str, tiles: str | None, splits: str | None = None) -> list[tuple[str, str | None, int | None]]:
+    """(implementation, forced tile or None, forced K slices or None) for --impls, --tile and
+    --splits: each tile of the comma list --tile ('default': the table's) makes the
+    implementations that take one (TILED_IMPLS) an implementation of its own, and each count of
+    --splits ('default': the offsets form's own choice) humming_aot's, timed side by side on the
+    same routings."""
     out = []
     for name in impls.split(","):
         for tile in (tiles.split(",") if tiles and name in TILED_IMPLS else [None]):
-            out.append((name, None if tile == "default" else tile))
+            for count in (splits.split(",") if splits and name == "humming_aot" else [None]):
+                out.append((name, None if tile == "default" else tile,
+                            None if count in (None, "default") else int(count)))
     return out
 
 
@@ -484,9 +491,11 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
             w = (torch.randn(experts, n, k, generator=gen) * 0.02).to(dtype).to(device)
             for fmt in args.formats.split(","):
                 impls = []
-                for name, tile in impl_variants(args.impls, args.tile):
+                for name, tile, splits in impl_variants(args.impls, args.tile, args.splits):
                     try:
                         forced = {"tile": tile} if tile is not None else {}
+                        if splits is not None:
+                            forced["splits"] = splits
                         impls.append(PREPARE[name](w, fmt, args.layout, **forced))
                     except bench_gemm.Unavailable as why:
                         print(f"{name} {fmt} {model} {gemm}: n/a: {why}")
@@ -541,6 +550,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="force these MoE tile labels on humming_aot, humming_aot_aligned and humming_aot_indexed (a "
                              "comma list, each timed as an implementation of its own beside the others, 'default' "
                              "for the table's; e.g. default,wgmma-ws:128x256x64_w1x8_s4); default the table's")
+    parser.add_argument("--splits", default=None,
+                        help="force these K slice counts on humming_aot's offsets form (the contiguous layout; a "
+                             "comma list, each timed as an implementation of its own, 'default' for its own choice)")
     parser.add_argument("--activations", default=None,
                         help="the 8-bit activation format of the a8 implementations (humming_aot_a8, "
                              "humming_aot_a8+quant, humming_a8), e.g. float8e4m3:token, int8:token, float8e4m3:g128")
