@@ -147,7 +147,9 @@ def _offsets_depth(a: torch.Tensor, experts: PackedExperts, tile: TileConfig, lo
     us: DeepSeek-V3 gate_up (N 4096, K 7168) at 1 token (256 tiles) 37.9 / 47.0 and at 4 (1024)
     142.2 / 135.4; its TP8 shard (N 512) at 4 tokens (128) 27.7 / 37.1, at 16 (512) 66.7 / 61.8;
     Qwen3-30B gate_up (N 1536, K 2048) at 1 token (96) 9.6 / 14.3 (shallow: 4 K slices), at 4
-    (384) 23.7 / 19.8."""
+    (384) 23.7 / 19.8. Where the shallow one stays and the table's two-row tile is a wgmma-ws one
+    (short K), that tile instead once the reachable experts' shallow tiles make WIDE_WAVE_QUARTERS
+    quarters of a wave (see there)."""
     from humming_aot import dispatch, heuristics
 
     device_index = a.device.index
@@ -172,7 +174,33 @@ def _offsets_depth(a: torch.Tensor, experts: PackedExperts, tile: TileConfig, lo
         deep_loaded, deep_resident = twin(deep)
         if reach * -(-experts.n // deep.block_n) <= deep_resident:
             return deep, deep_loaded, deep_resident
-    return (shallow, *twin(shallow))
+    shallow_loaded, shallow_resident = twin(shallow)
+    wide = _two_row_tile(arch, experts)
+    if wide is not None and 4 * reach * -(-experts.n // shallow.block_n) >= WIDE_WAVE_QUARTERS * shallow_resident:
+        return (wide, *twin(wide))
+    return shallow, shallow_loaded, shallow_resident
+
+
+# _offsets_depth: the shallow 8-row tile gives way to the table's two-row wgmma-ws tile (short K on
+# sm90a) where the experts the rows reach make at least WIDE_WAVE_QUARTERS quarters of a wave of the
+# shallow tile's resident CTAs. Each of those 4-warp CTAs fills its 2-stage pipeline from DRAM anew
+# for every tile (it prefetches no next tile: kernel/grouped_masked.cuh kPrefetchNext), which a K
+# of a few stages does not hide once a CTA runs more than one tile; the wgmma-ws schedule's TMA
+# producer runs its ring on from tile to tile. H100 (docs/performance/log.md section 61), Qwen3-30B's
+# down projection (N 2048, K 768, int4 g128), one row an expert expected, table / wgmma-ws 8 x 256
+# us: 1 token (8 experts: 0.24 of a wave of 8 x 128 tiles) 6.3 / 9.7, 2 tokens (0.48) 9.2 / 10.5,
+# 4 (0.97) 13.5 / 12.7, 8 (1.9) 23.6 / 22.1, 16 (3.9) 35.9 / 31.4 (Humming 28.0).
+WIDE_WAVE_QUARTERS = 3
+
+
+def _two_row_tile(arch: str, experts: PackedExperts) -> TileConfig | None:
+    """The arch's MoE table tile for two rows an expert where it is a wgmma-ws one (sm90a, K up
+    to 1024), else None."""
+    from humming_aot import heuristics
+
+    tile = heuristics.select_masked_tile(arch, 2, experts.k, experts.group_size, experts.expert(0).bits,
+                                         zero_point=experts.w_zero_point is not None)
+    return tile if tile.mma is MmaKind.WGMMA_WS else None
 
 
 # _offsets_depth's twins: id of the table tile's loaded kernel -> (that kernel, {twin tile: (its

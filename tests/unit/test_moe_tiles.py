@@ -158,13 +158,16 @@ def test_the_offsets_form_picks_the_deep_decode_tile_where_its_tiles_fit_one_wav
     256-deep twin (4 K warps) of sm90a's moe_tiles (heuristics.offsets_depth_pair): the deep one
     where the reachable experts' tiles (min(E, R) x N tiles) fit one wave of its resident CTAs and
     K holds DEPTH_MIN_K_STAGES of its stages, else the shallow one, whichever of the two the table
-    named; other tiles, and a K the deep one does not divide, left alone."""
+    named; other tiles, and a K the deep one does not divide, left alone. On a short K (sm90a's
+    table takes its two-row wgmma-ws tile up to 1024) the shallow tile gives way to that one once
+    the reachable experts' shallow tiles make three quarters of a wave."""
     from types import SimpleNamespace
 
     from humming_aot import dispatch
 
     shallow, deep = parse_tile_field("8x128x128_w1x2x2_s2"), parse_tile_field("8x128x256_w1x2x4_s2")
-    resident = {shallow: 20, deep: 10}
+    wide = parse_tile_field("wgmma-ws:8x256x64_w1x4_s6")
+    resident = {shallow: 20, deep: 10, wide: 8}
 
     lookups = []
 
@@ -190,6 +193,19 @@ def test_the_offsets_form_picks_the_deep_decode_tile_where_its_tiles_fit_one_wav
         # each table kernel looks its twin up once, however many calls follow
         assert lookups == [deep if table_tile == shallow else shallow], (table_tile.label, lookups)
         lookups.clear()
+    # K 768 (3 deep stages): 2 shallow tiles an expert, 20 resident CTAs: from 8 experts (16 tiles,
+    # 3 quarters of 20 at least) the wide one, looked up once
+    assert moe_kernels.WIDE_WAVE_QUARTERS == 3
+    short = _experts("int4:g128", e=16, n=256, k=768)
+    a = torch.zeros(300, 768, dtype=torch.bfloat16)
+    table = (shallow, f"kernel {shallow.label}", resident[shallow])
+    for reach, wanted in ((1, shallow), (7, shallow), (8, wide), (16, wide), (8, wide)):
+        assert moe_kernels._offsets_depth(a, short, *table, reach, "w") == (wanted, f"kernel {wanted.label}",
+                                                                              resident[wanted]), reach
+    assert lookups == [wide]
+    uint4 = _experts("uint4:g128:zp", e=16, n=256, k=768)  # the table's zero-point row (5 stages)
+    assert moe_kernels._two_row_tile("sm90a", uint4).label == "wgmma-ws:8x256x64_w1x4_s5"
+    assert moe_kernels._two_row_tile("sm90a", long_k) is None and moe_kernels._two_row_tile("sm89", short) is None
     a = torch.zeros(3, 2048, dtype=torch.bfloat16)
     ws = parse_tile_field("wgmma-ws:8x256x64_w1x4_s6")
     assert moe_kernels._offsets_depth(a, long_k, ws, "k", 396, 3, "w") == (ws, "k", 396)
