@@ -108,9 +108,32 @@ def test_each_forced_tile_and_slice_count_is_an_implementation_of_its_own():
         ("humming_aot", "8x128x128_w1x2x2_s2", 2), ("humming_aot_aligned", None, None),
         ("humming_aot_aligned", "8x128x128_w1x2x2_s2", None)]
     assert bench_moe.parse_args(["--splits", "default,3"]).splits == "default,3"
+    for bad in ("0", "2,x", "-1"):
+        with pytest.raises(SystemExit):
+            bench_moe.parse_args(["--splits", bad])
     w = torch.randn(4, 128, 256).to(torch.bfloat16)
     with pytest.raises(bench_moe.bench_gemm.Unavailable, match="K slices are the offsets form's"):
         bench_moe.prepare_humming_aot(w, "int4:g128", "masked", splits=2)
+
+
+def test_a_forced_slice_count_the_tile_refuses_is_a_row_not_a_stop(monkeypatch):
+    """The library refuses K slices on a wgmma-ws tile (ValueError): with --splits forced that is the
+    point's n/a row (Unavailable), while a refusal without --splits still stops the run."""
+    from types import SimpleNamespace
+
+    import humming_aot.moe as moe
+
+    def refuse(*args, splits=None, **kwargs):
+        raise ValueError("splits=2 must be 1 when the tile is a wgmma-ws one")
+
+    monkeypatch.setattr(moe, "gemm_grouped_kernel", refuse)
+    w = torch.randn(4, 128, 256).to(torch.bfloat16)
+    routed = SimpleNamespace(a=torch.zeros(3, 256, dtype=torch.bfloat16), offsets=torch.tensor([0, 1, 2, 3, 3]),
+                             expected_m=1)
+    with pytest.raises(bench_moe.bench_gemm.Unavailable, match="wgmma-ws"):
+        bench_moe.prepare_humming_aot(w, "int4:g128", "contiguous", splits=2).call(routed)
+    with pytest.raises(ValueError, match="wgmma-ws"):
+        bench_moe.prepare_humming_aot(w, "int4:g128", "contiguous").call(routed)
 
 
 def test_the_a8_implementations_take_the_activation_format():
