@@ -25,6 +25,7 @@ bool forces).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -196,10 +197,16 @@ WIDE_WAVE_QUARTERS = 3
 def _two_row_tile(arch: str, experts: PackedExperts) -> TileConfig | None:
     """The arch's MoE table tile for two rows an expert where it is a wgmma-ws one (sm90a, K up
     to 1024), else None."""
+    return _two_row_wgmma_ws(arch, experts.k, experts.group_size, experts.expert(0).bits,
+                             experts.w_zero_point is not None)
+
+
+@functools.lru_cache(maxsize=256)
+def _two_row_wgmma_ws(arch: str, k: int, group: int, bits: int, zero_point: bool) -> TileConfig | None:
+    # (cached: the offsets form asks on every decode call, and the table walk costs ~20 us)
     from humming_aot import heuristics
 
-    tile = heuristics.select_masked_tile(arch, 2, experts.k, experts.group_size, experts.expert(0).bits,
-                                         zero_point=experts.w_zero_point is not None)
+    tile = heuristics.select_masked_tile(arch, 2, k, group, bits, zero_point=zero_point)
     return tile if tile.mma is MmaKind.WGMMA_WS else None
 
 
