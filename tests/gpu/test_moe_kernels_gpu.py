@@ -524,6 +524,49 @@ def test_offsets_form_sums_k_slices_in_a_workspace(fmt, tile, splits):
                               bias=bias[x], context=f"{fmt} tile={tile} splits={splits} expert {x} seed={seed}")
 
 
+@pytest.mark.parametrize("rows", (8, 64))
+def test_one_row_an_expert_on_a_short_k_takes_the_two_row_tile_from_most_of_a_wave(monkeypatch, rows):
+    """The offsets form at one row an expert (expected_m 1) on K 768: the table's shallow 8-row tile
+    while the experts the rows reach make under three quarters of a wave of its CTAs (8 experts of
+    8 tiles of 128 columns), the table's two-row tile once they make more (64 experts: 512 tiles)
+    where that one is a wgmma-ws tile (sm90a), each matching float64 with rows of no expert left
+    alone (moe.kernels._offsets_depth, log section 61)."""
+    from humming_aot.moe import gemm_grouped_kernel
+    from humming_aot.moe import kernels as moe_kernels
+
+    seed = _seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    e, n, k = 64, 1024, 768
+    experts = pack_experts(humming_aot.quantize(torch.randn(e, n, k, device="cuda", generator=gen) * 0.05,
+                                                "int4:g128"), act_dtype=torch.bfloat16)
+    chosen = []
+    depth = moe_kernels._offsets_depth
+    monkeypatch.setattr(moe_kernels, "_offsets_depth", lambda *args: chosen.append(depth(*args)) or chosen[-1])
+    offsets = torch.arange(1, rows + 2, device="cuda", dtype=torch.int32)[: rows + 1]  # rows 1 .. rows, one each
+    offsets = torch.cat([offsets, offsets.new_full((e - rows,), rows + 1)])  # the other experts empty
+    a = torch.randn(rows + 2, k, device="cuda", generator=gen).to(torch.bfloat16)
+    out = torch.full((rows + 2, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    gemm_grouped_kernel(a, experts, offsets=offsets, expected_m=1, out=out)
+    torch.cuda.synchronize()
+    (tile, _, _), = chosen
+    arch = dispatch.device_info(0).arches[0]
+    wide = moe_kernels._two_row_tile(arch, experts)
+    shallow = heuristics.select_masked_tile(arch, 1, k, experts.group_size, 4)
+    _, shallow_loaded = moe_kernels._kernel(a, experts, GemmType.MASKED, 1, "test", "gemm_grouped", shallow)
+    reach = min(e, a.shape[0])  # the experts R rows can reach
+    share = 4 * reach * (n // shallow.block_n) / (moe_kernels.WIDE_WAVE_QUARTERS *
+                                                  moe_kernels._resident(shallow_loaded, shallow, 0))
+    assert tile == (wide if wide is not None and share >= 1 else shallow), (tile.label, share)
+    if arch == "sm90a":  # 10 experts' tiles are under three quarters of a wave there, 64 experts' over
+        assert (tile == wide) == (rows == 64), tile.label
+    assert out[0].isnan().all() and out[rows + 1].isnan().all(), "rows of no expert were written"
+    key = _forced_key(experts, 1, tile.label)
+    for x in range(rows):
+        w_eff = experts.effective_weight(x, scales_in_fp32=key.scales_in_fp32)
+        assert_gemm_close(out[x + 1:x + 2], reference_gemm(a[x + 1:x + 2], w_eff), a=a[x + 1:x + 2], w_eff=w_eff,
+                          context=f"expert {x} of {rows} tile={tile.label} seed={seed}")
+
+
 def test_offsets_form_refuses_more_slices_than_k_tiles():
     from humming_aot.moe import gemm_grouped_kernel
 
