@@ -527,8 +527,8 @@ def test_offsets_form_sums_k_slices_in_a_workspace(fmt, tile, splits):
 @pytest.mark.parametrize("rows", (8, 64))
 def test_one_row_an_expert_on_a_short_k_takes_the_two_row_tile_from_most_of_a_wave(monkeypatch, rows):
     """The offsets form at one row an expert (expected_m 1) on K 768: the table's shallow 8-row tile
-    while the experts the rows reach make under three quarters of a wave of its CTAs (8 experts of
-    8 tiles of 128 columns), the table's two-row tile once they make more (64 experts: 512 tiles)
+    while the experts the rows reach make under three quarters of a wave of its CTAs (10 rows reach
+    10 experts: 80 tiles of 128 columns), the table's two-row tile once they make more (64: 512)
     where that one is a wgmma-ws tile (sm90a), each matching float64 with rows of no expert left
     alone (moe.kernels._offsets_depth, log section 61)."""
     from humming_aot.moe import gemm_grouped_kernel
