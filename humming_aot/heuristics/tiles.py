@@ -382,7 +382,7 @@ def select_masked_tile(arch: str, m: int, k: int | None = None, group: int | Non
     table of the same arch without its suffix (sm90a's wgmma rows give way to sm90's). A row's
     one-warpgroup TMA tile keeps at least two CTAs per SM for the codes' width and zero points,
     three with 8 rows where one stage less allows it (fit_ctas_per_sm). The offsets form may then
-    trade an 8-row mma.sync tile for its twin of the other K depth (moe.kernels._offsets_depth)."""
+    trade an 8-row mma.sync tile for its twin of the other K depth (moe.decode_tiles.offsets_depth)."""
     tile = _select_moe_row(arch, m, k, group, masked, w_bits)
     if tile is not None:
         return fit_ctas_per_sm(arch, tile, w_bits, zero_point)

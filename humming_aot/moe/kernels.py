@@ -25,11 +25,11 @@ bool forces).
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import torch
 
 from humming_aot import params_abi
+from humming_aot.moe import decode_tiles
 from humming_aot.moe.packing import PackedExperts
 from humming_aot.spec import GemmType, MmaKind, TileConfig
 
@@ -104,7 +104,7 @@ def _grouped_by_offsets(a: torch.Tensor, experts: PackedExperts, offsets: torch.
     resident = _resident(loaded, tile, a.device.index)
     if chosen:
         reach = min(experts.experts, rows if routed_rows is None else routed_rows)
-        tile, loaded, resident = _offsets_depth(a, experts, tile, loaded, resident, reach, what)
+        tile, loaded, resident = decode_tiles.offsets_depth(a, experts, tile, loaded, resident, reach, what)
     bound = offsets_tile_bound(rows, experts.experts, experts.n, tile)
     k_tiles = experts.k // tile.block_k
     one_slice = tile.mma is MmaKind.WGMMA_WS  # its schedule runs whole tiles
@@ -126,94 +126,6 @@ def _grouped_by_offsets(a: torch.Tensor, experts: PackedExperts, offsets: torch.
                                             workspace=workspace, counters=counters)
     loaded.launch(grid, _stream(a), params + _activation_map(a, tile))
     return out
-
-
-# _offsets_depth: the deep tile takes at least this many of its 256-wide K stages (DeepSeek-V3
-# TP8 and Qwen3 gate_up, K 7168 and 2048, gained; Qwen3's down projection, K 768 in three stages,
-# lost 20 % at one token: its 2-stage pipeline barely fills).
-DEPTH_MIN_K_STAGES = 8
-
-
-def _offsets_depth(a: torch.Tensor, experts: PackedExperts, tile: TileConfig, loaded, resident: int, reach: int,
-                   what: str) -> tuple[TileConfig, object, int]:
-    """(tile, loaded kernel, resident CTAs) of the offsets form where the table's tile is one of an
-    8-row pair that differ in K depth (heuristics.offsets_depth_pair: 128 of K per stage in 2 K
-    warps, or 256 in 4): the deep tile where the tiles of the `reach` experts the rows can reach,
-    one row tile each (reach x the N tiles; at most 4 rows an expert, which the table gives these
-    tiles), fit one wave of its resident CTAs and K takes at least DEPTH_MIN_K_STAGES of its stages:
-    each tile then has a CTA of twice the warps and bytes in flight, and K slices through the
-    workspace are fewer; else the shallow one, whose twice as many CTAs per SM share out more
-    tiles evenly. The table alone cannot say which: it knows the rows per expert, not how many
-    experts have rows. Measured on an H200 (docs/performance/log.md section 51), deep / shallow,
-    us: DeepSeek-V3 gate_up (N 4096, K 7168) at 1 token (256 tiles) 37.9 / 47.0 and at 4 (1024)
-    142.2 / 135.4; its TP8 shard (N 512) at 4 tokens (128) 27.7 / 37.1, at 16 (512) 66.7 / 61.8;
-    Qwen3-30B gate_up (N 1536, K 2048) at 1 token (96) 9.6 / 14.3 (shallow: 4 K slices), at 4
-    (384) 23.7 / 19.8. Where the shallow one stays and the table's two-row tile is a wgmma-ws one
-    (short K), that tile instead once the reachable experts' shallow tiles make WIDE_WAVE_QUARTERS
-    quarters of a wave (see there)."""
-    from humming_aot import dispatch, heuristics
-
-    device_index = a.device.index
-    arch = dispatch.device_info(device_index).arches[0]
-    pair = heuristics.offsets_depth_pair(arch, tile, experts.k, experts.group_size, experts.expert(0).bits)
-    if pair is None:
-        return tile, loaded, resident
-    shallow, deep = pair
-
-    def twin(other: TileConfig) -> tuple[object, int]:  # its kernel and resident CTAs, looked up once
-        if other == tile:
-            return loaded, resident
-        entry = _DEPTH_TWINS.get(id(loaded))
-        if entry is None or entry[0] is not loaded:
-            entry = _DEPTH_TWINS[id(loaded)] = (loaded, {})
-        if other not in entry[1]:
-            other_loaded = _kernel(a, experts, GemmType.MASKED, 1, what, "gemm_grouped", other)[1]
-            entry[1][other] = (other_loaded, _resident(other_loaded, other, device_index))
-        return entry[1][other]
-
-    if experts.k // deep.block_k >= DEPTH_MIN_K_STAGES:
-        deep_loaded, deep_resident = twin(deep)
-        if reach * -(-experts.n // deep.block_n) <= deep_resident:
-            return deep, deep_loaded, deep_resident
-    shallow_loaded, shallow_resident = twin(shallow)
-    wide = _two_row_tile(arch, experts)
-    if wide is not None and 4 * reach * -(-experts.n // shallow.block_n) >= WIDE_WAVE_QUARTERS * shallow_resident:
-        return (wide, *twin(wide))
-    return shallow, shallow_loaded, shallow_resident
-
-
-# _offsets_depth: the shallow 8-row tile gives way to the table's two-row wgmma-ws tile (short K on
-# sm90a) where the experts the rows reach make at least WIDE_WAVE_QUARTERS quarters of a wave of the
-# shallow tile's resident CTAs. Each of those 4-warp CTAs fills its 2-stage pipeline from DRAM anew
-# for every tile (it prefetches no next tile: kernel/grouped_masked.cuh kPrefetchNext), which a K
-# of a few stages does not hide once a CTA runs more than one tile; the wgmma-ws schedule's TMA
-# producer runs its ring on from tile to tile. H100 (docs/performance/log.md section 61), Qwen3-30B's
-# down projection (N 2048, K 768, int4 g128), one row an expert expected, table / wgmma-ws 8 x 256
-# us: 1 token (8 experts: 0.24 of a wave of 8 x 128 tiles) 6.3 / 9.7, 2 tokens (0.48) 9.2 / 10.5,
-# 4 (0.97) 13.5 / 12.7, 8 (1.9) 23.6 / 22.1, 16 (3.9) 35.9 / 31.4 (Humming 28.0).
-WIDE_WAVE_QUARTERS = 3
-
-
-def _two_row_tile(arch: str, experts: PackedExperts) -> TileConfig | None:
-    """The arch's MoE table tile for two rows an expert where it is a wgmma-ws one (sm90a, K up
-    to 1024), else None."""
-    return _two_row_wgmma_ws(arch, experts.k, experts.group_size, experts.expert(0).bits,
-                             experts.w_zero_point is not None)
-
-
-@functools.lru_cache(maxsize=256)
-def _two_row_wgmma_ws(arch: str, k: int, group: int, bits: int, zero_point: bool) -> TileConfig | None:
-    # (cached: the offsets form asks on every decode call, and the table walk costs ~20 us)
-    from humming_aot import heuristics
-
-    tile = heuristics.select_masked_tile(arch, 2, k, group, bits, zero_point=zero_point)
-    return tile if tile.mma is MmaKind.WGMMA_WS else None
-
-
-# _offsets_depth's twins: id of the table tile's loaded kernel -> (that kernel, {twin tile: (its
-# loaded kernel, resident CTAs)}), so that the eager path of a decode call looks a twin up once
-# per kernel, not on every call
-_DEPTH_TWINS: dict[int, tuple[object, dict[TileConfig, tuple[object, int]]]] = {}
 
 
 def _activation_map(rows: torch.Tensor, tile: TileConfig) -> bytes:
@@ -373,7 +285,7 @@ def gemm_grouped_kernel(a: torch.Tensor, experts: PackedExperts, row_expert: tor
                 or zeros, as the expert loop writes them without bias); blocks of padding only
                 are skipped
     expected_m: the rows an expert is expected to hold, which picks the tile and so the blocks (with
-                offsets, R and N too: _offsets_depth)
+                offsets, R and N too: decode_tiles)
     bias:       (E, N) in the activation dtype, or None
     out:        (R, N) contiguous to write into (blocks of padding only, and with offsets the
                 rows of no expert, are left as they are); default a new zero tensor, whose
@@ -386,7 +298,7 @@ def gemm_grouped_kernel(a: torch.Tensor, experts: PackedExperts, row_expert: tor
     routed_rows: (offsets only) the rows that are routed tokens where ``a`` also holds padding
                 rows (vLLM's block-aligned layout): with expected_m, R and N they pick the tile
                 (the offsets form's decode tiles by how many experts the rows can reach,
-                _offsets_depth); default R
+                decode_tiles); default R
     """
     if (row_expert is None) == (offsets is None):
         raise ValueError("gemm_grouped_kernel: give the experts' rows as row_expert (R,) (block-aligned) or as "

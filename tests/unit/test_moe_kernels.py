@@ -11,7 +11,7 @@ import torch
 import humming_aot
 from humming_aot import heuristics, params_abi
 from humming_aot.enumerate import parse_tile_field
-from humming_aot.moe import gemm_masked_kernel, pack_experts
+from humming_aot.moe import decode_tiles, gemm_masked_kernel, pack_experts
 from humming_aot.moe import kernels as moe_kernels
 from humming_aot.moe.kernels import launch_arguments
 
@@ -257,7 +257,7 @@ def test_the_offsets_form_launch_from_the_call_on_a_cuda_like_tensor(monkeypatch
     monkeypatch.setattr(moe_kernels, "_resident", lambda loaded, tile, device_index: 528)
     monkeypatch.setattr(moe_kernels, "_stream", lambda a: 7)
     # (the choice between the tile's K depths has tests of its own, below)
-    monkeypatch.setattr(moe_kernels, "_offsets_depth", lambda a, experts, tile, loaded, resident, reach, what:
+    monkeypatch.setattr(decode_tiles, "offsets_depth", lambda a, experts, tile, loaded, resident, reach, what:
                         (tile, loaded, resident))
     a = torch.zeros(11, 2048, dtype=torch.bfloat16)
     offsets = torch.tensor([1, 4, 4, 10], dtype=torch.int32)
@@ -396,6 +396,6 @@ def test_indexed_form_runs_the_offsets_form_where_the_blocks_experts_rise(monkey
             got = gemm_indexed_kernel(a, local, aligned, a_rows_per_token=per_token, topk_weights=w)
             ref = gemm_indexed(a, local, aligned, a_rows_per_token=per_token, topk_weights=w)
             assert torch.equal(got, ref), f"block {block}"
-    # (the routed rows, not the padded ones, pick the offsets form's decode tile: _offsets_depth)
+    # (the routed rows, not the padded ones, pick the offsets form's decode tile: decode_tiles.offsets_depth)
     assert calls == [(align_block_size(ids, 4, b).sorted_token_ids.shape[0], 5, tokens * top_k)
                      for b in (1, 1, 3, 3, 8, 8)]

@@ -14,8 +14,8 @@ import torch
 import humming_aot
 from humming_aot import heuristics
 from humming_aot.enumerate import parse_tile_field
+from humming_aot.moe import decode_tiles, pack_experts
 from humming_aot.moe import kernels as moe_kernels
-from humming_aot.moe import pack_experts
 from humming_aot.spec import MmaKind
 
 
@@ -177,9 +177,9 @@ def test_the_offsets_form_picks_the_deep_decode_tile_where_its_tiles_fit_one_wav
 
     monkeypatch.setattr(dispatch, "device_info", lambda index: SimpleNamespace(arches=("sm90a", "sm90")))
     monkeypatch.setattr(moe_kernels, "_kernel", kernel)
-    monkeypatch.setattr(moe_kernels, "_DEPTH_TWINS", {})
+    monkeypatch.setattr(decode_tiles, "_TWINS", {})
     monkeypatch.setattr(moe_kernels, "_resident", lambda loaded, tile, device_index: resident[tile])
-    assert moe_kernels.DEPTH_MIN_K_STAGES == 8
+    assert decode_tiles.DEPTH_MIN_K_STAGES == 8
     long_k = _experts("int4:g128", e=8, n=256, k=2048)  # 8 stages of 256; 2 N tiles of 128
     short_k = _experts("int4:g128", e=8, n=256, k=1792)  # 7
     for table_tile in (shallow, deep):
@@ -188,35 +188,35 @@ def test_the_offsets_form_picks_the_deep_decode_tile_where_its_tiles_fit_one_wav
                                        (long_k, 8, shallow), (short_k, 1, shallow)):
             a = torch.zeros(300, experts.k, dtype=torch.bfloat16)
             for _ in range(2):
-                got = moe_kernels._offsets_depth(a, experts, *table, reach, "w")
+                got = decode_tiles.offsets_depth(a, experts, *table, reach, "w")
                 assert got == (wanted, f"kernel {wanted.label}", resident[wanted]), (table_tile.label, experts.k, reach)
         # each table kernel looks its twin up once, however many calls follow
         assert lookups == [deep if table_tile == shallow else shallow], (table_tile.label, lookups)
         lookups.clear()
     # K 768 (3 deep stages): 2 shallow tiles an expert, 20 resident CTAs: from 8 experts (16 tiles,
     # 3 quarters of 20 at least) the wide one, looked up once
-    assert moe_kernels.WIDE_WAVE_QUARTERS == 3
+    assert decode_tiles.WIDE_WAVE_QUARTERS == 3
     short = _experts("int4:g128", e=16, n=256, k=768)
     a = torch.zeros(300, 768, dtype=torch.bfloat16)
     table = (shallow, f"kernel {shallow.label}", resident[shallow])
     for reach, wanted in ((1, shallow), (7, shallow), (8, wide), (16, wide), (8, wide)):
-        assert moe_kernels._offsets_depth(a, short, *table, reach, "w") == (wanted, f"kernel {wanted.label}",
+        assert decode_tiles.offsets_depth(a, short, *table, reach, "w") == (wanted, f"kernel {wanted.label}",
                                                                               resident[wanted]), reach
     assert lookups == [wide]
     uint4 = _experts("uint4:g128:zp", e=16, n=256, k=768)  # the table's zero-point row (5 stages)
-    assert moe_kernels._two_row_tile("sm90a", uint4).label == "wgmma-ws:8x256x64_w1x4_s5"
-    assert moe_kernels._two_row_tile("sm90a", long_k) is None and moe_kernels._two_row_tile("sm89", short) is None
+    assert decode_tiles.two_row_tile("sm90a", uint4).label == "wgmma-ws:8x256x64_w1x4_s5"
+    assert decode_tiles.two_row_tile("sm90a", long_k) is None and decode_tiles.two_row_tile("sm89", short) is None
     a = torch.zeros(3, 2048, dtype=torch.bfloat16)
     ws = parse_tile_field("wgmma-ws:8x256x64_w1x4_s6")
-    assert moe_kernels._offsets_depth(a, long_k, ws, "k", 396, 3, "w") == (ws, "k", 396)
+    assert decode_tiles.offsets_depth(a, long_k, ws, "k", 396, 3, "w") == (ws, "k", 396)
     narrow = _experts("int4:g128", e=3, n=256, k=2048 + 128)  # 256-wide stages do not divide K
     a = torch.zeros(3, 2048 + 128, dtype=torch.bfloat16)
-    assert moe_kernels._offsets_depth(a, narrow, shallow, "k", 20, 3, "w") == (shallow, "k", 20)
+    assert decode_tiles.offsets_depth(a, narrow, shallow, "k", 20, 3, "w") == (shallow, "k", 20)
 
 
 def test_the_offsets_form_call_takes_the_depth_rule_unless_a_tile_or_split_is_forced(monkeypatch):
     """gemm_grouped_kernel(offsets=...) up to the launch (CPU tensors made to look like CUDA ones):
-    the table's tile goes through _offsets_depth with the experts the rows reach (R, or
+    the table's tile goes through decode_tiles.offsets_depth with the experts the rows reach (R, or
     routed_rows where the rows hold padding), and the launch runs the tile it returns; a forced
     tile or forced slices skip it; a routed_rows outside [0, R], or given to the aligned form, is
     refused."""
@@ -245,7 +245,7 @@ def test_the_offsets_form_call_takes_the_depth_rule_unless_a_tile_or_split_is_fo
     monkeypatch.setattr(moe_kernels, "_kernel", kernel)
     monkeypatch.setattr(moe_kernels, "_resident", lambda loaded, tile, device_index: 528)
     monkeypatch.setattr(moe_kernels, "_stream", lambda a: 7)
-    monkeypatch.setattr(moe_kernels, "_offsets_depth", depth)
+    monkeypatch.setattr(decode_tiles, "offsets_depth", depth)
     a = torch.zeros(11, 2048, dtype=torch.bfloat16)
     offsets = torch.tensor([0, 2, 2, 4, 6, 8, 11], dtype=torch.int32)
     cases = [({}, deep, 6), ({"routed_rows": 3}, deep, 3), ({"routed_rows": 0}, deep, 0),
