@@ -65,10 +65,12 @@ struct Fp8TokenMajorBlocks {
   static __device__ __forceinline__ void retire_tile(const float* block_scales, int kb, u32 smem_base, u32 empty0,
                                                      int slot, float (&from)[kAccumulators],
                                                      float (&acc)[kAccumulators]) {
-    const float* staged = staged_token_scales(smem_base, slot);
-    const float weight_scale = kStagedWeight ? staged[kTokens] : __ldg(block_scales + kb);
-    staged += Fragments::first_token();
-    const float token_scale0 = staged[0], token_scale1 = staged[8];
+    // (shared loads on the 32-bit address: a generic pointer into shared memory costs two S2UR
+    // per K tile)
+    const u32 staged = staged_token_scales(smem_base, slot);
+    const float weight_scale = kStagedWeight ? load_shared(staged + 4 * kTokens) : __ldg(block_scales + kb);
+    const u32 first = staged + 4 * Fragments::first_token();
+    const float token_scale0 = load_shared(first), token_scale1 = load_shared(first + 32);
     mma::wgmma_wait_group<kPending>();
     mma::wgmma_fence_operands(from);
     // the shared loads above are issued before the release (the producer refills the slot after it)
@@ -78,11 +80,16 @@ struct Fp8TokenMajorBlocks {
     for (int i = 0; i < kAccumulators; ++i) acc[i] = fmaf(from[i], (i & 2) ? scale1 : scale0, acc[i]);
   }
 
-  // The K block's token scales in `slot` (after its codes; token t of the tile at float t).
-  static __device__ __forceinline__ const float* staged_token_scales(u32 smem_base, int slot) {
-    extern __shared__ __align__(1024) char smem_raw[];
-    const u32 address = smem_base + slot * Ring::kStageBytes + kCodeBytes;
-    return reinterpret_cast<const float*>(smem_raw + (address - memory::shared_address(smem_raw)));
+  // The shared address of the K block's token scales in `slot` (after its codes; token t of the
+  // tile at float t).
+  static __device__ __forceinline__ u32 staged_token_scales(u32 smem_base, int slot) {
+    return smem_base + slot * Ring::kStageBytes + kCodeBytes;
+  }
+
+  static __device__ __forceinline__ float load_shared(u32 address) {
+    float value;
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(value) : "r"(address));
+    return value;
   }
 };
 

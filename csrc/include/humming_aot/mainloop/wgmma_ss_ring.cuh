@@ -31,21 +31,27 @@ struct WgmmaSsRing {
   struct State {
     int slot = 0;
     u32 full_parity = 0;
+    // the warpgroup's first unit, read once from lane 0 so that the compiler knows it is
+    // warp-uniform: the descriptors built from it then live in uniform registers
+    int unit0 = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) >> 7, 0) * kUnitsPerWarpGroup;
   };
 
   // K tile `ring.slot`'s wgmma into `into`, committed as one group: its first k32 step overwrites
   // `into` unless kAccumulate (then every step adds to it). Returns the slot and moves the ring on.
   template <bool kAccumulate, class Sum>
   static __device__ __forceinline__ int issue(u32 smem_base, u32 full0, State& ring, Sum (&into)[kAccumulators]) {
-    const int unit0 = (static_cast<int>(threadIdx.x) >> 7) * kUnitsPerWarpGroup;
+    const int unit0 = ring.unit0;
     const int slot = ring.slot;
     ptx::mbarrier_wait(full0 + 8 * slot, ring.full_parity);
-    const u32 stage = smem_base + slot * kSlotBytes;
+    // The descriptors of slot 0, then moved to the slot in their address field (16-byte units; a
+    // CTA's shared addresses stay below the field's 2^18 bytes, so the sum does not carry out of it)
+    const u32 slot_field = static_cast<u32>(slot) * (kSlotBytes >> 4);
     // K step kk: 32 codes = 32 bytes further along each row, 2 in the descriptors' address field
     // B: the N rows; A: the warpgroup's 64 rows (channels of its units, or kTokensAsA its tokens)
-    const u64 n_rows = mma::k_major_sw128_descriptor(kTokensAsA ? stage : stage + kWeightBytes);
-    const u64 a_rows = mma::k_major_sw128_descriptor(kTokensAsA ? stage + kWeightBytes + unit0 * (64 * 128)
-                                                                : stage + unit0 * (64 * 128));
+    const u64 n_rows = mma::k_major_sw128_descriptor(kTokensAsA ? smem_base : smem_base + kWeightBytes) + slot_field;
+    const u64 a_rows = mma::k_major_sw128_descriptor(kTokensAsA ? smem_base + kWeightBytes + unit0 * (64 * 128)
+                                                                : smem_base + unit0 * (64 * 128)) +
+                       slot_field;
     mma::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kK32Steps; ++kk) {
