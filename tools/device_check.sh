@@ -34,7 +34,8 @@
 #             and instruction statistics of its kernels, as CSV (MOEPROF_RAW=1: every metric of
 #             ncu's full set, the stall reasons among them, one row per kernel; MOEPROF_SOURCE=1:
 #             each SASS instruction's executed count and stall samples, summed up into bench.log
-#             by tools/bench/ncu_source_summary.py)
+#             by tools/bench/ncu_source_summary.py; MOEPROF_COUNTERS=1: launch, DRAM, instruction and
+#             stall counters per kernel, side by side in bench.log by tools/bench/ncu_counters.py)
 #                                                                  -> bench.log, moe_profile.csv
 #   ab        the base tree in $AB_BASE (default .ab/base; tools/ab_base.sh REV [DIR]) built with the same catalog
 #             (AB_CARRIED_CATALOG=1: each tree keeps the humming_aot/_catalog built here and carried, which
@@ -274,11 +275,17 @@ step_moeprof() {
     # MOEPROF_SOURCE=1: each SASS instruction's executed count and stall samples (where the
     # instructions of a kernel go), one table per kernel
     [[ "${MOEPROF_SOURCE:-0}" == 1 ]] && view=(--page source --print-source sass --section SourceCounters)
+    # MOEPROF_COUNTERS=1: tools/bench/ncu_counters.py's metrics (launch, DRAM, instructions, stall
+    # reasons), one column per kernel in bench.log
+    [[ "${MOEPROF_COUNTERS:-0}" == 1 ]] && view=(--page raw --metrics "$(python3 tools/bench/ncu_counters.py --metric-list)")
     ncu --clock-control none --nvtx --nvtx-include "profile/" --csv "${view[@]}" \
         python3 tools/bench/profile_moe.py "${extra[@]}" >"$OUTDIR/moe_profile.csv" || return 1
     # the source page summed up where the warps wait (stall reasons, loops, the loads waited on)
     if [[ "${MOEPROF_SOURCE:-0}" == 1 ]]; then
         python3 tools/bench/ncu_source_summary.py "$OUTDIR/moe_profile.csv"
+    fi
+    if [[ "${MOEPROF_COUNTERS:-0}" == 1 ]]; then
+        python3 tools/bench/ncu_counters.py "$OUTDIR/moe_profile.csv:$(printf '%s' "${MOEPROF_ARGS:-}" | tr -s ' ' '_')"
     fi
 }
 
