@@ -17,6 +17,7 @@
 #include <humming_aot/epilogue/token_major_fragments.cuh>
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/mainloop/wgmma_ss_ring.cuh>
+#include <humming_aot/memory/shared_fragments.cuh>
 
 namespace humming_aot::mainloop {
 
@@ -68,9 +69,9 @@ struct Fp8TokenMajorBlocks {
     // (shared loads on the 32-bit address: a generic pointer into shared memory costs two S2UR
     // per K tile)
     const u32 staged = staged_token_scales(smem_base, slot);
-    const float weight_scale = kStagedWeight ? load_shared(staged + 4 * kTokens) : __ldg(block_scales + kb);
+    const float weight_scale = kStagedWeight ? memory::lds_float(staged + 4 * kTokens) : __ldg(block_scales + kb);
     const u32 first = staged + 4 * Fragments::first_token();
-    const float token_scale0 = load_shared(first), token_scale1 = load_shared(first + 32);
+    const float token_scale0 = memory::lds_float(first), token_scale1 = memory::lds_float(first + 32);
     mma::wgmma_wait_group<kPending>();
     mma::wgmma_fence_operands(from);
     // the shared loads above are issued before the release (the producer refills the slot after it)
@@ -84,12 +85,6 @@ struct Fp8TokenMajorBlocks {
   // tile at float t).
   static __device__ __forceinline__ u32 staged_token_scales(u32 smem_base, int slot) {
     return smem_base + slot * Ring::kStageBytes + kCodeBytes;
-  }
-
-  static __device__ __forceinline__ float load_shared(u32 address) {
-    float value;
-    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(value) : "r"(address));
-    return value;
   }
 };
 

@@ -1,6 +1,7 @@
 #pragma once
 // Shared -> register loads for the mma.sync body: ldmatrix for activation fragments and 16-byte
-// vector loads for packed weights and scales. SM75+ (ldmatrix).
+// vector loads for packed weights and scales (and single floats for the wgmma bodies' staged
+// scales). SM75+ (ldmatrix).
 
 #include <humming_aot/numerics/types.cuh>
 
@@ -46,6 +47,14 @@ __device__ __forceinline__ void lds_128(u32 (&v)[4], u32 smem_addr) {
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
                : "r"(smem_addr));
+}
+
+// One float at `smem_addr` (a 32-bit shared address: a generic pointer into shared memory costs
+// the kernel two S2UR to form wherever ptxas cannot keep it).
+__device__ __forceinline__ float lds_float(u32 smem_addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(smem_addr));
+  return v;
 }
 
 }  // namespace humming_aot::memory
