@@ -18,6 +18,7 @@
 
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/mainloop/wgmma_ss_ring.cuh>
+#include <humming_aot/memory/shared_fragments.cuh>
 #include <humming_aot/memory/cp_async.cuh>
 
 namespace humming_aot::mainloop {
@@ -113,12 +114,12 @@ struct Fp8Promotion {
   // thread's first, staged_token_scales) and each unit's weight-block scale. Token 2 (lane % 4) +
   // 8 j + {0, 1}: one 8-byte pair per j, weighing accumulators 4 j .. 4 j + 3 of each unit, read
   // as the add goes so that no register holds them across it (the caller releases the slot after).
-  static __device__ __forceinline__ void add_weighed(const float* staged,
-                                                     const float (&unit_scales)[kUnitsPerWarpGroup],
+  static __device__ __forceinline__ void add_weighed(u32 staged, const float (&unit_scales)[kUnitsPerWarpGroup],
                                                      const float (&from)[kAccumulators], float (&acc)[kAccumulators]) {
 #pragma unroll
     for (int j = 0; j < kTokenScales / 2; ++j) {
-      const float2 pair = *reinterpret_cast<const float2*>(staged + 8 * j);
+      float2 pair;  // (a shared load on the 32-bit address: a generic pointer costs two S2UR a K tile)
+      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(pair.x), "=f"(pair.y) : "r"(staged + 32 * j));
 #pragma unroll
       for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
         const float even_scale = pair.x * unit_scales[u], odd_scale = pair.y * unit_scales[u];
@@ -131,18 +132,11 @@ struct Fp8Promotion {
     }
   }
 
-  // A generic pointer to the shared-memory address `address` (the ring is addressed as u32).
-  static __device__ __forceinline__ const void* smem_generic(u32 address) {
-    extern __shared__ __align__(1024) char smem_raw[];
-    return smem_raw + (address - memory::shared_address(smem_raw));
-  }
-
-  // Blocks, above 16 tokens: this thread's first staged token scale in `slot` (token 2 (lane % 4);
-  // its others follow 8 floats apart, in pairs).
-  static __device__ __forceinline__ const float* staged_token_scales(u32 smem_base, int slot) {
+  // Blocks, above 16 tokens: the shared address of this thread's first staged token scale in
+  // `slot` (token 2 (lane % 4); its others follow 8 floats apart, in pairs).
+  static __device__ __forceinline__ u32 staged_token_scales(u32 smem_base, int slot) {
     const int lane = threadIdx.x & 31;
-    return reinterpret_cast<const float*>(smem_generic(smem_base + slot * Ring::kStageBytes + kCodeBytes)) +
-           2 * (lane & 3);
+    return smem_base + slot * Ring::kStageBytes + kCodeBytes + 8 * (lane & 3);
   }
 
   template <class Params>
@@ -197,10 +191,10 @@ struct Fp8Promotion {
   // kBlockM; n0 is a multiple of 128).
   static __device__ __forceinline__ void staged_unit_scales(u32 smem_base, int slot, int unit0,
                                                             float (&unit_scales)[kUnitsPerWarpGroup]) {
-    const float* staged =
-        reinterpret_cast<const float*>(smem_generic(smem_base + slot * Ring::kStageBytes + kCodeBytes)) + kBlockM;
+    const u32 staged = smem_base + slot * Ring::kStageBytes + kCodeBytes + 4 * kBlockM;
 #pragma unroll
-    for (int u = 0; u < kUnitsPerWarpGroup; ++u) unit_scales[u] = staged[(64 * (unit0 + u)) >> 7];
+    for (int u = 0; u < kUnitsPerWarpGroup; ++u)
+      unit_scales[u] = memory::lds_float(staged + 4 * ((64 * (unit0 + u)) >> 7));
   }
 
   // Blocks: the scales of K block kb for this thread's tokens (token_scale_rows: rows of

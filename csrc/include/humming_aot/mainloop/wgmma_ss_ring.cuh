@@ -41,7 +41,7 @@ struct WgmmaSsRing {
   template <bool kAccumulate, class Sum>
   static __device__ __forceinline__ int issue(u32 smem_base, u32 full0, State& ring, Sum (&into)[kAccumulators]) {
     const int unit0 = ring.unit0;
-    const int slot = ring.slot;
+    const int slot = __shfl_sync(0xffffffffu, ring.slot, 0);  // (warp-uniform to the compiler)
     ptx::mbarrier_wait(full0 + 8 * slot, ring.full_parity);
     // The descriptors of slot 0, then moved to the slot in their address field (16-byte units; a
     // CTA's shared addresses stay below the field's 2^18 bytes, so the sum does not carry out of it)
