@@ -16,7 +16,7 @@
 
 All are persistent schedules around a dense body (``heuristics.select_masked_tile``: the tile for
 the expected rows per expert; the mma.sync bodies, and for the masked schedule and its offsets
-form on sm_90a the warp-specialized TMA body above 16 rows per expert), from the installed
+form on sm_90a the warp-specialized TMA body from 5 rows per expert, or 1 where K is short), from the installed
 catalog or the JIT: at most the resident CTAs, each walking the real tiles in turn, so that the
 empty experts and padding blocks of a small batch cost no CTA.
 ``QuantizedMoE`` runs the offsets form on sm_80+ GPUs (``use_grouped_kernels``: None chooses, a

@@ -40,26 +40,32 @@ def test_the_grouped_row_expert_tile_is_an_mma_sync_tile_for_the_expected_rows()
 
 
 def test_the_masked_schedule_runs_the_tma_body_above_16_rows_on_sm90a():
-    # tiles.toml's moe_tiles of sm90a: the warp-specialized TMA body from 17 rows per expert, its
-    # rows by the expected rows and their spread; the same rows up to 16 as the grouped row-expert
-    # schedule
+    # tiles.toml's moe_tiles of sm90a: the warp-specialized TMA body from 5 rows per expert at any
+    # K (up to 4 rows only where K is short), its rows by the expected rows and their spread; below
+    # it the same rows as the grouped row-expert schedule
     for k, group in ((256, 128), (768, 128), (2880, 32), (7168, 128)):
-        for m in (1, 4, 8, 12, 16):  # up to 9 rows the TMA body only where K is short (8 and 16 rows)
+        for m in (1, 4, 5, 8, 10, 11, 12, 16, 17, 28):
             tile = heuristics.select_masked_tile("sm90a", m, k, group, 4)
-            if k <= 256 or m > 9 or (m > 1 and m <= 4 and k <= 1024):  # one warpgroup of four units
-                rows = 8 if m <= 4 else 16 if m <= 9 else 32
+            if k <= 256 or m > 4 or (m > 1 and k <= 1024):  # one warpgroup of four units
+                rows = 8 if m <= 4 else 16 if m <= 10 else 32
                 assert tile.label == f"wgmma-ws:{rows}x256x64_w1x4_s6", (m, k)
             else:
                 assert tile == heuristics.select_masked_tile("sm90a", m, k, group, 4, masked=False), (m, k)
-        for m, rows in ((17, 48), (38, 48), (39, 64), (52, 64), (53, 80), (66, 80), (67, 96), (85, 96), (86, 144),
+            # wider codes: the 16-row tile to 10 rows, the 32-row one to 16, in 4 stages
+            if m > 4:
+                wide = heuristics.select_masked_tile("sm90a", m, k, group, 8)
+                height, warps = (16, 4) if m <= 10 else (32, 4) if m <= 16 else (48, 8)
+                assert wide.label == f"wgmma-ws:{height}x256x64_w1x{warps}_s4", (m, k, wide.label)
+        for m, rows in ((29, 48), (38, 48), (39, 64), (52, 64), (53, 80), (66, 80), (67, 96), (85, 96), (86, 144),
                         (124, 144), (125, 160), (139, 160), (140, 176), (190, 176), (191, 144), (265, 144), (266, 160),
                         (295, 160), (296, 176), (100000, 176)):
             label = f"wgmma-ws:{rows}x256x64_w1x8_s{3 if rows == 176 else 4}"
             tile = heuristics.select_masked_tile("sm90a", m, k, group, 4)
             assert tile.label == label and heuristics.tile_fits(tile, k, group)
-            # 8-bit codes: 144 and 160 rows in 3 stages (4 exceed the shared memory)
+            # 8-bit codes: 144 and 160 rows in 3 stages (4 exceed the shared memory); from 17 rows 48
             wide = heuristics.select_masked_tile("sm90a", m, k, group, 8)
             assert wide.label == (label if rows not in (144, 160) else f"wgmma-ws:{rows}x256x64_w1x8_s3"), (m, wide.label)
+        assert heuristics.select_masked_tile("sm90a", 17, k, group, 8).label == "wgmma-ws:48x256x64_w1x8_s4"
     # the plain arch (no wgmma) keeps the mma.sync tiles
     assert heuristics.select_masked_tile("sm90", 64, 4096, 128, 4).mma is MmaKind.MMA_SYNC
 
@@ -91,11 +97,13 @@ def test_the_moe_table_picks_small_ctas_for_short_k_and_the_decode_tiles_for_lon
     # tile's latency, so 4-warp CTAs of 128-wide stages; a long K keeps the dense decode tile
     for k in (768, 2048):
         assert heuristics.select_masked_tile("sm90a", 1, k, 128, 4).label == "8x128x128_w1x2x2_s2"
-    for k in (768, 2048):  # 16 tokens from 5 rows per expert (mean + 2 sqrt(mean) rows fit)
-        for m in (5, 9):
-            assert heuristics.select_masked_tile("sm90a", m, k, 128, 4).label == "mma-sw:16x256x128_w1x4x2_s2"
+    for k in (768, 2048, 7168):  # 16 rows from 5 rows per expert, on the TMA body at any K; the
+        for m in (5, 9, 10):      # grouped row-expert schedule keeps the swapped tile
+            assert heuristics.select_masked_tile("sm90a", m, k, 128, 4).label == "wgmma-ws:16x256x64_w1x4_s6"
+        assert (heuristics.select_masked_tile("sm90a", 5, k, 128, 4, masked=False).label
+                == "mma-sw:16x256x128_w1x4x2_s2")
     # K = 256 (DeepSeek-V3 TP8 down): the TMA body's 8- and 16-row tiles of one consumer warpgroup
-    # of four units, whose ring runs across tiles (four stages for codes over 4 bits); from 10 rows
+    # of four units, whose ring runs across tiles (four stages for codes over 4 bits); from 11 rows
     # its 32-row tile at any K; the grouped row-expert schedule keeps the swapped tiles
     assert heuristics.select_masked_tile("sm90a", 1, 256, 128, 4).label == "wgmma-ws:8x256x64_w1x4_s6"
     assert heuristics.select_masked_tile("sm90a", 8, 256, 128, 4).label == "wgmma-ws:16x256x64_w1x4_s6"
@@ -107,7 +115,7 @@ def test_the_moe_table_picks_small_ctas_for_short_k_and_the_decode_tiles_for_lon
             == "mma-sw:16x256x128_w1x4x2_s2")
     for k in (4096, 7168):
         assert heuristics.select_masked_tile("sm90a", 4, k, 128, 4) == heuristics.select_tile("sm90a", 4, k, 128, 4)
-        assert heuristics.select_masked_tile("sm90a", 8, k, 128, 4).label == "mma-sw:16x256x128_w1x4x2_s2"
+        assert heuristics.select_masked_tile("sm90a", 8, k, 128, 4).label == "wgmma-ws:16x256x64_w1x4_s6"
         assert (heuristics.select_masked_tile("sm90a", 12, k, 128, 4, masked=False).label
                 == "mma-sw:16x64x128_w1x1x2_s4")
     # a K that no row's stages tile (gpt-oss 2880) takes a 64-wide twin, which fits it
