@@ -96,12 +96,16 @@ def dynamic_global_scale(
     return torch.where(tensor_amax > 0, raw, 1.0).to(torch.float32)
 
 
-def check_finite(x: torch.Tensor, what: str) -> None:
-    """ValueError naming the first non-finite element of ``x``."""
+def check_finite(x: torch.Tensor, what: str, first: int = 0) -> None:
+    """ValueError naming the first non-finite element of ``x`` (``x`` being the slice from index
+    ``first`` of a larger tensor's leading dimension, its index in that tensor)."""
     bad = ~torch.isfinite(x)
     if bool(bad.any()):
         index = tuple(int(i) for i in torch.nonzero(bad)[0])
+        value = float(x[index])
+        if first:
+            index = (index[0] + first, *index[1:])
         raise ValueError(
-            f"{what} must be finite, but element {index} is {float(x[index])}: quantization scales "
+            f"{what} must be finite, but element {index} is {value}: quantization scales "
             "come from the absolute maximum, so replace or clip non-finite values first"
         )

@@ -236,6 +236,30 @@ def test_moe_weights_quantize_per_expert(fmt):
     assert torch.equal(dequantize(stacked), torch.stack([dequantize(q) for q in experts]))
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "float8e4m3:tensor", "uint4:g32:zp", "uint4:g32:zpf", "float8e4m3:b128x128",
+                                 "int4:g64", "mxfp4", "int8:channel"])
+@pytest.mark.parametrize("chunk_experts", [1, 2, 4])
+def test_stacked_experts_quantize_a_few_at_a_time_to_the_same_bits(monkeypatch, fmt, chunk_experts):
+    # quantize takes at most QUANTIZE_CHUNK_BYTES of float32 experts at once (a 15 GB expert stack
+    # ran an 80 GB GPU out of memory in one piece): the same codes, scales, zero points and global
+    # scales as one piece, with chunks of 1, 2 and 4 of 5 experts (a short last chunk)
+    from humming_aot.quant import weight as weight_module
+
+    w = torch.stack([random_weight(20 + e, (40, 192), magnitude=10.0 ** (e - 2)) for e in range(5)])
+    whole = quantize(w, fmt)
+    monkeypatch.setattr(weight_module, "QUANTIZE_CHUNK_BYTES", chunk_experts * 4 * w[0].numel())
+    chunked = quantize(w, fmt)
+    for name in ("codes", "scales", "zero_points", "global_scale"):
+        if getattr(whole, name) is None:
+            assert getattr(chunked, name) is None, name
+        else:
+            assert torch.equal(getattr(chunked, name), getattr(whole, name)), name
+    # a non-finite value in a later chunk is named by its index in the whole stack
+    w[3, 7, 11] = float("inf")
+    with pytest.raises(ValueError, match=r"must be finite, but element \(3, 7, 11\) is inf"):
+        quantize(w, fmt)
+
+
 # ------------------------------------------------------------------------------ properties
 @st.composite
 def weight_cases(draw, templates=tuple(TEMPLATES)):
