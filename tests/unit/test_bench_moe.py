@@ -59,6 +59,17 @@ def test_the_model_table_and_arguments():
     assert set(bench_moe.TILED_IMPLS) <= set(bench_moe.ALL_IMPLS) and set(bench_moe.PREPARE) == set(bench_moe.ALL_IMPLS)
 
 
+def test_the_between_token_set_falls_between_the_issue_counts():
+    # the issue's counts put Qwen3-30B and DeepSeek-V3 at 0.5, 2, 8, 32, ... rows an expert, on the
+    # tile table's boundaries (the 5-28 row cliff of log section 63 hid between them): "between"
+    # holds counts inside every interval of those
+    issue = [int(t) for t in bench_moe.TOKEN_SETS["issue"].split(",")]
+    between = [int(t) for t in bench_moe.TOKEN_SETS["between"].split(",")]
+    assert issue == [int(t) for t in bench_moe.DEFAULT_TOKENS.split(",")] and not set(issue) & set(between)
+    assert all(any(lo < t < hi for t in between) for lo, hi in zip(issue, issue[1:]))
+    assert bench_moe.parse_args(["--tokens", "between"]).tokens == "between"
+
+
 def test_a_forced_tile_on_the_aligned_impl_is_refused_for_the_masked_layout():
     with pytest.raises(bench_moe.bench_gemm.Unavailable, match="contiguous layout"):
         bench_moe.prepare_humming_aot_aligned(torch.zeros(2, 64, 64), "int4:g64", "masked")

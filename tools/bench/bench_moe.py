@@ -1,8 +1,7 @@
 """Time the MoE expert GEMMs of real models side by side, in one run: humming_aot against Humming
 (humming-kernels) and torch._grouped_mm (bf16 weights), over token counts.
 
-    python3 tools/bench/bench_moe.py --models deepseek-v3-tp8,qwen3-30b-a3b --tokens 1,16,256,4096 \\
-        --formats int4:g128 --json moe.json
+    python3 tools/bench/bench_moe.py --models deepseek-v3-tp8,qwen3-30b-a3b --tokens 1,16,256,4096 --json moe.json
 
 Every implementation computes one layout (--layout): grouped contiguous (the routed rows of one
 routing, expert after expert, with prefix offsets (E + 1,)) or grouped masked ((E, max_m, K), each
@@ -67,7 +66,8 @@ MODELS = {
     "qwen3-30b-a3b": (128, 8, (("gemm1", 1536, 2048), ("gemm2", 2048, 768))),
     "gpt-oss-120b": (128, 4, (("gemm1", 5760, 2880), ("gemm2", 2880, 2880))),
 }
-DEFAULT_TOKENS = "1,4,16,64,256,1024,4096,16384"
+DEFAULT_TOKENS = "1,4,16,64,256,1024,4096,16384"  # (at top-8 of 128 or 256 experts, rows an expert on the tile table's bounds)
+TOKEN_SETS = {"issue": DEFAULT_TOKENS, "between": "2,8,24,48,80,128,192,320,512,768,2048,8192"}  # --tokens issue|between
 
 
 def model_spec(name: str) -> tuple[int, int, tuple[tuple[str, int, int], ...]]:
@@ -509,7 +509,7 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
                         results.append(dict(tokens=None, model=model, gemm=gemm, layout=args.layout, n=n, k=k,
                                             experts=experts, top_k=top_k, format=fmt, impl=name, us=None,
                                             error=f"ValueError: {why}"))
-                for tokens in map(int, args.tokens.split(",")):
+                for tokens in map(int, TOKEN_SETS.get(args.tokens, args.tokens).split(",")):
                     routings = [route(tokens, experts, top_k, k, args.seed + i, device, dtype)
                                 for i in range(args.routings)]
                     for impl in impls:
@@ -552,7 +552,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--models", default=",".join(MODELS),
                         help=f"comma list from {', '.join(MODELS)}, or shapes ExTOP_K:NxK (e.g. 256x8:7168x512)")
     parser.add_argument("--gemms", default="", help="only these of each model: gemm1, gemm2 (default both)")
-    parser.add_argument("--tokens", default=DEFAULT_TOKENS, help=f"comma list (default {DEFAULT_TOKENS})")
+    parser.add_argument("--tokens", default=DEFAULT_TOKENS, help=f"comma list or one of {', '.join(TOKEN_SETS)} (issue)")
     parser.add_argument("--formats", default="int4:g128", help="comma list of weight formats")
     parser.add_argument("--impls", default=",".join(DEFAULT_IMPLS),
                         help=f"comma list from {', '.join(ALL_IMPLS)} (default {','.join(DEFAULT_IMPLS)})")
