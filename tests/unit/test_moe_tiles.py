@@ -39,7 +39,7 @@ def test_the_grouped_row_expert_tile_is_an_mma_sync_tile_for_the_expected_rows()
             == heuristics.select_tile("sm90", 64, 4096, 128, 4))
 
 
-def test_the_masked_schedule_runs_the_tma_body_above_16_rows_on_sm90a():
+def test_the_masked_schedule_runs_the_tma_body_from_5_rows_on_sm90a():
     # tiles.toml's moe_tiles of sm90a: the warp-specialized TMA body from 5 rows per expert at any
     # K (up to 4 rows only where K is short), its rows by the expected rows and their spread; below
     # it the same rows as the grouped row-expert schedule
