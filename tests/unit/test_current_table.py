@@ -63,3 +63,23 @@ def test_w4a8_rows_get_their_pairing_and_our_w4a16_column():
     assert "## W4A8 int4:g128 x float8e4m3:token: ours / Humming / our W4A16 (bf16 activations)" in text
     assert "| 8192 x 8192 | 600.0 / 590.0 / 780.0 |" in text
     assert "Against our W4A16 (bf16 activations): geometric mean 1.30x its speed over 1 points" in text
+
+
+def test_moe_rows_make_a_table_per_format_and_routing_with_the_grouped_mm_column():
+    base = dict(model="qwen3-30b-a3b", gemm="gemm2", layout="contiguous", n=2048, k=768, experts=128, top_k=8,
+                format="int4:g128")
+    rows = [dict(base, impl="humming_aot", tokens=64, us=40.0, note=""),
+            dict(base, impl="humming_aot", tokens=64, us=30.0, note="tile wgmma-ws:16x256x64_w1x4_s6"),  # a sweep
+            dict(base, impl="humming_aot", tokens=64, us=31.0, note="splits 2"),
+            dict(base, impl="humming", tokens=64, us=44.0, note="first call (JIT) 20 s"),
+            dict(base, impl="torch_grouped_mm", tokens=64, us=120.0, note="bf16 weights"),
+            dict(base, impl="humming_aot_loop", tokens=64, us=400.0, note=""),
+            dict(base, impl="humming_aot", tokens=256, us=50.0, note=""),
+            dict(impl="humming_aot", fmt="int4:g128", n=4096, k=4096, m=16, us=5.0)]
+    text = current_table.table(current_table.merge([{"results": rows}]), ["moe.json"], "dev")
+    title = "## MoE int4:g128, contiguous, 128 experts, top-8: ours / Humming / torch._grouped_mm bf16"
+    assert text.index("## int4:g128") < text.index(title)
+    # the table's tile (not the forced tile or split, nor the expert loop), by token count
+    assert "| N x K | tokens = 64 | tokens = 256 |" in text and "| 2048 x 768 | 40.0 / 44.0 / 120.0 | 50.0 / - / - |" in text
+    assert "Against torch._grouped_mm bf16: geometric mean 3.00x its speed over 1 points" in text
+    assert "Against Humming: geometric mean 1.10x its speed over 1 points" in text
