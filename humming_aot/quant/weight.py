@@ -148,9 +148,10 @@ def quantize(w: torch.Tensor, fmt: WeightFormat | str) -> QuantizedWeight:
         got = getattr(w, "dtype", type(w).__name__)
         raise ValueError(f"w must be a non-empty floating point torch.Tensor, got {got}")
     fmt.scale_shape(w.shape)  # shape and group-size checks with their messages
-    per = max(1, QUANTIZE_CHUNK_BYTES // (4 * w[0].numel())) if w.dim() == 3 else 1
-    if w.dim() == 3 and w.shape[0] > per:
-        return _quantize_experts(w, fmt, per)
+    if w.dim() == 3:
+        per = max(1, QUANTIZE_CHUNK_BYTES // (4 * w[0].numel()))
+        if w.shape[0] > per:
+            return _quantize_experts(w, fmt, per)
     return _quantize(w, fmt)
 
 

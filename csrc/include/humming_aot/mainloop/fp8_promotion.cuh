@@ -18,8 +18,8 @@
 
 #include <humming_aot/kernel/params.cuh>
 #include <humming_aot/mainloop/wgmma_ss_ring.cuh>
-#include <humming_aot/memory/shared_fragments.cuh>
 #include <humming_aot/memory/cp_async.cuh>
+#include <humming_aot/memory/shared_fragments.cuh>
 
 namespace humming_aot::mainloop {
 
@@ -118,8 +118,8 @@ struct Fp8Promotion {
                                                      const float (&from)[kAccumulators], float (&acc)[kAccumulators]) {
 #pragma unroll
     for (int j = 0; j < kTokenScales / 2; ++j) {
-      float2 pair;  // (a shared load on the 32-bit address: a generic pointer costs two S2UR a K tile)
-      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(pair.x), "=f"(pair.y) : "r"(staged + 32 * j));
+      // (a shared load on the 32-bit address: a generic pointer costs two S2UR a K tile)
+      const float2 pair = memory::lds_float2(staged + 32 * j);
 #pragma unroll
       for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
         const float even_scale = pair.x * unit_scales[u], odd_scale = pair.y * unit_scales[u];

@@ -57,4 +57,11 @@ __device__ __forceinline__ float lds_float(u32 smem_addr) {
   return v;
 }
 
+// Two consecutive floats at `smem_addr` (8-byte aligned), as lds_float.
+__device__ __forceinline__ float2 lds_float2(u32 smem_addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(smem_addr));
+  return v;
+}
+
 }  // namespace humming_aot::memory
