@@ -6,7 +6,8 @@ Recipes (float32 arithmetic, as vLLM's reference kernels do):
 
 * integer elements: ``s = amax / (2^(b-1) - 1)`` (vLLM ``scaled_int8_quant``: amax / 127), codes
   = clamp(round_half_even(a / s), -2^(b-1), 2^(b-1) - 1). Weights use GPTQ's scale instead.
-* float elements: ``s = amax / max_element``, codes = encode(a / s), saturating.
+* float elements: ``s = amax / max_element``, codes = encode(a / s), saturating (a quotient past
+  float32, inf, too: it gives the largest code, never an element's inf).
 * float8e8m0 scales (MX, e.g. MXFP4 activations, group 32): ``s = 2^(floor(log2(amax)) - emax)``.
 * float8e4m3 scales (NVFP4 activations, group 16): two levels, ``s = e4m3(amax / max_element / g)``
   and codes = encode(a / (s * g)) with a float32 global scale ``g``: the static ``global_scale``
@@ -124,7 +125,13 @@ def quantize_activation(
         # vLLM's symmetric integer activations: amax maps to the largest positive code.
         grid = _scaling.symmetric_scales(amax, elem, scale_fmt, int_denominator=elem.max_value, global_scale=glob)
     divisor = grid if glob is None else grid * glob
-    codes = elem.encode(x / _scaling.tile_expand(divisor, rows, cols, *x.shape))
+    quotients = x / _scaling.tile_expand(divisor, rows, cols, *x.shape)
+    if elem.is_float:
+        # Saturating, as vLLM's (x / s).clamp(-max, max) and the kernels' cvt.satfinite: a quotient
+        # past float32 (a small static scale) is +-inf, which an IEEE-like element (float8e5m2)
+        # would keep; finite ones past the largest value saturate in encode already.
+        quotients = quotients.clamp(-elem.max_value, elem.max_value)
+    codes = elem.encode(quotients)
     return QuantizedActivation(
         element=element, granularity=granularity, group_size=group_size, scale_dtype=scale_dtype,
         codes=codes.reshape(a.shape), scales=grid.reshape(scale_shape), global_scale=glob,

@@ -417,6 +417,21 @@ def test_static_per_tensor_activation():
     assert torch.equal(qa5.codes, formats.get("float8e5m2").encode(a / 2.0))
 
 
+@pytest.mark.parametrize("element", ["float8e5m2", "float8e4m3", "float4e2m1"])
+def test_a_quotient_past_float32_saturates(element):
+    """A static scale small enough that a / s overflows float32 gives the largest code with the
+    value's sign, as a finite quotient past the largest value does (and as the kernels'
+    cvt.satfinite), not float8e5m2's inf."""
+    a = torch.tensor([[3.0e38, -3.0e38, 1.0e30, -2.0, 0.0, 1.0e-3, 7.0, -1.0e36]])
+    qa = quantize_activation(a, element, "tensor", static_scale=1.0e-20)
+    elem = formats.get(element)
+    top = elem.encode(torch.tensor([elem.max_value, -elem.max_value]))
+    expected = torch.where(a > 0, top[0], top[1])
+    expected[0, 4] = elem.encode(torch.tensor([0.0]))[0]
+    assert torch.equal(qa.codes, expected.to(qa.codes.dtype))
+    assert torch.isfinite(dequantize_activation(qa)).all()
+
+
 def test_mxfp4_and_nvfp4_activations():
     a = random_weight(11, (6, 128), magnitude=2.0)
     mx = quantize_activation(a, "float4e2m1", "group", group_size=32, scale_dtype="float8e8m0")
