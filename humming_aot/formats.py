@@ -255,7 +255,12 @@ def get(name: str) -> ElementFormat:
     """The format called ``name``; raises ValueError for unknown names, listing the valid ones."""
     if not isinstance(name, str):
         raise ValueError(f"a format name must be a str, got {type(name).__name__} {name!r}")
-    return _get_cached(name)
+    # A plain dict, not functools.lru_cache: torch.compile traces through the ops that parse a
+    # format, and Dynamo warns that it skips an lru_cache wrapper.
+    fmt = _FORMATS.get(name)
+    if fmt is None:
+        fmt = _FORMATS[name] = _build(name)
+    return fmt
 
 
 def all_names() -> list[str]:
@@ -266,8 +271,10 @@ def all_names() -> list[str]:
 
 
 # --------------------------------------------------------------------------------- construction
-@functools.lru_cache(maxsize=None)
-def _get_cached(name: str) -> ElementFormat:
+_FORMATS: dict[str, ElementFormat] = {}  # get()'s formats by name, each built once
+
+
+def _build(name: str) -> ElementFormat:
     if name in _TORCH_DTYPES:
         finfo = torch.finfo(_TORCH_DTYPES[name])
         mant = {"float16": 10, "bfloat16": 7, "float32": 23}[name]
