@@ -110,7 +110,7 @@ def test_extreme_magnitudes_match_the_reference(launched):
     corrected reciprocal product and the division, and static scales whose quotients overflow
     float32 (clamped first) or lie outside the product's range."""
     gen = torch.Generator().manual_seed(_seed())
-    for k in (256, 12288):  # one read of a row, and two
+    for k in (256, 40960):  # a row read once, and twice (the 1,024-thread kernels' one step is 32,768)
         a = _extremes(k, gen).cuda()
         for element in _elements():
             for granularity in ("token", "g16", "g128", "tensor"):
@@ -122,7 +122,9 @@ def test_extreme_magnitudes_match_the_reference(launched):
                 _check(a, f"{element}:tensor", launched, f"quant_tensor_apply_bf16_{element}", static_scale=given)
         if torch.cuda.get_device_capability() >= (8, 9):
             _check(a, "nvfp4", launched, "quant_fp4_nv_bf16")
-            for given in (1e-25, 1e25):  # quotients past float32 (clamped), divisors past 2^64 (divided)
+            # divisors (block scale x global) inside [2^-64, 2^64] with quotients past float32 (the
+            # clamped product), below 2^-64 and above 2^64 (divided)
+            for given in (2.0**-72, 1e-25, 1e25):
                 _check(a, "nvfp4", launched, "quant_fp4_nv_bf16", global_scale=given)
         _check(a, "mxfp4", launched, "quant_fp4_mx_bf16")
 
