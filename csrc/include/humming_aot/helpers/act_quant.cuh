@@ -107,18 +107,12 @@ struct ActQuant {
     }
   }
 
-  // The codes of x / scale (the branch is uniform over a row or a group's lanes). kAnyQuotient: a
+  // The codes of x / scale (of_each's branch is uniform over a row or a group's lanes). kAnyQuotient: a
   // scale that does not bound the quotients (a given one), whose quotients may overflow to +-inf.
   template <bool kAnyQuotient = false>
   static __device__ __forceinline__ Codes encode(const float (&x)[kVector], const numerics::ReciprocalQuotient& scale) {
     float q[kVector];
-    if (scale.by_reciprocal) {
-#pragma unroll
-      for (int i = 0; i < kVector; ++i) q[i] = kAnyQuotient ? scale.by_product_any(x[i]) : scale.by_product(x[i]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < kVector; ++i) q[i] = __fdiv_rn(x[i], scale.divisor);
-    }
+    scale.of_each<kAnyQuotient>(x, q);
     Codes c;
 #pragma unroll
     for (int w = 0; w < 2; ++w)

@@ -100,14 +100,7 @@ struct ActQuantFp4 {
 #pragma unroll
       for (int i = 0; i < kVector; ++i) q[i] = x[i] * reciprocal;
     } else {
-      const numerics::ReciprocalQuotient divide(divisor);
-      if (divide.by_reciprocal) {
-#pragma unroll
-        for (int i = 0; i < kVector; ++i) q[i] = divide.by_product_any(x[i]);
-      } else {
-#pragma unroll
-        for (int i = 0; i < kVector; ++i) q[i] = __fdiv_rn(x[i], divisor);
-      }
+      numerics::ReciprocalQuotient(divisor).of_each<true>(x, q);
     }
   }
 

@@ -13,7 +13,7 @@
 // - by_product_any: any quotient, overflow to +-inf included, as the division's: q0 clamped to
 //   +-FLT_MAX first (a q0 that overflowed is within an ulp of FLT_MAX or far past it, and the
 //   correction rounds both right), for a scale given from outside (two instructions more).
-// Outside that range of d, `of` divides. Why: the quantization kernels (helpers/act_quant*.cuh)
+// Outside that range of d, `of_each` divides. Why: the quantization kernels (helpers/act_quant*.cuh)
 // divide every element by a scale shared by a row or a group, and __fdiv_rn costs a reciprocal,
 // five fma, a check and a branch to its slow path per element, its reconvergence keeping a
 // thread's divisions from overlapping; this is one multiplication and two fma, without branches.
@@ -52,9 +52,17 @@ struct ReciprocalQuotient {
     return corrected(x, fminf(fmaxf(__fmul_rn(x, reciprocal), -kFloatMax), kFloatMax));
   }
 
-  // x / divisor: by_product_any where it holds, else the division.
-  __device__ __forceinline__ float of(float x) const {
-    return by_reciprocal ? by_product_any(x) : __fdiv_rn(x, divisor);
+  // x[i] / divisor for a vector of N: by_product (kAnyQuotient: by_product_any) where the divisor
+  // allows it, else the division, the branch taken once for the vector.
+  template <bool kAnyQuotient, int N>
+  __device__ __forceinline__ void of_each(const float (&x)[N], float (&q)[N]) const {
+    if (by_reciprocal) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) q[i] = kAnyQuotient ? by_product_any(x[i]) : by_product(x[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) q[i] = __fdiv_rn(x[i], divisor);
+    }
   }
 };
 
