@@ -92,6 +92,43 @@ def test_kernels_match_the_reference(launched, dtype, granularity):
                 _check(a, f"{element}:tensor", launched, f"quant_tensor_apply_{act}_{element}", static_scale=given)
 
 
+def _extremes(k: int, gen: torch.Generator) -> torch.Tensor:
+    """bfloat16 rows at the ends of its range, each side of numerics/reciprocal_quotient.cuh's
+    divisor range [2^-64, 2^64] (outside it the kernels divide): huge rows (scales past 2^64), tiny
+    rows (scales under 2^-64), subnormals beside ones (quotients under 2^-100 on the product path),
+    signed zeros beside ones, and ordinary rows."""
+    base = torch.randn(8, k, generator=gen)
+    rows = [base[0] * 1e30, base[1] * 1e-30, base[2] * 1e-36, base[3], base[4] * 3e-39, base[5] * 1e20,
+            base[6] * 1e-16, base[7]]
+    rows[3][: k // 2] = base[3][: k // 2].sign() * 2e-39  # subnormal bfloat16 beside values near 1
+    rows[7][::3] = -0.0
+    return torch.stack(rows).to(torch.bfloat16)
+
+
+def test_extreme_magnitudes_match_the_reference(launched):
+    """Codes and scales bit for bit at magnitudes where the kernels' quotient switches between the
+    corrected reciprocal product and the division, and static scales whose quotients overflow
+    float32 (clamped first) or lie outside the product's range."""
+    gen = torch.Generator().manual_seed(_seed())
+    for k in (256, 40960):  # a row read once, and twice (the 1,024-thread kernels' one step is 32,768)
+        a = _extremes(k, gen).cuda()
+        for element in _elements():
+            for granularity in ("token", "g16", "g128", "tensor"):
+                launched.clear()
+                member = {"token": "token", "tensor": "tensor_apply"}.get(granularity, "group")
+                wide = "_wide" if member != "tensor_apply" else ""
+                _check(a, f"{element}:{granularity}", launched, f"quant_{member}_bf16_{element}{wide}")
+            for given in (1e-30, 1e-10, 1e25, torch.tensor([2.0**-64]).cuda(), torch.tensor([2.0**64]).cuda()):
+                _check(a, f"{element}:tensor", launched, f"quant_tensor_apply_bf16_{element}", static_scale=given)
+        if torch.cuda.get_device_capability() >= (8, 9):
+            _check(a, "nvfp4", launched, "quant_fp4_nv_bf16")
+            # divisors (block scale x global) inside [2^-64, 2^64] with quotients past float32 (the
+            # clamped product), below 2^-64 and above 2^64 (divided)
+            for given in (2.0**-72, 1e-25, 1e25):
+                _check(a, "nvfp4", launched, "quant_fp4_nv_bf16", global_scale=given)
+        _check(a, "mxfp4", launched, "quant_fp4_mx_bf16")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("text", ["mxfp4", "nvfp4"])
 def test_fp4_kernels_match_the_reference(launched, dtype, text):

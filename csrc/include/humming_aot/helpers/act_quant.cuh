@@ -8,6 +8,10 @@
 // at most one step of loads, else two), per group of G = 8 * lanes elements (one pass, each group
 // in `lanes` consecutive lanes of a warp), or per tensor (static: a given scale; dynamic: an amax
 // pass into one word, then an apply pass).
+// The quotients x / scale are correctly rounded float32 through numerics::ReciprocalQuotient (a
+// product with the scale's reciprocal and one fma correction per element, __fdiv_rn where the
+// scale lies outside [2^-64, 2^64]; a given static scale's, which nothing bounds, in the form that
+// overflows as the division does).
 // Non-finite inputs give unspecified codes and scales (the reference refuses them).
 // A row is one CTA of kThreads: 256, or 1024 for few rows (a wide CTA: decode's one to a few dozen
 // tokens, where each row's two passes and their correctly rounded divisions, not the memory,
@@ -18,6 +22,7 @@
 // (kernel/scaled_ws_driver.cuh) overlap it.
 
 #include <humming_aot/numerics/packed_half2.cuh>
+#include <humming_aot/numerics/reciprocal_quotient.cuh>
 #include <humming_aot/numerics/types.cuh>
 #include <humming_aot/schedule/grid_dependency.cuh>
 
@@ -102,14 +107,16 @@ struct ActQuant {
     }
   }
 
-  static __device__ __forceinline__ Codes encode(const float (&x)[kVector], float scale) {
+  // The codes of x / scale (of_each's branch is uniform over a row or a group's lanes). kAnyQuotient: a
+  // scale that does not bound the quotients (a given one), whose quotients may overflow to +-inf.
+  template <bool kAnyQuotient = false>
+  static __device__ __forceinline__ Codes encode(const float (&x)[kVector], const numerics::ReciprocalQuotient& scale) {
+    float q[kVector];
+    scale.of_each<kAnyQuotient>(x, q);
     Codes c;
 #pragma unroll
-    for (int w = 0; w < 2; ++w) {
-      const u32 a = encode2(__fdiv_rn(x[4 * w], scale), __fdiv_rn(x[4 * w + 1], scale));
-      const u32 b = encode2(__fdiv_rn(x[4 * w + 2], scale), __fdiv_rn(x[4 * w + 3], scale));
-      c.word[w] = a | (b << 16);
-    }
+    for (int w = 0; w < 2; ++w)
+      c.word[w] = encode2(q[4 * w], q[4 * w + 1]) | (encode2(q[4 * w + 2], q[4 * w + 3]) << 16);
     return c;
   }
 
@@ -164,7 +171,10 @@ struct ActQuant {
     return m;
   }
 
+  // The row's codes of x / scale (kAnyQuotient: encode's).
+  template <bool kAnyQuotient>
   static __device__ __forceinline__ void apply(const ActQuantParams& p, i64 row, float scale) {
+    const numerics::ReciprocalQuotient divide(scale);
     const Loaded* in = row_in(p, row);
     Codes* out = row_codes(p, row);
     const i64 vectors = p.k / kVector;
@@ -177,7 +187,7 @@ struct ActQuant {
         if (at < vectors) {
           float x[kVector];
           to_floats(v[j], x);
-          out[at] = encode(x, scale);
+          out[at] = encode<kAnyQuotient>(x, divide);
         }
       }
     }
@@ -205,6 +215,7 @@ struct ActQuant {
       }
       const float scale = scale_of(cta_max(m, shared));
       if (threadIdx.x == 0) p.scales[row] = scale;
+      const numerics::ReciprocalQuotient divide(scale);
       Codes* out = row_codes(p, row);
 #pragma unroll
       for (int j = 0; j < kUnroll; ++j) {
@@ -212,14 +223,14 @@ struct ActQuant {
         if (at < vectors) {
           float x[kVector];
           to_floats(v[j], x);
-          out[at] = encode(x, scale);
+          out[at] = encode(x, divide);
         }
       }
       return;
     }
     const float scale = scale_of(cta_max(row_amax(p, row), shared));
     if (threadIdx.x == 0) p.scales[row] = scale;
-    apply(p, row, scale);
+    apply<false>(p, row, scale);
   }
 
   // The vectors of this CTA's row (blockIdx.x) in groups of `lanes` consecutive lanes (of one of a
@@ -263,7 +274,7 @@ struct ActQuant {
     for_each_group_vector(p, lanes, [&](const float (&x)[kVector], float amax, i64 at, bool valid) {
       const float scale = scale_of(amax);
       if (valid) {
-        out[at] = encode(x, scale);
+        out[at] = encode(x, numerics::ReciprocalQuotient(scale));
         if ((threadIdx.x & (lanes - 1)) == 0) row_scales[at >> lane_shift] = scale;
       }
     });
@@ -287,7 +298,11 @@ struct ActQuant {
       scale = scale_of(__uint_as_float(*p.amax_bits));
     }
     if (blockIdx.x == 0 && threadIdx.x == 0) *p.scales = scale;
-    apply(p, blockIdx.x, scale);
+    if (p.given != nullptr) {
+      apply<true>(p, blockIdx.x, scale);
+    } else {
+      apply<false>(p, blockIdx.x, scale);
+    }
   }
 };
 

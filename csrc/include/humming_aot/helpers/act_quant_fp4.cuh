@@ -10,9 +10,11 @@
 //   whose scale rounds to 0 gets 2^-9, e4m3's smallest), and the divisor scale x g.
 // A group of zeros gets scale 1. Codes = e2m1(x / divisor): nearest even on {0, 0.5, 1, 1.5, 2, 3,
 // 4, 6}, saturating at 6, the sign kept (a negative that rounds to 0 is -0, code 8). The division
-// and every product are float32 and correctly rounded, as the reference's.
+// and every product are float32 and correctly rounded, as the reference's (the division as a
+// product with the divisor's reciprocal corrected once: numerics/reciprocal_quotient.cuh).
 
 #include <humming_aot/helpers/act_quant.cuh>
+#include <humming_aot/numerics/reciprocal_quotient.cuh>
 
 namespace humming_aot::helpers {
 
@@ -86,28 +88,33 @@ struct ActQuantFp4 {
 #endif
   }
 
-  // x / divisor, correctly rounded. MXFP4's divisor is a power of two, whose reciprocal is exact:
-  // the product is the quotient rounded once, with no division (which takes a third of this
-  // kernel's instructions per element). NVFP4's is not: a product with a rounded reciprocal lands
-  // within 2 ulps of the quotient, and deferring to the division near e2m1's rounding boundaries
-  // cost as many instructions as it saved (static SASS, session 26), so it divides.
-  static __device__ __forceinline__ float quotient(float x, float divisor, float reciprocal) {
+  // The eight quotients x / divisor of one vector, correctly rounded. MXFP4's divisor is a power
+  // of two, whose reciprocal is exact: the product is the quotient rounded once. NVFP4's is not
+  // (a product with a rounded reciprocal lands within 2 ulps, and deferring to the division near
+  // e2m1's rounding boundaries cost as many instructions as it saved, session 26): one fma
+  // correction of that product makes it exact (numerics::ReciprocalQuotient, in the form for any
+  // quotient: a given global scale bounds none).
+  static __device__ __forceinline__ void quotients(const float (&x)[kVector], float divisor, float reciprocal,
+                                                   float (&q)[kVector]) {
     if constexpr (kScale == Fp4Scale::kE8M0) {
-      return x * reciprocal;
+#pragma unroll
+      for (int i = 0; i < kVector; ++i) q[i] = x[i] * reciprocal;
     } else {
-      return __fdiv_rn(x, divisor);
+      numerics::ReciprocalQuotient(divisor).of_each<true>(x, q);
     }
   }
 
   // The eight codes of one vector, a byte each (the first element in the lowest byte).
   static __device__ __forceinline__ typename Base::Codes encode(const float (&x)[kVector], float divisor,
                                                                 float reciprocal) {
+    float q[kVector];
+    quotients(x, divisor, reciprocal, q);
     typename Base::Codes c;
 #pragma unroll
     for (int w = 0; w < 2; ++w) {
       u32 word = 0;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) word |= encode_e2m1(quotient(x[4 * w + i], divisor, reciprocal)) << (8 * i);
+      for (int i = 0; i < 4; ++i) word |= encode_e2m1(q[4 * w + i]) << (8 * i);
       c.word[w] = word;
     }
     return c;
@@ -147,7 +154,7 @@ struct ActQuantFp4 {
           if (scale == 0.0f) scale = 0.001953125f;  // 2^-9
         }
         divisor = __fmul_rn(scale, global);
-        reciprocal = 0.0f;  // (unused: quotient divides)
+        reciprocal = 0.0f;  // (unused: quotients takes the divisor's own)
       }
       if (valid) {
         out[at] = encode(x, divisor, reciprocal);
