@@ -32,9 +32,14 @@ WIDE_ROWS = 128
 # MAX_PARTS (a portable cluster), the rows' CTAs at most the SMs, a part at least PART_VECTORS
 # vectors, rows of fewer than SPLIT_VECTORS whole: one SM's work on a long row, not the memory, sets
 # a few rows' time (a row of 28,672 elements: 3.7 us in one CTA of 1,024 threads, 2.3 at 4,096).
+# A token row's cluster costs ~0.3 us (its barriers and DSMEM reads, H200): it splits from
+# CLUSTER_SPLIT_VECTORS on (log section 65, float8 / int8 token, whole against in parts: 1 x 8192
+# 2.6 / 3.0 against 2.9 / 3.1 us, 16 x 18432 3.5 / 3.9 against 3.5 / 3.7, 1 x 28672 3.9 / 4.5
+# against 3.3 / 3.4).
 MAX_PARTS = 8
 PART_VECTORS = 256
 SPLIT_VECTORS = 1024
+CLUSTER_SPLIT_VECTORS = 2048
 VECTOR = 8  # ActQuant::kVector
 GROUP_SIZES = (16, 32, 64, 128, 256)  # 8 times a power-of-two lane count up to a warp
 _PARAMS = struct.Struct("<9q")  # helpers::ActQuantParams
@@ -171,12 +176,13 @@ def _quantize_fp4(a: torch.Tensor, fmt: ActivationFormat, global_scale: torch.Te
                                global_scale=glob)
 
 
-def row_parts(rows: int, vectors: int, sms: int) -> int:
+def row_parts(rows: int, vectors: int, sms: int, *, cluster: bool = False) -> int:
     """The CTAs each of ``rows`` rows of ``vectors`` vectors is split into on a GPU of ``sms`` SMs
     (see MAX_PARTS): 1, or the largest power of two up to MAX_PARTS that keeps rows x parts <= sms
-    and vectors / parts >= PART_VECTORS, for rows of SPLIT_VECTORS vectors or more."""
+    and vectors / parts >= PART_VECTORS, for rows of SPLIT_VECTORS vectors or more
+    (CLUSTER_SPLIT_VECTORS where the parts are one cluster: ``cluster``)."""
     parts = 1
-    if vectors >= SPLIT_VECTORS:
+    if vectors >= (CLUSTER_SPLIT_VECTORS if cluster else SPLIT_VECTORS):
         while parts < MAX_PARTS and rows * parts * 2 <= sms and vectors >= parts * 2 * PART_VECTORS:
             parts *= 2
     return parts
@@ -185,7 +191,7 @@ def row_parts(rows: int, vectors: int, sms: int) -> int:
 def _parts(unit, rows: int, k: int, device: int, *, cluster: bool) -> int:
     """row_parts on ``device``; 1 where the parts would need a cluster (``cluster``: a per-token
     amax) that cannot be had (_clusters)."""
-    parts = row_parts(rows, k // VECTOR, _sm_count(device))
+    parts = row_parts(rows, k // VECTOR, _sm_count(device), cluster=cluster)
     return 1 if parts > 1 and cluster and not _clusters(unit) else parts
 
 

@@ -109,11 +109,11 @@ def test_kernels_match_the_reference(launched, dtype, granularity):
     for element in _elements():
         # up to cuda_quant.WIDE_ROWS rows the token and group recipes take the 1024-thread kernels,
         # few long rows several 256-thread CTAs a row (row_parts: on 132 SMs 1 x 28672, 5 x 16384
-        # and 2 x 40960 in 8 parts, 2 x 9088 in 4 of 288, 288, 288 and 272 vectors at g128); a
+        # and 2 x 40960 in 8 parts, 2 x 8960 in 4 of 288, 288, 288 and 256 vectors at g128); a
         # CTA's row or part is read once up to 8,192 (256 threads) or 32,768 elements (1,024),
         # twice past that (300 x 12288; 1 x 73728 in 8 parts of 9,216)
         for rows, k in ((1, 256), (37, 4096), (300, 7168), (5, 16384), (128, 1024), (129, 1024), (1, 28672),
-                        (300, 12288), (2, 40960), (2, 9088), (1, 73728)):
+                        (300, 12288), (2, 40960), (2, 8960), (1, 73728)):
             a = _activations(rows, k, dtype, gen).cuda()
             symbol, parts = _kernel(member, act, element, rows, k)
             launched.clear()
@@ -171,7 +171,7 @@ def test_fp4_kernels_match_the_reference(launched, dtype, text):
     gen = torch.Generator().manual_seed(_seed())
     act = "bf16" if dtype == torch.bfloat16 else "f16"
     symbol = f"quant_fp4_{'mx' if text == 'mxfp4' else 'nv'}_{act}"
-    for rows, k in ((1, 64), (37, 4096), (300, 7168), (5, 16384), (2, 9088), (1, 28672)):
+    for rows, k in ((1, 64), (37, 4096), (300, 7168), (5, 16384), (2, 8960), (1, 28672)):
         a = _activations(rows, k, dtype, gen).cuda()
         _check(a, text, launched, symbol, _kernel("group", act, "x", rows, k)[1])
     if text == "nvfp4":
@@ -188,7 +188,8 @@ def test_a_long_decode_row_runs_in_parts(launched):
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("a per-token row's parts are one thread-block cluster: sm_90+")
     gen = torch.Generator().manual_seed(_seed())
-    parts = cuda_quant.row_parts(1, 28672 // 8, torch.cuda.get_device_properties(0).multi_processor_count)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    parts = cuda_quant.row_parts(1, 28672 // 8, sms, cluster=True)
     assert parts > 1
     a = _activations(1, 28672, torch.bfloat16, gen).cuda()
     for text, symbol in (("int8:token", "quant_token_bf16_int8"), ("int8:g128", "quant_group_bf16_int8"),

@@ -284,6 +284,18 @@ def test_row_parts(rows, vectors, sms, parts):
     assert cuda_quant.row_parts(rows, vectors, sms) == parts
 
 
+@pytest.mark.parametrize(("rows", "vectors", "parts"), [
+    (1, 1024, 1),   # a token row's cluster costs more than a row of 8,192 elements saves
+    (1, 2047, 1),
+    (1, 2048, 8),   # from CLUSTER_SPLIT_VECTORS on
+    (16, 2304, 8),  # 16 x 18,432
+    (1, 3584, 8),   # 1 x 28,672
+    (33, 4096, 4),   # 132 CTAs
+])
+def test_row_parts_of_a_token_row(rows, vectors, parts):
+    assert cuda_quant.row_parts(rows, vectors, 132, cluster=True) == parts
+
+
 def test_few_long_rows_split_into_parts(monkeypatch):
     """Few long rows: gridDim.y CTAs of 256 threads a row; a per-token row's parts one cluster,
     group and tensor rows' none; without clusters a token row stays one wide CTA."""
@@ -301,6 +313,11 @@ def test_few_long_rows_split_into_parts(monkeypatch):
     cuda_quant.quantize(a, ActivationFormat.parse("nvfp4"), None)
     assert [c[:3] for c in unit.calls] == [("quant_tensor_amax_bf16", (1, 8, 1), 256),
                                           ("quant_fp4_nv_bf16", (1, 8, 1), 256)]
+    b = torch.zeros(1, 8192, dtype=torch.bfloat16)  # a token row too short for a cluster, a group row split
+    cuda_quant.quantize(b, ActivationFormat.parse("float8e4m3:token"), None)
+    assert unit.calls[-1][:3] == ("quant_token_bf16_float8e4m3_wide", (1, 1, 1), 1024) and unit.clusters[-1] == (1, 1, 1)
+    cuda_quant.quantize(b, ActivationFormat.parse("float8e4m3:g128"), None)
+    assert unit.calls[-1][:3] == ("quant_group_bf16_float8e4m3", (1, 4, 1), 256)
     unit = _record(monkeypatch, "sm89", clusters=False)
     cuda_quant.quantize(a, ActivationFormat.parse("float8e4m3:token"), None)
     assert unit.calls[-1][:3] == ("quant_token_bf16_float8e4m3_wide", (1, 1, 1), 1024) and unit.clusters[-1] == (1, 1, 1)
