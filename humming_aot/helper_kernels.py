@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 # Bumped when a helper Params struct or a kernel's contract changes (part of every unit's source,
 # so a cached cubin of another version is never loaded).
-HELPERS_VERSION = 3
+HELPERS_VERSION = 4
 
 _ACTS = {"f16": "humming_aot::numerics::Float16", "bf16": "humming_aot::numerics::BFloat16"}
 
@@ -170,12 +170,14 @@ class LoadedUnit:
     kernels: dict[str, int]
 
     def launch(self, symbol: str, grid: tuple[int, int, int], threads: int, smem: int, stream: int,
-               params: bytes) -> None:
+               params: bytes, cluster: tuple[int, int, int] = (1, 1, 1)) -> None:
+        """``cluster`` other than (1, 1, 1): thread-block clusters of that shape (sm_90+, a driver
+        with cuLaunchKernelEx; _launcher.launch raises ValueError without)."""
         try:
             kernel = self.kernels[symbol]
         except KeyError:
             raise ValueError(f"helper unit {self.unit} on {self.arch} has no kernel {symbol}") from None
-        _launcher.launch(kernel, grid, (threads, 1, 1), smem, stream, params, self.device)
+        _launcher.launch(kernel, grid, (threads, 1, 1), smem, stream, params, self.device, cluster=cluster)
 
 
 _loaded: dict[tuple[str, int], LoadedUnit] = {}

@@ -26,6 +26,20 @@ THREADS = 256  # ActQuant::kThreads
 # helper_kernels.WIDE_THREADS a row: with fewer rows than SMs a row's two passes and its correctly
 # rounded divisions set the time, and four times the threads a row take a quarter of it.
 WIDE_ROWS = 128
+# Fewer rows than that, and long ones, split into parts (helpers/row_parts.cuh): gridDim.y CTAs of
+# THREADS a row, each a contiguous part of it, the parts of a per-token row one thread-block
+# cluster (sm_90+) that exchanges their amax. A power of two of them (row_parts), at most
+# MAX_PARTS (a portable cluster), the rows' CTAs at most the SMs, a part at least PART_VECTORS
+# vectors, rows of fewer than SPLIT_VECTORS whole: one SM's work on a long row, not the memory, sets
+# a few rows' time (a row of 28,672 elements: 3.7 us in one CTA of 1,024 threads, 2.3 at 4,096).
+# A token row's cluster costs ~0.3 us (its barriers and DSMEM reads, H200): it splits from
+# CLUSTER_SPLIT_VECTORS on (log section 65, float8 / int8 token, whole against in parts: 1 x 8192
+# 2.6 / 3.0 against 2.9 / 3.1 us, 16 x 18432 3.5 / 3.9 against 3.5 / 3.7, 1 x 28672 3.9 / 4.5
+# against 3.3 / 3.4).
+MAX_PARTS = 8
+PART_VECTORS = 256
+SPLIT_VECTORS = 1024
+CLUSTER_SPLIT_VECTORS = 2048
 VECTOR = 8  # ActQuant::kVector
 GROUP_SIZES = (16, 32, 64, 128, 256)  # 8 times a power-of-two lane count up to a warp
 _PARAMS = struct.Struct("<9q")  # helpers::ActQuantParams
@@ -87,8 +101,11 @@ def quantize(a: torch.Tensor, fmt: ActivationFormat, static_scale: torch.Tensor 
         return None
     rows, k = x.shape
     threads = THREADS
-    if rows <= WIDE_ROWS and f"{symbol}_wide" in unit.kernels:  # (a unit built before them has none)
+    token = gran is ActivationGranularity.TOKEN
+    parts = _parts(unit, rows, k, device, cluster=token)
+    if parts == 1 and rows <= WIDE_ROWS and f"{symbol}_wide" in unit.kernels:  # (tensor_apply has none)
         symbol, threads = f"{symbol}_wide", helper_kernels.WIDE_THREADS
+    grid, cluster = (rows, parts, 1), ((1, parts, 1) if token else (1, 1, 1))
     codes = torch.empty(rows, k, dtype=torch.uint8, device=a.device)
     scale_shape = _scale_shape(gran, fmt.group_size, tuple(a.shape))
     scales = torch.empty(scale_shape, dtype=torch.float32, device=a.device)
@@ -102,8 +119,8 @@ def quantize(a: torch.Tensor, fmt: ActivationFormat, static_scale: torch.Tensor 
 
     with helper_kernels.current_for(device):  # a launch on stream 0 runs in the current context
         if amax is not None:
-            unit.launch(f"quant_tensor_amax_{act}", (rows, 1, 1), THREADS, 0, _stream(device), params)
-        unit.launch(symbol, (rows, 1, 1), threads, 0, _stream(device), params)
+            unit.launch(f"quant_tensor_amax_{act}", grid, THREADS, 0, _stream(device), params)
+        unit.launch(symbol, grid, threads, 0, _stream(device), params, cluster)
     return QuantizedActivation(element=fmt.element, granularity=gran, group_size=fmt.group_size,
                                scale_dtype=fmt.scale_dtype, codes=codes.reshape(a.shape), scales=scales)
 
@@ -135,6 +152,7 @@ def _quantize_fp4(a: torch.Tensor, fmt: ActivationFormat, global_scale: torch.Te
     if symbol not in unit.kernels:  # nvfp4's e4m3 scales before sm_89
         return None
     rows, k = x.shape
+    grid = (rows, _parts(unit, rows, k, device, cluster=False), 1)
     codes = torch.empty(rows, k, dtype=torch.uint8, device=a.device)
     scales = torch.empty(_scale_shape(fmt.granularity, fmt.group_size, tuple(a.shape)), dtype=torch.float32,
                          device=a.device)
@@ -151,11 +169,45 @@ def _quantize_fp4(a: torch.Tensor, fmt: ActivationFormat, global_scale: torch.Te
     params = _FP4_PARAMS.pack(*_PARAMS.unpack(base), 0 if glob is None else glob.data_ptr())
     with helper_kernels.current_for(device):  # a launch on stream 0 runs in the current context
         if amax is not None:  # the amax pass takes ActQuantParams, the prefix of Fp4QuantParams
-            unit.launch(f"quant_tensor_amax_{act}", (rows, 1, 1), THREADS, 0, _stream(device), base)
-        unit.launch(symbol, (rows, 1, 1), THREADS, 0, _stream(device), params)
+            unit.launch(f"quant_tensor_amax_{act}", grid, THREADS, 0, _stream(device), base)
+        unit.launch(symbol, grid, THREADS, 0, _stream(device), params)
     return QuantizedActivation(element=fmt.element, granularity=fmt.granularity, group_size=fmt.group_size,
                                scale_dtype=fmt.scale_dtype, codes=codes.reshape(a.shape), scales=scales,
                                global_scale=glob)
+
+
+def row_parts(rows: int, vectors: int, sms: int, *, cluster: bool = False) -> int:
+    """The CTAs each of ``rows`` rows of ``vectors`` vectors is split into on a GPU of ``sms`` SMs
+    (see MAX_PARTS): 1, or the largest power of two up to MAX_PARTS that keeps rows x parts <= sms
+    and vectors / parts >= PART_VECTORS, for rows of SPLIT_VECTORS vectors or more
+    (CLUSTER_SPLIT_VECTORS where the parts are one cluster: ``cluster``)."""
+    parts = 1
+    if vectors >= (CLUSTER_SPLIT_VECTORS if cluster else SPLIT_VECTORS):
+        while parts < MAX_PARTS and rows * parts * 2 <= sms and vectors >= parts * 2 * PART_VECTORS:
+            parts *= 2
+    return parts
+
+
+def _parts(unit, rows: int, k: int, device: int, *, cluster: bool) -> int:
+    """row_parts on ``device``; 1 where the parts would need a cluster (``cluster``: a per-token
+    amax) that cannot be had (_clusters)."""
+    parts = row_parts(rows, k // VECTOR, _sm_count(device), cluster=cluster)
+    return 1 if parts > 1 and cluster and not _clusters(unit) else parts
+
+
+def _sm_count(device: int) -> int:
+    from humming_aot.dispatch import device_info
+
+    return device_info(device).num_sms
+
+
+def _clusters(unit) -> bool:
+    """Whether the unit's kernels may be launched in thread-block clusters: an sm_90+ build,
+    HUMMING_AOT_CLUSTERS on, a driver with cuLaunchKernelEx."""
+    from humming_aot import _launcher
+    from humming_aot.spec import parse_arch
+
+    return parse_arch(unit.arch)[0] >= 90 and env.clusters_enabled() and _launcher.supports_programmatic_launch()
 
 
 def _stream(device: int) -> int:

@@ -19,21 +19,44 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(autouse=True)
 def launched(monkeypatch):
-    """The quant unit loadable (from a catalog or the JIT); the symbols launched in the test."""
+    """The quant unit loadable (from a catalog or the JIT); the symbols launched in the test (and in
+    its `grids`, (symbol, grid, cluster) of each launch)."""
     monkeypatch.setenv("HUMMING_AOT_HELPERS", "1")
     if not helper_kernels.available("quant", torch.cuda.current_device()):
         pytest.skip(why_no_jit("the quant unit comes from a catalog or the JIT", "to build it")
                     or "the quant helper unit cannot be loaded here (see the warning logged)")
     unit = helper_kernels.load("quant", torch.cuda.current_device())
-    symbols = []
+    symbols = _Launches()
     launch = type(unit).launch
 
-    def spy(self, symbol, *args):
+    def spy(self, symbol, grid, threads, smem, stream, params, cluster=(1, 1, 1)):
         symbols.append(symbol)
-        return launch(self, symbol, *args)
+        symbols.grids.append((symbol, tuple(grid), tuple(cluster)))
+        return launch(self, symbol, grid, threads, smem, stream, params, cluster)
 
     monkeypatch.setattr(type(unit), "launch", spy)
     return symbols
+
+
+class _Launches(list):
+    def __init__(self):
+        super().__init__()
+        self.grids = []
+
+    def clear(self):
+        super().clear()
+        self.grids.clear()
+
+
+def _kernel(member: str, act: str, element: str, rows: int, k: int) -> tuple[str, int]:
+    """(symbol, parts a row) that cuda_quant launches for rows x k on this GPU: a row split in
+    parts (cuda_quant.row_parts) takes the 256-thread kernel; else up to WIDE_ROWS rows the
+    1024-thread one where there is one."""
+    device = torch.cuda.current_device()
+    unit = helper_kernels.load("quant", device)
+    parts = cuda_quant._parts(unit, rows, k, device, cluster=member == "token")
+    wide = "_wide" if parts == 1 and member != "tensor_apply" and rows <= cuda_quant.WIDE_ROWS else ""
+    return f"quant_{member}_{act}_{element}{wide}", parts
 
 
 def _seed() -> int:
@@ -57,11 +80,18 @@ def _activations(rows: int, k: int, dtype: torch.dtype, gen: torch.Generator) ->
     return x.to(dtype)
 
 
-def _check(a: torch.Tensor, text: str, launched: list[str], expect_kernel: str, **kwargs) -> None:
+def _check(a: torch.Tensor, text: str, launched: list[str], expect_kernel: str, parts: int | None = None,
+           **kwargs) -> None:
+    """ops.quantize_activation bit for bit against the reference, by `expect_kernel` (in `parts`
+    CTAs a row, where given: a token row's parts one cluster)."""
     got = ops.quantize_activation(a, text, **kwargs)
     cpu_kwargs = {key: (v.cpu() if isinstance(v, torch.Tensor) else v) for key, v in kwargs.items()}
     ref = ActivationFormat.parse(text).quantize(a.cpu(), **cpu_kwargs)
     assert expect_kernel in launched, f"{text}: {expect_kernel} did not run ({launched})"
+    if parts is not None:
+        cluster = (1, parts, 1) if "_token_" in expect_kernel else (1, 1, 1)
+        want = (expect_kernel, (a.reshape(-1, a.shape[-1]).shape[0], parts, 1), cluster)
+        assert want in launched.grids, f"{text}: {want} not launched ({launched.grids})"
     assert got.codes.is_cuda and got.codes.shape == ref.codes.shape and got.scales.shape == ref.scales.shape
     assert torch.equal(got.scales.cpu(), ref.scales), f"{text} {tuple(a.shape)} {a.dtype}: scales differ"
     mismatch = (got.codes.cpu() != ref.codes).nonzero()
@@ -77,15 +107,17 @@ def test_kernels_match_the_reference(launched, dtype, granularity):
     act = "bf16" if dtype == torch.bfloat16 else "f16"
     member = {"token": "token", "tensor": "tensor_apply"}.get(granularity, "group")
     for element in _elements():
-        # up to cuda_quant.WIDE_ROWS rows the token and group recipes take the 1024-thread kernels;
-        # the token kernels read a row once up to 8,192 (256 threads) or 32,768 elements (1,024),
-        # twice past that (300 x 12288, 2 x 40960)
+        # up to cuda_quant.WIDE_ROWS rows the token and group recipes take the 1024-thread kernels,
+        # few long rows several 256-thread CTAs a row (row_parts: on 132 SMs 1 x 28672, 5 x 16384
+        # and 2 x 40960 in 8 parts, 2 x 8960 in 4 of 288, 288, 288 and 256 vectors at g128); a
+        # CTA's row or part is read once up to 8,192 (256 threads) or 32,768 elements (1,024),
+        # twice past that (300 x 12288; 1 x 73728 in 8 parts of 9,216)
         for rows, k in ((1, 256), (37, 4096), (300, 7168), (5, 16384), (128, 1024), (129, 1024), (1, 28672),
-                        (300, 12288), (2, 40960)):
+                        (300, 12288), (2, 40960), (2, 8960), (1, 73728)):
             a = _activations(rows, k, dtype, gen).cuda()
-            wide = "_wide" if member != "tensor_apply" and rows <= cuda_quant.WIDE_ROWS else ""
+            symbol, parts = _kernel(member, act, element, rows, k)
             launched.clear()
-            _check(a, f"{element}:{granularity}", launched, f"quant_{member}_{act}_{element}{wide}")
+            _check(a, f"{element}:{granularity}", launched, symbol, parts)
         if granularity == "tensor":
             assert f"quant_tensor_amax_{act}" in launched
             for given in (0.03125, torch.tensor([7.5]).cuda()):
@@ -116,8 +148,7 @@ def test_extreme_magnitudes_match_the_reference(launched):
             for granularity in ("token", "g16", "g128", "tensor"):
                 launched.clear()
                 member = {"token": "token", "tensor": "tensor_apply"}.get(granularity, "group")
-                wide = "_wide" if member != "tensor_apply" else ""
-                _check(a, f"{element}:{granularity}", launched, f"quant_{member}_bf16_{element}{wide}")
+                _check(a, f"{element}:{granularity}", launched, *_kernel(member, "bf16", element, 8, k))
             for given in (1e-30, 1e-10, 1e25, torch.tensor([2.0**-64]).cuda(), torch.tensor([2.0**64]).cuda()):
                 _check(a, f"{element}:tensor", launched, f"quant_tensor_apply_bf16_{element}", static_scale=given)
         if torch.cuda.get_device_capability() >= (8, 9):
@@ -140,15 +171,31 @@ def test_fp4_kernels_match_the_reference(launched, dtype, text):
     gen = torch.Generator().manual_seed(_seed())
     act = "bf16" if dtype == torch.bfloat16 else "f16"
     symbol = f"quant_fp4_{'mx' if text == 'mxfp4' else 'nv'}_{act}"
-    for rows, k in ((1, 64), (37, 4096), (300, 7168), (5, 16384)):
+    for rows, k in ((1, 64), (37, 4096), (300, 7168), (5, 16384), (2, 8960), (1, 28672)):
         a = _activations(rows, k, dtype, gen).cuda()
-        _check(a, text, launched, symbol)
+        _check(a, text, launched, symbol, _kernel("group", act, "x", rows, k)[1])
     if text == "nvfp4":
         assert f"quant_tensor_amax_{act}" in launched
         launched.clear()
         for given in (0.01, torch.tensor([3e-6]).cuda()):  # the second makes scales saturate at 448
             _check(a, text, launched, symbol, global_scale=given)
         assert f"quant_tensor_amax_{act}" not in launched
+
+
+def test_a_long_decode_row_runs_in_parts(launched):
+    """A decode row of 28,672 elements in several CTAs (cuda_quant.row_parts; a per-token row's
+    parts one thread-block cluster exchanging their amax), bit for bit."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("a per-token row's parts are one thread-block cluster: sm_90+")
+    gen = torch.Generator().manual_seed(_seed())
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    parts = cuda_quant.row_parts(1, 28672 // 8, sms, cluster=True)
+    assert parts > 1
+    a = _activations(1, 28672, torch.bfloat16, gen).cuda()
+    for text, symbol in (("int8:token", "quant_token_bf16_int8"), ("int8:g128", "quant_group_bf16_int8"),
+                         ("int8:tensor", "quant_tensor_apply_bf16_int8"), ("mxfp4", "quant_fp4_mx_bf16")):
+        launched.clear()
+        _check(a, text, launched, symbol, parts)
 
 
 def test_strided_and_3d_activations(launched):

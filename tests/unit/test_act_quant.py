@@ -87,17 +87,22 @@ def test_which_recipes_the_kernels_take(text, shape, dtype, taken):
 
 class _Unit:
     def __init__(self, arch: str):
+        self.arch = arch
         self.kernels = {name: i for i, name in enumerate(helper_kernels.kernel_names("quant", arch))}
         self.calls = []
+        self.clusters = []
 
-    def launch(self, symbol, grid, threads, smem, stream, params):
+    def launch(self, symbol, grid, threads, smem, stream, params, cluster=(1, 1, 1)):
         assert symbol in self.kernels
         layout = cuda_quant._FP4_PARAMS if symbol.startswith("quant_fp4_") else cuda_quant._PARAMS
         self.calls.append((symbol, grid, threads, layout.unpack(params)))
+        self.clusters.append(cluster)
 
 
-def _record(monkeypatch, arch: str) -> _Unit:
+def _record(monkeypatch, arch: str, *, sms: int = 132, clusters: bool = True) -> _Unit:
     unit = _Unit(arch)
+    monkeypatch.setattr(cuda_quant, "_sm_count", lambda device: sms)
+    monkeypatch.setattr(cuda_quant, "_clusters", lambda u: clusters)
     monkeypatch.setattr(cuda_quant, "supported", lambda a, fmt: cuda_quant.recipe_supported(a.dtype, tuple(a.shape), fmt))
     monkeypatch.setattr(helper_kernels, "available", lambda name, device: True)
     monkeypatch.setattr(helper_kernels, "load", lambda name, device: unit)
@@ -262,3 +267,59 @@ def test_quantize_activation_is_a_custom_op_under_torch_compile():
     q = ops.quantize_activation(a, "int8:tensor", static_scale=torch.tensor([0.25]))
     op = torch.ops.humming_aot.quantize_activation(a, "int8:tensor", torch.tensor([0.25]), None)
     assert torch.equal(op[0], q.codes) and torch.equal(op[1], q.scales)
+
+
+@pytest.mark.parametrize(("rows", "vectors", "sms", "parts"), [
+    (1, 3584, 132, 8),   # a decode row of 28,672 elements: eight CTAs
+    (16, 2304, 132, 8),  # 16 x 18,432: 128 CTAs
+    (17, 2304, 132, 4),  # the rows' CTAs at most the SMs
+    (1, 1023, 132, 1),   # a row of fewer than SPLIT_VECTORS stays whole
+    (1, 1024, 132, 4),   # a part at least PART_VECTORS
+    (66, 4096, 132, 2),
+    (67, 4096, 132, 1),
+    (1, 100000, 132, 8),  # at most MAX_PARTS (a portable cluster)
+    (4, 4096, 16, 4),
+])
+def test_row_parts(rows, vectors, sms, parts):
+    assert cuda_quant.row_parts(rows, vectors, sms) == parts
+
+
+@pytest.mark.parametrize(("rows", "vectors", "parts"), [
+    (1, 1024, 1),   # a token row's cluster costs more than a row of 8,192 elements saves
+    (1, 2047, 1),
+    (1, 2048, 8),   # from CLUSTER_SPLIT_VECTORS on
+    (16, 2304, 8),  # 16 x 18,432
+    (1, 3584, 8),   # 1 x 28,672
+    (33, 4096, 4),   # 132 CTAs
+])
+def test_row_parts_of_a_token_row(rows, vectors, parts):
+    assert cuda_quant.row_parts(rows, vectors, 132, cluster=True) == parts
+
+
+def test_few_long_rows_split_into_parts(monkeypatch):
+    """Few long rows: gridDim.y CTAs of 256 threads a row; a per-token row's parts one cluster,
+    group and tensor rows' none; without clusters a token row stays one wide CTA."""
+    unit = _record(monkeypatch, "sm90a")
+    a = torch.zeros(1, 28672, dtype=torch.bfloat16)
+    cuda_quant.quantize(a, ActivationFormat.parse("float8e4m3:token"), None)
+    assert unit.calls[-1][:3] == ("quant_token_bf16_float8e4m3", (1, 8, 1), 256) and unit.clusters[-1] == (1, 8, 1)
+    cuda_quant.quantize(a, ActivationFormat.parse("float8e4m3:g128"), None)
+    assert unit.calls[-1][:3] == ("quant_group_bf16_float8e4m3", (1, 8, 1), 256) and unit.clusters[-1] == (1, 1, 1)
+    unit.calls.clear()
+    cuda_quant.quantize(a, ActivationFormat.parse("int8:tensor"), None)
+    assert [c[:3] for c in unit.calls] == [("quant_tensor_amax_bf16", (1, 8, 1), 256),
+                                          ("quant_tensor_apply_bf16_int8", (1, 8, 1), 256)]
+    unit.calls.clear()
+    cuda_quant.quantize(a, ActivationFormat.parse("nvfp4"), None)
+    assert [c[:3] for c in unit.calls] == [("quant_tensor_amax_bf16", (1, 8, 1), 256),
+                                          ("quant_fp4_nv_bf16", (1, 8, 1), 256)]
+    b = torch.zeros(1, 8192, dtype=torch.bfloat16)  # a token row too short for a cluster, a group row split
+    cuda_quant.quantize(b, ActivationFormat.parse("float8e4m3:token"), None)
+    assert unit.calls[-1][:3] == ("quant_token_bf16_float8e4m3_wide", (1, 1, 1), 1024) and unit.clusters[-1] == (1, 1, 1)
+    cuda_quant.quantize(b, ActivationFormat.parse("float8e4m3:g128"), None)
+    assert unit.calls[-1][:3] == ("quant_group_bf16_float8e4m3", (1, 4, 1), 256)
+    unit = _record(monkeypatch, "sm89", clusters=False)
+    cuda_quant.quantize(a, ActivationFormat.parse("float8e4m3:token"), None)
+    assert unit.calls[-1][:3] == ("quant_token_bf16_float8e4m3_wide", (1, 1, 1), 1024) and unit.clusters[-1] == (1, 1, 1)
+    cuda_quant.quantize(a, ActivationFormat.parse("float8e4m3:g128"), None)  # no cluster needed
+    assert unit.calls[-1][:3] == ("quant_group_bf16_float8e4m3", (1, 8, 1), 256)

@@ -14,13 +14,15 @@
 // overflows as the division does).
 // Non-finite inputs give unspecified codes and scales (the reference refuses them).
 // A row is one CTA of kThreads: 256, or 1024 for few rows (a wide CTA: decode's one to a few dozen
-// tokens, where each row's two passes and their correctly rounded divisions, not the memory,
-// set the time). The kernels that write what a GEMM reads (token, group, tensor_apply) let the
-// next kernel of the stream launch as they start (programmatic dependent launch, sm_90+): the
-// GEMMs launched so wait for this grid's completion before they read activations
-// (schedule/grid_dependency.cuh), so only their launch, prologue and first weights' L2 prefetches
-// (kernel/scaled_ws_driver.cuh) overlap it.
+// tokens, where a row's per-element work on one SM, not the memory, sets the time), or for few
+// long rows gridDim.y CTAs of 256 (helpers/row_parts.cuh: each a contiguous part; a per-token
+// row's parts one cluster, sm_90+, which exchanges their amax). The kernels that write what a
+// GEMM reads (token, group, tensor_apply) let the next kernel of the stream launch as they start
+// (programmatic dependent launch, sm_90+): the GEMMs launched so wait for this grid's completion
+// before they read activations (schedule/grid_dependency.cuh), so only their launch, prologue and
+// first weights' L2 prefetches (kernel/scaled_ws_driver.cuh) overlap it.
 
+#include <humming_aot/helpers/row_parts.cuh>
 #include <humming_aot/numerics/packed_half2.cuh>
 #include <humming_aot/numerics/reciprocal_quotient.cuh>
 #include <humming_aot/numerics/types.cuh>
@@ -152,16 +154,17 @@ struct ActQuant {
     }
   }
 
+  // The largest magnitude of the CTA's part of the row (each thread's own).
   static __device__ __forceinline__ float row_amax(const ActQuantParams& p, i64 row) {
     const Loaded* in = row_in(p, row);
-    const i64 vectors = p.k / kVector;
+    const RowPart part = RowPart::of(p.k / kVector, 1);
     float m = 0.0f;
-    for (i64 base = 0; base < vectors; base += kStep) {
+    for (i64 base = part.begin; base < part.end; base += kStep) {
       Loaded v[kUnroll];
-      load_step(in, base, vectors, v);
+      load_step(in, base, part.end, v);
 #pragma unroll
       for (int j = 0; j < kUnroll; ++j) {
-        if (base + threadIdx.x + j * kThreads < vectors) {
+        if (base + threadIdx.x + j * kThreads < part.end) {
           float x[kVector];
           to_floats(v[j], x);
           m = fmaxf(m, local_amax(x));
@@ -171,20 +174,20 @@ struct ActQuant {
     return m;
   }
 
-  // The row's codes of x / scale (kAnyQuotient: encode's).
+  // The codes of x / scale of the CTA's part of the row (kAnyQuotient: encode's).
   template <bool kAnyQuotient>
   static __device__ __forceinline__ void apply(const ActQuantParams& p, i64 row, float scale) {
     const numerics::ReciprocalQuotient divide(scale);
     const Loaded* in = row_in(p, row);
     Codes* out = row_codes(p, row);
-    const i64 vectors = p.k / kVector;
-    for (i64 base = 0; base < vectors; base += kStep) {
+    const RowPart part = RowPart::of(p.k / kVector, 1);
+    for (i64 base = part.begin; base < part.end; base += kStep) {
       Loaded v[kUnroll];
-      load_step(in, base, vectors, v);
+      load_step(in, base, part.end, v);
 #pragma unroll
       for (int j = 0; j < kUnroll; ++j) {
         const i64 at = base + threadIdx.x + j * kThreads;
-        if (at < vectors) {
+        if (at < part.end) {
           float x[kVector];
           to_floats(v[j], x);
           out[at] = encode<kAnyQuotient>(x, divide);
@@ -193,61 +196,70 @@ struct ActQuant {
     }
   }
 
-  // Grid (rows): one scale per row. A row of at most one step (k <= kVector x kStep: 8,192
-  // elements in 256 threads, 32,768 in 1,024) is read once, its vectors kept in registers from
-  // the amax to the codes; a longer one twice (the second pass mostly from L2).
+  // The row's amax from the CTA's amax of its part: that alone for a whole row, else the largest
+  // over the cluster of the row's gridDim.y parts (row_parts.cuh).
+  static __device__ __forceinline__ float whole_row_max(float cta_amax) {
+    return gridDim.y == 1 ? cta_amax : cluster_max(cta_amax);
+  }
+
+  // Grid (rows, parts): one scale per row; a row in gridDim.y parts (RowPart) is one cluster of
+  // (1, parts, 1), sm_90+. A CTA's part of at most one step (kVector x kStep elements: 8,192 in
+  // 256 threads, 32,768 in 1,024) is read once, its vectors kept in registers from the amax to the
+  // codes; a longer one twice (the second pass mostly from L2).
   static __device__ void token(const ActQuantParams& p) {
     schedule::release_dependent_grid();
     __shared__ float shared[kThreads / 32];
     const i64 row = blockIdx.x;
-    const i64 vectors = p.k / kVector;
-    if (vectors <= kStep) {
+    const RowPart part = RowPart::of(p.k / kVector, 1);
+    if (part.end - part.begin <= kStep) {
       Loaded v[kUnroll];
-      load_step(row_in(p, row), 0, vectors, v);
+      load_step(row_in(p, row), part.begin, part.end, v);
       float m = 0.0f;
 #pragma unroll
       for (int j = 0; j < kUnroll; ++j) {
-        if (threadIdx.x + j * kThreads < vectors) {
+        if (part.begin + threadIdx.x + j * kThreads < part.end) {
           float x[kVector];
           to_floats(v[j], x);
           m = fmaxf(m, local_amax(x));
         }
       }
-      const float scale = scale_of(cta_max(m, shared));
-      if (threadIdx.x == 0) p.scales[row] = scale;
+      const float scale = scale_of(whole_row_max(cta_max(m, shared)));
+      if (threadIdx.x == 0 && blockIdx.y == 0) p.scales[row] = scale;
       const numerics::ReciprocalQuotient divide(scale);
       Codes* out = row_codes(p, row);
 #pragma unroll
       for (int j = 0; j < kUnroll; ++j) {
-        const int at = threadIdx.x + j * kThreads;
-        if (at < vectors) {
+        const i64 at = part.begin + threadIdx.x + j * kThreads;
+        if (at < part.end) {
           float x[kVector];
           to_floats(v[j], x);
           out[at] = encode(x, divide);
         }
       }
-      return;
+    } else {
+      const float scale = scale_of(whole_row_max(cta_max(row_amax(p, row), shared)));
+      if (threadIdx.x == 0 && blockIdx.y == 0) p.scales[row] = scale;
+      apply<false>(p, row, scale);
     }
-    const float scale = scale_of(cta_max(row_amax(p, row), shared));
-    if (threadIdx.x == 0) p.scales[row] = scale;
-    apply<false>(p, row, scale);
+    if (gridDim.y != 1) cluster_exit();
   }
 
-  // The vectors of this CTA's row (blockIdx.x) in groups of `lanes` consecutive lanes (of one of a
-  // step's kUnroll vectors per thread): body(x, amax, at, valid) for each, amax the group's over its
-  // lanes. Every lane runs every step (the shuffles); `valid` says whether its vector `at` exists
-  // (k is whole groups, so a group is all valid or all not; an invalid one reads as zeros).
+  // The vectors of this CTA's part of its row (blockIdx.x; RowPart, whole groups) in groups of
+  // `lanes` consecutive lanes (of one of a step's kUnroll vectors per thread): body(x, amax, at,
+  // valid) for each, amax the group's over its lanes, `at` the vector's index in the row. Every lane
+  // runs every step (the shuffles); `valid` says whether its vector `at` exists (k is whole groups,
+  // so a group is all valid or all not; an invalid one reads as zeros).
   template <class Body>
   static __device__ __forceinline__ void for_each_group_vector(const ActQuantParams& p, int lanes, Body&& body) {
     const Loaded* in = row_in(p, blockIdx.x);
-    const i64 vectors = p.k / kVector;
-    for (i64 base = 0; base < vectors; base += kStep) {  // the same trip count in every thread
+    const RowPart part = RowPart::of(p.k / kVector, lanes);        // (whole groups a part)
+    for (i64 base = part.begin; base < part.end; base += kStep) {  // the same trip count in every thread
       Loaded v[kUnroll];
-      load_step(in, base, vectors, v);
+      load_step(in, base, part.end, v);
 #pragma unroll
       for (int j = 0; j < kUnroll; ++j) {
         const i64 at = base + threadIdx.x + j * kThreads;
-        const bool valid = at < vectors;
+        const bool valid = at < part.end;
         float x[kVector];
         if (valid) {
           to_floats(v[j], x);
@@ -262,8 +274,8 @@ struct ActQuant {
     }
   }
 
-  // Grid (rows): one scale per `group` elements of the row, each group in group / 8 consecutive
-  // lanes.
+  // Grid (rows, parts): one scale per `group` elements of the row, each group in group / 8
+  // consecutive lanes.
   static __device__ void group(const ActQuantParams& p) {
     schedule::release_dependent_grid();
     const i64 row = blockIdx.x;
@@ -280,14 +292,14 @@ struct ActQuant {
     });
   }
 
-  // Grid (rows), before tensor_apply of a dynamic scale: the tensor's amax into *amax_bits.
+  // Grid (rows, parts), before tensor_apply of a dynamic scale: the tensor's amax into *amax_bits.
   static __device__ void tensor_amax(const ActQuantParams& p) {
     __shared__ float shared[kThreads / 32];
     const float m = cta_max(row_amax(p, blockIdx.x), shared);
     if (threadIdx.x == 0) atomicMax(p.amax_bits, __float_as_uint(m));  // non-negative floats order as their bits
   }
 
-  // Grid (rows): the one scale (given, or from the amax pass) applied; CTA 0 writes it.
+  // Grid (rows, parts): the one scale (given, or from the amax pass) applied; CTA (0, 0) writes it.
   static __device__ void tensor_apply(const ActQuantParams& p) {
     schedule::release_dependent_grid();
     float scale;
@@ -297,7 +309,7 @@ struct ActQuant {
     } else {
       scale = scale_of(__uint_as_float(*p.amax_bits));
     }
-    if (blockIdx.x == 0 && threadIdx.x == 0) *p.scales = scale;
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *p.scales = scale;
     if (p.given != nullptr) {
       apply<true>(p, blockIdx.x, scale);
     } else {

@@ -120,9 +120,9 @@ struct ActQuantFp4 {
     return c;
   }
 
-  // Grid (rows): the row's groups, each in group / 8 consecutive lanes (of one of a step's
-  // kUnroll vectors per thread). NVFP4 with a dynamic global scale runs after
-  // ActQuant::tensor_amax (base.amax_bits).
+  // Grid (rows, parts): the groups of the CTA's part of its row (RowPart), each in group / 8
+  // consecutive lanes (of one of a step's kUnroll vectors per thread). NVFP4 with a dynamic global
+  // scale runs after ActQuant::tensor_amax (base.amax_bits).
   static __device__ void group(const Fp4QuantParams& q) {
     schedule::release_dependent_grid();  // (as ActQuant's: the next kernel launches, then waits)
     const ActQuantParams& p = q.base;
@@ -139,7 +139,7 @@ struct ActQuantFp4 {
         const float amax = __uint_as_float(*p.amax_bits);
         global = amax > 0.0f ? __fdiv_rn(amax, 448.0f * kElementMax) : 1.0f;
       }
-      if (blockIdx.x == 0 && threadIdx.x == 0) *q.global_out = global;
+      if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *q.global_out = global;
     }
     Base::for_each_group_vector(p, lanes, [&](const float (&x)[kVector], float amax, i64 at, bool valid) {
       float scale, divisor, reciprocal;
