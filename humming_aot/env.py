@@ -67,10 +67,11 @@ CLUSTERS = _declare(
     "HUMMING_AOT_CLUSTERS",
     "1",
     "'1', 'true' or 'on' (default): on sm_90+ GPUs the kernels that can (the 8-row tiles of M <= 8) sum "
-    "their split-K slices inside a thread-block cluster, through distributed shared memory. '0', "
-    "'false' or 'off': through the global workspace, as every other kernel does, e.g. to rule clusters "
-    "out while debugging. Results are the same bits either way. Read when a kernel is first loaded on "
-    "a device.",
+    "their split-K slices inside a thread-block cluster, through distributed shared memory, and the "
+    "activation quantization splits a few long per-token rows over the CTAs of a cluster. '0', "
+    "'false' or 'off': through the global workspace, as every other kernel does, and such rows stay "
+    "one CTA, e.g. to rule clusters out while debugging. Results are the same bits either way. Read "
+    "when a GEMM kernel is first loaded on a device, and at each quantization call.",
 )
 HELPERS = _declare(
     "HUMMING_AOT_HELPERS",

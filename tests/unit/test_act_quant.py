@@ -323,3 +323,19 @@ def test_few_long_rows_split_into_parts(monkeypatch):
     assert unit.calls[-1][:3] == ("quant_token_bf16_float8e4m3_wide", (1, 1, 1), 1024) and unit.clusters[-1] == (1, 1, 1)
     cuda_quant.quantize(a, ActivationFormat.parse("float8e4m3:g128"), None)  # no cluster needed
     assert unit.calls[-1][:3] == ("quant_group_bf16_float8e4m3", (1, 8, 1), 256)
+
+
+def test_clusters_need_sm90_the_switch_and_the_driver(monkeypatch):
+    """cuda_quant._clusters: a per-token row's parts only where the unit is an sm_90+ build,
+    HUMMING_AOT_CLUSTERS is on and the driver has cuLaunchKernelEx."""
+    from humming_aot import _launcher
+
+    monkeypatch.setattr(_launcher, "supports_programmatic_launch", lambda: True)
+    monkeypatch.delenv("HUMMING_AOT_CLUSTERS", raising=False)
+    assert cuda_quant._clusters(_Unit("sm90a")) and cuda_quant._clusters(_Unit("sm120a"))
+    assert not cuda_quant._clusters(_Unit("sm89")) and not cuda_quant._clusters(_Unit("sm80"))
+    monkeypatch.setenv("HUMMING_AOT_CLUSTERS", "0")
+    assert not cuda_quant._clusters(_Unit("sm90a"))
+    monkeypatch.setenv("HUMMING_AOT_CLUSTERS", "1")
+    monkeypatch.setattr(_launcher, "supports_programmatic_launch", lambda: False)
+    assert not cuda_quant._clusters(_Unit("sm90a"))

@@ -4,8 +4,8 @@
 // the element's largest value (127 for int8, as vLLM), correctly rounded; codes = encode(x / scale),
 // the quotient correctly rounded; int8 rounds half to even and saturates, fp8 (sm_89+: cvt
 // .satfinite) rounds to nearest even and saturates. A tile of zeros gets scale 1; a nonzero tile
-// whose scale underflows to 0 gets the smallest positive float. Per token (one pass over a row of
-// at most one step of loads, else two), per group of G = 8 * lanes elements (one pass, each group
+// whose scale underflows to 0 gets the smallest positive float. Per token (one pass over a CTA's
+// row or part of at most one step of loads, else two), per group of G = 8 * lanes elements (one pass, each group
 // in `lanes` consecutive lanes of a warp), or per tensor (static: a given scale; dynamic: an amax
 // pass into one word, then an apply pass).
 // The quotients x / scale are correctly rounded float32 through numerics::ReciprocalQuotient (a
@@ -34,7 +34,7 @@ namespace humming_aot::helpers {
 struct ActQuantParams {
   const void* in;        // (rows, k) activation dtype, row stride ld_in elements (a multiple of 8)
   unsigned char* codes;  // (rows, k) uint8, contiguous
-  float* scales;         // token: (rows,); group: (rows, k / group); tensor: (1,), written by CTA 0
+  float* scales;         // token: (rows,); group: (rows, k / group); tensor: (1,), written by CTA (0, 0)
   const float* given;    // tensor, static: the given scale (1,); else nullptr
   u32* amax_bits;        // tensor, dynamic: (1,) the tensor's amax as float bits, zero before the amax pass
   i64 rows;              // gridDim.x

@@ -23,7 +23,7 @@ namespace humming_aot::helpers {
 // `group` 16 or 32; `scales` (rows, k / group)), then the global scale's output.
 struct Fp4QuantParams {
   ActQuantParams base;
-  float* global_out;  // NVFP4: (1,) the global scale the codes were divided by, written by CTA 0
+  float* global_out;  // NVFP4: (1,) the global scale the codes were divided by, written by CTA (0, 0)
 };
 static_assert(sizeof(Fp4QuantParams) == 80, "Fp4QuantParams must match the Python struct format <10q");
 

@@ -34,9 +34,11 @@ struct RowPart {
 __device__ __forceinline__ float cluster_max(float value) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ float mine;
-  u32 ctas = 0;
+  u32 ctas = 0, cluster_x = 0, cluster_y = 0;
   asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(ctas));
-  if (ctas != gridDim.y) __trap();  // (a launch without the row's parts as its cluster)
+  asm("mov.u32 %0, %%cluster_nctaid.x;" : "=r"(cluster_x));
+  asm("mov.u32 %0, %%cluster_nctaid.y;" : "=r"(cluster_y));
+  if (cluster_x != 1 || cluster_y != gridDim.y) __trap();  // (a launch without the row's parts as its cluster)
   if (threadIdx.x == 0) mine = value;
   // every CTA's `mine` written (release) before any is read (acquire)
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
