@@ -9,10 +9,10 @@
 // - cluster_max(value): the largest of value over the CTAs of this thread-block cluster (sm_90+),
 //   every CTA's value read from its shared memory through the cluster's (DSMEM). A per-row amax
 //   over a row split in gridDim.y parts needs the launch to group those parts in one cluster of
-//   (1, gridDim.y, 1): where the cluster is not the row's parts, it traps rather than scale by
-//   a part's amax. Every thread of every CTA of the cluster calls it once, with its CTA's value,
-//   and calls cluster_exit() before the kernel returns (a CTA's shared memory must outlive the
-//   other CTAs' reads of it).
+//   (1, gridDim.y, 1): where the cluster's CTA count is not the row's parts, it traps rather than
+//   scale by a part's amax (the host launches no other shape). Every thread of every CTA of the
+//   cluster calls it once, with its CTA's value, and calls cluster_exit() before the kernel
+//   returns (a CTA's shared memory must outlive the other CTAs' reads of it).
 
 #include <humming_aot/numerics/types.cuh>
 
@@ -34,11 +34,9 @@ struct RowPart {
 __device__ __forceinline__ float cluster_max(float value) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ float mine;
-  u32 ctas = 0, cluster_x = 0, cluster_y = 0;
+  u32 ctas = 0;
   asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(ctas));
-  asm("mov.u32 %0, %%cluster_nctaid.x;" : "=r"(cluster_x));
-  asm("mov.u32 %0, %%cluster_nctaid.y;" : "=r"(cluster_y));
-  if (cluster_x != 1 || cluster_y != gridDim.y) __trap();  // (a launch without the row's parts as its cluster)
+  if (ctas != gridDim.y) __trap();  // (a launch without the row's parts as its cluster)
   if (threadIdx.x == 0) mine = value;
   // every CTA's `mine` written (release) before any is read (acquire)
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
