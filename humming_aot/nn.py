@@ -6,20 +6,26 @@ from __future__ import annotations
 import torch
 
 from humming_aot import ops
+from humming_aot.packed_buffers import PackedBuffersModule
 from humming_aot.packed_layout import check_layout_version
 from humming_aot.packing import PackedWeight, pack
 from humming_aot.spec import code_bits
 from humming_aot.w8a8_layer import W8A8Linear
 
 
-class QuantizedLinear(torch.nn.Module):
+class QuantizedLinear(PackedBuffersModule):
     """y = x @ dequant(W)^T (+ b) with W packed once for the kernels.
 
     The packed tensors are registered as buffers, so ``.to(device)`` moves them and
     ``state_dict()`` holds them, with the packed layout's version (``packed_layout_version``, an
     int32 scalar, so that tensor-only formats such as safetensors can hold it): ``load_state_dict``
-    refuses packed tensors of another layout version before loading any.
+    refuses packed tensors of another layout version before loading any. A cast of the module
+    (``model.half()``, ``.to(torch.float32)``) moves them without changing their dtype: the kernels
+    read scales, zero points, bias and input scale in the activation dtype the weight was packed for
+    (``act_dtype``), so the layer keeps taking inputs of that dtype.
     """
+
+    _PACKED = ("w", "w_scale", "w_zero_point", "bias", "input_scale")
 
     def __init__(self, packed: PackedWeight, bias: torch.Tensor | None = None):
         super().__init__()
@@ -56,6 +62,9 @@ class QuantizedLinear(torch.nn.Module):
         from humming_aot.quant import quantize
 
         if activations is not None:
+            if act_dtype is not None:
+                raise ValueError("from_linear: act_dtype chooses the 16-bit activations' dtype; with activations= the "
+                                 "W8A8 layer quantizes its input and answers in the input's dtype: leave it None")
             return W8A8Linear.from_linear(linear, fmt, activations)
         if not isinstance(linear, torch.nn.Linear):
             raise TypeError(f"from_linear: expected torch.nn.Linear, got {type(linear).__name__}")
@@ -325,6 +334,15 @@ class QuantizedMoE(torch.nn.Module):
     def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         from humming_aot import moe
 
+        act_dtype = self._packed("gate_up").act_dtype  # (refuses experts whose buffers a cast changed)
+        if not isinstance(hidden, torch.Tensor) or hidden.dim() < 1 or hidden.shape[-1] != self.hidden_size \
+                or hidden.dtype != act_dtype:
+            got = f"{tuple(hidden.shape)} {hidden.dtype}" if isinstance(hidden, torch.Tensor) else type(hidden).__name__
+            raise ValueError(f"QuantizedMoE: hidden must be (..., {self.hidden_size}) {act_dtype} (the experts were "
+                             f"packed for {act_dtype} activations), got {got}")
+        if not isinstance(topk_ids, torch.Tensor) or not isinstance(topk_weights, torch.Tensor):
+            raise ValueError(f"QuantizedMoE: topk_ids and topk_weights must be tensors, got "
+                             f"{type(topk_ids).__name__} and {type(topk_weights).__name__}")
         shape = hidden.shape
         x = hidden.reshape(-1, shape[-1])
         if topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape:

@@ -37,9 +37,17 @@ def _validate(a: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) 
     if not isinstance(a, torch.Tensor):
         raise TypeError(f"gemm: a must be a torch.Tensor, got {type(a).__name__}")
     if a.dtype != packed.act_dtype:
+        repack = f" or pack the weight with act_dtype={a.dtype}" if a.dtype in (torch.float16, torch.bfloat16) else ""
         raise ValueError(
             f"gemm: a.dtype={a.dtype} but the weight was packed for {packed.act_dtype} activations: "
-            f"cast a with a.to({packed.act_dtype}) or pack the weight with act_dtype={a.dtype}"
+            f"cast a with a.to({packed.act_dtype}){repack}"
+        )
+    if packed.w_scale.dtype != packed.act_dtype or (
+            packed.w_zero_point is not None and packed.w_zero_point.dtype != packed.act_dtype):
+        raise ValueError(
+            f"gemm: the packed weight's scales are {packed.w_scale.dtype} but it was packed for {packed.act_dtype} "
+            "activations (the kernel reads them as such): a cast of the packed tensors changed them; pack the "
+            "weight again, or move a PackedWeight with PackedWeight.to(device)"
         )
     if a.dim() < 1 or a.shape[-1] != packed.in_features:
         raise ValueError(
@@ -154,14 +162,14 @@ def _gemm_planned(a, w, w_scale, w_zero_point, bias, w_dtype, act_dtype, n, k, g
     run instead: any argument it does not check cheaply as fine (the general path then raises the
     error that argument deserves, or handles it: M = 0, a view of `a` that needs a copy).
 
-    Per call it checks what the plan cannot know: a's dtype, K, unit stride along K, device, row
-    alignment, and the bias's shape, dtype, device, contiguity and alignment. What the plan
-    proved (the weight's layout version and support on this device, the tile, split-K) it holds.
+    Per call it checks what the plan cannot know: a's dtype (and the scales': a cast of the packed
+    tensors), K, unit stride along K, device, row alignment, and the bias's shape, dtype, device,
+    contiguity and alignment. What the plan proved (the weight's layout version and support on this device, the tile, split-K) it holds.
     `version`: the weight's packed-layout version (None: the op's flat arguments, which carry
     none; the op then assumes the current one, as it always did). `bound`: a PackedWeight's dict of
     bound launches (_bound_launches), which gets this call's where the plan allows one."""
     shape, strides = a.shape, a.stride()
-    if a.dtype != act_dtype or not shape or shape[-1] != k or strides[-1] != 1:
+    if a.dtype != act_dtype or w_scale.dtype != act_dtype or not shape or shape[-1] != k or strides[-1] != 1:
         return None
     device_index = a.get_device()
     if device_index < 0 or w.get_device() != device_index:

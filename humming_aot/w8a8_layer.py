@@ -194,6 +194,9 @@ class W8A8Linear(PackedBuffersModule):
 
         out_dtype = x.dtype if x.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
         bias = None if self.bias is None else self.bias.to(out_dtype)
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() >= 1 and x.shape[-1] == self.in_features \
+                and x.numel() == 0:  # no rows (the 16-bit layer's answer too): nothing to quantize
+            return x.new_zeros((*x.shape[:-1], self.out_features), dtype=out_dtype)
         qa = ops.quantize_activation(x, self.activations, static_scale=self.static_scale)
         if self._meta.get("fp4"):
             from humming_aot import fp4

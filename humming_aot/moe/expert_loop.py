@@ -30,6 +30,19 @@ def gemm_indexed(a: torch.Tensor, experts: PackedExperts, routing: IndexedRoutin
     when `a` holds one row per token (the first GEMM), 1 when it holds one row per slot (the
     second)."""
     _check_activations(a, experts, "gemm_indexed")
+    if not isinstance(routing, IndexedRouting):
+        raise ValueError(f"gemm_indexed: routing must be an IndexedRouting (moe.align_block_size), got "
+                         f"{type(routing).__name__}")
+    if type(a_rows_per_token) is not int or a_rows_per_token not in (1, routing.top_k):
+        raise ValueError(f"gemm_indexed: a_rows_per_token must be the routing's top_k ({routing.top_k}: a holds one "
+                         f"row per token) or 1 (one row per slot), got {a_rows_per_token!r}")
+    if topk_weights is not None and (not isinstance(topk_weights, torch.Tensor)
+                                     or topk_weights.shape != (routing.num_tokens, routing.top_k)
+                                     or not topk_weights.is_floating_point() or topk_weights.device != a.device):
+        got = (f"{tuple(topk_weights.shape)} {topk_weights.dtype} on {topk_weights.device}"
+               if isinstance(topk_weights, torch.Tensor) else type(topk_weights).__name__)
+        raise ValueError(f"gemm_indexed: topk_weights must be ({routing.num_tokens}, {routing.top_k}) floating on "
+                         f"{a.device}, got {got}")
     slots = routing.num_tokens * routing.top_k
     if a.dim() != 2 or a.shape[0] * a_rows_per_token != slots:
         raise ValueError(f"gemm_indexed: a must have {slots} // a_rows_per_token={a_rows_per_token} rows, "
@@ -63,6 +76,12 @@ def gemm_grouped(a: torch.Tensor, experts: PackedExperts, *, offsets: torch.Tens
     offsets[e] to offsets[e + 1]) or as a per-row expert index (R,) (-1: a padding row, written as
     zeros). bias: (E, N) in the activation dtype, or None."""
     _check_activations(a, experts, "gemm_grouped")
+    if a.dim() != 2:
+        raise ValueError(f"gemm_grouped: a must be (R, {experts.in_features}), the rows expert after expert, got "
+                         f"{tuple(a.shape)}")
+    if (offsets is not None and (not isinstance(offsets, torch.Tensor) or offsets.dtype.is_floating_point)) or (
+            row_expert is not None and (not isinstance(row_expert, torch.Tensor) or row_expert.dtype.is_floating_point)):
+        raise ValueError("gemm_grouped: offsets and row_expert must be integer tensors")
     if bias is not None and (bias.shape != (experts.experts, experts.out_features) or bias.dtype != a.dtype):
         raise ValueError(f"gemm_grouped: bias must be ({experts.experts}, {experts.out_features}) {a.dtype}, "
                          f"got {tuple(bias.shape)} {bias.dtype}")

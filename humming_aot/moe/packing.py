@@ -83,6 +83,9 @@ def pack_experts(qw: QuantizedWeight, act_dtype: torch.dtype = torch.bfloat16,
                  device: torch.device | str | None = None) -> PackedExperts:
     """Pack a stacked (E, N, K) QuantizedWeight: each expert as ``humming_aot.pack`` packs a dense
     weight (same rules, same errors, naming the expert), stacked along the expert dimension."""
+    if not isinstance(qw, QuantizedWeight):
+        raise TypeError(f"pack_experts takes a stacked humming_aot.quant.QuantizedWeight (E, N, K), got "
+                        f"{type(qw).__name__}: quantize the float experts first (humming_aot.quantize(w, 'int4:g128'))")
     if qw.codes.dim() != 3:
         raise ValueError(
             f"pack_experts: expected stacked expert codes (E, N, K), got shape {tuple(qw.codes.shape)}; "
@@ -115,6 +118,11 @@ def quantized_experts(weights, fmt: str | None, what: str) -> list[QuantizedWeig
     each a QuantizedWeight (E, N, K) as given, or a float tensor quantized with `fmt`."""
     from humming_aot.quant import quantize
 
+    weights = list(weights)
+    if fmt is not None and not any(isinstance(w, torch.Tensor) for _, w in weights):
+        given = ", ".join(f"{name} as {getattr(w, 'format', type(w).__name__)}" for name, w in weights)
+        raise ValueError(f"{what}: fmt={fmt!r} quantizes float weights, but every weight given is already quantized "
+                         f"({given}): leave fmt None")
     out = []
     for name, w in weights:
         if isinstance(w, torch.Tensor):

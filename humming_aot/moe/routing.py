@@ -163,6 +163,11 @@ def _inverse(slot_of_row: torch.Tensor, slots: int, rows: int) -> torch.Tensor:
 def permute(hidden: torch.Tensor, routing: GroupedRouting) -> torch.Tensor:
     """(M, K) tokens -> (M * top_k, K) grouped rows: row r is token slot_of_row[r] // top_k (zeros
     for a row of no slot: the tail a kernel-made routing leaves for dropped ids)."""
+    tokens = routing.row_of_slot.shape[0] // routing.top_k
+    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 2 or hidden.shape[0] != tokens:
+        got = tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else type(hidden).__name__
+        raise ValueError(f"permute: hidden must be ({tokens}, K), one row per token the routing was made for, got "
+                         f"{got} (flatten batch and sequence into one dimension first)")
     return gather_rows(hidden, routing.slot_of_row, routing.top_k)
 
 
@@ -187,6 +192,10 @@ def _gather_rows(hidden: torch.Tensor, slot_of_row: torch.Tensor, top_k: int) ->
 def unpermute(rows: torch.Tensor, routing: GroupedRouting) -> torch.Tensor:
     """(M * top_k, N) grouped rows -> (M, top_k, N) in slot order (the inverse of the grouping); a
     slot of no row (an id a kernel-made routing dropped) is zeros."""
+    if not isinstance(rows, torch.Tensor) or rows.dim() != 2 or rows.shape[0] != routing.slot_of_row.shape[0]:
+        got = tuple(rows.shape) if isinstance(rows, torch.Tensor) else type(rows).__name__
+        raise ValueError(f"unpermute: rows must be ({routing.slot_of_row.shape[0]}, N), the routing's grouped rows, "
+                         f"got {got}")
     present = routing.row_of_slot >= 0
     out = rows.index_select(0, torch.where(present, routing.row_of_slot, 0).long())
     return out.masked_fill_(~present.unsqueeze(1), 0).reshape(-1, routing.top_k, rows.shape[-1])
