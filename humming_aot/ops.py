@@ -274,9 +274,59 @@ def _gemm_wna16_fake(a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_siz
     return a.new_empty((*a.shape[:-1], n))
 
 
+# The packed weight's dequantized() as an op of its own, so that a traced backward (torch.compile,
+# AOT autograd) holds it as one node rather than tracing the unpacking's data-dependent steps.
+_LIBRARY.define("dequantize_packed(Tensor w, Tensor w_scale, Tensor? w_zero_point, str w_dtype, int n, int k, "
+                "int group_size, bool float_zero_point) -> Tensor")
+
+
+def _dequantize_packed(w, w_scale, w_zero_point, w_dtype, n, k, group_size, float_zero_point):
+    """(N, K) in the scales' dtype (the activation dtype): PackedWeight.dequantized()."""
+    return PackedWeight(w=w, w_scale=w_scale, w_zero_point=w_zero_point, n=n, k=k, group_size=group_size,
+                        w_dtype=w_dtype, act_dtype=w_scale.dtype, format="",
+                        float_zero_point=float_zero_point).dequantized().contiguous()
+
+
+def _dequantize_packed_fake(w, w_scale, w_zero_point, w_dtype, n, k, group_size, float_zero_point):
+    return w_scale.new_empty((n, k))
+
+
+_LIBRARY.impl("dequantize_packed", _dequantize_packed, "CPU")
+_LIBRARY.impl("dequantize_packed", _dequantize_packed, "CUDA")
+torch.library.register_fake("humming_aot::dequantize_packed", _dequantize_packed_fake, lib=_LIBRARY)
+
+
+def _gemm_wna16_setup_context(ctx, inputs, output) -> None:
+    a, w, w_scale, w_zero_point, bias, w_dtype, n, k, group_size, global_scale, float_zero_point = inputs
+    ctx.save_for_backward(w, w_scale, w_zero_point)
+    ctx.weight_args = (w_dtype, n, k, group_size, global_scale, float_zero_point)
+    ctx.act_dtype, ctx.bias_dtype = a.dtype, None if bias is None else bias.dtype
+
+
+def _gemm_wna16_backward(ctx, grad: torch.Tensor):
+    """Gradients of the activations and the bias (the packed weight is frozen): grad_a = grad @
+    W, W the exact weight the forward multiplied with (dequantized(), times the global scale),
+    summed in float32 and rounded once. It materializes W (N x K) for the call, as a 16-bit
+    layer's backward holds its weight: a correct gradient for adapters over a quantized layer,
+    not a fast one."""
+    w, w_scale, w_zero_point = ctx.saved_tensors
+    w_dtype, n, k, group_size, global_scale, float_zero_point = ctx.weight_args
+    rows = grad.reshape(-1, n)
+    grad_a = grad_bias = None
+    if ctx.needs_input_grad[0]:
+        weight = torch.ops.humming_aot.dequantize_packed(w, w_scale, w_zero_point, w_dtype, n, k, group_size,
+                                                         float_zero_point).float()
+        grad_a = (rows.float() @ weight).mul_(global_scale).to(ctx.act_dtype).reshape(*grad.shape[:-1], k)
+    if ctx.bias_dtype is not None and ctx.needs_input_grad[4]:
+        grad_bias = rows.float().sum(0).to(ctx.bias_dtype)
+    return grad_a, None, None, None, grad_bias, None, None, None, None, None, None
+
+
 _LIBRARY.impl("gemm_wna16", _gemm_wna16_cpu, "CPU")
 _LIBRARY.impl("gemm_wna16", _gemm_wna16_cuda, "CUDA")
 torch.library.register_fake("humming_aot::gemm_wna16", _gemm_wna16_fake, lib=_LIBRARY)
+torch.library.register_autograd("humming_aot::gemm_wna16", _gemm_wna16_backward,
+                                setup_context=_gemm_wna16_setup_context, lib=_LIBRARY)
 
 
 def gemm(a: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -287,13 +337,17 @@ def gemm(a: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None
     bias:   (N,) in a's dtype, or None
     returns (..., N) in a's dtype
 
+    Differentiable in ``a`` and ``bias`` (the packed weight is frozen): the backward multiplies by
+    the forward's exact weight, dequantized for the call (N x K in float32 at its peak), for
+    adapters trained over a quantized layer; correct, not fast.
+
     W8A8: ``a`` a QuantizedActivation (``quantize_activation(x, "float8e4m3:token")``) and ``packed``
     a ``humming_aot.w8a8.PackedW8A8Weight`` run ``humming_aot.w8a8.gemm`` (bfloat16 output, or the
     bias's dtype); the same with a ``humming_aot.w4a8.PackedW4A8Weight`` (W4A8) runs
     ``humming_aot.w4a8.gemm``.
     """
     if (not _is_compiling() and type(a) is torch.Tensor and type(packed) is PackedWeight and a.is_cuda
-            and not a.requires_grad and _no_torch_modes()):
+            and not a.requires_grad and (bias is None or not bias.requires_grad) and _no_torch_modes()):
         # eager on a CUDA device: straight to a bound launch or the launch plan, past the
         # dispatcher (which would add nothing here: no autograd, no mode, no tracing)
         out = _gemm_bound(a, packed, bias, a.get_device())

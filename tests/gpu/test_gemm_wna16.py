@@ -486,3 +486,25 @@ def test_shapes_a_wide_k_tile_does_not_fit_use_its_twin(k, group):
     if wide.block_k > 64:
         with pytest.raises(ValueError, match=f"needs K % {wide.block_k} == 0"):
             ops.gemm_with_tile(a, packed, wide)
+
+
+def test_public_gemm_backward_on_the_gpu():
+    """ops.gemm with inputs that require gradients: the dispatcher's path (not the eager fast
+    path, which would give none), grad_a = grad @ W of the forward's exact weight in float32,
+    rounded once; grad_bias the rows' sum; the same as the CPU reference path's gradients."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    gen = torch.Generator().manual_seed(seed)
+    n, k = 448, 384
+    qw = humming_aot.quantize(torch.randn(n, k, generator=gen) * 0.1, "int4:g128")
+    grads = []
+    for device in ("cpu", "cuda"):
+        packed = humming_aot.pack(qw, act_dtype=torch.bfloat16, device=device)
+        a = torch.randn(17, k, generator=torch.Generator().manual_seed(seed)).bfloat16().to(device).requires_grad_()
+        bias = torch.zeros(n, dtype=torch.bfloat16, device=device, requires_grad=True)
+        out = ops.gemm(a, packed, bias)
+        assert out.grad_fn is not None, f"no graph on {device} (seed={seed})"
+        out.backward(torch.ones_like(out))
+        grads.append((a.grad.cpu(), bias.grad.cpu()))
+    (a_cpu, bias_cpu), (a_gpu, bias_gpu) = grads
+    torch.testing.assert_close(a_gpu, a_cpu, rtol=2**-8, atol=1e-5, msg=f"grad_a (seed={seed})")
+    assert torch.equal(bias_gpu, bias_cpu), f"grad_bias (seed={seed})"

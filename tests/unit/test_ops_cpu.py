@@ -1,6 +1,7 @@
 """The public op on CPU tensors (exact reference path), its fake implementation, QuantizedLinear,
 and every bad-input error, all before any kernel launch."""
 import math
+import os
 
 import pytest
 import torch
@@ -384,3 +385,44 @@ def test_quantized_linear_state_dict_carries_and_checks_the_layout_version(tmp_p
     nested = torch.nn.Sequential(q1)
     with pytest.raises(ValueError, match=r"QuantizedLinear 0 \(int1:g128\)"):
         nested.load_state_dict({f"0.{key}": value for key, value in stale.items()})
+
+
+@pytest.mark.parametrize("fmt,n,k", [("int4:g128", 192, 384), ("uint4:g64:zpf", 128, 256), ("nvfp4", 128, 256),
+                                     ("float8e4m3:channel", 100, 200)])
+@pytest.mark.parametrize("act", [torch.bfloat16, torch.float16])
+def test_gemm_backward_gives_the_activations_and_bias_gradients(fmt, n, k, act):
+    """grad_a = grad @ W with W the forward's exact weight (global scale and padding included), in
+    float32 and rounded once; grad_bias the rows' sum; the packed weight takes none."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    gen = torch.Generator().manual_seed(seed)
+    packed = humming_aot.pack(humming_aot.quantize(torch.randn(n, k, generator=gen) * 0.1, fmt), act_dtype=act)
+    a = torch.randn(3, 5, k, generator=gen).to(act).requires_grad_()
+    bias = torch.randn(n, generator=gen).to(act).requires_grad_()
+    out = ops.gemm(a, packed, bias)
+    grad = torch.randn(out.shape, generator=gen).to(act)
+    out.backward(grad)
+    weight = packed.effective_weight()[:n, :k]
+    expected = (grad.double().reshape(-1, n) @ weight).reshape(3, 5, k)
+    bound = 2.0 ** -(_SIGNIFICAND_BITS[act]) * expected.abs() + 1e-6 * (grad.double().abs().reshape(-1, n)
+                                                                       @ weight.abs()).reshape(3, 5, k)
+    assert a.grad.shape == a.shape and a.grad.dtype == act
+    assert bool(((a.grad.double() - expected).abs() <= bound).all()), f"seed={seed}"
+    bias_expected = grad.double().sum((0, 1))
+    assert bool(((bias.grad.double() - bias_expected).abs() <= 2.0 ** -(_SIGNIFICAND_BITS[act])
+                 * bias_expected.abs() + 1e-6 * grad.double().abs().sum((0, 1))).all()), f"seed={seed}"
+    assert not packed.w.requires_grad and packed.w.grad is None
+
+
+@pytest.mark.parametrize("fmt", ["int4:g128", "uint4:g64:zpf"])
+def test_the_op_passes_torch_opcheck_with_gradients(fmt):
+    """The schema, fake implementation and autograd formula of humming_aot::gemm_wna16 as torch's
+    opcheck sees them, a traced backward (AOT autograd, static and dynamic shapes) included: the
+    backward's weight is one op (humming_aot::dequantize_packed), not the unpacking traced."""
+    packed = _packed(fmt, n=128, k=256)
+    a = torch.randn(4, 256).to(torch.bfloat16).requires_grad_()
+    bias = torch.randn(128).to(torch.bfloat16).requires_grad_()
+    args = (a, packed.w, packed.w_scale, packed.w_zero_point, bias, packed.w_dtype, packed.n, packed.k,
+            packed.group_size, packed.global_scale, packed.float_zero_point)
+    torch.library.opcheck(torch.ops.humming_aot.gemm_wna16.default, args,
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
+                                      "test_aot_dispatch_static", "test_aot_dispatch_dynamic"))
