@@ -164,7 +164,8 @@ def _gemm_planned(a, w, w_scale, w_zero_point, bias, w_dtype, act_dtype, n, k, g
 
     Per call it checks what the plan cannot know: a's dtype (and the scales': a cast of the packed
     tensors), K, unit stride along K, device, row alignment, and the bias's shape, dtype, device,
-    contiguity and alignment. What the plan proved (the weight's layout version and support on this device, the tile, split-K) it holds.
+    contiguity and alignment. What the plan proved (the weight's layout version and support on
+    this device, the tile, split-K) it holds.
     `version`: the weight's packed-layout version (None: the op's flat arguments, which carry
     none; the op then assumes the current one, as it always did). `bound`: a PackedWeight's dict of
     bound launches (_bound_launches), which gets this call's where the plan allows one."""
