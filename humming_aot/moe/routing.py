@@ -20,6 +20,7 @@ Token i's slot j (0 <= j < top_k) is the flat index t = i * top_k + j throughout
 from __future__ import annotations
 
 import dataclasses
+import numbers
 
 import torch
 
@@ -29,10 +30,11 @@ from humming_aot.moe import cuda_steps
 def _check_topk_ids(topk_ids: torch.Tensor, num_experts: int, check_range: bool = True) -> None:
     """check_range=False leaves out the ids' range, which reads them back (a host round trip on a
     GPU, not allowed while a CUDA graph is being captured)."""
-    if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"topk_ids must be (M, top_k) int32 or int64, got {tuple(topk_ids.shape)} {topk_ids.dtype}")
-    if num_experts < 1:
-        raise ValueError(f"num_experts must be at least 1, got {num_experts}")
+    if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
+        got = f"{tuple(topk_ids.shape)} {topk_ids.dtype}" if isinstance(topk_ids, torch.Tensor) else type(topk_ids).__name__
+        raise ValueError(f"topk_ids must be (M, top_k) int32 or int64 (a tensor), got {got}")
+    if isinstance(num_experts, bool) or not isinstance(num_experts, numbers.Integral) or num_experts < 1:
+        raise ValueError(f"num_experts must be an int of at least 1, got {num_experts!r}")
     if check_range and topk_ids.numel() and (int(topk_ids.min()) < 0 or int(topk_ids.max()) >= num_experts):
         raise ValueError(f"topk_ids hold expert ids outside [0, {num_experts - 1}] "
                          f"(min {int(topk_ids.min())}, max {int(topk_ids.max())})")

@@ -151,3 +151,14 @@ def test_arguments_that_would_be_ignored_are_refused():
     with pytest.raises(ValueError, match="every weight given is already quantized .* leave fmt None"):
         nn.QuantizedMoE.from_experts(gate_up, down, "float8e4m3:channel")
     nn.QuantizedMoE.from_experts(gate_up, torch.randn(4, 128, 64, generator=gen), "int4:g64")  # (fmt for the float one)
+
+
+def test_routing_and_quantize_name_their_argument_mistakes():
+    ids = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="num_experts must be an int of at least 1, got 4.0"):
+        moe.group_rows(ids, 4.0)
+    with pytest.raises(ValueError, match=r"topk_ids must be \(M, top_k\) int32 or int64 \(a tensor\), got list"):
+        moe.group_rows([[0, 1], [2, 3]], 4)
+    assert moe.group_rows(ids, 4).offsets.tolist() == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match=r"one \(N, K\) weight or stacked experts \(E, N, K\), got shape \(2, 2, 64, 128\)"):
+        ha.quantize(torch.randn(2, 2, 64, 128), "int4:g64")
