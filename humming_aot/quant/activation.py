@@ -199,7 +199,13 @@ def _scale_shape(
 
 
 def _as_scale(value: torch.Tensor | float, name: str, device: torch.device) -> torch.Tensor:
-    scale = torch.as_tensor(value, dtype=torch.float32, device=device)
+    try:
+        if isinstance(value, (str, bytes, bool)):
+            raise TypeError(type(value).__name__)
+        scale = torch.as_tensor(value, dtype=torch.float32, device=device)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"{name} must be a positive number or a one-element tensor, got {type(value).__name__} "
+                         f"{value!r}") from None
     if scale.numel() != 1:
         raise ValueError(f"{name} must be one number, got shape {tuple(scale.shape)}")
     scale = scale.reshape(())

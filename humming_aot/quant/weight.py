@@ -147,6 +147,9 @@ def quantize(w: torch.Tensor, fmt: WeightFormat | str) -> QuantizedWeight:
     if not isinstance(w, torch.Tensor) or not w.is_floating_point() or w.numel() == 0:
         got = getattr(w, "dtype", type(w).__name__)
         raise ValueError(f"w must be a non-empty floating point torch.Tensor, got {got}")
+    if w.is_meta:
+        raise ValueError("w is on the meta device (a model made without its weights, e.g. under init_empty_weights): "
+                         "load the weights first, then quantize them")
     if w.dim() > 3:
         raise ValueError(f"w must be one (N, K) weight or stacked experts (E, N, K), got shape {tuple(w.shape)}")
     fmt.scale_shape(w.shape)  # shape and group-size checks with their messages

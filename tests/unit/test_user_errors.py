@@ -162,3 +162,15 @@ def test_routing_and_quantize_name_their_argument_mistakes():
     assert moe.group_rows(ids, 4).offsets.tolist() == [0, 1, 2, 3, 4]
     with pytest.raises(ValueError, match=r"one \(N, K\) weight or stacked experts \(E, N, K\), got shape \(2, 2, 64, 128\)"):
         ha.quantize(torch.randn(2, 2, 64, 128), "int4:g64")
+
+
+def test_meta_weights_and_a_string_scale_are_named():
+    with pytest.raises(ValueError, match="w is on the meta device .* load the weights first"):
+        ha.quantize(torch.empty(128, 256, device="meta"), "int4:g128")
+    with pytest.raises(ValueError, match="w is on the meta device"):
+        nn.QuantizedLinear.from_linear(torch.nn.Linear(256, 128, device="meta"), "int4:g128")
+    x = torch.randn(2, 256)
+    with pytest.raises(ValueError, match="static_scale must be a positive number or a one-element tensor, got str"):
+        ops.quantize_activation(x, "float8e4m3:tensor", static_scale="2.0")
+    given = ops.quantize_activation(x, "float8e4m3:tensor", static_scale=2.0)
+    assert float(given.scales.reshape(-1)[0]) == 2.0
