@@ -220,34 +220,6 @@ def _reference_dequantize(packed: PackedWeight) -> torch.Tensor:
     return dequantize(packed.as_quantized_weight())
 
 
-def _check_code_values(qw) -> None:
-    """ValueError unless every code (and integer zero point) is one of the element's codes and no
-    code is a NaN encoding: packing masks codes to their bits, so a code out of range would land
-    silently in its neighbour's bits (a QuantizedWeight built by hand or by a converter; quantize
-    and the checkpoint loaders make none)."""
-    from humming_aot import formats
-
-    fmt = qw.format
-    elem = formats.get(fmt.element)
-    what = f"pack: {fmt.element} codes"
-    if qw.codes.numel():
-        low, high = int(qw.codes.min()), int(qw.codes.max())
-        if low < 0 or high >= elem.num_codes:
-            raise ValueError(f"{what} lie in [0, {elem.num_codes - 1}] (one unpacked code per element, signed "
-                             f"integers as their two's complement bits), got values in [{low}, {high}]")
-        if elem.nan_code is not None:
-            nan = torch.isnan(elem.values()).to(qw.codes.device)[qw.codes.long()]
-            if bool(nan.any()):
-                raise ValueError(f"{what} hold NaN encodings (e.g. {int(qw.codes[nan][0]):#x}): a quantized weight "
-                                 "must be finite")
-    zero_points = qw.zero_points
-    if zero_points is not None and not zero_points.dtype.is_floating_point and zero_points.numel():
-        low, high = int(zero_points.min()), int(zero_points.max())
-        if low < 0 or high >= elem.num_codes:
-            raise ValueError(f"pack: integer zero points of {fmt.element} lie in [0, {elem.num_codes - 1}], got "
-                             f"values in [{low}, {high}]")
-
-
 def _kernel_codes(qw, act_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None, str]:
     """(N, K) codes as the kernel reads them and (N, G) zero points (int32 or float32; or None).
 
@@ -262,7 +234,7 @@ def _kernel_codes(qw, act_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tenso
             "int1..int8, uint1..uint8 (with :zp) or a signed float float{B}e{E}m{M} of at most 8 bits"
         )
     bits = _KERNEL_WEIGHT_FORMATS[element]
-    _check_code_values(qw)
+    qw.check_codes()
     codes = qw.codes.to(torch.int32)
     has_zero_point = qw.zero_points is not None
     if element in _FLOAT_WEIGHT_FORMATS:

@@ -14,7 +14,7 @@ import torch
 
 from humming_aot import ops
 from humming_aot.moe.packing import PackedExperts
-from humming_aot.moe.routing import IndexedRouting
+from humming_aot.moe.routing import IndexedRouting, check_indexed_arguments, check_topk_weights
 
 
 def _check_activations(a: torch.Tensor, experts: PackedExperts, what: str) -> None:
@@ -30,19 +30,8 @@ def gemm_indexed(a: torch.Tensor, experts: PackedExperts, routing: IndexedRoutin
     when `a` holds one row per token (the first GEMM), 1 when it holds one row per slot (the
     second)."""
     _check_activations(a, experts, "gemm_indexed")
-    if not isinstance(routing, IndexedRouting):
-        raise ValueError(f"gemm_indexed: routing must be an IndexedRouting (moe.align_block_size), got "
-                         f"{type(routing).__name__}")
-    if type(a_rows_per_token) is not int or a_rows_per_token not in (1, routing.top_k):
-        raise ValueError(f"gemm_indexed: a_rows_per_token must be the routing's top_k ({routing.top_k}: a holds one "
-                         f"row per token) or 1 (one row per slot), got {a_rows_per_token!r}")
-    if topk_weights is not None and (not isinstance(topk_weights, torch.Tensor)
-                                     or topk_weights.shape != (routing.num_tokens, routing.top_k)
-                                     or not topk_weights.is_floating_point() or topk_weights.device != a.device):
-        got = (f"{tuple(topk_weights.shape)} {topk_weights.dtype} on {topk_weights.device}"
-               if isinstance(topk_weights, torch.Tensor) else type(topk_weights).__name__)
-        raise ValueError(f"gemm_indexed: topk_weights must be ({routing.num_tokens}, {routing.top_k}) floating on "
-                         f"{a.device}, got {got}")
+    check_indexed_arguments("gemm_indexed", routing, a_rows_per_token)
+    check_topk_weights("gemm_indexed", routing, topk_weights, a.device)
     slots = routing.num_tokens * routing.top_k
     if a.dim() != 2 or a.shape[0] * a_rows_per_token != slots:
         raise ValueError(f"gemm_indexed: a must have {slots} // a_rows_per_token={a_rows_per_token} rows, "

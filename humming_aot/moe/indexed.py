@@ -47,23 +47,14 @@ def gemm_indexed_kernel(a: torch.Tensor, experts: PackedExperts, routing, *, a_r
     gather and scatter are memory-bound copies of the activations and outputs that a loader and
     writer indexed through sorted_token_ids would save."""
     what = "gemm_indexed_kernel"
-    if not isinstance(routing, routing_module.IndexedRouting):
-        raise ValueError(f"{what}: routing must be an IndexedRouting (moe.align_block_size), got "
-                         f"{type(routing).__name__}")
+    routing_module.check_indexed_arguments(what, routing, a_rows_per_token)
     slots = routing.num_tokens * routing.top_k
-    if type(a_rows_per_token) is not int or a_rows_per_token not in (1, routing.top_k):
-        raise ValueError(f"{what}: a_rows_per_token must be the routing's top_k ({routing.top_k}: a holds one row "
-                         f"per token) or 1 (one row per slot), got {a_rows_per_token!r}")
     if (not isinstance(a, torch.Tensor) or a.dim() != 2 or a.shape[0] * a_rows_per_token != slots
             or a.shape[1] != experts.in_features or a.dtype != experts.act_dtype):
         raise ValueError(f"{what}: a must be ({slots // a_rows_per_token}, {experts.in_features}) "
                          f"{experts.act_dtype} for {routing.num_tokens} tokens of top-{routing.top_k} and "
                          f"a_rows_per_token={a_rows_per_token}, got {kernels._describe(a)}")
-    if topk_weights is not None and (not isinstance(topk_weights, torch.Tensor)
-                                     or topk_weights.shape != (routing.num_tokens, routing.top_k)
-                                     or not topk_weights.is_floating_point() or topk_weights.device != a.device):
-        raise ValueError(f"{what}: topk_weights must be ({routing.num_tokens}, {routing.top_k}) floating on "
-                         f"{a.device}, got {kernels._describe(topk_weights)}")
+    routing_module.check_topk_weights(what, routing, topk_weights, a.device)
     if not a.is_cuda or a.device != experts.device:
         raise ValueError(f"{what}: a ({a.device}) and the experts ({experts.device}) must be on one CUDA device; "
                          "on the CPU, humming_aot.moe.gemm_indexed computes the same")

@@ -28,23 +28,14 @@ def gemm_indexed_a8(qa: QuantizedActivation, experts, routing, *, a_rows_per_tok
     rows an expert is expected to hold (picks the kernel's tile); default the slots over the
     experts, rounded up. No host round trip with the kernel (CUDA-graph capturable)."""
     what = "gemm_indexed_a8"
-    if not isinstance(routing, routing_module.IndexedRouting):
-        raise ValueError(f"{what}: routing must be an IndexedRouting (moe.align_block_size), got "
-                         f"{type(routing).__name__}")
+    routing_module.check_indexed_arguments(what, routing, a_rows_per_token, "qa")
     a8._check_pairing(qa, experts, what, 2)
     slots = routing.num_tokens * routing.top_k
-    if type(a_rows_per_token) is not int or a_rows_per_token not in (1, routing.top_k):
-        raise ValueError(f"{what}: a_rows_per_token must be the routing's top_k ({routing.top_k}: qa holds one row "
-                         f"per token) or 1 (one row per slot), got {a_rows_per_token!r}")
     if qa.codes.shape[0] * a_rows_per_token != slots:
         raise ValueError(f"{what}: qa must hold {slots // a_rows_per_token} rows for {routing.num_tokens} tokens of "
                          f"top-{routing.top_k} and a_rows_per_token={a_rows_per_token}, got {qa.codes.shape[0]}")
     device = qa.codes.device
-    if topk_weights is not None and (not isinstance(topk_weights, torch.Tensor)
-                                     or topk_weights.shape != (routing.num_tokens, routing.top_k)
-                                     or not topk_weights.is_floating_point() or topk_weights.device != device):
-        raise ValueError(f"{what}: topk_weights must be ({routing.num_tokens}, {routing.top_k}) floating on "
-                         f"{device}, got {a8._moe._describe(topk_weights)}")
+    routing_module.check_topk_weights(what, routing, topk_weights, device)
     offsets = routing.expert_offsets
     if not isinstance(offsets, torch.Tensor) or offsets.shape != (experts.experts + 1,):
         raise ValueError(f"{what}: the routing holds no offsets of these {experts.experts} experts (an expert_map's "

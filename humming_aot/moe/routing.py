@@ -360,3 +360,25 @@ def combine(rows: torch.Tensor, routing: GroupedRouting | AlignedGrouping, topk_
     # a slot of no row adds nothing, whatever its weight (the kernel skips it)
     weights = topk_weights.masked_fill(~present.reshape(tokens, routing.top_k), 0)
     return weighted_sum(gathered, weights)
+
+
+def check_indexed_arguments(what: str, routing, a_rows_per_token, rows: str = "a") -> None:
+    """The indexed GEMMs' common checks (CPU loop and kernels): `routing` an IndexedRouting and
+    a_rows_per_token its top_k (`rows` holds one row per token) or 1 (one per slot)."""
+    if not isinstance(routing, IndexedRouting):
+        raise ValueError(f"{what}: routing must be an IndexedRouting (moe.align_block_size), got "
+                         f"{type(routing).__name__}")
+    if type(a_rows_per_token) is not int or a_rows_per_token not in (1, routing.top_k):
+        raise ValueError(f"{what}: a_rows_per_token must be the routing's top_k ({routing.top_k}: {rows} holds one row "
+                         f"per token) or 1 (one row per slot), got {a_rows_per_token!r}")
+
+
+def check_topk_weights(what: str, routing: "IndexedRouting", topk_weights, device: torch.device) -> None:
+    """topk_weights None or (M, top_k) floating on `device`, M and top_k the routing's."""
+    if topk_weights is not None and (not isinstance(topk_weights, torch.Tensor)
+                                     or topk_weights.shape != (routing.num_tokens, routing.top_k)
+                                     or not topk_weights.is_floating_point() or topk_weights.device != device):
+        from humming_aot.moe.kernels import _describe
+
+        raise ValueError(f"{what}: topk_weights must be ({routing.num_tokens}, {routing.top_k}) floating on "
+                         f"{device}, got {_describe(topk_weights)}")

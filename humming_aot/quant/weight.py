@@ -106,25 +106,35 @@ class QuantizedWeight:
                 moved[name] = value.to(device)
         return QuantizedWeight(**moved)
 
+    def check_codes(self) -> None:
+        """Check the codes (synchronizes a GPU): each one of the element's codes and none a NaN
+        encoding, and integer zero points in the codes' range. ValueError otherwise. (pack asks
+        this much: it masks codes to their bits, so a code out of range would land in its
+        neighbour's.)"""
+        fmt = self.format
+        elem = formats.get(fmt.element)
+        if self.codes.numel():
+            high = int(self.codes.max())
+            if high >= elem.num_codes:
+                raise ValueError(f"{fmt.element} codes lie in [0, {elem.num_codes - 1}] (one unpacked code per element, "
+                                 f"signed integers as their two's complement bits), got values in "
+                                 f"[{int(self.codes.min())}, {high}]")
+            if elem.nan_code is not None:
+                nan = torch.isnan(elem.values()).to(self.codes.device)[self.codes.long()]
+                if bool(nan.any()):
+                    raise ValueError(f"{fmt.element} codes hold NaN encodings (e.g. {int(self.codes[nan][0]):#x}): a "
+                                     "quantized weight must be finite")
+        if fmt.zero_point is ZeroPointKind.INTEGER and self.zero_points.numel():
+            if int(self.zero_points.max()) >= elem.num_codes:
+                raise ValueError(f"integer zero points of {fmt.element} lie in [0, {elem.num_codes - 1}], "
+                                 f"got {int(self.zero_points.max())}")
+
     def validate(self) -> None:
         """Check values (synchronizes a GPU): codes in range and not NaN codes, scales positive,
         finite and representable in the scale dtype, zero points in range. ValueError otherwise."""
         fmt = self.format
-        elem = formats.get(fmt.element)
-        if self.codes.numel() and int(self.codes.max()) >= elem.num_codes:
-            raise ValueError(
-                f"{fmt.element} codes lie in [0, {elem.num_codes - 1}], but codes hold {int(self.codes.max())}: "
-                "store one unpacked code per element"
-            )
-        if elem.nan_code is not None and bool(torch.isnan(elem.decode(self.codes)).any()):
-            raise ValueError(f"codes hold NaN encodings of {fmt.element}: a quantized weight must be finite")
+        self.check_codes()
         _check_scale_values("scales", self.scales, formats.get(fmt.scale_dtype), positive=True)
-        if fmt.zero_point is ZeroPointKind.INTEGER and self.zero_points.numel():
-            if int(self.zero_points.max()) >= elem.num_codes:
-                raise ValueError(
-                    f"integer zero points of {fmt.element} lie in [0, {elem.num_codes - 1}], "
-                    f"got {int(self.zero_points.max())}"
-                )
         if fmt.zero_point is ZeroPointKind.FLOAT:
             _check_scale_values("zero_points", self.zero_points, formats.get(fmt.scale_dtype), positive=False)
         if self.global_scale is not None:
