@@ -83,6 +83,8 @@ def main(argv=None) -> int:
     parser.add_argument("--impls", default=",".join(IMPLS))
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--tile", default=None, help="force this wgmma-ss (or mma-ss) tile on humming_aot")
+    parser.add_argument("--stream-k", type=int, default=None,
+                        help="humming_aot's stream-K CTAs (0: the tail split; default: the heuristic's choice)")
     parser.add_argument("--portable", action="store_true", help="humming_aot through the mma-ss body's table "
                         "(w8a8.select_sync_tile: what GPUs without wgmma run) instead of wgmma-ss's")
     parser.add_argument("--blocks", action="store_true", help="DeepSeek-V3 scaling: float8e4m3:b128x128 weights, "
@@ -121,8 +123,9 @@ def main(argv=None) -> int:
             int_scales = [torch.nn.functional.pad(qa.scales.reshape(-1, 1), (0, 0, 0, max(0, 17 - m))) for qa in qas]
             ref = w8a8.reference(qas[0], packs[0]).float()
             calls = {
-                "humming_aot": [lambda qa=qa, p=p: w8a8.gemm(qa, p, tile=tile) for qa, p in zip(qas, packs)],
-                "humming_aot+quant": [lambda x=x, p=p: w8a8.gemm(ops.quantize_activation(x, act), p, tile=tile)
+                "humming_aot": [lambda qa=qa, p=p: w8a8.gemm(qa, p, tile=tile, stream_k=args.stream_k) for qa, p in zip(qas, packs)],
+                "humming_aot+quant": [lambda x=x, p=p: w8a8.gemm(ops.quantize_activation(x, act), p, tile=tile,
+                                                                        stream_k=args.stream_k)
                                       for x, p in zip(xs, packs)],
                 "scaled_mm": [lambda qa=qa, c=c: torch._scaled_mm(qa.codes.view(torch.float8_e4m3fn), c[0],
                                                                   scale_a=qa.scales, scale_b=c[1],
@@ -150,7 +153,7 @@ def main(argv=None) -> int:
                 us = timing["median_us"]
                 row = {"impl": impl, "m": m, "n": n, "k": k, "us": us, "p10_us": timing["p10_us"],
                        "p90_us": timing["p90_us"], "tflops": tflops(gemm_flops(m, n, k), us), "relerr": relerr,
-                       "blocks": args.blocks, "int8": args.int8,
+                       "blocks": args.blocks, "int8": args.int8, "stream_k": args.stream_k,
                        "tile": (w8a8.select_tile(m, args.blocks, n=n, num_sms=sms,
                                                  element="int8" if args.int8 else "float8e4m3", k=k).label
                                 if impl.startswith("humming_aot") and not tile else tile)}
