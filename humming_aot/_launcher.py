@@ -200,6 +200,15 @@ def device_attribute(device: int, attribute: int) -> int:
     return _c().device_attribute(device, attribute)
 
 
+def alloc_zeroed_for_process(device: int, nbytes: int) -> int:
+    """The address of ``nbytes`` (a positive multiple of 4) of device memory on ``device``, zero
+    when this returns and never freed. It is allocated and zeroed outside any CUDA-graph capture
+    (the calling thread's capture mode relaxed for the call, a memset synchronized on a private
+    stream), so a buffer first asked for inside a capture is neither in the graph's memory pool nor
+    zeroed only when that graph replays. ValueError for a bad size; CudaError from the driver."""
+    return _c().alloc_zeroed_for_process(device, nbytes)
+
+
 def launch(
     kernel: int,
     grid: tuple[int, int, int],
