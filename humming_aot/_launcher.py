@@ -25,6 +25,7 @@ __all__ = [  # noqa: F822 (CudaError, DriverNotFoundError: module __getattr__, f
     "DeviceAttribute",
     "DriverNotFoundError",
     "FunctionAttribute",
+    "alloc_zeroed_for_process",
     "device_attribute",
     "driver_available",
     "driver_unavailable_reason",

@@ -106,9 +106,12 @@ def _split_k_counters(device: torch.device, stream: int) -> torch.Tensor:
     slot = (device.index, stream)
     counters = _counters.get(slot)
     if counters is None:
-        address = _launcher.alloc_zeroed_for_process(device.index, SPLIT_K_COUNTERS * 4)
-        counters = torch.as_tensor(_ProcessWords(address, SPLIT_K_COUNTERS), device=device)
-        _counters[slot] = counters
+        with _lock:  # (the launcher releases the GIL: a second thread on the slot must not allocate again)
+            counters = _counters.get(slot)
+            if counters is None:
+                address = _launcher.alloc_zeroed_for_process(device.index, SPLIT_K_COUNTERS * 4)
+                counters = torch.as_tensor(_ProcessWords(address, SPLIT_K_COUNTERS), device=device)
+                _counters[slot] = counters
     return counters
 
 

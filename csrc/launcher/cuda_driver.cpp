@@ -95,6 +95,7 @@ DriverState load_driver() {
   resolve(handle, "cuLaunchKernel", api.cuLaunchKernel, missing);
   resolve(handle, "cuMemcpyDtoH_v2", api.cuMemcpyDtoH_v2, missing);
   resolve(handle, "cuMemAlloc_v2", api.cuMemAlloc_v2, missing);
+  resolve(handle, "cuMemFree_v2", api.cuMemFree_v2, missing);
   resolve(handle, "cuMemsetD32Async", api.cuMemsetD32Async, missing);
   resolve(handle, "cuStreamCreate", api.cuStreamCreate, missing);
   resolve(handle, "cuStreamSynchronize", api.cuStreamSynchronize, missing);

@@ -147,6 +147,7 @@ using PFN_cuLaunchKernelEx = CUresult (*)(const CUlaunchConfig* config, CUfuncti
                                           void** extra);
 using PFN_cuMemcpyDtoH_v2 = CUresult (*)(void* host, CUdeviceptr device, std::size_t bytes);
 using PFN_cuMemAlloc_v2 = CUresult (*)(CUdeviceptr* pointer, std::size_t bytes);
+using PFN_cuMemFree_v2 = CUresult (*)(CUdeviceptr pointer);
 using PFN_cuMemsetD32Async = CUresult (*)(CUdeviceptr pointer, unsigned int value, std::size_t count, CUstream stream);
 using PFN_cuStreamCreate = CUresult (*)(CUstream* stream, unsigned int flags);
 using PFN_cuStreamSynchronize = CUresult (*)(CUstream stream);
@@ -192,6 +193,7 @@ struct DriverApi {
   PFN_cuLaunchKernel cuLaunchKernel;
   PFN_cuMemcpyDtoH_v2 cuMemcpyDtoH_v2;
   PFN_cuMemAlloc_v2 cuMemAlloc_v2;
+  PFN_cuMemFree_v2 cuMemFree_v2;
   PFN_cuMemsetD32Async cuMemsetD32Async;
   PFN_cuStreamCreate cuStreamCreate;
   PFN_cuStreamSynchronize cuStreamSynchronize;

@@ -15,7 +15,11 @@ class Scope {
   Scope(const cu::DriverApi& api, int ordinal) : api_(api) {
     cu::check(api, api.cuCtxGetCurrent(&previous_), "cuCtxGetCurrent", "device " + std::to_string(ordinal));
     make_primary_context_current(api, ordinal, cu::CUDA_SUCCESS);
-    cu::check(api, api.cuThreadExchangeStreamCaptureMode(&mode_), "cuThreadExchangeStreamCaptureMode", "relaxed");
+    const cu::CUresult exchanged = api.cuThreadExchangeStreamCaptureMode(&mode_);
+    if (exchanged != cu::CUDA_SUCCESS) {  // (no destructor runs for a constructor that throws)
+      if (previous_ != nullptr) api.cuCtxSetCurrent(previous_);
+      cu::check(api, exchanged, "cuThreadExchangeStreamCaptureMode", "relaxed");
+    }
   }
   ~Scope() {
     api_.cuThreadExchangeStreamCaptureMode(&mode_);
@@ -38,10 +42,12 @@ std::uint64_t alloc_zeroed_for_process(const cu::DriverApi& api, int ordinal, st
   cu::CUdeviceptr pointer = 0;
   cu::check(api, api.cuMemAlloc_v2(&pointer, bytes), "cuMemAlloc", what);
   cu::CUstream stream = nullptr;
-  cu::check(api, api.cuStreamCreate(&stream, cu::CU_STREAM_NON_BLOCKING), "cuStreamCreate", what);
-  const cu::CUresult set = api.cuMemsetD32Async(pointer, 0, bytes / 4, stream);
+  const cu::CUresult created = api.cuStreamCreate(&stream, cu::CU_STREAM_NON_BLOCKING);
+  const cu::CUresult set = created == cu::CUDA_SUCCESS ? api.cuMemsetD32Async(pointer, 0, bytes / 4, stream) : created;
   const cu::CUresult synced = set == cu::CUDA_SUCCESS ? api.cuStreamSynchronize(stream) : set;
-  api.cuStreamDestroy_v2(stream);
+  if (created == cu::CUDA_SUCCESS) api.cuStreamDestroy_v2(stream);
+  if (synced != cu::CUDA_SUCCESS) api.cuMemFree_v2(pointer);  // (a failed call leaves nothing behind)
+  cu::check(api, created, "cuStreamCreate", what);
   cu::check(api, set, "cuMemsetD32Async", what);
   cu::check(api, synced, "cuStreamSynchronize", what);
   return pointer;

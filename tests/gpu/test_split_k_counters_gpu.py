@@ -22,7 +22,11 @@ def _seed() -> int:
     return seed
 
 
-def test_counters_first_made_in_a_capture_are_zero_and_not_the_graphs_memory():
+def test_counters_first_made_in_a_capture_are_zero_and_not_the_graphs_memory(monkeypatch):
+    # (torch reuses its streams' handles: start from no counters and no plans, so that the side
+    # stream's are made inside the capture below whatever ran before)
+    monkeypatch.setattr(dispatch, "_counters", {})
+    monkeypatch.setattr(dispatch, "_plans", {})
     seed = _seed()
     gen = torch.Generator(device="cuda").manual_seed(seed)
     n, k = 4096, 4096

@@ -123,6 +123,7 @@ _DRIVER_CALLS = {
     "kernel_attribute": lambda c: c.kernel_attribute(1, _launcher.FunctionAttribute.NUM_REGS, 0),
     "device_attribute": lambda c: c.device_attribute(0, _launcher.DeviceAttribute.MULTIPROCESSOR_COUNT),
     "max_active_clusters": lambda c: c.max_active_clusters(1, (128, 1, 1), 0, (1, 2, 1), 0),
+    "alloc_zeroed_for_process": lambda c: c.alloc_zeroed_for_process(0, 4096),
     "launch": lambda c: c.launch(1, (1, 1, 1), (128, 1, 1), 0, 0, b"\0" * 64, 0),
     "launch-programmatic": lambda c: c.launch(
         1, (1, 1, 1), (128, 1, 1), 0, 0, b"\0" * 64, 0, programmatic_dependent_launch=True
@@ -313,7 +314,7 @@ def test_build_launcher_extension_into_a_directory(tmp_path):
 
 
 @pytest.mark.parametrize("nbytes", [0, 6])
-def test_zeroed_device_memory_refuses_a_size_that_is_not_whole_words(nbytes):
+def test_zeroed_device_memory_refuses_a_size_that_is_not_whole_words(extension, nbytes):
     """alloc_zeroed_for_process checks its size before it needs a driver."""
     with pytest.raises(ValueError, match=f"bytes must be a positive multiple of 4, got {nbytes}"):
-        _launcher.alloc_zeroed_for_process(0, nbytes)
+        extension.alloc_zeroed_for_process(0, nbytes)
