@@ -25,6 +25,7 @@ __all__ = [  # noqa: F822 (CudaError, DriverNotFoundError: module __getattr__, f
     "DeviceAttribute",
     "DriverNotFoundError",
     "FunctionAttribute",
+    "alloc_zeroed_for_process",
     "device_attribute",
     "driver_available",
     "driver_unavailable_reason",
@@ -198,6 +199,15 @@ def max_active_clusters(kernel: int, block: tuple[int, int, int], smem: int, clu
 def device_attribute(device: int, attribute: int) -> int:
     """cuDeviceGetAttribute; ``attribute`` is a :class:`DeviceAttribute`."""
     return _c().device_attribute(device, attribute)
+
+
+def alloc_zeroed_for_process(device: int, nbytes: int) -> int:
+    """The address of ``nbytes`` (a positive multiple of 4) of device memory on ``device``, zero
+    when this returns and never freed. It is allocated and zeroed outside any CUDA-graph capture
+    (the calling thread's capture mode relaxed for the call, a memset synchronized on a private
+    stream), so a buffer first asked for inside a capture is neither in the graph's memory pool nor
+    zeroed only when that graph replays. ValueError for a bad size; CudaError from the driver."""
+    return _c().alloc_zeroed_for_process(device, nbytes)
 
 
 def launch(

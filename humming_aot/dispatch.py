@@ -89,12 +89,29 @@ def obtain(spec: GemmSpec, device_index: int, m: int, tile: TileConfig | None = 
         return hit
 
 
+class _ProcessWords:
+    """int32 words the launcher allocated for the process, as a CUDA array (torch.as_tensor views
+    it without owning it)."""
+
+    def __init__(self, address: int, words: int):
+        self.__cuda_array_interface__ = {"shape": (words,), "typestr": "<i4", "data": (address, False),
+                                         "version": 3, "strides": None}
+
+
 def _split_k_counters(device: torch.device, stream: int) -> torch.Tensor:
+    """The stream's split-K / stream-K tile counters (SPLIT_K_COUNTERS int32, each protocol leaves
+    them at zero). Zeroed when made, outside any CUDA-graph capture (_launcher.alloc_zeroed_for_process):
+    made inside a capture by torch, they would be the graph's memory, zeroed only when that graph
+    replays, while another graph or an eager call on the stream may use them first."""
     slot = (device.index, stream)
     counters = _counters.get(slot)
     if counters is None:
-        counters = torch.zeros(SPLIT_K_COUNTERS, dtype=torch.int32, device=device)
-        _counters[slot] = counters
+        with _lock:  # (the launcher releases the GIL: a second thread on the slot must not allocate again)
+            counters = _counters.get(slot)
+            if counters is None:
+                address = _launcher.alloc_zeroed_for_process(device.index, SPLIT_K_COUNTERS * 4)
+                counters = torch.as_tensor(_ProcessWords(address, SPLIT_K_COUNTERS), device=device)
+                _counters[slot] = counters
     return counters
 
 

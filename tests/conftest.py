@@ -1,6 +1,7 @@
 """Fixtures for every test: each starts from humming_aot's default switches and an empty dispatch
 cache, whatever the shell or an earlier test set."""
 import pytest
+import torch
 
 from humming_aot import dispatch, env, kernels, ops
 
@@ -20,12 +21,26 @@ def _default_switches_and_fresh_dispatch(monkeypatch):
     for var in SWITCHES:
         monkeypatch.delenv(var.name, raising=False)
     _clear_dispatch_caches()
+    monkeypatch.setattr(dispatch, "_split_k_counters", _counters_of(dispatch._split_k_counters))
     yield
     if any(var.is_set() for var in SWITCHES):
         # PDL and CLUSTERS are read when a kernel is loaded: a kernel loaded under the test's
         # setting must not serve the next test
         kernels.clear_loaded_kernels()
     _clear_dispatch_caches()
+
+
+def _counters_of(real):
+    """dispatch._split_k_counters, with a zeroed CPU tensor per stream for the unit tests' CPU
+    tensors made to look like CUDA ones (the real counters are device memory from the launcher)."""
+    made = {}
+
+    def counters(device, stream):
+        if device.type == "cpu":
+            return made.setdefault(stream, torch.zeros(dispatch.SPLIT_K_COUNTERS, dtype=torch.int32))
+        return real(device, stream)
+
+    return counters
 
 
 def pytest_addoption(parser):

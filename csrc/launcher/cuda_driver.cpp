@@ -94,6 +94,13 @@ DriverState load_driver() {
   resolve(handle, "cuKernelGetAttribute", api.cuKernelGetAttribute, missing);
   resolve(handle, "cuLaunchKernel", api.cuLaunchKernel, missing);
   resolve(handle, "cuMemcpyDtoH_v2", api.cuMemcpyDtoH_v2, missing);
+  resolve(handle, "cuMemAlloc_v2", api.cuMemAlloc_v2, missing);
+  resolve(handle, "cuMemFree_v2", api.cuMemFree_v2, missing);
+  resolve(handle, "cuMemsetD32Async", api.cuMemsetD32Async, missing);
+  resolve(handle, "cuStreamCreate", api.cuStreamCreate, missing);
+  resolve(handle, "cuStreamSynchronize", api.cuStreamSynchronize, missing);
+  resolve(handle, "cuStreamDestroy_v2", api.cuStreamDestroy_v2, missing);
+  resolve(handle, "cuThreadExchangeStreamCaptureMode", api.cuThreadExchangeStreamCaptureMode, missing);
   api.cuLaunchKernelEx = reinterpret_cast<PFN_cuLaunchKernelEx>(dlsym(handle, "cuLaunchKernelEx"));  // optional
   api.cuTensorMapEncodeTiled =
       reinterpret_cast<PFN_cuTensorMapEncodeTiled>(dlsym(handle, "cuTensorMapEncodeTiled"));  // optional

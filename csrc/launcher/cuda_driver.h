@@ -53,6 +53,10 @@ using CUlibrary = struct CUlib_st*;
 using CUkernel = struct CUkern_st*;
 using CUfunction = struct CUfunc_st*;  // a CUkernel may be passed where a CUfunction is expected
 using CUstream = struct CUstream_st*;
+enum CUstream_flags : unsigned int { CU_STREAM_NON_BLOCKING = 1 };
+// A thread's stream-capture interaction mode: relaxed lets it make calls that a global-mode
+// capture (torch's default) forbids, such as cuMemAlloc.
+enum CUstreamCaptureMode : int { CU_STREAM_CAPTURE_MODE_RELAXED = 2 };
 
 // cuLaunchKernelEx's configuration. Only the attributes the launcher sets are declared; the
 // driver reads every attribute as an (id, 64-byte value) record, whatever the id.
@@ -142,6 +146,13 @@ using PFN_cuLaunchKernel = CUresult (*)(CUfunction function, unsigned int grid_x
 using PFN_cuLaunchKernelEx = CUresult (*)(const CUlaunchConfig* config, CUfunction function, void** kernel_params,
                                           void** extra);
 using PFN_cuMemcpyDtoH_v2 = CUresult (*)(void* host, CUdeviceptr device, std::size_t bytes);
+using PFN_cuMemAlloc_v2 = CUresult (*)(CUdeviceptr* pointer, std::size_t bytes);
+using PFN_cuMemFree_v2 = CUresult (*)(CUdeviceptr pointer);
+using PFN_cuMemsetD32Async = CUresult (*)(CUdeviceptr pointer, unsigned int value, std::size_t count, CUstream stream);
+using PFN_cuStreamCreate = CUresult (*)(CUstream* stream, unsigned int flags);
+using PFN_cuStreamSynchronize = CUresult (*)(CUstream stream);
+using PFN_cuStreamDestroy_v2 = CUresult (*)(CUstream stream);
+using PFN_cuThreadExchangeStreamCaptureMode = CUresult (*)(CUstreamCaptureMode* mode);
 using PFN_cuKernelGetFunction = CUresult (*)(CUfunction* function, CUkernel kernel);
 using PFN_cuOccupancyMaxActiveClusters = CUresult (*)(int* clusters, CUfunction function, const CUlaunchConfig* config);
 
@@ -181,6 +192,13 @@ struct DriverApi {
   PFN_cuKernelGetAttribute cuKernelGetAttribute;
   PFN_cuLaunchKernel cuLaunchKernel;
   PFN_cuMemcpyDtoH_v2 cuMemcpyDtoH_v2;
+  PFN_cuMemAlloc_v2 cuMemAlloc_v2;
+  PFN_cuMemFree_v2 cuMemFree_v2;
+  PFN_cuMemsetD32Async cuMemsetD32Async;
+  PFN_cuStreamCreate cuStreamCreate;
+  PFN_cuStreamSynchronize cuStreamSynchronize;
+  PFN_cuStreamDestroy_v2 cuStreamDestroy_v2;
+  PFN_cuThreadExchangeStreamCaptureMode cuThreadExchangeStreamCaptureMode;
   // Optional (null when the driver lacks it): only Programmatic Dependent Launch needs it, and that is
   // an overlap optimization, so its absence degrades to cuLaunchKernel instead of refusing the driver.
   PFN_cuLaunchKernelEx cuLaunchKernelEx;

@@ -14,6 +14,7 @@
 
 #include "cuda_driver.h"
 #include "device_context.h"
+#include "device_memory.h"
 #include "image_format.h"
 #include "planned_launch.h"
 #include "py_values.h"
@@ -95,6 +96,16 @@ py::bytes read_global(std::uint64_t library, const std::string& name, int device
     }
   }
   return py::bytes(contents);
+}
+
+std::uint64_t zeroed_device_memory(int device, std::uint64_t bytes) {
+  if (bytes == 0 || bytes % 4 != 0) {
+    throw py::value_error("alloc_zeroed_for_process: bytes must be a positive multiple of 4, got " +
+                          std::to_string(bytes));
+  }
+  const cu::DriverApi& api = cu::driver();
+  py::gil_scoped_release no_gil;
+  return launcher::alloc_zeroed_for_process(api, device, static_cast<std::size_t>(bytes));
 }
 
 void set_max_dynamic_smem(std::uint64_t kernel, int device, int nbytes) {
@@ -285,6 +296,11 @@ PYBIND11_MODULE(_C, m) {
         "The bytes of the __device__ / __constant__ variable `name` as loaded on `device` "
         "(cuLibraryGetGlobal + synchronous cuMemcpyDtoH; makes the device's primary context current "
         "if the thread has none).");
+  m.def("alloc_zeroed_for_process", &hl::zeroed_device_memory, py::arg("device"), py::arg("bytes"),
+        "`bytes` (a positive multiple of 4) of device memory on `device`, zero when this returns and never freed: "
+        "cuMemAlloc in the device's primary context and a memset synchronized on a private stream, with the "
+        "calling thread's stream-capture mode relaxed for the call, so that it works inside a CUDA-graph capture "
+        "without becoming part of the graph. Returns the device address.");
   m.def("set_max_dynamic_smem", &hl::set_max_dynamic_smem, py::arg("kernel"), py::arg("device"), py::arg("nbytes"),
         "cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes) for `device`.");
   m.def("kernel_attribute", &hl::kernel_attribute, py::arg("kernel"), py::arg("attribute"), py::arg("device"),

@@ -123,6 +123,7 @@ _DRIVER_CALLS = {
     "kernel_attribute": lambda c: c.kernel_attribute(1, _launcher.FunctionAttribute.NUM_REGS, 0),
     "device_attribute": lambda c: c.device_attribute(0, _launcher.DeviceAttribute.MULTIPROCESSOR_COUNT),
     "max_active_clusters": lambda c: c.max_active_clusters(1, (128, 1, 1), 0, (1, 2, 1), 0),
+    "alloc_zeroed_for_process": lambda c: c.alloc_zeroed_for_process(0, 4096),
     "launch": lambda c: c.launch(1, (1, 1, 1), (128, 1, 1), 0, 0, b"\0" * 64, 0),
     "launch-programmatic": lambda c: c.launch(
         1, (1, 1, 1), (128, 1, 1), 0, 0, b"\0" * 64, 0, programmatic_dependent_launch=True
@@ -245,6 +246,8 @@ def test_driver_api_values_match_cuda_h(tmp_path):
             "CU_FUNC_ATTRIBUTE_NUM_REGS", "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES",
         ],
         "CUlaunchAttributeID": ["CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION"],
+        "CUstream_flags": ["CU_STREAM_NON_BLOCKING"],
+        "CUstreamCaptureMode": ["CU_STREAM_CAPTURE_MODE_RELAXED"],
     }
     checks = [f"static_assert((int)hcu::{n} == (int)::{n}, \"{n}\");" for group in names.values() for n in group]
     checks += [
@@ -257,7 +260,8 @@ def test_driver_api_values_match_cuda_h(tmp_path):
     ]
     for ours, theirs in [("CUdeviceptr", "CUdeviceptr"), ("CUdevice", "CUdevice"), ("CUresult", "CUresult"),
                          ("CUdevice_attribute", "CUdevice_attribute"), ("CUfunction_attribute", "CUfunction_attribute"),
-                         ("CUcontext", "CUcontext"), ("CUstream", "CUstream")]:
+                         ("CUcontext", "CUcontext"), ("CUstream", "CUstream"),
+                         ("CUstreamCaptureMode", "CUstreamCaptureMode")]:
         checks.append(f"static_assert(sizeof(hcu::{ours}) == sizeof(::{theirs}), \"sizeof {ours}\");")
     # cuLaunchKernelEx reads these records by <cuda.h>'s layout: every member at the same offset and size.
     layouts = {
@@ -307,3 +311,10 @@ def test_build_launcher_extension_into_a_directory(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() in ("True", "False")
+
+
+@pytest.mark.parametrize("nbytes", [0, 6])
+def test_zeroed_device_memory_refuses_a_size_that_is_not_whole_words(extension, nbytes):
+    """alloc_zeroed_for_process checks its size before it needs a driver."""
+    with pytest.raises(ValueError, match=f"bytes must be a positive multiple of 4, got {nbytes}"):
+        extension.alloc_zeroed_for_process(0, nbytes)
