@@ -48,7 +48,8 @@ def test_the_masked_schedule_runs_the_tma_body_from_5_rows_on_sm90a():
             tile = heuristics.select_masked_tile("sm90a", m, k, group, 4)
             if k <= 256 or m > 4 or (m > 1 and k <= 1024):  # one warpgroup of four units
                 rows = 8 if m <= 4 else 16 if m <= 10 else 32
-                assert tile.label == f"wgmma-ws:{rows}x256x64_w1x4_s6", (m, k)
+                # 4-bit codes: 4 stages in the 8-row tile (log section 67), 6 in the 16- and 32-row ones
+                assert tile.label == f"wgmma-ws:{rows}x256x64_w1x4_s{4 if rows == 8 else 6}", (m, k)
             else:
                 assert tile == heuristics.select_masked_tile("sm90a", m, k, group, 4, masked=False), (m, k)
             # wider codes: the 16-row tile to 10 rows, the 32-row one to 16, in 4 stages
@@ -105,7 +106,7 @@ def test_the_moe_table_picks_small_ctas_for_short_k_and_the_decode_tiles_for_lon
     # K = 256 (DeepSeek-V3 TP8 down): the TMA body's 8- and 16-row tiles of one consumer warpgroup
     # of four units, whose ring runs across tiles (four stages for codes over 4 bits); from 11 rows
     # its 32-row tile at any K; the grouped row-expert schedule keeps the swapped tiles
-    assert heuristics.select_masked_tile("sm90a", 1, 256, 128, 4).label == "wgmma-ws:8x256x64_w1x4_s6"
+    assert heuristics.select_masked_tile("sm90a", 1, 256, 128, 4).label == "wgmma-ws:8x256x64_w1x4_s4"
     assert heuristics.select_masked_tile("sm90a", 8, 256, 128, 4).label == "wgmma-ws:16x256x64_w1x4_s6"
     assert heuristics.select_masked_tile("sm90a", 8, 256, 128, 8).label == "wgmma-ws:16x256x64_w1x4_s4"
     for k in (256, 768, 2048, 7168):
@@ -174,7 +175,7 @@ def test_the_offsets_form_picks_the_deep_decode_tile_where_its_tiles_fit_one_wav
     from humming_aot import dispatch
 
     shallow, deep = parse_tile_field("8x128x128_w1x2x2_s2"), parse_tile_field("8x128x256_w1x2x4_s2")
-    wide = parse_tile_field("wgmma-ws:8x256x64_w1x4_s6")
+    wide = parse_tile_field("wgmma-ws:8x256x64_w1x4_s4")
     resident = {shallow: 20, deep: 10, wide: 8}
 
     lookups = []
@@ -211,8 +212,8 @@ def test_the_offsets_form_picks_the_deep_decode_tile_where_its_tiles_fit_one_wav
         assert decode_tiles.offsets_depth(a, short, *table, reach, "w") == (wanted, f"kernel {wanted.label}",
                                                                               resident[wanted]), reach
     assert lookups == [wide]
-    uint4 = _experts("uint4:g128:zp", e=16, n=256, k=768)  # the table's zero-point row (5 stages)
-    assert decode_tiles.two_row_tile("sm90a", uint4).label == "wgmma-ws:8x256x64_w1x4_s5"
+    uint4 = _experts("uint4:g128:zp", e=16, n=256, k=768)  # zero points: the table's 4 stages fit
+    assert decode_tiles.two_row_tile("sm90a", uint4).label == "wgmma-ws:8x256x64_w1x4_s4"
     assert decode_tiles.two_row_tile("sm90a", long_k) is None and decode_tiles.two_row_tile("sm89", short) is None
     a = torch.zeros(3, 2048, dtype=torch.bfloat16)
     ws = parse_tile_field("wgmma-ws:8x256x64_w1x4_s6")
@@ -286,9 +287,9 @@ def test_one_warpgroup_tma_tiles_keep_two_or_three_ctas_per_sm_for_every_code():
             == "wgmma-ws:32x256x64_w1x4_s5")
     assert (heuristics.select_masked_tile("sm90a", 16, 256, 128, 8, zero_point=True).label
             == "wgmma-ws:32x256x64_w1x4_s3")
-    assert heuristics.select_masked_tile("sm90a", 1, 256, 128, 4).label == "wgmma-ws:8x256x64_w1x4_s6"
+    assert heuristics.select_masked_tile("sm90a", 1, 256, 128, 4).label == "wgmma-ws:8x256x64_w1x4_s4"
     assert (heuristics.select_masked_tile("sm90a", 1, 256, 128, 4, zero_point=True).label
-            == "wgmma-ws:8x256x64_w1x4_s5")
+            == "wgmma-ws:8x256x64_w1x4_s4")
     assert heuristics.select_masked_tile("sm90a", 1, 256, 128, 8).label == "wgmma-ws:8x256x64_w1x4_s4"
     for w_bits in range(1, 9):
         for zero_point in (False, True):
