@@ -163,7 +163,7 @@ def _kernel(info, out_dtype: torch.dtype, packed, tile, m: int, n: int, act_elem
     fast_takes = act_element == w4a8.ACT_ELEMENT if w4 else packed.element != INT4
     if tile is None:
         if ARCH in info.arches and fast_takes:
-            tile = (w4a8.select_tile(m, n=n, num_sms=info.num_sms) if w4
+            tile = (w4a8.select_tile(m, n=n, num_sms=info.num_sms, weight_element=packed.element) if w4
                     else select_tile(m, packed.blocks, n=n, num_sms=info.num_sms, element=packed.element,
                                     k=packed.k))
         else:

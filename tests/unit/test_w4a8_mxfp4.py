@@ -211,6 +211,17 @@ def test_keys_of_both_bodies():
     assert overlapped(tile) and not overlapped(tile, _MX)
 
 
+def test_mxfp4_takes_the_192_token_tile_from_fewer_tokens():
+    # MXFP4's dearer conversion: 192 tokens a CTA from MXFP4_WIDE_FROM tokens, integer codes above 1536
+    for m in (w4a8.MXFP4_WIDE_FROM - 1, w4a8.MXFP4_WIDE_FROM, 1024, 1536, 1537):
+        mx = w4a8.select_tile(m, n=4096, weight_element=_MX)
+        assert mx.block_m == (192 if m >= w4a8.MXFP4_WIDE_FROM else 128)
+        for element in (w4a8.WEIGHT_ELEMENT, w4a8.UINT4_ELEMENT):
+            assert w4a8.select_tile(m, n=4096, weight_element=element).block_m == (192 if m > 1536 else 128)
+    # decode keeps its rows
+    assert w4a8.select_tile(1, n=8192, weight_element=_MX).label == w4a8._WIDE_DECODE_TILE
+
+
 def test_generated_source_and_the_default_catalog():
     from humming_aot.enumerate import enumerate_keys
 

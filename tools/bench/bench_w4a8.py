@@ -159,7 +159,7 @@ def main(argv=None) -> int:
                        "p90_us": timing["p90_us"], "tflops": tflops(gemm_flops(m, n, k), us), "relerr": relerr,
                        "w4a8": True, "weights": args.weights,
                        "int8": args.int8,
-                       "tile": (w4a8.select_tile(m, n=n, num_sms=sms).label
+                       "tile": (w4a8.select_tile(m, n=n, num_sms=sms, weight_element=packs[0].element).label
                                 if impl.startswith("humming_aot") and not tile and not args.int8
                                 else w4a8.select_sync_tile(m).label if impl.startswith("humming_aot") and not tile
                                 else tile)}
