@@ -78,7 +78,7 @@ def _grouped_by_offsets(a: torch.Tensor, experts: PackedExperts, offsets: torch.
                         routed_rows: int | None = None) -> torch.Tensor:
     """gemm_grouped_kernel on rows grouped by prefix offsets: the masked schedule walking the
     experts' rows of the one activation (kernel/grouped_masked.cuh, its offsets form), with no
-    alignment and no copy of the rows; K split in slices (offsets_splits) when the rows' tiles
+    alignment and no copy of the rows; K split in slices (wna16_offsets_splits) when the rows' tiles
     leave most CTA slots idle."""
     what = "gemm_grouped_kernel"
     if (not isinstance(offsets, torch.Tensor) or offsets.shape != (experts.experts + 1,)
@@ -109,7 +109,7 @@ def _grouped_by_offsets(a: torch.Tensor, experts: PackedExperts, offsets: torch.
     k_tiles = experts.k // tile.block_k
     one_slice = tile.mma is MmaKind.WGMMA_WS  # its schedule runs whole tiles
     if splits is None:
-        splits = 1 if one_slice else offsets_splits(bound, k_tiles, resident)
+        splits = 1 if one_slice else wna16_offsets_splits(bound, k_tiles, resident)
     elif (type(splits) is not int or not 1 <= splits <= k_tiles or (splits > 1 and bound > _split_k_counters_size())
           or (one_slice and splits != 1)):
         raise ValueError(f"{what}: splits={splits!r} must be an int in [1, K / {tile.block_k} = {k_tiles}], and 1 "
@@ -168,6 +168,27 @@ def offsets_splits(tile_bound: int, k_tiles: int, resident: int) -> int:
     if tile_bound * 4 > resident or tile_bound > _split_k_counters_size():
         return 1
     return max(1, min(resident // max(tile_bound, 1), k_tiles // MIN_SLICE_K_TILES, MAX_OFFSETS_SPLITS))
+
+
+# wna16_offsets_splits: on at least LONG_K_TILES K tiles, slices also where the rows' tiles fill
+# up to half the slots, and at most WNA16_MAX_SPLITS of them.
+LONG_K_TILES = 16
+WNA16_MAX_SPLITS = 4
+
+
+def wna16_offsets_splits(tile_bound: int, k_tiles: int, resident: int) -> int:
+    """K slices of the 16-bit-activation offsets form (gemm_grouped_kernel): offsets_splits' rule,
+    with a K of at least LONG_K_TILES K tiles slicing also where the rows' tiles fill up to half the
+    resident CTAs, and at most WNA16_MAX_SPLITS slices. H100, session 62 (docs/performance/log.md
+    section 67): DeepSeek-V3 TP8's gate_up (N 512, K 7168: 28 K tiles of 256, 264 slots) at 1 / 2 /
+    3 / 4 tokens (at most 36 / 72 / 108 / 144 tiles) takes 4 / 3 / 2 / 1 slices, 14.6 / 20.1 / 25.0
+    / 30.0 us, against 15.5 / 22.3 / 27.0 / 30.0 with offsets_splits' 7 / 1 / 1 / 1; more slices than
+    the slots hold take a second wave (2 tokens, 6 slices: 29.3). Qwen3-30B's gate_up (8 K tiles
+    of 256) keeps offsets_splits' choice. The quantized-activation forms keep offsets_splits until
+    timed with this rule."""
+    if k_tiles < LONG_K_TILES or tile_bound * 2 > resident or tile_bound > _split_k_counters_size():
+        return offsets_splits(tile_bound, k_tiles, resident)  # (a short K: at most 3 slices there)
+    return max(1, min(resident // max(tile_bound, 1), k_tiles // MIN_SLICE_K_TILES, WNA16_MAX_SPLITS))
 
 
 def nonempty_slices(k_tiles: int, splits: int) -> int:
@@ -293,7 +314,7 @@ def gemm_grouped_kernel(a: torch.Tensor, experts: PackedExperts, row_expert: tor
     tile:       a forced tile (for tuning and benchmarks), as for gemm_masked_kernel; with
                 row_expert, the rows must be aligned to its block_m instead of grouped_block_m's
     splits:     (offsets only) K slices, reduced in a float32 workspace in slice order (the
-                same bits every run); default offsets_splits' choice: slices only when the
+                same bits every run); default wna16_offsets_splits' choice: slices only when the
                 rows' tiles leave most CTA slots idle (a few tokens on a long K)
     routed_rows: (offsets only) the rows that are routed tokens where ``a`` also holds padding
                 rows (vLLM's block-aligned layout): with expected_m, R and N they pick the tile

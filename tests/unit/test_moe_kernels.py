@@ -103,6 +103,21 @@ def test_the_offsets_form_splits_k_only_when_its_tiles_leave_most_slots_idle():
     assert offsets_splits(1, 1000, 10_000) == MAX_OFFSETS_SPLITS
     assert offsets_splits(10, 3 * MIN_SLICE_K_TILES, 1000) == 3
     assert offsets_splits(5000, 1000, 10**6) == 1  # more tiles than split-K counters
+    # the 16-bit-activation form on a long K: up to half the slots, at most 4 slices. DeepSeek-V3
+    # TP8 gate_up at 1-4 tokens (8-32 rows, 28 K tiles of 256, 264 slots): 4, 3, 2, 1 slices
+    from humming_aot.moe.kernels import LONG_K_TILES, WNA16_MAX_SPLITS, wna16_offsets_splits
+
+    tile = heuristics.select_masked_tile("sm90a", 1, 7168, 128, 4)
+    for tokens, slices in ((1, 4), (2, 3), (3, 2), (4, 1)):
+        bound = moe_kernels.offsets_tile_bound(8 * tokens, 256, 512, tile)
+        assert wna16_offsets_splits(bound, 7168 // tile.block_k, 264) == slices, tokens
+    assert wna16_offsets_splits(1, 1000, 10_000) == WNA16_MAX_SPLITS
+    # a short K keeps offsets_splits' rule: Qwen3-30B gate_up at one token on the deep tile (at most
+    # 9 x 12 tiles, 8 K tiles of 256) one slice; with LONG_K_TILES K tiles, two
+    assert wna16_offsets_splits(108, 8, 264) == offsets_splits(108, 8, 264) == 1
+    assert wna16_offsets_splits(108, LONG_K_TILES, 264) == 2
+    assert wna16_offsets_splits(36, 12, 264) == offsets_splits(36, 12, 264) == 3
+    assert wna16_offsets_splits(5000, 1000, 10**6) == 1  # more tiles than split-K counters
     # slices of ceil(k_tiles / splits) K tiles: none left empty
     for k_tiles in range(1, 70):
         for splits in range(1, k_tiles + 1):
