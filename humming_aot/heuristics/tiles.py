@@ -266,7 +266,8 @@ def _moe_rows(arch: str, w_bits: int = 8) -> tuple[tuple[int, int | None, TileCo
 
 # fit_ctas_per_sm: an 8-token tile gives up at most this many of its row's stages for a third CTA
 # per SM, and keeps at least THREE_PER_SM_MIN_STAGES (uint4 with zero points: 6 -> 5 measured 6-9 %
-# faster at 4-64 tokens on DeepSeek-V3 TP8's down projection; log section 51)
+# faster at 4-64 tokens on DeepSeek-V3 TP8's down projection, log section 51; since the rows run 4
+# stages, log section 67, every code width's 8-row tile of 4 bits or fewer fits three as it is)
 THREE_PER_SM_STAGES_GIVEN = 1
 THREE_PER_SM_MIN_STAGES = 5
 
@@ -279,7 +280,8 @@ def fit_ctas_per_sm(arch: str, tile: TileConfig, w_bits: int, zero_point: bool) 
     registers, which is where the 8-token tile gains: log section 51); else the most stages, up to
     the row's, whose shared memory (bodies/wgmma_ws.py masked_smem_bytes) lets two be resident on an
     SM of the arch (smem_limit + 1 KB). A row sized for 4-bit codes without zero points thus takes
-    fewer stages with zero points (the 32-row tile: 6 -> 5) or wider codes, rather than run one CTA
+    fewer stages with zero points or wider codes (the 32-row tile, 8-bit codes with zero points: 4
+    -> 3), rather than run one CTA
     per SM (H200: DSv3-TP8 down, 512 tokens, uint4 zp, 242 us against 151 for int4). An 8-row row
     of 4 stages is not searched for three: where its shared memory fits three, the kernel holds
     three anyway (5- to 8-bit codes run so). Other tiles are returned as they are."""

@@ -48,8 +48,8 @@ def test_the_masked_schedule_runs_the_tma_body_from_5_rows_on_sm90a():
             tile = heuristics.select_masked_tile("sm90a", m, k, group, 4)
             if k <= 256 or m > 4 or (m > 1 and k <= 1024):  # one warpgroup of four units
                 rows = 8 if m <= 4 else 16 if m <= 10 else 32
-                # 4-bit codes: 4 stages in the 8-row tile (log section 67), 6 in the 16- and 32-row ones
-                assert tile.label == f"wgmma-ws:{rows}x256x64_w1x4_s{4 if rows == 8 else 6}", (m, k)
+                # 4 stages for every code width (log section 67)
+                assert tile.label == f"wgmma-ws:{rows}x256x64_w1x4_s4", (m, k)
             else:
                 assert tile == heuristics.select_masked_tile("sm90a", m, k, group, 4, masked=False), (m, k)
             # wider codes: the 16-row tile to 10 rows, the 32-row one to 16, in 4 stages
@@ -100,23 +100,23 @@ def test_the_moe_table_picks_small_ctas_for_short_k_and_the_decode_tiles_for_lon
         assert heuristics.select_masked_tile("sm90a", 1, k, 128, 4).label == "8x128x128_w1x2x2_s2"
     for k in (768, 2048, 7168):  # 16 rows from 5 rows per expert, on the TMA body at any K; the
         for m in (5, 9, 10):      # grouped row-expert schedule keeps the swapped tile
-            assert heuristics.select_masked_tile("sm90a", m, k, 128, 4).label == "wgmma-ws:16x256x64_w1x4_s6"
+            assert heuristics.select_masked_tile("sm90a", m, k, 128, 4).label == "wgmma-ws:16x256x64_w1x4_s4"
         assert (heuristics.select_masked_tile("sm90a", 5, k, 128, 4, masked=False).label
                 == "mma-sw:16x256x128_w1x4x2_s2")
     # K = 256 (DeepSeek-V3 TP8 down): the TMA body's 8- and 16-row tiles of one consumer warpgroup
     # of four units, whose ring runs across tiles (four stages for codes over 4 bits); from 11 rows
     # its 32-row tile at any K; the grouped row-expert schedule keeps the swapped tiles
     assert heuristics.select_masked_tile("sm90a", 1, 256, 128, 4).label == "wgmma-ws:8x256x64_w1x4_s4"
-    assert heuristics.select_masked_tile("sm90a", 8, 256, 128, 4).label == "wgmma-ws:16x256x64_w1x4_s6"
+    assert heuristics.select_masked_tile("sm90a", 8, 256, 128, 4).label == "wgmma-ws:16x256x64_w1x4_s4"
     assert heuristics.select_masked_tile("sm90a", 8, 256, 128, 8).label == "wgmma-ws:16x256x64_w1x4_s4"
     for k in (256, 768, 2048, 7168):
-        assert heuristics.select_masked_tile("sm90a", 16, k, 128, 4).label == "wgmma-ws:32x256x64_w1x4_s6"
+        assert heuristics.select_masked_tile("sm90a", 16, k, 128, 4).label == "wgmma-ws:32x256x64_w1x4_s4"
         assert heuristics.select_masked_tile("sm90a", 16, k, 128, 8).label == "wgmma-ws:32x256x64_w1x4_s4"
     assert (heuristics.select_masked_tile("sm90a", 16, 256, 128, 4, masked=False).label
             == "mma-sw:16x256x128_w1x4x2_s2")
     for k in (4096, 7168):
         assert heuristics.select_masked_tile("sm90a", 4, k, 128, 4) == heuristics.select_tile("sm90a", 4, k, 128, 4)
-        assert heuristics.select_masked_tile("sm90a", 8, k, 128, 4).label == "wgmma-ws:16x256x64_w1x4_s6"
+        assert heuristics.select_masked_tile("sm90a", 8, k, 128, 4).label == "wgmma-ws:16x256x64_w1x4_s4"
         assert (heuristics.select_masked_tile("sm90a", 12, k, 128, 4, masked=False).label
                 == "mma-sw:16x64x128_w1x1x2_s4")
     # a K that no row's stages tile (gpt-oss 2880) takes a 64-wide twin, which fits it
@@ -275,16 +275,16 @@ def test_the_offsets_form_call_takes_the_depth_rule_unless_a_tile_or_split_is_fo
 def test_one_warpgroup_tma_tiles_keep_two_or_three_ctas_per_sm_for_every_code():
     # heuristics.fit_ctas_per_sm: a moe_tiles row's one-warpgroup wgmma-ws tile, sized for 4-bit
     # codes without zero points, takes fewer stages where its shared memory would leave one CTA
-    # per SM (uint4 with zero points: the 32-row tile's 6 stages -> 5; 8-bit codes 4 -> 3), and the
-    # 8-row tile one fewer (not under 5) where that lets three CTAs share an SM (uint4 with zero
-    # points: 6 -> 5); the rows' tiles that fit keep their stages, and the catalog's MoE table
-    # lists what is picked
+    # per SM (8-bit codes with zero points: the 32-row tile's 4 stages -> 3), and the 8-row tile
+    # one fewer (not under 5) where that lets three CTAs share an SM (none since the table's rows
+    # run 4 stages, log section 67); the rows' tiles that fit keep their stages, and the catalog's
+    # MoE table lists what is picked
     from humming_aot.bodies.wgmma_ws import masked_ctas_per_sm, masked_smem_bytes
 
     capacity = heuristics.smem_limit("sm90a") + 1024
-    assert heuristics.select_masked_tile("sm90a", 16, 256, 128, 4).label == "wgmma-ws:32x256x64_w1x4_s6"
+    assert heuristics.select_masked_tile("sm90a", 16, 256, 128, 4).label == "wgmma-ws:32x256x64_w1x4_s4"
     assert (heuristics.select_masked_tile("sm90a", 16, 256, 128, 4, zero_point=True).label
-            == "wgmma-ws:32x256x64_w1x4_s5")
+            == "wgmma-ws:32x256x64_w1x4_s4")
     assert (heuristics.select_masked_tile("sm90a", 16, 256, 128, 8, zero_point=True).label
             == "wgmma-ws:32x256x64_w1x4_s3")
     assert heuristics.select_masked_tile("sm90a", 1, 256, 128, 4).label == "wgmma-ws:8x256x64_w1x4_s4"
