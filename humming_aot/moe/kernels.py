@@ -109,7 +109,7 @@ def _grouped_by_offsets(a: torch.Tensor, experts: PackedExperts, offsets: torch.
     k_tiles = experts.k // tile.block_k
     one_slice = tile.mma is MmaKind.WGMMA_WS  # its schedule runs whole tiles
     if splits is None:
-        splits = 1 if one_slice else wna16_offsets_splits(bound, k_tiles, resident)
+        splits = 1 if one_slice else wna16_offsets_splits(bound, k_tiles, resident, experts.k)
     elif (type(splits) is not int or not 1 <= splits <= k_tiles or (splits > 1 and bound > _split_k_counters_size())
           or (one_slice and splits != 1)):
         raise ValueError(f"{what}: splits={splits!r} must be an int in [1, K / {tile.block_k} = {k_tiles}], and 1 "
@@ -170,24 +170,28 @@ def offsets_splits(tile_bound: int, k_tiles: int, resident: int) -> int:
     return max(1, min(resident // max(tile_bound, 1), k_tiles // MIN_SLICE_K_TILES, MAX_OFFSETS_SPLITS))
 
 
-# wna16_offsets_splits: on at least LONG_K_TILES K tiles, slices also where the rows' tiles fill
+# wna16_offsets_splits: on a K of at least LONG_K columns (DeepSeek-V3's 7168; not Qwen3-30B's
+# 2048), and at least LONG_K_TILES of the tile's K tiles, slices also where the rows' tiles fill
 # up to half the slots, and at most WNA16_MAX_SPLITS of them.
+LONG_K = 4096
 LONG_K_TILES = 16
 WNA16_MAX_SPLITS = 4
 
 
-def wna16_offsets_splits(tile_bound: int, k_tiles: int, resident: int) -> int:
-    """K slices of the 16-bit-activation offsets form (gemm_grouped_kernel): offsets_splits' rule,
-    with a K of at least LONG_K_TILES K tiles slicing also where the rows' tiles fill up to half the
-    resident CTAs, and at most WNA16_MAX_SPLITS slices. H100, session 62 (docs/performance/log.md
-    section 67): DeepSeek-V3 TP8's gate_up (N 512, K 7168: 28 K tiles of 256, 264 slots) at 1 / 2 /
-    3 / 4 tokens (at most 36 / 72 / 108 / 144 tiles) takes 4 / 3 / 2 / 1 slices, 14.6 / 20.1 / 25.0
-    / 30.0 us, against 15.5 / 22.3 / 27.0 / 30.0 with offsets_splits' 7 / 1 / 1 / 1; more slices than
-    the slots hold take a second wave (2 tokens, 6 slices: 29.3). Qwen3-30B's gate_up (8 K tiles
-    of 256) keeps offsets_splits' choice. The quantized-activation forms keep offsets_splits until
-    timed with this rule."""
-    if k_tiles < LONG_K_TILES or tile_bound * 2 > resident or tile_bound > _split_k_counters_size():
-        return offsets_splits(tile_bound, k_tiles, resident)  # (a short K: at most 3 slices there)
+def wna16_offsets_splits(tile_bound: int, k_tiles: int, resident: int, k: int) -> int:
+    """K slices of the 16-bit-activation offsets form (gemm_grouped_kernel) for a K of k columns in
+    k_tiles K tiles: offsets_splits' rule, with a K of at least LONG_K columns and LONG_K_TILES K
+    tiles slicing also where the rows' tiles fill up to half the resident CTAs, and at most
+    WNA16_MAX_SPLITS slices. H100, session 62 (docs/performance/log.md section 67): DeepSeek-V3 TP8's
+    gate_up (N 512, K 7168: 28 K tiles of 256 on sm90a's deep 8-row tile, 264 slots) at 1 / 2 / 3 / 4
+    tokens (at most 36 / 72 / 108 / 144 tiles) takes 4 / 3 / 2 / 1 slices, 14.6 / 20.1 / 25.0 / 30.0
+    us, against 15.5 / 22.3 / 27.0 / 30.0 with offsets_splits' 7 / 1 / 1 / 1; more slices than the
+    slots hold take a second wave (2 tokens, 6 slices: 29.3). Qwen3-30B's gate_up (K 2048) keeps
+    offsets_splits' choice on every arch. Other arches' tiles on long K follow the same rule
+    (not timed); the quantized-activation forms keep offsets_splits until timed with it."""
+    if (k < LONG_K or k_tiles < LONG_K_TILES or tile_bound * 2 > resident
+            or tile_bound > _split_k_counters_size()):
+        return offsets_splits(tile_bound, k_tiles, resident)
     return max(1, min(resident // max(tile_bound, 1), k_tiles // MIN_SLICE_K_TILES, WNA16_MAX_SPLITS))
 
 

@@ -105,19 +105,22 @@ def test_the_offsets_form_splits_k_only_when_its_tiles_leave_most_slots_idle():
     assert offsets_splits(5000, 1000, 10**6) == 1  # more tiles than split-K counters
     # the 16-bit-activation form on a long K: up to half the slots, at most 4 slices. DeepSeek-V3
     # TP8 gate_up at 1-4 tokens (8-32 rows, 28 K tiles of 256, 264 slots): 4, 3, 2, 1 slices
-    from humming_aot.moe.kernels import LONG_K_TILES, WNA16_MAX_SPLITS, wna16_offsets_splits
+    from humming_aot.moe.kernels import LONG_K, LONG_K_TILES, WNA16_MAX_SPLITS, wna16_offsets_splits
 
     tile = heuristics.select_masked_tile("sm90a", 1, 7168, 128, 4)
     for tokens, slices in ((1, 4), (2, 3), (3, 2), (4, 1)):
         bound = moe_kernels.offsets_tile_bound(8 * tokens, 256, 512, tile)
-        assert wna16_offsets_splits(bound, 7168 // tile.block_k, 264) == slices, tokens
-    assert wna16_offsets_splits(1, 1000, 10_000) == WNA16_MAX_SPLITS
-    # a short K keeps offsets_splits' rule: Qwen3-30B gate_up at one token on the deep tile (at most
-    # 9 x 12 tiles, 8 K tiles of 256) one slice; with LONG_K_TILES K tiles, two
-    assert wna16_offsets_splits(108, 8, 264) == offsets_splits(108, 8, 264) == 1
-    assert wna16_offsets_splits(108, LONG_K_TILES, 264) == 2
-    assert wna16_offsets_splits(36, 12, 264) == offsets_splits(36, 12, 264) == 3
-    assert wna16_offsets_splits(5000, 1000, 10**6) == 1  # more tiles than split-K counters
+        assert wna16_offsets_splits(bound, 7168 // tile.block_k, 264, 7168) == slices, tokens
+    assert wna16_offsets_splits(1, 1000, 10_000, 64_000) == WNA16_MAX_SPLITS
+    # a short K keeps offsets_splits' rule, in columns and in K tiles: Qwen3-30B gate_up (K 2048) at
+    # one token on sm90a's deep tile (at most 9 x 12 tiles, 8 K tiles of 256) and at two tokens on
+    # the 64-wide tiles of other arches (32 K tiles) alike
+    assert wna16_offsets_splits(108, 8, 264, 2048) == offsets_splits(108, 8, 264) == 1
+    assert wna16_offsets_splits(204, 32, 432, 2048) == offsets_splits(204, 32, 432) == 1
+    assert wna16_offsets_splits(204, 32, 432, LONG_K) == 2
+    assert wna16_offsets_splits(108, LONG_K_TILES - 1, 264, LONG_K) == 1
+    assert wna16_offsets_splits(36, 12, 264, 3072) == offsets_splits(36, 12, 264) == 3
+    assert wna16_offsets_splits(5000, 1000, 10**6, 64_000) == 1  # more tiles than split-K counters
     # slices of ceil(k_tiles / splits) K tiles: none left empty
     for k_tiles in range(1, 70):
         for splits in range(1, k_tiles + 1):
@@ -291,6 +294,16 @@ def test_the_offsets_form_launch_from_the_call_on_a_cuda_like_tensor(monkeypatch
         else:
             assert gemm[6:8] == (0, 0)
     assert cases[0][1] > 1  # a few rows on this K: sliced by default
+    # on a long K (4096: 32 K tiles of 128) the 16-bit form slices where the tiles fill up to half
+    # the slots (moe.kernels.wna16_offsets_splits): 8 tiles for 20 slots, 2 slices where the
+    # quantized-activation forms' offsets_splits takes 1
+    monkeypatch.setattr(moe_kernels, "_resident", lambda loaded, tile, device_index: 20)
+    long_k = _experts("int4:g128", e=3, n=192, k=4096)
+    assert moe_kernels.offsets_splits(bound, 32, 20) == 1
+    launches.clear()
+    gemm_grouped_kernel(torch.zeros(11, 4096, dtype=torch.bfloat16), long_k, offsets=offsets, expected_m=1)
+    (grid, _, params), = launches
+    assert grid == (min(bound, 20 // 2), 2, 1) and params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])[14] == 2
     for bad in (0, 17, 2.0):
         with pytest.raises(ValueError, match=f"splits={bad!r} must be an int in \\[1, K / 128 = 16\\]"):
             gemm_grouped_kernel(a, experts, offsets=offsets, expected_m=1, splits=bad)
