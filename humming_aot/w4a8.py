@@ -401,7 +401,8 @@ WIDE_DECODE_N = 8192
 # tokens again pays from fewer tokens. H100, session 62 (log section 67), four layers (8192 x 8192,
 # 28672 x 4096, 57344 x 8192, 4096 x 14336): at 1024 tokens 5-7 % less time than the 128-token
 # tile on each, at 1536 13-17 % less; at 512 1-9 % less on three and 10 % more on 4096 x 14336
-# (whose 128 tiles of 128 x 128 fill one wave).
+# (whose 128 tiles of 128 x 128 fill one wave). Given N, only where the 128-token tiles pass one
+# wave of the SMs (every point measured did; on fewer tiles 192 tokens a CTA would idle more SMs).
 MXFP4_WIDE_FROM = 769
 
 
@@ -409,12 +410,13 @@ def select_tile(m: int, n: int | None = None, num_sms: int = 132, weight_element
     """The wgmma-w4a8 tile for m tokens: _TILES' row, and given N (and the device's SMs) the
     64-token row only where its tiles fit in one wave (above that 128 tokens a CTA), and at most 16
     tokens on at least WIDE_DECODE_N channels the two-warpgroup decode tile. MXFP4 weights
-    (weight_element) take the last row (192 tokens) from MXFP4_WIDE_FROM tokens."""
+    (weight_element) take the last row (192 tokens) from MXFP4_WIDE_FROM tokens where N is not
+    given or the 128-token row's tiles pass one wave."""
     from humming_aot.enumerate import parse_tile_field
 
     if n is not None and m <= 16 and n >= WIDE_DECODE_N:
         return parse_tile_field(_WIDE_DECODE_TILE)
-    if weight_element == MXFP4_ELEMENT and m >= MXFP4_WIDE_FROM:
+    if weight_element == MXFP4_ELEMENT and m >= MXFP4_WIDE_FROM and (n is None or -(-m // 128) * -(-n // 128) > num_sms):
         return parse_tile_field(_TILES[-1][1])
     for i, (limit, label) in enumerate(_TILES):
         if m <= limit:

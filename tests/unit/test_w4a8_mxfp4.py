@@ -220,12 +220,32 @@ def test_mxfp4_takes_the_192_token_tile_from_fewer_tokens():
             assert w4a8.select_tile(m, n=4096, weight_element=element).block_m == (192 if m > 1536 else 128)
     # decode keeps its rows
     assert w4a8.select_tile(1, n=8192, weight_element=_MX).label == w4a8._WIDE_DECODE_TILE
+    # where the 128-token tiles fit one wave (7 x 16 = 112 on 2048 channels and 132 SMs) they stay
+    assert w4a8.select_tile(800, n=2048, weight_element=_MX).block_m == 128
+    assert w4a8.select_tile(800, n=2048, num_sms=100, weight_element=_MX).block_m == 192
+    assert w4a8.select_tile(800, weight_element=_MX).block_m == 192
+
+
+def test_the_launch_passes_the_weight_element_to_the_table():
+    # w8a8's launch path (shared with W4A8): MXFP4 at 1024 tokens on sm90a takes the 192-token tile,
+    # int4 the 128-token one
+    from types import SimpleNamespace
+
+    from humming_aot import _w8a8_launch
+
+    info = SimpleNamespace(arches=("sm90a", "sm90"), num_sms=132)
+    w = torch.randn(256, 512, generator=torch.Generator().manual_seed(0))
+    for fmt, rows in (("mxfp4", 192), ("int4:g128", 128)):
+        packed = w4a8.pack(quant.quantize(w, fmt))
+        tile, key = _w8a8_launch._kernel(info, torch.bfloat16, packed, None, 1024, 4096, w4a8.ACT_ELEMENT)
+        assert tile.block_m == rows and key.tile == tile, fmt
 
 
 def test_generated_source_and_the_default_catalog():
     from humming_aot.enumerate import enumerate_keys
 
-    key = w4a8.kernel_key("sm90a", torch.bfloat16, w4a8.select_tile(1024), weight_element=_MX)
+    key = w4a8.kernel_key("sm90a", torch.bfloat16, w4a8.select_tile(1024, weight_element=w4a8.WEIGHT_ELEMENT),
+                          weight_element=_MX)  # (the 128-token tile, which MXFP4 runs up to 768 tokens)
     text = codegen.kernel_source(key)
     assert "humming_aot::numerics::E2m1ToE4m3" in text and "kOverlapped == false" in text
     # 7 slots of 128 x 128 activation bytes + 128 x 72 (codes and entries) -> 25 KB, the staging tile after them
