@@ -61,6 +61,7 @@ def device_info(index: int) -> DeviceInfo:
 _lock = threading.Lock()
 _selected: dict[tuple, tuple[KernelKey, object]] = {}
 _counters: dict[tuple[int, int], torch.Tensor] = {}
+_counters_lock = threading.Lock()  # (apart from _lock, which obtain holds through a load or compile)
 
 
 def obtain(spec: GemmSpec, device_index: int, m: int, tile: TileConfig | None = None,
@@ -106,7 +107,7 @@ def _split_k_counters(device: torch.device, stream: int) -> torch.Tensor:
     slot = (device.index, stream)
     counters = _counters.get(slot)
     if counters is None:
-        with _lock:  # (the launcher releases the GIL: a second thread on the slot must not allocate again)
+        with _counters_lock:  # (the launcher releases the GIL: a second thread on the slot must not allocate again)
             counters = _counters.get(slot)
             if counters is None:
                 address = _launcher.alloc_zeroed_for_process(device.index, SPLIT_K_COUNTERS * 4)

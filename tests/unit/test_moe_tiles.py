@@ -291,6 +291,14 @@ def test_one_warpgroup_tma_tiles_keep_two_or_three_ctas_per_sm_for_every_code():
     assert (heuristics.select_masked_tile("sm90a", 1, 256, 128, 4, zero_point=True).label
             == "wgmma-ws:8x256x64_w1x4_s4")
     assert heuristics.select_masked_tile("sm90a", 1, 256, 128, 8).label == "wgmma-ws:8x256x64_w1x4_s4"
+    # the three-per-SM search on a deeper 8-row tile than the table's (a forced or probe row): uint4
+    # with zero points gives up one of 6 stages for a third CTA; int4 holds three at 6
+    from humming_aot.heuristics.tiles import fit_ctas_per_sm
+
+    six = parse_tile_field("wgmma-ws:8x256x64_w1x4_s6")
+    assert masked_ctas_per_sm(six, 4, True) == 2
+    assert fit_ctas_per_sm("sm90a", six, 4, True).stages == 5
+    assert fit_ctas_per_sm("sm90a", six, 4, False) == six
     for w_bits in range(1, 9):
         for zero_point in (False, True):
             table = heuristics.moe_tile_table("sm90a", w_bits, zero_point=zero_point)
