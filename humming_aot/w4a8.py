@@ -416,8 +416,10 @@ def select_tile(m: int, n: int | None = None, num_sms: int = 132, weight_element
 
     if n is not None and m <= 16 and n >= WIDE_DECODE_N:
         return parse_tile_field(_WIDE_DECODE_TILE)
-    if weight_element == MXFP4_ELEMENT and m >= MXFP4_WIDE_FROM and (n is None or -(-m // 128) * -(-n // 128) > num_sms):
-        return parse_tile_field(_TILES[-1][1])
+    if weight_element == MXFP4_ELEMENT and m >= MXFP4_WIDE_FROM:
+        narrow = parse_tile_field(_TILES[-2][1])  # the 128-token row
+        if n is None or -(-m // narrow.block_m) * -(-n // narrow.block_n) > num_sms:
+            return parse_tile_field(_TILES[-1][1])
     for i, (limit, label) in enumerate(_TILES):
         if m <= limit:
             tile = parse_tile_field(label)

@@ -159,15 +159,17 @@ MIN_SLICE_K_TILES = 4
 MAX_OFFSETS_SPLITS = 8
 
 
-def offsets_splits(tile_bound: int, k_tiles: int, resident: int) -> int:
+def offsets_splits(tile_bound: int, k_tiles: int, resident: int, *, share: int = 4,
+                   most: int = MAX_OFFSETS_SPLITS) -> int:
     """K slices of the offsets form: 1 unless the rows' tiles (at most tile_bound) fill at most a
     quarter of the resident CTAs (a handful of tokens on long K: DeepSeek-V3 TP8's gate_up at one
     token has 32 tiles of 8 x 128 for 264 slots); then as many as fill the slots, with at least
     MIN_SLICE_K_TILES K tiles each, at most MAX_OFFSETS_SPLITS, and only while the split-K counters
-    hold every tile."""
-    if tile_bound * 4 > resident or tile_bound > _split_k_counters_size():
+    hold every tile. (share, most: the fraction of the slots the tiles may fill, 1 / share, and
+    the most slices; wna16_offsets_splits passes its own.)"""
+    if tile_bound * share > resident or tile_bound > _split_k_counters_size():
         return 1
-    return max(1, min(resident // max(tile_bound, 1), k_tiles // MIN_SLICE_K_TILES, MAX_OFFSETS_SPLITS))
+    return max(1, min(resident // max(tile_bound, 1), k_tiles // MIN_SLICE_K_TILES, most))
 
 
 # wna16_offsets_splits: on a K of at least LONG_K columns (DeepSeek-V3's 7168; not Qwen3-30B's
@@ -189,10 +191,9 @@ def wna16_offsets_splits(tile_bound: int, k_tiles: int, resident: int, k: int) -
     slots hold take a second wave (2 tokens, 6 slices: 29.3). Qwen3-30B's gate_up (K 2048) keeps
     offsets_splits' choice on every arch. Other arches' tiles on long K follow the same rule
     (not timed); the quantized-activation forms keep offsets_splits until timed with it."""
-    if (k < LONG_K or k_tiles < LONG_K_TILES or tile_bound * 2 > resident
-            or tile_bound > _split_k_counters_size()):
+    if k < LONG_K or k_tiles < LONG_K_TILES:
         return offsets_splits(tile_bound, k_tiles, resident)
-    return max(1, min(resident // max(tile_bound, 1), k_tiles // MIN_SLICE_K_TILES, WNA16_MAX_SPLITS))
+    return offsets_splits(tile_bound, k_tiles, resident, share=2, most=WNA16_MAX_SPLITS)
 
 
 def nonempty_slices(k_tiles: int, splits: int) -> int:
