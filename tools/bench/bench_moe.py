@@ -64,6 +64,7 @@ MODELS = {
     "deepseek-v3": (256, 8, (("gemm1", 4096, 7168), ("gemm2", 7168, 2048))),
     "deepseek-v3-tp8": (256, 8, (("gemm1", 512, 7168), ("gemm2", 7168, 256))),
     "qwen3-30b-a3b": (128, 8, (("gemm1", 1536, 2048), ("gemm2", 2048, 768))),
+    "qwen3-235b-a22b": (128, 8, (("gemm1", 3072, 4096), ("gemm2", 4096, 1536))),  # (hidden 4096, experts' 1536)
     "gpt-oss-120b": (128, 4, (("gemm1", 5760, 2880), ("gemm2", 2880, 2880))),
 }
 DEFAULT_TOKENS = "1,4,16,64,256,1024,4096,16384"  # (at top-8 of 128 or 256 experts, rows an expert on the tile table's bounds)
