@@ -17,8 +17,7 @@ expert's rows first, with per-expert counts (E,); max_m is the largest count, ro
   humming_aot_loop   the expert loop (humming_aot.moe.gemm_grouped / gemm_masked: one dense catalog
                      GEMM per expert with rows; it reads the offsets or counts on the host, so it is
                      timed as an eager loop, see the mode column), for comparison
-  humming            humming.layer.HummingLayer(num_experts=E), gemm_type grouped_contiguous or
-                     grouped_masked
+  humming            humming.layer.HummingLayer(num_experts=E), gemm_type grouped_contiguous or grouped_masked
   torch_grouped_mm   torch._grouped_mm on the bf16 weights (sm_90+; masked: every expert's max_m
                      rows, batched)
   humming_aot_a8     (with --activations, e.g. float8e4m3:token) pack_a8_experts(quantize(w, fmt)):
