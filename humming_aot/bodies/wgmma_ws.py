@@ -114,10 +114,11 @@ CTA_SMEM_OVERHEAD = 2048
 def masked_ctas_per_sm(tile: "TileConfig", w_bits: int, has_zero_point: bool) -> int:
     """The CTAs per SM the masked schedule's kernel on this tile is built for (kMinBlocksPerSm of
     kernel/grouped_masked_ws.cuh, which its registers at launch follow): three for one consumer
-    warpgroup of 8 tokens whose shared memory fits three, else two for one consumer warpgroup, one
-    for two."""
+    warpgroup of 8 tokens whose shared memory fits three, else two for one consumer warpgroup; for
+    two, two where they hold 8 tokens and two fit, else one."""
     if tile.warps_n == 8:
-        return 1
+        fits_two = 2 * (masked_smem_bytes(tile, w_bits, has_zero_point) + CTA_SMEM_OVERHEAD) <= SMEM_PER_SM
+        return 2 if tile.block_m == 8 and fits_two else 1
     if tile.block_m == 8 and 3 * (masked_smem_bytes(tile, w_bits, has_zero_point) + CTA_SMEM_OVERHEAD) <= SMEM_PER_SM:
         return 3
     return 2

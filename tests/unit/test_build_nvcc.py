@@ -472,6 +472,36 @@ def test_masked_eight_token_tile_runs_three_ctas_per_sm_where_they_fit(tmp_path)
         assert "0 bytes spill stores" in report and "0 bytes spill loads" in report, f"{key.name}: {report}"
 
 
+@needs_nvcc
+def test_masked_eight_token_two_warpgroup_tile_runs_two_ctas_per_sm_where_they_fit(tmp_path):
+    """The masked schedule's 8 x 512 TMA tile of two consumer warpgroups is built for two CTAs per
+    SM where two fit the shared memory (kernel/grouped_masked_ws.cuh kTwoOfTwoGroupsPerSm): 80
+    registers at launch for its 384 threads, the producer keeping setmaxnreg's least so that the
+    consumers hold 104 (a few words of its walk then go to local memory, never inside the K loop,
+    as for the tiles of test_masked_wgmma_ws_tiles_at_the_register_limit_keep_their_wgmma_in_flight); where two do not
+    fit (6 stages, 8-bit codes), one CTA and 168, as bodies/wgmma_ws.masked_ctas_per_sm says for
+    both."""
+    from humming_aot.bodies.wgmma_ws import masked_ctas_per_sm, masked_producer_registers
+    from humming_aot.enumerate import parse_tile_field
+
+    cases = [("s4-g-bf16", 4, False, "s4", 2), ("u4-g-bf16-zpi", 4, True, "s4", 2), ("s4-g-bf16", 4, False, "s6", 1),
+             ("s8-g-bf16", 8, False, "s4", 1)]
+    for weight, bits, zero_point, stages, ctas in cases:
+        field = f"8x512x64_w1x8_{stages}"
+        assert masked_ctas_per_sm(parse_tile_field(f"wgmma-ws:{field}"), bits, zero_point) == ctas, (weight, field)
+        key = KernelKey.from_name(f"gemm_masked_sm90a_wgmma-ws_a-bf16_w-{weight}_o-bf16_{field}")
+        report = _ptxas_report(key, tmp_path)
+        launch = 80 if ctas == 2 else 168
+        assert f"Used {launch} registers" in report, f"{key.name}: {report}"
+        assert "C7512" not in report, f"{key.name}: wgmma serialized: {report}"
+        least = masked_producer_registers(parse_tile_field(f"wgmma-ws:{field}"), bits, zero_point) == 24
+        assert least == (ctas == 2) and _spill_bytes(report) <= (128 if least else 0), f"{key.name}: {report}"
+        if _spill_bytes(report) and shutil.which("cuobjdump"):
+            assert not _loads_and_stores_in_wgmma_loops(tmp_path / f"{key.symbol}.cubin"), key.name
+    # 16 tokens keep one CTA: their 32 accumulators would leave their wgmma no slack in 104
+    assert masked_ctas_per_sm(parse_tile_field("wgmma-ws:16x512x64_w1x8_s4"), 4, False) == 1
+
+
 def _spill_bytes(report: str) -> int:
     """The spill stores ptxas -v reports (bytes)."""
     found = re.search(r"(\d+) bytes spill stores", report)
@@ -528,7 +558,7 @@ def test_the_dense_176_token_tile_keeps_its_wgmma_in_flight(tmp_path):
 @pytest.mark.slow
 @needs_nvcc
 @pytest.mark.parametrize("field", ["176x256x64_w1x8_s3", "160x256x64_w1x8_s4", "144x128x64_w1x4_s4", "64x512x64_w1x8_s3",
-                                   "64x256x64_w1x4_s4", "moe_tiles"])
+                                   "64x256x64_w1x4_s4", "8x512x64_w1x8_s4", "moe_tiles"])
 def test_masked_wgmma_ws_tiles_at_the_register_limit_keep_their_wgmma_in_flight(tmp_path, field):
     """The masked MoE schedule's wgmma-ws tiles (the moe_tiles rows of sm90a) and the most tokens
     the register split holds (bodies/wgmma_ws.max_accumulators: 176 accumulators per thread with two

@@ -60,7 +60,13 @@ struct GroupedMaskedWs {
   // registers a consumer thread then gets; 16-token tiles measured no faster, so they keep two.
   static constexpr bool kThreePerSm =
       Dense::kConsumerWarpGroups == 1 && kBlockM == 8 && 3 * (kSmemBytes + 1024 + 1024) <= kSmemPerSm;
-  static constexpr int kMinBlocksPerSm = kThreePerSm ? 3 : Dense::kMinBlocksPerSm;
+  // Two consumer warpgroups of 8 tokens (an 8 x 512 tile: Humming's shape for DeepSeek-V3 TP8's
+  // down projection, two CTAs per SM) run two CTAs per SM where two fit, 16 consumer warps per SM
+  // as for three one-warpgroup CTAs, with half the tiles: their 16 accumulators fit the 104
+  // registers a consumer thread gets once the producer keeps setmaxnreg's least (log section 68).
+  static constexpr bool kTwoOfTwoGroupsPerSm =
+      Dense::kConsumerWarpGroups == 2 && kBlockM == 8 && 2 * (kSmemBytes + 1024 + 1024) <= kSmemPerSm;
+  static constexpr int kMinBlocksPerSm = kThreePerSm ? 3 : kTwoOfTwoGroupsPerSm ? 2 : Dense::kMinBlocksPerSm;
   static constexpr bool kScalesInFp32 = Dense::kScalesInFp32;
   static constexpr int kConsumerWarps = Dense::kConsumerWarps;
   // The producer warp walks the experts too (the table's lookups, the expert's pointers): more
