@@ -83,7 +83,7 @@ WIDE_WAVE_QUARTERS = 3
 
 def two_row_tile(arch: str, experts: PackedExperts) -> TileConfig | None:
     """The arch's MoE table tile for two rows an expert where it is a wgmma-ws one (sm90a, K up
-    to 2048), else None."""
+    to 4096), else None."""
     return _two_row_wgmma_ws(arch, experts.k, experts.group_size, experts.expert(0).bits,
                              experts.w_zero_point is not None)
 

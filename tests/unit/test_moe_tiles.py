@@ -46,7 +46,7 @@ def test_the_masked_schedule_runs_the_tma_body_from_5_rows_on_sm90a():
     for k, group in ((256, 128), (768, 128), (1536, 128), (2048, 128), (2880, 32), (7168, 128)):
         for m in (1, 4, 5, 8, 10, 11, 12, 16, 17, 28):
             tile = heuristics.select_masked_tile("sm90a", m, k, group, 4)
-            if k <= 256 or m > 4 or (m > 1 and k <= 2048):  # one warpgroup of four units
+            if k <= 256 or m > 4 or (m > 1 and k <= 4096):  # one warpgroup of four units
                 rows = 8 if m <= 4 else 16 if m <= 10 else 32
                 # 4 stages for every code width (log section 67)
                 assert tile.label == f"wgmma-ws:{rows}x256x64_w1x4_s4", (m, k)
@@ -114,8 +114,10 @@ def test_the_moe_table_picks_small_ctas_for_short_k_and_the_decode_tiles_for_lon
         assert heuristics.select_masked_tile("sm90a", 16, k, 128, 8).label == "wgmma-ws:32x256x64_w1x4_s4"
     assert (heuristics.select_masked_tile("sm90a", 16, 256, 128, 4, masked=False).label
             == "mma-sw:16x256x128_w1x4x2_s2")
+    # 2-4 rows: the TMA body's 8-row tile up to K 4096 (log section 69), the dense decode tile past it
+    assert heuristics.select_masked_tile("sm90a", 4, 4096, 128, 4).label == "wgmma-ws:8x256x64_w1x4_s4"
+    assert heuristics.select_masked_tile("sm90a", 4, 7168, 128, 4) == heuristics.select_tile("sm90a", 4, 7168, 128, 4)
     for k in (4096, 7168):
-        assert heuristics.select_masked_tile("sm90a", 4, k, 128, 4) == heuristics.select_tile("sm90a", 4, k, 128, 4)
         assert heuristics.select_masked_tile("sm90a", 8, k, 128, 4).label == "wgmma-ws:16x256x64_w1x4_s4"
         assert (heuristics.select_masked_tile("sm90a", 12, k, 128, 4, masked=False).label
                 == "mma-sw:16x64x128_w1x1x2_s4")
@@ -168,7 +170,7 @@ def test_the_offsets_form_picks_the_deep_decode_tile_where_its_tiles_fit_one_wav
     where the reachable experts' tiles (min(E, R) x N tiles) fit one wave of its resident CTAs and
     K holds DEPTH_MIN_K_STAGES of its stages, else the shallow one, whichever of the two the table
     named; other tiles, and a K the deep one does not divide, left alone. On a short K (sm90a's
-    table takes its two-row wgmma-ws tile up to 2048) the shallow tile gives way to that one once
+    table takes its two-row wgmma-ws tile up to 4096) the shallow tile gives way to that one once
     the reachable experts' shallow tiles make three quarters of a wave."""
     from types import SimpleNamespace
 
@@ -189,7 +191,7 @@ def test_the_offsets_form_picks_the_deep_decode_tile_where_its_tiles_fit_one_wav
     monkeypatch.setattr(decode_tiles, "_TWINS", {})
     monkeypatch.setattr(moe_kernels, "_resident", lambda loaded, tile, device_index: resident[tile])
     assert decode_tiles.DEPTH_MIN_K_STAGES == 8
-    long_k = _experts("int4:g128", e=8, n=256, k=4096)  # 16 stages of 256; 2 N tiles of 128
+    long_k = _experts("int4:g128", e=8, n=256, k=4352)  # 17 stages of 256; 2 N tiles of 128
     short_k = _experts("int4:g128", e=8, n=256, k=1792)  # 7
     for table_tile in (shallow, deep):
         table = (table_tile, f"kernel {table_tile.label}", resident[table_tile])
@@ -214,7 +216,7 @@ def test_the_offsets_form_picks_the_deep_decode_tile_where_its_tiles_fit_one_wav
     assert lookups == [wide]
     uint4 = _experts("uint4:g128:zp", e=16, n=256, k=768)  # zero points: the table's 4 stages fit
     assert decode_tiles.two_row_tile("sm90a", uint4).label == "wgmma-ws:8x256x64_w1x4_s4"
-    assert decode_tiles.two_row_tile("sm90a", _experts("int4:g128", e=2, n=256, k=2048)).label == "wgmma-ws:8x256x64_w1x4_s4"
+    assert decode_tiles.two_row_tile("sm90a", _experts("int4:g128", e=2, n=256, k=4096)).label == "wgmma-ws:8x256x64_w1x4_s4"
     assert decode_tiles.two_row_tile("sm90a", long_k) is None and decode_tiles.two_row_tile("sm89", short) is None
     a = torch.zeros(3, long_k.k, dtype=torch.bfloat16)
     ws = parse_tile_field("wgmma-ws:8x256x64_w1x4_s6")
