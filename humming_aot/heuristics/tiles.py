@@ -319,6 +319,8 @@ def moe_tile_table(arch: str, w_bits: int = 8, masked: bool = True,
         own = [(max_m, tile) for max_m, tile in arch_tile_table(arch, w_bits) if tile.mma in MOE_BODIES]
     served = max((max_m for max_m, _ in own), default=0)
     tiles = [fit_ctas_per_sm(arch, tile, w_bits, zero_point) for _, tile in own]
+    if masked:  # the offsets form's 4-stage twin of its shallow 8-row tile (offsets_ring_twin)
+        tiles += [twin for twin in (_ring_twin(arch, tile, w_bits) for tile in tiles) if twin is not None]
     if any(tile.mma not in MOE_BODIES for _, tile in arch_tile_table(arch, w_bits)):
         number, _ = parse_arch(arch)
         tiles += [tile for max_m, tile in arch_tile_table(f"sm{number}", w_bits)
@@ -372,6 +374,40 @@ def offsets_depth_pair(arch: str, tile: TileConfig, k: int, group: int,
     if shallow not in rows or deep not in rows or not (tile_fits(shallow, k, group) and tile_fits(deep, k, group)):
         return None
     return shallow, deep
+
+
+# offsets_ring_twin: the stages of the shallow 8-row tile's twin, and the widest codes that have one
+# (for every code width the default sm90a catalog would gain 113 masked keys, ~2 MB of a wheel with
+# ~5 MB of room; up to 4 bits it gains 42, ~0.8 MB: 4,851 -> 4,893 keys. The MoE checkpoints'
+# experts are 4-bit: int4, uint4, MXFP4, NVFP4)
+RING_TWIN_STAGES = 4
+RING_TWIN_MAX_W_BITS = 4
+
+
+def _ring_twin(arch: str, tile: TileConfig, w_bits: int) -> TileConfig | None:
+    """The shallow tile of an offsets_depth_pair of the arch's moe_tiles rows at RING_TWIN_STAGES
+    stages, for codes of at most RING_TWIN_MAX_W_BITS bits, whatever K; else None."""
+    if w_bits > RING_TWIN_MAX_W_BITS or tile.mma not in MOE_BODIES or tile.block_m != 8 \
+            or (tile.block_k, tile.warps_k, tile.stages) != (128, 2, 2):
+        return None
+    rows = {row_tile for _, _, row_tile in _moe_rows(arch, w_bits)}
+    if tile not in rows or dataclasses.replace(tile, block_k=256, warps_k=4) not in rows:
+        return None
+    return dataclasses.replace(tile, stages=RING_TWIN_STAGES)
+
+
+def offsets_ring_twin(arch: str, tile: TileConfig, k: int, group: int, w_bits: int = 8) -> TileConfig | None:
+    """The twin of the offsets form's shallow 8-row tile (the first of offsets_depth_pair: 128 of K
+    per stage in 2 K warps, 2 stages) with RING_TWIN_STAGES stages: three stages in flight per CTA
+    instead of one, so one CTA alone streams its tile faster, and fewer CTAs fit an SM (3 for 4-bit
+    codes, against 4). moe.decode_tiles.offsets_depth takes it where the rows' tiles would leave a
+    few of the shallow tile's CTAs alone in a last wave. None where the tile is no such shallow
+    tile for K and the groups, or the codes are wider than RING_TWIN_MAX_W_BITS; the catalog holds
+    the twin of every such row (moe_tile_table)."""
+    pair = offsets_depth_pair(arch, tile, k, group, w_bits)
+    if pair is None or tile != pair[0]:
+        return None
+    return _ring_twin(arch, tile, w_bits)
 
 
 def select_masked_tile(arch: str, m: int, k: int | None = None, group: int | None = None,

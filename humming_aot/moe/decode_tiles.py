@@ -2,12 +2,13 @@
 four rows an expert): the table names a tile by the rows an expert is expected to hold, but at
 decode sizes which of its neighbours serves a call best depends on how many experts the rows can
 reach, which only the offsets form knows on the host (its rows and the experts). ``offsets_depth``
-picks among the table's 8-row mma.sync tile, its 256-deep twin and, on a short K, the table's
-two-row wgmma-ws tile.
+picks among the table's 8-row mma.sync tile, its 256-deep twin, its 4-stage twin and, on a short
+K, the table's two-row wgmma-ws tile.
 """
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -20,11 +21,12 @@ from humming_aot.spec import GemmType, MmaKind, TileConfig
 DEPTH_MIN_K_STAGES = 8
 
 
-def offsets_depth(a: torch.Tensor, experts: PackedExperts, tile: TileConfig, loaded, resident: int, reach: int,
+def offsets_depth(a: torch.Tensor, experts: PackedExperts, tile: TileConfig, loaded, resident: int, rows: int,
                   what: str) -> tuple[TileConfig, object, int]:
     """(tile, loaded kernel, resident CTAs) of the offsets form where the table's tile is one of an
     8-row pair that differ in K depth (heuristics.offsets_depth_pair: 128 of K per stage in 2 K
-    warps, or 256 in 4): the deep tile where the tiles of the `reach` experts the rows can reach,
+    warps, or 256 in 4), for `rows` routed rows: the deep tile where the tiles of the experts the
+    rows can reach (reach = min(E, rows)),
     one row tile each (reach x the N tiles; at most 4 rows an expert, which the table gives these
     tiles), fit one wave of its resident CTAs and K takes at least DEPTH_MIN_K_STAGES of its stages:
     each tile then has a CTA of twice the warps and bytes in flight, and K slices through the
@@ -36,7 +38,10 @@ def offsets_depth(a: torch.Tensor, experts: PackedExperts, tile: TileConfig, loa
     Qwen3-30B gate_up (N 1536, K 2048) at 1 token (96) 9.6 / 14.3 (shallow: 4 K slices), at 4
     (384) 23.7 / 19.8. Where the shallow one stays and the table's two-row tile is a wgmma-ws one
     (short K), that tile instead once the reachable experts' shallow tiles make WIDE_WAVE_QUARTERS
-    quarters of a wave (see there)."""
+    quarters of a wave (see there); else, for codes of up to 4 bits, the shallow tile's 4-stage
+    twin (heuristics.offsets_ring_twin) where the tiles the rows are expected to make pass a wave
+    of the shallow tile's CTAs and cost at most RING_GAIN of theirs in the twin's waves (wave_cost:
+    a last wave of a few CTAs)."""
     from humming_aot import dispatch, heuristics
     from humming_aot.moe import kernels  # (its lookups, looked up at the call: tests stand in for them)
 
@@ -46,6 +51,7 @@ def offsets_depth(a: torch.Tensor, experts: PackedExperts, tile: TileConfig, loa
     if pair is None:
         return tile, loaded, resident
     shallow, deep = pair
+    reach = min(experts.experts, rows)
 
     def twin(other: TileConfig) -> tuple[object, int]:  # its kernel and resident CTAs, looked up once
         if other == tile:
@@ -66,7 +72,67 @@ def offsets_depth(a: torch.Tensor, experts: PackedExperts, tile: TileConfig, loa
     wide = two_row_tile(arch, experts)
     if wide is not None and 4 * reach * -(-experts.n // shallow.block_n) >= WIDE_WAVE_QUARTERS * shallow_resident:
         return (wide, *twin(wide))
+    ring = heuristics.offsets_ring_twin(arch, shallow, experts.k, experts.group_size, experts.expert(0).bits)
+    if ring is not None:
+        ring_loaded, ring_resident = twin(ring)
+        tiles = expected_row_tiles(rows, experts.experts, shallow.block_m) * -(-experts.n // shallow.block_n)
+        if tiles > shallow_resident and wave_cost(tiles, ring_resident) <= RING_GAIN * wave_cost(tiles, shallow_resident):
+            return ring, ring_loaded, ring_resident
     return shallow, shallow_loaded, shallow_resident
+
+
+# wave_cost: a last wave of r of a tile's S resident CTAs costs at least TAIL_FLOOR of a full wave.
+# Alone, a CTA streams its tile at the pace of the bytes its own ring keeps in flight; in a full
+# wave it gets 1 / S of DRAM's. H100, DeepSeek-V3 TP8's gate_up (N 512, K 7168, int4 g128; 4 N
+# tiles an expert), us, the shallow 8-row tile (528 resident CTAs) / its 4-stage twin (396), by the
+# tiles T the rows are expected to make (expected_row_tiles): 16 tokens (T 404) 74.1 / 87.8, 20
+# (476) 85.1 / 95.1, 24 (540) 120.2 / 100.0, 28 (597) 123.1 / 112.0, 32 (648) 126.9 / 117.2, 40
+# (731) 132.9 / 130.1, 48 (796) 141.5 / 148.3, 64 (886) 152.5 / 162.8 (docs/performance/log.md
+# section 69): each tile is slow where T just passes a whole number of its waves (24 tokens: 12
+# CTAs left alone for ~24 us; the twin's three stages in flight take ~16), level elsewhere. A full
+# wave of the shallow tile takes ~96 us there; its lone CTA ~24-30: TAIL_FLOOR 0.3 puts every
+# point on the faster side. The model is crude: offsets_depth asks the twin for 5 % less
+# (RING_GAIN) and only past a full wave of the shallow tile (under one, K slices fill the slots;
+# not timed with the twin). Of the benchmark's GEMMs that leaves DeepSeek-V3 TP8's gate_up at
+# 24-32 tokens; on DeepSeek-V3's (N 4096) the model gave the twin 1 % at 16 tokens, where it
+# measured 0.5 % slower (554.7 / 552.1 us), and Qwen3-235B's gate_up at 4 tokens 0.6 % (measured
+# 4.6 % faster, 75.0 / 78.6).
+TAIL_FLOOR = 0.3
+RING_GAIN = 0.95
+
+
+def wave_cost(tiles: float, slots: int) -> float:
+    """What `tiles` equal tiles cost on `slots` resident CTAs, in tiles streamed at a full wave's
+    share of DRAM: the whole waves, then the last one at no less than TAIL_FLOOR of a wave."""
+    full = math.floor(tiles / slots)
+    rest = tiles - full * slots
+    return full * slots + (max(rest, TAIL_FLOOR * slots) if rest > 0 else 0.0)
+
+
+def expected_row_tiles(rows: int, experts: int, block_m: int) -> float:
+    """The row tiles of block_m rows that `rows` rows make when each goes to one of `experts`
+    experts at random (the counts binomial; top-k's distinct experts per token make nearly the
+    same): the sum over experts of E[ceil(count / block_m)] = E x sum over j >= 0 of P(count >
+    j x block_m). The offsets form's walk (kernel/grouped_masked.cuh) runs that many tiles per N
+    tile. Past 64 rows an expert (no decode tile's rule asks), rows / block_m + 1/2 per expert."""
+    if rows <= 0 or experts <= 0:
+        return 0.0
+    if experts == 1:
+        return float(-(-rows // block_m))
+    mean = rows / experts
+    if mean > 64:
+        return experts * (mean / block_m + 0.5)
+    p = 1.0 / experts
+    pmf = (1.0 - p) ** rows  # P(count = 0)
+    below = 0.0  # P(count <= i)
+    tiles = 0.0
+    last = min(rows, int(mean + 12 * math.sqrt(mean) + 4 * block_m))
+    for i in range(last + 1):
+        below += pmf
+        if i % block_m == 0:  # P(count > j x block_m) for j = i / block_m
+            tiles += max(0.0, 1.0 - below)
+        pmf *= (rows - i) / (i + 1) * p / (1.0 - p)
+    return experts * tiles
 
 
 # offsets_depth: the shallow 8-row tile gives way to the table's two-row wgmma-ws tile (short K on

@@ -103,8 +103,8 @@ def _grouped_by_offsets(a: torch.Tensor, experts: PackedExperts, offsets: torch.
     tile, loaded = _kernel(a, experts, GemmType.MASKED, max(1, int(expected_m)), what, "gemm_grouped", tile)
     resident = _resident(loaded, tile, a.device.index)
     if chosen:
-        reach = min(experts.experts, rows if routed_rows is None else routed_rows)
-        tile, loaded, resident = decode_tiles.offsets_depth(a, experts, tile, loaded, resident, reach, what)
+        routed = rows if routed_rows is None else routed_rows
+        tile, loaded, resident = decode_tiles.offsets_depth(a, experts, tile, loaded, resident, routed, what)
     bound = offsets_tile_bound(rows, experts.experts, experts.n, tile)
     k_tiles = experts.k // tile.block_k
     one_slice = tile.mma is MmaKind.WGMMA_WS  # its schedule runs whole tiles

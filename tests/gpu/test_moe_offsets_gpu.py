@@ -151,6 +151,60 @@ def test_one_row_an_expert_on_a_short_k_takes_the_two_row_tile_from_most_of_a_wa
                           context=f"expert {x} of {rows} tile={tile.label} seed={seed}")
 
 
+def test_a_last_wave_of_a_few_ctas_takes_the_four_stage_twin(monkeypatch):
+    """The offsets form at DeepSeek-V3 TP8's gate_up geometry (256 experts, N 512) on a K past the
+    two-row TMA tile's rows, 192 routed rows (24 tokens): ~541 tiles of 8 x 128, a wave of the
+    shallow tile's CTAs and 13 more, so the rule (moe.decode_tiles.offsets_depth, wave_cost)
+    takes its 4-stage twin given the real resident CTAs (on sm90a with 132 SMs: 528 and 396, the
+    twin), and the result matches float64 with rows of no expert left alone."""
+    from humming_aot.moe import decode_tiles, gemm_grouped_kernel
+    from humming_aot.moe import kernels as moe_kernels
+
+    seed = _seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    e, n, k, rows = 256, 512, 4352, 192
+    experts = pack_experts(humming_aot.quantize(torch.randn(e, n, k, device="cuda", generator=gen) * 0.05,
+                                                "int4:g128"), act_dtype=torch.bfloat16)
+    chosen = []
+    depth = decode_tiles.offsets_depth
+    monkeypatch.setattr(decode_tiles, "offsets_depth", lambda *args: chosen.append(depth(*args)) or chosen[-1])
+    ids = torch.randint(e, (rows,), device="cuda", generator=gen)
+    offsets = torch.zeros(e + 1, device="cuda", dtype=torch.int32)
+    offsets[1:] = torch.cumsum(torch.bincount(ids, minlength=e), 0).to(torch.int32)
+    a = torch.randn(rows, k, device="cuda", generator=gen).to(torch.bfloat16)
+    out = torch.full((rows + 1, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    gemm_grouped_kernel(torch.cat([a, a[:1]]), experts, offsets=offsets, expected_m=1, out=out)  # last row: no expert's
+    torch.cuda.synchronize()
+    (tile, _, _), = chosen
+    arch = dispatch.device_info(0).arches[0]
+    table = heuristics.select_masked_tile(arch, 1, k, experts.group_size, 4)
+    pair = heuristics.offsets_depth_pair(arch, table, k, experts.group_size, 4)
+    shallow = table if pair is None else pair[0]
+    ring = heuristics.offsets_ring_twin(arch, shallow, k, experts.group_size, 4)
+
+    def resident(t):
+        return moe_kernels._resident(moe_kernels._kernel(a, experts, GemmType.MASKED, 1, "test", "gemm_grouped", t)[1],
+                                     t, 0)
+
+    tiles = decode_tiles.expected_row_tiles(rows + 1, e, 8) * (n // 128)
+    wanted = shallow
+    if ring is not None and tiles > resident(shallow) and (decode_tiles.wave_cost(tiles, resident(ring))
+                                                           <= decode_tiles.RING_GAIN * decode_tiles.wave_cost(
+                                                               tiles, resident(shallow))):
+        wanted = ring
+    assert tile == wanted, (tile.label, tiles)
+    if arch == "sm90a" and dispatch.device_info(0).num_sms == 132:
+        assert tile == ring, tile.label
+    assert out[rows].isnan().all(), "the row of no expert was written"
+    key = _forced_key(experts, 1, tile.label)
+    for x in range(e):
+        lo, hi = offsets[x].item(), offsets[x + 1].item()
+        if hi > lo:
+            w_eff = experts.effective_weight(x, scales_in_fp32=key.scales_in_fp32)
+            assert_gemm_close(out[lo:hi], reference_gemm(a[lo:hi], w_eff), a=a[lo:hi], w_eff=w_eff,
+                              context=f"expert {x} tile={tile.label} seed={seed}")
+
+
 def test_offsets_form_refuses_more_slices_than_k_tiles():
     from humming_aot.moe import gemm_grouped_kernel
 

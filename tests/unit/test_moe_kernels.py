@@ -275,7 +275,7 @@ def test_the_offsets_form_launch_from_the_call_on_a_cuda_like_tensor(monkeypatch
     monkeypatch.setattr(moe_kernels, "_resident", lambda loaded, tile, device_index: 528)
     monkeypatch.setattr(moe_kernels, "_stream", lambda a: 7)
     # (the choice between the tile's K depths has tests of its own, below)
-    monkeypatch.setattr(decode_tiles, "offsets_depth", lambda a, experts, tile, loaded, resident, reach, what:
+    monkeypatch.setattr(decode_tiles, "offsets_depth", lambda a, experts, tile, loaded, resident, rows, what:
                         (tile, loaded, resident))
     a = torch.zeros(11, 2048, dtype=torch.bfloat16)
     offsets = torch.tensor([1, 4, 4, 10], dtype=torch.int32)

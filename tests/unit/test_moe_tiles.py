@@ -178,7 +178,8 @@ def test_the_offsets_form_picks_the_deep_decode_tile_where_its_tiles_fit_one_wav
 
     shallow, deep = parse_tile_field("8x128x128_w1x2x2_s2"), parse_tile_field("8x128x256_w1x2x4_s2")
     wide = parse_tile_field("wgmma-ws:8x256x64_w1x4_s4")
-    resident = {shallow: 20, deep: 10, wide: 8}
+    ring = parse_tile_field("8x128x128_w1x2x2_s4")  # (never taken here: the rows make under a wave)
+    resident = {shallow: 20, deep: 10, wide: 8, ring: 15}
 
     lookups = []
 
@@ -201,8 +202,9 @@ def test_the_offsets_form_picks_the_deep_decode_tile_where_its_tiles_fit_one_wav
             for _ in range(2):
                 got = decode_tiles.offsets_depth(a, experts, *table, reach, "w")
                 assert got == (wanted, f"kernel {wanted.label}", resident[wanted]), (table_tile.label, experts.k, reach)
-        # each table kernel looks its twin up once, however many calls follow
-        assert lookups == [deep if table_tile == shallow else shallow], (table_tile.label, lookups)
+        # each table kernel looks its twins up once, however many calls follow (the 4-stage one
+        # wherever the shallow tile stays)
+        assert lookups == [deep if table_tile == shallow else shallow, ring], (table_tile.label, lookups)
         lookups.clear()
     # K 768 (3 deep stages): 2 shallow tiles an expert, 20 resident CTAs: from 8 experts (16 tiles,
     # 3 quarters of 20 at least) the wide one, looked up once
@@ -213,7 +215,7 @@ def test_the_offsets_form_picks_the_deep_decode_tile_where_its_tiles_fit_one_wav
     for reach, wanted in ((1, shallow), (7, shallow), (8, wide), (16, wide), (8, wide)):
         assert decode_tiles.offsets_depth(a, short, *table, reach, "w") == (wanted, f"kernel {wanted.label}",
                                                                               resident[wanted]), reach
-    assert lookups == [wide]
+    assert lookups == [ring, wide]
     uint4 = _experts("uint4:g128:zp", e=16, n=256, k=768)  # zero points: the table's 4 stages fit
     assert decode_tiles.two_row_tile("sm90a", uint4).label == "wgmma-ws:8x256x64_w1x4_s4"
     assert decode_tiles.two_row_tile("sm90a", _experts("int4:g128", e=2, n=256, k=4096)).label == "wgmma-ws:8x256x64_w1x4_s4"
@@ -226,9 +228,65 @@ def test_the_offsets_form_picks_the_deep_decode_tile_where_its_tiles_fit_one_wav
     assert decode_tiles.offsets_depth(a, narrow, shallow, "k", 20, 3, "w") == (shallow, "k", 20)
 
 
+def test_expected_row_tiles_and_wave_cost_follow_their_definitions():
+    # two rows over two experts: both on one expert (1 tile) or one each (2), equally likely
+    assert decode_tiles.expected_row_tiles(2, 2, 8) == pytest.approx(1.5)
+    assert decode_tiles.expected_row_tiles(1, 256, 8) == pytest.approx(1.0)
+    assert decode_tiles.expected_row_tiles(20, 1, 8) == 3.0 and decode_tiles.expected_row_tiles(0, 8, 8) == 0.0
+    gen = torch.Generator().manual_seed(1)
+    for rows, experts in ((192, 256), (100, 8), (32, 128), (1024, 256)):
+        counts = torch.stack([torch.bincount(torch.randint(experts, (rows,), generator=gen), minlength=experts)
+                              for _ in range(400)])
+        sampled = (-(-counts // 8)).sum(dim=1).double().mean().item()
+        assert decode_tiles.expected_row_tiles(rows, experts, 8) == pytest.approx(sampled, rel=0.01), (rows, experts)
+    floor = decode_tiles.TAIL_FLOOR
+    assert decode_tiles.wave_cost(300, 528) == 300 and decode_tiles.wave_cost(1056, 528) == 1056
+    assert decode_tiles.wave_cost(540, 528) == pytest.approx(528 + floor * 528)  # 12 CTAs alone in a last wave
+    assert decode_tiles.wave_cost(540, 396) == 540 and decode_tiles.wave_cost(20, 528) == pytest.approx(floor * 528)
+
+
+def test_the_offsets_form_takes_the_four_stage_twin_where_a_last_wave_holds_a_few_ctas(monkeypatch):
+    """The shallow 8-row tile's 4-stage twin (heuristics.offsets_ring_twin: 4-bit codes, sm90a's
+    moe_tiles pair, any K that pair fits; in the catalog's MoE table) where the expected tiles pass
+    a wave of the shallow tile's CTAs and cost at most RING_GAIN of theirs in its own waves; the
+    shallow tile under a wave or where the twin saves less; the deep one first where it fits."""
+    from types import SimpleNamespace
+
+    from humming_aot import dispatch
+
+    shallow, deep = parse_tile_field("8x128x128_w1x2x2_s2"), parse_tile_field("8x128x256_w1x2x4_s2")
+    ring = parse_tile_field("8x128x128_w1x2x2_s4")
+    assert heuristics.offsets_ring_twin("sm90a", shallow, 7168, 128, 4) == ring
+    assert heuristics.offsets_ring_twin("sm90a", shallow, 7168, 128, 8) is None  # 8-bit codes have none
+    assert heuristics.offsets_ring_twin("sm90a", deep, 7168, 128, 4) is None
+    assert heuristics.offsets_ring_twin("sm90a", shallow, 2048 + 128, 128, 4) is None  # no deep twin fits K
+    assert heuristics.offsets_ring_twin("sm89", shallow, 7168, 128, 4) is None  # no moe_tiles pair
+    assert ring in heuristics.moe_tile_table("sm90a", 4) and ring not in heuristics.moe_tile_table("sm90a", 8)
+    assert ring not in heuristics.moe_tile_table("sm90a", 4, masked=False)
+
+    resident = {shallow: 20, deep: 10, ring: 15}
+    monkeypatch.setattr(dispatch, "device_info", lambda index: SimpleNamespace(arches=("sm90a", "sm90")))
+    monkeypatch.setattr(moe_kernels, "_kernel", lambda a, experts, gemm_type, rows, what, loop, forced=None:
+                        (forced, f"kernel {forced.label}"))
+    monkeypatch.setattr(decode_tiles, "_TWINS", {})
+    monkeypatch.setattr(moe_kernels, "_resident", lambda loaded, tile, device_index: resident[tile])
+    experts = _experts("int4:g128", e=16, n=256, k=4096 + 256)  # 2 N tiles an expert; K past the TMA tile's rows
+    a = torch.zeros(3, experts.k, dtype=torch.bfloat16)
+    table = (shallow, f"kernel {shallow.label}", resident[shallow])
+    # 3 rows: 3 experts' 6 tiles fit the deep tile's 10; 12 rows: ~17 tiles, under a wave of 20;
+    # 16 rows: ~21 (20 + the floor's 6 against 15 + 6: the twin); 40 rows: ~31 (20 + 11 against 30
+    # + the floor's 4.5: the shallow tile)
+    for rows, wanted in ((3, deep), (12, shallow), (16, ring), (40, shallow)):
+        tiles = decode_tiles.expected_row_tiles(rows, 16, 8) * 2
+        got = decode_tiles.offsets_depth(a, experts, *table, rows, "w")
+        assert got == (wanted, f"kernel {wanted.label}", resident[wanted]), (rows, tiles)
+    wide = _experts("int8:g128", e=16, n=256, k=4096 + 256)
+    assert decode_tiles.offsets_depth(a, wide, *table, 16, "w")[0] == shallow
+
+
 def test_the_offsets_form_call_takes_the_depth_rule_unless_a_tile_or_split_is_forced(monkeypatch):
     """gemm_grouped_kernel(offsets=...) up to the launch (CPU tensors made to look like CUDA ones):
-    the table's tile goes through decode_tiles.offsets_depth with the experts the rows reach (R, or
+    the table's tile goes through decode_tiles.offsets_depth with the routed rows (R, or
     routed_rows where the rows hold padding), and the launch runs the tile it returns; a forced
     tile or forced slices skip it; a routed_rows outside [0, R], or given to the aligned form, is
     refused."""
@@ -245,8 +303,8 @@ def test_the_offsets_form_call_takes_the_depth_rule_unless_a_tile_or_split_is_fo
         def launch(self, grid, stream, params):
             launched.append(self.tile)
 
-    def depth(a, experts, tile, loaded, resident, reach, what):
-        reached.append(reach)
+    def depth(a, experts, tile, loaded, resident, rows, what):
+        reached.append(rows)
         return deep, Loaded(deep), 264
 
     def kernel(a, experts, gemm_type, rows, what, loop, forced=None):
@@ -260,7 +318,7 @@ def test_the_offsets_form_call_takes_the_depth_rule_unless_a_tile_or_split_is_fo
     monkeypatch.setattr(decode_tiles, "offsets_depth", depth)
     a = torch.zeros(11, 2048, dtype=torch.bfloat16)
     offsets = torch.tensor([0, 2, 2, 4, 6, 8, 11], dtype=torch.int32)
-    cases = [({}, deep, 6), ({"routed_rows": 3}, deep, 3), ({"routed_rows": 0}, deep, 0),
+    cases = [({}, deep, 11), ({"routed_rows": 3}, deep, 3), ({"routed_rows": 0}, deep, 0),
              ({"tile": "8x128x128_w1x2x2_s2"}, table, None), ({"splits": 2}, table, None)]
     for kwargs, tile, reach in cases:
         launched.clear()
