@@ -396,6 +396,7 @@ def _ring_twin(arch: str, tile: TileConfig, w_bits: int) -> TileConfig | None:
     return dataclasses.replace(tile, stages=RING_TWIN_STAGES)
 
 
+@functools.cache
 def offsets_ring_twin(arch: str, tile: TileConfig, k: int, group: int, w_bits: int = 8) -> TileConfig | None:
     """The twin of the offsets form's shallow 8-row tile (the first of offsets_depth_pair: 128 of K
     per stage in 2 K warps, 2 stages) with RING_TWIN_STAGES stages: three stages in flight per CTA
@@ -403,7 +404,8 @@ def offsets_ring_twin(arch: str, tile: TileConfig, k: int, group: int, w_bits: i
     codes, against 4). moe.decode_tiles.offsets_depth takes it where the rows' tiles would leave a
     few of the shallow tile's CTAs alone in a last wave. None where the tile is no such shallow
     tile for K and the groups, or the codes are wider than RING_TWIN_MAX_W_BITS; the catalog holds
-    the twin of every such row (moe_tile_table)."""
+    the twin of every such row (moe_tile_table). (Cached: the offsets form asks on every decode
+    call.)"""
     pair = offsets_depth_pair(arch, tile, k, group, w_bits)
     if pair is None or tile != pair[0]:
         return None

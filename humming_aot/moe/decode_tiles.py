@@ -109,12 +109,14 @@ def wave_cost(tiles: float, slots: int) -> float:
     return full * slots + (max(rest, TAIL_FLOOR * slots) if rest > 0 else 0.0)
 
 
+@functools.lru_cache(maxsize=1024)
 def expected_row_tiles(rows: int, experts: int, block_m: int) -> float:
     """The row tiles of block_m rows that `rows` rows make when each goes to one of `experts`
     experts at random (the counts binomial; top-k's distinct experts per token make nearly the
     same): the sum over experts of E[ceil(count / block_m)] = E x sum over j >= 0 of P(count >
     j x block_m). The offsets form's walk (kernel/grouped_masked.cuh) runs that many tiles per N
-    tile. Past 64 rows an expert (no decode tile's rule asks), rows / block_m + 1/2 per expert."""
+    tile. Past 64 rows an expert (no decode tile's rule asks), rows / block_m + 1/2 per expert.
+    (Cached: the offsets form asks on every decode call, and the sum loops over the counts.)"""
     if rows <= 0 or experts <= 0:
         return 0.0
     if experts == 1:
