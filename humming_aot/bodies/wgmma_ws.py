@@ -116,12 +116,12 @@ def masked_ctas_per_sm(tile: "TileConfig", w_bits: int, has_zero_point: bool) ->
     kernel/grouped_masked_ws.cuh, which its registers at launch follow): three for one consumer
     warpgroup of 8 tokens whose shared memory fits three, else two for one consumer warpgroup; for
     two, two where they hold 8 tokens and two fit, else one."""
+    def fit(ctas: int) -> bool:  # whether `ctas` of its CTAs fit an SM's shared memory
+        return ctas * (masked_smem_bytes(tile, w_bits, has_zero_point) + CTA_SMEM_OVERHEAD) <= SMEM_PER_SM
+
     if tile.warps_n == 8:
-        fits_two = 2 * (masked_smem_bytes(tile, w_bits, has_zero_point) + CTA_SMEM_OVERHEAD) <= SMEM_PER_SM
-        return 2 if tile.block_m == 8 and fits_two else 1
-    if tile.block_m == 8 and 3 * (masked_smem_bytes(tile, w_bits, has_zero_point) + CTA_SMEM_OVERHEAD) <= SMEM_PER_SM:
-        return 3
-    return 2
+        return 2 if tile.block_m == 8 and fit(2) else 1
+    return 3 if tile.block_m == 8 and fit(3) else 2
 
 
 # The producer warpgroup's registers (kernel/dense_wgmma_ws.cuh producer_registers): the dense

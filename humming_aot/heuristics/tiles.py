@@ -366,14 +366,22 @@ def offsets_depth_pair(arch: str, tile: TileConfig, k: int, group: int,
     per SM) and both fit K and the groups; else None. The offsets form picks between them by the
     rows' tiles (moe.kernels, offsets_depth): the catalog holds every moe_tiles row, so both are
     there."""
+    pair = _depth_rows(arch, tile, w_bits)
+    if pair is None or not all(tile_fits(twin, k, group) for twin in pair):
+        return None
+    return pair
+
+
+def _depth_rows(arch: str, tile: TileConfig, w_bits: int) -> tuple[TileConfig, TileConfig] | None:
+    """(shallow, deep) where `tile` is either of an 8-row mma.sync pair of 128 of K in 2 K warps
+    and 256 in 4 and both are moe_tiles rows of the arch for w_bits-bit codes, whatever K; else
+    None (offsets_depth_pair adds the fit to K and the groups)."""
     if tile.mma not in MOE_BODIES or tile.block_m != 8 or (tile.block_k, tile.warps_k) not in ((128, 2), (256, 4)):
         return None
     shallow = dataclasses.replace(tile, block_k=128, warps_k=2)
     deep = dataclasses.replace(tile, block_k=256, warps_k=4)
     rows = {row_tile for _, _, row_tile in _moe_rows(arch, w_bits)}
-    if shallow not in rows or deep not in rows or not (tile_fits(shallow, k, group) and tile_fits(deep, k, group)):
-        return None
-    return shallow, deep
+    return (shallow, deep) if shallow in rows and deep in rows else None
 
 
 # offsets_ring_twin: the stages of the shallow 8-row tile's twin, and the widest codes that have one
@@ -387,13 +395,8 @@ RING_TWIN_MAX_W_BITS = 4
 def _ring_twin(arch: str, tile: TileConfig, w_bits: int) -> TileConfig | None:
     """The shallow tile of an offsets_depth_pair of the arch's moe_tiles rows at RING_TWIN_STAGES
     stages, for codes of at most RING_TWIN_MAX_W_BITS bits, whatever K; else None."""
-    if w_bits > RING_TWIN_MAX_W_BITS or tile.mma not in MOE_BODIES or tile.block_m != 8 \
-            or (tile.block_k, tile.warps_k, tile.stages) != (128, 2, 2):
-        return None
-    rows = {row_tile for _, _, row_tile in _moe_rows(arch, w_bits)}
-    if tile not in rows or dataclasses.replace(tile, block_k=256, warps_k=4) not in rows:
-        return None
-    return dataclasses.replace(tile, stages=RING_TWIN_STAGES)
+    pair = _depth_rows(arch, tile, w_bits) if w_bits <= RING_TWIN_MAX_W_BITS and tile.stages == 2 else None
+    return dataclasses.replace(tile, stages=RING_TWIN_STAGES) if pair is not None and tile == pair[0] else None
 
 
 @functools.cache
