@@ -35,35 +35,11 @@ _plans: dict[tuple, "_Plan"] = {}
 # (K = 14336) measured 4-8 % slower walked than one CTA per tile from 4096 tokens on, shorter ones
 # 5-14 % faster (docs/performance/log.md section 34).
 WALK_K_TILES = 64
-# Decode-sized problems of more tiles than resident CTAs whose waves would run less full than this
-# on average (tiles / (waves x slots)) take stream-K over one wave of CTAs instead
-# (partial_wave_stream_k); two consumer warpgroups only from this many K tiles up, where the
-# fix-up is cheap beside a CTA's K range.
-WAVE_FILL = 0.9
-STREAM_K_MIN_K_TILES = 48
 # The portable bodies split K until this many of their CTAs per SM have work (at most what fits:
 # heuristics.split_k_factor).
 SYNC_SPLIT_CTAS_PER_SM = 2
 # the portable mma.sync bodies (W8A8, W4A8): cp.async, no tensor maps, one CTA per tile and K slice
 PORTABLE = (MmaKind.MMA_SS, MmaKind.MMA_W4A8)
-
-
-def partial_wave_stream_k(tile: TileConfig, m: int, tiles: int, k_tiles: int, slots: int) -> bool:
-    """Whether a problem of `tiles` output tiles, at least one wave of `slots` resident CTAs, runs
-    stream-K over those slots rather than whole tiles: whole-tile waves less than WAVE_FILL full on
-    average (a last wave under 80 % at two waves, 60 % at four), at most 128 tokens (weight
-    streaming: the weights' bytes, not the tiles, set the time, and a partial wave leaves DRAM
-    bandwidth unused), and for two consumer warpgroups at least
-    STREAM_K_MIN_K_TILES K tiles. H200, same run (docs/performance/log.md section 35): 57344 x
-    8192 at 1 / 16 / 64 / 128 tokens 114.1 / 119.3 / 125.1 / 152.8 us with the tail split against
-    112.6 / 115.0 / 123.8 / 148.6 with stream-K, 59136 x 8192 at 128 tokens 162.5 against 153.6;
-    28672 x 4096 at 128 tokens (32 K tiles) level."""
-    if tiles < slots or tiles > dispatch.SPLIT_K_COUNTERS or m > 128:
-        return False
-    waves = -(-tiles // slots)
-    if tiles >= WAVE_FILL * waves * slots:
-        return False
-    return tile.warps_n == 4 or k_tiles >= STREAM_K_MIN_K_TILES
 
 
 def _codes_map(codes: torch.Tensor, rows: int, k: int, row_bytes: int, box_rows: int) -> bytes:
@@ -81,7 +57,7 @@ def _schedule(loaded, tile: TileConfig, info, m: int, n: int, k_tiles: int, stre
     K is at most 64 tiles), else dp_ctas, one tile each. Stream-K (`stream_k` None): below one wave
     the wgmma-ws body's rule for the one-warpgroup tiles (up to 32 tokens; with two consumer
     warpgroups the tail split measured as fast or faster there, docs/performance/log.md section
-    34), and from one wave on partial_wave_stream_k's."""
+    34), and from one wave on heuristics.partial_wave_stream_k's."""
     tiles = -(-m // tile.block_m) * -(-n // tile.block_n)
     capacity = info.num_sms * dispatch._resident_ctas(loaded, tile, info)
     dp_ctas, splits = heuristics.tail_split_schedule(tiles=tiles, k_tiles=k_tiles, slots=capacity,
@@ -91,7 +67,9 @@ def _schedule(loaded, tile: TileConfig, info, m: int, n: int, k_tiles: int, stre
     if stream_k is None:
         stream_k_ctas = 0 if tile.warps_n == 8 else heuristics.stream_k_ctas(
             tiles=tiles, k_tiles=k_tiles, slots=capacity, max_tiles=dispatch.SPLIT_K_COUNTERS)
-        if persistent is None and partial_wave_stream_k(tile, m, tiles, k_tiles, capacity):
+        if persistent is None and heuristics.partial_wave_stream_k(
+                two_warpgroups=tile.warps_n == 8, m=m, tiles=tiles, k=128 * k_tiles, slots=capacity,
+                max_tiles=dispatch.SPLIT_K_COUNTERS):
             stream_k_ctas = capacity  # (a persistent= argument asks for the tail split's walk)
         return dp_ctas, splits, stream_k_ctas, walkers
     if stream_k:

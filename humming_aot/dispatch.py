@@ -328,6 +328,9 @@ def launch_plan(spec: GemmSpec, device_index: int, stream: int, m: int, n: int, 
         if stream_k is None:
             stream_k_ctas = heuristics.stream_k_ctas(tiles=tiles, k_tiles=k_tiles, slots=slots,
                                                      max_tiles=SPLIT_K_COUNTERS)
+            if heuristics.partial_wave_stream_k(two_warpgroups=tile.warps_n == 8, m=m, tiles=tiles, k=k,
+                                                slots=slots, max_tiles=SPLIT_K_COUNTERS):
+                stream_k_ctas = slots
         elif stream_k:
             most = min(tiles * k_tiles, capacity)
             if not 1 <= stream_k <= most or tiles > SPLIT_K_COUNTERS:

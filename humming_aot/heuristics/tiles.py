@@ -511,6 +511,33 @@ def stream_k_ctas(*, tiles: int, k_tiles: int, slots: int, max_tiles: int) -> in
     return slots
 
 
+# Decode-sized problems of more output tiles than resident CTAs whose whole-tile waves would run
+# less full than WAVE_FILL on average (tiles / (waves x slots)) take stream-K over one wave of CTAs
+# instead (partial_wave_stream_k); tiles of two consumer warpgroups only from STREAM_K_MIN_K
+# columns of K up, where the fix-up is cheap beside a CTA's K range.
+WAVE_FILL = 0.9
+STREAM_K_MIN_K = 6144
+PARTIAL_WAVE_MAX_M = 128
+
+
+def partial_wave_stream_k(*, two_warpgroups: bool, m: int, tiles: int, k: int, slots: int, max_tiles: int) -> bool:
+    """Whether a problem of `tiles` output tiles, at least one wave of `slots` resident CTAs, runs
+    the wgmma-ws bodies' stream-K over those slots rather than whole tiles and the tail split: whole-
+    tile waves less than WAVE_FILL full on average (a last wave under 80 % at two waves, 60 % at
+    four), at most PARTIAL_WAVE_MAX_M tokens (there the weights' bytes, not the tiles, set the time,
+    and a partial wave leaves DRAM bandwidth and tensor cores unused), and with two consumer
+    warpgroups a K of at least STREAM_K_MIN_K. W8A8 float8 on an H200 (docs/performance/log.md
+    section 35): 57344 x 8192 at 1 / 16 / 64 / 128 tokens 114.1 / 119.3 / 125.1 / 152.8 us with
+    the tail split against 112.6 / 115.0 / 123.8 / 148.6 with stream-K, 59136 x 8192 at 128 tokens
+    162.5 against 153.6; 28672 x 4096 at 128 tokens level."""
+    if tiles < slots or tiles > max_tiles or m > PARTIAL_WAVE_MAX_M:
+        return False
+    waves = -(-tiles // slots)
+    if tiles >= WAVE_FILL * waves * slots:
+        return False
+    return not two_warpgroups or k >= STREAM_K_MIN_K
+
+
 def ctas_per_sm_by_registers(threads: int, registers_per_thread: int, registers_per_sm: int = 65536) -> int:
     """Resident CTAs per SM allowed by registers: the hardware allocates a warp's registers in units
     of 256."""

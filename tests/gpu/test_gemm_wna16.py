@@ -182,6 +182,34 @@ def test_stream_k_schedule_matches_the_reference_for_every_grid(key):
                 assert_bitwise_equal(outs[0], outs[1], context)
 
 
+@pytest.mark.parametrize("fmt", ["int4:g128", "uint4:g128:zp", "mxfp4"])
+@pytest.mark.parametrize("m", [40, 100])
+def test_default_schedule_streams_k_over_a_partial_last_wave(fmt, m):
+    """Decode-sized problems of just over a wave of tiles (288 of 128 channels on 132 SMs of two
+    CTAs each) run the default plan's stream-K over one wave (heuristics.partial_wave_stream_k):
+    close to the float64 reference with NaN-poisoned outputs, bitwise equal run to run."""
+    info = dispatch.device_info(torch.cuda.current_device())
+    if "sm90a" not in info.arches:
+        pytest.skip(f"the wgmma-ws body is sm90a's; {info.name} runs the mma.sync tiles")
+    n, k = 2 * info.num_sms * 128 + 3 * 128, 1024  # a 9 % last wave at 2 CTAs per SM
+    seed = _seed()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    packed = humming_aot.pack(humming_aot.quantize(torch.randn(n, k, device="cuda", generator=gen) * 0.05, fmt),
+                              act_dtype=torch.bfloat16)
+    a = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    spec = ops.gemm_spec(packed)
+    outs = []
+    for _ in range(2):
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        outs.append(dispatch.launch_gemm(a, packed, None, spec, out=out))
+    plan = next(p for p in dispatch._plans.values() if (p.key.spec, p.m, p.n, p.k) == (spec, m, n, k))
+    context = f"fmt={fmt} m={m} n={n} k={k} tile={plan.key.tile.label} seed={seed}"
+    assert plan.stream_k_ctas == 2 * info.num_sms, f"{context}: not stream-K over one wave ({plan.grid})"
+    w_eff = ops.effective_weight(packed, m)
+    assert_gemm_close(outs[0], reference_gemm(a, w_eff, None), a=a, w_eff=w_eff, context=context)
+    assert_bitwise_equal(outs[0], outs[1], context)
+
+
 EXACT_M = (1, 2, 8, 16, 129)  # 1 and 2: the 8-row tile's own offset path for tiles of at most two tokens
 EXACT_SPLITS = range(1, 9)  # forced, on the global workspace and (where the key can) in a cluster
 EXACT_STAGES = 8  # K in stages of the key's tile: every split count up to 8 gets whole stages

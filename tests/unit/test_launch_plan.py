@@ -410,6 +410,31 @@ def test_default_plan_at_m_128_picks_the_row_and_stream_k_by_tiles_per_sm(monkey
     assert call["grid"] == (ctas, 1, 1) and struct.unpack_from("<3i", call["params"], 104)[2] == 1
 
 
+@pytest.mark.parametrize("m,n,stream_k", [
+    (64, 57344, True),  # 448 tiles of 64 x 128 on 264 slots: 1.7 waves, 85 % full on average
+    (128, 36864, True),  # 288 tiles: a 9 % last wave
+    (64, 67584, False),  # two whole waves
+    (256, 57344, False),  # past decode sizes: the tail split
+])
+def test_default_plan_takes_stream_k_over_a_partial_last_wave_at_decode_sizes(monkeypatch, m, n, stream_k):
+    fakes = Fakes(monkeypatch)
+    monkeypatch.setattr(torch, "empty", _cpu_empty(torch.empty))
+    a, packed = _stream_k_problem(m=m, n=n, k=128)
+    dispatch.launch_gemm(a, packed, None, ops.gemm_spec(packed))
+    (call,) = fakes.launches
+    plan = next(iter(dispatch._plans.values()))
+    tile = plan.key.tile
+    assert tile.mma is MmaKind.WGMMA_WS
+    tiles = -(-m // tile.block_m) * -(-n // tile.block_n)
+    dp, splits, switch = struct.unpack_from("<3i", call["params"], 104)
+    assert switch == int(stream_k)
+    if stream_k:
+        assert tile.warps_n == 4 and call["grid"] == (264, 1, 1)
+        assert plan.workspace_shape == (264, tile.block_m * tile.block_n)
+    else:  # the tail split: whole tiles, then the rest in K slices
+        assert call["grid"] == (dp + (tiles - dp) * splits, 1, 1)
+
+
 def _planned(template: bytes, tensor_map_offset: int = -1):
     return _launcher.planned_launch(
         7, (3, 1, 1), (128, 1, 1), 0, 0, True, (1, 1, 1), template, params_abi.POINTER_OFFSETS,

@@ -352,17 +352,19 @@ def test_int8_linear_custom_op_and_catalog():
 
 
 def test_partial_last_waves_stream_k_at_decode_sizes():
-    from humming_aot._w8a8_launch import partial_wave_stream_k
+    from humming_aot.heuristics import partial_wave_stream_k
 
-    one, two = parse_tile_field("wgmma-ss:8x128x128_w1x4_s6"), parse_tile_field("wgmma-ss:128x128x128_w1x8_s5")
-    assert partial_wave_stream_k(one, 1, 448, 64, 264)  # 57344 x 8192: 1.7 waves, 85 % full on average
-    assert not partial_wave_stream_k(one, 1, 528, 64, 264)  # two whole waves
-    assert not partial_wave_stream_k(one, 1, 500, 64, 264)  # two waves 95 % full on average
-    assert not partial_wave_stream_k(one, 1, 200, 64, 264)  # below a wave: heuristics.stream_k_ctas' case
-    assert partial_wave_stream_k(two, 128, 448, 64, 132) and partial_wave_stream_k(two, 100, 288, 56, 132)
-    assert not partial_wave_stream_k(two, 128, 224, 32, 132)  # short K: the fix-up is not paid back
-    assert not partial_wave_stream_k(two, 256, 448, 64, 132)  # past decode sizes
-    assert not partial_wave_stream_k(two, 128, 5000, 64, 132)  # more tiles than split-K counters
+    def rule(two, m, tiles, k_tiles, slots):  # W8A8's K tiles are 128 columns
+        return partial_wave_stream_k(two_warpgroups=two, m=m, tiles=tiles, k=128 * k_tiles, slots=slots, max_tiles=4096)
+
+    assert rule(False, 1, 448, 64, 264)  # 57344 x 8192: 1.7 waves, 85 % full on average
+    assert not rule(False, 1, 528, 64, 264)  # two whole waves
+    assert not rule(False, 1, 500, 64, 264)  # two waves 95 % full on average
+    assert not rule(False, 1, 200, 64, 264)  # below a wave: heuristics.stream_k_ctas' case
+    assert rule(True, 128, 448, 64, 132) and rule(True, 100, 288, 56, 132)
+    assert not rule(True, 128, 224, 32, 132)  # short K: the fix-up is not paid back
+    assert not rule(True, 256, 448, 64, 132)  # past decode sizes
+    assert not rule(True, 128, 5000, 64, 132)  # more tiles than split-K counters
 
 
 def test_int8_k_whose_sums_could_overflow_int32_is_refused():

@@ -119,6 +119,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--impls", default=",".join(ALL_IMPLS), help=f"comma list from {', '.join(ALL_IMPLS)}")
     parser.add_argument("--repeats", type=int, default=30, help="timed graph replays per point (median reported)")
     parser.add_argument("--tile", default=None, help="force a humming_aot tile (via humming_aot.ops._gemm_with_tile) for tuning")
+    parser.add_argument("--codes", default="every", choices=["every", "shared", "quantized"],
+                        help="humming_aot's integer codes: every (drawn uniformly over every code; Humming and cuBLAS "
+                             "get the float weight), shared (the same, and Humming quantizes humming_aot's "
+                             "dequantized weight, so both read the same codes), quantized (humming_aot.quantize's "
+                             "codes of the float weight, as Humming and cuBLAS get it). The codes' bits set the "
+                             "tensor cores' power at compute-bound M, so the implementations should read alike ones")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", dest="json_path", default=None, help="write results as JSON here")
     parser.add_argument("--plot", dest="plot_path", default=None,
@@ -167,7 +173,8 @@ def _group_size(fmt: str) -> int | None:
 # --------------------------------------------------------------------------- implementations
 
 
-def prepare_humming_aot(w: torch.Tensor, fmt: str, dtype: torch.dtype, copies: int, tile: str | None) -> Impl:
+def prepare_humming_aot(w: torch.Tensor, fmt: str, dtype: torch.dtype, copies: int, tile: str | None,
+                        every_code: bool = True) -> Impl:
     try:
         import humming_aot
         import humming_aot.ops as ops
@@ -183,7 +190,8 @@ def prepare_humming_aot(w: torch.Tensor, fmt: str, dtype: torch.dtype, copies: i
     # kernel that writes zeros would match).
     from humming_aot.testing.numerics import with_every_code
 
-    qw = with_every_code(qw, torch.Generator(device=qw.codes.device).manual_seed(0))
+    if every_code:
+        qw = with_every_code(qw, torch.Generator(device=qw.codes.device).manual_seed(0))
     packed = [public_pack(humming_aot)(qw, dtype, device=w.device) for _ in range(copies)]
     call: Callable[[torch.Tensor, Any], torch.Tensor] = ops.gemm
     note = ""
@@ -480,14 +488,19 @@ def prepare_shape(n: int, k: int, args: argparse.Namespace, dtype: torch.dtype, 
         bits = _weight_bits(fmt)
         scale_bytes = n * max(1, k // (_group_size(fmt) or k)) * dtype.itemsize * (2 if "zp" in fmt else 1)
         copies = buffer_sets_for_cold_l2(n * k * bits // 8 + scale_bytes + m_min * (n + k) * dtype.itemsize)
+        ours = None
         if "humming_aot" in impls:
-            prepare("humming_aot", fmt, lambda: prepare_humming_aot(w, fmt, dtype, copies, args.tile))
+            prepare("humming_aot", fmt, lambda: prepare_humming_aot(w, fmt, dtype, copies, args.tile,
+                                                                     every_code=args.codes != "quantized"))
+            ours = prepared[-1] if prepared and prepared[-1].name == "humming_aot" else None
         if "torch_int4pack" in impls and fmt.split(":")[0].endswith("int4"):
             prepare("torch_int4pack", fmt, lambda: prepare_torch_int4pack(w, fmt, dtype, copies, generator))
         if "torch_int8pack" in impls and fmt == "int8:channel":
             prepare("torch_int8pack", fmt, lambda: prepare_torch_int8pack(w, fmt, dtype, copies, generator))
         if "humming" in impls:
-            prepare("humming", fmt, lambda: prepare_humming(w, fmt, dtype, copies))
+            shared = args.codes == "shared" and ours is not None and ours.reference_weight is not None
+            prepare("humming", fmt, lambda: prepare_humming(ours.reference_weight.float() if shared else w, fmt, dtype,
+                                                            copies))
     return prepared
 
 
