@@ -61,8 +61,13 @@ def test_the_masked_schedule_runs_the_tma_body_from_5_rows_on_sm90a():
                         (124, 144), (125, 160), (139, 160), (140, 176), (190, 176), (191, 144), (265, 144), (266, 160),
                         (295, 160), (296, 176), (100000, 176)):
             label = f"wgmma-ws:{rows}x256x64_w1x8_s{3 if rows == 176 else 4}"
+            # 4-bit codes: 48 and 64 rows on one consumer warpgroup of 256 channels, two CTAs per SM
+            # (log section 70); with zero points the 64-row one in 3 stages, so that two fit
+            narrow = label.replace("w1x8", "w1x4") if rows in (48, 64) else label
             tile = heuristics.select_masked_tile("sm90a", m, k, group, 4)
-            assert tile.label == label and heuristics.tile_fits(tile, k, group)
+            assert tile.label == narrow and heuristics.tile_fits(tile, k, group), (m, tile.label)
+            zero_point = heuristics.select_masked_tile("sm90a", m, k, group, 4, zero_point=True)
+            assert zero_point.label == (narrow.replace("_s4", "_s3") if rows == 64 else narrow), (m, zero_point.label)
             # 8-bit codes: 144 and 160 rows in 3 stages (4 exceed the shared memory); from 17 rows 48
             wide = heuristics.select_masked_tile("sm90a", m, k, group, 8)
             assert wide.label == (label if rows not in (144, 160) else f"wgmma-ws:{rows}x256x64_w1x8_s3"), (m, wide.label)
@@ -384,15 +389,19 @@ def test_the_producer_keeps_the_walk_registers_except_where_the_consumers_need_t
     # bodies/wgmma_ws.masked_producer_registers (kernel/grouped_masked_ws.cuh kProducerRegisters,
     # which the generated source static_asserts against it): 56 registers for the expert walk, but
     # 24 where 56 would leave the consumers of a tile at its most accumulators too few to keep
-    # their wgmma in flight (ptxas warning C7512): among the table's rows only the 176-row tile;
-    # one-warpgroup tiles at their limit too
+    # their wgmma in flight (ptxas warning C7512): among the table's rows the 176-row tile, and the
+    # 64-row one-warpgroup tile of 4-bit codes (128 accumulators, its limit); one-warpgroup tiles at
+    # their limit too
     from humming_aot.bodies.wgmma_ws import masked_producer_registers
 
     least = {(tile.label, bits, zero_point) for bits in (4, 8) for zero_point in (False, True)
              for tile in heuristics.moe_tile_table("sm90a", bits, zero_point=zero_point)
              if tile.mma is MmaKind.WGMMA_WS and masked_producer_registers(tile, bits, zero_point) == 24}
-    assert {label for label, _, _ in least} == {"wgmma-ws:176x256x64_w1x8_s3"}
-    assert len(least) == 4  # for every code width and zero point
+    assert {label for label, _, _ in least} == {"wgmma-ws:176x256x64_w1x8_s3", "wgmma-ws:64x256x64_w1x4_s4",
+                                                "wgmma-ws:64x256x64_w1x4_s3"}
+    # the 176-row tile for every code width and zero point; the 64-row one for 4-bit codes (3 stages
+    # with zero points)
+    assert len(least) == 6
     for field, registers in (("160x256x64_w1x8_s4", 56), ("144x128x64_w1x4_s4", 24), ("64x256x64_w1x4_s4", 24),
                              ("32x256x64_w1x4_s6", 56), ("8x256x64_w1x4_s6", 56)):
         assert masked_producer_registers(parse_tile_field(f"wgmma-ws:{field}"), 4, False) == registers, field
