@@ -73,3 +73,22 @@ def test_the_json_is_written_after_every_shape_and_says_when_it_is_complete(benc
     last = json.loads(path.read_text())
     assert last["complete"] is True and len(last["results"]) == 2
     assert last["results"][1]["us"] is None and last["results"][0]["pct_read_bw"] is None
+
+
+def test_codes_choose_what_humming_aot_reads_and_what_humming_quantizes(bench_gemm):
+    """--codes every (default): humming_aot reads codes drawn over every code, Humming the float
+    weight; quantized: humming_aot.quantize's own codes; shared: Humming gets humming_aot's
+    dequantized weight (the exact operand), so both read the same codes."""
+    import humming_aot
+
+    assert bench_gemm.parse_args([]).codes == "every"
+    with pytest.raises(SystemExit):
+        bench_gemm.parse_args(["--codes", "some"])
+    w = torch.randn(64, 256, generator=torch.Generator().manual_seed(0)) * 0.02
+    every = bench_gemm.prepare_humming_aot(w, "int4:g128", torch.bfloat16, 1, None)
+    own = bench_gemm.prepare_humming_aot(w, "int4:g128", torch.bfloat16, 1, None, every_code=False)
+    quantized = humming_aot.pack(humming_aot.quantize(w, "int4:g128"), act_dtype=torch.bfloat16)
+    assert torch.equal(own.reference_weight, quantized.effective_weight().to(torch.bfloat16))
+    assert not torch.equal(every.reference_weight, own.reference_weight)
+    assert bench_gemm.humming_input(w, every, "every") is w and bench_gemm.humming_input(w, None, "shared") is w
+    assert torch.equal(bench_gemm.humming_input(w, every, "shared"), every.reference_weight.float())

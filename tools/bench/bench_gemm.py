@@ -459,6 +459,14 @@ def print_row(result: dict[str, Any], read_gbps: float | None) -> None:
                       "-" if relerr is None else f"{relerr:.1e}", " ".join(note)), flush=True)
 
 
+def humming_input(w: torch.Tensor, ours: Impl | None, codes: str) -> torch.Tensor:
+    """The float weight Humming quantizes: with --codes shared humming_aot's exact operand (its
+    dequantized weight, so that both read the same codes), else the float weight itself."""
+    if codes == "shared" and ours is not None and ours.reference_weight is not None:
+        return ours.reference_weight.float()
+    return w
+
+
 def prepare_shape(n: int, k: int, args: argparse.Namespace, dtype: torch.dtype, m_min: int,
                   unavailable: list[dict[str, Any]], generator: torch.Generator) -> list[Impl]:
     """Every requested implementation for one (N, K), from one random weight; the ones that cannot
@@ -492,15 +500,13 @@ def prepare_shape(n: int, k: int, args: argparse.Namespace, dtype: torch.dtype, 
         if "humming_aot" in impls:
             prepare("humming_aot", fmt, lambda: prepare_humming_aot(w, fmt, dtype, copies, args.tile,
                                                                      every_code=args.codes != "quantized"))
-            ours = prepared[-1] if prepared and prepared[-1].name == "humming_aot" else None
+            ours = prepared[-1] if prepared and (prepared[-1].name, prepared[-1].fmt) == ("humming_aot", fmt) else None
         if "torch_int4pack" in impls and fmt.split(":")[0].endswith("int4"):
             prepare("torch_int4pack", fmt, lambda: prepare_torch_int4pack(w, fmt, dtype, copies, generator))
         if "torch_int8pack" in impls and fmt == "int8:channel":
             prepare("torch_int8pack", fmt, lambda: prepare_torch_int8pack(w, fmt, dtype, copies, generator))
         if "humming" in impls:
-            shared = args.codes == "shared" and ours is not None and ours.reference_weight is not None
-            prepare("humming", fmt, lambda: prepare_humming(ours.reference_weight.float() if shared else w, fmt, dtype,
-                                                            copies))
+            prepare("humming", fmt, lambda: prepare_humming(humming_input(w, ours, args.codes), fmt, dtype, copies))
     return prepared
 
 
