@@ -8,7 +8,9 @@ with CUDA-graph replays over rotated inputs (humming_aot.testing.bench), and pri
 --splits options: auto (the dispatcher's choice), N (every tile cut in N K slices), tail (the
 wgmma-ws tail split, no stream-K), skN (wgmma-ws stream-K over N persistent CTAs), sk (stream-K
 over every CTA the device holds at once). --tiles: comma-separated label fragments, a tile is
-tried if its label contains one of them.
+tried if its label contains one of them; an entry that is a whole tile label (e.g.
+wgmma-ws:176x256x64_w1x8_s4) is tried whether or not the installed catalog has it (the JIT builds
+it: HUMMING_AOT_JIT=1).
 
 The winners are what catalog/tiles.toml and heuristics.split_k_factor should choose; benchmarks
 never assert, so this only reports.
@@ -46,6 +48,17 @@ def main() -> None:
             write_results_json(args.json_path, results, format=args.format, complete=index == len(shapes) - 1)
 
 
+def _full_label(text: str):
+    """The tile a --tiles entry names in full (e.g. wgmma-ws:176x256x64_w1x8_s4), else None (a
+    fragment, matched against the installed catalog's labels)."""
+    from humming_aot.enumerate import parse_tile_field
+
+    try:
+        return parse_tile_field(text)
+    except ValueError:
+        return None
+
+
 def _resident_capacity(packed, tile, m: int) -> int:
     """CTAs of `tile`'s kernel the current device holds at once (the largest stream-K grid)."""
     index = torch.cuda.current_device()
@@ -75,8 +88,9 @@ def tune_shape(args, n: int, k: int) -> list[dict]:
     arch = dispatch.device_info(torch.cuda.current_device()).arches[0]
     keys = [KernelKey.from_name(x) for x in installed_catalog().keys_for(arch)]
     wanted = args.tiles.split(",")
-    tiles = sorted({key.tile for key in keys if key.spec == spec and any(w in key.tile.label for w in wanted)},
-                   key=lambda t: (t.block_m, t.block_n, t.stages))
+    tiles = {key.tile for key in keys if key.spec == spec and any(w in key.tile.label for w in wanted)}
+    tiles |= {tile for tile in map(_full_label, wanted) if tile is not None}  # (from the JIT where no catalog has them)
+    tiles = sorted(tiles, key=lambda t: (t.block_m, t.block_n, t.stages))
     results = []
     for m in map(int, args.m.split(",")):
         per_set = packed0.nbytes + m * k * 2
