@@ -73,11 +73,12 @@ def offsets_depth(a: torch.Tensor, experts: PackedExperts, tile: TileConfig, loa
     if wide is not None and 4 * reach * -(-experts.n // shallow.block_n) >= WIDE_WAVE_QUARTERS * shallow_resident:
         return (wide, *twin(wide))
     ring = heuristics.offsets_ring_twin(arch, shallow, experts.k, experts.group_size, experts.expert(0).bits)
-    tiles = expected_row_tiles(rows, experts.experts, shallow.block_m) * -(-experts.n // shallow.block_n)
-    if ring is not None and tiles > shallow_resident:  # (the twin's kernel looked up only where it can win)
-        ring_loaded, ring_resident = twin(ring)
-        if wave_cost(tiles, ring_resident) <= RING_GAIN * wave_cost(tiles, shallow_resident):
-            return ring, ring_loaded, ring_resident
+    if ring is not None:
+        tiles = expected_row_tiles(rows, experts.experts, shallow.block_m) * -(-experts.n // shallow.block_n)
+        if tiles > shallow_resident:  # (the twin's kernel looked up only where it can win)
+            ring_loaded, ring_resident = twin(ring)
+            if wave_cost(tiles, ring_resident) <= RING_GAIN * wave_cost(tiles, shallow_resident):
+                return ring, ring_loaded, ring_resident
     return shallow, shallow_loaded, shallow_resident
 
 
