@@ -86,7 +86,8 @@ def tune_shape(args, n: int, k: int) -> list[dict]:
     packed0 = humming_aot.pack(humming_aot.quantize(torch.randn(n, k) * 0.02, args.format), act_dtype=act, device="cuda")
     spec = ops.gemm_spec(packed0)
     arch = dispatch.device_info(torch.cuda.current_device()).arches[0]
-    keys = [KernelKey.from_name(x) for x in installed_catalog().keys_for(arch)]
+    catalog = installed_catalog()  # None where no catalog is installed (the JIT builds every tile)
+    keys = [KernelKey.from_name(x) for x in catalog.keys_for(arch)] if catalog is not None else []
     wanted = args.tiles.split(",")
     tiles = {key.tile for key in keys if key.spec == spec and any(w in key.tile.label for w in wanted)}
     tiles |= {tile for tile in map(_full_label, wanted) if tile is not None}  # (from the JIT where no catalog has them)
