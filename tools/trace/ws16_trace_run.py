@@ -128,6 +128,26 @@ def main() -> int:
         print("producer, us per unit: median / p10 / p90")
         print(f"   issue      {stats(pr[:, 3] / cyc)}   (waits for free slots)")
         print(f"   staging    {stats(pr[:, 4] / cyc)}   (waits for the staged store)")
+    by_sm: dict[int, list[int]] = {}  # which CTAs shared an SM: the differences of their indices
+    for c in range(ctas):
+        by_sm.setdefault(int(rows[c, 0]), []).append(c)
+    gaps: dict[int, int] = {}
+    for members in by_sm.values():
+        for a, b in zip(members, members[1:]):
+            gaps[b - a] = gaps.get(b - a, 0) + 1
+    print("  CTA index gaps between CTAs of one SM (gap: pairs): "
+          + ", ".join(f"{g}: {n}" for g, n in sorted(gaps.items(), key=lambda x: -x[1])[:8]))
+    heads_per_sm: dict[int, int] = {}  # stream-K heads by the SM their CTA ran on
+    for row in cr[cr[:, 0] == 2]:
+        sm = int(rows[int(row[9]), 0])
+        heads_per_sm[sm] = heads_per_sm.get(sm, 0) + 1
+    if heads_per_sm:
+        print("  SMs by heads they ran: " + ", ".join(
+            f"{h} heads: {sum(1 for v in heads_per_sm.values() if v == h)}" for h in sorted(set(heads_per_sm.values())))
+              + f", none: {len(set(rows[:, 0].tolist())) - len(heads_per_sm)}")
+        for h in sorted(set(heads_per_sm.values())):
+            sel = np.array([row for row in cr[cr[:, 0] == 2] if heads_per_sm[int(rows[int(row[9]), 0])] == h])
+            print(f"   fix-up of a head on an SM of {h} heads: {stats(sel[:, 6] / cyc)}")
     last = int(np.argmax(rows[:, 3]))
     print(f"critical CTA {last} (SM {rows[last, 0]}), start +{skew[last]:.2f} us:")
     for row in cr[(cr[:, 9] == last)]:
