@@ -80,18 +80,23 @@ def _split_option(option: str, packed=None, tile=None, m: int = 0) -> dict:
     return {"splits": int(option)}
 
 
+def candidate_tiles(catalog, arch: str, spec, wanted: list[str]) -> list:
+    """The tiles to time, smallest first: the catalog's tiles of `spec` on `arch` whose label
+    contains one of `wanted`, and every whole tile label among `wanted` (the JIT builds those). A
+    `catalog` of None (none installed: a box with the JIT only) contributes nothing."""
+    keys = [KernelKey.from_name(x) for x in catalog.keys_for(arch)] if catalog is not None else []
+    tiles = {key.tile for key in keys if key.spec == spec and any(w in key.tile.label for w in wanted)}
+    tiles |= {tile for tile in map(_full_label, wanted) if tile is not None}
+    return sorted(tiles, key=lambda t: (t.block_m, t.block_n, t.stages))
+
+
 def tune_shape(args, n: int, k: int) -> list[dict]:
     """Time every installed tile (and, up to --split-max-m, every --splits option) at each M."""
     act = torch.bfloat16
     packed0 = humming_aot.pack(humming_aot.quantize(torch.randn(n, k) * 0.02, args.format), act_dtype=act, device="cuda")
     spec = ops.gemm_spec(packed0)
     arch = dispatch.device_info(torch.cuda.current_device()).arches[0]
-    catalog = installed_catalog()  # None where no catalog is installed (the JIT builds every tile)
-    keys = [KernelKey.from_name(x) for x in catalog.keys_for(arch)] if catalog is not None else []
-    wanted = args.tiles.split(",")
-    tiles = {key.tile for key in keys if key.spec == spec and any(w in key.tile.label for w in wanted)}
-    tiles |= {tile for tile in map(_full_label, wanted) if tile is not None}  # (from the JIT where no catalog has them)
-    tiles = sorted(tiles, key=lambda t: (t.block_m, t.block_n, t.stages))
+    tiles = candidate_tiles(installed_catalog(), arch, spec, args.tiles.split(","))
     results = []
     for m in map(int, args.m.split(",")):
         per_set = packed0.nbytes + m * k * 2
