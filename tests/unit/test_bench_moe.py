@@ -173,3 +173,26 @@ def test_the_a8_implementations_take_the_activation_format():
             bench_moe.prepare_humming_aot_a8_aligned(w, "int4:g128", "masked")
     finally:
         bench_moe.ACTIVATIONS["format"] = None
+
+
+def test_each_gemm_hands_its_rows_to_the_checkpoint(monkeypatch):
+    """bench() calls its checkpoint after every GEMM with the rows so far (main writes them to
+    --json, so a run stopped by a time limit keeps the GEMMs it finished); here on the CPU with a
+    stand-in implementation and timer."""
+    from types import SimpleNamespace
+
+    calls = []
+    impl = SimpleNamespace(name="humming_aot", note="", reset=None, call=lambda routed: calls.append(routed))
+    monkeypatch.setitem(bench_moe.PREPARE, "humming_aot", lambda w, fmt, layout, **forced: impl)
+    monkeypatch.setattr(bench_moe, "time_cuda_graph",
+                        lambda fns, repeats: [f() for f in fns] and {"median_us": 1.0, "p10_us": 1.0, "p90_us": 1.0,
+                                                                     "mode": "graph"})
+    monkeypatch.setattr(bench_moe, "relerr", lambda impl, routed, layout: 0.0)
+    args = bench_moe.parse_args(["--models", "8x2:128x256,4x1:64x128", "--tokens", "1,3", "--impls", "humming_aot",
+                                 "--routings", "2"])
+    seen = []
+    rows = bench_moe.bench(args, checkpoint=lambda so_far: seen.append([(r["n"], r["tokens"]) for r in so_far]),
+                           device="cpu")
+    assert seen == [[(128, 1), (128, 3)], [(128, 1), (128, 3), (64, 1), (64, 3)]]
+    assert [(r["model"], r["us"]) for r in rows] == [("8x2:128x256", 1.0)] * 2 + [("4x1:64x128", 1.0)] * 2
+    assert len(calls) == 2 * 2 * 2  # every routing of every point, on both GEMMs

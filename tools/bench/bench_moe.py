@@ -481,10 +481,9 @@ def relerr(impl: MoeImpl, routed: Routed, layout: str) -> float | None:
 EXTERNAL_IMPLS = ("humming", "torch_grouped_mm", "humming_a8")
 
 
-def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
-    device = torch.device("cuda")
-    dtype = torch.bfloat16
-    results = []
+def bench(args: argparse.Namespace, checkpoint=None, device: str = "cuda") -> list[dict[str, Any]]:
+    """The rows of every point; checkpoint(rows so far) after each GEMM (a run cut short keeps them)."""
+    device, dtype, results = torch.device(device), torch.bfloat16, []
     print(f"{'tokens':>6} {'model':>16} {'gemm':>5} {'N':>6} {'K':>6} {'E':>4} {'topk':>4} {'format':<12} "
           f"{'impl':<17} {'us':>9} {'relerr':>8}  mode")
     for model in args.models.split(","):
@@ -492,6 +491,10 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
         for gemm, n, k in gemms:
             if args.gemms and gemm not in args.gemms.split(","):
                 continue
+
+            def row(tokens, fmt, impl, us, **extra):  # (a result row of this GEMM)
+                return dict(tokens=tokens, model=model, gemm=gemm, layout=args.layout, n=n, k=k, experts=experts,
+                            top_k=top_k, format=fmt, impl=impl, us=us, **extra)
             gen = torch.Generator(device="cpu").manual_seed(args.seed)
             w = (torch.randn(experts, n, k, generator=gen) * 0.02).to(dtype).to(device)
             for fmt in args.formats.split(","):
@@ -506,9 +509,7 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
                         print(f"{name} {fmt} {model} {gemm}: n/a: {why}")
                     except ValueError as why:  # a format this model's shapes do not take (g128 on K = 2880)
                         print(f"{name} {fmt} {model} {gemm}: n/a: {why}")
-                        results.append(dict(tokens=None, model=model, gemm=gemm, layout=args.layout, n=n, k=k,
-                                            experts=experts, top_k=top_k, format=fmt, impl=name, us=None,
-                                            error=f"ValueError: {why}"))
+                        results.append(row(None, fmt, name, None, error=f"ValueError: {why}"))
                 for tokens in map(int, TOKEN_SETS.get(args.tokens, args.tokens).split(",")):
                     routings = [route(tokens, experts, top_k, k, args.seed + i, device, dtype)
                                 for i in range(args.routings)]
@@ -519,17 +520,13 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
                             err = relerr(impl, routings[0], args.layout)
                         except bench_gemm.Unavailable as why:  # (a forced K slice count the tile refuses)
                             print(f"{tokens:>6} {model:>16} {gemm:>5} {impl.name} {impl.note}: n/a: {why}")
-                            results.append(dict(tokens=tokens, model=model, gemm=gemm, layout=args.layout, n=n, k=k,
-                                                experts=experts, top_k=top_k, format=fmt, impl=impl.name, us=None,
-                                                note=impl.note, error=f"Unavailable: {why}"))
+                            results.append(row(tokens, fmt, impl.name, None, note=impl.note, error=f"Unavailable: {why}"))
                             continue
                         except Exception as exc:  # noqa: BLE001
                             if impl.name not in EXTERNAL_IMPLS:
                                 raise  # this project's failures stop the run
                             print(f"{tokens:>6} {model:>16} {gemm:>5} {impl.name}: failed: {type(exc).__name__}: {exc}")
-                            results.append(dict(tokens=tokens, model=model, gemm=gemm, layout=args.layout, n=n, k=k,
-                                                experts=experts, top_k=top_k, format=fmt, impl=impl.name, us=None,
-                                                error=f"{type(exc).__name__}: {exc}"))
+                            results.append(row(tokens, fmt, impl.name, None, error=f"{type(exc).__name__}: {exc}"))
                             continue
                         mode = timing["mode"] if timing["mode"] == "graph" else "eager"
                         print(f"{tokens:>6} {model:>16} {gemm:>5} {n:>6} {k:>6} {experts:>4} {top_k:>4} {fmt:<12} "
@@ -537,13 +534,12 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
                               f"{'-' if err is None else f'{err:.1e}':>8}  {mode} {impl.note}")
                         if impl.reset is not None:
                             impl.reset()
-                        results.append(dict(tokens=tokens, model=model, gemm=gemm, layout=args.layout, n=n, k=k,
-                                            experts=experts,
-                                            top_k=top_k, format=fmt, impl=impl.name, us=timing["median_us"],
-                                            p10_us=timing["p10_us"], p90_us=timing["p90_us"], mode=timing["mode"],
-                                            relerr=err, note=impl.note))
+                        results.append(row(tokens, fmt, impl.name, timing["median_us"], p10_us=timing["p10_us"],
+                                           p90_us=timing["p90_us"], mode=timing["mode"], relerr=err, note=impl.note))
             del w
             torch.cuda.empty_cache()
+            if checkpoint is not None:
+                checkpoint(results)
     return results
 
 
@@ -591,9 +587,11 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         sys.exit("bench_moe.py needs a CUDA GPU")
     ACTIVATIONS["format"] = args.activations
-    results = bench(args)
-    if args.json_path:
-        write_results_json(args.json_path, results, args=vars(args))
+    def write(rows, complete=False):  # (after each GEMM, then the whole run)
+        if args.json_path:
+            write_results_json(args.json_path, rows, args=vars(args), complete=complete)
+
+    write(bench(args, checkpoint=write), complete=True)
 
 
 if __name__ == "__main__":
