@@ -2,11 +2,10 @@
 fragment, plus whole tile labels for the JIT, also where no catalog is installed."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 from humming_aot.spec import KernelKey
+from humming_aot.testing.bench import sibling_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 INT4_128 = "gemm_dense_sm90a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_128x128x64_w1x4_s4"
@@ -15,11 +14,7 @@ UINT4_48 = "gemm_dense_sm90a_wgmma-ws_a-bf16_w-u4-g-bf16-zpi_o-bf16_48x128x64_w1
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("tune_tiles", ROOT / "tools/bench/tune_tiles.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return sibling_tool("tune_tiles", str(ROOT / "tools/bench/tune_tiles.py"))
 
 
 class _Catalog:
