@@ -137,9 +137,9 @@ def main() -> int:
             gaps[b - a] = gaps.get(b - a, 0) + 1
     print("  CTA index gaps between CTAs of one SM (gap: pairs): "
           + ", ".join(f"{g}: {n}" for g, n in sorted(gaps.items(), key=lambda x: -x[1])[:8]))
-    heads_per_sm: dict[int, int] = {}  # stream-K heads by the SM their CTA ran on
-    for row in cr[cr[:, 0] == 2]:
-        sm = int(rows[int(row[9]), 0])
+    heads_per_sm: dict[int, int] = {}  # stream-K head CTAs by their SM (a CTA's warpgroups count once)
+    for cta in {int(row[9]) for row in cr[cr[:, 0] == 2]}:
+        sm = int(rows[cta, 0])
         heads_per_sm[sm] = heads_per_sm.get(sm, 0) + 1
     if heads_per_sm:
         print("  SMs by heads they ran: " + ", ".join(
