@@ -28,6 +28,8 @@ __all__ = [
     "tflops",
     "gbps",
     "sibling_tool",
+    "finite",
+    "resume_run",
 ]
 
 _TARGET_REPLAY_US = 2000.0  # auto `inner`: make one replay about this long so event overhead vanishes
@@ -244,6 +246,53 @@ def write_json(path: str | Path, payload: dict) -> None:
     partial = Path(f"{path}.partial")
     partial.write_text(json.dumps(payload, indent=1, default=str) + "\n")
     os.replace(partial, path)
+
+
+def finite(value: Any) -> Any:
+    """NaN / Inf -> None throughout a JSON payload, so that it is strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [finite(item) for item in value]
+    return value
+
+
+# resume_run: the arguments that make one shape's points; a run resumed with other values would
+# mix points that were not measured alike (the shapes may differ: that is what is resumed)
+RESUME_ARGS = ("m", "formats", "impls", "dtype", "codes", "tile")
+
+
+def resume_run(path: str | Path | None, args: dict, device: str) -> tuple[list, list, list]:
+    """(results, unavailable, shapes done) of an earlier run's JSON at `path` (bench_gemm.py
+    --resume): the points of the shapes it finished ("shapes_done", [N, K] pairs), so that a run
+    cut short by a time limit goes on with the shapes it had left, on another call. Nothing where
+    the file does not exist yet. A ValueError where there is no path, or where the file was written
+    on another device or with other values of RESUME_ARGS than `args` has."""
+    import json
+
+    if path is None:
+        raise ValueError("--resume goes on with the run in --json FILE: give --json")
+    path = Path(path)
+    if not path.exists():
+        return [], [], []
+    payload = json.loads(path.read_text())
+    old = payload.get("args", {})
+    differ = [key for key in RESUME_ARGS if old.get(key) != args.get(key)]
+    if differ:
+        raise ValueError(f"{path} was written with other {', '.join(differ)} ("
+                         + ", ".join(f"{key}={old.get(key)!r} against {args.get(key)!r}" for key in differ)
+                         + "): resume with the same arguments, or write a new --json file")
+    if payload.get("device") != device:
+        raise ValueError(f"{path} was written on {payload.get('device')!r}, this is {device!r}: its points and "
+                         "this run's would not be one run; write a new --json file")
+    done = [list(shape) for shape in payload.get("shapes_done", [])]
+
+    def kept(rows: list) -> list:
+        return [row for row in rows if [row.get("n"), row.get("k")] in done]
+
+    return kept(payload.get("results", [])), kept(payload.get("unavailable", [])), done
 
 
 def write_results_json(path: str | Path, results: list, **extra) -> None:

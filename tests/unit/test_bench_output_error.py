@@ -61,18 +61,45 @@ def test_shape_sets_name_real_layers_and_reject_unknown_names(bench_gemm):
 
 def test_the_json_is_written_after_every_shape_and_says_when_it_is_complete(bench_gemm, tmp_path):
     """A run cut short by a time limit keeps the points of the shapes it finished: the JSON is
-    written after each shape with complete false, and at the end with complete true; the share
-    of the measured read bandwidth is filled in, or null without a bandwidth figure."""
+    written after each shape with complete false and the shapes done, complete once every shape
+    of --shapes is done; the share of the measured read bandwidth is filled in, or null without a
+    bandwidth figure."""
     path = tmp_path / "out" / "bench.json"
+    args = {"m": "1", "shapes": "64x64,128x64"}
     rows = [{"impl": "humming_aot", "m": 1, "n": 64, "k": 64, "us": 2.0, "gbps": 500.0}]
-    bench_gemm._write_json(str(path), {"device": "d"}, 2000.0, {"m": "1"}, rows, [], complete=False)
+    bench_gemm._write_json(str(path), {"device": "d"}, 2000.0, args, rows, [], [[64, 64]])
     first = json.loads(path.read_text())
     assert first["complete"] is False and first["results"][0]["pct_read_bw"] == 25.0 and first["device"] == "d"
-    rows.append({"impl": "humming", "m": 1, "n": 64, "k": 64, "us": float("nan"), "gbps": 400.0})
-    bench_gemm._write_json(str(path), {"device": "d"}, None, {"m": "1"}, rows, [], complete=True)
+    assert first["shapes_done"] == [[64, 64]]
+    rows.append({"impl": "humming", "m": 1, "n": 128, "k": 64, "us": float("nan"), "gbps": 400.0})
+    bench_gemm._write_json(str(path), {"device": "d"}, None, args, rows, [], [[64, 64], [128, 64]])
     last = json.loads(path.read_text())
     assert last["complete"] is True and len(last["results"]) == 2
     assert last["results"][1]["us"] is None and last["results"][0]["pct_read_bw"] is None
+
+
+def test_resume_keeps_the_finished_shapes_of_the_same_run_only(bench_gemm, tmp_path):
+    """--resume: the points of the shapes the earlier run finished come back (not those of a shape
+    it was cut short in), and nothing where the file does not exist yet; a file written on
+    another device, or with other formats, M or implementations, is refused with what differs;
+    --resume without --json is an argument error."""
+    from humming_aot.testing.bench import resume_run
+
+    path = tmp_path / "bench.json"
+    args = vars(bench_gemm.parse_args(["--shapes", "64x64,128x64,256x64", "--m", "1,8", "--formats", "int4:g128"]))
+    assert resume_run(path, args, "H200") == ([], [], [])
+    rows = [{"impl": "humming_aot", "m": m, "n": n, "k": 64, "us": 2.0, "gbps": 5.0} for n in (64, 128) for m in (1, 8)]
+    missing = [{"impl": "humming", "fmt": "int4:g128", "n": 64, "k": 64, "reason": "n/a"}]
+    bench_gemm._write_json(str(path), {"device": "H200"}, None, args, rows[:3], missing, [[64, 64]])
+    results, unavailable, done = resume_run(path, {**args, "shapes": "64x64,128x64,256x64,512x64"}, "H200")
+    assert done == [[64, 64]] and unavailable == missing
+    assert [(r["n"], r["m"]) for r in results] == [(64, 1), (64, 8)]  # 128 x 64 was cut short: run again
+    with pytest.raises(ValueError, match="written on 'H200', this is 'H100'"):
+        resume_run(path, args, "H100")
+    with pytest.raises(ValueError, match="other m, formats"):
+        resume_run(path, {**args, "formats": "mxfp4", "m": "1"}, "H200")
+    with pytest.raises(SystemExit):
+        bench_gemm.parse_args(["--resume"])
 
 
 def test_codes_choose_what_humming_aot_reads_and_what_humming_quantizes(bench_gemm):

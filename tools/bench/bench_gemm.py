@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
-import math
 import subprocess
 import sys
 import time
@@ -43,9 +42,11 @@ if importlib.util.find_spec("humming_aot") is None:  # run from a checkout witho
 
 from humming_aot.testing.bench import (  # noqa: E402 - after the path fix above
     buffer_sets_for_cold_l2,
+    finite,
     gbps,
     gemm_flops,
     l2_cache_bytes,
+    resume_run,
     tflops,
     time_cuda_graph,
     write_json,
@@ -127,9 +128,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "Humming by 0-4 %% at 128-4096 tokens, within the spread (log section 70)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", dest="json_path", default=None, help="write results as JSON here")
+    parser.add_argument("--resume", action="store_true", help="go on with the run in --json: skip the shapes it "
+                        "finished (same device and arguments; humming_aot.testing.bench.resume_run)")
+    parser.add_argument("--deadline-s", type=float, default=None,
+                        help="start no shape after this many seconds (with --json, a later --resume goes on)")
     parser.add_argument("--plot", dest="plot_path", default=None,
                         help="also write a PNG of time against M per shape here (tools/bench/plot_bench.py; needs matplotlib)")
     args = parser.parse_args(argv)
+    if args.resume and not args.json_path:
+        parser.error("--resume goes on with the run in --json FILE: give --json")
     if args.shape_set:
         unknown = [name for name in args.shape_set.split(",") if name not in SHAPE_SETS]
         if unknown:
@@ -530,10 +537,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"measured read bandwidth (the %BW roofline): {read_gbps:.0f} GB/s" if read_gbps else "%BW: n/a", flush=True)
     print(_ROW.format(*_COLUMNS), flush=True)
 
-    results: list[dict[str, Any]] = []
-    unavailable: list[dict[str, Any]] = []
+    try:
+        results, unavailable, done = resume_run(args.json_path, vars(args), env["device"]) if args.resume else ([], [], [])
+    except ValueError as exc:
+        print(f"bench_gemm: {exc}")
+        return 2
     generator = torch.Generator().manual_seed(args.seed)
+    start = time.monotonic()
     for n, k in shapes:
+        if [n, k] in done:
+            continue
+        if args.deadline_s is not None and time.monotonic() - start > args.deadline_s:
+            print(f"deadline: {args.deadline_s:.0f} s passed; --resume goes on from {n}x{k}", flush=True)
+            break
         prepared = prepare_shape(n, k, args, dtype, min(ms), unavailable, generator)
         for m in ms:
             for impl in prepared:
@@ -548,11 +564,12 @@ def main(argv: list[str] | None = None) -> int:
                 print_row(result, read_gbps)
         prepared.clear()
         torch.cuda.empty_cache()
+        done.append([n, k])
         if args.json_path:  # after every shape, so that a run cut short by a time limit keeps its points
-            _write_json(args.json_path, env, read_gbps, vars(args), results, unavailable, complete=False)
+            _write_json(args.json_path, env, read_gbps, vars(args), results, unavailable, done)
 
     if args.json_path:
-        _write_json(args.json_path, env, read_gbps, vars(args), results, unavailable, complete=True)
+        _write_json(args.json_path, env, read_gbps, vars(args), results, unavailable, done)
         print(f"wrote {args.json_path}")
     if args.plot_path:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -563,24 +580,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write_json(path: str, env: dict, read_gbps: float | None, args: dict, results: list[dict[str, Any]],
-                unavailable: list[dict[str, Any]], complete: bool) -> None:
-    """The run's JSON; complete: False while shapes remain (a run cut short leaves that)."""
+                unavailable: list[dict[str, Any]], done: list[list[int]]) -> None:
+    """The run's JSON; complete: False while shapes remain (a run cut short leaves that), and the
+    shapes done ([N, K], what --resume skips)."""
     for result in results:
-        result["pct_read_bw"] = 100 * result["gbps"] / read_gbps if read_gbps else None
-    payload = {**env, "read_gbps": read_gbps, "args": args, "complete": complete, "results": results,
-               "unavailable": unavailable}
-    write_json(path, _finite(payload))
-
-
-def _finite(value: Any) -> Any:
-    """NaN / Inf -> null, so the JSON is strict."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_finite(item) for item in value]
-    return value
+        if "gbps" in result:  # (a resumed run's earlier points have theirs)
+            result["pct_read_bw"] = 100 * result["gbps"] / read_gbps if read_gbps else None
+    complete = all([n, k] in done for n, k in _parse_shapes(args["shapes"]))
+    payload = {**env, "read_gbps": read_gbps, "args": args, "complete": complete, "shapes_done": done,
+               "results": results, "unavailable": unavailable}
+    write_json(path, finite(payload))
 
 
 if __name__ == "__main__":
