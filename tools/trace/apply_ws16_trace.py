@@ -13,6 +13,8 @@ symmetric formats: the body never reads it then). Per CTA three rows of 8 + 32 *
 1, row 2 by the producer thread:
    header: 0 SM id   1 globaltimer at start   2 clock64 at start   3 globaltimer at end
            4 clock64 at end   5 units run (CTAs past 8192 write nothing; at most 32 units)
+           6 (consumer rows) clock64 when the stream-K head's wait for its parts ended (a CTA
+           holds at most one head: the unit its range ends inside), 0 for no head
    consumer unit (8 slots): 0 before its K loop   1 first K tile landed   2 K loop done
            3 stream-K fix-up done (publish or accumulate)   4 after the consumers' barrier
            5 tile stored   6 K tiles   7 flags: 1 a later part published, 2 a head that
@@ -32,6 +34,21 @@ def patch(path, pairs):
 
 
 BODY = "csrc/include/humming_aot/kernel/dense_wgmma_ws.cuh"
+# the head's wait for its parts' partials, stamped where it ends (header slot 6)
+patch("csrc/include/humming_aot/epilogue/stream_k_fixup.cuh", [
+("""namespace humming_aot::epilogue {
+""",
+"""namespace humming_aot::epilogue {
+namespace ws16trace_fixup {
+__shared__ unsigned long long waited;
+}
+"""),
+("""      *counter = 0;  // every partial of the tile has counted itself: ready for the next launch
+""",
+"""      *counter = 0;  // every partial of the tile has counted itself: ready for the next launch
+      { unsigned long long t; asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)); ws16trace_fixup::waited = t; }
+"""),
+])
 patch(BODY, [
 ("namespace humming_aot::kernel {\n", """namespace humming_aot::kernel {
 namespace ws16trace {
@@ -124,6 +141,7 @@ __device__ __forceinline__ unsigned long long* row(const void* buffer, int r) {
       ConsumerBarrier::sync();  // every consumer warpgroup is done with the ring: the staging tile reuses it""",
 """          Fixup::accumulate(p, acc, blockIdx.x + 1, units.range.partials_of(unit.tile), p.tile_counters + unit.tile);
           if (ts) ts[7] = 2;
+          if (tr) tr[6] = epilogue::ws16trace_fixup::waited;
         }
       }
       if (ts) ts[3] = ws16trace::ck();

@@ -7,9 +7,10 @@ slot layout):
 F is a symmetric weight format (default int4:g128; the trace buffer rides in the zero-point
 pointer). Printed: the clock rate, the kernel's span and the CTAs' start skew, then per kind of
 unit (whole tile, a stream-K head that accumulated other parts, a later part that published) the
-median / p10 / p90 of: the wait for its first K tile, the rest of its K loop, the fix-up, the
-consumers' barrier and the store (us; the stamps mark where instructions issue, so a load's latency
-shows up where its value is first used), then the producer's waits and the critical CTA.
+median / p10 / p90 of: the wait for its first K tile, the rest of its K loop, the fix-up (a
+head's also as its wait for the parts' partials and its read of them), the consumers' barrier
+and the store (us; the stamps mark where instructions issue, so a load's latency shows up where
+its value is first used), then the producer's waits, the heads per SM and the critical CTA.
 """
 from __future__ import annotations
 
@@ -88,7 +89,9 @@ def main() -> int:
           f"{ctas} CTAs, {ghz:.3f} GHz, kernel span {span:.2f} us, CTA span median {np.median(ns) / 1e3:.2f} us")
     print(f"  CTA start after the first: median {np.median(skew):.2f} us, p90 {np.percentile(skew, 90):.2f}, "
           f"max {skew.max():.2f}; CTA end before the last: median {np.median((rows[:, 3].max() - rows[:, 3]) / 1e3):.2f} us")
-    consumer = []  # (kind, ordinal, K tiles, start, fill wait, loop, fixup, barrier, store, cta) cycles
+    # (kind, ordinal, K tiles, start, fill wait, loop, fixup, barrier, store, cta, the head's wait for
+    # its parts, its read of them) cycles
+    consumer = []
     for c in range(ctas):
         for wg in (0, 1):
             r = t[c, wg]
@@ -100,8 +103,9 @@ def main() -> int:
                 end_fix = u[3]
                 barrier = u[4] - u[3] if kind & 4 or kind == 2 else 0
                 store = u[5] - u[4] if kind & 4 else 0
+                waited = r[6] if kind & 3 == 2 and r[6] else end_fix  # (an older copy stamps no wait)
                 consumer.append((kind & 3, i, u[6], u[0] - r[2], u[1] - u[0], u[2] - u[1], end_fix - u[2], barrier,
-                                 store, c))
+                                 store, c, waited - u[2], end_fix - waited))
     cr = np.array(consumer, dtype=float)
     print("consumer phase, us per unit: median / p10 / p90")
     for kind, name in ((0, "whole tile"), (2, "head + parts"), (1, "part published")):
@@ -109,8 +113,9 @@ def main() -> int:
         if not len(sel):
             continue
         print(f" {name}: {len(sel)} units, K tiles median {np.median(sel[:, 2]):.0f}")
-        for col, label in ((4, "first tile"), (5, "rest of K"), (6, "fix-up"), (7, "barrier"), (8, "store")):
-            if kind == 1 and col > 6:
+        for col, label in ((4, "first tile"), (5, "rest of K"), (6, "fix-up"), (10, " its wait"), (11, " its read"),
+                           (7, "barrier"), (8, "store")):
+            if (kind == 1 and col > 6) or (kind != 2 and col > 9):
                 continue
             print(f"   {label:10s} {stats(sel[:, col] / cyc)}")
         loop_tiles = np.maximum(sel[:, 2] - 1, 1)
@@ -152,7 +157,8 @@ def main() -> int:
     print(f"critical CTA {last} (SM {rows[last, 0]}), start +{skew[last]:.2f} us:")
     for row in cr[(cr[:, 9] == last)]:
         print(f"   wg unit {int(row[1])} ({KINDS[int(row[0])]}, {int(row[2])} K tiles) at {row[3] / cyc:.2f} us: "
-              f"first tile {row[4] / cyc:.2f}, rest {row[5] / cyc:.2f}, fix-up {row[6] / cyc:.2f}, "
+              f"first tile {row[4] / cyc:.2f}, rest {row[5] / cyc:.2f}, fix-up {row[6] / cyc:.2f}"
+              + (f" (wait {row[10] / cyc:.2f}, read {row[11] / cyc:.2f})" if row[0] == 2 else "") + ", "
               f"barrier {row[7] / cyc:.2f}, store {row[8] / cyc:.2f}")
     busy = cr[:, 5].sum() / cyc
     print(f"  K-loop share of CTA time (rest of K over CTA span x CTAs, per warpgroup row): "
