@@ -264,16 +264,14 @@ def finite(value: Any) -> Any:
 RESUME_ARGS = ("m", "formats", "impls", "dtype", "codes", "tile")
 
 
-def resume_run(path: str | Path | None, args: dict, device: str) -> tuple[list, list, list]:
+def resume_run(path: str | Path, args: dict, device: str) -> tuple[list, list, list]:
     """(results, unavailable, shapes done) of an earlier run's JSON at `path` (bench_gemm.py
     --resume): the points of the shapes it finished ("shapes_done", [N, K] pairs), so that a run
     cut short by a time limit goes on with the shapes it had left, on another call. Nothing where
-    the file does not exist yet. A ValueError where there is no path, or where the file was written
-    on another device or with other values of RESUME_ARGS than `args` has."""
+    the file does not exist yet. A ValueError where the file was written on another device or with
+    other values of RESUME_ARGS than `args` has."""
     import json
 
-    if path is None:
-        raise ValueError("--resume goes on with the run in --json FILE: give --json")
     path = Path(path)
     if not path.exists():
         return [], [], []

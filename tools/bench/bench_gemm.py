@@ -584,8 +584,7 @@ def _write_json(path: str, env: dict, read_gbps: float | None, args: dict, resul
     """The run's JSON; complete: False while shapes remain (a run cut short leaves that), and the
     shapes done ([N, K], what --resume skips)."""
     for result in results:
-        if "gbps" in result:  # (a resumed run's earlier points have theirs)
-            result["pct_read_bw"] = 100 * result["gbps"] / read_gbps if read_gbps else None
+        result["pct_read_bw"] = 100 * result["gbps"] / read_gbps if read_gbps else None
     complete = all([n, k] in done for n, k in _parse_shapes(args["shapes"]))
     payload = {**env, "read_gbps": read_gbps, "args": args, "complete": complete, "shapes_done": done,
                "results": results, "unavailable": unavailable}
