@@ -188,6 +188,25 @@ def test_up_to_32_tokens_layers_of_few_tiles_take_the_swapped_32_token_tile():
         assert grouped == heuristics.select_tile("sm90", m, 256, 128, 4) and grouped.mma is MmaKind.MMA_SYNC
 
 
+def test_65_to_96_tokens_take_a_tile_of_their_multiple_of_16_rows():
+    """From 65 tokens to 96, codes of up to 4 bits take one consumer warpgroup of 80 or 96 rows at
+    two CTAs an SM on every layer (the 128-row tiles computed up to 63 rows of padding there: H100,
+    docs/performance/log.md section 72, 8192 x 8192 at 72 / 96 tokens 28.0 / 32.1 us against 36.1 /
+    39.7 on the table's 128-row tiles; the two-warpgroup 128-row tile of few-tile layers lost too,
+    4096 x 14336 at 72 tokens 26.7 against 32.9). Wider codes, and 97 tokens up, keep the 128-row
+    rows."""
+    def pick(m, n, k, bits=4):
+        return heuristics.select_tile("sm90a", m, k=k, group=128, w_bits=bits, n=n, num_sms=132).label
+
+    for n, k in ((8192, 8192), (4096, 14336), (6144, 4096), (57344, 8192)):
+        for m in (65, 72, 80):
+            assert pick(m, n, k) == "wgmma-ws:80x128x64_w1x4_s4", (m, n, k)
+        for m in (81, 88, 96):
+            assert pick(m, n, k) == "wgmma-ws:96x128x64_w1x4_s4", (m, n, k)
+        assert pick(97, n, k).startswith("wgmma-ws:128x128x64"), (n, k)
+        assert pick(96, n, k, bits=5).startswith("wgmma-ws:128x128x64"), (n, k)
+
+
 def test_33_to_64_tokens_take_the_swapped_32_token_tile_while_each_sms_k_share_is_short():
     """sm90a at 33-64 tokens, codes of at most 4 bits: the swapped 32-token tile (two token tiles
     per weight tile) while its output tiles are at most one per SM and those tiles times K over the
@@ -215,7 +234,7 @@ def test_33_to_64_tokens_take_the_swapped_32_token_tile_while_each_sms_k_share_i
         # N or the SM count unknown: the interval's first row, the swapped tile
         assert heuristics.select_tile("sm90a", m, k=4096, group=128, w_bits=4).label == swapped
         assert pick(m, 8192, 8192, sms=None) == swapped
-    assert pick(65, 4096, 4096).startswith("wgmma-ws:128x")
+    assert pick(65, 4096, 4096) == "wgmma-ws:80x128x64_w1x4_s4"  # past 64: the 80-token row
     fill = heuristics.tiles.FillCondition(max_tiles_per_sm=1.0, max_k_per_sm=6144)
     tile = parse_tile_field("mma-sw:32x64x256_w1x1x4_s3")
     assert fill.admits(tile, 64, 4096, 6144, 132) and not fill.admits(tile, 64, 4096, 6400, 132)  # 128 x 6400 > 132 x 6144
