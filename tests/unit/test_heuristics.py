@@ -191,7 +191,7 @@ def test_up_to_32_tokens_layers_of_few_tiles_take_the_swapped_32_token_tile():
 def test_65_to_96_tokens_take_a_tile_of_their_multiple_of_16_rows():
     """From 65 tokens to 96, codes of up to 4 bits take one consumer warpgroup of 80 or 96 rows at
     two CTAs an SM on every layer (the 128-row tiles computed up to 63 rows of padding there: H100,
-    docs/performance/log.md section 72, 8192 x 8192 at 72 / 96 tokens 28.0 / 32.1 us against 36.1 /
+    docs/performance/log.md section 72, 8192 x 8192 at 72 / 96 tokens 28.0 / 32.1 us against 42.5 /
     39.7 on the table's 128-row tiles; the two-warpgroup 128-row tile of few-tile layers lost too,
     4096 x 14336 at 72 tokens 26.7 against 32.9). Wider codes, and 97 tokens up, keep the 128-row
     rows."""
