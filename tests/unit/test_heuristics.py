@@ -207,6 +207,39 @@ def test_65_to_96_tokens_take_a_tile_of_their_multiple_of_16_rows():
         assert pick(96, n, k, bits=5).startswith("wgmma-ws:128x128x64"), (n, k)
 
 
+def test_129_to_192_tokens_take_tiles_of_their_rows_not_the_256_row_tile():
+    """From 129 tokens to 192, codes of up to 4 bits take tiles of two consumer warpgroups whose
+    rows fit the problem, where the 256-row tile computed up to 127 rows of padding (H100,
+    docs/performance/log.md section 73, int4 g128, 8192 x 8192 at 144 / 160 / 192 tokens 41.5 /
+    47.2 / 47.5 us against 65.9 / 65.1 / 63.5): 192 x 128 (5 stages) on every layer from 145 to
+    192 but those of more than 2.5 of its tiles an SM, which take 176 x 256 with integer codes up
+    to 176 (57344 x 8192 at 160 tokens 258.3 against 292.3); from 129 to 144 the 144 x 256 tile (4
+    stages), and 192 x 128 where its tiles are at most 0.4 an SM (4096 x 14336 at 144 tokens 41.5
+    against 42.5, 28672 x 4096 59.5 against 75.7 the other way). Wider codes, and 193 tokens up,
+    keep the 256-row tile."""
+    def pick(m, n, k, bits=4, float_codes=False):
+        return heuristics.select_tile("sm90a", m, k=k, group=128, w_bits=bits, n=n, num_sms=132,
+                                      float_codes=float_codes).label
+
+    t144, t192, t176, t256 = ("wgmma-ws:144x256x64_w1x8_s4", "wgmma-ws:192x128x64_w1x8_s5",
+                              "wgmma-ws:176x256x64_w1x8_s4", "wgmma-ws:256x128x64_w1x8_s5")
+    for n, k in ((8192, 8192), (10240, 8192), (28672, 4096), (57344, 8192)):
+        for m in (129, 136, 144):
+            assert pick(m, n, k) == pick(m, n, k, float_codes=True) == t144, (m, n, k)
+    for n, k in ((4096, 14336), (6144, 4096), (5120, 5120)):  # at most 0.4 tiles of 192 x 128 an SM
+        for m in (129, 144, 160, 176, 192):
+            assert pick(m, n, k) == t192, (m, n, k)
+    for n, k in ((8192, 8192), (10240, 8192), (28672, 4096)):  # up to 2.5 tiles an SM
+        for m in (145, 160, 176, 177, 192):
+            assert pick(m, n, k) == t192, (m, n, k)
+    for m in (145, 160, 176):  # 448 tiles of 192 x 128: integer codes take 176 x 256, float codes stay
+        assert pick(m, 57344, 8192) == t176 and pick(m, 57344, 8192, float_codes=True) == t192, m
+    assert pick(177, 57344, 8192) == pick(192, 57344, 8192) == t192
+    for n, k in ((8192, 8192), (4096, 14336), (57344, 8192)):
+        assert pick(193, n, k) == pick(160, n, k, bits=5) == pick(144, n, k, bits=8) == t256, (n, k)
+        assert pick(128, n, k).startswith("wgmma-ws:128x128x64"), (n, k)
+
+
 def test_33_to_64_tokens_take_the_swapped_32_token_tile_while_each_sms_k_share_is_short():
     """sm90a at 33-64 tokens, codes of at most 4 bits: the swapped 32-token tile (two token tiles
     per weight tile) while its output tiles are at most one per SM and those tiles times K over the
@@ -290,7 +323,7 @@ def test_above_512_tokens_integer_codes_take_176_tokens_by_256_channels_where_th
         assert pick(m, 57344, 8192, bits=1) == pick(m, 57344, 8192, bits=3) == wide, m
         for bits, float_codes in ((4, True), (8, True), (8, False), (5, False)):
             assert pick(m, 57344, 8192, bits, float_codes) == tall, (m, bits, float_codes)
-    for m in (129, 256, 512):  # up to 512 tokens the 256-token tile whatever the share of K
+    for m in (193, 256, 512):  # from 193 up to 512 tokens the 256-token tile whatever the share of K
         assert pick(m, 57344, 8192) == tall, m
     # 4096 x 4096: 32 x 4096 / 132 = 993 columns per 256 tokens; 26000 passed above 6656 tokens
     assert pick(6656, 4096, 4096) == tall and pick(6657, 4096, 4096) == pick(8192, 4096, 4096) == wide
