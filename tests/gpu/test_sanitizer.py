@@ -42,13 +42,15 @@ SANITIZER = _find_sanitizer()
 # once found hazards (issue 25), then int4.
 PREFERRED_W = ("float4e2m1", "int4")
 
-# The child: launch each (key name, M, N, K, cluster_reduction) of argv[1] (JSON) once, then sync.
+# The child: launch each (key name, M, N, K, cluster_reduction, stream_k) of argv[1] (JSON) once,
+# then sync: in two K slices, or with stream_k CTAs (the wgmma-ws body's stream-K schedule and its
+# fix-up) where that is not None.
 CHILD = r"""
 import json, sys, torch, humming_aot
 from humming_aot import dispatch, ops
 from humming_aot.spec import KernelKey, ZeroPoint
 
-for name, m, n, k, cluster in json.loads(sys.argv[1]):
+for name, m, n, k, cluster, stream_k in json.loads(sys.argv[1]):
     key = KernelKey.from_name(name)
     act = getattr(torch, key.spec.a_dtype)
     zp = {ZeroPoint.NONE: "", ZeroPoint.INTEGER: ":zp", ZeroPoint.FLOAT: ":zpf"}[key.spec.w_zero_point]
@@ -58,11 +60,12 @@ for name, m, n, k, cluster in json.loads(sys.argv[1]):
     a = torch.randn(m, k, device="cuda", generator=gen).to(act)
     bias = torch.randn(n, device="cuda", generator=gen).to(act)
     out = torch.full((m, n), float("nan"), dtype=act, device="cuda")
-    dispatch.launch_gemm(a, packed, bias, ops.gemm_spec(packed), tile=key.tile, out=out, splits=2,
-                         cluster_reduction=cluster)
+    schedule = {"stream_k": stream_k} if stream_k is not None else {"splits": 2, "cluster_reduction": cluster}
+    dispatch.launch_gemm(a, packed, bias, ops.gemm_spec(packed), tile=key.tile, out=out, **schedule)
     torch.cuda.synchronize()
     assert not out.isnan().any(), name
-    print("launched", name, "cluster" if cluster else "workspace", flush=True)
+    print("launched", name, f"stream-K over {stream_k}" if stream_k else "cluster" if cluster else "workspace",
+          flush=True)
 """
 
 
@@ -113,19 +116,23 @@ def _kinds() -> dict[str, KernelKey] | None:
     return chosen
 
 
-def _launches(kinds: dict[str, KernelKey]) -> list[tuple[str, int, int, int, bool | None]]:
-    """(name, M, N, K, cluster_reduction): small problems, two K slices each; N = 320 leaves a part
-    tile; the swapped kinds twice, their slices summed in a cluster (where they can) and in the workspace."""
+def _launches(kinds: dict[str, KernelKey]) -> list[tuple[str, int, int, int, bool | None, int | None]]:
+    """(name, M, N, K, cluster_reduction, stream_k): small problems, two K slices each; N = 320 leaves
+    a part tile; the swapped kinds twice, their slices summed in a cluster (where they can) and in the
+    workspace; the wgmma-ws kinds twice, the second time over 7 stream-K CTAs (ranges cut inside
+    tiles, whose heads add the other CTAs' partials)."""
     launches = []
     for kind, key in kinds.items():
         k = 4 * key.tile.block_k
         m = min(key.tile.block_m, 64) - 1
         if kind in ("8-row", "16-swapped"):
             if key.reduces_splits_in_cluster and torch.cuda.get_device_capability()[0] >= 9:
-                launches.append((key.name, m, 320, k, True))
-            launches.append((key.name, m, 320, k, False))
+                launches.append((key.name, m, 320, k, True, None))
+            launches.append((key.name, m, 320, k, False, None))
         else:
-            launches.append((key.name, m, 320, k, None))
+            launches.append((key.name, m, 320, k, None, None))
+        if key.tile.mma is MmaKind.WGMMA_WS:
+            launches.append((key.name, m, 320, k, None, 7))
     return launches
 
 
@@ -160,7 +167,7 @@ def test_sanitizer_finds_nothing_in_one_kernel_of_each_tile_kind(tool):
     kinds = _kinds()
     assert kinds, "a GPU is present but no kernel catalog is installed: build one (tools/device_check.sh)"
     launches = _launches(kinds)
-    _sanitize(tool, CHILD, launches, [(name, cluster) for name, *_, cluster in launches])
+    _sanitize(tool, CHILD, launches, [(name, cluster, stream_k) for name, _, _, _, cluster, stream_k in launches])
 
 
 # The W8A8 child: (tile, pairing, M, N, K, stream_k, persistent) per launch, NaN-poisoned outputs.
