@@ -60,10 +60,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="intermediate files, reused by later builds (default: ./build/humming_aot_kernels)")
     build.add_argument("--inplace", action="store_true",
                        help="write kernels + manifest into this checkout's humming_aot/_catalog instead of wheels")
-    build.add_argument("--fatbin-compression", choices=("none", "size"), default="none",
-                       help="how the fatbins store their kernels: none (nvcc's default) or size (nvcc "
+    build.add_argument("--fatbin-compression", choices=("auto", "none", "size"), default="auto",
+                       help="how the fatbins store their kernels: none (nvcc's default), size (nvcc "
                             "--compress-mode=size, CUDA 12.8+: about a quarter of the bytes, decompressed by "
-                            "the driver as each kernel loads: on an H200 140-240 us more per kernel's first load)")
+                            "the driver as each kernel loads: on an H200 140-240 us more per kernel's first load), "
+                            "or auto (default): size for the grouped row-expert MoE kernels only, none for the rest")
     build.add_argument("--index", type=Path, default=None, metavar="DIR",
                        help="also write the core wheel and serve every wheel as a PEP 503 simple index in DIR "
                             "(pip install --index-url file://DIR 'humming_aot[sm89]')")

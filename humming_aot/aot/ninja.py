@@ -36,7 +36,7 @@ from humming_aot.fatbin import (  # noqa: F401  (the check after each build; tes
     elf_sm,
     read_fatbin,
 )
-from humming_aot.spec import KernelKey
+from humming_aot.spec import GemmType, KernelKey
 
 DEFAULT_CUDA_ROOTS = (Path("/usr/local/cuda"),)  # searched after PATH and $CUDA_HOME
 NVCC_FLAGS = ("-fatbin", "-O3", "-std=c++17", "--expt-relaxed-constexpr")
@@ -44,8 +44,12 @@ NVCC_FLAGS = ("-fatbin", "-O3", "-std=c++17", "--expt-relaxed-constexpr")
 # writes them by default, or "size" (nvcc --compress-mode=size, CUDA 12.8+), about a quarter of the
 # bytes (a sampled sm90a default catalog, 52-96 KB a kernel to 12-18 KB; deflated in a wheel, 91
 # MB to 76 MB: log section 58), which the driver decompresses as it loads each kernel (H200: 140-240
-# us more per kernel's first load, log section 59).
-FATBIN_COMPRESSION = ("none", "size")
+# us more per kernel's first load, log section 59). "auto" (the default) stores the kernels of the
+# grouped row-expert form (GemmType.GROUPED: the DeepGEMM-style per-row expert index, which
+# nn.QuantizedMoE does not use) with "size" and the rest as "none": about 4.5 MB off the sm90a wheel,
+# which its catalog needs to stay under 100 MB (log section 74). With an nvcc older than 12.8 it
+# compresses nothing.
+FATBIN_COMPRESSION = ("none", "size", "auto")
 _COMPRESS_MODE_SINCE = (12, 8)
 _STATUS_PREFIX = "@@humming_aot"  # NINJA_STATUS marker: "@@humming_aot <finished> <total>@@ "
 _STATUS_RE = re.compile(r"^@@humming_aot (\d+) (\d+)@@ ?(.*)$")
@@ -145,24 +149,35 @@ def helper_fatbin_path(out_dir: Path, name: str) -> Path:
 
 
 def compression_flags(compression: str, cuda_version: str) -> tuple[str, ...]:
-    """nvcc's flags for a FATBIN_COMPRESSION choice; ValueError for an unknown one, or "size" with
-    an nvcc older than CUDA 12.8 (no --compress-mode)."""
+    """nvcc's flags for a FATBIN_COMPRESSION choice, for the kernels it compresses; ValueError for
+    an unknown one, or "size" with an nvcc older than CUDA 12.8 (no --compress-mode). "auto" gives
+    the flags of the kernels key_compression picks, none below 12.8."""
     if compression not in FATBIN_COMPRESSION:
         raise ValueError(f"fatbin compression {compression!r}: choose one of {', '.join(FATBIN_COMPRESSION)}")
     if compression == "none":
         return ()
     major, minor = (int(part) for part in cuda_version.split(".")[:2])
     if (major, minor) < _COMPRESS_MODE_SINCE:
+        if compression == "auto":
+            return ()
         raise ValueError(f"fatbin compression {compression!r} needs nvcc's --compress-mode (CUDA 12.8 or later); "
                          f"this nvcc is CUDA {cuda_version}: build with --fatbin-compression none")
-    return (f"--compress-mode={compression}",)
+    return ("--compress-mode=size",)
+
+
+def key_compression(key: KernelKey, compression: str) -> str:
+    """How one kernel's fatbin is stored under a FATBIN_COMPRESSION choice: "none" or "size"."""
+    if compression == "auto":
+        return "size" if key.spec.gemm_type is GemmType.GROUPED else "none"
+    return compression
 
 
 def write_build_files(keys: list[KernelKey], out_dir: Path, *, nvcc: Path, include_dir: Path,
-                      helper_units: list[tuple[str, str]] = (), extra_flags: tuple[str, ...] = ()) -> Path:
+                      helper_units: list[tuple[str, str]] = (), extra_flags: tuple[str, ...] = (),
+                      compressed: frozenset[str] = frozenset()) -> Path:
     """Write src/<name>.cu for each key (and each (unit, arch) of helper kernels,
-    humming_aot.helper_kernels) and the build.ninja that compiles them (NVCC_FLAGS, then
-    extra_flags: compression_flags'); returns its path."""
+    humming_aot.helper_kernels) and the build.ninja that compiles them (NVCC_FLAGS, then for the
+    keys named in ``compressed``, extra_flags: compression_flags'); returns its path."""
     from humming_aot import helper_kernels
 
     (out_dir / "src").mkdir(parents=True, exist_ok=True)
@@ -174,7 +189,7 @@ def write_build_files(keys: list[KernelKey], out_dir: Path, *, nvcc: Path, inclu
         "ninja_required_version = 1.3",
         f"nvcc = {_ninja_value(shlex.quote(str(nvcc)))}",
         f"include_dir = {_ninja_value(shlex.quote(str(include_dir)))}",
-        f"nvcc_flags = {' '.join((*NVCC_FLAGS, *extra_flags))}",
+        f"nvcc_flags = {' '.join(NVCC_FLAGS)}",
         "",
         "rule nvcc",
         "  command = $nvcc $nvcc_flags -I $include_dir $gencode -MD -MF $out.d -o $out $in",
@@ -190,6 +205,8 @@ def write_build_files(keys: list[KernelKey], out_dir: Path, *, nvcc: Path, inclu
             f"  gencode = {' '.join(nvcc_gencode(key.arch))}",
             f"  name = {key.name}",
         ]
+        if key.name in compressed and extra_flags:  # (a build's own nvcc_flags: the others' commands stay as they were)
+            lines.append(f"  nvcc_flags = {' '.join((*NVCC_FLAGS, *extra_flags))}")
     for unit, arch in sorted(helper_units):
         name = helper_kernels.unit_name(unit, arch)
         _write_if_changed(out_dir / "src" / f"{name}.cu", helper_kernels.unit_source(unit, arch))
@@ -365,7 +382,7 @@ def compile_keys(
     include_dir: Path | None = None,
     stream: TextIO | None = None,
     helper_units: list[tuple[str, str]] = (),
-    compression: str = "none",
+    compression: str = "auto",
 ) -> CompileResult:
     """Generate, compile and check one fatbin per key, and one per (unit, arch) of
     ``helper_units``, under ``out_dir`` (incremental; a changed compression rebuilds every fatbin:
@@ -379,8 +396,9 @@ def compile_keys(
     jobs = jobs or os.cpu_count() or 1
     out_dir = Path(out_dir).resolve()
     start = time.monotonic()
+    compressed = frozenset(key.name for key in keys if key_compression(key, compression) == "size")
     write_build_files(keys, out_dir, nvcc=info.path, include_dir=include_dir, helper_units=helper_units,
-                      extra_flags=flags)
+                      extra_flags=flags, compressed=compressed)
     noun = "kernel" if len(keys) == 1 else "kernels"
     stream.write(f"compiling {len(keys)} {noun} with nvcc {info.cuda_version} (-j {jobs}) in {out_dir}\n")
     stream.flush()

@@ -276,7 +276,7 @@ def build(
     inplace: bool = False,
     index_dir: Path | None = None,
     stream: TextIO | None = None,
-    compression: str = "none",
+    compression: str = "auto",
 ) -> BuildSummary:
     """Compile a catalog for ``archs`` and package it: one catalog wheel per arch in ``out_dir``
     (``index_dir``: plus the core wheel, all served as a PEP 503 simple index there), or

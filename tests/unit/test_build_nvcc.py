@@ -19,7 +19,7 @@ import pytest
 from humming_aot import codegen
 from humming_aot.aot import ninja as driver
 from humming_aot.enumerate import enumerate_keys
-from humming_aot.spec import KernelKey, MmaKind, ZeroPoint, code_bits, parse_arch
+from humming_aot.spec import GemmType, KernelKey, MmaKind, ZeroPoint, code_bits, parse_arch
 from humming_aot.testing.nvcc import needs_nvcc
 
 REPO = Path(__file__).resolve().parents[2]
@@ -151,7 +151,7 @@ def test_size_compression_stores_compressed_cubins_and_rebuilds_on_change(tmp_pa
         assert entry.compressed and entry.elf_sm is None and entry.arch == key.arch
         assert data == runs[1].fatbins[key.name].read_bytes()
     log = io.StringIO()
-    plain = driver.compile_keys(keys, out, jobs=2, include_dir=include, stream=log)
+    plain = driver.compile_keys(keys, out, jobs=2, include_dir=include, stream=log, compression="none")
     assert "[2/2]" in log.getvalue() and "--compress-mode" not in (out / "build.ninja").read_text()
     assert not any(e.compressed for k in keys for e in driver.read_fatbin(plain.fatbins[k.name].read_bytes()))
 
@@ -162,8 +162,38 @@ def test_compression_flags_refuse_unknown_modes_and_old_nvcc():
     assert driver.compression_flags("size", "12.8") == ("--compress-mode=size",)
     with pytest.raises(ValueError, match="needs nvcc's --compress-mode .CUDA 12.8 or later.; this nvcc is CUDA 12.6"):
         driver.compression_flags("size", "12.6")
-    with pytest.raises(ValueError, match="fatbin compression 'zstd': choose one of none, size"):
+    with pytest.raises(ValueError, match="fatbin compression 'zstd': choose one of none, size, auto"):
         driver.compression_flags("zstd", "13.0")
+    assert driver.compression_flags("auto", "13.0") == ("--compress-mode=size",)
+    assert driver.compression_flags("auto", "12.6") == ()  # auto compresses nothing there, and says nothing
+
+
+def test_auto_compression_stores_only_the_grouped_row_expert_kernels_compressed(tmp_path):
+    """--fatbin-compression auto (the default): the grouped row-expert form's kernels get nvcc's
+    --compress-mode=size on their own build lines; every other kernel's command is what "none"
+    writes, so that switching a build directory between the two recompiles only the grouped ones."""
+    keys = enumerate_keys("default", ["sm80"])
+    grouped = [k for k in keys if k.spec.gemm_type is GemmType.GROUPED][:2]
+    others = [k for k in keys if k.spec.gemm_type is not GemmType.GROUPED][:3]
+    assert len(grouped) == 2 and len(others) == 3
+    assert {driver.key_compression(k, "auto") for k in grouped} == {"size"}
+    assert {driver.key_compression(k, "auto") for k in others} == {"none"}
+    assert {driver.key_compression(k, mode) for k in grouped + others for mode in ("none", "size")} == {"none", "size"}
+    texts = {}
+    for mode in ("none", "auto"):
+        flags = driver.compression_flags(mode, "13.0")
+        compressed = frozenset(k.name for k in grouped + others if driver.key_compression(k, mode) == "size")
+        path = driver.write_build_files(grouped + others, tmp_path / mode, nvcc=Path("/usr/bin/nvcc"),
+                                        include_dir=tmp_path, extra_flags=flags, compressed=compressed)
+        texts[mode] = path.read_text().replace(str(tmp_path / mode), "")
+    blocks = {mode: {block.split(":", 1)[0]: block for block in text.split("\nbuild ")[1:]} for mode, text in texts.items()}
+    for key in others:
+        block = blocks["auto"][f"kernels/{key.name}.fatbin"]
+        assert "compress-mode" not in block and block == blocks["none"][f"kernels/{key.name}.fatbin"]
+    for key in grouped:
+        assert "  nvcc_flags = -fatbin -O3 -std=c++17 --expt-relaxed-constexpr --compress-mode=size" in \
+            blocks["auto"][f"kernels/{key.name}.fatbin"]
+    assert texts["none"].count("compress-mode") == 0 and texts["auto"].count("compress-mode") == 2
 
 
 @needs_nvcc
@@ -353,7 +383,10 @@ def test_turing_and_hopper_bodies_compile_with_the_real_headers(tmp_path):
     for key in keys:
         (entry,) = driver.read_fatbin(result.fatbins[key.name].read_bytes())
         number, suffix = parse_arch(key.arch)
-        assert (entry.kind, entry.sm, entry.suffix, entry.elf_sm) == (driver.KIND_ELF, number, suffix, number)
+        # the default compression (auto) stores the grouped row-expert kernels compressed: no ELF to read
+        compressed = key.spec.gemm_type is GemmType.GROUPED
+        assert (entry.kind, entry.sm, entry.suffix, entry.compressed) == (driver.KIND_ELF, number, suffix, compressed)
+        assert entry.elf_sm == (None if compressed else number)
 
 
 def test_kernel_build_seconds_reads_the_newest_ninja_log_entry(tmp_path):

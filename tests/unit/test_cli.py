@@ -99,8 +99,9 @@ def test_build_passes_the_fatbin_compression(capsys, monkeypatch):
 
     monkeypatch.setattr("humming_aot.aot.wheel.build", recorded_build)
     run_cli(capsys, "build", "--arch", "sm90a", "--fatbin-compression", "size")
+    run_cli(capsys, "build", "--arch", "sm90a", "--fatbin-compression", "none")
     run_cli(capsys, "build", "--arch", "sm90a")
-    assert seen == ["size", "none"]
+    assert seen == ["size", "none", "auto"]
 
 
 def test_bad_env_values(capsys, monkeypatch):
