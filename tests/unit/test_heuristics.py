@@ -193,18 +193,19 @@ def test_65_to_96_tokens_take_a_tile_of_their_multiple_of_16_rows():
     two CTAs an SM on every layer (the 128-row tiles computed up to 63 rows of padding there: H100,
     docs/performance/log.md section 72, 8192 x 8192 at 72 / 96 tokens 28.0 / 32.1 us against 42.5 /
     39.7 on the table's 128-row tiles; the two-warpgroup 128-row tile of few-tile layers lost too,
-    4096 x 14336 at 72 tokens 26.7 against 32.9). Wider codes, and 97 tokens up, keep the 128-row
-    rows."""
+    4096 x 14336 at 72 tokens 26.7 against 32.9). Codes of 5 to 8 bits take the same rows since
+    log section 74 (int8 channel, 8192 x 8192 at 72 / 96 tokens 36.3 / 39.3 us against 49.7 / 47.0
+    on the 128-row tile). 97 tokens up keep the 128-row rows."""
     def pick(m, n, k, bits=4):
         return heuristics.select_tile("sm90a", m, k=k, group=128, w_bits=bits, n=n, num_sms=132).label
 
     for n, k in ((8192, 8192), (4096, 14336), (6144, 4096), (57344, 8192)):
-        for m in (65, 72, 80):
-            assert pick(m, n, k) == "wgmma-ws:80x128x64_w1x4_s4", (m, n, k)
-        for m in (81, 88, 96):
-            assert pick(m, n, k) == "wgmma-ws:96x128x64_w1x4_s4", (m, n, k)
-        assert pick(97, n, k).startswith("wgmma-ws:128x128x64"), (n, k)
-        assert pick(96, n, k, bits=5).startswith("wgmma-ws:128x128x64"), (n, k)
+        for bits in (4, 5, 8):
+            for m in (65, 72, 80):
+                assert pick(m, n, k, bits) == "wgmma-ws:80x128x64_w1x4_s4", (m, n, k, bits)
+            for m in (81, 88, 96):
+                assert pick(m, n, k, bits) == "wgmma-ws:96x128x64_w1x4_s4", (m, n, k, bits)
+            assert pick(97, n, k, bits).startswith("wgmma-ws:128x128x64"), (n, k, bits)
 
 
 def test_129_to_192_tokens_take_tiles_of_their_rows_not_the_256_row_tile():
@@ -215,10 +216,9 @@ def test_129_to_192_tokens_take_tiles_of_their_rows_not_the_256_row_tile():
     192 but those of more than 2.5 of its tiles an SM, which take 176 x 256 with integer codes up
     to 176 (57344 x 8192 at 160 tokens 258.3 against 292.3); from 129 to 144 the 144 x 256 tile (4
     stages), and 192 x 128 where its tiles are at most 0.4 an SM (4096 x 14336 at 144 tokens 41.5
-    against 42.5, 28672 x 4096 59.5 against 75.7 the other way). Codes of 5 to 8 bits take 192 x
-    128 from 129 to 192 on every layer (log section 74, int8 channel, 8192 x 8192 at 144 / 176
-    tokens 52.7 / 53.7 us against 72.2 / 69.5 on the 256-row tile); 193 tokens up keep the 256-row
-    tile."""
+    against 42.5, 28672 x 4096 59.5 against 75.7 the other way). Codes of 5 to 8 bits take the same
+    rows but 176 x 256 (log section 74, int8 channel, 8192 x 8192 at 144 / 176 tokens 49.4 / 53.7
+    us against 72.2 / 69.5 on the 256-row tile); 193 tokens up keep the 256-row tile."""
     def pick(m, n, k, bits=4, float_codes=False):
         return heuristics.select_tile("sm90a", m, k=k, group=128, w_bits=bits, n=n, num_sms=132,
                                       float_codes=float_codes).label
@@ -237,9 +237,13 @@ def test_129_to_192_tokens_take_tiles_of_their_rows_not_the_256_row_tile():
     for m in (145, 160, 176):  # 448 tiles of 192 x 128: 4-bit integer codes take 176 x 256, the rest stay
         assert pick(m, 57344, 8192) == t176 and pick(m, 57344, 8192, float_codes=True) == t192, m
     assert pick(177, 57344, 8192) == pick(192, 57344, 8192) == t192
-    for n, k in ((8192, 8192), (4096, 14336), (28672, 4096), (57344, 8192)):
-        for m in (129, 144, 145, 160, 176, 192):
-            for bits in (5, 8):
+    for bits in (5, 8):
+        for n, k in ((8192, 8192), (10240, 8192), (28672, 4096), (57344, 8192)):
+            assert pick(144, n, k, bits) == pick(144, n, k, bits, float_codes=True) == t144, (n, k, bits)
+        for n, k in ((4096, 14336), (6144, 4096)):
+            assert pick(144, n, k, bits) == t192, (n, k, bits)
+        for n, k in ((4096, 14336), (8192, 8192), (28672, 4096), (57344, 8192)):
+            for m in (145, 160, 176, 192):
                 assert pick(m, n, k, bits) == pick(m, n, k, bits, float_codes=True) == t192, (m, n, k, bits)
     for n, k in ((8192, 8192), (4096, 14336), (57344, 8192)):
         assert pick(193, n, k) == pick(193, n, k, bits=8) == t256, (n, k)
