@@ -385,8 +385,9 @@ def compile_keys(
     compression: str = "auto",
 ) -> CompileResult:
     """Generate, compile and check one fatbin per key, and one per (unit, arch) of
-    ``helper_units``, under ``out_dir`` (incremental; a changed compression rebuilds every fatbin:
-    ninja keeps each output's command)."""
+    ``helper_units``, under ``out_dir`` (incremental; a changed compression rebuilds the fatbins whose
+    storage it changes: ninja keeps each output's command). ``compression`` (FATBIN_COMPRESSION) picks
+    each kernel's storage by key_compression; the helper kernels are stored as nvcc writes them."""
     from humming_aot import helper_kernels
 
     stream = stream or sys.stderr

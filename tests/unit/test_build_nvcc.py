@@ -178,7 +178,8 @@ def test_auto_compression_stores_only_the_grouped_row_expert_kernels_compressed(
     assert len(grouped) == 2 and len(others) == 3
     assert {driver.key_compression(k, "auto") for k in grouped} == {"size"}
     assert {driver.key_compression(k, "auto") for k in others} == {"none"}
-    assert {driver.key_compression(k, mode) for k in grouped + others for mode in ("none", "size")} == {"none", "size"}
+    for key in grouped + others:  # the other two choices treat every kernel alike
+        assert (driver.key_compression(key, "none"), driver.key_compression(key, "size")) == ("none", "size")
     texts = {}
     for mode in ("none", "auto"):
         flags = driver.compression_flags(mode, "13.0")
