@@ -135,69 +135,6 @@ def test_driver_output_is_deterministic(tmp_path):
 
 
 @needs_nvcc
-def test_size_compression_stores_compressed_cubins_and_rebuilds_on_change(tmp_path):
-    """--fatbin-compression size: every fatbin holds its arch's cubin compressed (the target check
-    still passes), the same bytes twice; going back to none rebuilds every fatbin (ninja keeps
-    each output's command)."""
-    include = write_stand_in(tmp_path / "include")
-    keys = smoke_keys(["sm80", "sm90a"])
-    out = tmp_path / "out"
-    runs = [driver.compile_keys(keys, d, jobs=2, include_dir=include, stream=io.StringIO(), compression="size")
-            for d in (out, tmp_path / "again")]
-    assert "--compress-mode=size" in (out / "build.ninja").read_text()
-    for key in keys:
-        data = runs[0].fatbins[key.name].read_bytes()
-        (entry,) = driver.read_fatbin(data)
-        assert entry.compressed and entry.elf_sm is None and entry.arch == key.arch
-        assert data == runs[1].fatbins[key.name].read_bytes()
-    log = io.StringIO()
-    plain = driver.compile_keys(keys, out, jobs=2, include_dir=include, stream=log, compression="none")
-    assert "[2/2]" in log.getvalue() and "--compress-mode" not in (out / "build.ninja").read_text()
-    assert not any(e.compressed for k in keys for e in driver.read_fatbin(plain.fatbins[k.name].read_bytes()))
-
-
-def test_compression_flags_refuse_unknown_modes_and_old_nvcc():
-    assert driver.compression_flags("none", "11.8") == ()
-    assert driver.compression_flags("size", "13.0") == ("--compress-mode=size",)
-    assert driver.compression_flags("size", "12.8") == ("--compress-mode=size",)
-    with pytest.raises(ValueError, match="needs nvcc's --compress-mode .CUDA 12.8 or later.; this nvcc is CUDA 12.6"):
-        driver.compression_flags("size", "12.6")
-    with pytest.raises(ValueError, match="fatbin compression 'zstd': choose one of none, size, auto"):
-        driver.compression_flags("zstd", "13.0")
-    assert driver.compression_flags("auto", "13.0") == ("--compress-mode=size",)
-    assert driver.compression_flags("auto", "12.6") == ()  # auto compresses nothing there, and says nothing
-
-
-def test_auto_compression_stores_only_the_grouped_row_expert_kernels_compressed(tmp_path):
-    """--fatbin-compression auto (the default): the grouped row-expert form's kernels get nvcc's
-    --compress-mode=size on their own build lines; every other kernel's command is what "none"
-    writes, so that switching a build directory between the two recompiles only the grouped ones."""
-    keys = enumerate_keys("default", ["sm80"])
-    grouped = [k for k in keys if k.spec.gemm_type is GemmType.GROUPED][:2]
-    others = [k for k in keys if k.spec.gemm_type is not GemmType.GROUPED][:3]
-    assert len(grouped) == 2 and len(others) == 3
-    assert {driver.key_compression(k, "auto") for k in grouped} == {"size"}
-    assert {driver.key_compression(k, "auto") for k in others} == {"none"}
-    for key in grouped + others:  # the other two choices treat every kernel alike
-        assert (driver.key_compression(key, "none"), driver.key_compression(key, "size")) == ("none", "size")
-    texts = {}
-    for mode in ("none", "auto"):
-        flags = driver.compression_flags(mode, "13.0")
-        compressed = frozenset(k.name for k in grouped + others if driver.key_compression(k, mode) == "size")
-        path = driver.write_build_files(grouped + others, tmp_path / mode, nvcc=Path("/usr/bin/nvcc"),
-                                        include_dir=tmp_path, extra_flags=flags, compressed=compressed)
-        texts[mode] = path.read_text().replace(str(tmp_path / mode), "")
-    blocks = {mode: {block.split(":", 1)[0]: block for block in text.split("\nbuild ")[1:]} for mode, text in texts.items()}
-    for key in others:
-        block = blocks["auto"][f"kernels/{key.name}.fatbin"]
-        assert "compress-mode" not in block and block == blocks["none"][f"kernels/{key.name}.fatbin"]
-    for key in grouped:
-        assert "  nvcc_flags = -fatbin -O3 -std=c++17 --expt-relaxed-constexpr --compress-mode=size" in \
-            blocks["auto"][f"kernels/{key.name}.fatbin"]
-    assert texts["none"].count("compress-mode") == 0 and texts["auto"].count("compress-mode") == 2
-
-
-@needs_nvcc
 def test_failure_names_the_key_and_shows_nvcc_output(tmp_path):
     include = write_stand_in(tmp_path / "include", fail_bits=8)
     good, bad = smoke_keys(["sm80"])[0], int8_key("sm80")
