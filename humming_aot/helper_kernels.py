@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 # Bumped when a helper Params struct or a kernel's contract changes (part of every unit's source,
 # so a cached cubin of another version is never loaded).
-HELPERS_VERSION = 4
+HELPERS_VERSION = 5
 
 _ACTS = {"f16": "humming_aot::numerics::Float16", "bf16": "humming_aot::numerics::BFloat16"}
 

@@ -30,6 +30,9 @@ ROUTE_SEGMENTS_WARPS = ROUTE_SEGMENTS_THREADS // 32
 ROUTE_SEGMENTS_MIN_SLOTS = 513
 ROUTE_SEGMENTS_MAX_SLOTS = 2048
 ROUTE_SEGMENTS_MAX_EXPERTS = 256
+# ... which lays rows out in shared memory when there are at most this many (its kMaxStagedRows:
+# 48 KB), and otherwise stores each slot's row straight to global memory
+ROUTE_SEGMENTS_MAX_STAGED_ROWS = 12288
 MAX_EXPERTS = 1024
 ELEMENTWISE_THREADS = 128
 
@@ -125,8 +128,8 @@ def route(topk_ids: torch.Tensor, num_experts: int, block: int, *, pad_slot: int
     suffix = "i32" if ids.dtype == torch.int32 else "i64"
     place_smem = (num_experts * (ROUTE_WARPS + 1) + ROUTE_WARPS) * 4
     if ROUTE_SEGMENTS_MIN_SLOTS <= slots <= ROUTE_SEGMENTS_MAX_SLOTS and num_experts <= ROUTE_SEGMENTS_MAX_EXPERTS:
-        smem = (num_experts * (ROUTE_SEGMENTS_WARPS + 1) + ROUTE_SEGMENTS_WARPS) * 4
-        _launch(device, f"moe_route_segments_{suffix}", (1, 1, 1), ROUTE_SEGMENTS_THREADS, smem, params)
+        _launch(device, f"moe_route_segments_{suffix}", (1, 1, 1), ROUTE_SEGMENTS_THREADS,
+                segments_shared_ints(num_experts, rows) * 4, params)
         return out
     if chunks == 1:  # one CTA counts and places: one launch, no workspace
         _launch(device, f"moe_route_single_{suffix}", (1, 1, 1), ROUTE_THREADS, place_smem, params)
@@ -134,6 +137,13 @@ def route(topk_ids: torch.Tensor, num_experts: int, block: int, *, pad_slot: int
     _launch(device, f"moe_route_count_{suffix}", (chunks, 1, 1), ROUTE_THREADS, num_experts * 4, params)
     _launch(device, f"moe_route_place_{suffix}", (chunks, 1, 1), ROUTE_THREADS, place_smem, params)
     return out
+
+
+def segments_shared_ints(experts: int, rows: int) -> int:
+    """The segments kernel's dynamic shared memory in ints (MoeRouteSegments::shared_ints): its
+    table, run starts, scan sums and total, or the rows where it stages them and they are more."""
+    table = (ROUTE_SEGMENTS_WARPS + 1) * experts + ROUTE_SEGMENTS_WARPS + 1
+    return rows if table < rows <= ROUTE_SEGMENTS_MAX_STAGED_ROWS else table
 
 
 def route_supported(topk_ids: torch.Tensor, num_experts: int, block: int = 1) -> bool:

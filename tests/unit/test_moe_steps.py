@@ -48,6 +48,11 @@ def test_kernel_constants_match_the_headers():
     assert f"kThreads = {cuda_steps.ROUTE_THREADS};" in route
     assert f"kChunk = {cuda_steps.ROUTE_CHUNK};" in route
     assert f"kMaxExperts = {cuda_steps.MAX_EXPERTS};" in route
+    assert f"kThreads = {cuda_steps.ROUTE_SEGMENTS_THREADS};" in route
+    assert f"kMaxExperts = {cuda_steps.ROUTE_SEGMENTS_MAX_EXPERTS};" in route
+    assert f"kMaxStagedRows = {cuda_steps.ROUTE_SEGMENTS_MAX_STAGED_ROWS};" in route
+    assert "kMaxSlots = kThreads * kPerLane;" in route and "kPerLane = 2;" in route
+    assert cuda_steps.ROUTE_SEGMENTS_MAX_SLOTS == 2 * cuda_steps.ROUTE_SEGMENTS_THREADS
     for name in ("moe_activation.cuh", "moe_combine.cuh", "moe_gather.cuh"):
         assert f"kThreads = {cuda_steps.ELEMENTWISE_THREADS};" in (HEADERS / name).read_text()
 
@@ -115,10 +120,17 @@ def test_route_launches_count_then_place_over_chunks(recorder):
     out = cuda_steps.route(small, 128, 1, pad_slot=-1, slot_of_row64=True, row_of_slot=True, offsets32=True)
     assert [(c["symbol"], c["grid"], c["threads"]) for c in recorder.calls] == [
         ("moe_route_segments_i32", (1, 1, 1), 1024)]
-    assert recorder.calls[0]["smem"] == (128 * 33 + 32) * 4  # the (32 warps + 1, E) table and the scan's sums
+    # the (32 warps + 1, E) table, the scan's sums and the total; its 2048 rows are staged over them
+    assert recorder.calls[0]["smem"] == (128 * 33 + 33) * 4
     fields = cuda_steps._ROUTE.unpack(recorder.calls[0]["params"])
     assert fields[4:8] == (1, 0, 2048, -1)  # one chunk, no workspace
     assert set(out) == {"slot_of_row64", "row_of_slot", "offsets32"} and out["offsets32"].shape == (129,)
+    for experts, block, ints in ((8, 1, 2048), (256, 16, 256 * 33 + 33), (64, 64, 2048 + 64 * 63), (8, 1281, 12288),
+                                 (8, 1282, 8 * 33 + 33)):  # the rows where staged and more than the table
+        recorder.calls.clear()
+        cuda_steps.route(torch.randint(0, experts, (256, 8), dtype=torch.int32), experts, block, pad_slot=-1,
+                         slot_of_row32=True)
+        assert recorder.calls[0]["symbol"] == "moe_route_segments_i32" and recorder.calls[0]["smem"] == ints * 4
     for tokens, experts, symbol in ((64, 128, "single"), (65, 128, "segments"), (65, 257, "single")):
         recorder.calls.clear()  # 512 slots and fewer, or more than 256 experts: the 256-thread kernel
         cuda_steps.route(torch.randint(0, experts, (tokens, 8), dtype=torch.int32), experts, 1, pad_slot=-1,

@@ -62,13 +62,16 @@ struct MoeRoute {
     }
   }
 
-  // Every row of the row arrays and every block expert set to its padding value, by `threads`
-  // threads starting at `first` (the place step overwrites the real rows after a barrier).
-  static __device__ void fill_padding(const RouteParams& p, i64 first, i64 threads) {
-    for (i64 i = first; i < p.rows; i += threads) {
-      if (p.slot_of_row64 != nullptr) p.slot_of_row64[i] = p.pad_slot;
-      if (p.slot_of_row32 != nullptr) p.slot_of_row32[i] = static_cast<int>(p.pad_slot);
-      if (p.row_expert != nullptr) p.row_expert[i] = -1;
+  // Every row of the row arrays (unless rows_too is false) and every block expert set to its
+  // padding value, by `threads` threads starting at `first` (the place step overwrites the real
+  // rows after a barrier).
+  static __device__ void fill_padding(const RouteParams& p, i64 first, i64 threads, bool rows_too = true) {
+    if (rows_too) {
+      for (i64 i = first; i < p.rows; i += threads) {
+        if (p.slot_of_row64 != nullptr) p.slot_of_row64[i] = p.pad_slot;
+        if (p.slot_of_row32 != nullptr) p.slot_of_row32[i] = static_cast<int>(p.pad_slot);
+        if (p.row_expert != nullptr) p.row_expert[i] = -1;
+      }
     }
     if (p.block_expert != nullptr) {
       for (i64 i = first; i < p.block_expert_len; i += threads) p.block_expert[i] = -1;
@@ -251,8 +254,10 @@ struct MoeRoute {
 // slot's rank is its expert's count so far in the warp's segment plus its earlier lanes), then
 // the warps' counts become each expert's prefix over the warps, the experts' padded totals their
 // run starts, and every slot is written at start + prefix + rank: the same layout as MoeRoute
-// (stable: segments in warp order, steps and lanes in slot order), with four CTA barriers
-// and the scan's two in all.
+// (stable: segments in warp order, steps and lanes in slot order). When the rows fit
+// kMaxStagedRows, the rows are laid out in shared memory (over the table, once read) and the row
+// arrays written from there in row order: one SM's scattered 4-byte global stores, a 32-sector
+// request each, were what grew with the slots (log section 75).
 template <class Id>  // int or i64: the dtype of topk_ids
 struct MoeRouteSegments {
   static constexpr int kThreads = 1024;
@@ -262,8 +267,16 @@ struct MoeRouteSegments {
   static constexpr int kMaxExperts = 256;  // the table fits 48 KB of shared memory
   using Route = MoeRoute<Id>;
 
-  // Dynamic shared memory (bytes), computed by humming_aot.moe.cuda_steps: (kWarps + 1) * E +
-  // kWarps ints: the (kWarps, E) table of counts, then prefixes; the E run starts; the scan's sums.
+  // Rows up to this many are staged in shared memory (48 KB: no opt-in on any arch).
+  static constexpr int kMaxStagedRows = 12288;
+
+  // Dynamic shared memory (ints), as humming_aot.moe.cuda_steps computes it: the (kWarps, E) table
+  // of counts, then prefixes; the E run starts; the scan's kWarps sums; the padded total; and,
+  // where p.rows <= kMaxStagedRows, at least p.rows ints (the staged rows, over the others).
+  static __host__ __device__ constexpr i64 shared_ints(i64 experts, i64 rows) {
+    const i64 table = (kWarps + 1) * experts + kWarps + 1;
+    return rows <= kMaxStagedRows && rows > table ? rows : table;
+  }
 
   // The inclusive prefix sum of one int per lane over the warp.
   static __device__ __forceinline__ int warp_scan(int value, int lane) {
@@ -299,6 +312,8 @@ struct MoeRouteSegments {
     int* table = shared;                     // (kWarps, E): warp w's slots of expert e, then the prefix
     int* start = shared + kWarps * experts;  // (E,): expert e's total, then its run start
     int* sums = start + experts;             // (kWarps,)
+    int* total_rows = sums + kWarps;         // (1,): the padded total
+    const bool staged = p.rows <= kMaxStagedRows;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const Id* ids = static_cast<const Id*>(p.topk_ids);
 
@@ -310,7 +325,7 @@ struct MoeRouteSegments {
       e[j] = (id >= 0 && id < p.experts) ? static_cast<int>(id) : -1;
     }
     for (int i = threadIdx.x; i < kWarps * experts; i += kThreads) table[i] = 0;
-    Route::fill_padding(p, threadIdx.x, kThreads);
+    Route::fill_padding(p, threadIdx.x, kThreads, !staged);
     __syncthreads();  // the table zeroed; the padding written before any real row
 
     // 1. Each warp's segment, 32 slots a step, on the warp's own row of the table.
@@ -348,7 +363,8 @@ struct MoeRouteSegments {
     // (the only one) writes the offsets, the block experts and the total.
     const int block = static_cast<int>(p.block);
     const int x = threadIdx.x;
-    const int padded = x < experts ? (start[x] + block - 1) / block * block : 0;  // this thread's own write
+    const int count = x < experts ? start[x] : 0;
+    const int padded = (count + block - 1) / block * block;  // 0 past E
     const int first = exclusive_scan(padded, sums);
     if (x < experts) {
       start[x] = first;
@@ -360,25 +376,50 @@ struct MoeRouteSegments {
       }
     }
     if (x == kThreads - 1) {  // the last thread's `first` is the total (threads past E add nothing)
+      total_rows[0] = first;
       if (p.offsets64 != nullptr) p.offsets64[experts] = first;
       if (p.offsets32 != nullptr) p.offsets32[experts] = first;
       if (p.total != nullptr) p.total[0] = first;
     }
     __syncthreads();
 
-    // 4. Every slot at its expert's start + its warp's prefix + its rank in the segment.
+    // 4. Every slot's row: its expert's start + its warp's prefix + its rank in the segment.
+    int row[kPerLane];
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
-      const i64 slot = (warp * kPerLane + j) * 32 + lane;
-      if (e[j] >= 0) {
-        const int row = start[e[j]] + table[warp * experts + e[j]] + rank[j];
-        if (p.slot_of_row64 != nullptr) p.slot_of_row64[row] = slot;
-        if (p.slot_of_row32 != nullptr) p.slot_of_row32[row] = static_cast<int>(slot);
-        if (p.row_expert != nullptr) p.row_expert[row] = e[j];
-        if (p.row_of_slot != nullptr) p.row_of_slot[slot] = row;
-      } else if (slot < p.slots && p.row_of_slot != nullptr) {
-        p.row_of_slot[slot] = -1;
+      const int slot = (warp * kPerLane + j) * 32 + lane;
+      row[j] = e[j] >= 0 ? start[e[j]] + table[warp * experts + e[j]] + rank[j] : -1;
+      if (p.row_of_slot != nullptr && slot < p.slots) p.row_of_slot[slot] = row[j];
+    }
+    if (!staged) {
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) {
+        const i64 slot = (warp * kPerLane + j) * 32 + lane;
+        if (e[j] < 0) continue;
+        if (p.slot_of_row64 != nullptr) p.slot_of_row64[row[j]] = slot;
+        if (p.slot_of_row32 != nullptr) p.slot_of_row32[row[j]] = static_cast<int>(slot);
+        if (p.row_expert != nullptr) p.row_expert[row[j]] = e[j];
       }
+      return;
+    }
+
+    // 5. Staged: each row as (expert << 16 | slot), -1 for padding, over the table (every thread
+    // has read its rows' starts and prefixes), then the row arrays in row order.
+    const int total = total_rows[0];
+    __syncthreads();
+    int* rows_of = shared;
+    for (int r = first + count; r < first + padded; ++r) rows_of[r] = -1;  // x's padding rows (none past E)
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      if (e[j] >= 0) rows_of[row[j]] = e[j] << 16 | ((warp * kPerLane + j) * 32 + lane);
+    }
+    __syncthreads();
+    const int rows = static_cast<int>(p.rows);
+    for (int r = threadIdx.x; r < rows; r += kThreads) {
+      const int packed = r < total ? rows_of[r] : -1;
+      if (p.slot_of_row64 != nullptr) p.slot_of_row64[r] = packed < 0 ? p.pad_slot : packed & 0xffff;
+      if (p.slot_of_row32 != nullptr) p.slot_of_row32[r] = packed < 0 ? static_cast<int>(p.pad_slot) : packed & 0xffff;
+      if (p.row_expert != nullptr) p.row_expert[r] = packed < 0 ? -1 : packed >> 16;
     }
   }
 };
