@@ -140,7 +140,7 @@ def route(topk_ids: torch.Tensor, num_experts: int, block: int, *, pad_slot: int
 
 
 def segments_shared_ints(experts: int, rows: int) -> int:
-    """The segments kernel's dynamic shared memory in ints (MoeRouteSegments::shared_ints): its
+    """The segments kernel's dynamic shared memory in ints (the layout MoeRouteSegments states): its
     table, run starts, scan sums and total, or the rows where it stages them and they are more."""
     table = (ROUTE_SEGMENTS_WARPS + 1) * experts + ROUTE_SEGMENTS_WARPS + 1
     return rows if table < rows <= ROUTE_SEGMENTS_MAX_STAGED_ROWS else table

@@ -270,13 +270,10 @@ struct MoeRouteSegments {
   // Rows up to this many are staged in shared memory (48 KB: no opt-in on any arch).
   static constexpr int kMaxStagedRows = 12288;
 
-  // Dynamic shared memory (ints), as humming_aot.moe.cuda_steps computes it: the (kWarps, E) table
-  // of counts, then prefixes; the E run starts; the scan's kWarps sums; the padded total; and,
-  // where p.rows <= kMaxStagedRows, at least p.rows ints (the staged rows, over the others).
-  static __host__ __device__ constexpr i64 shared_ints(i64 experts, i64 rows) {
-    const i64 table = (kWarps + 1) * experts + kWarps + 1;
-    return rows <= kMaxStagedRows && rows > table ? rows : table;
-  }
+  // Dynamic shared memory (ints), computed by humming_aot.moe.cuda_steps (segments_shared_ints):
+  // (kWarps + 1) * E + kWarps + 1 ints: the (kWarps, E) table of counts, then prefixes; the E run
+  // starts; the scan's kWarps sums; the padded total. Where p.rows <= kMaxStagedRows, at least
+  // p.rows ints: the staged rows, laid over the others once they are read.
 
   // The inclusive prefix sum of one int per lane over the warp.
   static __device__ __forceinline__ int warp_scan(int value, int lane) {
