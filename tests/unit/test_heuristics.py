@@ -213,9 +213,11 @@ def test_129_to_192_tokens_take_tiles_of_their_rows_not_the_256_row_tile():
     rows fit the problem, where the 256-row tile computed up to 127 rows of padding (H100,
     docs/performance/log.md section 73, int4 g128, 8192 x 8192 at 144 / 160 / 192 tokens 41.5 /
     47.2 / 47.5 us against 65.9 / 65.1 / 63.5): 192 x 128 (5 stages) on every layer from 145 to
-    192 but those of more than 2.5 of its tiles an SM or more than 6000 columns of K an SM (its
+    192 but those of more than 1.5 of its tiles an SM or more than 10000 columns of K an SM (its
     tiles x K / SMs), which take 176 x 256 with integer codes up to 176 (57344 x 8192 at 160 tokens
-    258.3 against 292.3; H200, section 76, 8192 x 28672 at 160 135.8 against 150.9); from 129 to 144 the 144 x 256 tile (4
+    258.3 against 292.3; section 76, H200 / H100: 28672 x 4096 at 160 73.0 / 74.0 against 78.4 /
+    79.3, 8192 x 28672 135.8 / 138.2 against 150.9 / 146.6, and 7168 x 18432, 0.42 tiles and 7820
+    columns, the other way: 89.0 against 80.8 on the H100); from 129 to 144 the 144 x 256 tile (4
     stages), and 192 x 128 where its tiles are at most 0.4 an SM (4096 x 14336 at 144 tokens 41.5
     against 42.5, 28672 x 4096 59.5 against 75.7 the other way). Codes of 5 to 8 bits take the same
     rows but 176 x 256 (log section 74, int8 channel, 8192 x 8192 at 144 / 176 tokens 49.4 / 53.7
@@ -232,11 +234,12 @@ def test_129_to_192_tokens_take_tiles_of_their_rows_not_the_256_row_tile():
     for n, k in ((4096, 14336), (6144, 4096), (5120, 5120)):  # at most 0.4 tiles of 192 x 128 an SM
         for m in (129, 144, 160, 176, 192):
             assert pick(m, n, k) == t192, (m, n, k)
-    for n, k in ((8192, 8192), (10240, 8192), (13824, 5120)):  # up to 6000 of K an SM (tiles x K / SMs)
+    # up to 1.5 tiles of 192 x 128 an SM and 10000 columns of K an SM (tiles x K / SMs)
+    for n, k in ((8192, 8192), (10240, 8192), (13824, 5120), (7168, 18432)):
         for m in (145, 160, 176, 177, 192):
             assert pick(m, n, k) == t192, (m, n, k)
-    # 448 tiles of 192 x 128 (more than 2.5 an SM), or a K share past 6000 (28672 x 4096: 6951;
-    # 8192 x 28672: 13902): 4-bit integer codes take 176 x 256, the rest stay
+    # past either (28672 x 4096: 1.7 tiles an SM; 8192 x 28672: 13902 columns; 57344 x 8192: both):
+    # 4-bit integer codes take 176 x 256, the rest stay
     for n, k in ((57344, 8192), (28672, 4096), (8192, 28672), (36864, 7168)):
         for m in (145, 160, 176):
             assert pick(m, n, k) == t176 and pick(m, n, k, float_codes=True) == t192, (m, n, k)
