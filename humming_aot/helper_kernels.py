@@ -24,8 +24,9 @@ from humming_aot.spec import parse_arch
 logger = logging.getLogger(__name__)
 
 # Bumped when a helper Params struct or a kernel's contract changes (part of every unit's source,
-# so a cached cubin of another version is never loaded).
-HELPERS_VERSION = 5
+# so a cached cubin of another version is never loaded). 6: the quant unit's kernels wait for the
+# upstream grid before they read, so they may be launched with Programmatic Dependent Launch.
+HELPERS_VERSION = 6
 
 _ACTS = {"f16": "humming_aot::numerics::Float16", "bf16": "humming_aot::numerics::BFloat16"}
 
@@ -170,14 +171,25 @@ class LoadedUnit:
     kernels: dict[str, int]
 
     def launch(self, symbol: str, grid: tuple[int, int, int], threads: int, smem: int, stream: int,
-               params: bytes, cluster: tuple[int, int, int] = (1, 1, 1)) -> None:
+               params: bytes, cluster: tuple[int, int, int] = (1, 1, 1), *, programmatic: bool = False) -> None:
         """``cluster`` other than (1, 1, 1): thread-block clusters of that shape (sm_90+, a driver
-        with cuLaunchKernelEx; _launcher.launch raises ValueError without)."""
+        with cuLaunchKernelEx; _launcher.launch raises ValueError without). ``programmatic``: with
+        Programmatic Dependent Launch, for a kernel that waits for the upstream grid before its
+        reads (the quant unit's, from sm_90 builds: see ``programmatic_launch``)."""
         try:
             kernel = self.kernels[symbol]
         except KeyError:
             raise ValueError(f"helper unit {self.unit} on {self.arch} has no kernel {symbol}") from None
-        _launcher.launch(kernel, grid, (threads, 1, 1), smem, stream, params, self.device, cluster=cluster)
+        _launcher.launch(kernel, grid, (threads, 1, 1), smem, stream, params, self.device, cluster=cluster,
+                         programmatic_dependent_launch=programmatic)
+
+    def programmatic_launch(self) -> bool:
+        """Whether this library's kernels that wait for the upstream grid (griddepcontrol.wait,
+        compiled in from sm_90 on) may be launched with Programmatic Dependent Launch: an sm_90+
+        build and HUMMING_AOT_PDL on."""
+        from humming_aot import env
+
+        return parse_arch(self.arch)[0] >= 90 and env.pdl_enabled()
 
 
 _loaded: dict[tuple[str, int], LoadedUnit] = {}

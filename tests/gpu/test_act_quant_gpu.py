@@ -29,10 +29,11 @@ def launched(monkeypatch):
     symbols = _Launches()
     launch = type(unit).launch
 
-    def spy(self, symbol, grid, threads, smem, stream, params, cluster=(1, 1, 1)):
+    def spy(self, symbol, grid, threads, smem, stream, params, cluster=(1, 1, 1), *, programmatic=False):
         symbols.append(symbol)
         symbols.grids.append((symbol, tuple(grid), tuple(cluster)))
-        return launch(self, symbol, grid, threads, smem, stream, params, cluster)
+        symbols.programmatic.append(programmatic)
+        return launch(self, symbol, grid, threads, smem, stream, params, cluster, programmatic=programmatic)
 
     monkeypatch.setattr(type(unit), "launch", spy)
     return symbols
@@ -42,10 +43,12 @@ class _Launches(list):
     def __init__(self):
         super().__init__()
         self.grids = []
+        self.programmatic = []
 
     def clear(self):
         super().clear()
         self.grids.clear()
+        self.programmatic.clear()
 
 
 def _kernel(member: str, act: str, element: str, rows: int, k: int) -> tuple[str, int]:
@@ -229,6 +232,45 @@ def test_quantization_replays_in_a_cuda_graph(launched):
     torch.cuda.synchronize()
     for q, text, kwargs in zip(captured, formats + [formats[2]], [{}, {}, {}, {"static_scale": 0.5}], strict=True):
         ref = ActivationFormat.parse(text).quantize(a.cpu(), **kwargs)
+        assert torch.equal(q.codes.cpu(), ref.codes) and torch.equal(q.scales.cpu(), ref.scales), text
+
+
+def test_quantization_behind_a_gemm_reads_its_finished_output(launched):
+    """From sm_90 the quant kernels launch with Programmatic Dependent Launch and wait for the
+    upstream grid before they read: behind a GEMM of this library, which lets the next kernel
+    launch as its CTAs run out of tiles, they must still see every row it writes (eagerly, no
+    synchronization between the two, and in a CUDA graph), bit for bit against the reference."""
+    import humming_aot
+    from humming_aot import quant
+
+    gen = torch.Generator().manual_seed(_seed())
+    m, n, k = 96, 8192, 4096  # a GEMM whose output rows are written by its last tiles' epilogues
+    packed = humming_aot.pack(quant.quantize(torch.randn(n, k, generator=gen), "int4:g128"), torch.bfloat16,
+                              device="cuda")
+    formats = [f"{_elements()[-1]}:token", f"{_elements()[-1]}:g128", "int8:tensor"]
+    if torch.cuda.get_device_capability() >= (8, 9):
+        formats.append("nvfp4")
+    xs = [torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16) for _ in range(3)]
+    for x in xs:
+        for text in formats:
+            y = ops.gemm(x, packed)
+            q = ops.quantize_activation(y, text)
+            ref = ActivationFormat.parse(text).quantize(y.cpu())
+            assert torch.equal(q.codes.cpu(), ref.codes) and torch.equal(q.scales.cpu(), ref.scales), text
+    sm90 = torch.cuda.get_device_capability()[0] >= 9 and os.environ.get("HUMMING_AOT_PDL", "1") != "0"
+    assert launched.programmatic and set(launched.programmatic) == {sm90}
+    y = ops.gemm(xs[0], packed)
+    ops.quantize_activation(y, formats[0])
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = ops.gemm(xs[0], packed)
+        captured = [ops.quantize_activation(y, text) for text in formats]
+    xs[0].copy_(xs[1] * 2)
+    graph.replay()
+    torch.cuda.synchronize()
+    for q, text in zip(captured, formats, strict=True):
+        ref = ActivationFormat.parse(text).quantize(y.cpu())
         assert torch.equal(q.codes.cpu(), ref.codes) and torch.equal(q.scales.cpu(), ref.scales), text
 
 

@@ -91,12 +91,16 @@ class _Unit:
         self.kernels = {name: i for i, name in enumerate(helper_kernels.kernel_names("quant", arch))}
         self.calls = []
         self.clusters = []
+        self.programmatic = []
 
-    def launch(self, symbol, grid, threads, smem, stream, params, cluster=(1, 1, 1)):
+    def launch(self, symbol, grid, threads, smem, stream, params, cluster=(1, 1, 1), *, programmatic=False):
         assert symbol in self.kernels
         layout = cuda_quant._FP4_PARAMS if symbol.startswith("quant_fp4_") else cuda_quant._PARAMS
         self.calls.append((symbol, grid, threads, layout.unpack(params)))
         self.clusters.append(cluster)
+        self.programmatic.append(programmatic)
+
+    programmatic_launch = helper_kernels.LoadedUnit.programmatic_launch
 
 
 def _record(monkeypatch, arch: str, *, sms: int = 132, clusters: bool = True) -> _Unit:
@@ -339,3 +343,25 @@ def test_clusters_need_sm90_the_switch_and_the_driver(monkeypatch):
     monkeypatch.setenv("HUMMING_AOT_CLUSTERS", "1")
     monkeypatch.setattr(_launcher, "supports_programmatic_launch", lambda: False)
     assert not cuda_quant._clusters(_Unit("sm90a"))
+
+
+@pytest.mark.parametrize(("arch", "setting", "programmatic"),
+                         [("sm90a", None, True), ("sm120a", "1", True), ("sm90a", "0", False), ("sm89", None, False),
+                          ("sm80", "1", False)])
+def test_programmatic_launch_from_sm90_builds_with_the_setting(monkeypatch, arch, setting, programmatic):
+    """Every quant kernel waits for the upstream grid before it reads (act_quant.cuh, from sm_90
+    builds: HELPERS_VERSION 6), so every launch of every recipe takes Programmatic Dependent Launch
+    there, unless HUMMING_AOT_PDL is off; an older arch's build has no wait and never takes it."""
+    if setting is None:
+        monkeypatch.delenv("HUMMING_AOT_PDL", raising=False)
+    else:
+        monkeypatch.setenv("HUMMING_AOT_PDL", setting)
+    unit = _record(monkeypatch, arch)
+    a = torch.zeros(3, 4096, dtype=torch.bfloat16)
+    recipes = ["int8:token", "int8:tensor", "mxfp4"]
+    if arch != "sm80":
+        recipes += ["float8e4m3:token", "float8e4m3:g128", "nvfp4"]
+    for recipe in recipes:
+        cuda_quant.quantize(a, ActivationFormat.parse(recipe), None)
+    assert len(unit.programmatic) == len(unit.calls) >= len(recipes) + 1  # (int8:tensor's amax pass too)
+    assert set(unit.programmatic) == {programmatic}

@@ -57,3 +57,34 @@ def test_every_body_waits_for_the_upstream_grid(tmp_path):
             assert any("UBLKPF.L2" in a and "ACQBULK" in b for a, b in zip(lines, lines[1:])), \
                 f"{key.name}: no bulk L2 prefetch right before the producer's ACQBULK"
     assert not missing, f"no griddepcontrol.wait (ACQBULK) in: {missing}"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("cuobjdump") is None, reason="cuobjdump is not on PATH: the SASS cannot be read")
+def test_every_quant_kernel_waits_before_its_first_global_load(tmp_path, monkeypatch):
+    """cuda_quant launches the quant unit's kernels with Programmatic Dependent Launch from sm_90
+    builds (HELPERS_VERSION 6), so each must execute griddepcontrol.wait (ACQBULK) before it reads
+    the activations (or the amax word): no global load (LDG) above the wait in any of them."""
+    from humming_aot import helper_kernels, jit
+    from humming_aot.testing.jit import why_no_jit
+
+    why = why_no_jit("the unit is compiled by NVRTC", "to compile it")
+    if why is not None:
+        pytest.skip(why)
+    monkeypatch.setenv("HUMMING_AOT_CACHE_DIR", str(tmp_path))
+    result = jit.cache.obtain(helper_kernels.compile_unit("quant", "sm90a"), include_dir=jit._include_dir(),
+                              nvrtc_lib=jit.nvrtc.load_nvrtc())
+    cubin = tmp_path / "quant.cubin"
+    cubin.write_bytes(result.data)
+    sass = subprocess.run(["cuobjdump", "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    functions = {}
+    name = None
+    for line in sass.splitlines():
+        if "Function :" in line:
+            name = line.split("Function :")[1].strip()
+            functions[name] = []
+        elif name is not None and ("ACQBULK" in line or "LDG" in line):
+            functions[name].append("ACQBULK" if "ACQBULK" in line else "LDG")
+    assert set(functions) == set(helper_kernels.kernel_names("quant", "sm90a"))
+    early = [f for f, ops in functions.items() if not ops or ops[0] != "ACQBULK"]
+    assert not early, f"a global load before griddepcontrol.wait (or no wait) in: {early}"

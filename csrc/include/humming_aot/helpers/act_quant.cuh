@@ -16,11 +16,14 @@
 // A row is one CTA of kThreads: 256, or 1024 for few rows (a wide CTA: decode's one to a few dozen
 // tokens, where a row's per-element work on one SM, not the memory, sets the time), or for few
 // long rows gridDim.y CTAs of 256 (helpers/row_parts.cuh: each a contiguous part; a per-token
-// row's parts one cluster, sm_90+, which exchanges their amax). The kernels that write what a
-// GEMM reads (token, group, tensor_apply) let the next kernel of the stream launch as they start
-// (programmatic dependent launch, sm_90+): the GEMMs launched so wait for this grid's completion
-// before they read activations (schedule/grid_dependency.cuh), so only their launch, prologue and
-// first weights' L2 prefetches (kernel/scaled_ws_driver.cuh) overlap it.
+// row's parts one cluster, sm_90+, which exchanges their amax). Programmatic dependent launch
+// (sm_90+), both ways: every kernel waits for the upstream grid before it reads the activations
+// (a kernel of the stream that wrote them may still run: the launch takes the attribute,
+// quant/cuda_quant.py), so its launch and CTA start overlap the previous kernel's tail; and the
+// kernels that write what a GEMM reads (token, group, tensor_apply) let the next kernel launch as
+// they start: the GEMMs launched so wait for this grid's completion before they read activations
+// (schedule/grid_dependency.cuh), so only their launch, prologue and first weights' L2 prefetches
+// (kernel/scaled_ws_driver.cuh) overlap it.
 
 #include <humming_aot/helpers/row_parts.cuh>
 #include <humming_aot/numerics/packed_half2.cuh>
@@ -208,6 +211,7 @@ struct ActQuant {
   // codes; a longer one twice (the second pass mostly from L2).
   static __device__ void token(const ActQuantParams& p) {
     schedule::release_dependent_grid();
+    schedule::wait_for_upstream_grid();
     __shared__ float shared[kThreads / 32];
     const i64 row = blockIdx.x;
     const RowPart part = RowPart::of(p.k / kVector, 1);
@@ -278,6 +282,7 @@ struct ActQuant {
   // consecutive lanes.
   static __device__ void group(const ActQuantParams& p) {
     schedule::release_dependent_grid();
+    schedule::wait_for_upstream_grid();
     const i64 row = blockIdx.x;
     const int lanes = static_cast<int>(p.group / kVector);  // a power of two from 2 to 32
     const int lane_shift = __ffs(lanes) - 1;                // (shifts: no 64-bit division per vector)
@@ -294,6 +299,7 @@ struct ActQuant {
 
   // Grid (rows, parts), before tensor_apply of a dynamic scale: the tensor's amax into *amax_bits.
   static __device__ void tensor_amax(const ActQuantParams& p) {
+    schedule::wait_for_upstream_grid();
     __shared__ float shared[kThreads / 32];
     const float m = cta_max(row_amax(p, blockIdx.x), shared);
     if (threadIdx.x == 0) atomicMax(p.amax_bits, __float_as_uint(m));  // non-negative floats order as their bits
@@ -302,6 +308,7 @@ struct ActQuant {
   // Grid (rows, parts): the one scale (given, or from the amax pass) applied; CTA (0, 0) writes it.
   static __device__ void tensor_apply(const ActQuantParams& p) {
     schedule::release_dependent_grid();
+    schedule::wait_for_upstream_grid();
     float scale;
     if (p.given != nullptr) {
       scale = *p.given;
