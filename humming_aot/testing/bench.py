@@ -190,6 +190,30 @@ def time_cuda_graph(
     }
 
 
+FRONTS = ("chain", "torch")
+
+
+def with_front(fns: Sequence[Callable[[], Any]], front: str) -> list[Callable[[], Any]]:
+    """What runs in front of each timed call. ``chain``: nothing, so each call follows the previous
+    call of the rotation, and a kernel launched with Programmatic Dependent Launch overlaps its
+    launch and prologue with that call's tail (as in a chain of this library's kernels). ``torch``:
+    a one-element torch kernel first, which lets nothing start before it completes: a model's layer,
+    whose input comes from a norm or an elementwise kernel (the extra kernel's own time is in every
+    implementation's figure alike)."""
+    if front == "chain":
+        return list(fns)
+    if front != "torch":
+        raise ValueError(f"front {front!r}: one of {', '.join(FRONTS)}")
+    bump = torch.zeros(1, device="cuda")
+
+    def fronted(fn: Callable[[], Any]) -> Callable[[], Any]:
+        def call() -> Any:
+            bump.add_(1.0)
+            return fn()
+        return call
+    return [fronted(fn) for fn in fns]
+
+
 def _auto_inner(fns: Sequence[Callable[[], Any]]) -> int:
     """Passes per replay so a replay lasts ~_TARGET_REPLAY_US, from one eager pass (an upper bound
     on GPU time when launch-bound, so this errs towards fewer passes)."""

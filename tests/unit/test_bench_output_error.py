@@ -119,3 +119,19 @@ def test_codes_choose_what_humming_aot_reads_and_what_humming_quantizes(bench_ge
     assert not torch.equal(every.reference_weight, own.reference_weight)
     assert bench_gemm.humming_input(w, every, "every") is w and bench_gemm.humming_input(w, None, "shared") is w
     assert torch.equal(bench_gemm.humming_input(w, every, "shared"), every.reference_weight.float())
+
+
+def test_what_runs_in_front_of_each_timed_call():
+    """testing.bench.with_front: `chain` times the calls as they are; `torch` puts a torch kernel
+    before each (where there is a GPU: the wrapped calls return what theirs do, in order);
+    another name is refused with the choices."""
+    from humming_aot.testing import bench
+
+    order = []
+    fns = [lambda i=i: order.append(i) or i for i in range(3)]
+    assert bench.with_front(fns, "chain") == fns
+    with pytest.raises(ValueError, match="chain, torch"):
+        bench.with_front(fns, "norm")
+    if torch.cuda.is_available():
+        fronted = bench.with_front(fns, "torch")
+        assert [f() for f in fronted] == [0, 1, 2] and order == [0, 1, 2]

@@ -30,7 +30,16 @@ if importlib.util.find_spec("humming_aot") is None:  # run from a checkout witho
 
 import humming_aot  # noqa: E402
 from humming_aot import ops, quant, w4a8  # noqa: E402
-from humming_aot.testing.bench import buffer_sets_for_cold_l2, gemm_flops, sibling_tool, tflops, time_cuda_graph, write_results_json  # noqa: E402
+from humming_aot.testing.bench import (  # noqa: E402
+    FRONTS,
+    buffer_sets_for_cold_l2,
+    gemm_flops,
+    sibling_tool,
+    tflops,
+    time_cuda_graph,
+    with_front,
+    write_results_json,
+)
 
 IMPLS = ("humming_aot", "humming_aot+quant", "w4a16", "humming", "torch_bf16", "scaled_mm")
 WEIGHTS, ACTIVATIONS = "int4:g128", "float8e4m3:token"
@@ -99,6 +108,9 @@ def main(argv=None) -> int:
                         "scaled_mm is left out, Humming gets its int8 input config)")
     parser.add_argument("--weights", default=WEIGHTS, choices=tuple(HUMMING_WEIGHTS),
                         help="the weight format (float8e4m3 activations for mxfp4)")
+    parser.add_argument("--front", default="chain", choices=FRONTS,
+                        help="in front of every call: nothing (chain: each call behind the previous one, PDL "
+                             "overlapping their ends) or a torch kernel (torch: a model's norm, nothing overlaps)")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
     if args.weights == "mxfp4" and args.int8:
@@ -150,13 +162,13 @@ def main(argv=None) -> int:
                 try:
                     out = calls[impl][0]()[:m].float()
                     relerr = ((out - ref).abs().max() / ref.abs().max()).item()
-                    timing = time_cuda_graph(calls[impl], repeats=args.repeats)
+                    timing = time_cuda_graph(with_front(calls[impl], args.front), repeats=args.repeats)
                 except Exception as exc:  # noqa: BLE001
                     print(f"{n:>6} {k:>6} {m:>5} {impl:>18} failed: {type(exc).__name__}: {exc}"[:300])
                     continue
                 us = timing["median_us"]
                 row = {"impl": impl, "m": m, "n": n, "k": k, "us": us, "p10_us": timing["p10_us"],
-                       "p90_us": timing["p90_us"], "tflops": tflops(gemm_flops(m, n, k), us), "relerr": relerr,
+                       "p90_us": timing["p90_us"], "tflops": tflops(gemm_flops(m, n, k), us), "relerr": relerr, "front": args.front,
                        "w4a8": True, "weights": args.weights,
                        "int8": args.int8,
                        "tile": (w4a8.select_tile(m, n=n, num_sms=sms, weight_element=packs[0].element).label

@@ -26,7 +26,16 @@ if importlib.util.find_spec("humming_aot") is None:  # run from a checkout witho
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from humming_aot import ops, quant, w8a8  # noqa: E402
-from humming_aot.testing.bench import buffer_sets_for_cold_l2, gemm_flops, sibling_tool, tflops, time_cuda_graph, write_results_json  # noqa: E402
+from humming_aot.testing.bench import (  # noqa: E402
+    FRONTS,
+    buffer_sets_for_cold_l2,
+    gemm_flops,
+    sibling_tool,
+    tflops,
+    time_cuda_graph,
+    with_front,
+    write_results_json,
+)
 
 IMPLS = ("humming_aot", "humming_aot+quant", "scaled_mm", "int_mm", "humming")
 
@@ -90,6 +99,9 @@ def main(argv=None) -> int:
     parser.add_argument("--blocks", action="store_true", help="DeepSeek-V3 scaling: float8e4m3:b128x128 weights, "
                         "float8e4m3:g128 activations")
     parser.add_argument("--int8", action="store_true", help="int8:channel weights x int8:token activations")
+    parser.add_argument("--front", default="chain", choices=FRONTS,
+                        help="in front of every call: nothing (chain: each call behind the previous one, PDL "
+                             "overlapping their ends) or a torch kernel (torch: a model's norm, nothing overlaps)")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
     shapes_text = args.shapes or ",".join(bench_gemm.SHAPE_SETS[s] for s in args.shape_set.split(","))
@@ -146,13 +158,13 @@ def main(argv=None) -> int:
                 try:
                     out = calls[impl][0]()[:m].float()
                     relerr = ((out - ref).abs().max() / ref.abs().max()).item()
-                    timing = time_cuda_graph(calls[impl], repeats=args.repeats)
+                    timing = time_cuda_graph(with_front(calls[impl], args.front), repeats=args.repeats)
                 except Exception as exc:  # noqa: BLE001
                     print(f"{n:>6} {k:>6} {m:>5} {impl:>18} failed: {type(exc).__name__}: {exc}"[:300])
                     continue
                 us = timing["median_us"]
                 row = {"impl": impl, "m": m, "n": n, "k": k, "us": us, "p10_us": timing["p10_us"],
-                       "p90_us": timing["p90_us"], "tflops": tflops(gemm_flops(m, n, k), us), "relerr": relerr,
+                       "p90_us": timing["p90_us"], "tflops": tflops(gemm_flops(m, n, k), us), "relerr": relerr, "front": args.front,
                        "blocks": args.blocks, "int8": args.int8, "stream_k": args.stream_k,
                        "tile": (w8a8.select_tile(m, args.blocks, n=n, num_sms=sms,
                                                  element="int8" if args.int8 else "float8e4m3", k=k).label
