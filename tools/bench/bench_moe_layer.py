@@ -22,7 +22,9 @@ one graph of all of them saves in launch gaps). With --activations (e.g. float8e
 (QuantizedMoE.from_experts(..., activations=...)), whose steps are route, quantize (the hidden
 states), gather (each routed row's codes and scales: moe.routing.gather_rows), gemm1
 (moe.gemm_grouped_a8_kernel), activation, requantize (the intermediate), gemm2 and reduce. Each point rotates --routings routings drawn from
-random scores, so that a call meets experts its predecessor did not read. Benchmarks never assert.
+random scores, so that a call meets experts its predecessor did not read. --front torch puts a
+torch kernel before every timed call (a model's router before the layer: nothing overlaps the
+first kernel's launch); the default chains the calls. Benchmarks never assert.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ import torch
 if importlib.util.find_spec("humming_aot") is None:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from humming_aot.testing.bench import sibling_tool, time_cuda_graph, write_results_json  # noqa: E402
+from humming_aot.testing.bench import FRONTS, sibling_tool, time_cuda_graph, with_front, write_results_json  # noqa: E402
 
 bench_moe = sibling_tool("bench_moe", __file__)
 
@@ -55,6 +57,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--routings", type=int, default=4, help="routings rotated per point")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--front", default="chain", choices=FRONTS,
+                        help="in front of every timed call: nothing (chain: each call behind the previous one, "
+                             "PDL overlapping their ends) or a torch kernel (torch: a model's router before the layer)")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args(argv)
     try:
@@ -199,10 +204,11 @@ def bench(args: argparse.Namespace) -> list[dict]:
             per_routing.append(closures_of(layer, r.hidden, r.topk_ids.to(torch.int32), weights))
         times = {}
         for step in (*steps, "layer"):
-            timing = time_cuda_graph([closures[step] for closures in per_routing], repeats=args.repeats)
+            timing = time_cuda_graph(with_front([closures[step] for closures in per_routing], args.front),
+                                     repeats=args.repeats)
             times[step] = timing["median_us"]
             results.append(dict(model=args.model, tokens=tokens, format=args.format,
-                                activations=args.activations, step=step,
+                                activations=args.activations, step=step, front=args.front,
                                 us=timing["median_us"], p10_us=timing["p10_us"], p90_us=timing["p90_us"],
                                 mode=timing["mode"]))
         total = sum(times[s] for s in steps)
