@@ -169,13 +169,14 @@ class LoadedUnit:
     device: int
     library: int
     kernels: dict[str, int]
+    programmatic: bool = False  # programmatic_launch(arch), when the unit was loaded
 
     def launch(self, symbol: str, grid: tuple[int, int, int], threads: int, smem: int, stream: int,
                params: bytes, cluster: tuple[int, int, int] = (1, 1, 1), *, programmatic: bool = False) -> None:
         """``cluster`` other than (1, 1, 1): thread-block clusters of that shape (sm_90+, a driver
         with cuLaunchKernelEx; _launcher.launch raises ValueError without). ``programmatic``: with
         Programmatic Dependent Launch, for a kernel that waits for the upstream grid before its
-        reads (the quant unit's, from sm_90 builds: see ``programmatic_launch``)."""
+        reads (the quant unit's, from sm_90 builds: ``self.programmatic``)."""
         try:
             kernel = self.kernels[symbol]
         except KeyError:
@@ -183,13 +184,14 @@ class LoadedUnit:
         _launcher.launch(kernel, grid, (threads, 1, 1), smem, stream, params, self.device, cluster=cluster,
                          programmatic_dependent_launch=programmatic)
 
-    def programmatic_launch(self) -> bool:
-        """Whether this library's kernels that wait for the upstream grid (griddepcontrol.wait,
-        compiled in from sm_90 on) may be launched with Programmatic Dependent Launch: an sm_90+
-        build and HUMMING_AOT_PDL on."""
-        from humming_aot import env
 
-        return parse_arch(self.arch)[0] >= 90 and env.pdl_enabled()
+def programmatic_launch(arch: str) -> bool:
+    """Whether a unit's kernels that wait for the upstream grid (griddepcontrol.wait, compiled in
+    from sm_90 on) may be launched with Programmatic Dependent Launch: an sm_90+ build and
+    HUMMING_AOT_PDL on (read when the unit is loaded, as for the GEMM kernels)."""
+    from humming_aot import env
+
+    return parse_arch(arch)[0] >= 90 and env.pdl_enabled()
 
 
 _loaded: dict[tuple[str, int], LoadedUnit] = {}
@@ -236,7 +238,8 @@ def load(unit: str, device: int) -> LoadedUnit:
         arch, image = obtain_image(unit, device_info(device).arches)
         library = _launcher.load_library(image, unit_name(unit, arch))
         kernels = {symbol: _launcher.get_kernel(library, symbol) for symbol in kernel_names(unit, arch)}
-        hit = LoadedUnit(unit=unit, arch=arch, device=device, library=library, kernels=kernels)
+        hit = LoadedUnit(unit=unit, arch=arch, device=device, library=library, kernels=kernels,
+                         programmatic=programmatic_launch(arch))
         _loaded[key] = hit
         return hit
 

@@ -117,7 +117,7 @@ def quantize(a: torch.Tensor, fmt: ActivationFormat, static_scale: torch.Tensor 
                           0 if amax is None else amax.data_ptr(), rows, k, x.stride(0) if rows > 1 else k,
                           fmt.group_size or 0)
 
-    pdl = unit.programmatic_launch()  # (the kernels wait for the upstream grid before their reads)
+    pdl = unit.programmatic  # (the kernels wait for the upstream grid before their reads)
     with helper_kernels.current_for(device):  # a launch on stream 0 runs in the current context
         if amax is not None:
             unit.launch(f"quant_tensor_amax_{act}", grid, THREADS, 0, _stream(device), params, programmatic=pdl)
@@ -168,7 +168,7 @@ def _quantize_fp4(a: torch.Tensor, fmt: ActivationFormat, global_scale: torch.Te
                         0 if amax is None else amax.data_ptr(), rows, k, x.stride(0) if rows > 1 else k,
                         fmt.group_size)
     params = _FP4_PARAMS.pack(*_PARAMS.unpack(base), 0 if glob is None else glob.data_ptr())
-    pdl = unit.programmatic_launch()  # (the kernels wait for the upstream grid before their reads)
+    pdl = unit.programmatic  # (the kernels wait for the upstream grid before their reads)
     with helper_kernels.current_for(device):  # a launch on stream 0 runs in the current context
         if amax is not None:  # the amax pass takes ActQuantParams, the prefix of Fp4QuantParams
             unit.launch(f"quant_tensor_amax_{act}", grid, THREADS, 0, _stream(device), base, programmatic=pdl)

@@ -91,16 +91,18 @@ class _Unit:
         self.kernels = {name: i for i, name in enumerate(helper_kernels.kernel_names("quant", arch))}
         self.calls = []
         self.clusters = []
-        self.programmatic = []
+        self.pdl_launches = []
 
     def launch(self, symbol, grid, threads, smem, stream, params, cluster=(1, 1, 1), *, programmatic=False):
         assert symbol in self.kernels
         layout = cuda_quant._FP4_PARAMS if symbol.startswith("quant_fp4_") else cuda_quant._PARAMS
         self.calls.append((symbol, grid, threads, layout.unpack(params)))
         self.clusters.append(cluster)
-        self.programmatic.append(programmatic)
+        self.pdl_launches.append(programmatic)
 
-    programmatic_launch = helper_kernels.LoadedUnit.programmatic_launch
+    @property
+    def programmatic(self):
+        return helper_kernels.programmatic_launch(self.arch)
 
 
 def _record(monkeypatch, arch: str, *, sms: int = 132, clusters: bool = True) -> _Unit:
@@ -363,5 +365,5 @@ def test_programmatic_launch_from_sm90_builds_with_the_setting(monkeypatch, arch
         recipes += ["float8e4m3:token", "float8e4m3:g128", "nvfp4"]
     for recipe in recipes:
         cuda_quant.quantize(a, ActivationFormat.parse(recipe), None)
-    assert len(unit.programmatic) == len(unit.calls) >= len(recipes) + 1  # (int8:tensor's amax pass too)
-    assert set(unit.programmatic) == {programmatic}
+    assert len(unit.pdl_launches) == len(unit.calls) >= len(recipes) + 1  # (int8:tensor's amax pass too)
+    assert set(unit.pdl_launches) == {programmatic}
