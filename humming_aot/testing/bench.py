@@ -193,6 +193,14 @@ def time_cuda_graph(
 FRONTS = ("chain", "torch")
 
 
+def add_front_argument(parser, before: str = "a model's norm") -> None:
+    """The benches' --front option (with_front's choices); ``before``: what the torch kernel stands
+    for in that bench's help."""
+    parser.add_argument("--front", default="chain", choices=FRONTS,
+                        help="in front of every timed call: nothing (chain: each call behind the previous one, PDL "
+                             f"overlapping their ends) or a torch kernel (torch: {before}, nothing overlaps)")
+
+
 def with_front(fns: Sequence[Callable[[], Any]], front: str) -> list[Callable[[], Any]]:
     """What runs in front of each timed call. ``chain``: nothing, so each call follows the previous
     call of the rotation, and a kernel launched with Programmatic Dependent Launch overlaps its

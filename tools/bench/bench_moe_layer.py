@@ -38,7 +38,7 @@ import torch
 if importlib.util.find_spec("humming_aot") is None:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from humming_aot.testing.bench import FRONTS, sibling_tool, time_cuda_graph, with_front, write_results_json  # noqa: E402
+from humming_aot.testing.bench import add_front_argument, sibling_tool, time_cuda_graph, with_front, write_results_json  # noqa: E402
 
 bench_moe = sibling_tool("bench_moe", __file__)
 
@@ -57,9 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--routings", type=int, default=4, help="routings rotated per point")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--front", default="chain", choices=FRONTS,
-                        help="in front of every timed call: nothing (chain: each call behind the previous one, "
-                             "PDL overlapping their ends) or a torch kernel (torch: a model's router before the layer)")
+    add_front_argument(parser, "a model's router before the layer")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args(argv)
     try:

@@ -31,7 +31,7 @@ if importlib.util.find_spec("humming_aot") is None:  # run from a checkout witho
 import humming_aot  # noqa: E402
 from humming_aot import ops, quant, w4a8  # noqa: E402
 from humming_aot.testing.bench import (  # noqa: E402
-    FRONTS,
+    add_front_argument,
     buffer_sets_for_cold_l2,
     gemm_flops,
     sibling_tool,
@@ -108,9 +108,7 @@ def main(argv=None) -> int:
                         "scaled_mm is left out, Humming gets its int8 input config)")
     parser.add_argument("--weights", default=WEIGHTS, choices=tuple(HUMMING_WEIGHTS),
                         help="the weight format (float8e4m3 activations for mxfp4)")
-    parser.add_argument("--front", default="chain", choices=FRONTS,
-                        help="in front of every call: nothing (chain: each call behind the previous one, PDL "
-                             "overlapping their ends) or a torch kernel (torch: a model's norm, nothing overlaps)")
+    add_front_argument(parser)
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
     if args.weights == "mxfp4" and args.int8:

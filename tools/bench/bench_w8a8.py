@@ -27,7 +27,7 @@ if importlib.util.find_spec("humming_aot") is None:  # run from a checkout witho
 
 from humming_aot import ops, quant, w8a8  # noqa: E402
 from humming_aot.testing.bench import (  # noqa: E402
-    FRONTS,
+    add_front_argument,
     buffer_sets_for_cold_l2,
     gemm_flops,
     sibling_tool,
@@ -99,9 +99,7 @@ def main(argv=None) -> int:
     parser.add_argument("--blocks", action="store_true", help="DeepSeek-V3 scaling: float8e4m3:b128x128 weights, "
                         "float8e4m3:g128 activations")
     parser.add_argument("--int8", action="store_true", help="int8:channel weights x int8:token activations")
-    parser.add_argument("--front", default="chain", choices=FRONTS,
-                        help="in front of every call: nothing (chain: each call behind the previous one, PDL "
-                             "overlapping their ends) or a torch kernel (torch: a model's norm, nothing overlaps)")
+    add_front_argument(parser)
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
     shapes_text = args.shapes or ",".join(bench_gemm.SHAPE_SETS[s] for s in args.shape_set.split(","))
