@@ -93,10 +93,21 @@ def arch_tile_table(arch: str, w_bits: int = 8, float_codes: bool = False) -> tu
     return tuple((max_m, tile) for max_m, tile, _ in _tile_rows(arch, w_bits, float_codes))
 
 
+@functools.cache
 def _tile_rows(arch: str, w_bits: int, float_codes: bool = False) -> tuple[tuple[int, TileConfig, FillCondition | None], ...]:
-    """((max_m, tile, fill condition or None), ...): arch_tile_table with each row's fill condition."""
-    return tuple((max_m, tile, fill) for max_m, tile, _, max_w_bits, fill, integer_only in _table_rows(arch)
-                 if w_bits <= max_w_bits and not (float_codes and integer_only))
+    """((max_m, tile, fill condition or None), ...): arch_tile_table with each row's fill condition.
+    A row that select_tile can never reach for these codes is left out (so that the catalog does not
+    build its tile for them): one after a row of the same or a wider M interval that serves every
+    problem of it (no fill condition, 64-wide K stages). That is how a row for wider codes follows
+    the row of narrower ones it gives way to (max_w_bits = 7 before a row for 8-bit codes)."""
+    rows: list[tuple[int, TileConfig, FillCondition | None]] = []
+    for max_m, tile, _, max_w_bits, fill, integer_only in _table_rows(arch):
+        if w_bits > max_w_bits or (float_codes and integer_only):
+            continue
+        if any(kept_m >= max_m and kept_fill is None and kept.block_k == 64 for kept_m, kept, kept_fill in rows):
+            continue
+        rows.append((max_m, tile, fill))
+    return tuple(rows)
 
 
 def _warps(tile: TileConfig) -> int:

@@ -65,7 +65,7 @@ def test_table_tiles_kept_exactly_when_they_fit():
         for spec in support.supported_specs(arch, GemmType.DENSE):
             if spec.a_is_quantized:  # W8A8: the wgmma-ss tiles its families list, not the table
                 continue
-            for _, tile in heuristics.arch_tile_table(arch):
+            for _, tile in heuristics.arch_tile_table(arch, spec.w_bits, spec.w_is_float):
                 smem = heuristics.smem_bytes(tile, spec.w_bits, spec.w_zero_point is not ZeroPoint.NONE)
                 name = KernelKey(arch=arch, spec=spec, tile=tile).name
                 assert (name in kept) == (smem <= limit), name
