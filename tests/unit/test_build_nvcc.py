@@ -303,7 +303,7 @@ def test_turing_and_hopper_bodies_compile_with_the_real_headers(tmp_path):
         "gemm_dense_sm90a_wgmma-ws_a-bf16_w-e3m2-g-bf16_o-bf16_64x128x64_w1x4_s6",
         "gemm_dense_sm90a_mma-sw_a-f16_w-e2m1-g-f16_o-f16_16x64x256_w1x1x4_s2",
         "gemm_dense_sm90a_wgmma-ws_a-f16_w-e2m1-g-f16_o-f16_32x128x64_w1x4_s8",
-        "gemm_dense_sm90a_wgmma-ws_a-bf16_w-u8-g-bf16-zpf_o-bf16_128x128x64_w1x4_s4",
+        "gemm_dense_sm90a_wgmma-ws_a-bf16_w-u8-g-bf16-zpf_o-bf16_128x256x64_w1x8_s4",
     ]
     keys = [default[name] for name in names]  # KeyError: the default catalog lost one of them
     # the 16-token swapped tile with 8 warps (no table row): its generated source static_asserts

@@ -195,7 +195,8 @@ def test_65_to_96_tokens_take_a_tile_of_their_multiple_of_16_rows():
     39.7 on the table's 128-row tiles; the two-warpgroup 128-row tile of few-tile layers lost too,
     4096 x 14336 at 72 tokens 26.7 against 32.9). Codes of 5 to 8 bits take the same rows since
     log section 74 (int8 channel, 8192 x 8192 at 72 / 96 tokens 36.3 / 39.3 us against 49.7 / 47.0
-    on the 128-row tile). 97 tokens up keep the 128-row rows."""
+    on the 128-row tile). 97 tokens up keep the 128-row rows, but 8-bit codes take 128 x 256 of two
+    warpgroups where the 128-row tiles pass 0.4 an SM (log section 78)."""
     def pick(m, n, k, bits=4):
         return heuristics.select_tile("sm90a", m, k=k, group=128, w_bits=bits, n=n, num_sms=132).label
 
@@ -205,7 +206,8 @@ def test_65_to_96_tokens_take_a_tile_of_their_multiple_of_16_rows():
                 assert pick(m, n, k, bits) == "wgmma-ws:80x128x64_w1x4_s4", (m, n, k, bits)
             for m in (81, 88, 96):
                 assert pick(m, n, k, bits) == "wgmma-ws:96x128x64_w1x4_s4", (m, n, k, bits)
-            assert pick(97, n, k, bits).startswith("wgmma-ws:128x128x64"), (n, k, bits)
+            wide = bits == 8 and (n, k) in ((8192, 8192), (57344, 8192))  # 64 and 448 tiles of 128 x 128
+            assert pick(97, n, k, bits).startswith("wgmma-ws:128x256x64" if wide else "wgmma-ws:128x128x64"), (n, k, bits)
 
 
 def test_129_to_192_tokens_take_tiles_of_their_rows_not_the_256_row_tile():
@@ -221,7 +223,8 @@ def test_129_to_192_tokens_take_tiles_of_their_rows_not_the_256_row_tile():
     stages), and 192 x 128 where its tiles are at most 0.4 an SM (4096 x 14336 at 144 tokens 41.5
     against 42.5, 28672 x 4096 59.5 against 75.7 the other way). Codes of 5 to 8 bits take the same
     rows but 176 x 256 (log section 74, int8 channel, 8192 x 8192 at 144 / 176 tokens 49.4 / 53.7
-    us against 72.2 / 69.5 on the 256-row tile); 193 tokens up keep the 256-row tile."""
+    us against 72.2 / 69.5 on the 256-row tile), and from 145 to 176 8-bit codes (integer or float)
+    take 176 x 256 past the same bounds (log section 78); 193 tokens up keep the 256-row tile."""
     def pick(m, n, k, bits=4, float_codes=False):
         return heuristics.select_tile("sm90a", m, k=k, group=128, w_bits=bits, n=n, num_sms=132,
                                       float_codes=float_codes).label
@@ -250,9 +253,12 @@ def test_129_to_192_tokens_take_tiles_of_their_rows_not_the_256_row_tile():
             assert pick(144, n, k, bits) == pick(144, n, k, bits, float_codes=True) == t144, (n, k, bits)
         for n, k in ((4096, 14336), (6144, 4096)):
             assert pick(144, n, k, bits) == t192, (n, k, bits)
-        for n, k in ((4096, 14336), (8192, 8192), (28672, 4096), (57344, 8192)):
-            for m in (145, 160, 176, 192):
-                assert pick(m, n, k, bits) == pick(m, n, k, bits, float_codes=True) == t192, (m, n, k, bits)
+        for n, k in ((4096, 14336), (8192, 8192), (28672, 4096), (57344, 8192), (8192, 28672)):
+            wide = bits == 8 and (n, k) in ((28672, 4096), (57344, 8192), (8192, 28672))
+            for m in (145, 160, 176):
+                want = t176 if wide else t192
+                assert pick(m, n, k, bits) == pick(m, n, k, bits, float_codes=True) == want, (m, n, k, bits)
+            assert pick(192, n, k, bits) == t192, (n, k, bits)
     for n, k in ((8192, 8192), (4096, 14336), (57344, 8192)):
         assert pick(193, n, k) == pick(193, n, k, bits=8) == t256, (n, k)
         assert pick(128, n, k).startswith("wgmma-ws:128x128x64"), (n, k)
@@ -385,3 +391,25 @@ def test_the_dense_producer_keeps_40_registers_except_where_the_consumers_need_t
         assert dense_producer_registers(parse_tile_field(f"wgmma-ws:{field}")) == registers, field
     source = kernel_source(KernelKey.from_name("gemm_dense_sm90a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_176x256x64_w1x8_s4"))
     assert "static_assert(Kernel::kProducerRegisters == 24," in source
+
+
+def test_a_row_behind_one_that_serves_every_problem_is_left_out():
+    """A row of the table that select_tile never reaches for some codes (after a row of its M
+    interval with no fill condition and 64-wide K stages) is not in their table, so the catalog does
+    not build its tile for them: 8-bit codes' 128 x 256 and 176 x 256 rows come after rows for codes
+    of up to 7 bits (max_w_bits = 7), and so serve 8-bit codes only."""
+    def rows(bits, float_codes=False):
+        return {(max_m, tile.label) for max_m, tile in heuristics.arch_tile_table("sm90a", bits, float_codes)}
+
+    wide128, wide176 = (128, "wgmma-ws:128x256x64_w1x8_s4"), (176, "wgmma-ws:176x256x64_w1x8_s4")
+    assert wide128 in rows(8) and wide176 in rows(8) and wide176 in rows(8, float_codes=True)
+    for bits in (5, 6, 7):
+        assert wide128 not in rows(bits) and wide176 not in rows(bits) and wide176 not in rows(bits, True), bits
+    # 4-bit integer codes: 176 x 256 is their own row, the general rows behind it are left out
+    assert wide176 in rows(4) and wide176 not in rows(4, float_codes=True)
+    labels_176 = [tile.label for max_m, tile in heuristics.arch_tile_table("sm90a", 4) if max_m == 176]
+    assert labels_176 == ["wgmma-ws:192x128x64_w1x8_s5", "wgmma-ws:176x256x64_w1x8_s4"]
+    for m in (97, 128, 145, 176):  # and select_tile picks as before for the narrower codes
+        for n, k in ((8192, 8192), (57344, 8192)):
+            pick = heuristics.select_tile("sm90a", m, k=k, group=128, w_bits=6, n=n, num_sms=132).label
+            assert pick in ("wgmma-ws:128x128x64_w1x4_s4", "wgmma-ws:192x128x64_w1x8_s5"), (m, n, pick)
