@@ -29,14 +29,21 @@ WIDE_ROWS = 128
 # Fewer rows than that, and long ones, split into parts (helpers/row_parts.cuh): gridDim.y CTAs of
 # THREADS a row, each a contiguous part of it, the parts of a per-token row one thread-block
 # cluster (sm_90+) that exchanges their amax. A power of two of them (row_parts), at most
-# MAX_PARTS (a portable cluster), the rows' CTAs at most the SMs, a part at least PART_VECTORS
+# MAX_PARTS (a portable cluster), at least MIN_PARTS, at most SPLIT_CTAS in all (below), a part at least PART_VECTORS
 # vectors, rows of fewer than SPLIT_VECTORS whole: one SM's work on a long row, not the memory, sets
 # a few rows' time (a row of 28,672 elements: 3.7 us in one CTA of 1,024 threads, 2.3 at 4,096).
 # A token row's cluster costs ~0.3 us (its barriers and DSMEM reads, H200): it splits from
 # CLUSTER_SPLIT_VECTORS on (log section 65, float8 / int8 token, whole against in parts: 1 x 8192
 # 2.6 / 3.0 against 2.9 / 3.1 us, 16 x 18432 3.5 / 3.9 against 3.5 / 3.7, 1 x 28672 3.9 / 4.5
 # against 3.3 / 3.4).
+# A split takes at most SPLIT_CTAS CTAs over all rows, and at least MIN_PARTS a row (else the row
+# stays whole, in the 1,024-thread kernel): the quantization runs in front of a GEMM, whose CTAs
+# (launched early, PDL) take the SMs it leaves free, and a GEMM CTA of the Hopper bodies takes a whole
+# SM. 16 token rows of 28,672 in 8 parts (128 CTAs) before a W4A8 GEMM added 4.0 us behind a torch
+# kernel, whole rows 1.5 (H100, log section 78; in 2 parts, 256 threads each, 3.6).
 MAX_PARTS = 8
+MIN_PARTS = 4
+SPLIT_CTAS = 32
 PART_VECTORS = 256
 SPLIT_VECTORS = 1024
 CLUSTER_SPLIT_VECTORS = 2048
@@ -180,14 +187,16 @@ def _quantize_fp4(a: torch.Tensor, fmt: ActivationFormat, global_scale: torch.Te
 
 def row_parts(rows: int, vectors: int, sms: int, *, cluster: bool = False) -> int:
     """The CTAs each of ``rows`` rows of ``vectors`` vectors is split into on a GPU of ``sms`` SMs
-    (see MAX_PARTS): 1, or the largest power of two up to MAX_PARTS that keeps rows x parts <= sms
-    and vectors / parts >= PART_VECTORS, for rows of SPLIT_VECTORS vectors or more
-    (CLUSTER_SPLIT_VECTORS where the parts are one cluster: ``cluster``)."""
+    (see MAX_PARTS): for rows of SPLIT_VECTORS vectors or more (CLUSTER_SPLIT_VECTORS where the
+    parts are one cluster: ``cluster``), the largest power of two up to MAX_PARTS that keeps
+    rows x parts <= min(sms, SPLIT_CTAS) and vectors / parts >= PART_VECTORS, if that is at least
+    MIN_PARTS; else 1."""
     parts = 1
     if vectors >= (CLUSTER_SPLIT_VECTORS if cluster else SPLIT_VECTORS):
-        while parts < MAX_PARTS and rows * parts * 2 <= sms and vectors >= parts * 2 * PART_VECTORS:
+        ctas = min(sms, SPLIT_CTAS)
+        while parts < MAX_PARTS and rows * parts * 2 <= ctas and vectors >= parts * 2 * PART_VECTORS:
             parts *= 2
-    return parts
+    return parts if parts >= MIN_PARTS else 1
 
 
 def _parts(unit, rows: int, k: int, device: int, *, cluster: bool) -> int:

@@ -111,16 +111,16 @@ def test_kernels_match_the_reference(launched, dtype, granularity):
     member = {"token": "token", "tensor": "tensor_apply"}.get(granularity, "group")
     for element in _elements():
         # up to cuda_quant.WIDE_ROWS rows the token and group recipes take the 1024-thread kernels,
-        # few long rows several 256-thread CTAs a row (row_parts: on 132 SMs 1 x 28672, 5 x 16384
-        # and 2 x 40960 in 8 parts, 2 x 8960 in 4 of 288, 288, 288 and 256 vectors at g128); a
+        # few long rows several 256-thread CTAs a row (row_parts: on 132 SMs 1 x 28672 and 2 x 40960
+        # in 8 parts, 5 x 16384 in 4, 2 x 8960 in 4 of 288, 288, 288 and 256 vectors at g128); a
         # CTA's row or part is read once up to 8,192 (256 threads) or 32,768 elements (1,024),
         # twice past that (300 x 12288; 1 x 73728 in 8 parts of 9,216; per token, 70 x 40960 in one
-        # 1,024-thread CTA a row, and 34 x 16392 in 2 parts of 1,025 and 1,024 vectors, read twice
-        # and once by the two CTAs of one cluster)
+        # 1,024-thread CTA a row, and 4 x 65544 in 8 parts of 1,025 and 1,024 vectors, read twice
+        # and once by the CTAs of one cluster)
         shapes = [(1, 256), (37, 4096), (300, 7168), (5, 16384), (128, 1024), (129, 1024), (1, 28672),
                   (300, 12288), (2, 40960), (2, 8960), (1, 73728)]
         if granularity == "token":
-            shapes += [(70, 40960), (34, 16392)]
+            shapes += [(70, 40960), (4, 65544)]
         for rows, k in shapes:
             a = _activations(rows, k, dtype, gen).cuda()
             symbol, parts = _kernel(member, act, element, rows, k)

@@ -277,14 +277,16 @@ def test_quantize_activation_is_a_custom_op_under_torch_compile():
 
 @pytest.mark.parametrize(("rows", "vectors", "sms", "parts"), [
     (1, 3584, 132, 8),   # a decode row of 28,672 elements: eight CTAs
-    (16, 2304, 132, 8),  # 16 x 18,432: 128 CTAs
-    (17, 2304, 132, 4),  # the rows' CTAs at most the SMs
+    (4, 2304, 132, 8),   # 4 x 18,432: SPLIT_CTAS
+    (5, 2304, 132, 4),   # the rows' CTAs at most SPLIT_CTAS
+    (8, 4096, 132, 4),
+    (9, 4096, 132, 1),   # two parts a row: fewer than MIN_PARTS, so whole
+    (16, 2304, 132, 1),  # 16 x 18,432 whole (the pair with the GEMM after it: log section 78)
     (1, 1023, 132, 1),   # a row of fewer than SPLIT_VECTORS stays whole
     (1, 1024, 132, 4),   # a part at least PART_VECTORS
-    (66, 4096, 132, 2),
-    (67, 4096, 132, 1),
     (1, 100000, 132, 8),  # at most MAX_PARTS (a portable cluster)
-    (4, 4096, 16, 4),
+    (4, 4096, 16, 4),    # the rows' CTAs at most the SMs
+    (8, 4096, 16, 1),
 ])
 def test_row_parts(rows, vectors, sms, parts):
     assert cuda_quant.row_parts(rows, vectors, sms) == parts
@@ -294,9 +296,10 @@ def test_row_parts(rows, vectors, sms, parts):
     (1, 1024, 1),   # a token row's cluster costs more than a row of 8,192 elements saves
     (1, 2047, 1),
     (1, 2048, 8),   # from CLUSTER_SPLIT_VECTORS on
-    (16, 2304, 8),  # 16 x 18,432
+    (16, 2304, 1),  # 16 x 18,432: whole
+    (4, 2304, 8),   # 4 x 18,432
     (1, 3584, 8),   # 1 x 28,672
-    (33, 4096, 4),   # 132 CTAs
+    (8, 4096, 4),   # SPLIT_CTAS
 ])
 def test_row_parts_of_a_token_row(rows, vectors, parts):
     assert cuda_quant.row_parts(rows, vectors, 132, cluster=True) == parts
