@@ -29,9 +29,10 @@ WIDE_ROWS = 128
 # Fewer rows than that, and long ones, split into parts (helpers/row_parts.cuh): gridDim.y CTAs of
 # THREADS a row, each a contiguous part of it, the parts of a per-token row one thread-block
 # cluster (sm_90+) that exchanges their amax. A power of two of them (row_parts), at most
-# MAX_PARTS (a portable cluster), at least MIN_PARTS, at most SPLIT_CTAS in all (below), a part at least PART_VECTORS
-# vectors, rows of fewer than SPLIT_VECTORS whole: one SM's work on a long row, not the memory, sets
-# a few rows' time (a row of 28,672 elements: 3.7 us in one CTA of 1,024 threads, 2.3 at 4,096).
+# MAX_PARTS (a portable cluster), at least MIN_PARTS, at most SPLIT_CTAS in all (below), a part at
+# least PART_VECTORS vectors, rows of fewer than SPLIT_VECTORS whole: one SM's work on a long row,
+# not the memory, sets a few rows' time (a row of 28,672 elements: 3.7 us in one CTA of 1,024
+# threads, 2.3 at 4,096).
 # A token row's cluster costs ~0.3 us (its barriers and DSMEM reads, H200): it splits from
 # CLUSTER_SPLIT_VECTORS on (log section 65, float8 / int8 token, whole against in parts: 1 x 8192
 # 2.6 / 3.0 against 2.9 / 3.1 us, 16 x 18432 3.5 / 3.9 against 3.5 / 3.7, 1 x 28672 3.9 / 4.5
