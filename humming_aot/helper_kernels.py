@@ -25,8 +25,9 @@ logger = logging.getLogger(__name__)
 
 # Bumped when a helper Params struct or a kernel's contract changes (part of every unit's source,
 # so a cached cubin of another version is never loaded). 6: the quant unit's kernels wait for the
-# upstream grid before they read, so they may be launched with Programmatic Dependent Launch.
-HELPERS_VERSION = 6
+# upstream grid before they read, so they may be launched with Programmatic Dependent Launch. 7: the
+# moe unit's kernels too (an older catalog's moe unit has no wait and is not loaded: the JIT serves it).
+HELPERS_VERSION = 7
 
 _ACTS = {"f16": "humming_aot::numerics::Float16", "bf16": "humming_aot::numerics::BFloat16"}
 
@@ -176,7 +177,7 @@ class LoadedUnit:
         """``cluster`` other than (1, 1, 1): thread-block clusters of that shape (sm_90+, a driver
         with cuLaunchKernelEx; _launcher.launch raises ValueError without). ``programmatic``: with
         Programmatic Dependent Launch, for a kernel that waits for the upstream grid before its
-        reads (the quant unit's, from sm_90 builds: ``self.programmatic``)."""
+        reads (the quant and moe units', from sm_90 builds: ``self.programmatic``)."""
         try:
             kernel = self.kernels[symbol]
         except KeyError:

@@ -74,9 +74,12 @@ def _launch(device: torch.device, symbol: str, grid: tuple[int, int, int], threa
             params: bytes) -> None:
     """One launch on the device's current stream. Tensors on a device other than the current one
     are launched with that device made current for the call (a launch on the legacy default
-    stream, 0, runs in the current context)."""
-    with helper_kernels.current_for(device.index):
-        _unit(device).launch(symbol, grid, threads, smem, _stream(device), params)
+    stream, 0, runs in the current context). From sm_90 builds with HUMMING_AOT_PDL on the launch
+    takes Programmatic Dependent Launch: every kernel of the moe unit waits for the upstream grid
+    before it touches memory (HELPERS_VERSION 7)."""
+    unit = _unit(device)
+    with helper_kernels.current_for(device.index):  # PDL where the unit's kernels wait (sm_90+ builds)
+        unit.launch(symbol, grid, threads, smem, _stream(device), params, programmatic=unit.programmatic)
 
 
 def _ptr(t: torch.Tensor | None) -> int:

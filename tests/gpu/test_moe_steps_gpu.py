@@ -291,3 +291,64 @@ def test_steps_replay_in_a_cuda_graph(monkeypatch, launched, tokens, dtype):
     for got, ref in zip(captured, _reference(monkeypatch, steps), strict=True):
         assert torch.equal(got, ref)
     assert {"moe_gather_v4", "moe_silu_and_mul_bf16_v4", "moe_combine_bf16_w32_v4"} <= set(launched)
+
+
+def test_steps_behind_gemms_read_their_finished_output(monkeypatch, launched):
+    """From sm_90 the moe kernels launch with Programmatic Dependent Launch and wait for the
+    upstream grid before they touch memory: right behind a GEMM of this library (which lets the
+    next kernel launch as its CTAs run out of tiles) or behind another moe kernel, with no
+    synchronization between them, each step must see every value the kernel before it writes,
+    eagerly and in a CUDA graph, bit for bit against the torch path on the finished inputs."""
+    import humming_aot
+    from humming_aot import ops, quant
+
+    gen = torch.Generator().manual_seed(_seed())
+    tokens, experts, top_k, k, hidden_n, inter = 37, 16, 4, 4096, 2048, 512
+
+    def packed(n, kk):
+        return humming_aot.pack(quant.quantize(torch.randn(n, kk, generator=gen), "int4:g128"), torch.bfloat16,
+                                device="cuda")
+
+    w_hidden, w_gate_up, w_down = packed(hidden_n, k), packed(2 * inter, hidden_n), packed(hidden_n, inter)
+    weights = torch.softmax(torch.randn(tokens, top_k, generator=gen), 1).cuda()
+    ids = _topk(tokens, experts, top_k, "uniform", gen).int().cuda()
+    x = torch.randn(tokens, k, generator=gen).bfloat16().cuda()
+
+    def layer():
+        hidden = ops.gemm(x, w_hidden)
+        routing = moe.group_rows(ids, experts, check_range=False)
+        again = moe.group_rows(routing.row_expert.view(tokens, top_k), experts, check_range=False)  # route behind route
+        rows = moe.permute(hidden, routing)  # gather behind the routing
+        gate_up = ops.gemm(rows, w_gate_up)
+        h = moe.silu_and_mul(gate_up)  # activation behind a GEMM
+        down = ops.gemm(h, w_down)
+        return hidden, routing, again, rows, gate_up, h, down, moe.combine(down, routing, weights)  # combine behind one
+
+    def check(results, what):
+        hidden, routing, again, rows, gate_up, h, down, out = results
+        torch.cuda.synchronize()
+        ref_routing = _reference(monkeypatch, moe.group_rows, ids, experts, check_range=False)
+        ref_again = _reference(monkeypatch, moe.group_rows, ref_routing.row_expert.view(tokens, top_k), experts,
+                               check_range=False)
+        assert torch.equal(routing.slot_of_row, ref_routing.slot_of_row), what
+        assert torch.equal(again.slot_of_row, ref_again.slot_of_row), what
+        assert torch.equal(rows, _reference(monkeypatch, moe.permute, hidden, routing)), what
+        assert torch.equal(h, _reference(monkeypatch, moe.silu_and_mul, gate_up)), what
+        ref_out = _reference(monkeypatch, lambda: moe.weighted_sum(moe.unpermute(down, routing), weights))
+        assert torch.equal(out, ref_out), what
+
+    for i in range(3):
+        x.copy_(torch.randn(tokens, k, generator=gen))
+        ids.copy_(_topk(tokens, experts, top_k, "skewed" if i else "uniform", gen))
+        check(layer(), f"eager {i}")
+    expected = {"moe_route_single_i32", "moe_gather_v4", "moe_silu_and_mul_bf16_v4", "moe_combine_bf16_w32_v4"}
+    assert expected <= set(launched)
+    sm90 = torch.cuda.get_device_capability()[0] >= 9 and os.environ.get("HUMMING_AOT_PDL", "1") != "0"
+    assert cuda_steps._unit(torch.device("cuda", torch.cuda.current_device())).programmatic == sm90
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = layer()
+    x.copy_(torch.randn(tokens, k, generator=gen))
+    ids.copy_(_topk(tokens, experts, top_k, "uniform", gen))
+    graph.replay()
+    check(captured, "graph")

@@ -4,6 +4,7 @@ each launch (recorded by a fake unit), and the torch references the kernels are 
 inverse row map, combine = weighted_sum of unpermute, the drop of ids out of range)."""
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 
@@ -335,3 +336,30 @@ def test_rows_of_other_dtypes_go_to_the_gather_kernel_as_16_bit_words():
     for odd in (base[:, :7], base[:, 1:9], base.reshape(-1)[:63 * 5].reshape(5, 63)[:, :8], base[:, :8].t(),
                 torch.zeros(5, 4, dtype=torch.bool), torch.zeros(4, dtype=torch.uint8)):
         assert cuda_steps._as_16_bit(odd) is None
+
+
+@pytest.mark.parametrize(("arch", "setting", "programmatic"),
+                         [("sm90a", None, True), ("sm120a", "1", True), ("sm90a", "0", False), ("sm89", None, False),
+                          ("sm80", "1", False)])
+def test_launches_take_pdl_from_sm90_builds_with_the_setting(monkeypatch, arch, setting, programmatic):
+    """Every moe kernel waits for the upstream grid before it touches memory (from sm_90 builds:
+    HELPERS_VERSION 7), so cuda_steps launches each with Programmatic Dependent Launch where the
+    unit was loaded for sm_90+ with HUMMING_AOT_PDL on, and plainly otherwise."""
+    if setting is None:
+        monkeypatch.delenv("HUMMING_AOT_PDL", raising=False)
+    else:
+        monkeypatch.setenv("HUMMING_AOT_PDL", setting)
+    launches = []
+
+    class Unit:
+        kernels = {"moe_gather_v4": 0}
+        programmatic = helper_kernels.programmatic_launch(arch)  # what load() sets
+
+        def launch(self, symbol, grid, threads, smem, stream, params, cluster=(1, 1, 1), *, programmatic=False):
+            launches.append((symbol, programmatic))
+
+    monkeypatch.setattr(cuda_steps, "_unit", lambda device: Unit())
+    monkeypatch.setattr(cuda_steps, "_stream", lambda device: 0)
+    monkeypatch.setattr(helper_kernels, "current_for", lambda index: contextlib.nullcontext())
+    cuda_steps._launch(torch.device("cuda", 0), "moe_gather_v4", (1, 1, 1), 128, 0, b"")
+    assert launches == [("moe_gather_v4", programmatic)]

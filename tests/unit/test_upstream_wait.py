@@ -61,10 +61,12 @@ def test_every_body_waits_for_the_upstream_grid(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("cuobjdump") is None, reason="cuobjdump is not on PATH: the SASS cannot be read")
-def test_every_quant_kernel_waits_before_its_first_global_load(tmp_path, monkeypatch):
-    """cuda_quant launches the quant unit's kernels with Programmatic Dependent Launch from sm_90
-    builds (HELPERS_VERSION 6), so each must execute griddepcontrol.wait (ACQBULK) before it reads
-    the activations (or the amax word): no global load (LDG) above the wait in any of them."""
+@pytest.mark.parametrize("unit", ["quant", "moe"])
+def test_every_helper_kernel_waits_before_its_first_global_access(tmp_path, monkeypatch, unit):
+    """cuda_quant and cuda_steps launch the quant and moe units' kernels with Programmatic Dependent
+    Launch from sm_90 builds (HELPERS_VERSION 6 and 7), so each must execute griddepcontrol.wait
+    (ACQBULK) before it touches global memory: no global load (LDG) or store (STG) above the wait in
+    any of them (a store there could overwrite what the upstream kernel still reads)."""
     from humming_aot import helper_kernels, jit
     from humming_aot.testing.jit import why_no_jit
 
@@ -72,9 +74,9 @@ def test_every_quant_kernel_waits_before_its_first_global_load(tmp_path, monkeyp
     if why is not None:
         pytest.skip(why)
     monkeypatch.setenv("HUMMING_AOT_CACHE_DIR", str(tmp_path))
-    result = jit.cache.obtain(helper_kernels.compile_unit("quant", "sm90a"), include_dir=jit._include_dir(),
+    result = jit.cache.obtain(helper_kernels.compile_unit(unit, "sm90a"), include_dir=jit._include_dir(),
                               nvrtc_lib=jit.nvrtc.load_nvrtc())
-    cubin = tmp_path / "quant.cubin"
+    cubin = tmp_path / f"{unit}.cubin"
     cubin.write_bytes(result.data)
     sass = subprocess.run(["cuobjdump", "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
     functions = {}
@@ -83,8 +85,8 @@ def test_every_quant_kernel_waits_before_its_first_global_load(tmp_path, monkeyp
         if "Function :" in line:
             name = line.split("Function :")[1].strip()
             functions[name] = []
-        elif name is not None and ("ACQBULK" in line or "LDG" in line):
-            functions[name].append("ACQBULK" if "ACQBULK" in line else "LDG")
-    assert set(functions) == set(helper_kernels.kernel_names("quant", "sm90a"))
+        elif name is not None and any(op in line for op in ("ACQBULK", "LDG", "STG")):
+            functions[name].append("ACQBULK" if "ACQBULK" in line else "LDG/STG")
+    assert set(functions) == set(helper_kernels.kernel_names(unit, "sm90a"))
     early = [f for f, ops in functions.items() if not ops or ops[0] != "ACQBULK"]
-    assert not early, f"a global load before griddepcontrol.wait (or no wait) in: {early}"
+    assert not early, f"a global access before griddepcontrol.wait (or no wait) in: {early}"

@@ -2,13 +2,15 @@
 // The activation between a MoE layer's two GEMMs, (R, 2 I) -> (R, I), in fp32 and rounded once to
 // the activation dtype, bit for bit what humming_aot.moe.silu_and_mul / swiglu_oai compute with
 // torch (each op rounded separately, no fma; IEEE division; expf). Any arch the activation dtype
-// runs on. Memory bound: each thread owns kPairs pairs of output columns of one row.
+// runs on. Memory bound: each thread owns kPairs pairs of output columns of one row. PDL as in
+// moe_route.cuh.
 //   kSiluAndMul: gate = x[:, :I], up = x[:, I:]; out = silu(gate) * up
 //   kSwigluOai (gpt-oss): gate = x[:, 0::2] clamped above at `limit`, up = x[:, 1::2] clamped to
 //     [-limit, limit]; out = (up + 1) * gate * sigmoid(alpha * gate)
 
 #include <humming_aot/numerics/packed_half2.cuh>
 #include <humming_aot/numerics/types.cuh>
+#include <humming_aot/schedule/grid_dependency.cuh>
 
 namespace humming_aot::helpers {
 
@@ -53,6 +55,8 @@ struct MoeActivation {
 
   // Grid (rows, ceil(inter / (kThreads * kColumns))).
   static __device__ void run(const ActivationParams& p) {
+    schedule::release_dependent_grid();  // the next kernel may launch; it waits for this grid
+    schedule::wait_for_upstream_grid();  // before any read or write (PDL, sm_90+)
     const i64 row = blockIdx.x;
     const i64 column = (static_cast<i64>(blockIdx.y) * kThreads + threadIdx.x) * kColumns;
     if (column >= p.inter) return;

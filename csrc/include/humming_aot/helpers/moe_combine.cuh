@@ -3,10 +3,12 @@
 // rows, times the routing weights, summed in fp32 in slot order 0..top_k-1 and rounded once to the
 // output dtype (what humming_aot.moe.weighted_sum(unpermute(...)) computes, bit for bit: every
 // product and sum is rounded separately, no fma). Any arch the activation dtype runs on. Memory
-// bound: each thread owns kPairs pairs of columns (16 bytes when kPairs is 4) of one token.
+// bound: each thread owns kPairs pairs of columns (16 bytes when kPairs is 4) of one token. PDL as
+// in moe_route.cuh.
 
 #include <humming_aot/numerics/packed_half2.cuh>
 #include <humming_aot/numerics/types.cuh>
+#include <humming_aot/schedule/grid_dependency.cuh>
 
 namespace humming_aot::helpers {
 
@@ -49,6 +51,8 @@ struct MoeCombine {
 
   // Grid (tokens, ceil(n / (kThreads * kColumns))).
   static __device__ void run(const CombineParams& p) {
+    schedule::release_dependent_grid();  // the next kernel may launch; it waits for this grid
+    schedule::wait_for_upstream_grid();  // before any read or write (PDL, sm_90+)
     const i64 token = blockIdx.x;
     const i64 column = (static_cast<i64>(blockIdx.y) * kThreads + threadIdx.x) * kColumns;
     if (column >= p.n) return;

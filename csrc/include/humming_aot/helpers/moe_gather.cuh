@@ -2,9 +2,10 @@
 // The permute step of a MoE layer: each grouped row gets its token's hidden state, rows[r] =
 // hidden[slot_of_row[r] / top_k], and a padding row (slot -1) zeros (humming_aot.moe.permute and
 // permute_aligned, bit for bit: a copy). Any arch. Memory bound: each thread copies kWords 32-bit
-// words (16 bytes when kWords is 4) of one row.
+// words (16 bytes when kWords is 4) of one row. PDL as in moe_route.cuh.
 
 #include <humming_aot/numerics/types.cuh>
+#include <humming_aot/schedule/grid_dependency.cuh>
 
 namespace humming_aot::helpers {
 
@@ -31,6 +32,8 @@ struct MoeGather {
 
   // Grid (rows, ceil(cols / (2 * kWords * kThreads))).
   static __device__ void run(const GatherParams& p) {
+    schedule::release_dependent_grid();  // the next kernel may launch; it waits for this grid
+    schedule::wait_for_upstream_grid();  // before any read or write (PDL, sm_90+)
     const i64 row = blockIdx.x;
     const i64 column = (static_cast<i64>(blockIdx.y) * kThreads + threadIdx.x) * 2 * kWords;
     if (column >= p.cols) return;

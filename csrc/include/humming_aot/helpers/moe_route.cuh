@@ -8,8 +8,11 @@
 // (below) does that with 1024 threads from 513 slots. Any arch from sm_75.
 // Each expert's slots keep their flat order (stable), so the layout is a function of the routing
 // alone; ids outside [0, E) are dropped (no row; row_of_slot -1).
+// From sm_90 each kernel lets the next one launch as it starts and waits for the upstream grid
+// before it touches memory (humming_aot.moe.cuda_steps launches them with PDL).
 
 #include <humming_aot/numerics/types.cuh>
+#include <humming_aot/schedule/grid_dependency.cuh>
 
 namespace humming_aot::helpers {
 
@@ -81,7 +84,9 @@ struct MoeRoute {
   // Grid (chunks), before place: chunk c's histogram into counts[c]; the padding fill, spread
   // over the grid.
   static __device__ void count(const RouteParams& p) {
-    extern __shared__ int histogram[];  // (E,)
+    schedule::release_dependent_grid();  // the next kernel may launch; it waits for this grid
+    schedule::wait_for_upstream_grid();  // before any read or write (PDL, sm_90+)
+    extern __shared__ int histogram[];   // (E,)
     int experts[kRounds];
     load_chunk(p, blockIdx.x, experts);
     for (i64 e = threadIdx.x; e < p.experts; e += kThreads) histogram[e] = 0;
@@ -128,6 +133,8 @@ struct MoeRoute {
   // Grid (chunks), after count: this chunk's slots placed, with each expert's totals and its
   // slots in earlier chunks from every chunk's histogram.
   static __device__ void place(const RouteParams& p) {
+    schedule::release_dependent_grid();  // the next kernel may launch; it waits for this grid
+    schedule::wait_for_upstream_grid();  // before any read or write (PDL, sm_90+)
     int experts[kRounds];
     load_chunk(p, blockIdx.x, experts);
     place_slots<false>(p, experts);
@@ -135,6 +142,8 @@ struct MoeRoute {
 
   // Grid (1), when every slot fits one chunk: count and place in one CTA, no workspace.
   static __device__ void single(const RouteParams& p) {
+    schedule::release_dependent_grid();  // the next kernel may launch; it waits for this grid
+    schedule::wait_for_upstream_grid();  // before any read or write (PDL, sm_90+)
     extern __shared__ int shared[];
     int* histogram = shared + kWarps * p.experts;  // place_slots's next_row, where it expects the totals
     int experts[kRounds];
@@ -304,6 +313,8 @@ struct MoeRouteSegments {
 
   // Grid (1), slots <= kMaxSlots, experts <= kMaxExperts.
   static __device__ void segments(const RouteParams& p) {
+    schedule::release_dependent_grid();  // the next kernel may launch; it waits for this grid
+    schedule::wait_for_upstream_grid();  // before any read or write (PDL, sm_90+)
     extern __shared__ int shared[];
     const int experts = static_cast<int>(p.experts);
     int* table = shared;                     // (kWarps, E): warp w's slots of expert e, then the prefix
