@@ -201,6 +201,30 @@ def add_front_argument(parser, before: str = "a model's norm") -> None:
                              f"overlapping their ends) or a torch kernel (torch: {before}, nothing overlaps)")
 
 
+def add_quant_split_argument(parser) -> None:
+    """The W4A8 / W8A8 benches' --quant-split option (apply_quant_split)."""
+    parser.add_argument("--quant-split", default=None, metavar="MIN_PARTS,SPLIT_CTAS",
+                        help="the quantization's token-row split rule for humming_aot+quant (humming_aot.quant."
+                             "cuda_quant.MIN_PARTS and SPLIT_CTAS), to time rules against each other in one tree; "
+                             "default: the library's")
+
+
+def apply_quant_split(text: str | None) -> tuple[int, int]:
+    """Set cuda_quant's row-split rule from ``"MIN_PARTS,SPLIT_CTAS"`` (None keeps it) for this
+    process; returns the rule in force. ValueError for anything but two positive ints."""
+    from humming_aot.quant import cuda_quant
+
+    if text is not None:
+        try:
+            min_parts, split_ctas = (int(v) for v in text.split(","))
+        except ValueError:
+            raise ValueError(f"--quant-split {text!r}: expected MIN_PARTS,SPLIT_CTAS, two ints such as 4,32") from None
+        if min_parts < 1 or split_ctas < 1:
+            raise ValueError(f"--quant-split {text!r}: both values must be at least 1")
+        cuda_quant.MIN_PARTS, cuda_quant.SPLIT_CTAS = min_parts, split_ctas
+    return cuda_quant.MIN_PARTS, cuda_quant.SPLIT_CTAS
+
+
 def with_front(fns: Sequence[Callable[[], Any]], front: str) -> list[Callable[[], Any]]:
     """What runs in front of each timed call. ``chain``: nothing, so each call follows the previous
     call of the rotation, and a kernel launched with Programmatic Dependent Launch overlaps its

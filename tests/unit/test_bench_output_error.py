@@ -135,3 +135,21 @@ def test_what_runs_in_front_of_each_timed_call():
     if torch.cuda.is_available():
         fronted = bench.with_front(fns, "torch")
         assert [f() for f in fronted] == [0, 1, 2] and order == [0, 1, 2]
+
+
+def test_quant_split_sets_the_rule_for_the_process_and_rejects_bad_values(monkeypatch):
+    """testing.bench.apply_quant_split (the W4A8 / W8A8 benches' --quant-split): None keeps
+    cuda_quant's rule, "MIN_PARTS,SPLIT_CTAS" replaces it (so that row_parts splits by it), and
+    anything but two positive ints is a ValueError naming the expected form."""
+    from humming_aot.quant import cuda_quant
+    from humming_aot.testing import bench
+
+    monkeypatch.setattr(cuda_quant, "MIN_PARTS", cuda_quant.MIN_PARTS)
+    monkeypatch.setattr(cuda_quant, "SPLIT_CTAS", cuda_quant.SPLIT_CTAS)
+    assert bench.apply_quant_split(None) == (cuda_quant.MIN_PARTS, cuda_quant.SPLIT_CTAS)
+    whole = cuda_quant.row_parts(16, 28672 // 8, 132)
+    assert bench.apply_quant_split("2,256") == (2, 256)
+    assert cuda_quant.row_parts(16, 28672 // 8, 132) > whole  # 16 long rows now split
+    for bad in ("4", "4,x", "0,32", "4,32,1"):
+        with pytest.raises(ValueError, match="MIN_PARTS,SPLIT_CTAS|at least 1"):
+            bench.apply_quant_split(bad)

@@ -32,6 +32,8 @@ import humming_aot  # noqa: E402
 from humming_aot import ops, quant, w4a8  # noqa: E402
 from humming_aot.testing.bench import (  # noqa: E402
     add_front_argument,
+    add_quant_split_argument,
+    apply_quant_split,
     buffer_sets_for_cold_l2,
     gemm_flops,
     sibling_tool,
@@ -109,8 +111,13 @@ def main(argv=None) -> int:
     parser.add_argument("--weights", default=WEIGHTS, choices=tuple(HUMMING_WEIGHTS),
                         help="the weight format (float8e4m3 activations for mxfp4)")
     add_front_argument(parser)
+    add_quant_split_argument(parser)
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
+    try:
+        quant_split = apply_quant_split(args.quant_split)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.weights == "mxfp4" and args.int8:
         parser.error("--weights mxfp4 takes float8 activations only: leave out --int8")
     shapes_text = args.shapes or ",".join(bench_gemm.SHAPE_SETS[s] for s in args.shape_set.split(","))
@@ -167,6 +174,7 @@ def main(argv=None) -> int:
                 us = timing["median_us"]
                 row = {"impl": impl, "m": m, "n": n, "k": k, "us": us, "p10_us": timing["p10_us"],
                        "p90_us": timing["p90_us"], "tflops": tflops(gemm_flops(m, n, k), us), "relerr": relerr, "front": args.front,
+                       "quant_split": list(quant_split) if impl.endswith("+quant") else None,
                        "w4a8": True, "weights": args.weights,
                        "int8": args.int8,
                        "tile": (w4a8.select_tile(m, n=n, num_sms=sms, weight_element=packs[0].element).label

@@ -28,6 +28,8 @@ if importlib.util.find_spec("humming_aot") is None:  # run from a checkout witho
 from humming_aot import ops, quant, w8a8  # noqa: E402
 from humming_aot.testing.bench import (  # noqa: E402
     add_front_argument,
+    add_quant_split_argument,
+    apply_quant_split,
     buffer_sets_for_cold_l2,
     gemm_flops,
     sibling_tool,
@@ -100,8 +102,13 @@ def main(argv=None) -> int:
                         "float8e4m3:g128 activations")
     parser.add_argument("--int8", action="store_true", help="int8:channel weights x int8:token activations")
     add_front_argument(parser)
+    add_quant_split_argument(parser)
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
+    try:
+        quant_split = apply_quant_split(args.quant_split)
+    except ValueError as exc:
+        parser.error(str(exc))
     shapes_text = args.shapes or ",".join(bench_gemm.SHAPE_SETS[s] for s in args.shape_set.split(","))
     shapes = list(dict.fromkeys(tuple(int(v) for v in s.split("x")) for s in shapes_text.split(",")))
     impls = args.impls.split(",")
@@ -163,6 +170,7 @@ def main(argv=None) -> int:
                 us = timing["median_us"]
                 row = {"impl": impl, "m": m, "n": n, "k": k, "us": us, "p10_us": timing["p10_us"],
                        "p90_us": timing["p90_us"], "tflops": tflops(gemm_flops(m, n, k), us), "relerr": relerr, "front": args.front,
+                       "quant_split": list(quant_split) if impl.endswith("+quant") else None,
                        "blocks": args.blocks, "int8": args.int8, "stream_k": args.stream_k,
                        "tile": (w8a8.select_tile(m, args.blocks, n=n, num_sms=sms,
                                                  element="int8" if args.int8 else "float8e4m3", k=k).label
