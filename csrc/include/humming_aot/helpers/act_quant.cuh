@@ -210,8 +210,7 @@ struct ActQuant {
   // 256 threads, 32,768 in 1,024) is read once, its vectors kept in registers from the amax to the
   // codes; a longer one twice (the second pass mostly from L2).
   static __device__ void token(const ActQuantParams& p) {
-    schedule::release_dependent_grid();
-    schedule::wait_for_upstream_grid();
+    schedule::release_then_wait_for_upstream();
     __shared__ float shared[kThreads / 32];
     const i64 row = blockIdx.x;
     const RowPart part = RowPart::of(p.k / kVector, 1);
@@ -281,8 +280,7 @@ struct ActQuant {
   // Grid (rows, parts): one scale per `group` elements of the row, each group in group / 8
   // consecutive lanes.
   static __device__ void group(const ActQuantParams& p) {
-    schedule::release_dependent_grid();
-    schedule::wait_for_upstream_grid();
+    schedule::release_then_wait_for_upstream();
     const i64 row = blockIdx.x;
     const int lanes = static_cast<int>(p.group / kVector);  // a power of two from 2 to 32
     const int lane_shift = __ffs(lanes) - 1;                // (shifts: no 64-bit division per vector)
@@ -307,8 +305,7 @@ struct ActQuant {
 
   // Grid (rows, parts): the one scale (given, or from the amax pass) applied; CTA (0, 0) writes it.
   static __device__ void tensor_apply(const ActQuantParams& p) {
-    schedule::release_dependent_grid();
-    schedule::wait_for_upstream_grid();
+    schedule::release_then_wait_for_upstream();
     float scale;
     if (p.given != nullptr) {
       scale = *p.given;

@@ -124,8 +124,7 @@ struct ActQuantFp4 {
   // consecutive lanes (of one of a step's kUnroll vectors per thread). NVFP4 with a dynamic global
   // scale runs after ActQuant::tensor_amax (base.amax_bits).
   static __device__ void group(const Fp4QuantParams& q) {
-    schedule::release_dependent_grid();  // (as ActQuant's: the next kernel launches, then waits;
-    schedule::wait_for_upstream_grid();  // this one waits for the upstream grid before its reads)
+    schedule::release_then_wait_for_upstream();
     const ActQuantParams& p = q.base;
     const i64 row = blockIdx.x;
     const int lanes = static_cast<int>(p.group / kVector);  // 2 (NVFP4) or 4 (MXFP4)

@@ -55,8 +55,7 @@ struct MoeActivation {
 
   // Grid (rows, ceil(inter / (kThreads * kColumns))).
   static __device__ void run(const ActivationParams& p) {
-    schedule::release_dependent_grid();  // the next kernel may launch; it waits for this grid
-    schedule::wait_for_upstream_grid();  // before any read or write (PDL, sm_90+)
+    schedule::release_then_wait_for_upstream();
     const i64 row = blockIdx.x;
     const i64 column = (static_cast<i64>(blockIdx.y) * kThreads + threadIdx.x) * kColumns;
     if (column >= p.inter) return;

@@ -51,8 +51,7 @@ struct MoeCombine {
 
   // Grid (tokens, ceil(n / (kThreads * kColumns))).
   static __device__ void run(const CombineParams& p) {
-    schedule::release_dependent_grid();  // the next kernel may launch; it waits for this grid
-    schedule::wait_for_upstream_grid();  // before any read or write (PDL, sm_90+)
+    schedule::release_then_wait_for_upstream();
     const i64 token = blockIdx.x;
     const i64 column = (static_cast<i64>(blockIdx.y) * kThreads + threadIdx.x) * kColumns;
     if (column >= p.n) return;

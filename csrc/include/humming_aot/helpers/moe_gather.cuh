@@ -32,8 +32,7 @@ struct MoeGather {
 
   // Grid (rows, ceil(cols / (2 * kWords * kThreads))).
   static __device__ void run(const GatherParams& p) {
-    schedule::release_dependent_grid();  // the next kernel may launch; it waits for this grid
-    schedule::wait_for_upstream_grid();  // before any read or write (PDL, sm_90+)
+    schedule::release_then_wait_for_upstream();
     const i64 row = blockIdx.x;
     const i64 column = (static_cast<i64>(blockIdx.y) * kThreads + threadIdx.x) * 2 * kWords;
     if (column >= p.cols) return;

@@ -84,9 +84,8 @@ struct MoeRoute {
   // Grid (chunks), before place: chunk c's histogram into counts[c]; the padding fill, spread
   // over the grid.
   static __device__ void count(const RouteParams& p) {
-    schedule::release_dependent_grid();  // the next kernel may launch; it waits for this grid
-    schedule::wait_for_upstream_grid();  // before any read or write (PDL, sm_90+)
-    extern __shared__ int histogram[];   // (E,)
+    schedule::release_then_wait_for_upstream();
+    extern __shared__ int histogram[];  // (E,)
     int experts[kRounds];
     load_chunk(p, blockIdx.x, experts);
     for (i64 e = threadIdx.x; e < p.experts; e += kThreads) histogram[e] = 0;
@@ -133,8 +132,7 @@ struct MoeRoute {
   // Grid (chunks), after count: this chunk's slots placed, with each expert's totals and its
   // slots in earlier chunks from every chunk's histogram.
   static __device__ void place(const RouteParams& p) {
-    schedule::release_dependent_grid();  // the next kernel may launch; it waits for this grid
-    schedule::wait_for_upstream_grid();  // before any read or write (PDL, sm_90+)
+    schedule::release_then_wait_for_upstream();
     int experts[kRounds];
     load_chunk(p, blockIdx.x, experts);
     place_slots<false>(p, experts);
@@ -142,8 +140,7 @@ struct MoeRoute {
 
   // Grid (1), when every slot fits one chunk: count and place in one CTA, no workspace.
   static __device__ void single(const RouteParams& p) {
-    schedule::release_dependent_grid();  // the next kernel may launch; it waits for this grid
-    schedule::wait_for_upstream_grid();  // before any read or write (PDL, sm_90+)
+    schedule::release_then_wait_for_upstream();
     extern __shared__ int shared[];
     int* histogram = shared + kWarps * p.experts;  // place_slots's next_row, where it expects the totals
     int experts[kRounds];
@@ -313,8 +310,7 @@ struct MoeRouteSegments {
 
   // Grid (1), slots <= kMaxSlots, experts <= kMaxExperts.
   static __device__ void segments(const RouteParams& p) {
-    schedule::release_dependent_grid();  // the next kernel may launch; it waits for this grid
-    schedule::wait_for_upstream_grid();  // before any read or write (PDL, sm_90+)
+    schedule::release_then_wait_for_upstream();
     extern __shared__ int shared[];
     const int experts = static_cast<int>(p.experts);
     int* table = shared;                     // (kWarps, E): warp w's slots of expert e, then the prefix

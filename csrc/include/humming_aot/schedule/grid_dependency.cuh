@@ -24,4 +24,12 @@ __device__ __forceinline__ void release_dependent_grid() {
 #endif
 }
 
+// The start of a kernel that touches no global memory before the upstream grid is done (the
+// helper kernels, launched with PDL from sm_90 builds): the next kernel may launch now, and this
+// one waits for the upstream grid before it reads or writes anything.
+__device__ __forceinline__ void release_then_wait_for_upstream() {
+  release_dependent_grid();
+  wait_for_upstream_grid();
+}
+
 }  // namespace humming_aot::schedule
