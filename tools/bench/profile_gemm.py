@@ -15,10 +15,11 @@ import torch
 
 import humming_aot
 from humming_aot import dispatch, heuristics, ops
-from humming_aot.testing.bench import buffer_sets_for_cold_l2
+from humming_aot.testing.bench import buffer_sets_for_cold_l2, sibling_tool
 
-# Humming stores int4 as uint4 codes with an implicit zero point (tools/bench/bench_gemm.py).
-HUMMING_WEIGHT_CONFIG = {"int4:g128": {"dtype": "uint4", "group_size": 128}}
+# Humming's weight configs of the formats bench_gemm.py times side by side (int4 as uint4 codes
+# with an implicit zero point, and so on): a profile then runs what the benchmark timed.
+HUMMING_WEIGHT_CONFIG = sibling_tool("bench_gemm", __file__).HUMMING_WEIGHT_CONFIG
 
 
 def main() -> None:
@@ -34,6 +35,9 @@ def main() -> None:
                         help="wgmma-ws tiles: persistent CTAs of the stream-K schedule, 0 for none (default: the heuristic's)")
     parser.add_argument("--calls", type=int, default=3, help="profiled calls")
     args = parser.parse_args()
+    if args.impl == "humming" and args.format not in HUMMING_WEIGHT_CONFIG:
+        parser.error(f"--format {args.format}: Humming is profiled for {', '.join(HUMMING_WEIGHT_CONFIG)} "
+                     "(bench_gemm.py's HUMMING_WEIGHT_CONFIG)")
     n, k = map(int, args.shape.split("x"))
     act = getattr(torch, args.dtype)
     copies = buffer_sets_for_cold_l2(n * k // 2)
