@@ -511,15 +511,33 @@ def tail_split_schedule(*, tiles: int, k_tiles: int, slots: int, max_tiles: int,
     return full_waves * slots, best
 
 
-def stream_k_ctas(*, tiles: int, k_tiles: int, slots: int, max_tiles: int) -> int:
+def stream_k_ctas(*, tiles: int, k_tiles: int, slots: int, max_tiles: int, fixup_k_tiles: int = 0) -> int:
     """The persistent CTAs of the wgmma-ws body's stream-K schedule (schedule/stream_k_scheduler.cuh):
     every resident slot (`slots`) while the output tiles are fewer than the slots (less than one
     wave), else 0 for the tail split (tail_split_schedule), which needs no fix-up for the whole
     waves. Measured on an H200 over 9 layer shapes at M = 32-512 (docs/performance/log.md section 23):
-    below one wave stream-K is as fast as the best tail split or faster at most points."""
+    below one wave stream-K is as fast as the best tail split or faster at most points.
+
+    fixup_k_tiles (the 16-bit body passes STREAM_K_FIXUP_K_TILES): a nearly full wave of whole
+    tiles, which the tail split leaves whole, stays whole (0) when the slots it leaves idle cost
+    less than that many K tiles of a CTA's time, (1 - tiles / slots) x k_tiles: what stream-K's
+    fix-up costs there (see STREAM_K_FIXUP_K_TILES)."""
     if tiles > max_tiles or tiles >= slots or tiles * k_tiles < slots:
         return 0
+    if fixup_k_tiles and (slots - tiles) * k_tiles < fixup_k_tiles * slots:
+        _, splits = tail_split_schedule(tiles=tiles, k_tiles=k_tiles, slots=slots, max_tiles=max_tiles)
+        if splits == 1:
+            return 0
     return slots
+
+
+# What stream-K's fix-up costs below one wave, in K tiles of a CTA's time: every CTA's fp32
+# partial goes through L2 and back while the K loops end together. Fitted to the 16-bit body's
+# one-warpgroup tiles, two CTAs an SM, int4 g128 on an H100 (docs/performance/log.md section 80:
+# the fix-up took 6 us at 64 tokens, 8-12 at 96, 13-17 at 128, i.e. 10-21 K tiles of 64): at
+# 96-128 tokens whole tiles beat stream-K by 2-17 % on 27648 x 5120, 28672 x 4096, 28672 x 3584
+# and 30720 x 4096 (0.82-0.91 of a wave), level at 64 tokens on 28672 x 4096.
+STREAM_K_FIXUP_K_TILES = 16
 
 
 # Decode-sized problems of more output tiles than resident CTAs whose whole-tile waves would run

@@ -330,6 +330,33 @@ def test_stream_k_runs_below_one_wave_of_tiles():
     assert ctas(5000, 64, 132) == 0  # more tiles than counters
 
 
+def test_a_nearly_full_wave_of_whole_tiles_skips_the_fix_up_where_the_idle_slots_cost_less():
+    """With fixup_k_tiles (the 16-bit body's), below one wave: whole tiles (0) where the tail split
+    keeps them whole and the slots they leave idle, (1 - tiles / slots) x k_tiles, cost less than
+    the fix-up's K tiles; stream-K otherwise (log section 80, H100, int4 at 96-128 tokens)."""
+    fixup = heuristics.STREAM_K_FIXUP_K_TILES
+
+    def ctas(tiles, k_tiles, slots=264):
+        return heuristics.stream_k_ctas(tiles=tiles, k_tiles=k_tiles, slots=slots, max_tiles=4096,
+                                        fixup_k_tiles=fixup)
+
+    # 28672 x 4096 and 30720 x 4096 (224 / 240 tiles of 128 channels, 64 K tiles), 28672 x 3584,
+    # 27648 x 5120: whole tiles were 2-17 % faster at 96-128 tokens
+    assert ctas(224, 64) == ctas(240, 64) == ctas(224, 56) == ctas(216, 80) == 0
+    # few tiles (8192 x 8192, 6144 x 4096, 7168 x 18432, 8192 x 28672): the tail split would cut
+    # them, so stream-K stays, whatever K
+    assert ctas(64, 128) == ctas(48, 64) == ctas(56, 288) == ctas(64, 448) == 264
+    # the bound: idle slots worth exactly the fix-up keep stream-K; one tile more, whole tiles
+    bound = 264 - fixup * 264 // 64  # 198 tiles of 64 K tiles
+    assert ctas(bound, 64) == 264 and ctas(bound + 1, 64) == 0
+    # a longer K makes the idle slots dearer: of 128 K tiles, 231 tiles keep stream-K, 232 not
+    assert ctas(220, 128) == ctas(231, 128) == 264 and ctas(232, 128) == 0
+    # the rule is opt-in: without fixup_k_tiles (the W8A8 / W4A8 schedules) stream-K as before
+    assert heuristics.stream_k_ctas(tiles=224, k_tiles=64, slots=264, max_tiles=4096) == 264
+    # one CTA an SM (two-warpgroup tiles): the same rule over 132 slots
+    assert ctas(112, 64, slots=132) == 0 and ctas(80, 64, slots=132) == 132
+
+
 def test_above_512_tokens_integer_codes_take_176_tokens_by_256_channels_where_the_k_share_is_long():
     """sm90a above 512 tokens: the 256-token x 128-channel TMA tile while its output tiles times K
     over the SM count are at most 26000 columns (each SM's share of the K loop); past that, integer
