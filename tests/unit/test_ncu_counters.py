@@ -82,3 +82,15 @@ def test_output_that_is_not_a_raw_page_is_refused_with_what_to_pass(tmp_path):
     empty.write_text(_page([]))
     with pytest.raises(ValueError, match="no profiled kernel"):
         tool.main([str(empty)])
+
+
+def test_a_file_of_a_failed_ncu_run_is_named_without_a_traceback(tmp_path, capsys):
+    """An ncu run that failed (its program raised) leaves a file without CSV rows: main says which
+    file and exits 1, so a device script's log shows that line rather than a traceback."""
+    tool = _tool()
+    good, failed = tmp_path / "ours.csv", tmp_path / "humming.csv"
+    good.write_text(_page([("gemm", {metric: "1" for metric, _ in tool.METRICS})]))
+    failed.write_text("==PROF== Connected to process 1\nTraceback (most recent call last):\n")
+    assert tool.main([f"{good}:ours", f"{failed}:humming"]) == 1
+    err = capsys.readouterr().err
+    assert str(failed) in err and "ncu --csv --page raw" in err

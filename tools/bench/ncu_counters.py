@@ -103,7 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     labelled = []
     for spec in args.files:
         path, _, label = spec.partition(":")
-        labelled.append((label or Path(path).name, _read_text(Path(path))))
+        text = _read_text(Path(path))
+        try:
+            kernels(text)
+        except ValueError as exc:  # an ncu run that failed leaves no rows: say which file
+            print(f"ncu_counters.py: {path}: {exc} (did that ncu run fail? its stderr says why)", file=sys.stderr)
+            return 1
+        labelled.append((label or Path(path).name, text))
     print(report(labelled))
     return 0
 
