@@ -518,10 +518,10 @@ def stream_k_ctas(*, tiles: int, k_tiles: int, slots: int, max_tiles: int, fixup
     waves. Measured on an H200 over 9 layer shapes at M = 32-512 (docs/performance/log.md section 23):
     below one wave stream-K is as fast as the best tail split or faster at most points.
 
-    fixup_k_tiles (the 16-bit body passes STREAM_K_FIXUP_K_TILES): a nearly full wave of whole
+    fixup_k_tiles (the 16-bit body passes stream_k_fixup_k_tiles(tile)): a nearly full wave of whole
     tiles, which the tail split leaves whole, stays whole (0) when the slots it leaves idle cost
     less than that many K tiles of a CTA's time, (1 - tiles / slots) x k_tiles: what stream-K's
-    fix-up costs there (see STREAM_K_FIXUP_K_TILES)."""
+    fix-up costs there (STREAM_K_FIXUP_K_TILES)."""
     if tiles > max_tiles or tiles >= slots or tiles * k_tiles < slots:
         return 0
     if fixup_k_tiles and (slots - tiles) * k_tiles < fixup_k_tiles * slots:
@@ -531,13 +531,23 @@ def stream_k_ctas(*, tiles: int, k_tiles: int, slots: int, max_tiles: int, fixup
     return slots
 
 
-# What stream-K's fix-up costs below one wave, in K tiles of a CTA's time: every CTA's fp32
-# partial goes through L2 and back while the K loops end together. Fitted to the 16-bit body's
-# one-warpgroup tiles, two CTAs an SM, int4 g128 on an H100 (docs/performance/log.md section 80:
-# the fix-up took 6 us at 64 tokens, 8-12 at 96, 13-17 at 128, i.e. 10-21 K tiles of 64): at
-# 96-128 tokens whole tiles beat stream-K by 2-17 % on 27648 x 5120, 28672 x 4096, 28672 x 3584
-# and 30720 x 4096 (0.82-0.91 of a wave), level at 64 tokens on 28672 x 4096.
+# What stream-K's fix-up costs below one wave, in K tiles of a CTA's time, for a one-warpgroup
+# tile of 128 rows (two CTAs an SM): every CTA's fp32 partial goes through L2 and back while the K
+# loops end together, so the cost follows the partial's rows (stream_k_fixup_k_tiles). Fitted to
+# the 16-bit body, int4 g128 on an H100 (docs/performance/log.md section 80): the fix-up took
+# 6 us at 64 rows, 8-12 at 96 and 13-17 at 128, i.e. 10-21 K tiles of 64; whole tiles beat
+# stream-K by 2-17 % at 96-128 tokens on 27648 x 5120, 28672 x 4096, 28672 x 3584 and
+# 30720 x 4096 (0.82-0.91 of a wave), level at 64 tokens on 28672 x 4096.
 STREAM_K_FIXUP_K_TILES = 16
+
+
+def stream_k_fixup_k_tiles(tile: TileConfig) -> int:
+    """stream_k_ctas' fixup_k_tiles for a wgmma-ws tile: STREAM_K_FIXUP_K_TILES scaled by its rows
+    over 128 for one consumer warpgroup (two CTAs an SM: the tiles the fit was measured on), 0
+    (stream-K below one wave as before) for two (one CTA an SM, not measured)."""
+    if tile.mma is not MmaKind.WGMMA_WS or tile.warps_n != 4:
+        return 0
+    return STREAM_K_FIXUP_K_TILES * tile.block_m // 128
 
 
 # Decode-sized problems of more output tiles than resident CTAs whose whole-tile waves would run

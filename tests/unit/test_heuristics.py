@@ -331,7 +331,7 @@ def test_stream_k_runs_below_one_wave_of_tiles():
 
 
 def test_a_nearly_full_wave_of_whole_tiles_skips_the_fix_up_where_the_idle_slots_cost_less():
-    """With fixup_k_tiles (the 16-bit body's), below one wave: whole tiles (0) where the tail split
+    """With fixup_k_tiles (the 16-bit body's one-warpgroup tiles), below one wave: whole tiles (0) where the tail split
     keeps them whole and the slots they leave idle, (1 - tiles / slots) x k_tiles, cost less than
     the fix-up's K tiles; stream-K otherwise (log section 80, H100, int4 at 96-128 tokens)."""
     fixup = heuristics.STREAM_K_FIXUP_K_TILES
@@ -353,8 +353,25 @@ def test_a_nearly_full_wave_of_whole_tiles_skips_the_fix_up_where_the_idle_slots
     assert ctas(220, 128) == ctas(231, 128) == 264 and ctas(232, 128) == 0
     # the rule is opt-in: without fixup_k_tiles (the W8A8 / W4A8 schedules) stream-K as before
     assert heuristics.stream_k_ctas(tiles=224, k_tiles=64, slots=264, max_tiles=4096) == 264
-    # one CTA an SM (two-warpgroup tiles): the same rule over 132 slots
-    assert ctas(112, 64, slots=132) == 0 and ctas(80, 64, slots=132) == 132
+    # the dispatcher's fixup_k_tiles: the fit's 16 for 128 rows of one warpgroup, scaled by the
+    # rows (the partial a CTA stores), none for two warpgroups (one CTA an SM, not measured) or
+    # other bodies
+    assert heuristics.stream_k_fixup_k_tiles(parse_tile_field("wgmma-ws:128x128x64_w1x4_s4")) == fixup == 16
+    assert heuristics.stream_k_fixup_k_tiles(parse_tile_field("wgmma-ws:64x128x64_w1x4_s6")) == 8
+    assert heuristics.stream_k_fixup_k_tiles(parse_tile_field("wgmma-ws:144x256x64_w1x8_s4")) == 0
+    assert heuristics.stream_k_fixup_k_tiles(parse_tile_field("16x128x256_w1x2x4_s2")) == 0
+    # so 28672 x 4096 (224 tiles, 9.7 idle K tiles) runs whole tiles from 65 tokens (80 rows), not
+    # at 64 rows (measured level there), and 27648 x 5120 (14.5 idle) only with 128 rows
+    for m, whole in ((64, False), (80, True), (96, True), (128, True)):
+        tile = heuristics.select_tile("sm90a", m, k=4096, group=128, w_bits=4, n=28672, num_sms=132)
+        got = heuristics.stream_k_ctas(tiles=224, k_tiles=64, slots=264, max_tiles=4096,
+                                       fixup_k_tiles=heuristics.stream_k_fixup_k_tiles(tile))
+        assert got == (0 if whole else 264), (m, tile.label)
+    for m, whole in ((96, False), (128, True)):
+        tile = heuristics.select_tile("sm90a", m, k=5120, group=128, w_bits=4, n=27648, num_sms=132)
+        got = heuristics.stream_k_ctas(tiles=216, k_tiles=80, slots=264, max_tiles=4096,
+                                       fixup_k_tiles=heuristics.stream_k_fixup_k_tiles(tile))
+        assert got == (0 if whole else 264), (m, tile.label)
 
 
 def test_above_512_tokens_integer_codes_take_176_tokens_by_256_channels_where_the_k_share_is_long():
