@@ -331,9 +331,10 @@ def test_stream_k_runs_below_one_wave_of_tiles():
 
 
 def test_a_nearly_full_wave_of_whole_tiles_skips_the_fix_up_where_the_idle_slots_cost_less():
-    """With fixup_k_tiles (the 16-bit body's one-warpgroup tiles), below one wave: whole tiles (0) where the tail split
-    keeps them whole and the slots they leave idle, (1 - tiles / slots) x k_tiles, cost less than
-    the fix-up's K tiles; stream-K otherwise (log section 80, H100, int4 at 96-128 tokens)."""
+    """With fixup_k_tiles (the 16-bit body's one-warpgroup tiles), below one wave: whole tiles (0)
+    where the tail split keeps them whole and the slots they leave idle, (1 - tiles / slots) x
+    k_tiles, cost less than the fix-up's K tiles; stream-K otherwise (log section 80, H100, int4 at
+    96-128 tokens)."""
     fixup = heuristics.STREAM_K_FIXUP_K_TILES
 
     def ctas(tiles, k_tiles, slots=264):
