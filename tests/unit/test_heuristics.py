@@ -220,8 +220,11 @@ def test_129_to_192_tokens_take_tiles_of_their_rows_not_the_256_row_tile():
     258.3 against 292.3; section 76, H200 / H100: 28672 x 4096 at 160 73.0 / 74.0 against 78.4 /
     79.3, 8192 x 28672 135.8 / 138.2 against 150.9 / 146.6, and 7168 x 18432, 0.42 tiles and 7820
     columns, the other way: 89.0 against 80.8 on the H100); from 129 to 144 the 144 x 256 tile (4
-    stages), and 192 x 128 where its tiles are at most 0.4 an SM (4096 x 14336 at 144 tokens 41.5
-    against 42.5, 28672 x 4096 59.5 against 75.7 the other way). Codes of 5 to 8 bits take the same
+    stages), and where its tiles are at most 0.4 an SM 144 x 128 for codes of up to 4 bits (log
+    section 81, H100, int4 g128, against 192 x 128 in one run: 4096 x 14336 at 144 tokens 38.1
+    against 41.6, 6144 x 4096 18.8 against 24.7, 3584 x 18944 42.7 against 46.4), 192 x 128 for
+    wider codes (section 73: 4096 x 14336 41.5 against 42.5 for 144 x 256, 28672 x 4096 59.5
+    against 75.7 the other way). Codes of 5 to 8 bits take the same
     rows but 176 x 256 (log section 74, int8 channel, 8192 x 8192 at 144 / 176 tokens 49.4 / 53.7
     us against 72.2 / 69.5 on the 256-row tile), and from 145 to 176 8-bit codes (integer or float)
     take 176 x 256 past the same bounds (log section 78); 193 tokens up keep the 256-row tile."""
@@ -231,11 +234,15 @@ def test_129_to_192_tokens_take_tiles_of_their_rows_not_the_256_row_tile():
 
     t144, t192, t176, t256 = ("wgmma-ws:144x256x64_w1x8_s4", "wgmma-ws:192x128x64_w1x8_s5",
                               "wgmma-ws:176x256x64_w1x8_s4", "wgmma-ws:256x128x64_w1x8_s5")
+    t144_128 = "wgmma-ws:144x128x64_w1x8_s5"
     for n, k in ((8192, 8192), (10240, 8192), (28672, 4096), (57344, 8192)):
         for m in (129, 136, 144):
             assert pick(m, n, k) == pick(m, n, k, float_codes=True) == t144, (m, n, k)
-    for n, k in ((4096, 14336), (6144, 4096), (5120, 5120)):  # at most 0.4 tiles of 192 x 128 an SM
-        for m in (129, 144, 160, 176, 192):
+    for n, k in ((4096, 14336), (6144, 4096), (5120, 5120), (3584, 18944)):  # at most 0.4 tiles an SM
+        for m in (129, 144):
+            for bits in (1, 2, 3, 4):
+                assert pick(m, n, k, bits) == pick(m, n, k, bits, float_codes=True) == t144_128, (m, n, k, bits)
+        for m in (145, 160, 176, 192):
             assert pick(m, n, k) == t192, (m, n, k)
     # up to 1.5 tiles of 192 x 128 an SM and 10000 columns of K an SM (tiles x K / SMs)
     for n, k in ((8192, 8192), (10240, 8192), (13824, 5120), (7168, 18432)):
