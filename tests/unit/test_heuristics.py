@@ -224,10 +224,10 @@ def test_129_to_192_tokens_take_tiles_of_their_rows_not_the_256_row_tile():
     section 81, H100, int4 g128, against 192 x 128 in one run: 4096 x 14336 at 144 tokens 38.1
     against 41.6, 6144 x 4096 18.8 against 24.7, 3584 x 18944 42.7 against 46.4), 192 x 128 for
     wider codes (section 73: 4096 x 14336 41.5 against 42.5 for 144 x 256, 28672 x 4096 59.5
-    against 75.7 the other way). Codes of 5 to 8 bits take the same
-    rows but 176 x 256 (log section 74, int8 channel, 8192 x 8192 at 144 / 176 tokens 49.4 / 53.7
-    us against 72.2 / 69.5 on the 256-row tile), and from 145 to 176 8-bit codes (integer or float)
-    take 176 x 256 past the same bounds (log section 78); 193 tokens up keep the 256-row tile."""
+    against 75.7 the other way). Codes of 5 to 8 bits take the same rows but 176 x 256 (log
+    section 74, int8 channel, 8192 x 8192 at 144 / 176 tokens 49.4 / 53.7 us against 72.2 / 69.5
+    on the 256-row tile), and from 145 to 176 8-bit codes (integer or float) take 176 x 256 past
+    the same bounds (log section 78); 193 tokens up keep the 256-row tile."""
     def pick(m, n, k, bits=4, float_codes=False):
         return heuristics.select_tile("sm90a", m, k=k, group=128, w_bits=bits, n=n, num_sms=132,
                                       float_codes=float_codes).label
