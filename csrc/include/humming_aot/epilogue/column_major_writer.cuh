@@ -55,6 +55,20 @@ struct WarpgroupFragments {
     }
   }
 
+  // The accumulators of the units at or past tile column `columns` (a multiple of 64) set to zero:
+  // the body copies no weights past N, so theirs come from stale shared memory, which a consumer of
+  // all of a thread's values at once (a scaled stream-K partial) must not see.
+  static __device__ __forceinline__ void zero_units_from(float (&acc)[kAccumulators], int columns) {
+    const int unit0 = kUnits * static_cast<int>(threadIdx.x >> 7);
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      if (64 * (unit0 + u) >= columns) {
+#pragma unroll
+        for (int i = 0; i < kUnitAccumulators; ++i) acc[u * kUnitAccumulators + i] = 0.0f;
+      }
+    }
+  }
+
   // The thread's accumulators times per-token factors: fn(token) is the factor of a tile token
   // (called once per token the thread holds; tokens 0 .. kTokens - 1).
   template <class Fn>

@@ -78,7 +78,11 @@ struct DenseWgmmaWs {
   using ConsumerBarrier = ptx::NamedBarrier<kConsumerThreads, 1>;
   using Writer = epilogue::ColumnMajorWriter<Act, kBlockM, kBlockN, kConsumerThreads, Fragments, ConsumerBarrier>;
   using SplitK = epilogue::FragmentSplitK<kConsumerThreads, Fragments::kAccumulators, ConsumerBarrier>;
-  using Fixup = epilogue::StreamKFixup<kConsumerThreads, Fragments::kAccumulators, ConsumerBarrier>;
+  // stream-K partials of a bfloat16 output as scaled fp16 (epilogue/half_slot_vectors.cuh): half
+  // the bytes through L2, which is what the fix-up below one wave costs (docs/design.md)
+  using Fixup = epilogue::StreamKFixup<
+      kConsumerThreads, Fragments::kAccumulators, ConsumerBarrier,
+      typename epilogue::CompactSlots<kConsumerThreads, Fragments::kAccumulators, Act::kIsBFloat16>::Type>;
 
   // Slots start on 1024-byte boundaries (the activation box's 128-byte swizzle repeats every 8 rows).
   static constexpr int kStageBytes = (Layout::kBytes + 1023) / 1024 * 1024;
@@ -338,6 +342,8 @@ struct DenseWgmmaWs {
       if (!more) schedule::release_dependent_grid();
       if (units.stream_k) {
         if (unit.k_begin > 0) {  // a later part of a tile whose head another CTA holds
+          // one scale a thread over its partial: the columns past N (stale weights) must not set it
+          Fragments::zero_units_from(acc, p.n - unit.n_tile * kBlockN);
           Fixup::publish(p, acc, blockIdx.x, p.tile_counters + unit.tile);
           continue;
         }
