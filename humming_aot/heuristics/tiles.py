@@ -537,7 +537,9 @@ def stream_k_ctas(*, tiles: int, k_tiles: int, slots: int, max_tiles: int, fixup
 # the 16-bit body, int4 g128 on an H100 (docs/performance/log.md section 80): the fix-up took
 # 6 us at 64 rows, 8-12 at 96 and 13-17 at 128, i.e. 10-21 K tiles of 64; whole tiles beat
 # stream-K by 2-17 % at 96-128 tokens on 27648 x 5120, 28672 x 4096, 28672 x 3584 and
-# 30720 x 4096 (0.82-0.91 of a wave), level at 64 tokens on 28672 x 4096.
+# 30720 x 4096 (0.82-0.91 of a wave), level at 64 tokens on 28672 x 4096. Fitted with fp32
+# partials: a bfloat16 output's now move in half the bytes (epilogue/half_slot_vectors.cuh), which
+# took 1-3.5 us off the stream-K points of section 82; not refitted.
 STREAM_K_FIXUP_K_TILES = 16
 
 

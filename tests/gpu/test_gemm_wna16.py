@@ -346,15 +346,16 @@ def test_scale_rounding_is_the_kernels_own(key):
     once to the activation dtype) bitwise on exact-grid inputs, and with bf16 activations the
     other model's result differs for codes of 3 bits or more, so that this test tells the two
     apart (1- and 2-bit codes have |q - z| <= 2: both models hold the same weights). The wgmma-ws
-    tiles run the tail split here: under stream-K a bfloat16 output's partials pass through scaled
-    fp16 (epilogue/half_slot_vectors.cuh), whose rounding the exact-grid sums do not escape
-    (tests/gpu/test_stream_k_partials_gpu.py bounds it)."""
+    tiles with a bfloat16 output run the tail split here: under stream-K their partials pass
+    through scaled fp16 (epilogue/half_slot_vectors.cuh), whose rounding the exact-grid sums do
+    not escape (tests/gpu/test_stream_k_partials_gpu.py bounds it); float16 outputs keep fp32
+    partials and the default plan."""
     assert key is not None, "no kernel catalog"
     seed = _seed()
     packed, a, w_dyn = _exact_grid_problem(key, torch.Generator(device="cuda").manual_seed(seed), 64)
     out = torch.full((a.shape[0], packed.n), float("nan"), dtype=a.dtype, device=a.device)
     dispatch.launch_gemm(a, packed, None, ops.gemm_spec(packed), tile=key.tile, out=out,
-                         stream_k=0 if key.tile.mma is MmaKind.WGMMA_WS else None)
+                         stream_k=0 if key.tile.mma is MmaKind.WGMMA_WS and a.dtype is torch.bfloat16 else None)
     own = round_to(reference_gemm(a, w_dyn * packed.global_scale, None), a.dtype)
     assert_bitwise_equal(out, own, f"key={key.name} scales_in_fp32={key.scales_in_fp32} seed={seed}")
     if a.dtype is torch.bfloat16 and key.spec.w_bits >= 3:

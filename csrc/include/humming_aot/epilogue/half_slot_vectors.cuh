@@ -6,7 +6,9 @@
 // puts the thread's largest finite magnitude in [2^14, 2^15): every value within 2^28 of it keeps
 // fp16's 11 significant bits (rounded to at most 2^-11 of the thread's largest value, against a
 // bfloat16 output's 2^-8 of its own), Inf and NaN pass as themselves, and the bits are a function
-// of the values alone (deterministic). For the stream-K fix-up, whose cost below one wave is its
+// of the values alone (deterministic). One edge is not kept: a finite value within 2^-12 of
+// 2^128 (a thread whose largest exponent is float's last) rounds to 2^15 in fp16 and comes back
+// as Inf, where a bfloat16 output overflows anyway unless other parts cancel it. For the stream-K fix-up, whose cost below one wave is its
 // partials' bytes through L2 (docs/design.md). SM80+ (L2-only .cg accesses).
 
 #include <humming_aot/numerics/packed_half2.cuh>
@@ -24,8 +26,9 @@ struct HalfSlotVectors {
   static constexpr i64 kSlotBytes = kHalfBytes + static_cast<i64>(kThreads) * 4;
 
   // The exponent field of this thread's scale: 2^(field - 127) maps a largest finite magnitude of
-  // biased exponent b into [2^14, 2^15) (field 268 - b), kept in [1, 253] so that the scale and
-  // its inverse 2^(127 - field) are normal floats (a thread of zeros and subnormals takes 253).
+  // biased exponent b into [2^14, 2^15) (field 268 - b: 14 for the largest finite b, 254), at most
+  // 253 so that the scale and its inverse 2^(127 - field) are normal floats (a thread of zeros and
+  // subnormals takes 253; the lower clamp at 1 never binds).
   static __device__ __forceinline__ u32 scale_field(const float (&acc)[kAccumulators]) {
     u32 top = 0;
 #pragma unroll

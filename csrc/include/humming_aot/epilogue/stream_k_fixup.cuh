@@ -37,8 +37,10 @@ struct FloatSlots {
 };
 
 // Scaled fp16 slots (half the bytes) for a bfloat16 output whose accumulators come in eights: a
-// partial's rounding (at most 2^-11 of its thread's largest value) stays well under a bfloat16
-// output's (2^-8 of the value); a float16 output rounds at 2^-11 itself and keeps fp32 slots.
+// partial's values round by at most 2^-11 of its thread's largest value, a bfloat16 output by up
+// to 2^-8 of its own (partials that cancel can make the first comparable to the second: log
+// section 82's bench error rose from about 3e-3 to 6e-3 on some layers); a float16 output rounds
+// at 2^-11 itself and keeps fp32 slots.
 template <int kThreads, int kAccumulators, bool kBFloat16Out, bool = kBFloat16Out && kAccumulators % 8 == 0>
 struct CompactSlots {
   using Type = FloatSlots<kThreads, kAccumulators>;
