@@ -342,8 +342,11 @@ struct DenseWgmmaWs {
       if (!more) schedule::release_dependent_grid();
       if (units.stream_k) {
         if (unit.k_begin > 0) {  // a later part of a tile whose head another CTA holds
-          // one scale a thread over its partial: the columns past N (stale weights) must not set it
-          Fragments::zero_units_from(acc, p.n - unit.n_tile * kBlockN);
+          // one scale a thread over its partial: the columns past N (stale weights) must not set it.
+          // (Behind a uniform branch, as only a last column tile has them: unconditional, the
+          // zeroing put a spill into the K loop of the 176 x 256 uint4 float-zero-point kernel.)
+          const int columns = p.n - unit.n_tile * kBlockN;
+          if (columns < kBlockN) Fragments::zero_units_from(acc, columns);
           Fixup::publish(p, acc, blockIdx.x, p.tile_counters + unit.tile);
           continue;
         }
