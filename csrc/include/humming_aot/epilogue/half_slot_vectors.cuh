@@ -8,8 +8,9 @@
 // bfloat16 output's 2^-8 of its own), Inf and NaN pass as themselves, and the bits are a function
 // of the values alone (deterministic). One edge is not kept: a finite value within 2^-12 of
 // 2^128 (a thread whose largest exponent is float's last) rounds to 2^15 in fp16 and comes back
-// as Inf, where a bfloat16 output overflows anyway unless other parts cancel it. For the stream-K fix-up, whose cost below one wave is its
-// partials' bytes through L2 (docs/design.md). SM80+ (L2-only .cg accesses).
+// as Inf, where a bfloat16 output overflows anyway unless other parts cancel it. For the
+// stream-K fix-up, whose cost below one wave is its partials' bytes through L2 (docs/design.md).
+// SM80+ (L2-only .cg accesses).
 
 #include <humming_aot/numerics/packed_half2.cuh>
 #include <humming_aot/numerics/types.cuh>
