@@ -328,7 +328,8 @@ def launch_plan(spec: GemmSpec, device_index: int, stream: int, m: int, n: int, 
         if stream_k is None:
             stream_k_ctas = heuristics.stream_k_ctas(tiles=tiles, k_tiles=k_tiles, slots=slots,
                                                      max_tiles=SPLIT_K_COUNTERS,
-                                                     fixup_k_tiles=heuristics.stream_k_fixup_k_tiles(tile))
+                                                     fixup_k_tiles=heuristics.stream_k_fixup_k_tiles(tile),
+                                                     min_range_k_tiles=heuristics.stream_k_min_range_k_tiles(tile))
             if heuristics.partial_wave_stream_k(two_warpgroups=tile.warps_n == 8, m=m, tiles=tiles, k=k,
                                                 slots=slots, max_tiles=SPLIT_K_COUNTERS):
                 stream_k_ctas = slots

@@ -511,7 +511,8 @@ def tail_split_schedule(*, tiles: int, k_tiles: int, slots: int, max_tiles: int,
     return full_waves * slots, best
 
 
-def stream_k_ctas(*, tiles: int, k_tiles: int, slots: int, max_tiles: int, fixup_k_tiles: int = 0) -> int:
+def stream_k_ctas(*, tiles: int, k_tiles: int, slots: int, max_tiles: int, fixup_k_tiles: int = 0,
+                  min_range_k_tiles: int = 0) -> int:
     """The persistent CTAs of the wgmma-ws body's stream-K schedule (schedule/stream_k_scheduler.cuh):
     every resident slot (`slots`) while the output tiles are fewer than the slots (less than one
     wave), else 0 for the tail split (tail_split_schedule), which needs no fix-up for the whole
@@ -521,9 +522,14 @@ def stream_k_ctas(*, tiles: int, k_tiles: int, slots: int, max_tiles: int, fixup
     fixup_k_tiles (the 16-bit body passes stream_k_fixup_k_tiles(tile)): a nearly full wave of whole
     tiles, which the tail split leaves whole, stays whole (0) when the slots it leaves idle cost
     less than that many K tiles of a CTA's time, (1 - tiles / slots) x k_tiles: what stream-K's
-    fix-up costs there (STREAM_K_FIXUP_K_TILES)."""
+    fix-up costs there (STREAM_K_FIXUP_K_TILES).
+
+    min_range_k_tiles (the 16-bit body passes stream_k_min_range_k_tiles(tile)): the tail split (0)
+    where stream-K's ranges, tiles x k_tiles / slots, would be shorter than that many K tiles."""
     if tiles > max_tiles or tiles >= slots or tiles * k_tiles < slots:
         return 0
+    if tiles * k_tiles < min_range_k_tiles * slots:
+        return 0  # ranges too short for their fix-up: the tail split's few slices instead
     if fixup_k_tiles and (slots - tiles) * k_tiles < fixup_k_tiles * slots:
         _, splits = tail_split_schedule(tiles=tiles, k_tiles=k_tiles, slots=slots, max_tiles=max_tiles)
         if splits == 1:
@@ -541,6 +547,32 @@ def stream_k_ctas(*, tiles: int, k_tiles: int, slots: int, max_tiles: int, fixup
 # partials: a bfloat16 output's now move in half the bytes (epilogue/half_slot_vectors.cuh), which
 # took 1-3.5 us off the stream-K points of section 82; not refitted.
 STREAM_K_FIXUP_K_TILES = 16
+
+
+# Below one wave, stream-K's ranges shorter than this many K tiles (tiles x k_tiles / slots) give
+# way to the tail split: a few tiles of a short K cut over every slot make each tile many short
+# parts, whose fix-up costs more than the tail split's few slices lose to balance. H100, int4 g128,
+# 80- and 96-row tiles of 128 channels (log section 83, tune_tiles.py, 13 layers at 72 and 96
+# tokens), us, stream-K / tail split at 72 tokens: ranges of 3.9-7.8 K tiles, 2048 x 4096 16.1 /
+# 11.7, 1280 x 8192 20.1 / 14.8, 4096 x 2048 12.1 / 9.6, 3072 x 4096 13.9 / 12.2, 3584 x 3584
+# 13.4 / 11.6, 4096 x 4096 14.4 / 12.6, 8192 x 1024 9.8 / 8.6 (the tail split 6-50 % faster at
+# both token counts); from 9.7 up stream-K level or faster: 5120 x 4096 (9.7) 14.5 / 16.6,
+# 6144 x 4096 (11.6) 14.8 / 16.6, 8192 x 3584 (13.6) 15.7 / 16.5; 4096 x 7168, 8192 x 8192 and
+# 4096 x 14336 within 3 %. Codes wider than 4 bits (a slower K loop beside the same fix-up) are
+# not measured.
+STREAM_K_MIN_RANGE_K_TILES = 8
+# ... for one-warpgroup tiles of at least this many rows (those measured; 48- and 64-row tiles,
+# which serve 33-64 tokens on layers of many tiles or a long K, keep stream-K)
+STREAM_K_MIN_RANGE_ROWS = 80
+
+
+def stream_k_min_range_k_tiles(tile: TileConfig) -> int:
+    """stream_k_ctas' min_range_k_tiles for a wgmma-ws tile: STREAM_K_MIN_RANGE_K_TILES for one
+    consumer warpgroup of at least STREAM_K_MIN_RANGE_ROWS rows (two CTAs an SM), else 0 (two
+    warpgroups, one CTA an SM, and fewer rows: not measured)."""
+    if tile.mma is not MmaKind.WGMMA_WS or tile.warps_n != 4 or tile.block_m < STREAM_K_MIN_RANGE_ROWS:
+        return 0
+    return STREAM_K_MIN_RANGE_K_TILES
 
 
 def stream_k_fixup_k_tiles(tile: TileConfig) -> int:

@@ -382,6 +382,45 @@ def test_a_nearly_full_wave_of_whole_tiles_skips_the_fix_up_where_the_idle_slots
         assert got == (0 if whole else 264), (m, tile.label)
 
 
+def test_stream_k_ranges_shorter_than_the_bound_give_way_to_the_tail_split():
+    """With min_range_k_tiles (the 16-bit body's one-warpgroup tiles of at least 80 rows), below
+    one wave: the tail split (0) where stream-K's ranges, tiles x k_tiles / slots, would be shorter
+    than that; stream-K from the bound up (log section 83, H100, int4 at 72 and 96 tokens: the
+    tail split 6-50 % faster on seven layers of 3.9-7.8 K tiles a range, stream-K level or faster
+    from 9.7)."""
+    bound = heuristics.STREAM_K_MIN_RANGE_K_TILES
+
+    def ctas(tiles, k_tiles, bound=bound, slots=264):
+        return heuristics.stream_k_ctas(tiles=tiles, k_tiles=k_tiles, slots=slots, max_tiles=4096,
+                                        min_range_k_tiles=bound)
+
+    # 128-channel tiles: 4096 x 4096 (7.8 K tiles a range), 2048 x 4096, 3584 x 3584, 4096 x 2048,
+    # 1280 x 8192, 8192 x 1024: the tail split
+    assert ctas(32, 64) == ctas(16, 64) == ctas(28, 56) == ctas(32, 32) == ctas(10, 128) == ctas(64, 16) == 0
+    # 5120 x 4096 (9.7), 6144 x 4096 (11.6), 8192 x 3584, 4096 x 14336, 8192 x 8192: stream-K
+    assert ctas(40, 64) == ctas(48, 64) == ctas(64, 56) == ctas(32, 224) == ctas(64, 128) == 264
+    # the bound itself: ranges of exactly `bound` K tiles keep stream-K, one K tile less of work not
+    assert ctas(33, bound * 8) == 264 and ctas(33, bound * 8 - 1) == 0
+    # opt-in: without it (W8A8, W4A8) stream-K as before
+    assert ctas(32, 64, bound=0) == 264
+    # which tiles opt in: one warpgroup of 80 rows or more, not fewer rows or two warpgroups
+    pick = heuristics.stream_k_min_range_k_tiles
+    for label in ("wgmma-ws:80x128x64_w1x4_s4", "wgmma-ws:96x128x64_w1x4_s4", "wgmma-ws:128x128x64_w1x4_s4"):
+        assert pick(parse_tile_field(label)) == bound, label
+    for label in ("wgmma-ws:64x128x64_w1x4_s6", "wgmma-ws:48x128x64_w1x4_s8", "wgmma-ws:128x128x64_w1x8_s6",
+                  "16x128x256_w1x2x4_s2"):
+        assert pick(parse_tile_field(label)) == 0, label
+    # through the table: 4096 x 4096 at 72 and 96 tokens (80 / 96 rows of one warpgroup) runs the
+    # tail split; at 120 tokens its two-warpgroup 128-row tile keeps stream-K (not measured)
+    for m, tail in ((72, True), (96, True), (120, False)):
+        tile = heuristics.select_tile("sm90a", m, k=4096, group=128, w_bits=4, n=4096, num_sms=132)
+        slots = 264 if tile.warps_n == 4 else 132
+        got = heuristics.stream_k_ctas(tiles=4096 // tile.block_n, k_tiles=64, slots=slots, max_tiles=4096,
+                                       fixup_k_tiles=heuristics.stream_k_fixup_k_tiles(tile),
+                                       min_range_k_tiles=pick(tile))
+        assert (got == 0) == tail, (m, tile.label, got)
+
+
 def test_above_512_tokens_integer_codes_take_176_tokens_by_256_channels_where_the_k_share_is_long():
     """sm90a above 512 tokens: the 256-token x 128-channel TMA tile while its output tiles times K
     over the SM count are at most 26000 columns (each SM's share of the K loop); past that, integer
