@@ -115,12 +115,15 @@ def masked_ctas_per_sm(tile: "TileConfig", w_bits: int, has_zero_point: bool) ->
     """The CTAs per SM the masked schedule's kernel on this tile is built for (kMinBlocksPerSm of
     kernel/grouped_masked_ws.cuh, which its registers at launch follow): three for one consumer
     warpgroup of 8 tokens whose shared memory fits three, else two for one consumer warpgroup; for
-    two, two where they hold 8 tokens and two fit, else one."""
+    two, two where two fit and their consumers' registers then hold the accumulators, the
+    dequantization's spare and the wgmma's slack (8 x 512, 16 / 32 / 40 x 256), else one."""
     def fit(ctas: int) -> bool:  # whether `ctas` of its CTAs fit an SM's shared memory
         return ctas * (masked_smem_bytes(tile, w_bits, has_zero_point) + CTA_SMEM_OVERHEAD) <= SMEM_PER_SM
 
-    if tile.warps_n == 8:
-        return 2 if tile.block_m == 8 and fit(2) else 1
+    if tile.warps_n == 8:  # two where their consumers keep the wgmma's slack in two CTAs' registers
+        units = tile.units_per_warpgroup
+        need = tile.block_m // 2 * units + _spare_registers(units) + _WGMMA_SLACK
+        return 2 if fit(2) and _consumer_registers(2, 2, _LEAST_PRODUCER_REGISTERS) >= need else 1
     return 3 if tile.block_m == 8 and fit(3) else 2
 
 

@@ -473,6 +473,27 @@ def test_masked_eight_token_two_warpgroup_tile_runs_two_ctas_per_sm_where_they_f
     assert masked_ctas_per_sm(parse_tile_field("wgmma-ws:16x512x64_w1x8_s4"), 4, False) == 1
 
 
+@needs_nvcc
+def test_masked_two_warpgroup_tiles_run_two_ctas_per_sm_where_their_registers_keep_the_wgmma_slack(tmp_path):
+    """Beyond 8 x 512: a masked two-warpgroup tile runs two CTAs per SM (80 registers at launch, 104
+    a consumer) where two fit the shared memory and the consumers then hold the accumulators, the
+    dequantization's spare and the wgmma's slack: 16 and 32 x 256 (16 / 32 accumulators), not 48 x
+    256 (48: ptxas would serialize its wgmma, C7512) nor 16 x 512 (32 with four units' spare), as
+    bodies/wgmma_ws.masked_ctas_per_sm says too."""
+    from humming_aot.bodies.wgmma_ws import masked_ctas_per_sm
+    from humming_aot.enumerate import parse_tile_field
+
+    for field, ctas in (("16x256x64_w1x8_s4", 2), ("32x256x64_w1x8_s4", 2), ("48x256x64_w1x8_s4", 1)):
+        assert masked_ctas_per_sm(parse_tile_field(f"wgmma-ws:{field}"), 4, False) == ctas, field
+        key = KernelKey.from_name(f"gemm_masked_sm90a_wgmma-ws_a-bf16_w-s4-g-bf16_o-bf16_{field}")
+        report = _ptxas_report(key, tmp_path)
+        assert f"Used {80 if ctas == 2 else 168} registers" in report, f"{key.name}: {report}"
+        assert "C7512" not in report, f"{key.name}: wgmma serialized: {report}"
+        if _spill_bytes(report) and shutil.which("cuobjdump"):
+            assert not _loads_and_stores_in_wgmma_loops(tmp_path / f"{key.symbol}.cubin"), key.name
+    assert masked_ctas_per_sm(parse_tile_field("wgmma-ws:16x512x64_w1x8_s4"), 4, False) == 1
+
+
 def _spill_bytes(report: str) -> int:
     """The spill stores ptxas -v reports (bytes)."""
     found = re.search(r"(\d+) bytes spill stores", report)

@@ -64,8 +64,13 @@ struct GroupedMaskedWs {
   // down projection, two CTAs per SM) run two CTAs per SM where two fit, 16 consumer warps per SM
   // as for three one-warpgroup CTAs, with half the tiles: their 16 accumulators fit the 104
   // registers a consumer thread gets once the producer keeps setmaxnreg's least (log section 68).
+  // So does any two-warpgroup tile whose consumers then keep the wgmma's slack (16 and 32 x 256;
+  // 48 x 256 would serialize its wgmma): Humming's 16 math warps an SM at 16-48 rows an expert
+  // (log section 83).
   static constexpr bool kTwoOfTwoGroupsPerSm =
-      Dense::kConsumerWarpGroups == 2 && kBlockM == 8 && 2 * (kSmemBytes + 1024 + 1024) <= kSmemPerSm;
+      Dense::kConsumerWarpGroups == 2 && 2 * (kSmemBytes + 1024 + 1024) <= kSmemPerSm &&
+      Dense::consumer_registers((65536 / 2 / kThreads) / 8 * 8, Dense::kLeastProducerRegisters) >=
+          Dense::kAccumulators + Dense::kSpareRegisters + Dense::kWgmmaSlack;
   static constexpr int kMinBlocksPerSm = kThreePerSm ? 3 : kTwoOfTwoGroupsPerSm ? 2 : Dense::kMinBlocksPerSm;
   static constexpr bool kScalesInFp32 = Dense::kScalesInFp32;
   static constexpr int kConsumerWarps = Dense::kConsumerWarps;
