@@ -116,7 +116,7 @@ def masked_ctas_per_sm(tile: "TileConfig", w_bits: int, has_zero_point: bool) ->
     kernel/grouped_masked_ws.cuh, which its registers at launch follow): three for one consumer
     warpgroup of 8 tokens whose shared memory fits three, else two for one consumer warpgroup; for
     two, two where two fit and their consumers' registers then hold the accumulators, the
-    dequantization's spare and the wgmma's slack (8 x 512, 16 / 32 / 40 x 256), else one."""
+    dequantization's spare and the wgmma's slack (8 x 512, 16 / 32 x 256), else one."""
     def fit(ctas: int) -> bool:  # whether `ctas` of its CTAs fit an SM's shared memory
         return ctas * (masked_smem_bytes(tile, w_bits, has_zero_point) + CTA_SMEM_OVERHEAD) <= SMEM_PER_SM
 
