@@ -343,6 +343,24 @@ def test_stream_k_plan_launches_its_persistent_grid(monkeypatch):
     assert plan.counters is not None
 
 
+@pytest.mark.parametrize("n,k,grid,stream_k", [
+    (4096, 4096, 32 * 4, 0),  # 32 tiles of 80 x 128 over 264 slots: ranges of 7.8 K tiles -> 4 K slices
+    (6144, 4096, 264, 1),  # 48 tiles: ranges of 11.6 K tiles -> stream-K over every slot
+])
+def test_short_stream_k_ranges_take_the_tail_split_in_the_default_plan(monkeypatch, n, k, grid, stream_k):
+    """The default plan at 72 tokens (80 x 128 of one warpgroup, two CTAs an SM on 132 SMs): below
+    heuristics.STREAM_K_MIN_RANGE_K_TILES K tiles a stream-K range, the tail split's K slices; from
+    it up, stream-K (log section 83)."""
+    fakes = Fakes(monkeypatch)
+    monkeypatch.setattr(torch, "empty", _cpu_empty(torch.empty))
+    a, packed = _stream_k_problem(m=72, n=n, k=k)
+    dispatch.launch_gemm(a, packed, None, ops.gemm_spec(packed))
+    (call,) = fakes.launches
+    plan = next(iter(dispatch._plans.values()))
+    assert plan.key.tile == parse_tile_field("wgmma-ws:80x128x64_w1x4_s4")
+    assert call["grid"] == (grid, 1, 1) and struct.unpack_from("<3i", call["params"], 104)[2] == stream_k
+
+
 @pytest.mark.parametrize("kwargs,message", [
     # 256 x 128 tiles of 384 threads: one CTA per SM by registers, so 132 on the H200
     (dict(stream_k=133), r"stream_k=133 persistent CTAs: must be in \[1, 132\].*resident at once"),
