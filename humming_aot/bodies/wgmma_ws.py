@@ -121,9 +121,7 @@ def masked_ctas_per_sm(tile: "TileConfig", w_bits: int, has_zero_point: bool) ->
         return ctas * (masked_smem_bytes(tile, w_bits, has_zero_point) + CTA_SMEM_OVERHEAD) <= SMEM_PER_SM
 
     if tile.warps_n == 8:  # two where their consumers keep the wgmma's slack in two CTAs' registers
-        units = tile.units_per_warpgroup
-        need = tile.block_m // 2 * units + _spare_registers(units) + _WGMMA_SLACK
-        return 2 if fit(2) and _consumer_registers(2, 2, _LEAST_PRODUCER_REGISTERS) >= need else 1
+        return 2 if fit(2) and _consumer_registers(2, 2, _LEAST_PRODUCER_REGISTERS) >= _unserialized_need(tile) else 1
     return 3 if tile.block_m == 8 and fit(3) else 2
 
 
@@ -136,11 +134,16 @@ _LEAST_PRODUCER_REGISTERS = 24
 _WGMMA_SLACK = 16
 
 
-def _producer_registers(tile: "TileConfig", ctas_per_sm: int, preferred: int) -> int:
+def _unserialized_need(tile: "TileConfig") -> int:
+    """The registers a consumer thread needs for its wgmma not to be serialized: its accumulators,
+    the dequantization's spare and _WGMMA_SLACK."""
     units = tile.units_per_warpgroup
+    return tile.block_m // 2 * units + _spare_registers(units) + _WGMMA_SLACK
+
+
+def _producer_registers(tile: "TileConfig", ctas_per_sm: int, preferred: int) -> int:
     consumer = _consumer_registers(tile.warps_n // 4, ctas_per_sm, preferred)
-    need = tile.block_m // 2 * units + _spare_registers(units) + _WGMMA_SLACK
-    return preferred if consumer >= need else _LEAST_PRODUCER_REGISTERS
+    return preferred if consumer >= _unserialized_need(tile) else _LEAST_PRODUCER_REGISTERS
 
 
 def dense_producer_registers(tile: "TileConfig") -> int:
