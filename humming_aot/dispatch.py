@@ -326,13 +326,18 @@ def launch_plan(spec: GemmSpec, device_index: int, stream: int, m: int, n: int, 
         dp_ctas, splits = heuristics.tail_split_schedule(
             tiles=tiles, k_tiles=k_tiles, slots=slots, max_tiles=SPLIT_K_COUNTERS)
         if stream_k is None:
+            min_range = heuristics.stream_k_min_range_k_tiles(tile)
             stream_k_ctas = heuristics.stream_k_ctas(tiles=tiles, k_tiles=k_tiles, slots=slots,
                                                      max_tiles=SPLIT_K_COUNTERS,
                                                      fixup_k_tiles=heuristics.stream_k_fixup_k_tiles(tile),
-                                                     min_range_k_tiles=heuristics.stream_k_min_range_k_tiles(tile))
+                                                     min_range_k_tiles=min_range)
             if heuristics.partial_wave_stream_k(two_warpgroups=tile.warps_n == 8, m=m, tiles=tiles, k=k,
                                                 slots=slots, max_tiles=SPLIT_K_COUNTERS):
                 stream_k_ctas = slots
+            elif heuristics.short_stream_k_ranges(tiles=tiles, k_tiles=k_tiles, slots=slots,
+                                                  min_range_k_tiles=min_range):
+                splits = heuristics.short_range_tail_splits(tiles=tiles, k_tiles=k_tiles, num_sms=info.num_sms)
+                dp_ctas = 0 if splits > 1 else tiles
         elif stream_k:
             most = min(tiles * k_tiles, capacity)
             if not 1 <= stream_k <= most or tiles > SPLIT_K_COUNTERS:

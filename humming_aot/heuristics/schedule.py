@@ -1,7 +1,8 @@
 """How a tile's problem is cut over the GPU's CTA slots: split-K slices of every tile (split_k_factor),
 the wgmma-ws body's tail split of a partial last wave (tail_split_schedule) and its stream-K
-ranges below one wave or over a thin last wave (stream_k_ctas, partial_wave_stream_k), with the
-constants each was measured to. The tile itself comes from heuristics/tiles.py.
+ranges below one wave or over a thin last wave (stream_k_ctas, partial_wave_stream_k), the tail
+split that stands in for stream-K ranges too short for it (short_stream_k_ranges,
+short_range_tail_splits), with the constants each was measured to. The tile itself comes from heuristics/tiles.py.
 """
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ def stream_k_ctas(*, tiles: int, k_tiles: int, slots: int, max_tiles: int, fixup
     where stream-K's ranges, tiles x k_tiles / slots, would be shorter than that many K tiles."""
     if tiles > max_tiles or tiles >= slots or tiles * k_tiles < slots:
         return 0
-    if tiles * k_tiles < min_range_k_tiles * slots:
+    if short_stream_k_ranges(tiles=tiles, k_tiles=k_tiles, slots=slots, min_range_k_tiles=min_range_k_tiles):
         return 0  # ranges too short for their fix-up: the tail split's few slices instead
     if fixup_k_tiles and (slots - tiles) * k_tiles < fixup_k_tiles * slots:
         _, splits = tail_split_schedule(tiles=tiles, k_tiles=k_tiles, slots=slots, max_tiles=max_tiles)
@@ -123,6 +124,45 @@ STREAM_K_MIN_RANGE_K_TILES = 8
 # ... for one-warpgroup tiles of at least this many rows (those measured; 48- and 64-row tiles,
 # which serve 33-64 tokens on layers of many tiles or a long K, keep stream-K)
 STREAM_K_MIN_RANGE_ROWS = 80
+
+
+def short_stream_k_ranges(*, tiles: int, k_tiles: int, slots: int, min_range_k_tiles: int) -> bool:
+    """Whether a problem of fewer tiles than `slots` would cut stream-K ranges (tiles x k_tiles /
+    slots) shorter than min_range_k_tiles K tiles: stream_k_ctas gives it the tail split, whose
+    slices short_range_tail_splits counts."""
+    return 0 < tiles < slots and tiles * k_tiles < min_range_k_tiles * slots
+
+
+# The slices of that tail split: each costs this many K tiles of a CTA's time beyond its share of
+# K (its prologue, its partial's round trip and the head's sum), and the slices run in waves of
+# one CTA an SM, not of the two an SM the tile's registers allow: two CTAs of one consumer
+# warpgroup on an SM share its tensor cores, so a second CTA there adds its whole K range to the
+# SM's time. The longest slice, ceil(k_tiles / s) K tiles (schedule/tail_split_scheduler.cuh),
+# sets each wave's time. Fitted on an H100, int4 g128, 80- and 96-row tiles of 128 channels at 72
+# and 96 tokens, every slice count 2-12 forced (docs/performance/log.md sections 83-84: 17
+# layers, 34 points): this model's count is the fastest at 30 points and within 4.7 % at all 34
+# (1, 2 and 3 K tiles a slice pick the same at every point); tail_split_schedule's (the slots'
+# waves, 4 K tiles a slice) was up to 23 % off (2048 x 8192: 6 slices 17.2 us, 8 slices 14.2).
+SHORT_RANGE_SLICE_COST_K_TILES = 2
+
+
+def short_range_tail_splits(*, tiles: int, k_tiles: int, num_sms: int, max_splits: int = 16,
+                            min_k_tiles: int = 4) -> int:
+    """K slices for each of `tiles` output tiles, fewer than one wave, where short_stream_k_ranges
+    holds: s minimizing ceil(tiles s / num_sms) ceil(k_tiles / s) / k_tiles (waves of one CTA an
+    SM, each as long as the longest slice) plus s SHORT_RANGE_SLICE_COST_K_TILES / k_tiles, in
+    whole-tile times; a split must save SPLIT_MARGIN of a tile, as in tail_split_schedule. Slice
+    counts that leave a slice empty (no shorter longest slice than one fewer) are skipped."""
+    best, best_time = 1, 1.0 - SPLIT_MARGIN
+    for splits in range(2, min(max_splits, k_tiles // min_k_tiles) + 1):
+        slice_k_tiles = -(-k_tiles // splits)
+        if (splits - 1) * slice_k_tiles >= k_tiles:
+            continue
+        waves = -(-tiles * splits // num_sms)
+        time = (waves * slice_k_tiles + SHORT_RANGE_SLICE_COST_K_TILES * splits) / k_tiles
+        if time < best_time - 1e-9:
+            best, best_time = splits, time
+    return best
 
 
 def stream_k_min_range_k_tiles(tile: TileConfig) -> int:

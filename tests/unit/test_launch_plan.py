@@ -345,12 +345,14 @@ def test_stream_k_plan_launches_its_persistent_grid(monkeypatch):
 
 @pytest.mark.parametrize("n,k,grid,stream_k", [
     (4096, 4096, 32 * 4, 0),  # 32 tiles of 80 x 128 over 264 slots: ranges of 7.8 K tiles -> 4 K slices
+    (2048, 8192, 16 * 8, 0),  # 16 tiles, ranges of 7.8 K tiles -> 8 slices (the slots' waves took 6)
+    (1536, 1536, 12 * 3, 0),  # 12 tiles of 24 K tiles -> 3 slices (the slots' waves took 2)
     (6144, 4096, 264, 1),  # 48 tiles: ranges of 11.6 K tiles -> stream-K over every slot
 ])
 def test_short_stream_k_ranges_take_the_tail_split_in_the_default_plan(monkeypatch, n, k, grid, stream_k):
     """The default plan at 72 tokens (80 x 128 of one warpgroup, two CTAs an SM on 132 SMs): below
-    heuristics.STREAM_K_MIN_RANGE_K_TILES K tiles a stream-K range, the tail split's K slices; from
-    it up, stream-K (log section 83)."""
+    heuristics.STREAM_K_MIN_RANGE_K_TILES K tiles a stream-K range, the tail split's K slices, as
+    many as heuristics.short_range_tail_splits counts; from it up, stream-K (log sections 83-84)."""
     fakes = Fakes(monkeypatch)
     monkeypatch.setattr(torch, "empty", _cpu_empty(torch.empty))
     a, packed = _stream_k_problem(m=72, n=n, k=k)
@@ -411,6 +413,30 @@ def test_tail_split_schedule_rules():
     assert schedule(100, 64, 132) == (100, 1)  # no split count fills the machine better
     assert schedule(132 + 120, 64, 132) == (252, 1)  # a 91 % full last wave
     assert schedule(1280, 128, 132) == (1280, 1)  # saves less than SPLIT_MARGIN of a tile
+
+
+def test_short_range_tail_split_rules():
+    """The short-range tail split's slice count: waves of one CTA an SM, as long as the longest
+    slice, plus SHORT_RANGE_SLICE_COST_K_TILES a slice."""
+    from humming_aot import heuristics
+
+    def splits(tiles, k_tiles):
+        return heuristics.short_range_tail_splits(tiles=tiles, k_tiles=k_tiles, num_sms=132)
+
+    assert splits(32, 64) == 4  # 128 CTAs, one an SM; 8 slices would put two on an SM
+    assert splits(16, 128) == 8  # a long K pays for more slices
+    assert splits(36, 56) == 3  # 108 CTAs of 19 K tiles, not 4 (144 CTAs: two waves)
+    assert splits(64, 16) == 2
+    assert splits(64, 4) == 1  # one K slice of 4 K tiles each way: nothing to save
+    assert splits(130, 64) == 1  # a nearly full wave: any split needs a second
+    # No empty slice: 65 K tiles in 13 slices of 5 fill them; 14-16 slices of 5 would leave some empty
+    for tiles in range(1, 132):
+        s = splits(tiles, 65)
+        assert (s - 1) * -(-65 // s) < 65
+    assert heuristics.short_stream_k_ranges(tiles=32, k_tiles=64, slots=264, min_range_k_tiles=8)
+    assert not heuristics.short_stream_k_ranges(tiles=48, k_tiles=64, slots=264, min_range_k_tiles=8)
+    assert not heuristics.short_stream_k_ranges(tiles=32, k_tiles=64, slots=264, min_range_k_tiles=0)
+    assert not heuristics.short_stream_k_ranges(tiles=264, k_tiles=1, slots=264, min_range_k_tiles=8)
 
 
 @pytest.mark.parametrize("n,threads,ctas", [
