@@ -66,8 +66,9 @@ struct DenseWgmmaWs {
                 "one, two or four units per warpgroup");
   static_assert(kUnits % kUnitsPerWarpGroup == 0 && (kConsumerWarpGroups == 1 || kConsumerWarpGroups == 2),
                 "one or two consumer warpgroups (the register split below assumes it)");
-  static_assert(kBlockM == 8 || (kBlockM % 16 == 0 && kBlockM >= 16 && kBlockM <= 256),
-                "wgmma wrappers exist for N = 8 and the multiples of 16 up to 256");
+  static_assert(kBlockM == 8 || (kBlockM % 16 == 0 && kBlockM >= 16 && kBlockM <= 256) ||
+                    (kBlockM % 16 == 8 && kBlockM >= 72 && kBlockM <= 120),
+                "wgmma wrappers exist for N = 8, the multiples of 16 up to 256 and 72-120 in steps of 16");
   static_assert(kStages >= 2, "a ring of at least two slots");
 
   using Layout = memory::StageLayout<kBlockM, kBlockN, kBlockK, kBits, kHasZeroPoint>;

@@ -76,12 +76,20 @@ __device__ __forceinline__ void wgmma_fence_operands(int (&d)[kCount]) {
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, {%24, %25, %26, %27}, %28"
 #define HUMMING_AOT_WGMMA_OPERANDS_32 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36"
+#define HUMMING_AOT_WGMMA_OPERANDS_36 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35}, {%36, %37, %38, %39}, %40"
 #define HUMMING_AOT_WGMMA_OPERANDS_40 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, {%40, %41, %42, %43}, %44"
+#define HUMMING_AOT_WGMMA_OPERANDS_44 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43}, {%44, %45, %46, %47}, %48"
 #define HUMMING_AOT_WGMMA_OPERANDS_48 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, {%48, %49, %50, %51}, %52"
+#define HUMMING_AOT_WGMMA_OPERANDS_52 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51}, {%52, %53, %54, %55}, %56"
 #define HUMMING_AOT_WGMMA_OPERANDS_56 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55}, {%56, %57, %58, %59}, %60"
+#define HUMMING_AOT_WGMMA_OPERANDS_60 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59}, {%60, %61, %62, %63}, %64"
 #define HUMMING_AOT_WGMMA_OPERANDS_64 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68"
 #define HUMMING_AOT_WGMMA_OPERANDS_72 \
@@ -135,11 +143,18 @@ HUMMING_AOT_WGMMA_WRAPPER(32, 16, HUMMING_AOT_WGMMA_OPERANDS_16, HUMMING_AOT_WGM
 HUMMING_AOT_WGMMA_WRAPPER(48, 24, HUMMING_AOT_WGMMA_OPERANDS_24, HUMMING_AOT_WGMMA_D8(0), HUMMING_AOT_WGMMA_D8(8),
                           HUMMING_AOT_WGMMA_D8(16))
 HUMMING_AOT_WGMMA_WRAPPER(64, 32, HUMMING_AOT_WGMMA_OPERANDS_32, HUMMING_AOT_WGMMA_D32(0))
+HUMMING_AOT_WGMMA_WRAPPER(72, 36, HUMMING_AOT_WGMMA_OPERANDS_36, HUMMING_AOT_WGMMA_D32(0), HUMMING_AOT_WGMMA_D4(32))
 HUMMING_AOT_WGMMA_WRAPPER(80, 40, HUMMING_AOT_WGMMA_OPERANDS_40, HUMMING_AOT_WGMMA_D32(0), HUMMING_AOT_WGMMA_D8(32))
+HUMMING_AOT_WGMMA_WRAPPER(88, 44, HUMMING_AOT_WGMMA_OPERANDS_44, HUMMING_AOT_WGMMA_D32(0), HUMMING_AOT_WGMMA_D8(32),
+                          HUMMING_AOT_WGMMA_D4(40))
 HUMMING_AOT_WGMMA_WRAPPER(96, 48, HUMMING_AOT_WGMMA_OPERANDS_48, HUMMING_AOT_WGMMA_D32(0), HUMMING_AOT_WGMMA_D8(32),
                           HUMMING_AOT_WGMMA_D8(40))
+HUMMING_AOT_WGMMA_WRAPPER(104, 52, HUMMING_AOT_WGMMA_OPERANDS_52, HUMMING_AOT_WGMMA_D32(0), HUMMING_AOT_WGMMA_D8(32),
+                          HUMMING_AOT_WGMMA_D8(40), HUMMING_AOT_WGMMA_D4(48))
 HUMMING_AOT_WGMMA_WRAPPER(112, 56, HUMMING_AOT_WGMMA_OPERANDS_56, HUMMING_AOT_WGMMA_D32(0), HUMMING_AOT_WGMMA_D8(32),
                           HUMMING_AOT_WGMMA_D8(40), HUMMING_AOT_WGMMA_D8(48))
+HUMMING_AOT_WGMMA_WRAPPER(120, 60, HUMMING_AOT_WGMMA_OPERANDS_60, HUMMING_AOT_WGMMA_D32(0), HUMMING_AOT_WGMMA_D8(32),
+                          HUMMING_AOT_WGMMA_D8(40), HUMMING_AOT_WGMMA_D8(48), HUMMING_AOT_WGMMA_D4(56))
 HUMMING_AOT_WGMMA_WRAPPER(128, 64, HUMMING_AOT_WGMMA_OPERANDS_64, HUMMING_AOT_WGMMA_D32(0), HUMMING_AOT_WGMMA_D32(32))
 HUMMING_AOT_WGMMA_WRAPPER(144, 72, HUMMING_AOT_WGMMA_OPERANDS_72, HUMMING_AOT_WGMMA_D32(0), HUMMING_AOT_WGMMA_D32(32),
                           HUMMING_AOT_WGMMA_D8(64))
