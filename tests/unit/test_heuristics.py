@@ -196,7 +196,8 @@ def test_65_to_96_tokens_take_a_tile_of_their_multiple_of_16_rows():
     4096 x 14336 at 72 tokens 26.7 against 32.9). Codes of 5 to 8 bits take the same rows since
     log section 74 (int8 channel, 8192 x 8192 at 72 / 96 tokens 36.3 / 39.3 us against 49.7 / 47.0
     on the 128-row tile). 97 tokens up keep the 128-row rows, but 8-bit codes take 128 x 256 of two
-    warpgroups where the 128-row tiles pass 0.4 an SM (log section 78)."""
+    warpgroups where the 128-row tiles pass 0.4 an SM (log section 78), and integer codes of up to
+    4 bits 120 x 128 up to 120 tokens (test_97_to_120_tokens_take_120_rows_for_narrow_integer_codes)."""
     def pick(m, n, k, bits=4):
         return heuristics.select_tile("sm90a", m, k=k, group=128, w_bits=bits, n=n, num_sms=132).label
 
@@ -207,7 +208,30 @@ def test_65_to_96_tokens_take_a_tile_of_their_multiple_of_16_rows():
             for m in (81, 88, 96):
                 assert pick(m, n, k, bits) == "wgmma-ws:96x128x64_w1x4_s4", (m, n, k, bits)
             wide = bits == 8 and (n, k) in ((8192, 8192), (57344, 8192))  # 64 and 448 tiles of 128 x 128
-            assert pick(97, n, k, bits).startswith("wgmma-ws:128x256x64" if wide else "wgmma-ws:128x128x64"), (n, k, bits)
+            rows120 = bits == 4 and (n, k) in ((8192, 8192), (57344, 8192))
+            want = "wgmma-ws:128x256x64" if wide else "wgmma-ws:120x128x64" if rows120 else "wgmma-ws:128x128x64"
+            assert pick(97, n, k, bits).startswith(want), (n, k, bits)
+
+
+def test_97_to_120_tokens_take_120_rows_for_narrow_integer_codes():
+    """From 97 to 120 tokens, integer codes of up to 4 bits take 120 x 128 of one warpgroup where
+    the one-warpgroup 128 x 128 tile served (past 0.4 of its tiles an SM): H100, docs/performance/
+    log.md section 84, int4 g128 at 120 tokens, 8192 x 8192 34.6 us against 38.0, 57344 x 8192
+    186.7 against 198.3. Few-tile layers keep the two-warpgroup 128 x 128, float codes and wider
+    codes their rows, and 121 tokens up the 128-row tiles."""
+    def pick(m, n, k, bits=4, float_codes=False):
+        return heuristics.select_tile("sm90a", m, k=k, group=128, w_bits=bits, n=n, num_sms=132,
+                                      float_codes=float_codes).label
+
+    for n, k in ((8192, 8192), (10240, 8192), (28672, 4096), (57344, 8192)):
+        for m in (97, 104, 113, 120):
+            for bits in (1, 2, 3, 4):
+                assert pick(m, n, k, bits) == "wgmma-ws:120x128x64_w1x4_s4", (m, n, k, bits)
+            assert pick(m, n, k, 4, float_codes=True) == "wgmma-ws:128x128x64_w1x4_s4"
+            assert pick(m, n, k, 5) == "wgmma-ws:128x128x64_w1x4_s4"
+        assert pick(121, n, k) == "wgmma-ws:128x128x64_w1x4_s4"
+    for n, k in ((4096, 14336), (6144, 4096)):  # 32 and 48 tiles of 128 x 128: at most 0.4 an SM
+        assert pick(120, n, k) == "wgmma-ws:128x128x64_w1x8_s6"
 
 
 def test_129_to_192_tokens_take_tiles_of_their_rows_not_the_256_row_tile():
