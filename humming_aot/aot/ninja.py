@@ -44,12 +44,22 @@ NVCC_FLAGS = ("-fatbin", "-O3", "-std=c++17", "--expt-relaxed-constexpr")
 # writes them by default, or "size" (nvcc --compress-mode=size, CUDA 12.8+), about a quarter of the
 # bytes (a sampled sm90a default catalog, 52-96 KB a kernel to 12-18 KB; deflated in a wheel, 91
 # MB to 76 MB: log section 58), which the driver decompresses as it loads each kernel (H200: 140-240
-# us more per kernel's first load, log section 59). "auto" (the default) stores the kernels of the
-# grouped row-expert form (GemmType.GROUPED: the DeepGEMM-style per-row expert index, which
-# nn.QuantizedMoE does not use) with "size" and the rest as "none": about 4.5 MB off the sm90a wheel,
-# which its catalog needs to stay under 100 MB (log section 74). With an nvcc older than 12.8 it
-# compresses nothing.
+# us more per kernel's first load, log section 59). "auto" (the default) stores with "size" the
+# kernels of the grouped row-expert form (GemmType.GROUPED: the DeepGEMM-style per-row expert
+# index, which nn.QuantizedMoE does not use; about 4.5 MB off the sm90a wheel, log section 74) and
+# those of the weight formats outside PLAIN_W_DTYPES (the other small floats, 1-bit and 5-7-bit
+# codes: about 2,650 of the sm90a catalog's other kernels, 18 % fewer deflated bytes each in a
+# sample of 30, about 8 MB; log section 84), and the rest as "none", so the formats checkpoints
+# ship load without the decompression. The sm90a catalog needs it to stay under 100 MB. With an
+# nvcc older than 12.8 it compresses nothing.
 FATBIN_COMPRESSION = ("none", "size", "auto")
+# The weight formats whose kernels "auto" leaves uncompressed: GPTQ / AWQ / compressed-tensors
+# integers of 2, 3, 4 and 8 bits (with or without zero points), FP8 (e4m3, e5m2), the FP4 of MXFP4
+# and NVFP4 (e2m1) and the FP6 of MXFP6 (e2m3, e3m2).
+PLAIN_W_DTYPES = frozenset({
+    "int2", "int3", "int4", "int8", "uint2", "uint3", "uint4", "uint8",
+    "float8e4m3", "float8e5m2", "float4e2m1", "float6e2m3", "float6e3m2",
+})
 _COMPRESS_MODE_SINCE = (12, 8)
 _STATUS_PREFIX = "@@humming_aot"  # NINJA_STATUS marker: "@@humming_aot <finished> <total>@@ "
 _STATUS_RE = re.compile(r"^@@humming_aot (\d+) (\d+)@@ ?(.*)$")
@@ -168,7 +178,8 @@ def compression_flags(compression: str, cuda_version: str) -> tuple[str, ...]:
 def key_compression(key: KernelKey, compression: str) -> str:
     """How one kernel's fatbin is stored under a FATBIN_COMPRESSION choice: "none" or "size"."""
     if compression == "auto":
-        return "size" if key.spec.gemm_type is GemmType.GROUPED else "none"
+        plain = key.spec.gemm_type is not GemmType.GROUPED and key.spec.w_dtype in PLAIN_W_DTYPES
+        return "none" if plain else "size"
     return compression
 
 

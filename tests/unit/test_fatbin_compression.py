@@ -48,30 +48,34 @@ def test_compression_flags_refuse_unknown_modes_and_old_nvcc():
     assert driver.compression_flags("auto", "12.6") == ()  # auto compresses nothing there, and says nothing
 
 
-def test_auto_compression_stores_only_the_grouped_row_expert_kernels_compressed(tmp_path):
-    """--fatbin-compression auto (the default): the grouped row-expert form's kernels get nvcc's
+def test_auto_compression_stores_the_grouped_and_uncommon_format_kernels_compressed(tmp_path):
+    """--fatbin-compression auto (the default): the grouped row-expert form's kernels and those of
+    weight formats outside PLAIN_W_DTYPES (int1, 5-7-bit codes, the other small floats) get nvcc's
     --compress-mode=size on their own build lines; every other kernel's command is what "none"
-    writes, so that switching a build directory between the two recompiles only the grouped ones."""
+    writes, so that switching a build directory between the two recompiles only the compressed ones."""
     keys = enumerate_keys("default", ["sm80"])
-    grouped = [k for k in keys if k.spec.gemm_type is GemmType.GROUPED][:2]
-    others = [k for k in keys if k.spec.gemm_type is not GemmType.GROUPED][:3]
-    assert len(grouped) == 2 and len(others) == 3
-    assert {driver.key_compression(k, "auto") for k in grouped} == {"size"}
+    plain = [k for k in keys if k.spec.w_dtype in driver.PLAIN_W_DTYPES]
+    packed = [k for k in plain if k.spec.gemm_type is GemmType.GROUPED][:1]
+    packed += [k for k in keys if k.spec.w_dtype == "float5e2m2" and k.spec.gemm_type is not GemmType.GROUPED][:1]
+    others = [k for k in plain if k.spec.gemm_type is not GemmType.GROUPED][:3]
+    assert len(packed) == 2 and len(others) == 3
+    assert {k.spec.w_dtype for k in keys} > driver.PLAIN_W_DTYPES  # every plain format is a real one
+    assert {driver.key_compression(k, "auto") for k in packed} == {"size"}
     assert {driver.key_compression(k, "auto") for k in others} == {"none"}
-    for key in grouped + others:  # the other two choices treat every kernel alike
+    for key in packed + others:  # the other two choices treat every kernel alike
         assert (driver.key_compression(key, "none"), driver.key_compression(key, "size")) == ("none", "size")
     texts = {}
     for mode in ("none", "auto"):
         flags = driver.compression_flags(mode, "13.0")
-        compressed = frozenset(k.name for k in grouped + others if driver.key_compression(k, mode) == "size")
-        path = driver.write_build_files(grouped + others, tmp_path / mode, nvcc=Path("/usr/bin/nvcc"),
+        compressed = frozenset(k.name for k in packed + others if driver.key_compression(k, mode) == "size")
+        path = driver.write_build_files(packed + others, tmp_path / mode, nvcc=Path("/usr/bin/nvcc"),
                                         include_dir=tmp_path, extra_flags=flags, compressed=compressed)
         texts[mode] = path.read_text().replace(str(tmp_path / mode), "")
     blocks = {mode: {block.split(":", 1)[0]: block for block in text.split("\nbuild ")[1:]} for mode, text in texts.items()}
     for key in others:
         block = blocks["auto"][f"kernels/{key.name}.fatbin"]
         assert "compress-mode" not in block and block == blocks["none"][f"kernels/{key.name}.fatbin"]
-    for key in grouped:
+    for key in packed:
         assert "  nvcc_flags = -fatbin -O3 -std=c++17 --expt-relaxed-constexpr --compress-mode=size" in \
             blocks["auto"][f"kernels/{key.name}.fatbin"]
     assert texts["none"].count("compress-mode") == 0 and texts["auto"].count("compress-mode") == 2
