@@ -121,9 +121,10 @@ STREAM_K_FIXUP_K_TILES = 16
 # 4096 x 14336 within 3 %. Codes wider than 4 bits (a slower K loop beside the same fix-up) are
 # not measured.
 STREAM_K_MIN_RANGE_K_TILES = 8
-# ... for one-warpgroup tiles of at least this many rows (those measured; 48- and 64-row tiles,
-# which serve 33-64 tokens on layers of many tiles or a long K, keep stream-K)
-STREAM_K_MIN_RANGE_ROWS = 80
+# ... for one-warpgroup tiles of at least this many rows (80 and 96 measured, and the 72-row tile
+# of 65-72 tokens between them and the 80-row tile it replaced; 48- and 64-row tiles, which serve
+# 33-64 tokens on layers of many tiles or a long K, keep stream-K)
+STREAM_K_MIN_RANGE_ROWS = 72
 
 
 def short_stream_k_ranges(*, tiles: int, k_tiles: int, slots: int, min_range_k_tiles: int) -> bool:

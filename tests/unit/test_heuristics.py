@@ -196,15 +196,17 @@ def test_65_to_96_tokens_take_a_tile_of_their_multiple_of_16_rows():
     4096 x 14336 at 72 tokens 26.7 against 32.9). Codes of 5 to 8 bits take the same rows since
     log section 74 (int8 channel, 8192 x 8192 at 72 / 96 tokens 36.3 / 39.3 us against 49.7 / 47.0
     on the 128-row tile). 97 tokens up keep the 128-row rows, but 8-bit codes take 128 x 256 of two
-    warpgroups where the 128-row tiles pass 0.4 an SM (log section 78), and integer codes of up to
-    4 bits 120 x 128 up to 120 tokens (test_97_to_120_tokens_take_120_rows_for_narrow_integer_codes)."""
+    warpgroups where the 128-row tiles pass 0.4 an SM (log section 78), and codes of up to 4 bits
+    take 72 x 128 up to 72 tokens and 120 x 128 from 97 to 120 (log section 84:
+    test_97_to_120_tokens_take_120_rows_for_narrow_codes)."""
     def pick(m, n, k, bits=4):
         return heuristics.select_tile("sm90a", m, k=k, group=128, w_bits=bits, n=n, num_sms=132).label
 
     for n, k in ((8192, 8192), (4096, 14336), (6144, 4096), (57344, 8192)):
         for bits in (4, 5, 8):
             for m in (65, 72, 80):
-                assert pick(m, n, k, bits) == "wgmma-ws:80x128x64_w1x4_s4", (m, n, k, bits)
+                want = "wgmma-ws:72x128x64_w1x4_s4" if bits == 4 and m <= 72 else "wgmma-ws:80x128x64_w1x4_s4"
+                assert pick(m, n, k, bits) == want, (m, n, k, bits)
             for m in (81, 88, 96):
                 assert pick(m, n, k, bits) == "wgmma-ws:96x128x64_w1x4_s4", (m, n, k, bits)
             wide = bits == 8 and (n, k) in ((8192, 8192), (57344, 8192))  # 64 and 448 tiles of 128 x 128
@@ -213,12 +215,12 @@ def test_65_to_96_tokens_take_a_tile_of_their_multiple_of_16_rows():
             assert pick(97, n, k, bits).startswith(want), (n, k, bits)
 
 
-def test_97_to_120_tokens_take_120_rows_for_narrow_integer_codes():
-    """From 97 to 120 tokens, integer codes of up to 4 bits take 120 x 128 of one warpgroup where
+def test_97_to_120_tokens_take_120_rows_for_narrow_codes():
+    """From 97 to 120 tokens, codes of up to 4 bits take 120 x 128 of one warpgroup where
     the one-warpgroup 128 x 128 tile served (past 0.4 of its tiles an SM): H100, docs/performance/
     log.md section 84, int4 g128 at 120 tokens, 8192 x 8192 34.6 us against 38.0, 57344 x 8192
-    186.7 against 198.3. Few-tile layers keep the two-warpgroup 128 x 128, float codes and wider
-    codes their rows, and 121 tokens up the 128-row tiles."""
+    186.7 against 198.3 (float codes untimed). Few-tile layers keep the two-warpgroup 128 x 128,
+    wider codes their rows, and 121 tokens up the 128-row tiles."""
     def pick(m, n, k, bits=4, float_codes=False):
         return heuristics.select_tile("sm90a", m, k=k, group=128, w_bits=bits, n=n, num_sms=132,
                                       float_codes=float_codes).label
@@ -227,7 +229,7 @@ def test_97_to_120_tokens_take_120_rows_for_narrow_integer_codes():
         for m in (97, 104, 113, 120):
             for bits in (1, 2, 3, 4):
                 assert pick(m, n, k, bits) == "wgmma-ws:120x128x64_w1x4_s4", (m, n, k, bits)
-            assert pick(m, n, k, 4, float_codes=True) == "wgmma-ws:128x128x64_w1x4_s4"
+            assert pick(m, n, k, 4, float_codes=True) == "wgmma-ws:120x128x64_w1x4_s4"
             assert pick(m, n, k, 5) == "wgmma-ws:128x128x64_w1x4_s4"
         assert pick(121, n, k) == "wgmma-ws:128x128x64_w1x4_s4"
     for n, k in ((4096, 14336), (6144, 4096)):  # 32 and 48 tiles of 128 x 128: at most 0.4 an SM
@@ -322,7 +324,7 @@ def test_33_to_64_tokens_take_the_swapped_32_token_tile_while_each_sms_k_share_i
         # N or the SM count unknown: the interval's first row, the swapped tile
         assert heuristics.select_tile("sm90a", m, k=4096, group=128, w_bits=4).label == swapped
         assert pick(m, 8192, 8192, sms=None) == swapped
-    assert pick(65, 4096, 4096) == "wgmma-ws:80x128x64_w1x4_s4"  # past 64: the 80-token row
+    assert pick(65, 4096, 4096) == "wgmma-ws:72x128x64_w1x4_s4"  # past 64: the 72-token row
     fill = heuristics.tiles.FillCondition(max_tiles_per_sm=1.0, max_k_per_sm=6144)
     tile = parse_tile_field("mma-sw:32x64x256_w1x1x4_s3")
     assert fill.admits(tile, 64, 4096, 6144, 132) and not fill.admits(tile, 64, 4096, 6400, 132)  # 128 x 6400 > 132 x 6144
@@ -407,7 +409,7 @@ def test_a_nearly_full_wave_of_whole_tiles_skips_the_fix_up_where_the_idle_slots
 
 
 def test_stream_k_ranges_shorter_than_the_bound_give_way_to_the_tail_split():
-    """With min_range_k_tiles (the 16-bit body's one-warpgroup tiles of at least 80 rows), below
+    """With min_range_k_tiles (the 16-bit body's one-warpgroup tiles of at least 72 rows), below
     one wave: the tail split (0) where stream-K's ranges, tiles x k_tiles / slots, would be shorter
     than that; stream-K from the bound up (log section 83, H100, int4 at 72 and 96 tokens: the
     tail split 6-50 % faster on seven layers of 3.9-7.8 K tiles a range, stream-K level or faster
@@ -427,14 +429,14 @@ def test_stream_k_ranges_shorter_than_the_bound_give_way_to_the_tail_split():
     assert ctas(33, bound * 8) == 264 and ctas(33, bound * 8 - 1) == 0
     # opt-in: without it (W8A8, W4A8) stream-K as before
     assert ctas(32, 64, bound=0) == 264
-    # which tiles opt in: one warpgroup of 80 rows or more, not fewer rows or two warpgroups
+    # which tiles opt in: one warpgroup of 72 rows or more, not fewer rows or two warpgroups
     pick = heuristics.stream_k_min_range_k_tiles
-    for label in ("wgmma-ws:80x128x64_w1x4_s4", "wgmma-ws:96x128x64_w1x4_s4", "wgmma-ws:128x128x64_w1x4_s4"):
+    for label in ("wgmma-ws:72x128x64_w1x4_s4", "wgmma-ws:80x128x64_w1x4_s4", "wgmma-ws:96x128x64_w1x4_s4", "wgmma-ws:128x128x64_w1x4_s4"):
         assert pick(parse_tile_field(label)) == bound, label
     for label in ("wgmma-ws:64x128x64_w1x4_s6", "wgmma-ws:48x128x64_w1x4_s8", "wgmma-ws:128x128x64_w1x8_s6",
                   "16x128x256_w1x2x4_s2"):
         assert pick(parse_tile_field(label)) == 0, label
-    # through the table: 4096 x 4096 at 72 and 96 tokens (80 / 96 rows of one warpgroup) runs the
+    # through the table: 4096 x 4096 at 72 and 96 tokens (72 / 96 rows of one warpgroup) runs the
     # tail split; at 120 tokens its two-warpgroup 128-row tile keeps stream-K (not measured)
     for m, tail in ((72, True), (96, True), (120, False)):
         tile = heuristics.select_tile("sm90a", m, k=4096, group=128, w_bits=4, n=4096, num_sms=132)

@@ -344,13 +344,13 @@ def test_stream_k_plan_launches_its_persistent_grid(monkeypatch):
 
 
 @pytest.mark.parametrize("n,k,grid,stream_k", [
-    (4096, 4096, 32 * 4, 0),  # 32 tiles of 80 x 128 over 264 slots: ranges of 7.8 K tiles -> 4 K slices
+    (4096, 4096, 32 * 4, 0),  # 32 tiles of 72 x 128 over 264 slots: ranges of 7.8 K tiles -> 4 K slices
     (2048, 8192, 16 * 8, 0),  # 16 tiles, ranges of 7.8 K tiles -> 8 slices (the slots' waves took 6)
     (1536, 1536, 12 * 3, 0),  # 12 tiles of 24 K tiles -> 3 slices (the slots' waves took 2)
     (6144, 4096, 264, 1),  # 48 tiles: ranges of 11.6 K tiles -> stream-K over every slot
 ])
 def test_short_stream_k_ranges_take_the_tail_split_in_the_default_plan(monkeypatch, n, k, grid, stream_k):
-    """The default plan at 72 tokens (80 x 128 of one warpgroup, two CTAs an SM on 132 SMs): below
+    """The default plan at 72 tokens (72 x 128 of one warpgroup, two CTAs an SM on 132 SMs): below
     heuristics.STREAM_K_MIN_RANGE_K_TILES K tiles a stream-K range, the tail split's K slices, as
     many as heuristics.short_range_tail_splits counts; from it up, stream-K (log sections 83-84)."""
     fakes = Fakes(monkeypatch)
@@ -359,7 +359,7 @@ def test_short_stream_k_ranges_take_the_tail_split_in_the_default_plan(monkeypat
     dispatch.launch_gemm(a, packed, None, ops.gemm_spec(packed))
     (call,) = fakes.launches
     plan = next(iter(dispatch._plans.values()))
-    assert plan.key.tile == parse_tile_field("wgmma-ws:80x128x64_w1x4_s4")
+    assert plan.key.tile == parse_tile_field("wgmma-ws:72x128x64_w1x4_s4")
     assert call["grid"] == (grid, 1, 1) and struct.unpack_from("<3i", call["params"], 104)[2] == stream_k
 
 
