@@ -2,7 +2,8 @@
 the wgmma-ws body's tail split of a partial last wave (tail_split_schedule) and its stream-K
 ranges below one wave or over a thin last wave (stream_k_ctas, partial_wave_stream_k), the tail
 split that stands in for stream-K ranges too short for it (short_stream_k_ranges,
-short_range_tail_splits), with the constants each was measured to. The tile itself comes from heuristics/tiles.py.
+short_range_tail_splits), with the constants each was measured to. The tile itself comes from
+heuristics/tiles.py.
 """
 from __future__ import annotations
 
@@ -142,8 +143,9 @@ def short_stream_k_ranges(*, tiles: int, k_tiles: int, slots: int, min_range_k_t
 # sets each wave's time. Fitted on an H100, int4 g128, 80- and 96-row tiles of 128 channels at 72
 # and 96 tokens, every slice count 2-12 forced (docs/performance/log.md sections 83-84: 17
 # layers, 34 points): this model's count is the fastest at 30 points and within 4.7 % at all 34
-# (1, 2 and 3 K tiles a slice pick the same at every point); tail_split_schedule's (the slots'
-# waves, 4 K tiles a slice) was up to 23 % off (2048 x 8192: 6 slices 17.2 us, 8 slices 14.2).
+# (2 to 2.75 K tiles a slice pick the same count at every point, 1.75 or 3 do worse);
+# tail_split_schedule's (the slots' waves, 4 K tiles a slice) was up to 23 % off (2048 x 8192:
+# 6 slices 17.2 us, 8 slices 14.2).
 SHORT_RANGE_SLICE_COST_K_TILES = 2
 
 

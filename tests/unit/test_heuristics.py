@@ -188,7 +188,7 @@ def test_up_to_32_tokens_layers_of_few_tiles_take_the_swapped_32_token_tile():
         assert grouped == heuristics.select_tile("sm90", m, 256, 128, 4) and grouped.mma is MmaKind.MMA_SYNC
 
 
-def test_65_to_96_tokens_take_a_tile_of_their_multiple_of_16_rows():
+def test_65_to_96_tokens_take_a_tile_of_their_rows():
     """From 65 tokens to 96, codes of up to 4 bits take one consumer warpgroup of 80 or 96 rows at
     two CTAs an SM on every layer (the 128-row tiles computed up to 63 rows of padding there: H100,
     docs/performance/log.md section 72, 8192 x 8192 at 72 / 96 tokens 28.0 / 32.1 us against 42.5 /
