@@ -253,14 +253,16 @@ def test_129_to_192_tokens_take_tiles_of_their_rows_not_the_256_row_tile():
     against 75.7 the other way). Codes of 5 to 8 bits take the same rows but 176 x 256 (log
     section 74, int8 channel, 8192 x 8192 at 144 / 176 tokens 49.4 / 53.7 us against 72.2 / 69.5
     on the 256-row tile), and from 145 to 176 8-bit codes (integer or float) take 176 x 256 past
-    the same bounds (log section 78); 193 tokens up keep the 256-row tile."""
+    the same bounds (log section 78); 193 tokens up keep the 256-row tile. Within the 192 x 128
+    row's bounds, codes of up to 4 bits take 160 x 128 from 145 to 160 tokens (log sections 81
+    and 84: 4096 x 14336 at 160 tokens 39.8 against 42.6, 3584 x 18944 45.7 against 51.4)."""
     def pick(m, n, k, bits=4, float_codes=False):
         return heuristics.select_tile("sm90a", m, k=k, group=128, w_bits=bits, n=n, num_sms=132,
                                       float_codes=float_codes).label
 
     t144, t192, t176, t256 = ("wgmma-ws:144x256x64_w1x8_s4", "wgmma-ws:192x128x64_w1x8_s5",
                               "wgmma-ws:176x256x64_w1x8_s4", "wgmma-ws:256x128x64_w1x8_s5")
-    t144_128 = "wgmma-ws:144x128x64_w1x8_s5"
+    t144_128, t160_128 = "wgmma-ws:144x128x64_w1x8_s5", "wgmma-ws:160x128x64_w1x8_s5"
     for n, k in ((8192, 8192), (10240, 8192), (28672, 4096), (57344, 8192)):
         for m in (129, 136, 144):
             assert pick(m, n, k) == pick(m, n, k, float_codes=True) == t144, (m, n, k)
@@ -269,11 +271,13 @@ def test_129_to_192_tokens_take_tiles_of_their_rows_not_the_256_row_tile():
             for bits in (1, 2, 3, 4):
                 assert pick(m, n, k, bits) == pick(m, n, k, bits, float_codes=True) == t144_128, (m, n, k, bits)
         for m in (145, 160, 176, 192):
-            assert pick(m, n, k) == t192, (m, n, k)
-    # up to 1.5 tiles of 192 x 128 an SM and 10000 columns of K an SM (tiles x K / SMs)
+            assert pick(m, n, k) == (t160_128 if m <= 160 else t192), (m, n, k)
+    # up to 1.5 tiles of 192 x 128 an SM and 10000 columns of K an SM (tiles x K / SMs); within
+    # them, 160 x 128 for codes of up to 4 bits from 145 to 160 tokens (log section 84)
     for n, k in ((8192, 8192), (10240, 8192), (13824, 5120), (7168, 18432)):
         for m in (145, 160, 176, 177, 192):
-            assert pick(m, n, k) == t192, (m, n, k)
+            assert pick(m, n, k) == pick(m, n, k, float_codes=True) == (t160_128 if m <= 160 else t192), (m, n, k)
+            assert pick(m, n, k, 5) == t192, (m, n, k)
     # past either (28672 x 4096: 1.7 tiles an SM; 8192 x 28672: 13902 columns; 57344 x 8192: both):
     # 4-bit integer codes take 176 x 256, the rest stay
     for n, k in ((57344, 8192), (28672, 4096), (8192, 28672), (36864, 7168)):
