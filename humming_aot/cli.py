@@ -64,7 +64,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="how the fatbins store their kernels: none (nvcc's default), size (nvcc "
                             "--compress-mode=size, CUDA 12.8+: about a quarter of the bytes, decompressed by "
                             "the driver as each kernel loads: on an H200 140-240 us more per kernel's first load), "
-                            "or auto (default): size for the grouped row-expert MoE kernels only, none for the rest")
+                            "or auto (default): size for the grouped row-expert MoE kernels and for the weight formats "
+                            "checkpoints seldom ship (1-bit and 5-7-bit codes, the small floats other than e4m3, "
+                            "e5m2, e2m1, e2m3 and e3m2: aot.ninja.PLAIN_W_DTYPES), none for the rest")
     build.add_argument("--index", type=Path, default=None, metavar="DIR",
                        help="also write the core wheel and serve every wheel as a PEP 503 simple index in DIR "
                             "(pip install --index-url file://DIR 'humming_aot[sm89]')")
