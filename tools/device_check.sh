@@ -14,8 +14,9 @@
 #             (a warm box: the build outputs stay between calls; humming_aot/_catalog/.device_check_stamp)
 #   tests     pytest tests -m gpu (every gpu-marked test, tests/unit's too) -> tests.log, tests.xml;
 #             DEVICE_TEST_PART=I/N runs the I-th of N equal contiguous slices of them (pytest --part,
-#             tests/conftest.py): the whole suite (launcher ~25 s, catalog ~150 s, tests ~460 s on the
-#             H200) does not fit one 600 s call, so run it as DEVICE_TEST_PART=1/2 then 2/2
+#             tests/conftest.py): the whole suite (launcher ~20 s, dense catalog ~230 s, tests ~750 s
+#             on an H100, log section 85) does not fit one 600 s call, nor two: run it as
+#             DEVICE_TEST_PART=1/3, then 2/3 and 3/3 on the warm box (the catalog is kept)
 #   tune      tools/bench/tune_tiles.py (extra args: $TUNE_ARGS)   -> bench.log, tune.json
 #   bench     tools/bench/bench_gemm.py (extra args: $BENCH_ARGS)  -> bench.log, bench.json
 #   cold      tools/bench/cold_start.py (extra args: $COLD_ARGS)   -> bench.log, cold_start.json
