@@ -11,7 +11,9 @@
 #   launcher  python3 setup.py build_ext --inplace -j 16            -> build.log
 #   catalog   python3 -m humming_aot build --arch sm90a --inplace   -> build.log (timed); kept, not
 #             rebuilt, when this box built the same catalog from the same sources in an earlier call
-#             (a warm box: the build outputs stay between calls; humming_aot/_catalog/.device_check_stamp)
+#             (a warm box: the build outputs stay between calls; humming_aot/_catalog/.device_check_stamp),
+#             or unpacked from a catalog wheel carried in .whl/catalog/ whose stamp matches this tree
+#             (tools/device_catalog.sh builds it on the CPU machine: a fresh box then skips the build)
 #   tests     pytest tests -m gpu (every gpu-marked test, tests/unit's too) -> tests.log, tests.xml;
 #             DEVICE_TEST_PART=I/N runs the I-th of N equal contiguous slices of them (pytest --part,
 #             tests/conftest.py): the whole suite (launcher ~20 s, dense catalog ~230 s, tests ~750 s
@@ -70,6 +72,8 @@ mkdir -p "$1"
 OUTDIR=$(cd "$1" && pwd)
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO" || exit 2
+# shellcheck source=tools/catalog_stamp.sh
+source tools/catalog_stamp.sh
 
 ALL_STEPS=env,wheels,launcher,catalog,tests,tune,bench,cold,eager,w8a8,moe,moesteps,moelayer,moeprof,ab
 DEFAULT_STEPS=env,wheels,launcher,catalog,tests,bench,cold,eager
@@ -165,6 +169,44 @@ step_wheels() {
 
 step_launcher() { python3 setup.py build_ext --inplace -j "$JOBS"; }
 
+# unpack_carried_catalog STAMP STAMP_FILE: where tools/device_catalog.sh left a catalog wheel of
+# $ARCH in .whl/catalog/ (built on the CPU machine) whose .stamp file equals STAMP, the wheel's
+# catalog becomes this checkout's in-place catalog (humming_aot/_catalog) and STAMP_FILE is
+# written, instead of a build (the dense sm90a catalog: ~230 s of the box's time). Fails, and
+# changes nothing, where there is no such wheel; a wheel of other sources is named and left.
+unpack_carried_catalog() {
+    local stamp=$1 stamp_file=$2 wheel
+    for wheel in .whl/catalog/humming_aot_kernels_"${ARCH}"_cu*.whl; do
+        [[ -f "$wheel" ]] || continue
+        if [[ "$(cat "$wheel.stamp" 2>/dev/null)" != "$stamp" ]]; then
+            echo "catalog: $wheel was built from other sources or another catalog (its .stamp differs): not used"
+            continue
+        fi
+        rm -rf humming_aot/_catalog
+        python3 - "$wheel" "$ARCH" humming_aot/_catalog <<'PY' || return 1
+import sys, zipfile
+from pathlib import Path
+wheel, arch, target = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+with zipfile.ZipFile(wheel) as z:
+    prefixes = {name.split("/")[1] for name in z.namelist()
+                if name.startswith("humming_aot_kernels/") and name.split("/")[1].startswith(arch + "_cu")}
+    if len(prefixes) != 1:
+        sys.exit(f"{wheel}: expected one humming_aot_kernels/{arch}_cu*/ directory, found {sorted(prefixes)}")
+    root = f"humming_aot_kernels/{prefixes.pop()}/"
+    for name in z.namelist():
+        if name.startswith(root) and not name.endswith("/"):
+            out = target / name[len(root):]
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(z.read(name))
+    if not (target / "manifest.json").is_file():
+        sys.exit(f"{wheel}: no manifest.json under {root}")
+PY
+        echo "$stamp" >"$stamp_file"
+        return 0
+    done
+    return 1
+}
+
 step_catalog() {
     local start=$SECONDS
     local catalog=$CATALOG
@@ -188,6 +230,10 @@ PY
         echo "catalog ($ARCH, $CATALOG): kept, built on this box from the same sources by an earlier call"
         return 0
     fi
+    if unpack_carried_catalog "$stamp" "$stamp_file"; then
+        echo "catalog ($ARCH, $CATALOG): unpacked from the carried wheel in $((SECONDS - start)) s"
+        return 0
+    fi
     rm -f "$stamp_file"  # a build that fails half-way must not leave a stamp for what it overwrote
     local -a build_args=()
     [[ -n "${DEVICE_BUILD_ARGS:-}" ]] && mapfile -t build_args < <(split_args "$DEVICE_BUILD_ARGS")
@@ -196,19 +242,6 @@ PY
     [[ $rc -eq 0 ]] && echo "$stamp" >"$stamp_file"
     echo "catalog build ($ARCH, $CATALOG, -j $JOBS): $((SECONDS - start)) s wall, exit $rc"
     return $rc
-}
-
-# catalog_stamp CATALOG: what an in-place catalog was built from (arch, catalog, and the contents of
-# the sources that generate and compile its kernels), so that a later call can keep it.
-catalog_stamp() {
-    {
-        echo "$ARCH $CATALOG ${DEVICE_BUILD_ARGS:-}"
-        [[ -f "$1" ]] && sha256sum "$1"
-        find csrc catalog humming_aot -path humming_aot/_catalog -prune -o -type f \
-            \( -name '*.py' -o -name '*.cuh' -o -name '*.h' -o -name '*.cu' -o -name '*.toml' \) -print |
-            LC_ALL=C sort | xargs sha256sum
-        nvcc --version 2>/dev/null | tail -n 1
-    } | sha256sum | cut -d' ' -f1
 }
 
 step_tests() {
