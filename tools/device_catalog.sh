@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build, on this (CPU) machine, the catalog that tools/device_check.sh's catalog step would build on
-# the GPU box, as one wheel in .whl/catalog/ with a .stamp file beside it (tools/catalog_stamp.sh:
+# the GPU box, as one wheel in .whl/catalog/ with a .stamp file beside it (tools/device_lib.sh's catalog_stamp:
 # the arch, catalog, build arguments, kernel sources and nvcc). Carried to the box with .whl (which
 # the device tool's carry takes: .whl is git-ignored), it replaces the box's build when its stamp
 # matches the box's tree: the dense sm90a catalog is ~230 s of the box's 16 cores (log section 85)
@@ -24,14 +24,14 @@ if [[ "$CATALOG" == *,* ]]; then
     echo "HUMMING_AOT_DEVICE_CATALOG=$CATALOG: a comma list is built on the box (device_check.sh); name one catalog" >&2
     exit 2
 fi
-# shellcheck source=tools/catalog_stamp.sh
-source tools/catalog_stamp.sh
+# shellcheck source=tools/device_lib.sh
+source tools/device_lib.sh
 stamp=$(catalog_stamp "$CATALOG")
 out=.whl/catalog
 rm -rf "$out"
 mkdir -p "$out"
 build_args=()
-[[ -n "${DEVICE_BUILD_ARGS:-}" ]] && mapfile -t build_args < <(python3 -c 'import shlex, sys; print("\n".join(shlex.split(sys.argv[1])))' "$DEVICE_BUILD_ARGS")
+[[ -n "${DEVICE_BUILD_ARGS:-}" ]] && mapfile -t build_args < <(split_args "$DEVICE_BUILD_ARGS")
 PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" python3 -m humming_aot build --arch "$ARCH" --catalog "$CATALOG" \
     --out "$out" --build-dir "$BUILD_DIR" -j "${DEVICE_JOBS:-$(nproc)}" "${build_args[@]}" || exit 1
 wheels=("$out"/humming_aot_kernels_"${ARCH}"_cu*.whl)

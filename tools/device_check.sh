@@ -72,8 +72,8 @@ mkdir -p "$1"
 OUTDIR=$(cd "$1" && pwd)
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO" || exit 2
-# shellcheck source=tools/catalog_stamp.sh
-source tools/catalog_stamp.sh
+# shellcheck source=tools/device_lib.sh
+source tools/device_lib.sh
 
 ALL_STEPS=env,wheels,launcher,catalog,tests,tune,bench,cold,eager,w8a8,moe,moesteps,moelayer,moeprof,ab
 DEFAULT_STEPS=env,wheels,launcher,catalog,tests,bench,cold,eager
@@ -101,12 +101,6 @@ TABLE_HEADER=$(printf '%-9s %4s %9s  %s' step rc seconds log)
 echo "device_check $(date -u +%FT%TZ)  repo $REPO  steps ${DEVICE_STEPS:-$DEFAULT_STEPS}" >"$SUMMARY"
 
 wanted() { [[ "$STEPS" == *",$1,"* ]]; }
-
-# split_args VALUE: print VALUE's words one per line, split with shell quoting rules (shlex),
-# so that an argument with spaces survives an environment variable.
-split_args() {
-    python3 -c 'import shlex, sys; print("\n".join(shlex.split(sys.argv[1])))' "$1"
-}
 
 # run_step NAME LOGFILE COMMAND...: run, append output to LOGFILE, record rc and seconds.
 run_step() {

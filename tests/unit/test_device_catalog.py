@@ -1,5 +1,5 @@
 """tools/device_catalog.sh's carried catalog wheel, as tools/device_check.sh's catalog step takes it:
-the shared stamp (tools/catalog_stamp.sh) follows the kernel sources, a wheel whose stamp matches
+the shared stamp (tools/device_lib.sh) follows the kernel sources, a wheel whose stamp matches
 the tree becomes the in-place catalog without a build, and one of other sources is named and left.
 
 The step runs in a copy of the tree (it writes humming_aot/_catalog), with a small wheel made here in
@@ -25,7 +25,7 @@ def tree(tmp_path: Path) -> Path:
     for part in ("csrc", "catalog", "humming_aot"):
         shutil.copytree(ROOT / part, copy / part, ignore=ignore)
     (copy / "tools").mkdir()
-    for script in ("device_check.sh", "catalog_stamp.sh"):
+    for script in ("device_check.sh", "device_lib.sh"):
         shutil.copy2(ROOT / "tools" / script, copy / "tools" / script)
     return copy
 
@@ -38,7 +38,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _stamp(tree: Path, catalog: str = "dense", **extra: str) -> str:
-    out = subprocess.run(["bash", "-c", f"source tools/catalog_stamp.sh; catalog_stamp {catalog}"], cwd=tree,
+    out = subprocess.run(["bash", "-c", f"source tools/device_lib.sh; catalog_stamp {catalog}"], cwd=tree,
                          env=_env(ARCH="sm90a", CATALOG=catalog, **extra), capture_output=True, text=True, check=True)
     stamp = out.stdout.strip()
     assert len(stamp) == 64 and int(stamp, 16) >= 0, out

@@ -1,5 +1,11 @@
-# Sourced by tools/device_check.sh and tools/device_catalog.sh (not run alone).
-#
+# Sourced by tools/device_check.sh and tools/device_catalog.sh (not run alone): what both need.
+
+# split_args VALUE: print VALUE's words one per line, split with shell quoting rules (shlex),
+# so that an argument with spaces survives an environment variable.
+split_args() {
+    python3 -c 'import shlex, sys; print("\n".join(shlex.split(sys.argv[1])))' "$1"
+}
+
 # catalog_stamp CATALOG: what a catalog build of $ARCH is made from (arch, the catalog name and
 # file, $DEVICE_BUILD_ARGS, the contents of the sources that generate and compile its kernels and
 # the nvcc that compiles them), as one sha256. Run from the repository root. Two trees with the
