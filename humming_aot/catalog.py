@@ -1,8 +1,8 @@
 """What exists precompiled: the kernel catalogs installed as packages, built in place, or pointed at
 by HUMMING_AOT_CATALOG_DIR, read through their manifest.json.
 
-A catalog directory holds ``manifest.json`` and ``kernels/<name>.fatbin`` (see
-``humming_aot.manifest``). Directories are searched in order: each HUMMING_AOT_CATALOG_DIR
+A catalog directory holds ``manifest.json`` and ``kernels/<unit>.fatbin``, each file a few
+kernels (see ``humming_aot.manifest``). Directories are searched in order: each HUMMING_AOT_CATALOG_DIR
 entry, then the package's ``humming_aot/_catalog`` (written by ``humming-aot build --inplace`` in a
 checkout), then every installed catalog package: ``humming_aot_kernels/<arch>_cu<major>/`` in
 any ``sys.path`` entry (``humming-aot-kernels-sm90a-cu13`` and its siblings, see

@@ -5,8 +5,9 @@ disk cache, a fresh NVRTC compile) hands its bytes and its manifest entry to
 :func:`load_kernel_image`, through :func:`get_loaded` so that each (kernel, device) loads once per
 process.
 
-Every kernel image exports ``extern "C" __constant__ KernelMetadata humming_aot_kernel_metadata``
-(256 bytes, little-endian)::
+Every kernel exports ``extern "C" __constant__ KernelMetadata <symbol>_metadata`` beside it
+(spec.metadata_symbol; an image may hold several kernels, each with its own; 256 bytes,
+little-endian)::
 
     struct KernelMetadata {
       uint32_t magic;           // KERNEL_METADATA_MAGIC: the bytes 'HAOT'
@@ -24,6 +25,7 @@ with the wrong configuration.
 """
 from __future__ import annotations
 
+import hashlib
 import struct
 import threading
 from collections.abc import Callable, Mapping
@@ -31,12 +33,11 @@ from dataclasses import dataclass
 
 from humming_aot import _launcher, env
 from humming_aot.params_abi import PARAMS_VERSION
-from humming_aot.spec import kernel_symbol
+from humming_aot.spec import kernel_symbol, metadata_symbol
 
 __all__ = [
     "KERNEL_METADATA_BYTES",
     "KERNEL_METADATA_MAGIC",
-    "KERNEL_METADATA_SYMBOL",
     "KernelMetadata",
     "KernelMetadataError",
     "LoadedKernel",
@@ -49,8 +50,6 @@ __all__ = [
 
 KERNEL_METADATA_MAGIC = 0x544F4148
 """``KernelMetadata.magic``: the bytes ``b'HAOT'`` read as a little-endian uint32."""
-KERNEL_METADATA_SYMBOL = "humming_aot_kernel_metadata"
-"""Name of the ``extern "C" __constant__ KernelMetadata`` in every kernel image."""
 _METADATA_LAYOUT = struct.Struct("<8I224s")
 KERNEL_METADATA_BYTES = _METADATA_LAYOUT.size  # 256
 
@@ -82,7 +81,7 @@ class KernelMetadataError(ValueError):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class KernelMetadata:
-    """The decoded ``humming_aot_kernel_metadata`` of one kernel image (see the module docstring)."""
+    """The decoded KernelMetadata of one kernel (see the module docstring)."""
 
     magic: int
     params_version: int
@@ -141,10 +140,10 @@ class LoadedKernel:
 
 
 def parse_kernel_metadata(raw: bytes, *, kernel: str) -> KernelMetadata:
-    """Decode the bytes of ``humming_aot_kernel_metadata`` read from kernel ``kernel``'s image."""
+    """Decode the bytes of kernel ``kernel``'s KernelMetadata (``metadata_symbol(kernel)``) read from its image."""
     if len(raw) != KERNEL_METADATA_BYTES:
         raise KernelMetadataError(
-            f"kernel {kernel}: {KERNEL_METADATA_SYMBOL} is {len(raw)} bytes, expected {KERNEL_METADATA_BYTES}: "
+            f"kernel {kernel}: {metadata_symbol(kernel)} is {len(raw)} bytes, expected {KERNEL_METADATA_BYTES}: "
             f"the image was built against a different KernelMetadata layout; {_REBUILD_HINT}",
             kernel=kernel,
             field="size",
@@ -190,7 +189,7 @@ def check_kernel_metadata(metadata: KernelMetadata, *, name: str, expected: Mapp
     """
     if metadata.magic != KERNEL_METADATA_MAGIC:
         raise KernelMetadataError(
-            f"kernel {name}: {KERNEL_METADATA_SYMBOL}.magic is {metadata.magic:#010x}, expected "
+            f"kernel {name}: {metadata_symbol(name)}.magic is {metadata.magic:#010x}, expected "
             f"{KERNEL_METADATA_MAGIC:#010x} ('HAOT'): the image is not a humming_aot kernel or was built by an "
             f"incompatible version; {_REBUILD_HINT}",
             kernel=name,
@@ -244,27 +243,31 @@ def load_kernel_image(
 ) -> LoadedKernel:
     """Load ``image`` (fatbin or cubin bytes), check its metadata, prepare kernel ``name`` for ``device``.
 
-    ``expected`` is the manifest entry (see :func:`check_kernel_metadata`). On any failure the library
-    is unloaded again and the error propagates: KernelMetadataError for a metadata mismatch,
+    ``expected`` is the manifest entry (see :func:`check_kernel_metadata`). An image another kernel
+    was loaded from is not loaded again: its library is shared. On any failure a library loaded by
+    this call is unloaded again and the error propagates: KernelMetadataError for a metadata mismatch,
     ``_launcher.CudaError`` for a driver failure (e.g. CUDA_ERROR_NO_BINARY_FOR_GPU when the image
     has no code for this GPU), ``_launcher.DriverNotFoundError`` without a driver, ValueError for a
     bad HUMMING_AOT_PDL or HUMMING_AOT_CLUSTERS.
     """
-    library = _launcher.load_library(image, f"kernel {name}")
+    library, shared = _library_of(image, name)
     try:
         kernel = _launcher.get_kernel(library, kernel_symbol(name))
-        metadata = parse_kernel_metadata(_launcher.read_global(library, KERNEL_METADATA_SYMBOL, device), kernel=name)
+        metadata = parse_kernel_metadata(_launcher.read_global(library, metadata_symbol(name), device), kernel=name)
         check_kernel_metadata(metadata, name=name, expected=expected)
         _allow_dynamic_smem(kernel, name=name, device=device, nbytes=metadata.smem_bytes)
         programmatic_launch, cluster_launch = _launch_features(device)
     except BaseException as error:
         if not isinstance(error, KernelMetadataError):
             error.add_note(f"while loading kernel {name} on device {device}")
-        try:
-            _launcher.unload_library(library)
-        except Exception as unload_error:  # report, but keep the original error in front
-            error.add_note(f"unloading its library failed too: {unload_error}")
+        if not shared:  # (a library another kernel already uses stays)
+            _forget_library(image, library)
+            try:
+                _launcher.unload_library(library)
+            except Exception as unload_error:  # report, but keep the original error in front
+                error.add_note(f"unloading its library failed too: {unload_error}")
         raise
+    _count_user(library)
     return LoadedKernel(
         name=name,
         library=library,
@@ -276,6 +279,40 @@ def load_kernel_image(
         programmatic_launch=programmatic_launch,
         cluster_launch=cluster_launch,
     )
+
+
+# ---- Loaded images: one CUlibrary per image (a catalog file holds a few kernels) ----
+
+_libraries: dict[bytes, int] = {}  # sha256 of the image -> CUlibrary (for every device: cuLibrary*)
+_library_users: dict[int, int] = {}  # CUlibrary -> how many kernels loaded from it succeeded
+_libraries_guard = threading.Lock()
+
+
+def _library_of(image: bytes, name: str) -> tuple[int, bool]:
+    """(the CUlibrary of ``image``, whether a kernel already loaded from it): an image a kernel was
+    loaded from before is not loaded (or, compressed, inflated) again for its neighbours."""
+    digest = hashlib.sha256(image).digest()
+    with _libraries_guard:
+        library = _libraries.get(digest)
+        if library is not None and _library_users.get(library, 0) > 0:
+            return library, True
+        library = _launcher.load_library(image, f"kernel {name}")
+        _libraries[digest] = library
+        _library_users.setdefault(library, 0)
+        return library, False
+
+
+def _forget_library(image: bytes, library: int) -> None:
+    with _libraries_guard:
+        digest = hashlib.sha256(image).digest()
+        if _libraries.get(digest) == library:
+            del _libraries[digest]
+        _library_users.pop(library, None)
+
+
+def _count_user(library: int) -> None:
+    with _libraries_guard:
+        _library_users[library] = _library_users.get(library, 0) + 1
 
 
 def _launch_features(device: int) -> tuple[bool, bool]:
@@ -337,7 +374,11 @@ def get_loaded(name: str, device: int, loader: Callable[[], LoadedKernel]) -> Lo
 
 
 def clear_loaded_kernels() -> None:
-    """Forget every cached LoadedKernel (for tests). Libraries stay loaded: launches may still use them."""
+    """Forget every cached LoadedKernel and loaded image (for tests). Libraries stay loaded: launches
+    may still use them."""
     with _key_locks_guard:
         _loaded.clear()
         _key_locks.clear()
+    with _libraries_guard:
+        _libraries.clear()
+        _library_users.clear()

@@ -1,5 +1,10 @@
 """manifest.json: what a built catalog holds, and the sha256 of every kernel file.
 
+Each kernel's entry names the file that holds it: a build compiles a few kernels per nvcc run
+(aot.ninja.plan_units), so several entries name one ``kernels/<unit>.fatbin``, and the loader finds
+each kernel in it by its symbol and its metadata's (spec.kernel_symbol, spec.metadata_symbol).
+Schema 1 (one file per kernel, one metadata symbol per file) is refused: rebuild.
+
 Written by the build, read by ``humming_aot.catalog`` at run time. The bytes are a function of the
 inputs only (sorted keys, no timestamps, no absolute paths), so the same kernels give the same
 manifest byte for byte.
@@ -9,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 from humming_aot import codegen
@@ -16,7 +22,7 @@ from humming_aot._version import __version__
 from humming_aot.params_abi import PARAMS_VERSION
 from humming_aot.spec import KernelKey
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 KERNELS_DIR = "kernels"
 HELPERS_DIR = "helpers"
@@ -35,9 +41,14 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def kernel_file(name: str) -> str:
-    """A kernel's file, relative to the catalog directory."""
-    return f"{KERNELS_DIR}/{name}.fatbin"
+# A kernel entry's file: a plain name in kernels/ (no directories, nothing outside the catalog).
+_KERNEL_FILE_RE = re.compile(rf"^{KERNELS_DIR}/[A-Za-z0-9][A-Za-z0-9._+-]*\.fatbin$")
+
+
+def kernel_file(path: Path) -> str:
+    """The manifest's name of a compiled kernel file (a build unit's fatbin), relative to the catalog
+    directory."""
+    return f"{KERNELS_DIR}/{Path(path).name}"
 
 
 def helper_file(name: str) -> str:
@@ -60,10 +71,14 @@ def build_manifest(
     from humming_aot.helper_kernels import HELPERS_VERSION
 
     kernels = {}
+    digests: dict[Path, str] = {}  # (a unit's file, hashed once for its keys)
     for key in sorted(keys):
+        path = Path(fatbins[key.name])
+        if path not in digests:
+            digests[path] = sha256_file(path)
         kernels[key.name] = {
-            "file": kernel_file(key.name),
-            "sha256": sha256_file(fatbins[key.name]),
+            "file": kernel_file(path),
+            "sha256": digests[path],
             "arch": key.arch,
             "toolkit": toolkit,
             "smem_bytes": codegen.kernel_smem_bytes(key),
@@ -110,12 +125,15 @@ def manifest_problems(manifest: object) -> list[str]:
     kernels = manifest.get("kernels", {})
     if not isinstance(kernels, dict):
         return problems + ["'kernels' is not an object"]
+    file_digests: dict[str, str] = {}
     for name, entry in sorted(kernels.items()):
         missing = [f for f in _ENTRY_FIELDS if not isinstance(entry, dict) or f not in entry]
         if missing:
             problems.append(f"kernel {name!r} lacks {', '.join(missing)}")
-        elif entry["file"] != kernel_file(name):
-            problems.append(f"kernel {name!r} points at {entry['file']!r}, expected {kernel_file(name)!r}")
+        elif not isinstance(entry["file"], str) or not _KERNEL_FILE_RE.match(entry["file"]):
+            problems.append(f"kernel {name!r} points at {entry['file']!r}, expected a file kernels/<name>.fatbin")
+        elif file_digests.setdefault(entry["file"], entry["sha256"]) != entry["sha256"]:
+            problems.append(f"kernel {name!r} gives {entry['file']!r} a sha256 another kernel in it does not")
     helpers = manifest.get("helpers", {})
     if not isinstance(helpers, dict):
         return problems + ["'helpers' is not an object"]

@@ -322,6 +322,11 @@ class KernelKey:
         return kernel_symbol(self.name)
 
     @property
+    def metadata_symbol(self) -> str:
+        """The C symbol of the kernel's KernelMetadata (spec.metadata_symbol)."""
+        return metadata_symbol(self.name)
+
+    @property
     def scales_in_fp32(self) -> bool:
         """Whether the kernel applies the weight scales to fp32 partial sums, so that the weight it
         multiplies with is (q - z) * s unrounded, instead of (q - z) * s rounded once to the
@@ -355,6 +360,12 @@ class KernelKey:
 def kernel_symbol(name: str) -> str:
     """C identifier of the kernel named `name`: '-' is not allowed in identifiers."""
     return name.replace("-", "_")
+
+
+def metadata_symbol(name: str) -> str:
+    """C identifier of the ``__constant__ KernelMetadata`` that describes kernel `name` (one per
+    kernel: a catalog's fatbin holds several kernels, each with its own)."""
+    return f"{kernel_symbol(name)}_metadata"
 
 
 def _short_to_long(name: str, short: str, what: str) -> str:

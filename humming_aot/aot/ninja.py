@@ -1,12 +1,13 @@
-"""The nvcc driver: one .cu per KernelKey, a build.ninja, parallel nvcc with progress, and a check
-that each fatbin holds SASS for exactly the arch its key names.
+"""The nvcc driver: the keys in units of a few kernels (plan_units), one .cu per unit, a
+build.ninja, parallel nvcc with progress, and a check that each fatbin holds SASS for exactly the
+arch its keys name.
 
 Layout of a build directory::
 
-    src/<name>.cu            codegen.kernel_source(key), rewritten only when the text changes
-    kernels/<name>.fatbin    nvcc -fatbin output: SASS for key.arch only, no PTX
-    build.ninja              one edge per key; header dependencies come from nvcc -MD, so an
-                             edited header rebuilds exactly the kernels that include it
+    src/<unit>.cu            codegen.unit_source(keys), rewritten only when the text changes
+    kernels/<unit>.fatbin    nvcc -fatbin output: SASS for the unit's arch only, no PTX
+    build.ninja              one edge per unit; header dependencies come from nvcc -MD, so an
+                             edited header rebuilds exactly the units that include it
 """
 from __future__ import annotations
 
@@ -61,6 +62,12 @@ PLAIN_W_DTYPES = frozenset({
     "float8e4m3", "float8e5m2", "float4e2m1", "float6e2m3", "float6e3m2",
 })
 _COMPRESS_MODE_SINCE = (12, 8)
+# Kernels compiled by one nvcc run. Each run pays about 0.5-0.7 s before its first kernel (the
+# host preprocessor and cicc's parse of cuda_runtime.h and our headers) of some 1.5-2.1 s a
+# wgmma-ws kernel takes alone, so units of 8 take about a third off a catalog's nvcc time (8
+# sm90a wgmma-ws keys on this project's build machine: 16.5 s one by one, 11.1 s as one unit;
+# docs/performance/log.md section 86), while the units stay many more than a build's cores.
+UNIT_KERNELS = 8
 _STATUS_PREFIX = "@@humming_aot"  # NINJA_STATUS marker: "@@humming_aot <finished> <total>@@ "
 _STATUS_RE = re.compile(r"^@@humming_aot (\d+) (\d+)@@ ?(.*)$")
 _FAILED_RE = re.compile(r"kernels/(\S+?)\.fatbin")
@@ -150,8 +157,50 @@ def _write_if_changed(path: Path, text: str) -> None:
         os.replace(tmp, path)
 
 
-def fatbin_path(out_dir: Path, key: KernelKey) -> Path:
-    return out_dir / "kernels" / f"{key.name}.fatbin"
+@dataclasses.dataclass(frozen=True, slots=True)
+class BuildUnit:
+    """Kernels compiled together into one fatbin: one arch, one storage (key_compression)."""
+
+    name: str
+    keys: tuple[KernelKey, ...]
+
+    @property
+    def arch(self) -> str:
+        return self.keys[0].arch
+
+
+def plan_units(keys: list[KernelKey], *, size: int = UNIT_KERNELS) -> list[BuildUnit]:
+    """The keys in units of about ``size`` kernels (at most 1.5 ``size``): grouped by arch and by
+    how "auto" compression stores them (key_compression: so the units are the same under every
+    compression choice, and one unit's kernels share their flags under each), in name order (a
+    unit holds neighbours: one body and weight format, its tiles). A unit ends after a key whose
+    name hashes to 0 modulo ``size``, or when full, so its bounds depend on the keys themselves,
+    not on their positions: adding or removing a key changes (and rebuilds) only the unit it
+    falls in, and now and then the next. A unit's name is its first key's and a digest of all of
+    them."""
+    import hashlib
+
+    if size < 1:
+        raise ValueError(f"a build unit holds at least one kernel, not {size}")
+    cap = max(1, size + size // 2)
+    groups: dict[tuple[str, str], list[KernelKey]] = {}
+    for key in sorted(set(keys)):
+        groups.setdefault((key.arch, key_compression(key, "auto")), []).append(key)
+    units = []
+    for _, members in sorted(groups.items()):
+        chunk: list[KernelKey] = []
+        for key in members:
+            chunk.append(key)
+            ends = int.from_bytes(hashlib.sha256(key.name.encode()).digest()[:4], "little") % size == 0
+            if ends or len(chunk) == cap or key is members[-1]:
+                digest = hashlib.sha256("\n".join(k.name for k in chunk).encode()).hexdigest()[:12]
+                units.append(BuildUnit(name=f"{chunk[0].name}.{len(chunk)}k-{digest}", keys=tuple(chunk)))
+                chunk = []
+    return units
+
+
+def unit_fatbin_path(out_dir: Path, unit: BuildUnit) -> Path:
+    return out_dir / "kernels" / f"{unit.name}.fatbin"
 
 
 def helper_fatbin_path(out_dir: Path, name: str) -> Path:
@@ -183,12 +232,12 @@ def key_compression(key: KernelKey, compression: str) -> str:
     return compression
 
 
-def write_build_files(keys: list[KernelKey], out_dir: Path, *, nvcc: Path, include_dir: Path,
+def write_build_files(units: list[BuildUnit], out_dir: Path, *, nvcc: Path, include_dir: Path,
                       helper_units: list[tuple[str, str]] = (), extra_flags: tuple[str, ...] = (),
                       compressed: frozenset[str] = frozenset()) -> Path:
-    """Write src/<name>.cu for each key (and each (unit, arch) of helper kernels,
+    """Write src/<unit>.cu for each build unit (and each (unit, arch) of helper kernels,
     humming_aot.helper_kernels) and the build.ninja that compiles them (NVCC_FLAGS, then for the
-    keys named in ``compressed``, extra_flags: compression_flags'); returns its path."""
+    units whose keys are named in ``compressed``, extra_flags: compression_flags'); returns its path."""
     from humming_aot import helper_kernels
 
     (out_dir / "src").mkdir(parents=True, exist_ok=True)
@@ -209,14 +258,17 @@ def write_build_files(keys: list[KernelKey], out_dir: Path, *, nvcc: Path, inclu
         "  description = $name",
         "",
     ]
-    for key in sorted(keys):
-        _write_if_changed(out_dir / "src" / f"{key.name}.cu", codegen.kernel_source(key))
+    for unit in units:
+        squeezed = {key.name in compressed for key in unit.keys}
+        if len(squeezed) != 1:
+            raise ValueError(f"build unit {unit.name} mixes compressed and plain kernels: plan_units keeps them apart")
+        _write_if_changed(out_dir / "src" / f"{unit.name}.cu", codegen.unit_source(list(unit.keys)))
         lines += [
-            f"build kernels/{key.name}.fatbin: nvcc src/{key.name}.cu",
-            f"  gencode = {' '.join(nvcc_gencode(key.arch))}",
-            f"  name = {key.name}",
+            f"build kernels/{unit.name}.fatbin: nvcc src/{unit.name}.cu",
+            f"  gencode = {' '.join(nvcc_gencode(unit.arch))}",
+            f"  name = {unit.name}",
         ]
-        if key.name in compressed and extra_flags:  # (a build's own nvcc_flags: the others' commands stay as they were)
+        if squeezed == {True} and extra_flags:  # (a build's own nvcc_flags: the others' commands stay as they were)
             lines.append(f"  nvcc_flags = {' '.join((*NVCC_FLAGS, *extra_flags))}")
     for unit, arch in sorted(helper_units):
         name = helper_kernels.unit_name(unit, arch)
@@ -308,9 +360,11 @@ def _parse_failures(lines: list[str]) -> list[tuple[str, str]]:
     return failures
 
 
-def run_ninja(out_dir: Path, *, jobs: int, stream: TextIO | None = None) -> int:
-    """Run ninja in ``out_dir`` with progress on ``stream``; returns how many kernels it compiled
-    (0: all up to date). CompileError names each failed kernel with nvcc's output."""
+def run_ninja(out_dir: Path, *, jobs: int, stream: TextIO | None = None,
+              units: dict[str, tuple[str, ...]] | None = None) -> int:
+    """Run ninja in ``out_dir`` with progress on ``stream``; returns how many fatbins it compiled
+    (0: all up to date). CompileError names each failed unit with nvcc's output, and the kernels
+    ``units`` (unit name -> key names) says it holds."""
     stream = stream or sys.stderr
     progress = Progress(stream)
     proc = subprocess.Popen(
@@ -350,7 +404,11 @@ def run_ninja(out_dir: Path, *, jobs: int, stream: TextIO | None = None) -> int:
         failures = _parse_failures(output)
         if not failures:
             raise CompileError(f"ninja failed (exit {rc}) in {out_dir}:\n" + "\n".join(output[-40:]))
-        text = "\n\n".join(f"nvcc failed for {name}:\n{log.strip()}" for name, log in failures)
+        def held(name: str) -> str:
+            keys = (units or {}).get(name)
+            return f" (the unit of {', '.join(keys)})" if keys else ""
+
+        text = "\n\n".join(f"nvcc failed for {name}{held(name)}:\n{log.strip()}" for name, log in failures)
         raise CompileError(f"{text}\n\n(build directory: {out_dir}; rerun `ninja -C {out_dir}` to see the commands)")
     return progress.done
 
@@ -358,7 +416,7 @@ def run_ninja(out_dir: Path, *, jobs: int, stream: TextIO | None = None) -> int:
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class CompileResult:
     out_dir: Path
-    fatbins: dict[str, Path]  # key name -> kernels/<name>.fatbin
+    fatbins: dict[str, Path]  # key name -> kernels/<unit>.fatbin (its unit's; several keys share one)
     nvcc: NvccInfo
     seconds: float
     helpers: dict[str, tuple[str, str, Path]] = dataclasses.field(default_factory=dict)
@@ -366,7 +424,7 @@ class CompileResult:
 
 
 def kernel_build_seconds(out_dir: Path) -> dict[str, float]:
-    """Seconds nvcc took for each kernel under ``out_dir`` (key name -> seconds), from ninja's own
+    """Seconds nvcc took for each fatbin under ``out_dir`` (build unit name -> seconds), from ninja's own
     log (the newest entry per output; kernels built by an earlier run keep that run's time)."""
     log = Path(out_dir) / ".ninja_log"
     seconds: dict[str, float] = {}
@@ -395,10 +453,11 @@ def compile_keys(
     helper_units: list[tuple[str, str]] = (),
     compression: str = "auto",
 ) -> CompileResult:
-    """Generate, compile and check one fatbin per key, and one per (unit, arch) of
-    ``helper_units``, under ``out_dir`` (incremental; a changed compression rebuilds the fatbins whose
-    storage it changes: ninja keeps each output's command). ``compression`` (FATBIN_COMPRESSION) picks
-    each kernel's storage by key_compression; the helper kernels are stored as nvcc writes them."""
+    """Generate, compile and check one fatbin per build unit of the keys (plan_units), and one per
+    (unit, arch) of ``helper_units``, under ``out_dir`` (incremental; a changed compression rebuilds
+    the fatbins whose storage it changes: ninja keeps each output's command). ``compression``
+    (FATBIN_COMPRESSION) picks each kernel's storage by key_compression; the helper kernels are
+    stored as nvcc writes them."""
     from humming_aot import helper_kernels
 
     stream = stream or sys.stderr
@@ -409,18 +468,22 @@ def compile_keys(
     out_dir = Path(out_dir).resolve()
     start = time.monotonic()
     compressed = frozenset(key.name for key in keys if key_compression(key, compression) == "size")
-    write_build_files(keys, out_dir, nvcc=info.path, include_dir=include_dir, helper_units=helper_units,
+    units = plan_units(keys)
+    write_build_files(units, out_dir, nvcc=info.path, include_dir=include_dir, helper_units=helper_units,
                       extra_flags=flags, compressed=compressed)
     noun = "kernel" if len(keys) == 1 else "kernels"
-    stream.write(f"compiling {len(keys)} {noun} with nvcc {info.cuda_version} (-j {jobs}) in {out_dir}\n")
+    stream.write(f"compiling {len(keys)} {noun} in {len(units)} units with nvcc {info.cuda_version} (-j {jobs}) "
+                 f"in {out_dir}\n")
     stream.flush()
-    if run_ninja(out_dir, jobs=jobs, stream=stream) == 0:
+    contents = {unit.name: tuple(key.name for key in unit.keys) for unit in units}
+    if run_ninja(out_dir, jobs=jobs, stream=stream, units=contents) == 0:
         stream.write("all kernels are up to date\n")
     fatbins = {}
-    for key in sorted(keys):
-        path = fatbin_path(out_dir, key)
-        check_fatbin_target(path.read_bytes(), key.arch, what=str(path))
-        fatbins[key.name] = path
+    for unit in units:
+        path = unit_fatbin_path(out_dir, unit)
+        check_fatbin_target(path.read_bytes(), unit.arch, what=str(path))
+        for key in unit.keys:
+            fatbins[key.name] = path
     helpers = {}
     for unit, arch in sorted(helper_units):
         name = helper_kernels.unit_name(unit, arch)

@@ -326,9 +326,9 @@ def build(
     nvcc_seconds = kernel_build_seconds(build_dir)
     fatbin_bytes: Counter = Counter()
     compile_seconds: Counter = Counter()
-    for key in enumeration.keys:
-        fatbin_bytes[key.arch] += result.fatbins[key.name].stat().st_size
-        compile_seconds[key.arch] += nvcc_seconds.get(key.name, 0.0)
+    for path, arch in {result.fatbins[key.name]: key.arch for key in enumeration.keys}.items():  # (units once)
+        fatbin_bytes[arch] += path.stat().st_size
+        compile_seconds[arch] += nvcc_seconds.get(path.stem, 0.0)
     return BuildSummary(
         catalog=enumeration.catalog,
         kernels_per_arch={arch: per_arch[arch] for arch in enumeration.archs},

@@ -1,5 +1,5 @@
 """Reading and checking a CUDA cubin without a GPU: ELF header, sections, symbols, and the kernel's
-self-description (``humming_aot_kernel_metadata``).
+self-description (its KernelMetadata, ``KernelKey.metadata_symbol``).
 
 A JIT cubin is published to the cache only after ``check_cubin`` accepts it, and every cache hit is
 checked again, so a truncated or foreign file is caught before the driver sees it.
@@ -138,9 +138,9 @@ def check_cubin(data: bytes, key: KernelKey) -> None:
     function = cubin.symbols.get(key.symbol)
     if function is None or function.type != STT_FUNC:
         raise CubinError(f"kernel {key.name}: the cubin has no kernel function {key.symbol}")
-    if kernels.KERNEL_METADATA_SYMBOL not in cubin.symbols:
-        raise CubinError(f"kernel {key.name}: the cubin has no {kernels.KERNEL_METADATA_SYMBOL} symbol")
-    raw = cubin.symbol_bytes(kernels.KERNEL_METADATA_SYMBOL)
+    if key.metadata_symbol not in cubin.symbols:
+        raise CubinError(f"kernel {key.name}: the cubin has no {key.metadata_symbol} symbol")
+    raw = cubin.symbol_bytes(key.metadata_symbol)
     try:
         metadata = kernels.parse_kernel_metadata(raw, kernel=key.name)
         kernels.check_kernel_metadata(metadata, name=key.name, expected=expected_metadata(key))

@@ -95,11 +95,28 @@ def test_driver_compiles_each_key_for_its_arch(tmp_path):
         number, suffix = parse_arch(key.arch)
         (entry,) = driver.read_fatbin(result.fatbins[key.name].read_bytes())
         assert (entry.kind, entry.sm, entry.suffix, entry.elf_sm) == (driver.KIND_ELF, number, suffix, number)
-        assert (tmp_path / "out" / "src" / f"{key.name}.cu").is_file()
+        assert (tmp_path / "out" / "src" / f"{result.fatbins[key.name].stem}.cu").is_file()
     text = log.getvalue()
-    assert "compiling 4 kernels with nvcc 13" in text or "compiling 4 kernels with nvcc" in text
+    assert "compiling 4 kernels in 4 units with nvcc" in text  # (one arch a unit)
     assert "[4/4]" in text and "ETA" in text
     assert result.nvcc.toolkit.startswith("Cuda compilation tools, release ")
+
+
+@needs_nvcc
+def test_keys_of_one_arch_share_a_fatbin_each_with_its_own_metadata(tmp_path):
+    include = write_stand_in(tmp_path / "include")
+    keys = [smoke_keys(["sm80"])[0], int8_key("sm80")]
+    log = io.StringIO()
+    result = driver.compile_keys(keys, tmp_path / "out", jobs=2, include_dir=include, stream=log)
+    assert "compiling 2 kernels in 1 units with nvcc" in log.getvalue()
+    (path,) = {result.fatbins[key.name] for key in keys}
+    assert path.name.startswith(keys[0].name + ".2k-") and path.parent.name == "kernels"
+    (entry,) = driver.read_fatbin(path.read_bytes())
+    assert (entry.kind, entry.elf_sm) == (driver.KIND_ELF, 80)
+    data = path.read_bytes()
+    for key in keys:  # each kernel is its own symbol, and describes itself through its own metadata
+        assert key.symbol.encode() + b"\0" in data and key.metadata_symbol.encode() + b"\0" in data
+        assert key.name.encode() + b"\0" in data
 
 
 @needs_nvcc
@@ -141,9 +158,9 @@ def test_failure_names_the_key_and_shows_nvcc_output(tmp_path):
     with pytest.raises(driver.CompileError) as info:
         driver.compile_keys([good, bad], tmp_path / "out", jobs=2, include_dir=include, stream=io.StringIO())
     message = str(info.value)
-    assert f"nvcc failed for {bad.name}:" in message
+    unit = driver.plan_units([good, bad])[0].name  # (one unit holds both)
+    assert f"nvcc failed for {unit} (the unit of {good.name}, {bad.name}):" in message
     assert "stand-in failure for 8-bit weights" in message
-    assert f"nvcc failed for {good.name}" not in message
 
 
 def test_missing_nvcc_says_how_to_fix(monkeypatch, tmp_path):
@@ -162,8 +179,9 @@ def test_missing_nvcc_says_how_to_fix(monkeypatch, tmp_path):
 def test_check_rejects_ptx_and_other_archs(tmp_path):
     include = write_stand_in(tmp_path / "include")
     key = smoke_keys(["sm80"])[0]
-    driver.write_build_files([key], tmp_path, nvcc=driver.find_nvcc(), include_dir=include)
-    source = tmp_path / "src" / f"{key.name}.cu"
+    (unit,) = driver.plan_units([key])
+    driver.write_build_files([unit], tmp_path, nvcc=driver.find_nvcc(), include_dir=include)
+    source = tmp_path / "src" / f"{unit.name}.cu"
     out = tmp_path / "ptx.fatbin"
     subprocess.run([str(driver.find_nvcc()), *driver.NVCC_FLAGS, "-I", str(include),
                     "-gencode=arch=compute_80,code=[sm_80,compute_80]", "-o", str(out), str(source)], check=True)
@@ -280,8 +298,8 @@ def test_smoke_catalog_compiles_for_sm80_sm89_sm90a(tmp_path):
         (entry,) = driver.read_fatbin(data)
         assert (entry.kind, entry.sm, entry.suffix, entry.compressed) == (driver.KIND_ELF, number, suffix, False)
         assert entry.elf_sm == number
-        # the kernel is its own symbol, and it describes itself through the metadata constant
-        assert key.name.encode() in data and b"humming_aot_kernel_metadata" in data
+        # the kernel is its own symbol, and it describes itself through its metadata constant
+        assert key.name.encode() in data and key.metadata_symbol.encode() in data
         if cuobjdump:
             listing = subprocess.run([cuobjdump, "--list-elf", str(result.fatbins[key.name])],
                                      capture_output=True, text=True, check=True).stdout

@@ -12,6 +12,7 @@ import pytest
 
 from humming_aot import codegen, heuristics, support, w4a8, w8a8
 from humming_aot._version import __version__
+from humming_aot.aot.ninja import plan_units
 from humming_aot.catalog import Catalog, CatalogIntegrityError, installed_catalog, test_keys
 from humming_aot.enumerate import (
     catalog_archs,
@@ -292,13 +293,14 @@ def test_catalog_includes(tmp_path):
 
 
 def _fake_build(directory: Path, keys) -> dict[str, Path]:
-    """Stand-in fatbins whose bytes depend only on the key name."""
+    """Stand-in fatbins, one per build unit (aot.ninja.plan_units), whose bytes depend only on its
+    keys' names."""
     (directory / "kernels").mkdir(parents=True, exist_ok=True)
     fatbins = {}
-    for key in keys:
-        path = directory / "kernels" / f"{key.name}.fatbin"
-        path.write_bytes(hashlib.sha512(key.name.encode()).digest() * 8)
-        fatbins[key.name] = path
+    for unit in plan_units(keys):
+        path = directory / "kernels" / f"{unit.name}.fatbin"
+        path.write_bytes(b"".join(hashlib.sha512(key.name.encode()).digest() * 8 for key in unit.keys))
+        fatbins.update((key.name, path) for key in unit.keys)
     return fatbins
 
 
@@ -324,11 +326,12 @@ def test_manifest_content(tmp_path):
     assert manifest["archs"] == ["sm80", "sm89"]
     assert manifest["cuda_version"] == "13.0" and manifest["toolkit"] == TOOLKIT
     assert list(manifest["kernels"]) == sorted(k.name for k in keys)
+    unit_of = {key.name: unit.name for unit in plan_units(keys) for key in unit.keys}
     for key in keys:
         entry = manifest["kernels"][key.name]
         data = (tmp_path / entry["file"]).read_bytes()
         assert entry == {
-            "file": f"kernels/{key.name}.fatbin",
+            "file": f"kernels/{unit_of[key.name]}.fatbin",
             "sha256": hashlib.sha256(data).hexdigest(),
             "arch": key.arch,
             "toolkit": TOOLKIT,
@@ -340,11 +343,21 @@ def test_manifest_content(tmp_path):
 
 def test_manifest_problems():
     assert manifest_problems([]) == ["the top level is not a JSON object"]
-    assert "schema_version" in manifest_problems({"schema_version": 2})[0]
-    bad = {"schema_version": 1, "kernels": {"k": {"file": "../../etc/passwd"}}}
+    assert "schema_version is 1, this humming_aot reads 2" in manifest_problems({"schema_version": 1})[0]
+    bad = {"schema_version": 2, "kernels": {"k": {"file": "../../etc/passwd"}}}
     problems = manifest_problems(bad)
     assert any("missing field 'toolkit'" in p for p in problems)
     assert any("kernel 'k' lacks" in p for p in problems)
+    entry = {"sha256": "a" * 64, "arch": "sm90a", "toolkit": "t", "smem_bytes": 0, "threads": 128, "params_version": 6}
+    for path in ("../../etc/passwd", "kernels/../x.fatbin", "kernels/a/b.fatbin", "/abs/kernels/x.fatbin",
+                 "kernels/x.cubin", "kernels/.fatbin", 7):
+        problems = manifest_problems({"schema_version": 2, "kernels": {"k": {**entry, "file": path}}})
+        assert any(f"kernel 'k' points at {path!r}" in p for p in problems), path
+    shared = {"k1": {**entry, "file": "kernels/u.fatbin"}, "k2": {**entry, "file": "kernels/u.fatbin"}}
+    assert not any("'k" in p for p in manifest_problems({"schema_version": 2, "kernels": shared}))
+    shared["k2"] = {**entry, "file": "kernels/u.fatbin", "sha256": "b" * 64}
+    assert any("kernel 'k2' gives 'kernels/u.fatbin' a sha256" in p
+               for p in manifest_problems({"schema_version": 2, "kernels": shared}))
 
 
 # --- run-time catalog --------------------------------------------------------------------------
@@ -371,7 +384,8 @@ def test_catalog_lookup_and_read(catalog_dir):
     key = KernelKey.from_name(name)
     entry = catalog.lookup(key.name)
     assert entry.arch == "sm90a" and entry.key == key and entry.cuda_version == "13.0"
-    assert entry.path == catalog_dir / "kernels" / f"{key.name}.fatbin"
+    (unit,) = plan_units([key])
+    assert entry.path == catalog_dir / "kernels" / f"{unit.name}.fatbin"
     assert catalog.read_image(key.name) == entry.path.read_bytes()
     assert catalog.lookup("gemm_nothing") is None
     assert catalog.keys_for("sm89") == []

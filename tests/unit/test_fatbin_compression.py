@@ -65,17 +65,25 @@ def test_auto_compression_stores_the_grouped_and_uncommon_format_kernels_compres
     for key in packed + others:  # the other two choices treat every kernel alike
         assert (driver.key_compression(key, "none"), driver.key_compression(key, "size")) == ("none", "size")
     texts = {}
+    units = driver.plan_units(packed + others)  # (the same under every choice)
+    unit_of = {key.name: f"kernels/{unit.name}.fatbin" for unit in units for key in unit.keys}
+    assert len({unit_of[k.name] for k in packed} & {unit_of[k.name] for k in others}) == 0
     for mode in ("none", "auto"):
         flags = driver.compression_flags(mode, "13.0")
         compressed = frozenset(k.name for k in packed + others if driver.key_compression(k, mode) == "size")
-        path = driver.write_build_files(packed + others, tmp_path / mode, nvcc=Path("/usr/bin/nvcc"),
+        path = driver.write_build_files(units, tmp_path / mode, nvcc=Path("/usr/bin/nvcc"),
                                         include_dir=tmp_path, extra_flags=flags, compressed=compressed)
         texts[mode] = path.read_text().replace(str(tmp_path / mode), "")
     blocks = {mode: {block.split(":", 1)[0]: block for block in text.split("\nbuild ")[1:]} for mode, text in texts.items()}
     for key in others:
-        block = blocks["auto"][f"kernels/{key.name}.fatbin"]
-        assert "compress-mode" not in block and block == blocks["none"][f"kernels/{key.name}.fatbin"]
+        block = blocks["auto"][unit_of[key.name]]
+        assert "compress-mode" not in block and block == blocks["none"][unit_of[key.name]]
     for key in packed:
         assert "  nvcc_flags = -fatbin -O3 -std=c++17 --expt-relaxed-constexpr --compress-mode=size" in \
-            blocks["auto"][f"kernels/{key.name}.fatbin"]
-    assert texts["none"].count("compress-mode") == 0 and texts["auto"].count("compress-mode") == 2
+            blocks["auto"][unit_of[key.name]]
+    packed_units = len({unit_of[k.name] for k in packed})
+    assert texts["none"].count("compress-mode") == 0 and texts["auto"].count("compress-mode") == packed_units
+    with pytest.raises(ValueError, match="mixes compressed and plain kernels"):
+        driver.write_build_files([driver.BuildUnit(name="u", keys=(packed[0], others[0]))], tmp_path / "mixed",
+                                 nvcc=Path("/usr/bin/nvcc"), include_dir=tmp_path, extra_flags=flags,
+                                 compressed=frozenset({packed[0].name}))

@@ -177,9 +177,9 @@ def test_nvrtc_cubin_matches_the_nvcc_build(key, tmp_path):
     number, _ = parse_arch(arch)
     assert ours.sm == theirs.sm == number  # e_flags; sm_90a / sm_120 as sm_90 / sm_120
     assert _symbols(result.data, STT_FUNC) == _symbols(theirs.data, STT_FUNC) == {key.symbol}
-    assert kernels.KERNEL_METADATA_SYMBOL in _symbols(result.data, STT_OBJECT) & _symbols(theirs.data, STT_OBJECT)
-    metadata = ours.symbol_bytes(kernels.KERNEL_METADATA_SYMBOL)
-    assert metadata == theirs.symbol_bytes(kernels.KERNEL_METADATA_SYMBOL)
+    assert key.metadata_symbol in _symbols(result.data, STT_OBJECT) & _symbols(theirs.data, STT_OBJECT)
+    metadata = ours.symbol_bytes(key.metadata_symbol)
+    assert metadata == theirs.symbol_bytes(key.metadata_symbol)
     assert kernels.parse_kernel_metadata(metadata, kernel=key.name).name == key.name
     # Same compiler release: an mma.sync kernel with one K warp has byte-identical SASS (so the GPU
     # output is too). The wgmma kernel, and mma.sync kernels whose K warps share the epilogue, are

@@ -75,7 +75,7 @@ class FakeLauncher:
 
     def read_global(self, library, name, device):
         self._maybe_fail("read_global")
-        assert name == kernels.KERNEL_METADATA_SYMBOL
+        assert name in {f"{symbol}_metadata" for symbol in self.kernel_names}  # (each kernel's own)
         return self.metadata
 
     def set_max_dynamic_smem(self, kernel, device, nbytes):
@@ -135,7 +135,7 @@ def test_parse_name_of_full_length():
 
 @pytest.mark.parametrize("size", [0, 255, 257, 512])
 def test_parse_refuses_wrong_size(size):
-    with pytest.raises(kernels.KernelMetadataError, match=f"{NAME}: humming_aot_kernel_metadata is {size} bytes") as caught:
+    with pytest.raises(kernels.KernelMetadataError, match=f"{NAME}: {kernel_symbol(NAME)}_metadata is {size} bytes") as caught:
         kernels.parse_kernel_metadata(b"\0" * size, kernel=NAME)
     assert (caught.value.field, caught.value.found, caught.value.expected) == ("size", size, 256)
 
@@ -250,6 +250,43 @@ def test_missing_kernel_symbol(monkeypatch):
     with pytest.raises(RuntimeError, match=rf"cuLibraryGetKernel\({kernel_symbol(NAME)}\): CUDA_ERROR_NOT_FOUND"):
         load()
     assert fake.unloaded == list(fake.loaded)
+
+
+class UnitFake(FakeLauncher):
+    """One image holding two kernels, each with its own metadata (a catalog build unit)."""
+
+    def __init__(self, names):
+        super().__init__(b"", kernel_names=tuple(kernel_symbol(n) for n in names))
+        self.metadata_of = {f"{kernel_symbol(n)}_metadata": metadata_bytes(name=n) for n in names}
+
+    def load_library(self, image, what):
+        self._next += 0x10
+        self.loaded[self._next] = bytes(image)
+        return self._next
+
+    def read_global(self, library, name, device):
+        return self.metadata_of[name]
+
+
+def test_kernels_of_one_image_share_its_library(monkeypatch):
+    other = NAME.replace("16x64x64", "32x64x64")
+    fake = UnitFake([NAME, other]).install(monkeypatch)
+    first = kernels.load_kernel_image(b"unit", name=NAME, expected=MANIFEST_ENTRY, device=0)
+    second = kernels.load_kernel_image(b"unit", name=other, expected=MANIFEST_ENTRY, device=1)
+    assert first.library == second.library and list(fake.loaded) == [first.library]
+    assert (first.kernel, second.kernel) == (first.library + 1, first.library + 1)  # (the fake's one handle)
+    # a kernel that fails to load leaves the shared library loaded; another image gets its own
+    with pytest.raises(kernels.KernelMetadataError):
+        kernels.load_kernel_image(b"unit", name=other, expected=MANIFEST_ENTRY | {"threads": 64}, device=0)
+    assert fake.unloaded == []
+    third = kernels.load_kernel_image(b"another unit", name=NAME, expected=MANIFEST_ENTRY, device=0)
+    assert third.library != first.library and len(fake.loaded) == 2
+    # an image whose only kernel failed is unloaded, and loaded afresh next time
+    with pytest.raises(kernels.KernelMetadataError):
+        kernels.load_kernel_image(b"third unit", name=NAME, expected=MANIFEST_ENTRY | {"threads": 64}, device=0)
+    assert fake.unloaded == [max(fake.loaded)]
+    fourth = kernels.load_kernel_image(b"third unit", name=NAME, expected=MANIFEST_ENTRY, device=0)
+    assert fourth.library not in fake.unloaded and len(fake.loaded) == 4
 
 
 # ---- LoadedKernel.launch ----

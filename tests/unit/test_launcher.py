@@ -118,7 +118,7 @@ _DRIVER_CALLS = {
     "load_library": lambda c: c.load_library(_fatbin(), "kernel gemm_test"),
     "unload_library": lambda c: c.unload_library(1),
     "get_kernel": lambda c: c.get_kernel(1, "gemm_test"),
-    "read_global": lambda c: c.read_global(1, "humming_aot_kernel_metadata", 0),
+    "read_global": lambda c: c.read_global(1, "gemm_test_metadata", 0),
     "set_max_dynamic_smem": lambda c: c.set_max_dynamic_smem(1, 0, 100_000),
     "kernel_attribute": lambda c: c.kernel_attribute(1, _launcher.FunctionAttribute.NUM_REGS, 0),
     "device_attribute": lambda c: c.device_attribute(0, _launcher.DeviceAttribute.MULTIPROCESSOR_COUNT),

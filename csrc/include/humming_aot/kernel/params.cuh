@@ -227,7 +227,8 @@ struct GroupedScaledGemmParams {
 static_assert(sizeof(GroupedScaledGemmParams) == 176,
               "GroupedScaledGemmParams is GroupedGemmParams, a pointer and two ints");
 
-// Exported as `extern "C" __constant__ KernelMetadata humming_aot_kernel_metadata` (256 bytes).
+// Exported beside each kernel as `extern "C" __constant__ KernelMetadata <kernel symbol>_metadata`
+// (256 bytes; humming_aot.spec.metadata_symbol).
 struct KernelMetadata {
   u32 magic;           // kMetadataMagic
   u32 params_version;  // kParamsVersion the kernel was compiled against
