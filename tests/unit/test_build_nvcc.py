@@ -103,23 +103,6 @@ def test_driver_compiles_each_key_for_its_arch(tmp_path):
 
 
 @needs_nvcc
-def test_keys_of_one_arch_share_a_fatbin_each_with_its_own_metadata(tmp_path):
-    include = write_stand_in(tmp_path / "include")
-    keys = [smoke_keys(["sm80"])[0], int8_key("sm80")]
-    log = io.StringIO()
-    result = driver.compile_keys(keys, tmp_path / "out", jobs=2, include_dir=include, stream=log)
-    assert "compiling 2 kernels in 1 units with nvcc" in log.getvalue()
-    (path,) = {result.fatbins[key.name] for key in keys}
-    assert path.name.startswith(keys[0].name + ".2k-") and path.parent.name == "kernels"
-    (entry,) = driver.read_fatbin(path.read_bytes())
-    assert (entry.kind, entry.elf_sm) == (driver.KIND_ELF, 80)
-    data = path.read_bytes()
-    for key in keys:  # each kernel is its own symbol, and describes itself through its own metadata
-        assert key.symbol.encode() + b"\0" in data and key.metadata_symbol.encode() + b"\0" in data
-        assert key.name.encode() + b"\0" in data
-
-
-@needs_nvcc
 def test_driver_is_incremental_and_follows_headers(tmp_path):
     include = write_stand_in(tmp_path / "include")
     keys = smoke_keys(["sm80"])
