@@ -90,6 +90,7 @@ def time_loads(image: bytes, key, repeats: int, device: int) -> tuple[float, lis
         loaded = kernels.load_kernel_image(image, name=key.name, expected=expected, device=device)
         times.append((time.perf_counter() - start) * 1e6)
         _launcher.unload_library(loaded.library)
+        kernels.clear_loaded_kernels()  # (forget the unloaded library: the next load is a fresh one)
     return times[0], times[1:]
 
 
