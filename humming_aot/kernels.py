@@ -239,18 +239,20 @@ def check_kernel_metadata(metadata: KernelMetadata, *, name: str, expected: Mapp
 
 
 def load_kernel_image(
-    image: bytes, *, name: str, expected: Mapping[str, object] | object, device: int
+    image: bytes, *, name: str, expected: Mapping[str, object] | object, device: int, image_digest: str | None = None
 ) -> LoadedKernel:
     """Load ``image`` (fatbin or cubin bytes), check its metadata, prepare kernel ``name`` for ``device``.
 
     ``expected`` is the manifest entry (see :func:`check_kernel_metadata`). An image another kernel
-    was loaded from is not loaded again: its library is shared. On any failure a library loaded by
+    was loaded from is not loaded again: its library is shared (``image_digest``: the image's
+    sha256 where the caller knows it, as the catalog does; else it is computed). On any failure a library loaded by
     this call is unloaded again and the error propagates: KernelMetadataError for a metadata mismatch,
     ``_launcher.CudaError`` for a driver failure (e.g. CUDA_ERROR_NO_BINARY_FOR_GPU when the image
     has no code for this GPU), ``_launcher.DriverNotFoundError`` without a driver, ValueError for a
     bad HUMMING_AOT_PDL or HUMMING_AOT_CLUSTERS.
     """
-    library, shared = _library_of(image, name)
+    digest = image_digest or hashlib.sha256(image).hexdigest()
+    library, shared = _library_of(image, digest, name)
     try:
         kernel = _launcher.get_kernel(library, kernel_symbol(name))
         metadata = parse_kernel_metadata(_launcher.read_global(library, metadata_symbol(name), device), kernel=name)
@@ -261,7 +263,7 @@ def load_kernel_image(
         if not isinstance(error, KernelMetadataError):
             error.add_note(f"while loading kernel {name} on device {device}")
         if not shared:  # (a library another kernel already uses stays)
-            _forget_library(image, library)
+            _forget_library(digest, library)
             try:
                 _launcher.unload_library(library)
             except Exception as unload_error:  # report, but keep the original error in front
@@ -283,15 +285,15 @@ def load_kernel_image(
 
 # ---- Loaded images: one CUlibrary per image (a catalog file holds a few kernels) ----
 
-_libraries: dict[bytes, int] = {}  # sha256 of the image -> CUlibrary (for every device: cuLibrary*)
+_libraries: dict[str, int] = {}  # sha256 of the image -> CUlibrary (for every device: cuLibrary*)
 _library_users: dict[int, int] = {}  # CUlibrary -> how many kernels loaded from it succeeded
 _libraries_guard = threading.Lock()
 
 
-def _library_of(image: bytes, name: str) -> tuple[int, bool]:
-    """(the CUlibrary of ``image``, whether a kernel already loaded from it): an image a kernel was
-    loaded from before is not loaded (or, compressed, inflated) again for its neighbours."""
-    digest = hashlib.sha256(image).digest()
+def _library_of(image: bytes, digest: str, name: str) -> tuple[int, bool]:
+    """(the CUlibrary of ``image``, whose sha256 is ``digest``, and whether a kernel already loaded
+    from it): an image a kernel was loaded from before is not loaded (or, compressed, inflated)
+    again for its neighbours."""
     with _libraries_guard:
         library = _libraries.get(digest)
         if library is not None and _library_users.get(library, 0) > 0:
@@ -302,9 +304,8 @@ def _library_of(image: bytes, name: str) -> tuple[int, bool]:
         return library, False
 
 
-def _forget_library(image: bytes, library: int) -> None:
+def _forget_library(digest: str, library: int) -> None:
     with _libraries_guard:
-        digest = hashlib.sha256(image).digest()
         if _libraries.get(digest) == library:
             del _libraries[digest]
         _library_users.pop(library, None)

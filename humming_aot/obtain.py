@@ -139,7 +139,7 @@ def load(key: KernelKey, info: "DeviceInfo") -> "LoadedKernel":
         return kernels.get_loaded(
             key.name, info.index,
             lambda: kernels.load_kernel_image(catalog.read_image(key.name), name=key.name, expected=entry,
-                                              device=info.index),
+                                              device=info.index, image_digest=entry.sha256),
         )
     usable, reason = _jit_usable(key.arch)
     if not usable:

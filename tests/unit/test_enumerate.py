@@ -409,6 +409,21 @@ def test_corrupt_kernel_file_is_an_error_naming_file_and_hashes(catalog_dir):
         catalog.read_image(key.name)
 
 
+def test_a_unit_file_is_read_and_checked_once_for_its_kernels(tmp_path):
+    keys = enumerate_keys("default", ["sm90a"])
+    unit = next(u for u in plan_units(keys) if len(u.keys) >= 3)
+    directory = tmp_path / "cat"
+    write_manifest(_manifest(directory, list(unit.keys), catalog="default"), directory / MANIFEST_NAME)
+    catalog = Catalog.from_dirs([directory])
+    first, second, third = (catalog.lookup(key.name) for key in unit.keys[:3])
+    assert first.path == second.path == third.path and first.sha256 == second.sha256
+    data = catalog.read_image(first.name)
+    first.path.write_bytes(b"replaced after the first read")
+    assert catalog.read_image(second.name) is data  # (the checked bytes, not the file again)
+    with pytest.raises(CatalogIntegrityError, match="does not match the manifest"):
+        Catalog.from_dirs([directory]).read_image(third.name)  # another process reads the file anew
+
+
 def test_catalog_from_another_version_is_refused(catalog_dir):
     manifest = json.loads((catalog_dir / MANIFEST_NAME).read_text())
     manifest["package_version"] = "0.0.1"

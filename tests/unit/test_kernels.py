@@ -287,6 +287,12 @@ def test_kernels_of_one_image_share_its_library(monkeypatch):
     assert fake.unloaded == [max(fake.loaded)]
     fourth = kernels.load_kernel_image(b"third unit", name=NAME, expected=MANIFEST_ENTRY, device=0)
     assert fourth.library not in fake.unloaded and len(fake.loaded) == 4
+    # a caller that knows the image's sha256 (the catalog's manifest) names it: no hashing
+    fifth = kernels.load_kernel_image(b"fourth unit", name=NAME, expected=MANIFEST_ENTRY, device=0,
+                                      image_digest="f" * 64)
+    sixth = kernels.load_kernel_image(b"fourth unit", name=other, expected=MANIFEST_ENTRY, device=0,
+                                      image_digest="f" * 64)
+    assert fifth.library == sixth.library and len(fake.loaded) == 5
 
 
 # ---- LoadedKernel.launch ----
