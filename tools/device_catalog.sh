@@ -3,8 +3,8 @@
 # the GPU box, as one wheel in .whl/catalog/ with a .stamp file beside it (tools/device_lib.sh's catalog_stamp:
 # the arch, catalog, build arguments, kernel sources and nvcc). Carried to the box with .whl (which
 # the device tool's carry takes: .whl is git-ignored), it replaces the box's build when its stamp
-# matches the box's tree: the dense sm90a catalog is ~230 s of the box's 16 cores (log section 85)
-# and a 32 MB wheel here. With another tree (a kernel source or any humming_aot/*.py changed
+# matches the box's tree: the dense sm90a catalog is ~156 s of the box's 16 cores (log section 86)
+# and a 23 MB wheel here. With another tree (a kernel source or any humming_aot/*.py changed
 # since), the box names the stale wheel and builds as before.
 #
 #   tools/device_catalog.sh [BUILD_DIR]     # default build/device_catalog (kept: later builds

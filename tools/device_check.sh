@@ -16,8 +16,8 @@
 #             (tools/device_catalog.sh builds it on the CPU machine: a fresh box then skips the build)
 #   tests     pytest tests -m gpu (every gpu-marked test, tests/unit's too) -> tests.log, tests.xml;
 #             DEVICE_TEST_PART=I/N runs the I-th of N equal contiguous slices of them (pytest --part,
-#             tests/conftest.py): the whole suite (launcher ~20 s, dense catalog ~230 s, tests ~750 s
-#             on an H100, log section 85) does not fit one 600 s call, nor two: run it as
+#             tests/conftest.py): the whole suite (launcher ~20 s, dense catalog ~160 s, tests ~750-900 s
+#             on an H100, log sections 85-86) does not fit one 600 s call, nor two: run it as
 #             DEVICE_TEST_PART=1/3, then 2/3 and 3/3 on the warm box (the catalog is kept)
 #   tune      tools/bench/tune_tiles.py (extra args: $TUNE_ARGS)   -> bench.log, tune.json
 #   bench     tools/bench/bench_gemm.py (extra args: $BENCH_ARGS)  -> bench.log, bench.json
@@ -166,7 +166,7 @@ step_launcher() { python3 setup.py build_ext --inplace -j "$JOBS"; }
 # unpack_carried_catalog STAMP STAMP_FILE: where tools/device_catalog.sh left a catalog wheel of
 # $ARCH in .whl/catalog/ (built on the CPU machine) whose .stamp file equals STAMP, the wheel's
 # catalog becomes this checkout's in-place catalog (humming_aot/_catalog) and STAMP_FILE is
-# written, instead of a build (the dense sm90a catalog: ~230 s of the box's time). Fails, and
+# written, instead of a build (the dense sm90a catalog: ~160 s of the box's time). Fails, and
 # changes nothing, where there is no such wheel; a wheel of other sources is named and left.
 unpack_carried_catalog() {
     local stamp=$1 stamp_file=$2 wheel
