@@ -245,11 +245,12 @@ def load_kernel_image(
 
     ``expected`` is the manifest entry (see :func:`check_kernel_metadata`). An image another kernel
     was loaded from is not loaded again: its library is shared (``image_digest``: the image's
-    sha256 where the caller knows it, as the catalog does; else it is computed). On any failure a library loaded by
-    this call is unloaded again and the error propagates: KernelMetadataError for a metadata mismatch,
-    ``_launcher.CudaError`` for a driver failure (e.g. CUDA_ERROR_NO_BINARY_FOR_GPU when the image
-    has no code for this GPU), ``_launcher.DriverNotFoundError`` without a driver, ValueError for a
-    bad HUMMING_AOT_PDL or HUMMING_AOT_CLUSTERS.
+    sha256 where the caller knows it, as the catalog does; else it is computed). On any failure a
+    library loaded by this call is unloaded again and the error propagates: KernelMetadataError for
+    a metadata mismatch, ``_launcher.CudaError`` for a driver failure (e.g.
+    CUDA_ERROR_NO_BINARY_FOR_GPU when the image has no code for this GPU),
+    ``_launcher.DriverNotFoundError`` without a driver, ValueError for a bad HUMMING_AOT_PDL or
+    HUMMING_AOT_CLUSTERS.
     """
     digest = image_digest or hashlib.sha256(image).hexdigest()
     library, shared = _library_of(image, digest, name)

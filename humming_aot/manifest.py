@@ -42,7 +42,7 @@ def sha256_file(path: Path) -> str:
 
 
 # A kernel entry's file: a plain name in kernels/ (no directories, nothing outside the catalog).
-_KERNEL_FILE_RE = re.compile(rf"^{KERNELS_DIR}/[A-Za-z0-9][A-Za-z0-9._+-]*\.fatbin$")
+_KERNEL_FILE_RE = re.compile(rf"{KERNELS_DIR}/[A-Za-z0-9][A-Za-z0-9._+-]*\.fatbin")  # (fullmatch)
 
 
 def kernel_file(path: Path) -> str:
@@ -130,7 +130,7 @@ def manifest_problems(manifest: object) -> list[str]:
         missing = [f for f in _ENTRY_FIELDS if not isinstance(entry, dict) or f not in entry]
         if missing:
             problems.append(f"kernel {name!r} lacks {', '.join(missing)}")
-        elif not isinstance(entry["file"], str) or not _KERNEL_FILE_RE.match(entry["file"]):
+        elif not isinstance(entry["file"], str) or not _KERNEL_FILE_RE.fullmatch(entry["file"]):
             problems.append(f"kernel {name!r} points at {entry['file']!r}, expected a file kernels/<name>.fatbin")
         elif file_digests.setdefault(entry["file"], entry["sha256"]) != entry["sha256"]:
             problems.append(f"kernel {name!r} gives {entry['file']!r} a sha256 another kernel in it does not")

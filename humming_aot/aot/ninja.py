@@ -12,6 +12,7 @@ Layout of a build directory::
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import queue
 import re
@@ -178,8 +179,6 @@ def plan_units(keys: list[KernelKey], *, size: int = UNIT_KERNELS) -> list[Build
     not on their positions: adding or removing a key changes (and rebuilds) only the unit it
     falls in, and now and then the next. A unit's name is its first key's and a digest of all of
     them."""
-    import hashlib
-
     if size < 1:
         raise ValueError(f"a build unit holds at least one kernel, not {size}")
     cap = max(1, size + size // 2)

@@ -350,7 +350,7 @@ def test_manifest_problems():
     assert any("kernel 'k' lacks" in p for p in problems)
     entry = {"sha256": "a" * 64, "arch": "sm90a", "toolkit": "t", "smem_bytes": 0, "threads": 128, "params_version": 6}
     for path in ("../../etc/passwd", "kernels/../x.fatbin", "kernels/a/b.fatbin", "/abs/kernels/x.fatbin",
-                 "kernels/x.cubin", "kernels/.fatbin", 7):
+                 "kernels/x.cubin", "kernels/.fatbin", "kernels/x.fatbin\n", 7):
         problems = manifest_problems({"schema_version": 2, "kernels": {"k": {**entry, "file": path}}})
         assert any(f"kernel 'k' points at {path!r}" in p for p in problems), path
     shared = {"k1": {**entry, "file": "kernels/u.fatbin"}, "k2": {**entry, "file": "kernels/u.fatbin"}}
