@@ -261,7 +261,7 @@ def test_every_catalog_kernel_builds_its_fatbin(_compiled):
 def test_the_sass_holds_the_block_scaled_mma_and_no_emulation(_compiled):
     keys, result = _compiled
     for key in keys:
-        sass = subprocess.run(["cuobjdump", "-sass", str(result.fatbins[key.name])], capture_output=True, text=True,
+        sass = subprocess.run(["cuobjdump", "-sass", "-fun", key.symbol, str(result.fatbins[key.name])], capture_output=True, text=True,
                               check=True).stdout
         tile = key.tile
         per_k_tile = (tile.block_m // tile.warps_m // 16) * (tile.block_n // tile.warps_n // 8) * 4

@@ -357,8 +357,8 @@ def fake_gpu(monkeypatch, tmp_path):
     kernels.clear_loaded_kernels()
     loads = []
 
-    def fake_load(image, *, name, expected, device):
-        loads.append({"image": image, "name": name, "expected": expected, "device": device})
+    def fake_load(image, *, name, expected, device, image_digest=None):
+        loads.append({"image": image, "name": name, "expected": expected, "device": device, "digest": image_digest})
         return kernels.LoadedKernel(name=name, library=0, kernel=0, threads=expected["threads"] if isinstance(
             expected, dict) else expected.threads, smem_bytes=0, params_bytes=104, device=device)
 
@@ -390,6 +390,9 @@ def test_catalog_kernel_is_used_without_compiling(fake_gpu, compiles, monkeypatc
     key, _ = dispatch.obtain(_spec(), 0, 1)
     assert key == smoke and compiles == []
     assert loads[0]["image"] == b"fatbin of " + smoke.name.encode()
+    from humming_aot.catalog import installed_catalog  # (the manifest's sha256 keys the shared library)
+
+    assert loads[0]["digest"] == installed_catalog().lookup(smoke.name).sha256
 
 
 def test_jit_off_falls_back_to_a_catalog_tile(fake_gpu, compiles, monkeypatch):

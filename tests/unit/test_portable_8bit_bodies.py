@@ -159,7 +159,7 @@ def test_each_arch_builds_its_fatbin(_compiled):
 def test_each_arch_runs_its_native_mma(_compiled):
     keys, result = _compiled
     for key in keys:
-        sass = subprocess.run(["cuobjdump", "-sass", str(result.fatbins[key.name])], capture_output=True, text=True,
+        sass = subprocess.run(["cuobjdump", "-sass", "-fun", key.symbol, str(result.fatbins[key.name])], capture_output=True, text=True,
                               check=True).stdout
         assert _SASS[key.name] in sass, key.name
         assert "HMMA" not in sass, f"{key.name}: an emulated mma (HMMA) where the arch has its own"

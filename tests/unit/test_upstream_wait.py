@@ -48,7 +48,7 @@ def test_every_body_waits_for_the_upstream_grid(tmp_path):
     result = driver.compile_keys(keys + [decode_w4a8], tmp_path, jobs=2, stream=io.StringIO())
     missing = []
     for key in keys + [decode_w4a8]:
-        sass = subprocess.run(["cuobjdump", "-sass", str(result.fatbins[key.name])], capture_output=True, text=True,
+        sass = subprocess.run(["cuobjdump", "-sass", "-fun", key.symbol, str(result.fatbins[key.name])], capture_output=True, text=True,
                               check=True).stdout
         if "ACQBULK" not in sass:
             missing.append(key.name)
