@@ -238,6 +238,13 @@ def check_kernel_metadata(metadata: KernelMetadata, *, name: str, expected: Mapp
             )
 
 
+# ---- Loaded images: one CUlibrary per image (a catalog file holds a few kernels) ----
+
+# sha256 of an image -> the CUlibrary (for every device: cuLibrary*) of a kernel that loaded from it
+_libraries: dict[str, int] = {}
+_libraries_guard = threading.Lock()
+
+
 def load_kernel_image(
     image: bytes, *, name: str, expected: Mapping[str, object] | object, device: int, image_digest: str | None = None
 ) -> LoadedKernel:
@@ -253,7 +260,11 @@ def load_kernel_image(
     HUMMING_AOT_CLUSTERS.
     """
     digest = image_digest or hashlib.sha256(image).hexdigest()
-    library, shared = _library_of(image, digest, name)
+    with _libraries_guard:
+        library = _libraries.get(digest)
+    shared = library is not None
+    if not shared:
+        library = _launcher.load_library(image, f"kernel {name}")
     try:
         kernel = _launcher.get_kernel(library, kernel_symbol(name))
         metadata = parse_kernel_metadata(_launcher.read_global(library, metadata_symbol(name), device), kernel=name)
@@ -264,13 +275,14 @@ def load_kernel_image(
         if not isinstance(error, KernelMetadataError):
             error.add_note(f"while loading kernel {name} on device {device}")
         if not shared:  # (a library another kernel already uses stays)
-            _forget_library(digest, library)
             try:
                 _launcher.unload_library(library)
             except Exception as unload_error:  # report, but keep the original error in front
                 error.add_note(f"unloading its library failed too: {unload_error}")
         raise
-    _count_user(library)
+    if not shared:  # (kept once a kernel of it loaded: the image's other kernels take it)
+        with _libraries_guard:
+            _libraries.setdefault(digest, library)
     return LoadedKernel(
         name=name,
         library=library,
@@ -282,39 +294,6 @@ def load_kernel_image(
         programmatic_launch=programmatic_launch,
         cluster_launch=cluster_launch,
     )
-
-
-# ---- Loaded images: one CUlibrary per image (a catalog file holds a few kernels) ----
-
-_libraries: dict[str, int] = {}  # sha256 of the image -> CUlibrary (for every device: cuLibrary*)
-_library_users: dict[int, int] = {}  # CUlibrary -> how many kernels loaded from it succeeded
-_libraries_guard = threading.Lock()
-
-
-def _library_of(image: bytes, digest: str, name: str) -> tuple[int, bool]:
-    """(the CUlibrary of ``image``, whose sha256 is ``digest``, and whether a kernel already loaded
-    from it): an image a kernel was loaded from before is not loaded (or, compressed, inflated)
-    again for its neighbours."""
-    with _libraries_guard:
-        library = _libraries.get(digest)
-        if library is not None and _library_users.get(library, 0) > 0:
-            return library, True
-        library = _launcher.load_library(image, f"kernel {name}")
-        _libraries[digest] = library
-        _library_users.setdefault(library, 0)
-        return library, False
-
-
-def _forget_library(digest: str, library: int) -> None:
-    with _libraries_guard:
-        if _libraries.get(digest) == library:
-            del _libraries[digest]
-        _library_users.pop(library, None)
-
-
-def _count_user(library: int) -> None:
-    with _libraries_guard:
-        _library_users[library] = _library_users.get(library, 0) + 1
 
 
 def _launch_features(device: int) -> tuple[bool, bool]:
@@ -383,4 +362,3 @@ def clear_loaded_kernels() -> None:
         _key_locks.clear()
     with _libraries_guard:
         _libraries.clear()
-        _library_users.clear()
