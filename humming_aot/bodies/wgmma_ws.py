@@ -54,10 +54,10 @@ class WgmmaWsBody(Body):
 
     def check_tile(self, tile: "TileConfig") -> None:
         check_block_k(tile, (64,))
-        if not (tile.block_m == 8 or (tile.block_m % 16 == 0 and 16 <= tile.block_m <= 256)
-                or tile.block_m in (72, 88, 104, 120)):
-            raise ValueError(f"block_m={tile.block_m}: the wgmma-ws body takes 8 tokens per CTA, a multiple of 16 "
-                             "up to 256 (the wgmma N), or 72, 88, 104 or 120")
+        if not ((tile.block_m % 8 == 0 and 8 <= tile.block_m <= 120)
+                or (tile.block_m % 16 == 0 and 16 <= tile.block_m <= 256)):
+            raise ValueError(f"block_m={tile.block_m}: the wgmma-ws body takes a multiple of 8 tokens per CTA up to "
+                             "120, or of 16 up to 256 (the wgmma N)")
         if tile.warps_m != 1 or tile.warps_k != 1 or tile.warps_n not in (4, 8):
             raise ValueError(
                 f"warps {tile.warps_m}x{tile.warps_n}x{tile.warps_k}: the wgmma-ws body runs 1 x 4 or 1 x 8 consumer "

@@ -221,10 +221,10 @@ def test_wgmma_ws_tiles_count_the_producer_warpgroup_and_round_trip():
 
 
 @pytest.mark.parametrize("tile,message", [
-    (dict(block_m=100, block_n=128, warps_n=4), "8 tokens per CTA, a multiple of 16 up to 256"),
-    (dict(block_m=272, block_n=128, warps_n=8), "8 tokens per CTA, a multiple of 16 up to 256"),
-    (dict(block_m=136, block_n=128, warps_n=8), "or 72, 88, 104 or 120"),
-    (dict(block_m=56, block_n=128, warps_n=4), "or 72, 88, 104 or 120"),
+    (dict(block_m=100, block_n=128, warps_n=4), "a multiple of 8 tokens per CTA up to 120, or of 16 up to 256"),
+    (dict(block_m=272, block_n=128, warps_n=8), "a multiple of 8 tokens per CTA up to 120, or of 16 up to 256"),
+    (dict(block_m=136, block_n=128, warps_n=8), "a multiple of 8 tokens per CTA up to 120, or of 16 up to 256"),
+    (dict(block_m=12, block_n=128, warps_n=4), "a multiple of 8 tokens per CTA up to 120, or of 16 up to 256"),
     (dict(block_m=128, block_n=128, warps_n=12), "one or two consumer warpgroups"),
     (dict(block_m=128, block_n=192, warps_n=4), "64, 128 or 256 channels per consumer warpgroup"),
     (dict(block_m=16, block_n=1024, warps_n=8), "64, 128 or 256 channels per consumer warpgroup"),

@@ -45,7 +45,7 @@ namespace humming_aot::kernel {
 template <class Act,      // Float16 or BFloat16: activation, scale and output dtype
           class Weights,  // numerics::IntWeights<bits> or FloatWeights<exp, man>
           numerics::ZeroPointKind kZeroPoint,
-          int kBlockM,             // tokens per CTA: the wgmma N (8, or a multiple of 16 up to 256)
+          int kBlockM,             // tokens per CTA: the wgmma N (a multiple of 8 to 120, of 16 to 256)
           int kBlockN,             // weight channels per CTA: 64 x kUnitsPerWarpGroup x consumer warpgroups
           int kUnitsPerWarpGroup,  // 64-channel units each consumer warpgroup multiplies (1, 2 or 4)
           int kStages>             // slots of the mbarrier ring
@@ -66,9 +66,8 @@ struct DenseWgmmaWs {
                 "one, two or four units per warpgroup");
   static_assert(kUnits % kUnitsPerWarpGroup == 0 && (kConsumerWarpGroups == 1 || kConsumerWarpGroups == 2),
                 "one or two consumer warpgroups (the register split below assumes it)");
-  static_assert(kBlockM == 8 || (kBlockM % 16 == 0 && kBlockM >= 16 && kBlockM <= 256) ||
-                    (kBlockM % 16 == 8 && kBlockM >= 72 && kBlockM <= 120),
-                "wgmma wrappers exist for N = 8, the multiples of 16 up to 256 and 72-120 in steps of 16");
+  static_assert((kBlockM % 8 == 0 && kBlockM >= 8 && kBlockM <= 120) || (kBlockM % 16 == 0 && kBlockM <= 256),
+                "wgmma wrappers exist for N = every multiple of 8 up to 120 and of 16 up to 256");
   static_assert(kStages >= 2, "a ring of at least two slots");
 
   using Layout = memory::StageLayout<kBlockM, kBlockN, kBlockK, kBits, kHasZeroPoint>;
