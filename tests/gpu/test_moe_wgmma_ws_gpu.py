@@ -21,7 +21,8 @@ pytestmark = pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")
 # rows' 8-, 16- and 32-row tiles of one such warpgroup, in the table's 4 stages and in 6 and 5;
 # the 8-row one three CTAs per SM but for uint4 with zero points in 6; the 8-row tile of two such
 # warpgroups, two CTAs per SM in 4 stages; the 48- and 64-row rows' one-warpgroup tiles of 4-bit
-# codes, two CTAs per SM, the 64-row one in 3 stages as zero points take it)
+# codes, two CTAs per SM, the 64-row one in 3 stages as zero points take it; 24 and 40 rows, wgmma
+# N = 24 / 40, of one and two warpgroups)
 WS_TILES = ("wgmma-ws:64x256x64_w1x8_s4", "wgmma-ws:144x256x64_w1x8_s4", "wgmma-ws:128x256x64_w1x8_s4",
             "wgmma-ws:32x128x64_w1x4_s6", "wgmma-ws:32x256x64_w1x8_s4", "wgmma-ws:48x256x64_w1x8_s4",
             "wgmma-ws:16x256x64_w1x8_s4", "wgmma-ws:8x128x64_w1x4_s8", "wgmma-ws:96x256x64_w1x8_s4",
@@ -30,7 +31,9 @@ WS_TILES = ("wgmma-ws:64x256x64_w1x8_s4", "wgmma-ws:144x256x64_w1x8_s4", "wgmma-
             "wgmma-ws:32x256x64_w1x4_s4", "wgmma-ws:32x256x64_w1x4_s3", "wgmma-ws:8x256x64_w1x4_s5",
             "wgmma-ws:80x256x64_w1x8_s4", "wgmma-ws:160x256x64_w1x8_s4", "wgmma-ws:160x256x64_w1x8_s3",
             "wgmma-ws:8x256x64_w1x4_s4", "wgmma-ws:16x256x64_w1x4_s4", "wgmma-ws:8x512x64_w1x8_s4",
-            "wgmma-ws:48x256x64_w1x4_s4", "wgmma-ws:64x256x64_w1x4_s4", "wgmma-ws:64x256x64_w1x4_s3")
+            "wgmma-ws:48x256x64_w1x4_s4", "wgmma-ws:64x256x64_w1x4_s4", "wgmma-ws:64x256x64_w1x4_s3",
+            "wgmma-ws:24x256x64_w1x8_s6", "wgmma-ws:40x256x64_w1x8_s6", "wgmma-ws:24x256x64_w1x4_s6",
+            "wgmma-ws:40x256x64_w1x4_s4")
 
 
 def _sm90a() -> bool:
