@@ -47,9 +47,10 @@ def test_the_masked_schedule_runs_the_tma_body_from_5_rows_on_sm90a():
         for m in (1, 4, 5, 8, 10, 11, 12, 16, 17, 28):
             tile = heuristics.select_masked_tile("sm90a", m, k, group, 4)
             if k <= 256 or m > 4 or (m > 1 and k <= 4096):  # one warpgroup of four units
-                rows = 8 if m <= 4 else 16 if m <= 10 else 32
-                # 4 stages for every code width (log section 67)
-                assert tile.label == f"wgmma-ws:{rows}x256x64_w1x4_s4", (m, k)
+                rows = 8 if m <= 4 else 16 if m <= 10 else 24 if m <= 16 else 32
+                # 4 stages for every code width (log section 67), but 6 for the 24-row tile of
+                # 4-bit codes (log section 87)
+                assert tile.label == f"wgmma-ws:{rows}x256x64_w1x4_s{6 if rows == 24 else 4}", (m, k)
             else:
                 assert tile == heuristics.select_masked_tile("sm90a", m, k, group, 4, masked=False), (m, k)
             # wider codes: the 16-row tile to 10 rows, the 32-row one to 16, in 4 stages
@@ -110,12 +111,13 @@ def test_the_moe_table_picks_small_ctas_for_short_k_and_the_decode_tiles_for_lon
                 == "mma-sw:16x256x128_w1x4x2_s2")
     # K = 256 (DeepSeek-V3 TP8 down): the TMA body's 8- and 16-row tiles of one consumer warpgroup
     # of four units, whose ring runs across tiles (four stages for codes over 4 bits); from 11 rows
-    # its 32-row tile at any K; the grouped row-expert schedule keeps the swapped tiles
+    # its 24-row tile in 6 stages for 4-bit codes, the 32-row one for wider codes, at any K; the
+    # grouped row-expert schedule keeps the swapped tiles
     assert heuristics.select_masked_tile("sm90a", 1, 256, 128, 4).label == "wgmma-ws:8x256x64_w1x4_s4"
     assert heuristics.select_masked_tile("sm90a", 8, 256, 128, 4).label == "wgmma-ws:16x256x64_w1x4_s4"
     assert heuristics.select_masked_tile("sm90a", 8, 256, 128, 8).label == "wgmma-ws:16x256x64_w1x4_s4"
     for k in (256, 768, 2048, 7168):
-        assert heuristics.select_masked_tile("sm90a", 16, k, 128, 4).label == "wgmma-ws:32x256x64_w1x4_s4"
+        assert heuristics.select_masked_tile("sm90a", 16, k, 128, 4).label == "wgmma-ws:24x256x64_w1x4_s6"
         assert heuristics.select_masked_tile("sm90a", 16, k, 128, 8).label == "wgmma-ws:32x256x64_w1x4_s4"
     assert (heuristics.select_masked_tile("sm90a", 16, 256, 128, 4, masked=False).label
             == "mma-sw:16x256x128_w1x4x2_s2")
@@ -348,9 +350,12 @@ def test_one_warpgroup_tma_tiles_keep_two_or_three_ctas_per_sm_for_every_code():
     from humming_aot.bodies.wgmma_ws import masked_ctas_per_sm, masked_smem_bytes
 
     capacity = heuristics.smem_limit("sm90a") + 1024
-    assert heuristics.select_masked_tile("sm90a", 16, 256, 128, 4).label == "wgmma-ws:32x256x64_w1x4_s4"
-    assert (heuristics.select_masked_tile("sm90a", 16, 256, 128, 4, zero_point=True).label
+    assert heuristics.select_masked_tile("sm90a", 17, 256, 128, 4).label == "wgmma-ws:32x256x64_w1x4_s4"
+    assert (heuristics.select_masked_tile("sm90a", 17, 256, 128, 4, zero_point=True).label
             == "wgmma-ws:32x256x64_w1x4_s4")
+    for zero_point in (False, True):  # the 24-row tile's 6 stages leave two CTAs an SM with zero points too
+        assert (heuristics.select_masked_tile("sm90a", 16, 256, 128, 4, zero_point=zero_point).label
+                == "wgmma-ws:24x256x64_w1x4_s6")
     assert (heuristics.select_masked_tile("sm90a", 16, 256, 128, 8, zero_point=True).label
             == "wgmma-ws:32x256x64_w1x4_s3")
     assert heuristics.select_masked_tile("sm90a", 1, 256, 128, 4).label == "wgmma-ws:8x256x64_w1x4_s4"
