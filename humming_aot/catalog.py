@@ -139,9 +139,6 @@ class Catalog:
     manifests: tuple[ManifestInfo, ...]
     entries: dict[str, CatalogEntry]
     helpers: dict[str, HelperEntry] = dataclasses.field(default_factory=dict)
-    # (path, sha256) -> the file's bytes, once read and checked: a file holds a few kernels
-    # (manifest.py), each loaded on its own first call, and is read and hashed only for the first
-    _images: dict[tuple[Path, str], bytes] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_dirs(cls, directories: list[Path]) -> "Catalog":
@@ -172,15 +169,13 @@ class Catalog:
         return [name for name, entry in sorted(self.entries.items()) if entry.arch == arch]
 
     def read_image(self, name: str) -> bytes:
-        """The fatbin bytes of a kernel (or of a helper unit), verified against the manifest's sha256
-        when its file is first read (the file's other kernels take the same bytes)."""
+        """The fatbin bytes of a kernel (or of a helper unit), verified against the manifest's sha256.
+        A file holds a few kernels (manifest.py); obtain.py reads it only for the first of them to
+        load (kernels.load_kernel_image shares the file's library by that sha256)."""
         entry = self.entries.get(name) or self.helpers.get(name)
         if entry is None:
             dirs = ", ".join(str(m.directory) for m in self.manifests)
             raise KeyError(f"kernel {name} is not in the catalog ({dirs})")
-        cached = self._images.get((entry.path, entry.sha256))
-        if cached is not None:
-            return cached
         try:
             data = entry.path.read_bytes()
         except OSError as e:
@@ -194,7 +189,6 @@ class Catalog:
                 f"{entry.path}: sha256 {digest} does not match the manifest's {entry.sha256}; the file "
                 "is corrupt or was replaced: reinstall the wheel or rebuild the catalog"
             )
-        self._images[entry.path, entry.sha256] = data
         return data
 
 

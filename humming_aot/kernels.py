@@ -246,25 +246,30 @@ _libraries_guard = threading.Lock()
 
 
 def load_kernel_image(
-    image: bytes, *, name: str, expected: Mapping[str, object] | object, device: int, image_digest: str | None = None
+    image: bytes | Callable[[], bytes], *, name: str, expected: Mapping[str, object] | object, device: int,
+    image_digest: str | None = None,
 ) -> LoadedKernel:
     """Load ``image`` (fatbin or cubin bytes), check its metadata, prepare kernel ``name`` for ``device``.
 
     ``expected`` is the manifest entry (see :func:`check_kernel_metadata`). An image another kernel
     was loaded from is not loaded again: its library is shared (``image_digest``: the image's
-    sha256 where the caller knows it, as the catalog does; else it is computed). On any failure a
+    sha256 where the caller knows it, as the catalog does; else it is computed). ``image`` may be
+    a function that returns the bytes: with ``image_digest`` given it is called only where no
+    kernel has loaded the image yet, so a catalog file's later kernels read nothing. On any failure a
     library loaded by this call is unloaded again and the error propagates: KernelMetadataError for
     a metadata mismatch, ``_launcher.CudaError`` for a driver failure (e.g.
     CUDA_ERROR_NO_BINARY_FOR_GPU when the image has no code for this GPU),
     ``_launcher.DriverNotFoundError`` without a driver, ValueError for a bad HUMMING_AOT_PDL or
     HUMMING_AOT_CLUSTERS.
     """
-    digest = image_digest or hashlib.sha256(image).hexdigest()
+    if image_digest is None:
+        image = image() if callable(image) else image
+        image_digest = hashlib.sha256(image).hexdigest()
     with _libraries_guard:
-        library = _libraries.get(digest)
+        library = _libraries.get(image_digest)
     shared = library is not None
     if not shared:
-        library = _launcher.load_library(image, f"kernel {name}")
+        library = _launcher.load_library(image() if callable(image) else image, f"kernel {name}")
     try:
         kernel = _launcher.get_kernel(library, kernel_symbol(name))
         metadata = parse_kernel_metadata(_launcher.read_global(library, metadata_symbol(name), device), kernel=name)
@@ -282,7 +287,7 @@ def load_kernel_image(
         raise
     if not shared:  # (kept once a kernel of it loaded: the image's other kernels take it)
         with _libraries_guard:
-            _libraries.setdefault(digest, library)
+            _libraries.setdefault(image_digest, library)
     return LoadedKernel(
         name=name,
         library=library,

@@ -138,7 +138,7 @@ def load(key: KernelKey, info: "DeviceInfo") -> "LoadedKernel":
     if entry is not None:
         return kernels.get_loaded(
             key.name, info.index,
-            lambda: kernels.load_kernel_image(catalog.read_image(key.name), name=key.name, expected=entry,
+            lambda: kernels.load_kernel_image(lambda: catalog.read_image(key.name), name=key.name, expected=entry,
                                               device=info.index, image_digest=entry.sha256),
         )
     usable, reason = _jit_usable(key.arch)

@@ -358,6 +358,7 @@ def fake_gpu(monkeypatch, tmp_path):
     loads = []
 
     def fake_load(image, *, name, expected, device, image_digest=None):
+        image = image() if callable(image) else image  # (the catalog hands a reader of its file)
         loads.append({"image": image, "name": name, "expected": expected, "device": device, "digest": image_digest})
         return kernels.LoadedKernel(name=name, library=0, kernel=0, threads=expected["threads"] if isinstance(
             expected, dict) else expected.threads, smem_bytes=0, params_bytes=104, device=device)

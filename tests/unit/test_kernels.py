@@ -293,6 +293,19 @@ def test_kernels_of_one_image_share_its_library(monkeypatch):
     sixth = kernels.load_kernel_image(b"fourth unit", name=other, expected=MANIFEST_ENTRY, device=0,
                                       image_digest="f" * 64)
     assert fifth.library == sixth.library and len(fake.loaded) == 5
+    # a reader of the image (the catalog's file) is called only for the image's first kernel
+    reads = []
+
+    def reader():
+        reads.append(1)
+        return b"fifth unit"
+
+    seventh = kernels.load_kernel_image(reader, name=NAME, expected=MANIFEST_ENTRY, device=0, image_digest="e" * 64)
+    eighth = kernels.load_kernel_image(reader, name=other, expected=MANIFEST_ENTRY, device=1, image_digest="e" * 64)
+    assert seventh.library == eighth.library and reads == [1] and fake.loaded[seventh.library] == b"fifth unit"
+    # without a digest the reader is called to hash the image
+    ninth = kernels.load_kernel_image(reader, name=NAME, expected=MANIFEST_ENTRY, device=0)
+    assert ninth.library != seventh.library and len(reads) == 2
 
 
 # ---- LoadedKernel.launch ----
