@@ -22,12 +22,13 @@ take both activation elements: the kernels make e4m3 bytes of (q - z) x 2^-9, or
 in registers (numerics/uint4_zero_point.cuh; packed layout: humming_aot.w4a8_uint4).
 
 MXFP4 weights (``pack(quant.quantize(w, "mxfp4"))``, float8e4m3 activations only) are exact too:
-every e2m1 value times its group's scale relative to its K tile's is an e4m3 value while the four
-group scales of a channel's K tile of 128 lie within 2^11 of each other, so pack stores per channel
-and K tile an fp32 scale 2^b and four bytes 8 (e_g - b + 5) (b = the largest group exponent less 6),
-and the kernel builds each group's e4m3 table from its byte (numerics/e2m1_e4m3.cuh). A tile whose
-groups lie further apart (with nonzero codes) is refused by pack, which says to run the weight with
-16-bit activations.
+every e2m1 value times its group's scale relative to its span's is an e4m3 value while the group
+scales of a channel's span (K tiles of 128, as many as keep that exact, up to eight) lie within
+2^11 of each other, so pack stores per channel and K tile the span's fp32 scale 2^b and four bytes
+8 (e_g - b + 5) (b = the span's largest group exponent less 6), and the kernel builds each group's
+e4m3 table from its byte (numerics/e2m1_e4m3.cuh) and promotes each span's sums once
+(humming_aot.w4a8_mxfp4). A K tile whose groups lie further apart (with nonzero codes) is refused
+by pack, which says to run the weight with 16-bit activations.
 
 The packed layout (version 2): for each K tile of 128 and each 64-channel unit, 4096 bytes in the
 order the consumer threads load them (one 16-byte load a thread per two k32 steps: the 8-bit
@@ -44,6 +45,7 @@ import dataclasses
 
 import torch
 
+from humming_aot import w4a8_mxfp4
 from humming_aot.quant.activation import ActivationGranularity, QuantizedActivation
 from humming_aot.quant.weight import QuantizedWeight
 from humming_aot.quant.weight_format import ScaleGranularity, ZeroPointKind
@@ -114,7 +116,8 @@ class PackedW4A8Weight(PackedRows):
     n:          the kernel's N (a multiple of 64)
     k:          the weight's own K (the activations' K; a multiple of K_ALIGN)
     group_size: K per row of w_scale, a multiple of 128 (k_tiles x 128 for a scale per channel;
-                MXFP4: 128, its groups of 32 being within the rows' entries)
+                MXFP4: 128 x the K tiles of the span its scales are folded over, its entries one row
+                per K tile: humming_aot.w4a8_mxfp4)
     format:     the WeightFormat string it was packed from
     n_valid:    the weight's own N where pack padded it, else None
     layout_version: the packed layout of w (LAYOUT_VERSION from pack; None: not recorded, refused)
@@ -204,103 +207,37 @@ def upgrade_packed(w: torch.Tensor, version: int) -> torch.Tensor:
     return _pack_codes(encode(_V1_VALUES.to(w.device)[codes.to(torch.int64)]))
 
 
-# MXFP4 (numerics/e2m1_e4m3.cuh): a packed word holds eight codes, nibble n the magnitude (bits
-# 0-2) of code n % 4 of A register r = n // 4 and the sign (bit 3) of code n // 2 of register
-# r = n % 2; the words are in the int4 layout's order (_UNIT_DIMS, _TILE_DIMS: (s, q) a word, j
-# and r its codes).
-MXFP4_GROUP = 32  # K per e8m0 scale
-MXFP4_WINDOW = 11  # binades a K tile's group scales may span: d_g = e_g - b in -5 .. 6, b = max e_g - 6
-_MXFP4_D_MIN, _MXFP4_D_MAX = -5, 6
+# MXFP4's packed codes and entries: humming_aot.w4a8_mxfp4 (names kept here for callers)
+MXFP4_GROUP, MXFP4_WINDOW = w4a8_mxfp4.GROUP, w4a8_mxfp4.WINDOW
+_pack_mxfp4_codes = w4a8_mxfp4.pack_codes
+decode_packed_mxfp4 = w4a8_mxfp4.decode_codes
+mxfp4_group_scales = w4a8_mxfp4.group_scales
 
 
-def _pack_mxfp4_codes(codes: torch.Tensor) -> torch.Tensor:
-    """(n, k_tiles x 128) e2m1 codes (0..15: bit 3 the sign) -> (k_tiles, n / 64, 4096) packed bytes."""
-    n, k = codes.shape
-    units, k_tiles = n // 64, k // K_TILE
-    c = codes.reshape(units, *_UNIT_DIMS, k_tiles, *_TILE_DIMS)  # u w r g kt h s q t j
-    c = c.permute(4, 0, 1, 5, 3, 8, 6, 7, 9, 2)  # kt u w h g t s q j r
-    lead = c.shape[:-2]
-    magnitudes = (c & 7).transpose(-1, -2).reshape(*lead, 8)  # nibble n = 4 r + j
-    signs = (c >> 3).reshape(*lead, 8)  # nibble n = 2 j + r
-    nibbles = magnitudes | (signs << 3)
-    packed = nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)  # little-endian bytes of the word
-    return packed.reshape(k_tiles, units, 4096).contiguous()
-
-
-def decode_packed_mxfp4(w: torch.Tensor) -> torch.Tensor:
-    """(n, k_tiles x 128) float64 e2m1 values of packed MXFP4 codes: the inverse of pack's layout."""
-    from humming_aot import formats
-
-    k_tiles, units, _ = w.shape
-    b = w.to(torch.int64).reshape(k_tiles, units, 4, 2, 8, 4, 2, 2, 4)  # kt u w h g t s q byte
-    nibbles = torch.stack((b & 0xF, b >> 4), dim=-1).flatten(-2)  # (..., 8): nibble n
-    magnitudes = (nibbles & 7).reshape(*nibbles.shape[:-1], 2, 4).transpose(-1, -2)  # (j, r)
-    signs = (nibbles >> 3).reshape(*nibbles.shape[:-1], 4, 2)  # (j, r)
-    codes = magnitudes | (signs << 3)  # kt u w h g t s q j r
-    codes = codes.permute(1, 2, 9, 4, 0, 3, 6, 7, 5, 8).reshape(units * 64, k_tiles * K_TILE)
-    return formats.get(MXFP4_ELEMENT).decode(codes.to(torch.uint8)).to(torch.float64)
-
-
-def mxfp4_group_scales(w_scale: torch.Tensor) -> torch.Tensor:
-    """(k_tiles x 4, n) float64 scales of the groups of 32 from packed MXFP4 entries (k_tiles, n, 2)."""
-    base = w_scale[..., 0].contiguous().view(torch.float32).to(torch.float64)  # (k_tiles, n)
-    offsets = w_scale[..., 1].to(torch.int64)
-    d = torch.stack([((offsets >> (8 * g)) & 0xFF) // 8 - 5 for g in range(4)], dim=1)  # (k_tiles, 4, n)
-    return (base[:, None, :] * torch.pow(2.0, d.to(torch.float64))).reshape(-1, base.shape[1])
-
-
-def _mxfp4_entries(codes: torch.Tensor, scales: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    """(k_tiles, n_pad, 2) int32 entries from (n_pad, k_tiles x 128) e2m1 codes and (n, k / 32)
-    power-of-two scales: per channel and K tile the float32 bits of 2^b, b = the largest exponent
-    of its groups with nonzero codes less 6, and the bytes 8 (e_g - b + 5) of its groups (those of
-    zero codes: 8 x 5). Raises where a group of nonzero codes lies more than MXFP4_WINDOW binades
-    below its tile's largest."""
-    n_pad, k_padded = codes.shape
-    k_tiles, groups = k_padded // K_TILE, k_padded // MXFP4_GROUP
-    exponents = torch.zeros((n_pad, groups), dtype=torch.int64, device=codes.device)
-    exponents[:n, : scales.shape[1]] = torch.frexp(scales).exponent.to(torch.int64) - 1  # s = 2^e
-    nonzero = (codes.reshape(n_pad, groups, MXFP4_GROUP) & 7).amax(-1) > 0
-    floor = torch.iinfo(torch.int64).min // 2
-    e = torch.where(nonzero, exponents, floor).reshape(n_pad, k_tiles, 4)
-    top = e.amax(-1, keepdim=True)
-    b = torch.where(top > floor, top - _MXFP4_D_MAX, 0)  # a tile of zero codes: scale 1
-    d = torch.where(e > floor, e - b, 0)
-    low = d < _MXFP4_D_MIN
-    if bool(low.any()):
-        where = low.any(-1).nonzero()
-        channel, tile = int(where[0, 0]), int(where[0, 1])
-        raise ValueError(
-            f"this MXFP4 weight has {where.shape[0]} channel K tiles (the first: channel {channel}, K "
-            f"{tile * K_TILE} .. {tile * K_TILE + K_TILE - 1}) whose group scales lie more than 2^{MXFP4_WINDOW} "
-            "apart; the W4A8 kernels fold a group's scale into its e4m3 codes only within that window of the K "
-            "tile's largest. Run it with 16-bit activations (humming_aot.ops.gemm, or QuantizedLinear without "
-            "activations=)")
-    base = torch.pow(2.0, b.squeeze(-1).to(torch.float64)).to(torch.float32)  # 2^b >= 2^-133: exact
-    base[n:] = 0.0
-    offsets = sum((8 * (d[..., g] - _MXFP4_D_MIN)) << (8 * g) for g in range(4))
-    entries = torch.stack((base.view(torch.int32).to(torch.int64), offsets), dim=-1)  # (n_pad, k_tiles, 2)
-    return entries.transpose(0, 1).to(torch.int32).contiguous()
-
-
-def _pack_mxfp4(qw: QuantizedWeight) -> PackedW4A8Weight:
+def _pack_mxfp4(qw: QuantizedWeight, span: int | None) -> PackedW4A8Weight:
     n, k = qw.codes.shape
     device = qw.codes.device
     n_pad = -(-n // N_ALIGN) * N_ALIGN
     k_tiles = -(-k // K_TILE)
     codes = torch.zeros((n_pad, k_tiles * K_TILE), dtype=torch.uint8, device=device)  # code 0 is the value 0
     codes[:n, :k] = qw.codes
-    return PackedW4A8Weight(w=_pack_mxfp4_codes(codes), w_scale=_mxfp4_entries(codes, qw.scales.reshape(n, -1), n, k),
-                            n=n_pad, k=k, group_size=K_TILE, format=str(qw.format),
+    scales = qw.scales.reshape(n, -1)
+    if span is None:
+        span = w4a8_mxfp4.fold_span(codes, scales, n)
+    return PackedW4A8Weight(w=w4a8_mxfp4.pack_codes(codes), w_scale=w4a8_mxfp4.entries(codes, scales, n, span),
+                            n=n_pad, k=k, group_size=span * K_TILE, format=str(qw.format),
                             n_valid=n if n_pad != n else None, layout_version=LAYOUT_VERSION, element=MXFP4_ELEMENT)
 
 
-def pack(qw: QuantizedWeight) -> PackedW4A8Weight:
+def pack(qw: QuantizedWeight, *, mxfp4_span: int | None = None) -> PackedW4A8Weight:
     """The W4A8 kernels' operands from a symmetric int4 weight quantized per group of a multiple of
     128, per channel or per tensor (``quant.quantize(w, "int4:g128")``, a GPTQ checkpoint's
     QuantizedWeight), from a uint4 weight with an integer zero point of the same granularities
     (``"uint4:g128:zp"``, an AWQ checkpoint's), or from an MXFP4 weight (``quant.quantize(w,
     "mxfp4")``), on its device. int4 and uint4 scales of any scale dtype are widened to float32
-    (exactly)."""
+    (exactly). mxfp4_span: the K tiles of 128 an MXFP4 weight's scales are folded over (a power of
+    two; default the longest up to w4a8_mxfp4.MAX_SPAN over which the fold is exact:
+    humming_aot.w4a8_mxfp4)."""
     if not isinstance(qw, QuantizedWeight):
         raise TypeError(f"pack takes a humming_aot.quant.QuantizedWeight, got {type(qw).__name__}")
     fmt = qw.format
@@ -324,8 +261,12 @@ def pack(qw: QuantizedWeight) -> PackedW4A8Weight:
         raise ValueError(f"K={k}: the W4A8 kernels need K to be a multiple of {K_ALIGN} (TMA rows of the activation "
                          "codes are 16-byte aligned); pad the weight's K with zero columns and the activations' K with "
                          "zeros")
+    if mxfp4_span is not None and (not mxfp4 or isinstance(mxfp4_span, bool) or not isinstance(mxfp4_span, int)
+                                   or mxfp4_span < 1 or mxfp4_span & (mxfp4_span - 1)):
+        raise ValueError(f"mxfp4_span={mxfp4_span!r}: it takes a power of two of K tiles (1, 2, 4, ...), for MXFP4 "
+                         f"weights only (this one is {fmt})")
     if mxfp4:
-        return _pack_mxfp4(qw)
+        return _pack_mxfp4(qw, mxfp4_span)
     device = qw.codes.device
     n_pad = -(-n // N_ALIGN) * N_ALIGN
     k_tiles = -(-k // K_TILE)
@@ -488,8 +429,10 @@ def _check_packed(packed: PackedW4A8Weight) -> None:
     groups = -(-k_tiles * K_TILE // packed.group_size) if packed.group_size > 0 else 0
     w, s = packed.w, packed.w_scale
     if packed.element == MXFP4_ELEMENT:
-        scale_dtype, scale_shape, group_ok = torch.int32, (k_tiles, packed.n, 2), packed.group_size == K_TILE
-        what = f"int32 entries of shape {scale_shape} (group_size {K_TILE})"
+        span = packed.group_size // K_TILE
+        scale_dtype, scale_shape = torch.int32, (k_tiles, packed.n, 2)
+        group_ok = packed.group_size % K_TILE == 0 and span & (span - 1) == 0
+        what = f"int32 entries of shape {scale_shape} (group_size {K_TILE} x a power of two: the fold's span)"
     elif packed.element == UINT4_ELEMENT:
         scale_dtype, scale_shape, group_ok = torch.int32, (groups, packed.n, 2), packed.group_size % K_TILE == 0
         what = f"int32 entries of shape {scale_shape} (group_size a multiple of {K_TILE})"

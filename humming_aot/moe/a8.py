@@ -148,8 +148,13 @@ def _common(packed: list) -> dict:
 def pack_w4a8_experts(qw: QuantizedWeight) -> PackedW4A8Experts:
     """Pack a stacked (E, N, K) QuantizedWeight for the W4A8 MoE GEMMs: each expert as
     ``w4a8.pack`` packs a dense weight (same formats, same errors, naming the expert), stacked
-    along the expert dimension, on the weight's device."""
+    along the expert dimension, on the weight's device. MXFP4 experts share one fold span (the
+    kernels read it from group_size): the shortest of the experts' own."""
     packed = _pack_each(qw, w4a8.pack, "pack_w4a8_experts")
+    spans = {p.group_size for p in packed}
+    if len(spans) > 1:
+        span = min(spans) // w4a8.K_TILE
+        packed = _pack_each(qw, lambda q: w4a8.pack(q, mxfp4_span=span), "pack_w4a8_experts")
     first = packed[0]
     return PackedW4A8Experts(**_common(packed), group_size=first.group_size, element=first.element,
                              layout_version=first.layout_version)

@@ -144,8 +144,9 @@ def assert_within_sum_bound(y: torch.Tensor, qa, packed, bias=None, out_dtype=to
     """y (NaN-free) against the float64 product of the W4A8 operands (w4a8.reference): the output's
     rounding (half an ulp of out_dtype) plus, per output, a share of the sum of |products|: for
     e4m3 activations `float8_sums` (the fp8 tensor cores keep about 14 bits of each K tile's sum:
-    2^-11, tests/gpu/test_w8a8_gpu.py), for s8 ones 2^-20 (exact int32 sums; only the fp32 scale
-    products and adds remain)."""
+    2^-11, tests/gpu/test_w8a8_gpu.py; MXFP4 weights folded over spans of K tiles sum a span
+    before its promotion: that many times as much), for s8 ones 2^-20 (exact int32 sums; only the
+    fp32 scale products and adds remain)."""
     from humming_aot import w4a8
     from humming_aot.w8a8 import dequantized_activation
 
@@ -154,6 +155,8 @@ def assert_within_sum_bound(y: torch.Tensor, qa, packed, bias=None, out_dtype=to
     assert not torch.isnan(y).any(), "NaN in the output: some element was never written"
     eps = 2.0**-8 if out_dtype == torch.bfloat16 else 2.0**-11
     sums = float8_sums if qa.element == "float8e4m3" else 2.0**-20
+    if getattr(packed, "element", None) == w4a8.MXFP4_ELEMENT:  # a span's K tiles share one sum: its length
+        sums *= packed.group_size // w4a8.K_TILE
     a_abs = dequantized_activation(qa, packed.k).abs()
     bound = eps * ref.abs() + sums * (a_abs @ packed.effective_weight().abs().T)
     bad = (y - ref).abs() > bound

@@ -62,9 +62,9 @@ def _mxfp4_weight(n: int, k: int, gen: torch.Generator, spread: int = 3, bases: 
 
 
 def _operands(m: int, n: int, k: int, gen: torch.Generator, act: str = "float8e4m3:token", spread: int = 3,
-              bases: int = 20):
+              bases: int = 20, span: int | None = None):
     x = torch.randn(m, k, generator=gen) * torch.rand(m, 1, generator=gen).add(0.1) * torch.rand(1, k, generator=gen).add(0.1)
-    packed = w4a8.pack(_mxfp4_weight(n, k, gen, spread, bases)).to("cuda")
+    packed = w4a8.pack(_mxfp4_weight(n, k, gen, spread, bases), mxfp4_span=span).to("cuda")
     return ops.quantize_activation(x.cuda(), act), packed
 
 
@@ -75,13 +75,16 @@ def _check(y: torch.Tensor, qa, packed, bias=None, out_dtype=torch.bfloat16, wid
     the sum of |products| covers it (the int4 tests' bound); with `wide` offsets (up to 2^11
     within a K tile) a large group's partial sum makes the smaller groups' 32 products a step
     truncate at its scale, and measured errors reached ~2^-9 of it: 2^-8 of the sum of |products|
-    then (found on the H200, session 41). A code, table or tile scale gone wrong is far larger."""
+    then (found on the H200, session 41). Where a span of K tiles (packed.group_size / 128) shares
+    one sum before its promotion, each step's truncation is at most the span's running sum's: the
+    span's K tiles times the bound.
+    A code, table or tile scale gone wrong is far larger."""
     ref = w4a8.reference(qa, packed, bias)
     y = y.reshape(ref.shape).double()
     assert not torch.isnan(y).any(), "NaN in the output: some element was never written"
     eps = 2.0**-8 if out_dtype == torch.bfloat16 else 2.0**-11
     a_abs = dequantized_activation(qa, packed.k).abs()
-    sums = 2.0**-8 if wide else 2.0**-11
+    sums = 2.0**-8 if wide else 2.0**-11 * (packed.group_size // 128)  # (the span's K tiles)
     bound = eps * ref.abs() + sums * (a_abs @ packed.effective_weight().abs().T)
     bad = (y - ref).abs() > bound
     assert not bad.any(), f"{int(bad.sum())} of {bad.numel()} outputs off; worst {(y - ref).abs().max().item()}"
@@ -118,6 +121,26 @@ def test_every_group_offset_of_the_window(tile):
     _check(w4a8.gemm(qa, packed, out=out, tile=tile), qa, packed, wide=True)
 
 
+@pytest.mark.usefixtures("_wgmma")
+@pytest.mark.parametrize("tile", ["wgmma-w4a8:8x128x128_w1x4_s8", "wgmma-w4a8:64x128x128_w1x8_s8",
+                                  "wgmma-w4a8:128x128x128_w1x8_s7", "wgmma-w4a8:192x128x128_w1x8_s5"])
+@pytest.mark.parametrize("span", [2, 4, 8])
+def test_spans_of_k_tiles_share_a_promotion(tile, span):
+    """Scales folded over spans of K tiles (every K tile's entry holding its span's scale): one
+    scratch set sums a span before one promotion (the 128- and 192-token tiles), two promote each
+    K tile (8 and 64 tokens). K of 11 K tiles less 32 (a partial last span), the tail split's K
+    slices and stream-K's ranges (which begin and end inside spans), NaN-poisoned outputs."""
+    gen = torch.Generator().manual_seed(_seed())
+    m, n, k = 150, 320, 11 * 128 - 32
+    qa, packed = _operands(m, n, k, gen, bases=0, span=span)
+    assert packed.group_size == 128 * span
+    out = torch.empty((m, packed.n), dtype=torch.bfloat16, device="cuda")
+    for stream_k in (None, 0, 7):
+        out.fill_(float("nan"))
+        y = w4a8.gemm(qa, packed, out=out, tile=tile, stream_k=stream_k)
+        _check(y[:, : packed.out_features], qa, packed)
+
+
 @pytest.mark.usefixtures("_sync")
 @pytest.mark.parametrize("tile", _SYNC_TILES)
 @pytest.mark.parametrize("m,n,k", _SHAPES)
@@ -149,8 +172,11 @@ def test_long_k_error_bound_needs_the_fp32_promotion():
     k = 16384
     x = torch.randn(256, k, generator=gen)
     qa = ops.quantize_activation(x.cuda(), "float8e4m3:token")
-    packed = w4a8.pack(quant.quantize(torch.randn(1024, k, generator=gen), "mxfp4")).to("cuda")
-    assert_long_k_error_bound(qa, packed, lambda sub, m: w4a8.gemm(sub, packed, out_dtype=torch.float16))
+    qw = quant.quantize(torch.randn(1024, k, generator=gen), "mxfp4")
+    for span in (1, None):  # (None: pack's own, the longest up to w4a8_mxfp4.MAX_SPAN)
+        packed = w4a8.pack(qw, mxfp4_span=span).to("cuda")
+        print(f"span {packed.group_size // 128} K tiles")
+        assert_long_k_error_bound(qa, packed, lambda sub, m, p=packed: w4a8.gemm(sub, p, out_dtype=torch.float16))
 
 
 @pytest.mark.usefixtures("_wgmma")

@@ -222,7 +222,8 @@ def test_the_row_expert_form_packs_grouped_gemm_params_then_the_row_scales():
     assert len(params) == moe_a8.GROUPED_SCALED_PARAMS_BYTES == 176 == params_abi.GROUPED_PARAMS_BYTES + 16
     gemm = params_abi.GEMM_PARAMS.unpack(params[:params_abi.GEMM_PARAMS.size])
     assert gemm == (0x100, experts.w.data_ptr(), experts.w_scale.data_ptr(), 0, 0, 0x200, 0, 0,
-                    416, 192, 64, 192, 512, 128, 1, 1.0)  # (MXFP4: K tiles x 128, group 128)
+                    416, 192, 64, 192, 512, 512, 1, 1.0)  # (MXFP4: K tiles x 128, group the fold's span: 4 K tiles)
+    assert experts.group_size == 512
     tail = params_abi.GROUPED_TAIL.unpack(params[params_abi.GEMM_PARAMS.size:params_abi.GROUPED_PARAMS_BYTES])
     assert tail[:2] == (0x300, experts.global_scale_tensor.data_ptr())
     assert tail[2:] == (experts.w[1].data_ptr() - experts.w[0].data_ptr(),

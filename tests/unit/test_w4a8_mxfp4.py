@@ -127,7 +127,9 @@ def test_pack_pads_and_decodes_back():
         qw = quant.quantize(torch.randn(n, k, generator=gen), "mxfp4")
         packed = w4a8.pack(qw)
         n_pad, k_tiles = -(-n // 64) * 64, -(-k // 128)
-        assert (packed.n, packed.k, packed.out_features, packed.group_size, packed.element) == (n_pad, k, n, 128, _MX)
+        span = 1 << (k_tiles - 1).bit_length()  # (a Gaussian's groups fold over all of K: its power of two)
+        assert (packed.n, packed.k, packed.out_features, packed.group_size, packed.element) == (n_pad, k, n,
+                                                                                               128 * span, _MX)
         assert packed.n_valid == (n if n != n_pad else None)
         assert packed.w.shape == (k_tiles, n_pad // 64, 4096) and packed.w_scale.shape == (k_tiles, n_pad, 2)
         assert torch.equal(packed.effective_weight(), quant.dequantize(qw).double())
@@ -150,8 +152,8 @@ def test_entries_take_the_window_and_ignore_groups_of_zero_codes():
     # one group 12 binades below the largest of its tile, with a nonzero code: refused
     scales[5, 4:8] = 1.0
     scales[5, 6] = 2.0**-12
-    with pytest.raises(ValueError, match=r"1 channel K tiles \(the first: channel 5, K 128 \.\. 255\) whose group "
-                                         r"scales lie more than 2\^11 apart.*16-bit activations"):
+    with pytest.raises(ValueError, match=r"1 channel spans of 1 K tile\(s\) \(the first: channel 5, K 128 \.\. 255\) "
+                                         r"whose group scales lie more than 2\^11 apart.*16-bit activations"):
         w4a8.pack(quant.QuantizedWeight(format=qw.format, codes=codes, scales=scales))
     scales[5, 6] = 2.0**-11  # 11 binades: the window's edge
     edge = quant.QuantizedWeight(format=qw.format, codes=codes, scales=scales)
@@ -160,6 +162,55 @@ def test_entries_take_the_window_and_ignore_groups_of_zero_codes():
     offsets = int(packed.w_scale[1, 5, 1])
     assert [(offsets >> (8 * g)) & 0xFF for g in range(4)] == [8 * 11, 8 * 11, 0, 8 * 11]  # d = 6, 6, -5, 6
     assert packed.w_scale[1, 5, 0:1].view(torch.float32).item() == 2.0**-6
+
+
+def test_spans_fold_over_k_tiles_where_exact():
+    """pack folds the scales over the longest span (K tiles, a power of two up to MAX_SPAN) in
+    which each channel's groups lie within the window: every K tile's entry then holds its span's
+    scale, and the effective weight is exact for every span."""
+    from humming_aot import w4a8_mxfp4
+
+    gen = torch.Generator().manual_seed(5)
+    n, k = 70, 11 * 128 - 32
+    codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    exponents = -torch.randint(0, 4, (n, k // 32), generator=gen)  # every group within 3 binades
+    qw = quant.QuantizedWeight(format=quant.WeightFormat.parse("mxfp4"), codes=codes,
+                               scales=torch.pow(2.0, exponents.double()).float())
+    assert w4a8.pack(qw).group_size == 128 * w4a8_mxfp4.MAX_SPAN
+    for span in (1, 2, 4, 8, 16):
+        packed = w4a8.pack(qw, mxfp4_span=span)
+        assert packed.group_size == 128 * span and packed.w_scale.shape == (11, 128, 2)
+        assert torch.equal(packed.effective_weight(), quant.dequantize(qw).double()), span
+        bases = packed.w_scale[..., 0]
+        for first in range(0, 11, span):  # one base per channel over each span
+            assert torch.equal(bases[first:first + span], bases[first:first + 1].expand(min(span, 11 - first), -1))
+    # channel 9's K tiles 4 .. 7 lie 12 binades below its K tiles 0 .. 3: spans of 4 fold, 8 do not
+    far = exponents.clone()
+    far[9, 0] = 0
+    far[9, 16:32] = -12 - torch.randint(0, 4, (16,), generator=gen)
+    far_qw = quant.QuantizedWeight(format=qw.format, codes=codes, scales=torch.pow(2.0, far.double()).float())
+    assert w4a8.pack(far_qw).group_size == 128 * 4
+    with pytest.raises(ValueError, match=r"channel spans of 8 K tile\(s\) \(the first: channel 9, K 0 \.\. 1023\).*"
+                                         r"shorter span"):
+        w4a8.pack(far_qw, mxfp4_span=8)
+    assert torch.equal(w4a8.pack(far_qw).effective_weight(), quant.dequantize(far_qw).double())
+
+
+def test_experts_share_the_shortest_span():
+    from humming_aot.moe.a8 import pack_w4a8_experts
+
+    gen = torch.Generator().manual_seed(6)
+    codes = torch.randint(1, 8, (3, 64, 1024), generator=gen, dtype=torch.uint8)
+    exponents = torch.zeros(3, 64, 32)
+    exponents[1, 5, 8:16] = -12  # expert 1's K tiles 2 .. 3 lie 12 binades below 0 .. 1: spans of 2 at most
+    qw = quant.QuantizedWeight(format=quant.WeightFormat.parse("mxfp4"), codes=codes,
+                               scales=torch.pow(2.0, exponents.double()).float())
+    assert w4a8.pack(quant.QuantizedWeight(format=qw.format, codes=codes[1], scales=qw.scales[1])).group_size == 256
+    packed = pack_w4a8_experts(qw)
+    assert packed.group_size == 256
+    for e in range(3):
+        assert torch.equal(packed.expert(e).effective_weight(), quant.dequantize(
+            quant.QuantizedWeight(format=qw.format, codes=codes[e], scales=qw.scales[e])).double())
 
 
 def _operands(m, n, k, seed=0, act="float8e4m3:token"):
@@ -191,7 +242,12 @@ def test_errors_say_what_to_do():
     with pytest.raises(ValueError, match="int32 entries of shape"):
         w4a8.gemm(qa, dataclasses.replace(packed, w_scale=packed.w_scale.float()))
     with pytest.raises(ValueError, match="int32 entries of shape"):
-        w4a8.gemm(qa, dataclasses.replace(packed, group_size=256))
+        w4a8.gemm(qa, dataclasses.replace(packed, group_size=384))  # (a span of 3 K tiles: not a power of two)
+    for span in (3, 0, True, "2"):
+        with pytest.raises(ValueError, match="mxfp4_span=.*power of two"):
+            w4a8.pack(quant.quantize(w, "mxfp4"), mxfp4_span=span)
+    with pytest.raises(ValueError, match="for MXFP4 weights only"):
+        w4a8.pack(quant.quantize(w, "int4:g128"), mxfp4_span=2)
     with pytest.raises(ValueError, match="element 'int2'"):
         w4a8.gemm(qa, dataclasses.replace(packed, element="int2"))
 
@@ -287,7 +343,13 @@ def test_nvcc_compiles_the_table_tiles_without_spills():
             done = subprocess.run([str(nvcc_or_none()), "-cubin", "-O3", "-std=c++17", f"-arch={arch}", "-I", include,
                                    "-Xptxas", "-v", src, "-o", f"{tmp}/k.cubin"], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-2000:]
-        assert " 0 bytes spill stores" in done.stderr and "serialized" not in done.stderr, (key.name, done.stderr)
+        # The 192-token tile (one scratch set) sums a span of K tiles into its scratch set, which is
+        # then live across K tiles: ptxas keeps a few words in local memory (28 bytes with ptxas
+        # 13.0, one 8-byte load a K tile in the loop); timed faster than a promotion per K tile
+        # (docs/performance/log.md section 88). Every other tile spills nothing.
+        spills = [int(v) for v in re.findall(r"(\d+) bytes spill stores", done.stderr)]
+        allowed = 32 if key.tile.block_m == 192 else 0
+        assert spills and max(spills) <= allowed and "serialized" not in done.stderr, (key.name, done.stderr)
 
 
 def test_the_layer_and_the_custom_op():

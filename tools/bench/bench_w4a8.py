@@ -110,6 +110,9 @@ def main(argv=None) -> int:
                         "scaled_mm is left out, Humming gets its int8 input config)")
     parser.add_argument("--weights", default=WEIGHTS, choices=tuple(HUMMING_WEIGHTS),
                         help="the weight format (float8e4m3 activations for mxfp4)")
+    parser.add_argument("--mxfp4-spans", default=None,
+                        help="with --weights mxfp4: also time humming_aot on the weight packed with each of these "
+                             "fold spans (K tiles, comma list; impls humming_aot:spanS beside humming_aot's default)")
     add_front_argument(parser)
     add_quant_split_argument(parser)
     parser.add_argument("--json", dest="json_path", default=None)
@@ -120,6 +123,9 @@ def main(argv=None) -> int:
         parser.error(str(exc))
     if args.weights == "mxfp4" and args.int8:
         parser.error("--weights mxfp4 takes float8 activations only: leave out --int8")
+    if args.mxfp4_spans and args.weights != "mxfp4":
+        parser.error("--mxfp4-spans takes --weights mxfp4")
+    spans = [int(v) for v in args.mxfp4_spans.split(",")] if args.mxfp4_spans else []
     shapes_text = args.shapes or ",".join(bench_gemm.SHAPE_SETS[s] for s in args.shape_set.split(","))
     shapes = list(dict.fromkeys(tuple(int(v) for v in s.split("x")) for s in shapes_text.split(",")))
     impls = args.impls.split(",")
@@ -132,6 +138,9 @@ def main(argv=None) -> int:
         sets = min(8, buffer_sets_for_cold_l2(n * k // 2 + min(ms) * k * 3))
         w, (packs, packs16, baselines) = _prepare(n, k, sets, gen, cublas=bool({"torch_bf16", "scaled_mm"} & set(impls)),
                                                   weights=args.weights)
+        # (the same weight packed with each fold span: quantize is deterministic)
+        span_packs = {span: [w4a8.pack(quant.quantize(w, args.weights), mxfp4_span=span).to("cuda")
+                             for _ in range(sets)] for span in spans}
         humming = None
         if "humming" in impls:
             try:
@@ -152,6 +161,9 @@ def main(argv=None) -> int:
                                                                  tile=tile) for x, p in zip(xs, packs)],
                 "w4a16": [lambda x=x, p=p: ops.gemm(x, p) for x, p in zip(xs, packs16)],
             }
+            for span, sp in span_packs.items():
+                calls[f"humming_aot:span{span}"] = [lambda qa=qa, p=p: w4a8.gemm(qa, p, tile=tile)
+                                                    for qa, p in zip(qas, sp)]
             if humming is not None:
                 calls["humming"] = [lambda x=x, layer=layer: layer(x) for x, layer in zip(xs, humming)]
             if baselines:
@@ -161,7 +173,7 @@ def main(argv=None) -> int:
                                                                           scale_a=qa.scales, scale_b=b[2],
                                                                           out_dtype=torch.bfloat16)
                                       for qa, b in zip(qas, baselines)]
-            for impl in impls:
+            for impl in impls + [f"humming_aot:span{span}" for span in span_packs if "humming_aot" in impls]:
                 if impl not in calls:
                     continue
                 try:
@@ -176,6 +188,8 @@ def main(argv=None) -> int:
                        "p90_us": timing["p90_us"], "tflops": tflops(gemm_flops(m, n, k), us), "relerr": relerr, "front": args.front,
                        "quant_split": list(quant_split) if impl.endswith("+quant") else None,
                        "w4a8": True, "weights": args.weights,
+                       "span": (int(impl.split(":span")[1]) if ":span" in impl
+                                else packs[0].group_size // w4a8.K_TILE if args.weights == "mxfp4" else None),
                        "int8": args.int8,
                        "tile": (w4a8.select_tile(m, n=n, num_sms=sms, weight_element=packs[0].element).label
                                 if impl.startswith("humming_aot") and not tile and not args.int8

@@ -27,7 +27,7 @@
 // codes, lda in bytes; w: (k / 128, n / 64, 4096) packed codes; w_scale: (groups, n) entries of
 // Widen::kEntryBytes (fp32 scales; uint4: and zero points; MXFP4: one row per K tile); bias;
 // out; workspace; tile_counters; m; n, a multiple of 64; k: the K tiles x 128; group_size, a
-// multiple of 128; k_splits = gridDim.y), a_scale ((m,) fp32) and tma.dp_ctas, which holds the
+// multiple of 128 (MXFP4: its fold's span, which this body, promoting each K tile, reads not); k_splits = gridDim.y), a_scale ((m,) fp32) and tma.dp_ctas, which holds the
 // activation codes' own K (their row length, a multiple of 16: codes past it are zero-filled;
 // this body has no tail-split schedule to read there). The MoE schedule around it
 // (kernel/grouped_masked.cuh, MaskedScaledGemmParams) runs its tiles through run_tile on
@@ -121,7 +121,7 @@ struct DenseMmaW4a8 {
     const int units = units_n - unit0 < kUnits ? units_n - unit0 : kUnits;  // (the last tile may hang past N)
     const int w_lines = units * kUnitBytes / 128;  // a K tile's lines of the tile's codes: contiguous
     const int s_lines = (units * 64 * kEntryBytes + 127) / 128;
-    const int group_tiles = p.group_size / kBlockK;
+    const int group_tiles = Widen::kSpans ? 1 : p.group_size / kBlockK;  // (MXFP4: a row per K tile)
     for (int i = threadIdx.x; i < k_tiles * (w_lines + s_lines); i += kThreads) {
       const int k_tile = tile.k_tile_begin + i / (w_lines + s_lines), line = i % (w_lines + s_lines);
       if (line < w_lines) {
@@ -153,7 +153,7 @@ struct DenseMmaW4a8 {
     const char* w_src = static_cast<const char*>(p.w) + static_cast<i64>(unit0) * kUnitBytes;
     const i64 w_tile_bytes = static_cast<i64>(units_n) * kUnitBytes;
     const char* s_src = static_cast<const char*>(p.w_scale) + kEntryBytes * static_cast<i64>(n0);
-    const int group_tiles = p.group_size / kBlockK;
+    const int group_tiles = Widen::kSpans ? 1 : p.group_size / kBlockK;  // (MXFP4: a row per K tile)
     auto load = [&](int slot, int index) {
       const int k_tile = tile.k_tile_begin + index;
       const u32 stage = smem_base + static_cast<u32>(slot * kStageBytes);

@@ -21,7 +21,8 @@
 // group's row: the fp32 scale, and for MXFP4 its four groups' bytes, for uint4 its zero point in
 // every byte of a word). Params (ScaledTmaGemmParams): w the packed codes ((K / 128) x (N / 64) x
 // 4096 bytes), w_scale the (groups, N) entries (MXFP4: one row per K tile), group_size the K of a
-// group, a_scale the (M,) token scales; the weight map is unused.
+// group (MXFP4: of the span its scales are folded over, mainloop/int4_e4m3_groups.cuh), a_scale the
+// (M,) token scales; the weight map is unused.
 
 #include <humming_aot/epilogue/column_major_writer.cuh>
 #include <humming_aot/epilogue/fragment_split_k.cuh>
@@ -132,11 +133,17 @@ struct DenseWgmmaW4A8 {
       const char* scales = static_cast<const char*>(p.w_scale) + kEntryBytes * static_cast<i64>(n0);
       for (int it = 0; it < count && it < kPrefetchTiles; ++it, codes += tile_stride) {
         ptx::bulk_prefetch_l2(codes, static_cast<u32>(columns) * 64);
-        const u32 row = static_cast<u32>((k_tile0 + it) * kBlockK) / static_cast<u32>(p.group_size);
+        const u32 row = entry_row(k_tile0 + it, static_cast<u32>(p.group_size));
         ptx::bulk_prefetch_l2(scales + static_cast<i64>(row) * kEntryBytes * p.n,
                               static_cast<u32>(columns) * kEntryBytes);
       }
     }
+  }
+
+  // The row of w_scale that holds K tile k_tile's entries: its group's, or with spans (MXFP4) its own.
+  static __device__ __forceinline__ u32 entry_row(int k_tile, u32 group_size) {
+    if constexpr (Widen::kSpans) return static_cast<u32>(k_tile);
+    return static_cast<u32>(k_tile * kBlockK) / group_size;
   }
 
   // The producer: one thread issues the copies of `count` K tiles from k_tile0 on of the tile at (m0, n0).
@@ -172,7 +179,7 @@ struct DenseWgmmaW4A8 {
       ptx::tensor_copy_2d_g2s(stage, a_map, k_tile * (kBlockK / 2), box_row, full);  // 16-bit pairs
       ptx::bulk_copy_g2s(stage + kWeightOffset, codes, code_bytes, full);
       codes += tile_stride;
-      const u32 row = static_cast<u32>(k_tile * kBlockK) / group;
+      const u32 row = entry_row(k_tile, group);
       ptx::bulk_copy_g2s(stage + kScaleOffset, scales + static_cast<i64>(row) * kEntryBytes * p.n, scale_bytes, full);
     }
   }

@@ -182,9 +182,12 @@ __device__ __forceinline__ GemmParams& gemm_part(ScaledRows& p) { return p.gemm;
 // fp8_token_major_blocks.cuh): the GemmParams whose w_scale, N and K locate the weight blocks'
 // scales, and the token scales as rows (M of them, token_scale_row_stride floats apart, given the
 // K blocks): the dense body's ScaledTmaGemmParams ((m, k_blocks) rows), or a MoE tile's
-// ScaledRows (its expert's rows, a_scale_stride apart).
+// ScaledRows (its expert's rows, a_scale_stride apart). (The W4A8 K loop reads its fold's span,
+// group_size, through scale_gemm too: mainloop/int4_e4m3_groups.cuh, which the MoE schedule also
+// hands its MaskedScaledGemmParams.)
 __device__ __forceinline__ const GemmParams& scale_gemm(const ScaledTmaGemmParams& p) { return p.tma.gemm; }
 __device__ __forceinline__ const GemmParams& scale_gemm(const ScaledRows& r) { return r.gemm; }
+__device__ __forceinline__ const GemmParams& scale_gemm(const MaskedScaledGemmParams& s) { return s.masked.gemm; }
 __device__ __forceinline__ const float* token_scale_rows(const ScaledTmaGemmParams& p) { return p.a_scale; }
 __device__ __forceinline__ const float* token_scale_rows(const ScaledRows& r) { return r.a_scale; }
 __device__ __forceinline__ int token_scale_row_stride(const ScaledTmaGemmParams&, int k_blocks) { return k_blocks; }

@@ -23,6 +23,12 @@
 // kScaleOffset the K tile's entry of each channel (Widen::kEntryBytes: the fp32 scale, then for
 // MXFP4 its groups' bytes, for uint4 its zero point's; with Widen::kGroupTables the conversion
 // takes a per-row Table that Widen::table makes from that second word for each K step).
+// Spans (Widen::kSpans, MXFP4): pack may fold a channel's group scales over a span of several K
+// tiles (params' group_size: 128 x the span's K tiles), each K tile's entry then holding the span's
+// scale. With one scratch set the K tiles of a span share it: one wait and promotion per span, a
+// span's earlier K tiles released once the next K tile's first kWaitDepth steps have been waited
+// for. Promoting a K tile alone is right too (its entry holds its span's scale), which the two
+// scratch sets, the mma.sync body and the ends of K slices do.
 // Contract: `consume` leaves acc with the unit's group-scaled fp32 sums and every slot it took
 // released; every consumer thread releases (the empty barriers count the consumer threads).
 
@@ -120,11 +126,13 @@ struct Int4E4m3Groups {
   // K tile `ring.slot` into `into`; with kRetire, `from` (the previous K tile, in from_slot) is
   // retired once its last step has completed: after this tile's step kWaitDepth - 1 is issued and
   // waited for. Returns the slot and moves the ring on.
+  // With `onto` (a span's later K tile), the K tile's sums are added onto `into`'s, and the
+  // previous K tile's slot, left unreleased, is released where kRetire would retire.
   template <bool kRetire>
   static __device__ __forceinline__ int issue(u32 smem_base, u32 full0, u32 empty0, State& ring,
                                               float (&into)[kAccumulators], Scales& into_scales, Fragments& fragments,
                                               float (&from)[kAccumulators], int from_slot, const Scales& from_scales,
-                                              float (&acc)[kAccumulators]) {
+                                              float (&acc)[kAccumulators], bool onto = false) {
     const int lane = threadIdx.x & 31;
     const int unit0 = (static_cast<int>(threadIdx.x) >> 7) * kUnitsPerWarpGroup;
     const int warp = (static_cast<int>(threadIdx.x) >> 5) & 3;
@@ -166,12 +174,14 @@ struct Int4E4m3Groups {
       for (int u = 0; u < kUnitsPerWarpGroup; ++u) {
         // K step kk: 32 codes = 32 bytes further along each token row, 2 in the address field
         Mma::mma(*reinterpret_cast<float (*)[kUnitAccumulators]>(into + u * kUnitAccumulators), fragments[buffer][u],
-                 tokens + static_cast<u64>(2 * kk), kk > 0);
+                 tokens + static_cast<u64>(2 * kk), kk > 0 || onto);
       }
       mma::wgmma_commit_group();
       mma::wgmma_wait_group<kWaitDepth>();
       // the previous K tile's groups are the ones before this tile's first kWaitDepth
       if (kRetire && kk == kWaitDepth - 1) retire(empty0, from_slot, from_scales, from, acc);
+      if (!kRetire && kk == kWaitDepth - 1 && onto)
+        ptx::mbarrier_arrive(empty0 + 8 * (slot > 0 ? slot - 1 : kStages - 1));
     }
     if (++ring.slot == kStages) {
       ring.slot = 0;
@@ -180,23 +190,46 @@ struct Int4E4m3Groups {
     return slot;
   }
 
-  // `count` K tiles from the ring's next slot into acc (zeroed first). (The params, the tile and
-  // k_tile0 are the schedules' consumer interface: the scales come with the slots.)
+  // `count` K tiles from k_tile0 on, from the ring's next slot, into acc (zeroed first). (The params
+  // give the span of Widen::kSpans; the tile is the schedules' consumer interface: the scales come
+  // with the slots.)
   template <class Params>
-  static __device__ __forceinline__ void consume(const Params&, int, int, int, int count, u32 smem_base, u32 full0,
-                                                 u32 empty0, State& ring, float (&acc)[kAccumulators]) {
+  static __device__ __forceinline__ void consume(const Params& params, int, int, int k_tile0, int count, u32 smem_base,
+                                                 u32 full0, u32 empty0, State& ring, float (&acc)[kAccumulators]) {
 #pragma unroll
     for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.f;
     if (count <= 0) return;
-    if constexpr (!kOverlapped) {  // one scratch set: each K tile waited for and added before the next
+    if constexpr (!kOverlapped) {  // one scratch set: each span waited for and added before the next
       float scratch[kAccumulators];
       Scales scales;
       Fragments fragments;
-      for (int it = 0; it < count; ++it) {
-        const int slot =
-            issue<false>(smem_base, full0, empty0, ring, scratch, scales, fragments, scratch, 0, scales, acc);
-        mma::wgmma_wait_group<0>();
-        retire(empty0, slot, scales, scratch, acc);
+      if constexpr (!Widen::kSpans) {
+        for (int it = 0; it < count; ++it) {
+          const int slot =
+              issue<false>(smem_base, full0, empty0, ring, scratch, scales, fragments, scratch, 0, scales, acc);
+          mma::wgmma_wait_group<0>();
+          retire(empty0, slot, scales, scratch, acc);
+        }
+      } else {
+        // A span ends after the K tile that leaves `left` K tiles to go where (left & mask) ==
+        // (end & mask), mask the span's K tiles less 1 (a power of two: humming_aot.w4a8_mxfp4; at
+        // most 2^16 - 1, since promoting a K tile alone is right too), both in one word (bits 0-15
+        // the mask, 16-31 end & mask).
+        const int span = kernel::scale_gemm(params).group_size >> 7;
+        const u32 mask = span > 1 ? static_cast<u32>(span - 1) & 0xFFFFu : 0u;
+        const u32 ends = mask | ((static_cast<u32>(k_tile0 + count) & mask) << 16);
+        bool onto = false;
+        for (int left = count;;) {
+          const int slot =
+              issue<false>(smem_base, full0, empty0, ring, scratch, scales, fragments, scratch, 0, scales, acc, onto);
+          --left;
+          onto = ((static_cast<u32>(left) ^ (ends >> 16)) & ends & 0xFFFFu) != 0u && left > 0;
+          if (!onto) {  // (the loop leaves only after a promotion: no wgmma is in flight past it)
+            mma::wgmma_wait_group<0>();
+            retire(empty0, slot, scales, scratch, acc);
+            if (left == 0) break;
+          }
+        }
       }
       return;
     }

@@ -28,6 +28,8 @@ struct E2m1ToE4m3 {
   static constexpr bool kS8Bytes = false;    // s8 bytes (int8 activations) rather than e4m3 ones
   static constexpr int kEntryBytes = 8;      // a channel's per-K-tile entry: fp32 tile scale, 4 group bytes
   static constexpr bool kGroupTables = true;
+  // entries may hold a span's scale over several K tiles (humming_aot.w4a8.pack's fold span)
+  static constexpr bool kSpans = true;
 
   // e4m3 magnitudes 0 .. 7 (0, 0.5, 1, 1.5, 2, 3, 4, 6) times 2^d, d = o / 8 - 5: byte i of (lo, hi).
   struct Table {

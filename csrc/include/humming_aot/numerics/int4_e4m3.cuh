@@ -29,6 +29,7 @@ struct Int4ToE4m3 {
   static constexpr bool kS8Bytes = false;      // s8 bytes (int8 activations) rather than e4m3 ones
   static constexpr int kEntryBytes = 4;        // a channel's per-K-tile entry: its group's fp32 scale
   static constexpr bool kGroupTables = false;  // (numerics/e2m1_e4m3.cuh builds tables per group of 32)
+  static constexpr bool kSpans = false;        // a promotion per K tile (numerics/e2m1_e4m3.cuh: spans)
 
   // Four e4m3 bytes from four codes, one a byte: n = v (sign 0) or n = 0x80 + |v| - 1 (sign 1),
   // byte n + sign = v or 0x80 + |v|. (t >> 7) + y is one instruction (LEA.HI).

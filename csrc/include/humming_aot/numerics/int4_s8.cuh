@@ -22,6 +22,7 @@ struct Int4ToS8 {
   static constexpr bool kS8Bytes = true;       // s8 bytes (int8 activations) rather than e4m3 ones
   static constexpr int kEntryBytes = 4;        // a channel's per-K-tile entry: its group's fp32 scale
   static constexpr bool kGroupTables = false;  // (numerics/e2m1_e4m3.cuh builds tables per group of 32)
+  static constexpr bool kSpans = false;        // a promotion per K tile (numerics/e2m1_e4m3.cuh: spans)
 
   // Four s8 bytes from four codes, one a byte (bits 0-2 and 7).
   static __device__ __forceinline__ u32 bytes(u32 word) {

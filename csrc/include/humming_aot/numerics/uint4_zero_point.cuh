@@ -27,6 +27,7 @@ namespace humming_aot::numerics {
 struct Uint4ZeroPointBytes {
   static constexpr int kEntryBytes = 8;       // a channel's per-K-tile entry: fp32 scale, zero-point bytes
   static constexpr bool kGroupTables = true;  // per-row state (its zero point) from the entry's second word
+  static constexpr bool kSpans = false;       // a promotion per K tile (numerics/e2m1_e4m3.cuh: spans)
 
   struct Table {
     u32 zero;  // z in every byte
