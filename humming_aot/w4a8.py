@@ -337,27 +337,37 @@ _WIDE_DECODE_TILE = "wgmma-w4a8:16x256x128_w1x8_s6"
 WIDE_DECODE_N = 8192
 
 
-# MXFP4 codes take the 192-token row from this many tokens on: their conversion (a table per group
-# of 32) costs more per code than the integer ones', so converting each code for half as many
-# tokens again pays from fewer tokens. H100, session 62 (log section 67), four layers (8192 x 8192,
-# 28672 x 4096, 57344 x 8192, 4096 x 14336): at 1024 tokens 5-7 % less time than the 128-token
-# tile on each, at 1536 13-17 % less; at 512 1-9 % less on three and 10 % more on 4096 x 14336
-# (whose 128 tiles of 128 x 128 fill one wave). Given N, only where the 128-token tiles pass one
-# wave of the SMs (every point measured did; on fewer tiles 192 tokens a CTA would idle more SMs).
-MXFP4_WIDE_FROM = 769
+# MXFP4 codes take the 192-token row from this many tokens on where its rows padded to 192 are at
+# most 5 % more than to 128 (384, 768, 1152-1344, 1536: MXFP4_WIDE_ROWS), then above 1536 as the
+# integer codes do. Their conversion (a table per group of 32) costs more per code than the integer
+# ones', so converting each code for half as many tokens again pays where the padding does not
+# take it back. H100, session 83 (log section 88), with the scales folded over spans of 8 K tiles,
+# seven layers (8192 x 8192, 10240 x 8192, 28672 x 4096, 57344 x 8192, 36864 x 7168, 4096 x 14336,
+# 5760 x 2880), 192 x 128 against 128 x 128: at 384 tokens 5-27 % less time on six and 2 % more on
+# one; at 768 7-16 % less on six, level on one; at 1280 6-11 % less on six, level on one; at 1536
+# 10-16 % less on all; at 512 (12.5 % more rows) 7-31 % more on four, 1-3 % less on three; at 1024
+# (12.5 % more) 2-20 % more on four, 0.4-5 % less on three. Given N, only where the 128-token tiles
+# pass one wave of the SMs (on fewer tiles 192 tokens a CTA would idle more SMs).
+MXFP4_WIDE_FROM = 257
+MXFP4_WIDE_ROWS = 1.05
+
+
+def _mxfp4_wide_rows(m: int) -> bool:
+    """Whether m tokens padded to 192-token rows are at most MXFP4_WIDE_ROWS times those padded to 128."""
+    return -(-m // 192) * 192 <= MXFP4_WIDE_ROWS * (-(-m // 128) * 128)
 
 
 def select_tile(m: int, n: int | None = None, num_sms: int = 132, weight_element: str = WEIGHT_ELEMENT) -> TileConfig:
     """The wgmma-w4a8 tile for m tokens: _TILES' row, and given N (and the device's SMs) the
     64-token row only where its tiles fit in one wave (above that 128 tokens a CTA), and at most 16
     tokens on at least WIDE_DECODE_N channels the two-warpgroup decode tile. MXFP4 weights
-    (weight_element) take the last row (192 tokens) from MXFP4_WIDE_FROM tokens where N is not
-    given or the 128-token row's tiles pass one wave."""
+    (weight_element) take the last row (192 tokens) from MXFP4_WIDE_FROM tokens where its padded
+    rows are few (_mxfp4_wide_rows) and N is not given or the 128-token row's tiles pass one wave."""
     from humming_aot.enumerate import parse_tile_field
 
     if n is not None and m <= 16 and n >= WIDE_DECODE_N:
         return parse_tile_field(_WIDE_DECODE_TILE)
-    if weight_element == MXFP4_ELEMENT and m >= MXFP4_WIDE_FROM:
+    if weight_element == MXFP4_ELEMENT and m >= MXFP4_WIDE_FROM and _mxfp4_wide_rows(m):
         narrow = parse_tile_field(_TILES[-2][1])  # the 128-token row
         if n is None or -(-m // narrow.block_m) * -(-n // narrow.block_n) > num_sms:
             return parse_tile_field(_TILES[-1][1])

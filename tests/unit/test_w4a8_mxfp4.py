@@ -268,22 +268,26 @@ def test_keys_of_both_bodies():
 
 
 def test_mxfp4_takes_the_192_token_tile_from_fewer_tokens():
-    # MXFP4's dearer conversion: 192 tokens a CTA from MXFP4_WIDE_FROM tokens, integer codes above 1536
-    for m in (w4a8.MXFP4_WIDE_FROM - 1, w4a8.MXFP4_WIDE_FROM, 1024, 1536, 1537):
-        mx = w4a8.select_tile(m, n=4096, weight_element=_MX)
-        assert mx.block_m == (192 if m >= w4a8.MXFP4_WIDE_FROM else 128)
+    # MXFP4's dearer conversion: 192 tokens a CTA from MXFP4_WIDE_FROM tokens where the rows padded
+    # to 192 are at most 5 % more than to 128, and above 1536 as for integer codes
+    wide = {192: False, 256: False, 300: True, 384: True, 385: False, 512: False, 768: True, 1024: False,
+            1152: True, 1280: True, 1344: True, 1345: False, 1536: True, 1537: True, 1600: True, 4096: True}
+    assert w4a8.MXFP4_WIDE_FROM == 257
+    for m, expected in wide.items():
+        mx = w4a8.select_tile(m, n=8192, weight_element=_MX)  # (past one wave of 128-token tiles from 257)
+        assert mx.block_m == (192 if expected else 128), m
         for element in (w4a8.WEIGHT_ELEMENT, w4a8.UINT4_ELEMENT):
-            assert w4a8.select_tile(m, n=4096, weight_element=element).block_m == (192 if m > 1536 else 128)
+            assert w4a8.select_tile(m, n=8192, weight_element=element).block_m == (192 if m > 1536 else 128), m
     # decode keeps its rows
     assert w4a8.select_tile(1, n=8192, weight_element=_MX).label == w4a8._WIDE_DECODE_TILE
     # where the 128-token tiles fit one wave (7 x 16 = 112 on 2048 channels and 132 SMs) they stay
-    assert w4a8.select_tile(800, n=2048, weight_element=_MX).block_m == 128
-    assert w4a8.select_tile(800, n=2048, num_sms=100, weight_element=_MX).block_m == 192
-    assert w4a8.select_tile(800, weight_element=_MX).block_m == 192
+    assert w4a8.select_tile(768, n=2048, weight_element=_MX).block_m == 128
+    assert w4a8.select_tile(768, n=2048, num_sms=90, weight_element=_MX).block_m == 192
+    assert w4a8.select_tile(768, weight_element=_MX).block_m == 192
 
 
 def test_the_launch_passes_the_weight_element_to_the_table():
-    # w8a8's launch path (shared with W4A8): MXFP4 at 1024 tokens on sm90a takes the 192-token tile,
+    # w8a8's launch path (shared with W4A8): MXFP4 at 768 tokens on sm90a takes the 192-token tile,
     # int4 the 128-token one
     from types import SimpleNamespace
 
@@ -293,7 +297,7 @@ def test_the_launch_passes_the_weight_element_to_the_table():
     w = torch.randn(256, 512, generator=torch.Generator().manual_seed(0))
     for fmt, rows in (("mxfp4", 192), ("int4:g128", 128)):
         packed = w4a8.pack(quant.quantize(w, fmt))
-        tile, key = _w8a8_launch._kernel(info, torch.bfloat16, packed, None, 1024, 4096, w4a8.ACT_ELEMENT)
+        tile, key = _w8a8_launch._kernel(info, torch.bfloat16, packed, None, 768, 4096, w4a8.ACT_ELEMENT)
         assert tile.block_m == rows and key.tile == tile, fmt
 
 
