@@ -27,9 +27,10 @@
 // codes, lda in bytes; w: (k / 128, n / 64, 4096) packed codes; w_scale: (groups, n) entries of
 // Widen::kEntryBytes (fp32 scales; uint4: and zero points; MXFP4: one row per K tile); bias;
 // out; workspace; tile_counters; m; n, a multiple of 64; k: the K tiles x 128; group_size, a
-// multiple of 128 (MXFP4: its fold's span, which this body, promoting each K tile, reads not); k_splits = gridDim.y), a_scale ((m,) fp32) and tma.dp_ctas, which holds the
-// activation codes' own K (their row length, a multiple of 16: codes past it are zero-filled;
-// this body has no tail-split schedule to read there). The MoE schedule around it
+// multiple of 128 (MXFP4: its fold's span, unused here: this body promotes each K tile); k_splits =
+// gridDim.y), a_scale ((m,) fp32) and tma.dp_ctas, which holds the activation codes' own K (their
+// row length, a multiple of 16: codes past it are zero-filled; this body has no tail-split
+// schedule to read there). The MoE schedule around it
 // (kernel/grouped_masked.cuh, MaskedScaledGemmParams) runs its tiles through run_tile on
 // ScaledRows: the same fields, moved to one expert's weights and rows.
 
