@@ -221,12 +221,10 @@ def _pack_mxfp4(qw: QuantizedWeight, span: int | None) -> PackedW4A8Weight:
     k_tiles = -(-k // K_TILE)
     codes = torch.zeros((n_pad, k_tiles * K_TILE), dtype=torch.uint8, device=device)  # code 0 is the value 0
     codes[:n, :k] = qw.codes
-    scales = qw.scales.reshape(n, -1)
-    if span is None:
-        span = w4a8_mxfp4.fold_span(codes, scales, n)
-    return PackedW4A8Weight(w=w4a8_mxfp4.pack_codes(codes), w_scale=w4a8_mxfp4.entries(codes, scales, n, span),
-                            n=n_pad, k=k, group_size=span * K_TILE, format=str(qw.format),
-                            n_valid=n if n_pad != n else None, layout_version=LAYOUT_VERSION, element=MXFP4_ELEMENT)
+    entries, span = w4a8_mxfp4.entries(codes, qw.scales.reshape(n, -1), n, span)
+    return PackedW4A8Weight(w=w4a8_mxfp4.pack_codes(codes), w_scale=entries, n=n_pad, k=k, group_size=span * K_TILE,
+                            format=str(qw.format), n_valid=n if n_pad != n else None, layout_version=LAYOUT_VERSION,
+                            element=MXFP4_ELEMENT)
 
 
 def pack(qw: QuantizedWeight, *, mxfp4_span: int | None = None) -> PackedW4A8Weight:

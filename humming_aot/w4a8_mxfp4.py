@@ -107,27 +107,29 @@ def _folds(e: torch.Tensor, span: int) -> torch.Tensor:
     return ((s == _FLOOR) | (s - b >= _D_MIN)).all(-1)
 
 
-def fold_span(codes: torch.Tensor, scales: torch.Tensor, n: int, longest: int = MAX_SPAN) -> int:
+def _longest_span(e: torch.Tensor, longest: int) -> int:
     """The longest span (a power of two of K tiles, at most `longest`, and none longer than needed
-    to cover K) over which every channel's groups fold exactly, from (n_pad, k_tiles x 128) codes
-    and (n, k / 32) scales; 1 also where a K tile does not fold (entries then says which)."""
-    e = _exponents(codes, scales, n)
+    to cover K) over which every channel's groups of exponents e (_exponents) fold exactly; 1
+    also where a K tile does not fold (entries then says which)."""
     k_tiles, span = e.shape[1] // 4, 1
     while 2 * span <= longest and span < k_tiles and bool(_folds(e, 2 * span).all()):
         span *= 2
     return span
 
 
-def entries(codes: torch.Tensor, scales: torch.Tensor, n: int, span: int = 1) -> torch.Tensor:
+def entries(codes: torch.Tensor, scales: torch.Tensor, n: int, span: int | None = None) -> tuple[torch.Tensor, int]:
     """(k_tiles, n_pad, 2) int32 entries from (n_pad, k_tiles x 128) e2m1 codes and (n, k / 32)
-    power-of-two scales, folded over spans of `span` K tiles: per K tile and channel the float32
-    bits of its span's 2^b and the bytes 8 (e_g - b + 5) of its groups (those of zero codes: 8 x 5).
-    Raises where a group of nonzero codes lies more than WINDOW binades below its span's largest."""
+    power-of-two scales, folded over spans of `span` K tiles (None: the longest up to MAX_SPAN that
+    folds exactly), and the span: per K tile and channel the float32 bits of its span's 2^b and the
+    bytes 8 (e_g - b + 5) of its groups (those of zero codes: 8 x 5). Raises where a group of
+    nonzero codes lies more than WINDOW binades below its span's largest."""
     from humming_aot.w4a8 import K_TILE
 
     n_pad, k_padded = codes.shape
     k_tiles = k_padded // K_TILE
     e = _exponents(codes, scales, n)
+    if span is None:
+        span = _longest_span(e, MAX_SPAN)
     s, b = _spans(e, span)
     d = torch.where(s > _FLOOR, s - b, 0)
     low = (d < _D_MIN).any(-1)  # (n_pad, spans)
@@ -147,4 +149,4 @@ def entries(codes: torch.Tensor, scales: torch.Tensor, n: int, span: int = 1) ->
     d = d.reshape(n_pad, -1)[:, : k_tiles * 4].reshape(n_pad, k_tiles, 4)
     offsets = sum((8 * (d[..., g] - _D_MIN)) << (8 * g) for g in range(4))
     packed = torch.stack((base.view(torch.int32).to(torch.int64), offsets), dim=-1)  # (n_pad, k_tiles, 2)
-    return packed.transpose(0, 1).to(torch.int32).contiguous()
+    return packed.transpose(0, 1).to(torch.int32).contiguous(), span

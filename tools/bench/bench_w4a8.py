@@ -138,9 +138,13 @@ def main(argv=None) -> int:
         sets = min(8, buffer_sets_for_cold_l2(n * k // 2 + min(ms) * k * 3))
         w, (packs, packs16, baselines) = _prepare(n, k, sets, gen, cublas=bool({"torch_bf16", "scaled_mm"} & set(impls)),
                                                   weights=args.weights)
-        # (the same weight packed with each fold span: quantize is deterministic)
-        span_packs = {span: [w4a8.pack(quant.quantize(w, args.weights), mxfp4_span=span).to("cuda")
-                             for _ in range(sets)] for span in spans}
+        # (the same weight packed with each fold span)
+        qw = quant.quantize(w, args.weights) if spans else None
+        span_packs = {}
+        for span in spans:
+            first = w4a8.pack(qw, mxfp4_span=span).to("cuda")
+            span_packs[span] = [first] + [dataclasses.replace(first, w=first.w.clone(), w_scale=first.w_scale.clone())
+                                          for _ in range(sets - 1)]
         humming = None
         if "humming" in impls:
             try:
